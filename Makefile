@@ -1,0 +1,18 @@
+# The two commands of the README. Both set up what they need first (scripts/bootstrap.sh).
+.PHONY: demo test setup lint
+
+demo:
+	@bash scripts/bootstrap.sh
+	@.venv/bin/python scripts/demo.py
+
+test:
+	@WANT_BROWSER=1 bash scripts/bootstrap.sh
+	@.venv/bin/ruff check .
+	@.venv/bin/python -m pytest
+
+setup:
+	@WANT_BROWSER=1 bash scripts/bootstrap.sh
+
+lint:
+	@.venv/bin/ruff check .
+	@.venv/bin/ruff format --check .

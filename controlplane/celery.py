@@ -1,0 +1,37 @@
+"""The Celery application of the control plane.
+
+Reliability choices, deliberately:
+- prefetch 1: a worker holds at most one unstarted task, so a slow task never strands a
+  backlog behind it on one worker while another idles;
+- `acks_late` stays off by default: a task that dies mid-way is redelivered only when it is
+  marked idempotent (`acks_late=True` on the task itself, with `reject_on_worker_lost`);
+- soft/hard time limits on every task so a wedged task cannot pin a worker forever;
+- broker connection retried on start-up so a worker started before Redis waits for it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+
+app = Celery("switchyard")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    worker_prefetch_multiplier=1,
+    task_acks_late=False,
+    task_reject_on_worker_lost=False,
+    task_soft_time_limit=60,
+    task_time_limit=90,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    broker_transport_options={"visibility_timeout": 3600},
+    result_expires=3600,
+    task_default_queue="default",
+    task_track_started=True,
+    worker_hijack_root_logger=False,
+    timezone="UTC",
+)
+app.autodiscover_tasks(["controlplane"], related_name="tasks")

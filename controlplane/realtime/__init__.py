@@ -1,0 +1,1 @@
+"""Channels side of the control plane: websocket consumers and the telemetry publisher."""

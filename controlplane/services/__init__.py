@@ -1,0 +1,1 @@
+"""Services: the only code that writes control-plane state (one transaction, one audit row)."""

@@ -1,0 +1,146 @@
+"""Django settings for Switchyard's control plane.
+
+Every setting that differs between machines comes from an environment variable with a
+working local default (Postgres and Redis on 127.0.0.1), so a fresh checkout runs as is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import urlparse
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env(name: str, default: str) -> str:
+    return os.environ.get(name, default)
+
+
+def env_bool(name: str, default: bool) -> bool:
+    return env(name, "1" if default else "0").lower() in {"1", "true", "yes", "on"}
+
+
+def database_from_url(url: str) -> dict:
+    parsed = urlparse(url)
+    if parsed.scheme not in {"postgres", "postgresql"}:
+        raise ValueError(f"SWITCHYARD_DATABASE_URL must be a postgres:// URL, got {url!r}")
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": parsed.path.lstrip("/") or "switchyard",
+        "USER": parsed.username or "postgres",
+        "PASSWORD": parsed.password or "",
+        "HOST": parsed.hostname or "127.0.0.1",
+        "PORT": str(parsed.port or 5432),
+        "CONN_MAX_AGE": 60,
+        "CONN_HEALTH_CHECKS": True,
+        "OPTIONS": {"connect_timeout": 3},
+        "TEST": {"NAME": f"test_{parsed.path.lstrip('/') or 'switchyard'}"},
+    }
+
+
+DEBUG = env_bool("SWITCHYARD_DEBUG", False)
+# The local default key is only for development; `make demo` generates a real one into var/.
+SECRET_KEY = env("SWITCHYARD_SECRET_KEY", "switchyard-insecure-development-key-change-me")
+ALLOWED_HOSTS = [h for h in env("SWITCHYARD_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+CSRF_TRUSTED_ORIGINS = [
+    o for o in env("SWITCHYARD_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost").split(",")
+    if o
+]
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "controlplane",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "controlplane.urls"
+ASGI_APPLICATION = "controlplane.asgi.application"
+MIGRATION_MODULES = {"controlplane": "migrations"}
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "frontend" / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": database_from_url(
+        env("SWITCHYARD_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/switchyard")
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Seconds a health probe or a request-path Redis call may wait before calling Redis down.
+REDIS_SOCKET_TIMEOUT = float(env("SWITCHYARD_REDIS_TIMEOUT", "1.0"))
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {
+            "hosts": [REDIS_URL],
+            "prefix": env("SWITCHYARD_CHANNEL_PREFIX", "switchyard:asgi"),
+            "capacity": 500,
+            "expiry": 30,
+        },
+    }
+}
+
+# Celery: see controlplane/celery.py for the reliability reasoning.
+CELERY_BROKER_URL = env("SWITCHYARD_CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = env("SWITCHYARD_CELERY_RESULT_BACKEND", REDIS_URL)
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+# Third-party JS (uPlot, htmx) is installed by npm into frontend/node_modules and served from
+# there under /static/vendor/ — never copied into the repository.
+NODE_MODULES_DIR = BASE_DIR / "frontend" / "node_modules"
+if NODE_MODULES_DIR.is_dir():
+    STATICFILES_DIRS.append(("vendor", NODE_MODULES_DIR))
+
+LOGIN_URL = "/admin/login/"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env("SWITCHYARD_LOG_LEVEL", "INFO")},
+}

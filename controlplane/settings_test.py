@@ -1,0 +1,13 @@
+"""Settings for the test suite: the same as production settings, on Redis database 9 so tests
+never read or flush the keys of a running `make demo`."""
+
+import os
+
+os.environ.setdefault("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/9")
+os.environ.setdefault("SWITCHYARD_CHANNEL_PREFIX", "switchyard-test:asgi")
+
+from .settings import *  # noqa: F403
+
+# Close connections at the end of each request/task so worker threads started by tests do
+# not hold the test database open at teardown.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

@@ -1,0 +1,1 @@
+"""Server-rendered pages and plain HTTP endpoints of the control plane."""

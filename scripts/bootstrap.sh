@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Idempotent set-up shared by `make demo` and `make test`: virtualenv, Python and npm
+# packages, (for tests) Debian's chromium, running Postgres/Redis, migrated database.
+# Re-installs only when pyproject.toml, constraints.txt or the npm lockfile changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+WANT_BROWSER=${WANT_BROWSER:-0}
+PYTHON=${PYTHON:-python3.11}
+
+if ! command -v "$PYTHON" >/dev/null; then
+  echo "Python 3.11 is required: install it (e.g. apt-get install python3.11 python3.11-venv) or set PYTHON=/path/to/python3.11." >&2
+  exit 1
+fi
+
+stamp_of() { cat "$@" | sha256sum | cut -c1-16; }
+
+if [ ! -x .venv/bin/python ]; then
+  echo "Creating the virtualenv in .venv ..."
+  "$PYTHON" -m venv .venv
+fi
+py_stamp=".venv/.installed-$(stamp_of pyproject.toml constraints.txt)"
+if [ ! -f "$py_stamp" ]; then
+  echo "Installing Python packages (pinned by constraints.txt) ..."
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+  rm -f .venv/.installed-*
+  touch "$py_stamp"
+fi
+
+if [ -f frontend/package-lock.json ]; then
+  if ! command -v npm >/dev/null; then
+    echo "npm is required for the dashboard's JavaScript packages: apt-get install npm." >&2
+    exit 1
+  fi
+  js_stamp="frontend/node_modules/.installed-$(stamp_of frontend/package-lock.json)"
+  if [ ! -f "$js_stamp" ]; then
+    echo "Installing JavaScript packages (npm ci) ..."
+    (cd frontend && npm ci --no-audit --no-fund --loglevel=error)
+    touch "$js_stamp"
+  fi
+fi
+
+if [ "$WANT_BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ]; then
+  echo "Installing Debian's chromium for the browser tests ..."
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  fi
+fi
+
+bash scripts/ensure_services.sh
+.venv/bin/python manage.py migrate --noinput -v 0

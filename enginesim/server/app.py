@@ -1,0 +1,251 @@
+"""The ASGI app of one instance: vLLM's OpenAI-compatible surface plus /admin."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from enginesim.server import openai_api, tokenizer
+from enginesim.server.chat import ChatTemplateError, render_chat
+from enginesim.server.driver import RequestStream
+from enginesim.server.faults import FaultError, FaultRequest
+from enginesim.server.instance import Instance
+from enginesim.server.openai_api import APIError, ChunkRenderer, GenerationRequest
+from enginesim.server.responses import PendingJSONResponse, SSEResponse
+
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+Parser = Callable[[Any, str, int], GenerationRequest]
+
+
+def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
+    return JSONResponse(openai_api.error_body(status, message, param), status_code=status)
+
+
+async def _json_body(request: Request) -> Any:
+    try:
+        return await request.json()
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise APIError(400, f"Invalid JSON body: {exc}") from exc
+
+
+def _engine_request_error() -> type[Exception]:
+    try:
+        from enginesim.engine.core import EngineRequestError
+    except ImportError:  # engine core not importable: nothing to translate
+        return APIError
+    return EngineRequestError
+
+
+class InstanceAPI:
+    """Request handlers bound to one instance."""
+
+    def __init__(self, instance: Instance) -> None:
+        self.instance = instance
+        self._engine_error = _engine_request_error()
+
+    # -- generation -----------------------------------------------------------
+
+    async def completions(self, request: Request) -> Any:
+        return await self._generate(request, openai_api.parse_completion)
+
+    async def chat_completions(self, request: Request) -> Any:
+        return await self._generate(request, openai_api.parse_chat)
+
+    async def _generate(self, request: Request, parse: Parser) -> Any:
+        inst = self.instance
+        try:
+            gen = parse(await _json_body(request), inst.served_name, inst.max_model_len)
+        except APIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        prefix = "chatcmpl-" if gen.kind == "chat" else "cmpl-"
+        req_id = prefix + uuid.uuid4().hex
+        driver = inst.driver
+        try:
+            stream = driver.submit(req_id, gen.prompt_token_ids, gen.max_tokens, gen.natural_stop)
+        except self._engine_error as exc:
+            return error_response(400, str(exc))
+        created = int(time.time())
+
+        def on_disconnect() -> None:
+            driver.abort(stream)
+
+        if gen.stream:
+            renderer = ChunkRenderer(gen.kind, req_id, created, inst.served_name)
+            chunks = self._sse_chunks(gen, stream, renderer)
+            return SSEResponse(chunks, inst.faults, on_disconnect)
+
+        def render() -> dict[str, Any]:
+            text = tokenizer.SyntheticText(gen.seed).text(0, stream.num_output_tokens)
+            usage = openai_api.usage(
+                stream.prompt_len, stream.num_output_tokens, stream.num_cached_tokens
+            )
+            return openai_api.full_response(
+                gen.kind, req_id, created, inst.served_name, text, stream.finish_reason, usage
+            )
+
+        return PendingJSONResponse(stream.wait_finished(), render, inst.faults, on_disconnect)
+
+    async def _sse_chunks(
+        self, gen: GenerationRequest, stream: RequestStream, renderer: ChunkRenderer
+    ) -> AsyncIterator[bytes]:
+        interval = self.instance.settings.stream_interval
+        text = tokenizer.SyntheticText(gen.seed)
+        if gen.kind == "chat":
+            yield renderer.role_chunk()
+        sent = seen = 0
+        final_sent = False
+        while not final_sent:
+            await stream.wait_beyond(seen)
+            seen = stream.num_output_tokens
+            while seen - sent >= interval or (stream.finished and not final_sent):
+                count = min(interval, seen - sent)
+                final_sent = stream.finished and sent + count == seen
+                reason = stream.finish_reason if final_sent else None
+                yield renderer.content_chunk(text.text(sent, sent + count), reason)
+                sent += count
+        if gen.include_usage:
+            usage = openai_api.usage(stream.prompt_len, sent, stream.num_cached_tokens)
+            yield renderer.usage_chunk(usage)
+        yield openai_api.DONE_EVENT
+
+    # -- other vLLM endpoints -------------------------------------------------
+
+    async def models(self, request: Request) -> Response:
+        inst = self.instance
+        card = {
+            "id": inst.served_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "vllm",
+            "root": inst.served_name,
+            "parent": None,
+            "max_model_len": inst.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def health(self, request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def version(self, request: Request) -> Response:
+        return JSONResponse({"version": "enginesim"})
+
+    async def tokenize(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+            if not isinstance(body, dict):
+                raise APIError(400, "request body must be a JSON object")
+            text = self._tokenize_text(body)
+        except APIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        tokens = tokenizer.encode(text)
+        strs = tokenizer.split_pieces(text) if body.get("return_token_strs") else None
+        return JSONResponse(
+            {
+                "count": len(tokens),
+                "max_model_len": self.instance.max_model_len,
+                "tokens": tokens,
+                "token_strs": strs,
+            }
+        )
+
+    @staticmethod
+    def _tokenize_text(body: dict[str, Any]) -> str:
+        if "messages" in body:
+            try:
+                return render_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
+            except ChatTemplateError as exc:
+                raise APIError(400, str(exc), "messages") from exc
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise APIError(400, "prompt (a string) or messages is required", "prompt")
+        return prompt
+
+    async def detokenize(self, request: Request) -> Response:
+        try:
+            body = await _json_body(request)
+        except APIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        tokens = body.get("tokens") if isinstance(body, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return error_response(400, "tokens must be a list of integers", "tokens")
+        return JSONResponse({"prompt": tokenizer.decode(tokens)})
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(self.instance.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
+
+    async def reset_prefix_cache(self, request: Request) -> Response:
+        self.instance.engine.reset_prefix_cache()
+        if self.instance.kv_publisher is not None:
+            self.instance.kv_publisher.flush()
+        return Response(status_code=200)
+
+    # -- admin ------------------------------------------------------------------
+
+    async def get_fault(self, request: Request) -> Response:
+        return JSONResponse(self.instance.faults.as_json())
+
+    async def post_fault(self, request: Request) -> Response:
+        return await apply_fault_from_request(self.instance, request)
+
+
+async def apply_fault_from_request(instance: Instance, request: Request) -> Response:
+    try:
+        fault = FaultRequest.from_json(await request.json())
+        await instance.apply_fault(fault)
+    except (FaultError, ValueError) as exc:
+        return error_response(400, str(exc))
+    return JSONResponse(instance.faults.as_json())
+
+
+class FaultGate:
+    """ASGI wrapper applying hang / error5xx to every non-admin request."""
+
+    def __init__(self, app: Any, instance: Instance) -> None:
+        self.app = app
+        self.instance = instance
+        self._error_body = openai_api.dumps(
+            openai_api.error_body(500, "Injected fault: error5xx")
+        ).encode()
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        faults = self.instance.faults
+        if scope["type"] == "http" and not scope["path"].startswith("/admin/"):
+            await faults.wait_not_hung()
+            if faults.failing:
+                await self._send_error(send)
+                return
+        await self.app(scope, receive, send)
+
+    async def _send_error(self, send: Any) -> None:
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self._error_body)).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 500, "headers": headers})
+        await send({"type": "http.response.body", "body": self._error_body})
+
+
+def build_app(instance: Instance) -> Any:
+    """The ASGI app serving one instance."""
+    api = InstanceAPI(instance)
+    routes = [
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/version", api.version, methods=["GET"]),
+        Route("/tokenize", api.tokenize, methods=["POST"]),
+        Route("/detokenize", api.detokenize, methods=["POST"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+        Route("/reset_prefix_cache", api.reset_prefix_cache, methods=["POST"]),
+        Route("/admin/fault", api.get_fault, methods=["GET"]),
+        Route("/admin/fault", api.post_fault, methods=["POST"]),
+    ]
+    return FaultGate(Starlette(routes=routes), instance)

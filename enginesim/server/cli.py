@@ -1,0 +1,139 @@
+"""``python -m enginesim serve``: N simulated vLLM instances in one asyncio process.
+
+Instance k listens on ``--base-port + k``. ``--admin-port`` (optional) serves a
+process-wide ``POST /admin/fault`` taking ``{"instance": k, "mode": ...}``
+(needed to recover a killed instance, whose own port is closed) and
+``GET /admin/instances``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from enginesim.server.faults import FaultError, FaultRequest
+from enginesim.server.instance import Instance, InstanceSettings
+from enginesim.server.kv_events import ENCODINGS, KVEventPublisher, instance_endpoints
+
+log = logging.getLogger("enginesim.serve")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--instances", type=int, default=1, help="number of instances")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--base-port", type=int, default=8100, help="instance k: base-port + k")
+    parser.add_argument("--gpu", default="h20", help="simulated GPU (enginesim.engine.hardware)")
+    parser.add_argument("--model", default="qwen2-7b", help="model key (enginesim.engine.models)")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="wall seconds per simulated second (>1 = slow motion; <1 = faster than real)",
+    )
+    parser.add_argument(
+        "--stream-interval", type=int, default=1, help="tokens per SSE chunk (vLLM's option)"
+    )
+    parser.add_argument(
+        "--kv-events",
+        default=None,
+        metavar="tcp://HOST:PORT",
+        help="publish KV events: instance k on PORT+k, replay on PORT+100+k",
+    )
+    parser.add_argument("--kv-encoding", choices=ENCODINGS, default="map")
+    parser.add_argument("--kv-topic", default="", help="ZMQ topic frame (vLLM's default: empty)")
+    parser.add_argument("--admin-port", type=int, default=None, help="process-wide admin API")
+    parser.add_argument(
+        "--fault",
+        action="append",
+        default=[],
+        metavar="INDEX:MODE[:ARG]",
+        help="start with a fault, e.g. 2:slow:5, 3:error5xx, 1:drop_midstream:4 (repeatable)",
+    )
+
+
+def _engine_parts(gpu: str, model: str) -> tuple[Any, Any]:
+    from enginesim.engine.config import EngineConfig
+    from enginesim.engine.core import EngineCore
+
+    config = EngineConfig.for_hardware(gpu, model)
+
+    def factory(sink: Any) -> Any:
+        return EngineCore(config, kv_event_sink=sink)
+
+    return config, factory
+
+
+def build_instances(args: argparse.Namespace) -> list[Instance]:
+    if args.instances < 1 or args.stream_interval < 1:
+        raise SystemExit("--instances and --stream-interval must be >= 1")
+    config, factory = _engine_parts(args.gpu, args.model)
+    instances = []
+    for index in range(args.instances):
+        publisher = None
+        if args.kv_events:
+            pub, replay = instance_endpoints(args.kv_events, index)
+            publisher = KVEventPublisher(pub, replay, args.kv_encoding, args.kv_topic)
+        settings = InstanceSettings(
+            index, args.host, args.base_port + index, args.time_scale, args.stream_interval
+        )
+        instances.append(Instance(settings, config, factory, publisher))
+    return instances
+
+
+async def serve(args: argparse.Namespace) -> None:
+    from enginesim.server.admin import build_admin_app, start_admin_server
+    from enginesim.server.app import build_app
+
+    instances = build_instances(args)
+    initial_faults = [FaultRequest.from_cli(spec) for spec in args.fault]
+    for inst in instances:
+        if inst.kv_publisher is not None:
+            inst.kv_publisher.start()
+        await inst.start(build_app(inst))
+    for index, fault in initial_faults:
+        await instances[index].apply_fault(fault)
+    admin = None
+    if args.admin_port is not None:
+        admin = await start_admin_server(build_admin_app(instances), args.host, args.admin_port)
+    log.warning(
+        "enginesim: %d x %s on %s, ports %d-%d, time scale %g",
+        len(instances), args.model, args.gpu, args.base_port,
+        args.base_port + len(instances) - 1, args.time_scale,
+    )  # fmt: skip
+    print(f"enginesim ready: {len(instances)} instances from port {args.base_port}", flush=True)
+    await _wait_for_signal()
+    if admin is not None:
+        await admin.stop()
+    for inst in instances:
+        await inst.stop()
+        if inst.kv_publisher is not None:
+            await inst.kv_publisher.close()
+
+
+async def _wait_for_signal() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    try:
+        for spec in args.fault:
+            FaultRequest.from_cli(spec)
+    except FaultError as exc:
+        raise SystemExit(str(exc)) from exc
+    runner_kwargs: dict[str, Any] = {}
+    with contextlib.suppress(ImportError):
+        import uvloop
+
+        runner_kwargs["loop_factory"] = uvloop.new_event_loop
+    with asyncio.Runner(**runner_kwargs) as runner:
+        runner.run(serve(args))
+    return 0

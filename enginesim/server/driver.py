@@ -1,0 +1,222 @@
+"""Runs one EngineCore in real time on the asyncio loop.
+
+Virtual (simulated) time = wall seconds elapsed / wall_per_virtual, where
+wall_per_virtual starts at ``--time-scale`` and a ``slow`` fault multiplies it.
+The driver task advances the engine to "now", hands each request's new tokens
+to its ``RequestStream``, publishes the step's KV events, then sleeps until the
+engine's next event (a new request wakes it early).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from enginesim.server.metrics import InstanceMetrics
+
+# Never sleep less than this (wall seconds): steps that fall due within it are
+# processed together, which bounds CPU use when the simulated GPU is very fast.
+MIN_WALL_SLEEP = 0.0005
+
+
+class VirtualClock:
+    """Simulated seconds since start; the wall/virtual ratio can change on the fly."""
+
+    def __init__(self, wall_per_virtual: float, wall: Callable[[], float] = time.monotonic):
+        if wall_per_virtual <= 0:
+            raise ValueError("time scale must be positive")
+        self._wall = wall
+        self._wall_anchor = wall()
+        self._virtual_anchor = 0.0
+        self.wall_per_virtual = wall_per_virtual
+
+    def now(self) -> float:
+        return self._virtual_anchor + (self._wall() - self._wall_anchor) / self.wall_per_virtual
+
+    def set_wall_per_virtual(self, wall_per_virtual: float) -> None:
+        self._virtual_anchor = self.now()
+        self._wall_anchor = self._wall()
+        self.wall_per_virtual = wall_per_virtual
+
+    def wall_delay(self, virtual_delay: float) -> float:
+        return virtual_delay * self.wall_per_virtual
+
+
+class RequestStream:
+    """What the HTTP handler of one request sees of it; updated by the driver."""
+
+    __slots__ = (
+        "_waiter",
+        "arrival",
+        "finish_reason",
+        "finished",
+        "first_token_time",
+        "last_token_time",
+        "max_tokens",
+        "natural_stop",
+        "num_cached_tokens",
+        "num_output_tokens",
+        "prompt_len",
+        "req_id",
+    )
+
+    def __init__(
+        self, req_id: str, prompt_len: int, max_tokens: int, natural_stop: bool, now: float
+    ) -> None:
+        self.req_id = req_id
+        self.prompt_len = prompt_len
+        self.max_tokens = max_tokens
+        # True when max_tokens is our synthetic answer length, not the client's limit.
+        self.natural_stop = natural_stop
+        self.arrival = now
+        self.num_output_tokens = 0
+        self.num_cached_tokens = 0
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+        self.finished = False
+        self.finish_reason: str | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def _notify(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def wait_beyond(self, seen_tokens: int) -> None:
+        """Return once more than ``seen_tokens`` tokens exist or the request finished."""
+        while self.num_output_tokens <= seen_tokens and not self.finished:
+            self._waiter = asyncio.get_running_loop().create_future()
+            await self._waiter
+
+    async def wait_finished(self) -> None:
+        while not self.finished:
+            await self.wait_beyond(self.num_output_tokens)
+
+
+class EngineDriver:
+    """Owns the real-time loop around one engine core."""
+
+    def __init__(
+        self,
+        engine: Any,
+        clock: VirtualClock,
+        metrics: InstanceMetrics,
+        on_step: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.engine = engine
+        self.clock = clock
+        self.metrics = metrics
+        self._on_step = on_step
+        self._streams: dict[str, RequestStream] = {}
+        self._wakeup: asyncio.Future[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    def submit(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int],
+        max_tokens: int,
+        natural_stop: bool = False,
+    ) -> RequestStream:
+        """Add a request to the engine now; raises the engine's request error."""
+        now = self.clock.now()
+        self._step(now)
+        self.engine.add_request(req_id, list(prompt_token_ids), max_tokens, now)
+        stream = RequestStream(req_id, len(prompt_token_ids), max_tokens, natural_stop, now)
+        self._streams[req_id] = stream
+        self.wake()
+        return stream
+
+    def abort(self, stream: RequestStream) -> None:
+        """The client went away: drop the request from the engine, count it as aborted."""
+        if stream.finished:
+            return
+        now = self.clock.now()
+        self._streams.pop(stream.req_id, None)
+        self.engine.abort(stream.req_id, now)
+        self._finish(stream, "abort", now)
+        self.wake()
+
+    def abort_all(self) -> None:
+        for stream in list(self._streams.values()):
+            self.abort(stream)
+
+    def wake(self) -> None:
+        if self._wakeup is not None and not self._wakeup.done():
+            self._wakeup.set_result(None)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            now = self.clock.now()
+            self._step(now)
+            next_time = self.engine.next_event_time()
+            self._wakeup = loop.create_future()
+            timer = None
+            if next_time is not None:
+                delay = max(self.clock.wall_delay(next_time - now), MIN_WALL_SLEEP)
+                timer = loop.call_later(delay, self.wake)
+            await self._wakeup
+            if timer is not None:
+                timer.cancel()
+
+    def _step(self, now: float) -> None:
+        for output in self.engine.advance_to(now):
+            stream = self._streams.get(output.req_id)
+            if stream is not None:
+                self._apply(stream, output, now)
+        self._on_step()
+
+    def _apply(self, stream: RequestStream, output: Any, now: float) -> None:
+        new_tokens = output.num_output_tokens - stream.num_output_tokens
+        if new_tokens > 0:
+            self._record_tokens(stream, output, new_tokens, now)
+        if output.finished:
+            self._streams.pop(stream.req_id, None)
+            self._finish(stream, self._finish_reason(stream, output), now)
+        else:
+            stream._notify()
+
+    def _record_tokens(self, stream: RequestStream, output: Any, new_tokens: int, now: float):
+        if stream.first_token_time is None:
+            first = output.first_token_time if output.first_token_time is not None else now
+            stream.first_token_time = first
+            stream.last_token_time = first
+            stream.num_cached_tokens = output.num_cached_tokens
+            self.metrics.observe_first_token(first - stream.arrival)
+            new_tokens -= 1
+        if new_tokens > 0:
+            self.metrics.observe_decode(now - stream.last_token_time, new_tokens)
+            stream.last_token_time = now
+        stream.num_output_tokens = output.num_output_tokens
+
+    @staticmethod
+    def _finish_reason(stream: RequestStream, output: Any) -> str:
+        reason = output.finish_reason or "length"
+        if reason == "length" and stream.natural_stop:
+            return "stop"
+        return reason
+
+    def _finish(self, stream: RequestStream, reason: str, now: float) -> None:
+        stream.finished = True
+        stream.finish_reason = reason
+        first = stream.first_token_time if stream.first_token_time is not None else now
+        self.metrics.observe_finished(
+            reason,
+            e2e=now - stream.arrival,
+            prompt_tokens=stream.prompt_len,
+            generation_tokens=stream.num_output_tokens,
+            max_tokens=None if stream.natural_stop else stream.max_tokens,
+            decode_time=now - first,
+        )
+        stream._notify()

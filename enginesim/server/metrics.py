@@ -1,0 +1,240 @@
+"""Prometheus ``/metrics`` for one instance, with vLLM v1's names, labels and buckets.
+
+Every metric carries ``model_name`` (the served model name) and ``engine``
+(always ``"0"``: one engine core per server, as in a vLLM process without data
+parallelism). Engine state (running/waiting, KV usage, prefix-cache counters,
+token counters, preemptions) is read from the engine at scrape time; request
+histograms are fed by the server as requests progress.
+
+All latencies are in *simulated* seconds (the engine's virtual clock): they are
+what a real vLLM on the simulated hardware would report, independent of
+``--time-scale``. Wall seconds = simulated seconds x time scale; the factor is
+exported as ``enginesim:time_scale`` for scrapers that want to compare.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+LABELS = ("model_name", "engine")
+ENGINE_INDEX = "0"
+FINISH_REASONS = ("stop", "length", "abort")
+
+TTFT_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+)  # fmt: skip
+ITL_BUCKETS = (
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
+    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+    50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
+)  # fmt: skip
+
+
+def buckets_1_2_5(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return out
+            out.append(mantissa * scale)
+        scale *= 10
+
+
+class _EngineStateCollector:
+    """Gauges and counters read from ``EngineStats`` on each scrape."""
+
+    def __init__(
+        self,
+        label_values: list[str],
+        stats_fn: Callable[[], Any],
+        cache_info: Mapping[str, str],
+        time_scale_fn: Callable[[], float],
+    ) -> None:
+        self._lv = label_values
+        self._stats_fn = stats_fn
+        self._cache_info = dict(cache_info)
+        self._time_scale_fn = time_scale_fn
+
+    def _gauge(self, name: str, doc: str, value: float) -> Metric:
+        family = GaugeMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._lv, value)
+        return family
+
+    def _counter(self, name: str, doc: str, value: float) -> Metric:
+        family = CounterMetricFamily(name, doc, labels=LABELS)
+        family.add_metric(self._lv, value)
+        return family
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats_fn()
+        yield self._gauge(
+            "vllm:num_requests_running",
+            "Number of requests in model execution batches.",
+            stats.num_running,
+        )
+        yield self._gauge(
+            "vllm:num_requests_waiting",
+            "Number of requests waiting to be processed.",
+            stats.num_waiting,
+        )
+        yield self._gauge(
+            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage
+        )
+        yield self._counter(
+            "vllm:prefix_cache_queries",
+            "Prefix cache queries, in terms of number of queried tokens.",
+            stats.prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:prefix_cache_hits",
+            "Prefix cache hits, in terms of number of cached tokens.",
+            stats.prefix_cache_hits,
+        )
+        yield self._counter(
+            "vllm:num_preemptions",
+            "Cumulative number of preemption from the engine.",
+            stats.num_preemptions,
+        )
+        yield self._counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", _prompt_tokens(stats)
+        )
+        yield self._counter(
+            "vllm:generation_tokens",
+            "Number of generation tokens processed.",
+            _generation_tokens(stats),
+        )
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=[*self._cache_info, "engine"],
+        )
+        info.add_metric([*self._cache_info.values(), ENGINE_INDEX], 1.0)
+        yield info
+        yield GaugeMetricFamily(
+            "enginesim:time_scale",
+            "Wall seconds per simulated second (latencies here are simulated seconds).",
+            value=self._time_scale_fn(),
+        )
+
+
+def _prompt_tokens(stats: Any) -> int:
+    for name in ("prompt_tokens", "num_prompt_tokens", "prompt_tokens_total"):
+        if hasattr(stats, name):
+            return getattr(stats, name)
+    return 0
+
+
+def _generation_tokens(stats: Any) -> int:
+    for name in ("generation_tokens", "num_generation_tokens", "generation_tokens_total"):
+        if hasattr(stats, name):
+            return getattr(stats, name)
+    return 0
+
+
+class InstanceMetrics:
+    """The registry behind one instance's ``/metrics``."""
+
+    def __init__(
+        self,
+        model_name: str,
+        max_model_len: int,
+        cache_info: Mapping[str, str],
+        stats_fn: Callable[[], Any],
+        time_scale_fn: Callable[[], float],
+    ) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        lv = [model_name, ENGINE_INDEX]
+        token_buckets = buckets_1_2_5(max_model_len)
+
+        def histogram(name: str, doc: str, buckets: Any) -> Any:
+            metric = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
+            return metric.labels(*lv)
+
+        self.ttft = histogram(
+            "vllm:time_to_first_token_seconds",
+            "Histogram of time to first token in seconds.",
+            TTFT_BUCKETS,
+        )
+        self.itl = histogram(
+            "vllm:inter_token_latency_seconds",
+            "Histogram of inter-token latency in seconds.",
+            ITL_BUCKETS,
+        )
+        self.tpot = histogram(
+            "vllm:time_per_output_token_seconds",
+            "Histogram of time per output token in seconds."
+            "DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
+            ITL_BUCKETS,
+        )
+        self.request_tpot = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Histogram of time_per_output_token_seconds per request.",
+            ITL_BUCKETS,
+        )
+        self.e2e = histogram(
+            "vllm:e2e_request_latency_seconds",
+            "Histogram of e2e request latency in seconds.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.prompt_len = histogram(
+            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+        )
+        self.generation_len = histogram(
+            "vllm:request_generation_tokens",
+            "Number of generation tokens processed.",
+            token_buckets,
+        )
+        self.max_tokens_param = histogram(
+            "vllm:request_params_max_tokens",
+            "Histogram of the max_tokens request parameter.",
+            token_buckets,
+        )
+        success = Counter(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            [*LABELS, "finished_reason"],
+            registry=self.registry,
+        )
+        self.success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
+        self.registry.register(_EngineStateCollector(lv, stats_fn, cache_info, time_scale_fn))
+
+    def observe_first_token(self, ttft: float) -> None:
+        self.ttft.observe(ttft)
+
+    def observe_decode(self, interval: float, num_tokens: int) -> None:
+        """``num_tokens`` tokens produced evenly over ``interval`` simulated seconds."""
+        per_token = interval / num_tokens
+        for _ in range(num_tokens):
+            self.itl.observe(per_token)
+            self.tpot.observe(per_token)
+
+    def observe_finished(
+        self,
+        reason: str,
+        e2e: float,
+        prompt_tokens: int,
+        generation_tokens: int,
+        max_tokens: int | None,
+        decode_time: float,
+    ) -> None:
+        self.success[reason].inc()
+        self.e2e.observe(e2e)
+        self.prompt_len.observe(prompt_tokens)
+        self.generation_len.observe(generation_tokens)
+        if max_tokens:
+            self.max_tokens_param.observe(max_tokens)
+        if generation_tokens > 1:
+            self.request_tpot.observe(decode_time / (generation_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

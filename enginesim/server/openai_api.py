@@ -1,0 +1,276 @@
+"""Request parsing and response shapes of vLLM's OpenAI-compatible API.
+
+Output length: when the client gives ``max_tokens`` (or ``max_completion_tokens``)
+exactly that many tokens are generated and ``finish_reason`` is ``"length"``, as
+with vLLM's ``ignore_eos``; completions default to 16 as in vLLM. Chat requests
+without a limit get a synthetic answer length of 16..256 tokens derived from the
+prompt, ending with ``finish_reason`` ``"stop"``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from enginesim.server import chat, tokenizer
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+NATURAL_MIN_TOKENS = 16
+NATURAL_SPAN = 241
+
+_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.status, self.message, self.param)
+
+
+def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
+    err_type = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "Error")
+    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    kind: str  # "chat" or "completion"
+    prompt_token_ids: list[int]
+    max_tokens: int
+    natural_stop: bool
+    stream: bool
+    include_usage: bool
+    seed: int
+
+
+def _check_model(body: dict[str, Any], served_name: str) -> None:
+    model = body.get("model")
+    if model is not None and model != served_name:
+        raise APIError(404, f"The model `{model}` does not exist.", "model")
+
+
+def _positive_int(body: dict[str, Any], *names: str) -> int | None:
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise APIError(400, f"{name} must be a positive integer, got {value!r}", name)
+        return value
+    return None
+
+
+def _completion_prompt(prompt: Any) -> list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return tokenizer.encode(prompt)
+    if isinstance(prompt, list) and prompt and all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
+    ):
+        return list(prompt)
+    raise APIError(
+        400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt"
+    )
+
+
+def _stream_flags(body: dict[str, Any]) -> tuple[bool, bool]:
+    stream = bool(body.get("stream", False))
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise APIError(400, "stream_options must be an object", "stream_options")
+    if options and not stream:
+        raise APIError(400, "Stream options can only be defined when `stream=True`.", "stream")
+    return stream, bool(options.get("include_usage", False))
+
+
+def _check_n(body: dict[str, Any]) -> None:
+    if body.get("n", 1) != 1:
+        raise APIError(400, "enginesim supports only n=1", "n")
+
+
+def _fit_length(
+    prompt_ids: list[int], max_tokens: int | None, max_model_len: int
+) -> tuple[int, bool]:
+    """(tokens to generate, natural_stop); rejects what vLLM rejects."""
+    prompt_len = len(prompt_ids)
+    if max_tokens is None:
+        if prompt_len >= max_model_len:
+            raise APIError(
+                400,
+                f"This model's maximum context length is {max_model_len} tokens. "
+                f"However, your request has {prompt_len} input tokens. "
+                "Please reduce the length of the input messages.",
+            )
+        natural = NATURAL_MIN_TOKENS + tokenizer.prompt_seed(prompt_ids) % NATURAL_SPAN
+        return min(natural, max_model_len - prompt_len), True
+    if prompt_len + max_tokens > max_model_len:
+        raise APIError(
+            400,
+            f"This model's maximum context length is {max_model_len} tokens. "
+            f"However, you requested {prompt_len + max_tokens} tokens ({prompt_len} in the "
+            f"messages, {max_tokens} in the completion). "
+            "Please reduce the length of the messages or completion.",
+        )
+    return max_tokens, False
+
+
+def parse_completion(body: Any, served_name: str, max_model_len: int) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    _check_model(body, served_name)
+    _check_n(body)
+    if "prompt" not in body:
+        raise APIError(400, "prompt is required", "prompt")
+    prompt_ids = _completion_prompt(body["prompt"])
+    limit = _positive_int(body, "max_tokens")
+    max_tokens, natural = _fit_length(
+        prompt_ids, limit or COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len
+    )
+    stream, include_usage = _stream_flags(body)
+    seed = tokenizer.prompt_seed(prompt_ids)
+    return GenerationRequest(
+        "completion", prompt_ids, max_tokens, natural, stream, include_usage, seed
+    )
+
+
+def parse_chat(body: Any, served_name: str, max_model_len: int) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    _check_model(body, served_name)
+    _check_n(body)
+    try:
+        text = chat.render_chat(
+            body.get("messages"), bool(body.get("add_generation_prompt", True))
+        )
+    except chat.ChatTemplateError as exc:
+        raise APIError(400, str(exc), "messages") from exc
+    prompt_ids = tokenizer.encode(text)
+    limit = _positive_int(body, "max_completion_tokens", "max_tokens")
+    max_tokens, natural = _fit_length(prompt_ids, limit, max_model_len)
+    stream, include_usage = _stream_flags(body)
+    seed = tokenizer.prompt_seed(prompt_ids)
+    return GenerationRequest("chat", prompt_ids, max_tokens, natural, stream, include_usage, seed)
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def full_response(
+    kind: str,
+    req_id: str,
+    created: int,
+    model: str,
+    text: str,
+    finish_reason: str | None,
+    usage_info: dict[str, Any],
+) -> dict[str, Any]:
+    """The non-streaming body of a chat or text completion."""
+    if kind == "chat":
+        message = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [],
+            "reasoning_content": None,
+        }
+        choice = {
+            "index": 0,
+            "message": message,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
+        return {
+            "id": req_id,
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "choices": [choice],
+            "service_tier": None,
+            "system_fingerprint": None,
+            "usage": usage_info,
+            "prompt_logprobs": None,
+            "kv_transfer_params": None,
+        }
+    choice = {
+        "index": 0,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+    return {
+        "id": req_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [choice],
+        "service_tier": None,
+        "system_fingerprint": None,
+        "usage": usage_info,
+        "kv_transfer_params": None,
+    }
+
+
+DONE_EVENT = b"data: [DONE]\n\n"
+
+
+def dumps(obj: Any) -> str:
+    """Compact JSON, as vLLM's pydantic serialisation writes it."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def sse(payload: str) -> bytes:
+    return b"data: " + payload.encode() + b"\n\n"
+
+
+class ChunkRenderer:
+    """SSE chunks of one streamed response, rendered from pre-built JSON fragments."""
+
+    def __init__(self, kind: str, req_id: str, created: int, model: str) -> None:
+        self.kind = kind
+        obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
+        head = dumps({"id": req_id, "object": obj, "created": created, "model": model})
+        self._head = head[:-1] + ',"choices":'
+        if kind == "chat":
+            self._open = self._head + '[{"index":0,"delta":{"content":'
+            self._close = '},"logprobs":null,"finish_reason":'
+        else:
+            self._open = self._head + '[{"index":0,"text":'
+            self._close = ',"logprobs":null,"finish_reason":'
+
+    def role_chunk(self) -> bytes:
+        return sse(
+            self._head + '[{"index":0,"delta":{"role":"assistant","content":""},'
+            '"logprobs":null,"finish_reason":null}]}'
+        )
+
+    def content_chunk(self, text: str, finish_reason: str | None = None) -> bytes:
+        reason = "null" if finish_reason is None else dumps(finish_reason)
+        return sse(self._open + dumps(text) + self._close + reason + ',"stop_reason":null}]}')
+
+    def usage_chunk(self, usage_info: dict[str, Any]) -> bytes:
+        return sse(self._head + '[],"usage":' + dumps(usage_info) + "}")
+
+    @staticmethod
+    def error_chunk(status: int, message: str) -> bytes:
+        return sse(dumps(error_body(status, message)))

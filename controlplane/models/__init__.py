@@ -1,0 +1,26 @@
+"""Control-plane state in Postgres. Writes go through controlplane.services only."""
+
+from .audit import ApiToken, AuditEvent
+from .cluster import Cluster, Instance, Policy
+from .events import HotspotEvent, RouterEvent
+from .metrics import ArmMetricRollup, InstanceMetricRollup
+from .replay import ReplayJob
+from .rollout import CanaryJudgement, CanarySplit
+from .routing import ConfigVersion, RouterDeployment
+
+__all__ = [
+    "ApiToken",
+    "ArmMetricRollup",
+    "AuditEvent",
+    "CanaryJudgement",
+    "CanarySplit",
+    "Cluster",
+    "ConfigVersion",
+    "HotspotEvent",
+    "Instance",
+    "InstanceMetricRollup",
+    "Policy",
+    "ReplayJob",
+    "RouterDeployment",
+    "RouterEvent",
+]

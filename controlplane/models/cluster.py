@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+slug_name = RegexValidator(
+    r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+    "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric",
+)
+
+
+class Cluster(models.Model):
+    """A fleet of engine instances serving one model on one GPU type."""
+
+    name = models.CharField(max_length=64, unique=True, validators=[slug_name])
+    model = models.CharField(max_length=128, help_text="Served model, e.g. Qwen/Qwen2-7B-Instruct")
+    gpu_type = models.CharField(max_length=32, help_text="e.g. h20, h100")
+    block_size = models.PositiveIntegerField(default=16)
+    active_policy = models.ForeignKey(
+        "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="active_on"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Instance(models.Model):
+    class State(models.TextChoices):
+        ENABLED = "enabled"
+        DRAINING = "draining"
+        DOWN = "down"
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="instances")
+    name = models.CharField(max_length=64, validators=[slug_name])
+    url = models.URLField(max_length=256)
+    kv_events = models.CharField(max_length=256, blank=True, default="")
+    state = models.CharField(max_length=16, choices=State.choices, default=State.ENABLED)
+    # Observed by the health/metrics scraper (beat), not desired state.
+    healthy = models.BooleanField(null=True, default=None)
+    last_scrape = models.JSONField(default=dict, blank=True)
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["cluster", "name"]
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="instance_name_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.cluster.name}/{self.name}"
+
+
+class Policy(models.Model):
+    """A named routing policy: kind plus parameters validated by the policy's own class."""
+
+    cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="policies")
+    name = models.CharField(max_length=64, validators=[slug_name])
+    kind = models.CharField(max_length=32)
+    params = models.JSONField(default=dict, blank=True)
+    description = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["cluster", "name"]
+        verbose_name_plural = "policies"
+        constraints = [
+            models.UniqueConstraint(fields=["cluster", "name"], name="policy_name_per_cluster")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.kind})"
+
+    def spec(self) -> dict:
+        return {"kind": self.kind, "params": self.params}

@@ -1,0 +1,29 @@
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class ReplayJob(models.Model):
+    """A what-if replay of a trace over chosen policies on a cluster's model and GPU."""
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    cluster = models.ForeignKey("Cluster", on_delete=models.CASCADE, related_name="replays")
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    inputs = models.JSONField(default=dict)  # trace, policies, rate_scale, limits, seed
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    progress = models.FloatField(default=0.0)
+    results = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]

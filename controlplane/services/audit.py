@@ -1,0 +1,61 @@
+"""The audit trail: every service that changes state records exactly one AuditEvent."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import models
+
+from controlplane.models import AuditEvent, Cluster
+
+from .errors import ServiceError
+
+
+@dataclass(frozen=True)
+class Actor:
+    """Who is making a change: a user (browser or API token) or a system component."""
+
+    name: str
+    user: AbstractBaseUser | None = None
+    request_id: str = ""
+
+    @classmethod
+    def of(cls, user: AbstractBaseUser, request_id: str = "") -> Actor:
+        return cls(name=user.get_username(), user=user, request_id=request_id)
+
+    @classmethod
+    def system(cls, component: str) -> Actor:
+        return cls(name=f"system:{component}")
+
+
+def require_reason(reason: str | None) -> str:
+    reason = (reason or "").strip()
+    if not reason:
+        raise ServiceError("a reason is required for changes that affect routing", field="reason")
+    return reason
+
+
+def record(
+    actor: Actor,
+    action: str,
+    target: models.Model,
+    *,
+    before: Any = None,
+    after: Any = None,
+    reason: str = "",
+    cluster: Cluster | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        actor=actor.user if actor.user is not None and actor.user.pk else None,
+        actor_name=actor.name,
+        request_id=actor.request_id,
+        action=action,
+        target_type=type(target).__name__.lower(),
+        target_id=str(target.pk),
+        cluster=cluster,
+        before=before,
+        after=after,
+        reason=reason,
+    )

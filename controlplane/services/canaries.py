@@ -1,0 +1,180 @@
+"""Canary splits: a baseline and a candidate arm side by side, stepped by the judge."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from controlplane.models import CanarySplit, Cluster
+
+from . import audit, config
+from .audit import Actor
+from .clusters import locked_cluster
+from .errors import Conflict, NotFound, ServiceError
+
+DEFAULT_GUARDRAILS: dict[str, float] = {
+    "max_error_rate": 0.02,  # hard guard: candidate errors / requests per step
+    "max_hotspot_fallback_rate": 0.5,  # hard guard: share of candidate decisions in fallback
+    "min_samples": 50,  # per arm and step; fewer halts (no data is never a pass)
+    "p_value": 0.05,  # Mann-Whitney significance level
+    "effect_tolerance": 0.10,  # accepted relative worsening of the candidate's median
+    "max_failures": 2,  # failed steps tolerated before automatic rollback
+    "step_seconds": 60,  # minimum time at a step before it is judged
+}
+TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
+    # action: (states it may start from, resulting state)
+    "start": (("draft",), "progressing"),
+    "pause": (("progressing",), "paused"),
+    "resume": (("paused",), "progressing"),
+    "promote": (("progressing", "paused"), "promoted"),
+    "abort": (("draft", "progressing", "paused"), "aborted"),
+    "rollback": (("progressing", "paused"), "rolled_back"),
+}
+
+
+def canary_snapshot(canary: CanarySplit) -> dict[str, Any]:
+    return {
+        "name": canary.name, "state": canary.state,
+        "baseline_policy": canary.baseline_policy.name,
+        "candidate_policy": canary.candidate_policy.name,
+        "baseline_instances": canary.baseline_instances,
+        "candidate_instances": canary.candidate_instances,
+        "weight_steps": canary.weight_steps, "step_index": canary.step_index,
+        "candidate_weight": canary.candidate_weight, "guardrails": canary.guardrails,
+        "assignment_key": canary.assignment_key, "failures": canary.failures,
+    }
+
+
+def _validate_split(cluster: Cluster, baseline: list[str], candidate: list[str]) -> None:
+    known = set(cluster.instances.values_list("name", flat=True))
+    for field, names in (("baseline_instances", baseline), ("candidate_instances", candidate)):
+        if not isinstance(names, list) or not names:
+            raise ServiceError(f"{field} must name at least one instance", field)
+        unknown = sorted(set(names) - known)
+        if unknown:
+            raise ServiceError(f"{field}: unknown instances {unknown}", field)
+        if len(set(names)) != len(names):
+            raise ServiceError(f"{field}: an instance is listed twice", field)
+    overlap = sorted(set(baseline) & set(candidate))
+    if overlap:
+        raise ServiceError(f"candidate_instances overlap baseline_instances: {overlap}",
+                           "candidate_instances")
+
+
+def _validate_steps(steps: list[float]) -> list[float]:
+    if not isinstance(steps, list) or not steps:
+        raise ServiceError("weight_steps must list at least one candidate weight", "weight_steps")
+    if any(not isinstance(s, int | float) or not 0 < s <= 100 for s in steps):
+        raise ServiceError("weight_steps must be percentages in (0, 100]", "weight_steps")
+    if any(b <= a for a, b in itertools.pairwise(steps)):
+        raise ServiceError("weight_steps must increase", "weight_steps")
+    return [float(s) for s in steps]
+
+
+def _validate_guardrails(guardrails: dict[str, Any] | None) -> dict[str, float]:
+    merged = dict(DEFAULT_GUARDRAILS)
+    for key, value in (guardrails or {}).items():
+        if key not in DEFAULT_GUARDRAILS:
+            raise ServiceError(f"guardrails.{key}: unknown guardrail; known: "
+                               f"{sorted(DEFAULT_GUARDRAILS)}", f"guardrails.{key}")
+        if not isinstance(value, int | float) or value < 0:
+            raise ServiceError(f"guardrails.{key}: must be a non-negative number",
+                               f"guardrails.{key}")
+        merged[key] = value
+    return merged
+
+
+@transaction.atomic
+def create_canary(actor: Actor, cluster_id: int, *, name: str, baseline_policy_id: int,
+                  candidate_policy_id: int, baseline_instances: list[str],
+                  candidate_instances: list[str], weight_steps: list[float],
+                  guardrails: dict[str, Any] | None = None, assignment_key: str = "session",
+                  reason: str) -> CanarySplit:
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    policies = {p.pk: p for p in cluster.policies.filter(
+        pk__in=[baseline_policy_id, candidate_policy_id])}
+    for field, pk in (("baseline_policy_id", baseline_policy_id),
+                      ("candidate_policy_id", candidate_policy_id)):
+        if pk not in policies:
+            raise ServiceError(f"{field}: policy {pk} does not exist in {cluster.name}", field)
+    if assignment_key not in ("session", "random"):
+        raise ServiceError("assignment_key must be 'session' or 'random'", "assignment_key")
+    _validate_split(cluster, baseline_instances, candidate_instances)
+    canary = CanarySplit.objects.create(
+        cluster=cluster, name=name, baseline_policy=policies[baseline_policy_id],
+        candidate_policy=policies[candidate_policy_id], baseline_instances=baseline_instances,
+        candidate_instances=candidate_instances, weight_steps=_validate_steps(weight_steps),
+        guardrails=_validate_guardrails(guardrails), assignment_key=assignment_key,
+    )
+    audit.record(actor, "canary.create", canary, after=canary_snapshot(canary), reason=reason,
+                 cluster=cluster)
+    return canary
+
+
+def _locked_canary(canary_id: int) -> CanarySplit:
+    try:
+        canary = CanarySplit.objects.get(pk=canary_id)
+    except CanarySplit.DoesNotExist:
+        raise NotFound(f"canary {canary_id} does not exist") from None
+    locked_cluster(canary.cluster_id)
+    return CanarySplit.objects.select_for_update().select_related(
+        "cluster", "baseline_policy", "candidate_policy").get(pk=canary_id)
+
+
+@transaction.atomic
+def transition(actor: Actor, canary_id: int, action: str, *, reason: str,
+               evidence: dict[str, Any] | None = None) -> CanarySplit:
+    """start / pause / resume / promote / abort / rollback, with audit and a new config."""
+    reason = audit.require_reason(reason)
+    if action not in TRANSITIONS:
+        raise ServiceError(f"unknown canary action {action!r}", "action")
+    canary = _locked_canary(canary_id)
+    allowed_from, target = TRANSITIONS[action]
+    if canary.state not in allowed_from:
+        raise Conflict(f"cannot {action} a canary that is {canary.state}")
+    cluster = canary.cluster
+    if action == "start":
+        running = config.active_canary(cluster)
+        if running is not None:
+            raise Conflict(f"canary {running.name!r} is already running on {cluster.name}")
+    before = canary_snapshot(canary)
+    canary.state = target
+    if action == "start":
+        canary.step_index = 0
+        canary.step_started_at = timezone.now()
+    if action == "promote":
+        cluster.active_policy = canary.candidate_policy
+        cluster.save(update_fields=["active_policy"])
+    canary.save()
+    version = config.publish(cluster, actor, reason)
+    after = {**canary_snapshot(canary), "config_version": version.number if version else None}
+    if evidence is not None:
+        after["evidence"] = evidence
+    audit.record(actor, f"canary.{action}", canary, before=before, after=after, reason=reason,
+                 cluster=cluster)
+    return canary
+
+
+@transaction.atomic
+def advance_step(actor: Actor, canary_id: int, *, reason: str,
+                 evidence: dict[str, Any]) -> CanarySplit:
+    """Move the candidate to the next weight step (the judge's 'pass')."""
+    canary = _locked_canary(canary_id)
+    if canary.state != CanarySplit.State.PROGRESSING:
+        raise Conflict(f"cannot advance a canary that is {canary.state}")
+    if canary.step_index + 1 >= len(canary.weight_steps):
+        raise Conflict("already at the last step: promote instead")
+    before = canary_snapshot(canary)
+    canary.step_index += 1
+    canary.step_started_at = timezone.now()
+    canary.save()
+    version = config.publish(canary.cluster, actor, reason)
+    audit.record(actor, "canary.advance", canary, before=before,
+                 after={**canary_snapshot(canary), "evidence": evidence,
+                        "config_version": version.number if version else None},
+                 reason=reason, cluster=canary.cluster)
+    return canary

@@ -1,0 +1,119 @@
+"""Clusters and their instances."""
+
+from __future__ import annotations
+
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import IntegrityError, transaction
+
+from controlplane.models import Cluster, Instance
+
+from . import audit, config
+from .audit import Actor
+from .errors import Conflict, NotFound, ServiceError
+
+
+def instance_snapshot(instance: Instance) -> dict:
+    return {"name": instance.name, "url": instance.url, "state": instance.state,
+            "kv_events": instance.kv_events}
+
+
+def cluster_snapshot(cluster: Cluster) -> dict:
+    return {"name": cluster.name, "model": cluster.model, "gpu_type": cluster.gpu_type,
+            "block_size": cluster.block_size}
+
+
+def _full_clean(obj, fields: tuple[str, ...]) -> None:
+    try:
+        obj.full_clean(exclude=[f.name for f in obj._meta.fields if f.name not in fields],
+                       validate_unique=False)
+    except DjangoValidationError as error:
+        field, messages = next(iter(error.message_dict.items()))
+        raise ServiceError(f"{field}: {messages[0]}", field) from None
+
+
+def locked_cluster(cluster_id: int) -> Cluster:
+    try:
+        return Cluster.objects.select_for_update().get(pk=cluster_id)
+    except Cluster.DoesNotExist:
+        raise NotFound(f"cluster {cluster_id} does not exist") from None
+
+
+@transaction.atomic
+def create_cluster(actor: Actor, *, name: str, model: str, gpu_type: str,
+                   block_size: int = 16, reason: str = "") -> Cluster:
+    cluster = Cluster(name=name, model=model, gpu_type=gpu_type, block_size=block_size)
+    _full_clean(cluster, ("name", "model", "gpu_type", "block_size"))
+    if Cluster.objects.filter(name=name).exists():
+        raise Conflict(f"a cluster named {name!r} already exists", "name")
+    cluster.save()
+    audit.record(actor, "cluster.create", cluster, after=cluster_snapshot(cluster),
+                 reason=reason, cluster=cluster)
+    return cluster
+
+
+@transaction.atomic
+def add_instance(actor: Actor, cluster_id: int, *, name: str, url: str, kv_events: str = "",
+                 reason: str) -> Instance:
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    instance = Instance(cluster=cluster, name=name, url=url.rstrip("/"), kv_events=kv_events)
+    _full_clean(instance, ("name", "url", "kv_events"))
+    try:
+        with transaction.atomic():
+            instance.save()
+    except IntegrityError:
+        raise Conflict(f"instance {name!r} already exists in {cluster.name}", "name") from None
+    version = config.publish(cluster, actor, reason)
+    audit.record(actor, "instance.add", instance, after=_with_version(
+        instance_snapshot(instance), version), reason=reason, cluster=cluster)
+    return instance
+
+
+@transaction.atomic
+def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: str) -> Instance:
+    reason = audit.require_reason(reason)
+    instance = _locked_instance(instance_id)
+    if state not in Instance.State.values:
+        raise ServiceError(f"state must be one of {Instance.State.values}", "state")
+    before = instance_snapshot(instance)
+    instance.state = state
+    instance.save(update_fields=["state"])
+    version = config.publish(instance.cluster, actor, reason)
+    audit.record(actor, f"instance.{_verb(state)}", instance, before=before,
+                 after=_with_version(instance_snapshot(instance), version),
+                 reason=reason, cluster=instance.cluster)
+    return instance
+
+
+@transaction.atomic
+def remove_instance(actor: Actor, instance_id: int, *, reason: str) -> None:
+    reason = audit.require_reason(reason)
+    instance = _locked_instance(instance_id)
+    cluster = instance.cluster
+    in_canary = [c.name for c in cluster.canaries.filter(state__in=("progressing", "paused"))
+                 if instance.name in c.baseline_instances + c.candidate_instances]
+    if in_canary:
+        raise Conflict(f"instance {instance.name!r} is part of running canary {in_canary[0]!r}")
+    before = instance_snapshot(instance)
+    audit_target = Instance(pk=instance.pk)
+    instance.delete()
+    version = config.publish(cluster, actor, reason)
+    audit.record(actor, "instance.remove", audit_target, before=before,
+                 after=_with_version({}, version), reason=reason, cluster=cluster)
+
+
+def _locked_instance(instance_id: int) -> Instance:
+    try:
+        instance = Instance.objects.select_related("cluster").get(pk=instance_id)
+    except Instance.DoesNotExist:
+        raise NotFound(f"instance {instance_id} does not exist") from None
+    locked_cluster(instance.cluster_id)
+    return Instance.objects.select_for_update().select_related("cluster").get(pk=instance_id)
+
+
+def _verb(state: str) -> str:
+    return {"enabled": "enable", "draining": "drain", "down": "mark_down"}[state]
+
+
+def _with_version(snapshot: dict, version) -> dict:
+    return {**snapshot, "config_version": version.number if version else None}

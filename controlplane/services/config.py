@@ -1,0 +1,80 @@
+"""Config versions: the desired routing state of a cluster as an immutable JSON document."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controlplane.models import CanarySplit, Cluster, ConfigVersion
+from router_worker.config import ConfigError, parse_config
+
+from . import notify
+from .audit import Actor
+from .errors import ServiceError
+
+
+def active_canary(cluster: Cluster) -> CanarySplit | None:
+    return cluster.canaries.filter(state__in=CanarySplit.ACTIVE_STATES).first()
+
+
+def canary_document(canary: CanarySplit) -> dict[str, Any]:
+    weight = canary.candidate_weight
+    return {
+        "id": canary.pk,
+        "assignment_key": canary.assignment_key,
+        "arms": [
+            {"name": "baseline", "policy": canary.baseline_policy.spec(),
+             "weight": 100 - weight, "instances": canary.baseline_instances},
+            {"name": "candidate", "policy": canary.candidate_policy.spec(),
+             "weight": weight, "instances": canary.candidate_instances},
+        ],
+    }
+
+
+def desired_document(cluster: Cluster) -> dict[str, Any] | None:
+    """The routing document the cluster's routers should run, or None if not yet routable."""
+    instances = [
+        {"name": i.name, "url": i.url, "state": i.state, **({"kv_events": i.kv_events}
+                                                          if i.kv_events else {})}
+        for i in cluster.instances.order_by("name")
+    ]
+    if not instances or cluster.active_policy is None:
+        return None
+    canary = active_canary(cluster)
+    return {
+        "cluster": cluster.name,
+        "model": cluster.model,
+        "block_size": cluster.block_size,
+        "instances": instances,
+        "policy": cluster.active_policy.spec(),
+        "canary": canary_document(canary) if canary else None,
+    }
+
+
+def latest_version(cluster: Cluster) -> ConfigVersion | None:
+    return cluster.versions.order_by("-number").first()
+
+
+def publish(cluster: Cluster, actor: Actor, reason: str) -> ConfigVersion | None:
+    """Create a new version if the desired document changed. Call inside the service's
+    transaction (the cluster row must be locked with select_for_update by the caller)."""
+    document = desired_document(cluster)
+    if document is None:
+        return None
+    latest = latest_version(cluster)
+    if latest is not None and _without_version(latest.document) == document:
+        return None
+    number = (latest.number if latest else 0) + 1
+    document = {"version": number, **document}
+    try:
+        parse_config(document)
+    except ConfigError as error:
+        raise ServiceError(f"the resulting router configuration is invalid: {error}") from None
+    version = ConfigVersion.objects.create(
+        cluster=cluster, number=number, document=document, created_by=actor.name, reason=reason
+    )
+    notify.config_version_created(cluster.name, number)
+    return version
+
+
+def _without_version(document: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in document.items() if key != "version"}

@@ -1,0 +1,63 @@
+"""Routing policies: create (validated by the policy's own class) and activate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import IntegrityError, transaction
+
+from controlplane.models import Policy
+
+from . import audit, config
+from .audit import Actor
+from .clusters import _full_clean, locked_cluster
+from .errors import Conflict, NotFound, ServiceError
+from .validation import normalised_params
+
+
+def policy_snapshot(policy: Policy) -> dict[str, Any]:
+    return {"name": policy.name, "kind": policy.kind, "params": policy.params,
+            "description": policy.description}
+
+
+@transaction.atomic
+def create_policy(actor: Actor, cluster_id: int, *, name: str, kind: str,
+                  params: dict[str, Any] | None = None, description: str = "",
+                  reason: str = "") -> Policy:
+    cluster = locked_cluster(cluster_id)
+    policy = Policy(cluster=cluster, name=name, kind=kind,
+                    params=normalised_params(kind, params), description=description)
+    _full_clean(policy, ("name",))
+    try:
+        with transaction.atomic():
+            policy.save()
+    except IntegrityError:
+        raise Conflict(f"a policy named {name!r} already exists in {cluster.name}", "name") \
+            from None
+    audit.record(actor, "policy.create", policy, after=policy_snapshot(policy), reason=reason,
+                 cluster=cluster)
+    return policy
+
+
+@transaction.atomic
+def activate_policy(actor: Actor, cluster_id: int, policy_id: int, *, reason: str) -> Policy:
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    try:
+        policy = cluster.policies.get(pk=policy_id)
+    except Policy.DoesNotExist:
+        raise NotFound(f"policy {policy_id} does not exist in {cluster.name}", "policy_id") \
+            from None
+    if config.active_canary(cluster) is not None:
+        raise Conflict("a canary is running on this cluster: promote or abort it first")
+    before = {"active_policy": cluster.active_policy.name if cluster.active_policy else None}
+    if cluster.active_policy_id == policy.pk:
+        raise ServiceError(f"{policy.name!r} is already the active policy", "policy_id")
+    cluster.active_policy = policy
+    cluster.save(update_fields=["active_policy"])
+    version = config.publish(cluster, actor, reason)
+    audit.record(actor, "policy.activate", policy, before=before,
+                 after={"active_policy": policy.name, "kind": policy.kind,
+                        "config_version": version.number if version else None},
+                 reason=reason, cluster=cluster)
+    return policy

@@ -1,0 +1,144 @@
+"""The router's configuration document: what the control plane stores as a ConfigVersion
+and what `python -m router_worker --config FILE.json` reads.
+
+One schema, validated with pydantic, used on both sides: the control plane refuses a
+document the router would refuse, with a message naming the field. Policy parameters are
+validated with each policy's own parameter class (router_worker.routing.policies).
+
+Minimal form::
+
+    {"instances": [{"name": "i0", "url": "http://127.0.0.1:9100"}],
+     "policy": {"kind": "lmetric", "params": {}}}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+WEIGHT_TOTAL = 100
+
+
+class ConfigError(ValueError):
+    """A configuration document was refused; the message names the offending field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class InstanceSpec(_Strict):
+    name: str = Field(description="Unique name of the engine instance within the cluster.")
+    url: str = Field(description="Base URL of the vLLM-compatible server, e.g. http://host:8000")
+    state: Literal["enabled", "draining", "down"] = "enabled"
+    kv_events: str | None = Field(
+        default=None, description="ZMQ endpoint of the engine's KV events publisher, if any."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_simple(cls, value: str) -> str:
+        if not INSTANCE_NAME.match(value):
+            raise ValueError("use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")
+        return value
+
+    @field_validator("url")
+    @classmethod
+    def _url_is_http(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+", value):
+            raise ValueError("must be an http:// or https:// URL with a host")
+        return value.rstrip("/")
+
+
+class PolicySpec(_Strict):
+    kind: str = Field(description="Policy kind, e.g. lmetric, round_robin.")
+    params: dict[str, Any] = Field(default_factory=dict)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _params_valid_for_kind(self) -> PolicySpec:
+        from router_worker.routing.policies import REGISTRY
+
+        policy_class = REGISTRY.get(self.kind)
+        if policy_class is None:
+            raise ValueError(f"unknown policy kind {self.kind!r}; known: {sorted(REGISTRY)}")
+        policy_class.Params.model_validate(self.params)
+        return self
+
+
+class ArmSpec(_Strict):
+    name: str
+    policy: PolicySpec
+    weight: float = Field(ge=0, le=WEIGHT_TOTAL, description="Share of traffic, in percent.")
+    instances: list[str] = Field(min_length=1, description="Names of the arm's instances.")
+
+
+class CanarySpec(_Strict):
+    id: int | None = None
+    arms: list[ArmSpec] = Field(min_length=2, max_length=2)
+    assignment_key: Literal["session", "random"] = "session"
+
+    @model_validator(mode="after")
+    def _arms_consistent(self) -> CanarySpec:
+        total = sum(arm.weight for arm in self.arms)
+        if abs(total - WEIGHT_TOTAL) > 1e-9:
+            raise ValueError(f"arms.weight must sum to {WEIGHT_TOTAL}, got {total:g}")
+        names = [arm.name for arm in self.arms]
+        if len(set(names)) != len(names):
+            raise ValueError("arms.name must be unique")
+        seen: dict[str, str] = {}
+        for arm in self.arms:
+            for instance in arm.instances:
+                if instance in seen:
+                    raise ValueError(
+                        f"arms.instances overlap: {instance!r} is in both "
+                        f"{seen[instance]!r} and {arm.name!r}"
+                    )
+                seen[instance] = arm.name
+        return self
+
+
+class RouterConfig(_Strict):
+    version: int = Field(default=0, ge=0)
+    cluster: str = "default"
+    model: str | None = Field(
+        default=None, description="Served model name; requests naming another model get 404."
+    )
+    block_size: int = Field(default=16, ge=1, le=4096)
+    instances: list[InstanceSpec] = Field(min_length=1)
+    policy: PolicySpec
+    canary: CanarySpec | None = None
+
+    @model_validator(mode="after")
+    def _names_resolve(self) -> RouterConfig:
+        names = [instance.name for instance in self.instances]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"instances.name must be unique; repeated: {duplicates}")
+        if self.canary is not None:
+            known = set(names)
+            for arm in self.canary.arms:
+                unknown = sorted(set(arm.instances) - known)
+                if unknown:
+                    raise ValueError(f"canary arm {arm.name!r} names unknown instances {unknown}")
+        return self
+
+
+def describe_validation_error(error: ValidationError) -> str:
+    """One line per problem, each naming the field path, e.g. `policy.params.w: ...`."""
+    lines = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "(document)"
+        lines.append(f"{path}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def parse_config(document: dict[str, Any]) -> RouterConfig:
+    """Validate a configuration document or raise ConfigError naming the fields at fault."""
+    try:
+        return RouterConfig.model_validate(document)
+    except ValidationError as error:
+        raise ConfigError(describe_validation_error(error)) from None

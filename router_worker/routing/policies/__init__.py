@@ -1,0 +1,85 @@
+"""Routing policies behind one interface, and the registry the control plane uses.
+
+``REGISTRY[kind]`` is the policy class; ``Policy.Params`` its pydantic v2
+parameter model (``Params.model_json_schema()`` for operator forms);
+``DESCRIPTIONS[kind]`` a one-line description. ``make_policy(kind, params,
+seed)`` validates and builds, raising :class:`PolicyConfigError` that names the
+offending field.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from router_worker.routing.policies.base import (
+    Decision,
+    NoEligibleInstanceError,
+    Policy,
+    PolicyParams,
+)
+from router_worker.routing.policies.cache_aware import CacheAwarePolicy
+from router_worker.routing.policies.dualmap import DualMapPolicy
+from router_worker.routing.policies.least_load import LeastLoadPolicy
+from router_worker.routing.policies.linear import LinearPolicy
+from router_worker.routing.policies.lmetric import LMetricPolicy
+from router_worker.routing.policies.preble import PreblePolicy
+from router_worker.routing.policies.round_robin import RoundRobinPolicy
+from router_worker.routing.policies.smetric import SMetricPolicy
+
+REGISTRY: dict[str, type[Policy]] = {
+    cls.kind: cls
+    for cls in (
+        RoundRobinPolicy,
+        LeastLoadPolicy,
+        LinearPolicy,
+        CacheAwarePolicy,
+        PreblePolicy,
+        DualMapPolicy,
+        LMetricPolicy,
+        SMetricPolicy,
+    )
+}
+DESCRIPTIONS: dict[str, str] = {kind: cls.description for kind, cls in REGISTRY.items()}
+
+
+class PolicyConfigError(ValueError):
+    """Unknown policy kind or invalid parameters; the message names the field."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def validate_params(kind: str, params: Mapping[str, Any] | None) -> PolicyParams:
+    """Validate ``params`` for ``kind`` with the policy's own Params class."""
+    cls = REGISTRY.get(kind)
+    if cls is None:
+        known = ", ".join(sorted(REGISTRY))
+        raise PolicyConfigError(f"unknown policy kind {kind!r} (known: {known})", "kind")
+    try:
+        return cls.Params.model_validate(dict(params or {}))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "params"
+        raise PolicyConfigError(f"{kind}.{field}: {first['msg']}", field) from exc
+
+
+def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int = 0) -> Policy:
+    """Build a validated policy instance."""
+    return REGISTRY[kind](validate_params(kind, params), seed)
+
+
+__all__ = [
+    "DESCRIPTIONS",
+    "REGISTRY",
+    "Decision",
+    "NoEligibleInstanceError",
+    "Policy",
+    "PolicyConfigError",
+    "PolicyParams",
+    "make_policy",
+    "validate_params",
+]

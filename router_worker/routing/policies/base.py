@@ -1,0 +1,146 @@
+"""The policy interface shared by every routing policy.
+
+A policy is built from validated parameters and a seed and is then asked, per
+request, ``decide(request, view, now) -> Decision``. Every rule has the same
+shape: filters → per-instance score → minimum; ties are broken by the policy's
+documented secondary keys, then by a seeded random choice (never list order).
+
+Policies may keep windows and tables (hotspot detector, hotness tree, session
+table); they update them only from the arguments they are given, so the
+simulator and the live router get identical behaviour for identical inputs.
+Feedback they may use arrives through ``observe_first_token``; the default is
+to ignore it.
+"""
+
+from __future__ import annotations
+
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from router_worker.routing.features import RequestFeatures
+from router_worker.routing.indicators import ClusterView
+
+
+class NoEligibleInstanceError(RuntimeError):
+    """No healthy instance to route to (empty cluster, or all draining/down)."""
+
+
+class PolicyParams(BaseModel):
+    """Base of every policy's parameters: immutable, unknown fields rejected."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The chosen instance and why.
+
+    ``scores[slot]`` is the policy's primary score per instance (``inf`` for
+    instances the filters removed); ``candidate_ids[slot]`` names them.
+    ``reason`` is a short code (``score``, ``hotspot_fallback``,
+    ``session_stick``, ...). ``events`` carries hotspot transitions raised by
+    this decision. ``cached_tokens`` is the chosen instance's local hit, to
+    pass on to ``ClusterState.on_dispatch``.
+    """
+
+    instance_id: str
+    slot: int
+    reason: str
+    cached_tokens: int
+    candidate_ids: tuple[str, ...]
+    scores: np.ndarray
+    details: dict[str, Any] = field(default_factory=dict)
+    events: tuple[Any, ...] = ()
+
+    def score_table(self) -> dict[str, float | None]:
+        """Per-candidate scores for headers, logs and the dashboard (None = filtered)."""
+        return {
+            instance_id: (None if not np.isfinite(score) else float(score))
+            for instance_id, score in zip(self.candidate_ids, self.scores.tolist(), strict=True)
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance_id,
+            "reason": self.reason,
+            "cached_tokens": self.cached_tokens,
+            "scores": self.score_table(),
+            "details": self.details,
+            "events": [getattr(e, "to_dict", lambda e=e: e)() for e in self.events],
+        }
+
+
+class Policy(ABC):
+    """One routing policy. Subclasses set ``kind``, ``description`` and ``Params``."""
+
+    kind: ClassVar[str]
+    description: ClassVar[str]
+    Params: ClassVar[type[PolicyParams]]
+
+    def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
+        self.params = params if params is not None else self.Params()
+        if not isinstance(self.params, self.Params):
+            raise TypeError(f"{self.kind} needs {self.Params.__name__}, got {type(params)}")
+        self.seed = seed
+        self.rng = random.Random(seed)
+
+    @abstractmethod
+    def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
+        """Choose an instance for ``request``; raises NoEligibleInstanceError if none."""
+
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
+        """Feedback: ``request`` got its first token on ``instance_id`` after ``ttft`` s."""
+        return None  # most policies need no feedback
+
+    # ----- helpers for subclasses ---------------------------------------------
+    def eligible_mask(self, view: ClusterView) -> np.ndarray:
+        mask = view.eligible
+        if not mask.any():
+            raise NoEligibleInstanceError(
+                f"{self.kind}: no healthy instance among {view.size} "
+                "(cluster empty, or every instance draining or down)"
+            )
+        return mask
+
+    def pick_min(self, keys: Sequence[np.ndarray], allowed: np.ndarray) -> int:
+        """Slot minimising ``keys`` lexicographically over ``allowed``; random among ties."""
+        tied = allowed.copy()
+        for key in keys:
+            masked = np.where(tied, key, np.inf)
+            tied &= masked == masked.min()
+        return self.pick_random(np.flatnonzero(tied))
+
+    def pick_random(self, slots: np.ndarray) -> int:
+        if len(slots) == 1:
+            return int(slots[0])
+        return int(slots[self.rng.randrange(len(slots))])
+
+    def decision(
+        self,
+        view: ClusterView,
+        request: RequestFeatures,
+        slot: int,
+        reason: str,
+        scores: np.ndarray,
+        allowed: np.ndarray,
+        **details: Any,
+    ) -> Decision:
+        events = details.pop("events", ())
+        return Decision(
+            instance_id=view.ids[slot],
+            slot=slot,
+            reason=reason,
+            cached_tokens=int(view.cached_tokens(request)[slot]),
+            candidate_ids=view.ids,
+            scores=np.where(allowed, scores, np.inf),
+            details=details,
+            events=tuple(events),
+        )

@@ -1,0 +1,193 @@
+"""``dualmap``: two hash candidates over an adaptive prefix key (seed 003 §2).
+
+Hash key — prefix hotness tree
+    A node is a prompt prefix of ``d`` blocks, ``d`` in
+    ``min_key_blocks · 2^j`` (doubling keeps the tree shallow for long
+    prompts), identified by the router hash of its last block. Every request
+    counts on each node along its path, in a sliding window of ``window_s``
+    seconds. With ``n`` healthy instances, a node is *hot* when its traffic
+    share ρ exceeds 2/n: it expands, and requests through it take the next,
+    twice-as-long key. An expanded node whose ρ falls below 1/n is *cold* and
+    collapses (the hysteresis between 1/n and 2/n stops flapping). The key is
+    the deepest node reached. A prompt shorter than one block has no prefix
+    worth keeping together and is keyed by its request id.
+
+Candidates — two consistent-hash rings
+    Two rings with different seeds, each with ``virtual_nodes`` points per
+    healthy instance (placed by the instance *id*, so slot order is
+    irrelevant and adding an instance remaps only ≈1/n of keys). Candidate 1
+    from ring 1, candidate 2 from ring 2; when both name the same instance,
+    candidate 2 is the next *different* instance clockwise on ring 2 — the
+    ring analogue of DualMap's ``(id1 + 1) mod n`` that keeps the remapping
+    property. With one healthy instance both are that instance.
+
+Choice — SLO-aware with hotspot rebalance
+    Affinity = the candidate with the longer local hit (candidate 1 on a tie).
+    If its estimated TTFT ≤ ``slo_ttft_s`` → affinity (``affinity``). Otherwise
+    if the other candidate's estimated TTFT is lower (the migration benefit
+    ``TTFT_aff − TTFT_other`` is positive) → the other (``hotspot_rebalance``);
+    else affinity anyway (``affinity_slo_miss``). Scores: estimated TTFT of
+    the two candidates (others filtered).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_right
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from pydantic import Field
+
+from router_worker.routing.features import RequestFeatures
+from router_worker.routing.indicators import ClusterView
+from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+
+_MASK64 = (1 << 64) - 1
+
+
+class DualMapParams(PolicyParams):
+    slo_ttft_s: float = Field(1.0, gt=0, description="TTFT SLO for keeping cache affinity, s")
+    window_s: float = Field(60.0, gt=0, description="hotness window, seconds")
+    min_key_blocks: int = Field(4, ge=1, description="shortest hash key, in blocks")
+    virtual_nodes: int = Field(64, ge=1, le=4096, description="ring points per instance")
+
+
+def _mix64(x: int) -> int:
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9 & _MASK64
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB & _MASK64
+    return x ^ (x >> 31)
+
+
+def _stable_hash(text: str) -> int:
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+class HashRing:
+    """Consistent-hash ring of instance ids with virtual nodes."""
+
+    def __init__(self, instance_ids: tuple[str, ...], seed: int, virtual_nodes: int) -> None:
+        points = sorted(
+            (_stable_hash(f"{seed}/{iid}/{v}"), iid)
+            for iid in instance_ids
+            for v in range(virtual_nodes)
+        )
+        self.seed = seed
+        self._points = [p for p, _ in points]
+        self._owners = [iid for _, iid in points]
+
+    def _position(self, key: int) -> int:
+        return bisect_right(self._points, _mix64(key ^ _mix64(self.seed))) % len(self._points)
+
+    def lookup(self, key: int) -> str:
+        return self._owners[self._position(key)]
+
+    def lookup_other(self, key: int, exclude: str) -> str:
+        """First owner clockwise from the key's position that is not ``exclude``."""
+        start = self._position(key)
+        for step in range(len(self._owners)):
+            owner = self._owners[(start + step) % len(self._owners)]
+            if owner != exclude:
+                return owner
+        return exclude
+
+
+@dataclass(slots=True)
+class _Node:
+    count: int = 0
+    expanded: bool = False
+
+
+class PrefixHotnessTree:
+    """Windowed traffic share per prefix node; yields each request's hash key."""
+
+    def __init__(self, min_key_blocks: int, window_s: float) -> None:
+        self.min_key_blocks = min_key_blocks
+        self.window_s = window_s
+        self.nodes: dict[int, _Node] = {}
+        self._window: deque[tuple[float, tuple[int, ...]]] = deque()
+
+    def key_for(self, request: RequestFeatures, instances: int, now: float) -> tuple[int, int]:
+        """(hash key, key length in blocks) for the request; records its traffic."""
+        self._expire(now)
+        blocks = request.block_hashes
+        if not blocks:
+            return _stable_hash(request.request_id), 0
+        total = len(self._window) + 1
+        path: list[int] = []
+        depth = min(self.min_key_blocks, len(blocks))
+        while True:
+            node_key = blocks[depth - 1]
+            node = self.nodes.setdefault(node_key, _Node())
+            node.count += 1
+            path.append(node_key)
+            share = node.count / total
+            if share > 2 / instances:
+                node.expanded = True
+            elif share < 1 / instances:
+                node.expanded = False
+            if not node.expanded or depth >= len(blocks):
+                break
+            depth = min(2 * depth, len(blocks))
+        self._window.append((now, tuple(path)))
+        return path[-1], depth
+
+    def _expire(self, now: float) -> None:
+        horizon = now - self.window_s
+        while self._window and self._window[0][0] <= horizon:
+            _, path = self._window.popleft()
+            for node_key in path:
+                node = self.nodes[node_key]
+                node.count -= 1
+                if node.count == 0:
+                    del self.nodes[node_key]
+
+
+class DualMapPolicy(Policy):
+    kind = "dualmap"
+    description = "DualMap: two consistent-hash candidates on an adaptive prefix key, SLO-aware."
+    Params = DualMapParams
+    params: DualMapParams
+
+    def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
+        super().__init__(params, seed)
+        self.tree = PrefixHotnessTree(self.params.min_key_blocks, self.params.window_s)
+        self._rings: tuple[tuple[str, ...], HashRing, HashRing] | None = None
+
+    def candidates(self, key: int, healthy_ids: tuple[str, ...]) -> tuple[str, str]:
+        ring1, ring2 = self._rings_for(healthy_ids)
+        first = ring1.lookup(key)
+        second = ring2.lookup(key)
+        if second == first:
+            second = ring2.lookup_other(key, first)
+        return first, second
+
+    def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
+        allowed = self.eligible_mask(view)
+        slots = np.flatnonzero(allowed)
+        healthy_ids = tuple(view.ids[s] for s in slots)
+        key, key_blocks = self.tree.key_for(request, len(healthy_ids), now)
+        first, second = self.candidates(key, healthy_ids)
+        slot_of = {view.ids[s]: int(s) for s in slots}
+        c1, c2 = slot_of[first], slot_of[second]
+        hit = view.cached_tokens(request)
+        ttft = view.estimated_ttft(request)
+        affinity, other = (c2, c1) if hit[c2] > hit[c1] else (c1, c2)
+        if ttft[affinity] <= self.params.slo_ttft_s:
+            slot, reason = affinity, "affinity"
+        elif ttft[other] < ttft[affinity]:
+            slot, reason = other, "hotspot_rebalance"
+        else:
+            slot, reason = affinity, "affinity_slo_miss"
+        shown = np.zeros(view.size, dtype=bool)
+        shown[[c1, c2]] = True
+        return self.decision(view, request, slot, reason, ttft, shown,
+                             key_blocks=key_blocks, candidates=[first, second])
+
+    def _rings_for(self, healthy_ids: tuple[str, ...]) -> tuple[HashRing, HashRing]:
+        if self._rings is None or self._rings[0] != healthy_ids:
+            vnodes = self.params.virtual_nodes
+            self._rings = (healthy_ids, HashRing(healthy_ids, 1, vnodes),
+                           HashRing(healthy_ids, 2, vnodes))
+        return self._rings[1], self._rings[2]

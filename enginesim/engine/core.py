@@ -1,0 +1,567 @@
+"""Clock-agnostic vLLM v1 engine core.
+
+The caller owns the clock: ``add_request(..., now)``, ``abort(req_id, now)`` and
+``advance_to(t)`` all take virtual seconds (non-decreasing; earlier times are clamped to
+the latest one seen). Steps run back to back while there is work; a step's scheduling
+decision is committed when the step *starts* (so requests that arrive later cannot join
+it) and its outputs are delivered once the caller's clock reaches the step's *end*.
+
+Stretches where the batch only decodes (no prefill, no admission possible, no
+preemption) are priced in one vectorised cost-model call and committed in a single
+chunk, so simulated time advances without a Python loop per token or per step.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from enginesim.engine.config import EngineConfig
+from enginesim.engine.costmodel import StepBatch
+from enginesim.engine.events import BlockStored, KVEvent
+from enginesim.engine.hashing import block_hashes
+from enginesim.engine.kvpool import BlockPool
+
+MAX_CHUNK_STEPS = 2048
+
+
+class EngineRequestError(ValueError):
+    """A request the engine refuses (too long, bad max_tokens, duplicate id)."""
+
+
+@dataclass
+class RequestOutput:
+    req_id: str
+    new_token_count: int  # tokens produced since this request's previous output
+    num_output_tokens: int  # tokens produced so far (delivered)
+    first_token_time: float | None
+    finished: bool
+    finish_reason: str | None  # "length" | "abort" | "error"
+    num_cached_tokens: int  # prompt tokens not prefilled: local prefix hit + global tier
+    arrival_time: float
+    prompt_tokens: int
+    finish_time: float | None = None
+    last_token_time: float | None = None
+    token_times: np.ndarray | None = None  # times of the new tokens (advance_to(per_token=True))
+
+
+@dataclass
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    external_cache_hits: int
+    num_preemptions: int
+    num_gpu_blocks: int
+    block_size: int
+    prompt_tokens: int
+    generation_tokens: int
+    num_steps: int
+    busy_time: float
+    num_finished: int
+
+
+@dataclass(eq=False)
+class _Request:
+    req_id: str
+    prompt: np.ndarray
+    max_tokens: int
+    arrival: float
+    hashes: list[int]
+    num_computed: int = 0
+    num_output: int = 0
+    held: list[int] = field(default_factory=list)  # cached block hashes referenced
+    num_private: int = 0  # allocated blocks not in the prefix cache
+    num_checked_blocks: int = 0  # leading prompt blocks already cached or known duplicate
+    num_cached_tokens: int = -1
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+    runs: list[list[int]] = field(default_factory=list)  # [first global step, token count]
+    delivered: int = 0
+    finish_reported: bool = False
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + self.num_output
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.held) + self.num_private
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig,
+                 kv_event_sink: Callable[[list[KVEvent]], None] | None = None,
+                 fast_forward: bool = True) -> None:
+        self.config = config
+        self.cost_model = config.cost_model()
+        self.block_size = config.block_size
+        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
+        self.tier = config.global_tier
+        self.kv_event_sink = kv_event_sink
+        self.fast_forward = fast_forward
+        self.requests: dict[str, _Request] = {}
+        self.running: list[_Request] = []
+        self.waiting: deque[_Request] = deque()
+        self._dirty: dict[str, _Request] = {}
+        self._step_ends = np.zeros(1024)
+        self._num_steps = 0
+        self._free_at = 0.0  # end of the last committed step
+        self._last_t = 0.0
+        self._counters = dict.fromkeys(
+            ("queries", "hits", "external", "preemptions", "prompt", "generation", "finished"), 0)
+        self._busy_time = 0.0
+        self._preempted_this_step = False
+
+    # ----------------------------------------------------------------- public API
+
+    def add_request(self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
+                    max_tokens: int, now: float, ignore_eos: bool = True) -> None:
+        """Queue a request arriving at ``now``; it generates exactly ``max_tokens`` tokens."""
+        prompt = np.asarray(prompt_token_ids, dtype=np.int64)
+        self._validate(req_id, prompt, max_tokens)
+        now = self._run_until(now)
+        if not self.running and not self.waiting:
+            self._free_at = max(self._free_at, now)
+        req = _Request(req_id, prompt, max_tokens, now, block_hashes(prompt, self.block_size))
+        self.requests[req_id] = req
+        self.waiting.append(req)
+
+    def abort(self, req_id: str, now: float, reason: str = "abort") -> bool:
+        """Stop a request at ``now`` (reason "abort" or "error"); False if unknown/finished."""
+        now = self._run_until(now)
+        req = self.requests.get(req_id)
+        if req is None or req.finish_time is not None:
+            return False
+        if req in self.running:
+            self.running.remove(req)
+        else:
+            self.waiting.remove(req)
+        self._truncate_undelivered(req, now)
+        self._finish(req, now, reason)
+        self._flush_events()
+        return True
+
+    def advance_to(self, t: float, per_token: bool = False) -> list[RequestOutput]:
+        """Simulate every step that starts by ``t``; return outputs of steps ending by ``t``."""
+        t = self._run_until(t)
+        outputs = []
+        for req_id, req in list(self._dirty.items()):
+            out = self._output(req, t, per_token)
+            if out is not None:
+                outputs.append(out)
+            if req.finish_reported:
+                del self._dirty[req_id]
+                del self.requests[req_id]
+            elif req.finish_time is None and req.delivered == req.num_output:
+                del self._dirty[req_id]
+        return outputs
+
+    def next_event_time(self) -> float | None:
+        """Time of the next step boundary where a request gets its first token or
+        finishes, or where the scheduler could change the batch; None when idle."""
+        if self._free_at > self._last_t and self._last_step_has_event():
+            return self._free_at
+        if not self.running and not self.waiting:
+            return self._free_at if self._free_at > self._last_t else None
+        start = max(self._free_at, self._last_t)
+        horizon = self._decode_horizon(start)
+        return horizon if horizon is not None else start
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def reset_prefix_cache(self) -> bool:
+        """Clear the prefix cache (emits AllBlocksCleared); refused while blocks are in use."""
+        ok = self.pool.reset()
+        self._flush_events()
+        return ok
+
+    def stats(self) -> EngineStats:
+        c = self._counters
+        return EngineStats(
+            num_running=len(self.running), num_waiting=len(self.waiting),
+            kv_usage=self.pool.usage, prefix_cache_queries=c["queries"],
+            prefix_cache_hits=c["hits"], external_cache_hits=c["external"],
+            num_preemptions=c["preemptions"], num_gpu_blocks=self.pool.num_blocks,
+            block_size=self.block_size, prompt_tokens=c["prompt"],
+            generation_tokens=c["generation"], num_steps=self._num_steps,
+            busy_time=self._busy_time, num_finished=c["finished"])
+
+    # ----------------------------------------------------------------- validation
+
+    def _validate(self, req_id: str, prompt: np.ndarray, max_tokens: int) -> None:
+        cfg = self.config
+        if req_id in self.requests:
+            raise EngineRequestError(f"duplicate request id {req_id!r}")
+        if len(prompt) == 0:
+            raise EngineRequestError("prompt must contain at least one token")
+        if max_tokens < 1:
+            raise EngineRequestError(f"max_tokens must be at least 1, got {max_tokens}")
+        total = len(prompt) + max_tokens
+        if total > cfg.max_model_len:
+            raise EngineRequestError(
+                f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
+                f"you requested {total} tokens ({len(prompt)} in the messages, "
+                f"{max_tokens} in the completion).")
+        if -(-total // self.block_size) > cfg.num_gpu_blocks:
+            raise EngineRequestError(
+                f"request needs {total} tokens of KV cache; the engine holds "
+                f"{cfg.kv_capacity_tokens}")
+
+    # ----------------------------------------------------------------- main loop
+
+    def _run_until(self, t: float) -> float:
+        t = max(t, self._last_t)
+        while (self.running or self.waiting) and self._free_at <= t:
+            if self.fast_forward and self._decode_chunk(self._free_at, t):
+                continue
+            if not self._step(self._free_at):
+                break  # nothing schedulable (cannot happen for validated requests)
+        self._last_t = t
+        return t
+
+    def _step(self, start: float) -> bool:
+        scheduled, transfer_time = self._schedule()
+        if not scheduled:
+            return False
+        new_tokens = [n for _, n, _ in scheduled]
+        contexts = [c for _, _, c in scheduled]
+        num_sampled = sum(1 for r, n, c in scheduled if n + c == r.num_tokens)
+        batch = StepBatch.from_requests(new_tokens, contexts, num_sampled, transfer_time)
+        end = start + self.cost_model.step_time(batch)
+        step = self._append_step_ends(np.array([end]))
+        for req, n, _ in scheduled:
+            req.num_computed += n
+            self._cache_full_blocks(req)
+            if req.num_computed == req.num_tokens:
+                self._sample(req, step, 1, end)
+        self._commit_time(start, end)
+        self._flush_events()
+        return True
+
+    def _commit_time(self, start: float, end: float) -> None:
+        self._busy_time += end - start
+        self._free_at = end
+
+    # ----------------------------------------------------------------- scheduling
+
+    def _schedule(self) -> tuple[list[tuple[_Request, int, int]], float]:
+        """One vLLM v1 scheduling pass: running requests first, then FCFS admission."""
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[tuple[_Request, int, int]] = []
+        self._preempted_this_step = False
+        i = 0
+        while i < len(self.running) and budget > 0:
+            req = self.running[i]
+            num_new = min(req.num_tokens - req.num_computed, budget)
+            if not self._grow_or_preempt(req, num_new):
+                break
+            scheduled.append((req, num_new, req.num_computed))
+            budget -= num_new
+            i += 1
+        transfer_time = 0.0
+        if not self._preempted_this_step:
+            transfer_time = self._admit(scheduled, budget)
+        return scheduled, transfer_time
+
+    def _grow_or_preempt(self, req: _Request, num_new: int) -> bool:
+        """Allocate blocks for ``num_new`` more tokens of ``req``, preempting the newest
+        running requests while blocks are short; False if ``req`` itself was preempted."""
+        need = max(0, -(-(req.num_computed + num_new) // self.block_size) - req.num_blocks)
+        while not self.pool.allocate(need):
+            victim = self.running.pop()
+            self._preempt(victim)
+            self._preempted_this_step = True
+            if victim is req:
+                return False
+        req.num_private += need
+        return True
+
+    def _admit(self, scheduled: list[tuple[_Request, int, int]], budget: int) -> float:
+        transfer_time = 0.0
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            req = self.waiting[0]
+            local, external = self._lookup(req)
+            computed = (local + external) * self.block_size
+            num_new = min(req.num_tokens - computed, budget)
+            need = -(-(computed + num_new) // self.block_size) - local
+            hits = req.hashes[:local]
+            if need + self.pool.count_evictable(hits) > self.pool.num_free:
+                break
+            self.pool.touch(hits)
+            self.pool.allocate(need)
+            req.held, req.num_private = list(hits), need
+            req.num_checked_blocks = local
+            req.num_computed = computed
+            if external:
+                transfer_time += self._load_from_tier(req, local, external)
+            self._count_admission(req, local, external)
+            self.waiting.popleft()
+            self.running.append(req)
+            scheduled.append((req, num_new, computed))
+            budget -= num_new
+        return transfer_time
+
+    def _lookup(self, req: _Request) -> tuple[int, int]:
+        """Blocks of ``req`` cached locally and, after those, in the global tier."""
+        max_blocks = min(len(req.hashes), (req.num_tokens - 1) // self.block_size)
+        local = self.pool.count_cached_prefix(req.hashes, max_blocks)
+        external = 0
+        if self.tier is not None:
+            external = self.tier.count_prefix(req.hashes, local, max_blocks)
+        return local, external
+
+    def _can_admit_head(self, free_budget: int) -> bool:
+        """Read-only: could the head of the waiting queue be admitted now?"""
+        if (not self.waiting or free_budget <= 0
+                or len(self.running) >= self.config.max_num_seqs):
+            return False
+        req = self.waiting[0]
+        local, external = self._lookup(req)
+        computed = (local + external) * self.block_size
+        num_new = min(req.num_tokens - computed, free_budget)
+        need = -(-(computed + num_new) // self.block_size) - local
+        return need + self.pool.count_evictable(req.hashes[:local]) <= self.pool.num_free
+
+    def _load_from_tier(self, req: _Request, local: int, external: int) -> float:
+        hashes = req.hashes[local:local + external]
+        self.tier.touch(hashes)
+        self._cache_blocks(req, local + external)
+        return self.tier.transfer_time(external, self.config.block_bytes)
+
+    def _count_admission(self, req: _Request, local: int, external: int) -> None:
+        c = self._counters
+        c["queries"] += req.num_tokens
+        c["hits"] += local * self.block_size
+        c["external"] += external * self.block_size
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = (local + external) * self.block_size
+
+    def _preempt(self, req: _Request) -> None:
+        self._release(req)
+        req.num_computed = 0
+        req.num_checked_blocks = 0
+        self.waiting.appendleft(req)
+        self._counters["preemptions"] += 1
+
+    def _release(self, req: _Request) -> None:
+        self.pool.release(req.held, req.num_private)
+        req.held, req.num_private = [], 0
+
+    # ----------------------------------------------------------------- prefix cache
+
+    def _cache_full_blocks(self, req: _Request) -> None:
+        full = min(req.num_computed, req.prompt_len) // self.block_size
+        if full > req.num_checked_blocks:
+            self._cache_blocks(req, full)
+
+    def _cache_blocks(self, req: _Request, upto: int) -> None:
+        """Enter prompt blocks [num_checked_blocks, upto) into the prefix cache."""
+        first = req.num_checked_blocks
+        stored = []
+        for j in range(first, upto):
+            h = req.hashes[j]
+            if self.tier is not None:
+                self.tier.store(h)
+            if self.pool.cache(h):
+                req.held.append(h)
+                req.num_private -= 1
+                stored.append(h)
+        req.num_checked_blocks = upto
+        if stored and self.kv_event_sink is not None:
+            self._emit_stored(req, first, upto, stored)
+
+    def _emit_stored(self, req: _Request, first: int, upto: int, stored: list[int]) -> None:
+        bs = self.block_size
+        parent = req.hashes[first - 1] if first > 0 else None
+        if len(stored) != upto - first:  # some were duplicates: report the cached ones only
+            index = {h: j for j, h in enumerate(req.hashes[first:upto], first)}
+            for h in stored:
+                j = index[h]
+                parent_j = req.hashes[j - 1] if j > 0 else None
+                tokens = req.prompt[j * bs:(j + 1) * bs].tolist()
+                self.pool.events.append(BlockStored([h], parent_j, tokens, bs))
+            return
+        tokens = req.prompt[first * bs:upto * bs].tolist()
+        self.pool.events.append(BlockStored(stored, parent, tokens, bs))
+
+    def _flush_events(self) -> None:
+        events = self.pool.take_events()
+        if events and self.kv_event_sink is not None:
+            self.kv_event_sink(events)
+
+    # ----------------------------------------------------------------- decode fast path
+
+    def _decode_state(self, free_budget_check: bool = True) -> tuple[np.ndarray, ...] | None:
+        """Per-request arrays if the next step is decode-only and needs no preemption."""
+        running = self.running
+        n = len(running)
+        if n == 0 or n > self.config.max_num_batched_tokens:
+            return None
+        computed = np.fromiter((r.num_computed for r in running), np.int64, n)
+        remaining = np.fromiter((r.max_tokens - r.num_output for r in running), np.int64, n)
+        tokens = np.fromiter((r.num_tokens for r in running), np.int64, n)
+        if not np.array_equal(computed, tokens - 1):
+            return None
+        if free_budget_check and self._can_admit_head(self.config.max_num_batched_tokens - n):
+            return None
+        blocks = np.fromiter((r.num_blocks for r in running), np.int64, n)
+        return computed, remaining, blocks
+
+    def _block_limited_steps(self, computed: np.ndarray, blocks: np.ndarray, limit: int) -> int:
+        """Largest K <= limit such that K decode steps fit in the free blocks."""
+        first_need = blocks * self.block_size - computed  # step index of the first new block
+        free = self.pool.num_free
+
+        def demand(k: int) -> int:  # blocks needed by steps 0..k
+            over = k - first_need
+            return int(np.sum(np.where(over >= 0, over // self.block_size + 1, 0)))
+
+        if demand(limit - 1) <= free:
+            return limit
+        lo, hi = 0, limit - 1  # feasible(lo) holds; feasible(hi + 1) fails
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if demand(mid - 1) <= free:
+                lo = mid
+            else:
+                hi = mid - 1
+        return lo
+
+    def _decode_plan(self, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        state = self._decode_state()
+        if state is None:
+            return None
+        computed, remaining, blocks = state
+        limit = int(min(remaining.min(), MAX_CHUNK_STEPS))
+        steps = self._block_limited_steps(computed, blocks, limit)
+        if steps == 0:
+            return None
+        times = self.cost_model.decode_step_times(len(computed), int(computed.sum()), steps)
+        return start + np.cumsum(times), computed, blocks
+
+    def _decode_horizon(self, start: float) -> float | None:
+        """End of the decode-only stretch from ``start`` (first finish or block shortage)."""
+        plan = self._decode_plan(start)
+        return None if plan is None else float(plan[0][-1])
+
+    def _decode_chunk(self, start: float, t: float) -> bool:
+        plan = self._decode_plan(start)
+        if plan is None:
+            return False
+        ends, computed, blocks = plan
+        starts_le_t = np.searchsorted(ends[:-1], t, side="right") + 1  # step 0 starts at start
+        m = int(min(starts_le_t, len(ends)))
+        ends = ends[:m]
+        need = -(-(computed + m) // self.block_size) - blocks
+        self.pool.allocate(int(need.sum()))
+        first_step = self._append_step_ends(ends)
+        end = float(ends[-1])
+        for req, extra in zip(list(self.running), need.tolist(), strict=True):
+            req.num_private += extra
+            req.num_computed += m
+            self._sample(req, first_step, m, end)
+        self._commit_time(start, end)
+        self._flush_events()
+        return True
+
+    # ----------------------------------------------------------------- outputs
+
+    def _append_step_ends(self, ends: np.ndarray) -> int:
+        first = self._num_steps
+        needed = first + len(ends)
+        if needed > len(self._step_ends):
+            grown = np.zeros(max(needed, 2 * len(self._step_ends)))
+            grown[:first] = self._step_ends[:first]
+            self._step_ends = grown
+        self._step_ends[first:needed] = ends
+        self._num_steps = needed
+        return first
+
+    def _sample(self, req: _Request, first_step: int, count: int, last_end: float) -> None:
+        """Record ``count`` tokens sampled at global steps first_step.. for ``req``."""
+        if req.runs and req.runs[-1][0] + req.runs[-1][1] == first_step:
+            req.runs[-1][1] += count
+        else:
+            req.runs.append([first_step, count])
+        if req.first_token_time is None:
+            req.first_token_time = float(self._step_ends[first_step])
+            self._counters["prompt"] += req.prompt_len
+        req.num_output += count
+        self._counters["generation"] += count
+        self._dirty[req.req_id] = req
+        if req.num_output >= req.max_tokens:
+            self.running.remove(req)
+            self._finish(req, last_end, "length")
+
+    def _finish(self, req: _Request, when: float, reason: str) -> None:
+        self._release(req)
+        req.finish_time = when
+        req.finish_reason = reason
+        self._counters["finished"] += 1
+        self._dirty[req.req_id] = req
+
+    def _last_step_has_event(self) -> bool:
+        end = self._free_at
+        return any((r.finish_time == end and not r.finish_reported)
+                   or (r.first_token_time == end and r.delivered == 0)
+                   for r in self._dirty.values())
+
+    def _token_count_by(self, req: _Request, t: float) -> int:
+        """Tokens of ``req`` whose step ended by ``t`` (only the last step can end later)."""
+        last = self._num_steps - 1
+        if (req.runs and req.runs[-1][0] + req.runs[-1][1] - 1 == last
+                and self._step_ends[last] > t):
+            return req.num_output - 1
+        return req.num_output
+
+    def _token_times(self, req: _Request, lo: int, hi: int) -> np.ndarray:
+        steps = np.concatenate([np.arange(s, s + c) for s, c in req.runs])
+        return self._step_ends[steps[lo:hi]]
+
+    def _token_time(self, req: _Request, index: int) -> float:
+        for start, count in req.runs:
+            if index < count:
+                return float(self._step_ends[start + index])
+            index -= count
+        raise IndexError(index)
+
+    def _truncate_undelivered(self, req: _Request, now: float) -> None:
+        keep = self._token_count_by(req, now)
+        if keep < req.num_output:
+            req.runs[-1][1] -= 1
+            if req.runs[-1][1] == 0:
+                req.runs.pop()
+            req.num_output = keep
+            if keep == 0:
+                req.first_token_time = None
+
+    def _output(self, req: _Request, t: float, per_token: bool) -> RequestOutput | None:
+        count = self._token_count_by(req, t)
+        finished = req.finish_time is not None and req.finish_time <= t
+        new = count - req.delivered
+        if new <= 0 and not (finished and not req.finish_reported):
+            return None
+        times = self._token_times(req, req.delivered, count) if per_token and new > 0 else None
+        last_time = self._token_time(req, count - 1) if count else None
+        req.delivered = count
+        req.finish_reported = finished
+        first = req.first_token_time if count else None
+        return RequestOutput(
+            req_id=req.req_id, new_token_count=max(new, 0), num_output_tokens=count,
+            first_token_time=first, finished=finished,
+            finish_reason=req.finish_reason if finished else None,
+            num_cached_tokens=max(req.num_cached_tokens, 0), arrival_time=req.arrival,
+            prompt_tokens=req.prompt_len, finish_time=req.finish_time if finished else None,
+            last_token_time=last_time, token_times=times)

@@ -1,0 +1,159 @@
+"""Roofline step-time model of one vLLM engine step.
+
+    t = t_fixed + t_per_seq * num_seqs + max(FLOPs / (peak * eta_c), bytes / (BW * eta_m))
+        + transfer_time
+
+FLOPs = 2 * active non-embedding params * scheduled tokens      (GEMMs)
+      + 2 * hidden * vocab * sampled tokens                      (LM head, sampled rows only)
+      + 4 * layers * q_heads * head_dim * attention pairs        (QK^T and PV)
+bytes = weights (dense: all; MoE: attention/router + the experts the batch touches + LM head)
+      + KV bytes/token * (context tokens read + scheduled tokens written)
+
+MoE routing is assumed uniform: a step with T tokens touches E * (1 - (1 - k/E)^T)
+experts per layer, so weight traffic grows with the batch until all experts are read.
+
+The fields of ``StepBatch`` may be numpy arrays (one entry per step); the engine core
+uses that to price a whole decode-only stretch in one vectorised call.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from enginesim.engine.hardware import GPUSpec, get_gpu
+from enginesim.engine.models import DTYPE_BYTES, ModelSpec, get_model
+
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted constants; see calibration.json and ``python -m enginesim.engine.calibrate``."""
+
+    eta_compute: float
+    eta_memory: float
+    t_fixed: float  # s per step (launch, scheduling, sampling)
+    t_per_seq: float = 0.0  # s per scheduled sequence per step
+    api_overhead: float = 0.0  # s of HTTP/tokenisation latency on TTFT; not part of a step
+    era: str = "v1"
+
+
+def load_calibration(era: str = "v1", path: Path = CALIBRATION_FILE) -> Calibration:
+    """Load the fitted constants of a vLLM era ("v1": V1 engine >= 0.8, "v0": older)."""
+    data = json.loads(path.read_text())
+    params = data["eras"][era]
+    return Calibration(era=era, **{k: float(v) for k, v in params.items()})
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """Aggregate work of one engine step (or, with array fields, of many steps)."""
+
+    num_tokens: float  # tokens scheduled (prefill chunks + decode tokens)
+    num_seqs: float  # requests in the step
+    num_sampled: float  # requests that sample a token this step
+    attention_pairs: float  # sum_i new_i * ctx_i + new_i * (new_i + 1) / 2
+    context_tokens: float  # sum_i ctx_i: KV tokens already cached and read by attention
+    transfer_time: float = 0.0  # s spent loading KV blocks from the global tier
+
+    @classmethod
+    def from_requests(cls, new_tokens: list[int], contexts: list[int], num_sampled: int,
+                      transfer_time: float = 0.0) -> StepBatch:
+        pairs = sum(n * c + n * (n + 1) / 2 for n, c in zip(new_tokens, contexts, strict=True))
+        return cls(sum(new_tokens), len(new_tokens), num_sampled, pairs, sum(contexts),
+                   transfer_time)
+
+    @classmethod
+    def prefill(cls, num_tokens: int, context: int = 0, sampled: bool = True) -> StepBatch:
+        return cls.from_requests([num_tokens], [context], int(sampled))
+
+    @classmethod
+    def decode(cls, batch_size: int, context: int) -> StepBatch:
+        """``batch_size`` requests each decoding one token after ``context`` cached tokens."""
+        return cls.from_requests([1] * batch_size, [context] * batch_size, batch_size)
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float
+    bytes: float
+    weight_bytes: float
+    compute_time: float
+    memory_time: float
+    time: float
+
+
+class CostModel:
+    def __init__(self, gpu: GPUSpec | str, model: ModelSpec | str,
+                 calibration: Calibration | None = None, dtype: str = "bf16",
+                 kv_dtype: str = "bf16") -> None:
+        self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.model = get_model(model) if isinstance(model, str) else model
+        self.calibration = calibration or load_calibration()
+        self.dtype = dtype
+        m, bpp = self.model, DTYPE_BYTES[dtype]
+        self._flops_per_token = 2.0 * m.active_nonembedding_params
+        self._flops_per_sample = 2.0 * m.lm_head_params
+        self._flops_per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim
+        self._kv_bytes = float(m.kv_bytes_per_token(kv_dtype))
+        self._dense_weight_bytes = bpp * (m.num_layers * m.dense_params_per_layer
+                                          + m.lm_head_params)
+        self._expert_layer_bytes = bpp * m.num_layers * m.expert_params
+        cal = self.calibration
+        self._compute_rate = self.gpu.peak_flops(dtype) * cal.eta_compute
+        self._memory_rate = self.gpu.hbm_bandwidth * cal.eta_memory
+
+    def weight_bytes(self, num_tokens: float | np.ndarray) -> float | np.ndarray:
+        """Weight bytes read by a step of ``num_tokens`` tokens (MoE: touched experts only)."""
+        m = self.model
+        if not m.is_moe:
+            return self._dense_weight_bytes + 0.0 * np.asarray(num_tokens)
+        miss = (1.0 - m.experts_per_token / m.num_experts) ** np.asarray(num_tokens, float)
+        touched = m.num_experts * (1.0 - miss)
+        return self._dense_weight_bytes + self._expert_layer_bytes * touched
+
+    def cost(self, batch: StepBatch) -> StepCost:
+        flops = (self._flops_per_token * np.asarray(batch.num_tokens, float)
+                 + self._flops_per_sample * np.asarray(batch.num_sampled, float)
+                 + self._flops_per_pair * np.asarray(batch.attention_pairs, float))
+        weights = self.weight_bytes(batch.num_tokens)
+        kv = self._kv_bytes * (np.asarray(batch.context_tokens, float)
+                               + np.asarray(batch.num_tokens, float))
+        nbytes = weights + kv
+        compute_time = flops / self._compute_rate
+        memory_time = nbytes / self._memory_rate
+        cal = self.calibration
+        time = (cal.t_fixed + cal.t_per_seq * np.asarray(batch.num_seqs, float)
+                + np.maximum(compute_time, memory_time) + batch.transfer_time)
+        return StepCost(flops, nbytes, weights, compute_time, memory_time, time)
+
+    def step_time(self, batch: StepBatch) -> float:
+        """Seconds one engine step takes (an array if ``batch`` holds arrays)."""
+        time = self.cost(batch).time
+        return float(time) if np.ndim(time) == 0 else time
+
+    def decode_step_times(self, num_seqs: int, context_tokens: int, num_steps: int) -> np.ndarray:
+        """Step times of ``num_steps`` consecutive decode-only steps.
+
+        Step k has every one of ``num_seqs`` requests decode one token; before step 0 the
+        requests hold ``context_tokens`` cached tokens in total, and each step adds one each.
+        """
+        k = np.arange(num_steps, dtype=float)
+        ctx = context_tokens + num_seqs * k
+        batch = StepBatch(num_seqs, num_seqs, num_seqs, ctx + num_seqs, ctx)
+        return np.asarray(self.cost(batch).time, float) * np.ones(num_steps)
+
+    def prefill_time(self, num_tokens: int, chunk: int | None = None, context: int = 0) -> float:
+        """Seconds to prefill ``num_tokens`` alone, in chunks of ``chunk`` tokens (None = one)."""
+        chunk = chunk or num_tokens
+        total, done = 0.0, 0
+        while done < num_tokens:
+            n = min(chunk, num_tokens - done)
+            last = done + n == num_tokens
+            total += self.step_time(StepBatch.prefill(n, context + done, sampled=last))
+            done += n
+        return total

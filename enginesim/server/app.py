@@ -181,9 +181,8 @@ class InstanceAPI:
         return Response(self.instance.metrics.render(), media_type=PROMETHEUS_CONTENT_TYPE)
 
     async def reset_prefix_cache(self, request: Request) -> Response:
-        self.instance.engine.reset_prefix_cache()
-        if self.instance.kv_publisher is not None:
-            self.instance.kv_publisher.flush()
+        if not self.instance.engine.reset_prefix_cache():
+            return error_response(400, "prefix cache is in use; reset refused")
         return Response(status_code=200)
 
     # -- admin ------------------------------------------------------------------

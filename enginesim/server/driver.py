@@ -98,17 +98,10 @@ class RequestStream:
 class EngineDriver:
     """Owns the real-time loop around one engine core."""
 
-    def __init__(
-        self,
-        engine: Any,
-        clock: VirtualClock,
-        metrics: InstanceMetrics,
-        on_step: Callable[[], None] = lambda: None,
-    ) -> None:
+    def __init__(self, engine: Any, clock: VirtualClock, metrics: InstanceMetrics) -> None:
         self.engine = engine
         self.clock = clock
         self.metrics = metrics
-        self._on_step = on_step
         self._streams: dict[str, RequestStream] = {}
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -175,7 +168,6 @@ class EngineDriver:
             stream = self._streams.get(output.req_id)
             if stream is not None:
                 self._apply(stream, output, now)
-        self._on_step()
 
     def _apply(self, stream: RequestStream, output: Any, now: float) -> None:
         new_tokens = output.num_output_tokens - stream.num_output_tokens
@@ -183,21 +175,27 @@ class EngineDriver:
             self._record_tokens(stream, output, new_tokens, now)
         if output.finished:
             self._streams.pop(stream.req_id, None)
-            self._finish(stream, self._finish_reason(stream, output), now)
+            end = output.finish_time if output.finish_time is not None else now
+            self._finish(stream, self._finish_reason(stream, output), end)
         else:
             stream._notify()
 
-    def _record_tokens(self, stream: RequestStream, output: Any, new_tokens: int, now: float):
+    def _record_tokens(
+        self, stream: RequestStream, output: Any, new_tokens: int, now: float
+    ) -> None:
+        last = output.last_token_time if output.last_token_time is not None else now
         if stream.first_token_time is None:
-            first = output.first_token_time if output.first_token_time is not None else now
+            first = output.first_token_time if output.first_token_time is not None else last
             stream.first_token_time = first
             stream.last_token_time = first
             stream.num_cached_tokens = output.num_cached_tokens
+            stream.arrival = output.arrival_time
             self.metrics.observe_first_token(first - stream.arrival)
             new_tokens -= 1
         if new_tokens > 0:
-            self.metrics.observe_decode(now - stream.last_token_time, new_tokens)
-            stream.last_token_time = now
+            # Tokens delivered together are spread evenly over the time they took.
+            self.metrics.observe_decode(last - stream.last_token_time, new_tokens)
+            stream.last_token_time = last
         stream.num_output_tokens = output.num_output_tokens
 
     @staticmethod

@@ -51,7 +51,7 @@ class Instance:
         self,
         settings: InstanceSettings,
         engine_config: Any,
-        engine_factory: Callable[[Callable[[Any], None] | None], Any],
+        engine_factory: Callable[[Callable[[list[Any]], None] | None], Any],
         kv_publisher: KVEventPublisher | None = None,
     ) -> None:
         self.settings = settings
@@ -85,11 +85,10 @@ class Instance:
             "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
             "num_cpu_blocks": "None",
             "num_gpu_blocks": str(cfg.num_gpu_blocks),
-            "prefix_caching_hash_algo": "sha256",
         }
 
     def _boot(self) -> EngineDriver:
-        sink = self.kv_publisher.sink if self.kv_publisher is not None else None
+        sink = self.kv_publisher.publish if self.kv_publisher is not None else None
         engine = self._engine_factory(sink)
         metrics = InstanceMetrics(
             self.served_name,
@@ -98,8 +97,7 @@ class Instance:
             lambda: self.driver.engine.stats(),
             lambda: self.clock.wall_per_virtual,
         )
-        flush = self.kv_publisher.flush if self.kv_publisher is not None else (lambda: None)
-        return EngineDriver(engine, self.clock, metrics, on_step=flush)
+        return EngineDriver(engine, self.clock, metrics)
 
     async def start(self, app: Any) -> None:
         self.app = app
@@ -151,8 +149,7 @@ class Instance:
     async def _restart(self) -> None:
         await self.driver.stop()
         if self.kv_publisher is not None:
-            self.kv_publisher.sink(AllBlocksCleared())
-            self.kv_publisher.flush()
+            self.kv_publisher.publish([AllBlocksCleared()])
         self.driver = self._boot()
         self.driver.start()
         await self._start_server()

@@ -31,6 +31,7 @@ import contextlib
 import logging
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import msgpack
@@ -106,23 +107,18 @@ class KVEventPublisher:
         self._replay = self._ctx.socket(zmq.ROUTER)
         self._replay.bind(replay_endpoint)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
-        self._pending: list[Any] = []
         self._next_seq = 0
         self._replay_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._replay_task = asyncio.ensure_future(self._serve_replay())
 
-    def sink(self, event: Any) -> None:
-        """The engine's kv_event_sink: events wait here until ``flush``."""
-        self._pending.append(encode_event(event, self.encoding))
-
-    def flush(self) -> None:
-        """Publish the pending events as one batch (one engine step's worth)."""
-        if not self._pending:
+    def publish(self, events: Sequence[Any]) -> None:
+        """The engine's kv_event_sink: one call = one batch (one engine step)."""
+        if not events:
             return
-        events, self._pending = self._pending, []
-        payload = msgpack.packb([time.time(), events, 0], use_bin_type=True)
+        encoded = [encode_event(event, self.encoding) for event in events]
+        payload = msgpack.packb([time.time(), encoded, 0], use_bin_type=True)
         seq = self._next_seq
         self._next_seq += 1
         self._buffer.append((seq, payload))

@@ -1,0 +1,188 @@
+"""What routers write to Redis and the control plane reads: key names and record shapes.
+
+Producer: the live router's telemetry loop (router_worker). Consumers: the control plane's
+publisher loop (live dashboard), the event ingest and the rollup task (Celery). Both sides
+import this module so they cannot disagree. Routing never waits on Redis: the router keeps
+serving when Redis is down, buffering events (bounded) and counting what it drops.
+
+Keys
+----
+* ``state_key(cluster, router)``: the router's latest state snapshot (a JSON string,
+  `StateSnapshot`), rewritten every `STATE_INTERVAL_S` with a TTL of `STATE_TTL_S`, so a dead
+  router's state disappears by itself.
+* ``EVENTS_STREAM``: one Redis stream for every cluster; each entry has one field ``data``
+  holding a `RouterEvent` as JSON. Events carry a unique ``id`` assigned by the router, so
+  ingest is idempotent however often an entry is delivered.
+* ``METRICS_STREAM``: per-router request metrics every `METRICS_INTERVAL_S`
+  (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+STATE_INTERVAL_S = 0.25
+STATE_TTL_S = 10
+METRICS_INTERVAL_S = 1.0
+EVENTS_STREAM = "switchyard:events"
+METRICS_STREAM = "switchyard:metrics"
+STREAM_MAXLEN = 100_000
+# Samples kept per arm per metrics record; enough for rank tests, bounded for Redis.
+MAX_SAMPLES_PER_RECORD = 500
+
+EventKind = Literal[
+    "hotspot",  # a hotspot detector transition (payload: see HotspotPayload)
+    "health",  # instance health changed: {instance, before, after, cause}
+    "config_applied",  # {version}
+    "config_rejected",  # {version, error}
+    "retries_exhausted",  # {request_id, attempts, last_error}
+    "router_started",  # {pid, config_version}
+    "router_restarted",  # written by the Celery supervisor: {exit_code, restarts}
+    "events_dropped",  # {count}: buffered events lost during a Redis outage
+]
+
+
+def state_key(cluster: str, router: str) -> str:
+    return f"switchyard:state:{cluster}:{router}"
+
+
+def state_pattern(cluster: str) -> str:
+    return f"switchyard:state:{cluster}:*"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class HotspotPayload(_Record):
+    transition: Literal["suspected", "confirmed", "cleared"]
+    prefix_class: str
+    prefix_hash: str
+    x: float
+    x_bar: float
+    m: int
+    m_bar: int
+    window: float
+    instances: list[str] = Field(default_factory=list)
+
+
+class RouterEvent(_Record):
+    id: str
+    cluster: str
+    router: str
+    kind: EventKind
+    at: float  # unix seconds
+    payload: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def new(cls, cluster: str, router: str, kind: str, at: float, **payload: Any) -> RouterEvent:
+        return cls(id=uuid.uuid4().hex, cluster=cluster, router=router, kind=kind, at=at,
+                   payload=payload)
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"data": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> RouterEvent:
+        return cls.model_validate_json(_field(fields, "data"))
+
+
+class InstanceSnapshot(_Record):
+    name: str
+    health: Literal["healthy", "draining", "down"]
+    pending_prefill_tokens: float
+    pending_prefill_tokens_max: float  # maximum over the last interval: spikes survive
+    batch_size: float
+    batch_size_max: float
+    in_flight: int
+    waiting: int | None = None  # from the engine's /metrics
+    running: int | None = None
+    kv_usage: float | None = None
+    hit_ratio: float | None = None  # prefix-cache hits / queries, from the engine
+    hotspot: bool = False
+    arm: str | None = None
+
+
+class WindowStats(_Record):
+    """Request statistics over the router's recent window (seconds given by `seconds`)."""
+
+    seconds: float
+    requests: int
+    errors: int
+    requests_per_s: float
+    output_tokens_per_s: float
+    ttft_p50_s: float | None = None
+    ttft_p99_s: float | None = None
+    tpot_p50_s: float | None = None
+    tpot_p99_s: float | None = None
+    hit_ratio: float | None = None  # cached prompt tokens / prompt tokens routed
+    load_cv: float | None = None  # stddev / mean of pending prefill tokens
+
+
+class StateSnapshot(_Record):
+    ts: float
+    cluster: str
+    router: str
+    config_version: int | None
+    policy: str
+    instances: list[InstanceSnapshot]
+    window: WindowStats
+    arms: dict[str, WindowStats] = Field(default_factory=dict)
+    hotspots: list[HotspotPayload] = Field(default_factory=list)  # currently confirmed
+
+
+class ArmMetrics(_Record):
+    policy: str
+    requests: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    hotspot_fallbacks: int = 0
+    ttft_s: list[float] = Field(default_factory=list)  # bounded samples
+    tpot_s: list[float] = Field(default_factory=list)
+
+
+class InstanceMetrics(_Record):
+    requests: int = 0
+    errors: int = 0
+    output_tokens: int = 0
+    pending_prefill_tokens_max: float = 0
+    batch_size_max: float = 0
+    kv_usage_max: float = 0
+    ttft_s: list[float] = Field(default_factory=list)
+    tpot_s: list[float] = Field(default_factory=list)
+
+
+class MetricsRecord(_Record):
+    id: str
+    cluster: str
+    router: str
+    start: float  # unix seconds; the record covers [start, end)
+    end: float
+    arms: dict[str, ArmMetrics] = Field(default_factory=dict)
+    instances: dict[str, InstanceMetrics] = Field(default_factory=dict)
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"data": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> MetricsRecord:
+        return cls.model_validate_json(_field(fields, "data"))
+
+
+def _field(fields: dict[bytes | str, bytes | str], name: str) -> str:
+    value = fields.get(name, fields.get(name.encode()))
+    if value is None:
+        raise ValueError(f"stream entry has no {name!r} field")
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def dumps_state(snapshot: StateSnapshot) -> str:
+    return snapshot.model_dump_json()
+
+
+def loads_state(raw: bytes | str) -> StateSnapshot:
+    return StateSnapshot.model_validate(json.loads(raw))

@@ -1,0 +1,134 @@
+"""enginesim server fixtures: real `python -m enginesim serve` processes on loopback ports."""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+# 20x faster than the simulated H20: requests take milliseconds, the engine's
+# schedule (and so every count the tests check) is unchanged.
+TEST_TIME_SCALE = 0.05
+STARTUP_TIMEOUT = 30.0
+
+
+def _ports_free(ports: list[int]) -> bool:
+    for port in ports:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                return False
+    return True
+
+
+def free_port_run(count: int) -> int:
+    """First of ``count`` consecutive free TCP ports."""
+    for _ in range(200):
+        base = random.randint(20_000, 50_000)
+        if _ports_free(list(range(base, base + count))):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+@dataclass
+class SimServer:
+    base_port: int
+    instances: int
+    admin_port: int
+    kv_base_port: int | None
+    proc: subprocess.Popen[bytes]
+
+    def url(self, index: int = 0) -> str:
+        return f"http://127.0.0.1:{self.base_port + index}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
+
+    def kv_endpoint(self, index: int) -> str:
+        assert self.kv_base_port is not None
+        return f"tcp://127.0.0.1:{self.kv_base_port + index}"
+
+    def kv_replay_endpoint(self, index: int) -> str:
+        assert self.kv_base_port is not None
+        return f"tcp://127.0.0.1:{self.kv_base_port + 100 + index}"
+
+
+def _wait_healthy(server: SimServer) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise RuntimeError(f"enginesim exited with {server.proc.returncode}")
+        try:
+            if httpx.get(server.url(0) + "/health", timeout=1.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("enginesim did not become healthy")
+
+
+def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> SimServer:
+    base = free_port_run(instances + 1)
+    kv_base = free_port_run(instances) if kv_events else None
+    if kv_base is not None and not _ports_free(list(range(kv_base + 100, kv_base + 100 + instances))):
+        kv_base = free_port_run(instances + 101)
+    args = [
+        sys.executable, "-m", "enginesim", "serve",
+        "--instances", str(instances), "--base-port", str(base + 1),
+        "--admin-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
+        "--time-scale", str(TEST_TIME_SCALE), *extra,
+    ]  # fmt: skip
+    if kv_base is not None:
+        args += ["--kv-events", f"tcp://127.0.0.1:{kv_base}"]
+    proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    server = SimServer(base + 1, instances, base, kv_base, proc)
+    try:
+        _wait_healthy(server)
+    except Exception:
+        stop_server(server)
+        raise
+    return server
+
+
+def stop_server(server: SimServer) -> None:
+    server.proc.terminate()
+    try:
+        server.proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        server.proc.kill()
+        server.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def sim() -> Iterator[SimServer]:
+    """Four instances shared by the test modules: 0 API, 1 metrics, 2 KV events, 3 faults."""
+    server = start_server(4)
+    yield server
+    stop_server(server)
+
+
+@pytest.fixture
+def sim_factory() -> Iterator[Callable[..., SimServer]]:
+    """Start extra servers with other options; stopped after the test."""
+    started: list[SimServer] = []
+
+    def factory(*extra: str, instances: int = 1, kv_events: bool = True) -> SimServer:
+        server = start_server(instances, kv_events, *extra)
+        started.append(server)
+        return server
+
+    yield factory
+    for server in started:
+        stop_server(server)

@@ -1,0 +1,144 @@
+"""vLLM's OpenAI-compatible surface, driven by the openai SDK over loopback (instance 0)."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+from enginesim.server import tokenizer
+from enginesim.server.chat import render_chat
+
+MODEL = "Qwen/Qwen2-7B-Instruct"
+BLOCK = 16
+
+
+@pytest.fixture(scope="module")
+def client(sim) -> openai.OpenAI:
+    return openai.OpenAI(base_url=sim.url(0) + "/v1", api_key="unused", max_retries=0)
+
+
+def _long_text(tag: str, words: int = 80) -> str:
+    return " ".join(f"{tag}{i}" for i in range(words))
+
+
+def test_chat_non_stream_shape_and_usage(client):
+    messages = [{"role": "user", "content": _long_text("alpha")}]
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=12)
+    prompt_ids = tokenizer.encode(render_chat(messages))
+    assert reply.object == "chat.completion" and reply.id.startswith("chatcmpl-")
+    assert reply.model == MODEL
+    choice = reply.choices[0]
+    assert choice.finish_reason == "length"
+    assert choice.message.role == "assistant"
+    assert tokenizer.encode(choice.message.content) == tokenizer.SyntheticText(
+        tokenizer.prompt_seed(prompt_ids)
+    ).token_ids(0, 12)
+    assert reply.usage.prompt_tokens == len(prompt_ids)
+    assert reply.usage.completion_tokens == 12
+    assert reply.usage.total_tokens == len(prompt_ids) + 12
+    assert reply.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_chat_stream_with_usage_chunk(client):
+    messages = [{"role": "user", "content": _long_text("beta", 40)}]
+    stream = client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=9, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [c for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(content) == 9  # stream interval 1: one token per chunk
+    assert [c.choices[0].finish_reason for c in content][-2:] == [None, "length"]
+    final = chunks[-1]
+    assert final.choices == []
+    assert final.usage.completion_tokens == 9
+    assert final.usage.prompt_tokens == len(tokenizer.encode(render_chat(messages)))
+    assert final.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_multi_turn_chat_hits_the_prefix_cache(client):
+    history = [{"role": "user", "content": _long_text("gamma", 120)}]
+    first = client.chat.completions.create(model=MODEL, messages=history, max_tokens=20)
+    first_prompt = first.usage.prompt_tokens
+    history += [
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "and more"},
+    ]
+    second = client.chat.completions.create(model=MODEL, messages=history, max_tokens=5)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached % BLOCK == 0
+    assert cached >= (first_prompt // BLOCK) * BLOCK
+    assert cached < second.usage.prompt_tokens
+
+
+def test_completions_text_and_token_ids_agree(client):
+    text = _long_text("delta", 50)
+    by_text = client.completions.create(model=MODEL, prompt=text, max_tokens=6)
+    ids = tokenizer.encode(text)
+    by_ids = client.completions.create(model=MODEL, prompt=ids, max_tokens=6)
+    assert by_text.object == "text_completion" and by_text.id.startswith("cmpl-")
+    assert by_text.usage.prompt_tokens == by_ids.usage.prompt_tokens == len(ids)
+    assert by_text.choices[0].text == by_ids.choices[0].text
+    # The second identical prompt finds all full blocks cached.
+    assert by_ids.usage.prompt_tokens_details.cached_tokens == (len(ids) // BLOCK) * BLOCK
+
+
+def test_completions_stream(client):
+    stream = client.completions.create(
+        model=MODEL, prompt="epsilon " * 20, max_tokens=5, stream=True,
+        stream_options={"include_usage": True},
+    )  # fmt: skip
+    chunks = list(stream)
+    texts = [c.choices[0].text for c in chunks if c.choices]
+    assert len(texts) == 5 and all(t.startswith(" ") for t in texts)
+    assert chunks[-2].choices[0].finish_reason == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 5
+
+
+def test_chat_without_max_tokens_stops_naturally(client):
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "zeta"}]
+    )
+    assert reply.choices[0].finish_reason == "stop"
+    assert 16 <= reply.usage.completion_tokens <= 256
+
+
+def test_unknown_model_is_a_404_with_openai_error_shape(client, sim):
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="nope", prompt="x", max_tokens=1)
+    raw = httpx.post(sim.url(0) + "/v1/completions", json={"model": "nope", "prompt": "x"})
+    error = raw.json()["error"]
+    assert raw.status_code == 404
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "NotFoundError" and error["code"] == 404
+
+
+def test_too_long_request_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt=[5] * 32760, max_tokens=100)
+    assert "maximum context length" in str(err.value)
+
+
+def test_models_health_and_tokenize(sim):
+    url = sim.url(0)
+    models = httpx.get(url + "/v1/models").json()
+    assert models["object"] == "list"
+    assert models["data"][0]["id"] == MODEL
+    assert models["data"][0]["max_model_len"] == 32768
+    assert httpx.get(url + "/health").status_code == 200
+    messages = [{"role": "user", "content": "count these words"}]
+    tok = httpx.post(url + "/tokenize", json={"messages": messages}).json()
+    assert tok["tokens"] == tokenizer.encode(render_chat(messages))
+    assert tok["count"] == len(tok["tokens"]) and tok["max_model_len"] == 32768
+    tok_text = httpx.post(url + "/tokenize", json={"prompt": "a b c"}).json()
+    assert tok_text["count"] == 3
+
+
+def test_stream_interval_coalesces_tokens(sim_factory):
+    server = sim_factory("--stream-interval", "4", kv_events=False)
+    client = openai.OpenAI(base_url=server.url(0) + "/v1", api_key="x", max_retries=0)
+    stream = client.completions.create(model=MODEL, prompt="eta", max_tokens=10, stream=True)
+    pieces = [tokenizer.encode(c.choices[0].text) for c in stream if c.choices]
+    assert [len(p) for p in pieces] == [4, 4, 2]

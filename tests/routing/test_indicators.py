@@ -1,0 +1,137 @@
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router_worker.routing import (
+    ClusterState,
+    Health,
+    UnknownRequestError,
+    decode_kv_event_batch,
+    encode_kv_event_batch,
+)
+from router_worker.routing.kv_events import BlockStored, KVEventBatch
+
+from .helpers import cluster, features, tokens, warm
+
+
+def test_lifecycle_moves_tokens_from_pending_to_batch_and_out():
+    state = cluster(2)
+    warm(state, "i0", tokens(0, 64))
+    request = features(tokens(0, 100))
+    uncached = state.on_dispatch(request, "i0", 1.0)
+    assert uncached == 100 - 64
+    snap = state.snapshot("i0")
+    assert (snap.pending_prefill_tokens, snap.batch_size, snap.in_flight) == (36, 0, 1)
+    state.on_first_token(request.request_id, 1.5)
+    snap = state.snapshot("i0")
+    assert (snap.pending_prefill_tokens, snap.batch_size, snap.decode_context_tokens) == (0, 1, 100)
+    state.on_finish(request.request_id, 3.0)
+    snap = state.snapshot("i0")
+    assert (snap.batch_size, snap.in_flight, snap.decode_context_tokens) == (0, 0, 0)
+
+
+def test_dispatch_records_shadow_blocks():
+    state = cluster(2)
+    request = features(tokens(0, 48))
+    state.on_dispatch(request, "i1", 0.0)
+    follow_up = features(tokens(0, 80))
+    assert state.view().cached_blocks(follow_up).tolist() == [0, 3]
+    assert state.view().cached_tokens(follow_up).tolist() == [0, 48]
+
+
+def test_cached_tokens_leave_one_token_to_compute():
+    state = cluster(1)
+    warm(state, "i0", tokens(0, 32))
+    assert state.view().new_tokens(features(tokens(0, 32))).tolist() == [1]
+
+
+def test_unknown_and_duplicate_requests_are_errors():
+    state = cluster(1)
+    with pytest.raises(UnknownRequestError):
+        state.on_first_token("nope", 0.0)
+    with pytest.raises(UnknownRequestError):
+        state.on_finish("nope", 0.0)
+    request = features(tokens(0, 10))
+    state.on_dispatch(request, "i0", 0.0)
+    with pytest.raises(ValueError, match="already in flight"):
+        state.on_dispatch(request, "i0", 0.0)
+    with pytest.raises(KeyError, match="unknown instance"):
+        state.on_dispatch(features(tokens(0, 10)), "zz", 0.0)
+
+
+def test_block_size_mismatch_is_rejected():
+    state = cluster(1)
+    with pytest.raises(ValueError, match="block_size"):
+        state.on_dispatch(features(tokens(0, 64), block_size=32), "i0", 0.0)
+
+
+def test_prefill_throughput_estimate_follows_observed_work_rate():
+    state = ClusterState(default_prefill_tps=1000.0, prefill_tps_alpha=0.5)
+    state.add_instance("a")
+    request = features(tokens(0, 4000))
+    state.on_dispatch(request, "a", 10.0)
+    state.on_first_token(request.request_id, 11.0)  # 4000 tokens drained in 1 s
+    assert state.snapshot("a").prefill_tps == pytest.approx(0.5 * 1000 + 0.5 * 4000)
+
+
+def test_scraped_running_corrects_batch_size_for_unseen_load():
+    state = cluster(2)
+    state.on_scrape("i0", 5.0, running=7, waiting=2, kv_usage=0.4, capacity_blocks=50)
+    view = state.view()
+    assert view.batch_size.tolist() == [7, 0]
+    snap = state.snapshot("i0")
+    assert (snap.scraped_waiting, snap.kv_usage, snap.last_scrape) == (2, 0.4, 5.0)
+    assert state.snapshot("i1").kv_usage is None
+
+
+def test_health_and_removal():
+    state = cluster(3)
+    state.set_health("i1", Health.DRAINING)
+    state.remove_instance("i2")
+    assert state.view().eligible.tolist() == [True, False, False]
+    state.add_instance("i2")
+    assert state.view().eligible.tolist() == [True, False, True]
+
+
+def test_view_arrays_are_read_only():
+    view = cluster(2).view()
+    with pytest.raises(ValueError):
+        view.pending_prefill[0] = 5
+
+
+def test_kv_events_from_an_engine_with_its_own_hashes_land_on_router_keys():
+    state = cluster(2)
+    prompt = tokens(500, 64)
+    payload = encode_kv_event_batch(KVEventBatch(0.0, (
+        BlockStored(tuple(f"sha-{k}".encode() for k in range(4)), None,
+                    tuple(int(t) for t in prompt), 16),
+    )))
+    state.on_kv_event_batch("i1", decode_kv_event_batch(payload), 0.0)
+    assert state.view().cached_blocks(features(prompt)).tolist() == [0, 4]
+
+
+lifecycles = st.lists(
+    st.tuples(st.integers(0, 2), st.integers(1, 200), st.sampled_from(["finish", "error"]),
+              st.booleans()),
+    min_size=1, max_size=30,
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(lifecycles, st.randoms(use_true_random=False))
+def test_state_returns_to_zero_after_every_request_ends(requests, rnd):
+    state = cluster(3)
+    live = []
+    for slot, length, ending, starts in requests:
+        request = features(tokens(rnd.randrange(50), length))
+        state.on_dispatch(request, f"i{slot}", 0.0)
+        live.append((request.request_id, ending, starts))
+    rnd.shuffle(live)
+    for request_id, ending, starts in live:
+        if starts:
+            state.on_first_token(request_id, 1.0)
+        getattr(state, f"on_{ending}")(request_id, 2.0)
+    view = state.view()
+    for array in (view.pending_prefill, view.batch_size, view.in_flight,
+                  view.decode_context_tokens):
+        assert array.tolist() == [0, 0, 0]

@@ -2,7 +2,7 @@
 
 from .audit import ApiToken, AuditEvent
 from .cluster import Cluster, Instance, Policy
-from .events import HotspotEvent, RouterEvent
+from .events import HotspotEvent, IngestedRecord, RouterEvent
 from .metrics import ArmMetricRollup, InstanceMetricRollup
 from .replay import ReplayJob
 from .rollout import CanaryJudgement, CanarySplit
@@ -18,6 +18,7 @@ __all__ = [
     "ConfigVersion",
     "HotspotEvent",
     "Instance",
+    "IngestedRecord",
     "InstanceMetricRollup",
     "Policy",
     "ReplayJob",

@@ -38,3 +38,11 @@ class RouterEvent(models.Model):
 
     class Meta:
         ordering = ["-at"]
+
+
+class IngestedRecord(models.Model):
+    """Ids of telemetry records already folded into rollups, so re-delivered stream entries
+    are not counted twice. Pruned with the rollups' retention."""
+
+    record_id = models.CharField(max_length=64, unique=True)
+    at = models.DateTimeField(auto_now_add=True, db_index=True)

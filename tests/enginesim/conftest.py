@@ -82,7 +82,8 @@ def _wait_healthy(server: SimServer) -> None:
 def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> SimServer:
     base = free_port_run(instances + 1)
     kv_base = free_port_run(instances) if kv_events else None
-    if kv_base is not None and not _ports_free(list(range(kv_base + 100, kv_base + 100 + instances))):
+    replay_ports = list(range((kv_base or 0) + 100, (kv_base or 0) + 100 + instances))
+    if kv_base is not None and not _ports_free(replay_ports):
         kv_base = free_port_run(instances + 101)
     args = [
         sys.executable, "-m", "enginesim", "serve",

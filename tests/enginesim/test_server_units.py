@@ -90,7 +90,8 @@ def test_virtual_clock_runs_slower_after_a_slow_fault():
 
 def test_fault_requests_are_validated():
     assert FaultRequest.from_json({"mode": "slow", "factor": 3}).factor == 3.0
-    assert FaultRequest.from_cli("2:drop_midstream:4") == (2, FaultRequest("drop_midstream", 1.0, 4))
+    expected = (2, FaultRequest("drop_midstream", 1.0, 4))
+    assert FaultRequest.from_cli("2:drop_midstream:4") == expected
     with pytest.raises(FaultError):
         FaultRequest.from_json({"mode": "explode"})
     with pytest.raises(FaultError):

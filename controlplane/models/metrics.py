@@ -15,6 +15,9 @@ class _Rollup(models.Model):
     tpot_p50_s = models.FloatField(null=True)
     tpot_p99_s = models.FloatField(null=True)
     output_tokens = models.BigIntegerField(default=0)
+    # Raw TTFT/TPOT samples (bounded) for exact per-minute percentiles and rank tests.
+    ttft_samples = models.JSONField(default=list)
+    tpot_samples = models.JSONField(default=list)
 
     class Meta:
         abstract = True
@@ -23,9 +26,6 @@ class _Rollup(models.Model):
 class ArmMetricRollup(_Rollup):
     arm = models.CharField(max_length=64)
     hotspot_fallbacks = models.IntegerField(default=0)
-    # Raw TTFT/TPOT samples (bounded) so the canary judge can run rank tests on them.
-    ttft_samples = models.JSONField(default=list)
-    tpot_samples = models.JSONField(default=list)
 
     class Meta:
         ordering = ["-minute"]

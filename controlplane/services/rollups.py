@@ -1,0 +1,82 @@
+"""Per-minute rollups of router request metrics, per canary arm and per instance."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, datetime, timedelta
+
+import numpy as np
+from django.utils import timezone
+
+from controlplane.models import (
+    ArmMetricRollup,
+    Cluster,
+    HotspotEvent,
+    IngestedRecord,
+    InstanceMetricRollup,
+    RouterEvent,
+)
+from router_worker.telemetry_contract import MetricsRecord
+
+MAX_SAMPLES_PER_MINUTE = 2000
+
+
+def minute_of(unix_seconds: float) -> datetime:
+    return datetime.fromtimestamp(unix_seconds, tz=UTC).replace(second=0, microsecond=0)
+
+
+def merge_samples(existing: list[float], new: list[float], rng: random.Random) -> list[float]:
+    merged = existing + new
+    if len(merged) <= MAX_SAMPLES_PER_MINUTE:
+        return merged
+    return rng.sample(merged, MAX_SAMPLES_PER_MINUTE)
+
+
+def percentile(samples: list[float], q: float) -> float | None:
+    return float(np.percentile(samples, q)) if samples else None
+
+
+def _add_common(row, metrics, rng: random.Random) -> None:
+    row.requests += metrics.requests
+    row.errors += metrics.errors
+    row.output_tokens += metrics.output_tokens
+    row.ttft_samples = merge_samples(row.ttft_samples, metrics.ttft_s, rng)
+    row.tpot_samples = merge_samples(row.tpot_samples, metrics.tpot_s, rng)
+    row.ttft_p50_s, row.ttft_p99_s = (percentile(row.ttft_samples, q) for q in (50, 99))
+    row.tpot_p50_s, row.tpot_p99_s = (percentile(row.tpot_samples, q) for q in (50, 99))
+
+
+def fold(cluster: Cluster, record: MetricsRecord) -> None:
+    """Add one router metrics record into the rollup rows of its minute."""
+    minute = minute_of(record.start)
+    rng = random.Random(record.id)
+    for arm, metrics in record.arms.items():
+        row, _ = ArmMetricRollup.objects.select_for_update().get_or_create(
+            cluster=cluster, arm=arm, minute=minute)
+        _add_common(row, metrics, rng)
+        row.hotspot_fallbacks += metrics.hotspot_fallbacks
+        row.save()
+    for name, metrics in record.instances.items():
+        row, _ = InstanceMetricRollup.objects.select_for_update().get_or_create(
+            cluster=cluster, instance=name, minute=minute)
+        _add_common(row, metrics, rng)
+        row.pending_prefill_tokens_max = max(row.pending_prefill_tokens_max,
+                                             int(metrics.pending_prefill_tokens_max))
+        row.batch_size_max = max(row.batch_size_max, int(metrics.batch_size_max))
+        row.kv_usage_max = max(row.kv_usage_max, metrics.kv_usage_max)
+        row.save()
+
+
+def prune(retention_days: int = 7) -> dict[str, int]:
+    """Delete rollups, router events and ingest markers older than the retention period.
+    Hotspot events are an audit trail and are kept twice as long."""
+    cutoff = timezone.now() - timedelta(days=retention_days)
+    deleted = {
+        "arm_rollups": ArmMetricRollup.objects.filter(minute__lt=cutoff).delete()[0],
+        "instance_rollups": InstanceMetricRollup.objects.filter(minute__lt=cutoff).delete()[0],
+        "router_events": RouterEvent.objects.filter(at__lt=cutoff).delete()[0],
+        "ingested_records": IngestedRecord.objects.filter(at__lt=cutoff).delete()[0],
+        "hotspot_events": HotspotEvent.objects.filter(
+            at__lt=cutoff - timedelta(days=retention_days)).delete()[0],
+    }
+    return deleted

@@ -190,7 +190,7 @@ class EngineDriver:
             stream.last_token_time = first
             stream.num_cached_tokens = output.num_cached_tokens
             stream.arrival = output.arrival_time
-            self.metrics.observe_first_token(first - stream.arrival)
+            self.metrics.observe_first_token(first - stream.arrival, stream.prompt_len)
             new_tokens -= 1
         if new_tokens > 0:
             # Tokens delivered together are spread evenly over the time they took.

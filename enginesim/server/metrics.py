@@ -3,8 +3,10 @@
 Every metric carries ``model_name`` (the served model name) and ``engine``
 (always ``"0"``: one engine core per server, as in a vLLM process without data
 parallelism). Engine state (running/waiting, KV usage, prefix-cache counters,
-token counters, preemptions) is read from the engine at scrape time; request
-histograms are fed by the server as requests progress.
+preemptions) is read from the engine at scrape time; token counters and request
+histograms are fed by the server as outputs are delivered, with vLLM's
+semantics (``vllm:prompt_tokens`` adds the whole prompt, cached part included,
+when the first token is out).
 
 All latencies are in *simulated* seconds (the engine's virtual clock): they are
 what a real vLLM on the simulated hardware would report, independent of
@@ -105,14 +107,6 @@ class _EngineStateCollector:
             "Cumulative number of preemption from the engine.",
             stats.num_preemptions,
         )
-        yield self._counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", _prompt_tokens(stats)
-        )
-        yield self._counter(
-            "vllm:generation_tokens",
-            "Number of generation tokens processed.",
-            _generation_tokens(stats),
-        )
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -125,20 +119,6 @@ class _EngineStateCollector:
             "Wall seconds per simulated second (latencies here are simulated seconds).",
             value=self._time_scale_fn(),
         )
-
-
-def _prompt_tokens(stats: Any) -> int:
-    for name in ("prompt_tokens", "num_prompt_tokens", "prompt_tokens_total"):
-        if hasattr(stats, name):
-            return getattr(stats, name)
-    return 0
-
-
-def _generation_tokens(stats: Any) -> int:
-    for name in ("generation_tokens", "num_generation_tokens", "generation_tokens_total"):
-        if hasattr(stats, name):
-            return getattr(stats, name)
-    return 0
 
 
 class InstanceMetrics:
@@ -199,6 +179,15 @@ class InstanceMetrics:
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         )
+        # vLLM counts a request's whole prompt (cached part included) at its first token.
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS,
+            registry=self.registry,
+        ).labels(*lv)  # fmt: skip
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS,
+            registry=self.registry,
+        ).labels(*lv)  # fmt: skip
         success = Counter(
             "vllm:request_success",
             "Count of successfully processed requests.",
@@ -208,11 +197,14 @@ class InstanceMetrics:
         self.success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
         self.registry.register(_EngineStateCollector(lv, stats_fn, cache_info, time_scale_fn))
 
-    def observe_first_token(self, ttft: float) -> None:
+    def observe_first_token(self, ttft: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.generation_tokens.inc()
 
     def observe_decode(self, interval: float, num_tokens: int) -> None:
         """``num_tokens`` tokens produced evenly over ``interval`` simulated seconds."""
+        self.generation_tokens.inc(num_tokens)
         per_token = interval / num_tokens
         for _ in range(num_tokens):
             self.itl.observe(per_token)

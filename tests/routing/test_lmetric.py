@@ -1,0 +1,77 @@
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router_worker.routing import make_policy
+
+from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
+
+
+def test_minimum_product_of_p_token_and_batch_size():
+    state = cluster(2)
+    add_pending(state, "i0", 1000)
+    add_decoding(state, "i0", 2)  # P0 = 1000 + 100 (+2 one-token prompts done) ; BS0 = 2
+    add_decoding(state, "i1", 5)  # P1 = 100, BS1 = 5
+    decision = make_policy("lmetric").decide(features(tokens(0, 100)), state.view(), 0.0)
+    assert decision.instance_id == "i1"
+    assert decision.score_table() == {"i0": 1100 * 2, "i1": 100 * 5}
+
+
+def test_cache_hit_lowers_p_token():
+    state = cluster(2)
+    prompt = tokens(0, 1024)
+    warm(state, "i0", prompt)
+    add_decoding(state, "i0", 4)
+    add_decoding(state, "i1", 2)
+    decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
+    assert decision.instance_id == "i0"  # 1 × 4 beats 1024 × 2
+    assert decision.cached_tokens == 1023
+
+
+def test_idle_instances_tie_on_zero_and_lower_p_token_wins():
+    state = cluster(3)
+    prompt = tokens(0, 320)
+    warm(state, "i2", prompt[:160])
+    add_pending(state, "i0", 50)
+    for seed in range(10):
+        decision = make_policy("lmetric", seed=seed).decide(features(prompt), state.view(), 0.0)
+        assert decision.score_table() == {"i0": 0, "i1": 0, "i2": 0}
+        assert decision.instance_id == "i2"  # P-token 160 vs 320 (i1) and 370 (i0)
+
+
+class StubView:
+    """The slice of ClusterView LMetric reads, with chosen indicator values."""
+
+    def __init__(self, p_tokens, batch):
+        self._p = np.asarray(p_tokens, dtype=float)
+        self.batch_size = np.asarray(batch, dtype=float)
+        self.size = len(self._p)
+        self.ids = tuple(f"i{k}" for k in range(self.size))
+        self.eligible = np.ones(self.size, dtype=bool)
+
+    def p_tokens(self, _request):
+        return self._p
+
+    def cached_blocks(self, _request):
+        return np.zeros(self.size, dtype=int)
+
+    def cached_tokens(self, _request):
+        return np.zeros(self.size, dtype=int)
+
+
+indicators = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 64)), min_size=1,
+                      max_size=12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(indicators, st.sampled_from([0.001, 0.5, 3.0, 1000.0]),
+       st.sampled_from([0.01, 1.0, 7.0, 64.0]), st.integers(0, 2**16))
+def test_choice_is_invariant_under_positive_scaling_of_either_indicator(
+    values, p_scale, bs_scale, seed
+):
+    p_tokens, batch = zip(*values, strict=True)
+    request = features(tokens(0, 16))
+    base = make_policy("lmetric", seed=seed).decide(request, StubView(p_tokens, batch), 0.0)
+    scaled_view = StubView(np.array(p_tokens) * p_scale, np.array(batch) * bs_scale)
+    scaled = make_policy("lmetric", seed=seed).decide(request, scaled_view, 0.0)
+    assert scaled.instance_id == base.instance_id

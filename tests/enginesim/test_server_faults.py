@@ -1,0 +1,132 @@
+"""Fault knobs and client disconnects (instance 3 of the shared server)."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import msgpack
+import openai
+import pytest
+import zmq
+
+from tests.enginesim.test_server_metrics import scrape, value
+
+MODEL = "Qwen/Qwen2-7B-Instruct"
+INSTANCE = 3
+LONG = {"model": MODEL, "prompt": "fault drill", "max_tokens": 20000, "stream": True}
+
+
+@pytest.fixture
+def url(sim):
+    yield sim.url(INSTANCE)
+    httpx.post(sim.admin_url + "/admin/fault", json={"instance": INSTANCE, "mode": "recover"})
+
+
+def set_fault(url: str, **body) -> dict:
+    reply = httpx.post(url + "/admin/fault", json=body)
+    reply.raise_for_status()
+    return reply.json()
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail("condition not reached")
+        time.sleep(0.05)
+
+
+def test_error5xx_answers_openai_errors_until_recovered(url):
+    set_fault(url, mode="error5xx")
+    reply = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1})
+    assert reply.status_code == 500
+    assert reply.json()["error"]["type"] == "InternalServerError"
+    assert httpx.get(url + "/health").status_code == 500
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        client.completions.create(model=MODEL, prompt="x", max_tokens=1)
+    assert set_fault(url, mode="recover")["mode"] == "none"
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_hang_accepts_but_never_answers(url):
+    set_fault(url, mode="hang")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.get(url + "/health", timeout=0.5)
+    set_fault(url, mode="recover")
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_drop_midstream_cuts_the_stream_and_aborts_the_request(url):
+    before = scrape(url)
+    set_fault(url, mode="drop_midstream", after_chunks=3)
+    events = []
+    with (
+        pytest.raises(httpx.RemoteProtocolError),
+        httpx.stream("POST", url + "/v1/completions", json=LONG) as reply,
+    ):
+        events.extend(line for line in reply.iter_lines() if line)
+    assert 0 < len(events) <= 3 and "data: [DONE]" not in events
+    with pytest.raises(httpx.RemoteProtocolError):
+        httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    after = scrape(url)
+    aborts = value(after, "vllm:request_success_total", finished_reason="abort") - value(
+        before, "vllm:request_success_total", finished_reason="abort"
+    )
+    assert aborts == 1  # the non-streamed one had finished before its body was cut
+
+
+def test_slow_stretches_simulated_time(url, sim):
+    set_fault(url, mode="slow", factor=4)
+    scale = scrape(url)[("enginesim:time_scale", ())]
+    assert scale == pytest.approx(0.05 * 4)
+    body = {"model": MODEL, "prompt": "slow", "max_tokens": 3}
+    assert httpx.post(url + "/v1/completions", json=body).json()["usage"]["completion_tokens"] == 3
+    set_fault(url, mode="recover")
+    assert scrape(url)[("enginesim:time_scale", ())] == 0.05
+
+
+def test_client_disconnect_aborts_the_engine_request(url):
+    before = scrape(url)
+    with httpx.stream("POST", url + "/v1/completions", json=LONG) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                break
+
+    def aborted() -> bool:
+        now = scrape(url)
+        return (
+            value(now, "vllm:request_success_total", finished_reason="abort")
+            - value(before, "vllm:request_success_total", finished_reason="abort")
+        ) == 1 and value(now, "vllm:num_requests_running") == 0
+
+    wait_for(aborted)
+
+
+def test_kill_closes_the_port_and_recover_restarts_with_empty_cache(url, sim):
+    admin = sim.admin_url + "/admin/fault"
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(sim.kv_endpoint(INSTANCE))
+    with (
+        pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)),
+        httpx.stream("POST", url + "/v1/completions", json=LONG) as reply,
+    ):
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                httpx.post(admin, json={"instance": INSTANCE, "mode": "kill"})
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health")
+    listing = httpx.get(sim.admin_url + "/admin/instances").json()
+    assert listing[INSTANCE]["fault"]["mode"] == "kill"
+
+    httpx.post(admin, json={"instance": INSTANCE, "mode": "recover"}).raise_for_status()
+    assert httpx.get(url + "/health").status_code == 200
+    cleared = False
+    while not cleared:
+        _, _, payload = sub.recv_multipart()
+        cleared = {"type": "AllBlocksCleared"} in msgpack.unpackb(payload)[1]
+    sub.close()
+    assert value(scrape(url), "vllm:request_success_total", finished_reason="length") == 0

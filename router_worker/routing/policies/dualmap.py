@@ -8,8 +8,10 @@ Hash key — prefix hotness tree
     seconds. With ``n`` healthy instances, a node is *hot* when its traffic
     share ρ exceeds 2/n: it expands, and requests through it take the next,
     twice-as-long key. An expanded node whose ρ falls below 1/n is *cold* and
-    collapses (the hysteresis between 1/n and 2/n stops flapping). The key is
-    the deepest node reached. A prompt shorter than one block has no prefix
+    collapses (the hysteresis between 1/n and 2/n stops flapping). Shares are
+    only judged once the window holds at least n requests: below that no node
+    can overload an instance, and a lone request would otherwise always look
+    hot (ρ = 1). The key is the deepest node reached. A prompt shorter than one block has no prefix
     worth keeping together and is keyed by its request id.
 
 Candidates — two consistent-hash rings
@@ -122,16 +124,20 @@ class PrefixHotnessTree:
             node = self.nodes.setdefault(node_key, _Node())
             node.count += 1
             path.append(node_key)
-            share = node.count / total
-            if share > 2 / instances:
-                node.expanded = True
-            elif share < 1 / instances:
-                node.expanded = False
+            if total >= instances:
+                self._judge(node, node.count / total, instances)
             if not node.expanded or depth >= len(blocks):
                 break
             depth = min(2 * depth, len(blocks))
         self._window.append((now, tuple(path)))
         return path[-1], depth
+
+    @staticmethod
+    def _judge(node: _Node, share: float, instances: int) -> None:
+        if share > 2 / instances:
+            node.expanded = True
+        elif share < 1 / instances:
+            node.expanded = False
 
     def _expire(self, now: float) -> None:
         horizon = now - self.window_s

@@ -1,0 +1,94 @@
+import numpy as np
+
+from router_worker.routing import ClusterState, GlobalTier, make_policy
+
+from .helpers import add_pending, cluster, features, tokens, warm
+
+HISTORY = tokens(0, 2048)  # a session's earlier turns
+
+
+def follow_up(**kwargs):
+    return features(np.concatenate([HISTORY, tokens(50_000, 64)]), **kwargs)
+
+
+def test_first_turns_go_least_loaded_and_spread_evenly():
+    state = cluster(4)
+    policy = make_policy("smetric", seed=1)
+    warm(state, "i0", tokens(0, 512))  # a cache hit must not attract a first turn
+    counts = dict.fromkeys(state.ids, 0)
+    for k in range(40):
+        request = features(tokens(0, 512) if k == 0 else tokens(10_000 * k, 512), turn_index=0)
+        decision = policy.decide(request, state.view(), float(k))
+        assert decision.reason == "first_turn_balance"
+        state.on_dispatch(request, decision.instance_id, float(k))
+        counts[decision.instance_id] += 1
+    assert set(counts.values()) == {10}
+
+
+def test_follow_up_sticks_to_the_highest_local_hit_within_slo():
+    state = cluster(3, tps=10_000)
+    warm(state, "i2", HISTORY)
+    add_pending(state, "i2", 5_000)  # busiest, but 0.5 s + 0.007 s ≤ 2 s SLO
+    decision = make_policy("smetric").decide(follow_up(turn_index=3), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i2", "session_stick")
+    assert decision.details["turn_basis"] == "turn_index"
+
+
+def test_follow_up_migrates_when_the_slo_would_break():
+    state = cluster(3, tps=10_000)
+    warm(state, "i2", HISTORY)
+    add_pending(state, "i2", 30_000)  # 3 s of queued prefill > 2 s SLO
+    add_pending(state, "i0", 1_000)
+    decision = make_policy("smetric").decide(follow_up(turn_index=1), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i1", "session_migrate")
+    assert decision.details["stick_candidate"] == "i2"
+    assert decision.details["stick_ttft_s"] > 2.0
+
+
+def test_global_tier_hits_are_cheaper_than_recompute():
+    def decide(with_tier):
+        tier = GlobalTier() if with_tier else None
+        state = ClusterState(default_prefill_tps=1_000, global_tier=tier)
+        for iid in ("i0", "i1"):
+            state.add_instance(iid)
+        warm(state, "i0", HISTORY[:256])
+        if tier is not None:
+            tier.insert(features(HISTORY).block_hashes)
+        policy = make_policy("smetric", {"slo_ttft_s": 1.0, "tier_token_cost": 0.1})
+        return policy.decide(follow_up(turn_index=1), state.view(), 0.0)
+
+    # recompute: (2112 − 256) tokens / 1000 tok/s = 1.86 s > SLO; with the tier
+    # 1792 tokens load at 0.1: (1856 − 1792·0.9) / 1000 = 0.24 s ≤ SLO
+    assert decide(with_tier=False).reason == "session_migrate"
+    stick = decide(with_tier=True)
+    assert (stick.instance_id, stick.reason) == ("i0", "session_stick")
+
+
+def test_without_turn_or_session_a_strong_local_hit_marks_a_follow_up():
+    state = cluster(3)
+    warm(state, "i1", HISTORY)
+    add_pending(state, "i1", 2_000)
+    policy = make_policy("smetric")
+    strong = policy.decide(follow_up(), state.view(), 0.0)
+    assert (strong.instance_id, strong.reason) == ("i1", "session_stick")
+    assert strong.details["turn_basis"] == "local_hit"
+    weak = policy.decide(features(np.concatenate([HISTORY[:256], tokens(70_000, 2048)])),
+                         state.view(), 0.0)
+    assert weak.reason == "first_turn_balance" and weak.instance_id != "i1"
+
+
+def test_session_key_without_turn_uses_the_session_table():
+    state = cluster(3)
+    policy = make_policy("smetric", seed=4)
+    first = policy.decide(features(HISTORY, session_key="s1"), state.view(), 0.0)
+    assert first.reason == "first_turn_balance"
+    state.on_dispatch(features(HISTORY), first.instance_id, 0.0)
+    second = policy.decide(follow_up(session_key="s1"), state.view(), 1.0)
+    assert (second.reason, second.instance_id) == ("session_stick", first.instance_id)
+
+
+def test_follow_up_whose_cache_is_gone_goes_least_loaded():
+    state = cluster(2)
+    add_pending(state, "i0", 100)
+    decision = make_policy("smetric").decide(follow_up(turn_index=2), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i1", "followup_no_hit")

@@ -37,6 +37,10 @@ class InstanceSpec(_Strict):
     kv_events: str | None = Field(
         default=None, description="ZMQ endpoint of the engine's KV events publisher, if any."
     )
+    kv_replay: str | None = Field(
+        default=None,
+        description="ZMQ endpoint of the engine's KV events replay socket (gap recovery).",
+    )
 
     @field_validator("name")
     @classmethod
@@ -101,6 +105,33 @@ class CanarySpec(_Strict):
         return self
 
 
+class RouterSettings(_Strict):
+    """Router-process knobs that travel with the configuration (all optional)."""
+
+    scrape_interval_s: float = Field(default=1.0, gt=0, le=60)
+    health_interval_s: float = Field(default=1.0, gt=0, le=60)
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
+    first_byte_timeout_s: float = Field(
+        default=120.0, gt=0, le=3600, description="Upstream silence before a retry."
+    )
+    max_attempts: int = Field(default=3, ge=1, le=10, description="Upstream tries per request.")
+    max_concurrency: int = Field(default=1024, ge=1, le=100_000)
+    max_queue: int = Field(default=1024, ge=0, le=100_000)
+    queue_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    breaker_failures: int = Field(
+        default=3, ge=1, le=100, description="Consecutive failures that open the circuit."
+    )
+    breaker_open_s: float = Field(
+        default=2.0, gt=0, le=600, description="Time an open circuit waits before a probe."
+    )
+    tokenizer_path: str | None = Field(
+        default=None, description="Local tokenizer.json (HF tokenizers) for exact tokenization."
+    )
+    chat_template: Literal["chatml", "plain"] = "chatml"
+    kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
+
+
 class RouterConfig(_Strict):
     version: int = Field(default=0, ge=0)
     cluster: str = "default"
@@ -111,6 +142,7 @@ class RouterConfig(_Strict):
     instances: list[InstanceSpec] = Field(min_length=1)
     policy: PolicySpec
     canary: CanarySpec | None = None
+    router: RouterSettings = Field(default_factory=RouterSettings)
 
     @model_validator(mode="after")
     def _names_resolve(self) -> RouterConfig:

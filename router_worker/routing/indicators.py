@@ -87,8 +87,8 @@ class InstanceState:
     last_scrape: float | None
 
 
-_ARRAYS = ("pending", "batch", "in_flight", "context", "running", "waiting", "kv_usage",
-           "tps", "last_scrape")
+_ARRAYS = ("pending", "batch", "in_flight", "context", "decode_blocks", "running", "waiting",
+           "kv_usage", "tps", "last_scrape")
 
 
 class ClusterState:
@@ -204,6 +204,7 @@ class ClusterState:
         self.pending[slot] -= record.uncached_tokens
         self.batch[slot] += 1
         self.context[slot] += record.prompt_tokens
+        self.decode_blocks[slot] += self._blocks_of(record.prompt_tokens)
         self._update_prefill_tps(slot, record.work_ahead, now - record.dispatch_time)
 
     def on_finish(self, request_id: str, now: float) -> None:
@@ -215,6 +216,7 @@ class ClusterState:
         if record.started:
             self.batch[slot] -= 1
             self.context[slot] -= record.prompt_tokens
+            self.decode_blocks[slot] -= self._blocks_of(record.prompt_tokens)
         else:
             self.pending[slot] -= record.uncached_tokens
         self.in_flight[slot] -= 1
@@ -286,6 +288,9 @@ class ClusterState:
             last_scrape=_optional(self.last_scrape[slot]),
         )
 
+    def _blocks_of(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
     def _record(self, request_id: str) -> _InFlight:
         try:
             return self._requests[request_id]
@@ -320,6 +325,7 @@ class ClusterView:
     """What a policy sees: read-only arrays indexed by slot, plus KV lookups.
 
     Arrays: ``pending_prefill``, ``in_flight``, ``decode_context_tokens``,
+    ``decode_blocks`` (Σ per decoding request of its prompt blocks),
     ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
     ``batch_size`` is computed per call (scrape correction). ``eligible`` is
     a fresh bool mask of healthy slots. ``ids[slot]`` is the instance id.
@@ -332,6 +338,7 @@ class ClusterView:
         self.pending_prefill = _readonly(state.pending)
         self.in_flight = _readonly(state.in_flight)
         self.decode_context_tokens = _readonly(state.context)
+        self.decode_blocks = _readonly(state.decode_blocks)
         self.prefill_tps = _readonly(state.tps)
         self.kv_usage = _readonly(state.kv_usage)
         self.health = _readonly(state.health)

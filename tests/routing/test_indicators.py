@@ -133,5 +133,5 @@ def test_state_returns_to_zero_after_every_request_ends(requests, rnd):
         getattr(state, f"on_{ending}")(request_id, 2.0)
     view = state.view()
     for array in (view.pending_prefill, view.batch_size, view.in_flight,
-                  view.decode_context_tokens):
+                  view.decode_context_tokens, view.decode_blocks):
         assert array.tolist() == [0, 0, 0]

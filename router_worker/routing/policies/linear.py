@@ -9,7 +9,7 @@ Two variants:
   for API traffic; 0.7 is the default.
 * ``dynamo`` (NVIDIA Dynamo's KV router cost): ``prefill_weight · prefill_blocks + decode_blocks``
   with ``prefill_blocks = ceil(P-token / block_size)`` and ``decode_blocks`` =
-  context blocks of the requests decoding on the instance. Dynamo's default
+  prompt blocks of the requests decoding on the instance, each rounded up. Dynamo's default
   weight is 1.0.
 
 Ties: lower P-token, then lower BS, then seeded random.
@@ -66,8 +66,7 @@ class LinearPolicy(Policy):
     def _dynamo(self, view: ClusterView, p_tokens: np.ndarray) -> np.ndarray:
         block = view.block_size
         prefill_blocks = np.ceil(p_tokens / block)
-        decode_blocks = np.ceil(view.decode_context_tokens / block)
-        return self.params.prefill_weight * prefill_blocks + decode_blocks
+        return self.params.prefill_weight * prefill_blocks + view.decode_blocks
 
 
 def _norm(values: np.ndarray, allowed: np.ndarray) -> float:

@@ -1,0 +1,41 @@
+"""OpenAI/vLLM-shaped error bodies: ``{"error": {"message", "type", "param", "code"}}``."""
+
+from __future__ import annotations
+
+import json
+
+_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    413: "RequestTooLargeError",
+    429: "RateLimitError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+    504: "GatewayTimeoutError",
+}
+
+
+class APIError(Exception):
+    """An error answered to the client with ``status`` and the OpenAI error body."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+
+def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:
+    error_type = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
+    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
+
+
+def error_bytes(status: int, message: str, param: str | None = None) -> bytes:
+    return json.dumps(error_dict(status, message, param)).encode()
+
+
+def sse_error_event(status: int, message: str) -> bytes:
+    """The final events of a stream that failed midway (vLLM streams errors this way)."""
+    return b"data: " + error_bytes(status, message) + b"\n\ndata: [DONE]\n\n"

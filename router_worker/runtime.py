@@ -1,0 +1,120 @@
+"""One applied configuration version: arms, their policies and restricted views.
+
+The router keeps a single :class:`ClusterState` for the whole life of the process (so
+the KV shadow index and in-flight accounting survive config changes) and builds a new
+immutable :class:`Runtime` per configuration version. A request takes the current
+runtime once, on arrival, and uses it to the end: swapping the reference *is* the
+atomic apply, and in-flight requests finish on the version they started with.
+
+A canary arm's policy sees the shared state through an :class:`ArmView`, a
+``ClusterView`` whose ``eligible`` mask is restricted to the arm's instances. Without
+a canary there is one arm, ``default``, over every instance.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from router_worker.arms import pick_arm
+from router_worker.config import PolicySpec, RouterConfig
+from router_worker.routing import ClusterState, ClusterView, Health, Policy, make_policy
+from router_worker.tokenization import Tokenizer
+
+DEFAULT_ARM = "default"
+
+
+class ArmView(ClusterView):
+    """The shared cluster view with eligibility restricted to one arm's slots."""
+
+    def __init__(self, state: ClusterState, members: np.ndarray) -> None:
+        super().__init__(state)
+        self.members = members
+
+    @property
+    def eligible(self) -> np.ndarray:
+        return (self.health == Health.HEALTHY) & self.members
+
+
+@dataclass
+class Arm:
+    name: str
+    spec: PolicySpec
+    policy: Policy
+    instances: tuple[str, ...]
+    weight: float
+    view: ArmView
+
+    @property
+    def policy_kind(self) -> str:
+        return self.spec.kind
+
+
+@dataclass
+class Runtime:
+    config: RouterConfig
+    arms: tuple[Arm, ...]
+    cumulative_weights: tuple[float, ...]
+    urls: dict[str, str]
+    tokenizer: Tokenizer
+    random_arms: bool = False
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def version(self) -> int:
+        return self.config.version
+
+    def arm_for(self, session_key: str | None) -> Arm:
+        key = None if self.random_arms else session_key
+        return self.arms[pick_arm(self.cumulative_weights, key, self.rng)]
+
+    def arm_of_instance(self) -> dict[str, str]:
+        return {name: arm.name for arm in self.arms for name in arm.instances}
+
+    def rebuild_views(self, state: ClusterState) -> None:
+        """Slots were added to the state: views must be rebuilt over the new arrays."""
+        for arm in self.arms:
+            arm.view = ArmView(state, _members(state, arm.instances))
+
+
+def _members(state: ClusterState, names: Sequence[str]) -> np.ndarray:
+    mask = np.zeros(len(state.ids), dtype=bool)
+    for name in names:
+        mask[state.slot_of(name)] = True
+    return mask
+
+
+def _arm_specs(config: RouterConfig) -> list[tuple[str, PolicySpec, tuple[str, ...], float]]:
+    if config.canary is None:
+        names = tuple(i.name for i in config.instances)
+        return [(DEFAULT_ARM, config.policy, names, 100.0)]
+    return [(a.name, a.policy, tuple(a.instances), a.weight) for a in config.canary.arms]
+
+
+def build_runtime(config: RouterConfig, state: ClusterState, tokenizer: Tokenizer,
+                  previous: Runtime | None) -> Runtime:
+    """Arms for ``config`` over ``state`` (instances must already be in the state).
+
+    A policy object is kept from ``previous`` when its arm has the same name, policy spec
+    and instances, so its windows (hotspot detector, session table) survive unrelated
+    changes.
+    """
+    old = {arm.name: arm for arm in previous.arms} if previous else {}
+    arms = []
+    cumulative, total = [], 0.0
+    for name, spec, instances, weight in _arm_specs(config):
+        kept = old.get(name)
+        if kept is not None and kept.spec == spec and kept.instances == instances:
+            policy = kept.policy
+        else:
+            policy = make_policy(spec.kind, spec.params, spec.seed)
+        view = ArmView(state, _members(state, instances))
+        arms.append(Arm(name, spec, policy, instances, weight, view))
+        total += weight
+        cumulative.append(total)
+    urls = {i.name: i.url for i in config.instances}
+    random_arms = config.canary is not None and config.canary.assignment_key == "random"
+    return Runtime(config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms)

@@ -1,0 +1,127 @@
+"""Prompt → token ids, in three tiers (DESIGN.md §3), plus the chat template.
+
+1. ``ids``: a completions ``prompt`` given as token ids is used as it is.
+2. ``exact``: a local HF ``tokenizer.json`` (``tokenizers`` package) configured with
+   ``router.tokenizer_path``; chat messages are rendered with the configured template first.
+3. ``approx``: a deterministic chunker. The UTF-8 bytes of the text are cut into
+   4-byte chunks and each chunk read as one little-endian uint32 "token" (the last
+   chunk zero-padded). **Ratio: 4 bytes per token**, i.e. about 4 characters of
+   English text, close to what BPE tokenizers give (≈ 4 chars/token). Two texts
+   sharing a prefix share the token ids of that prefix (up to the last full chunk),
+   which is all prefix-aware routing needs; token counts are estimates. It costs a
+   few µs for a long prompt (one ``numpy.frombuffer``).
+
+Chat templates: ``chatml`` renders ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
+message and ends with ``<|im_start|>assistant\\n`` (Qwen's template); ``plain`` joins
+``{role}: {content}\\n``. Both are prefix-stable across turns: turn N+1 starts with turn
+N's prompt followed by turn N's answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+BYTES_PER_TOKEN = 4
+Tier = Literal["ids", "exact", "approx"]
+
+
+class PromptError(ValueError):
+    """The prompt or messages have the wrong shape; ``param`` names the field."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise PromptError("content parts must be objects", "messages")
+            if part.get("type") == "text":
+                parts.append(str(part.get("text", "")))
+        return "".join(parts)
+    raise PromptError("message content must be a string or a list of parts", "messages")
+
+
+def render_chat(messages: Sequence[Any], template: str = "chatml") -> str:
+    """The prompt text of a list of chat messages under ``template``."""
+    out = []
+    for message in messages:
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise PromptError("each message must be an object with a string role", "messages")
+        text = content_text(message.get("content"))
+        if template == "chatml":
+            out.append(f"<|im_start|>{message['role']}\n{text}<|im_end|>\n")
+        else:
+            out.append(f"{message['role']}: {text}\n")
+    out.append("<|im_start|>assistant\n" if template == "chatml" else "assistant: ")
+    return "".join(out)
+
+
+def approx_token_ids(text: str) -> np.ndarray:
+    """Tier 3: 4-byte chunks of the UTF-8 text as uint32 ids (see module docstring)."""
+    data = text.encode("utf-8", "surrogatepass")
+    pad = -len(data) % BYTES_PER_TOKEN
+    if pad:
+        data += b"\0" * pad
+    return np.frombuffer(data, dtype="<u4")
+
+
+class Tokenizer:
+    """Chooses the tier and produces token ids for completions prompts and chat messages."""
+
+    def __init__(self, tokenizer_path: str | None = None, chat_template: str = "chatml") -> None:
+        self.chat_template = chat_template
+        self._exact = None
+        if tokenizer_path:
+            from tokenizers import Tokenizer as HFTokenizer
+
+            self._exact = HFTokenizer.from_file(tokenizer_path)
+
+    @property
+    def text_tier(self) -> Tier:
+        return "exact" if self._exact is not None else "approx"
+
+    def encode_text(self, text: str) -> tuple[Any, Tier]:
+        if self._exact is not None:
+            ids = self._exact.encode(text, add_special_tokens=False).ids
+            return np.asarray(ids, dtype=np.uint64), "exact"
+        return approx_token_ids(text), "approx"
+
+    def encode_chat(self, messages: Sequence[Any]) -> tuple[Any, Tier]:
+        return self.encode_text(render_chat(messages, self.chat_template))
+
+    def encode_prompt(self, prompt: Any) -> tuple[Any, Tier]:
+        """A completions ``prompt``: text, token ids, or a batch (routed by its first item)."""
+        if isinstance(prompt, str):
+            return self.encode_text(prompt)
+        if isinstance(prompt, list) and prompt:
+            first = prompt[0]
+            if _is_int(first):
+                return _token_ids(prompt), "ids"
+            if isinstance(first, str) and all(isinstance(p, str) for p in prompt):
+                return self.encode_text(first)
+            if isinstance(first, list) and all(isinstance(p, list) for p in prompt):
+                return _token_ids(first), "ids"
+        raise PromptError(
+            "prompt must be a string, a list of strings, or a list of token ids", "prompt"
+        )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids(values: list[Any]) -> np.ndarray:
+    if not values or not all(_is_int(v) and v >= 0 for v in values):
+        raise PromptError("token ids must be non-negative integers", "prompt")
+    return np.asarray(values, dtype=np.uint64)

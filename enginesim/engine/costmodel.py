@@ -8,6 +8,9 @@ FLOPs = 2 * active non-embedding params * scheduled tokens      (GEMMs)
       + 4 * layers * q_heads * head_dim * attention pairs        (QK^T and PV)
 bytes = weights (dense: all; MoE: attention/router + the experts the batch touches + LM head)
       + KV bytes/token * (context tokens read + scheduled tokens written)
+Attention FLOPs run at the bf16 peak even for fp8 checkpoints; expert-weight reads are
+additionally divided by eta_moe (vLLM's fused-MoE kernels fall short of the HBM roofline
+at small batches).
 
 MoE routing is assumed uniform: a step with T tokens touches E * (1 - (1 - k/E)^T)
 experts per layer, so weight traffic grows with the batch until all experts are read.
@@ -38,6 +41,7 @@ class Calibration:
     eta_memory: float
     t_fixed: float  # s per step (launch, scheduling, sampling)
     t_per_seq: float = 0.0  # s per scheduled sequence per step
+    eta_moe: float = 1.0  # extra efficiency factor of expert-weight reads (fused-MoE kernels)
     api_overhead: float = 0.0  # s of HTTP/tokenisation latency on TTFT; not part of a step
     era: str = "v1"
 
@@ -105,6 +109,7 @@ class CostModel:
         self._expert_layer_bytes = bpp * m.num_layers * m.expert_params
         cal = self.calibration
         self._compute_rate = self.gpu.peak_flops(dtype) * cal.eta_compute
+        self._attention_rate = self.gpu.bf16_flops * cal.eta_compute
         self._memory_rate = self.gpu.hbm_bandwidth * cal.eta_memory
 
     def weight_bytes(self, num_tokens: float | np.ndarray) -> float | np.ndarray:
@@ -117,15 +122,19 @@ class CostModel:
         return self._dense_weight_bytes + self._expert_layer_bytes * touched
 
     def cost(self, batch: StepBatch) -> StepCost:
-        flops = (self._flops_per_token * np.asarray(batch.num_tokens, float)
-                 + self._flops_per_sample * np.asarray(batch.num_sampled, float)
-                 + self._flops_per_pair * np.asarray(batch.attention_pairs, float))
+        gemm_flops = (self._flops_per_token * np.asarray(batch.num_tokens, float)
+                      + self._flops_per_sample * np.asarray(batch.num_sampled, float))
+        attention_flops = self._flops_per_pair * np.asarray(batch.attention_pairs, float)
+        flops = gemm_flops + attention_flops
         weights = self.weight_bytes(batch.num_tokens)
         kv = self._kv_bytes * (np.asarray(batch.context_tokens, float)
                                + np.asarray(batch.num_tokens, float))
         nbytes = weights + kv
-        compute_time = flops / self._compute_rate
-        memory_time = nbytes / self._memory_rate
+        # attention runs in bf16 even when the GEMMs run in fp8
+        compute_time = gemm_flops / self._compute_rate + attention_flops / self._attention_rate
+        expert_bytes = weights - self._dense_weight_bytes
+        moe_penalty = expert_bytes * (1.0 / self.calibration.eta_moe - 1.0)
+        memory_time = (nbytes + moe_penalty) / self._memory_rate
         cal = self.calibration
         time = (cal.t_fixed + cal.t_per_seq * np.asarray(batch.num_seqs, float)
                 + np.maximum(compute_time, memory_time) + batch.transfer_time)

@@ -1,0 +1,425 @@
+"""Fit the cost model's efficiencies and fixed costs to public vLLM measurements.
+
+    python -m enginesim.engine.calibrate [--csv PATH] [--holdout PATH] [--write]
+
+Each CSV row becomes a calibration point of one kind, predicted from the cost model:
+
+- ``decode``: a median inter-token latency (or the TPOT at concurrency 1) = one decode
+  step of ``concurrency`` requests at context ``input + output / 2``.
+- ``ttft1``: the TTFT at concurrency 1 = chunked prefill of the prompt + ``api_overhead``.
+- ``speed1``: batch-1 offline speed (Qwen's speed benchmark) = tokens / (prefill + 2047
+  decode steps over the growing context).
+- ``e2e``: an offline batch's end-to-end latency (vLLM CI latency test).
+- ``loop_tpot``: closed-loop runs at concurrency c, replayed through the
+  engine core itself; the row's statistic (p50, p95, mean) of the simulated requests.
+- ``saturation``: all prompts sent at once = total tok/s of the engine core itself.
+The simulated kinds test the core and the cost model together; they are never fitted.
+
+Roles: ``fit`` rows determine the constants (least squares on log errors); ``holdout``
+rows are other sources, GPUs and models, kept out of the fit to measure how it
+generalises; ``cross-check`` rows are not vLLM (SGLang on H20); ``unused`` rows say why.
+The calibration README sets aside a validation part of the measurements that is not in
+this CSV; pass it with ``--holdout`` to score it the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from enginesim.engine.config import EngineConfig
+from enginesim.engine.costmodel import CALIBRATION_FILE, Calibration, CostModel, StepBatch
+
+DEFAULT_CSV = Path("/work/shared/calibration/vllm_public_measurements.csv")
+REPORT_FILE = CALIBRATION_FILE.with_name("calibration_report.txt")
+GPU_KEYS = {"H100": "h100", "A100": "a100", "H200": "h200", "H20": "h20", "L40S": "l40s"}
+SPEED_DECODE_TOKENS = 2048
+
+
+@dataclass(frozen=True)
+class Point:
+    row: int  # 0-based data row in the CSV
+    kind: str
+    role: str
+    observed: float
+    unit: str  # "ms" or "tok/s"
+    gpu: str
+    model: str
+    dtype: str
+    era: str
+    input_len: float
+    output_len: float
+    concurrency: int
+    source: str
+    quality: str
+    label: str
+    reason: str = ""
+    csv_name: str = ""
+    stat: str = "median"
+
+
+# ----------------------------------------------------------------- classification
+
+
+def _num(text: str) -> float | None:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return None
+
+
+def _era(version: str) -> str:
+    if version.startswith("main"):
+        return "v1"  # vLLM CI on main: the V1 engine
+    match = re.match(r"0\.(\d+)", version)
+    if match:
+        return "v1" if int(match.group(1)) >= 8 else "v0"
+    return "v0" if "not stated" in version else "v1"
+
+
+def _dtype(row: dict) -> str:
+    return "fp8" if row["dtype"].lower().startswith("fp8") else "bf16"
+
+
+def _unused(row: dict, reason: str) -> tuple[str, str, float, str, str]:
+    return ("-", "unused", math.nan, "", reason)
+
+
+def _classify(row: dict) -> tuple[str, str, float, str, str]:
+    """(kind, role, observed, unit, reason) of one CSV row."""
+    source = row["source"]
+    conc = _num(row["concurrency"])
+    in_len, out_len = _num(row["input_len"]), _num(row["output_len"])
+    if row["model_key"] == "Llama-3-70B" or row["tensor_parallel"] != "1":
+        return _unused(row, "70B / tensor parallel: not a modelled single-GPU setup")
+    if "sglang" in row["engine"]:
+        return ("speed1", "cross-check", float(row["throughput_total_tok_s"]), "tok/s",
+                "SGLang, not vLLM; README: decode ~3x below roofline, loose")
+    if "silybench" in source:
+        return _classify_silybench(row, conc, in_len, out_len)
+    if "speed_benchmark" in source:
+        return ("speed1", "fit", float(row["throughput_out_tok_s"]), "tok/s", "")
+    if "TechBroMoho" in source:
+        if conc == 1:
+            return ("decode", "holdout", float(row["tpot_ms"]), "ms", "TPOT p50 at c=1")
+        return ("loop_tpot", "holdout", float(row["tpot_ms"]), "ms", "TPOT p50, closed loop")
+    if "gpustack" in source:
+        return _classify_gpustack(row, conc, in_len, out_len)
+    if "tenstorrent" in source:
+        return ("decode", "fit", float(row["tpot_ms"]), "ms",
+                "MoE TPOT mean at c=1, the only in-file MoE rows (TTFT suspect: prefix hits)")
+    if "buildkite" in source and in_len == 32:
+        latency = re.search(r"latency mean ([\d.]+) ms", row["note"])
+        if latency and row["model_key"] == "Llama-3.1-8B":
+            return ("e2e", "holdout", float(latency.group(1)), "ms", "batch-8 latency test")
+    if "prompt_10/" in source:
+        return ("decode", "holdout", float(row["tpot_ms"]), "ms",
+                "median TPOT at c=10 (multi-step run: median only)")
+    return _unused(row, "ShareGPT saturation / multi-step / throughput-only: no step statistic")
+
+
+def _classify_silybench(row, conc, in_len, out_len):
+    kv_limited = (in_len == 2048 and conc >= 128) or (in_len == 8192 and conc >= 32
+                                                      and _dtype(row) == "bf16")
+    if kv_limited:
+        return _unused(row, "KV-capacity-limited (README): batch size unknown")
+    return ("decode", "fit", float(row["itl_ms"]), "ms", "ITL median")
+
+
+def _classify_gpustack(row, conc, in_len, out_len):
+    if in_len is None:
+        return _unused(row, "ShareGPT saturation without per-request lengths")
+    if conc is not None:  # the latency file, c = 1..8
+        if conc == 1:
+            return ("decode", "holdout", float(row["itl_ms"]), "ms", "ITL median, ShareGPT")
+        return ("loop_tpot", "holdout", float(row["tpot_ms"]), "ms",
+                "TPOT mean, ShareGPT mean lengths")
+    if row["dtype"].startswith("bf16"):
+        return ("saturation", "holdout", float(row["throughput_total_tok_s"]), "tok/s",
+                "all prompts at once; simulated with the engine core")
+    return _unused(row, "FP8 weight-only on A100 with ShareGPT lengths")
+
+
+def load_points(path: Path = DEFAULT_CSV) -> list[Point]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    points = []
+    for i, row in enumerate(rows):
+        kind, role, observed, unit, reason = _classify(row)
+        conc = _num(row["concurrency"]) or 1
+        points.append(Point(
+            row=i, kind=kind, role=role, observed=observed, unit=unit,
+            gpu=GPU_KEYS[row["gpu_family"]], model=row["model_key"].lower(), dtype=_dtype(row),
+            era=_era(row["vllm_version"]), input_len=_num(row["input_len"]) or 0.0,
+            output_len=_num(row["output_len"]) or 0.0, concurrency=int(conc),
+            source=row["source"].split(" (")[0], quality=row["quality"],
+            label=f"{row['gpu_family']} {row['model_key']} {_dtype(row)} "
+                  f"{row['input_len']}/{row['output_len']} c={row['concurrency'] or '-'}",
+            reason=reason, csv_name=Path(path).name, stat=_stat(row, kind)))
+    return points
+
+
+def _stat(row: dict, kind: str) -> str:
+    if kind == "loop_tpot":
+        return row["tpot_stat"]
+    return "median"
+
+
+# ----------------------------------------------------------------- predictions
+
+
+def _cost_model(p: Point, cals: dict[str, Calibration]) -> CostModel:
+    return CostModel(p.gpu, p.model, cals[p.era], dtype=p.dtype)
+
+
+def _budget(p: Point) -> int:
+    return EngineConfig.for_hardware(p.gpu, p.model, dtype=p.dtype).max_num_batched_tokens
+
+
+def _decode_ms(p: Point, cm: CostModel) -> float:
+    context = int(p.input_len + p.output_len / 2)
+    return 1e3 * cm.step_time(StepBatch.decode(p.concurrency, context))
+
+
+def _ttft_ms(p: Point, cm: CostModel) -> float:
+    chunk = _budget(p) if p.era == "v1" else None
+    return 1e3 * (cm.prefill_time(int(p.input_len), chunk) + cm.calibration.api_overhead)
+
+
+def _generation_time(cm: CostModel, prompt: int, output: int, chunk: int | None) -> float:
+    decode = cm.decode_step_times(1, prompt, output - 1).sum() if output > 1 else 0.0
+    return cm.prefill_time(prompt, chunk) + decode
+
+
+def _speed1(p: Point, cm: CostModel) -> float:
+    prompt = max(int(p.input_len), 1)
+    chunk = _budget(p) if p.era == "v1" else None
+    total = _generation_time(cm, prompt, SPEED_DECODE_TOKENS, chunk)
+    produced = SPEED_DECODE_TOKENS + (prompt if p.role == "cross-check" else 0)
+    return produced / total
+
+
+def _e2e_ms(p: Point, cm: CostModel) -> float:
+    batch, prompt, output = p.concurrency, int(p.input_len), int(p.output_len)
+    prefill = cm.step_time(StepBatch.from_requests([prompt] * batch, [0] * batch, batch))
+    decode = cm.decode_step_times(batch, batch * prompt, output - 1).sum()
+    return 1e3 * (prefill + decode)
+
+
+def _engine(p: Point, cm: CostModel):
+    from enginesim.engine.core import EngineCore  # the core is only needed by simulated kinds
+
+    config = EngineConfig.for_hardware(p.gpu, p.model, dtype=p.dtype,
+                                       calibration=cm.calibration)
+    return EngineCore(config)
+
+
+def _saturation(p: Point, cm: CostModel) -> float:
+    """Total tok/s of ``n`` random prompts sent at once (the row's prompt count, capped)."""
+    n = 100 if p.input_len > 10_000 else 400
+    engine = _engine(p, cm)
+    rng = np.random.default_rng(p.row)
+    for i in range(n):
+        engine.add_request(f"r{i}", rng.integers(0, 150_000, int(p.input_len)),
+                           int(p.output_len), now=0.0)
+    end = 0.0
+    while (t := engine.next_event_time()) is not None:
+        engine.advance_to(t)
+        end = t
+    return n * (p.input_len + p.output_len) / end
+
+
+def closed_loop(p: Point, cm: CostModel, num_requests: int) -> tuple[np.ndarray, np.ndarray]:
+    """(TTFT s, TPOT s) per request of a closed loop of ``p.concurrency`` clients."""
+    engine = _engine(p, cm)
+    rng = np.random.default_rng(p.row)
+    prompt, output = max(int(p.input_len), 1), max(int(p.output_len), 2)
+    started, ttft, tpot = 0, [], []
+
+    def start(now: float) -> None:
+        nonlocal started
+        engine.add_request(f"r{started}", rng.integers(0, 150_000, prompt), output, now)
+        started += 1
+
+    for _ in range(min(p.concurrency, num_requests)):
+        start(0.0)
+    while (t := engine.next_event_time()) is not None:
+        for out in engine.advance_to(t):
+            if out.finished:
+                ttft.append(out.first_token_time - out.arrival_time)
+                tpot.append((out.finish_time - out.first_token_time) / (output - 1))
+                if started < num_requests:
+                    start(out.finish_time)
+    return np.array(ttft), np.array(tpot)
+
+
+def _statistic(values: np.ndarray, stat: str) -> float:
+    if stat == "mean":
+        return float(values.mean())
+    return float(np.percentile(values, {"p95": 95, "p99": 99}.get(stat, 50)))
+
+
+def _loop_tpot_ms(p: Point, cm: CostModel) -> float:
+    _, tpot = closed_loop(p, cm, num_requests=max(4 * p.concurrency, 50))
+    return 1e3 * _statistic(tpot, p.stat)
+
+
+PREDICTORS: dict[str, Callable[[Point, CostModel], float]] = {
+    "decode": _decode_ms, "ttft1": _ttft_ms, "speed1": _speed1, "e2e": _e2e_ms,
+    "loop_tpot": _loop_tpot_ms, "saturation": _saturation,
+}
+
+
+def predict(p: Point, cals: dict[str, Calibration]) -> float:
+    return PREDICTORS[p.kind](p, _cost_model(p, cals))
+
+
+def ttft_points(points: list[Point], path: Path = DEFAULT_CSV) -> list[Point]:
+    """Extra ``ttft1`` points from the concurrency-1 rows that publish a TTFT."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    extra = []
+    for p in points:
+        row = rows[p.row]
+        if p.kind != "decode" or p.concurrency != 1 or not row["ttft_ms"]:
+            continue
+        if "tenstorrent" in row["source"]:
+            continue  # README: TTFTs below the compute floor (prefix-cache hits)
+        extra.append(replace(p, kind="ttft1", observed=float(row["ttft_ms"]),
+                             reason=f"TTFT {row['ttft_stat']} at c=1"))
+    return extra
+
+
+# ----------------------------------------------------------------- fitting
+
+PARAMS = ("eta_compute", "eta_memory", "t_fixed_v1", "t_fixed_v0", "t_per_seq",
+          "api_overhead", "eta_moe")
+START = (0.6, 0.8, 0.002, 0.004, 1e-5, 0.005, 0.8)
+LOWER = (0.1, 0.3, 0.0, 0.0, 0.0, 0.0, 0.1)
+UPPER = (1.0, 1.0, 0.01, 0.02, 1e-4, 0.05, 1.0)
+
+
+def calibrations_from(theta: np.ndarray) -> dict[str, Calibration]:
+    eta_c, eta_m, t_v1, t_v0, t_seq, api, eta_moe = (float(x) for x in theta)
+    shared = {"eta_compute": eta_c, "eta_memory": eta_m, "t_per_seq": t_seq, "eta_moe": eta_moe}
+    return {"v1": Calibration(t_fixed=t_v1, api_overhead=api, era="v1", **shared),
+            "v0": Calibration(t_fixed=t_v0, api_overhead=0.0, era="v0", **shared)}
+
+
+def fit(points: list[Point]) -> dict[str, Calibration]:
+    fit_points = [p for p in points if p.role == "fit"]
+
+    def residuals(theta: np.ndarray) -> np.ndarray:
+        cals = calibrations_from(theta)
+        return np.array([math.log(predict(p, cals) / p.observed) for p in fit_points])
+
+    result = least_squares(residuals, np.array(START), bounds=(LOWER, UPPER))
+    return calibrations_from(result.x)
+
+
+def write_calibration(cals: dict[str, Calibration], table: list[dict],
+                      path: Path = CALIBRATION_FILE) -> None:
+    fitted = [r for r in table if r["role"] == "fit"]
+    data = {
+        "comment": "Written by python -m enginesim.engine.calibrate --write; do not edit.",
+        "eras": {era: {"eta_compute": c.eta_compute, "eta_memory": c.eta_memory,
+                       "t_fixed": c.t_fixed, "t_per_seq": c.t_per_seq,
+                       "api_overhead": c.api_overhead, "eta_moe": c.eta_moe}
+                 for era, c in cals.items()},
+        "fit_rows": len(fitted),
+        "fit_median_abs_error_pct": _median_abs(fitted),
+        "holdout_median_abs_error_pct": _median_abs(
+            [r for r in table if r["role"] == "holdout"]),
+    }
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+# ----------------------------------------------------------------- reporting
+
+
+def _median_abs(rows: list[dict]) -> float | None:
+    errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
+    return round(float(np.median(errors)), 1) if errors else None
+
+
+def error_table(points: list[Point], cals: dict[str, Calibration]) -> list[dict]:
+    table = []
+    for p in points:
+        predicted = error = None
+        if p.role != "unused":
+            predicted = predict(p, cals)
+            error = 100.0 * (predicted / p.observed - 1.0)
+        table.append({"row": p.row, "role": p.role, "kind": p.kind, "label": p.label,
+                      "observed": p.observed, "predicted": predicted, "unit": p.unit,
+                      "error_pct": error, "quality": p.quality, "source": p.source,
+                      "note": p.reason, "csv": p.csv_name})
+    return table
+
+
+def format_table(table: list[dict]) -> str:
+    lines = [f"{'csv line':>4} {'role':<11} {'kind':<11} {'point':<44} {'observed':>10} "
+             f"{'model':>10} {'unit':<5} {'err%':>7} q  source / note"]
+    for r in table:
+        obs = "" if math.isnan(r["observed"]) else f"{r['observed']:.2f}"
+        pred = "" if r["predicted"] is None else f"{r['predicted']:.2f}"
+        err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}"
+        lines.append(f"{r['row'] + 2:>4} {r['role']:<11} {r['kind']:<11} {r['label'][:44]:<44} "
+                     f"{obs:>10} {pred:>10} {r['unit']:<5} {err:>7} {r['quality']}  "
+                     f"{r['source'][:40]}; {r['note']}")
+    return "\n".join(lines)
+
+
+def summary(table: list[dict]) -> str:
+    lines = []
+    for role in ("fit", "holdout", "cross-check"):
+        rows = [r for r in table if r["role"] == role]
+        errors = np.array([abs(r["error_pct"]) for r in rows])
+        if len(errors):
+            lines.append(f"{role:<11} n={len(rows):>3}  median |err| {np.median(errors):5.1f}%  "
+                         f"mean |err| {errors.mean():5.1f}%  max |err| {errors.max():5.1f}%")
+    return "\n".join(lines)
+
+
+def all_points(csv_path: Path, holdout_path: Path | None) -> list[Point]:
+    points = load_points(csv_path)
+    points += ttft_points(points, csv_path)
+    if holdout_path is not None:
+        extra = load_points(holdout_path)
+        extra += ttft_points(extra, holdout_path)
+        points += [replace(p, role="holdout") if p.role == "fit" else p for p in extra]
+    return points
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
+    parser.add_argument("--holdout", type=Path, default=None,
+                        help="set-aside validation rows (same columns); scored, never fitted")
+    parser.add_argument("--write", action="store_true", help=f"write {CALIBRATION_FILE.name}")
+    args = parser.parse_args(argv)
+    points = all_points(args.csv, args.holdout)
+    cals = fit(points)
+    table = error_table(points, cals)
+    for era, c in cals.items():
+        print(f"{era}: eta_compute={c.eta_compute:.3f} eta_memory={c.eta_memory:.3f} "
+              f"eta_moe={c.eta_moe:.3f} t_fixed={1e3 * c.t_fixed:.3f} ms "
+              f"t_per_seq={1e6 * c.t_per_seq:.1f} us api_overhead={1e3 * c.api_overhead:.2f} ms")
+    print(format_table(table))
+    print(summary(table))
+    if args.write:
+        write_calibration(cals, table)
+        REPORT_FILE.write_text(f"{format_table(table)}\n{summary(table)}\n")
+        print(f"wrote {CALIBRATION_FILE} and {REPORT_FILE}")
+
+
+if __name__ == "__main__":
+    main()

@@ -42,7 +42,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
-from itertools import accumulate, takewhile
+from itertools import accumulate, repeat, takewhile
 from operator import and_, neg
 
 import numpy as np
@@ -97,10 +97,8 @@ class KVIndex:
     def longest_prefixes(self, block_hashes: Sequence[int]) -> np.ndarray:
         """For every slot, the number of leading blocks of ``block_hashes`` it holds."""
         result = np.zeros(len(self._lru), dtype=np.int64)
-        get = self._holders.get
-        prefix_masks = list(
-            takewhile(bool, accumulate((get(h, 0) for h in block_hashes), and_))
-        )
+        holder_masks = map(self._holders.get, block_hashes, repeat(0))  # C-level loop
+        prefix_masks = list(takewhile(bool, accumulate(holder_masks, and_)))
         start = 0
         while start < len(prefix_masks):
             mask = prefix_masks[start]

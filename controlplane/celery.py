@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
+from click import Option
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
 
@@ -34,4 +35,30 @@ app.conf.update(
     worker_hijack_root_logger=False,
     timezone="UTC",
 )
+app.conf.beat_schedule = {
+    "reconcile": {"task": "switchyard.reconcile", "schedule": 5.0},
+    "scrape-instances": {"task": "switchyard.scrape_instances", "schedule": 5.0},
+    "ingest-events": {"task": "switchyard.ingest_events", "schedule": 1.0},
+    "ingest-metrics": {"task": "switchyard.ingest_metrics", "schedule": 2.0},
+    "judge-canaries": {"task": "switchyard.judge_canaries", "schedule": 10.0},
+    "prune": {"task": "switchyard.prune", "schedule": 3600.0},
+}
+app.conf.task_routes = {
+    # restart_router is sent explicitly to the router host's queue (routers.<host>).
+    "switchyard.run_replay": {"queue": "default"},
+}
 app.autodiscover_tasks(["controlplane"], related_name="tasks")
+
+app.user_options["worker"].add(
+    Option(["--supervise-routers"], is_flag=True, default=False,
+           help="Start and supervise this host's router processes (routers queue worker).")
+)
+
+
+def _install_router_bootstep() -> None:
+    from controlplane.routers.bootstep import RouterSupervisorStep
+
+    app.steps["worker"].add(RouterSupervisorStep)
+
+
+_install_router_bootstep()

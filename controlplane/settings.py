@@ -116,6 +116,12 @@ CHANNEL_LAYERS = {
 CELERY_BROKER_URL = env("SWITCHYARD_CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env("SWITCHYARD_CELERY_RESULT_BACKEND", REDIS_URL)
 
+# Where routers started by a host's supervisor reach the control plane's API.
+SWITCHYARD_CONTROL_PLANE_URL = env("SWITCHYARD_CONTROL_PLANE_URL", "http://127.0.0.1:8080")
+SWITCHYARD_VAR_DIR = env("SWITCHYARD_VAR_DIR", str(BASE_DIR / "var"))
+# Seconds without a heartbeat after which reconcile restarts a router that should run.
+ROUTER_HEARTBEAT_TIMEOUT_S = float(env("SWITCHYARD_ROUTER_HEARTBEAT_TIMEOUT", "15"))
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},

@@ -12,7 +12,7 @@ from controlplane.models import CanarySplit, Cluster
 
 from . import audit, config
 from .audit import Actor
-from .clusters import locked_cluster
+from .clusters import _full_clean, locked_cluster
 from .errors import Conflict, NotFound, ServiceError
 
 DEFAULT_GUARDRAILS: dict[str, float] = {
@@ -67,7 +67,8 @@ def _validate_split(cluster: Cluster, baseline: list[str], candidate: list[str])
 def _validate_steps(steps: list[float]) -> list[float]:
     if not isinstance(steps, list) or not steps:
         raise ServiceError("weight_steps must list at least one candidate weight", "weight_steps")
-    if any(not isinstance(s, int | float) or not 0 < s <= 100 for s in steps):
+    if any(isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 100
+           for s in steps):
         raise ServiceError("weight_steps must be percentages in (0, 100]", "weight_steps")
     if any(b <= a for a, b in itertools.pairwise(steps)):
         raise ServiceError("weight_steps must increase", "weight_steps")
@@ -101,15 +102,20 @@ def create_canary(actor: Actor, cluster_id: int, *, name: str, baseline_policy_i
                       ("candidate_policy_id", candidate_policy_id)):
         if pk not in policies:
             raise ServiceError(f"{field}: policy {pk} does not exist in {cluster.name}", field)
+    if baseline_policy_id == candidate_policy_id:
+        raise ServiceError("candidate_policy_id must differ from baseline_policy_id",
+                           "candidate_policy_id")
     if assignment_key not in ("session", "random"):
         raise ServiceError("assignment_key must be 'session' or 'random'", "assignment_key")
     _validate_split(cluster, baseline_instances, candidate_instances)
-    canary = CanarySplit.objects.create(
+    canary = CanarySplit(
         cluster=cluster, name=name, baseline_policy=policies[baseline_policy_id],
         candidate_policy=policies[candidate_policy_id], baseline_instances=baseline_instances,
         candidate_instances=candidate_instances, weight_steps=_validate_steps(weight_steps),
         guardrails=_validate_guardrails(guardrails), assignment_key=assignment_key,
     )
+    _full_clean(canary, ("name",))
+    canary.save()
     audit.record(actor, "canary.create", canary, after=canary_snapshot(canary), reason=reason,
                  cluster=cluster)
     return canary
@@ -138,9 +144,7 @@ def transition(actor: Actor, canary_id: int, action: str, *, reason: str,
         raise Conflict(f"cannot {action} a canary that is {canary.state}")
     cluster = canary.cluster
     if action == "start":
-        running = config.active_canary(cluster)
-        if running is not None:
-            raise Conflict(f"canary {running.name!r} is already running on {cluster.name}")
+        _require_startable(cluster)
     before = canary_snapshot(canary)
     canary.state = target
     if action == "start":
@@ -157,6 +161,16 @@ def transition(actor: Actor, canary_id: int, action: str, *, reason: str,
     audit.record(actor, f"canary.{action}", canary, before=before, after=after, reason=reason,
                  cluster=cluster)
     return canary
+
+
+def _require_startable(cluster: Cluster) -> None:
+    running = config.active_canary(cluster)
+    if running is not None:
+        raise Conflict(f"canary {running.name!r} is already running on {cluster.name}")
+    if cluster.active_policy_id is None:
+        # The router config is built around the active policy; without one no version
+        # carrying the canary could be published.
+        raise Conflict(f"{cluster.name} has no active policy: activate one first")
 
 
 @transaction.atomic
@@ -178,3 +192,18 @@ def advance_step(actor: Actor, canary_id: int, *, reason: str,
                         "config_version": version.number if version else None},
                  reason=reason, cluster=canary.cluster)
     return canary
+
+
+@transaction.atomic
+def count_failure(actor: Actor, canary_id: int, *, reason: str,
+                  evidence: dict[str, Any]) -> int:
+    """Record a failed step; the step restarts so the next judgement sees fresh samples."""
+    canary = _locked_canary(canary_id)
+    before = canary_snapshot(canary)
+    canary.failures += 1
+    canary.step_started_at = timezone.now()
+    canary.save(update_fields=["failures", "step_started_at"])
+    audit.record(actor, "canary.step_failed", canary, before=before,
+                 after={**canary_snapshot(canary), "evidence": evidence}, reason=reason,
+                 cluster=canary.cluster)
+    return canary.failures

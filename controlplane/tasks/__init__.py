@@ -1,5 +1,23 @@
 """Thin Celery tasks: each one calls a service or selector and returns a small result."""
 
 from .maintenance import ping
+from .routing import (
+    ingest_events,
+    ingest_metrics,
+    judge_canaries,
+    prune,
+    reconcile_all,
+    restart_router,
+    scrape_instances,
+)
 
-__all__ = ["ping"]
+__all__ = [
+    "ingest_events",
+    "ingest_metrics",
+    "judge_canaries",
+    "ping",
+    "prune",
+    "reconcile_all",
+    "restart_router",
+    "scrape_instances",
+]

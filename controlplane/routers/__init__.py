@@ -1,0 +1,1 @@
+"""Running router processes on a router host, under its Celery `routers` worker."""

@@ -1,0 +1,172 @@
+"""The canary judge (DESIGN.md §5, after Flagger, Argo Rollouts and Kayenta).
+
+Each step: hard guards first (candidate error rate, hotspot-fallback rate; too few samples
+halts — no data is never a pass), then a one-sided Mann–Whitney U test per latency metric
+(is the candidate's TTFT/TPOT stochastically greater than the baseline's?) with an effect
+size tolerance on the relative change of medians:
+
+* significant (p < α) and worse beyond tolerance → fail
+* not significant but the medians differ beyond tolerance → inconclusive (pause for a human)
+* otherwise → pass
+
+Pass advances the weight step (promotes after the last); fail counts against
+`max_failures` and rolls back past it; halt and inconclusive pause for the operator.
+Every judgement is stored with its evidence and audited.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+from django.db import transaction
+from django.utils import timezone
+from scipy.stats import mannwhitneyu
+
+from controlplane.models import ArmMetricRollup, CanaryJudgement, CanarySplit
+
+from . import canaries
+from .audit import Actor
+
+JUDGE = Actor.system("canary-judge")
+ARMS = ("baseline", "candidate")
+
+
+@dataclass
+class ArmSample:
+    requests: int = 0
+    errors: int = 0
+    hotspot_fallbacks: int = 0
+    ttft_s: list[float] = field(default_factory=list)
+    tpot_s: list[float] = field(default_factory=list)
+
+
+@dataclass
+class MetricTest:
+    metric: str
+    n_baseline: int
+    n_candidate: int
+    median_baseline: float | None
+    median_candidate: float | None
+    effect: float | None  # relative change of the candidate's median
+    p_value: float | None
+    outcome: str  # pass | fail | inconclusive | no_data
+
+
+@dataclass
+class Verdict:
+    verdict: str  # pass | fail | inconclusive | halt
+    reasons: list[str]
+    tests: list[MetricTest]
+    guards: dict[str, Any]
+
+    def evidence(self) -> dict[str, Any]:
+        return {"verdict": self.verdict, "reasons": self.reasons, "guards": self.guards,
+                "tests": [asdict(t) for t in self.tests]}
+
+
+def compare(metric: str, baseline: list[float], candidate: list[float],
+            guardrails: dict[str, float]) -> MetricTest:
+    n_b, n_c = len(baseline), len(candidate)
+    if min(n_b, n_c) < guardrails["min_samples"]:
+        return MetricTest(metric, n_b, n_c, None, None, None, None, "no_data")
+    med_b, med_c = float(np.median(baseline)), float(np.median(candidate))
+    effect = (med_c - med_b) / med_b if med_b > 0 else 0.0
+    p_value = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
+    worse = effect > guardrails["effect_tolerance"]
+    if worse and p_value < guardrails["p_value"]:
+        outcome = "fail"
+    elif worse:
+        outcome = "inconclusive"
+    else:
+        outcome = "pass"
+    return MetricTest(metric, n_b, n_c, med_b, med_c, effect, p_value, outcome)
+
+
+def judge(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> Verdict:
+    """Pure decision on one step's samples (no database access)."""
+    baseline, candidate = samples["baseline"], samples["candidate"]
+    def rate(count: int) -> float | None:
+        return count / candidate.requests if candidate.requests else None
+
+    guards = {
+        "candidate_requests": candidate.requests,
+        "candidate_error_rate": rate(candidate.errors),
+        "candidate_hotspot_fallback_rate": rate(candidate.hotspot_fallbacks),
+    }
+    tests = [compare("ttft", baseline.ttft_s, candidate.ttft_s, guardrails),
+             compare("tpot", baseline.tpot_s, candidate.tpot_s, guardrails)]
+    if any(t.outcome == "no_data" for t in tests) or not candidate.requests:
+        return Verdict("halt", ["too few samples to judge (min_samples "
+                                f"{guardrails['min_samples']:g} per arm)"], tests, guards)
+    reasons = []
+    if guards["candidate_error_rate"] > guardrails["max_error_rate"]:
+        reasons.append(f"error rate {guards['candidate_error_rate']:.3f} > "
+                       f"{guardrails['max_error_rate']:g}")
+    if guards["candidate_hotspot_fallback_rate"] > guardrails["max_hotspot_fallback_rate"]:
+        reasons.append(f"hotspot fallback rate {guards['candidate_hotspot_fallback_rate']:.3f}"
+                       f" > {guardrails['max_hotspot_fallback_rate']:g}")
+    reasons += [f"{t.metric} median {t.effect:+.1%} (p={t.p_value:.3g})"
+                for t in tests if t.outcome == "fail"]
+    if reasons:
+        return Verdict("fail", reasons, tests, guards)
+    unsure = [f"{t.metric} median {t.effect:+.1%} but not significant (p={t.p_value:.3g})"
+              for t in tests if t.outcome == "inconclusive"]
+    if unsure:
+        return Verdict("inconclusive", unsure, tests, guards)
+    return Verdict("pass", ["no regression beyond tolerance"], tests, guards)
+
+
+def step_samples(canary: CanarySplit) -> dict[str, ArmSample]:
+    rows = ArmMetricRollup.objects.filter(
+        cluster=canary.cluster, arm__in=ARMS,
+        minute__gte=(canary.step_started_at or canary.created_at).replace(second=0,
+                                                                            microsecond=0))
+    samples = {arm: ArmSample() for arm in ARMS}
+    for row in rows:
+        arm = samples[row.arm]
+        arm.requests += row.requests
+        arm.errors += row.errors
+        arm.hotspot_fallbacks += row.hotspot_fallbacks
+        arm.ttft_s += row.ttft_samples
+        arm.tpot_s += row.tpot_samples
+    return samples
+
+
+def due(canary: CanarySplit) -> bool:
+    started = canary.step_started_at or canary.created_at
+    return timezone.now() - started >= timedelta(seconds=canary.guardrails["step_seconds"])
+
+
+def judge_canary(canary_id: int) -> CanaryJudgement | None:
+    """Judge a progressing canary whose step has run long enough; act on the verdict."""
+    canary = CanarySplit.objects.select_related("cluster").get(pk=canary_id)
+    if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
+        return None
+    verdict = judge(step_samples(canary), canary.guardrails)
+    with transaction.atomic():
+        action = _act(canary, verdict)
+        return CanaryJudgement.objects.create(
+            canary=canary, step_index=canary.step_index, verdict=verdict.verdict,
+            action=action, evidence=verdict.evidence())
+
+
+def _act(canary: CanarySplit, verdict: Verdict) -> str:
+    evidence = verdict.evidence()
+    reason = f"canary judge: {verdict.verdict}: {'; '.join(verdict.reasons)}"
+    if verdict.verdict == "pass":
+        if canary.step_index + 1 < len(canary.weight_steps):
+            canaries.advance_step(JUDGE, canary.pk, reason=reason, evidence=evidence)
+            return "advance"
+        canaries.transition(JUDGE, canary.pk, "promote", reason=reason, evidence=evidence)
+        return "promote"
+    if verdict.verdict == "fail":
+        failures = canaries.count_failure(JUDGE, canary.pk, reason=reason, evidence=evidence)
+        if failures > canary.guardrails["max_failures"]:
+            canaries.transition(JUDGE, canary.pk, "rollback", reason=reason, evidence=evidence)
+            return "rollback"
+        return "retry"
+    canaries.transition(JUDGE, canary.pk, "pause", reason=reason, evidence=evidence)
+    return "pause"

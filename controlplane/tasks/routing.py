@@ -1,0 +1,57 @@
+"""Beat-driven upkeep of clusters and routers. Each task is a thin call into a service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from controlplane.models import CanarySplit, Cluster
+from controlplane.routers import supervisor
+from controlplane.services import ingest, instance_health, judge, notify, reconcile, rollups
+
+IDEMPOTENT = {"acks_late": True, "reject_on_worker_lost": True}
+
+
+@shared_task(name="switchyard.reconcile", **IDEMPOTENT)
+def reconcile_all() -> dict[str, list[str]]:
+    with notify.redis_client() as client:
+        results = [reconcile.reconcile_cluster(c, client) for c in Cluster.objects.all()]
+    return {r.cluster: r.actions for r in results}
+
+
+@shared_task(name="switchyard.restart_router")
+def restart_router(router_id: int) -> bool:
+    """Runs on the router host's own queue, in the worker that supervises the router."""
+    running = supervisor.current()
+    return running.restart(router_id) if running is not None else False
+
+
+@shared_task(name="switchyard.scrape_instances", **IDEMPOTENT, soft_time_limit=20)
+def scrape_instances() -> dict[str, dict[str, bool]]:
+    return {c.name: instance_health.scrape_cluster(c) for c in Cluster.objects.all()}
+
+
+@shared_task(name="switchyard.ingest_events", **IDEMPOTENT)
+def ingest_events() -> dict[str, int]:
+    with notify.redis_client() as client:
+        return vars(ingest.ingest_events(client))
+
+
+@shared_task(name="switchyard.ingest_metrics", **IDEMPOTENT)
+def ingest_metrics() -> dict[str, int]:
+    with notify.redis_client() as client:
+        return vars(ingest.ingest_metrics(client))
+
+
+@shared_task(name="switchyard.judge_canaries")
+def judge_canaries() -> dict[int, str | None]:
+    verdicts = {}
+    for canary_id in CanarySplit.objects.filter(
+            state=CanarySplit.State.PROGRESSING).values_list("pk", flat=True):
+        judgement = judge.judge_canary(canary_id)
+        verdicts[canary_id] = judgement.verdict if judgement else None
+    return verdicts
+
+
+@shared_task(name="switchyard.prune", **IDEMPOTENT)
+def prune() -> dict[str, int]:
+    return rollups.prune()

@@ -1,0 +1,24 @@
+from __future__ import annotations
+
+import pytest
+import redis
+from django.conf import settings
+
+from controlplane.models import Cluster
+from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
+
+
+@pytest.fixture
+def redis_client():
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(EVENTS_STREAM, METRICS_STREAM)
+    for key in client.scan_iter("switchyard:reconcile*"):
+        client.delete(key)
+    yield client
+    client.delete(EVENTS_STREAM, METRICS_STREAM)
+    client.close()
+
+
+@pytest.fixture
+def cluster(db) -> Cluster:
+    return Cluster.objects.create(name="ops-test", model="Qwen/Qwen2-7B-Instruct", gpu_type="h20")

@@ -1,0 +1,127 @@
+"""The canary judge on synthetic samples, and its actions on a real canary."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from django.utils import timezone
+
+from controlplane.models import ArmMetricRollup, AuditEvent, CanarySplit, ConfigVersion
+from controlplane.services import canaries, clusters, policies
+from controlplane.services.audit import Actor
+from controlplane.services.canaries import DEFAULT_GUARDRAILS
+from controlplane.services.judge import ArmSample, judge, judge_canary
+
+RNG = np.random.default_rng(7)
+
+
+def lognormal(median: float, n: int) -> list[float]:
+    return list(np.exp(RNG.normal(np.log(median), 0.3, n)))
+
+
+def arm(ttft_median: float, n: int = 200, errors: int = 0) -> ArmSample:
+    return ArmSample(requests=n, errors=errors, ttft_s=lognormal(ttft_median, n),
+                     tpot_s=lognormal(0.02, n))
+
+
+def test_clear_regression_fails_with_evidence():
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.9)}, DEFAULT_GUARDRAILS)
+    assert verdict.verdict == "fail"
+    ttft = next(t for t in verdict.tests if t.metric == "ttft")
+    assert ttft.outcome == "fail" and ttft.p_value < 1e-6 and ttft.effect > 0.5
+    assert ttft.n_baseline == ttft.n_candidate == 200
+
+
+def test_no_difference_passes():
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5)}, DEFAULT_GUARDRAILS)
+    assert verdict.verdict == "pass", verdict.reasons
+
+
+def test_too_little_data_halts_never_passes():
+    verdict = judge({"baseline": arm(0.5, n=10), "candidate": arm(0.5, n=10)},
+                    DEFAULT_GUARDRAILS)
+    assert verdict.verdict == "halt"
+
+
+def test_error_rate_guard_fails_even_when_latency_is_fine():
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5, errors=20)},
+                    DEFAULT_GUARDRAILS)
+    assert verdict.verdict == "fail"
+    assert any("error rate" in reason for reason in verdict.reasons)
+
+
+def test_worse_but_not_significant_is_inconclusive():
+    few = {**DEFAULT_GUARDRAILS, "min_samples": 3}
+    baseline = ArmSample(requests=3, ttft_s=[0.5, 0.9, 0.4], tpot_s=[0.02] * 3)
+    candidate = ArmSample(requests=3, ttft_s=[0.6, 0.3, 1.0], tpot_s=[0.02] * 3)
+    assert judge({"baseline": baseline, "candidate": candidate}, few).verdict == "inconclusive"
+
+
+@pytest.fixture
+def running_canary(db):
+    admin = Actor.system("test")
+    cluster = clusters.create_cluster(admin, name="judge", model="m", gpu_type="h20")
+    for i in range(4):
+        clusters.add_instance(admin, cluster.pk, name=f"i{i}", url=f"http://127.0.0.1:{9100+i}",
+                              reason="setup")
+    base = policies.create_policy(admin, cluster.pk, name="rr", kind="round_robin")
+    cand = policies.create_policy(admin, cluster.pk, name="lm", kind="lmetric")
+    policies.activate_policy(admin, cluster.pk, base.pk, reason="setup")
+    canary = canaries.create_canary(
+        admin, cluster.pk, name="c", baseline_policy_id=base.pk, candidate_policy_id=cand.pk,
+        baseline_instances=["i0", "i1"], candidate_instances=["i2", "i3"],
+        weight_steps=[10, 50], guardrails={"max_failures": 0}, reason="try lmetric")
+    canaries.transition(admin, canary.pk, "start", reason="go")
+    return canary
+
+
+def feed(canary: CanarySplit, baseline: ArmSample, candidate: ArmSample) -> None:
+    CanarySplit.objects.filter(pk=canary.pk).update(
+        step_started_at=timezone.now() - timedelta(minutes=5))
+    minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
+    for name, sample in (("baseline", baseline), ("candidate", candidate)):
+        ArmMetricRollup.objects.update_or_create(
+            cluster=canary.cluster, arm=name, minute=minute,
+            defaults={"requests": sample.requests, "errors": sample.errors,
+                      "ttft_samples": sample.ttft_s, "tpot_samples": sample.tpot_s})
+
+
+@pytest.mark.django_db
+def test_pass_advances_the_weight_step_with_a_new_config(running_canary):
+    versions_before = ConfigVersion.objects.count()
+    feed(running_canary, arm(0.5), arm(0.5))
+    judgement = judge_canary(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("pass", "advance")
+    assert running_canary.step_index == 1 and running_canary.candidate_weight == 50
+    assert ConfigVersion.objects.count() == versions_before + 1
+    audit = AuditEvent.objects.filter(action="canary.advance").get()
+    assert audit.actor_name == "system:canary-judge"
+    assert audit.after["evidence"]["tests"][0]["n_candidate"] == 200
+
+
+@pytest.mark.django_db
+def test_regression_past_the_failure_limit_rolls_back(running_canary):
+    feed(running_canary, arm(0.5), arm(1.0))
+    judgement = judge_canary(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("fail", "rollback")
+    assert running_canary.state == "rolled_back"
+    latest = ConfigVersion.objects.filter(cluster=running_canary.cluster).first()
+    assert latest.document["canary"] is None  # traffic back on the baseline policy
+
+
+@pytest.mark.django_db
+def test_no_data_pauses_for_the_operator(running_canary):
+    feed(running_canary, ArmSample(), ArmSample())
+    judgement = judge_canary(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("halt", "pause")
+    assert running_canary.state == "paused"
+
+
+@pytest.mark.django_db
+def test_not_judged_before_the_step_has_run(running_canary):
+    assert judge_canary(running_canary.pk) is None

@@ -1,0 +1,30 @@
+"""Seed the demo cluster idempotently and print fresh operator and admin logins."""
+
+from __future__ import annotations
+
+from django.core.management.base import BaseCommand
+
+from controlplane.services.demo import DemoSpec, reset_login, seed
+
+
+class Command(BaseCommand):
+    help = "Create (once) the demo cluster h20-qwen2-7b and reset the demo logins."
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--instances", type=int, default=16)
+        parser.add_argument("--engine-base-port", type=int, default=9100)
+        parser.add_argument("--kv-events-base-port", type=int, default=5600)
+        parser.add_argument("--router-host", default="localhost")
+        parser.add_argument("--router-port", type=int, default=8000)
+
+    def handle(self, *args, **options) -> None:
+        spec = DemoSpec(instances=options["instances"],
+                        engine_base_port=options["engine_base_port"],
+                        kv_events_base_port=options["kv_events_base_port"] or None,
+                        router_host=options["router_host"], router_port=options["router_port"])
+        cluster = seed(spec)
+        operator = reset_login("operator", "operator")
+        admin = reset_login("admin", "admin", superuser=True)
+        self.stdout.write(f"cluster {cluster.pk} {cluster.name}")
+        self.stdout.write(f"operator {operator}")
+        self.stdout.write(f"admin {admin}")

@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from enginesim.server.faults import FaultError, FaultRequest
-from enginesim.server.instance import Instance
+from enginesim.server.instance import Instance, QuietServer
 
 
 def build_admin_app(instances: list[Instance]) -> Starlette:
@@ -60,11 +60,9 @@ class AdminServer:
 
 
 async def start_admin_server(app: Any, host: str, port: int) -> AdminServer:
-    from enginesim.server.instance import _QuietServer
-
     config = uvicorn.Config(app, host=host, port=port, lifespan="off", ws="none",
                             log_level="warning", access_log=False)  # fmt: skip
-    server = _QuietServer(config)
+    server = QuietServer(config)
     sock = config.bind_socket()
     task = asyncio.ensure_future(server.serve(sockets=[sock]))
     while not server.started and not task.done():

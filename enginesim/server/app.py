@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -49,6 +50,7 @@ class InstanceAPI:
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
         self._engine_error = _engine_request_error()
+        self._kill_task: asyncio.Future[None] | None = None
 
     # -- generation -----------------------------------------------------------
 
@@ -191,16 +193,16 @@ class InstanceAPI:
         return JSONResponse(self.instance.faults.as_json())
 
     async def post_fault(self, request: Request) -> Response:
-        return await apply_fault_from_request(self.instance, request)
-
-
-async def apply_fault_from_request(instance: Instance, request: Request) -> Response:
-    try:
-        fault = FaultRequest.from_json(await request.json())
-        await instance.apply_fault(fault)
-    except (FaultError, ValueError) as exc:
-        return error_response(400, str(exc))
-    return JSONResponse(instance.faults.as_json())
+        try:
+            fault = FaultRequest.from_json(await request.json())
+        except (FaultError, ValueError) as exc:
+            return error_response(400, str(exc))
+        if fault.mode == "kill":
+            # Answer before the port closes; the kill proceeds in the background.
+            self._kill_task = asyncio.ensure_future(self.instance.apply_fault(fault))
+            return JSONResponse({**self.instance.faults.as_json(), "mode": "kill"})
+        await self.instance.apply_fault(fault)
+        return JSONResponse(self.instance.faults.as_json())
 
 
 class FaultGate:

@@ -19,8 +19,6 @@ from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance, InstanceSettings
 from enginesim.server.kv_events import ENCODINGS, KVEventPublisher, instance_endpoints
 
-log = logging.getLogger("enginesim.serve")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--instances", type=int, default=1, help="number of instances")
@@ -99,12 +97,12 @@ async def serve(args: argparse.Namespace) -> None:
     admin = None
     if args.admin_port is not None:
         admin = await start_admin_server(build_admin_app(instances), args.host, args.admin_port)
-    log.warning(
-        "enginesim: %d x %s on %s, ports %d-%d, time scale %g",
-        len(instances), args.model, args.gpu, args.base_port,
-        args.base_port + len(instances) - 1, args.time_scale,
-    )  # fmt: skip
-    print(f"enginesim ready: {len(instances)} instances from port {args.base_port}", flush=True)
+    last_port = args.base_port + len(instances) - 1
+    print(
+        f"enginesim ready: {len(instances)} x {args.model} on {args.gpu}, "
+        f"ports {args.base_port}-{last_port}, time scale {args.time_scale:g}",
+        flush=True,
+    )
     await _wait_for_signal()
     if admin is not None:
         await admin.stop()

@@ -79,7 +79,7 @@ class RequestStream:
         self.finish_reason: str | None = None
         self._waiter: asyncio.Future[None] | None = None
 
-    def _notify(self) -> None:
+    def notify(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -178,7 +178,7 @@ class EngineDriver:
             end = output.finish_time if output.finish_time is not None else now
             self._finish(stream, self._finish_reason(stream, output), end)
         else:
-            stream._notify()
+            stream.notify()
 
     def _record_tokens(
         self, stream: RequestStream, output: Any, new_tokens: int, now: float
@@ -217,4 +217,4 @@ class EngineDriver:
             max_tokens=None if stream.natural_stop else stream.max_tokens,
             decode_time=now - first,
         )
-        stream._notify()
+        stream.notify()

@@ -36,7 +36,7 @@ class InstanceSettings:
     stream_interval: int = 1
 
 
-class _QuietServer(uvicorn.Server):
+class QuietServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to the process (many share a loop)."""
 
     @contextlib.contextmanager
@@ -65,6 +65,7 @@ class Instance:
         self.driver: EngineDriver = self._boot()
         self._server: uvicorn.Server | None = None
         self._server_task: asyncio.Task[None] | None = None
+        self._stopping: asyncio.Future[None] | None = None
         self.app: Any = None
 
     @property
@@ -115,7 +116,7 @@ class Instance:
             access_log=False,
             timeout_graceful_shutdown=KILL_GRACE_SECONDS,
         )
-        server = _QuietServer(config)
+        server = QuietServer(config)
         sock = config.bind_socket()
         self._server = server
         self._server_task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -144,9 +145,14 @@ class Instance:
         self.driver.wake()
         if self.faults.killed:
             self.driver.abort_all()
-            await self._stop_server()
+            # Shielded: a kill sent to the instance's own port gets its handler
+            # cancelled by the very shutdown it started.
+            self._stopping = asyncio.ensure_future(self._stop_server())
+            await asyncio.shield(self._stopping)
 
     async def _restart(self) -> None:
+        if self._stopping is not None:
+            await self._stopping
         await self.driver.stop()
         if self.kv_publisher is not None:
             self.kv_publisher.publish([AllBlocksCleared()])

@@ -130,3 +130,19 @@ def test_kill_closes_the_port_and_recover_restarts_with_empty_cache(url, sim):
         cleared = {"type": "AllBlocksCleared"} in msgpack.unpackb(payload)[1]
     sub.close()
     assert value(scrape(url), "vllm:request_success_total", finished_reason="length") == 0
+
+
+def test_kill_through_the_instance_port_answers_then_closes(url, sim):
+    assert set_fault(url, mode="kill")["mode"] == "kill"
+
+    def refused() -> bool:
+        try:
+            httpx.get(url + "/health")
+        except httpx.ConnectError:
+            return True
+        return False
+
+    wait_for(refused)
+    recover = {"instance": INSTANCE, "mode": "recover"}
+    httpx.post(sim.admin_url + "/admin/fault", json=recover).raise_for_status()
+    assert httpx.get(url + "/health").status_code == 200

@@ -134,7 +134,7 @@ def test_request_stream_wakes_waiters():
         waiter = asyncio.ensure_future(stream.wait_beyond(0))
         await asyncio.sleep(0)
         stream.num_output_tokens = 2
-        stream._notify()
+        stream.notify()
         await asyncio.wait_for(waiter, 1.0)
         return stream.num_output_tokens
 

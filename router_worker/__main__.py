@@ -1,0 +1,5 @@
+import sys
+
+from router_worker.cli import main
+
+sys.exit(main())

@@ -1,0 +1,316 @@
+"""The router's state and per-request logic, free of HTTP: plan, account, apply config.
+
+``RouterCore`` owns the single :class:`ClusterState`, the current :class:`Runtime`
+(one per applied configuration version), the health book and the telemetry
+aggregates. The ASGI layer (:mod:`router_worker.proxy`) calls, per request::
+
+    plan = core.plan(runtime, endpoint, body, headers)   # tokens → hashes → arm → decision
+    core.begin_attempt(plan, instance, cached_tokens)    # indicator: dispatch
+    core.first_token(plan)                                # indicator: pending → batch
+    core.end_attempt(plan, ok=..., ...)                   # indicator: finish / error
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from router_worker.config import RouterConfig
+from router_worker.errors import APIError
+from router_worker.health import HEALTH_OF, HealthBook
+from router_worker.metrics import RouterMetrics
+from router_worker.routing import (
+    ClusterState,
+    Decision,
+    HotspotEvent,
+    NoEligibleInstanceError,
+    RequestFeatures,
+    build_features,
+    session_key_from_request,
+    turn_index_from_messages,
+)
+from router_worker.runtime import Arm, Runtime, build_runtime
+from router_worker.telemetry import RequestSample, Telemetry
+from router_worker.tokenization import PromptError, Tokenizer
+
+log = logging.getLogger("router_worker")
+RECENT_DECISIONS = 200
+
+
+@dataclass(slots=True)
+class Plan:
+    """A routed request: its features, arm and decision, and the attempt in progress."""
+
+    request_id: str
+    runtime: Runtime
+    arm: Arm
+    features: RequestFeatures
+    decision: Decision
+    tier: str
+    started: float  # perf_counter at arrival
+    instance: str = ""
+    reason: str = ""
+    attempts: int = 0
+    tried: list[str] = field(default_factory=list)
+    first_token_at: float | None = None
+    dispatched: bool = False
+
+
+@dataclass
+class ScrapeInfo:
+    hit_ratio: float | None = None
+    queries: float | None = None
+    hits: float | None = None
+    models: tuple[str, ...] = ()
+
+
+class RouterCore:
+    def __init__(self, name: str, telemetry: Telemetry, metrics: RouterMetrics) -> None:
+        self.name = name
+        self.telemetry = telemetry
+        self.metrics = metrics
+        self.state: ClusterState | None = None
+        self.runtime: Runtime | None = None
+        self.health = HealthBook(self._health_changed)
+        self.scrape: dict[str, ScrapeInfo] = {}
+        self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self.hotspots: dict[str, HotspotEvent] = {}
+        self._ids = itertools.count()
+        self._id_prefix = f"sy-{os.getpid():x}-"
+        self._peaks: dict[int, list[float]] = {}
+        telemetry.snapshot_source = self.snapshot_source
+        telemetry.peaks_source = self.take_peaks
+
+    # ----- configuration ---------------------------------------------------------------
+    def apply_config(self, config: RouterConfig) -> Runtime:
+        """Make ``config`` current; requests already running keep their runtime."""
+        settings = config.router
+        tokenizer = Tokenizer(settings.tokenizer_path, settings.chat_template)
+        if self.state is None or self.state.block_size != config.block_size:
+            self.state = ClusterState(block_size=config.block_size)
+            self._peaks.clear()
+        self.health.configure({i.name: i.state for i in config.instances},
+                              settings.breaker_failures, settings.breaker_open_s)
+        for name in self.health.instances:
+            self.state.add_instance(name, health=HEALTH_OF[self.health.effective(name)])
+            self.scrape.setdefault(name, ScrapeInfo())
+        self.runtime = build_runtime(config, self.state, tokenizer, self.runtime)
+        self.telemetry.cluster = config.cluster
+        self.metrics.config_version.set(config.version)
+        return self.runtime
+
+    def _health_changed(self, instance: str, before: str, after: str, cause: str) -> None:
+        if self.state is not None and instance in self.state.ids:
+            self.state.set_health(instance, HEALTH_OF[after])
+        log.info("instance %s: %s -> %s (%s)", instance, before, after, cause)
+        self.telemetry.event("health", instance=instance, before=before, after=after,
+                             cause=cause)
+
+    def allowed_models(self) -> set[str] | None:
+        """Model names requests may name; None when unknown (anything is forwarded)."""
+        runtime = self.runtime
+        if runtime is not None and runtime.config.model:
+            return {runtime.config.model}
+        learned = {m for info in self.scrape.values() for m in info.models}
+        return learned or None
+
+    # ----- per request -------------------------------------------------------------------
+    def plan(self, runtime: Runtime, endpoint: str, body: dict[str, Any],
+             headers: dict[str, str], started: float) -> Plan:
+        metrics = self.metrics
+        t0 = time.perf_counter()
+        try:
+            if endpoint == "chat":
+                token_ids, tier = runtime.tokenizer.encode_chat(body["messages"])
+                turn = turn_index_from_messages(body["messages"])
+            else:
+                token_ids, tier = runtime.tokenizer.encode_prompt(body["prompt"])
+                turn = None
+        except PromptError as error:
+            raise APIError(400, str(error), error.param) from None
+        t1 = time.perf_counter()
+        session = session_key_from_request(headers, body)
+        request_id = self._id_prefix + str(next(self._ids))
+        now = time.time()
+        features = build_features(request_id, token_ids, now, block_size=runtime.config.block_size,
+                                  session_key=session, turn_index=turn)
+        t2 = time.perf_counter()
+        arm = runtime.arm_for(session)
+        try:
+            decision = arm.policy.decide(features, arm.view, now)
+        except NoEligibleInstanceError as error:
+            raise APIError(503, f"No healthy instance available: {error}") from None
+        t3 = time.perf_counter()
+        metrics.child(metrics.tokenize_seconds, tier).observe(t1 - t0)
+        metrics.hashing_seconds.observe(t2 - t1)
+        metrics.child(metrics.decision_seconds, arm.policy_kind).observe(t3 - t2)
+        metrics.child(metrics.tier, tier).inc()
+        if decision.events:
+            self._hotspot_events(decision.events)
+        return Plan(request_id, runtime, arm, features, decision, tier, started,
+                    instance=decision.instance_id, reason=decision.reason)
+
+    def begin_attempt(self, plan: Plan, instance: str) -> None:
+        state = self.state
+        assert state is not None
+        cached = None if plan.attempts else plan.decision.cached_tokens
+        state.on_dispatch(plan.features, instance, time.time(), cached_tokens=cached)
+        plan.instance = instance
+        plan.attempts += 1
+        plan.dispatched = True
+        slot = state.slot_of(instance)
+        peak = self._peaks.setdefault(slot, [0.0, 0.0])
+        peak[0] = max(peak[0], float(state.pending[slot]))
+
+    def first_token(self, plan: Plan) -> None:
+        now = time.time()
+        plan.first_token_at = time.perf_counter()
+        state = self.state
+        assert state is not None
+        if state.is_in_flight(plan.request_id):
+            state.on_first_token(plan.request_id, now)
+            slot = state.slot_of(plan.instance)
+            peak = self._peaks.setdefault(slot, [0.0, 0.0])
+            peak[1] = max(peak[1], float(state.batch[slot]))
+        ttft = plan.first_token_at - plan.started
+        plan.arm.policy.observe_first_token(plan.features, plan.instance, ttft, now)
+
+    def end_attempt(self, plan: Plan, *, ok: bool) -> None:
+        """Remove the attempt from the indicators (finish or error)."""
+        state = self.state
+        if not plan.dispatched or state is None:
+            return
+        plan.dispatched = False
+        if not state.is_in_flight(plan.request_id):
+            return
+        if ok:
+            state.on_finish(plan.request_id, time.time())
+        else:
+            state.on_error(plan.request_id, time.time())
+
+    def next_candidate(self, plan: Plan) -> str | None:
+        """Next-best instance of the arm after a failed attempt (scores, then any healthy)."""
+        plan.tried.append(plan.instance)
+        view = plan.arm.view
+        eligible = view.eligible
+        scores = plan.decision.scores
+        order = np.argsort(scores, kind="stable")
+        for slot in order.tolist():
+            name = view.ids[slot] if slot < len(view.ids) else None
+            if name and name not in plan.tried and eligible[slot] and np.isfinite(scores[slot]):
+                return name
+        for slot in np.flatnonzero(eligible).tolist():
+            if view.ids[slot] not in plan.tried:
+                return view.ids[slot]
+        return None
+
+    def finish_request(self, plan: Plan, *, status: int, ok: bool, output_tokens: int,
+                       last_token_at: float | None, cached_tokens: int | None) -> None:
+        """Metrics and telemetry of a request that got an answer (or gave up)."""
+        metrics = self.metrics
+        arm = plan.arm
+        ttft = tpot = None
+        if plan.first_token_at is not None:
+            ttft = plan.first_token_at - plan.started
+            metrics.child(metrics.ttft, arm.name).observe(ttft)
+            if last_token_at is not None and output_tokens > 1:
+                tpot = (last_token_at - plan.first_token_at) / (output_tokens - 1)
+                metrics.child(metrics.tpot, arm.name).observe(tpot)
+        metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason,
+                      str(status)).inc()
+        self.telemetry.record(RequestSample(
+            at=time.time(), arm=arm.name, policy=arm.policy_kind, instance=plan.instance or None,
+            ok=ok, ttft=ttft, tpot=tpot, output_tokens=output_tokens,
+            prompt_tokens=plan.features.prompt_tokens,
+            cached_tokens=plan.decision.cached_tokens if cached_tokens is None else cached_tokens,
+            fallback=plan.decision.reason == "hotspot_fallback",
+        ))
+        self.decisions.append({
+            "request_id": plan.request_id, "arm": arm.name, "policy": arm.policy_kind,
+            "instance": plan.instance, "reason": plan.reason, "status": status,
+            "attempts": plan.attempts, "prompt_tokens": plan.features.prompt_tokens,
+            "cached_tokens": plan.decision.cached_tokens, "tier": plan.tier, "ttft_s": ttft,
+            "scores": plan.decision.score_table(),
+        })
+
+    def _hotspot_events(self, events: tuple[Any, ...]) -> None:
+        for event in events:
+            if not isinstance(event, HotspotEvent):
+                continue
+            payload = hotspot_payload(event)
+            if event.kind == "confirmed":
+                self.hotspots[event.class_id] = event
+            elif event.kind in ("cleared", "dismissed"):
+                self.hotspots.pop(event.class_id, None)
+            self.telemetry.event("hotspot", **payload)
+
+    # ----- telemetry sources ------------------------------------------------------------
+    def take_peaks(self) -> dict[str, tuple[float, float, float]]:
+        state = self.state
+        if state is None:
+            return {}
+        peaks = {}
+        for slot, name in enumerate(state.ids):
+            pending, batch = self._peaks.get(slot, (0.0, 0.0))
+            kv = float(np.nan_to_num(state.kv_usage[slot]))
+            peaks[name] = (max(pending, float(state.pending[slot])),
+                           max(batch, float(state.batch[slot])), kv)
+        self._peaks.clear()
+        return peaks
+
+    def snapshot_source(self) -> dict[str, Any]:
+        from router_worker.telemetry_contract import HotspotPayload, InstanceSnapshot
+
+        runtime, state = self.runtime, self.state
+        if runtime is None or state is None:
+            return {}
+        arm_of = runtime.arm_of_instance()
+        hot = {name for event in self.hotspots.values() for name in event.instances}
+        instances = []
+        for slot, name in enumerate(state.ids):
+            if name not in self.health.instances or name not in runtime.urls:
+                continue
+            snap = state.snapshot(name)
+            peak = self._peaks.get(slot, (0.0, 0.0))
+            instances.append(InstanceSnapshot(
+                name=name, health=self.health.effective(name),
+                pending_prefill_tokens=snap.pending_prefill_tokens,
+                pending_prefill_tokens_max=max(peak[0], snap.pending_prefill_tokens),
+                batch_size=snap.batch_size, batch_size_max=max(peak[1], snap.batch_size),
+                in_flight=int(snap.in_flight),
+                waiting=_int_or_none(snap.scraped_waiting),
+                running=_int_or_none(snap.scraped_running), kv_usage=snap.kv_usage,
+                hit_ratio=self.scrape.get(name, ScrapeInfo()).hit_ratio,
+                hotspot=name in hot, arm=arm_of.get(name),
+            ))
+        pending = np.array([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
+        load_cv = float(pending.std() / pending.mean()) if pending.size and pending.mean() else None
+        policy = "+".join(arm.policy_kind for arm in runtime.arms)
+        return {
+            "config_version": runtime.version, "policy": policy, "instances": instances,
+            "arms": [arm.name for arm in runtime.arms], "load_cv": load_cv,
+            "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in self.hotspots.values()],
+        }
+
+
+def hotspot_payload(event: HotspotEvent) -> dict[str, Any]:
+    """A routing-core HotspotEvent in the contract's HotspotPayload shape (plus extras)."""
+    transition = "cleared" if event.kind == "dismissed" else event.kind
+    return {
+        "transition": transition, "dismissed": event.kind == "dismissed",
+        "prefix_class": event.class_id, "prefix_hash": event.class_id,
+        "prefix_tokens": event.prefix_tokens, "x": event.x, "x_bar": event.x_bar,
+        "m": event.m, "m_bar": event.m_bar, "window": event.window_s,
+        "instances": list(event.instances), "time": event.time, "request_id": event.request_id,
+    }
+
+
+def _int_or_none(value: float | None) -> int | None:
+    return None if value is None else int(value)

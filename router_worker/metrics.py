@@ -1,0 +1,61 @@
+"""Prometheus ``/metrics`` of the router process itself (its own registry)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                5e-3, 1e-2, 2.5e-2, 0.1)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+                1.0, 2.5)
+
+
+class RouterMetrics:
+    """The router's metric families; label children are cached (the hot path is µs-scale)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        r = self.registry
+        self.requests = Counter("switchyard_router_requests", "Requests answered.",
+                                ["policy", "arm", "reason", "status"], registry=r)
+        self.tokenize_seconds = Histogram("switchyard_router_tokenize_seconds",
+                                          "Time to tokenize a prompt.", ["tier"],
+                                          buckets=FAST_BUCKETS, registry=r)
+        self.hashing_seconds = Histogram("switchyard_router_hashing_seconds",
+                                         "Time to hash a prompt's blocks.",
+                                         buckets=FAST_BUCKETS, registry=r)
+        self.decision_seconds = Histogram("switchyard_router_decision_seconds",
+                                          "Time of the policy decision.", ["policy"],
+                                          buckets=FAST_BUCKETS, registry=r)
+        self.retries = Counter("switchyard_router_retries", "Requests retried on another "
+                               "instance.", ["instance"], registry=r)
+        self.upstream_errors = Counter("switchyard_router_upstream_errors",
+                                       "Upstream failures.", ["instance", "kind"], registry=r)
+        self.ttft = Histogram("switchyard_router_ttft_seconds", "TTFT measured at the router.",
+                              ["arm"], buckets=TTFT_BUCKETS, registry=r)
+        self.tpot = Histogram("switchyard_router_tpot_seconds", "TPOT measured at the router.",
+                              ["arm"], buckets=TPOT_BUCKETS, registry=r)
+        self.tier = Counter("switchyard_router_tokenization", "Requests by tokenization tier.",
+                            ["tier"], registry=r)
+        self.in_flight = Gauge("switchyard_router_in_flight", "Requests in flight.", registry=r)
+        self.rejected = Counter("switchyard_router_rejected", "Requests refused before routing.",
+                                ["status"], registry=r)
+        self.telemetry_dropped = Counter("switchyard_router_telemetry_dropped",
+                                         "Events dropped while Redis was unreachable.",
+                                         registry=r)
+        self.config_version = Gauge("switchyard_router_config_version",
+                                    "Applied configuration version.", registry=r)
+        self._children: dict[tuple[object, ...], object] = {}
+
+    def child(self, family: object, *labels: str) -> object:
+        key = (id(family), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = family.labels(*labels)  # type: ignore[attr-defined]
+            self._children[key] = found
+        return found
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

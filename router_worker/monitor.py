@@ -1,0 +1,149 @@
+"""Background loops per instance: vLLM ``/metrics`` scrapes and ``/health`` probes.
+
+Scrape (every ``router.scrape_interval_s``): ``vllm:num_requests_running``,
+``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (older vLLM:
+``vllm:gpu_cache_usage_perc``), the prefix-cache counters ``vllm:prefix_cache_queries`` /
+``vllm:prefix_cache_hits`` (hit ratio over the last interval) and
+``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capacity). Values of several
+engines (data-parallel ranks) are summed; the KV usage is averaged. The served model
+names come from ``GET /v1/models`` until known.
+
+Probe (every ``router.health_interval_s``): ``GET /health``; 200 is good, anything else
+(including no answer within the connect timeout) feeds the circuit breaker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from router_worker.core import RouterCore
+
+log = logging.getLogger("router_worker.monitor")
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
+_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+@dataclass
+class VllmMetrics:
+    running: float | None = None
+    waiting: float | None = None
+    kv_usage: float | None = None
+    prefix_queries: float | None = None
+    prefix_hits: float | None = None
+    num_gpu_blocks: int | None = None
+    block_size: int | None = None
+
+
+def parse_vllm_metrics(text: str) -> VllmMetrics:
+    """The gauges and counters the router uses, from Prometheus text exposition."""
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    out = VllmMetrics()
+    for name, labels, value in _SAMPLE_RE.findall(text):
+        if not name.startswith("vllm:"):
+            continue
+        if name == "vllm:cache_config_info":
+            info = dict(_LABEL_RE.findall(labels or ""))
+            out.num_gpu_blocks = _int(info.get("num_gpu_blocks"))
+            out.block_size = _int(info.get("block_size"))
+            continue
+        key = name.removesuffix("_total")
+        try:
+            sums[key] = sums.get(key, 0.0) + float(value)
+        except ValueError:
+            continue
+        counts[key] = counts.get(key, 0) + 1
+    out.running = sums.get("vllm:num_requests_running")
+    out.waiting = sums.get("vllm:num_requests_waiting")
+    for usage in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+        if usage in sums:
+            out.kv_usage = sums[usage] / counts[usage]
+            break
+    out.prefix_queries = sums.get("vllm:prefix_cache_queries")
+    out.prefix_hits = sums.get("vllm:prefix_cache_hits")
+    return out
+
+
+def _int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+class Monitor:
+    """Runs the scrape and probe loops for whatever instances the current config has."""
+
+    def __init__(self, core: RouterCore, client: httpx.AsyncClient) -> None:
+        self.core = core
+        self.client = client
+
+    async def run_scrapes(self) -> None:
+        while True:
+            runtime = self.core.runtime
+            interval = runtime.config.router.scrape_interval_s if runtime else 1.0
+            if runtime is not None:
+                await asyncio.gather(*(self.scrape(name, url)
+                                       for name, url in runtime.urls.items()))
+            await asyncio.sleep(interval)
+
+    async def run_probes(self) -> None:
+        while True:
+            runtime = self.core.runtime
+            interval = runtime.config.router.health_interval_s if runtime else 1.0
+            if runtime is not None:
+                timeout = runtime.config.router.connect_timeout_s
+                await asyncio.gather(*(self.probe(name, url, timeout)
+                                       for name, url in runtime.urls.items()))
+            await asyncio.sleep(interval)
+
+    async def scrape(self, name: str, url: str) -> None:
+        try:
+            response = await self.client.get(url + "/metrics", timeout=2.0)
+            response.raise_for_status()
+            parsed = parse_vllm_metrics(response.text)
+            info = self.core.scrape.get(name)
+            if info is not None and not info.models:
+                models = await self.client.get(url + "/v1/models", timeout=2.0)
+                info.models = tuple(m["id"] for m in models.json().get("data", []))
+        except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
+            log.debug("scrape %s failed: %r", name, error)
+            return
+        self.apply(name, parsed)
+
+    def apply(self, name: str, parsed: VllmMetrics) -> None:
+        core = self.core
+        state = core.state
+        if state is None or name not in state.ids:
+            return
+        capacity = parsed.num_gpu_blocks
+        if capacity and parsed.block_size and parsed.block_size != state.block_size:
+            capacity = capacity * parsed.block_size // state.block_size
+        state.on_scrape(name, time.time(), running=parsed.running, waiting=parsed.waiting,
+                        kv_usage=parsed.kv_usage, capacity_blocks=capacity)
+        info = core.scrape[name]
+        if parsed.prefix_queries is not None and parsed.prefix_hits is not None:
+            if info.queries is not None and parsed.prefix_queries > info.queries:
+                info.hit_ratio = ((parsed.prefix_hits - (info.hits or 0.0))
+                                  / (parsed.prefix_queries - info.queries))
+            info.queries, info.hits = parsed.prefix_queries, parsed.prefix_hits
+
+    async def probe(self, name: str, url: str, timeout: float) -> None:
+        health = self.core.health
+        now = time.monotonic()
+        if name not in health.instances or not health.due_for_probe(name, now):
+            return
+        try:
+            response = await self.client.get(url + "/health", timeout=timeout)
+            ok = response.status_code == 200
+            cause = "probe" if ok else f"probe HTTP {response.status_code}"
+        except httpx.HTTPError as error:
+            ok, cause = False, f"probe {type(error).__name__}"
+        health.record_probe(name, ok, time.monotonic(), cause)

@@ -1,0 +1,424 @@
+"""The OpenAI-compatible data path as raw ASGI: parse, route, dispatch, stream back.
+
+Raw ASGI rather than a framework because this is the hot path: no per-request objects
+beyond the ones we need. Bodies are forwarded byte for byte (never re-serialised); SSE
+chunks are written to the client as they arrive from the engine.
+
+Failure handling: a connect error, a timeout, a 5xx or a dropped connection *before the
+first body byte* is retried on the next-best instance of the request's arm, up to
+``max_attempts``; the client sees nothing of it (the response starts only with the first
+upstream byte). A failure mid-stream ends the stream with one SSE error event in vLLM's
+error shape and ``[DONE]``. A client disconnect cancels the handler at once, which
+closes the upstream connection (the engine aborts the request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from router_worker.core import Plan, RouterCore
+from router_worker.errors import APIError, error_bytes, sse_error_event
+from router_worker.limits import Limiter
+from router_worker.runtime import Runtime
+
+log = logging.getLogger("router_worker.proxy")
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+JSON_TYPE = (b"content-type", b"application/json")
+FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
+DEBUG_HEADER = "x-switchyard-debug"
+# A content token in an OpenAI chunk: a non-empty "content" (chat) or "text" (completions).
+_TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
+_USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
+_CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
+
+
+@dataclass(slots=True)
+class UpstreamFailure:
+    """An attempt that failed before any byte reached the client (so it can be retried)."""
+
+    kind: str  # connect | timeout | http_5xx | transport | empty
+    message: str
+    fatal: bool = False  # the instance is certainly gone (connection refused)
+
+
+class ClientGone(Exception):
+    """The client disconnected."""
+
+
+async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
+    if declared is not None and declared > limit:
+        raise APIError(413, f"Request body too large: {declared} bytes (limit {limit}).")
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise ClientGone
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            raise APIError(413, f"Request body too large (limit {limit} bytes).")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def validate(body: Any, endpoint: str, models: set[str] | None) -> bool:
+    """Check the fields the router relies on; returns ``stream``. Raises APIError 400/404."""
+    if not isinstance(body, dict):
+        raise APIError(400, "The request body must be a JSON object.")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise APIError(400, "`model` is required and must be a string.", "model")
+    if endpoint == "chat":
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise APIError(400, "`messages` must be a non-empty list.", "messages")
+    elif "prompt" not in body:
+        raise APIError(400, "`prompt` is required.", "prompt")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise APIError(400, "`stream` must be a boolean.", "stream")
+    for name in ("max_tokens", "max_completion_tokens", "n"):
+        value = body.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise APIError(400, f"`{name}` must be an integer.", name)
+    if models is not None and model not in models:
+        raise APIError(404, f"The model `{model}` does not exist.", "model")
+    return stream
+
+
+class StreamMeter:
+    """Counts content tokens in SSE chunks; notes first and last token times."""
+
+    __slots__ = ("cached_tokens", "last_token_at", "tokens", "usage_tokens")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.usage_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.last_token_at: float | None = None
+
+    def feed(self, chunk: bytes) -> int:
+        found = len(_TOKEN_RE.findall(chunk))
+        if found:
+            self.tokens += found
+            self.last_token_at = time.perf_counter()
+        if b'"usage":{' in chunk:
+            self._usage(chunk)
+        return found
+
+    def _usage(self, data: bytes) -> None:
+        match = _USAGE_RE.search(data)
+        if match:
+            self.usage_tokens = int(match.group(1))
+        cached = _CACHED_RE.search(data)
+        if cached:
+            self.cached_tokens = int(cached.group(1))
+
+    @property
+    def output_tokens(self) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else self.tokens
+
+
+class Proxy:
+    def __init__(self, core: RouterCore, client: httpx.AsyncClient, limiter: Limiter) -> None:
+        self.core = core
+        self.client = client
+        self.limiter = limiter
+
+    # ----- entry points -----------------------------------------------------------------
+    async def models(self, send: Send) -> None:
+        models = self.core.allowed_models() or set()
+        data = [{"id": m, "object": "model", "owned_by": "switchyard"} for m in sorted(models)]
+        await send_json(send, 200, {"object": "list", "data": data})
+
+    async def generate(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
+        started = time.perf_counter()
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        core = self.core
+        try:
+            runtime = core.runtime
+            if runtime is None:
+                raise APIError(503, "The router has no configuration yet.")
+            declared = headers.get("content-length")
+            raw = await read_body(receive, runtime.config.router.max_body_bytes,
+                                  int(declared) if declared and declared.isdigit() else None)
+            body = _parse_json(raw)
+            stream = validate(body, endpoint, core.allowed_models())
+        except ClientGone:
+            return
+        except APIError as error:
+            core.metrics.child(core.metrics.rejected, str(error.status)).inc()
+            await send_error(send, error)
+            return
+        await self._guarded(scope, receive, send, endpoint, runtime, body, raw, stream, headers,
+                            started)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, endpoint: str,
+                       runtime: Runtime, body: dict[str, Any], raw: bytes, stream: bool,
+                       headers: dict[str, str], started: float) -> None:
+        """Admission, then routing with a disconnect watcher that cancels us at once."""
+        try:
+            await self.limiter.acquire()
+        except APIError as error:
+            self.core.metrics.child(self.core.metrics.rejected, str(error.status)).inc()
+            await send_error(send, error)
+            return
+        task = asyncio.current_task()
+        assert task is not None
+        done = [False]
+        gone = [False]
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, done, gone))
+        self.core.metrics.in_flight.inc()
+        plan: Plan | None = None
+        try:
+            plan = self.core.plan(runtime, endpoint, body, headers, started)
+            await self._dispatch(plan, scope["path"], raw, stream, headers, send, done)
+        except APIError as error:
+            await send_error(send, error)
+        except asyncio.CancelledError:
+            if not gone[0]:
+                raise
+            task.uncancel()
+            if plan is not None:  # 499: nginx's code for "client closed the request"
+                self.core.finish_request(plan, status=499, ok=False, output_tokens=0,
+                                         last_token_at=None, cached_tokens=None)
+        finally:
+            done[0] = True
+            watcher.cancel()
+            self.core.metrics.in_flight.dec()
+            self.limiter.release()
+
+    # ----- dispatch with retries --------------------------------------------------------
+    async def _dispatch(self, plan: Plan, path: str, raw: bytes, stream: bool,
+                        headers: dict[str, str], send: Send, done: list[bool]) -> None:
+        core = self.core
+        settings = plan.runtime.config.router
+        up_headers = _upstream_headers(headers)
+        debug = DEBUG_HEADER in headers
+        instance: str | None = plan.instance
+        failure: UpstreamFailure | None = None
+        while instance is not None and plan.attempts < settings.max_attempts:
+            if plan.attempts:
+                plan.reason = "retry"
+                core.metrics.child(core.metrics.retries, instance).inc()
+            core.begin_attempt(plan, instance)
+            ok = False
+            try:
+                failure = await self._attempt(plan, path, raw, stream, up_headers, send, debug,
+                                              done)
+                ok = failure is None
+            finally:
+                core.end_attempt(plan, ok=ok)
+            if failure is None:
+                return
+            self._record_failure(plan, failure)
+            instance = core.next_candidate(plan)
+        self._give_up(plan, failure)
+        status = 504 if failure and failure.kind == "timeout" else 502
+        if failure is None:
+            status, message = 503, "No healthy instance left to try."
+        else:
+            message = f"All {plan.attempts} attempts failed; last: {failure.message}"
+        core.finish_request(plan, status=status, ok=False, output_tokens=0, last_token_at=None,
+                            cached_tokens=0)
+        await send_error(send, APIError(status, message))
+
+    def _record_failure(self, plan: Plan, failure: UpstreamFailure) -> None:
+        core = self.core
+        core.metrics.child(core.metrics.upstream_errors, plan.instance, failure.kind).inc()
+        core.health.record_failure(plan.instance, time.monotonic(), failure.kind,
+                                   fatal=failure.fatal)
+        log.info("request %s: %s on %s: %s", plan.request_id, failure.kind, plan.instance,
+                 failure.message)
+
+    def _give_up(self, plan: Plan, failure: UpstreamFailure | None) -> None:
+        self.core.telemetry.event(
+            "retries_exhausted", request_id=plan.request_id, attempts=plan.attempts,
+            last_error=None if failure is None else f"{failure.kind}: {failure.message}",
+            instances=[*plan.tried],
+        )
+
+    async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
+                       up_headers: dict[str, str], send: Send, debug: bool,
+                       done: list[bool]) -> UpstreamFailure | None:
+        settings = plan.runtime.config.router
+        url = plan.runtime.urls[plan.instance] + path
+        timeout = httpx.Timeout(connect=settings.connect_timeout_s,
+                                read=settings.first_byte_timeout_s, write=30.0,
+                                pool=settings.connect_timeout_s)
+        request = self.client.build_request("POST", url, content=raw, headers=up_headers,
+                                            timeout=timeout)
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.ConnectError as error:
+            return UpstreamFailure("connect", str(error) or "connection refused", fatal=True)
+        except httpx.TimeoutException as error:
+            return UpstreamFailure("timeout", f"no answer in time ({type(error).__name__})")
+        except httpx.TransportError as error:
+            return UpstreamFailure("transport", str(error) or type(error).__name__)
+        try:
+            if response.status_code >= 500:
+                detail = await _safe_read(response)
+                return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {detail}")
+            if stream and response.status_code == 200:
+                return await self._relay_stream(plan, response, send, debug, done)
+            return await self._relay_whole(plan, response, send, debug, done)
+        finally:
+            await response.aclose()
+
+    async def _relay_whole(self, plan: Plan, response: httpx.Response, send: Send, debug: bool,
+                           done: list[bool]) -> UpstreamFailure | None:
+        try:
+            data = await response.aread()
+        except httpx.TimeoutException:
+            return UpstreamFailure("timeout", "no complete answer in time")
+        except httpx.TransportError as error:
+            return UpstreamFailure("transport", str(error) or type(error).__name__)
+        core = self.core
+        ok = response.status_code < 400
+        if ok:
+            core.health.record_success(plan.instance)
+        usage = _USAGE_RE.search(data)
+        cached = _CACHED_RE.search(data)
+        headers = [(b"content-type", response.headers.get("content-type",
+                                                          "application/json").encode()),
+                   (b"content-length", str(len(data)).encode()),
+                   *self._route_headers(plan, debug)]
+        done[0] = True
+        await send({"type": "http.response.start", "status": response.status_code,
+                    "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+        core.finish_request(plan, status=response.status_code, ok=ok,
+                            output_tokens=int(usage.group(1)) if usage else 0,
+                            last_token_at=None, cached_tokens=int(cached.group(1))
+                            if cached else None)
+        return None
+
+    async def _relay_stream(self, plan: Plan, response: httpx.Response, send: Send,
+                            debug: bool, done: list[bool]) -> UpstreamFailure | None:
+        chunks = response.aiter_raw()
+        try:
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            return UpstreamFailure("empty", "the engine closed the stream without data")
+        except httpx.TimeoutException:
+            return UpstreamFailure("timeout", "no first byte in time")
+        except httpx.TransportError as error:
+            return UpstreamFailure("transport", str(error) or type(error).__name__)
+        core = self.core
+        core.health.record_success(plan.instance)
+        headers = [(b"content-type", response.headers.get("content-type",
+                                                          "text/event-stream").encode()),
+                   (b"cache-control", b"no-cache"), *self._route_headers(plan, debug)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        meter = StreamMeter()
+        status, ok = 200, True
+        try:
+            await self._forward(plan, meter, first, send)
+            async for chunk in chunks:
+                await self._forward(plan, meter, chunk, send)
+        except (httpx.TransportError, httpx.TimeoutException) as error:
+            status, ok = 502, False
+            self._mid_stream_failure(plan, error)
+            done[0] = True
+            await send({"type": "http.response.body", "more_body": False,
+                        "body": sse_error_event(502, f"The engine {plan.instance} failed "
+                                                     f"mid-stream: {type(error).__name__}")})
+            core.end_attempt(plan, ok=False)
+        else:
+            done[0] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        core.finish_request(plan, status=status, ok=ok, output_tokens=meter.output_tokens,
+                            last_token_at=meter.last_token_at, cached_tokens=meter.cached_tokens)
+        return None
+
+    async def _forward(self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send) -> None:
+        if meter.feed(chunk) and plan.first_token_at is None:
+            self.core.first_token(plan)
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+    def _mid_stream_failure(self, plan: Plan, error: Exception) -> None:
+        core = self.core
+        core.metrics.child(core.metrics.upstream_errors, plan.instance, "mid_stream").inc()
+        core.health.record_failure(plan.instance, time.monotonic(), "mid_stream")
+        log.info("request %s: stream from %s broke: %r", plan.request_id, plan.instance, error)
+
+    def _route_headers(self, plan: Plan, debug: bool) -> list[tuple[bytes, bytes]]:
+        headers = [
+            (b"x-switchyard-instance", plan.instance.encode()),
+            (b"x-switchyard-policy", plan.arm.policy_kind.encode()),
+            (b"x-switchyard-arm", plan.arm.name.encode()),
+            (b"x-switchyard-reason", plan.reason.encode()),
+            (b"x-switchyard-request-id", plan.request_id.encode()),
+        ]
+        if debug:
+            scores = json.dumps(plan.decision.score_table(), separators=(",", ":"))
+            headers.append((b"x-switchyard-scores", scores.encode()))
+            headers.append((b"x-switchyard-cached-tokens",
+                            str(plan.decision.cached_tokens).encode()))
+        return headers
+
+
+async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], done: list[bool],
+                            gone: list[bool]) -> None:
+    """Cancel the request's task the moment the client goes away (unless it finished)."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            if not done[0]:
+                gone[0] = True
+                task.cancel()
+            return
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as error:
+        raise APIError(400, f"Invalid JSON body: {error}") from None
+
+
+def _upstream_headers(headers: dict[str, str]) -> dict[str, str]:
+    out = {"content-type": "application/json", "accept-encoding": "identity"}
+    for name in FORWARDED_HEADERS:
+        value = headers.get(name)
+        if value is not None:
+            out[name] = value
+    return out
+
+
+async def _safe_read(response: httpx.Response) -> str:
+    try:
+        return (await response.aread())[:200].decode("utf-8", "replace")
+    except httpx.HTTPError:
+        return ""
+
+
+async def send_json(send: Send, status: int, payload: Any,
+                    extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    data = json.dumps(payload).encode()
+    headers = [JSON_TYPE, (b"content-length", str(len(data)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    data = error_bytes(error.status, error.message, error.param)
+    headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

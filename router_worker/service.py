@@ -1,0 +1,130 @@
+"""Wiring of one router process: core, proxy, monitor, telemetry, config; start and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from router_worker.config import ConfigError, RouterConfig, parse_config
+from router_worker.core import RouterCore
+from router_worker.kv_subscriber import KVSubscribers
+from router_worker.limits import Limiter
+from router_worker.metrics import RouterMetrics
+from router_worker.monitor import Monitor
+from router_worker.proxy import Proxy
+from router_worker.telemetry import Telemetry
+
+log = logging.getLogger("router_worker")
+
+
+@dataclass
+class ServiceOptions:
+    name: str
+    redis_url: str | None = None
+    admin_token: str | None = None
+    max_connections: int = 2048
+
+
+class ConfigRefused(Exception):
+    """A configuration document was refused (invalid, or older than the applied one)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Service:
+    options: ServiceOptions
+    metrics: RouterMetrics = field(default_factory=RouterMetrics)
+    tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    on_applied: list[Callable[[RouterConfig, dict[str, Any]], None]] = field(
+        default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.telemetry = Telemetry(self.options.name, self.options.redis_url,
+                                   on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n))
+        self.core = RouterCore(self.options.name, self.telemetry, self.metrics)
+        self.limiter = Limiter(1024, 1024, 10.0)
+        self.client = make_client(self.options.max_connections)
+        self.proxy = Proxy(self.core, self.client, self.limiter)
+        self.monitor = Monitor(self.core, self.client)
+        self.kv = KVSubscribers(self.core)
+        self.started_at = time.time()
+
+    # ----- configuration -------------------------------------------------------------
+    def apply_document(self, document: dict[str, Any], version: int | None = None,
+                       source: str = "admin") -> RouterConfig:
+        """Validate and apply; raises ConfigRefused (old config kept) if it cannot be."""
+        if version is not None:
+            document = {**document, "version": version}
+        try:
+            config = parse_config(document)
+        except ConfigError as error:
+            self.telemetry.event("config_rejected", version=document.get("version"),
+                                 error=str(error), source=source)
+            raise ConfigRefused(str(error)) from None
+        current = self.core.runtime
+        if current is not None and config.version < current.version:
+            message = f"version {config.version} is older than the applied {current.version}"
+            self.telemetry.event("config_rejected", version=config.version, error=message,
+                                 source=source)
+            raise ConfigRefused(message, status=409)
+        if current is not None and current.config == config:
+            return config
+        try:
+            self.core.apply_config(config)
+        except (OSError, ValueError) as error:  # e.g. tokenizer file unreadable
+            self.telemetry.event("config_rejected", version=config.version, error=str(error),
+                                 source=source)
+            raise ConfigRefused(f"cannot apply: {error}") from None
+        settings = config.router
+        self.limiter.configure(settings.max_concurrency, settings.max_queue,
+                               settings.queue_timeout_s)
+        self.kv.sync(config)
+        self.telemetry.event("config_applied", version=config.version, source=source,
+                             policy=config.policy.kind,
+                             canary=config.canary.id if config.canary else None)
+        log.info("applied config version %s (%s, %d instances) from %s", config.version,
+                 config.policy.kind, len(config.instances), source)
+        for hook in self.on_applied:
+            hook(config, document)
+        return config
+
+    # ----- lifecycle -----------------------------------------------------------------
+    async def start(self) -> None:
+        self.telemetry.event("router_started", pid=os.getpid(),
+                             config_version=self.core.runtime.version if self.core.runtime
+                             else None)
+        for loop in (self.monitor.run_scrapes(), self.monitor.run_probes(),
+                     self.telemetry.run(), self.kv.run()):
+            self.tasks.append(asyncio.create_task(loop))
+
+    def add_task(self, coroutine: Any) -> None:
+        self.tasks.append(asyncio.create_task(coroutine))
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self.kv.close()
+        await self.client.aclose()
+        await self.telemetry.close()
+
+
+def make_client(max_connections: int) -> httpx.AsyncClient:
+    """The one shared upstream client: keep-alive pool sized for many concurrent streams."""
+    limits = httpx.Limits(max_connections=max_connections,
+                          max_keepalive_connections=max_connections, keepalive_expiry=60.0)
+    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0), http2=False,
+                             follow_redirects=False, trust_env=False)

@@ -1,0 +1,287 @@
+"""Telemetry out (DESIGN.md §2): state snapshots, per-arm metrics and events to Redis.
+
+Follows :mod:`router_worker.telemetry_contract` exactly. Routing never waits on Redis:
+requests only append to in-memory aggregates and a bounded event buffer; one background
+task writes every ``STATE_INTERVAL_S``. While Redis is unreachable, events and metrics
+records stay buffered (bounded; the oldest are dropped and counted) and are flushed on
+reconnect, followed by an ``events_dropped`` event carrying the count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from router_worker import telemetry_contract as contract
+
+log = logging.getLogger("router_worker.telemetry")
+
+EVENT_BUFFER = 10_000
+METRICS_BUFFER = 600
+WINDOW_S = 30.0
+WINDOW_MAX_SAMPLES = 50_000
+FLUSH_BATCH = 500
+
+
+@dataclass(slots=True)
+class RequestSample:
+    """One finished request as the router saw it."""
+
+    at: float  # unix seconds
+    arm: str
+    policy: str
+    instance: str | None
+    ok: bool
+    ttft: float | None
+    tpot: float | None
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    fallback: bool
+
+
+class _Reservoir:
+    """Uniform sample of at most ``size`` values (Vitter's algorithm R)."""
+
+    def __init__(self, size: int, rng: random.Random) -> None:
+        self.size, self.rng, self.seen, self.values = size, rng, 0, []
+
+    def add(self, value: float) -> None:
+        self.seen += 1
+        if len(self.values) < self.size:
+            self.values.append(value)
+        else:
+            slot = self.rng.randrange(self.seen)
+            if slot < self.size:
+                self.values[slot] = value
+
+
+class _Interval:
+    """Aggregates of one metrics record (reset every METRICS_INTERVAL_S)."""
+
+    def __init__(self, start: float, rng: random.Random) -> None:
+        self.start = start
+        self.rng = rng
+        self.arms: dict[str, contract.ArmMetrics] = {}
+        self.instances: dict[str, contract.InstanceMetrics] = {}
+        self.samples: dict[tuple[str, str, str], _Reservoir] = {}
+
+    def add(self, s: RequestSample) -> None:
+        arm = self.arms.get(s.arm)
+        if arm is None:
+            arm = self.arms[s.arm] = contract.ArmMetrics(policy=s.policy)
+        _count(arm, s)
+        arm.hotspot_fallbacks += int(s.fallback)
+        self._samples("arm", s.arm, s)
+        if s.instance is not None:
+            inst = self.instances.setdefault(s.instance, contract.InstanceMetrics())
+            _count(inst, s)
+            self._samples("instance", s.instance, s)
+
+    def _samples(self, scope: str, name: str, s: RequestSample) -> None:
+        for metric, value in (("ttft", s.ttft), ("tpot", s.tpot)):
+            if value is not None:
+                key = (scope, name, metric)
+                reservoir = self.samples.get(key)
+                if reservoir is None:
+                    reservoir = self.samples[key] = _Reservoir(
+                        contract.MAX_SAMPLES_PER_RECORD, self.rng)
+                reservoir.add(value)
+
+    def record(self, cluster: str, router: str, end: float,
+               peaks: dict[str, tuple[float, float, float]]) -> contract.MetricsRecord:
+        for (scope, name, metric), reservoir in self.samples.items():
+            target = self.arms[name] if scope == "arm" else self.instances[name]
+            setattr(target, f"{metric}_s", reservoir.values)
+        for name, (pending, batch, kv) in peaks.items():
+            inst = self.instances.setdefault(name, contract.InstanceMetrics())
+            inst.pending_prefill_tokens_max = pending
+            inst.batch_size_max = batch
+            inst.kv_usage_max = kv
+        return contract.MetricsRecord(id=_new_id(), cluster=cluster, router=router,
+                                      start=self.start, end=end, arms=self.arms,
+                                      instances=self.instances)
+
+
+def _count(target: Any, s: RequestSample) -> None:
+    target.requests += 1
+    target.errors += int(not s.ok)
+    target.output_tokens += s.output_tokens
+
+
+def _new_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex
+
+
+SnapshotSource = Callable[[], dict[str, Any]]
+
+
+class Telemetry:
+    """In-memory aggregates plus the Redis writer task (when a Redis URL is given)."""
+
+    def __init__(self, router: str, redis_url: str | None,
+                 on_dropped: Callable[[int], None] | None = None) -> None:
+        self.router = router
+        self.cluster = "default"
+        self.redis_url = redis_url
+        self.on_dropped = on_dropped
+        self.snapshot_source: SnapshotSource | None = None
+        self.peaks_source: Callable[[], dict[str, tuple[float, float, float]]] | None = None
+        self._rng = random.Random()
+        self._window: deque[RequestSample] = deque(maxlen=WINDOW_MAX_SAMPLES)
+        self._interval = _Interval(time.time(), self._rng)
+        self._events: deque[contract.RouterEvent] = deque()
+        self._records: deque[contract.MetricsRecord] = deque()
+        self.dropped_total = 0
+        self._dropped_unreported = 0
+        self.connected: bool | None = None
+        self._redis: Any = None
+        self.recent_events: deque[dict[str, Any]] = deque(maxlen=200)
+
+    # ----- producers (hot path: append only) ------------------------------------------
+    def record(self, sample: RequestSample) -> None:
+        self._window.append(sample)
+        self._interval.add(sample)
+
+    def event(self, kind: str, **payload: Any) -> contract.RouterEvent:
+        event = contract.RouterEvent.new(self.cluster, self.router, kind, time.time(), **payload)
+        self.recent_events.append(event.model_dump())
+        if len(self._events) >= EVENT_BUFFER:
+            self._events.popleft()
+            self._count_dropped(1)
+        self._events.append(event)
+        return event
+
+    def _count_dropped(self, count: int) -> None:
+        self.dropped_total += count
+        self._dropped_unreported += count
+        if self.on_dropped is not None:
+            self.on_dropped(count)
+
+    # ----- aggregation --------------------------------------------------------------
+    def window_stats(self, now: float, arm: str | None = None) -> contract.WindowStats:
+        horizon = now - WINDOW_S
+        while self._window and self._window[0].at < horizon:
+            self._window.popleft()
+        samples = [s for s in self._window if arm is None or s.arm == arm]
+        return _window_stats(samples)
+
+    def state_snapshot(self, now: float) -> contract.StateSnapshot:
+        source = self.snapshot_source() if self.snapshot_source else {}
+        arms = {name: self.window_stats(now, name) for name in source.get("arms", ())}
+        window = self.window_stats(now)
+        window.load_cv = source.get("load_cv")
+        return contract.StateSnapshot(
+            ts=now, cluster=self.cluster, router=self.router,
+            config_version=source.get("config_version"), policy=source.get("policy", ""),
+            instances=source.get("instances", []), window=window, arms=arms,
+            hotspots=source.get("hotspots", []),
+        )
+
+    def cut_metrics_record(self, now: float) -> None:
+        peaks = self.peaks_source() if self.peaks_source else {}
+        record = self._interval.record(self.cluster, self.router, now, peaks)
+        self._interval = _Interval(now, self._rng)
+        if len(self._records) >= METRICS_BUFFER:
+            self._records.popleft()
+            self._count_dropped(1)
+        self._records.append(record)
+
+    # ----- the writer ---------------------------------------------------------------
+    async def run(self) -> None:
+        """Write state every STATE_INTERVAL_S, metrics every METRICS_INTERVAL_S; forever."""
+        next_metrics = time.time() + contract.METRICS_INTERVAL_S
+        while True:
+            await asyncio.sleep(contract.STATE_INTERVAL_S)
+            now = time.time()
+            if now >= next_metrics:
+                self.cut_metrics_record(now)
+                next_metrics = now + contract.METRICS_INTERVAL_S
+            if self.redis_url is None:
+                self._records.clear()
+                self._events.clear()
+                continue
+            await self._write(now)
+
+    async def _write(self, now: float) -> None:
+        try:
+            redis = self._client()
+            await redis.set(contract.state_key(self.cluster, self.router),
+                            contract.dumps_state(self.state_snapshot(now)),
+                            ex=contract.STATE_TTL_S)
+            await self._flush(redis)
+            self._set_connected(True)
+        except Exception as error:  # Redis down or misbehaving: keep routing, retry later
+            self._set_connected(False, error)
+
+    async def _flush(self, redis: Any) -> None:
+        if self._dropped_unreported:
+            count, self._dropped_unreported = self._dropped_unreported, 0
+            self.event("events_dropped", count=count)
+        await self._flush_queue(redis, self._events, contract.EVENTS_STREAM)
+        await self._flush_queue(redis, self._records, contract.METRICS_STREAM)
+
+    async def _flush_queue(self, redis: Any, queue: deque[Any], stream: str) -> None:
+        while queue:
+            batch = [queue[i] for i in range(min(FLUSH_BATCH, len(queue)))]
+            pipe = redis.pipeline(transaction=False)
+            for item in batch:
+                pipe.xadd(stream, item.to_stream_fields(), maxlen=contract.STREAM_MAXLEN,
+                          approximate=True)
+            await pipe.execute()
+            for _ in batch:  # only what Redis accepted leaves the buffer
+                queue.popleft()
+
+    def _client(self) -> Any:
+        if self._redis is None:
+            import redis.asyncio as aioredis
+
+            self._redis = aioredis.Redis.from_url(
+                self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+        return self._redis
+
+    def _set_connected(self, connected: bool, error: Exception | None = None) -> None:
+        if connected != self.connected:
+            if connected:
+                log.info("telemetry: Redis reachable")
+            else:
+                log.warning("telemetry: Redis unreachable (%s); buffering", error)
+        self.connected = connected
+
+    @property
+    def buffered_events(self) -> int:
+        return len(self._events)
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def _window_stats(samples: list[RequestSample]) -> contract.WindowStats:
+    span = max(min(WINDOW_S, samples[-1].at - samples[0].at), 1.0) if samples else WINDOW_S
+    ttft = [s.ttft for s in samples if s.ttft is not None]
+    tpot = [s.tpot for s in samples if s.tpot is not None]
+    prompt = sum(s.prompt_tokens for s in samples)
+    cached = sum(s.cached_tokens for s in samples)
+    return contract.WindowStats(
+        seconds=WINDOW_S, requests=len(samples), errors=sum(not s.ok for s in samples),
+        requests_per_s=len(samples) / span,
+        output_tokens_per_s=sum(s.output_tokens for s in samples) / span,
+        ttft_p50_s=_percentile(ttft, 50), ttft_p99_s=_percentile(ttft, 99),
+        tpot_p50_s=_percentile(tpot, 50), tpot_p99_s=_percentile(tpot, 99),
+        hit_ratio=(cached / prompt) if prompt else None,
+    )

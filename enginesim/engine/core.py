@@ -85,14 +85,11 @@ class _Request:
     runs: list[list[int]] = field(default_factory=list)  # [first global step, token count]
     delivered: int = 0
     finish_reported: bool = False
+    prompt_len: int = 0
+    num_tokens: int = 0  # prompt + output tokens so far
 
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.prompt) + self.num_output
+    def __post_init__(self) -> None:
+        self.prompt_len = self.num_tokens = len(self.prompt)
 
     @property
     def num_blocks(self) -> int:
@@ -113,7 +110,8 @@ class EngineCore:
         self.requests: dict[str, _Request] = {}
         self.running: list[_Request] = []
         self.waiting: deque[_Request] = deque()
-        self._dirty: dict[str, _Request] = {}
+        self._dirty: dict[str, _Request] = {}  # requests with undelivered news
+        self._eventful: dict[str, _Request] = {}  # ... whose news include a first token/finish
         self._step_ends = np.zeros(1024)
         self._num_steps = 0
         self._free_at = 0.0  # end of the last committed step
@@ -152,19 +150,29 @@ class EngineCore:
         self._flush_events()
         return True
 
-    def advance_to(self, t: float, per_token: bool = False) -> list[RequestOutput]:
-        """Simulate every step that starts by ``t``; return outputs of steps ending by ``t``."""
+    def advance_to(self, t: float, per_token: bool = False,
+                   events_only: bool = False) -> list[RequestOutput]:
+        """Simulate every step that starts by ``t``; return outputs of steps ending by ``t``.
+
+        ``events_only``: report only requests that got their first token or finished (their
+        ``new_token_count`` still covers every token since their previous output); the
+        replay simulator needs nothing else, and skipping the rest keeps calls O(events).
+        """
         t = self._run_until(t)
         outputs = []
-        for req_id, req in list(self._dirty.items()):
+        candidates = self._eventful if events_only else self._dirty
+        for req_id, req in list(candidates.items()):
             out = self._output(req, t, per_token)
             if out is not None:
                 outputs.append(out)
             if req.finish_reported:
-                del self._dirty[req_id]
+                self._dirty.pop(req_id, None)
+                self._eventful.pop(req_id, None)
                 del self.requests[req_id]
-            elif req.finish_time is None and req.delivered == req.num_output:
-                del self._dirty[req_id]
+            elif req.delivered > 0 and req.finish_time is None:
+                self._eventful.pop(req_id, None)
+                if req.delivered == req.num_output:
+                    self._dirty.pop(req_id, None)
         return outputs
 
     def next_event_time(self) -> float | None:
@@ -278,7 +286,9 @@ class EngineCore:
     def _grow_or_preempt(self, req: _Request, num_new: int) -> bool:
         """Allocate blocks for ``num_new`` more tokens of ``req``, preempting the newest
         running requests while blocks are short; False if ``req`` itself was preempted."""
-        need = max(0, -(-(req.num_computed + num_new) // self.block_size) - req.num_blocks)
+        need = -(-(req.num_computed + num_new) // self.block_size) - req.num_blocks
+        if need <= 0:
+            return True
         while not self.pool.allocate(need):
             victim = self.running.pop()
             self._preempt(victim)
@@ -369,15 +379,13 @@ class EngineCore:
     def _cache_blocks(self, req: _Request, upto: int) -> None:
         """Enter prompt blocks [num_checked_blocks, upto) into the prefix cache."""
         first = req.num_checked_blocks
-        stored = []
-        for j in range(first, upto):
-            h = req.hashes[j]
-            if self.tier is not None:
+        run = req.hashes[first:upto]
+        if self.tier is not None:
+            for h in run:
                 self.tier.store(h)
-            if self.pool.cache(h):
-                req.held.append(h)
-                req.num_private -= 1
-                stored.append(h)
+        stored = self.pool.cache_run(run)
+        req.held.extend(stored)
+        req.num_private -= len(stored)
         req.num_checked_blocks = upto
         if stored and self.kv_event_sink is not None:
             self._emit_stored(req, first, upto, stored)
@@ -498,7 +506,9 @@ class EngineCore:
         if req.first_token_time is None:
             req.first_token_time = float(self._step_ends[first_step])
             self._counters["prompt"] += req.prompt_len
+            self._eventful[req.req_id] = req
         req.num_output += count
+        req.num_tokens += count
         self._counters["generation"] += count
         self._dirty[req.req_id] = req
         if req.num_output >= req.max_tokens:
@@ -511,12 +521,13 @@ class EngineCore:
         req.finish_reason = reason
         self._counters["finished"] += 1
         self._dirty[req.req_id] = req
+        self._eventful[req.req_id] = req
 
     def _last_step_has_event(self) -> bool:
         end = self._free_at
         return any((r.finish_time == end and not r.finish_reported)
                    or (r.first_token_time == end and r.delivered == 0)
-                   for r in self._dirty.values())
+                   for r in self._eventful.values())
 
     def _token_count_by(self, req: _Request, t: float) -> int:
         """Tokens of ``req`` whose step ended by ``t`` (only the last step can end later)."""
@@ -544,6 +555,7 @@ class EngineCore:
             if req.runs[-1][1] == 0:
                 req.runs.pop()
             req.num_output = keep
+            req.num_tokens = req.prompt_len + keep
             if keep == 0:
                 req.first_token_time = None
 

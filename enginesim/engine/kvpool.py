@@ -79,6 +79,16 @@ class BlockPool:
         self.refcount[block_hash] = 1
         return True
 
+    def cache_run(self, hashes: Sequence[int]) -> list[int]:
+        """``cache`` for consecutive blocks; returns the hashes newly cached."""
+        if not self.enable_caching:
+            return []
+        refcount = self.refcount
+        stored = [h for h in hashes if h not in refcount]
+        for h in stored:
+            refcount[h] = 1
+        return stored
+
     def release(self, hashes: Sequence[int], num_private: int) -> None:
         """Free a request's blocks; later blocks of the chain become evictable first."""
         self.free_uncached += num_private

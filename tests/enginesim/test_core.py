@@ -22,7 +22,7 @@ def make_engine(gpu="h20", model="qwen2-7b", sink=None, fast_forward=True, **ove
                       fast_forward=fast_forward)
 
 
-def run(engine, arrivals, per_token=False):
+def run(engine, arrivals, per_token=False, events_only=False):
     """Drive ``engine`` like the discrete-event simulator; arrivals = [(t, id, prompt, n)]."""
     pending = sorted(arrivals, key=lambda a: a[0])
     outputs: dict[str, list] = {}
@@ -34,7 +34,7 @@ def run(engine, arrivals, per_token=False):
             t, req_id, prompt, max_tokens = pending.pop(0)
             engine.add_request(req_id, prompt, max_tokens, now=t)
             continue
-        for out in engine.advance_to(next_engine, per_token=per_token):
+        for out in engine.advance_to(next_engine, per_token=per_token, events_only=events_only):
             outputs.setdefault(out.req_id, []).append(out)
     return outputs, iterations
 
@@ -69,6 +69,18 @@ def test_every_request_finishes_once_with_exactly_max_tokens_and_causal_times():
         assert np.all(np.diff(times) > 0)
         assert arrival < outs[0].first_token_time == times[0]
         assert outs[-1].finish_time == times[-1]
+
+
+def test_events_only_outputs_report_first_tokens_and_finishes_with_all_tokens():
+    arrivals = workload(seed=3, n=30)
+    full, _ = run(make_engine(), arrivals)
+    events, _ = run(make_engine(), arrivals, events_only=True)
+    for _, req_id, _, max_tokens in arrivals:
+        outs = events[req_id]
+        assert len(outs) <= 2 and outs[-1].finished
+        assert sum(o.new_token_count for o in outs) == max_tokens
+        assert outs[0].first_token_time == finals(full)[req_id].first_token_time
+        assert outs[-1].finish_time == finals(full)[req_id].finish_time
 
 
 def test_fast_forward_matches_step_by_step():

@@ -162,6 +162,8 @@ class EngineCore:
         outputs = []
         candidates = self._eventful if events_only else self._dirty
         for req_id, req in list(candidates.items()):
+            if events_only and not self._has_event_by(req, t):
+                continue
             out = self._output(req, t, per_token)
             if out is not None:
                 outputs.append(out)
@@ -528,6 +530,12 @@ class EngineCore:
         return any((r.finish_time == end and not r.finish_reported)
                    or (r.first_token_time == end and r.delivered == 0)
                    for r in self._eventful.values())
+
+    def _has_event_by(self, req: _Request, t: float) -> bool:
+        if req.finish_time is not None and req.finish_time <= t:
+            return True
+        return req.delivered == 0 and req.first_token_time is not None \
+            and req.first_token_time <= t
 
     def _token_count_by(self, req: _Request, t: float) -> int:
         """Tokens of ``req`` whose step ended by ``t`` (only the last step can end later)."""

@@ -11,3 +11,7 @@ from .settings import *  # noqa: F403
 # Close connections at the end of each request/task so worker threads started by tests do
 # not hold the test database open at teardown.
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
+# Concurrent test runs on one machine (several developers) each need their own database.
+DATABASES["default"]["TEST"]["NAME"] = os.environ.get(  # noqa: F405
+    "SWITCHYARD_TEST_DB", DATABASES["default"]["TEST"]["NAME"]  # noqa: F405
+)

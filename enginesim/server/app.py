@@ -110,7 +110,7 @@ class InstanceAPI:
                 count = min(interval, seen - sent)
                 final_sent = stream.finished and sent + count == seen
                 reason = stream.finish_reason if final_sent else None
-                yield renderer.content_chunk(text.text(sent, sent + count), reason)
+                yield renderer.content_chunk(text.text(sent, sent + count), reason, json_safe=True)
                 sent += count
         if gen.include_usage:
             usage = openai_api.usage(stream.prompt_len, sent, stream.num_cached_tokens)

@@ -16,11 +16,18 @@ exported as ``enginesim:time_scale`` for scrapers that want to compare.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+import bisect
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.utils import floatToGoString
 
 LABELS = ("model_name", "engine")
 ENGINE_INDEX = "0"
@@ -52,6 +59,37 @@ def buckets_1_2_5(max_value: int) -> list[int]:
         scale *= 10
 
 
+class SimpleHistogram:
+    """A histogram that takes weighted observations (n tokens at once) cheaply.
+
+    prometheus_client's Histogram takes a lock and walks the buckets per
+    observation; at tens of thousands of tokens per second that is a sizeable
+    share of the server's single core.
+    """
+
+    __slots__ = ("_bounds", "_counts", "doc", "name", "total")
+
+    def __init__(self, name: str, doc: str, buckets: Sequence[float]) -> None:
+        self.name = name
+        self.doc = doc
+        self._bounds = [float(b) for b in buckets]
+        self._counts = [0] * (len(self._bounds) + 1)  # last = above every bound
+        self.total = 0.0
+
+    def observe(self, value: float, count: int = 1) -> None:
+        self._counts[bisect.bisect_left(self._bounds, value)] += count
+        self.total += value * count
+
+    def family(self, label_values: list[str]) -> Metric:
+        cumulative, buckets = 0, []
+        for bound, count in zip([*self._bounds, float("inf")], self._counts, strict=True):
+            cumulative += count
+            buckets.append((floatToGoString(bound), cumulative))
+        family = HistogramMetricFamily(self.name, self.doc, labels=LABELS)
+        family.add_metric(label_values, buckets, sum_value=self.total)
+        return family
+
+
 class _EngineStateCollector:
     """Gauges and counters read from ``EngineStats`` on each scrape."""
 
@@ -62,19 +100,19 @@ class _EngineStateCollector:
         cache_info: Mapping[str, str],
         time_scale_fn: Callable[[], float],
     ) -> None:
-        self._lv = label_values
+        self.label_values = label_values
         self._stats_fn = stats_fn
         self._cache_info = dict(cache_info)
         self._time_scale_fn = time_scale_fn
 
     def _gauge(self, name: str, doc: str, value: float) -> Metric:
         family = GaugeMetricFamily(name, doc, labels=LABELS)
-        family.add_metric(self._lv, value)
+        family.add_metric(self.label_values, value)
         return family
 
     def _counter(self, name: str, doc: str, value: float) -> Metric:
         family = CounterMetricFamily(name, doc, labels=LABELS)
-        family.add_metric(self._lv, value)
+        family.add_metric(self.label_values, value)
         return family
 
     def collect(self) -> Iterator[Metric]:
@@ -122,7 +160,7 @@ class _EngineStateCollector:
 
 
 class InstanceMetrics:
-    """The registry behind one instance's ``/metrics``."""
+    """Everything behind one instance's ``/metrics``."""
 
     def __init__(
         self,
@@ -132,83 +170,74 @@ class InstanceMetrics:
         stats_fn: Callable[[], Any],
         time_scale_fn: Callable[[], float],
     ) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        lv = [model_name, ENGINE_INDEX]
+        self.label_values = [model_name, ENGINE_INDEX]
         token_buckets = buckets_1_2_5(max_model_len)
-
-        def histogram(name: str, doc: str, buckets: Any) -> Any:
-            metric = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
-            return metric.labels(*lv)
-
-        self.ttft = histogram(
+        self.ttft = SimpleHistogram(
             "vllm:time_to_first_token_seconds",
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
         )
-        self.itl = histogram(
+        self.itl = SimpleHistogram(
             "vllm:inter_token_latency_seconds",
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         )
-        self.tpot = histogram(
+        self.tpot = SimpleHistogram(
             "vllm:time_per_output_token_seconds",
             "Histogram of time per output token in seconds."
             "DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
             ITL_BUCKETS,
         )
-        self.request_tpot = histogram(
+        self.request_tpot = SimpleHistogram(
             "vllm:request_time_per_output_token_seconds",
             "Histogram of time_per_output_token_seconds per request.",
             ITL_BUCKETS,
         )
-        self.e2e = histogram(
+        self.e2e = SimpleHistogram(
             "vllm:e2e_request_latency_seconds",
             "Histogram of e2e request latency in seconds.",
             REQUEST_LATENCY_BUCKETS,
         )
-        self.prompt_len = histogram(
+        self.prompt_len = SimpleHistogram(
             "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
         )
-        self.generation_len = histogram(
+        self.generation_len = SimpleHistogram(
             "vllm:request_generation_tokens",
             "Number of generation tokens processed.",
             token_buckets,
         )
-        self.max_tokens_param = histogram(
+        self.max_tokens_param = SimpleHistogram(
             "vllm:request_params_max_tokens",
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         )
         # vLLM counts a request's whole prompt (cached part included) at its first token.
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Number of prefill tokens processed.", LABELS,
-            registry=self.registry,
-        ).labels(*lv)  # fmt: skip
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Number of generation tokens processed.", LABELS,
-            registry=self.registry,
-        ).labels(*lv)  # fmt: skip
-        success = Counter(
-            "vllm:request_success",
-            "Count of successfully processed requests.",
-            [*LABELS, "finished_reason"],
-            registry=self.registry,
+        self.prompt_tokens = 0
+        self.generation_tokens = 0
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_ServerCollector(self))
+        self.registry.register(
+            _EngineStateCollector(self.label_values, stats_fn, cache_info, time_scale_fn)
         )
-        self.success = {reason: success.labels(*lv, reason) for reason in FINISH_REASONS}
-        self.registry.register(_EngineStateCollector(lv, stats_fn, cache_info, time_scale_fn))
+
+    def histograms(self) -> list[SimpleHistogram]:
+        return [
+            self.ttft, self.itl, self.tpot, self.request_tpot, self.e2e,
+            self.prompt_len, self.generation_len, self.max_tokens_param,
+        ]  # fmt: skip
 
     def observe_first_token(self, ttft: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft)
-        self.prompt_tokens.inc(prompt_tokens)
-        self.generation_tokens.inc()
+        self.prompt_tokens += prompt_tokens
+        self.generation_tokens += 1
 
     def observe_decode(self, interval: float, num_tokens: int) -> None:
         """``num_tokens`` tokens produced evenly over ``interval`` simulated seconds."""
-        self.generation_tokens.inc(num_tokens)
+        self.generation_tokens += num_tokens
         per_token = interval / num_tokens
-        for _ in range(num_tokens):
-            self.itl.observe(per_token)
-            self.tpot.observe(per_token)
+        self.itl.observe(per_token, num_tokens)
+        self.tpot.observe(per_token, num_tokens)
 
     def observe_finished(
         self,
@@ -219,7 +248,7 @@ class InstanceMetrics:
         max_tokens: int | None,
         decode_time: float,
     ) -> None:
-        self.success[reason].inc()
+        self.success[reason] += 1
         self.e2e.observe(e2e)
         self.prompt_len.observe(prompt_tokens)
         self.generation_len.observe(generation_tokens)
@@ -230,3 +259,32 @@ class InstanceMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _ServerCollector:
+    """Counters and histograms the server feeds."""
+
+    def __init__(self, metrics: InstanceMetrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        m = self._metrics
+        lv = m.label_values
+        for name, doc, total in (
+            ("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens),
+            ("vllm:generation_tokens", "Number of generation tokens processed.",
+             m.generation_tokens),
+        ):  # fmt: skip
+            family = CounterMetricFamily(name, doc, labels=LABELS)
+            family.add_metric(lv, total)
+            yield family
+        success = CounterMetricFamily(
+            "vllm:request_success",
+            "Count of successfully processed requests.",
+            labels=[*LABELS, "finished_reason"],
+        )
+        for reason, count in m.success.items():
+            success.add_metric([*lv, reason], count)
+        yield success
+        for histogram in m.histograms():
+            yield histogram.family(lv)

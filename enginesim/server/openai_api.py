@@ -264,9 +264,13 @@ class ChunkRenderer:
             '"logprobs":null,"finish_reason":null}]}'
         )
 
-    def content_chunk(self, text: str, finish_reason: str | None = None) -> bytes:
+    def content_chunk(
+        self, text: str, finish_reason: str | None = None, json_safe: bool = False
+    ) -> bytes:
+        """``json_safe``: the text needs no JSON escaping (synthetic text never does)."""
+        quoted = f'"{text}"' if json_safe else dumps(text)
         reason = "null" if finish_reason is None else dumps(finish_reason)
-        return sse(self._open + dumps(text) + self._close + reason + ',"stop_reason":null}]}')
+        return sse(self._open + quoted + self._close + reason + ',"stop_reason":null}]}')
 
     def usage_chunk(self, usage_info: dict[str, Any]) -> bytes:
         return sse(self._head + '[],"usage":' + dumps(usage_info) + "}")

@@ -74,6 +74,9 @@ def encode(text: str) -> list[int]:
 
 
 _GEN_PIECES = tuple(" " + word for word in dict.fromkeys(_WORDS))
+# Generated text is plain ASCII letters and spaces: it is valid JSON string
+# content as is, which lets the SSE path skip json.dumps.
+assert all(piece[1:].isascii() and piece[1:].isalpha() for piece in _GEN_PIECES)
 _GEN_IDS = tuple(piece_id(piece) for piece in _GEN_PIECES)
 _ID_TO_GEN_PIECE = dict(zip(_GEN_IDS, _GEN_PIECES, strict=True))
 

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from enginesim.engine.core import EngineRequestError
 from enginesim.server import openai_api, tokenizer
 from enginesim.server.chat import ChatTemplateError, render_chat
 from enginesim.server.driver import RequestStream
@@ -36,20 +37,11 @@ async def _json_body(request: Request) -> Any:
         raise APIError(400, f"Invalid JSON body: {exc}") from exc
 
 
-def _engine_request_error() -> type[Exception]:
-    try:
-        from enginesim.engine.core import EngineRequestError
-    except ImportError:  # engine core not importable: nothing to translate
-        return APIError
-    return EngineRequestError
-
-
 class InstanceAPI:
     """Request handlers bound to one instance."""
 
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
-        self._engine_error = _engine_request_error()
         self._kill_task: asyncio.Future[None] | None = None
 
     # -- generation -----------------------------------------------------------
@@ -71,7 +63,7 @@ class InstanceAPI:
         driver = inst.driver
         try:
             stream = driver.submit(req_id, gen.prompt_token_ids, gen.max_tokens, gen.natural_stop)
-        except self._engine_error as exc:
+        except EngineRequestError as exc:
             return error_response(400, str(exc))
         created = int(time.time())
 

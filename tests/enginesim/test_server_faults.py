@@ -146,3 +146,11 @@ def test_kill_through_the_instance_port_answers_then_closes(url, sim):
     recover = {"instance": INSTANCE, "mode": "recover"}
     httpx.post(sim.admin_url + "/admin/fault", json=recover).raise_for_status()
     assert httpx.get(url + "/health").status_code == 200
+
+
+def test_cli_fault_applies_from_startup(sim_factory):
+    server = sim_factory("--fault", "1:slow:3", instances=2, kv_events=False)
+    assert scrape(server.url(0))[("enginesim:time_scale", ())] == pytest.approx(0.05)
+    assert scrape(server.url(1))[("enginesim:time_scale", ())] == pytest.approx(0.15)
+    listing = httpx.get(server.admin_url + "/admin/instances").json()
+    assert [item["fault"]["mode"] for item in listing] == ["none", "slow"]

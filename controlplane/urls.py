@@ -1,9 +1,13 @@
 from django.contrib import admin
 from django.urls import path
+from django.views.generic import RedirectView
 
+from controlplane.api.api import api
 from controlplane.web.health import healthz
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),
     path("admin/", admin.site.urls),
+    path("api/v1/", api.urls),
+    path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
 ]

@@ -11,6 +11,9 @@ from . import audit, config
 from .audit import Actor
 from .errors import Conflict, NotFound, ServiceError
 
+MIN_BLOCK_SIZE = 1
+MAX_BLOCK_SIZE = 4096
+
 
 def instance_snapshot(instance: Instance) -> dict:
     return {"name": instance.name, "url": instance.url, "state": instance.state,
@@ -43,9 +46,15 @@ def create_cluster(actor: Actor, *, name: str, model: str, gpu_type: str,
                    block_size: int = 16, reason: str = "") -> Cluster:
     cluster = Cluster(name=name, model=model, gpu_type=gpu_type, block_size=block_size)
     _full_clean(cluster, ("name", "model", "gpu_type", "block_size"))
-    if Cluster.objects.filter(name=name).exists():
-        raise Conflict(f"a cluster named {name!r} already exists", "name")
-    cluster.save()
+    if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
+        # The router refuses other sizes, so the first config version could never be built.
+        raise ServiceError(f"block_size must be in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}",
+                           "block_size")
+    try:
+        with transaction.atomic():
+            cluster.save()
+    except IntegrityError:
+        raise Conflict(f"a cluster named {name!r} already exists", "name") from None
     audit.record(actor, "cluster.create", cluster, after=cluster_snapshot(cluster),
                  reason=reason, cluster=cluster)
     return cluster
@@ -75,6 +84,8 @@ def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: st
     instance = _locked_instance(instance_id)
     if state not in Instance.State.values:
         raise ServiceError(f"state must be one of {Instance.State.values}", "state")
+    if instance.state == state:
+        raise Conflict(f"instance {instance.name!r} is already {state}", "state")
     before = instance_snapshot(instance)
     instance.state = state
     instance.save(update_fields=["state"])
@@ -94,6 +105,11 @@ def remove_instance(actor: Actor, instance_id: int, *, reason: str) -> None:
                  if instance.name in c.baseline_instances + c.candidate_instances]
     if in_canary:
         raise Conflict(f"instance {instance.name!r} is part of running canary {in_canary[0]!r}")
+    if cluster.versions.exists() and cluster.instances.count() == 1:
+        # A router config needs at least one instance: without this the routers would keep
+        # serving the last version, which still lists the removed instance.
+        raise Conflict(f"{instance.name!r} is the last instance of {cluster.name}; "
+                       "add another before removing it")
     before = instance_snapshot(instance)
     audit_target = Instance(pk=instance.pk)
     instance.delete()

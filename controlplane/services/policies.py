@@ -11,7 +11,7 @@ from controlplane.models import Policy
 from . import audit, config
 from .audit import Actor
 from .clusters import _full_clean, locked_cluster
-from .errors import Conflict, NotFound, ServiceError
+from .errors import Conflict, NotFound
 from .validation import normalised_params
 
 
@@ -52,7 +52,7 @@ def activate_policy(actor: Actor, cluster_id: int, policy_id: int, *, reason: st
         raise Conflict("a canary is running on this cluster: promote or abort it first")
     before = {"active_policy": cluster.active_policy.name if cluster.active_policy else None}
     if cluster.active_policy_id == policy.pk:
-        raise ServiceError(f"{policy.name!r} is already the active policy", "policy_id")
+        raise Conflict(f"{policy.name!r} is already the active policy", "policy_id")
     cluster.active_policy = policy
     cluster.save(update_fields=["active_policy"])
     version = config.publish(cluster, actor, reason)

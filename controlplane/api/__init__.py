@@ -1,0 +1,1 @@
+"""The control plane's REST API (django-ninja), mounted at /api/v1/."""

@@ -1,0 +1,25 @@
+"""The NinjaAPI: every resource router, viewer access by default, JSON errors."""
+
+from __future__ import annotations
+
+from ninja import NinjaAPI
+
+from . import canaries, clusters, config_versions, events, metrics, policies, replays, routers
+from .auth import role
+from .errors import install_error_handlers
+
+api = NinjaAPI(
+    title="Switchyard control plane",
+    version="1",
+    description="Clusters, instances, policies, canaries, config versions, routers, events. "
+                "Authenticate with a browser session (plus X-CSRFToken for writes) or "
+                "`Authorization: Bearer <API token>`. Roles: viewer < operator < admin.",
+    urls_namespace="api",
+    docs_url="/docs",
+    auth=role("viewer"),
+)
+install_error_handlers(api)
+
+for module in (clusters, policies, canaries, config_versions, routers, events, metrics,
+               replays):
+    api.add_router("", module.router)

@@ -1,0 +1,47 @@
+"""Canary splits and their lifecycle."""
+
+
+from typing import Literal
+
+from django.http import HttpRequest
+from ninja import Router, Status
+
+from controlplane.selectors import canaries as canary_selectors
+from controlplane.services import canaries as canary_services
+
+from .auth import actor_of, role
+from .schemas import CanaryDetailOut, CanaryIn, CanaryOut, Id, ReasonIn
+
+router = Router(tags=["canaries"])
+CanaryState = Literal["draft", "progressing", "paused", "promoted", "rolled_back", "aborted"]
+
+
+@router.get("/clusters/{cluster_id}/canaries", response=list[CanaryOut])
+def list_canaries(request: HttpRequest, cluster_id: Id, state: CanaryState | None = None):
+    return canary_selectors.canaries(cluster_id, state)
+
+
+@router.get("/canaries/{canary_id}", response=CanaryDetailOut)
+def get_canary(request: HttpRequest, canary_id: Id):
+    return canary_selectors.canary(canary_id)
+
+
+@router.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut},
+             auth=role("operator"))
+def create_canary(request: HttpRequest, cluster_id: Id, payload: CanaryIn):
+    canary = canary_services.create_canary(actor_of(request), cluster_id, **payload.dict())
+    return Status(201, canary)
+
+
+def _transition_endpoint(action: str) -> None:
+    def transition(request: HttpRequest, canary_id: Id, payload: ReasonIn):
+        return canary_services.transition(actor_of(request), canary_id, action,
+                                          reason=payload.reason)
+
+    transition.__name__ = f"{action}_canary"
+    router.post(f"/canaries/{{canary_id}}/{action}", response=CanaryOut, auth=role("operator"),
+                summary=f"{action.capitalize()} a canary")(transition)
+
+
+for _action in ("start", "pause", "resume", "promote", "abort"):
+    _transition_endpoint(_action)

@@ -1,0 +1,81 @@
+"""Clusters and their instances."""
+
+
+import json
+
+from django.http import HttpRequest
+from ninja import Router, Status
+
+from controlplane.selectors import clusters as cluster_selectors
+from controlplane.services import clusters as cluster_services
+from controlplane.services.roles import role_of
+
+from .auth import actor_of, role
+from .schemas import ClusterIn, ClusterOut, Id, InstanceIn, InstanceOut, MeOut, Reason, ReasonIn
+
+router = Router(tags=["clusters"])
+
+
+@router.get("/me", response=MeOut, tags=["auth"])
+def me(request: HttpRequest) -> dict:
+    return {"username": request.auth.get_username(), "role": role_of(request.auth)}
+
+
+@router.get("/clusters", response=list[ClusterOut])
+def list_clusters(request: HttpRequest):
+    return cluster_selectors.clusters()
+
+
+@router.get("/clusters/{cluster_id}", response=ClusterOut)
+def get_cluster(request: HttpRequest, cluster_id: Id):
+    return cluster_selectors.cluster(cluster_id)
+
+
+@router.post("/clusters", response={201: ClusterOut}, auth=role("admin"))
+def create_cluster(request: HttpRequest, payload: ClusterIn):
+    cluster = cluster_services.create_cluster(actor_of(request), **payload.dict())
+    return Status(201, cluster)
+
+
+@router.get("/clusters/{cluster_id}/instances", response=list[InstanceOut], tags=["instances"])
+def list_instances(request: HttpRequest, cluster_id: Id):
+    return cluster_selectors.instances(cluster_id)
+
+
+@router.post("/clusters/{cluster_id}/instances", response={201: InstanceOut},
+             auth=role("admin"), tags=["instances"])
+def add_instance(request: HttpRequest, cluster_id: Id, payload: InstanceIn):
+    instance = cluster_services.add_instance(actor_of(request), cluster_id, **payload.dict())
+    return Status(201, instance)
+
+
+@router.post("/instances/{instance_id}/drain", response=InstanceOut, auth=role("operator"),
+             tags=["instances"])
+def drain_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
+    return cluster_services.set_instance_state(actor_of(request), instance_id, "draining",
+                                               reason=payload.reason)
+
+
+@router.post("/instances/{instance_id}/enable", response=InstanceOut, auth=role("operator"),
+             tags=["instances"])
+def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
+    return cluster_services.set_instance_state(actor_of(request), instance_id, "enabled",
+                                               reason=payload.reason)
+
+
+@router.delete("/instances/{instance_id}", response={204: None}, auth=role("admin"),
+               tags=["instances"])
+def remove_instance(request: HttpRequest, instance_id: Id, reason: Reason | None = None):
+    """The reason goes in the query string (`?reason=...`) or in a JSON body."""
+    reason = reason if reason is not None else _reason_in_body(request)
+    cluster_services.remove_instance(actor_of(request), instance_id, reason=reason)
+    return Status(204, None)
+
+
+def _reason_in_body(request: HttpRequest) -> str:
+    try:
+        body = json.loads(request.body or b"{}")
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return reason if isinstance(reason, str) else ""

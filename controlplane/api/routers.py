@@ -1,0 +1,56 @@
+"""Router deployments: listing (with applied vs current version), creation with a one-time
+token, and the two endpoints a router itself calls with that token."""
+
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Router, Status
+
+from controlplane.selectors import clusters as cluster_selectors
+from controlplane.selectors import routers as router_selectors
+from controlplane.services import routers as router_services
+
+from .auth import RouterTokenAuth, actor_of, role
+from .schemas import HeartbeatIn, HeartbeatOut, Id, RouterCreatedOut, RouterIn, RouterOut
+
+router = Router(tags=["routers"])
+
+
+@router.get("/routers", response=list[RouterOut])
+def list_routers(request: HttpRequest, cluster: Id | None = None):
+    return router_selectors.routers(cluster)
+
+
+@router.get("/routers/{router_id}", response=RouterOut)
+def get_router(request: HttpRequest, router_id: Id):
+    return router_selectors.router(router_id)
+
+
+@router.post("/clusters/{cluster_id}/routers", response={201: RouterCreatedOut},
+             auth=role("admin"))
+def create_router(request: HttpRequest, cluster_id: Id, payload: RouterIn):
+    token, created = router_services.create_router_deployment(
+        actor_of(request), cluster_id, **payload.dict())
+    return Status(201, {"router": router_selectors.router(created.pk), "token": token})
+
+
+@router.get("/routers/{router_id}/config", auth=RouterTokenAuth(), tags=["router agent"],
+            response={200: dict, 304: None})
+def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
+    """The cluster's current ConfigVersion document. Send `If-None-Match` with the last
+    ETag to get 304 when nothing changed."""
+    version = cluster_selectors.current_config(request.auth.cluster)
+    etag = f'"v{version.number}"'
+    if request.headers.get("If-None-Match") == etag:
+        return HttpResponse(status=304, headers={"ETag": etag})
+    return JsonResponse(version.document, headers={"ETag": etag})
+
+
+@router.post("/routers/{router_id}/heartbeat", auth=RouterTokenAuth(), response=HeartbeatOut,
+             tags=["router agent"])
+def router_heartbeat(request: HttpRequest, router_id: Id, payload: HeartbeatIn):
+    router_services.record_heartbeat(request.auth, applied_version=payload.applied_version,
+                                     state=payload.state)
+    fresh = router_selectors.router(router_id)
+    return {"applied_version": fresh.applied_version, "current_version": fresh.current_version,
+            "is_current": fresh.current_version is not None
+            and fresh.applied_version == fresh.current_version}

@@ -1,0 +1,346 @@
+"""Request and response bodies of the API (their JSON schemas are the OpenAPI document)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from ninja import Field, Schema
+from pydantic import AfterValidator
+
+MAX_PK = 2**63 - 1
+NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL characters
+
+Id = Annotated[int, Field(ge=1, le=MAX_PK)]
+Name = Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
+Text = Annotated[str, Field(max_length=10_000, pattern=NO_NUL)]
+Reason = Annotated[str, Field(max_length=10_000, pattern=NO_NUL,
+                              description="Why; required for changes that affect routing.")]
+
+
+def _without_nul(value: Any) -> Any:
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("text cannot contain NUL characters")
+    children = value.values() if isinstance(value, dict) else (
+        value if isinstance(value, list) else ())
+    for child in [*children, *(value.keys() if isinstance(value, dict) else ())]:
+        _without_nul(child)
+    return value
+
+
+JsonObject = Annotated[dict[str, Any], AfterValidator(_without_nul)]
+
+
+class ErrorDetail(Schema):
+    message: str
+    field: str | None = None
+
+
+class ErrorOut(Schema):
+    error: ErrorDetail
+
+
+class ReasonIn(Schema):
+    reason: Reason
+
+
+class MeOut(Schema):
+    username: str
+    role: str
+
+
+# Clusters and instances
+
+class ClusterIn(Schema):
+    name: Name
+    model: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
+    gpu_type: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)]
+    block_size: int = Field(16, ge=1, le=4096)
+    reason: Reason = ""
+
+
+class ClusterOut(Schema):
+    id: int
+    name: str
+    model: str
+    gpu_type: str
+    block_size: int
+    active_policy_id: int | None
+    active_policy: str | None = Field(None, description="Name of the active policy.")
+    created_at: datetime
+
+    @staticmethod
+    def resolve_active_policy(cluster: Any) -> str | None:
+        return cluster.active_policy.name if cluster.active_policy_id else None
+
+
+class InstanceIn(Schema):
+    name: Name
+    url: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
+    kv_events: Annotated[str, Field(max_length=256, pattern=NO_NUL)] = ""
+    reason: Reason
+
+
+class InstanceOut(Schema):
+    id: int
+    cluster_id: int
+    name: str
+    url: str
+    kv_events: str
+    state: str
+    healthy: bool | None
+    last_seen_at: datetime | None
+
+
+# Policies
+
+class PolicyKindOut(Schema):
+    kind: str
+    description: str
+    params_schema: dict[str, Any]
+
+
+class PolicyIn(Schema):
+    name: Name
+    kind: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)]
+    params: JsonObject = Field(default_factory=dict)
+    description: Text = ""
+    reason: Reason = ""
+
+
+class PolicyOut(Schema):
+    id: int
+    cluster_id: int
+    name: str
+    kind: str
+    params: dict[str, Any]
+    description: str
+    created_at: datetime
+    active: bool
+
+
+# Canaries
+
+class CanaryIn(Schema):
+    name: Name
+    baseline_policy_id: Id
+    candidate_policy_id: Id
+    baseline_instances: list[Name] = Field(description="Instance names of the baseline arm.")
+    candidate_instances: list[Name] = Field(description="Instance names of the candidate arm.")
+    weight_steps: list[float] = Field(
+        description="Candidate traffic share per step, percent, increasing, in (0, 100]; the "
+                    "baseline gets the rest, so each step's weights sum to 100.")
+    guardrails: dict[str, float] | None = None
+    assignment_key: Literal["session", "random"] = "session"
+    reason: Reason
+
+
+class JudgementOut(Schema):
+    id: int
+    at: datetime
+    step_index: int
+    verdict: str
+    action: str
+    evidence: dict[str, Any]
+
+
+class CanaryOut(Schema):
+    id: int
+    cluster_id: int
+    name: str
+    state: str
+    baseline_policy_id: int
+    candidate_policy_id: int
+    baseline_instances: list[str]
+    candidate_instances: list[str]
+    assignment_key: str
+    weight_steps: list[float]
+    step_index: int
+    candidate_weight: float
+    guardrails: dict[str, float]
+    failures: int
+    step_started_at: datetime | None
+    created_at: datetime
+
+
+class CanaryDetailOut(CanaryOut):
+    judgements: list[JudgementOut]
+
+
+# Config versions and routers
+
+class ConfigVersionOut(Schema):
+    id: int
+    cluster_id: int
+    number: int
+    document: dict[str, Any]
+    created_at: datetime
+    created_by: str
+    reason: str
+
+
+class RouterIn(Schema):
+    name: Name
+    host: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
+    port: int = Field(ge=1, le=65535)
+    reason: Reason = ""
+
+
+class RouterOut(Schema):
+    id: int
+    cluster_id: int
+    name: str
+    host: str
+    port: int
+    desired_state: str
+    applied_version: int | None
+    current_version: int | None = Field(
+        None, description="Newest config version of the router's cluster.")
+    is_current: bool
+    last_heartbeat: datetime | None
+    heartbeat: dict[str, Any]
+    restarts: int
+
+    @staticmethod
+    def resolve_is_current(router: Any) -> bool:
+        current = getattr(router, "current_version", None)
+        return current is not None and router.applied_version == current
+
+
+class RouterCreatedOut(Schema):
+    router: RouterOut
+    token: str = Field(description="The router's bearer token. Shown only this once.")
+
+
+class HeartbeatIn(Schema):
+    applied_version: int | None = Field(None, ge=0, le=2**31 - 1)
+    state: JsonObject = Field(default_factory=dict,
+                              description="The router's state snapshot (free-form).")
+
+
+class HeartbeatOut(Schema):
+    applied_version: int | None
+    current_version: int | None
+    is_current: bool
+
+
+# Events, rollups, replays
+
+class HotspotEventOut(Schema):
+    id: int
+    event_id: str
+    cluster_id: int
+    router: str
+    at: datetime
+    transition: str
+    prefix_class: str
+    prefix_hash: str
+    x: float
+    x_bar: float
+    m: int
+    m_bar: int
+    window: float
+    instances: list[Any]
+    details: dict[str, Any]
+
+
+class AuditEventOut(Schema):
+    id: int
+    at: datetime
+    actor_name: str
+    request_id: str
+    action: str
+    target_type: str
+    target_id: str
+    cluster_id: int | None
+    before: Any
+    after: Any
+    reason: str
+
+
+class _RollupOut(Schema):
+    cluster_id: int
+    minute: datetime
+    requests: int
+    errors: int
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    tpot_p50_s: float | None
+    tpot_p99_s: float | None
+    output_tokens: int
+
+
+class ArmRollupOut(_RollupOut):
+    arm: str
+    hotspot_fallbacks: int
+
+
+class InstanceRollupOut(_RollupOut):
+    instance: str
+    pending_prefill_tokens_max: int
+    batch_size_max: int
+    kv_usage_max: float
+
+
+class ReplayPolicyIn(Schema):
+    kind: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)]
+    params: JsonObject = Field(default_factory=dict)
+
+
+class ReplayIn(Schema):
+    trace: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
+    policies: list[ReplayPolicyIn] = Field(min_length=1, max_length=8)
+    rate_scale: float = Field(1.0, gt=0, le=1000)
+    max_requests: int | None = Field(None, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0, le=2**31 - 1)
+    reason: Reason = ""
+
+
+class ReplayOut(Schema):
+    id: int
+    cluster_id: int
+    created_by: str | None = Field(None, description="Username of who asked for it.")
+    created_at: datetime
+    inputs: dict[str, Any]
+    state: str
+    progress: float
+    results: dict[str, Any] | None
+    error: str
+    finished_at: datetime | None
+
+    @staticmethod
+    def resolve_created_by(job: Any) -> str | None:
+        return job.created_by.get_username() if job.created_by_id else None
+
+
+class ReplayCreatedOut(Schema):
+    replay: ReplayOut
+    dispatched: bool
+    message: str
+
+
+# Filters (query strings)
+
+class TimeRange(Schema):
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+class HotspotFilters(TimeRange):
+    cluster: Id | None = None
+    prefix_class: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
+    transition: Literal["suspected", "confirmed", "cleared"] | None = None
+
+
+class AuditFilters(TimeRange):
+    cluster: Id | None = None
+    action: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
+    actor: Annotated[str, Field(max_length=150, pattern=NO_NUL)] | None = None
+
+
+class ArmRollupFilters(TimeRange):
+    arm: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
+
+
+class InstanceRollupFilters(TimeRange):
+    instance: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None

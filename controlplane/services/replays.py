@@ -1,0 +1,101 @@
+"""What-if replay jobs: a queued row (audited) handed to a Celery worker by task name."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import transaction
+
+from controlplane.models import ReplayJob
+
+from . import audit
+from .audit import Actor
+from .clusters import locked_cluster
+from .errors import ServiceError
+from .validation import normalised_params
+
+log = logging.getLogger(__name__)
+
+REPLAY_TASK = "switchyard.run_replay"
+MAX_POLICIES = 8
+
+
+@dataclass(frozen=True)
+class ReplayRequest:
+    job: ReplayJob
+    dispatched: bool
+    message: str
+
+
+def replay_snapshot(job: ReplayJob) -> dict[str, Any]:
+    return {"state": job.state, "inputs": job.inputs}
+
+
+def request_replay(actor: Actor, cluster_id: int, *, trace: str, policies: list[dict[str, Any]],
+                   rate_scale: float = 1.0, max_requests: int | None = None, seed: int = 0,
+                   reason: str = "") -> ReplayRequest:
+    """Create the queued job (committed), then send it to the workers. A broker outage does
+    not lose the job: it stays queued and the answer says it was not dispatched."""
+    job = _create_job(actor, cluster_id, trace=trace, policies=policies, rate_scale=rate_scale,
+                      max_requests=max_requests, seed=seed, reason=reason)
+    return _dispatch(job)
+
+
+@transaction.atomic
+def _create_job(actor: Actor, cluster_id: int, *, trace: str, policies: list[dict[str, Any]],
+                rate_scale: float, max_requests: int | None, seed: int,
+                reason: str) -> ReplayJob:
+    cluster = locked_cluster(cluster_id)
+    inputs = {"trace": _validated_trace(trace), "policies": _validated_policies(policies),
+              "rate_scale": _positive(rate_scale, "rate_scale"),
+              "max_requests": max_requests if max_requests is None
+              else int(_positive(max_requests, "max_requests")),
+              "seed": seed}
+    job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.user)
+    audit.record(actor, "replay.create", job, after=replay_snapshot(job), reason=reason,
+                 cluster=cluster)
+    return job
+
+
+def _validated_trace(trace: str) -> str:
+    trace = (trace or "").strip()
+    if not trace or len(trace) > 256:
+        raise ServiceError("trace must name a trace (1-256 characters)", "trace")
+    return trace
+
+
+def _validated_policies(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if not isinstance(policies, list) or not 1 <= len(policies) <= MAX_POLICIES:
+        raise ServiceError(f"policies must list 1-{MAX_POLICIES} policies", "policies")
+    validated = []
+    for index, spec in enumerate(policies):
+        spec = spec if isinstance(spec, dict) else {}
+        kind = str(spec.get("kind"))
+        try:
+            params = normalised_params(kind, spec.get("params"))
+        except ServiceError as error:
+            raise ServiceError(f"policies.{index}: {error.message}",
+                               f"policies.{index}.{error.field}") from None
+        validated.append({"kind": kind, "params": params})
+    return validated
+
+
+def _positive(value: float, field: str) -> float:
+    if not isinstance(value, int | float) or value <= 0:
+        raise ServiceError(f"{field} must be a positive number", field)
+    return float(value)
+
+
+def _dispatch(job: ReplayJob) -> ReplayRequest:
+    from controlplane.celery import app
+
+    try:
+        app.send_task(REPLAY_TASK, args=[job.pk], retry=False)
+    except Exception as error:  # kombu raises several unrelated types for a broker outage
+        log.warning("replay %s not dispatched: %s", job.pk, error)
+        return ReplayRequest(job, False, f"replay {job.pk} is saved as queued, but the task "
+                             f"broker is unreachable ({type(error).__name__}); it was not "
+                             "sent to a worker yet and must be dispatched again later")
+    return ReplayRequest(job, True, f"replay {job.pk} queued")

@@ -1,0 +1,118 @@
+"""Every user-facing endpoint once, with a request that succeeds in the conftest world."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+REASON = {"reason": "ticket OPS-42"}
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: str
+    path: str  # formatted with the world's ids
+    min_role: str
+    success: int = 200
+    body: dict[str, Any] | None = None
+    audit_action: str | None = None  # for mutating endpoints: the one audit row they write
+    updates: bool = field(default=False)  # has a `before` (changes an existing object)
+
+    @property
+    def id(self) -> str:
+        return f"{self.method} {self.path}"
+
+
+def canary_body() -> dict[str, Any]:
+    return {"name": "new-canary", "baseline_policy_id": "{lm}", "candidate_policy_id": "{ll}",
+            "baseline_instances": ["i0"], "candidate_instances": ["i1", "i2"],
+            "weight_steps": [5, 25, 100], **REASON}
+
+
+READS = [
+    Endpoint("GET", "/api/v1/me", "viewer"),
+    Endpoint("GET", "/api/v1/clusters", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/instances", "viewer"),
+    Endpoint("GET", "/api/v1/policy-kinds", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/policies", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/canaries", "viewer"),
+    Endpoint("GET", "/api/v1/canaries/{running}", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/config-versions", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/config-versions/1", "viewer"),
+    Endpoint("GET", "/api/v1/routers", "viewer"),
+    Endpoint("GET", "/api/v1/routers/{router}", "viewer"),
+    Endpoint("GET", "/api/v1/hotspot-events?cluster={alpha}&transition=suspected", "viewer"),
+    Endpoint("GET", "/api/v1/audit-events?cluster={alpha}&action=policy.activate", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/rollups/arms", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/rollups/instances", "viewer"),
+    Endpoint("GET", "/api/v1/replays", "viewer"),
+    Endpoint("GET", "/api/v1/replays/{replay}", "viewer"),
+]
+
+WRITES = [
+    Endpoint("POST", "/api/v1/clusters", "admin", 201, audit_action="cluster.create",
+             body={"name": "delta", "model": "Qwen/Qwen3-8B", "gpu_type": "h100", **REASON}),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/instances", "admin", 201,
+             audit_action="instance.add",
+             body={"name": "i9", "url": "http://127.0.0.1:9199", **REASON}),
+    Endpoint("POST", "/api/v1/instances/{i0}/drain", "operator", body=REASON,
+             audit_action="instance.drain", updates=True),
+    Endpoint("POST", "/api/v1/instances/{i3}/enable", "operator", body=REASON,
+             audit_action="instance.enable", updates=True),
+    Endpoint("DELETE", "/api/v1/instances/{spare}?reason=ticket%20OPS-42", "admin", 204,
+             audit_action="instance.remove", updates=True),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/policies", "operator", 201,
+             audit_action="policy.create",
+             body={"name": "lin", "kind": "linear", "params": {"w": 0.55}, **REASON}),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/policies/{ll}/activate", "operator", body=REASON,
+             audit_action="policy.activate", updates=True),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/canaries", "operator", 201,
+             audit_action="canary.create", body=canary_body()),
+    Endpoint("POST", "/api/v1/canaries/{draft}/start", "operator", body=REASON,
+             audit_action="canary.start", updates=True),
+    Endpoint("POST", "/api/v1/canaries/{running}/pause", "operator", body=REASON,
+             audit_action="canary.pause", updates=True),
+    Endpoint("POST", "/api/v1/canaries/{paused}/resume", "operator", body=REASON,
+             audit_action="canary.resume", updates=True),
+    Endpoint("POST", "/api/v1/canaries/{running}/promote", "operator", body=REASON,
+             audit_action="canary.promote", updates=True),
+    Endpoint("POST", "/api/v1/canaries/{draft}/abort", "operator", body=REASON,
+             audit_action="canary.abort", updates=True),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/routers", "admin", 201,
+             audit_action="router.create",
+             body={"name": "r2", "host": "10.0.0.2", "port": 8200, **REASON}),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/replays", "operator", 202,
+             audit_action="replay.create",
+             body={"trace": "conversation", "policies": [{"kind": "lmetric"},
+                                                         {"kind": "round_robin"}], **REASON}),
+]
+
+ROUTER_AGENT = [
+    Endpoint("GET", "/api/v1/routers/{router}/config", "router"),
+    Endpoint("POST", "/api/v1/routers/{router}/heartbeat", "router",
+             body={"applied_version": 1, "state": {"instances": 5}}),
+]
+
+ENDPOINTS = READS + WRITES
+
+
+def fill(value: Any, ids: dict[str, int]) -> Any:
+    """Replace "{name}" placeholders with world ids (ints stay ints in JSON bodies)."""
+    if isinstance(value, str):
+        whole = value[1:-1] if value.startswith("{") and value.endswith("}") else None
+        return ids[whole] if whole in ids else value.format(**ids)
+    if isinstance(value, list):
+        return [fill(v, ids) for v in value]
+    if isinstance(value, dict):
+        return {k: fill(v, ids) for k, v in value.items()}
+    return value
+
+
+def call(client, endpoint: Endpoint, ids: dict[str, int], **headers: str):
+    path = fill(endpoint.path, ids)
+    body = fill(endpoint.body, ids) if endpoint.body is not None else None
+    method = getattr(client, endpoint.method.lower())
+    if body is None:
+        return method(path, headers=headers)
+    return method(path, data=body, content_type="application/json", headers=headers)

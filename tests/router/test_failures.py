@@ -1,0 +1,186 @@
+"""Failure handling against real processes: kills, 5xx, mid-stream drops, bad input, aborts."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+
+from tests.router.conftest import (
+    MODEL,
+    launch_router,
+    router_config,
+    stop_process,
+    wait_until,
+)
+
+
+@pytest.fixture(scope="module")
+def small_body_router(fleet, tmp_path_factory):
+    document = router_config(fleet)
+    document["router"]["max_body_bytes"] = 4096
+    router = launch_router(tmp_path_factory.mktemp("router"), document)
+    yield router
+    stop_process(router.proc)
+
+
+def _body(tag: str, stream: bool = False, max_tokens: int = 8) -> dict:
+    prompt = " ".join(f"{tag}{i}" for i in range(80))
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+
+
+async def _one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int, str, str]:
+    if body.get("stream"):
+        async with client.stream("POST", url, json=body) as response:
+            text = (await response.aread()).decode()
+            return response.status_code, response.headers.get("x-switchyard-instance", ""), text
+    response = await client.post(url, json=body)
+    return response.status_code, response.headers.get("x-switchyard-instance", ""), response.text
+
+
+async def _load(url: str, count: int, concurrency: int, stream: bool,
+                max_tokens: int = 8) -> list[tuple]:
+    gate = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(timeout=30) as client:
+        async def run(k: int) -> tuple:
+            async with gate:
+                return await _one(client, url, _body(f"load{k}-", stream, max_tokens))
+        return await asyncio.gather(*(run(k) for k in range(count)))
+
+
+def test_killed_instance_requests_retried_marked_down_and_back(fleet, router_factory):
+    router = router_factory(router_config(fleet, "round_robin"))
+    url = router.url + "/v1/completions"
+
+    async def scenario() -> list[tuple]:
+        load = asyncio.create_task(_load(url, 160, 8, stream=True, max_tokens=40))
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(fleet.fault, 1, "kill")
+        return await load
+
+    try:
+        results = asyncio.run(scenario())
+        failed = [r for r in results if r[0] != 200]
+        assert not failed, failed[:3]
+        # Every stream ends: those mid-stream on i1 when it died with an SSE error event,
+        # all others (including the ones retried away from i1) with their tokens.
+        assert all(r[2].rstrip().endswith("data: [DONE]") for r in results)
+        broken = [r for r in results if '"error"' in r[2]]
+        assert all(r[1] == "i1" for r in broken)
+        assert len(broken) <= 8  # at most the streams that were running on i1
+        retried = _metric(router, "switchyard_router_retries_total")
+        assert retried >= 1
+        wait_until(lambda: router.health_of("i1") == "down", 5, "i1 marked down")
+        after = asyncio.run(_load(url, 12, 4, stream=False))
+        assert all(r[0] == 200 and r[1] != "i1" for r in after)
+        events = router.state()["recent_events"]
+        assert any(e["kind"] == "health" and e["payload"]["instance"] == "i1"
+                   and e["payload"]["after"] == "down" for e in events)
+    finally:
+        fleet.fault(1, "recover")
+    wait_until(lambda: router.health_of("i1") == "healthy", 20, "i1 back")
+    back = asyncio.run(_load(url, 8, 4, stream=False))
+    assert "i1" in {r[1] for r in back}
+
+
+def _metric(router, name: str) -> float:
+    text = httpx.get(router.url + "/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name))
+
+
+def test_5xx_before_first_byte_is_retried_elsewhere(fleet, router_factory):
+    document = router_config(fleet, "round_robin")
+    document["router"]["breaker_failures"] = 100  # keep i2 eligible: every pass hits it
+    router = router_factory(document)
+    fleet.fault(2, "error5xx")
+    try:
+        results = asyncio.run(_load(router.url + "/v1/completions", 12, 1, stream=False))
+    finally:
+        fleet.fault(2, "recover")
+    assert all(r[0] == 200 and r[1] != "i2" for r in results)
+    metrics = httpx.get(router.url + "/metrics").text
+    assert 'switchyard_router_retries_total{instance=' in metrics
+    assert 'kind="http_5xx"' in metrics
+
+
+def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
+    document = router_config(fleet, "round_robin", instances=fleet.instances()[3:4])
+    router = router_factory(document)
+    fleet.fault(3, "drop_midstream", after_chunks=3)
+    try:
+        status, _, text = asyncio.run(_one(httpx.AsyncClient(timeout=30),
+                                           router.url + "/v1/completions",
+                                           _body("mid", stream=True, max_tokens=20)))
+    finally:
+        fleet.fault(3, "recover")
+    assert status == 200
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == 502
+    assert len(events) == 3 + 2  # three relayed chunks, the error, [DONE]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "param"),
+    [
+        ("/v1/chat/completions", b"{not json", 400, None),
+        ("/v1/chat/completions", b"[1, 2]", 400, None),
+        ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": "hi"}).encode(),
+         400, "messages"),
+        ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "stream": "yes"})
+         .encode(), 400, "stream"),
+        ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"})
+         .encode(), 400, "max_tokens"),
+        ("/v1/completions", json.dumps({"model": MODEL, "prompt": [1.5, 2]}).encode(),
+         400, "prompt"),
+        ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), 404,
+         "model"),
+        ("/v1/completions", json.dumps({"prompt": "x"}).encode(), 400, "model"),
+    ],
+)
+def test_malformed_input_gets_openai_error_body(small_body_router, path, body, status, param):
+    router = small_body_router
+    response = httpx.post(router.url + path, content=body,
+                          headers={"content-type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["code"] == status and error["param"] == param and error["message"]
+
+
+def test_oversized_body_is_refused_with_413(small_body_router):
+    router = small_body_router
+    body = {"model": MODEL, "prompt": "x" * 10_000, "max_tokens": 1}
+    response = httpx.post(router.url + "/v1/completions", json=body)
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == 413
+
+    def chunks():
+        yield b'{"model": "' + MODEL.encode() + b'", "prompt": "'
+        for _ in range(10):
+            yield b"y" * 1000
+        yield b'"}'
+
+    chunked = httpx.post(router.url + "/v1/completions", content=chunks(),
+                         headers={"content-type": "application/json"})
+    assert chunked.status_code == 413
+
+
+def test_client_disconnect_aborts_the_engine_request(fleet, router_factory):
+    document = router_config(fleet, "round_robin", instances=fleet.instances()[0:1])
+    router = router_factory(document)
+    before = fleet.engine_metric(0, "vllm:request_success_total", finished_reason="abort")
+    body = _body("gone", stream=True, max_tokens=5000)
+    with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=30) as resp:
+        for line in resp.iter_lines():
+            if '"text"' in line:
+                break  # one token seen: the request is running; now hang up
+    wait_until(lambda: fleet.engine_metric(0, "vllm:request_success_total",
+                                           finished_reason="abort") >= before + 1,
+               10, "enginesim to record the abort")
+    wait_until(lambda: router.state()["snapshot"]["instances"][0]["in_flight"] == 0, 5,
+               "router accounting to drop the request")

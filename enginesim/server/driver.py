@@ -3,22 +3,39 @@
 Virtual (simulated) time = wall seconds elapsed / wall_per_virtual, where
 wall_per_virtual starts at ``--time-scale`` and a ``slow`` fault multiplies it.
 The driver task advances the engine to "now", hands each request's new tokens
-to its ``RequestStream``, publishes the step's KV events, then sleeps until the
-engine's next event (a new request wakes it early).
+to its ``RequestStream`` (KV events reach the publisher from inside the engine),
+then sleeps until the engine's next event (a new request wakes it early).
+
+The engine's ``next_event_time`` skips over decode-only stretches, so while
+requests are in flight the driver also wakes once per observed decode step:
+tokens then reach clients at their step's end, not in one burst per stretch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from enginesim.server.metrics import InstanceMetrics
 
+log = logging.getLogger(__name__)
+
 # Never sleep less than this (wall seconds): steps that fall due within it are
 # processed together, which bounds CPU use when the simulated GPU is very fast.
 MIN_WALL_SLEEP = 0.0005
+# Decode step length assumed (simulated seconds) until one has been observed.
+DEFAULT_TOKEN_PERIOD = 0.01
+# Wake this fraction of a step after the predicted step end: a step that runs a
+# little longer than the last one is still caught on the first wake.
+STEP_SLACK = 0.02
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("engine driver stopped", exc_info=task.exception())
 
 
 class VirtualClock:
@@ -103,11 +120,14 @@ class EngineDriver:
         self.clock = clock
         self.metrics = metrics
         self._streams: dict[str, RequestStream] = {}
+        self._token_period = DEFAULT_TOKEN_PERIOD
+        self._last_token_at = 0.0
         self._wakeup: asyncio.Future[None] | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._task = asyncio.ensure_future(self._run())
+        self._task.add_done_callback(_log_crash)
 
     async def stop(self) -> None:
         if self._task is not None:
@@ -153,7 +173,7 @@ class EngineDriver:
         while True:
             now = self.clock.now()
             self._step(now)
-            next_time = self.engine.next_event_time()
+            next_time = self._next_wake(now)
             self._wakeup = loop.create_future()
             timer = None
             if next_time is not None:
@@ -162,6 +182,15 @@ class EngineDriver:
             await self._wakeup
             if timer is not None:
                 timer.cancel()
+
+    def _next_wake(self, now: float) -> float | None:
+        next_time = self.engine.next_event_time()
+        if not self._streams or next_time is None:
+            return next_time
+        step_end = self._last_token_at + self._token_period * (1 + STEP_SLACK)
+        if step_end <= now:  # no token at the predicted time: poll once a step
+            step_end = now + self._token_period
+        return min(next_time, step_end)
 
     def _step(self, now: float) -> None:
         for output in self.engine.advance_to(now):
@@ -194,8 +223,12 @@ class EngineDriver:
             new_tokens -= 1
         if new_tokens > 0:
             # Tokens delivered together are spread evenly over the time they took.
-            self.metrics.observe_decode(last - stream.last_token_time, new_tokens)
+            interval = last - stream.last_token_time
+            self.metrics.observe_decode(interval, new_tokens)
+            if interval > 0:
+                self._token_period = interval / new_tokens
             stream.last_token_time = last
+        self._last_token_at = max(self._last_token_at, last)
         stream.num_output_tokens = output.num_output_tokens
 
     @staticmethod

@@ -1,0 +1,150 @@
+"""Per-policy summaries and the trace's TTFT lower bound.
+
+Definitions (DESIGN.md §3): TTFT = first token − arrival; TPOT = (finish − first token) /
+(output tokens − 1) over requests with more than one output token; hit ratio = prompt
+tokens the engines did not prefill (engine-reported) / prompt tokens, over completed
+requests; load CV = stddev / mean across instances of the true pending prefill tokens,
+averaged over the scrape ticks where the mean is positive; busy fraction = engine step
+time summed over instances / (instances × makespan); makespan = first arrival → last
+finish.
+
+Lower bound (:func:`ttft_lower_bound`): each request alone on an idle instance with an
+infinite cache that holds every token any *earlier* request prefilled; its TTFT is the
+chunked prefill of the rest. No policy can beat it on any request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from enginesim.engine import EngineConfig
+from enginesim.replay.simulator import RequestResult, SimResult
+from enginesim.replay.traces import TraceRecord
+
+SUMMARY_KEYS = ("policy", "requests", "completed", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
+                "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "throughput_tok_s", "hit_ratio",
+                "load_cv", "hotspot_events", "busy_fraction", "wall_s")
+
+
+def ttfts(requests: Sequence[RequestResult]) -> np.ndarray:
+    return np.array([r.first_token_s - r.arrival_s for r in requests if r.status == "ok"])
+
+
+def _tpots(done: Sequence[RequestResult]) -> np.ndarray:
+    return np.array([(r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+                     for r in done if r.output_tokens > 1])
+
+
+def _stat(values: np.ndarray, q: float | None = None) -> float | None:
+    if len(values) == 0:
+        return None
+    return float(values.mean() if q is None else np.percentile(values, q))
+
+
+def load_cv(pending: np.ndarray) -> float | None:
+    """Mean over samples (rows) of stddev/mean across instances (columns), mean > 0 only."""
+    if pending.size == 0:
+        return None
+    means = pending.mean(axis=1)
+    busy = means > 0
+    if not busy.any():
+        return 0.0
+    return float((pending[busy].std(axis=1) / means[busy]).mean())
+
+
+def summarize(result: SimResult) -> dict[str, Any]:
+    """The results.json object of one policy run (SUMMARY_KEYS plus a few extras)."""
+    done = [r for r in result.requests if r.status == "ok"]
+    ttft = ttfts(done)
+    tpot = _tpots(done)
+    start = min((r.arrival_s for r in result.requests), default=0.0)
+    end = max((r.finish_s for r in result.requests if r.finish_s is not None), default=start)
+    span = max(end - start, 1e-9)
+    prompt = sum(r.prompt_tokens for r in done)
+    summary = {
+        "policy": result.policy,
+        "requests": len(result.requests),
+        "completed": len(done),
+        "ttft_mean_s": _stat(ttft), "ttft_p50_s": _stat(ttft, 50),
+        "ttft_p90_s": _stat(ttft, 90), "ttft_p99_s": _stat(ttft, 99),
+        "tpot_mean_s": _stat(tpot), "tpot_p99_s": _stat(tpot, 99),
+        "throughput_tok_s": sum(r.output_tokens for r in done) / span,
+        "hit_ratio": sum(r.cached_tokens for r in done) / prompt if prompt else None,
+        "load_cv": load_cv(result.pending_samples),
+        "hotspot_events": result.hotspot_events.get("confirmed", 0),
+        "busy_fraction": result.busy_time / (len(result.instance_ids) * span),
+        "wall_s": result.wall_s,
+    }
+    summary.update(
+        rejected=sum(r.status == "rejected" for r in result.requests),
+        failed=sum(r.status == "failed" for r in result.requests),
+        makespan_s=span, hotspot_transitions=result.hotspot_events,
+        decision_reasons=result.decision_reasons)
+    return summary
+
+
+# ----------------------------------------------------------------- lower bound
+
+
+def infinite_cache_hits(records: Sequence[TraceRecord]) -> np.ndarray:
+    """Per request, leading prompt tokens already prefilled by some earlier request.
+
+    A trie over block ids (keyed by parent node, so ids need not be globally chained);
+    each node remembers how many tokens of its block any request has covered, so a
+    partial last block counts for what it holds.
+    """
+    nodes: dict[tuple[int, int], int] = {}
+    covered = [0]  # tokens of the block held, per trie node; node 0 is the root
+    hits = np.zeros(len(records), dtype=np.int64)
+    for i, record in enumerate(records):
+        parent, cached, matching = 0, 0, True
+        size = record.block_size
+        for j, block_id in enumerate(record.block_ids):
+            length = min(size, record.input_tokens - j * size)
+            if length <= 0:
+                break
+            node = nodes.get((parent, block_id))
+            if node is None:
+                node = nodes[(parent, block_id)] = len(covered)
+                covered.append(0)
+            if matching:
+                cached += min(covered[node], length)
+                matching = covered[node] >= length
+            covered[node] = max(covered[node], length)
+            parent = node
+        hits[i] = cached
+    return hits
+
+
+def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig) -> np.ndarray:
+    """Per request: the chunked prefill time of its tokens no earlier request prefilled,
+    alone on an idle engine (the engine's own cost model, chunk and block size)."""
+    hits = infinite_cache_hits(records)
+    model = config.cost_model()
+    block = config.block_size
+    chunk = config.max_num_batched_tokens
+    bounds = np.zeros(len(records))
+    memo: dict[tuple[int, int], float] = {}
+    for i, record in enumerate(records):
+        # The engine reuses whole blocks only, and never the prompt's last token.
+        usable = min(int(hits[i]) // block, (record.input_tokens - 1) // block) * block
+        key = (record.input_tokens - usable, usable)
+        if key not in memo:
+            memo[key] = model.prefill_time(key[0], chunk=chunk, context=usable)
+        bounds[i] = memo[key]
+    return bounds
+
+
+def lower_bound_summary(records: Sequence[TraceRecord], config: EngineConfig) -> dict[str, Any]:
+    bounds = ttft_lower_bound(records, config)
+    hits = infinite_cache_hits(records)
+    prompt = sum(r.input_tokens for r in records)
+    return {
+        "policy": "lower_bound", "requests": len(records), "completed": len(records),
+        "ttft_mean_s": _stat(bounds), "ttft_p50_s": _stat(bounds, 50),
+        "ttft_p90_s": _stat(bounds, 90), "ttft_p99_s": _stat(bounds, 99),
+        "hit_ratio": float(hits.sum() / prompt) if prompt else None,
+    }

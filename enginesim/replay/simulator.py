@@ -1,0 +1,454 @@
+"""Discrete-event simulator of a routed cluster, in virtual time.
+
+One event heap of ``(time, seq, kind, payload)``; ``seq`` makes ties deterministic (FIFO).
+Kinds:
+
+* ``ARRIVAL``: a trace record arrives. Its prompt is synthesised, hashed into the
+  router's :class:`RequestFeatures`, routed by the *live router's* policy object over the
+  *live router's* :class:`ClusterState` view, accounted with ``on_dispatch`` and added to
+  the chosen :class:`EngineCore`. Arrivals are pushed one at a time (the trace is sorted).
+* ``ENGINE``: an engine's next event time (``EngineCore.next_event_time``, which already
+  skips decode-only stretches). Engines are advanced lazily, only at their own event times,
+  at scrapes and when a request is added; every wake carries a version so a wake made
+  stale by a later ``add_request`` is skipped.
+* ``TELEMETRY``: an indicator update (``on_first_token``, ``on_finish``, ``on_scrape``, KV
+  events, ``observe_first_token``) held back by ``telemetry_delay_s``, the staleness knob.
+  With a zero delay the updates are applied at once. Dispatch accounting is never delayed:
+  the router does it itself when it sends.
+* ``SCRAPE``: every ``scrape_interval_s`` each live engine's
+  ``/metrics`` values (running, waiting, KV usage) go to ``on_scrape``, as the live
+  router's scraper does; the true pending prefill tokens per instance are sampled for the
+  load CV and the plots.
+* ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried on
+  the next-best instance, up to ``max_attempts`` in all, as the live router retries
+  failures before the first byte; requests already streaming fail; the instance is marked
+  down and its cache forgotten), ``drain`` (no new requests; in-flight ones finish) and
+  ``restore`` (healthy again; a failed instance comes back with a fresh, empty engine).
+
+Deterministic: no wall clock, no unseeded randomness; the policy's RNG is seeded.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from enginesim.engine import EngineConfig, EngineCore, EngineRequestError, GlobalKVTier
+from enginesim.engine import events as engine_events
+from enginesim.replay.traces import TraceRecord, synthesize_tokens
+from router_worker.routing import (
+    ClusterState,
+    GlobalTier,
+    Health,
+    NoEligibleInstanceError,
+    RequestFeatures,
+    build_features,
+    make_policy,
+)
+from router_worker.routing import kv_events as router_events
+
+ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
+FAULT_ACTIONS = ("fail", "drain", "restore")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """``action`` (fail | drain | restore) on instance ``instance`` at virtual ``time``."""
+
+    time: float
+    instance: int
+    action: str
+
+    @classmethod
+    def parse(cls, action: str, spec: str) -> Fault:
+        """``"3@600"`` → instance 3 at t = 600 s."""
+        instance, _, time = spec.partition("@")
+        if action not in FAULT_ACTIONS or not time:
+            raise ValueError(f"bad {action} spec {spec!r}; expected INSTANCE@SECONDS")
+        return cls(float(time), int(instance.lstrip("i")), action)
+
+
+@dataclass
+class SimConfig:
+    instances: int = 16
+    gpu: str = "h20"
+    model: str = "qwen2-7b"
+    max_model_len: int = 0  # 0 = the model's
+    router_block_size: int = 16
+    telemetry_delay_s: float = 0.0
+    scrape_interval_s: float = 1.0
+    kv_events: bool = False
+    global_tier_blocks: int = 0  # 0 = no global KV tier
+    global_tier_bandwidth: float = 25e9  # bytes/s (PCIe-class)
+    faults: tuple[Fault, ...] = ()
+    max_attempts: int = 3
+    seed: int = 0
+    policy_params: dict[str, Any] = field(default_factory=dict)
+
+    def engine_config(self, tier: GlobalKVTier | None) -> EngineConfig:
+        return EngineConfig.for_hardware(self.gpu, self.model, max_model_len=self.max_model_len,
+                                         global_tier=tier)
+
+
+@dataclass
+class RequestResult:
+    """One request's fate. Times are absolute virtual seconds; None = never happened."""
+
+    id: str
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens_asked: int
+    instance: str | None = None
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    first_token_s: float | None = None
+    finish_s: float | None = None
+    status: str = "pending"  # ok | rejected | failed
+    attempts: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        keys = ("id", "arrival_s", "instance", "prompt_tokens", "cached_tokens",
+                "output_tokens", "first_token_s", "finish_s", "status", "attempts")
+        return {key: getattr(self, key) for key in keys}
+
+
+@dataclass
+class SimResult:
+    policy: str
+    requests: list[RequestResult]
+    instance_ids: list[str]
+    sample_times: np.ndarray  # scrape ticks
+    pending_samples: np.ndarray  # (ticks, instances) true pending prefill tokens
+    busy_time: float  # summed over engines
+    hotspot_events: dict[str, int]
+    decision_reasons: dict[str, int]
+    wall_s: float = 0.0
+
+
+@dataclass
+class _Flight:
+    """A request in flight: what the simulator must remember until it ends."""
+
+    record: TraceRecord
+    features: RequestFeatures
+    result: RequestResult
+    slot: int = -1
+    estimated_uncached: int = 0
+
+
+@dataclass
+class _Instance:
+    engine: EngineCore | None
+    generation: int = 0
+    wake_version: int = 0
+    busy_before: float = 0.0  # busy time of engines this instance lost to failures
+    kv_buffer: list[Any] = field(default_factory=list)
+
+
+class Simulator:
+    """Replay ``records`` through one policy. ``run()`` once per instance of this class."""
+
+    def __init__(self, records: list[TraceRecord], policy: str, config: SimConfig,
+                 progress: Callable[[int, int, float], None] | None = None) -> None:
+        self.records = records
+        self.config = config
+        self.policy_kind = policy
+        self.policy = make_policy(policy, config.policy_params.get(policy), seed=config.seed)
+        self.progress = progress
+        self.heap: list[tuple[float, int, int, Any]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.tier = (GlobalKVTier(config.global_tier_blocks, config.global_tier_bandwidth)
+                     if config.global_tier_blocks else None)
+        self.engine_config = config.engine_config(self.tier)
+        self.ids = [f"i{k}" for k in range(config.instances)]
+        self.state = self._new_state()
+        self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
+        self.flights: dict[str, _Flight] = {}
+        self.results: list[RequestResult] = []
+        self.true_pending = np.zeros(config.instances)
+        self.samples: list[np.ndarray] = []
+        self.sample_times: list[float] = []
+        self.hotspot_events: dict[str, int] = {}
+        self.reasons: dict[str, int] = {}
+        self.next_arrival = 0
+
+    # ----------------------------------------------------------------- setup
+
+    def _new_state(self) -> ClusterState:
+        cfg = self.engine_config
+        tier = GlobalTier(self.config.global_tier_blocks) if self.tier is not None else None
+        state = ClusterState(block_size=self.config.router_block_size, global_tier=tier)
+        capacity = cfg.num_gpu_blocks * cfg.block_size // self.config.router_block_size
+        for instance_id in self.ids:
+            state.add_instance(instance_id, capacity_blocks=capacity)
+        return state
+
+    def _new_engine(self, slot: int) -> EngineCore:
+        sink = None
+        if self.config.kv_events:
+            def sink(events: list[Any], slot: int = slot) -> None:
+                self.instances[slot].kv_buffer.extend(events)
+        return EngineCore(self.engine_config, kv_event_sink=sink)
+
+    # ----------------------------------------------------------------- main loop
+
+    def run(self) -> SimResult:
+        """Run to the last finish; returns per-request results and sampled series."""
+        for fault in sorted(self.config.faults, key=lambda f: f.time):
+            self._push(fault.time, FAULT, fault)
+        self._push_next_arrival()
+        if self.config.scrape_interval_s > 0:
+            self._push(0.0, SCRAPE, None)
+        handlers = {ARRIVAL: self._on_arrival, ENGINE: self._on_engine_wake,
+                    TELEMETRY: self._on_telemetry, SCRAPE: self._on_scrape,
+                    FAULT: self._on_fault}
+        while self.heap:
+            time, _, kind, payload = heapq.heappop(self.heap)
+            self.now = max(self.now, time)
+            handlers[kind](payload)
+        return self._result()
+
+    def _push(self, time: float, kind: int, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (time, self.seq, kind, payload))
+
+    def _push_next_arrival(self) -> None:
+        if self.next_arrival < len(self.records):
+            record = self.records[self.next_arrival]
+            self._push(record.arrival_s, ARRIVAL, record)
+            self.next_arrival += 1
+
+    def _work_left(self) -> bool:
+        return bool(self.flights) or self.next_arrival < len(self.records)
+
+    # ----------------------------------------------------------------- arrivals
+
+    def _on_arrival(self, record: TraceRecord) -> None:
+        self._push_next_arrival()
+        request_id = f"r{record.index}"
+        result = RequestResult(request_id, record.arrival_s, record.input_tokens,
+                               max(record.output_tokens, 1))
+        self.results.append(result)
+        tokens = synthesize_tokens(record)
+        features = build_features(
+            request_id, tokens, record.arrival_s, block_size=self.config.router_block_size,
+            session_key=record.session_id, turn_index=record.turn)
+        self._dispatch(_Flight(record, features, result), tokens)
+        if self.progress is not None:
+            self.progress(len(self.results), len(self.records), self.now)
+
+    def _dispatch(self, flight: _Flight, tokens: np.ndarray | None = None) -> None:
+        """Route, account and start one request (a first try or a retry)."""
+        result = flight.result
+        result.attempts += 1
+        try:
+            decision = self.policy.decide(flight.features, self.state.view(), self.now)
+        except NoEligibleInstanceError:
+            self._end(flight, "rejected")
+            return
+        self._count_decision(decision)
+        slot = decision.slot
+        uncached = self.state.on_dispatch(flight.features, decision.instance_id, self.now,
+                                          cached_tokens=decision.cached_tokens)
+        flight.slot, flight.estimated_uncached = slot, uncached
+        result.instance = decision.instance_id
+        self.flights[result.id] = flight
+        engine = self.instances[slot].engine
+        assert engine is not None  # a down instance is never eligible
+        try:
+            if tokens is None:  # a retry: synthesising again is cheaper than keeping prompts
+                tokens = synthesize_tokens(flight.record)
+            engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
+        except EngineRequestError:  # vLLM answers 400: the router sees an error
+            self.state.on_error(result.id, self.now)
+            del self.flights[result.id]
+            self._end(flight, "rejected")
+            return
+        self.true_pending[slot] += uncached
+        self._engine_touched(slot)
+
+    def _count_decision(self, decision: Any) -> None:
+        self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
+        for event in decision.events:
+            kind = getattr(event, "kind", "event")
+            self.hotspot_events[kind] = self.hotspot_events.get(kind, 0) + 1
+
+    def _end(self, flight: _Flight, status: str) -> None:
+        flight.result.status = status
+        if flight.result.finish_s is None:
+            flight.result.finish_s = self.now
+
+    # ----------------------------------------------------------------- engines
+
+    def _engine_touched(self, slot: int) -> None:
+        """After any call into an engine: forward its KV events, re-arm its wake-up."""
+        instance = self.instances[slot]
+        if instance.kv_buffer:
+            self._forward_kv_events(slot, instance.kv_buffer)
+            instance.kv_buffer = []
+        instance.wake_version += 1
+        wake = instance.engine.next_event_time() if instance.engine is not None else None
+        if wake is not None:
+            self._push(max(wake, self.now), ENGINE, (slot, instance.wake_version))
+
+    def _on_engine_wake(self, payload: tuple[int, int]) -> None:
+        slot, version = payload
+        if version == self.instances[slot].wake_version:
+            self._advance(slot)
+
+    def _advance(self, slot: int) -> None:
+        engine = self.instances[slot].engine
+        if engine is None:
+            return
+        for output in engine.advance_to(self.now, events_only=True):
+            self._on_output(output)
+        self._engine_touched(slot)
+
+    def _on_output(self, output: Any) -> None:
+        flight = self.flights.get(output.req_id)
+        if flight is None:
+            return
+        result = flight.result
+        result.output_tokens = output.num_output_tokens
+        if output.first_token_time is not None and result.first_token_s is None:
+            self._on_first_token(flight, output)
+        if output.finished:
+            result.finish_s = output.finish_time
+            result.status = "ok" if output.finish_reason == "length" else "failed"
+            del self.flights[result.id]
+            self._telemetry(output.finish_time, self._apply_finish, result.id)
+
+    def _on_first_token(self, flight: _Flight, output: Any) -> None:
+        result = flight.result
+        result.first_token_s = output.first_token_time
+        result.cached_tokens = output.num_cached_tokens
+        self.true_pending[flight.slot] -= flight.estimated_uncached
+        self._telemetry(output.first_token_time, self._apply_first_token, flight)
+
+    # ----------------------------------------------------------------- telemetry
+
+    def _telemetry(self, when: float, apply: Callable[..., None], *args: Any) -> None:
+        """Apply an indicator update now, or ``telemetry_delay_s`` later (staleness knob)."""
+        delay = self.config.telemetry_delay_s
+        if delay <= 0:
+            apply(when, *args)
+        else:
+            self._push(when + delay, TELEMETRY, (apply, args))
+
+    def _on_telemetry(self, payload: tuple[Callable[..., None], tuple[Any, ...]]) -> None:
+        apply, args = payload
+        apply(self.now, *args)
+
+    def _apply_first_token(self, now: float, flight: _Flight) -> None:
+        request_id = flight.result.id
+        if not self.state.is_in_flight(request_id):
+            return  # failed over in the meantime
+        self.state.on_first_token(request_id, now)
+        ttft = flight.result.first_token_s - flight.features.arrival_time
+        self.policy.observe_first_token(flight.features, self.ids[flight.slot], ttft, now)
+
+    def _apply_finish(self, now: float, request_id: str) -> None:
+        if self.state.is_in_flight(request_id):
+            self.state.on_finish(request_id, now)
+
+    def _forward_kv_events(self, slot: int, events: list[Any]) -> None:
+        batch = router_events.KVEventBatch(self.now, tuple(_to_router_event(e) for e in events))
+        generation = self.instances[slot].generation
+        self._telemetry(self.now, self._apply_kv_batch, slot, generation, batch)
+
+    def _apply_kv_batch(self, now: float, slot: int, generation: int,
+                        batch: router_events.KVEventBatch) -> None:
+        if generation == self.instances[slot].generation and self._is_up(slot):
+            self.state.on_kv_event_batch(self.ids[slot], batch, now)
+
+    def _apply_scrape(self, now: float, slot: int, generation: int,
+                      stats: tuple[int, int, float]) -> None:
+        if generation == self.instances[slot].generation and self._is_up(slot):
+            running, waiting, usage = stats
+            self.state.on_scrape(self.ids[slot], now, running=running, waiting=waiting,
+                                 kv_usage=usage)
+
+    def _is_up(self, slot: int) -> bool:
+        return int(self.state.view().health[slot]) != Health.DOWN
+
+    # ----------------------------------------------------------------- scrapes
+
+    def _on_scrape(self, _: None) -> None:
+        for slot, instance in enumerate(self.instances):
+            if instance.engine is None:
+                continue
+            # No advance_to here: between its event times (which next_event_time reports,
+            # including every possible admission) an engine's running and waiting counts
+            # cannot change, so the lazily advanced engine already reads as of now.
+            stats = instance.engine.stats()
+            self._telemetry(self.now, self._apply_scrape, slot, instance.generation,
+                            (stats.num_running, stats.num_waiting, stats.kv_usage))
+        self.sample_times.append(self.now)
+        self.samples.append(self.true_pending.copy())
+        if self._work_left():
+            self._push(self.now + self.config.scrape_interval_s, SCRAPE, None)
+
+    # ----------------------------------------------------------------- faults
+
+    def _on_fault(self, fault: Fault) -> None:
+        slot = fault.instance
+        if not 0 <= slot < len(self.instances):
+            raise ValueError(f"fault names instance {slot}; the cluster has {len(self.ids)}")
+        if fault.action == "drain":
+            self.state.set_health(self.ids[slot], Health.DRAINING)
+        elif fault.action == "restore":
+            self._restore(slot)
+        elif self.instances[slot].engine is not None:
+            self._fail(slot)
+
+    def _fail(self, slot: int) -> None:
+        self._advance(slot)  # deliver everything that completed by now first
+        instance = self.instances[slot]
+        instance.busy_before += instance.engine.stats().busy_time
+        instance.engine, instance.kv_buffer = None, []
+        instance.generation += 1
+        victims = [f for f in self.flights.values() if f.slot == slot]
+        self.state.remove_instance(self.ids[slot])
+        for flight in victims:
+            del self.flights[flight.result.id]
+            if self.state.is_in_flight(flight.result.id):
+                self.state.on_error(flight.result.id, self.now)
+            if flight.result.first_token_s is None:
+                self.true_pending[slot] -= flight.estimated_uncached
+                if flight.result.attempts < self.config.max_attempts:
+                    self._dispatch(flight)
+                    continue
+            self._end(flight, "failed")
+
+    def _restore(self, slot: int) -> None:
+        instance = self.instances[slot]
+        if instance.engine is None:
+            instance.engine = self._new_engine(slot)
+            self.true_pending[slot] = 0.0
+        self.state.add_instance(self.ids[slot])  # revives the slot as healthy
+
+    # ----------------------------------------------------------------- result
+
+    def _result(self) -> SimResult:
+        busy = sum(i.busy_before + (i.engine.stats().busy_time if i.engine else 0.0)
+                   for i in self.instances)
+        samples = (np.array(self.samples) if self.samples
+                   else np.zeros((0, len(self.ids))))
+        return SimResult(self.policy_kind, self.results, list(self.ids),
+                         np.array(self.sample_times), samples, busy,
+                         dict(self.hotspot_events), dict(self.reasons))
+
+
+def _to_router_event(event: Any) -> Any:
+    """enginesim's KV event → the router's decoded form (what the msgpack path yields)."""
+    if isinstance(event, engine_events.BlockStored):
+        return router_events.BlockStored(tuple(event.block_hashes), event.parent_block_hash,
+                                         tuple(event.token_ids), event.block_size, event.lora_id)
+    if isinstance(event, engine_events.BlockRemoved):
+        return router_events.BlockRemoved(tuple(event.block_hashes))
+    return router_events.AllBlocksCleared()

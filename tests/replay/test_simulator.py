@@ -1,0 +1,148 @@
+"""Simulator: conservation, causality, an exact hand-computed TTFT, determinism,
+faults, staleness, the lower bound, and a policy difference that must show."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from enginesim.engine import StepBatch
+from enginesim.replay import metrics
+from enginesim.replay.simulator import Fault, SimConfig, Simulator
+from enginesim.replay.traces import TraceRecord, load_trace, read_trace
+from tests.replay.conftest import CONVERSATION, SYNTHETIC
+
+LONG = 131072  # Mooncake prompts reach 125k tokens
+
+
+@pytest.fixture(scope="module")
+def conversation_slice():
+    # 240 real requests (80 s of trace) replayed 3x faster on 4 instances: a busy cluster.
+    return load_trace(CONVERSATION, max_requests=240, rate_scale=3.0)
+
+
+@pytest.fixture(scope="module")
+def lmetric_run(conversation_slice):
+    return Simulator(conversation_slice, "lmetric", SimConfig(instances=4, max_model_len=LONG)
+                     ).run()
+
+
+def test_conservation_and_causality(conversation_slice, lmetric_run):
+    results = lmetric_run.requests
+    assert [r.id for r in results] == [f"r{i}" for i in range(len(conversation_slice))]
+    for record, result in zip(conversation_slice, results, strict=True):
+        assert result.status == "ok"
+        assert result.output_tokens == result.output_tokens_asked == max(
+            record.output_tokens, 1)
+        assert result.prompt_tokens == record.input_tokens
+        assert 0 <= result.arrival_s < result.first_token_s <= result.finish_s
+        assert 0 <= result.cached_tokens < result.prompt_tokens
+        assert result.attempts == 1
+    assert lmetric_run.pending_samples.min() >= -1e-9
+
+
+def test_exact_ttft_of_a_tiny_scenario():
+    """A (4000 tokens) at t=0 and B at t=0.01 on one idle H20; B shares A's first 2048
+    tokens (4 blocks of 512). A prefills alone in step 1; B is admitted when step 1 ends,
+    finds A's 2048 tokens cached and prefills 952 new ones beside A's first decode."""
+    a = TraceRecord(0, 0.0, 4000, 5, (0, 1, 2, 3, 4, 5, 6, 7), 512)
+    b = TraceRecord(1, 0.01, 3000, 5, (0, 1, 2, 3, 50, 51), 512)
+    sim = Simulator([a, b], "round_robin", SimConfig(instances=1, scrape_interval_s=0))
+    cost = sim.engine_config.cost_model()
+    step1 = cost.step_time(StepBatch.prefill(4000))
+    step2 = cost.step_time(StepBatch.from_requests([1, 952], [4000, 2048], 2))
+    ra, rb = sim.run().requests
+    assert ra.first_token_s == pytest.approx(step1, rel=1e-12)
+    assert rb.cached_tokens == 2048
+    assert rb.first_token_s - rb.arrival_s == pytest.approx(step1 + step2 - 0.01, rel=1e-12)
+
+
+def test_same_seed_same_results(conversation_slice):
+    records = conversation_slice[:120]
+    config = SimConfig(instances=4, max_model_len=LONG, seed=3)
+    first = Simulator(records, "cache_aware", config).run()
+    second = Simulator(records, "cache_aware", config).run()
+    assert [r.to_json() for r in first.requests] == [r.to_json() for r in second.requests]
+    assert np.array_equal(first.pending_samples, second.pending_samples)
+
+
+def test_cache_aware_policy_beats_round_robin_on_hits():
+    # Requests 3000-3299 of the synthetic trace: 36% of their prompt tokens repeat an
+    # earlier prefix inside the window (its first 300 requests: only 5%).
+    start = read_trace(SYNTHETIC)[3000].arrival_s
+    records = load_trace(SYNTHETIC, start_s=start, max_requests=300)
+    ideal = metrics.lower_bound_summary(records, SimConfig().engine_config(None))["hit_ratio"]
+    assert ideal > 0.3
+    config = SimConfig(instances=8, max_model_len=LONG)
+    hit = {p: metrics.summarize(Simulator(records, p, config).run())["hit_ratio"]
+           for p in ("round_robin", "cache_aware", "lmetric")}
+    assert hit["cache_aware"] > hit["round_robin"] + 0.05
+    assert hit["lmetric"] > hit["round_robin"]
+
+
+def test_no_request_beats_the_lower_bound(conversation_slice, lmetric_run):
+    sim_config = SimConfig(instances=4, max_model_len=LONG)
+    bound = metrics.ttft_lower_bound(conversation_slice, sim_config.engine_config(None))
+    ttft = np.array([r.first_token_s - r.arrival_s for r in lmetric_run.requests])
+    assert np.all(ttft >= bound - 1e-9)
+    assert ttft.mean() > bound.mean()
+
+
+def test_infinite_cache_hits_by_hand():
+    records = [TraceRecord(0, 0.0, 1000, 1, (1, 2), 512),  # block 2 holds 488 tokens
+               TraceRecord(1, 1.0, 1024, 1, (1, 2), 512),  # 512 + 488 cached
+               TraceRecord(2, 2.0, 1536, 1, (1, 2, 3), 512),  # 1024 cached
+               TraceRecord(3, 3.0, 700, 1, (9, 2), 512)]  # other parent: nothing
+    assert metrics.infinite_cache_hits(records).tolist() == [0, 1000, 1024, 0]
+
+
+def test_failure_retries_unstarted_requests_elsewhere(conversation_slice):
+    records = conversation_slice[:150]
+    fail_at = 10.0
+    config = SimConfig(instances=4, max_model_len=LONG, faults=(Fault(fail_at, 1, "fail"),))
+    results = Simulator(records, "least_load", config).run().requests
+    assert all(r.status in ("ok", "failed") for r in results)
+    assert any(r.attempts == 2 and r.status == "ok" for r in results)
+    for r in results:
+        if r.arrival_s > fail_at or r.attempts > 1:
+            assert r.instance != "i1"
+        if r.status == "failed":  # it was streaming when i1 died
+            assert r.instance == "i1" and r.first_token_s <= fail_at == r.finish_s
+
+
+def test_drain_then_restore(conversation_slice):
+    records = conversation_slice[:150]
+    faults = (Fault(5.0, 2, "drain"), Fault(15.0, 2, "restore"))
+    config = SimConfig(instances=4, max_model_len=LONG, faults=faults)
+    results = Simulator(records, "round_robin", config).run().requests
+    assert all(r.status == "ok" for r in results)
+    during = [r.instance for r in results if 5.0 <= r.arrival_s < 15.0]
+    after = [r.instance for r in results if r.arrival_s >= 15.0]
+    assert during and "i2" not in during
+    assert "i2" in after
+
+
+def test_stale_telemetry_changes_decisions_not_conservation(conversation_slice):
+    records = conversation_slice[:150]
+    config = SimConfig(instances=4, max_model_len=LONG, telemetry_delay_s=5.0)
+    stale = Simulator(records, "lmetric", config).run().requests
+    fresh = Simulator(records, "lmetric", SimConfig(instances=4, max_model_len=LONG)
+                      ).run().requests
+    assert all(r.status == "ok" and r.output_tokens == r.output_tokens_asked for r in stale)
+    assert [r.instance for r in stale] != [r.instance for r in fresh]
+
+
+def test_too_long_requests_are_rejected_and_counted():
+    records = [TraceRecord(0, 0.0, 40000, 4), TraceRecord(1, 0.5, 100, 4)]
+    result = Simulator(records, "least_load", SimConfig(instances=2)).run()  # 32k context
+    assert [r.status for r in result.requests] == ["rejected", "ok"]
+    assert metrics.summarize(result)["rejected"] == 1
+
+
+def test_kv_events_and_global_tier_run_cleanly(conversation_slice):
+    records = conversation_slice[:100]
+    config = SimConfig(instances=4, max_model_len=LONG, kv_events=True,
+                       global_tier_blocks=200_000)
+    result = Simulator(records, "smetric", config).run()
+    assert all(r.status == "ok" for r in result.requests)
+    assert metrics.summarize(result)["hit_ratio"] > 0

@@ -57,20 +57,25 @@ class ManagedConfig:
     # ----- start -----------------------------------------------------------------------
     async def bootstrap(self, service: Service) -> None:
         """Called before serving: control plane first, the disk copy if that fails."""
-        if await self.fetch():
-            return
-        saved = self._load_saved()
-        if saved is not None:
-            try:
-                service.apply_document(saved, source="disk")
-                log.warning("control plane unreachable; serving last good config v%s",
-                            saved.get("version"))
-            except ConfigRefused as error:
-                log.error("saved config refused: %s", error)
+        if not await self.fetch():
+            self._start_from_disk()
         service.add_task(self.run_poll())
         service.add_task(self.run_heartbeat())
         if service.options.redis_url:
             service.add_task(self.run_pubsub(service.options.redis_url))
+
+    def _start_from_disk(self) -> None:
+        saved = self._load_saved()
+        if saved is None:
+            log.warning("no configuration yet (control plane: %s); answering 503",
+                        self.last_error)
+            return
+        try:
+            self.service.apply_document(saved, source="disk")
+            log.warning("control plane unreachable (%s); serving last good config v%s",
+                        self.last_error, saved.get("version"))
+        except ConfigRefused as error:
+            log.error("saved config refused: %s", error)
 
     async def fetch(self) -> bool:
         """GET the current version and apply it when newer; True if one is applied."""

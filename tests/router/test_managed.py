@@ -1,0 +1,131 @@
+"""Managed mode against a stand-in control plane (the contract in config_source.py)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import httpx
+import pytest
+import redis
+
+from router_worker.config_source import CONFIG_CHANNEL
+from tests.router.conftest import MODEL, launch_router, router_config, stop_process, wait_until
+
+TOKEN = "router-token-1"
+
+
+class FakeControlPlane:
+    def __init__(self) -> None:
+        self.version = 1
+        self.document: dict[str, Any] | None = None
+        self.heartbeats: list[dict[str, Any]] = []
+        self.unauthorised = 0
+        plane = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _reply(self, status: int, payload: Any) -> None:
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.headers.get("authorization") != f"Bearer {TOKEN}":
+                    plane.unauthorised += 1
+                    return self._reply(401, {"detail": "bad token"})
+                if self.path != "/api/v1/routers/dep-1/config" or plane.document is None:
+                    return self._reply(404, {"detail": "none"})
+                self._reply(200, {"version": plane.version, "document": plane.document})
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length", 0))
+                body = json.loads(self.rfile.read(length))
+                if self.path == "/api/v1/routers/dep-1/heartbeat":
+                    plane.heartbeats.append(body)
+                self._reply(200, {"ok": True})
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def control_plane() -> Iterator[FakeControlPlane]:
+    plane = FakeControlPlane()
+    yield plane
+    plane.close()
+
+
+def _policy(router) -> str:
+    response = httpx.post(router.url + "/v1/completions",
+                          json={"model": MODEL, "prompt": "managed", "max_tokens": 1})
+    assert response.status_code == 200
+    return response.headers["x-switchyard-policy"]
+
+
+def test_managed_router_follows_the_control_plane(fleet, control_plane, private_redis,
+                                                  tmp_path):
+    control_plane.document = router_config(fleet, "lmetric")
+    args = ("--control-plane", control_plane.url, "--deployment", "dep-1", "--token", TOKEN,
+            "--state-dir", str(tmp_path / "state"), "--poll-interval", "30",
+            "--heartbeat-interval", "0.2")
+    router = launch_router(tmp_path, None, *args, redis_url=private_redis.url)
+    try:
+        assert _policy(router) == "lmetric"
+        wait_until(lambda: any(h["applied_version"] == 1 for h in control_plane.heartbeats),
+                   10, "heartbeat with the applied version")
+        assert control_plane.unauthorised == 0
+        # A new version announced on pub/sub is fetched at once (the poll is 30 s away).
+        control_plane.document = router_config(fleet, "round_robin")
+        control_plane.version = 2
+        publisher = redis.Redis(port=private_redis.port)
+        wait_until(lambda: publisher.publish(CONFIG_CHANNEL, json.dumps(
+            {"cluster": "test", "version": 2})) > 0 and _policy(router) == "round_robin",
+                   10, "version 2 applied")
+        publisher.close()
+        wait_until(lambda: control_plane.heartbeats[-1]["applied_version"] == 2, 10,
+                   "heartbeat reports version 2")
+        state = control_plane.heartbeats[-1]["state"]
+        assert set(state["instances"]) == {"i0", "i1", "i2", "i3"}
+    finally:
+        stop_process(router.proc)
+
+    # The control plane goes away: a restarted router serves its last good config.
+    control_plane.close()
+    router = launch_router(tmp_path, None, *args, redis_url="none")
+    try:
+        assert _policy(router) == "round_robin"
+        assert "last good config" in router.log()
+    finally:
+        stop_process(router.proc)
+
+
+def test_managed_router_without_any_config_answers_503(control_plane, tmp_path):
+    args = ("--control-plane", control_plane.url, "--deployment", "dep-1", "--token", TOKEN,
+            "--state-dir", str(tmp_path / "empty"))
+    router = launch_router(tmp_path, None, *args, wait=False)
+    try:
+        wait_until(lambda: httpx.get(router.url + "/health").status_code == 503, 20,
+                   "router up without config")
+        response = httpx.post(router.url + "/v1/completions",
+                              json={"model": MODEL, "prompt": "x"})
+        assert response.status_code == 503 and response.json()["error"]["code"] == 503
+    finally:
+        stop_process(router.proc)

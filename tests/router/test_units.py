@@ -1,0 +1,186 @@
+"""Unit tests of the router's pieces that need no processes."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+import zmq.asyncio
+
+from router_worker.arms import pick_arm, session_point
+from router_worker.errors import APIError
+from router_worker.health import HealthBook
+from router_worker.limits import Limiter
+from router_worker.monitor import parse_vllm_metrics
+from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids, render_chat
+
+
+def test_approx_chunker_is_prefix_stable_and_four_bytes_per_token():
+    short, long = approx_token_ids("hello world, "), approx_token_ids("hello world, and more")
+    assert len(approx_token_ids("a" * 400)) == 100
+    assert list(long[: len(short) - 1]) == list(short[:-1])  # last chunk of short is padded
+    assert list(approx_token_ids("same text")) == list(approx_token_ids("same text"))
+
+
+def test_chat_template_turns_extend_each_other():
+    first = [{"role": "user", "content": "hi"}]
+    second = [*first, {"role": "assistant", "content": "hello"},
+              {"role": "user", "content": "more"}]
+    one, two = render_chat(first), render_chat(second)
+    assert two.startswith(one + "hello<|im_end|>\n")
+    with pytest.raises(PromptError):
+        render_chat([{"content": "no role"}])
+
+
+def test_exact_tier_uses_a_local_tokenizer_json(tmp_path):
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import models, pre_tokenizers
+
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "again": 3}
+    tiny = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tiny.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path / "tokenizer.json"
+    tiny.save(str(path))
+    tokenizer = Tokenizer(str(path), chat_template="plain")
+    ids, tier = tokenizer.encode_prompt("hello world again")
+    assert tier == "exact" and list(ids) == [1, 2, 3]
+    _, chat_tier = tokenizer.encode_chat([{"role": "user", "content": "hello"}])
+    assert chat_tier == "exact"
+    token_ids, ids_tier = tokenizer.encode_prompt([5, 6, 7])
+    assert ids_tier == "ids" and list(token_ids) == [5, 6, 7]
+    assert Tokenizer().encode_prompt("hello")[1] == "approx"
+    with pytest.raises(PromptError):
+        tokenizer.encode_prompt([1, -2])
+
+
+def test_arm_assignment_is_stable_and_follows_weights():
+    rng = random.Random(1)
+    assert pick_arm([100.0], "anything", rng) == 0
+    cumulative = [30.0, 100.0]
+    assert pick_arm(cumulative, "user-7", rng) == pick_arm(cumulative, "user-7", rng)
+    picks = [pick_arm(cumulative, f"user-{k}", rng) for k in range(4000)]
+    assert 0.26 < picks.count(0) / len(picks) < 0.34
+    assert 0 <= session_point("x") < 100
+
+
+def test_circuit_breaker_opens_half_opens_and_closes():
+    changes: list[tuple[str, str, str]] = []
+    book = HealthBook(lambda name, before, after, cause: changes.append((name, before, after)),
+                      failures_to_open=2, open_s=1.0)
+    book.configure({"a": "enabled", "b": "draining"}, 2, 1.0)
+    assert book.effective("b") == "draining"
+    book.record_failure("a", 0.0, "http_5xx")
+    assert book.effective("a") == "healthy"
+    book.record_failure("a", 0.1, "http_5xx")
+    assert book.effective("a") == "down" and not book.due_for_probe("a", 0.5)
+    book.record_probe("a", False, 1.2)  # still failing: open longer
+    assert book.instances["a"].open_for == 2.0 and not book.due_for_probe("a", 2.0)
+    book.record_probe("a", True, 3.3)
+    assert book.instances["a"].breaker == "half_open" and book.effective("a") == "healthy"
+    book.record_failure("a", 3.4, "connect")  # one failure in half-open re-opens
+    assert book.effective("a") == "down"
+    book.record_probe("a", True, 10.0)
+    book.record_success("a")
+    assert book.instances["a"].breaker == "closed"
+    book.record_failure("a", 11.0, "connect", fatal=True)
+    assert book.effective("a") == "down"
+    assert changes[:3] == [("b", "healthy", "draining"), ("a", "healthy", "down"),
+                           ("a", "down", "healthy")]
+
+
+def test_limiter_queues_then_refuses():
+    async def scenario() -> None:
+        limiter = Limiter(max_concurrency=1, max_queue=1, queue_timeout_s=0.2)
+        await limiter.acquire()
+        waiter = asyncio.create_task(limiter.acquire())
+        await asyncio.sleep(0)
+        with pytest.raises(APIError) as full:
+            await limiter.acquire()
+        assert full.value.status == 429
+        limiter.release()  # hands the slot to the waiter
+        await waiter
+        assert limiter.active == 1
+        with pytest.raises(APIError) as timed_out:
+            await limiter.acquire()
+        assert timed_out.value.status == 503 and limiter.queued == 0
+        limiter.release()
+        assert limiter.active == 0
+
+    asyncio.run(scenario())
+
+
+def test_vllm_metrics_parser():
+    text = """# HELP vllm:num_requests_running x
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_running{engine="1",model_name="m"} 2.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 40.0
+vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="81541"} 1.0
+"""
+    parsed = parse_vllm_metrics(text)
+    assert (parsed.running, parsed.waiting, parsed.kv_usage) == (5.0, 1.0, 0.25)
+    assert (parsed.prefix_queries, parsed.prefix_hits) == (100.0, 40.0)
+    assert (parsed.num_gpu_blocks, parsed.block_size) == (81541, 16)
+
+
+class _FakeState:
+    def __init__(self) -> None:
+        self.ids = ["e0"]
+        self.batches: list[int] = []
+
+    def on_kv_event_batch(self, name, batch, now) -> None:
+        self.batches.append(len(batch.events))
+
+
+class _FakeCore:
+    def __init__(self) -> None:
+        self.state = _FakeState()
+
+
+def _payload(count: int) -> bytes:
+    events = [["BlockRemoved", [k], "GPU"] for k in range(count)]
+    return msgpack.packb([1.0, events, 0])
+
+
+def test_kv_subscriber_recovers_a_sequence_gap_through_replay():
+    from router_worker.kv_subscriber import Subscriber
+
+    async def scenario() -> list[int]:
+        context = zmq.asyncio.Context()
+        replay = context.socket(zmq.ROUTER)
+        port = replay.bind_to_random_port("tcp://127.0.0.1")
+        history = {seq: _payload(seq + 1) for seq in range(4)}
+
+        async def serve() -> None:
+            client, _, start = await replay.recv_multipart()
+            for seq in range(int.from_bytes(start, "big"), 4):
+                await replay.send_multipart([client, b"", seq.to_bytes(8, "big"),
+                                             history[seq]])
+            await replay.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True),
+                                         b""])
+
+        server = asyncio.create_task(serve())
+        core = _FakeCore()
+        sub = Subscriber(core, "e0", "tcp://127.0.0.1:1", f"tcp://127.0.0.1:{port}", context)
+        await sub.receive(0, history[0])
+        await sub.receive(3, history[3])  # 1 and 2 were lost
+        await server
+        replay.close(linger=0)
+        context.destroy(linger=0)
+        assert sub.stats.gaps == 1 and sub.stats.unrecovered_gaps == 0
+        await sub.receive(0, history[0])  # sequence restarts: the publisher restarted
+        assert sub.stats.restarts == 1
+        return core.state.batches
+
+    assert asyncio.run(scenario()) == [1, 2, 3, 4, 1, 1]
+
+
+def test_tokens_are_hashed_from_numpy_arrays():
+    ids = approx_token_ids("x" * 64)
+    assert isinstance(ids, np.ndarray) and ids.dtype == np.dtype("<u4")

@@ -141,7 +141,9 @@ NODE_MODULES_DIR = BASE_DIR / "frontend" / "node_modules"
 if NODE_MODULES_DIR.is_dir():
     STATICFILES_DIRS.append(("vendor", NODE_MODULES_DIR))
 
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LOGOUT_REDIRECT_URL = "/login/"
 
 LOGGING = {
     "version": 1,

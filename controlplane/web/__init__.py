@@ -1,1 +1,2 @@
-"""Server-rendered pages and plain HTTP endpoints of the control plane."""
+"""Server-rendered pages (Django templates + htmx) and plain HTTP endpoints. Views are thin:
+they call controlplane.selectors to read and controlplane.services to change anything."""

@@ -1,0 +1,207 @@
+"""The telemetry publisher: routers' state in Redis → one coalesced snapshot per cluster per
+tick → the cluster's Channels group; router events and config notifications are forwarded
+at once as separate messages (never coalesced).
+
+One asyncio process serves every cluster (`manage.py run_publisher`). Snapshots: each poll
+(every `poll_s`) MGETs the known state keys of every cluster in one pipeline; a cluster's
+snapshot is sent when some router wrote a newer one and at least `interval_s` passed since
+the last send, so browsers get at most one snapshot per tick and receive new data within
+one poll of it landing in Redis. Keys are rediscovered with SCAN every `scan_s`.
+Events: XREAD on the events stream with the publisher's own cursor (not the ingest consumer
+group). Config: the `switchyard:config` pub/sub channel.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from redis.exceptions import RedisError
+
+from controlplane.services.notify import CONFIG_CHANNEL
+from router_worker.telemetry_contract import EVENTS_STREAM, RouterEvent
+
+from .snapshot import merge_cluster
+from .state import group_name, parse_snapshots, scan_state_keys
+
+log = logging.getLogger(__name__)
+
+# Router event kinds forwarded to dashboards (the rest only matter to ingest).
+FORWARDED_EVENTS = frozenset({"hotspot", "health", "config_applied", "config_rejected",
+                              "router_started", "router_restarted"})
+MESSAGE_TYPE = "cluster.message"  # handled by ClusterLiveConsumer.cluster_message
+RETRY_S = 1.0
+
+Send = Callable[[str, dict[str, Any]], Awaitable[None]]
+
+
+@dataclass
+class ClusterFeed:
+    """Per-cluster publishing state."""
+
+    cluster_id: int
+    name: str
+    keys: list[bytes] = field(default_factory=list)
+    seen: tuple[tuple[str, float], ...] = ()
+    last_sent: float = 0.0
+
+
+@dataclass
+class PublisherSettings:
+    interval_s: float = 0.25
+    poll_s: float = 0.025
+    scan_s: float = 1.0
+    clusters_s: float = 5.0
+
+
+def event_message(event: RouterEvent, cluster_id: int) -> dict[str, Any]:
+    return {"type": "event", "kind": event.kind, "cluster_id": cluster_id,
+            "event": event.model_dump()}
+
+
+def config_message(payload: dict[str, Any], cluster_id: int) -> dict[str, Any]:
+    return {"type": "config", "cluster": payload.get("cluster"), "cluster_id": cluster_id,
+            "version": payload.get("version"), "at": time.time()}
+
+
+def _load_clusters() -> dict[str, int]:
+    from controlplane.models import Cluster
+
+    return dict(Cluster.objects.values_list("name", "pk"))
+
+
+class Publisher:
+    def __init__(self, client: aioredis.Redis, send: Send,
+                 settings: PublisherSettings | None = None,
+                 load_clusters: Callable[[], dict[str, int]] = _load_clusters) -> None:
+        self.client = client
+        self.send = send
+        self.settings = settings or PublisherSettings()
+        self.load_clusters = load_clusters
+        self.feeds: dict[str, ClusterFeed] = {}
+        self.cursor: bytes | str | None = None  # last events-stream entry forwarded
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loops = [self._forever(stop, self.refresh_clusters, self.settings.clusters_s),
+                 self._forever(stop, self.refresh_keys, self.settings.scan_s),
+                 self._forever(stop, self.publish_snapshots, self.settings.poll_s),
+                 self._forever(stop, self._events_loop, 0),
+                 self._forever(stop, self._config_loop, 0)]
+        await self.refresh_clusters()
+        await asyncio.gather(*loops)
+
+    async def _forever(self, stop: asyncio.Event, step: Callable[[], Awaitable[Any]],
+                       period: float) -> None:
+        while not stop.is_set():
+            try:
+                await step()
+            except (RedisError, OSError) as error:
+                log.warning("%s: %s; retrying", step.__name__, error)
+                await _sleep_or_stop(stop, RETRY_S)
+                continue
+            if period:
+                await _sleep_or_stop(stop, period)
+
+    async def refresh_clusters(self) -> None:
+        names = await sync_to_async(self.load_clusters, thread_sensitive=False)()
+        for name, cluster_id in names.items():
+            if name not in self.feeds:
+                self.feeds[name] = ClusterFeed(cluster_id, name)
+        for gone in set(self.feeds) - set(names):
+            del self.feeds[gone]
+
+    async def refresh_keys(self) -> None:
+        for feed in list(self.feeds.values()):
+            feed.keys = await scan_state_keys(self.client, feed.name)
+
+    async def publish_snapshots(self) -> None:
+        feeds = [f for f in self.feeds.values() if f.keys or f.seen]
+        if not feeds:
+            return
+        async with self.client.pipeline(transaction=False) as pipe:
+            for feed in feeds:
+                pipe.mget(feed.keys) if feed.keys else pipe.echo(b"")
+            results = await pipe.execute()
+        for feed, raws in zip(feeds, results, strict=True):
+            await self._maybe_send(feed, raws if isinstance(raws, list) else [])
+
+    async def _maybe_send(self, feed: ClusterFeed, raws: list[bytes | None]) -> None:
+        snapshots = parse_snapshots(raws)
+        seen = tuple(sorted((s.router, s.ts) for s in snapshots))
+        now = time.time()
+        if seen == feed.seen or now - feed.last_sent < self.settings.interval_s:
+            return
+        feed.seen, feed.last_sent = seen, now
+        message = merge_cluster(feed.name, snapshots, cluster_id=feed.cluster_id)
+        message["published_at"] = now
+        await self.send(group_name(feed.cluster_id), message)
+
+    async def _events_loop(self) -> None:
+        if self.cursor is None:
+            self.cursor = await self._stream_tail()
+        while True:
+            batches = await self.client.xread({EVENTS_STREAM: self.cursor}, count=200,
+                                              block=1000)
+            for _stream, entries in batches or []:
+                for entry_id, fields in entries:
+                    self.cursor = entry_id
+                    await self.forward_event(fields)
+
+    async def _stream_tail(self) -> bytes | str:
+        last = await self.client.xrevrange(EVENTS_STREAM, count=1)
+        return last[0][0] if last else "0-0"
+
+    async def forward_event(self, fields: dict) -> None:
+        try:
+            event = RouterEvent.from_stream_fields(fields)
+        except ValueError as error:
+            log.warning("skipping malformed router event: %s", error)
+            return
+        feed = self.feeds.get(event.cluster)
+        if feed is not None and event.kind in FORWARDED_EVENTS:
+            await self.send(group_name(feed.cluster_id), event_message(event, feed.cluster_id))
+
+    async def _config_loop(self) -> None:
+        async with self.client.pubsub() as pubsub:
+            await pubsub.subscribe(CONFIG_CHANNEL)
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    await self.forward_config(message["data"])
+
+    async def forward_config(self, data: bytes | str) -> None:
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            log.warning("skipping malformed config notification %r", data)
+            return
+        feed = self.feeds.get(str(payload.get("cluster")))
+        if feed is None:  # a cluster created since the last refresh
+            await self.refresh_clusters()
+            feed = self.feeds.get(str(payload.get("cluster")))
+        if feed is not None:
+            await self.send(group_name(feed.cluster_id), config_message(payload,
+                                                                        feed.cluster_id))
+
+
+def channel_layer_sender() -> Send:
+    from channels.layers import get_channel_layer
+
+    layer = get_channel_layer()
+
+    async def send(group: str, message: dict[str, Any]) -> None:
+        await layer.group_send(group, {"type": MESSAGE_TYPE, "message": message})
+
+    return send
+
+
+async def _sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)

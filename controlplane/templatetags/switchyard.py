@@ -1,0 +1,49 @@
+"""Formatting filters for the dashboard templates."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django import template
+
+register = template.Library()
+DASH = "–"
+
+
+@register.filter
+def ms(seconds: float | None) -> str:
+    """Seconds as milliseconds: 0.0123 → '12.3 ms'."""
+    if seconds is None:
+        return DASH
+    value = seconds * 1000
+    return f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms"
+
+
+@register.filter
+def pct(ratio: float | None) -> str:
+    return DASH if ratio is None else f"{ratio * 100:.1f}%"
+
+
+@register.filter
+def num(value: float | None, digits: int = 1) -> str:
+    if value is None:
+        return DASH
+    return f"{value:,.{int(digits)}f}"
+
+
+@register.filter
+def ms_ci(interval: tuple[float, float] | None) -> str:
+    if not interval:
+        return ""
+    return f"[{interval[0] * 1000:.1f}, {interval[1] * 1000:.1f}]"
+
+
+@register.filter
+def pretty_json(value: Any) -> str:
+    return "" if value is None else json.dumps(value, indent=1, sort_keys=True, default=str)
+
+
+@register.filter
+def get(mapping: dict | None, key: Any) -> Any:
+    return None if mapping is None else mapping.get(key)

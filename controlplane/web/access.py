@@ -1,0 +1,49 @@
+"""Who may see and change what in the web UI. Pages need any role (viewer or above); every
+POST view needs operator and answers 403 otherwise, whatever the page showed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.views import redirect_to_login
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+
+from controlplane.services.audit import Actor
+from controlplane.services.roles import has_role, role_of
+
+View = Callable[..., HttpResponse]
+
+
+def _require(minimum: str, view: View) -> View:
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        if not has_role(request.user, minimum):
+            return HttpResponseForbidden(f"this needs the {minimum} role")
+        return view(request, *args, **kwargs)
+
+    return wrapped
+
+
+def viewer_required(view: View) -> View:
+    return _require("viewer", view)
+
+
+def operator_required(view: View) -> View:
+    return _require("operator", view)
+
+
+def can_operate(request: HttpRequest) -> bool:
+    return has_role(request.user, "operator")
+
+
+def actor(request: HttpRequest) -> Actor:
+    return Actor.of(request.user, request.headers.get("X-Request-ID", ""))
+
+
+def role_context(request: HttpRequest) -> dict[str, Any]:
+    """Template context processor-like helper: the user's role and whether to show controls."""
+    return {"role": role_of(request.user), "can_operate": can_operate(request)}

@@ -1,0 +1,141 @@
+"""Canary splits: create, start/pause/resume/promote/abort, live per-arm comparison and the
+judge's decisions."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse, QueryDict
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_POST
+
+from controlplane.models import CanarySplit, Cluster
+from controlplane.services import canaries as canary_service
+from controlplane.services.errors import NotFound, ServiceError
+
+from . import reads
+from .access import actor, operator_required, viewer_required
+from .clusters import get_cluster
+from .pages import page, service_error_response
+from .stats import describe
+
+TEMPLATE = "web/canary.html"
+ACTIONS = ("start", "pause", "resume", "promote", "abort")
+COMPARISON_WINDOW = timedelta(minutes=10)
+
+
+def _context(cluster: Cluster) -> dict[str, Any]:
+    canaries = list(reads.canaries(cluster.pk).select_related(
+        "baseline_policy", "candidate_policy").prefetch_related("judgements")[:20])
+    current = next((c for c in canaries if c.state in CanarySplit.ACTIVE_STATES), None)
+    return {"cluster": cluster, "tab": "canary", "canaries": canaries, "current": current,
+            "policies": reads.policies(cluster.pk),
+            "instances": reads.instances(cluster.pk),
+            "guardrails": canary_service.DEFAULT_GUARDRAILS,
+            "actions": {c.pk: _allowed_actions(c) for c in canaries}}
+
+
+def _allowed_actions(canary: CanarySplit) -> list[str]:
+    return [a for a in ACTIONS if canary.state in canary_service.TRANSITIONS[a][0]]
+
+
+@viewer_required
+@require_GET
+def canary_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    return page(request, TEMPLATE, **_context(get_cluster(cluster_id)))
+
+
+@operator_required
+@require_POST
+def canary_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    cluster = get_cluster(cluster_id)
+    try:
+        canary_service.create_canary(actor(request), cluster.pk, **_create_args(request.POST))
+    except ServiceError as error:
+        return service_error_response(request, error, TEMPLATE, **_context(cluster),
+                                      form=request.POST)
+    return redirect(reverse("web:canary", args=[cluster.pk]))
+
+
+def _create_args(data: QueryDict) -> dict[str, Any]:
+    split = {key[len("arm."):]: value for key, value in data.items() if key.startswith("arm.")}
+    return {
+        "name": data.get("name", "").strip(),
+        "baseline_policy_id": _int(data.get("baseline_policy"), "baseline_policy_id"),
+        "candidate_policy_id": _int(data.get("candidate_policy"), "candidate_policy_id"),
+        "baseline_instances": sorted(n for n, arm in split.items() if arm == "baseline"),
+        "candidate_instances": sorted(n for n, arm in split.items() if arm == "candidate"),
+        "weight_steps": [_number(s, "weight_steps") for s in
+                         data.get("weight_steps", "").replace(" ", "").split(",") if s],
+        "guardrails": {key: _number(data[f"guard.{key}"], f"guardrails.{key}")
+                       for key in canary_service.DEFAULT_GUARDRAILS
+                       if data.get(f"guard.{key}", "").strip()},
+        "assignment_key": data.get("assignment_key", "session"),
+        "reason": data.get("reason", ""),
+    }
+
+
+def _int(value: str | None, field: str) -> int:
+    try:
+        return int(value or "")
+    except ValueError:
+        raise ServiceError(f"{field}: choose a policy", field) from None
+
+
+def _number(value: str, field: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ServiceError(f"{field}: {value!r} is not a number", field) from None
+
+
+@operator_required
+@require_POST
+def canary_action(request: HttpRequest, cluster_id: int, canary_id: int,
+                  action: str) -> HttpResponse:
+    cluster = get_cluster(cluster_id)
+    if action not in ACTIONS:
+        return HttpResponse(status=404)
+    try:
+        canary_service.transition(actor(request), _own_canary(cluster, canary_id).pk, action,
+                                  reason=request.POST.get("reason", ""))
+    except ServiceError as error:
+        return service_error_response(request, error, TEMPLATE, **_context(cluster))
+    return redirect(reverse("web:canary", args=[cluster.pk]))
+
+
+def _own_canary(cluster: Cluster, canary_id: int) -> CanarySplit:
+    canary = reads.canary(canary_id)
+    if canary.cluster_id != cluster.pk:
+        raise NotFound(f"canary {canary_id} is not on {cluster.name}", "canary")
+    return canary
+
+
+@viewer_required
+@require_GET
+def canary_comparison(request: HttpRequest, cluster_id: int, canary_id: int) -> HttpResponse:
+    """Per-arm n, mean/p50/p99 TTFT and TPOT with 95% intervals (polled by htmx)."""
+    cluster = get_cluster(cluster_id)
+    try:
+        canary = _own_canary(cluster, canary_id)
+    except ServiceError as error:
+        raise Http404(error.message) from None
+    return page(request, "web/partials/canary_comparison.html", canary=canary,
+                arms=arm_comparison(cluster, canary),
+                judgements=canary.judgements.order_by("-at")[:50])
+
+
+def arm_comparison(cluster: Cluster, canary: CanarySplit) -> dict[str, dict[str, Any]]:
+    since = canary.step_started_at or (timezone.now() - COMPARISON_WINDOW)
+    rollups = reads.arm_rollups(cluster.pk, since=since.replace(second=0, microsecond=0))
+    arms: dict[str, dict[str, list[float]]] = {"baseline": {"ttft": [], "tpot": []},
+                                               "candidate": {"ttft": [], "tpot": []}}
+    for rollup in rollups:
+        samples = arms.setdefault(rollup.arm, {"ttft": [], "tpot": []})
+        samples["ttft"] += rollup.ttft_samples
+        samples["tpot"] += rollup.tpot_samples
+    return {arm: {"ttft": describe(s["ttft"]), "tpot": describe(s["tpot"])}
+            for arm, s in arms.items()}

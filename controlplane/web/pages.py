@@ -1,0 +1,28 @@
+"""Rendering helpers shared by the page views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+from controlplane.services.errors import ServiceError
+
+from .access import role_context
+
+
+def page(request: HttpRequest, template: str, status: int = 200, **context: Any
+         ) -> HttpResponse:
+    return render(request, template, {**role_context(request), **context}, status=status)
+
+
+def service_error_response(request: HttpRequest, error: ServiceError, template: str,
+                           **context: Any) -> HttpResponse:
+    """Re-render a form with the service's message (and field) at the service's status."""
+    return page(request, template, status=error.status, error=error.message,
+                error_field=error.field, **context)
+
+
+def is_htmx(request: HttpRequest) -> bool:
+    return request.headers.get("HX-Request") == "true"

@@ -1,0 +1,114 @@
+"""Policy control: pick an existing policy or define a new one (form generated from the
+policy's parameter schema), give a reason, confirm; then watch routers apply the version."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+
+from controlplane.models import Cluster, Policy
+from controlplane.services import config as config_service
+from controlplane.services import policies as policy_service
+from controlplane.services.errors import ServiceError
+from controlplane.services.validation import policy_kinds
+
+from . import dashboard, reads
+from .access import actor, operator_required, viewer_required
+from .clusters import get_cluster
+from .pages import page, service_error_response
+from .schema_form import param_fields, params_from_form
+
+TEMPLATE = "web/policy.html"
+
+
+def _kind_fields(kind: str) -> list:
+    kinds = policy_kinds()
+    return param_fields(kinds[kind]["schema"]) if kind in kinds else []
+
+
+def _context(cluster: Cluster, kind: str | None = None) -> dict[str, Any]:
+    kinds = policy_kinds()
+    kind = kind if kind in kinds else (cluster.active_policy.kind if cluster.active_policy
+                                       else next(iter(kinds)))
+    latest = config_service.latest_version(cluster)
+    return {"cluster": cluster, "tab": "policy", "policies": reads.policies(cluster.pk),
+            "kinds": kinds, "kind": kind, "fields": _kind_fields(kind),
+            "canary": config_service.active_canary(cluster),
+            "target_version": latest.number if latest else None}
+
+
+@viewer_required
+@require_GET
+def policy_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    cluster = get_cluster(cluster_id)
+    return page(request, TEMPLATE, **_context(cluster, request.GET.get("kind")),
+                applied=request.GET.get("applied"), applied_version=request.GET.get("version"))
+
+
+@viewer_required
+@require_GET
+def policy_params(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The parameter inputs of one policy kind (swapped in by htmx when the kind changes)."""
+    get_cluster(cluster_id)
+    kind = request.GET.get("kind", "")
+    return page(request, "web/partials/policy_params.html", fields=_kind_fields(kind),
+                kind=kind, kinds=policy_kinds())
+
+
+@operator_required
+@require_POST
+def policy_apply(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    cluster = get_cluster(cluster_id)
+    try:
+        _require_confirmation(request)
+        policy = _apply(request, cluster)
+    except ServiceError as error:
+        return service_error_response(request, error, TEMPLATE,
+                                      **_context(cluster, request.POST.get("kind")),
+                                      form=request.POST)
+    version = config_service.latest_version(cluster)
+    query = urlencode({"applied": policy.name, "version": version.number if version else ""})
+    return redirect(f"{reverse('web:policy', args=[cluster.pk])}?{query}")
+
+
+def _require_confirmation(request: HttpRequest) -> None:
+    if request.POST.get("confirm") != "yes":
+        raise ServiceError("confirm that routing on this cluster will change", "confirm")
+
+
+@transaction.atomic
+def _apply(request: HttpRequest, cluster: Cluster) -> Policy:
+    """Activate the chosen policy, creating it first when it is new (one transaction)."""
+    who = actor(request)
+    reason = request.POST.get("reason", "")
+    choice = request.POST.get("policy", "new")
+    if choice == "new":
+        kind = request.POST.get("kind", "")
+        policy = policy_service.create_policy(
+            who, cluster.pk, name=request.POST.get("name", "").strip(), kind=kind,
+            params=params_from_form(_kind_fields(kind), request.POST),
+            description=request.POST.get("description", ""), reason=reason)
+    else:
+        try:
+            policy = reads.policies(cluster.pk).get(pk=int(choice))
+        except (ValueError, Policy.DoesNotExist):
+            raise ServiceError("choose a policy of this cluster", "policy") from None
+    return policy_service.activate_policy(who, cluster.pk, policy.pk, reason=reason)
+
+
+@viewer_required
+@require_GET
+def router_versions(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """Each router's reported config version against the newest one (polled by htmx)."""
+    cluster = get_cluster(cluster_id)
+    latest = config_service.latest_version(cluster)
+    live = dashboard.live_state(cluster)
+    return page(request, "web/partials/router_versions.html",
+                routers=dashboard.router_rows(cluster, live),
+                target_version=latest.number if latest else None)

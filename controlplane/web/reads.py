@@ -1,0 +1,11 @@
+"""The selectors the web views read through, in one namespace."""
+
+from controlplane.selectors.canaries import canaries, canary
+from controlplane.selectors.clusters import cluster, clusters, instances, policies
+from controlplane.selectors.events import audit_events, hotspot_events
+from controlplane.selectors.metrics import arm_rollups
+from controlplane.selectors.replays import replay, replays
+from controlplane.selectors.routers import routers
+
+__all__ = ["arm_rollups", "audit_events", "canaries", "canary", "cluster", "clusters",
+           "hotspot_events", "instances", "policies", "replay", "replays", "routers"]

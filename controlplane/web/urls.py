@@ -1,0 +1,38 @@
+"""Routes of the web UI (namespace `web`)."""
+
+from django.contrib.auth import views as auth_views
+from django.urls import path
+
+from . import canaries, clusters, events, policies, replays
+
+app_name = "web"
+
+urlpatterns = [
+    path("", clusters.cluster_list, name="clusters"),
+    path("login/", auth_views.LoginView.as_view(template_name="web/login.html",
+                                                redirect_authenticated_user=True), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("clusters/<int:cluster_id>/", clusters.cluster_live, name="cluster"),
+    path("clusters/<int:cluster_id>/snapshot.json", clusters.cluster_snapshot,
+         name="snapshot"),
+    path("clusters/<int:cluster_id>/policy/", policies.policy_page, name="policy"),
+    path("clusters/<int:cluster_id>/policy/params/", policies.policy_params,
+         name="policy_params"),
+    path("clusters/<int:cluster_id>/policy/apply/", policies.policy_apply,
+         name="policy_apply"),
+    path("clusters/<int:cluster_id>/routers/", policies.router_versions, name="routers"),
+    path("clusters/<int:cluster_id>/canary/", canaries.canary_page, name="canary"),
+    path("clusters/<int:cluster_id>/canary/create/", canaries.canary_create,
+         name="canary_create"),
+    path("clusters/<int:cluster_id>/canary/<int:canary_id>/comparison/",
+         canaries.canary_comparison, name="canary_comparison"),
+    path("clusters/<int:cluster_id>/canary/<int:canary_id>/<str:action>/",
+         canaries.canary_action, name="canary_action"),
+    path("clusters/<int:cluster_id>/replays/", replays.replay_page, name="replays"),
+    path("clusters/<int:cluster_id>/replays/create/", replays.replay_create,
+         name="replay_create"),
+    path("clusters/<int:cluster_id>/replays/<int:job_id>/", replays.replay_detail,
+         name="replay_detail"),
+    path("hotspots/", events.hotspot_log, name="hotspots"),
+    path("audit/", events.audit_log, name="audit"),
+]

@@ -1,0 +1,339 @@
+// Cluster live view: HTTP snapshot first, then websocket messages (snapshot | event | config).
+// Reconnects with exponential backoff and shows "stale" while disconnected. Needs uPlot
+// (loaded as a classic script before this module) and nothing else.
+
+const MAX_POINTS = 1200; // 5 minutes at 4 Hz
+const STALE_AFTER_S = 3; // connected but no snapshot for this long → "no data"
+const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 10000];
+const LATENCY_SAMPLES = 5000;
+
+const cfg = JSON.parse(document.getElementById("live-config").textContent);
+const $ = (selector) => document.querySelector(selector);
+
+const state = {
+  snapshot: null,
+  sortKey: "name",
+  sortDir: 1,
+  annotations: [],
+  confirmed: new Map(), // prefix_class → hotspot payload, from events and snapshots
+  lastSnapshotAt: 0,
+  socket: null,
+  attempts: 0,
+};
+
+// Exposed for tests and the latency benchmark: receive-time minus router timestamp.
+window.switchyardLive = { latencies: [], messages: 0, state };
+
+// ---------------------------------------------------------------- formatting
+const fmt = {
+  ms: (s) => (s == null ? "–" : s * 1000 >= 100 ? `${(s * 1000).toFixed(0)} ms` : `${(s * 1000).toFixed(1)} ms`),
+  pct: (r) => (r == null ? "–" : `${(r * 100).toFixed(1)}%`),
+  num: (v) => (v == null ? "–" : v.toLocaleString(undefined, { maximumFractionDigits: 1 })),
+  num2: (v) => (v == null ? "–" : v.toFixed(2)),
+  int: (v) => (v == null ? "–" : Math.round(v).toLocaleString()),
+};
+const esc = (text) => String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+const clock = (ts) => new Date(ts * 1000).toLocaleTimeString();
+
+// ---------------------------------------------------------------- connection state
+function setConn(kind, text) {
+  const el = $("#conn");
+  el.className = `conn ${kind}`;
+  el.dataset.state = kind;
+  el.textContent = text;
+  document.body.classList.toggle("is-stale", kind === "stale");
+}
+
+function tickAge() {
+  const snap = state.snapshot;
+  if (cfg.history || !snap) return;
+  const age = snap.ts ? Date.now() / 1000 - snap.ts : null;
+  $("#age").textContent = age == null ? "no router is reporting" : `data ${age.toFixed(1)} s old`;
+  const open = state.socket && state.socket.readyState === WebSocket.OPEN;
+  if (open && Date.now() / 1000 - state.lastSnapshotAt > STALE_AFTER_S) setConn("stale", "stale: no data");
+  else if (open) setConn("live", "live");
+}
+
+// ---------------------------------------------------------------- header and routers
+function renderMetrics(window_) {
+  for (const el of document.querySelectorAll("[data-metric]")) {
+    el.textContent = fmt[el.dataset.format](window_?.[el.dataset.metric]);
+  }
+}
+
+function renderRouters(routers) {
+  $("#routers").innerHTML = routers.length
+    ? routers.map((r) => `<span class="badge" data-router="${esc(r.router)}">${esc(r.router)} · ${esc(r.policy)} · v${esc(r.config_version ?? "?")}</span>`).join(" ")
+    : '<span class="badge bad">no router reporting</span>';
+}
+
+// ---------------------------------------------------------------- instances
+const HEALTH_RANK = { healthy: 0, draining: 1, down: 2 };
+
+function sortedInstances(instances) {
+  const key = state.sortKey;
+  const value = (i) => (key === "health" ? HEALTH_RANK[i.health] : i[key] ?? -Infinity);
+  return [...instances].sort((a, b) => {
+    const [x, y] = [value(a), value(b)];
+    return (x < y ? -1 : x > y ? 1 : a.name.localeCompare(b.name)) * state.sortDir;
+  });
+}
+
+function renderInstances(instances) {
+  $("#instances tbody").innerHTML = sortedInstances(instances).map((i) => `
+    <tr data-instance="${esc(i.name)}" class="${i.hotspot ? "hot" : ""} ${esc(i.health)}">
+      <td>${esc(i.name)}</td><td>${esc(i.arm ?? "")}</td>
+      <td><span class="badge ${i.health === "healthy" ? "ok" : i.health === "down" ? "bad" : "warn"}">${esc(i.health)}</span></td>
+      <td class="num" data-field="pending_prefill_tokens">${fmt.int(i.pending_prefill_tokens)}</td>
+      <td class="num" data-field="pending_prefill_tokens_max">${fmt.int(i.pending_prefill_tokens_max)}</td>
+      <td class="num" data-field="batch_size">${fmt.int(i.batch_size)}</td>
+      <td class="num" data-field="batch_size_max">${fmt.int(i.batch_size_max)}</td>
+      <td class="num" data-field="in_flight">${fmt.int(i.in_flight)}</td>
+      <td class="num">${fmt.pct(i.kv_usage)}</td><td class="num">${fmt.pct(i.hit_ratio)}</td>
+      <td>${i.hotspot ? '<span class="badge bad" data-testid="hotspot-badge">hotspot</span>' : ""}</td>
+    </tr>`).join("");
+  renderHeat(instances);
+}
+
+function renderHeat(instances) {
+  const peak = Math.max(1, ...instances.map((i) => i.pending_prefill_tokens_max));
+  $("#heat").innerHTML = instances.map((i) => {
+    const level = i.pending_prefill_tokens_max / peak;
+    const color = `hsl(${Math.round(120 - 120 * level)} 70% ${i.health === "down" ? 25 : 45}%)`;
+    return `<div class="cell ${i.hotspot ? "hot" : ""}" style="background:${color}"
+      title="${esc(i.name)}: P-token max ${fmt.int(i.pending_prefill_tokens_max)}, batch ${fmt.int(i.batch_size)}">${esc(i.name)}</div>`;
+  }).join("");
+}
+
+function bindSorting() {
+  for (const th of document.querySelectorAll("#instances th[data-sort]")) {
+    th.addEventListener("click", () => {
+      state.sortDir = state.sortKey === th.dataset.sort ? -state.sortDir : 1;
+      state.sortKey = th.dataset.sort;
+      for (const other of document.querySelectorAll("#instances th")) other.classList.remove("asc", "desc");
+      th.classList.add(state.sortDir > 0 ? "asc" : "desc");
+      if (state.snapshot) renderInstances(state.snapshot.instances);
+    });
+  }
+}
+
+// ---------------------------------------------------------------- charts (uPlot)
+const PALETTE = ["#4e9af1", "#f1a34e", "#59c26b", "#d15ad1", "#e05a5a", "#9a9a9a"];
+
+function annotationPlugin() {
+  return {
+    hooks: {
+      draw: [(u) => {
+        const { ctx, bbox } = u;
+        ctx.save();
+        ctx.setLineDash([5, 4]);
+        ctx.lineWidth = 1.5 * devicePixelRatio;
+        for (const a of state.annotations) {
+          const x = u.valToPos(a.at, "x", true);
+          if (x < bbox.left || x > bbox.left + bbox.width) continue;
+          ctx.strokeStyle = a.kind === "hotspot" ? "#e05a5a" : "#c9c94e";
+          ctx.beginPath();
+          ctx.moveTo(x, bbox.top);
+          ctx.lineTo(x, bbox.top + bbox.height);
+          ctx.stroke();
+        }
+        ctx.restore();
+      }],
+    },
+  };
+}
+
+class Chart {
+  constructor(el, format) {
+    this.el = el;
+    this.format = format;
+    this.labels = [];
+    this.data = [[]];
+    this.plot = null;
+  }
+
+  ensure(labels) {
+    if (this.plot && labels.every((l) => this.labels.includes(l))) return;
+    const merged = [...this.labels, ...labels.filter((l) => !this.labels.includes(l))];
+    this.data = [this.data[0], ...merged.map((l) => this.data[this.labels.indexOf(l) + 1] ?? this.data[0].map(() => null))];
+    this.labels = merged;
+    this.plot?.destroy();
+    this.plot = new uPlot({
+      width: this.el.clientWidth || 480, height: 200, plugins: [annotationPlugin()],
+      scales: { x: { time: true } },
+      axes: [{ stroke: "#aaa", grid: { stroke: "#333" } }, { stroke: "#aaa", grid: { stroke: "#333" }, size: 60, values: (u, vals) => vals.map(this.format) }],
+      series: [{}, ...merged.map((label, i) => ({
+        label, stroke: PALETTE[Math.floor(i / 2) % PALETTE.length], width: 1.5,
+        dash: label.endsWith("p99") ? [4, 3] : undefined, spanGaps: true, value: (u, v) => this.format(v),
+      }))],
+    }, this.data, this.el);
+  }
+
+  push(at, values) {
+    const times = this.data[0];
+    if (times.length && at <= times[times.length - 1]) return; // uPlot needs increasing x
+    this.ensure(Object.keys(values));
+    this.data[0].push(at);
+    this.labels.forEach((label, i) => this.data[i + 1].push(values[label] ?? null));
+    if (this.data[0].length > MAX_POINTS) for (const column of this.data) column.shift();
+  }
+
+  redraw() {
+    this.plot?.setData(this.data);
+  }
+}
+
+const charts = {
+  ttft: new Chart($("#chart-ttft"), fmt.ms),
+  tpot: new Chart($("#chart-tpot"), fmt.ms),
+  cv: new Chart($("#chart-cv"), fmt.num2),
+  hit: new Chart($("#chart-hit"), fmt.pct),
+};
+
+function armStats(snapshot) {
+  const arms = Object.entries(snapshot.arms ?? {});
+  return arms.length ? arms : [["all", snapshot.window]];
+}
+
+function pushSeries(at, arms, cv, hit) {
+  const by = (metric) => Object.fromEntries(arms.flatMap(([arm, s]) => [
+    [`${arm} p50`, s[`${metric}_p50_s`]], [`${arm} p99`, s[`${metric}_p99_s`]]]));
+  charts.ttft.push(at, by("ttft"));
+  charts.tpot.push(at, by("tpot"));
+  if (cv !== undefined) charts.cv.push(at, { "load CV": cv });
+  if (hit !== undefined) charts.hit.push(at, { "hit ratio": hit });
+}
+
+function pushHistory(rows) {
+  const byMinute = new Map();
+  for (const row of rows) byMinute.set(row.at, [...(byMinute.get(row.at) ?? []), [row.arm, row]]);
+  for (const [at, arms] of byMinute) pushSeries(at, arms);
+}
+
+function redrawCharts() {
+  for (const chart of Object.values(charts)) chart.redraw();
+}
+
+// ---------------------------------------------------------------- events, annotations, banner
+function addEvent(at, kind, text) {
+  const li = document.createElement("li");
+  li.className = `event ${kind}`;
+  li.innerHTML = `<time>${clock(at)}</time> <span class="badge ${kind === "hotspot" ? "bad" : "canary"}">${esc(kind)}</span> ${esc(text)}`;
+  $("#events").prepend(li);
+  while ($("#events").children.length > 100) $("#events").lastChild.remove();
+}
+
+function annotate(at, kind, label, detail = "") {
+  state.annotations.push({ at, kind, label });
+  addEvent(at, kind, detail ? `${label} — ${detail}` : label);
+}
+
+function hotspotText(h) {
+  const x = (v) => (typeof v === "number" ? +v.toFixed(3) : v);
+  return `class ${h.prefix_class} (prefix ${String(h.prefix_hash).slice(0, 12)}): x/x̄ = ${x(h.x)}/${x(h.x_bar)}, |M|/|M̄| = ${h.m}/${h.m_bar}, window ${x(h.window)} s, instances ${(h.instances ?? []).join(", ")}`;
+}
+
+function renderBanner() {
+  const banner = $("#hotspot-banner");
+  const hot = [...state.confirmed.values()];
+  banner.classList.toggle("hidden", hot.length === 0);
+  banner.innerHTML = hot.map((h) => `<div><strong>Hotspot confirmed</strong> · ${esc(hotspotText(h))} · fallback to load-only routing for this class</div>`).join("");
+}
+
+// ---------------------------------------------------------------- applying messages
+function applySnapshot(snapshot) {
+  state.snapshot = snapshot;
+  state.lastSnapshotAt = Date.now() / 1000;
+  renderMetrics(snapshot.window);
+  renderRouters(snapshot.routers);
+  renderInstances(snapshot.instances);
+  for (const h of snapshot.hotspots ?? []) state.confirmed.set(h.prefix_class, h);
+  renderBanner();
+  if (snapshot.ts) {
+    pushSeries(snapshot.ts, armStats(snapshot), snapshot.window.load_cv, snapshot.window.hit_ratio);
+    redrawCharts();
+  }
+}
+
+function applyEvent(message) {
+  const event = message.event;
+  if (message.kind === "hotspot") {
+    const h = event.payload;
+    if (h.transition === "confirmed") state.confirmed.set(h.prefix_class, h);
+    if (h.transition === "cleared") state.confirmed.delete(h.prefix_class);
+    renderBanner();
+    annotate(event.at, "hotspot", `hotspot ${h.transition} ${h.prefix_class}`, hotspotText(h));
+  } else if (message.kind === "config_applied" || message.kind === "config_rejected") {
+    addEvent(event.at, "config", `${event.router}: ${message.kind.replace("_", " ")} v${event.payload.version ?? "?"}${event.payload.error ? ` (${event.payload.error})` : ""}`);
+  } else {
+    addEvent(event.at, message.kind, `${event.router}: ${JSON.stringify(event.payload)}`);
+  }
+  redrawCharts();
+}
+
+function applyMessage(message) {
+  window.switchyardLive.messages += 1;
+  if (message.type === "snapshot") {
+    if (message.ts) {
+      const latencies = window.switchyardLive.latencies;
+      latencies.push(Date.now() / 1000 - message.ts);
+      if (latencies.length > LATENCY_SAMPLES) latencies.shift();
+    }
+    applySnapshot(message);
+  } else if (message.type === "event") {
+    applyEvent(message);
+  } else if (message.type === "config") {
+    annotate(message.at, "config", `config v${message.version} published`);
+    redrawCharts();
+  }
+}
+
+// ---------------------------------------------------------------- loading and connecting
+async function loadSnapshot(withHistory) {
+  const response = await fetch(cfg.snapshotUrl, { credentials: "same-origin" });
+  if (!response.ok) throw new Error(`snapshot: HTTP ${response.status}`);
+  const body = await response.json();
+  state.annotations = body.annotations.map((a) => ({ at: a.at, kind: a.kind, label: a.label }));
+  $("#events").innerHTML = "";
+  for (const a of body.annotations) addEvent(a.at, a.kind, a.detail ? `${a.label} — ${a.detail}` : a.label);
+  if (withHistory) pushHistory(body.history);
+  if (body.live) applySnapshot(body.live);
+  redrawCharts();
+}
+
+function connect() {
+  const scheme = location.protocol === "https:" ? "wss" : "ws";
+  const socket = new WebSocket(`${scheme}://${location.host}${cfg.wsPath}`);
+  state.socket = socket;
+  socket.onopen = () => {
+    const reconnected = state.attempts > 0;
+    state.attempts = 0;
+    setConn("live", "live");
+    if (reconnected) loadSnapshot(false).catch((error) => console.warn(error)); // catch up
+  };
+  socket.onmessage = (event) => applyMessage(JSON.parse(event.data));
+  socket.onclose = () => {
+    const delay = BACKOFF_MS[Math.min(state.attempts, BACKOFF_MS.length - 1)] * (0.8 + 0.4 * Math.random());
+    state.attempts += 1;
+    setConn("stale", `stale: reconnecting in ${(delay / 1000).toFixed(1)} s`);
+    setTimeout(connect, delay);
+  };
+}
+
+async function main() {
+  bindSorting();
+  if (cfg.history) {
+    await loadSnapshot(true);
+    setConn("history", "history");
+    return;
+  }
+  try {
+    await loadSnapshot(true);
+  } catch (error) {
+    console.warn(error);
+  }
+  connect();
+  setInterval(tickAge, 500);
+}
+
+main();

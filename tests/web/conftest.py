@@ -1,0 +1,165 @@
+"""Fixtures for the web UI and realtime tests: users of each role, a cluster built through
+the services, Redis, and real server processes (uvicorn ASGI app, the publisher)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.test import Client
+
+from controlplane.models import Cluster
+from controlplane.services import clusters, policies
+from controlplane.services.audit import Actor
+from router_worker.telemetry_contract import state_pattern
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM = Actor.system("web-tests")
+PASSWORD = "web-tests-password-123"
+
+
+def make_user(role: str | None, username: str | None = None):
+    user = get_user_model().objects.create_user(username or f"web-{role}", password=PASSWORD)
+    if role is not None:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
+@pytest.fixture
+def users(db) -> dict:
+    return {role: make_user(role) for role in ("viewer", "operator", "admin")}
+
+
+@pytest.fixture
+def as_role(users):
+    def client(role: str | None) -> Client:
+        c = Client()
+        if role is not None:
+            c.force_login(users[role])
+        return c
+
+    return client
+
+
+def make_cluster(instance_urls: list[str] | None = None, name: str | None = None) -> Cluster:
+    """A cluster with instances i0.. and policies lm (active) and rr, via the services."""
+    name = name or f"web-{uuid.uuid4().hex[:8]}"
+    cluster = clusters.create_cluster(SYSTEM, name=name, model="Qwen/Qwen2-7B", gpu_type="h20")
+    urls = instance_urls or [f"http://127.0.0.1:{9300 + i}" for i in range(3)]
+    for index, url in enumerate(urls):
+        clusters.add_instance(SYSTEM, cluster.pk, name=f"i{index}", url=url, reason="setup")
+    lm = policies.create_policy(SYSTEM, cluster.pk, name="lm", kind="lmetric")
+    policies.create_policy(SYSTEM, cluster.pk, name="rr", kind="round_robin")
+    policies.activate_policy(SYSTEM, cluster.pk, lm.pk, reason="setup")
+    return Cluster.objects.get(pk=cluster.pk)
+
+
+@pytest.fixture
+def cluster(db) -> Cluster:
+    return make_cluster()
+
+
+@pytest.fixture
+def redis_client() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    yield client
+    client.close()
+
+
+def clear_state(client: redis.Redis, cluster_name: str) -> None:
+    for key in client.scan_iter(match=state_pattern(cluster_name)):
+        client.delete(key)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a server process that shares this test run's database and Redis."""
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+            "SWITCHYARD_DATABASE_URL": url, "SWITCHYARD_REDIS_URL": settings.REDIS_URL,
+            "SWITCHYARD_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+            "SWITCHYARD_SERVE_STATIC": "1", "PYTHONUNBUFFERED": "1"}
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    url: str
+    log: Path
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-3000:]}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
+
+
+def start_process(args: list[str], log: Path) -> subprocess.Popen:
+    handle = log.open("wb")
+    return subprocess.Popen(args, cwd=ROOT, env=subprocess_env(), stdout=handle,
+                            stderr=subprocess.STDOUT)
+
+
+@pytest.fixture
+def asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
+    """The full ASGI application (HTTP + websockets) under uvicorn, on the test database."""
+    port = free_port()
+    log = tmp_path / "uvicorn.log"
+    process = start_process([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+                             "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                             "warning"], log)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", process, log)
+        yield Server(process, f"http://127.0.0.1:{port}", log)
+    finally:
+        stop(process)
+
+
+@pytest.fixture
+def publisher(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
+    """`manage.py run_publisher` as its own process, as `make demo` runs it."""
+    log = tmp_path / "publisher.log"
+    process = start_process([sys.executable, "manage.py", "run_publisher"], log)
+    try:
+        time.sleep(0.5)
+        if process.poll() is not None:
+            raise RuntimeError(log.read_text())
+        yield process
+    finally:
+        stop(process)

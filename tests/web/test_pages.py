@@ -1,0 +1,175 @@
+"""Pages render for every role; controls only for operators; every POST refuses viewers."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from controlplane.models import AuditEvent, CanarySplit, HotspotEvent, Policy, ReplayJob
+
+from .helpers import instance, snapshot, write_state
+
+pytestmark = pytest.mark.django_db
+
+
+def page_urls(cluster) -> list[str]:
+    return [reverse("web:clusters"), reverse("web:cluster", args=[cluster.pk]),
+            reverse("web:policy", args=[cluster.pk]), reverse("web:canary", args=[cluster.pk]),
+            reverse("web:replays", args=[cluster.pk]), reverse("web:hotspots"),
+            reverse("web:audit")]
+
+
+def test_anonymous_is_sent_to_the_login_page(as_role, cluster) -> None:
+    for url in page_urls(cluster):
+        response = as_role(None).get(url)
+        assert response.status_code == 302
+        assert response["Location"].startswith("/login/?next=")
+    assert as_role(None).get("/login/").status_code == 200
+
+
+def test_a_user_without_a_role_is_refused(cluster, django_user_model) -> None:
+    from django.test import Client
+
+    client = Client()
+    client.force_login(django_user_model.objects.create_user("nobody", password="x-123456789"))
+    assert client.get(reverse("web:cluster", args=[cluster.pk])).status_code == 403
+
+
+def test_viewer_sees_every_page_without_controls(as_role, cluster) -> None:
+    client = as_role("viewer")
+    for url in page_urls(cluster):
+        response = client.get(url)
+        assert response.status_code == 200, url
+        body = response.content.decode()
+        assert 'method="post" action="/clusters' not in body, url
+        assert "policy-controls" not in body and "canary-controls" not in body
+
+
+def test_operator_sees_the_controls(as_role, cluster) -> None:
+    client = as_role("operator")
+    assert b"policy-controls" in client.get(reverse("web:policy", args=[cluster.pk])).content
+    assert b"canary-controls" in client.get(reverse("web:canary", args=[cluster.pk])).content
+    assert b"replay-controls" in client.get(reverse("web:replays", args=[cluster.pk])).content
+
+
+def forged_posts(cluster) -> list[tuple[str, dict]]:
+    rr = cluster.policies.get(name="rr")
+    canary = CanarySplit.objects.create(cluster=cluster, name="c", baseline_policy=rr,
+                                        candidate_policy=cluster.active_policy,
+                                        baseline_instances=["i0"], candidate_instances=["i1"],
+                                        weight_steps=[10])
+    return [
+        (reverse("web:policy_apply", args=[cluster.pk]),
+         {"policy": rr.pk, "reason": "forged", "confirm": "yes"}),
+        (reverse("web:canary_create", args=[cluster.pk]),
+         {"name": "x", "baseline_policy": rr.pk, "candidate_policy": rr.pk, "reason": "r"}),
+        (reverse("web:canary_action", args=[cluster.pk, canary.pk, "start"]), {"reason": "r"}),
+        (reverse("web:replay_create", args=[cluster.pk]), {"policies": rr.pk, "reason": "r"}),
+    ]
+
+
+def test_forged_posts_from_a_viewer_are_refused(as_role, cluster) -> None:
+    client = as_role("viewer")
+    audit_rows = AuditEvent.objects.count()
+    for url, data in forged_posts(cluster):
+        assert client.post(url, data).status_code == 403, url
+    cluster.refresh_from_db()
+    assert cluster.active_policy.name == "lm"
+    assert AuditEvent.objects.count() == audit_rows
+    assert not ReplayJob.objects.exists()
+
+
+def test_operator_switches_to_an_existing_policy(as_role, cluster) -> None:
+    rr = cluster.policies.get(name="rr")
+    response = as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]),
+                                        {"policy": rr.pk, "reason": "try rr", "confirm": "yes"})
+    assert response.status_code == 302
+    assert "applied=rr" in response["Location"] and "version=2" in response["Location"]
+    cluster.refresh_from_db()
+    assert cluster.active_policy == rr
+    audit = AuditEvent.objects.filter(action="policy.activate").latest("at")
+    assert (audit.actor_name, audit.reason, audit.after["config_version"]) \
+        == ("web-operator", "try rr", 2)
+
+
+def test_operator_creates_a_policy_from_the_generated_form(as_role, cluster) -> None:
+    response = as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]), {
+        "policy": "new", "name": "lm-short", "kind": "lmetric", "reason": "shorter window",
+        "confirm": "yes", "param.hotspot.window_s": "12.5", "param.hotspot.enabled": "on",
+        "param.hotspot.min_class_blocks": "4"})
+    assert response.status_code == 302
+    policy = Policy.objects.get(cluster=cluster, name="lm-short")
+    assert policy.params["hotspot"]["window_s"] == 12.5
+    assert policy.params["hotspot"]["min_class_blocks"] == 4
+    cluster.refresh_from_db()
+    assert cluster.active_policy == policy
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"reason": "", "confirm": "yes"}, "reason is required"),
+    ({"reason": "why", "confirm": ""}, "confirm"),
+    ({"reason": "why", "confirm": "yes", "policy": "new", "name": "bad", "kind": "lmetric",
+      "param.hotspot.window_s": "-1"}, "window_s"),
+])
+def test_refused_changes_show_the_reason_and_change_nothing(as_role, cluster, data,
+                                                            message) -> None:
+    rr = cluster.policies.get(name="rr")
+    response = as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]),
+                                        {"policy": rr.pk, **data})
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    cluster.refresh_from_db()
+    assert cluster.active_policy.name == "lm"
+    assert not Policy.objects.filter(name="bad").exists()
+
+
+def test_snapshot_json_merges_live_state(as_role, cluster, redis_client) -> None:
+    write_state(redis_client, snapshot(cluster.name, "r1", [instance("i0", pending=321)]))
+    try:
+        body = as_role("viewer").get(reverse("web:snapshot", args=[cluster.pk])).json()
+    finally:
+        redis_client.delete(f"switchyard:state:{cluster.name}:r1")
+    assert body["live"]["instances"][0]["pending_prefill_tokens"] == 321
+    assert body["live"]["routers"][0]["router"] == "r1"
+    assert [a["label"] for a in body["annotations"]] == ["config v1"]
+
+
+def test_canary_lifecycle_through_the_pages(as_role, cluster) -> None:
+    client = as_role("operator")
+    rr, lm = cluster.policies.get(name="rr"), cluster.policies.get(name="lm")
+    response = client.post(reverse("web:canary_create", args=[cluster.pk]), {
+        "name": "try-rr", "baseline_policy": lm.pk, "candidate_policy": rr.pk,
+        "arm.i0": "baseline", "arm.i1": "baseline", "arm.i2": "candidate",
+        "weight_steps": "10, 50", "guard.min_samples": "20", "assignment_key": "session",
+        "reason": "compare"})
+    assert response.status_code == 302
+    canary = CanarySplit.objects.get(name="try-rr")
+    assert (canary.baseline_instances, canary.candidate_instances) == (["i0", "i1"], ["i2"])
+    assert canary.guardrails["min_samples"] == 20
+    for action, state in (("start", "progressing"), ("pause", "paused"), ("abort", "aborted")):
+        url = reverse("web:canary_action", args=[cluster.pk, canary.pk, action])
+        assert client.post(url, {"reason": action}).status_code == 302
+        canary.refresh_from_db()
+        assert canary.state == state
+    comparison = client.get(reverse("web:canary_comparison", args=[cluster.pk, canary.pk]))
+    assert b"baseline" in comparison.content
+
+
+def test_hotspot_log_filters_and_links_to_the_cluster_then(as_role, cluster) -> None:
+    from django.utils import timezone
+
+    for n, transition in enumerate(("suspected", "confirmed")):
+        HotspotEvent.objects.create(event_id=f"e{n}", cluster=cluster, at=timezone.now(),
+                                    transition=transition, prefix_class="c9", prefix_hash="ff",
+                                    x=5, x_bar=1, m=1, m_bar=2, window=30, instances=["i0"])
+    body = as_role("viewer").get(reverse("web:hotspots"), {"transition": "confirmed"}) \
+        .content.decode()
+    assert 'data-transition="confirmed"' in body and 'data-transition="suspected"' not in body
+    assert f"/clusters/{cluster.pk}/?at=" in body
+
+
+def test_audit_log_shows_who_what_and_why(as_role, cluster) -> None:
+    body = as_role("viewer").get(reverse("web:audit"), {"action": "policy.activate"}) \
+        .content.decode()
+    assert 'data-action="policy.activate"' in body and "system:web-tests" in body
+    assert 'data-action="cluster.create"' not in body

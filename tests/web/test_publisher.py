@@ -1,0 +1,122 @@
+"""The publisher loop against real Redis: coalesced snapshots, events and config changes
+forwarded at once, and the whole path through the Channels layer to a websocket."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import pytest
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from controlplane.realtime.publisher import Publisher, PublisherSettings
+from controlplane.realtime.state import group_name
+from controlplane.services.notify import CONFIG_CHANNEL
+
+from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict]] = []
+
+    async def __call__(self, group: str, message: dict) -> None:
+        self.messages.append((group, message))
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [m for _, m in self.messages if m["type"] == kind]
+
+
+@pytest.fixture
+async def setup(redis_client):
+    name = f"pub-{uuid.uuid4().hex[:8]}"
+    client = aioredis.from_url(settings.REDIS_URL)
+    sent = Collector()
+    publisher = Publisher(client, sent, PublisherSettings(interval_s=0.25, poll_s=0.01),
+                          load_clusters=lambda: {name: 42})
+    await publisher.refresh_clusters()
+    yield name, publisher, sent, redis_client
+    for key in redis_client.scan_iter(match=f"switchyard:state:{name}:*"):
+        redis_client.delete(key)
+    await client.aclose()
+
+
+async def test_one_snapshot_per_tick_carrying_window_maxima(setup) -> None:
+    name, publisher, sent, client = setup
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=10, pending_max=700)]))
+    write_state(client, snapshot(name, "r2", [instance("i0", pending=5, pending_max=20)]))
+    await publisher.refresh_keys()
+    await publisher.publish_snapshots()
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=1, pending_max=1)]))
+    await publisher.publish_snapshots()  # new data, but within the same tick: coalesced
+    (first,) = sent.of_type("snapshot")
+    assert sent.messages[0][0] == group_name(42)
+    assert first["instances"][0]["pending_prefill_tokens_max"] == 720
+    assert [r["router"] for r in first["routers"]] == ["r1", "r2"]
+    await asyncio.sleep(0.3)
+    await publisher.publish_snapshots()
+    second = sent.of_type("snapshot")[1]
+    assert second["instances"][0]["pending_prefill_tokens_max"] == 21
+    assert second["published_at"] >= second["ts"]
+
+
+async def test_unchanged_state_is_not_resent(setup) -> None:
+    name, publisher, sent, client = setup
+    write_state(client, snapshot(name, "r1", [instance("i0")]))
+    await publisher.refresh_keys()
+    await publisher.publish_snapshots()
+    await asyncio.sleep(0.3)
+    await publisher.publish_snapshots()
+    assert len(sent.of_type("snapshot")) == 1
+
+
+async def test_events_are_forwarded_each_and_at_once(setup) -> None:
+    name, publisher, sent, client = setup
+    task = asyncio.create_task(publisher._events_loop())
+    try:
+        await _until(lambda: publisher.cursor is not None)
+        write_event(client, name, "hotspot", **hotspot_payload("suspected"))
+        write_event(client, name, "hotspot", **hotspot_payload("confirmed"))
+        write_event(client, name, "events_dropped", count=3)  # ingest-only: not forwarded
+        write_event(client, "some-other-cluster", "hotspot", **hotspot_payload())
+        await _until(lambda: len(sent.of_type("event")) >= 2)
+    finally:
+        task.cancel()
+    transitions = [m["event"]["payload"]["transition"] for m in sent.of_type("event")]
+    assert transitions == ["suspected", "confirmed"]
+    assert all(group == group_name(42) for group, _ in sent.messages)
+
+
+async def test_config_notifications_are_forwarded(setup) -> None:
+    name, publisher, sent, client = setup
+    task = asyncio.create_task(publisher._config_loop())
+    try:
+        await _until(lambda: client.pubsub_numsub(CONFIG_CHANNEL)[0][1] > 0)
+        client.publish(CONFIG_CHANNEL, json.dumps({"cluster": name, "version": 9}))
+        await _until(lambda: sent.of_type("config"))
+    finally:
+        task.cancel()
+    (message,) = sent.of_type("config")
+    assert (message["version"], message["cluster_id"]) == (9, 42)
+
+
+async def test_malformed_state_is_skipped(setup) -> None:
+    name, publisher, sent, client = setup
+    client.set(f"switchyard:state:{name}:broken", "{not json", ex=10)
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=3)]))
+    await publisher.refresh_keys()
+    await publisher.publish_snapshots()
+    (message,) = sent.of_type("snapshot")
+    assert [r["router"] for r in message["routers"]] == ["r1"]
+
+
+async def _until(condition, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
+from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.models import Cluster, Instance
+from router_worker.config import InstanceSpec
 
 from . import audit, config
 from .audit import Actor
@@ -65,8 +67,8 @@ def add_instance(actor: Actor, cluster_id: int, *, name: str, url: str, kv_event
                  reason: str) -> Instance:
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
-    instance = Instance(cluster=cluster, name=name, url=url.rstrip("/"), kv_events=kv_events)
-    _full_clean(instance, ("name", "url", "kv_events"))
+    instance = Instance(cluster=cluster, name=name, url=_router_url(url), kv_events=kv_events)
+    _full_clean(instance, ("name", "kv_events"))
     try:
         with transaction.atomic():
             instance.save()
@@ -116,6 +118,17 @@ def remove_instance(actor: Actor, instance_id: int, *, reason: str) -> None:
     version = config.publish(cluster, actor, reason)
     audit.record(actor, "instance.remove", audit_target, before=before,
                  after=_with_version({}, version), reason=reason, cluster=cluster)
+
+
+def _router_url(url: str) -> str:
+    """The router's own URL rule (any http(s) host, e.g. `http://engine-0:8000`), not
+    Django's URLValidator, which refuses single-label hosts."""
+    if len(url) > Instance._meta.get_field("url").max_length:
+        raise ServiceError("url: at most 256 characters", "url")
+    try:
+        return InstanceSpec(name="probe", url=url).url
+    except PydanticValidationError as error:
+        raise ServiceError(f"url: {error.errors()[0]['msg']}", "url") from None
 
 
 def _locked_instance(instance_id: int) -> Instance:

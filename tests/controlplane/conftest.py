@@ -123,7 +123,7 @@ def make_user(role: str | None, username: str | None = None):
     # No password: hashing one costs ~0.3 s, and tests log in with force_login or tokens.
     user = get_user_model().objects.create_user(username or f"user-{role}")
     if role is not None:
-        user.groups.add(Group.objects.get(name=role))
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
     return user
 
 

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
 
 from controlplane.models import RouterDeployment
 from controlplane.services import supervision
@@ -111,6 +111,7 @@ class RouterSupervisor:
             except Exception:  # keep supervising through database hiccups
                 log.exception("router supervisor pass failed; retrying")
             self._stop.wait(self.poll_s)
+        connections.close_all()  # this thread's own connections
 
     def reconcile_once(self) -> None:
         wanted = {
@@ -119,7 +120,8 @@ class RouterSupervisor:
         }
         with self._lock:
             for router_id in [r for r in self.processes if r not in wanted]:
-                self.processes.pop(router_id).stop()
+                self.processes[router_id].stop()
+                del self.processes[router_id]  # only once it has really stopped
             for router in wanted.values():
                 self._ensure_running(router)
 

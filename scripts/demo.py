@@ -1,7 +1,19 @@
-"""Run the Switchyard stack in the foreground; Ctrl-C stops every process it started.
+"""Run the whole Switchyard stack on a simulated 16 x H20 cluster; Ctrl-C stops it all.
 
-Started by `make demo` after scripts/bootstrap.sh. Each process runs in its own process
-group with its output in var/log/<name>.log, so stopping the demo leaves nothing behind.
+Started by `make demo` after scripts/bootstrap.sh. It seeds the demo cluster, then starts,
+each in its own process group with output in var/log/<name>.log:
+
+  engines   16 enginesim H20 instances serving Qwen2-7B (ports 9100-9115, KV events 5600+)
+  web       the control plane (uvicorn, ASGI: Django + Channels)
+  publisher the dashboard's telemetry publisher
+  worker    a general Celery worker (ingest, rollups, scraping, canary judge, replays)
+  routers   this host's Celery `routers` worker, which starts and supervises the router
+  beat      Celery beat
+  loadgen   a load generator replaying a real shared trace in a loop through the router
+
+Knobs (environment): SWITCHYARD_DEMO_TIME_SCALE (wall seconds per simulated second; the
+engines run in slow motion so two cores can carry sixteen of them), SWITCHYARD_DEMO_TRACE,
+SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT.
 """
 
 from __future__ import annotations
@@ -15,15 +27,28 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
 BIN = ROOT / ".venv" / "bin"
+PYTHON = str(BIN / "python")
 HOST = os.environ.get("SWITCHYARD_HOST", "127.0.0.1")
 PORT = int(os.environ.get("SWITCHYARD_PORT", "8080"))
+ROUTER_PORT = int(os.environ.get("SWITCHYARD_ROUTER_PORT", "8000"))
+ROUTER_HOST_NAME = "localhost"  # the RouterDeployment host this machine's worker claims
+INSTANCES = 16
+ENGINE_BASE_PORT = 9100
+KV_EVENTS_BASE_PORT = 5600
+ENGINE_ADMIN_PORT = 9099
+TIME_SCALE = float(os.environ.get("SWITCHYARD_DEMO_TIME_SCALE", "4"))
+TRACE = Path(os.environ.get(
+    "SWITCHYARD_DEMO_TRACE",
+    ROOT.parent / "shared" / "traces" / "mooncake_conversation_t0-2700s.jsonl"))
 STOP_GRACE_S = 10.0
+READY_TIMEOUT_S = 90.0
 
 
 @dataclass
@@ -38,11 +63,11 @@ class Service:
 
     def start(self, env: dict[str, str]) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL, start_new_session=True,
-        )
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
 
     def exited(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -51,6 +76,13 @@ class Service:
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signum)
+
+    def kill_group(self) -> None:
+        """SIGKILL whatever is left of the group, even after its leader has exited."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
 
     def tail(self, lines: int = 15) -> str:
         try:
@@ -72,74 +104,141 @@ def stack_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("SWITCHYARD_SECRET_KEY", secret_key())
     env.setdefault("DJANGO_SETTINGS_MODULE", "controlplane.settings")
+    env.setdefault("SWITCHYARD_CONTROL_PLANE_URL", f"http://{HOST}:{PORT}")
+    env["SWITCHYARD_ROUTER_HOST"] = ROUTER_HOST_NAME
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def services() -> list[Service]:
+def seed(env: dict[str, str]) -> dict[str, str]:
+    """Seed the demo cluster; returns {"cluster": id, "operator": pw, "admin": pw}."""
+    out = subprocess.run(
+        [PYTHON, "manage.py", "seed_demo", "--instances", str(INSTANCES),
+         "--engine-base-port", str(ENGINE_BASE_PORT),
+         "--kv-events-base-port", str(KV_EVENTS_BASE_PORT),
+         "--router-host", ROUTER_HOST_NAME, "--router-port", str(ROUTER_PORT)],
+        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+    )
+    values = {}
+    for line in out.stdout.splitlines():
+        key, value = line.split()[:2]
+        values[key] = value
+    return values
+
+
+def stack_services() -> list[Service]:
     celery = [str(BIN / "celery"), "-A", "controlplane"]
     return [
+        Service("engines", [PYTHON, "-m", "enginesim", "serve", "--instances", str(INSTANCES),
+                            "--base-port", str(ENGINE_BASE_PORT), "--gpu", "h20",
+                            "--model", "qwen2-7b", "--time-scale", str(TIME_SCALE),
+                            "--kv-events", f"tcp://127.0.0.1:{KV_EVENTS_BASE_PORT}",
+                            "--admin-port", str(ENGINE_ADMIN_PORT)]),
         Service("web", [str(BIN / "uvicorn"), "controlplane.asgi:application",
                         "--host", HOST, "--port", str(PORT), "--no-access-log"]),
+        Service("publisher", [PYTHON, "manage.py", "run_publisher"]),
         Service("worker", [*celery, "worker", "-Q", "default", "-c", "1",
                            "-n", "general@%h", "--loglevel", "INFO"]),
+        Service("routers", [*celery, "worker", "-Q", f"routers,routers.{ROUTER_HOST_NAME}",
+                            "-P", "solo", "-n", "routers@%h", "--supervise-routers",
+                            "--loglevel", "INFO"]),
         Service("beat", [*celery, "beat", "--loglevel", "INFO",
                          "-s", str(VAR / "celerybeat-schedule")]),
     ]
 
 
-def reset_credentials(env: dict[str, str]) -> tuple[str, str]:
-    out = subprocess.run(
-        [str(BIN / "python"), "manage.py", "demo_credentials"],
-        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
-    )
-    username, password = out.stdout.split()[-2:]
-    return username, password
+def loadgen_service() -> Service:
+    # The engines run TIME_SCALE times slower than an H20, so the trace is replayed that
+    # much slower too: the cluster sees the trace's real relative load.
+    return Service("loadgen", [PYTHON, "-m", "enginesim", "loadgen", "--trace", str(TRACE),
+                               "--target", f"http://127.0.0.1:{ROUTER_PORT}",
+                               "--rate-scale", f"{1 / TIME_SCALE:g}", "--loop"])
 
 
-def wait_healthy(url: str, running: list[Service], timeout_s: float = 60.0) -> bool:
-    deadline = time.monotonic() + timeout_s
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def wait_for(what: str, ready: Callable[[], bool], running: list[Service]) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        if any(s.exited() is not None for s in running):
-            return False
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return True
-        except (urllib.error.URLError, OSError):
-            pass
+        dead = [s for s in running if s.exited() is not None]
+        if dead:
+            raise StackFailed(dead[0])
+        if ready():
+            return
         time.sleep(0.5)
-    return False
+    raise StackFailed(None, f"{what} was not ready within {READY_TIMEOUT_S:.0f}s")
+
+
+class StackFailed(Exception):
+    def __init__(self, service: Service | None, message: str = "") -> None:
+        super().__init__(message)
+        self.service = service
+        self.message = message
+
+    def describe(self) -> str:
+        if self.service is None:
+            return f"{self.message}; see the logs in {VAR / 'log'}"
+        return (f"{self.service.name} exited with code {self.service.exited()}; last lines "
+                f"of {self.service.log_path}:\n{self.service.tail()}")
 
 
 def stop_all(running: list[Service]) -> None:
-    for service in running:
+    for service in reversed(running):
         service.signal_group(signal.SIGTERM)
     deadline = time.monotonic() + STOP_GRACE_S
     for service in running:
         while service.exited() is None and time.monotonic() < deadline:
             time.sleep(0.1)
-        service.signal_group(signal.SIGKILL)
-        if service.process is not None:
-            service.process.wait()
+        service.kill_group()
 
 
-def supervise(running: list[Service]) -> int:
+def supervise(running: list[Service]) -> None:
     while True:
         for service in running:
-            code = service.exited()
-            if code is not None:
-                print(f"\n{service.name} exited with code {code}; stopping the demo. "
-                      f"Last lines of {service.log_path}:\n{service.tail()}", file=sys.stderr)
-                return 1
+            if service.exited() is not None:
+                raise StackFailed(service)
         time.sleep(0.5)
 
 
-def main() -> int:
+def banner(logins: dict[str, str]) -> str:
+    base = f"http://{HOST}:{PORT}"
+    return (f"\nSwitchyard is up on a simulated {INSTANCES} x H20 cluster "
+            f"(time scale {TIME_SCALE:g}: engines run {TIME_SCALE:g}x slower than real).\n"
+            f"  dashboard: {base}/clusters/{logins['cluster']}/\n"
+            f"  login:     operator / {logins['operator']}   (admin / {logins['admin']})\n"
+            f"  router:    http://127.0.0.1:{ROUTER_PORT}/v1  (OpenAI-compatible)\n"
+            f"  load:      replaying {TRACE.name} in a loop\n"
+            f"  logs:      {VAR / 'log'}\nPress Ctrl-C to stop everything.\n")
+
+
+def run(running: list[Service]) -> int:
+    if not TRACE.is_file():
+        print(f"The demo trace {TRACE} is missing: set SWITCHYARD_DEMO_TRACE to a trace file "
+              "(see ../shared/traces/README.md).", file=sys.stderr)
+        return 1
     env = stack_env()
-    username, password = reset_credentials(env)
-    running = services()
-    interrupted = False
+    logins = seed(env)
+    running.extend(stack_services())
+    for service in running:
+        service.start(env)
+    wait_for("the control plane", lambda: http_ok(f"http://{HOST}:{PORT}/healthz"), running)
+    wait_for("the router", lambda: http_ok(f"http://127.0.0.1:{ROUTER_PORT}/health"), running)
+    loadgen = loadgen_service()
+    loadgen.start(env)
+    running.append(loadgen)
+    print(banner(logins), flush=True)
+    supervise(running)
+    return 0
+
+
+def main() -> int:
+    running: list[Service] = []
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt
@@ -147,24 +246,14 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (nohup, &)
     try:
-        for service in running:
-            service.start(env)
-        base = f"http://{HOST}:{PORT}"
-        if not wait_healthy(f"{base}/healthz", running):
-            failed = [s for s in running if s.exited() is not None] or running[:1]
-            print(f"The stack did not become healthy; see {failed[0].log_path}:\n"
-                  f"{failed[0].tail()}", file=sys.stderr)
-            return 1
-        print(f"\nSwitchyard is up: {base}/admin/\n  login: {username} / {password}\n"
-              f"  health: {base}/healthz\n  logs: {VAR / 'log'}\nPress Ctrl-C to stop.\n",
-              flush=True)
-        return supervise(running)
+        return run(running)
+    except StackFailed as failure:
+        print(f"\nThe demo stopped: {failure.describe()}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
-        interrupted = True
+        print("\nStopping ...", flush=True)
         return 0
     finally:
-        if interrupted:
-            print("\nStopping ...", flush=True)
         stop_all(running)
         print("Stopped every process the demo started.", flush=True)
 

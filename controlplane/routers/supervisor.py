@@ -151,7 +151,7 @@ class RouterSupervisor:
         log_path = self.log_dir / f"router-{router.name}.log"
         with log_path.open("ab") as log_file:
             process = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL, start_new_session=True)
+                                       stdin=subprocess.DEVNULL)  # same group: dies with the worker
         log.info("started router %s (pid %d) on port %d", router, process.pid, router.port)
         return RouterProcess(router.pk, process, time.monotonic(), log_path)
 

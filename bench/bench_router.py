@@ -1,0 +1,229 @@
+"""What the router adds: TTFT at 1/50/200 concurrent streams and requests/s, vs enginesim direct.
+
+Processes: one ``python -m enginesim serve`` (4 instances), one ``python -m router_worker``
+(lmetric) in front of it, and this load generator (raw asyncio sockets, one connection per
+request, so the client stays cheap). TTFT is measured by the client, from sending the
+request to the first SSE line carrying a token; "added" = router − direct for the same
+percentile. Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in
+flight. Time shares: the router's own histograms (tokenize, hash, decide) against the
+router process's CPU time per request. On a 2-core machine the three processes share
+the CPUs: the numbers include that contention, and the CPU columns show it.
+
+    .venv/bin/python bench/bench_router.py [--duration 6] [--time-scale 0.05]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+INSTANCES = 4
+MODEL = "Qwen/Qwen2-7B-Instruct"
+
+
+def free_base_port(count: int) -> int:
+    for base in range(32000, 60000, 89):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(300):
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: process exited")
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} never became ready")
+
+
+def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], int, list[Any]]:
+    base = free_base_port(INSTANCES)
+    engines = subprocess.Popen(
+        [sys.executable, "-m", "enginesim", "serve", "--instances", str(INSTANCES),
+         "--base-port", str(base), "--time-scale", str(time_scale)],
+        cwd=REPO, stdout=subprocess.DEVNULL)
+    ports = [base + k for k in range(INSTANCES)]
+    for port in ports:
+        wait_http(f"http://127.0.0.1:{port}/health", engines)
+    config = {"model": MODEL, "policy": {"kind": "lmetric", "params": {}},
+              "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"}
+                            for k, p in enumerate(ports)],
+              "router": {"max_concurrency": 4096}}
+    path = workdir / "router.json"
+    path.write_text(json.dumps(config))
+    router_port = free_base_port(1)
+    router = subprocess.Popen(
+        [sys.executable, "-m", "router_worker", "--config", str(path), "--port",
+         str(router_port), "--redis-url", "none", "--log-level", "WARNING"],
+        cwd=REPO, stdout=subprocess.DEVNULL)
+    wait_http(f"http://127.0.0.1:{router_port}/health", router)
+    return ports, router_port, [engines, router]
+
+
+async def one_request(port: int, body: bytes, stream: bool) -> float | None:
+    """Client-side TTFT (streams) or latency (non-stream) of one request, seconds."""
+    start = time.perf_counter()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            "Connection: close\r\n\r\n")
+    writer.write(head.encode() + body)
+    status = await reader.readline()
+    if b" 200 " not in status:
+        writer.close()
+        return None
+    first: float | None = None
+    if stream:
+        while line := await reader.readline():
+            if first is None and line.startswith(b'data: {') and b'"text":"' in line:
+                first = time.perf_counter() - start
+            if line.startswith(b"data: [DONE]"):
+                break
+    else:
+        await reader.read()
+        first = time.perf_counter() - start
+    writer.close()
+    return first
+
+
+async def closed_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
+                      max_tokens: int) -> tuple[list[float], int, float]:
+    samples: list[float] = []
+    failures = 0
+    deadline = time.perf_counter() + duration
+
+    async def worker(n: int) -> None:
+        nonlocal failures
+        k = 0
+        while time.perf_counter() < deadline:
+            prompt = f"client {n} request {k} " + "lorem ipsum dolor sit amet " * 12
+            body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
+                               "stream": stream}).encode()
+            value = await one_request(ports[(n + k) % len(ports)], body, stream)
+            if value is None:
+                failures += 1
+            else:
+                samples.append(value)
+            k += 1
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(n) for n in range(concurrency)))
+    return samples, failures, time.perf_counter() - start
+
+
+def router_histograms(port: int) -> dict[str, float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    out: dict[str, float] = {}
+    for name in ("tokenize", "hashing", "decision"):
+        for suffix in ("sum", "count"):
+            pattern = rf"^switchyard_router_{name}_seconds_{suffix}(?:{{[^}}]*}})? (\S+)$"
+            out[f"{name}_{suffix}"] = sum(float(v) for v in re.findall(pattern, text, re.M))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=6.0)
+    parser.add_argument("--time-scale", type=float, default=0.05)
+    parser.add_argument("--max-tokens", type=int, default=16)
+    args = parser.parse_args()
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    print(f"# router overhead vs enginesim direct ({machine})")
+    print(f"# {INSTANCES} enginesim instances h20/qwen2-7b, time scale {args.time_scale}; "
+          f"router lmetric, approx tokenizer; {args.duration}s closed loop per row")
+    with tempfile.TemporaryDirectory() as tmp:
+        ports, router_port, procs = start_processes(args.time_scale, Path(tmp))
+        engines, router = procs
+        try:
+            asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
+            ttft_rows(ports, router_port, router, args)
+            throughput_rows(ports, router_port, router, engines, args)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=10)
+
+
+def ttft_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
+              args: argparse.Namespace) -> None:
+    print(f"\nTTFT, streams of max_tokens={args.max_tokens} (ms)")
+    header = (f"{'streams':>7} {'direct p50':>10} {'p99':>7} {'router p50':>10} {'p99':>7} "
+              f"{'added p50':>9} {'added p99':>9} {'requests':>8} {'router CPU':>10}")
+    print(header)
+    print("-" * len(header))
+    for concurrency in (1, 50, 200):
+        direct, fail_d, _ = asyncio.run(closed_loop(ports, concurrency, args.duration, True,
+                                                    args.max_tokens))
+        cpu0 = cpu_seconds(router.pid)
+        routed, fail_r, elapsed = asyncio.run(closed_loop([router_port], concurrency,
+                                                          args.duration, True, args.max_tokens))
+        cpu = (cpu_seconds(router.pid) - cpu0) / elapsed
+        print(f"{concurrency:>7} {pct(direct, 50):>10.2f} {pct(direct, 99):>7.2f} "
+              f"{pct(routed, 50):>10.2f} {pct(routed, 99):>7.2f} "
+              f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
+              f"{pct(routed, 99) - pct(direct, 99):>9.2f} {len(routed):>8} {cpu:>10.0%}"
+              + (f"  failures direct={fail_d} router={fail_r}" if fail_d or fail_r else ""),
+              flush=True)
+
+
+def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
+                    engines: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+    concurrency = 64
+    direct, _, elapsed_d = asyncio.run(closed_loop(ports, concurrency, args.duration, False, 4))
+    before = router_histograms(router_port)
+    cpu0 = cpu_seconds(router.pid)
+    routed, _, elapsed_r = asyncio.run(closed_loop([router_port], concurrency, args.duration,
+                                                   False, 4))
+    router_cpu = cpu_seconds(router.pid) - cpu0
+    after = router_histograms(router_port)
+    rps_d, rps_r = len(direct) / elapsed_d, len(routed) / elapsed_r
+    print(f"\nThroughput, non-streamed max_tokens=4, {concurrency} in flight")
+    print(f"{'direct req/s':>12} {'router req/s':>12} {'ratio':>6} {'router CPU/req':>14}")
+    per_request = router_cpu / max(len(routed), 1)
+    print(f"{rps_d:>12.0f} {rps_r:>12.0f} {rps_r / rps_d:>6.2f} "
+          f"{per_request * 1e6:>12.0f}µs")
+    count = after["decision_count"] - before["decision_count"]
+    print("\nRouter time per request (its own histograms) and share of its CPU time")
+    for name, label in (("tokenize", "tokenize"), ("hashing", "hash blocks"),
+                        ("decision", "policy decision")):
+        mean = (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
+        print(f"{label:>16}: {mean * 1e6:7.1f} µs  ({mean / per_request:6.1%} of router CPU)")
+
+
+if __name__ == "__main__":
+    main()

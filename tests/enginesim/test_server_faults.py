@@ -114,9 +114,11 @@ def test_kill_closes_the_port_and_recover_restarts_with_empty_cache(url, sim):
         pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)),
         httpx.stream("POST", url + "/v1/completions", json=LONG) as reply,
     ):
+        killed = False
         for line in reply.iter_lines():
-            if line.startswith("data: {"):
+            if line.startswith("data: {") and not killed:
                 httpx.post(admin, json={"instance": INSTANCE, "mode": "kill"})
+                killed = True
     with pytest.raises(httpx.ConnectError):
         httpx.get(url + "/health")
     listing = httpx.get(sim.admin_url + "/admin/instances").json()

@@ -14,6 +14,7 @@ from types import ModuleType
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("enginesim.server.cli", "run simulated vLLM instances over HTTP"),
     "replay": ("enginesim.replay.cli", "replay a trace through routing policies in virtual time"),
+    "loadgen": ("enginesim.loadgen.cli", "send a trace's requests to an OpenAI-compatible URL"),
 }
 
 

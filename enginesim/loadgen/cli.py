@@ -1,0 +1,169 @@
+"""``python -m enginesim loadgen``: replay a trace against an OpenAI-compatible URL.
+
+Example::
+
+    python -m enginesim loadgen --trace ../shared/traces/mooncake_conversation_t0-2700s.jsonl \\
+        --target http://127.0.0.1:8080 --rate-scale 0.5 --max-requests 500 \\
+        --hotspot-burst --burst-at 60
+
+The target is the live router or an ``enginesim serve`` instance. Prefix traces go to
+``/v1/completions`` with token-id prompts; session traces (Bailian, agentic) to
+``/v1/chat/completions`` with the earlier turns as messages (see ``payloads``).
+
+Hot-prefix burst (``--hotspot-burst``): ``kill -USR1 <pid>`` starts one at any time
+(each signal another); ``--burst-at S`` also starts one S seconds after the start.
+Bounds: ``--concurrency-limit`` requests in flight at most; ``--max-requests``,
+``--duration`` and the end of the trace (unless ``--loop``) stop sending. Ctrl-C stops
+cleanly: no new sends, in-flight streams closed, summary printed; a second Ctrl-C exits
+at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
+from enginesim.replay.synth import HotspotParams
+from enginesim.replay.traces import FORMATS, load_trace
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--trace", required=True, type=Path)
+    add("--format", default="auto", choices=FORMATS)
+    add("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+    add("--model", default=None, help="model name (default: the target's first /v1/models)")
+    add("--rate-scale", type=float, default=1.0, help="X: send X times faster than the trace")
+    add("--start", type=float, default=0.0, help="trace window start, seconds")
+    add("--end", type=float, default=None, help="trace window end, seconds")
+    add("--max-requests", type=int, default=None, help="stop after sending this many")
+    add("--duration", type=float, default=None, help="stop sending after this many seconds")
+    add("--loop", action="store_true", help="start the trace over when it ends")
+    add("--concurrency-limit", type=int, default=256, help="requests in flight at most")
+    add("--timeout", type=float, default=600.0, help="per-request read timeout, seconds")
+    add("--hotspot-burst", action="store_true", help="enable bursts (SIGUSR1 / --burst-at)")
+    add("--burst-at", type=float, default=None, help="start a burst S seconds in")
+    defaults = HotspotParams()
+    add("--burst-duration", type=float, default=defaults.duration_s)
+    add("--burst-rate", type=float, default=defaults.burst_rate, help="requests/s")
+    add("--burst-prefix-tokens", type=int, default=defaults.prefix_tokens)
+    add("--burst-suffix-tokens", type=float, default=defaults.suffix_tokens)
+    add("--burst-output-tokens", type=float, default=defaults.output_tokens)
+    add("--seed", type=int, default=0)
+    add("--out", type=Path, default=None, help="write one JSON line per request here")
+    add("--no-progress", action="store_true")
+
+
+def _burst(args: argparse.Namespace) -> BurstSettings | None:
+    if not args.hotspot_burst:
+        return None
+    params = HotspotParams(duration_s=args.burst_duration, burst_rate=args.burst_rate,
+                           prefix_tokens=args.burst_prefix_tokens,
+                           suffix_tokens=args.burst_suffix_tokens,
+                           output_tokens=args.burst_output_tokens, seed=args.seed)
+    return BurstSettings(params, args.burst_at)
+
+
+def discover_model(target: str) -> str:
+    try:
+        response = httpx.get(target.rstrip("/") + "/v1/models", timeout=5.0)
+        return str(response.json()["data"][0]["id"])
+    except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
+        raise SystemExit(f"could not read {target}/v1/models ({exc}); pass --model") from None
+
+
+def progress_line(generator: LoadGenerator) -> None:
+    done = [o for o in generator.outcomes if o.status != "pending"]
+    errors = sum(o.status == "error" for o in done)
+    sys.stderr.write(f"\rsent {len(generator.outcomes)} done {len(done)} errors {errors} "
+                     f"in flight {len(generator.in_flight)} bursts {generator.bursts} "
+                     f"t={generator.elapsed():.0f}s   ")
+    sys.stderr.flush()
+
+
+def summarize(outcomes: list[Outcome], elapsed: float) -> dict[str, Any]:
+    ok = [o for o in outcomes if o.status == "ok"]
+    ttft = np.array([o.ttft_s for o in ok])
+    tpot = np.array([o.tpot_s for o in ok if o.tpot_s is not None])
+    prompt = sum(o.prompt_tokens or 0 for o in ok)
+    cached = sum(o.cached_tokens or 0 for o in ok)
+
+    def stat(values: np.ndarray, q: float | None = None) -> float | None:
+        if not len(values):
+            return None
+        return float(values.mean() if q is None else np.percentile(values, q))
+
+    return {
+        "sent": len(outcomes), "ok": len(ok),
+        "errors": sum(o.status == "error" for o in outcomes),
+        "cancelled": sum(o.status in ("cancelled", "pending") for o in outcomes),
+        "late_1s": sum(o.sent_s - o.scheduled_s > 1.0 for o in outcomes),
+        "ttft_mean_s": stat(ttft), "ttft_p50_s": stat(ttft, 50), "ttft_p90_s": stat(ttft, 90),
+        "ttft_p99_s": stat(ttft, 99), "tpot_mean_s": stat(tpot), "tpot_p99_s": stat(tpot, 99),
+        "output_tok_s": sum(o.output_tokens for o in ok) / max(elapsed, 1e-9),
+        "cached_ratio": cached / prompt if prompt else None, "elapsed_s": elapsed,
+    }
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    lines = ["", f"{'metric':<14} {'value':>12}"]
+    for key, value in summary.items():
+        text = "-" if value is None else (f"{value:.4f}" if isinstance(value, float)
+                                          else str(value))
+        lines.append(f"{key:<14} {text:>12}")
+    return "\n".join(lines)
+
+
+def _install_signals(generator: LoadGenerator) -> None:
+    loop = asyncio.get_running_loop()
+
+    def first_interrupt() -> None:
+        loop.remove_signal_handler(signal.SIGINT)  # a second Ctrl-C kills at once
+        sys.stderr.write("\nstopping: closing in-flight requests...\n")
+        generator.stop()
+
+    loop.add_signal_handler(signal.SIGINT, first_interrupt)
+    loop.add_signal_handler(signal.SIGTERM, generator.stop)
+    if generator.burst is not None:
+        loop.add_signal_handler(signal.SIGUSR1, generator.trigger_burst)
+
+
+async def _run(args: argparse.Namespace, generator: LoadGenerator) -> list[Outcome]:
+    _install_signals(generator)
+    if generator.burst is not None:
+        sys.stderr.write(f"burst on demand: kill -USR1 {os.getpid()}\n")
+    return await generator.run()
+
+
+def main(args: argparse.Namespace) -> int:
+    records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
+                         start_s=args.start, end_s=args.end)
+    model = args.model or discover_model(args.target)
+    show = not args.no_progress and sys.stderr.isatty()
+    generator = LoadGenerator(
+        records, args.target, model, concurrency_limit=args.concurrency_limit,
+        timeout_s=args.timeout, loop=args.loop, max_requests=args.max_requests,
+        duration_s=args.duration, burst=_burst(args),
+        on_progress=progress_line if show else None)
+    print(f"# {args.trace.name}: {len(records)} requests → {args.target} ({model}), "
+          f"rate scale {args.rate_scale}, concurrency ≤ {args.concurrency_limit}")
+    outcomes = asyncio.run(_run(args, generator))
+    if show:
+        sys.stderr.write("\n")
+    summary = summarize(outcomes, generator.elapsed())
+    print(format_summary(summary))
+    if args.out is not None:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            for outcome in outcomes:
+                handle.write(json.dumps(vars(outcome)) + "\n")
+    return 0 if summary["errors"] == 0 else 1

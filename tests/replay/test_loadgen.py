@@ -1,0 +1,139 @@
+"""Load generator: payloads, and real runs against an `enginesim serve` process."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from enginesim.loadgen.payloads import PayloadBuilder
+from enginesim.loadgen.runner import BurstSettings, LoadGenerator
+from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, write_jsonl
+from enginesim.replay.traces import TraceRecord, load_trace, read_trace, synthesize_tokens
+from router_worker.routing import turn_index_from_messages
+from tests.replay.conftest import CONVERSATION
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "Qwen/Qwen2-7B-Instruct"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[str]:
+    """One simulated H20 at 20x speed (the engine's schedule is unchanged)."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "enginesim", "serve", "--instances", "1",
+                             "--base-port", str(port), "--time-scale", "0.05"], cwd=REPO)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_prefix_records_become_token_id_completions():
+    record = TraceRecord(0, 0.0, 1000, 7, (1, 2), 512)
+    path, body = PayloadBuilder("m").build(record)
+    assert path == "/v1/completions"
+    assert body["prompt"] == synthesize_tokens(record).tolist()
+    assert body["max_tokens"] == 7 and body["ignore_eos"] and body["stream"]
+    assert body["stream_options"] == {"include_usage": True}
+
+
+def test_session_records_become_growing_chat_histories(tmp_path):
+    path = tmp_path / "agentic.jsonl"
+    write_jsonl(agentic_sessions(AgenticParams(sessions=3, mean_turns=5, seed=2)), path)
+    builder = PayloadBuilder("m")
+    sent: dict[str, list[list[dict]]] = {}
+    for record in read_trace(path):
+        route, body = builder.build(record)
+        assert route == "/v1/chat/completions" and body["user"] == record.session_id
+        sent.setdefault(record.session_id, []).append(body["messages"])
+        assert turn_index_from_messages(body["messages"]) == record.turn
+    for history in sent.values():
+        for earlier, later in pairwise(history):
+            assert later[: len(earlier)] == earlier  # earlier turns resent verbatim
+            assert [m["role"] for m in later[len(earlier):]] == ["assistant", "user"]
+
+
+async def test_replays_a_real_trace_slice_and_measures_at_the_client(target):
+    records = [r for r in load_trace(CONVERSATION, max_requests=14, rate_scale=10.0)
+               if r.input_tokens + r.output_tokens < 32768]  # the served model's context
+    assert len(records) == 13
+    outcomes = await LoadGenerator(records, target, MODEL).run()
+    assert [o.status for o in outcomes] == ["ok"] * 13
+    for outcome, record in zip(outcomes, records, strict=True):
+        assert outcome.output_tokens == record.output_tokens
+        assert outcome.prompt_tokens == record.input_tokens
+        assert 0 < outcome.ttft_s < outcome.end_s - outcome.sent_s + 1e-6
+        assert outcome.scheduled_s == pytest.approx(record.arrival_s)
+    assert sum(o.cached_tokens for o in outcomes) > 0  # block 0 is shared by every request
+
+
+async def test_concurrency_limit_bounds_in_flight_requests(target):
+    records = [TraceRecord(i, 0.0, 600, 40, (900_000 + i,), 512) for i in range(8)]
+    outcomes = await LoadGenerator(records, target, MODEL, concurrency_limit=2).run()
+    assert all(o.status == "ok" for o in outcomes)
+    edges = sorted([(o.sent_s, 1) for o in outcomes] + [(o.end_s, -1) for o in outcomes],
+                   key=lambda e: (e[0], e[1]))
+    assert max(np.cumsum([d for _, d in edges])) <= 2
+
+
+async def test_stop_closes_streams_and_returns_promptly(target):
+    records = [TraceRecord(0, 0.0, 600, 8000, (800_000,), 512)]  # ~3 s of decode
+    generator = LoadGenerator(records, target, MODEL, loop=True)
+    asyncio.get_running_loop().call_later(1.0, generator.stop)
+    started = time.monotonic()
+    outcomes = await generator.run()
+    assert time.monotonic() - started < 5.0
+    assert outcomes and all(o.status in ("cancelled", "ok") for o in outcomes)
+    assert any(o.status == "cancelled" for o in outcomes)
+
+
+async def test_on_demand_burst_shares_one_prefix(target):
+    records = [TraceRecord(0, 0.0, 100, 2, (1,), 512), TraceRecord(1, 1.5, 100, 2, (2,), 512)]
+    params = HotspotParams(duration_s=0.5, burst_rate=20.0, prefix_tokens=2048,
+                           suffix_tokens=50, output_tokens=2)
+    generator = LoadGenerator(records, target, MODEL, burst=BurstSettings(params))
+    asyncio.get_running_loop().call_later(0.2, generator.trigger_burst)
+    outcomes = await generator.run()
+    burst = [o for o in outcomes if o.kind == "burst"]
+    assert len(burst) >= 3 and all(o.status == "ok" for o in burst)
+    assert sum(o.cached_tokens or 0 for o in burst[1:]) >= 2048 * (len(burst) - 2)
+
+
+def test_ctrl_c_stops_the_command_cleanly(target, tmp_path):
+    out = tmp_path / "requests.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "enginesim", "loadgen", "--trace", str(CONVERSATION),
+         "--target", target, "--model", MODEL, "--loop", "--rate-scale", "5",
+         "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    time.sleep(3.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=15)
+    assert "ttft_mean_s" in stdout  # the summary was printed
+    assert out.read_text().count("\n") >= 1

@@ -3,8 +3,9 @@
 The server runs pinned to CPU 0, the load generator to CPU 1 (raw asyncio
 sockets, so the client stays cheap). The simulated GPU runs far faster than
 real time (``--time-scale 0.001``) so the HTTP/SSE path, not the simulated
-hardware, is the limit. Each row: closed-loop streams of ``/v1/completions``
-with ``max_tokens`` tokens each, measured over a fixed window after a warm-up.
+hardware, is the limit; the last rows run in real time (scale 1). Each row:
+closed-loop streams of ``/v1/completions`` with ``max_tokens`` tokens each,
+measured over a fixed window after a warm-up.
 ``tok/CPU-s`` (tokens per second of server CPU) is the capacity of one fully
 used core; it is the stable figure on a shared machine where the raw rate
 depends on what else runs.
@@ -35,6 +36,7 @@ class Case:
     instances: int
     concurrency: int
     stream_interval: int
+    time_scale: float = 0.001
     max_tokens: int = 256
 
 
@@ -46,6 +48,10 @@ CASES = [
     Case(16, 256, 1),
     Case(1, 64, 4),
     Case(16, 256, 4),
+    # Real time (time scale 1): the simulated H20s set the token rate; the CPU
+    # column says how much of one core a 16-instance cluster needs.
+    Case(16, 256, 1, time_scale=1.0),
+    Case(16, 1024, 1, time_scale=1.0),
 ]
 
 
@@ -66,11 +72,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def start_server(case: Case, base: int, time_scale: float) -> subprocess.Popen[bytes]:
+def start_server(case: Case, base: int) -> subprocess.Popen[bytes]:
     args = [
         "taskset", "-c", "0", sys.executable, "-m", "enginesim", "serve",
         "--instances", str(case.instances), "--base-port", str(base),
-        "--time-scale", str(time_scale), "--stream-interval", str(case.stream_interval),
+        "--time-scale", str(case.time_scale), "--stream-interval", str(case.stream_interval),
     ]  # fmt: skip
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE)  # stderr: real errors
     assert proc.stdout is not None
@@ -129,9 +135,9 @@ async def run_load(case: Case, base: int, warmup: float, duration: float) -> tup
     return chunks, elapsed
 
 
-def measure(case: Case, warmup: float, duration: float, time_scale: float) -> dict[str, float]:
+def measure(case: Case, warmup: float, duration: float) -> dict[str, float]:
     base = free_base_port(case.instances)
-    proc = start_server(case, base, time_scale)
+    proc = start_server(case, base)
     try:
         async def timed() -> tuple[int, float, float, float]:
             load = asyncio.ensure_future(run_load(case, base, warmup, duration))
@@ -158,22 +164,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--time-scale", type=float, default=0.001)
     args = parser.parse_args()
     os.sched_setaffinity(0, {1})
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# enginesim SSE throughput, server pinned to CPU 0, client to CPU 1 ({machine})")
-    print(f"# h20/qwen2-7b, time scale {args.time_scale}, window {args.duration}s "
-          f"after {args.warmup}s warm-up, completions max_tokens=256")  # fmt: skip
-    header = f"{'instances':>9} {'streams':>7} {'interval':>8} {'SSE chunks/s':>12} " \
-             f"{'tokens/s':>9} {'server CPU':>10} {'client CPU':>10} {'tok/CPU-s':>9}"  # fmt: skip
+    print(f"# h20/qwen2-7b, window {args.duration}s after {args.warmup}s warm-up, "
+          "completions max_tokens=256")  # fmt: skip
+    header = (
+        f"{'scale':>6} {'instances':>9} {'streams':>7} {'interval':>8} {'SSE chunks/s':>12} "
+        f"{'tokens/s':>9} {'server CPU':>10} {'client CPU':>10} {'tok/CPU-s':>9}"
+    )
     print(header)
     print("-" * len(header))
     for case in CASES:
-        row = measure(case, args.warmup, args.duration, args.time_scale)
+        row = measure(case, args.warmup, args.duration)
         per_core = row["tokens_per_s"] / max(row["server_cpu"], 1e-9)
-        print(f"{case.instances:>9} {case.concurrency:>7} {case.stream_interval:>8} "
-              f"{row['chunks_per_s']:>12.0f} {row['tokens_per_s']:>9.0f} "
+        print(f"{case.time_scale:>6g} {case.instances:>9} {case.concurrency:>7} "
+              f"{case.stream_interval:>8} {row['chunks_per_s']:>12.0f} {row['tokens_per_s']:>9.0f} "
               f"{row['server_cpu']:>10.0%} {row['client_cpu']:>10.0%} "
               f"{per_core:>9.0f}", flush=True)  # fmt: skip
 

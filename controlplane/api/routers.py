@@ -36,13 +36,14 @@ def create_router(request: HttpRequest, cluster_id: Id, payload: RouterIn):
 @router.get("/routers/{router_id}/config", auth=RouterTokenAuth(), tags=["router agent"],
             response={200: dict, 304: None})
 def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
-    """The cluster's current ConfigVersion document. Send `If-None-Match` with the last
-    ETag to get 304 when nothing changed."""
+    """The cluster's current ConfigVersion as `{"version": N, "document": {...}}`. Send
+    `If-None-Match` with the last ETag to get 304 when nothing changed."""
     version = cluster_selectors.current_config(request.auth.cluster)
     etag = f'"v{version.number}"'
     if request.headers.get("If-None-Match") == etag:
         return HttpResponse(status=304, headers={"ETag": etag})
-    return JsonResponse(version.document, headers={"ETag": etag})
+    return JsonResponse({"version": version.number, "document": version.document},
+                        headers={"ETag": etag})
 
 
 @router.post("/routers/{router_id}/heartbeat", auth=RouterTokenAuth(), response=HeartbeatOut,

@@ -101,7 +101,7 @@ def test_router_fetches_the_current_document_and_reports_it_applied(world, users
     newest = ConfigVersion.objects.filter(cluster_id=world["alpha"]).order_by("-number").first()
     config = router.get(f"/api/v1/routers/{world['router']}/config")
     assert config.status_code == 200
-    assert config.json() == newest.document
+    assert config.json() == {"version": newest.number, "document": newest.document}
     unchanged = router.get(f"/api/v1/routers/{world['router']}/config",
                            headers={"If-None-Match": config["ETag"]})
     assert unchanged.status_code == 304

@@ -111,4 +111,4 @@ def test_router_creation_returns_a_token_once_and_stores_only_its_hash(world, us
     assert "token" not in fetched and "token_hash" not in fetched
     config = Client(headers={"Authorization": f"Bearer {token}"}).get(
         f"/api/v1/routers/{router_id}/config")
-    assert config.status_code == 200 and config.json()["cluster"] == "alpha"
+    assert config.status_code == 200 and config.json()["document"]["cluster"] == "alpha"

@@ -1,0 +1,106 @@
+"""Clients that judge every answer: ok, clear failure, or lost (see report.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from tests.drills.report import Outcome
+
+MODEL = "Qwen/Qwen2-7B-Instruct"
+ABORTED = re.compile(r'"finish_reason":\s*"abort"')
+ERROR_KEYS = {"message", "type", "param", "code"}
+
+
+def is_error_body(text: str) -> bool:
+    try:
+        error = json.loads(text)["error"]
+    except (ValueError, KeyError, TypeError):
+        return False
+    return isinstance(error, dict) and set(error) == ERROR_KEYS and bool(error["message"])
+
+
+def judge_whole(status: int, text: str) -> str:
+    if status == 200:
+        try:
+            return "ok" if json.loads(text)["choices"] else "lost"
+        except (ValueError, KeyError, TypeError):
+            return "lost"
+    return "clear" if status >= 400 and is_error_body(text) else "lost"
+
+
+def judge_stream(status: int, text: str) -> str:
+    if status != 200:
+        return "clear" if is_error_body(text) else "lost"
+    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    if not events or events[-1] != "[DONE]":
+        return "lost"
+    if any(is_error_body(event) for event in events[:-1]):
+        return "clear"
+    if ABORTED.search(text):
+        return "lost"  # cut short but dressed as a normal end
+    return "ok" if len(events) >= 2 else "lost"
+
+
+def body(tag: str, stream: bool, max_tokens: int = 24) -> dict:
+    prompt = " ".join(f"{tag}{i}" for i in range(60))
+    return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+
+
+async def one(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[str, str]:
+    """(verdict, detail) of one request."""
+    try:
+        if payload.get("stream"):
+            async with client.stream("POST", url, json=payload) as response:
+                text = (await response.aread()).decode(errors="replace")
+                return judge_stream(response.status_code, text), text[-200:]
+        response = await client.post(url, json=payload)
+        return judge_whole(response.status_code, response.text), response.text[:200]
+    except httpx.HTTPError as error:
+        return "lost", f"{type(error).__name__}: {error}"
+
+
+@dataclass
+class Load:
+    """Steady concurrent load: ``concurrency`` workers, alternating stream and not."""
+
+    url: str
+    concurrency: int = 8
+    max_tokens: int = 24
+    timeout_s: float = 30.0
+    pause_s: float = 0.0
+
+    async def run(self, count: int | None = None, until: Callable[[], bool] | None = None,
+                  ) -> Outcome:
+        outcome = Outcome()
+        counter = iter(range(10**9))
+        limits = httpx.Limits(max_connections=self.concurrency * 2)
+
+        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits,
+                                     trust_env=False) as client:
+            async def worker() -> None:
+                while True:
+                    k = next(counter)
+                    if (count is not None and k >= count) or (until is not None and until()):
+                        return
+                    payload = body(f"d{k}-", stream=k % 2 == 0, max_tokens=self.max_tokens)
+                    verdict, detail = await one(client, self.url, payload)
+                    outcome.add(verdict, detail)
+                    if self.pause_s:
+                        await asyncio.sleep(self.pause_s)
+
+            await asyncio.gather(*(worker() for _ in range(self.concurrency)))
+        return outcome
+
+
+def run_for(url: str, seconds: float, **options: float) -> Outcome:
+    """Blocking: load for ``seconds`` of wall time."""
+    deadline = time.monotonic() + seconds
+    load = Load(url, **options)  # type: ignore[arg-type]
+    return asyncio.run(load.run(until=lambda: time.monotonic() >= deadline))

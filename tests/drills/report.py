@@ -1,0 +1,67 @@
+"""Drill results: one row per scenario, merged into ``test-artifacts/drills.json``.
+
+Each drill counts what its clients saw: ``sent`` requests, ``succeeded`` ones, ones that
+``failed_clear`` (an OpenAI-style error body, or a stream ended by an SSE error event and
+``[DONE]``) and ``lost`` ones (anything else: a cut connection, a hung or truncated stream,
+an unparseable answer). ``recovery_s`` is the scenario's own recovery measure (named in
+``notes``). ``bench/drills.py`` prints the table.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "drills.json"
+
+
+@dataclass
+class Outcome:
+    sent: int = 0
+    succeeded: int = 0
+    failed_clear: int = 0
+    lost: int = 0
+    lost_examples: list[str] = field(default_factory=list)
+
+    def add(self, verdict: str, detail: str = "") -> None:
+        self.sent += 1
+        if verdict == "ok":
+            self.succeeded += 1
+        elif verdict == "clear":
+            self.failed_clear += 1
+        else:
+            self.lost += 1
+            if len(self.lost_examples) < 5:
+                self.lost_examples.append(detail[:300])
+
+    def merge(self, other: Outcome) -> None:
+        self.sent += other.sent
+        self.succeeded += other.succeeded
+        self.failed_clear += other.failed_clear
+        self.lost += other.lost
+        self.lost_examples += other.lost_examples
+
+
+def record(scenario: str, outcome: Outcome, recovery_s: float | None, notes: str = "",
+           **extra: Any) -> None:
+    """Merge one drill's row into the results file (safe for concurrent writers)."""
+    RESULTS.parent.mkdir(exist_ok=True)
+    row = {"scenario": scenario, **asdict(outcome),
+           "recovery_s": None if recovery_s is None else round(recovery_s, 2),
+           "notes": notes, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+    with open(RESULTS.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        rows = load()
+        rows[scenario] = row
+        RESULTS.write_text(json.dumps(rows, indent=2))
+
+
+def load() -> dict[str, dict[str, Any]]:
+    try:
+        return json.loads(RESULTS.read_text())
+    except (OSError, ValueError):
+        return {}

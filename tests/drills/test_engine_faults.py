@@ -1,0 +1,85 @@
+"""Drills: an engine killed, and one hung, while the router is under load.
+
+Requests not yet streaming are retried elsewhere and succeed; streams cut by the fault end
+with an SSE error event; the instance is marked down (bound: 2 s) and taken back once its
+health probe passes. Nothing is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from tests.drills.clients import Load
+from tests.drills.conftest import drill_config
+from tests.drills.report import Outcome, record
+from tests.router.conftest import Fleet, Router
+
+MARK_DOWN_BOUND_S = 2.0
+POST_FAULT_LOAD_S = 1.5
+
+
+def wait_health(router: Router, name: str, wanted: str, timeout: float) -> float | None:
+    """Seconds until the router reports ``wanted`` for ``name`` (None on timeout)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if router.health_of(name) == wanted:
+            return time.monotonic() - start
+        time.sleep(0.02)
+    return None
+
+
+def busy_on(router: Router, name: str, timeout: float) -> None:
+    """Wait until ``name`` has a stream past its first token, so the fault cuts one."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        instances = router.state()["snapshot"]["instances"]
+        if next(i["batch_size"] for i in instances if i["name"] == name) >= 1:
+            return
+        time.sleep(0.01)
+
+
+def fault_under_load(fleet: Fleet, router: Router, index: int, mode: str
+                     ) -> tuple[Outcome, float | None]:
+    """Load the router, inject the fault, keep loading briefly after it is marked down."""
+    stop = threading.Event()
+    load = Load(router.url + "/v1/completions", concurrency=8, max_tokens=1500)
+    down: list[float | None] = []
+
+    def inject() -> None:
+        busy_on(router, f"i{index}", timeout=5)
+        fleet.fault(index, mode)
+        down.append(wait_health(router, f"i{index}", "down", timeout=10))
+        time.sleep(POST_FAULT_LOAD_S)
+        stop.set()
+
+    injector = threading.Thread(target=inject, daemon=True)
+    injector.start()
+    outcome = asyncio.run(load.run(until=stop.is_set))
+    injector.join()
+    return outcome, down[0]
+
+
+@pytest.mark.parametrize("mode", ["kill", "hang"])
+def test_engine_fault_under_load(drill_fleet, drill_router, mode):
+    router = drill_router(drill_config(drill_fleet, "round_robin"))
+    index = 1 if mode == "kill" else 2
+    try:
+        outcome, down_s = fault_under_load(drill_fleet, router, index, mode)
+    finally:
+        drill_fleet.fault(index, "recover")
+    back_s = wait_health(router, f"i{index}", "healthy", timeout=30)
+    after = asyncio.run(Load(router.url + "/v1/completions", concurrency=4).run(count=40))
+    outcome.merge(after)
+    record(f"engine {mode} under load", outcome, back_s,
+           notes=f"marked down after {down_s if down_s is None else round(down_s, 2)} s "
+                 f"(bound {MARK_DOWN_BOUND_S} s); recovery = recover -> healthy",
+           mark_down_s=down_s)
+    assert outcome.lost == 0, outcome.lost_examples
+    assert down_s is not None and down_s <= MARK_DOWN_BOUND_S, down_s
+    assert back_s is not None, "instance never came back"
+    assert after.succeeded == after.sent
+    assert outcome.succeeded > outcome.failed_clear

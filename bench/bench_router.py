@@ -164,6 +164,7 @@ def main() -> None:
     args = parser.parse_args()
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# router overhead vs enginesim direct ({machine})")
+    print(f"# load average at start: {os.getloadavg()[0]:.1f}")
     print(f"# {INSTANCES} enginesim instances h20/qwen2-7b, time scale {args.time_scale}; "
           f"router lmetric, approx tokenizer; {args.duration}s closed loop per row")
     with tempfile.TemporaryDirectory() as tmp:
@@ -204,7 +205,9 @@ def ttft_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes
 def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
                     engines: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
     concurrency = 64
+    engine0 = cpu_seconds(engines.pid)
     direct, _, elapsed_d = asyncio.run(closed_loop(ports, concurrency, args.duration, False, 4))
+    engine_per_request = (cpu_seconds(engines.pid) - engine0) / max(len(direct), 1)
     before = router_histograms(router_port)
     cpu0 = cpu_seconds(router.pid)
     routed, _, elapsed_r = asyncio.run(closed_loop([router_port], concurrency, args.duration,
@@ -212,17 +215,21 @@ def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen
     router_cpu = cpu_seconds(router.pid) - cpu0
     after = router_histograms(router_port)
     rps_d, rps_r = len(direct) / elapsed_d, len(routed) / elapsed_r
-    print(f"\nThroughput, non-streamed max_tokens=4, {concurrency} in flight")
-    print(f"{'direct req/s':>12} {'router req/s':>12} {'ratio':>6} {'router CPU/req':>14}")
     per_request = router_cpu / max(len(routed), 1)
+    print(f"\nThroughput, non-streamed max_tokens=4, {concurrency} in flight")
+    print(f"{'direct req/s':>12} {'router req/s':>12} {'ratio':>6} {'engine CPU/req':>14} "
+          f"{'router CPU/req':>14} {'router req/CPU-s':>16}")
     print(f"{rps_d:>12.0f} {rps_r:>12.0f} {rps_r / rps_d:>6.2f} "
-          f"{per_request * 1e6:>12.0f}µs")
+          f"{engine_per_request * 1e6:>12.0f}µs {per_request * 1e6:>12.0f}µs "
+          f"{1 / per_request:>16.0f}")
     count = after["decision_count"] - before["decision_count"]
-    print("\nRouter time per request (its own histograms) and share of its CPU time")
+    print("\nRouter time per request (its own histograms, wall clock) and share of its CPU time")
     for name, label in (("tokenize", "tokenize"), ("hashing", "hash blocks"),
                         ("decision", "policy decision")):
         mean = (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
         print(f"{label:>16}: {mean * 1e6:7.1f} µs  ({mean / per_request:6.1%} of router CPU)")
+    print(f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
+          "competes for the same CPUs)")
 
 
 if __name__ == "__main__":

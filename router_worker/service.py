@@ -21,6 +21,7 @@ from router_worker.metrics import RouterMetrics
 from router_worker.monitor import Monitor
 from router_worker.proxy import Proxy
 from router_worker.telemetry import Telemetry
+from router_worker.upstream import FastTransport
 
 log = logging.getLogger("router_worker")
 
@@ -30,7 +31,7 @@ class ServiceOptions:
     name: str
     redis_url: str | None = None
     admin_token: str | None = None
-    max_connections: int = 2048
+    max_idle_per_origin: int = 1024
 
 
 class ConfigRefused(Exception):
@@ -54,7 +55,7 @@ class Service:
                                    on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n))
         self.core = RouterCore(self.options.name, self.telemetry, self.metrics)
         self.limiter = Limiter(1024, 1024, 10.0)
-        self.client = make_client(self.options.max_connections)
+        self.client = make_client(self.options.max_idle_per_origin)
         self.proxy = Proxy(self.core, self.client, self.limiter)
         self.monitor = Monitor(self.core, self.client)
         self.kv = KVSubscribers(self.core)
@@ -122,9 +123,8 @@ class Service:
         await self.telemetry.close()
 
 
-def make_client(max_connections: int) -> httpx.AsyncClient:
-    """The one shared upstream client: keep-alive pool sized for many concurrent streams."""
-    limits = httpx.Limits(max_connections=max_connections,
-                          max_keepalive_connections=max_connections, keepalive_expiry=60.0)
-    return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(30.0), http2=False,
-                             follow_redirects=False, trust_env=False)
+def make_client(max_idle_per_origin: int) -> httpx.AsyncClient:
+    """The one shared upstream client, on the O(1) keep-alive transport (see upstream.py)."""
+    return httpx.AsyncClient(transport=FastTransport(max_idle_per_origin),
+                             timeout=httpx.Timeout(30.0), follow_redirects=False,
+                             trust_env=False)

@@ -192,8 +192,8 @@ class HotspotDetector:
 
     def _counts(self, prefix_class: PrefixClass, eligible: np.ndarray) -> _Counts:
         x = self._class_counts[prefix_class.class_id]
-        m = int(prefix_class.members.sum())
-        return _Counts(x, len(self._window) - x, m, int(eligible.sum()) - m)
+        m = int(np.count_nonzero(prefix_class.members))
+        return _Counts(x, len(self._window) - x, m, int(np.count_nonzero(eligible)) - m)
 
     def _expire(
         self, now: float, request: RequestFeatures, ids: tuple[str, ...]

@@ -311,6 +311,9 @@ class ClusterState:
             )
 
 
+_HEALTHY = int(Health.HEALTHY)  # a plain int: comparing with the enum member is slower
+
+
 def _optional(value: float) -> float | None:
     return None if np.isnan(value) else float(value)
 
@@ -343,7 +346,9 @@ class ClusterView:
         self.kv_usage = _readonly(state.kv_usage)
         self.health = _readonly(state.health)
         self._scraped_running = state.running
-        self._memo: tuple[RequestFeatures | None, int, np.ndarray] = (None, -1, np.zeros(0))
+        empty = np.zeros(0, dtype=np.int64)
+        self._memo: tuple[RequestFeatures | None, int, np.ndarray, np.ndarray] = (
+            None, -1, empty, empty)
 
     @property
     def size(self) -> int:
@@ -351,7 +356,7 @@ class ClusterView:
 
     @property
     def eligible(self) -> np.ndarray:
-        return self.health == Health.HEALTHY
+        return self.health == _HEALTHY
 
     @property
     def batch_size(self) -> np.ndarray:
@@ -366,16 +371,24 @@ class ClusterView:
 
     def cached_blocks(self, features: RequestFeatures) -> np.ndarray:
         """Per slot, leading blocks of the request held locally (memoised per request)."""
-        memo_features, version, result = self._memo
-        if memo_features is features and version == self._state.kv_version:
-            return result
-        result = _readonly(self._state.kv.longest_prefixes(features.block_hashes))
-        self._memo = (features, self._state.kv_version, result)
-        return result
+        return self._lookup(features)[2]
 
     def cached_tokens(self, features: RequestFeatures) -> np.ndarray:
-        tokens = self.cached_blocks(features) * features.block_size
-        return np.minimum(tokens, max(features.prompt_tokens - 1, 0))
+        """Per slot, locally cached prompt tokens (memoised with ``cached_blocks``)."""
+        return self._lookup(features)[3]
+
+    def _lookup(
+        self, features: RequestFeatures
+    ) -> tuple[RequestFeatures | None, int, np.ndarray, np.ndarray]:
+        memo = self._memo
+        version = self._state.kv_version
+        if memo[0] is features and memo[1] == version:
+            return memo
+        # block_hashes come from hash_blocks: a chain from the root
+        blocks = self._state.kv.longest_prefixes(features.block_hashes, chain=True)
+        tokens = np.minimum(blocks * features.block_size, max(features.prompt_tokens - 1, 0))
+        memo = self._memo = (features, version, _readonly(blocks), _readonly(tokens))
+        return memo
 
     def new_tokens(self, features: RequestFeatures) -> np.ndarray:
         """Prompt tokens each instance would have to prefill."""

@@ -112,11 +112,13 @@ class Policy(ABC):
 
     def pick_min(self, keys: Sequence[np.ndarray], allowed: np.ndarray) -> int:
         """Slot minimising ``keys`` lexicographically over ``allowed``; random among ties."""
-        tied = allowed.copy()
+        tied = np.flatnonzero(allowed)
         for key in keys:
-            masked = np.where(tied, key, np.inf)
-            tied &= masked == masked.min()
-        return self.pick_random(np.flatnonzero(tied))
+            if not len(tied):
+                break  # nothing allowed: pick_random raises, as before
+            values = key.take(tied)
+            tied = tied.compress(values == values.min())  # a nan empties it, as before
+        return self.pick_random(tied)
 
     def pick_random(self, slots: np.ndarray) -> int:
         if len(slots) == 1:

@@ -49,6 +49,7 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.error: Exception | None = None
         self.received = 0
+        self.keep_alive = False
 
     def start_request(self) -> None:
         self._reset()
@@ -78,6 +79,8 @@ class _Connection(asyncio.Protocol):
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
+        # Read now: llhttp resets its flags once the message completes.
+        self.keep_alive = self.parser.should_keep_alive()
         if not self.head_done.done():
             self.head_done.set_result(None)
 
@@ -115,8 +118,7 @@ class _Connection(asyncio.Protocol):
         return chunk
 
     def reusable(self) -> bool:
-        return (self.complete and not self.closed and not self.chunks
-                and self.parser.should_keep_alive())
+        return self.complete and not self.closed and not self.chunks and self.keep_alive
 
     def close(self) -> None:
         self.closed = True

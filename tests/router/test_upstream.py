@@ -1,0 +1,98 @@
+"""The router's upstream transport: keep-alive reuse, chunked streaming, stale connections."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from router_worker.upstream import FastTransport
+
+
+class TinyServer:
+    """HTTP/1.1 on loopback: a chunked body of three pieces; optionally closes when idle."""
+
+    def __init__(self, close_after_response: bool = False) -> None:
+        self.connections = 0
+        self.close_after_response = close_after_response
+        self.server: asyncio.base_events.Server | None = None
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                                  if line.lower().startswith(b"content-length")))
+                await reader.readexactly(length)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                             b"transfer-encoding: chunked\r\n\r\n")
+                for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
+                    writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+                if self.close_after_response:
+                    await asyncio.sleep(0.05)
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def __aenter__(self) -> str:
+        self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
+        port = self.server.sockets[0].getsockname()[1]
+        return f"http://127.0.0.1:{port}/v1/completions"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+
+def test_keep_alive_reuse_and_chunk_by_chunk_streaming():
+    async def scenario() -> None:
+        server = TinyServer()
+        async with server as url, httpx.AsyncClient(transport=FastTransport()) as client:
+            for _ in range(3):
+                request = client.build_request("POST", url, content=b"{}")
+                response = await client.send(request, stream=True)
+                chunks = [chunk async for chunk in response.aiter_raw()]
+                await response.aclose()
+                assert chunks == [b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"]
+        assert server.connections == 1
+
+    asyncio.run(scenario())
+
+
+def test_stale_keep_alive_connection_is_replaced_transparently():
+    async def scenario() -> None:
+        server = TinyServer(close_after_response=True)
+        async with server as url, httpx.AsyncClient(transport=FastTransport()) as client:
+            for _ in range(3):
+                response = await client.post(url, content=b"{}")
+                assert response.status_code == 200
+                await asyncio.sleep(0.1)  # the server hangs up the idle connection
+        assert server.connections == 3
+
+    asyncio.run(scenario())
+
+
+def test_connect_refused_and_read_timeout_are_httpx_errors():
+    async def scenario() -> None:
+        async with httpx.AsyncClient(transport=FastTransport()) as client:
+            with pytest.raises(httpx.ConnectError):
+                await client.post("http://127.0.0.1:9/", content=b"{}")
+
+            async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await asyncio.sleep(5)
+
+            server = await asyncio.start_server(silent, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            with pytest.raises(httpx.ReadTimeout):
+                await client.post(f"http://127.0.0.1:{port}/", content=b"{}",
+                                  timeout=httpx.Timeout(1.0, read=0.2))
+            server.close()
+
+    asyncio.run(scenario())

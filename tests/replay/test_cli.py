@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 from enginesim.__main__ import main
 from enginesim.replay.metrics import SUMMARY_KEYS
@@ -41,3 +44,19 @@ def test_policy_all_expands_to_every_registered_policy():
 
     assert policies_from_args(["all"]) == list(REGISTRY)
     assert policies_from_args(["lmetric", "all"])[0] == "lmetric"
+
+
+def test_same_seed_same_files_across_processes(tmp_path):
+    """Determinism must not hinge on one interpreter's string-hash seed."""
+    outputs = []
+    for hash_seed in ("1", "2"):
+        out = tmp_path / f"run{hash_seed}"
+        subprocess.run([sys.executable, "-m", "enginesim", "replay", "--trace",
+                        str(CONVERSATION), "--instances", "4", "--max-requests", "80",
+                        "--max-model-len", "131072", "--policy", "dualmap", "--policy",
+                        "smetric", "--seed", "11", "--no-plots", "--no-progress", "--out",
+                        str(out)], check=True, capture_output=True,
+                       env={**os.environ, "PYTHONHASHSEED": hash_seed})
+        outputs.append([(out / p / "requests.jsonl").read_text() for p in ("dualmap",
+                                                                          "smetric")])
+    assert outputs[0] == outputs[1]

@@ -44,6 +44,7 @@ DEBUG_HEADER = "x-switchyard-debug"
 _TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
 _USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
+_SURROGATE_ESCAPE_RE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass(slots=True)
@@ -387,10 +388,21 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], done: lis
 
 
 def _parse_json(raw: bytes) -> Any:
+    """Strict UTF-8 JSON. ``json.loads(bytes)`` would let UTF-8-encoded surrogates through
+    (it decodes with ``surrogatepass``) and so would ``\\ud800`` escapes: such text cannot
+    be tokenized, and an engine failing on it must not cost healthy instances retries and
+    breaker strikes."""
     try:
-        return json.loads(raw)
+        body = json.loads(raw.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as error:
         raise APIError(400, f"Invalid JSON body: {error}") from None
+    if _SURROGATE_ESCAPE_RE.search(raw):
+        try:
+            json.dumps(body, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise APIError(400, "Invalid JSON body: a string holds a lone UTF-16 surrogate "
+                                "escape, which is not valid Unicode text.") from None
+    return body
 
 
 def _upstream_headers(headers: dict[str, str]) -> dict[str, str]:

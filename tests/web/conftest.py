@@ -54,10 +54,11 @@ def as_role(users):
     return client
 
 
-def make_cluster(instance_urls: list[str] | None = None, name: str | None = None) -> Cluster:
+def make_cluster(instance_urls: list[str] | None = None, name: str | None = None,
+                 model: str = "Qwen/Qwen2-7B-Instruct") -> Cluster:
     """A cluster with instances i0.. and policies lm (active) and rr, via the services."""
     name = name or f"web-{uuid.uuid4().hex[:8]}"
-    cluster = clusters.create_cluster(SYSTEM, name=name, model="Qwen/Qwen2-7B", gpu_type="h20")
+    cluster = clusters.create_cluster(SYSTEM, name=name, model=model, gpu_type="h20")
     urls = instance_urls or [f"http://127.0.0.1:{9300 + i}" for i in range(3)]
     for index, url in enumerate(urls):
         clusters.add_instance(SYSTEM, cluster.pk, name=f"i{index}", url=url, reason="setup")

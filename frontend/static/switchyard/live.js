@@ -144,9 +144,10 @@ function annotationPlugin() {
 }
 
 class Chart {
-  constructor(el, format) {
+  constructor(el, format, yRange) {
     this.el = el;
     this.format = format;
+    this.yRange = yRange; // uPlot range function, or undefined for auto
     this.labels = [];
     this.data = [[]];
     this.plot = null;
@@ -155,13 +156,17 @@ class Chart {
   ensure(labels) {
     if (this.plot && labels.every((l) => this.labels.includes(l))) return;
     const merged = [...this.labels, ...labels.filter((l) => !this.labels.includes(l))];
-    this.data = [this.data[0], ...merged.map((l) => this.data[this.labels.indexOf(l) + 1] ?? this.data[0].map(() => null))];
+    const column = (label) => {
+      const index = this.labels.indexOf(label);
+      return index >= 0 ? this.data[index + 1] : this.data[0].map(() => null);
+    };
+    this.data = [this.data[0], ...merged.map(column)];
     this.labels = merged;
     this.plot?.destroy();
     this.plot = new uPlot({
       width: this.el.clientWidth || 480, height: 200, plugins: [annotationPlugin()],
-      scales: { x: { time: true } },
-      axes: [{ stroke: "#aaa", grid: { stroke: "#333" } }, { stroke: "#aaa", grid: { stroke: "#333" }, size: 60, values: (u, vals) => vals.map(this.format) }],
+      scales: { x: { time: true }, y: this.yRange ? { range: this.yRange } : {} },
+      axes: [{ stroke: "#aaa", grid: { stroke: "#333" } }, { stroke: "#aaa", grid: { stroke: "#333" }, size: 72, values: (u, vals) => vals.map(this.format) }],
       series: [{}, ...merged.map((label, i) => ({
         label, stroke: PALETTE[Math.floor(i / 2) % PALETTE.length], width: 1.5,
         dash: label.endsWith("p99") ? [4, 3] : undefined, spanGaps: true, value: (u, v) => this.format(v),
@@ -184,10 +189,10 @@ class Chart {
 }
 
 const charts = {
-  ttft: new Chart($("#chart-ttft"), fmt.ms),
-  tpot: new Chart($("#chart-tpot"), fmt.ms),
-  cv: new Chart($("#chart-cv"), fmt.num2),
-  hit: new Chart($("#chart-hit"), fmt.pct),
+  ttft: new Chart($("#chart-ttft"), fmt.ms, (u, min, max) => [0, Math.max(0.001, max)]),
+  tpot: new Chart($("#chart-tpot"), fmt.ms, (u, min, max) => [0, Math.max(0.001, max)]),
+  cv: new Chart($("#chart-cv"), fmt.num2, (u, min, max) => [0, Math.max(0.5, max)]),
+  hit: new Chart($("#chart-hit"), fmt.pct, () => [0, 1]),
 };
 
 function armStats(snapshot) {
@@ -233,11 +238,32 @@ function hotspotText(h) {
   return `class ${h.prefix_class} (prefix ${String(h.prefix_hash).slice(0, 12)}): x/x̄ = ${x(h.x)}/${x(h.x_bar)}, |M|/|M̄| = ${h.m}/${h.m_bar}, window ${x(h.window)} s, instances ${(h.instances ?? []).join(", ")}`;
 }
 
+// A confirmed hotspot stays on the banner after it clears (marked as such) until the operator
+// dismisses it: a burst that confirms and clears between two glances must still be seen.
 function renderBanner() {
   const banner = $("#hotspot-banner");
-  const hot = [...state.confirmed.values()];
-  banner.classList.toggle("hidden", hot.length === 0);
-  banner.innerHTML = hot.map((h) => `<div><strong>Hotspot confirmed</strong> · ${esc(hotspotText(h))} · fallback to load-only routing for this class</div>`).join("");
+  const entries = [...state.confirmed.values()];
+  banner.classList.toggle("hidden", entries.length === 0);
+  banner.classList.toggle("cleared", entries.length > 0 && entries.every((e) => e.clearedAt));
+  banner.innerHTML = entries.map(({ hotspot, confirmedAt, clearedAt }) => `<div>
+    <strong>Hotspot confirmed</strong> at ${clock(confirmedAt)} · ${esc(hotspotText(hotspot))} ·
+    ${clearedAt ? `cleared at ${clock(clearedAt)}` : "load-only fallback for this class is on"}</div>`).join("")
+    + (entries.length ? '<button class="link dismiss" data-testid="dismiss-hotspots">dismiss cleared</button>' : "");
+  banner.querySelector(".dismiss")?.addEventListener("click", () => {
+    for (const [key, entry] of state.confirmed) if (entry.clearedAt) state.confirmed.delete(key);
+    renderBanner();
+  });
+}
+
+function confirmHotspot(hotspot, at) {
+  const known = state.confirmed.get(hotspot.prefix_class);
+  if (known && !known.clearedAt) known.hotspot = hotspot;
+  else state.confirmed.set(hotspot.prefix_class, { hotspot, confirmedAt: at, clearedAt: null });
+}
+
+function clearHotspot(prefixClass, at) {
+  const known = state.confirmed.get(prefixClass);
+  if (known) known.clearedAt = at;
 }
 
 // ---------------------------------------------------------------- applying messages
@@ -247,7 +273,7 @@ function applySnapshot(snapshot) {
   renderMetrics(snapshot.window);
   renderRouters(snapshot.routers);
   renderInstances(snapshot.instances);
-  for (const h of snapshot.hotspots ?? []) state.confirmed.set(h.prefix_class, h);
+  for (const h of snapshot.hotspots ?? []) confirmHotspot(h, snapshot.ts);
   renderBanner();
   if (snapshot.ts) {
     pushSeries(snapshot.ts, armStats(snapshot), snapshot.window.load_cv, snapshot.window.hit_ratio);
@@ -259,8 +285,8 @@ function applyEvent(message) {
   const event = message.event;
   if (message.kind === "hotspot") {
     const h = event.payload;
-    if (h.transition === "confirmed") state.confirmed.set(h.prefix_class, h);
-    if (h.transition === "cleared") state.confirmed.delete(h.prefix_class);
+    if (h.transition === "confirmed") confirmHotspot(h, event.at);
+    if (h.transition === "cleared") clearHotspot(h.prefix_class, event.at);
     renderBanner();
     annotate(event.at, "hotspot", `hotspot ${h.transition} ${h.prefix_class}`, hotspotText(h));
   } else if (message.kind === "config_applied" || message.kind === "config_rejected") {

@@ -1,0 +1,160 @@
+"""End to end in Debian chromium: enginesim fleet → managed routers → Redis → publisher →
+Channels → the browser, with the control plane served by uvicorn on the test database."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+
+import pytest
+import redis
+from django.conf import settings
+
+from controlplane.realtime.snapshot import merge_cluster
+from router_worker.telemetry_contract import StateSnapshot
+
+from .conftest import PASSWORD, make_cluster, make_user, start_process, stop
+from .stack import ConfigRelay, Stack, chat, publisher_args, start_fleet, start_router, wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
+              pytest.mark.timeout(180)]
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    fleet = start_fleet(3, tmp_path_factory.mktemp("fleet") / "enginesim.log")
+    yield fleet
+    stop(fleet.process)
+
+
+@pytest.fixture
+def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
+    cluster = make_cluster([fleet.url(k) for k in range(fleet.size)])
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    stack = Stack(cluster, [], client)
+    try:
+        stack.routers = [start_router(cluster, name, asgi_server.url, tmp_path)
+                         for name in ("r1", "r2")]
+        stack.relay = ConfigRelay(asgi_server.url, stack.routers).start()
+        stack.processes.append(start_process(publisher_args(), tmp_path / "publisher.log"))
+        stack.wait_reporting(1)
+        yield stack
+    finally:
+        stack.close()
+        client.close()
+
+
+def login(browser, base_url: str, role: str):
+    user = make_user(role, f"e2e-{role}")
+    page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+    page.goto(f"{base_url}/login/")
+    page.fill("input[name=username]", user.username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button.primary")
+    page.wait_for_url(f"{base_url}/")
+    return page
+
+
+def page_snapshot(page) -> dict | None:
+    return page.evaluate("window.switchyardLive && window.switchyardLive.state.snapshot")
+
+
+def send_traffic(stack: Stack, requests: int) -> threading.Thread:
+    def run() -> None:
+        for n in range(requests):
+            router = stack.routers[n % len(stack.routers)]
+            chat(router.url, f"request {n}: " + "tell me about switchyards " * (5 + n % 7),
+                 max_tokens=16, stream=True)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_live_view_follows_the_routers(browser, asgi_server, stack, artifacts_dir) -> None:
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/")
+        page.wait_for_selector("#conn[data-state=live]")
+        page.wait_for_selector("[data-router=r1]")
+        assert (page_snapshot(page) or {}).get("window", {}).get("requests", 0) == 0
+        traffic = send_traffic(stack, 24)
+        wait_for(lambda: page_snapshot(page)["window"]["requests"] > 0, 30,
+                 "the page to show requests while traffic flows")
+        traffic.join(timeout=60)
+        assert not traffic.is_alive()
+        expected = wait_for(lambda: _settled(stack, page), 15,
+                            "the page to match the routers' /admin/state")
+        assert expected["window"]["requests"] == 24, expected
+        metric = page.locator("[data-metric=ttft_p50_s]").inner_text()
+        assert metric.endswith("ms"), json.dumps(expected["window"])
+        page.screenshot(path=str(artifacts_dir / "cluster-live.png"), full_page=True)
+    finally:
+        page.context.close()
+
+
+def _settled(stack: Stack, page) -> dict | None:
+    """The routers' own state merged, when the page shows the same numbers."""
+    snapshots = [StateSnapshot.model_validate(r.admin_state()["snapshot"])
+                 for r in stack.routers]
+    expected = merge_cluster(stack.cluster.name, snapshots)
+    shown = page_snapshot(page)
+    keys = ("requests", "errors", "output_tokens_per_s", "ttft_p99_s", "tpot_p99_s")
+    same_window = all(shown["window"][k] == pytest.approx(expected["window"][k])
+                      for k in keys if expected["window"][k] is not None)
+    same_instances = [(i["name"], i["health"]) for i in shown["instances"]] == \
+        [(i["name"], i["health"]) for i in expected["instances"]]
+    return expected if same_window and same_instances else None
+
+
+def test_operator_switches_the_policy(browser, asgi_server, stack, artifacts_dir) -> None:
+    page = login(browser, asgi_server.url, "operator")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/policy/")
+        page.select_option("[data-testid=policy-choice]", label="rr (round_robin)")
+        page.fill("[data-testid=reason]", "spread load evenly for the test")
+        page.check("[data-testid=confirm]")
+        page.click("[data-testid=apply]")
+        page.wait_for_selector("[data-testid=applied]")
+        stack.wait_reporting(2)
+        for router in stack.routers:
+            page.wait_for_selector(f"tr[data-router={router.name}][data-version='2']")
+        page.screenshot(path=str(artifacts_dir / "policy-control.png"), full_page=True)
+    finally:
+        page.context.close()
+    for router in stack.routers:
+        response = chat(router.url, "which policy routes me?", max_tokens=2)
+        assert response.headers["x-switchyard-policy"] == "round_robin"
+
+
+def test_hotspot_burst_raises_the_banner_and_reaches_the_audit_log(
+        browser, asgi_server, stack, artifacts_dir) -> None:
+    from controlplane.services import ingest
+
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/")
+        page.wait_for_selector("#conn[data-state=live]")
+        _hotspot_burst(stack)
+        banner = page.locator("[data-testid=hotspot-banner]")
+        banner.wait_for(state="visible", timeout=30_000)
+        assert "x/x̄" in banner.inner_text()
+        page.screenshot(path=str(artifacts_dir / "hotspot-alert.png"), full_page=True)
+        wait_for(lambda: ingest.ingest_events(stack.redis) and
+                 stack.cluster.hotspots.filter(transition="confirmed").exists(), 15,
+                 "the confirmed hotspot to be ingested")
+        page.goto(f"{asgi_server.url}/hotspots/?cluster={stack.cluster.pk}")
+        assert page.locator("tr[data-transition=confirmed]").count() >= 1
+        page.screenshot(path=str(artifacts_dir / "hotspot-log.png"), full_page=True)
+    finally:
+        page.context.close()
+
+
+def _hotspot_burst(stack: Stack) -> None:
+    """Many requests sharing one long prefix, one at a time, so LMetric keeps them on the
+    instance that caches it while the class dominates the window."""
+    prefix = "You are the switchyard assistant. " * 120
+    router = stack.routers[0]
+    for n in range(40):
+        chat(router.url, f"{prefix} question {n}", max_tokens=2)

@@ -257,11 +257,7 @@ class Proxy:
     async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
                        up_headers: dict[str, str], send: Send, debug: bool,
                        done: list[bool]) -> UpstreamFailure | None:
-        settings = plan.runtime.config.router
-        url = plan.runtime.urls[plan.instance] + path
-        timeout = httpx.Timeout(connect=settings.connect_timeout_s,
-                                read=settings.first_byte_timeout_s, write=30.0,
-                                pool=settings.connect_timeout_s)
+        url, timeout = _upstream_target(plan.runtime, plan.instance, path)
         request = self.client.build_request("POST", url, content=raw, headers=up_headers,
                                             timeout=timeout)
         try:
@@ -385,6 +381,20 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], done: lis
                 gone[0] = True
                 task.cancel()
             return
+
+
+def _upstream_target(runtime: Runtime, instance: str, path: str) -> tuple[httpx.URL, Any]:
+    """Parsed URL and timeout, cached on the runtime (httpx's URL parsing is not cheap)."""
+    cache = runtime.upstream_cache
+    key = (instance, path)
+    found = cache.get(key)
+    if found is None:
+        settings = runtime.config.router
+        timeout = httpx.Timeout(connect=settings.connect_timeout_s,
+                                read=settings.first_byte_timeout_s, write=30.0,
+                                pool=settings.connect_timeout_s)
+        found = cache[key] = (httpx.URL(runtime.urls[instance] + path), timeout)
+    return found
 
 
 def _parse_json(raw: bytes) -> Any:

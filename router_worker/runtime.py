@@ -16,6 +16,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,7 @@ class Runtime:
     tokenizer: Tokenizer
     random_arms: bool = False
     rng: random.Random = field(default_factory=random.Random)
+    upstream_cache: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     @property
     def version(self) -> int:

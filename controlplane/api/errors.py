@@ -70,4 +70,6 @@ def install_error_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(DataError)
     def unstorable_value(request: HttpRequest, exc: DataError) -> HttpResponse:
         first_line = (str(exc).strip().splitlines() or ["invalid value"])[0]
+        log.warning("database refused a value in %s %s: %s", request.method, request.path,
+                    first_line)
         return respond(request, 400, error_body(f"the database refused a value: {first_line}"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
@@ -29,6 +29,17 @@ def _without_nul(value: Any) -> Any:
 
 
 JsonObject = Annotated[dict[str, Any], AfterValidator(_without_nul)]
+
+
+def _in_utc(value: datetime) -> datetime:
+    """Postgres refuses UTC offsets beyond ±16 h; any instant is fine once in UTC."""
+    try:
+        return value.astimezone(UTC) if value.tzinfo else value.replace(tzinfo=UTC)
+    except OverflowError:
+        raise ValueError("datetime out of range") from None
+
+
+Timestamp = Annotated[datetime, AfterValidator(_in_utc)]
 
 
 class ErrorDetail(Schema):
@@ -322,8 +333,8 @@ class ReplayCreatedOut(Schema):
 # Filters (query strings)
 
 class TimeRange(Schema):
-    since: datetime | None = None
-    until: datetime | None = None
+    since: Timestamp | None = None
+    until: Timestamp | None = None
 
 
 class HotspotFilters(TimeRange):

@@ -184,3 +184,48 @@ def test_client_disconnect_aborts_the_engine_request(fleet, router_factory):
                10, "enginesim to record the abort")
     wait_until(lambda: router.state()["snapshot"]["instances"][0]["in_flight"] == 0, 5,
                "router accounting to drop the request")
+
+
+def test_hung_instance_times_out_before_first_byte_and_is_retried(fleet, router_factory):
+    document = router_config(fleet, "round_robin")
+    document["router"]["first_byte_timeout_s"] = 0.3
+    router = router_factory(document)
+    fleet.fault(0, "hang")
+    try:
+        results = asyncio.run(_load(router.url + "/v1/completions", 8, 2, stream=True))
+    finally:
+        fleet.fault(0, "recover")
+    assert all(r[0] == 200 and r[1] != "i0" for r in results)
+    assert all(r[2].rstrip().endswith("data: [DONE]") and '"error"' not in r[2]
+               for r in results)
+    assert 'kind="timeout"' in httpx.get(router.url + "/metrics").text
+
+
+def test_overload_is_refused_with_429(fleet, router_factory):
+    document = router_config(fleet, "round_robin")
+    document["router"].update(max_concurrency=1, max_queue=0)
+    router = router_factory(document)
+    results = asyncio.run(_load(router.url + "/v1/completions", 6, 6, stream=True,
+                                max_tokens=200))
+    statuses = sorted(r[0] for r in results)
+    assert statuses[0] == 200 and statuses[-1] == 429
+    refused = next(r for r in results if r[0] == 429)
+    assert json.loads(refused[2])["error"]["type"] == "RateLimitError"
+
+
+def test_kv_events_are_received_from_the_engines(fleet, router_factory):
+    document = router_config(fleet, "lmetric", instances=fleet.instances(kv=True))
+    document["router"]["kv_events"] = True
+    router = router_factory(document)
+    wait_until(lambda: set(router.state()["kv_events"]) == {"i0", "i1", "i2", "i3"}, 10,
+               "subscribers running")
+
+    def stored_somewhere() -> bool:
+        # ZMQ drops messages sent before a subscription is live: keep sending.
+        httpx.post(router.url + "/v1/completions", json=_body("kv", max_tokens=2))
+        stats = router.state()["kv_events"]
+        return sum(s["batches"] for s in stats.values()) > 0
+
+    wait_until(stored_somewhere, 10, "KV event batches applied")
+    stats = router.state()["kv_events"]
+    assert all(s["decode_errors"] == 0 for s in stats.values())

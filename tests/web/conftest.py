@@ -137,19 +137,24 @@ def start_process(args: list[str], log: Path) -> subprocess.Popen:
                             stderr=subprocess.STDOUT)
 
 
-@pytest.fixture
-def asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
+def start_asgi(port: int, log: Path) -> Server:
     """The full ASGI application (HTTP + websockets) under uvicorn, on the test database."""
-    port = free_port()
-    log = tmp_path / "uvicorn.log"
     process = start_process([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
                              "--host", "127.0.0.1", "--port", str(port), "--log-level",
                              "warning"], log)
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", process, log)
-        yield Server(process, f"http://127.0.0.1:{port}", log)
-    finally:
+    except BaseException:
         stop(process)
+        raise
+    return Server(process, f"http://127.0.0.1:{port}", log)
+
+
+@pytest.fixture
+def asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
+    server = start_asgi(free_port(), tmp_path / "uvicorn.log")
+    yield server
+    stop(server.process)
 
 
 @pytest.fixture

@@ -1,0 +1,188 @@
+"""The pages in Debian chromium against uvicorn: viewer restrictions, the stale state and
+reconnection of the live view, and screenshots of the main pages for the README."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+import redis
+from django.conf import settings
+from django.utils import timezone
+
+from controlplane.models import ArmMetricRollup, CanaryJudgement, Cluster, ReplayJob
+from controlplane.services import canaries
+
+from .conftest import SYSTEM, clear_state, make_cluster, start_asgi, stop
+from .helpers import instance, snapshot, window, write_state
+from .test_e2e_browser import login, page_snapshot
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
+              pytest.mark.timeout(120)]
+
+
+class Feeder:
+    """Writes router-like snapshots every 250 ms, as a live router would."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.client = redis.Redis.from_url(settings.REDIS_URL)
+        self.pending = 1234.0
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        tick = 0
+        while not self.stopped.wait(0.25):
+            tick += 1
+            instances = [instance(f"i{k}", pending=self.pending * (k + 1), batch=4 + k,
+                                  pending_max=self.pending * (k + 1) + tick % 7, in_flight=k,
+                                  kv_usage=0.2 * (k + 1), hit_ratio=0.6) for k in range(3)]
+            write_state(self.client, snapshot(self.cluster.name, "r1", instances, window=window(
+                120, ttft_p50_s=0.042, ttft_p99_s=0.180 + 0.01 * (tick % 5), tpot_p50_s=0.011,
+                tpot_p99_s=0.030, hit_ratio=0.62, load_cv=0.4)))
+
+    def __enter__(self) -> Feeder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(timeout=5)
+        clear_state(self.client, self.cluster.name)
+        self.client.close()
+
+
+@pytest.fixture
+def live_cluster(transactional_db) -> Cluster:
+    return make_cluster()
+
+
+@pytest.fixture
+def feeder(live_cluster, publisher) -> Iterator[Feeder]:
+    with Feeder(live_cluster) as running:
+        yield running
+
+
+def test_viewer_sees_no_controls_and_a_forged_post_is_refused(browser, asgi_server) -> None:
+    cluster = make_cluster()
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        for path in ("policy", "canary", "replays"):
+            page.goto(f"{asgi_server.url}/clusters/{cluster.pk}/{path}/")
+            assert page.locator("[data-testid=role]").text_content() == "viewer"
+            assert page.locator("main form[method=post]").count() == 0, path
+        token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+        rr = cluster.policies.get(name="rr")
+        response = page.request.post(
+            f"{asgi_server.url}/clusters/{cluster.pk}/policy/apply/",
+            form={"policy": str(rr.pk), "reason": "forged", "confirm": "yes"},
+            headers={"X-CSRFToken": token, "Referer": f"{asgi_server.url}/"})
+        assert response.status == 403
+    finally:
+        page.context.close()
+    cluster.refresh_from_db()
+    assert cluster.active_policy.name == "lm"
+
+
+def test_live_view_goes_stale_when_disconnected_and_reconnects(
+        browser, live_cluster, feeder, asgi_server, tmp_path) -> None:
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{live_cluster.pk}/")
+        page.wait_for_selector("#conn[data-state=live]")
+        page.wait_for_function("window.switchyardLive.messages > 2")
+        shown = page_snapshot(page)
+        assert [i["pending_prefill_tokens"] for i in shown["instances"]] == [1234, 2468, 3702]
+        assert page.locator("tr[data-instance=i1] [data-field=pending_prefill_tokens]") \
+            .inner_text() == "2,468"
+        port = int(asgi_server.url.rsplit(":", 1)[1])
+        stop(asgi_server.process)
+        page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)
+        feeder.pending = 99.0
+        asgi_server.process = start_asgi(port, tmp_path / "uvicorn-2.log").process
+        page.wait_for_selector("#conn[data-state=live]", timeout=30_000)
+        page.wait_for_function(
+            "window.switchyardLive.state.snapshot.instances[0].pending_prefill_tokens === 99",
+            timeout=10_000)
+    finally:
+        page.context.close()
+
+
+def test_sorting_the_instance_table(browser, live_cluster, feeder, asgi_server) -> None:
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{live_cluster.pk}/")
+        page.wait_for_selector("tr[data-instance=i2]")
+        page.click("th[data-sort=pending_prefill_tokens]")
+        page.click("th[data-sort=pending_prefill_tokens]")  # second click: descending
+        names = page.locator("#instances tbody tr").evaluate_all(
+            "rows => rows.map(r => r.dataset.instance)")
+        assert names == ["i2", "i1", "i0"]
+    finally:
+        page.context.close()
+
+
+def seed_pages(cluster: Cluster) -> None:
+    """A running canary with judgements and samples, a finished replay, audit rows."""
+    canary = canaries.create_canary(
+        SYSTEM, cluster.pk, name="lm-vs-rr", baseline_policy_id=cluster.active_policy_id,
+        candidate_policy_id=cluster.policies.get(name="rr").pk, baseline_instances=["i0", "i1"],
+        candidate_instances=["i2"], weight_steps=[10, 25, 50], reason="compare rr")
+    canaries.transition(SYSTEM, canary.pk, "start", reason="go")
+    minute = timezone.now().replace(second=0, microsecond=0)
+    for arm, scale in (("baseline", 1.0), ("candidate", 1.3)):
+        ArmMetricRollup.objects.create(
+            cluster=cluster, arm=arm, minute=minute, requests=200,
+            ttft_samples=[scale * (0.03 + 0.001 * (n % 40)) for n in range(200)],
+            tpot_samples=[scale * (0.010 + 0.0001 * (n % 30)) for n in range(200)])
+    CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="inconclusive",
+                                   action="wait", evidence={"n": [120, 14], "p": 0.21})
+    ReplayJob.objects.create(
+        cluster=cluster, inputs={"trace": "shared:mooncake_synthetic_trace.jsonl",
+                                 "policies": [{"kind": "lmetric"}, {"kind": "round_robin"}]},
+        state="succeeded", progress=1.0, finished_at=timezone.now() - timedelta(seconds=5),
+        results={"policies": [
+            {"kind": "lmetric", "summary": {"requests": 2000, "ttft_p50_s": 0.08,
+                                            "ttft_p99_s": 0.9, "hit_ratio": 0.71}},
+            {"kind": "round_robin", "summary": {"requests": 2000, "ttft_p50_s": 0.2,
+                                                "ttft_p99_s": 2.4, "hit_ratio": 0.22}}]})
+
+
+def test_screenshots_of_the_main_pages(browser, live_cluster, feeder, asgi_server,
+                                       artifacts_dir) -> None:
+    seed_pages(live_cluster)
+    page = login(browser, asgi_server.url, "operator")
+    base = f"{asgi_server.url}/clusters/{live_cluster.pk}"
+    shots = {"clusters": f"{asgi_server.url}/", "canary": f"{base}/canary/",
+             "replays": f"{base}/replays/",
+             "replay-result": f"{base}/replays/{live_cluster.replays.get().pk}/",
+             "audit-log": f"{asgi_server.url}/audit/"}
+    try:
+        for name, url in shots.items():
+            page.goto(url)
+            page.wait_for_load_state("networkidle")
+            page.screenshot(path=str(artifacts_dir / f"{name}.png"), full_page=True)
+        page.goto(f"{base}/policy/")
+        page.select_option("[data-testid=policy-choice]", "new")
+        page.select_option("[data-testid=policy-kind]", "cache_aware")
+        page.wait_for_selector("input[name='param.cache_threshold']")
+        page.screenshot(path=str(artifacts_dir / "policy-form.png"), full_page=True)
+        page.goto(f"{base}/canary/")
+        page.wait_for_selector("[data-testid=comparison] tr[data-arm=candidate]")
+        page.screenshot(path=str(artifacts_dir / "canary.png"), full_page=True)
+        page.goto(f"{base}/")
+        page.wait_for_function("window.switchyardLive.messages > 8")
+        time.sleep(0.3)
+        page.screenshot(path=str(artifacts_dir / "cluster-live-synthetic.png"), full_page=True)
+    finally:
+        page.context.close()
+    page = browser.new_page()
+    try:
+        page.goto(f"{asgi_server.url}/login/")
+        page.screenshot(path=str(artifacts_dir / "login.png"))
+    finally:
+        page.close()

@@ -4,6 +4,9 @@ from django.views.generic import RedirectView
 
 from controlplane.api.api import api
 from controlplane.web.health import healthz
+from controlplane.web.login import ThrottledAdminAuthenticationForm
+
+admin.site.login_form = ThrottledAdminAuthenticationForm
 
 urlpatterns = [
     path("healthz", healthz, name="healthz"),

@@ -4,13 +4,15 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from . import canaries, clusters, events, policies, replays
+from .login import ThrottledAuthenticationForm
 
 app_name = "web"
 
 urlpatterns = [
     path("", clusters.cluster_list, name="clusters"),
-    path("login/", auth_views.LoginView.as_view(template_name="web/login.html",
-                                                redirect_authenticated_user=True), name="login"),
+    path("login/", auth_views.LoginView.as_view(
+        template_name="web/login.html", redirect_authenticated_user=True,
+        authentication_form=ThrottledAuthenticationForm), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("clusters/<int:cluster_id>/", clusters.cluster_live, name="cluster"),
     path("clusters/<int:cluster_id>/snapshot.json", clusters.cluster_snapshot,

@@ -110,3 +110,9 @@ class ConfigVersionAdmin(ReadOnlyAdmin):
 class CanaryJudgementAdmin(ReadOnlyAdmin):
     list_display = ("canary", "at", "step_index", "verdict", "action")
     list_filter = ("verdict", "action")
+
+
+@admin.register(models.IngestedRecord)
+class IngestedRecordAdmin(ReadOnlyAdmin):
+    list_display = ("record_id", "at")
+    search_fields = ("record_id",)

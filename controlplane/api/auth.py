@@ -54,7 +54,7 @@ class SessionRoleAuth(APIKeyCookie):
         super().__init__(csrf=False)  # checked below, only once a session is present
         self.minimum_role = minimum_role
 
-    def __call__(self, request: HttpRequest) -> AbstractBaseUser | None:
+    def authenticate(self, request: HttpRequest, key: str | None) -> AbstractBaseUser | None:
         user = request.user
         if not user.is_authenticated:
             return None
@@ -62,9 +62,6 @@ class SessionRoleAuth(APIKeyCookie):
             raise HttpError(403, "CSRF check failed: send the csrftoken cookie's value in the "
                                  "X-CSRFToken header")
         return _authorised(user, self.minimum_role)
-
-    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
-        raise NotImplementedError  # __call__ does the work
 
 
 class RouterTokenAuth(HttpBearer):

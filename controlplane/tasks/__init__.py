@@ -1,6 +1,7 @@
 """Thin Celery tasks: each one calls a service or selector and returns a small result."""
 
 from .maintenance import ping
+from .replay import run_replay
 from .routing import (
     ingest_events,
     ingest_metrics,
@@ -19,5 +20,6 @@ __all__ = [
     "prune",
     "reconcile_all",
     "restart_router",
+    "run_replay",
     "scrape_instances",
 ]

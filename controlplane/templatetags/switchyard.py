@@ -13,9 +13,11 @@ DASH = "–"
 
 @register.filter
 def ms(seconds: float | None) -> str:
-    """Seconds as milliseconds: 0.0123 → '12.3 ms'."""
+    """Seconds for people: 0.0123 → '12.3 ms', 58.35 → '58.4 s'."""
     if seconds is None:
         return DASH
+    if seconds >= 10:
+        return f"{seconds:,.1f} s"
     value = seconds * 1000
     return f"{value:.0f} ms" if value >= 100 else f"{value:.1f} ms"
 

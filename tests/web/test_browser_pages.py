@@ -6,7 +6,6 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
 
 import pytest
 import redis
@@ -15,6 +14,7 @@ from django.utils import timezone
 
 from controlplane.models import ArmMetricRollup, CanaryJudgement, Cluster, ReplayJob
 from controlplane.services import canaries
+from controlplane.tasks.replay import run_replay
 
 from .conftest import SYSTEM, clear_state, make_cluster, start_asgi, stop
 from .helpers import instance, snapshot, window, write_state
@@ -141,15 +141,12 @@ def seed_pages(cluster: Cluster) -> None:
             tpot_samples=[scale * (0.010 + 0.0001 * (n % 30)) for n in range(200)])
     CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="inconclusive",
                                    action="wait", evidence={"n": [120, 14], "p": 0.21})
-    ReplayJob.objects.create(
-        cluster=cluster, inputs={"trace": "shared:mooncake_synthetic_trace.jsonl",
-                                 "policies": [{"kind": "lmetric"}, {"kind": "round_robin"}]},
-        state="succeeded", progress=1.0, finished_at=timezone.now() - timedelta(seconds=5),
-        results={"policies": [
-            {"kind": "lmetric", "summary": {"requests": 2000, "ttft_p50_s": 0.08,
-                                            "ttft_p99_s": 0.9, "hit_ratio": 0.71}},
-            {"kind": "round_robin", "summary": {"requests": 2000, "ttft_p50_s": 0.2,
-                                                "ttft_p99_s": 2.4, "hit_ratio": 0.22}}]})
+    job = ReplayJob.objects.create(cluster=cluster, inputs={
+        "trace": "shared:mooncake_synthetic_trace.jsonl", "rate_scale": 1.0,
+        "max_requests": 300, "seed": 0,
+        "policies": [{"kind": "lmetric", "params": {}}, {"kind": "round_robin", "params": {}},
+                     {"kind": "cache_aware", "params": {}}]})
+    assert run_replay(job.pk) == "succeeded"
 
 
 def test_screenshots_of_the_main_pages(browser, live_cluster, feeder, asgi_server,
@@ -159,7 +156,6 @@ def test_screenshots_of_the_main_pages(browser, live_cluster, feeder, asgi_serve
     base = f"{asgi_server.url}/clusters/{live_cluster.pk}"
     shots = {"clusters": f"{asgi_server.url}/", "canary": f"{base}/canary/",
              "replays": f"{base}/replays/",
-             "replay-result": f"{base}/replays/{live_cluster.replays.get().pk}/",
              "audit-log": f"{asgi_server.url}/audit/"}
     try:
         for name, url in shots.items():
@@ -171,6 +167,9 @@ def test_screenshots_of_the_main_pages(browser, live_cluster, feeder, asgi_serve
         page.select_option("[data-testid=policy-kind]", "cache_aware")
         page.wait_for_selector("input[name='param.cache_threshold']")
         page.screenshot(path=str(artifacts_dir / "policy-form.png"), full_page=True)
+        page.goto(f"{base}/replays/{live_cluster.replays.get().pk}/")
+        page.wait_for_selector("#replay-plot canvas")
+        page.screenshot(path=str(artifacts_dir / "replay-result.png"), full_page=True)
         page.goto(f"{base}/canary/")
         page.wait_for_selector("[data-testid=comparison] tr[data-arm=candidate]")
         page.screenshot(path=str(artifacts_dir / "canary.png"), full_page=True)

@@ -26,7 +26,7 @@ window.switchyardLive = { latencies: [], messages: 0, state };
 
 // ---------------------------------------------------------------- formatting
 const fmt = {
-  ms: (s) => (s == null ? "–" : s * 1000 >= 100 ? `${(s * 1000).toFixed(0)} ms` : `${(s * 1000).toFixed(1)} ms`),
+  ms: (s) => (s == null ? "–" : s >= 10 ? `${s.toFixed(1)} s` : s * 1000 >= 100 ? `${(s * 1000).toFixed(0)} ms` : `${(s * 1000).toFixed(1)} ms`),
   pct: (r) => (r == null ? "–" : `${(r * 100).toFixed(1)}%`),
   num: (v) => (v == null ? "–" : v.toLocaleString(undefined, { maximumFractionDigits: 1 })),
   num2: (v) => (v == null ? "–" : v.toFixed(2)),

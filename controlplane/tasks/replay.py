@@ -1,0 +1,147 @@
+"""The what-if replay task: a job's trace through enginesim's discrete-event simulator, once
+per chosen policy, on the cluster's model and GPU, with progress and results on the job.
+
+The adapter below is the only place that knows enginesim's replay API; the task is thin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from celery import shared_task
+from django.utils import timezone
+
+from controlplane.models import Cluster, ReplayJob
+
+log = logging.getLogger(__name__)
+ENGINE_UNAVAILABLE = "replay engine unavailable"
+PROGRESS_EVERY_S = 0.5
+TTFT_PERCENTILES = list(range(1, 100))
+
+Progress = Callable[[float], None]
+
+
+class ReplayFailed(Exception):
+    """A replay that cannot run; the message is shown to the operator."""
+
+
+# ----------------------------------------------------------------- adapter (enginesim)
+
+
+def simulator_model(cluster: Cluster) -> str:
+    """enginesim's model key for the cluster's served model (key or served name)."""
+    from enginesim.engine import MODELS
+
+    wanted = cluster.model.lower()
+    for key, spec in MODELS.items():
+        if wanted in (key, spec.served_name.lower()):
+            return key
+    raise ReplayFailed(f"enginesim has no cost model for {cluster.model!r}; "
+                       f"known: {sorted(MODELS)}")
+
+
+def simulator_gpu(cluster: Cluster) -> str:
+    from enginesim.engine import GPUS
+
+    if cluster.gpu_type.lower() not in GPUS:
+        raise ReplayFailed(f"enginesim has no GPU {cluster.gpu_type!r}; known: {sorted(GPUS)}")
+    return cluster.gpu_type.lower()
+
+
+def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
+                 ) -> dict[str, Any]:
+    """Replay the job's trace once per policy; the results object stored on the job."""
+    try:
+        from enginesim.replay.metrics import lower_bound_summary, summarize, ttfts
+        from enginesim.replay.simulator import SimConfig, Simulator
+        from enginesim.replay.traces import load_trace
+    except ImportError as error:
+        raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
+    from controlplane.web.replays import resolve_trace
+
+    records = load_trace(resolve_trace(inputs["trace"]), rate_scale=inputs["rate_scale"],
+                         max_requests=inputs.get("max_requests"))
+    if not records:
+        raise ReplayFailed("the trace selection holds no request")
+    instances = max(cluster.instances.exclude(state="down").count(), 1)
+    specs = inputs["policies"]
+    outcomes = []
+    for index, spec in enumerate(specs):
+        config = SimConfig(instances=instances, gpu=simulator_gpu(cluster),
+                           model=simulator_model(cluster), seed=int(inputs.get("seed", 0)),
+                           policy_params={spec["kind"]: spec.get("params", {})})
+
+        def step(done: int, total: int, now: float, index: int = index) -> None:
+            progress((index + done / max(total, 1)) / len(specs))
+
+        started = time.perf_counter()
+        result = Simulator(records, spec["kind"], config, step).run()
+        result.wall_s = time.perf_counter() - started
+        done = [r for r in result.requests if r.status == "ok"]
+        outcomes.append({"kind": spec["kind"], "params": spec.get("params", {}),
+                         "summary": _json_safe(summarize(result)),
+                         "ttft_percentiles": _percentiles(ttfts(done))})
+    engine = SimConfig(gpu=simulator_gpu(cluster), model=simulator_model(cluster)) \
+        .engine_config(None)
+    return {"policies": outcomes, "instances": instances, "requests": len(records),
+            "percentiles": TTFT_PERCENTILES,
+            "lower_bound": _json_safe(lower_bound_summary(records, engine))}
+
+
+def _percentiles(values: np.ndarray) -> list[float] | None:
+    if len(values) == 0:
+        return None
+    return [float(v) for v in np.percentile(values, TTFT_PERCENTILES)]
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+# ----------------------------------------------------------------- task
+
+
+class _Throttled:
+    """Writes progress to the job at most every PROGRESS_EVERY_S."""
+
+    def __init__(self, job_id: int) -> None:
+        self.job_id, self.last = job_id, 0.0
+
+    def __call__(self, fraction: float) -> None:
+        now = time.monotonic()
+        if now - self.last >= PROGRESS_EVERY_S:
+            self.last = now
+            ReplayJob.objects.filter(pk=self.job_id).update(progress=min(fraction, 0.99))
+
+
+@shared_task(name="switchyard.run_replay", soft_time_limit=3600)
+def run_replay(job_id: int) -> str:
+    """Run a queued replay job; returns its final state."""
+    claimed = ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.QUEUED).update(
+        state=ReplayJob.State.RUNNING, progress=0.0)
+    if not claimed:
+        return "skipped"  # unknown, or already taken by another delivery
+    job = ReplayJob.objects.select_related("cluster").get(pk=job_id)
+    try:
+        results = run_policies(job.cluster, job.inputs, _Throttled(job_id))
+    except (ReplayFailed, OSError, ValueError, KeyError) as error:
+        log.warning("replay %s failed: %s", job_id, error)
+        return _finish(job_id, ReplayJob.State.FAILED, error=str(error))
+    return _finish(job_id, ReplayJob.State.SUCCEEDED, results=results)
+
+
+def _finish(job_id: int, state: str, *, results: dict | None = None, error: str = "") -> str:
+    ReplayJob.objects.filter(pk=job_id).update(
+        state=state, results=results, error=error, finished_at=timezone.now(),
+        progress=1.0 if state == ReplayJob.State.SUCCEEDED else 0.0)
+    return state

@@ -1,0 +1,92 @@
+"""Replay jobs from the page to the task: shared and uploaded traces, progress, results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from controlplane.models import ReplayJob
+from controlplane.tasks.replay import run_replay
+
+pytestmark = pytest.mark.django_db
+TRACE = "mooncake_synthetic_trace.jsonl"
+
+
+@pytest.fixture
+def traces(tmp_path, monkeypatch, settings) -> Path:
+    """A shared-traces folder with the head of a real Mooncake trace; uploads under tmp."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    source = Path(settings.BASE_DIR).parent / "shared" / "traces" / TRACE
+    lines = source.read_text().splitlines()[:80]
+    (folder / TRACE).write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("SWITCHYARD_TRACES_DIR", str(folder))
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path / "var")
+    return folder
+
+
+@pytest.fixture
+def dispatched(monkeypatch) -> list:
+    from controlplane.celery import app
+
+    sent: list = []
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    return sent
+
+
+def policy_ids(cluster) -> list[str]:
+    return [str(p.pk) for p in cluster.policies.order_by("name")]
+
+
+def test_shared_trace_replay_runs_every_policy(as_role, cluster, traces, dispatched) -> None:
+    client = as_role("operator")
+    response = client.post(reverse("web:replay_create", args=[cluster.pk]), {
+        "trace": TRACE, "policies": policy_ids(cluster), "rate_scale": "2",
+        "max_requests": "60", "seed": "1", "reason": "what if rr"})
+    job = ReplayJob.objects.get()
+    assert response.status_code == 302
+    assert dispatched == [("switchyard.run_replay", {"args": [job.pk], "retry": False})]
+    assert run_replay(job.pk) == "succeeded"
+    job.refresh_from_db()
+    assert (job.state, job.progress) == ("succeeded", 1.0)
+    assert [p["kind"] for p in job.results["policies"]] == ["lmetric", "round_robin"]
+    assert [p["summary"]["requests"] for p in job.results["policies"]] == [60, 60]
+    assert all(p["summary"]["completed"] > 0 for p in job.results["policies"])
+    assert len(job.results["policies"][0]["ttft_percentiles"]) == 99
+    page = client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
+    assert 'data-policy="round_robin"' in page and 'data-testid="live-now"' in page
+    assert run_replay(job.pk) == "skipped"  # a re-delivered task does not run it twice
+
+
+def test_uploaded_trace_is_stored_and_replayed(as_role, cluster, traces, dispatched) -> None:
+    upload = SimpleUploadedFile("mine.jsonl", (traces / TRACE).read_bytes()[:20_000])
+    response = as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), {
+        "upload": upload, "policies": policy_ids(cluster)[:1], "max_requests": "20"})
+    assert response.status_code == 302
+    job = ReplayJob.objects.get()
+    assert job.inputs["trace"].startswith("upload:")
+    assert run_replay(job.pk) == "succeeded"
+
+
+def test_an_unreadable_upload_is_refused(as_role, cluster, traces, dispatched) -> None:
+    upload = SimpleUploadedFile("bad.csv", b"not,a,trace\n1,2,3\n")
+    response = as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), {
+        "upload": upload, "policies": policy_ids(cluster)[:1]})
+    assert response.status_code == 400
+    assert b"not a supported trace" in response.content
+    assert not ReplayJob.objects.exists() and not dispatched
+
+
+def test_a_model_enginesim_cannot_simulate_fails_the_job_with_its_reason(
+        as_role, cluster, traces, dispatched) -> None:
+    cluster.model = "acme/unknown-model"
+    cluster.save()
+    as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), {
+        "trace": TRACE, "policies": policy_ids(cluster)[:1], "max_requests": "10"})
+    job = ReplayJob.objects.get()
+    assert run_replay(job.pk) == "failed"
+    job.refresh_from_db()
+    assert "no cost model" in job.error

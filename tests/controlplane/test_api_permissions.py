@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.test import Client
 
@@ -109,3 +111,18 @@ def test_docs_and_schema_are_served(client) -> None:
     assert client.get("/api/v1/docs").status_code == 200
     redirect = client.get("/api/docs")
     assert redirect.status_code == 302 and redirect.url == "/api/v1/docs"
+
+
+def shape(path: str) -> str:
+    """/api/v1/clusters/{alpha}/config-versions/1?x=y -> /api/v1/clusters/{}/config-versions/{}"""
+    return re.sub(r"/(\{[^}]+\}|\d+)(?=/|$)", "/{}", path.split("?")[0])
+
+
+def test_the_matrix_covers_every_operation_in_the_schema() -> None:
+    from controlplane.api.api import api
+
+    operations = {(method.upper(), shape(path))
+                  for path, methods in api.get_openapi_schema()["paths"].items()
+                  for method in methods}
+    tabled = {(e.method, shape(e.path)) for e in ENDPOINTS + ROUTER_AGENT}
+    assert operations == tabled

@@ -143,17 +143,69 @@ async def closed_loop(ports: list[int], concurrency: int, duration: float, strea
 
 
 def router_histograms(port: int) -> dict[str, float]:
+    """Sums, counts and cumulative buckets of the router's hot-path histograms."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     out: dict[str, float] = {}
     for name in ("tokenize", "hashing", "decision"):
         for suffix in ("sum", "count"):
             pattern = rf"^switchyard_router_{name}_seconds_{suffix}(?:{{[^}}]*}})? (\S+)$"
             out[f"{name}_{suffix}"] = sum(float(v) for v in re.findall(pattern, text, re.M))
+        bucket = rf'^switchyard_router_{name}_seconds_bucket{{[^}}]*le="([^"]+)"[^}}]*}} (\S+)$'
+        for le, value in re.findall(bucket, text, re.M):
+            key = f"{name}_le_{le}"
+            out[key] = out.get(key, 0.0) + float(value)
     return out
+
+
+def bucket_median(before: dict[str, float], after: dict[str, float], name: str) -> str:
+    """Upper bound of the bucket holding the median of the requests between two scrapes."""
+    prefix = f"{name}_le_"
+    bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
+    total = after[f"{name}_count"] - before.get(f"{name}_count", 0.0)
+    for bound, key in bounds:
+        if after[key] - before.get(key, 0.0) >= total / 2:
+            return f"≤ {bound * 1e6:.0f} µs"
+    return "?"
 
 
 def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) * 1000 if values else float("nan")
+
+
+def hot_path_rows() -> None:
+    """Tokenize + hash + decide in-process (CPU time, no network): the stable figure."""
+    from router_worker.routing import ClusterState, build_features, make_policy
+    from router_worker.tokenization import Tokenizer
+
+    print("\nHot path in-process, lmetric over 16 instances with a warm KV index "
+          "(CPU µs per request)")
+    print(f"{'prompt chars':>12} {'tokenize':>9} {'hash':>7} {'decide':>7} {'total':>7}")
+    tokenizer = Tokenizer()
+    for chars in (400, 4000, 32000):
+        state = ClusterState(block_size=16)
+        for k in range(16):
+            state.add_instance(f"i{k}")
+        policy = make_policy("lmetric", {}, 0)
+        view = state.view()
+        shared = "system prompt " * (chars // 28)
+        timings = np.zeros(3)
+        rounds = 2000
+        for n in range(rounds):
+            t0 = time.process_time()
+            ids, _ = tokenizer.encode_chat([{"role": "system", "content": shared},
+                                            {"role": "user", "content": f"question {n}"}])
+            t1 = time.process_time()
+            features = build_features(f"r{n}", ids, n * 0.01)
+            t2 = time.process_time()
+            decision = policy.decide(features, view, n * 0.01)
+            t3 = time.process_time()
+            state.on_dispatch(features, decision.instance_id, n * 0.01,
+                              cached_tokens=decision.cached_tokens)
+            state.on_finish(features.request_id, n * 0.01)
+            timings += (t1 - t0, t2 - t1, t3 - t2)
+        tok, hashing, decide = timings / rounds * 1e6
+        print(f"{chars:>12} {tok:>9.1f} {hashing:>7.1f} {decide:>7.1f} "
+              f"{tok + hashing + decide:>7.1f}")
 
 
 def main() -> None:
@@ -174,6 +226,7 @@ def main() -> None:
             asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
             ttft_rows(ports, router_port, router, args)
             throughput_rows(ports, router_port, router, engines, args)
+            hot_path_rows()
         finally:
             for proc in procs:
                 proc.terminate()
@@ -223,11 +276,13 @@ def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen
           f"{engine_per_request * 1e6:>12.0f}µs {per_request * 1e6:>12.0f}µs "
           f"{1 / per_request:>16.0f}")
     count = after["decision_count"] - before["decision_count"]
-    print("\nRouter time per request (its own histograms, wall clock) and share of its CPU time")
+    print("\nRouter hot path per request (its own histograms, wall clock): median bucket, "
+          "mean, and the mean's share of the router's CPU time per request")
     for name, label in (("tokenize", "tokenize"), ("hashing", "hash blocks"),
                         ("decision", "policy decision")):
         mean = (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
-        print(f"{label:>16}: {mean * 1e6:7.1f} µs  ({mean / per_request:6.1%} of router CPU)")
+        print(f"{label:>16}: median {bucket_median(before, after, name):>9}, mean "
+              f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})")
     print(f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
           "competes for the same CPUs)")
 

@@ -136,9 +136,10 @@ class StreamMeter:
 
 
 class Proxy:
-    def __init__(self, core: RouterCore, client: httpx.AsyncClient, limiter: Limiter) -> None:
+    def __init__(self, core: RouterCore, transport: httpx.AsyncBaseTransport,
+                 limiter: Limiter) -> None:
         self.core = core
-        self.client = client
+        self.transport = transport
         self.limiter = limiter
 
     # ----- entry points -----------------------------------------------------------------
@@ -258,10 +259,12 @@ class Proxy:
                        up_headers: dict[str, str], send: Send, debug: bool,
                        done: list[bool]) -> UpstreamFailure | None:
         url, timeout = _upstream_target(plan.runtime, plan.instance, path)
-        request = self.client.build_request("POST", url, content=raw, headers=up_headers,
-                                            timeout=timeout)
+        request = httpx.Request("POST", url, content=raw, headers=up_headers,
+                                extensions={"timeout": timeout})
         try:
-            response = await self.client.send(request, stream=True)
+            # Straight to the shared client's transport: the client's auth, redirect,
+            # cookie and hook layers cost ~100 µs per request and do nothing here.
+            response = await self.transport.handle_async_request(request)
         except httpx.ConnectError as error:
             return UpstreamFailure("connect", str(error) or "connection refused", fatal=True)
         except httpx.TimeoutException as error:
@@ -392,7 +395,7 @@ def _upstream_target(runtime: Runtime, instance: str, path: str) -> tuple[httpx.
         settings = runtime.config.router
         timeout = httpx.Timeout(connect=settings.connect_timeout_s,
                                 read=settings.first_byte_timeout_s, write=30.0,
-                                pool=settings.connect_timeout_s)
+                                pool=settings.connect_timeout_s).as_dict()
         found = cache[key] = (httpx.URL(runtime.urls[instance] + path), timeout)
     return found
 

@@ -56,8 +56,9 @@ class Service:
                                    on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n))
         self.core = RouterCore(self.options.name, self.telemetry, self.metrics)
         self.limiter = Limiter(1024, 1024, 10.0)
-        self.client = make_client(self.options.max_idle_per_origin)
-        self.proxy = Proxy(self.core, self.client, self.limiter)
+        self.transport = FastTransport(self.options.max_idle_per_origin)
+        self.client = make_client(self.transport)
+        self.proxy = Proxy(self.core, self.transport, self.limiter)
         self.monitor = Monitor(self.core, self.client)
         self.kv = KVSubscribers(self.core)
         self.started_at = time.time()
@@ -124,9 +125,9 @@ class Service:
         await self.telemetry.close()
 
 
-def make_client(max_idle_per_origin: int) -> httpx.AsyncClient:
+def make_client(transport: FastTransport) -> httpx.AsyncClient:
     """The one shared upstream client, on the O(1) keep-alive transport (see upstream.py)."""
-    return httpx.AsyncClient(transport=FastTransport(max_idle_per_origin),
+    return httpx.AsyncClient(transport=transport,
                              timeout=httpx.Timeout(30.0), follow_redirects=False,
                              trust_env=False, cookies=_NoCookies())
 

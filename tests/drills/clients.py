@@ -53,8 +53,10 @@ def body(tag: str, stream: bool, max_tokens: int = 24) -> dict:
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
 
 
-async def one(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[str, str]:
-    """(verdict, detail) of one request."""
+async def one(client: httpx.AsyncClient, url: str, payload: dict,
+              transport: str = "lost") -> tuple[str, str]:
+    """(verdict, detail) of one request; a refused or cut connection counts as ``transport``
+    (a clear failure where the router itself is the thing being killed)."""
     try:
         if payload.get("stream"):
             async with client.stream("POST", url, json=payload) as response:
@@ -62,8 +64,10 @@ async def one(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[str, 
                 return judge_stream(response.status_code, text), text[-200:]
         response = await client.post(url, json=payload)
         return judge_whole(response.status_code, response.text), response.text[:200]
+    except httpx.TimeoutException as error:
+        return "lost", f"{type(error).__name__}: {error}"  # a hung client is never clear
     except httpx.HTTPError as error:
-        return "lost", f"{type(error).__name__}: {error}"
+        return transport, f"{type(error).__name__}: {error}"
 
 
 @dataclass
@@ -75,6 +79,7 @@ class Load:
     max_tokens: int = 24
     timeout_s: float = 30.0
     pause_s: float = 0.0
+    transport: str = "lost"
 
     async def run(self, count: int | None = None, until: Callable[[], bool] | None = None,
                   ) -> Outcome:
@@ -90,10 +95,10 @@ class Load:
                     if (count is not None and k >= count) or (until is not None and until()):
                         return
                     payload = body(f"d{k}-", stream=k % 2 == 0, max_tokens=self.max_tokens)
-                    verdict, detail = await one(client, self.url, payload)
+                    verdict, detail = await one(client, self.url, payload, self.transport)
                     outcome.add(verdict, detail)
-                    if self.pause_s:
-                        await asyncio.sleep(self.pause_s)
+                    if self.pause_s or verdict != "ok":  # no hammering a dead endpoint
+                        await asyncio.sleep(self.pause_s if verdict == "ok" else 0.25)
 
             await asyncio.gather(*(worker() for _ in range(self.concurrency)))
         return outcome

@@ -26,8 +26,9 @@ DRILL_ROUTER = {"scrape_interval_s": 0.2, "health_interval_s": 0.2, "breaker_ope
                 "connect_timeout_s": 0.3, "first_byte_timeout_s": 1.0, "kv_events": False}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def drill_fleet() -> Iterator[Fleet]:
+    """Shared by every drill; each drill recovers the faults it injects."""
     fleet = start_fleet(4)
     yield fleet
     stop_process(fleet.proc)

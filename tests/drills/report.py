@@ -26,9 +26,13 @@ class Outcome:
     failed_clear: int = 0
     lost: int = 0
     lost_examples: list[str] = field(default_factory=list)
+    clear_kinds: dict[str, int] = field(default_factory=dict)
 
     def add(self, verdict: str, detail: str = "") -> None:
         self.sent += 1
+        if verdict == "clear":
+            kind = detail.split(":", 1)[0][:40]
+            self.clear_kinds[kind] = self.clear_kinds.get(kind, 0) + 1
         if verdict == "ok":
             self.succeeded += 1
         elif verdict == "clear":
@@ -44,6 +48,8 @@ class Outcome:
         self.failed_clear += other.failed_clear
         self.lost += other.lost
         self.lost_examples += other.lost_examples
+        for kind, count in other.clear_kinds.items():
+            self.clear_kinds[kind] = self.clear_kinds.get(kind, 0) + count
 
 
 def record(scenario: str, outcome: Outcome, recovery_s: float | None, notes: str = "",

@@ -1,0 +1,183 @@
+"""Drills on a private control-plane stack (tests/drills/stack.py): the router process
+killed under its Celery supervisor, Postgres stopped, and Django restarted while
+dashboards are open. Everything runs on its own Postgres cluster and redis-server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.drills.clients import Load
+from tests.drills.report import Outcome, record
+from tests.drills.stack import OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
+from tests.router.conftest import Fleet, wait_until
+
+RESTART_BOUND_S = 10.0
+PG_OUTAGE_S = 6.0
+
+
+@pytest.fixture(scope="module")
+def stack(drill_fleet: Fleet) -> Iterator[Stack]:
+    if not os.path.exists("/usr/lib/postgresql/15/bin/initdb"):
+        pytest.fail("PostgreSQL 15 server binaries are missing")
+    built = build_stack([drill_fleet.url(k) for k in range(drill_fleet.size)])
+    yield built
+    built.close()
+
+
+class BackgroundLoad:
+    """Steady load in a thread; ``transport`` says how refused/cut connections count."""
+
+    def __init__(self, url: str, transport: str = "lost", max_tokens: int = 16) -> None:
+        self.stop = threading.Event()
+        self.box: list[Outcome] = []
+        load = Load(url + "/v1/completions", concurrency=3, max_tokens=max_tokens,
+                    pause_s=0.02, transport=transport)
+        self.thread = threading.Thread(
+            target=lambda: self.box.append(asyncio.run(load.run(until=self.stop.is_set))),
+            daemon=True)
+        self.thread.start()
+
+    def finish(self) -> Outcome:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        return self.box[0]
+
+
+def _router_info(stack: Stack) -> dict:
+    response = stack.api(f"/routers/{stack.seed['deployment']}")
+    response.raise_for_status()
+    return response.json()
+
+
+def _serving(stack: Stack) -> bool:
+    try:
+        return httpx.get(stack.router_url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_router_killed_is_restarted_by_the_supervisor(stack):
+    before = _router_info(stack)
+    pid = before["heartbeat"]["pid"]
+    load = BackgroundLoad(stack.router_url, transport="clear", max_tokens=400)
+    time.sleep(1.0)
+    os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    wait_until(lambda: not _serving(stack), 5, "router to be gone")
+    wait_until(lambda: _serving(stack), 30, "router restarted")
+    restart_s = time.monotonic() - killed
+    time.sleep(1.0)
+    outcome = load.finish()
+    after = asyncio.run(Load(stack.router_url + "/v1/completions", concurrency=4).run(count=40))
+    wait_until(lambda: _router_info(stack)["restarts"] == before["restarts"] + 1, 15,
+               "restart recorded")
+    info = _router_info(stack)
+    outcome.merge(after)
+    record("router process SIGKILL (celery supervisor)", outcome, restart_s,
+           notes=f"restart recorded (restarts {before['restarts']}->{info['restarts']}, "
+                 f"new pid {info['heartbeat'].get('pid')}); client errors "
+                 f"{outcome.clear_kinds} (ConnectError: refused while down, others: "
+                 "in-flight cut); recovery = kill -> serving (bound 10 s)")
+    assert outcome.lost == 0, outcome.lost_examples
+    assert after.succeeded == after.sent
+    assert restart_s <= RESTART_BOUND_S, restart_s
+    assert info["heartbeat"].get("pid") != pid
+
+
+def _api_answer(stack: Stack) -> tuple[int, str]:
+    try:
+        response = stack.api("/clusters")
+    except httpx.HTTPError as error:
+        return 0, type(error).__name__
+    return response.status_code, response.text
+
+
+def test_postgres_outage_routing_continues_api_says_503(stack):
+    load = BackgroundLoad(stack.router_url)
+    time.sleep(1.0)
+    stack.postgres.stop()
+    stopped = time.monotonic()
+    try:
+        status, text = _api_answer(stack)
+        healthz = httpx.get(stack.cp_url + "/healthz", timeout=5).status_code
+        time.sleep(max(0.0, PG_OUTAGE_S - (time.monotonic() - stopped)))
+        router_during = httpx.get(stack.router_url + "/health", timeout=5).json()
+    finally:
+        stack.postgres.start()
+    back = time.monotonic()
+    wait_until(lambda: _api_answer(stack)[0] == 200, 60, "API back")
+    api_back_s = time.monotonic() - back
+    beat = _router_info(stack)["last_heartbeat"]
+    wait_until(lambda: _router_info(stack)["last_heartbeat"] != beat, 30, "heartbeats resume")
+    outcome = load.finish()
+    record("postgres stopped (private cluster)", outcome, api_back_s,
+           notes=f"during outage: API {status}, /healthz {healthz}, router kept config "
+                 f"v{router_during['config_version']}; recovery = postgres back -> API 200",
+           api_status_during=status)
+    assert outcome.succeeded == outcome.sent, outcome.lost_examples
+    assert status == 503, text
+    assert "database" in text.lower(), text
+    assert router_during["status"] == "ok"
+
+
+def _open_dashboard(browser, stack: Stack):
+    page = browser.new_page()
+    page.goto(stack.cp_url + "/login/")
+    page.fill("input[name=username]", "drill-op")
+    page.fill("input[name=password]", OPERATOR_PASSWORD)
+    page.click("button.primary")
+    page.goto(f"{stack.cp_url}/clusters/{stack.seed['cluster']}/")
+    page.wait_for_selector("#conn[data-state=live]", timeout=30_000)
+    return page
+
+
+def _messages(page) -> int:
+    return int(page.evaluate("window.switchyardLive.messages"))
+
+
+@pytest.mark.browser
+def test_django_restart_dashboards_reconnect_and_resume(stack, browser):
+    if "publisher" not in stack.processes:
+        stack.start_publisher()
+    load = BackgroundLoad(stack.router_url)
+    pages = [_open_dashboard(browser, stack) for _ in range(2)]
+    try:
+        for page in pages:
+            page.wait_for_function("window.switchyardLive.messages > 2", timeout=30_000)
+        stack.stop_web()
+        for page in pages:
+            page.wait_for_selector("#conn[data-state=stale]", timeout=15_000)
+        seen = [_messages(page) for page in pages]
+        restarted = time.monotonic()
+        stack.start_web()
+        for page in pages:
+            page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
+        reconnect_s = time.monotonic() - restarted
+        for page, count in zip(pages, seen, strict=True):
+            page.wait_for_function(f"window.switchyardLive.messages > {count + 2}",
+                                   timeout=30_000)
+    finally:
+        for page in pages:
+            page.close()
+    outcome = load.finish()
+    dashboards = Outcome(sent=len(pages), succeeded=len(pages))
+    outcome.merge(dashboards)
+    record("django restarted, 2 dashboards open", outcome, reconnect_s,
+           notes="both dashboards went stale, reconnected and resumed receiving deltas; "
+                 "recovery = uvicorn started -> both live (includes app start-up)")
+    assert outcome.succeeded == outcome.sent, outcome.lost_examples
+
+
+def test_no_secrets_in_stack_logs(stack):
+    logs = stack.logs()
+    assert logs, "no logs captured"
+    for secret in (stack.seed["api_token"], OPERATOR_PASSWORD, SECRET_KEY):
+        assert secret not in logs

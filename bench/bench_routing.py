@@ -9,7 +9,11 @@ already holds the first 7680 tokens (a follow-up turn), so the KV lookup walks
 ~480 of the prompt's 512 blocks: close to the worst case. Every instance has
 pending prefill and a decode batch. Decision time = policy.decide(...) on
 precomputed features (KV lookup + scoring + explanation); the state is not
-mutated between requests. Hashing time = features.hash_blocks on 8192 tokens.
+mutated between requests. Dispatch time = ClusterState.on_dispatch of those
+requests afterwards (accounting + KV shadow insert of 512 blocks, half of them
+new to the index; cached_tokens passed in, as the router does, so no lookup),
+round-robin over the instances. Hashing time =
+features.hash_blocks on 8192 tokens.
 """
 
 from __future__ import annotations
@@ -96,6 +100,12 @@ def time_policies(n: int, count: int, seed: int) -> list[tuple[str, int, float, 
             policy.decide(request, view, request.arrival_time)
             samples.append(time.perf_counter_ns() - start)
         rows.append((kind, n, *percentiles(samples)))
+    samples = []
+    for k, request in enumerate(requests):
+        start = time.perf_counter_ns()
+        state.on_dispatch(request, state.ids[k % n], request.arrival_time, cached_tokens=0)
+        samples.append(time.perf_counter_ns() - start)
+    rows.append(("(dispatch)", n, *percentiles(samples)))
     return rows
 
 

@@ -4,37 +4,47 @@ One index per cluster. Instances are identified by *slots* (small ints handed
 out by :class:`~router_worker.routing.indicators.ClusterState`); every slot has
 an LRU of block hashes bounded by its capacity in blocks.
 
-Prefix-closed masks: lookup in O(log n) per distinct hit length
-----------------------------------------------------------------
-``holders[h]`` is a Python-int bitmask of the slots holding block ``h``. Block
-hashes are chained (:mod:`~router_worker.routing.features`): block ``k``'s
-hash names the whole prefix ``blocks[0..k]``, so every block has exactly one
-parent, recorded when the block is inserted. Alongside ``holders`` the index
-keeps ``closed[h]``: the slots holding ``h`` *and every ancestor of h*. Along a
-prompt's chain these masks are nested (each a subset of the previous one, so
-numerically non-increasing), and a slot's hit is the number of leading blocks
-whose closed mask contains it. ``longest_prefixes(hashes, chain=True)`` finds
-where the mask changes by bisection: about log2(blocks) dict lookups per
-distinct hit length (at most one per slot) instead of one per block; after a
-few runs it switches to one C-level pass over the rest of the prompt, so many
-distinct lengths never cost more than the plain scan.
+Usable and loose holders: lookup in O(log n) per distinct hit length
+--------------------------------------------------------------------
+Block hashes are chained (:mod:`~router_worker.routing.features`): block
+``k``'s hash names the whole prefix ``blocks[0..k]``, so each block has one
+parent. The slots holding block ``h`` are split into two Python-int bitmasks:
 
-Keeping ``closed`` exact: a slot gaining a block whose parent is closed for
-it closes that block and, through a parent → children map, every descendant
-it already held (a re-stored middle block makes its tail usable again); a
-slot losing a block (eviction, ``BlockRemoved``, ``remove``) leaves the closed
-masks of its descendants. Hits therefore equal the longest *contiguous*
-leading run, exactly what vLLM's prefix cache can use — a block whose parent
-was removed stays held (and counted in ``held_count``) but gives no hit until
-the parent is back. Usually vLLM and the shadow LRU free tails first and the
-descendant walk is empty.
+* ``closed[h]``: slots holding ``h`` *and every ancestor of h* (the prefix
+  up to ``h`` is usable there) — normally every holder;
+* ``loose[h]``: slots holding ``h`` but missing an ancestor (rare: a middle
+  block removed by a ``BlockRemoved``, a parent evicted before its child, a
+  stored event whose parent the slot no longer holds).
 
-``longest_prefixes(hashes)`` without ``chain`` accepts any sequence of hashes
-(not necessarily a chain from the root) and ANDs the holder masks along it in
-one C-level pass, stopping at the first all-zero mask. The index falls back
-to that scan for chain queries too if an insert ever contradicts a recorded
-parent (only possible for non-chained input or a 64-bit hash collision),
-until it is empty again.
+Along a prompt's chain the closed masks are nested (each a subset of the one
+before, hence numerically non-increasing) and a slot's hit is the number of
+leading blocks whose closed mask contains it, so ``longest_prefixes(hashes,
+chain=True)`` finds where the mask changes by bisection: about log2(blocks)
+dict lookups per distinct hit length instead of one per block (~17 instead
+of ~480 for an 8k prompt cached on two groups of instances). After a few
+distinct lengths it switches to one C-level pass over the rest of the prompt,
+so many lengths never cost more than a scan. ``longest_prefixes(hashes)``
+without ``chain`` accepts any sequence (not necessarily a chain from the
+root) and ANDs ``closed | loose`` along it in one C-level pass, stopping at
+the first empty mask, as before.
+
+Keeping the split exact needs each block's children: ``children[p]`` (a block
+or a set) for every block in the index, and each slot's LRU maps a block to
+its parent. A slot losing a usable block (eviction, ``remove``,
+``BlockRemoved``) turns its usable descendants in that slot loose; a slot
+gaining a block under a usable parent makes its loose descendants usable again
+(a re-stored middle block revives the tail, as in vLLM, whose hit is the
+longest contiguous leading run of cached blocks). The walks are usually
+empty: the shadow LRU and vLLM free tails first, and a slot with no loose
+block takes a whole prompt in one pass. Hits therefore equal the old
+block-by-block AND exactly; ``held_count`` still counts loose blocks.
+
+The chain answer relies on every insert being a chain continuing from its
+``parent`` (true for ``on_dispatch`` and for translated events). A
+non-chained insert cannot corrupt held sets or the plain scan, only
+``chain=True`` answers for those blocks. Cost: the dispatch insert does one
+more dict operation per block new to the index (the children link), and an
+eviction one or two more.
 
 Shadow updates and eviction order
 ---------------------------------
@@ -55,7 +65,11 @@ land on the same keys as the router's own hashes. A stored event whose parent
 is unknown cannot be translated and is counted in ``unresolved_events``. Blocks
 kept on another medium (e.g. CPU offload) are ignored: the local index tracks
 the GPU prefix cache only. A ``BlockRemoved`` of a middle block drops it for
-that slot; its descendants stay held but unusable (see above).
+that slot; its descendants stay held but loose (unusable) until it is stored
+again. A stored event is applied as one insert whose touch order is that of
+inserting engine block by engine block (each one's router blocks last to
+first), evicting once at the end: the same LRU contents as evicting after
+each.
 
 :class:`GlobalTier` is the optional view of a shared (global) KV tier for
 SMetric: a set of router block hashes with a longest-prefix query.
@@ -63,11 +77,11 @@ SMetric: a set of router block hashes with a longest-prefix query.
 
 from __future__ import annotations
 
-from bisect import bisect_left, bisect_right
+from bisect import bisect_right
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from itertools import accumulate, islice, repeat, takewhile
-from operator import and_, neg
+from operator import and_, neg, or_
 
 import numpy as np
 
@@ -78,7 +92,7 @@ GPU_MEDIA = (None, "GPU", "gpu")
 
 # Chain lookups bisect for this many distinct hit lengths, then scan the rest.
 _BISECT_RUNS = 6
-_MISSING = object()
+_ABSENT = object()
 
 
 class KVIndex:
@@ -86,23 +100,26 @@ class KVIndex:
 
     def __init__(self, block_size: int) -> None:
         self.block_size = block_size
-        self._holders: dict[int, int] = {}
-        self._lru: list[OrderedDict[int, None] | None] = []
+        # block -> slots holding it and every ancestor (its prefix is usable there)
+        self._closed: dict[int, int] = {}
+        # block -> slots holding it but missing an ancestor (rare; disjoint from _closed)
+        self._loose: dict[int, int] = {}
+        # parent block -> child block, or a set of them (every block in the index)
+        self._children: dict[int, int | set[int]] = {}
+        # per slot: block -> its parent (None for a prompt's first block), in LRU order
+        self._lru: list[OrderedDict[int, int | None] | None] = []
+        self._loose_count: list[int] = []  # per slot: blocks in its LRU that are loose
         self._capacity: list[int] = []
         self._engine_map: list[dict[object, int]] = []
         self.unresolved_events = 0
         self.unsupported_events = 0
-        # Chain structure (see the module docstring); valid while ``_chained``.
-        self._chained = True
-        self._closed: dict[int, int] = {}
-        self._parent: dict[int, int | None] = {}  # every block in the index -> parent
-        self._children: dict[int, int | set[int]] = {}  # parent -> child, or set of them
 
     # ----- slots -----------------------------------------------------------
     def add_slot(self, capacity_blocks: int) -> int:
         if capacity_blocks <= 0:
             raise ValueError(f"capacity_blocks must be positive, got {capacity_blocks}")
         self._lru.append(OrderedDict())
+        self._loose_count.append(0)
         self._capacity.append(capacity_blocks)
         self._engine_map.append({})
         return len(self._lru) - 1
@@ -124,7 +141,8 @@ class KVIndex:
         return 0 if lru is None else len(lru)
 
     def holds(self, slot: int, block_hash: int) -> bool:
-        return bool(self._holders.get(block_hash, 0) >> slot & 1)
+        held = self._closed.get(block_hash, 0) | self._loose.get(block_hash, 0)
+        return bool(held >> slot & 1)
 
     # ----- lookup -------------------------------------------------------------
     def longest_prefixes(self, block_hashes: Sequence[int], *, chain: bool = False) -> np.ndarray:
@@ -134,13 +152,16 @@ class KVIndex:
         built by :func:`~router_worker.routing.features.hash_blocks` (each
         block's parent is the previous one, the first starts at the root); the
         answer is the same, found in O(log n) lookups per distinct hit length.
+        Without it any sequence is accepted and scanned block by block.
         """
         result = np.zeros(len(self._lru), dtype=np.int64)
-        if chain and self._chained:
+        if chain:
             self._chain_lookup(result, block_hashes)
             return result
-        holder_masks = map(self._holders.get, block_hashes, repeat(0))  # C-level loop
-        _assign_runs(result, list(takewhile(bool, accumulate(holder_masks, and_))), 0)
+        masks = map(self._closed.get, block_hashes, repeat(0))  # C-level loops
+        if self._loose:
+            masks = map(or_, masks, map(self._loose.get, block_hashes, repeat(0)))
+        _assign_runs(result, list(takewhile(bool, accumulate(masks, and_))), 0)
         return result
 
     def _chain_lookup(self, result: np.ndarray, block_hashes: Sequence[int]) -> None:
@@ -168,161 +189,211 @@ class KVIndex:
         """Record that ``slot`` now holds ``block_hashes`` (touching them as most recent).
 
         ``block_hashes`` is a chain continuing from block ``parent`` (None: from
-        the root, i.e. a prompt's leading blocks).
+        the root, i.e. a prompt's leading blocks). They are touched last to
+        first, so the leading blocks end up most recent.
         """
         lru = self._lru[slot]
-        if lru is None:
+        if lru is None or not block_hashes:
             return
-        if not self._chained and not self._holders:
-            self._chained = True  # empty again: the chain structure can restart
-        if self._chained:
-            self._register_chain(block_hashes, parent)
+        parents = [parent, *block_hashes[:-1]]
+        self._insert(slot, lru, block_hashes, parent,
+                     zip(reversed(block_hashes), reversed(parents), strict=True))
+
+    def _insert(
+        self,
+        slot: int,
+        lru: OrderedDict[int, int | None],
+        block_hashes: Sequence[int],
+        parent: int | None,
+        touch_order: Iterable[tuple[int, int | None]],
+    ) -> None:
+        """Touch ``(block, parent)`` pairs in order; ``block_hashes``: the chain from ``parent``."""
         bit = 1 << slot
-        holders = self._holders
-        for block_hash in reversed(block_hashes):
+        closed = self._closed
+        if (parent is None or closed.get(parent, 0) & bit) and not self._loose_count[slot]:
+            # The usual case: the whole chain becomes usable for the slot and it
+            # holds nothing loose that could become usable with it.
+            loose, children = self._loose, self._children
+            for block_hash, block_parent in touch_order:
+                if block_hash in lru:
+                    lru.move_to_end(block_hash)
+                    continue
+                lru[block_hash] = block_parent
+                mask = closed.get(block_hash)
+                if mask is not None:
+                    closed[block_hash] = mask | bit
+                    continue
+                closed[block_hash] = bit
+                if block_parent is not None and block_hash not in loose:  # new to the index
+                    known = children.setdefault(block_parent, block_hash)
+                    if known is not block_hash:
+                        self._add_child(block_parent, block_hash, known)
+        else:
+            self._insert_general(slot, lru, block_hashes, parent, touch_order)
+        self._evict_over_capacity(slot)
+
+    def _insert_general(
+        self,
+        slot: int,
+        lru: OrderedDict[int, int | None],
+        block_hashes: Sequence[int],
+        parent: int | None,
+        touch_order: Iterable[tuple[int, int | None]],
+    ) -> None:
+        bit = 1 << slot
+        closed, loose, children = self._closed, self._loose, self._children
+        usable = parent is None or bool(closed.get(parent, 0) & bit)
+        target = closed if usable else loose
+        for block_hash, block_parent in touch_order:
             if block_hash in lru:
                 lru.move_to_end(block_hash)
-            else:
-                lru[block_hash] = None
-                holders[block_hash] = holders.get(block_hash, 0) | bit
-        if self._chained and block_hashes:
-            closed = self._closed
-            if parent is None or closed.get(parent, 0) & bit:
-                # closure along a held chain is a prefix of it: find where it stops
-                first_open = bisect_left(
-                    block_hashes, True, key=lambda h: not closed.get(h, 0) & bit
-                )
-                if first_open < len(block_hashes):
-                    self._close(bit, block_hashes[first_open])
-        self._evict_over_capacity(slot)
+                continue
+            lru[block_hash] = block_parent
+            if block_parent is not None and block_hash not in closed and block_hash not in loose:
+                known = children.setdefault(block_parent, block_hash)
+                if known is not block_hash:
+                    self._add_child(block_parent, block_hash, known)
+            target[block_hash] = target.get(block_hash, 0) | bit
+            if not usable:
+                self._loose_count[slot] += 1
+        if usable:
+            # Loose blocks the slot holds below the chain are usable now (the
+            # chain's own loose blocks are children of its previous ones; its
+            # first block cannot be loose under a usable parent).
+            for block_hash in block_hashes:
+                below = children.get(block_hash)
+                if below is not None:
+                    self._close_below(slot, bit, below)
 
     def remove(self, slot: int, block_hashes: Iterable[int]) -> None:
         lru = self._lru[slot]
         if lru is None:
             return
         for block_hash in block_hashes:
-            if block_hash in lru:
-                del lru[block_hash]
-                self._drop_holder(block_hash, slot)
+            parent = lru.pop(block_hash, _ABSENT)
+            if parent is not _ABSENT:
+                self._drop(slot, block_hash, parent)
 
     def clear(self, slot: int) -> None:
         lru = self._lru[slot]
         if lru is None:
             return
         keep = ~(1 << slot)
-        closed = self._closed
-        for block_hash in lru:
-            mask = self._holders[block_hash] & keep
-            if mask:
-                self._holders[block_hash] = mask
-            else:
-                del self._holders[block_hash]
-                self._forget(block_hash)
+        closed, loose = self._closed, self._loose
+        for block_hash, parent in lru.items():
             # every block of the slot goes, so no descendant walk is needed
-            closed_mask = closed.get(block_hash, 0) & keep
-            if closed_mask:
-                closed[block_hash] = closed_mask
-            else:
-                closed.pop(block_hash, None)
+            for masks in (closed, loose):
+                mask = masks.get(block_hash, 0) & keep
+                if mask:
+                    masks[block_hash] = mask
+                else:
+                    masks.pop(block_hash, None)
+            if block_hash not in closed and block_hash not in loose:
+                self._forget(block_hash, parent)
         lru.clear()
+        self._loose_count[slot] = 0
         self._engine_map[slot].clear()
 
     def _evict_over_capacity(self, slot: int) -> None:
         lru = self._lru[slot]
         assert lru is not None
-        while len(lru) > self._capacity[slot]:
-            block_hash, _ = lru.popitem(last=False)
-            self._drop_holder(block_hash, slot)
-
-    def _drop_holder(self, block_hash: int, slot: int) -> None:
+        capacity = self._capacity[slot]
+        if len(lru) <= capacity:
+            return
         bit = 1 << slot
-        mask = self._holders.get(block_hash, 0) & ~bit
-        if mask:
-            self._holders[block_hash] = mask
+        closed, loose, children = self._closed, self._loose, self._children
+        while len(lru) > capacity:
+            block_hash, parent = lru.popitem(last=False)
+            mask = closed.get(block_hash, 0) ^ bit
+            if mask & bit or block_hash in children:
+                self._drop(slot, block_hash, parent)  # loose, or maybe held below: the full path
+            elif mask:
+                closed[block_hash] = mask
+            else:  # an unshared leaf leaves the index (inlined _drop and _forget)
+                del closed[block_hash]
+                if block_hash not in loose and parent is not None:
+                    siblings = children.get(parent)
+                    if siblings == block_hash:
+                        del children[parent]
+                    else:
+                        self._forget(block_hash, parent)
+
+    def _drop(self, slot: int, block_hash: int, parent: int | None) -> None:
+        """``slot`` no longer holds ``block_hash`` (already out of its LRU)."""
+        bit = 1 << slot
+        closed, loose = self._closed, self._loose
+        mask = closed.get(block_hash, 0)
+        if mask & bit:
+            if mask ^ bit:
+                closed[block_hash] = mask ^ bit
+            else:
+                del closed[block_hash]
+            below = self._children.get(block_hash)
+            if below is not None:  # usually none held here: vLLM and the LRU free tails first
+                self._open_below(slot, bit, below)
         else:
-            self._holders.pop(block_hash, None)
-            self._forget(block_hash)
-        if self._closed.get(block_hash, 0) & bit:
-            self._open(bit, block_hash)
+            mask = loose.get(block_hash, 0) & ~bit
+            if mask:
+                loose[block_hash] = mask
+            else:
+                loose.pop(block_hash, None)
+            self._loose_count[slot] -= 1
+        if block_hash not in closed and block_hash not in loose:
+            self._forget(block_hash, parent)
 
     # ----- chain structure ----------------------------------------------------
-    def _register_chain(self, block_hashes: Sequence[int], parent: int | None) -> None:
-        """Record each block's parent; an insert contradicting one unchains the index."""
-        parents = self._parent
-        for block_hash in block_hashes:
-            known = parents.get(block_hash, _MISSING)
-            if known is _MISSING:
-                parents[block_hash] = parent
-                if parent is not None:
-                    self._add_child(parent, block_hash)
-            elif known != parent:
-                self._unchain()
-                return
-            parent = block_hash
+    def _add_child(self, parent: int, child: int, known: int | set[int]) -> None:
+        if isinstance(known, set):
+            known.add(child)
+        elif known != child:
+            self._children[parent] = {known, child}
 
-    def _unchain(self) -> None:
-        self._chained = False
-        self._closed.clear()
-        self._parent.clear()
-        self._children.clear()
-
-    def _forget(self, block_hash: int) -> None:
-        """``block_hash`` left the index (no holder): drop its parent link."""
-        if not self._chained:
-            return
-        parent = self._parent.pop(block_hash, None)
+    def _forget(self, block_hash: int, parent: int | None) -> None:
+        """``block_hash`` left the index (no holder): unlink it from its parent."""
         if parent is None:
             return
         children = self._children.get(parent)
-        if children is None:
-            return
-        if isinstance(children, set):
+        if children == block_hash:
+            del self._children[parent]
+        elif isinstance(children, set):
             children.discard(block_hash)
             if len(children) == 1:
                 self._children[parent] = children.pop()
-        elif children == block_hash:
-            del self._children[parent]
 
-    def _add_child(self, parent: int, child: int) -> None:
-        children = self._children.get(parent)
-        if children is None:
-            self._children[parent] = child
-        elif isinstance(children, set):
-            children.add(child)
-        elif children != child:
-            self._children[parent] = {children, child}
+    def _move(self, slot: int, bit: int, block_hash: int, *, to_closed: bool) -> None:
+        """Move the slot's bit for ``block_hash`` between loose and closed."""
+        source, target = (self._loose, self._closed) if to_closed else (self._closed, self._loose)
+        mask = source[block_hash] ^ bit
+        if mask:
+            source[block_hash] = mask
+        else:
+            del source[block_hash]
+        target[block_hash] = target.get(block_hash, 0) | bit
+        self._loose_count[slot] += -1 if to_closed else 1
 
-    def _children_of(self, block_hash: int) -> Iterable[int]:
-        children = self._children.get(block_hash)
-        if children is None:
-            return ()
-        return children if isinstance(children, set) else (children,)
-
-    def _close(self, bit: int, block_hash: int) -> None:
-        """The slot holds ``block_hash`` and all its ancestors: close it and held descendants."""
-        closed, holders = self._closed, self._holders
-        stack = [block_hash]
+    def _close_below(self, slot: int, bit: int, children: int | set[int]) -> None:
+        """Children of a block usable for the slot: its loose ones, and theirs, become usable."""
+        loose, all_children = self._loose, self._children
+        stack = list(children) if isinstance(children, set) else [children]
         while stack:
             current = stack.pop()
-            closed[current] = closed.get(current, 0) | bit
-            for child in self._children_of(current):
-                if holders.get(child, 0) & bit and not closed.get(child, 0) & bit:
-                    stack.append(child)
+            if loose.get(current, 0) & bit:
+                self._move(slot, bit, current, to_closed=True)
+                below = all_children.get(current)
+                if below is not None:
+                    stack.extend(below if isinstance(below, set) else (below,))
 
-    def _open(self, bit: int, block_hash: int) -> None:
-        """The slot lost ``block_hash``: it and its descendants are no longer closed for it."""
-        closed = self._closed
-        stack = [block_hash]
+    def _open_below(self, slot: int, bit: int, children: int | set[int]) -> None:
+        """Children of a block the slot lost: its usable ones, and theirs, become loose."""
+        closed, all_children = self._closed, self._children
+        stack = list(children) if isinstance(children, set) else [children]
         while stack:
             current = stack.pop()
-            mask = closed.get(current, 0) & ~bit
-            if mask:
-                closed[current] = mask
-            else:
-                closed.pop(current, None)
-            for child in self._children_of(current):
-                if closed.get(child, 0) & bit:
-                    stack.append(child)
+            if closed.get(current, 0) & bit:
+                self._move(slot, bit, current, to_closed=False)
+                below = all_children.get(current)
+                if below is not None:
+                    stack.extend(below if isinstance(below, set) else (below,))
 
     # ----- engine events ----------------------------------------------------
     def apply_event(self, slot: int, event: KVEvent) -> None:
@@ -351,14 +422,23 @@ class KVIndex:
                 self.unresolved_events += 1
                 return
         router_hashes = extend_chain(parent, event.token_ids, self.block_size)
-        for i, engine_hash in enumerate(event.block_hashes):
-            mine = router_hashes[i * per_engine_block : (i + 1) * per_engine_block]
-            if len(mine) < per_engine_block:
-                break
-            engine_map[engine_hash] = mine[-1]
-            # Earlier router blocks of a multi-block engine block share its fate.
-            self.insert(slot, mine, parent)
-            parent = mine[-1]
+        engine_blocks = min(len(event.block_hashes), len(router_hashes) // per_engine_block)
+        if not engine_blocks:
+            return
+        blocks = router_hashes[: engine_blocks * per_engine_block]
+        # each engine block maps to its last router block; earlier ones share its fate
+        engine_map.update(zip(event.block_hashes[:engine_blocks],
+                              blocks[per_engine_block - 1 :: per_engine_block], strict=True))
+        # The LRU order of inserting engine block by engine block (each one's
+        # router blocks last to first); evicting once at the end leaves the
+        # same LRU contents as evicting after each.
+        pairs = list(zip(blocks, [parent, *blocks[:-1]], strict=True))
+        if per_engine_block > 1:
+            pairs = [pair for start in range(0, len(pairs), per_engine_block)
+                     for pair in reversed(pairs[start : start + per_engine_block])]
+        lru = self._lru[slot]
+        assert lru is not None
+        self._insert(slot, lru, blocks, parent, pairs)
 
     def _apply_removed(self, slot: int, event: BlockRemoved) -> None:
         if event.medium not in GPU_MEDIA:

@@ -117,6 +117,17 @@ def test_events_map_engine_hashes_to_router_hashes():
     assert index.longest_prefixes(ours).tolist() == [0]
 
 
+def test_engine_block_router_blocks_are_touched_last_to_first():
+    index = KVIndex(16)
+    slot = index.add_slot(3)
+    prompt = list(range(64))  # 4 router blocks in 2 engine blocks
+    ours = hash_blocks(prompt)
+    index.apply_event(slot, stored([7, 8], None, prompt, block_size=32))
+    # touched 1, 0, 3, 2: the first engine block's second router block is the oldest
+    assert [index.holds(slot, h) for h in ours] == [True, False, True, True]
+    assert index.longest_prefixes(ours, chain=True).tolist() == [1]
+
+
 def test_event_with_unknown_parent_is_counted_not_applied():
     index = KVIndex(16)
     slot = index.add_slot(100)
@@ -192,7 +203,7 @@ def test_chain_lookup_agrees_with_naive_reference(capacities, ops, query_paths):
         if kind == "insert":
             index.insert(slot, blocks)
             naive.insert(slot, blocks)
-        elif kind == "insert_tail":  # an engine event continuing from a parent block
+        elif kind == "insert_tail":  # continuing from a parent block the slot may not hold
             cut = min(cut, len(blocks))
             parent = blocks[cut - 1] if cut else None
             index.insert(slot, blocks[cut:], parent)
@@ -211,23 +222,67 @@ def test_chain_lookup_agrees_with_naive_reference(capacities, ops, query_paths):
             expected = naive.longest_prefixes(query)
             assert index.longest_prefixes(query, chain=True).tolist() == expected
             assert index.longest_prefixes(query).tolist() == expected
-        _assert_closed_masks_exact(index, naive, [*queries, blocks])
-    assert index._chained  # chained input never falls back to the scan
+        _assert_consistent(index, naive, [*queries, blocks])
     for slot in range(len(capacities)):
         assert index.held_count(slot) == len(naive.lru[slot])
         index.clear(slot)
     # nothing leaks once every slot is empty
-    assert not (index._holders or index._closed or index._parent or index._children)
+    assert not (index._closed or index._loose or index._children)
 
 
-def _assert_closed_masks_exact(index, naive, chains):
-    """closed[block k of a chain] = the slots holding blocks 0..k of it."""
+def _assert_consistent(index, naive, chains):
+    """closed[block k of a chain] = the slots holding blocks 0..k; loose = held but not closed."""
     for chain in chains:
         runs = naive.longest_prefixes(chain)
         for k, block in enumerate(chain):
-            expected = sum(1 << slot for slot, run in enumerate(runs) if run > k)
-            assert index._closed.get(block, 0) == expected
-    assert index._closed.keys() <= index._holders.keys()
+            closed = sum(1 << slot for slot, run in enumerate(runs) if run > k)
+            held = sum(1 << slot for slot, lru in enumerate(naive.lru) if block in lru)
+            assert index._closed.get(block, 0) == closed
+            assert index._loose.get(block, 0) == held & ~closed
+    for slot, lru in enumerate(naive.lru):
+        assert index._loose_count[slot] == sum(index._loose.get(b, 0) >> slot & 1 for b in lru)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(2, 12), min_size=1, max_size=3), chain_ops,
+       st.lists(paths, min_size=1, max_size=6), st.sampled_from([16, 32]))
+def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_paths, engine_bs):
+    """Stored events (chained by parent engine hash) vs the naive index fed per engine block."""
+    index, naive = KVIndex(16), NaiveIndex(list(capacities))
+    engine_maps = [{} for _ in capacities]  # the reference's engine hash -> router hash
+    for capacity in capacities:
+        index.add_slot(capacity)
+    per = engine_bs // 16
+    for kind, slot, path, cut, _ in ops:
+        slot %= len(capacities)
+        blocks = _chain(path)
+        token_ids = [v * 1000 + t for v in path for t in range(16)]
+        if kind in ("insert", "insert_tail"):
+            cut = min(cut, len(blocks)) // per * per if kind == "insert_tail" else 0
+            parent = f"e{blocks[cut - 1]}" if cut else None
+            mine = blocks[cut:]
+            engine = [f"e{mine[i + per - 1]}" for i in range(0, len(mine) - per + 1, per)]
+            index.apply_event(slot, stored(engine, parent, token_ids[cut * 16:], engine_bs))
+            if parent is not None and parent not in engine_maps[slot]:
+                continue  # unresolved: not applied
+            for i, engine_hash in enumerate(engine):
+                naive.insert(slot, mine[i * per:(i + 1) * per])
+                engine_maps[slot][engine_hash] = mine[(i + 1) * per - 1]
+        elif kind == "remove":
+            engine_hash = f"e{blocks[cut]}" if cut < len(blocks) else "none"
+            index.apply_event(slot, BlockRemoved((engine_hash,), None))
+            if engine_hash in engine_maps[slot]:
+                naive.remove(slot, [engine_maps[slot].pop(engine_hash)])
+        elif kind == "clear":
+            index.apply_event(slot, AllBlocksCleared())
+            naive.lru[slot].clear()
+            engine_maps[slot].clear()
+        for query in (_chain(path) for path in query_paths):
+            expected = naive.longest_prefixes(query)
+            assert index.longest_prefixes(query, chain=True).tolist() == expected
+        for held, lru in zip((index.held_count(s) for s in range(len(capacities))), naive.lru,
+                             strict=True):
+            assert held == len(lru)
 
 
 def test_removed_middle_block_hides_its_tail_until_stored_again():
@@ -252,18 +307,3 @@ def test_many_slots_with_distinct_hit_lengths():
     expected = [slot % 7 for slot in range(100)]
     assert index.longest_prefixes(blocks, chain=True).tolist() == expected
     assert index.longest_prefixes(blocks).tolist() == expected
-
-
-def test_contradicting_parents_fall_back_to_the_scan_until_empty():
-    index = KVIndex(16)
-    slot = index.add_slot(100)
-    index.insert(slot, [1, 2, 3])
-    index.insert(slot, [2, 3])  # block 2 cannot start a chain and follow block 1
-    assert not index._chained
-    assert index.longest_prefixes([1, 2, 3], chain=True).tolist() == [3]
-    index.remove(slot, [2])
-    assert index.longest_prefixes([1, 2, 3], chain=True).tolist() == [1]
-    index.clear(slot)
-    index.insert(slot, [1, 2, 3])
-    assert index._chained
-    assert index.longest_prefixes([1, 2, 3], chain=True).tolist() == [3]

@@ -26,6 +26,8 @@ from pydantic import BaseModel, ConfigDict
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 
+_minimum = np.minimum.reduce  # ndarray.min without its Python-level wrapper
+
 
 class NoEligibleInstanceError(RuntimeError):
     """No healthy instance to route to (empty cluster, or all draining/down)."""
@@ -112,12 +114,13 @@ class Policy(ABC):
 
     def pick_min(self, keys: Sequence[np.ndarray], allowed: np.ndarray) -> int:
         """Slot minimising ``keys`` lexicographically over ``allowed``; random among ties."""
-        tied = np.flatnonzero(allowed)
+        tied = allowed.nonzero()[0]
         for key in keys:
             if not len(tied):
                 break  # nothing allowed: pick_random raises, as before
             values = key.take(tied)
-            tied = tied.compress(values == values.min())  # a nan empties it, as before
+            # a nan among the tied empties the set (then pick_random raises), as before
+            tied = tied.compress(values == _minimum(values))
         return self.pick_random(tied)
 
     def pick_random(self, slots: np.ndarray) -> int:

@@ -171,12 +171,12 @@ class DualMapPolicy(Policy):
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
-        slots = np.flatnonzero(allowed)
-        healthy_ids = tuple(view.ids[s] for s in slots)
+        slots = allowed.nonzero()[0].tolist()
+        ids = view.ids
+        healthy_ids = tuple([ids[s] for s in slots])
         key, key_blocks = self.tree.key_for(request, len(healthy_ids), now)
         first, second = self.candidates(key, healthy_ids)
-        slot_of = {view.ids[s]: int(s) for s in slots}
-        c1, c2 = slot_of[first], slot_of[second]
+        c1, c2 = slots[healthy_ids.index(first)], slots[healthy_ids.index(second)]
         hit = view.cached_tokens(request)
         ttft = view.estimated_ttft(request)
         affinity, other = (c2, c1) if hit[c2] > hit[c1] else (c1, c2)

@@ -109,3 +109,24 @@ def run_for(url: str, seconds: float, **options: float) -> Outcome:
     deadline = time.monotonic() + seconds
     load = Load(url, **options)  # type: ignore[arg-type]
     return asyncio.run(load.run(until=lambda: time.monotonic() >= deadline))
+
+
+async def steady(url: str, rate: float, seconds: float, max_tokens: int = 32,
+                 timeout_s: float = 30.0) -> Outcome:
+    """Open-loop load: one request every ``1/rate`` s for ``seconds``, stream and not."""
+    outcome = Outcome()
+    limits = httpx.Limits(max_connections=256)
+    async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
+        async def send(k: int) -> None:
+            payload = body(f"soak{k}-", stream=k % 2 == 0, max_tokens=max_tokens)
+            verdict, detail = await one(client, url, payload)
+            outcome.add(verdict, detail)
+
+        start, tasks = time.monotonic(), []
+        for k in range(int(rate * seconds)):
+            delay = start + k / rate - time.monotonic()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(send(k)))
+        await asyncio.gather(*tasks)
+    return outcome

@@ -9,14 +9,16 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import httpx
 import pytest
+import redis
 
-from tests.drills.clients import Load
+from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM, STREAM_MAXLEN
+from tests.drills.clients import Load, steady
 from tests.drills.report import Outcome, record
-from tests.drills.stack import OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
+from tests.drills.stack import BIN, OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
 from tests.router.conftest import Fleet, wait_until
 
 RESTART_BOUND_S = 10.0
@@ -174,6 +176,86 @@ def test_django_restart_dashboards_reconnect_and_resume(stack, browser):
            notes="both dashboards went stale, reconnected and resumed receiving deltas; "
                  "recovery = uvicorn started -> both live (includes app start-up)")
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
+
+
+SOAK_S = float(os.environ.get("SWITCHYARD_SOAK_S", "30"))
+SOAK_RATE = float(os.environ.get("SWITCHYARD_SOAK_RATE", "10"))
+WARM_UP_FRACTION = 0.2
+
+
+def _in_thread(work: Callable[[], Outcome]) -> Outcome:
+    """Playwright's sync API keeps an event loop running in the test's thread."""
+    box: list[Outcome] = []
+    thread = threading.Thread(target=lambda: box.append(work()), daemon=True)
+    thread.start()
+    thread.join()
+    return box[0]
+
+
+def start_ingest(stack: Stack) -> None:
+    """The general worker and beat: ingest of the router streams runs as in production."""
+    celery = [str(BIN / "celery"), "-A", "controlplane"]
+    if "worker" not in stack.processes:
+        stack.spawn("worker", [*celery, "worker", "-Q", "default", "-c", "1",
+                               "-n", "drill-default@%h", "--loglevel", "WARNING"])
+    if "beat" not in stack.processes:
+        stack.spawn("beat", [*celery, "beat", "--loglevel", "WARNING",
+                             "-s", str(stack.root / "beat-schedule")])
+
+
+def _rss_kib(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):  # noqa: SIM115 - a short read
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def _sample(stack: Stack, pid: int, stop: threading.Event, rows: list[tuple]) -> None:
+    client = redis.Redis.from_url(stack.redis.url)
+    started = time.monotonic()
+    while not stop.wait(2.0):
+        rows.append((time.monotonic() - started, _rss_kib(pid), client.xlen(EVENTS_STREAM),
+                     client.xlen(METRICS_STREAM)))
+    client.close()
+
+
+@pytest.mark.browser
+def test_soak_steady_rate_with_dashboards(stack, browser):
+    """SWITCHYARD_SOAK_S seconds (default 30; `bench/drills.py --soak 600` for the real one)
+    at SWITCHYARD_SOAK_RATE requests/s with two dashboards, ingest and beat running."""
+    if "publisher" not in stack.processes:
+        stack.start_publisher()
+    start_ingest(stack)
+    pages = [_open_dashboard(browser, stack) for _ in range(2)]
+    pid = _router_info(stack)["heartbeat"]["pid"]
+    stop, rows = threading.Event(), []
+    sampler = threading.Thread(target=_sample, args=(stack, pid, stop, rows), daemon=True)
+    sampler.start()
+    try:
+        outcome = _in_thread(lambda: asyncio.run(
+            steady(stack.router_url + "/v1/completions", SOAK_RATE, SOAK_S)))
+        live = all(p.get_attribute("#conn", "data-state") == "live" for p in pages)
+    finally:
+        stop.set()
+        sampler.join(timeout=10)
+        for page in pages:
+            page.close()
+    warm = [r for r in rows if r[0] >= WARM_UP_FRACTION * SOAK_S] or rows
+    rss = [r[1] for r in warm]
+    drift = (rss[-1] - rss[0]) / rss[0]
+    spread = (max(rss) - min(rss)) / rss[0]
+    streams = max(r[2] for r in rows), max(r[3] for r in rows)
+    record(f"soak {SOAK_S:g} s at {SOAK_RATE:g} req/s, 2 dashboards", outcome, None,
+           notes=f"router RSS after warm-up {rss[0] // 1024}->{rss[-1] // 1024} MiB "
+                 f"(drift {drift:+.1%}, spread {spread:.1%}); max XLEN events {streams[0]}, "
+                 f"metrics {streams[1]}; dashboards live at end: {live}",
+           rss_kib=[r[1] for r in rows], xlen_metrics=[r[3] for r in rows],
+           router_restarted=_router_info(stack)["heartbeat"]["pid"] != pid)
+    assert outcome.succeeded == outcome.sent, outcome.lost_examples
+    assert live
+    if SOAK_S >= 120:  # too short a run says nothing about memory
+        assert abs(drift) <= 0.10 and spread <= 0.20, (drift, spread)
+    assert max(streams) <= STREAM_MAXLEN * 1.01
 
 
 def test_no_secrets_in_stack_logs(stack):

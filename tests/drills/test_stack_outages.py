@@ -5,6 +5,7 @@ dashboards are open. Everything runs on its own Postgres cluster and redis-serve
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
@@ -102,6 +103,13 @@ def _api_answer(stack: Stack) -> tuple[int, str]:
     return response.status_code, response.text
 
 
+def _message(text: str) -> str:
+    try:
+        return str(json.loads(text)["error"]["message"])[:90]
+    except (ValueError, KeyError, TypeError):
+        return text[:90]
+
+
 def test_postgres_outage_routing_continues_api_says_503(stack):
     load = BackgroundLoad(stack.router_url)
     time.sleep(1.0)
@@ -121,7 +129,8 @@ def test_postgres_outage_routing_continues_api_says_503(stack):
     wait_until(lambda: _router_info(stack)["last_heartbeat"] != beat, 30, "heartbeats resume")
     outcome = load.finish()
     record("postgres stopped (private cluster)", outcome, api_back_s,
-           notes=f"during outage: API {status}, /healthz {healthz}, router kept config "
+           notes=f"during outage: API {status} {_message(text)!r}, /healthz {healthz}, "
+                 f"router kept config "
                  f"v{router_during['config_version']}; recovery = postgres back -> API 200",
            api_status_during=status)
     assert outcome.succeeded == outcome.sent, outcome.lost_examples

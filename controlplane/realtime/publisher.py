@@ -5,8 +5,10 @@ at once as separate messages (never coalesced).
 One asyncio process serves every cluster (`manage.py run_publisher`). Snapshots: each poll
 (every `poll_s`) MGETs the known state keys of every cluster in one pipeline; a cluster's
 snapshot is sent when some router wrote a newer one and at least `interval_s` passed since
-the last send, so browsers get at most one snapshot per tick and receive new data within
-one poll of it landing in Redis. Keys are rediscovered with SCAN every `scan_s`.
+the last send, so browsers get at most one snapshot per tick. Once a tick has passed, it
+goes out at the first poll that sees a fresh router write (or after two ticks at most):
+sends lock onto writes, so what is sent is at most one poll old. Keys are rediscovered
+with SCAN every `scan_s`.
 Events: XREAD on the events stream with the publisher's own cursor (not the ingest consumer
 group). Config: the `switchyard:config` pub/sub channel.
 """
@@ -50,7 +52,8 @@ class ClusterFeed:
     cluster_id: int
     name: str
     keys: list[bytes] = field(default_factory=list)
-    seen: tuple[tuple[str, float], ...] = ()
+    seen: tuple[tuple[str, float], ...] = ()  # router timestamps of the last send
+    polled: tuple[tuple[str, float], ...] = ()  # router timestamps at the last poll
     last_sent: float = 0.0
 
 
@@ -136,13 +139,21 @@ class Publisher:
     async def _maybe_send(self, feed: ClusterFeed, raws: list[bytes | None]) -> None:
         snapshots = parse_snapshots(raws)
         seen = tuple(sorted((s.router, s.ts) for s in snapshots))
+        fresh, feed.polled = seen != feed.polled, seen  # a router wrote since the last poll
         now = time.time()
-        if seen == feed.seen or now - feed.last_sent < self.settings.interval_s:
+        if not self._due(feed, seen, fresh, now - feed.last_sent):
             return
         feed.seen, feed.last_sent = seen, now
         message = merge_cluster(feed.name, snapshots, cluster_id=feed.cluster_id)
         message["published_at"] = now
         await self.send(group_name(feed.cluster_id), message)
+
+    def _due(self, feed: ClusterFeed, seen: tuple, fresh: bool, since_last: float) -> bool:
+        """Send changed state once per tick, right after a router writes (so what is sent is
+        at most one poll old); a tick of two intervals without a fresh write sends anyway."""
+        if seen == feed.seen or since_last < self.settings.interval_s:
+            return False
+        return fresh or since_last >= 2 * self.settings.interval_s
 
     async def _events_loop(self) -> None:
         if self.cursor is None:

@@ -150,8 +150,25 @@ def start_asgi(port: int, log: Path) -> Server:
     return Server(process, f"http://127.0.0.1:{port}", log)
 
 
+@pytest.fixture(scope="module")
+def shared_asgi(django_db_setup, tmp_path_factory) -> Iterator[Server]:
+    """One uvicorn per test module: it reads the test database per request, so tests can
+    share it while each one starts from a flushed database."""
+    server = start_asgi(free_port(), tmp_path_factory.mktemp("asgi") / "uvicorn.log")
+    yield server
+    stop(server.process)
+
+
 @pytest.fixture
-def asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
+def asgi_server(shared_asgi, transactional_db) -> Server:
+    if shared_asgi.process.poll() is not None:
+        raise RuntimeError(f"uvicorn died:\n{shared_asgi.log.read_text()[-3000:]}")
+    return shared_asgi
+
+
+@pytest.fixture
+def own_asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
+    """A uvicorn of the test's own, for tests that stop and restart it."""
     server = start_asgi(free_port(), tmp_path / "uvicorn.log")
     yield server
     stop(server.process)

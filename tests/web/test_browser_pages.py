@@ -89,7 +89,8 @@ def test_viewer_sees_no_controls_and_a_forged_post_is_refused(browser, asgi_serv
 
 
 def test_live_view_goes_stale_when_disconnected_and_reconnects(
-        browser, live_cluster, feeder, asgi_server, tmp_path) -> None:
+        browser, live_cluster, feeder, own_asgi_server, tmp_path) -> None:
+    asgi_server = own_asgi_server
     page = login(browser, asgi_server.url, "viewer")
     try:
         page.goto(f"{asgi_server.url}/clusters/{live_cluster.pk}/")
@@ -143,7 +144,7 @@ def seed_pages(cluster: Cluster) -> None:
                                    action="wait", evidence={"n": [120, 14], "p": 0.21})
     job = ReplayJob.objects.create(cluster=cluster, inputs={
         "trace": "shared:mooncake_synthetic_trace.jsonl", "rate_scale": 1.0,
-        "max_requests": 300, "seed": 0,
+        "max_requests": 150, "seed": 0,
         "policies": [{"kind": "lmetric", "params": {}}, {"kind": "round_robin", "params": {}},
                      {"kind": "cache_aware", "params": {}}]})
     assert run_replay(job.pk) == "succeeded"

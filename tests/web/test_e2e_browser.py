@@ -72,7 +72,8 @@ def send_traffic(stack: Stack, requests: int) -> threading.Thread:
     return thread
 
 
-def test_live_view_follows_the_routers(browser, asgi_server, stack, artifacts_dir) -> None:
+def test_live_view_follows_the_routers_and_raises_hotspot_alerts(
+        browser, asgi_server, stack, artifacts_dir) -> None:
     page = login(browser, asgi_server.url, "viewer")
     try:
         page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/")
@@ -90,8 +91,27 @@ def test_live_view_follows_the_routers(browser, asgi_server, stack, artifacts_di
         metric = page.locator("[data-metric=ttft_p50_s]").inner_text()
         assert metric.endswith("ms"), json.dumps(expected["window"])
         page.screenshot(path=str(artifacts_dir / "cluster-live.png"), full_page=True)
+        hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_server,
+                                                                  artifacts_dir)
     finally:
         page.context.close()
+
+
+def hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_server,
+                                                              artifacts_dir) -> None:
+    from controlplane.services import ingest
+
+    _hotspot_burst(stack)
+    banner = page.locator("[data-testid=hotspot-banner]")
+    banner.wait_for(state="visible", timeout=30_000)
+    assert "Hotspot confirmed" in banner.inner_text() and "x/x̄" in banner.inner_text()
+    page.screenshot(path=str(artifacts_dir / "hotspot-alert.png"), full_page=True)
+    wait_for(lambda: ingest.ingest_events(stack.redis) and
+             stack.cluster.hotspots.filter(transition="confirmed").exists(), 15,
+             "the confirmed hotspot to be ingested")
+    page.goto(f"{asgi_server.url}/hotspots/?cluster={stack.cluster.pk}")
+    assert page.locator("tr[data-transition=confirmed]").count() >= 1
+    page.screenshot(path=str(artifacts_dir / "hotspot-log.png"), full_page=True)
 
 
 def _settled(stack: Stack, page) -> dict | None:
@@ -126,29 +146,6 @@ def test_operator_switches_the_policy(browser, asgi_server, stack, artifacts_dir
     for router in stack.routers:
         response = chat(router.url, "which policy routes me?", max_tokens=2)
         assert response.headers["x-switchyard-policy"] == "round_robin"
-
-
-def test_hotspot_burst_raises_the_banner_and_reaches_the_audit_log(
-        browser, asgi_server, stack, artifacts_dir) -> None:
-    from controlplane.services import ingest
-
-    page = login(browser, asgi_server.url, "viewer")
-    try:
-        page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/")
-        page.wait_for_selector("#conn[data-state=live]")
-        _hotspot_burst(stack)
-        banner = page.locator("[data-testid=hotspot-banner]")
-        banner.wait_for(state="visible", timeout=30_000)
-        assert "x/x̄" in banner.inner_text()
-        page.screenshot(path=str(artifacts_dir / "hotspot-alert.png"), full_page=True)
-        wait_for(lambda: ingest.ingest_events(stack.redis) and
-                 stack.cluster.hotspots.filter(transition="confirmed").exists(), 15,
-                 "the confirmed hotspot to be ingested")
-        page.goto(f"{asgi_server.url}/hotspots/?cluster={stack.cluster.pk}")
-        assert page.locator("tr[data-transition=confirmed]").count() >= 1
-        page.screenshot(path=str(artifacts_dir / "hotspot-log.png"), full_page=True)
-    finally:
-        page.context.close()
 
 
 def _hotspot_burst(stack: Stack) -> None:

@@ -58,10 +58,27 @@ async def test_one_snapshot_per_tick_carrying_window_maxima(setup) -> None:
     assert first["instances"][0]["pending_prefill_tokens_max"] == 720
     assert [r["router"] for r in first["routers"]] == ["r1", "r2"]
     await asyncio.sleep(0.3)
-    await publisher.publish_snapshots()
+    write_state(client, snapshot(name, "r2", [instance("i0", pending=5, pending_max=20)]))
+    await publisher.publish_snapshots()  # next tick, at a fresh write
     second = sent.of_type("snapshot")[1]
     assert second["instances"][0]["pending_prefill_tokens_max"] == 21
     assert second["published_at"] >= second["ts"]
+
+
+async def test_a_held_change_goes_out_within_two_ticks(setup) -> None:
+    name, publisher, sent, client = setup
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=1)]))
+    await publisher.refresh_keys()
+    await publisher.publish_snapshots()
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=2)]))
+    await publisher.publish_snapshots()  # within the tick: held
+    await asyncio.sleep(0.3)
+    await publisher.publish_snapshots()  # a tick later, but no fresh write: still held
+    assert len(sent.of_type("snapshot")) == 1
+    await asyncio.sleep(0.25)
+    await publisher.publish_snapshots()  # two ticks: sent anyway
+    assert [m["instances"][0]["pending_prefill_tokens"] for m in sent.of_type("snapshot")] \
+        == [1, 2]
 
 
 async def test_unchanged_state_is_not_resent(setup) -> None:

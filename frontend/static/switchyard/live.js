@@ -22,7 +22,7 @@ const state = {
 };
 
 // Exposed for tests and the latency benchmark: receive-time minus router timestamp.
-window.switchyardLive = { latencies: [], messages: 0, state };
+window.switchyardLive = { latencies: [], deliveries: [], messages: 0, state };
 
 // ---------------------------------------------------------------- formatting
 const fmt = {
@@ -215,7 +215,20 @@ function pushHistory(rows) {
   for (const [at, arms] of byMinute) pushSeries(at, arms);
 }
 
-function redrawCharts() {
+// Charts take new points with every snapshot but redraw at most once a second: redrawing
+// four uPlot charts per message is what costs a dashboard most CPU.
+const CHART_REDRAW_MS = 1000;
+let lastRedraw = 0;
+let redrawTimer = null;
+
+function redrawCharts(now = false) {
+  clearTimeout(redrawTimer);
+  const wait = lastRedraw + CHART_REDRAW_MS - Date.now();
+  if (!now && wait > 0) {
+    redrawTimer = setTimeout(() => redrawCharts(true), wait);
+    return;
+  }
+  lastRedraw = Date.now();
   for (const chart of Object.values(charts)) chart.redraw();
 }
 
@@ -289,6 +302,8 @@ function applyEvent(message) {
     if (h.transition === "cleared") clearHotspot(h.prefix_class, event.at);
     renderBanner();
     annotate(event.at, "hotspot", `hotspot ${h.transition} ${h.prefix_class}`, hotspotText(h));
+    redrawCharts(true);
+    return;
   } else if (message.kind === "config_applied" || message.kind === "config_rejected") {
     addEvent(event.at, "config", `${event.router}: ${message.kind.replace("_", " ")} v${event.payload.version ?? "?"}${event.payload.error ? ` (${event.payload.error})` : ""}`);
   } else {
@@ -297,20 +312,26 @@ function applyEvent(message) {
   redrawCharts();
 }
 
+// Router timestamp → receive time, and publisher send time → receive time (same host clock
+// in tests and the benchmark; across hosts it includes clock offset).
+function recordLatency(message) {
+  const now = Date.now() / 1000;
+  const live = window.switchyardLive;
+  live.latencies.push(now - message.ts);
+  if (message.published_at) live.deliveries.push(now - message.published_at);
+  for (const series of [live.latencies, live.deliveries]) if (series.length > LATENCY_SAMPLES) series.shift();
+}
+
 function applyMessage(message) {
   window.switchyardLive.messages += 1;
   if (message.type === "snapshot") {
-    if (message.ts) {
-      const latencies = window.switchyardLive.latencies;
-      latencies.push(Date.now() / 1000 - message.ts);
-      if (latencies.length > LATENCY_SAMPLES) latencies.shift();
-    }
+    if (message.ts) recordLatency(message);
     applySnapshot(message);
   } else if (message.type === "event") {
     applyEvent(message);
   } else if (message.type === "config") {
     annotate(message.at, "config", `config v${message.version} published`);
-    redrawCharts();
+    redrawCharts(true);
   }
 }
 
@@ -324,7 +345,7 @@ async function loadSnapshot(withHistory) {
   for (const a of body.annotations) addEvent(a.at, a.kind, a.detail ? `${a.label} — ${a.detail}` : a.label);
   if (withHistory) pushHistory(body.history);
   if (body.live) applySnapshot(body.live);
-  redrawCharts();
+  redrawCharts(true);
 }
 
 function connect() {

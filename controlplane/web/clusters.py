@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from urllib.parse import urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
@@ -29,7 +29,7 @@ def parse_at(value: str | None) -> datetime | None:
     if not value:
         return None
     try:
-        return datetime.fromtimestamp(float(value)).astimezone()
+        return datetime.fromtimestamp(float(value), tz=UTC)
     except ValueError:
         return parse_datetime(value)
 

@@ -178,6 +178,10 @@ def test_screenshots_of_the_main_pages(browser, live_cluster, feeder, asgi_serve
         page.wait_for_function("window.switchyardLive.messages > 8")
         time.sleep(0.3)
         page.screenshot(path=str(artifacts_dir / "cluster-live-synthetic.png"), full_page=True)
+        page.goto(f"{base}/?at={time.time() - 60:.0f}")  # the hotspot log's "cluster then"
+        page.wait_for_selector("#conn[data-state=history]")
+        page.wait_for_selector("#chart-ttft canvas")
+        assert page.js_errors == []
     finally:
         page.context.close()
     page = browser.new_page()

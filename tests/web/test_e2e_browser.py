@@ -48,6 +48,9 @@ def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
 def login(browser, base_url: str, role: str):
     user = make_user(role, f"e2e-{role}")
     page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.js_errors = errors  # checked by the tests: our scripts must not throw
     page.goto(f"{base_url}/login/")
     page.fill("input[name=username]", user.username)
     page.fill("input[name=password]", PASSWORD)
@@ -93,6 +96,7 @@ def test_live_view_follows_the_routers_and_raises_hotspot_alerts(
         page.screenshot(path=str(artifacts_dir / "cluster-live.png"), full_page=True)
         hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_server,
                                                                   artifacts_dir)
+        assert page.js_errors == []
     finally:
         page.context.close()
 

@@ -14,7 +14,10 @@ Request lifecycle (router-local accounting, DESIGN.md §3)::
 Other inputs: ``on_scrape`` (vLLM /metrics: running, waiting, KV usage,
 capacity), ``on_kv_event`` / ``on_kv_event_batch`` (decoded vLLM KV events),
 ``set_health`` (healthy / draining / down), ``add_instance`` /
-``remove_instance``.
+``remove_instance``, ``advance(now)`` (only moves the clock).
+
+The state's clock is the latest ``now`` any of these calls passed (it never
+goes backwards); it is what decides whether scraped external load has expired.
 
 Definitions
 -----------
@@ -22,11 +25,36 @@ Definitions
   at ``prompt_tokens - 1`` (vLLM always recomputes the last prompt token, so a
   prompt is never fully free).
 * ``P-token_i(r)`` = pending prefill tokens on i + prompt tokens − cached.
-* ``batch_size``: requests on i past their first token and not finished. When
-  ``use_scraped_load`` is on, the view reports ``max(local, scraped running)``
-  so load the router did not send (other routers, direct clients) is seen; the
-  scrape is up to one scrape interval stale, which is why local accounting
-  stays primary.
+* ``batch_size`` (view) = ``local + external``:
+
+  - ``local``: requests this router sent to i that are past their first
+    token and not finished. Always fresh; it is never reduced by a scrape.
+  - ``external``: running requests on i that this router did *not* send
+    (other routers, direct clients), measured at each scrape of i as what the
+    engine reports minus what this router accounts for at that moment::
+
+        ours_not_started = in_flight − local            (dispatched, no first token yet)
+        ours_waiting     = min(ours_not_started, scraped waiting)   (0 if not scraped)
+        external         = max(scraped running − (in_flight − ours_waiting), 0)
+
+    i.e. this router's not-started requests are assumed to sit in the
+    engine's waiting queue as far as its size allows (they are the newest;
+    vLLM admits FCFS) and to be running (prefilling) otherwise. A scrape
+    consistent with this router's own accounting therefore yields 0, so a
+    router never sees its own requests twice; a stale scrape lower than the
+    local count yields 0 too, never a negative.
+  - ``external`` is frozen between scrapes and dropped once
+    ``external_load_ttl_intervals`` scrape intervals pass without a fresh
+    ``running`` value for i (instance unreachable, monitor stopped). The
+    scrape interval is ``scrape_interval_s`` when given, else learned per
+    instance from the spacing of its scrapes (EWMA; a gap counts at most
+    twice the current estimate, so a missed scrape or an outage does not
+    stretch it; 1 s until two scrapes were seen).
+  - With ``use_scraped_load`` off, the view reports ``local`` only.
+
+  Scraped ``waiting`` only serves the attribution above: external waiting
+  requests are not added to ``pending_prefill`` (their prompt sizes are
+  unknown), so P-token stays router-local.
 * ``prefill_tps``: effective prefill throughput, an EWMA of
   ``(pending prefill tokens on i at dispatch, including r's own) / (first token − dispatch)``
   per request: the prefill work that had to drain before r's first token.
@@ -85,10 +113,14 @@ class InstanceState:
     prefill_tps: float
     cached_blocks: int
     last_scrape: float | None
+    external_running: float = 0.0  # what the view adds to batch_size now (0 once expired)
 
 
 _ARRAYS = ("pending", "batch", "in_flight", "context", "decode_blocks", "running", "waiting",
-           "kv_usage", "tps", "last_scrape")
+           "kv_usage", "tps", "last_scrape", "external", "external_until", "scrape_interval")
+
+_FALLBACK_SCRAPE_INTERVAL_S = 1.0  # the live router's default router.scrape_interval_s
+_SCRAPE_INTERVAL_ALPHA = 0.3
 
 
 class ClusterState:
@@ -103,9 +135,18 @@ class ClusterState:
         prefill_tps_alpha: float = 0.2,
         use_scraped_load: bool = True,
         global_tier: GlobalTier | None = None,
+        scrape_interval_s: float | None = None,
+        external_load_ttl_intervals: float = 2.5,
     ) -> None:
         if default_prefill_tps <= 0 or not 0 < prefill_tps_alpha <= 1:
             raise ValueError("default_prefill_tps must be > 0 and prefill_tps_alpha in (0, 1]")
+        if scrape_interval_s is not None and scrape_interval_s <= 0:
+            raise ValueError("scrape_interval_s must be > 0 (or None to learn it)")
+        if not external_load_ttl_intervals > 0:
+            raise ValueError("external_load_ttl_intervals must be > 0")
+        self.scrape_interval_s = scrape_interval_s
+        self.external_load_ttl_intervals = external_load_ttl_intervals
+        self.clock = -np.inf  # latest ``now`` seen; never moves backwards
         self.block_size = block_size
         self.default_capacity_blocks = default_capacity_blocks
         self.default_prefill_tps = default_prefill_tps
@@ -145,7 +186,7 @@ class ClusterState:
         for name in _ARRAYS:
             setattr(self, name, np.append(getattr(self, name), 0.0))
         self.running[slot] = self.waiting[slot] = self.kv_usage[slot] = np.nan
-        self.last_scrape[slot] = np.nan
+        self.last_scrape[slot] = self.external_until[slot] = self.scrape_interval[slot] = np.nan
         self.tps[slot] = prefill_tps or self.default_prefill_tps
         self._view = None
         return slot
@@ -156,6 +197,8 @@ class ClusterState:
         self.health[slot] = Health.DOWN
         self.kv.clear(slot)
         self.kv_version += 1
+        self.external[slot] = 0.0
+        self.external_until[slot] = np.nan
 
     def set_health(self, instance_id: str, health: Health) -> None:
         self.health[self.slot_of(instance_id)] = health
@@ -177,6 +220,7 @@ class ClusterState:
     ) -> int:
         """Account a request sent to ``instance_id``; returns its uncached prompt tokens."""
         self._check_block_size(features)
+        self.advance(now)
         if features.request_id in self._requests:
             raise ValueError(f"request {features.request_id!r} is already in flight")
         slot = self.slot_of(instance_id)
@@ -196,6 +240,7 @@ class ClusterState:
 
     def on_first_token(self, request_id: str, now: float) -> None:
         """First token seen: its prefill is done, it joins the decode batch."""
+        self.advance(now)
         record = self._record(request_id)
         if record.started:
             return
@@ -209,6 +254,7 @@ class ClusterState:
 
     def on_finish(self, request_id: str, now: float) -> None:
         """Request ended normally; everything it added is removed."""
+        self.advance(now)
         record = self._requests.pop(request_id, None)
         if record is None:
             raise UnknownRequestError(request_id)
@@ -240,10 +286,26 @@ class ClusterState:
         kv_usage: float | None = None,
         capacity_blocks: int | None = None,
     ) -> None:
-        """Values parsed from the instance's /metrics (vllm:num_requests_running, ...)."""
+        """Values parsed from the instance's /metrics (vllm:num_requests_running, ...).
+
+        Call it right after the scrape: ``running`` / ``waiting`` are compared
+        with this router's accounting *now* to derive the external load (see
+        the module docstring). ``waiting`` is only used together with
+        ``running`` from the same scrape.
+        """
         slot = self.slot_of(instance_id)
+        self.advance(now)
+        previous = self.last_scrape[slot]
+        if now > previous:  # False while nan (first scrape)
+            self._update_scrape_interval(slot, now - previous)
         if running is not None:
             self.running[slot] = running
+            local = self.batch[slot]
+            in_flight = self.in_flight[slot]
+            ours_waiting = min(in_flight - local, waiting) if waiting is not None else 0.0
+            self.external[slot] = max(running - (in_flight - max(ours_waiting, 0.0)), 0.0)
+            ttl = self.external_load_ttl_intervals * self._interval(slot)
+            self.external_until[slot] = now + ttl
         if waiting is not None:
             self.waiting[slot] = waiting
         if kv_usage is not None:
@@ -253,12 +315,19 @@ class ClusterState:
             self.kv_version += 1
         self.last_scrape[slot] = now
 
+    def advance(self, now: float) -> None:
+        """Move the state's clock to ``now`` (no other change); every update does this."""
+        if now > self.clock:
+            self.clock = now
+
     def on_kv_event(self, instance_id: str, event: KVEvent, now: float) -> None:
+        self.advance(now)
         self.kv.apply_event(self.slot_of(instance_id), event)
         self.kv_version += 1
 
     def on_kv_event_batch(self, instance_id: str, batch: KVEventBatch, now: float) -> None:
         slot = self.slot_of(instance_id)
+        self.advance(now)
         for event in batch.events:
             self.kv.apply_event(slot, event)
         self.kv_version += 1
@@ -286,6 +355,7 @@ class ClusterState:
             prefill_tps=float(self.tps[slot]),
             cached_blocks=self.kv.held_count(slot),
             last_scrape=_optional(self.last_scrape[slot]),
+            external_running=float(self.view().external_running[slot]),
         )
 
     def _blocks_of(self, tokens: int) -> int:
@@ -296,6 +366,21 @@ class ClusterState:
             return self._requests[request_id]
         except KeyError:
             raise UnknownRequestError(request_id) from None
+
+    def _interval(self, slot: int) -> float:
+        if self.scrape_interval_s is not None:
+            return self.scrape_interval_s
+        learned = self.scrape_interval[slot]
+        return _FALLBACK_SCRAPE_INTERVAL_S if np.isnan(learned) else float(learned)
+
+    def _update_scrape_interval(self, slot: int, gap: float) -> None:
+        estimate = self.scrape_interval[slot]
+        if np.isnan(estimate):
+            self.scrape_interval[slot] = gap
+            return
+        gap = min(gap, 2.0 * estimate)  # a missed scrape or an outage barely moves it
+        alpha = _SCRAPE_INTERVAL_ALPHA
+        self.scrape_interval[slot] = (1 - alpha) * estimate + alpha * gap
 
     def _update_prefill_tps(self, slot: int, work: float, elapsed: float) -> None:
         if elapsed <= 0 or work <= 0:
@@ -330,8 +415,10 @@ class ClusterView:
     Arrays: ``pending_prefill``, ``in_flight``, ``decode_context_tokens``,
     ``decode_blocks`` (Σ per decoding request of its prompt blocks),
     ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
-    ``batch_size`` is computed per call (scrape correction). ``eligible`` is
-    a fresh bool mask of healthy slots. ``ids[slot]`` is the instance id.
+    ``batch_size`` (local + unexpired external, see the module docstring) and
+    ``external_running`` are computed per call at the state's clock.
+    ``eligible`` is a fresh bool mask of healthy slots. ``ids[slot]`` is the
+    instance id.
     """
 
     def __init__(self, state: ClusterState) -> None:
@@ -345,7 +432,6 @@ class ClusterView:
         self.prefill_tps = _readonly(state.tps)
         self.kv_usage = _readonly(state.kv_usage)
         self.health = _readonly(state.health)
-        self._scraped_running = state.running
         empty = np.zeros(0, dtype=np.int64)
         self._memo: tuple[RequestFeatures | None, int, np.ndarray, np.ndarray] = (
             None, -1, empty, empty)
@@ -359,11 +445,18 @@ class ClusterView:
         return self.health == _HEALTHY
 
     @property
+    def external_running(self) -> np.ndarray:
+        """Per slot, running requests other senders have on it (0 once expired)."""
+        state = self._state
+        # nan ``external_until`` (never scraped) compares False: no external load
+        return state.external * (state.external_until > state.clock)
+
+    @property
     def batch_size(self) -> np.ndarray:
         local = self._state.batch
         if not self._state.use_scraped_load:
             return _readonly(local)
-        return np.fmax(local, self._scraped_running)  # fmax ignores nan (never scraped)
+        return local + self.external_running
 
     @property
     def has_global_tier(self) -> bool:

@@ -91,8 +91,9 @@ def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], int, l
     return ports, router_port, [engines, router]
 
 
-async def one_request(port: int, body: bytes, stream: bool) -> float | None:
-    """Client-side TTFT (streams) or latency (non-stream) of one request, seconds."""
+async def one_request(port: int, body: bytes, stream: bool) -> tuple[float | None, int]:
+    """Client-side TTFT (streams) or latency (non-stream) of one request, seconds, and the
+    number of SSE data events received (0 for non-streamed answers)."""
     start = time.perf_counter()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -102,44 +103,63 @@ async def one_request(port: int, body: bytes, stream: bool) -> float | None:
     status = await reader.readline()
     if b" 200 " not in status:
         writer.close()
-        return None
+        return None, 0
     first: float | None = None
+    events = 0
     if stream:
         while line := await reader.readline():
-            if first is None and line.startswith(b'data: {') and b'"text":"' in line:
-                first = time.perf_counter() - start
             if line.startswith(b"data: [DONE]"):
                 break
+            if line.startswith(b"data: "):
+                events += 1
+                if first is None and line.startswith(b'data: {') and b'"text":"' in line:
+                    first = time.perf_counter() - start
     else:
         await reader.read()
         first = time.perf_counter() - start
     writer.close()
-    return first
+    return first, events
 
 
-async def closed_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
-                      max_tokens: int) -> tuple[list[float], int, float]:
-    samples: list[float] = []
-    failures = 0
+class Run:
+    """One closed-loop run: client-side samples, failures, wall time and SSE events."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self.failures = 0
+        self.events = 0
+        self.elapsed = 0.0
+
+
+async def run_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
+                   max_tokens: int) -> Run:
+    run = Run()
     deadline = time.perf_counter() + duration
 
     async def worker(n: int) -> None:
-        nonlocal failures
         k = 0
         while time.perf_counter() < deadline:
             prompt = f"client {n} request {k} " + "lorem ipsum dolor sit amet " * 12
             body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
                                "stream": stream}).encode()
-            value = await one_request(ports[(n + k) % len(ports)], body, stream)
+            value, events = await one_request(ports[(n + k) % len(ports)], body, stream)
             if value is None:
-                failures += 1
+                run.failures += 1
             else:
-                samples.append(value)
+                run.samples.append(value)
+                run.events += events
             k += 1
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in range(concurrency)))
-    return samples, failures, time.perf_counter() - start
+    run.elapsed = time.perf_counter() - start
+    return run
+
+
+async def closed_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
+                      max_tokens: int) -> tuple[list[float], int, float]:
+    run = await run_loop(ports, concurrency, duration, stream, max_tokens)
+    return run.samples, run.failures, run.elapsed
 
 
 def router_histograms(port: int) -> dict[str, float]:
@@ -208,12 +228,63 @@ def hot_path_rows() -> None:
               f"{tok + hashing + decide:>7.1f}")
 
 
+def measure_cpu(ports: list[int], pid: int, concurrency: int, duration: float, stream: bool,
+                max_tokens: int) -> tuple[Run, float]:
+    """A closed-loop run and the CPU seconds process ``pid`` spent during it."""
+    cpu0 = cpu_seconds(pid)
+    run = asyncio.run(run_loop(ports, concurrency, duration, stream, max_tokens))
+    return run, cpu_seconds(pid) - cpu0
+
+
+def cpu_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
+             engines: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+    """CPU time per request and per streamed chunk: the robust figure on a shared machine.
+
+    Per chunk: the slope between streams of ``SHORT`` and ``LONG`` tokens (CPU per request
+    against SSE events per request), so the fixed per-request part drops out; per stream:
+    the intercept. Router rows: the router process only (enginesim's CPU is not in them);
+    direct rows: the enginesim process serving the same requests without the router.
+    """
+    short, long_, concurrency = 4, 64, 32
+    print(f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
+          f"{concurrency} in flight, load average {os.getloadavg()[0]:.1f}")
+    header = (f"{'process':>20} {'non-stream/req':>14} {f'stream {short} tok/req':>16} "
+              f"{f'stream {long_} tok/req':>17} {'per stream':>10} {'per chunk':>9}")
+    print(header)
+    print("-" * len(header))
+    rows = {}
+    for label, targets, pid in (("enginesim (direct)", ports, engines.pid),
+                                ("router", [router_port], router.pid)):
+        whole, whole_cpu = measure_cpu(targets, pid, concurrency, args.duration, False, short)
+        values = [whole_cpu / max(len(whole.samples), 1)]
+        points = []
+        for tokens in (short, long_):
+            run, cpu = measure_cpu(targets, pid, concurrency, args.duration, True, tokens)
+            count = max(len(run.samples), 1)
+            points.append((run.events / count, cpu / count))
+            values.append(cpu / count)
+        (e0, c0), (e1, c1) = points
+        per_chunk = (c1 - c0) / (e1 - e0) if e1 > e0 else float("nan")
+        values += [c0 - per_chunk * e0, per_chunk]
+        rows[label] = values
+        print(f"{label:>20} " + " ".join(f"{v * 1e6:>{w}.0f}" for v, w in
+                                        zip(values, (14, 16, 17, 10, 9), strict=True)),
+              flush=True)
+    ratio = [r / d if d else float("nan")
+             for r, d in zip(rows["router"], rows["enginesim (direct)"], strict=True)]
+    print(f"{'router / direct':>20} " + " ".join(f"{v:>{w}.2f}" for v, w in
+                                                zip(ratio, (14, 16, 17, 10, 9), strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--duration", type=float, default=6.0)
     parser.add_argument("--time-scale", type=float, default=0.05)
     parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--only", choices=("ttft", "throughput", "cpu", "hot-path"),
+                        action="append", help="run only these sections (repeatable)")
     args = parser.parse_args()
+    sections = set(args.only or ("ttft", "throughput", "cpu", "hot-path"))
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# router overhead vs enginesim direct ({machine})")
     print(f"# load average at start: {os.getloadavg()[0]:.1f}")
@@ -224,9 +295,14 @@ def main() -> None:
         engines, router = procs
         try:
             asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
-            ttft_rows(ports, router_port, router, args)
-            throughput_rows(ports, router_port, router, engines, args)
-            hot_path_rows()
+            if "ttft" in sections:
+                ttft_rows(ports, router_port, router, args)
+            if "throughput" in sections:
+                throughput_rows(ports, router_port, router, engines, args)
+            if "cpu" in sections:
+                cpu_rows(ports, router_port, router, engines, args)
+            if "hot-path" in sections:
+                hot_path_rows()
         finally:
             for proc in procs:
                 proc.terminate()

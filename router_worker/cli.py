@@ -17,6 +17,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 
 import uvicorn
@@ -51,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="managed: config poll fallback, seconds")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
     parser.add_argument("--log-level", default=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
+    parser.add_argument("--profile", type=Path, metavar="FILE",
+                        help="debug: run under cProfile and write the stats to FILE on exit")
     return parser
 
 
@@ -88,5 +91,15 @@ def main(argv: list[str] | None = None) -> int:
                             http="httptools", lifespan="on", access_log=False,
                             log_level=args.log_level.lower(), timeout_keep_alive=30,
                             backlog=4096)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    if args.profile is None:
+        server.run()
+        return 0
+    import cProfile
+
+    profiler = cProfile.Profile(time.process_time)  # CPU time: the machine may be shared
+    try:
+        profiler.runcall(server.run)
+    finally:
+        profiler.dump_stats(str(args.profile))
     return 0

@@ -29,6 +29,7 @@ from router_worker.core import Plan, RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
 from router_worker.limits import Limiter
 from router_worker.runtime import Runtime
+from router_worker.upstream import FastTransport, Target, Upstream, make_target
 
 log = logging.getLogger("router_worker.proxy")
 
@@ -39,6 +40,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 JSON_TYPE = (b"content-type", b"application/json")
 FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
+FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"),
+                          (b"accept-encoding", b"identity"))
 DEBUG_HEADER = "x-switchyard-debug"
 # A content token in an OpenAI chunk: a non-empty "content" (chat) or "text" (completions).
 _TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
@@ -136,8 +139,7 @@ class StreamMeter:
 
 
 class Proxy:
-    def __init__(self, core: RouterCore, transport: httpx.AsyncBaseTransport,
-                 limiter: Limiter) -> None:
+    def __init__(self, core: RouterCore, transport: FastTransport, limiter: Limiter) -> None:
         self.core = core
         self.transport = transport
         self.limiter = limiter
@@ -256,15 +258,13 @@ class Proxy:
         )
 
     async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                       up_headers: dict[str, str], send: Send, debug: bool,
+                       up_headers: list[tuple[bytes, bytes]], send: Send, debug: bool,
                        done: list[bool]) -> UpstreamFailure | None:
-        url, timeout = _upstream_target(plan.runtime, plan.instance, path)
-        request = httpx.Request("POST", url, content=raw, headers=up_headers,
-                                extensions={"timeout": timeout})
+        target = _upstream_target(plan.runtime, plan.instance, path)
         try:
-            # Straight to the shared client's transport: the client's auth, redirect,
-            # cookie and hook layers cost ~100 µs per request and do nothing here.
-            response = await self.transport.handle_async_request(request)
+            # Straight to the shared transport, without httpx.Request/Response objects:
+            # the client's layers and httpx's models cost more CPU than the exchange.
+            response = await self.transport.post(target, up_headers, raw)
         except httpx.ConnectError as error:
             return UpstreamFailure("connect", str(error) or "connection refused", fatal=True)
         except httpx.TimeoutException as error:
@@ -281,10 +281,10 @@ class Proxy:
         finally:
             await response.aclose()
 
-    async def _relay_whole(self, plan: Plan, response: httpx.Response, send: Send, debug: bool,
-                           done: list[bool]) -> UpstreamFailure | None:
+    async def _relay_whole(self, plan: Plan, response: Upstream, send: Send,
+                           debug: bool, done: list[bool]) -> UpstreamFailure | None:
         try:
-            data = await response.aread()
+            data = await response.read()
         except httpx.TimeoutException:
             return UpstreamFailure("timeout", "no complete answer in time")
         except httpx.TransportError as error:
@@ -295,8 +295,7 @@ class Proxy:
             core.health.record_success(plan.instance)
         usage = _USAGE_RE.search(data)
         cached = _CACHED_RE.search(data)
-        headers = [(b"content-type", response.headers.get("content-type",
-                                                          "application/json").encode()),
+        headers = [(b"content-type", response.header(b"content-type", b"application/json")),
                    (b"content-length", str(len(data)).encode()),
                    *self._route_headers(plan, debug)]
         done[0] = True
@@ -309,29 +308,31 @@ class Proxy:
                             if cached else None)
         return None
 
-    async def _relay_stream(self, plan: Plan, response: httpx.Response, send: Send,
+    async def _relay_stream(self, plan: Plan, response: Upstream, send: Send,
                             debug: bool, done: list[bool]) -> UpstreamFailure | None:
-        chunks = response.aiter_raw()
         try:
-            first = await chunks.__anext__()
-        except StopAsyncIteration:
-            return UpstreamFailure("empty", "the engine closed the stream without data")
+            first = await response.next_chunk()
+            if first is None:
+                return UpstreamFailure("empty", "the engine closed the stream without data")
         except httpx.TimeoutException:
             return UpstreamFailure("timeout", "no first byte in time")
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         core = self.core
         core.health.record_success(plan.instance)
-        headers = [(b"content-type", response.headers.get("content-type",
-                                                          "text/event-stream").encode()),
+        headers = [(b"content-type", response.header(b"content-type", b"text/event-stream")),
                    (b"cache-control", b"no-cache"), *self._route_headers(plan, debug)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         meter = StreamMeter()
         status, ok = 200, True
+        chunk: bytes | None = first
         try:
-            await self._forward(plan, meter, first, send)
-            async for chunk in chunks:
-                await self._forward(plan, meter, chunk, send)
+            while chunk is not None:
+                # Chunks that queued up while the client was being written to go out as
+                # one write (SSE is a byte stream; event boundaries are in the bytes).
+                more = response.take_queued()
+                await self._forward(plan, meter, chunk + more if more else chunk, send)
+                chunk = await response.next_chunk()
         except (httpx.TransportError, httpx.TimeoutException) as error:
             status, ok = 502, False
             self._mid_stream_failure(plan, error)
@@ -386,17 +387,16 @@ async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], done: lis
             return
 
 
-def _upstream_target(runtime: Runtime, instance: str, path: str) -> tuple[httpx.URL, Any]:
-    """Parsed URL and timeout, cached on the runtime (httpx's URL parsing is not cheap)."""
+def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
+    """Parsed URL, request head and timeouts, cached on the runtime."""
     cache = runtime.upstream_cache
     key = (instance, path)
     found = cache.get(key)
     if found is None:
         settings = runtime.config.router
-        timeout = httpx.Timeout(connect=settings.connect_timeout_s,
-                                read=settings.first_byte_timeout_s, write=30.0,
-                                pool=settings.connect_timeout_s).as_dict()
-        found = cache[key] = (httpx.URL(runtime.urls[instance] + path), timeout)
+        found = cache[key] = make_target(runtime.urls[instance] + path, FIXED_UPSTREAM_HEADERS,
+                                         settings.connect_timeout_s,
+                                         settings.first_byte_timeout_s)
     return found
 
 
@@ -418,18 +418,19 @@ def _parse_json(raw: bytes) -> Any:
     return body
 
 
-def _upstream_headers(headers: dict[str, str]) -> dict[str, str]:
-    out = {"content-type": "application/json", "accept-encoding": "identity"}
+def _upstream_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
+    """The client's headers passed on to the engine (the fixed ones are in the Target)."""
+    out = []
     for name in FORWARDED_HEADERS:
         value = headers.get(name)
         if value is not None:
-            out[name] = value
+            out.append((name.encode(), value.encode("latin-1")))
     return out
 
 
-async def _safe_read(response: httpx.Response) -> str:
+async def _safe_read(response: Upstream) -> str:
     try:
-        return (await response.aread())[:200].decode("utf-8", "replace")
+        return (await response.read())[:200].decode("utf-8", "replace")
     except httpx.HTTPError:
         return ""
 

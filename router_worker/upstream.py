@@ -14,13 +14,21 @@ It plugs in as ``httpx.AsyncClient(transport=FastTransport())``: the client API,
 ``ReadTimeout``, ``RemoteProtocolError``, ``ReadError``) are httpx's own. Scope: plain
 ``http://`` HTTP/1.1 with keep-alive, which is what vLLM serves; anything else is
 delegated to httpx's default transport.
+
+The proxy's data path skips even the httpx objects: :meth:`FastTransport.open` takes a
+prepared request head and body and returns an :class:`UpstreamResponse` (status, raw
+headers, body chunks), raising the same httpx exceptions. ``httpx.Request``/``Response``
+construction, header normalisation and the ``aiter_raw`` generator layers cost more CPU
+per request than the rest of the exchange. Read timeouts are one lazily re-armed timer
+per connection instead of an ``asyncio.timeout`` scope per wait (per SSE chunk).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httptools
@@ -39,13 +47,17 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self.paused = False
         self.parser = httptools.HttpResponseParser(self)
+        self.timer: asyncio.TimerHandle | None = None
         self._reset()
 
     def _reset(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
-        self.head_done: asyncio.Future[None] = self.loop.create_future()
+        self.head_complete = False
         self.chunks: deque[bytes] = deque()
         self.waiter: asyncio.Future[None] | None = None
+        self.wait_started = 0.0
+        self.wait_timeout: float | None = None
+        self.wait_what = ""
         self.complete = False
         self.error: Exception | None = None
         self.received = 0
@@ -69,10 +81,11 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
         if not self.complete:
             self._fail(httpx.RemoteProtocolError(
                 "peer closed connection without sending complete message body"
-                if self.head_done.done() else "server disconnected without sending a response"))
+                if self.head_complete else "server disconnected without sending a response"))
 
     # ----- httptools callbacks -----------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -81,8 +94,8 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         # Read now: llhttp resets its flags once the message completes.
         self.keep_alive = self.parser.should_keep_alive()
-        if not self.head_done.done():
-            self.head_done.set_result(None)
+        self.head_complete = True
+        self._wake()
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
@@ -95,7 +108,7 @@ class _Connection(asyncio.Protocol):
         self.complete = True
         self._wake()
 
-    # ----- helpers -----------------------------------------------------------------------
+    # ----- waiting with a read timeout ---------------------------------------------------
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
@@ -103,10 +116,55 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, error: Exception) -> None:
         self.error = error
-        if not self.head_done.done():
-            self.head_done.set_exception(error)
-            self.head_done.exception()  # mark retrieved: nobody may be waiting any more
         self._wake()
+
+    async def _wait(self, timeout: float | None, what: str) -> None:
+        """Until the next parser event, at most ``timeout`` s (then ``httpx.ReadTimeout``).
+
+        One timer per connection, armed lazily: when it fires it fails the waiter if the
+        current wait has lasted ``timeout``, else re-arms for the current wait's deadline.
+        Waits start later and later, so an armed timer never fires too late."""
+        waiter = self.waiter = self.loop.create_future()
+        self.wait_timeout = timeout
+        if timeout is not None:
+            self.wait_started = self.loop.time()
+            self.wait_what = what
+            if self.timer is None:
+                self.timer = self.loop.call_at(self.wait_started + timeout, self._on_timer)
+        await waiter
+
+    def _on_timer(self) -> None:
+        self.timer = None
+        waiter, timeout = self.waiter, self.wait_timeout
+        if waiter is None or waiter.done() or timeout is None:
+            return
+        deadline = self.wait_started + timeout
+        if self.loop.time() >= deadline:
+            waiter.set_exception(httpx.ReadTimeout(self.wait_what))
+        else:
+            self.timer = self.loop.call_at(deadline, self._on_timer)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    async def wait_head(self, timeout: float | None) -> None:
+        while not self.head_complete:
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout, "no response headers from the upstream in time")
+
+    async def next_chunk(self, timeout: float | None) -> bytes | None:
+        """The next body chunk as received (None at the end of the body)."""
+        while True:
+            if self.chunks:
+                return self.take_chunk()
+            if self.complete:
+                return None
+            if self.error is not None:
+                raise self.error
+            await self._wait(timeout, "no data from the upstream in time")
 
     def take_chunk(self) -> bytes | None:
         if not self.chunks:
@@ -122,42 +180,140 @@ class _Connection(asyncio.Protocol):
 
     def close(self) -> None:
         self.closed = True
+        self._disarm()
         if self.transport is not None:
             self.transport.close()
 
 
-class _Body(httpx.AsyncByteStream):
+class UpstreamResponse:
+    """Status, raw headers and body of one upstream answer (see :meth:`FastTransport.open`).
+
+    ``aclose()`` must be called: it returns the connection to the pool (or closes it)."""
+
+    __slots__ = ("conn", "headers", "key", "pool", "read_timeout", "released", "status_code")
+
     def __init__(self, pool: FastTransport, key: tuple[str, int], conn: _Connection,
                  read_timeout: float | None) -> None:
         self.pool, self.key, self.conn, self.read_timeout = pool, key, conn, read_timeout
+        self.status_code: int = conn.parser.get_status_code()
+        self.headers = conn.headers
         self.released = False
 
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        conn = self.conn
-        while True:
-            chunk = conn.take_chunk()
-            if chunk is not None:
-                yield chunk
-                continue
-            if conn.complete:
-                return
-            if conn.error is not None:
-                raise conn.error
-            conn.waiter = conn.loop.create_future()
-            try:
-                async with asyncio.timeout(self.read_timeout):
-                    await conn.waiter
-            except TimeoutError:
-                raise httpx.ReadTimeout("no data from the upstream in time") from None
+    def header(self, name: bytes, default: bytes) -> bytes:
+        """The first value of header ``name`` (lower case), or ``default``."""
+        for key, value in self.headers:
+            if key.lower() == name:
+                return value
+        return default
+
+    def next_chunk(self) -> Awaitable[bytes | None]:
+        """The next body chunk as it arrived (None at the end); httpx errors on failure."""
+        return self.conn.next_chunk(self.read_timeout)
+
+    def take_queued(self) -> bytes:
+        """Whatever body bytes have already arrived, without waiting (maybe b"")."""
+        chunks = self.conn.chunks
+        if not chunks:
+            return b""
+        if len(chunks) == 1:
+            return self.conn.take_chunk() or b""
+        parts = []
+        while chunks:
+            parts.append(self.conn.take_chunk() or b"")
+        return b"".join(parts)
+
+    async def read(self) -> bytes:
+        """The whole body, content-encoding decoded (as ``httpx.Response.aread``)."""
+        parts = []
+        conn, timeout = self.conn, self.read_timeout
+        while (chunk := await conn.next_chunk(timeout)) is not None:
+            parts.append(chunk)
+        data = b"".join(parts)
+        encoding = self.header(b"content-encoding", b"identity").strip().lower()
+        if encoding != b"identity" and data:  # the engine ignored accept-encoding: identity
+            data = httpx.Response(self.status_code, headers=self.headers, content=data).content
+        return data
 
     async def aclose(self) -> None:
         if self.released:
             return
         self.released = True
-        if self.conn.reusable():
-            self.pool.release(self.key, self.conn)
+        conn = self.conn
+        conn._disarm()
+        if conn.reusable():
+            self.pool.release(self.key, conn)
         else:
-            self.conn.close()
+            conn.close()
+
+
+class HttpxUpstream:
+    """An ``httpx.Response`` (https instances, via httpx's own transport) with the
+    :class:`UpstreamResponse` interface."""
+
+    __slots__ = ("chunks", "response", "status_code")
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.status_code = response.status_code
+        self.chunks = response.aiter_raw()
+
+    def header(self, name: bytes, default: bytes) -> bytes:
+        value = self.response.headers.get(name.decode("latin-1"))
+        return default if value is None else value.encode("latin-1")
+
+    async def next_chunk(self) -> bytes | None:
+        try:
+            return await self.chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+
+    def take_queued(self) -> bytes:
+        return b""
+
+    async def read(self) -> bytes:
+        return await self.response.aread()
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
+
+
+Upstream = UpstreamResponse | HttpxUpstream
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """One upstream endpoint, prepared once (URL parsing and the fixed part of the head)."""
+
+    url: httpx.URL
+    key: tuple[str, int]
+    head: bytes  # request line, Host and the fixed headers, each line CRLF-terminated
+    fixed_headers: tuple[tuple[bytes, bytes], ...]
+    connect_timeout: float | None
+    read_timeout: float | None
+
+
+def make_target(url: str, headers: Sequence[tuple[bytes, bytes]], connect_timeout: float | None,
+                read_timeout: float | None) -> Target:
+    parsed = httpx.URL(url)
+    lines = [b"POST " + parsed.raw_path + b" HTTP/1.1\r\n", b"Host: " + parsed.netloc + b"\r\n"]
+    lines += [name + b": " + value + b"\r\n" for name, value in headers]
+    return Target(parsed, (parsed.host, parsed.port or 80), b"".join(lines), tuple(headers),
+                  connect_timeout, read_timeout)
+
+
+class _Body(httpx.AsyncByteStream):
+    """An :class:`UpstreamResponse` body as httpx's stream (for the shared client)."""
+
+    def __init__(self, response: UpstreamResponse) -> None:
+        self.response = response
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        response = self.response
+        while (chunk := await response.next_chunk()) is not None:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self.response.aclose()
 
 
 class FastTransport(httpx.AsyncBaseTransport):
@@ -172,24 +328,49 @@ class FastTransport(httpx.AsyncBaseTransport):
         url = request.url
         if url.scheme != "http":
             return await self.fallback.handle_async_request(request)
-        key = (url.host, url.port or 80)
         timeouts = request.extensions.get("timeout", {})
         body = await request.aread()
         head = _request_head(request, len(body))
-        conn, reused = await self._acquire(key, timeouts.get("connect"))
+        response = await self.open((url.host, url.port or 80), head, body,
+                                   timeouts.get("connect"), timeouts.get("read"))
+        return httpx.Response(response.status_code, headers=response.headers,
+                              stream=_Body(response), extensions={"http_version": b"HTTP/1.1"})
+
+    async def post(self, target: Target, headers: Sequence[tuple[bytes, bytes]],
+                   body: bytes) -> Upstream:
+        """POST ``body`` to ``target`` with its fixed headers plus ``headers``; returns once
+        the response head is in (httpx exceptions on failure, as ``open``)."""
+        if target.url.scheme != "http":
+            request = httpx.Request(
+                "POST", target.url, content=body,
+                headers=[*target.fixed_headers, *headers],
+                extensions={"timeout": {"connect": target.connect_timeout,
+                                        "read": target.read_timeout, "write": 30.0,
+                                        "pool": target.connect_timeout}})
+            return HttpxUpstream(await self.fallback.handle_async_request(request))
+        head = b"".join([target.head, *[name + b": " + value + b"\r\n" for name, value in headers],
+                         b"Content-Length: %d\r\n\r\n" % len(body)])
+        return await self.open(target.key, head, body, target.connect_timeout,
+                               target.read_timeout)
+
+    async def open(self, key: tuple[str, int], head: bytes, body: bytes,
+                   connect_timeout: float | None,
+                   read_timeout: float | None) -> UpstreamResponse:
+        """Send ``head`` + ``body`` (a complete HTTP/1.1 request, Content-Length included)
+        to ``key`` = (host, port) on a pooled connection; return once the response head is
+        in. Raises httpx's ``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``,
+        ``RemoteProtocolError``."""
+        conn, reused = await self._acquire(key, connect_timeout)
         try:
-            await self._send(conn, head, body, timeouts.get("read"))
+            await self._send(conn, head, body, read_timeout)
         except httpx.RemoteProtocolError:
             if not (reused and conn.received == 0):
                 raise
             # The server closed an idle keep-alive connection as we reused it: the request
             # never reached it, so one retry on a fresh connection is safe.
-            conn, _ = await self._acquire(key, timeouts.get("connect"), fresh=True)
-            await self._send(conn, head, body, timeouts.get("read"))
-        status = conn.parser.get_status_code()
-        return httpx.Response(status, headers=conn.headers,
-                              stream=_Body(self, key, conn, timeouts.get("read")),
-                              extensions={"http_version": b"HTTP/1.1"})
+            conn, _ = await self._acquire(key, connect_timeout, fresh=True)
+            await self._send(conn, head, body, read_timeout)
+        return UpstreamResponse(self, key, conn, read_timeout)
 
     async def _send(self, conn: _Connection, head: bytes, body: bytes,
                     read_timeout: float | None) -> None:
@@ -199,11 +380,7 @@ class FastTransport(httpx.AsyncBaseTransport):
         if len(body) >= 65536:
             conn.transport.write(body)
         try:
-            async with asyncio.timeout(read_timeout):
-                await asyncio.shield(conn.head_done)
-        except TimeoutError:
-            conn.close()
-            raise httpx.ReadTimeout("no response headers from the upstream in time") from None
+            await conn.wait_head(read_timeout)
         except BaseException:
             conn.close()
             raise

@@ -31,8 +31,11 @@ def _context(cluster: Cluster) -> dict[str, Any]:
     canaries = list(reads.canaries(cluster.pk).select_related(
         "baseline_policy", "candidate_policy").prefetch_related("judgements")[:20])
     current = next((c for c in canaries if c.state in CanarySplit.ACTIVE_STATES), None)
+    policies = list(reads.policies(cluster.pk))
     return {"cluster": cluster, "tab": "canary", "canaries": canaries, "current": current,
-            "policies": reads.policies(cluster.pk),
+            "policies": policies,
+            "default_candidate": next((p.pk for p in policies
+                                       if p.pk != cluster.active_policy_id), None),
             "instances": reads.instances(cluster.pk),
             "guardrails": canary_service.DEFAULT_GUARDRAILS,
             "actions": {c.pk: _allowed_actions(c) for c in canaries}}

@@ -3,12 +3,10 @@ mode fetching their configuration from the control plane, the ASGI app and the p
 
 from __future__ import annotations
 
-import json
 import random
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -111,9 +109,6 @@ class RouterProcess:
     port: int
     process: subprocess.Popen
     log: Path
-    deployment: int
-    token: str
-    managed: bool
 
     @property
     def url(self) -> str:
@@ -126,86 +121,21 @@ class RouterProcess:
         return response.json()
 
 
-def config_url(control_plane: str, deployment: int) -> str:
-    return f"{control_plane}/api/v1/routers/{deployment}/config"
-
-
-def fetch_config(control_plane: str, deployment: int, token: str) -> dict[str, Any]:
-    response = httpx.get(config_url(control_plane, deployment), timeout=5,
-                         headers={"Authorization": f"Bearer {token}"})
-    response.raise_for_status()
-    return response.json()
-
-
-def speaks_router_contract(payload: dict[str, Any]) -> bool:
-    """router_worker.config_source expects {"version": N, "document": {...}}."""
-    return isinstance(payload.get("document"), dict) and "version" in payload
-
-
 def start_router(cluster: Cluster, name: str, control_plane: str, directory: Path
                  ) -> RouterProcess:
-    """A router in managed mode when the control plane answers the config contract the
-    router expects; otherwise standalone with the control plane's document, kept current
-    by a ConfigRelay (see there)."""
+    """A router in managed mode: configuration from the control plane's API, versions
+    announced on Redis pub/sub, heartbeats back."""
     port = free_port()
     token, deployment = router_service.create_router_deployment(
         SYSTEM, cluster.pk, name=name, host="127.0.0.1", port=port)
     log = directory / f"router-{name}.log"
-    payload = fetch_config(control_plane, deployment.pk, token)
     args = [sys.executable, "-m", "router_worker", "--port", str(port), "--name", name,
             "--admin-token", ADMIN_TOKEN, "--redis-url", settings.REDIS_URL,
-            "--log-level", "WARNING"]
-    if speaks_router_contract(payload):
-        args += ["--control-plane", control_plane, "--deployment", str(deployment.pk),
-                 "--token", token, "--state-dir", str(directory / f"state-{name}"),
-                 "--poll-interval", "2", "--heartbeat-interval", "1"]
-    else:
-        path = directory / f"router-{name}.json"
-        path.write_text(json.dumps(payload))
-        args += ["--config", str(path)]
-    router = RouterProcess(name, port, start_process(args, log), log, deployment.pk, token,
-                           managed=speaks_router_contract(payload))
-    return router
-
-
-class ConfigRelay:
-    """Stands in for managed mode while the control plane's GET /routers/{id}/config
-    answers the bare document instead of {"version", "document"}: polls that endpoint with
-    each router's token and POSTs newer versions to the router's /admin/config."""
-
-    def __init__(self, control_plane: str, routers: list[RouterProcess]) -> None:
-        self.control_plane = control_plane
-        self.routers = [r for r in routers if not r.managed]
-        self.pushed: dict[str, int] = {}
-        self.stopped = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> ConfigRelay:
-        if self.routers:
-            self.thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self.stopped.wait(0.3):
-            for router in self.routers:
-                try:
-                    self._sync(router)
-                except httpx.HTTPError:
-                    continue
-
-    def _sync(self, router: RouterProcess) -> None:
-        document = fetch_config(self.control_plane, router.deployment, router.token)
-        version = int(document["version"])
-        if version > self.pushed.get(router.name, 0):
-            httpx.post(f"{router.url}/admin/config", timeout=5,
-                       headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
-                       json={"version": version, "document": document}).raise_for_status()
-            self.pushed[router.name] = version
-
-    def stop(self) -> None:
-        self.stopped.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=5)
+            "--log-level", "WARNING", "--control-plane", control_plane,
+            "--deployment", str(deployment.pk), "--token", token,
+            "--state-dir", str(directory / f"state-{name}"), "--poll-interval", "2",
+            "--heartbeat-interval", "1"]
+    return RouterProcess(name, port, start_process(args, log), log)
 
 
 @dataclass
@@ -214,7 +144,6 @@ class Stack:
     routers: list[RouterProcess]
     redis: redis.Redis
     processes: list[subprocess.Popen] = field(default_factory=list)
-    relay: ConfigRelay | None = None
 
     def reported_versions(self) -> dict[str, int | None]:
         versions = {}
@@ -232,8 +161,6 @@ class Stack:
                                  f"{describe_logs(self)}") from None
 
     def close(self) -> None:
-        if self.relay is not None:
-            self.relay.stop()
         for process in [r.process for r in self.routers] + self.processes:
             stop(process)
 

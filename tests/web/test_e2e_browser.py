@@ -15,7 +15,7 @@ from controlplane.realtime.snapshot import merge_cluster
 from router_worker.telemetry_contract import StateSnapshot
 
 from .conftest import PASSWORD, make_cluster, make_user, start_process, stop
-from .stack import ConfigRelay, Stack, chat, publisher_args, start_fleet, start_router, wait_for
+from .stack import Stack, chat, publisher_args, start_fleet, start_router, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
               pytest.mark.timeout(180)]
@@ -36,7 +36,6 @@ def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
     try:
         stack.routers = [start_router(cluster, name, asgi_server.url, tmp_path)
                          for name in ("r1", "r2")]
-        stack.relay = ConfigRelay(asgi_server.url, stack.routers).start()
         stack.processes.append(start_process(publisher_args(), tmp_path / "publisher.log"))
         stack.wait_reporting(1)
         yield stack

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from controlplane.models import ReplayJob
 
@@ -14,6 +15,7 @@ from . import audit
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import ServiceError
+from .traces import resolve_trace
 from .validation import normalised_params
 
 log = logging.getLogger(__name__)
@@ -60,9 +62,13 @@ def _create_job(actor: Actor, cluster_id: int, *, trace: str, policies: list[dic
 
 
 def _validated_trace(trace: str) -> str:
+    """`shared:<file>` or `upload:<file>` naming a trace that exists now, so a typo is
+    refused at once instead of failing in a worker later."""
     trace = (trace or "").strip()
     if not trace or len(trace) > 256:
         raise ServiceError("trace must name a trace (1-256 characters)", "trace")
+    if not resolve_trace(trace).is_file():
+        raise ServiceError(f"trace {trace!r} does not exist", "trace")
     return trace
 
 
@@ -99,3 +105,24 @@ def _dispatch(job: ReplayJob) -> ReplayRequest:
                              f"broker is unreachable ({type(error).__name__}); it was not "
                              "sent to a worker yet and must be dispatched again later")
     return ReplayRequest(job, True, f"replay {job.pk} queued")
+
+
+def claim(job_id: int) -> ReplayJob | None:
+    """Move a queued job to running; None when it is unknown or another worker has it."""
+    claimed = ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.QUEUED).update(
+        state=ReplayJob.State.RUNNING, progress=0.0)
+    return ReplayJob.objects.select_related("cluster").get(pk=job_id) if claimed else None
+
+
+def record_progress(job_id: int, fraction: float) -> None:
+    ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).update(
+        progress=min(max(fraction, 0.0), 0.99))
+
+
+def finish(job_id: int, *, results: dict[str, Any] | None = None, error: str = "") -> str:
+    """Store the outcome of a run: results on success, the error message on failure."""
+    state = ReplayJob.State.FAILED if error else ReplayJob.State.SUCCEEDED
+    ReplayJob.objects.filter(pk=job_id).update(
+        state=state, results=results, error=error, finished_at=timezone.now(),
+        progress=1.0 if not error else 0.0)
+    return state

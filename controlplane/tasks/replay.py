@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 from celery import shared_task
-from django.utils import timezone
 
-from controlplane.models import Cluster, ReplayJob
+from controlplane.models import Cluster
+from controlplane.services import replays as replay_service
+from controlplane.services.errors import ServiceError
+from controlplane.services.traces import resolve_trace
 
 log = logging.getLogger(__name__)
 ENGINE_UNAVAILABLE = "replay engine unavailable"
@@ -61,8 +63,6 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
         from enginesim.replay.traces import load_trace
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
-    from controlplane.web.replays import resolve_trace
-
     records = load_trace(resolve_trace(inputs["trace"]), rate_scale=inputs["rate_scale"],
                          max_requests=inputs.get("max_requests"))
     if not records:
@@ -112,7 +112,7 @@ def _json_safe(value: Any) -> Any:
 
 
 class _Throttled:
-    """Writes progress to the job at most every PROGRESS_EVERY_S."""
+    """Records progress on the job at most every PROGRESS_EVERY_S."""
 
     def __init__(self, job_id: int) -> None:
         self.job_id, self.last = job_id, 0.0
@@ -121,27 +121,18 @@ class _Throttled:
         now = time.monotonic()
         if now - self.last >= PROGRESS_EVERY_S:
             self.last = now
-            ReplayJob.objects.filter(pk=self.job_id).update(progress=min(fraction, 0.99))
+            replay_service.record_progress(self.job_id, fraction)
 
 
 @shared_task(name="switchyard.run_replay", soft_time_limit=3600)
 def run_replay(job_id: int) -> str:
     """Run a queued replay job; returns its final state."""
-    claimed = ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.QUEUED).update(
-        state=ReplayJob.State.RUNNING, progress=0.0)
-    if not claimed:
+    job = replay_service.claim(job_id)
+    if job is None:
         return "skipped"  # unknown, or already taken by another delivery
-    job = ReplayJob.objects.select_related("cluster").get(pk=job_id)
     try:
         results = run_policies(job.cluster, job.inputs, _Throttled(job_id))
-    except (ReplayFailed, OSError, ValueError, KeyError) as error:
+    except (ReplayFailed, ServiceError, OSError, ValueError, KeyError) as error:
         log.warning("replay %s failed: %s", job_id, error)
-        return _finish(job_id, ReplayJob.State.FAILED, error=str(error))
-    return _finish(job_id, ReplayJob.State.SUCCEEDED, results=results)
-
-
-def _finish(job_id: int, state: str, *, results: dict | None = None, error: str = "") -> str:
-    ReplayJob.objects.filter(pk=job_id).update(
-        state=state, results=results, error=error, finished_at=timezone.now(),
-        progress=1.0 if state == ReplayJob.State.SUCCEEDED else 0.0)
-    return state
+        return replay_service.finish(job_id, error=str(error))
+    return replay_service.finish(job_id, results=results)

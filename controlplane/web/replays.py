@@ -3,12 +3,10 @@ this cluster's model and GPU, watch progress, compare results with what is live 
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 from typing import Any
 
-from django.conf import settings
 from django.core.files.uploadedfile import UploadedFile
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect
@@ -18,6 +16,7 @@ from django.views.decorators.http import require_GET, require_POST
 from controlplane.models import Cluster
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import NotFound, ServiceError
+from controlplane.services.traces import TRACE_SUFFIXES, shared_traces, uploads_dir
 
 from . import dashboard, reads
 from .access import actor, operator_required, viewer_required
@@ -25,33 +24,7 @@ from .clusters import get_cluster
 from .pages import is_htmx, page, service_error_response
 
 TEMPLATE = "web/replays.html"
-TRACE_SUFFIXES = (".jsonl", ".csv")
 MAX_UPLOAD_BYTES = 64 * 1024 * 1024
-
-
-def traces_dir() -> Path:
-    default = Path(settings.BASE_DIR).parent / "shared" / "traces"
-    return Path(os.environ.get("SWITCHYARD_TRACES_DIR", default))
-
-
-def uploads_dir() -> Path:
-    return Path(settings.SWITCHYARD_VAR_DIR) / "replay-uploads"
-
-
-def shared_traces() -> list[str]:
-    folder = traces_dir()
-    if not folder.is_dir():
-        return []
-    return sorted(p.name for p in folder.iterdir() if p.suffix in TRACE_SUFFIXES)
-
-
-def resolve_trace(trace: str) -> Path:
-    """`shared:<name>` or `upload:<name>` → a file path (used by the replay task too)."""
-    origin, _, name = trace.partition(":")
-    folder = {"shared": traces_dir(), "upload": uploads_dir()}.get(origin)
-    if folder is None or not name or Path(name).name != name:
-        raise ServiceError(f"unknown trace {trace!r}", "trace")
-    return folder / name
 
 
 def _context(cluster: Cluster) -> dict[str, Any]:

@@ -84,8 +84,8 @@ WRITES = [
              body={"name": "r2", "host": "10.0.0.2", "port": 8200, **REASON}),
     Endpoint("POST", "/api/v1/clusters/{alpha}/replays", "operator", 202,
              audit_action="replay.create",
-             body={"trace": "conversation", "policies": [{"kind": "lmetric"},
-                                                         {"kind": "round_robin"}], **REASON}),
+             body={"trace": "shared:mooncake_synthetic_trace.jsonl",
+                   "policies": [{"kind": "lmetric"}, {"kind": "round_robin"}], **REASON}),
 ]
 
 ROUTER_AGENT = [

@@ -20,8 +20,8 @@ from controlplane.services.replays import REPLAY_TASK
 from .conftest import session_client
 
 pytestmark = pytest.mark.django_db
-REPLAY = {"trace": "conversation", "policies": [{"kind": "lmetric"}], "rate_scale": 2.0,
-          "reason": "what if"}
+REPLAY = {"trace": "shared:mooncake_synthetic_trace.jsonl", "policies": [{"kind": "lmetric"}],
+          "rate_scale": 2.0, "reason": "what if"}
 
 
 def request_replay(client, world):

@@ -139,8 +139,12 @@ def test_every_published_canary_step_splits_exactly_100_percent(world, users) ->
     ("/api/v1/clusters/{alpha}/routers", {"name": "r9", "host": "h", "port": 70000},
      422, "port"),
     ("/api/v1/clusters/{alpha}/replays",
-     {"trace": "t", "policies": [{"kind": "linear", "params": {"w": 7}}]},
+     {"trace": "shared:mooncake_synthetic_trace.jsonl",
+      "policies": [{"kind": "linear", "params": {"w": 7}}]},
      400, "policies.0.params.w"),
+    ("/api/v1/clusters/{alpha}/replays",
+     {"trace": "shared:no-such-trace.jsonl", "policies": [{"kind": "lmetric"}]},
+     400, "trace"),
 ])
 def test_admin_inputs_are_refused_naming_the_field(world, users, path, body, status,
                                                    field) -> None:

@@ -132,6 +132,6 @@ def admin_state(service: Service) -> dict[str, Any]:
         "telemetry": {"redis": service.telemetry.connected,
                       "buffered_events": service.telemetry.buffered_events,
                       "dropped_total": service.telemetry.dropped_total},
-        "recent_decisions": list(core.decisions)[-RECENT_SHOWN:],
+        "recent_decisions": core.recent_decisions(RECENT_SHOWN),
         "recent_events": list(service.telemetry.recent_events)[-RECENT_SHOWN:],
     }

@@ -80,7 +80,7 @@ class RouterCore:
         self.runtime: Runtime | None = None
         self.health = HealthBook(self._health_changed)
         self.scrape: dict[str, ScrapeInfo] = {}
-        self.decisions: deque[dict[str, Any]] = deque(maxlen=RECENT_DECISIONS)
+        self.decisions: deque[tuple[Plan, int, float | None]] = deque(maxlen=RECENT_DECISIONS)
         self.hotspots: dict[str, HotspotEvent] = {}
         self._ids = itertools.count()
         self._id_prefix = f"sy-{os.getpid():x}-"
@@ -232,13 +232,20 @@ class RouterCore:
             cached_tokens=plan.decision.cached_tokens if cached_tokens is None else cached_tokens,
             fallback=plan.decision.reason == "hotspot_fallback",
         ))
-        self.decisions.append({
-            "request_id": plan.request_id, "arm": arm.name, "policy": arm.policy_kind,
+        # The dict (with its per-candidate score table) is built only when /admin/state
+        # asks: most requests' entries leave the deque unread.
+        self.decisions.append((plan, status, ttft))
+
+    def recent_decisions(self, count: int) -> list[dict[str, Any]]:
+        """The last ``count`` finished requests' routing decisions, oldest first."""
+        recent = list(self.decisions)[-count:] if count > 0 else []
+        return [{
+            "request_id": plan.request_id, "arm": plan.arm.name, "policy": plan.arm.policy_kind,
             "instance": plan.instance, "reason": plan.reason, "status": status,
             "attempts": plan.attempts, "prompt_tokens": plan.features.prompt_tokens,
             "cached_tokens": plan.decision.cached_tokens, "tier": plan.tier, "ttft_s": ttft,
             "scores": plan.decision.score_table(),
-        })
+        } for plan, status, ttft in recent]
 
     def _hotspot_events(self, events: tuple[Any, ...]) -> None:
         for event in events:

@@ -12,6 +12,7 @@ Managed (configuration from the control plane)::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -64,6 +65,17 @@ def _redis_url(args: argparse.Namespace) -> str | None:
     return None if url.lower() in ("", "none", "off") else url
 
 
+def tune_gc() -> None:
+    """Keep the cyclic GC off the hot path: the objects alive at start-up (modules, numpy,
+    pydantic, the configuration) move to the permanent generation so full collections do
+    not walk them again and again, and young collections run every 20 000 allocations
+    instead of 700 (requests allocate a few hundred objects, nearly all freed by
+    reference counting). Was ~3.5% of the router's CPU under load."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -87,10 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         managed = ManagedConfig(service, args.control_plane, args.deployment, args.token,
                                 args.state_dir, args.poll_interval, args.heartbeat_interval)
         app = RouterApp(service, on_start=managed.bootstrap)
+    # proxy_headers off: nothing reads the client address, and the middleware costs a
+    # frame and a header scan per request.
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop",
                             http="httptools", lifespan="on", access_log=False,
                             log_level=args.log_level.lower(), timeout_keep_alive=30,
-                            backlog=4096)
+                            backlog=4096, proxy_headers=False)
+    tune_gc()
     server = uvicorn.Server(config)
     if args.profile is None:
         server.run()

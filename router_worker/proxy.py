@@ -326,13 +326,19 @@ class Proxy:
         meter = StreamMeter()
         status, ok = 200, True
         chunk: bytes | None = first
+        last = False
         try:
             while chunk is not None:
                 # Chunks that queued up while the client was being written to go out as
                 # one write (SSE is a byte stream; event boundaries are in the bytes).
                 more = response.take_queued()
-                await self._forward(plan, meter, chunk + more if more else chunk, send)
-                chunk = await response.next_chunk()
+                if more:
+                    chunk += more
+                # The engine's body is complete: this is the last piece, and it carries
+                # the end of the response (one write instead of two).
+                last = response.finished
+                await self._forward(plan, meter, chunk, send, not last)
+                chunk = None if last else await response.next_chunk()
         except (httpx.TransportError, httpx.TimeoutException) as error:
             status, ok = 502, False
             self._mid_stream_failure(plan, error)
@@ -343,15 +349,17 @@ class Proxy:
             core.end_attempt(plan, ok=False)
         else:
             done[0] = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         core.finish_request(plan, status=status, ok=ok, output_tokens=meter.output_tokens,
                             last_token_at=meter.last_token_at, cached_tokens=meter.cached_tokens)
         return None
 
-    async def _forward(self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send) -> None:
+    async def _forward(self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send,
+                       more: bool) -> None:
         if meter.feed(chunk) and plan.first_token_at is None:
             self.core.first_token(plan)
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": chunk, "more_body": more})
 
     def _mid_stream_failure(self, plan: Plan, error: Exception) -> None:
         core = self.core

@@ -210,6 +210,11 @@ class UpstreamResponse:
         """The next body chunk as it arrived (None at the end); httpx errors on failure."""
         return self.conn.next_chunk(self.read_timeout)
 
+    @property
+    def finished(self) -> bool:
+        """The whole body has arrived and been taken."""
+        return self.conn.complete and not self.conn.chunks
+
     def take_queued(self) -> bytes:
         """Whatever body bytes have already arrived, without waiting (maybe b"")."""
         chunks = self.conn.chunks
@@ -266,6 +271,8 @@ class HttpxUpstream:
             return await self.chunks.__anext__()
         except StopAsyncIteration:
             return None
+
+    finished = False  # httpx's stream says so only by ending
 
     def take_queued(self) -> bytes:
         return b""

@@ -42,6 +42,7 @@ app.conf.beat_schedule = {
     "ingest-metrics": {"task": "switchyard.ingest_metrics", "schedule": 2.0},
     "judge-canaries": {"task": "switchyard.judge_canaries", "schedule": 10.0},
     "prune": {"task": "switchyard.prune", "schedule": 3600.0},
+    "redispatch-replays": {"task": "switchyard.redispatch_replays", "schedule": 60.0},
 }
 app.conf.task_routes = {
     # restart_router is sent explicitly to the router host's queue (routers.<host>).

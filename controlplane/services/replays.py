@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
@@ -102,9 +103,17 @@ def _dispatch(job: ReplayJob) -> ReplayRequest:
     except Exception as error:  # kombu raises several unrelated types for a broker outage
         log.warning("replay %s not dispatched: %s", job.pk, error)
         return ReplayRequest(job, False, f"replay {job.pk} is saved as queued, but the task "
-                             f"broker is unreachable ({type(error).__name__}); it was not "
-                             "sent to a worker yet and must be dispatched again later")
+                             f"broker is unreachable ({type(error).__name__}); it will be "
+                             "sent to a worker when the broker is back")
     return ReplayRequest(job, True, f"replay {job.pk} queued")
+
+
+def redispatch_stale(older_than_s: float = 60.0) -> int:
+    """Send queued jobs again that no worker has claimed (a broker outage at creation, or a
+    lost message). Claiming is atomic, so a job sent twice still runs once."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    stale = ReplayJob.objects.filter(state=ReplayJob.State.QUEUED, created_at__lt=cutoff)
+    return sum(_dispatch(job).dispatched for job in stale)
 
 
 def claim(job_id: int) -> ReplayJob | None:

@@ -6,7 +6,15 @@ from celery import shared_task
 
 from controlplane.models import CanarySplit, Cluster
 from controlplane.routers import supervisor
-from controlplane.services import ingest, instance_health, judge, notify, reconcile, rollups
+from controlplane.services import (
+    ingest,
+    instance_health,
+    judge,
+    notify,
+    reconcile,
+    replays,
+    rollups,
+)
 
 IDEMPOTENT = {"acks_late": True, "reject_on_worker_lost": True}
 
@@ -55,3 +63,8 @@ def judge_canaries() -> dict[int, str | None]:
 @shared_task(name="switchyard.prune", **IDEMPOTENT)
 def prune() -> dict[str, int]:
     return rollups.prune()
+
+
+@shared_task(name="switchyard.redispatch_replays", **IDEMPOTENT)
+def redispatch_replays() -> int:
+    return replays.redispatch_stale()

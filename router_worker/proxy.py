@@ -43,6 +43,8 @@ FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
 FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"),
                           (b"accept-encoding", b"identity"))
 DEBUG_HEADER = "x-switchyard-debug"
+USED_HEADERS = frozenset(name.encode() for name in (
+    "content-length", "x-session-id", DEBUG_HEADER, *FORWARDED_HEADERS))
 # A content token in an OpenAI chunk: a non-empty "content" (chat) or "text" (completions).
 _TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
 _USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
@@ -152,7 +154,9 @@ class Proxy:
 
     async def generate(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
         started = time.perf_counter()
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        # Only the headers the router reads (names arrive lower-cased from the server).
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
+                   if k in USED_HEADERS}
         core = self.core
         try:
             runtime = core.runtime
@@ -187,7 +191,7 @@ class Proxy:
         done = [False]
         gone = [False]
         watcher = asyncio.ensure_future(_watch_disconnect(receive, task, done, gone))
-        self.core.metrics.in_flight.inc()
+        self.core.metrics.in_flight_count += 1
         plan: Plan | None = None
         try:
             plan = self.core.plan(runtime, endpoint, body, headers, started)
@@ -204,7 +208,7 @@ class Proxy:
         finally:
             done[0] = True
             watcher.cancel()
-            self.core.metrics.in_flight.dec()
+            self.core.metrics.in_flight_count -= 1
             self.limiter.release()
 
     # ----- dispatch with retries --------------------------------------------------------

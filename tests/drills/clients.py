@@ -112,13 +112,15 @@ def run_for(url: str, seconds: float, **options: float) -> Outcome:
 
 
 async def steady(url: str, rate: float, seconds: float, max_tokens: int = 32,
-                 timeout_s: float = 30.0) -> Outcome:
-    """Open-loop load: one request every ``1/rate`` s for ``seconds``, stream and not."""
+                 timeout_s: float = 30.0, prompts: int | None = None) -> Outcome:
+    """Open-loop load: one request every ``1/rate`` s for ``seconds``, stream and not;
+    cycling through ``prompts`` distinct prompts when given (else all unique)."""
     outcome = Outcome()
     limits = httpx.Limits(max_connections=256)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
         async def send(k: int) -> None:
-            payload = body(f"soak{k}-", stream=k % 2 == 0, max_tokens=max_tokens)
+            tag = k if prompts is None else k % prompts
+            payload = body(f"soak{tag}-", stream=k % 2 == 0, max_tokens=max_tokens)
             verdict, detail = await one(client, url, payload)
             outcome.add(verdict, detail)
 

@@ -189,6 +189,10 @@ def test_django_restart_dashboards_reconnect_and_resume(stack, browser):
 
 SOAK_S = float(os.environ.get("SWITCHYARD_SOAK_S", "30"))
 SOAK_RATE = float(os.environ.get("SWITCHYARD_SOAK_RATE", "10"))
+# Distinct prompts cycled through. With all-unique prompts the router's KV shadow index
+# grows until it mirrors the engines' whole capacity (4 x 81,541 blocks here: bounded, but
+# far beyond what a 10-minute run fills), which would hide any other growth.
+SOAK_PROMPTS = int(os.environ.get("SWITCHYARD_SOAK_PROMPTS", "512"))
 WARM_UP_FRACTION = 0.2
 
 
@@ -242,7 +246,8 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
     sampler.start()
     try:
         outcome = _in_thread(lambda: asyncio.run(
-            steady(stack.router_url + "/v1/completions", SOAK_RATE, SOAK_S)))
+            steady(stack.router_url + "/v1/completions", SOAK_RATE, SOAK_S,
+                   prompts=SOAK_PROMPTS or None)))
         live = all(p.get_attribute("#conn", "data-state") == "live" for p in pages)
     finally:
         stop.set()
@@ -254,7 +259,8 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
     drift = (rss[-1] - rss[0]) / rss[0]
     spread = (max(rss) - min(rss)) / rss[0]
     streams = max(r[2] for r in rows), max(r[3] for r in rows)
-    record(f"soak {SOAK_S:g} s at {SOAK_RATE:g} req/s, 2 dashboards", outcome, None,
+    record(f"soak {SOAK_S:g} s at {SOAK_RATE:g} req/s, 2 dashboards, "
+           f"{SOAK_PROMPTS or 'unique'} prompts", outcome, None,
            notes=f"router RSS after warm-up {rss[0] // 1024}->{rss[-1] // 1024} MiB "
                  f"(drift {drift:+.1%}, spread {spread:.1%}); max XLEN events {streams[0]}, "
                  f"metrics {streams[1]}; dashboards live at end: {live}",

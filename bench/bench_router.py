@@ -9,7 +9,12 @@ flight. Time shares: the router's own histograms (tokenize, hash, decide) agains
 router process's CPU time per request. On a 2-core machine the three processes share
 the CPUs: the numbers include that contention, and the CPU columns show it.
 
-    .venv/bin/python bench/bench_router.py [--duration 6] [--time-scale 0.05]
+CPU cost (the figure that stays comparable on a shared machine): process CPU time
+(``/proc/<pid>/stat`` utime+stime) of the router and of enginesim serving the same load
+directly, per non-streamed request, per stream (intercept) and per SSE chunk (slope between
+4- and 64-token streams), at 32 in flight.
+
+    .venv/bin/python bench/bench_router.py [--duration 6] [--time-scale 0.05] [--only cpu]
 """
 
 from __future__ import annotations

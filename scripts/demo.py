@@ -43,7 +43,7 @@ INSTANCES = 16
 ENGINE_BASE_PORT = 9100
 KV_EVENTS_BASE_PORT = 5600
 ENGINE_ADMIN_PORT = 9099
-TIME_SCALE = float(os.environ.get("SWITCHYARD_DEMO_TIME_SCALE", "4"))
+TIME_SCALE = float(os.environ.get("SWITCHYARD_DEMO_TIME_SCALE", "2"))
 TRACE = Path(os.environ.get(
     "SWITCHYARD_DEMO_TRACE",
     ROOT.parent / "shared" / "traces" / "mooncake_conversation_t0-2700s.jsonl"))

@@ -227,7 +227,7 @@ class RouterCore:
                       str(status)).inc()
         self.telemetry.record(RequestSample(
             at=time.time(), arm=arm.name, policy=arm.policy_kind, instance=plan.instance or None,
-            ok=ok, ttft=ttft, tpot=tpot, output_tokens=output_tokens,
+            ok=ok or status < 500, ttft=ttft, tpot=tpot, output_tokens=output_tokens,
             prompt_tokens=plan.features.prompt_tokens,
             cached_tokens=plan.decision.cached_tokens if cached_tokens is None else cached_tokens,
             fallback=plan.decision.reason == "hotspot_fallback",

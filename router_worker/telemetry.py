@@ -39,7 +39,8 @@ class RequestSample:
     arm: str
     policy: str
     instance: str | None
-    ok: bool
+    ok: bool  # False only for failures on the serving side (5xx, mid-stream failures):
+    # a client's bad request or disconnect says nothing about the policy or the engines.
     ttft: float | None
     tpot: float | None
     output_tokens: int

@@ -10,8 +10,10 @@ size tolerance on the relative change of medians:
 * otherwise → pass
 
 Pass advances the weight step (promotes after the last); fail counts against
-`max_failures` and rolls back past it; halt and inconclusive pause for the operator.
-Every judgement is stored with its evidence and audited.
+`max_failures` and rolls back past it; inconclusive pauses for the operator. Halt (too few
+samples) waits at the current weight while samples accumulate, and pauses for the operator
+once the step has run `HALT_PATIENCE` times its length without enough data. Every
+judgement is stored with its evidence; every action that changes the canary is audited.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ from . import canaries
 from .audit import Actor
 
 JUDGE = Actor.system("canary-judge")
+# Steps without enough samples wait this many step lengths before pausing for a human.
+HALT_PATIENCE = 3
 ARMS = ("baseline", "candidate")
 
 
@@ -135,9 +139,12 @@ def step_samples(canary: CanarySplit) -> dict[str, ArmSample]:
     return samples
 
 
+def step_age(canary: CanarySplit) -> timedelta:
+    return timezone.now() - (canary.step_started_at or canary.created_at)
+
+
 def due(canary: CanarySplit) -> bool:
-    started = canary.step_started_at or canary.created_at
-    return timezone.now() - started >= timedelta(seconds=canary.guardrails["step_seconds"])
+    return step_age(canary) >= timedelta(seconds=canary.guardrails["step_seconds"])
 
 
 def judge_canary(canary_id: int) -> CanaryJudgement | None:
@@ -168,5 +175,8 @@ def _act(canary: CanarySplit, verdict: Verdict) -> str:
             canaries.transition(JUDGE, canary.pk, "rollback", reason=reason, evidence=evidence)
             return "rollback"
         return "retry"
+    patience = timedelta(seconds=HALT_PATIENCE * canary.guardrails["step_seconds"])
+    if verdict.verdict == "halt" and step_age(canary) < patience:
+        return "wait"
     canaries.transition(JUDGE, canary.pk, "pause", reason=reason, evidence=evidence)
     return "pause"

@@ -77,9 +77,9 @@ def running_canary(db):
     return canary
 
 
-def feed(canary: CanarySplit, baseline: ArmSample, candidate: ArmSample) -> None:
-    CanarySplit.objects.filter(pk=canary.pk).update(
-        step_started_at=timezone.now() - timedelta(minutes=5))
+def feed(canary: CanarySplit, baseline: ArmSample, candidate: ArmSample,
+         step_age: timedelta = timedelta(minutes=2)) -> None:
+    CanarySplit.objects.filter(pk=canary.pk).update(step_started_at=timezone.now() - step_age)
     minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
     for name, sample in (("baseline", baseline), ("candidate", candidate)):
         ArmMetricRollup.objects.update_or_create(
@@ -114,8 +114,17 @@ def test_regression_past_the_failure_limit_rolls_back(running_canary):
 
 
 @pytest.mark.django_db
-def test_no_data_pauses_for_the_operator(running_canary):
-    feed(running_canary, ArmSample(), ArmSample())
+def test_too_little_data_waits_at_the_current_weight(running_canary):
+    feed(running_canary, arm(0.5, n=10), arm(0.5, n=10))
+    judgement = judge_canary(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("halt", "wait")
+    assert (running_canary.state, running_canary.step_index) == ("progressing", 0)
+
+
+@pytest.mark.django_db
+def test_no_data_for_several_step_lengths_pauses_for_the_operator(running_canary):
+    feed(running_canary, ArmSample(), ArmSample(), step_age=timedelta(minutes=5))
     judgement = judge_canary(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("halt", "pause")

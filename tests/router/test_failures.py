@@ -122,6 +122,13 @@ def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
     error = json.loads(events[-2])["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == 502
     assert len(events) == 3 + 2  # three relayed chunks, the error, [DONE]
+    # A serving-side failure counts against the arm's error rate (the canary judge's guard);
+    # a client's bad request (the engine's 400 for a prompt over its context) does not.
+    too_long = httpx.post(router.url + "/v1/completions", timeout=30,
+                          json=_body("long", max_tokens=1) | {"prompt": [7] * 200_000})
+    assert too_long.status_code == 400
+    window = router.state()["snapshot"]["window"]
+    assert (window["requests"], window["errors"]) == (2, 1)
 
 
 @pytest.mark.parametrize(

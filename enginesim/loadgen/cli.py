@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--format", default="auto", choices=FORMATS)
     add("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
     add("--model", default=None, help="model name (default: the target's first /v1/models)")
+    add("--max-model-len", type=int, default=None,
+        help="skip records whose prompt + output exceed this many tokens (default: the "
+             "target's max_model_len from /v1/models, as vLLM would refuse them)")
     add("--rate-scale", type=float, default=1.0, help="X: send X times faster than the trace")
     add("--start", type=float, default=0.0, help="trace window start, seconds")
     add("--end", type=float, default=None, help="trace window end, seconds")
@@ -74,12 +77,21 @@ def _burst(args: argparse.Namespace) -> BurstSettings | None:
     return BurstSettings(params, args.burst_at)
 
 
-def discover_model(target: str) -> str:
+def discover_model(target: str) -> tuple[str, int | None]:
+    """The target's first model and its max_model_len (None when not reported)."""
     try:
         response = httpx.get(target.rstrip("/") + "/v1/models", timeout=5.0)
-        return str(response.json()["data"][0]["id"])
+        card = response.json()["data"][0]
+        return str(card["id"]), card.get("max_model_len")
     except (httpx.HTTPError, KeyError, IndexError, ValueError) as exc:
         raise SystemExit(f"could not read {target}/v1/models ({exc}); pass --model") from None
+
+
+def fitting(records: list, max_model_len: int | None) -> list:
+    """The records the target can serve at all (prompt + output within its context)."""
+    if max_model_len is None:
+        return records
+    return [r for r in records if r.input_tokens + r.output_tokens <= max_model_len]
 
 
 def progress_line(generator: LoadGenerator) -> None:
@@ -148,7 +160,13 @@ async def _run(args: argparse.Namespace, generator: LoadGenerator) -> list[Outco
 def main(args: argparse.Namespace) -> int:
     records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
                          start_s=args.start, end_s=args.end)
-    model = args.model or discover_model(args.target)
+    model, max_model_len = (args.model, None) if args.model else discover_model(args.target)
+    limit = args.max_model_len or max_model_len
+    served = fitting(records, limit)
+    if len(served) < len(records):
+        print(f"# skipping {len(records) - len(served)} of {len(records)} records longer "
+              f"than the target's context of {limit} tokens")
+    records = served
     show = not args.no_progress and sys.stderr.isatty()
     generator = LoadGenerator(
         records, args.target, model, concurrency_limit=args.concurrency_limit,

@@ -137,3 +137,14 @@ def test_ctrl_c_stops_the_command_cleanly(target, tmp_path):
     stdout, _ = proc.communicate(timeout=15)
     assert "ttft_mean_s" in stdout  # the summary was printed
     assert out.read_text().count("\n") >= 1
+
+
+def test_records_the_target_cannot_serve_are_skipped_and_reported(target):
+    from enginesim.loadgen.cli import discover_model, fitting
+
+    model, max_model_len = discover_model(target)
+    assert (model, max_model_len) == (MODEL, 32768)
+    records = [TraceRecord(index=i, arrival_s=0.0, input_tokens=n, output_tokens=100)
+               for i, n in enumerate((1000, 32668, 32669, 120_000))]
+    assert [r.index for r in fitting(records, max_model_len)] == [0, 1]
+    assert fitting(records, None) == records

@@ -109,7 +109,10 @@ class RouterSettings(_Strict):
     """Router-process knobs that travel with the configuration (all optional)."""
 
     scrape_interval_s: float = Field(default=1.0, gt=0, le=60)
-    health_interval_s: float = Field(default=1.0, gt=0, le=60)
+    health_interval_s: float = Field(default=0.5, gt=0, le=60)
+    health_timeout_s: float = Field(
+        default=0.5, gt=0, le=60,
+        description="A /health probe unanswered this long counts as a failure (a hang).")
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     first_byte_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="Upstream silence before a retry."

@@ -236,3 +236,20 @@ def test_kv_events_are_received_from_the_engines(fleet, router_factory):
     wait_until(stored_somewhere, 10, "KV event batches applied")
     stats = router.state()["kv_events"]
     assert all(s["decode_errors"] == 0 for s in stats.values())
+
+
+def test_hung_instance_is_marked_down_by_probes_with_the_default_settings(fleet, router_factory):
+    """No traffic at all: only the active /health probes (default interval, timeout and
+    breaker) notice the hang, and the other instances keep being probed meanwhile."""
+    document = router_config(fleet, "round_robin")
+    del document["router"]
+    router = router_factory(document)
+    fleet.fault(1, "hang")
+    try:
+        wait_until(lambda: router.state()["breakers"][fleet.instances()[1]["name"]]["breaker"]
+                   == "open", 5, "the hung instance's circuit to open")
+        breakers = router.state()["breakers"]
+    finally:
+        fleet.fault(1, "recover")
+    assert [name for name, b in breakers.items() if b["breaker"] != "closed"] == \
+        [fleet.instances()[1]["name"]]

@@ -133,5 +133,10 @@ def ingest_metrics(client: redis.Redis) -> IngestResult:
                 continue
             rollups.fold(cluster, record)
             result.stored += 1
-    client.xack(METRICS_STREAM, GROUP, *[entry_id for entry_id, _ in entries])
+    ids = [entry_id for entry_id, _ in entries]
+    client.xack(METRICS_STREAM, GROUP, *ids)
+    # Only ingest reads the metrics stream: once folded, entries are deleted, so the stream
+    # holds what is not ingested yet instead of growing to its MAXLEN cap. (The events
+    # stream is also tailed by the dashboard's publisher and stays capped by MAXLEN.)
+    client.xdel(METRICS_STREAM, *ids)
     return result

@@ -88,6 +88,7 @@ def test_metrics_fold_into_minute_rollups_once(redis_client, cluster):
         redis_client.xadd(METRICS_STREAM, entry.to_stream_fields())
     result = ingest.ingest_metrics(redis_client)
     assert (result.stored, result.duplicates) == (2, 1)
+    assert redis_client.xlen(METRICS_STREAM) == 0  # folded entries do not accumulate
     row = ArmMetricRollup.objects.get(cluster=cluster, arm="baseline")
     assert (row.requests, row.errors, row.output_tokens) == (6, 2, 60)
     assert sorted(row.ttft_samples) == [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]

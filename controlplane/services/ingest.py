@@ -10,6 +10,8 @@ entry is ignored: ingest is idempotent and resumable.
 from __future__ import annotations
 
 import logging
+from typing import Any
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -92,8 +94,22 @@ def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
     return created
 
 
-def ingest_events(client: redis.Redis) -> IngestResult:
-    entries = read_batch(client, EVENTS_STREAM)
+def store_metrics(record: MetricsRecord, clusters: dict[str, Cluster]) -> bool:
+    """Fold one metrics record into the rollups; False when already folded or unknown."""
+    cluster = clusters.get(record.cluster)
+    _, created = IngestedRecord.objects.get_or_create(record_id=record.id)
+    if cluster is None or not created:
+        return False
+    rollups.fold(cluster, record)
+    return True
+
+
+def _ingest(client: redis.Redis, stream: str, parse: Callable[[dict], Any],
+            store: Callable[[Any, dict[str, Cluster]], bool], *,
+            delete_acknowledged: bool = False) -> IngestResult:
+    """One batch: parse and store every entry in one transaction, then acknowledge (and,
+    for a stream nobody else reads, delete) the entries."""
+    entries = read_batch(client, stream)
     result = IngestResult(read=len(entries))
     if not entries:
         return result
@@ -101,42 +117,28 @@ def ingest_events(client: redis.Redis) -> IngestResult:
     with transaction.atomic():
         for _, fields in entries:
             try:
-                event = WireEvent.from_stream_fields(fields)
+                item = parse(fields)
             except (ValidationError, ValueError):
                 result.invalid += 1
                 continue
-            if store_event(event, clusters):
+            if store(item, clusters):
                 result.stored += 1
             else:
                 result.duplicates += 1
-    client.xack(EVENTS_STREAM, GROUP, *[entry_id for entry_id, _ in entries])
+    ids = [entry_id for entry_id, _ in entries]
+    client.xack(stream, GROUP, *ids)
+    if delete_acknowledged:
+        client.xdel(stream, *ids)
     return result
+
+
+def ingest_events(client: redis.Redis) -> IngestResult:
+    return _ingest(client, EVENTS_STREAM, WireEvent.from_stream_fields, store_event)
 
 
 def ingest_metrics(client: redis.Redis) -> IngestResult:
-    entries = read_batch(client, METRICS_STREAM)
-    result = IngestResult(read=len(entries))
-    if not entries:
-        return result
-    clusters = {c.name: c for c in Cluster.objects.all()}
-    with transaction.atomic():
-        for _, fields in entries:
-            try:
-                record = MetricsRecord.from_stream_fields(fields)
-            except (ValidationError, ValueError):
-                result.invalid += 1
-                continue
-            cluster = clusters.get(record.cluster)
-            _, created = IngestedRecord.objects.get_or_create(record_id=record.id)
-            if cluster is None or not created:
-                result.duplicates += 1
-                continue
-            rollups.fold(cluster, record)
-            result.stored += 1
-    ids = [entry_id for entry_id, _ in entries]
-    client.xack(METRICS_STREAM, GROUP, *ids)
-    # Only ingest reads the metrics stream: once folded, entries are deleted, so the stream
-    # holds what is not ingested yet instead of growing to its MAXLEN cap. (The events
-    # stream is also tailed by the dashboard's publisher and stays capped by MAXLEN.)
-    client.xdel(METRICS_STREAM, *ids)
-    return result
+    # Only ingest reads the metrics stream, so folded entries are deleted and the stream
+    # holds only what is not ingested yet. (The events stream is also tailed by the
+    # dashboard's publisher and stays capped by MAXLEN.)
+    return _ingest(client, METRICS_STREAM, MetricsRecord.from_stream_fields, store_metrics,
+                   delete_acknowledged=True)

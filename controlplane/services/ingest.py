@@ -10,10 +10,10 @@ entry is ignored: ingest is idempotent and resumable.
 from __future__ import annotations
 
 import logging
-from typing import Any
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import redis
 from django.db import transaction

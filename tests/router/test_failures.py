@@ -70,8 +70,8 @@ def test_killed_instance_requests_retried_marked_down_and_back(fleet, router_fac
         broken = [r for r in results if '"error"' in r[2]]
         assert all(r[1] == "i1" for r in broken)
         assert len(broken) <= 8  # at most the streams that were running on i1
-        retried = _metric(router, "switchyard_router_retries_total")
-        assert retried >= 1
+        # Whether any request still reached the dead i1 (and was retried) depends on how
+        # soon the 0.2 s probes saw it: retries themselves are pinned down by the 5xx test.
         wait_until(lambda: router.health_of("i1") == "down", 5, "i1 marked down")
         after = asyncio.run(_load(url, 12, 4, stream=False))
         assert all(r[0] == 200 and r[1] != "i1" for r in after)

@@ -7,8 +7,9 @@ seconds) explicitly; nothing here reads a clock or does I/O.
 Request lifecycle (router-local accounting, DESIGN.md §3)::
 
     state.on_dispatch(features, instance_id, now)   # pending_prefill += uncached tokens,
-                                                    # in_flight += 1, KV shadow insert
-    state.on_first_token(request_id, now)           # pending -> batch_size
+                                                    # in_flight += 1 (in batch_size from
+                                                    # now on), KV shadow insert
+    state.on_first_token(request_id, now)           # pending prefill drained; decoding
     state.on_finish(request_id, now)                # or on_error(request_id, now)
 
 Other inputs: ``on_scrape`` (vLLM /metrics: running, waiting, KV usage,
@@ -25,24 +26,40 @@ Definitions
   at ``prompt_tokens - 1`` (vLLM always recomputes the last prompt token, so a
   prompt is never fully free).
 * ``P-token_i(r)`` = pending prefill tokens on i + prompt tokens − cached.
-* ``batch_size`` (view) = ``local + external``:
+* ``batch_size`` (view), ``BS_i``: requests in i's running batch as the
+  engine counts it — vLLM v1 schedules a request whose (chunked) prefill is in
+  progress in the same batch as the decoding ones (it holds a sequence slot and
+  a share of every step); only requests in the engine's waiting queue are not
+  in it. DESIGN.md §3 ("requests past their first token ... plus
+  admitted-not-started ones") with the admitted ones estimated as below::
 
-  - ``local``: requests this router sent to i that are past their first
-    token and not finished. Always fresh; it is never reduced by a scrape.
+      batch_size = decoding + admitted + external
+      decoding   = this router's requests on i past their first token, not finished
+      admitted   = ours_not_started − ours_waiting
+                 = (in_flight − decoding) − ours_waiting   (dispatched, no first token,
+                                                            not in the engine's queue)
+
+  - ``decoding`` and ``in_flight`` are router-local: always fresh, never
+    reduced by a scrape. Without a usable scrape ``ours_waiting`` is 0, so
+    batch_size = in_flight: every dispatched request counts as running, which
+    is what vLLM does unless its KV memory is exhausted.
+  - ``ours_waiting = min(ours_not_started, scraped waiting)``, with
+    ``ours_not_started`` taken *now* and ``scraped waiting`` from the last
+    scrape of i that carried ``running`` (0 if that scrape had no
+    ``waiting``): this router's not-started requests are assumed to sit in the
+    engine's waiting queue as far as its size allows (they are the newest;
+    vLLM admits FCFS). It is 0 when i was never scraped, once the scrape has
+    expired (same TTL as ``external``), or with ``use_scraped_load`` off.
   - ``external``: running requests on i that this router did *not* send
     (other routers, direct clients), measured at each scrape of i as what the
     engine reports minus what this router accounts for at that moment::
 
-        ours_not_started = in_flight − local            (dispatched, no first token yet)
-        ours_waiting     = min(ours_not_started, scraped waiting)   (0 if not scraped)
-        external         = max(scraped running − (in_flight − ours_waiting), 0)
+        external = max(scraped running − (in_flight − ours_waiting), 0)
 
-    i.e. this router's not-started requests are assumed to sit in the
-    engine's waiting queue as far as its size allows (they are the newest;
-    vLLM admits FCFS) and to be running (prefilling) otherwise. A scrape
-    consistent with this router's own accounting therefore yields 0, so a
-    router never sees its own requests twice; a stale scrape lower than the
-    local count yields 0 too, never a negative.
+    A scrape consistent with this router's own accounting therefore yields 0,
+    so a router never sees its own requests twice; a stale scrape lower than
+    the local count yields 0 too, never a negative. Right after a scrape,
+    batch_size = max(scraped running, in_flight − ours_waiting).
   - ``external`` is frozen between scrapes and dropped once
     ``external_load_ttl_intervals`` scrape intervals pass without a fresh
     ``running`` value for i (instance unreachable, monitor stopped). The
@@ -50,7 +67,10 @@ Definitions
     instance from the spacing of its scrapes (EWMA; a gap counts at most
     twice the current estimate, so a missed scrape or an outage does not
     stretch it; 1 s until two scrapes were seen).
-  - With ``use_scraped_load`` off, the view reports ``local`` only.
+  - With ``use_scraped_load`` off, the view reports ``in_flight`` (decoding +
+    all not-started requests), never anything scraped.
+  - :meth:`ClusterState.snapshot`'s ``batch_size`` is ``decoding`` only (the
+    router-local decode batch, for dashboards); the policies' BS is the view's.
 
   Scraped ``waiting`` only serves the attribution above: external waiting
   requests are not added to ``pending_prefill`` (their prompt sizes are
@@ -117,7 +137,8 @@ class InstanceState:
 
 
 _ARRAYS = ("pending", "batch", "in_flight", "context", "decode_blocks", "running", "waiting",
-           "kv_usage", "tps", "last_scrape", "external", "external_until", "scrape_interval")
+           "kv_usage", "tps", "last_scrape", "external", "external_until", "scrape_interval",
+           "waiting_cap")
 
 _FALLBACK_SCRAPE_INTERVAL_S = 1.0  # the live router's default router.scrape_interval_s
 _SCRAPE_INTERVAL_ALPHA = 0.3
@@ -197,7 +218,7 @@ class ClusterState:
         self.health[slot] = Health.DOWN
         self.kv.clear(slot)
         self.kv_version += 1
-        self.external[slot] = 0.0
+        self.external[slot] = self.waiting_cap[slot] = 0.0
         self.external_until[slot] = np.nan
 
     def set_health(self, instance_id: str, health: Health) -> None:
@@ -239,7 +260,7 @@ class ClusterState:
         return uncached
 
     def on_first_token(self, request_id: str, now: float) -> None:
-        """First token seen: its prefill is done, it joins the decode batch."""
+        """First token seen: its prefill is done, it decodes (already in the view's BS)."""
         self.advance(now)
         record = self._record(request_id)
         if record.started:
@@ -302,8 +323,10 @@ class ClusterState:
             self.running[slot] = running
             local = self.batch[slot]
             in_flight = self.in_flight[slot]
-            ours_waiting = min(in_flight - local, waiting) if waiting is not None else 0.0
-            self.external[slot] = max(running - (in_flight - max(ours_waiting, 0.0)), 0.0)
+            cap = waiting if waiting is not None else 0.0
+            ours_waiting = max(min(in_flight - local, cap), 0.0)
+            self.external[slot] = max(running - (in_flight - ours_waiting), 0.0)
+            self.waiting_cap[slot] = max(cap, 0.0)
             ttl = self.external_load_ttl_intervals * self._interval(slot)
             self.external_until[slot] = now + ttl
         if waiting is not None:
@@ -415,7 +438,8 @@ class ClusterView:
     Arrays: ``pending_prefill``, ``in_flight``, ``decode_context_tokens``,
     ``decode_blocks`` (Σ per decoding request of its prompt blocks),
     ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
-    ``batch_size`` (local + unexpired external, see the module docstring) and
+    ``batch_size`` (decoding + admitted + unexpired external: the engine's
+    running batch, see the module docstring), ``ours_waiting`` and
     ``external_running`` are computed per call at the state's clock.
     ``eligible`` is a fresh bool mask of healthy slots. ``ids[slot]`` is the
     instance id.
@@ -452,11 +476,21 @@ class ClusterView:
         return state.external * (state.external_until > state.clock)
 
     @property
+    def ours_waiting(self) -> np.ndarray:
+        """Per slot, this router's not-started requests estimated to be queued in the engine."""
+        state = self._state
+        if not state.use_scraped_load:
+            return np.zeros(state.in_flight.shape)
+        fresh = state.external_until > state.clock  # nan (never scraped) compares False
+        return np.minimum(state.in_flight - state.batch, state.waiting_cap) * fresh
+
+    @property
     def batch_size(self) -> np.ndarray:
-        local = self._state.batch
-        if not self._state.use_scraped_load:
-            return _readonly(local)
-        return local + self.external_running
+        """Per slot, BS: requests in the engine's running batch (prefilling or decoding)."""
+        state = self._state
+        if not state.use_scraped_load:
+            return _readonly(state.in_flight)
+        return state.in_flight - self.ours_waiting + self.external_running
 
     @property
     def has_global_tier(self) -> bool:

@@ -28,14 +28,14 @@ def test_least_load_prefers_fewer_in_flight_then_less_pending():
 
 def test_linear_weighted_sum_normalises_both_indicators():
     state = cluster(2)
-    add_pending(state, "i0", 900)   # P0 = 1000, BS0 = 0
+    add_pending(state, "i0", 900)   # P0 = 1000, BS0 = 1 (the 900-token prefill is running)
     add_decoding(state, "i1", 4)    # P1 = 100,  BS1 = 4
     request = features(tokens(0, 100))
     chat = make_policy("linear", {"w": 0.7}).decide(request, state.view(), 0.0)
-    assert chat.score_table() == pytest.approx({"i0": 0.7, "i1": 0.7 * 0.1 + 0.3})
+    assert chat.score_table() == pytest.approx({"i0": 0.7 + 0.3 * 0.25, "i1": 0.7 * 0.1 + 0.3})
     assert chat.instance_id == "i1"
     decode_heavy = make_policy("linear", {"w": 0.2}).decide(request, state.view(), 0.0)
-    assert decode_heavy.instance_id == "i0"  # 0.2 vs 0.02 + 0.8
+    assert decode_heavy.instance_id == "i0"  # 0.2 + 0.8 · 0.25 vs 0.02 + 0.8
 
 
 def test_linear_ties_fall_to_lower_p_token_then_lower_bs():

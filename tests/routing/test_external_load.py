@@ -1,8 +1,11 @@
-"""Scrape correction: batch size = local accounting + external load (DESIGN.md §3).
+"""Scrape correction: batch size = this router's running requests + external load.
 
-External load is what the engine reports minus what this router accounts for
-at the time of the scrape (floored at 0); it expires after a few scrape
-intervals without a fresh scrape. All times are passed in; nothing reads a clock.
+This router's running requests on i = its decoding requests + its dispatched,
+not-started ones minus those estimated to sit in the engine's waiting queue
+(``min(not started, scraped waiting)``). External load is what the engine
+reports minus what this router accounts for at the time of the scrape (floored
+at 0); both scraped terms expire after a few scrape intervals without a fresh
+scrape. All times are passed in; nothing reads a clock.
 """
 
 import numpy as np
@@ -35,8 +38,9 @@ def _burst_on_holder(state: ClusterState, count: int) -> None:
 # (1) a single router whose scrape matches its own accounting sees no extra load
 
 
-@pytest.mark.parametrize("running, waiting", [(4, 0), (3, 1), (2, 2), (1, 3)])
-def test_own_requests_in_the_scrape_are_not_counted_twice(running, waiting):
+@pytest.mark.parametrize("running, waiting, chosen",
+                         [(4, 0, "i1"), (3, 1, "i1"), (2, 2, "i1"), (1, 3, "i0")])
+def test_own_requests_in_the_scrape_are_not_counted_twice(running, waiting, chosen):
     state = cluster(2)
     _burst_on_holder(state, 3)  # i0: 1 decoding + 3 dispatched, not started
     # However the engine splits our 3 new requests between prefilling and queued,
@@ -45,12 +49,17 @@ def test_own_requests_in_the_scrape_are_not_counted_twice(running, waiting):
     state.on_scrape("i1", 1.1, running=1, waiting=0)
     view = state.view()
     assert view.external_running.tolist() == [0, 0]
-    assert view.batch_size.tolist() == [1, 1]  # max(local, scraped) said [running, 1]
-    # LMetric keeps the next follow-up on the prefix holder:
-    # i0: P = 3·128 pending + 128 new = 512, × BS 1  <  i1: P = 896, × BS 1.
+    # BS is the engine's own count, once: 1 decoding + the (3 − waiting) prefilling.
+    assert view.batch_size.tolist() == [running, 1]
+    assert view.ours_waiting.tolist() == [waiting, 0]
+    # i0: P = 3·128 pending + 128 new = 512  vs  i1: P = 896, × BS 1. The holder
+    # keeps the follow-up only while its batch is not 896/512 times i1's: with
+    # our 3 requests queued (BS 1) it does; once the engine runs 1+ of them
+    # alongside the decoding one it does not. (When BS counted decoding requests
+    # only, i0 had BS 1 in every case and always won.)
     decision = make_policy("lmetric").decide(_turn(9, 1.2), view, 1.2)
-    assert decision.instance_id == "i0"
-    assert decision.score_table() == {"i0": 512 * 1, "i1": 896 * 1}
+    assert decision.score_table() == {"i0": 512 * running, "i1": 896 * 1}
+    assert decision.instance_id == chosen
 
 
 def test_own_requests_that_finished_after_the_scrape_do_not_linger():
@@ -73,9 +82,9 @@ def test_stale_scrape_lower_than_local_never_reduces_the_view():
     state.on_scrape("i0", 1.0, running=2, waiting=0)  # taken before most of ours arrived
     view = state.view()
     assert view.external_running.tolist() == [0, 0]
-    assert view.batch_size.tolist() == [5, 0]
+    assert view.batch_size.tolist() == [6, 0]  # 5 decoding + 1 prefilling
     add_decoding(state, "i0", 2)
-    assert view.batch_size.tolist() == [7, 0]
+    assert view.batch_size.tolist() == [8, 0]
     assert state.snapshot("i0").external_running == 0
 
 
@@ -100,10 +109,49 @@ def test_waiting_count_attributes_our_unstarted_requests_before_external_running
     add_pending(state, "i0", 100)
     # 1 ours decoding + 1 someone else's running; our new request is still queued.
     state.on_scrape("i0", 1.0, running=2, waiting=1)
-    assert state.view().batch_size.tolist() == [2]
-    # Without a waiting count ours are assumed running: no load is invented.
+    assert state.view().external_running.tolist() == [1]
+    assert state.view().batch_size.tolist() == [2]  # 1 ours + 1 theirs; ours queued
+    # Without a waiting count ours are assumed running: it is in BS, and the
+    # scraped 2 are both ours, so no external load is invented.
     state.on_scrape("i0", 2.0, running=2)
-    assert state.view().batch_size.tolist() == [1]
+    assert state.view().external_running.tolist() == [0]
+    assert state.view().batch_size.tolist() == [2]
+
+
+def test_scraped_waiting_keeps_our_queued_requests_out_of_the_batch():
+    state = ClusterState(scrape_interval_s=1.0, external_load_ttl_intervals=2.0)
+    state.add_instance("a")
+    queued = [add_pending(state, "a", 1000) for _ in range(4)]
+    view = state.view()
+    assert view.batch_size.tolist() == [4]  # no scrape: every dispatched request runs
+    state.on_scrape("a", 10.0, running=1, waiting=3)  # KV memory full: 3 of ours queued
+    assert (view.ours_waiting.tolist(), view.batch_size.tolist()) == ([3], [1])
+    # The running one gets its first token: still 3 not started, all queued.
+    state.on_first_token(queued[0], 10.2)
+    assert view.batch_size.tolist() == [1]
+    # It finishes and, before the next scrape, one queued request starts (first token).
+    state.on_finish(queued[0], 10.4)
+    state.on_first_token(queued[1], 10.5)
+    assert (view.ours_waiting.tolist(), view.batch_size.tolist()) == ([2], [1])
+    # A new dispatch takes the queue place q1 left; the next one, beyond the
+    # scraped queue length, is assumed running.
+    add_pending(state, "a", 10)
+    assert (view.ours_waiting.tolist(), view.batch_size.tolist()) == ([3], [1])
+    add_pending(state, "a", 10)
+    assert (view.ours_waiting.tolist(), view.batch_size.tolist()) == ([3], [2])
+    # The scrape expires: every not-started request counts as running again.
+    state.advance(12.0)
+    assert (view.ours_waiting.tolist(), view.batch_size.tolist()) == ([0], [5])
+
+
+def test_scraped_waiting_is_ignored_with_scraped_load_off():
+    state = ClusterState(use_scraped_load=False)
+    state.add_instance("a")
+    add_pending(state, "a", 100)
+    add_pending(state, "a", 100)
+    state.on_scrape("a", 1.0, running=0, waiting=2)
+    assert state.view().ours_waiting.tolist() == [0]
+    assert state.view().batch_size.tolist() == [2]
 
 
 def test_two_routers_each_see_the_whole_cluster_and_the_router_avoids_the_busy_one():
@@ -126,8 +174,9 @@ def test_scraped_load_off_reports_local_only():
     state = ClusterState(use_scraped_load=False)
     state.add_instance("a")
     add_decoding(state, "a", 1)
+    add_pending(state, "a", 10)
     state.on_scrape("a", 1.0, running=9, waiting=0)
-    assert state.view().batch_size.tolist() == [1]
+    assert state.view().batch_size.tolist() == [2]  # in flight: decoding + prefilling
 
 
 # (4) external load expires without a fresh scrape
@@ -150,7 +199,7 @@ def test_external_load_expires_after_the_configured_scrape_intervals():
     add_pending(state, "a", 10)  # helpers dispatch at now=0.0
     assert state.clock == 13.0
     state.on_first_token(add_pending(state, "a", 10), 15.5)
-    assert view.batch_size.tolist() == [2]  # external gone; 1 + 1 local decoding
+    assert view.batch_size.tolist() == [3]  # external gone; 2 decoding + 1 not started
 
 
 def test_scrape_interval_is_learned_from_scrape_spacing():
@@ -207,10 +256,14 @@ def test_view_is_local_plus_what_others_sent(decoding, unstarted, queued, others
     add_decoding(state, "i0", decoding)
     for _ in range(unstarted):
         add_pending(state, "i0", 16)
+    assert state.view().batch_size.tolist() == [decoding + unstarted]  # no scrape yet
     queued = min(queued, unstarted)  # how many of ours the engine still queues
     running = decoding + unstarted - queued + others
     state.on_scrape("i0", 1.0, running=running, waiting=queued)
-    assert state.view().batch_size.tolist() == [decoding + others]
-    # Any scrape, however stale or low, leaves at least the local count.
+    # A scrape consistent with the truth reproduces the engine's running count.
+    assert state.view().batch_size.tolist() == [running]
+    assert state.view().external_running.tolist() == [others]
+    # Any scrape, however stale or low, without a waiting count leaves at least
+    # everything this router has in flight.
     state.on_scrape("i0", 2.0, running=max(running - stale_drop, 0), waiting=0)
-    assert state.view().batch_size[0] >= decoding
+    assert state.view().batch_size[0] >= decoding + unstarted

@@ -22,12 +22,16 @@ def test_lifecycle_moves_tokens_from_pending_to_batch_and_out():
     assert uncached == 100 - 64
     snap = state.snapshot("i0")
     assert (snap.pending_prefill_tokens, snap.batch_size, snap.in_flight) == (36, 0, 1)
+    # The view's BS is the engine's running batch: the prefilling request is in it.
+    assert state.view().batch_size.tolist() == [1, 0]
     state.on_first_token(request.request_id, 1.5)
     snap = state.snapshot("i0")
     assert (snap.pending_prefill_tokens, snap.batch_size, snap.decode_context_tokens) == (0, 1, 100)
+    assert state.view().batch_size.tolist() == [1, 0]
     state.on_finish(request.request_id, 3.0)
     snap = state.snapshot("i0")
     assert (snap.batch_size, snap.in_flight, snap.decode_context_tokens) == (0, 0, 0)
+    assert state.view().batch_size.tolist() == [0, 0]
 
 
 def test_dispatch_records_shadow_blocks():
@@ -127,11 +131,57 @@ def test_state_returns_to_zero_after_every_request_ends(requests, rnd):
         state.on_dispatch(request, f"i{slot}", 0.0)
         live.append((request.request_id, ending, starts))
     rnd.shuffle(live)
+    view = state.view()
     for request_id, ending, starts in live:
+        # Never scraped: every dispatched request is in the batch, started or not.
+        assert view.batch_size.tolist() == view.in_flight.tolist()
         if starts:
             state.on_first_token(request_id, 1.0)
         getattr(state, f"on_{ending}")(request_id, 2.0)
-    view = state.view()
     for array in (view.pending_prefill, view.batch_size, view.in_flight,
                   view.decode_context_tokens, view.decode_blocks):
         assert array.tolist() == [0, 0, 0]
+
+
+steps = st.lists(
+    st.one_of(
+        st.tuples(st.just("dispatch"), st.integers(1, 64), st.integers(0, 0)),
+        st.tuples(st.just("start"), st.integers(0, 40), st.integers(0, 0)),
+        st.tuples(st.just("finish"), st.integers(0, 40), st.integers(0, 0)),
+        st.tuples(st.just("scrape"), st.integers(0, 12), st.integers(0, 12)),
+    ),
+    min_size=1, max_size=40,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps)
+def test_batch_size_stays_between_decoding_and_in_flight_plus_external(ops):
+    state = ClusterState(scrape_interval_s=1.0, external_load_ttl_intervals=2.0)
+    state.add_instance("a")
+    view = state.view()
+    live: list[str] = []
+    now = 0.0
+    for op, x, y in ops:
+        now += 0.25
+        if op == "dispatch":
+            request = features(tokens(1_000 * len(live), x))
+            state.on_dispatch(request, "a", now)
+            live.append(request.request_id)
+        elif op == "start" and live:
+            state.on_first_token(live[x % len(live)], now)
+        elif op == "finish" and live:
+            state.on_finish(live.pop(x % len(live)), now)
+        elif op == "scrape":
+            state.on_scrape("a", now, running=x, waiting=y)
+        decoding = state.snapshot("a").batch_size
+        in_flight = float(view.in_flight[0])
+        ours = float(view.batch_size[0] - view.external_running[0])
+        assert 0 <= view.ours_waiting[0] <= in_flight - decoding
+        assert decoding <= ours <= in_flight
+    for request_id in live:
+        state.on_error(request_id, now + 1.0)
+    assert view.batch_size.tolist() == view.external_running.tolist()
+    state.advance(now + 10.0)  # every scrape expired
+    assert view.batch_size.tolist() == [0]
+    assert view.ours_waiting.tolist() == [0]

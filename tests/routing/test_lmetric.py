@@ -10,11 +10,13 @@ from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 def test_minimum_product_of_p_token_and_batch_size():
     state = cluster(2)
     add_pending(state, "i0", 1000)
-    add_decoding(state, "i0", 2)  # P0 = 1000 + 100 (+2 one-token prompts done) ; BS0 = 2
+    add_decoding(state, "i0", 2)  # P0 = 1000 + 100 (+2 one-token prompts done)
     add_decoding(state, "i1", 5)  # P1 = 100, BS1 = 5
     decision = make_policy("lmetric").decide(features(tokens(0, 100)), state.view(), 0.0)
     assert decision.instance_id == "i1"
-    assert decision.score_table() == {"i0": 1100 * 2, "i1": 100 * 5}
+    # BS0 = 3: the 1000-token request is prefilling, so it is in i0's running batch
+    # next to the 2 decoding ones (vLLM v1 schedules them in the same steps).
+    assert decision.score_table() == {"i0": 1100 * 3, "i1": 100 * 5}
 
 
 def test_cache_hit_lowers_p_token():
@@ -29,14 +31,52 @@ def test_cache_hit_lowers_p_token():
 
 
 def test_idle_instances_tie_on_zero_and_lower_p_token_wins():
-    state = cluster(3)
+    state = cluster(4)
     prompt = tokens(0, 320)
     warm(state, "i2", prompt[:160])
-    add_pending(state, "i0", 50)
+    warm(state, "i3", prompt[:160])
     for seed in range(10):
         decision = make_policy("lmetric", seed=seed).decide(features(prompt), state.view(), 0.0)
-        assert decision.score_table() == {"i0": 0, "i1": 0, "i2": 0}
-        assert decision.instance_id == "i2"  # P-token 160 vs 320 (i1) and 370 (i0)
+        assert decision.score_table() == {"i0": 0, "i1": 0, "i2": 0, "i3": 0}
+        assert decision.instance_id in ("i2", "i3")  # P-token 160 vs 320 (i0, i1)
+    # i3 starts prefilling a 50-token request: it is no longer idle (BS 1, score
+    # 1 × 210), so the idle instance with the same cache hit wins outright.
+    add_pending(state, "i3", 50)
+    for seed in range(10):
+        decision = make_policy("lmetric", seed=seed).decide(features(prompt), state.view(), 0.0)
+        assert decision.score_table() == {"i0": 0, "i1": 0, "i2": 0, "i3": 210}
+        assert decision.instance_id == "i2"
+
+
+def test_an_instance_prefilling_a_long_request_is_not_idle():
+    """The replay report's failure: BS 0 while a >100k-token prefill runs made the product 0."""
+    state = cluster(2)
+    prompt = tokens(0, 1024)
+    warm(state, "i0", prompt[:64])  # a small part of the prompt is cached on i0
+    long_request = add_pending(state, "i0", 120_000)  # dispatched, no first token yet
+    add_decoding(state, "i1", 2)  # i1 decodes two short requests
+    view = state.view()
+    assert view.batch_size.tolist() == [1, 2]
+    decision = make_policy("lmetric").decide(features(prompt), view, 0.0)
+    # Before BS counted prefilling requests, i0 scored 0 × … = 0 and won.
+    assert decision.score_table() == {"i0": (120_000 + 960) * 1, "i1": 1024 * 2}
+    assert decision.instance_id == "i1"
+    # Its first token does not change BS (prefilling → decoding), only P-token.
+    state.on_first_token(long_request, 1.0)
+    assert view.batch_size.tolist() == [1, 2]
+    state.on_finish(long_request, 2.0)
+    assert view.batch_size.tolist() == [0, 2]
+
+
+def test_a_large_cache_hit_still_beats_a_busier_batch():
+    state = cluster(2)
+    prompt = tokens(0, 4096)
+    warm(state, "i0", prompt)
+    add_pending(state, "i0", 500)  # i0 is prefilling something else: BS 1
+    add_decoding(state, "i1", 1)
+    decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
+    assert decision.score_table() == {"i0": (500 + 1) * 1, "i1": 4096 * 1}
+    assert decision.instance_id == "i0"
 
 
 class StubView:

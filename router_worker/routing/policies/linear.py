@@ -2,7 +2,9 @@
 
 Two variants:
 
-* ``weighted_sum`` (BAILIAN-style): ``w · P-token/max P-token + (1 − w) · BS/max BS``,
+* ``weighted_sum`` (BAILIAN-style): ``w · P-token/max P-token + (1 − w) · BS/max BS``
+  (BS = the view's ``batch_size``: requests in the engine's running batch,
+  prefilling or decoding),
   each indicator normalised by its maximum over the healthy instances (1 when
   that maximum is 0), so both terms lie in [0, 1] and ``w`` is comparable across
   workloads. LMetric's paper found ``w = 0.7`` best for chat traffic and 0.55

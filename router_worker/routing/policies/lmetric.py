@@ -1,8 +1,14 @@
 """``lmetric``: minimum of ``P-token_i(r) × BS_i``, plus the hotspot detector.
 
-Score = P-token × BS (DESIGN.md §3). Ties: lower P-token, then lower BS, then
-seeded random — so among idle instances (BS = 0, score 0) the one with the
-best cache hit and shortest prefill queue wins instead of a blind tie.
+Score = P-token × BS (DESIGN.md §3). BS is the view's ``batch_size``: the
+requests in the engine's running batch, prefilling or decoding (vLLM v1 runs a
+request's chunked prefill in the same batch as the decodes), not only those
+past their first token — so an instance busy with a long prefill is not "idle"
+with score 0 (see :mod:`router_worker.routing.indicators`). Ties: lower
+P-token, then lower BS, then seeded random — so among idle instances (BS = 0,
+score 0: nothing running; requests the engine reports queued do not count) the
+one with the best cache hit and shortest prefill queue wins instead of a blind
+tie.
 
 Hotspot fallback (see :mod:`router_worker.routing.hotspot`): while a class is
 confirmed hot, its requests are routed over the healthy instances *outside* M

@@ -12,7 +12,8 @@ Is the request a follow-up? Decided statelessly, first rule that applies:
 
 First turns → least-loaded instance (``first_turn_balance``): load = pending
 prefill tokens / prefill throughput (seconds of queued prefill), ties by lower
-BS, then seeded random.
+BS (the view's ``batch_size``: running requests, prefilling or decoding), then
+seeded random.
 
 Follow-ups → the instance with the highest local hit (ties: lower estimated
 TTFT, then random). If its estimated TTFT ≤ ``slo_ttft_s`` → stick

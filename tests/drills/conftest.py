@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,9 +13,8 @@ import pytest
 from tests.router.conftest import (
     Fleet,
     PrivateRedis,
-    Router,
     free_ports,
-    launch_router,
+    router_factory,  # noqa: F401  re-exported fixture: the drills start routers with it
     start_fleet,
     stop_process,
 )
@@ -38,20 +36,6 @@ def drill_config(fleet: Fleet, kind: str = "lmetric", **router: Any) -> dict[str
     return {"cluster": "drill", "model": "Qwen/Qwen2-7B-Instruct",
             "instances": fleet.instances(), "policy": {"kind": kind, "params": {}},
             "router": {**DRILL_ROUTER, **router}}
-
-
-@pytest.fixture
-def drill_router(tmp_path: Path) -> Iterator[Callable[..., Router]]:
-    started: list[Router] = []
-
-    def start(document: dict[str, Any] | None = None, *extra: str, **options: Any) -> Router:
-        router = launch_router(tmp_path, document, *extra, **options)
-        started.append(router)
-        return router
-
-    yield start
-    for router in started:
-        stop_process(router.proc)
 
 
 @pytest.fixture

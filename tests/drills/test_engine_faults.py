@@ -64,8 +64,8 @@ def fault_under_load(fleet: Fleet, router: Router, index: int, mode: str
 
 
 @pytest.mark.parametrize("mode", ["kill", "hang"])
-def test_engine_fault_under_load(drill_fleet, drill_router, mode):
-    router = drill_router(drill_config(drill_fleet, "round_robin"))
+def test_engine_fault_under_load(drill_fleet, router_factory, mode):
+    router = router_factory(drill_config(drill_fleet, "round_robin"))
     index = 1 if mode == "kill" else 2
     try:
         outcome, down_s = fault_under_load(drill_fleet, router, index, mode)

@@ -72,9 +72,9 @@ def stored_ids() -> set[str]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_redis_outage_loses_no_events(drill_fleet, drill_router, drill_redis):
+def test_redis_outage_loses_no_events(drill_fleet, router_factory, drill_redis):
     Cluster.objects.create(name="drill", model=MODEL, gpu_type="h20")
-    router = drill_router(drill_config(drill_fleet, "lmetric"), redis_url=drill_redis.url)
+    router = router_factory(drill_config(drill_fleet, "lmetric"), redis_url=drill_redis.url)
     client = redis.Redis.from_url(drill_redis.url)
     wait_until(lambda: router.state()["telemetry"]["redis"], 10, "telemetry connected")
     stop, box = threading.Event(), []

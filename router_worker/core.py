@@ -168,6 +168,8 @@ class RouterCore:
         slot = state.slot_of(instance)
         peak = self._peaks.setdefault(slot, [0.0, 0.0])
         peak[0] = max(peak[0], float(state.pending[slot]))
+        # The batch (as policies see it) grows at dispatch: in-flight is its upper bound.
+        peak[1] = max(peak[1], float(state.in_flight[slot]))
 
     def first_token(self, plan: Plan) -> None:
         now = time.time()
@@ -176,9 +178,6 @@ class RouterCore:
         assert state is not None
         if state.is_in_flight(plan.request_id):
             state.on_first_token(plan.request_id, now)
-            slot = state.slot_of(plan.instance)
-            peak = self._peaks.setdefault(slot, [0.0, 0.0])
-            peak[1] = max(peak[1], float(state.batch[slot]))
         ttft = plan.first_token_at - plan.started
         plan.arm.policy.observe_first_token(plan.features, plan.instance, ttft, now)
 
@@ -264,11 +263,12 @@ class RouterCore:
         if state is None:
             return {}
         peaks = {}
+        batch_now = state.view().batch_size
         for slot, name in enumerate(state.ids):
             pending, batch = self._peaks.get(slot, (0.0, 0.0))
             kv = float(np.nan_to_num(state.kv_usage[slot]))
             peaks[name] = (max(pending, float(state.pending[slot])),
-                           max(batch, float(state.batch[slot])), kv)
+                           max(batch, float(batch_now[slot])), kv)
         self._peaks.clear()
         return peaks
 
@@ -281,16 +281,20 @@ class RouterCore:
         arm_of = runtime.arm_of_instance()
         hot = {name for event in self.hotspots.values() for name in event.instances}
         instances = []
+        # The batch size published is the one policies use: the engine's running batch
+        # (prefilling and decoding requests of ours, plus other senders' load).
+        batch = state.view().batch_size
         for slot, name in enumerate(state.ids):
             if name not in self.health.instances or name not in runtime.urls:
                 continue
             snap = state.snapshot(name)
             peak = self._peaks.get(slot, (0.0, 0.0))
+            batch_now = float(batch[slot])
             instances.append(InstanceSnapshot(
                 name=name, health=self.health.effective(name),
                 pending_prefill_tokens=snap.pending_prefill_tokens,
                 pending_prefill_tokens_max=max(peak[0], snap.pending_prefill_tokens),
-                batch_size=snap.batch_size, batch_size_max=max(peak[1], snap.batch_size),
+                batch_size=batch_now, batch_size_max=max(peak[1], batch_now),
                 in_flight=int(snap.in_flight),
                 waiting=_int_or_none(snap.scraped_waiting),
                 running=_int_or_none(snap.scraped_running), kv_usage=snap.kv_usage,

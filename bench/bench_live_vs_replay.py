@@ -1,0 +1,384 @@
+"""Live vs replay agreement (issue 6): one trace slice, two policies, two stacks.
+
+For each policy (``lmetric``, ``round_robin``) the live stack is started fresh:
+``python -m enginesim serve`` (16 x H20, Qwen2-7B, slow motion ``--time-scale S``)
+behind a standalone ``python -m router_worker`` with that policy, and
+``python -m enginesim loadgen`` replays a slice of the Mooncake conversation trace
+through the router. The loadgen's rate scale is the target rate scale divided by S,
+so the engines see the trace's real relative load; the client TTFTs (wall seconds)
+are divided by S to get simulated seconds. Then ``python -m enginesim replay`` runs the
+same slice, rate scale, cluster and policies in virtual time. The router scrapes
+``/metrics`` every S wall seconds, i.e. every simulated second, like the replay's
+``--scrape-interval 1``; KV events are off on both sides (the fleet does not publish
+them). Engine-side TTFT (the engines' own ``vllm:time_to_first_token_seconds``
+histograms, simulated seconds) is reported as well, to separate what the router and
+the client add from what the engines did.
+
+    .venv/bin/python bench/bench_live_vs_replay.py [--time-scale 2] [--start 240 --end 300]
+
+Every subprocess runs in its own process group and is killed on exit, Ctrl-C or error.
+Results: ``bench/live_vs_replay.md`` (written by hand from one run's output).
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+TRACE = Path("/work/shared/traces/mooncake_conversation_t0-2700s.jsonl")
+PY = sys.executable
+CHILDREN: list[subprocess.Popen[bytes]] = []
+ADMIN_TOKEN = "bench-live-vs-replay"
+
+
+# ----------------------------------------------------------------- processes
+
+
+def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    handle = open(log, "wb")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen(args, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    handle.close()
+    CHILDREN.append(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the child's process group, SIGKILL after 5 s."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+    if proc in CHILDREN:
+        CHILDREN.remove(proc)
+
+
+def stop_all() -> None:
+    for proc in list(CHILDREN):
+        stop(proc)
+
+
+def _on_signal(signum: int, _frame: Any) -> None:
+    stop_all()
+    raise SystemExit(128 + signum)
+
+
+def free_ports(count: int, start: int = 32000) -> int:
+    """First base port with ``count`` consecutive free ports."""
+    for base in range(start, 60000, 131):
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
+
+
+def wait_for(predicate: Any, what: str, timeout: float = 60.0,
+             proc: subprocess.Popen[bytes] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError, OSError):
+            if predicate():
+                return
+        time.sleep(0.3)
+    raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
+
+
+# ----------------------------------------------------------------- statistics
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    arr = np.asarray(values, dtype=float)
+    return {"n": len(arr), "mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)),
+            "p99": float(np.percentile(arr, 99))}
+
+
+def engine_ttft(base: int, instances: int) -> tuple[float, int]:
+    """Sum and count of the engines' TTFT histograms (simulated seconds)."""
+    total, count = 0.0, 0
+    for k in range(instances):
+        text = httpx.get(f"http://127.0.0.1:{base + k}/metrics", timeout=10).text
+        for line in text.splitlines():
+            if line.startswith("vllm:time_to_first_token_seconds_sum"):
+                total += float(line.rsplit(" ", 1)[1])
+            elif line.startswith("vllm:time_to_first_token_seconds_count"):
+                count += int(float(line.rsplit(" ", 1)[1]))
+    return total, count
+
+
+class DecisionPoller(threading.Thread):
+    """Collects the router's routing decisions from ``/admin/state`` (it shows only the last
+    50 finished requests, so it is polled every 0.5 s); request id -> decision."""
+
+    def __init__(self, target: str, token: str) -> None:
+        super().__init__(daemon=True)
+        self.url, self.headers = target + "/admin/state", {"Authorization": f"Bearer {token}"}
+        self.decisions: dict[str, dict[str, Any]] = {}
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            self.poll()
+            self.halt.wait(0.5)
+
+    def poll(self) -> None:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            state = httpx.get(self.url, headers=self.headers, timeout=5).json()
+            for item in state.get("recent_decisions", []):
+                self.decisions[item["request_id"]] = {
+                    key: item.get(key) for key in ("instance", "prompt_tokens", "status",
+                                                   "cached_tokens", "reason")}
+
+
+def placement_agreement(decisions: list[dict[str, Any]], replay_rows: list[dict[str, Any]]
+                        ) -> tuple[int, int]:
+    """(same instance, compared) over requests whose prompt length is unique in the slice."""
+    live: dict[int, list[str]] = {}
+    for item in decisions:
+        live.setdefault(int(item["prompt_tokens"]), []).append(item["instance"])
+    lengths = [r["prompt_tokens"] for r in replay_rows]
+    same = compared = 0
+    for row in replay_rows:
+        matches = live.get(row["prompt_tokens"], [])
+        if lengths.count(row["prompt_tokens"]) != 1 or len(matches) != 1:
+            continue
+        compared += 1
+        same += matches[0] == row["instance"]
+    return same, compared
+
+
+# ----------------------------------------------------------------- one live run
+
+
+def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    base = free_ports(args.instances + 1)
+    router_port = base + args.instances
+    scale = args.time_scale
+    fleet = spawn([PY, "-m", "enginesim", "serve", "--instances", str(args.instances),
+                   "--base-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
+                   "--time-scale", str(scale), "--stream-interval", str(args.stream_interval)],
+                  work / f"{policy}_fleet.log")
+    wait_for(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
+                         .status_code == 200 for k in range(args.instances)),
+             "enginesim fleet", proc=fleet)
+    config = {
+        "cluster": "h20-qwen2-7b", "block_size": 16,
+        "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"}
+                      for k in range(args.instances)],
+        "policy": {"kind": policy, "params": {}, "seed": 0},
+        "router": {
+            # one simulated second between scrapes, as in the replay
+            "scrape_interval_s": args.scrape_interval * scale,
+            "health_interval_s": 1.0, "health_timeout_s": 5.0,
+            # long slow-motion prefills must not be retried elsewhere
+            "first_byte_timeout_s": 3600.0, "queue_timeout_s": 600.0,
+            "max_body_bytes": 64 * 1024 * 1024, "kv_events": False,
+        },
+    }
+    config_path = work / f"{policy}_router.json"
+    config_path.write_text(json.dumps(config, indent=1))
+    router = spawn([PY, "-m", "router_worker", "--config", str(config_path),
+                    "--port", str(router_port), "--redis-url", "none",
+                    "--admin-token", ADMIN_TOKEN, "--log-level", "WARNING"],
+                   work / f"{policy}_router.log")
+    target = f"http://127.0.0.1:{router_port}"
+    wait_for(lambda: httpx.get(target + "/health", timeout=2).status_code == 200,
+             "router", proc=router)
+    time.sleep(3 * args.scrape_interval * scale)  # a few scrapes and probes first
+
+    poller = DecisionPoller(target, ADMIN_TOKEN)
+    poller.start()
+    out = work / f"{policy}_live.jsonl"
+    started = time.monotonic()
+    loadgen = spawn([PY, "-m", "enginesim", "loadgen", "--trace", str(args.trace),
+                     "--target", target, "--rate-scale", repr(args.rate_scale / scale),
+                     "--start", str(args.start), "--end", str(args.end),
+                     "--timeout", "3600", "--concurrency-limit", "1024",
+                     "--out", str(out), "--no-progress"], work / f"{policy}_loadgen.log")
+    try:
+        loadgen.wait(args.live_timeout)
+    except subprocess.TimeoutExpired:
+        print(f"# {policy}: loadgen still running after {args.live_timeout:.0f} s; "
+              "stopping it (in-flight requests are cancelled)", flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(loadgen.pid, signal.SIGINT)  # clean stop: writes --out
+        loadgen.wait(60)
+    wall = time.monotonic() - started
+    stop(loadgen)
+    poller.halt.set()
+    poller.join()
+    poller.poll()
+    decisions = list(poller.decisions.values())
+    (work / f"{policy}_decisions.json").write_text(json.dumps(decisions, indent=0))
+    eng_sum, eng_count = engine_ttft(base, args.instances)
+    stop(router)
+    stop(fleet)
+
+    outcomes = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    ok = [o for o in outcomes if o["status"] == "ok"]
+    late = [o["sent_s"] - o["scheduled_s"] for o in outcomes]
+    return {
+        "sent": len(outcomes), "ok": len(ok), "wall_s": wall,
+        "not_ok": len(outcomes) - len(ok),
+        "ttft": stats([o["ttft_s"] / scale for o in ok]) if ok else None,
+        "cached": sum(o["cached_tokens"] or 0 for o in ok)
+        / max(sum(o["prompt_tokens"] or 0 for o in ok), 1),
+        "max_late_sim_s": max(late) / scale if late else 0.0,
+        "engine_ttft_mean": eng_sum / eng_count if eng_count else None,
+        "engine_count": eng_count, "decisions": len(decisions),
+    }
+
+
+# ----------------------------------------------------------------- replay
+
+
+def run_replay(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]]:
+    out = work / "replay"
+    cmd = [PY, "-m", "enginesim", "replay", "--trace", str(args.trace),
+           "--instances", str(args.instances), "--gpu", "h20", "--model", "qwen2-7b",
+           "--rate-scale", repr(args.rate_scale), "--start", str(args.start),
+           "--end", str(args.end), "--scrape-interval", str(args.scrape_interval),
+           "--out", str(out), "--no-plots", "--no-progress"]
+    for policy in args.policies:
+        cmd += ["--policy", policy]
+    proc = spawn(cmd, work / "replay.log")
+    if proc.wait() != 0:
+        raise RuntimeError(f"replay failed, see {work / 'replay.log'}")
+    CHILDREN.remove(proc)
+    results: dict[str, dict[str, Any]] = {}
+    for policy in args.policies:
+        rows = [json.loads(line) for line in
+                (out / policy / "requests.jsonl").read_text().splitlines()]
+        ok = [r for r in rows if r.get("first_token_s") is not None]
+        decisions_path = work / f"{policy}_decisions.json"
+        decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else []
+        results[policy] = {
+            "same_instance": placement_agreement(decisions, rows),
+            "requests": len(rows), "ok": len(ok),
+            "ttft": stats([r["first_token_s"] - r["arrival_s"] for r in ok]),
+            "cached": sum(r["cached_tokens"] or 0 for r in ok)
+            / max(sum(r["prompt_tokens"] or 0 for r in ok), 1),
+        }
+    return results
+
+
+# ----------------------------------------------------------------- report
+
+
+def rel(live: float, replay: float) -> str:
+    return f"{(live - replay) / replay:+.0%}" if replay else "-"
+
+
+def ranking(values: dict[str, float]) -> str:
+    return " < ".join(f"{p} {v:.2f}" for p, v in sorted(values.items(), key=lambda kv: kv[1]))
+
+
+def _order(rank: str) -> list[str]:
+    return [part.split()[0] for part in rank.split(" < ")]
+
+
+def report(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any]) -> str:
+    lines = [
+        f"trace {args.trace.name} [{args.start:g}, {args.end:g}) s, rate scale "
+        f"{args.rate_scale:g}, {args.instances}x H20 qwen2-7b, time scale {args.time_scale:g}"
+        f" (loadgen rate scale {args.rate_scale / args.time_scale:.4g}), stream interval "
+        f"{args.stream_interval}; TTFT in simulated seconds",
+        "",
+        "| policy | reqs live/replay | live mean | p50 | p99 | replay mean | p50 | p99 "
+        "| Δ mean | Δ p50 | Δ p99 | engine-side mean (live) | hit live/replay "
+        "| max send lateness (sim s) | same instance | live wall s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
+    for policy in args.policies:
+        lv, rp = live[policy], replay[policy]
+        lt, rt = lv["ttft"], rp["ttft"]
+        if lt is None:
+            lines.append(f"| `{policy}` | {lv['ok']}/{rp['ok']} | (no live results) |")
+            continue
+        eng = lv["engine_ttft_mean"]
+        lines.append(
+            f"| `{policy}` | {lv['ok']}/{rp['ok']} (live not ok: {lv['not_ok']}) "
+            f"| {lt['mean']:.3f} | {lt['p50']:.3f} | {lt['p99']:.3f} "
+            f"| {rt['mean']:.3f} | {rt['p50']:.3f} | {rt['p99']:.3f} "
+            f"| {rel(lt['mean'], rt['mean'])} | {rel(lt['p50'], rt['p50'])} "
+            f"| {rel(lt['p99'], rt['p99'])} "
+            f"| {'-' if eng is None else f'{eng:.3f}'} ({lv['engine_count']} reqs) "
+            f"| {lv['cached']:.3f}/{rp['cached']:.3f} | {lv['max_late_sim_s']:.2f} "
+            f"| {rp['same_instance'][0]}/{rp['same_instance'][1]} | {lv['wall_s']:.0f} |")
+    if all(live[p]["ttft"] is not None for p in args.policies):
+        lines.append("")
+        for key in ("mean", "p99"):
+            lrank = ranking({p: live[p]["ttft"][key] for p in args.policies})
+            rrank = ranking({p: replay[p]["ttft"][key] for p in args.policies})
+            agree = "agree" if _order(lrank) == _order(rrank) else "DISAGREE"
+            lines.append(f"- {key} TTFT ranking: live {lrank}; replay {rrank} → {agree}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add = parser.add_argument
+    add("--trace", type=Path, default=TRACE)
+    add("--start", type=float, default=240.0)
+    add("--end", type=float, default=300.0)
+    add("--rate-scale", type=float, default=0.54, help="as in bench/replay_report (~50%%)")
+    add("--time-scale", type=float, default=2.0, help="enginesim wall s per simulated s")
+    add("--stream-interval", type=int, default=1)
+    add("--scrape-interval", type=float, default=1.0, help="simulated seconds")
+    add("--instances", type=int, default=16)
+    add("--policies", nargs="+", default=["lmetric", "round_robin"])
+    add("--live-timeout", type=float, default=420.0, help="wall s per live run at most")
+    add("--work", type=Path, default=None, help="logs and raw results (default: a temp dir)")
+    args = parser.parse_args()
+
+    atexit.register(stop_all)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    work = args.work or Path(tempfile.mkdtemp(prefix="live_vs_replay_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# work dir {work}", flush=True)
+    began = time.monotonic()
+    live: dict[str, Any] = {}
+    try:
+        for policy in args.policies:
+            live[policy] = run_live(policy, args, work)
+            print(f"# live {policy}: {json.dumps(live[policy])}", flush=True)
+        replay = run_replay(args, work)
+        for policy in args.policies:
+            print(f"# replay {policy}: {json.dumps(replay[policy])}", flush=True)
+    finally:
+        stop_all()
+    (work / "summary.json").write_text(json.dumps({"live": live, "replay": replay}, indent=1))
+    print(report(args, live, replay))
+    print(f"# total wall {time.monotonic() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -69,6 +69,7 @@ class ScrapeInfo:
     queries: float | None = None
     hits: float | None = None
     models: tuple[str, ...] = ()
+    max_model_len: int | None = None  # as the engine's /v1/models reports it
 
 
 class RouterCore:
@@ -120,6 +121,11 @@ class RouterCore:
             return {runtime.config.model}
         learned = {m for info in self.scrape.values() for m in info.models}
         return learned or None
+
+    def max_model_len(self) -> int | None:
+        """The smallest context any instance reports: what every instance can serve."""
+        lengths = [info.max_model_len for info in self.scrape.values() if info.max_model_len]
+        return min(lengths) if lengths else None
 
     # ----- per request -------------------------------------------------------------------
     def plan(self, runtime: Runtime, endpoint: str, body: dict[str, Any],

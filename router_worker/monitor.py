@@ -121,7 +121,11 @@ class Monitor:
             info = self.core.scrape.get(name)
             if info is not None and not info.models:
                 models = await self.client.get(url + "/v1/models", timeout=2.0)
-                info.models = tuple(m["id"] for m in models.json().get("data", []))
+                cards = models.json().get("data", [])
+                info.models = tuple(m["id"] for m in cards)
+                lengths = [m["max_model_len"] for m in cards
+                           if isinstance(m.get("max_model_len"), int)]
+                info.max_model_len = min(lengths) if lengths else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
             log.debug("scrape %s failed: %r", name, error)
             return

@@ -149,7 +149,10 @@ class Proxy:
     # ----- entry points -----------------------------------------------------------------
     async def models(self, send: Send) -> None:
         models = self.core.allowed_models() or set()
-        data = [{"id": m, "object": "model", "owned_by": "switchyard"} for m in sorted(models)]
+        context = self.core.max_model_len()
+        extra = {"max_model_len": context} if context else {}
+        data = [{"id": m, "object": "model", "owned_by": "switchyard", **extra}
+                for m in sorted(models)]
         await send_json(send, 200, {"object": "list", "data": data})
 
     async def generate(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:

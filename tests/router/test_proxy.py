@@ -53,6 +53,9 @@ def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
         model=MODEL, prompt=[1, 2, 3, 4] * 10, max_tokens=6, stream=True)]
     assert len([p for p in pieces if p]) == 6
     assert [m.id for m in client.models.list().data] == [MODEL]
+    # The engines' context length is passed on, so clients can skip what cannot be served.
+    card = httpx.get(lmetric_router.url + "/v1/models").json()["data"][0]
+    assert card["max_model_len"] == 32768
 
 
 def test_debug_header_returns_per_candidate_scores(lmetric_router):

@@ -373,24 +373,20 @@ class KVIndex:
 
     def _close_below(self, slot: int, bit: int, children: int | set[int]) -> None:
         """Children of a block usable for the slot: its loose ones, and theirs, become usable."""
-        loose, all_children = self._loose, self._children
-        stack = list(children) if isinstance(children, set) else [children]
-        while stack:
-            current = stack.pop()
-            if loose.get(current, 0) & bit:
-                self._move(slot, bit, current, to_closed=True)
-                below = all_children.get(current)
-                if below is not None:
-                    stack.extend(below if isinstance(below, set) else (below,))
+        self._move_below(slot, bit, children, to_closed=True)
 
     def _open_below(self, slot: int, bit: int, children: int | set[int]) -> None:
         """Children of a block the slot lost: its usable ones, and theirs, become loose."""
-        closed, all_children = self._closed, self._children
+        self._move_below(slot, bit, children, to_closed=False)
+
+    def _move_below(self, slot: int, bit: int, children: int | set[int], *,
+                    to_closed: bool) -> None:
+        source, all_children = (self._loose if to_closed else self._closed), self._children
         stack = list(children) if isinstance(children, set) else [children]
         while stack:
             current = stack.pop()
-            if closed.get(current, 0) & bit:
-                self._move(slot, bit, current, to_closed=False)
+            if source.get(current, 0) & bit:
+                self._move(slot, bit, current, to_closed=to_closed)
                 below = all_children.get(current)
                 if below is not None:
                     stack.extend(below if isinstance(below, set) else (below,))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.ports import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 # 20x faster than the simulated H20: requests take milliseconds, the engine's
 # schedule (and so every count the tests check) is unchanged.
@@ -22,23 +22,6 @@ TEST_TIME_SCALE = 0.05
 STARTUP_TIMEOUT = 30.0
 
 
-def _ports_free(ports: list[int]) -> bool:
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
-def free_port_run(count: int) -> int:
-    """First of ``count`` consecutive free TCP ports."""
-    for _ in range(200):
-        base = random.randint(20_000, 50_000)
-        if _ports_free(list(range(base, base + count))):
-            return base
-    raise RuntimeError("no run of free ports")
 
 
 @dataclass
@@ -80,11 +63,8 @@ def _wait_healthy(server: SimServer) -> None:
 
 
 def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> SimServer:
-    base = free_port_run(instances + 1)
-    kv_base = free_port_run(instances) if kv_events else None
-    replay_ports = list(range((kv_base or 0) + 100, (kv_base or 0) + 100 + instances))
-    if kv_base is not None and not _ports_free(replay_ports):
-        kv_base = free_port_run(instances + 101)
+    base = free_ports(instances + 1)
+    kv_base = free_ports(instances, gap=100) if kv_events else None  # PUB k, replay 100+k
     args = [
         sys.executable, "-m", "enginesim", "serve",
         "--instances", str(instances), "--base-port", str(base + 1),

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -19,6 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.ports import free_ports
+
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 MODEL = "Qwen/Qwen2-7B-Instruct"
@@ -28,26 +28,6 @@ TIME_SCALE = 0.05
 STARTUP_TIMEOUT = 30.0
 
 
-def _free(ports: list[int]) -> bool:
-    for port in ports:
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                return False
-    return True
-
-
-def free_ports(count: int, gap: int = 0) -> int:
-    """First of ``count`` consecutive free ports (and ``count`` more ``gap`` above them)."""
-    for _ in range(500):
-        base = random.randint(20_000, 55_000)
-        ports = list(range(base, base + count))
-        if gap:
-            ports += list(range(base + gap, base + gap + count))
-        if _free(ports):
-            return base
-    raise RuntimeError("no free ports")
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str,

@@ -1,7 +1,8 @@
 """What the router adds: TTFT at 1/50/200 concurrent streams and requests/s, vs enginesim direct.
 
-Processes: one ``python -m enginesim serve`` (4 instances), one ``python -m router_worker``
-(lmetric) in front of it, and this load generator (raw asyncio sockets, one connection per
+Processes: one ``python -m enginesim serve`` (4 instances), two ``python -m router_worker``
+in front of it (lmetric; round_robin for the added-TTFT rows, whose placement matches the
+client's direct round robin), and this load generator (raw asyncio sockets, one connection per
 request, so the client stays cheap). TTFT is measured by the client, from sending the
 request to the first SSE line carrying a token; "added" = router − direct for the same
 percentile. Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in
@@ -72,7 +73,8 @@ def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url} never became ready")
 
 
-def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], int, list[Any]]:
+def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], list[int], list[Any]]:
+    """enginesim, then two routers in front of it: lmetric and round_robin."""
     base = free_base_port(INSTANCES)
     engines = subprocess.Popen(
         [sys.executable, "-m", "enginesim", "serve", "--instances", str(INSTANCES),
@@ -81,11 +83,16 @@ def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], int, l
     ports = [base + k for k in range(INSTANCES)]
     for port in ports:
         wait_http(f"http://127.0.0.1:{port}/health", engines)
-    config = {"model": MODEL, "policy": {"kind": "lmetric", "params": {}},
+    routers = [start_router(ports, policy, workdir) for policy in ("lmetric", "round_robin")]
+    return ports, [port for port, _ in routers], [engines, *(proc for _, proc in routers)]
+
+
+def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any]:
+    config = {"model": MODEL, "policy": {"kind": policy, "params": {}},
               "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"}
                             for k, p in enumerate(ports)],
               "router": {"max_concurrency": 4096}}
-    path = workdir / "router.json"
+    path = workdir / f"router-{policy}.json"
     path.write_text(json.dumps(config))
     router_port = free_base_port(1)
     router = subprocess.Popen(
@@ -93,7 +100,7 @@ def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], int, l
          str(router_port), "--redis-url", "none", "--log-level", "WARNING"],
         cwd=REPO, stdout=subprocess.DEVNULL)
     wait_http(f"http://127.0.0.1:{router_port}/health", router)
-    return ports, router_port, [engines, router]
+    return router_port, router
 
 
 async def one_request(port: int, body: bytes, stream: bool) -> tuple[float | None, int]:
@@ -140,11 +147,14 @@ async def run_loop(ports: list[int], concurrency: int, duration: float, stream: 
                    max_tokens: int) -> Run:
     run = Run()
     deadline = time.perf_counter() + duration
+    # A fresh prefix per run: a prompt repeated from an earlier run would hit the engines'
+    # prefix cache and make whichever path runs later look faster.
+    nonce = time.perf_counter_ns()
 
     async def worker(n: int) -> None:
         k = 0
         while time.perf_counter() < deadline:
-            prompt = f"client {n} request {k} " + "lorem ipsum dolor sit amet " * 12
+            prompt = f"run {nonce} client {n} request {k} " + "lorem ipsum dolor sit amet " * 12
             body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
                                "stream": stream}).encode()
             value, events = await one_request(ports[(n + k) % len(ports)], body, stream)
@@ -296,12 +306,12 @@ def main() -> None:
     print(f"# {INSTANCES} enginesim instances h20/qwen2-7b, time scale {args.time_scale}; "
           f"router lmetric, approx tokenizer; {args.duration}s closed loop per row")
     with tempfile.TemporaryDirectory() as tmp:
-        ports, router_port, procs = start_processes(args.time_scale, Path(tmp))
-        engines, router = procs
+        ports, (router_port, rr_port), procs = start_processes(args.time_scale, Path(tmp))
+        engines, router, rr_router = procs
         try:
             asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
             if "ttft" in sections:
-                ttft_rows(ports, router_port, router, args)
+                ttft_rows(ports, router_port, rr_port, rr_router, args)
             if "throughput" in sections:
                 throughput_rows(ports, router_port, router, engines, args)
             if "cpu" in sections:
@@ -314,25 +324,35 @@ def main() -> None:
                 proc.wait(timeout=10)
 
 
-def ttft_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
-              args: argparse.Namespace) -> None:
-    print(f"\nTTFT, streams of max_tokens={args.max_tokens} (ms)")
+def ttft_rows(ports: list[int], router_port: int, rr_port: int,
+              rr_router: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+    """Added TTFT: the round-robin router against the client's own round robin over the
+    engines (the same placement, so the difference is the router's cost), then lmetric
+    (its placement differs: on a prefill-bound engine it can beat the client's round robin,
+    so its difference to direct is not an overhead)."""
+    print(f"\nTTFT, streams of max_tokens={args.max_tokens} (ms); added = round-robin router "
+          "− direct round robin")
     header = (f"{'streams':>7} {'direct p50':>10} {'p99':>7} {'router p50':>10} {'p99':>7} "
-              f"{'added p50':>9} {'added p99':>9} {'requests':>8} {'router CPU':>10}")
+              f"{'added p50':>9} {'added p99':>9} {'requests':>8} {'router CPU':>10} "
+              f"{'lmetric p50':>11} {'p99':>7}")
     print(header)
     print("-" * len(header))
     for concurrency in (1, 50, 200):
         direct, fail_d, _ = asyncio.run(closed_loop(ports, concurrency, args.duration, True,
                                                     args.max_tokens))
-        cpu0 = cpu_seconds(router.pid)
-        routed, fail_r, elapsed = asyncio.run(closed_loop([router_port], concurrency,
+        cpu0 = cpu_seconds(rr_router.pid)
+        routed, fail_r, elapsed = asyncio.run(closed_loop([rr_port], concurrency,
                                                           args.duration, True, args.max_tokens))
-        cpu = (cpu_seconds(router.pid) - cpu0) / elapsed
+        cpu = (cpu_seconds(rr_router.pid) - cpu0) / elapsed
+        lmetric, fail_l, _ = asyncio.run(closed_loop([router_port], concurrency, args.duration,
+                                                     True, args.max_tokens))
+        failures = fail_d + fail_r + fail_l
         print(f"{concurrency:>7} {pct(direct, 50):>10.2f} {pct(direct, 99):>7.2f} "
               f"{pct(routed, 50):>10.2f} {pct(routed, 99):>7.2f} "
               f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
-              f"{pct(routed, 99) - pct(direct, 99):>9.2f} {len(routed):>8} {cpu:>10.0%}"
-              + (f"  failures direct={fail_d} router={fail_r}" if fail_d or fail_r else ""),
+              f"{pct(routed, 99) - pct(direct, 99):>9.2f} {len(routed):>8} {cpu:>10.0%} "
+              f"{pct(lmetric, 50):>11.2f} {pct(lmetric, 99):>7.2f}"
+              + (f"  failures direct/rr/lmetric={fail_d}/{fail_r}/{fail_l}" if failures else ""),
               flush=True)
 
 

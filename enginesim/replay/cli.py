@@ -16,7 +16,9 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from itertools import repeat
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--out", required=True, type=Path)
     add("--no-plots", action="store_true")
     add("--no-progress", action="store_true")
+    add("--jobs", type=int, default=1,
+        help="policies simulated at once, one process each (a policy's run stays serial and "
+             "deterministic; with more than one job there is no progress bar)")
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
@@ -120,6 +125,18 @@ def run_policy(records: list[TraceRecord], policy: str, config: SimConfig,
     return result
 
 
+def run_policies(records: list[TraceRecord], policies: list[str], config: SimConfig,
+                 jobs: int, progress: bool) -> Iterator[SimResult]:
+    """Each policy's result, in the order given; ``jobs`` > 1 runs them in parallel processes."""
+    if jobs == 1 or len(policies) == 1:
+        for policy in policies:
+            yield run_policy(records, policy, config, progress)
+        return
+    with ProcessPoolExecutor(max_workers=min(jobs, len(policies))) as pool:
+        yield from pool.map(run_policy, repeat(records), policies, repeat(config),
+                            repeat(False))
+
+
 def format_row(summary: dict[str, Any]) -> str:
     cells = []
     for key, _, width, spec in COLUMNS:
@@ -154,6 +171,8 @@ def write_outputs(out: Path, results: list[SimResult], summaries: list[dict[str,
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     config = config_from_args(args)
     policies = policies_from_args(args.policy)
     records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
@@ -162,9 +181,8 @@ def main(args: argparse.Namespace) -> int:
           f"{config.gpu} {config.model}, rate scale {args.rate_scale}, seed {config.seed}")
     print(header())
     results, summaries = [], []
-    for policy in policies:
-        result = run_policy(records, policy, config,
-                            progress=not args.no_progress and sys.stderr.isatty())
+    progress = not args.no_progress and sys.stderr.isatty() and args.jobs == 1
+    for result in run_policies(records, policies, config, args.jobs, progress):
         summary = metrics.summarize(result)
         print(format_row(summary), flush=True)
         results.append(result)

@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from enginesim.__main__ import main
 from enginesim.replay.metrics import SUMMARY_KEYS
 from tests.replay.conftest import CONVERSATION
@@ -47,16 +49,23 @@ def test_policy_all_expands_to_every_registered_policy():
 
 
 def test_same_seed_same_files_across_processes(tmp_path):
-    """Determinism must not hinge on one interpreter's string-hash seed."""
+    """Determinism must not hinge on one interpreter's string-hash seed, nor on running
+    the policies one after another or in parallel processes (``--jobs``)."""
     outputs = []
-    for hash_seed in ("1", "2"):
+    for hash_seed, jobs in (("1", "1"), ("2", "2")):
         out = tmp_path / f"run{hash_seed}"
         subprocess.run([sys.executable, "-m", "enginesim", "replay", "--trace",
                         str(CONVERSATION), "--instances", "4", "--max-requests", "80",
                         "--max-model-len", "131072", "--policy", "dualmap", "--policy",
-                        "smetric", "--seed", "11", "--no-plots", "--no-progress", "--out",
-                        str(out)], check=True, capture_output=True,
+                        "smetric", "--seed", "11", "--jobs", jobs, "--no-plots",
+                        "--no-progress", "--out", str(out)], check=True, capture_output=True,
                        env={**os.environ, "PYTHONHASHSEED": hash_seed})
         outputs.append([(out / p / "requests.jsonl").read_text() for p in ("dualmap",
                                                                           "smetric")])
     assert outputs[0] == outputs[1]
+
+
+def test_jobs_below_one_is_refused_before_any_work(tmp_path):
+    with pytest.raises(SystemExit, match="--jobs must be at least 1"):
+        main(["replay", "--trace", str(CONVERSATION), "--jobs", "0", "--out", str(tmp_path)])
+    assert not any(tmp_path.iterdir())

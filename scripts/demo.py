@@ -6,7 +6,8 @@ each in its own process group with output in var/log/<name>.log:
   engines   16 enginesim H20 instances serving Qwen2-7B (ports 9100-9115, KV events 5600+)
   web       the control plane (uvicorn, ASGI: Django + Channels)
   publisher the dashboard's telemetry publisher
-  worker    a general Celery worker (ingest, rollups, scraping, canary judge, replays)
+  worker    a general Celery worker (ingest, rollups, scraping, canary judge)
+  replays   a Celery worker for what-if replays (minutes each, so on their own queue)
   routers   this host's Celery `routers` worker, which starts and supervises the router
   beat      Celery beat
   loadgen   a load generator replaying a real shared trace in a loop through the router
@@ -139,6 +140,8 @@ def stack_services() -> list[Service]:
         Service("publisher", [PYTHON, "manage.py", "run_publisher"]),
         Service("worker", [*celery, "worker", "-Q", "default", "-c", "1",
                            "-n", "general@%h", "--loglevel", "INFO"]),
+        Service("replays", [*celery, "worker", "-Q", "replays", "-c", "1",
+                            "-n", "replays@%h", "--loglevel", "INFO"]),
         Service("routers", [*celery, "worker", "-Q", f"routers,routers.{ROUTER_HOST_NAME}",
                             "-P", "solo", "-n", "routers@%h", "--supervise-routers",
                             "--loglevel", "INFO"]),

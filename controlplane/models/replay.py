@@ -24,6 +24,9 @@ class ReplayJob(models.Model):
     results = models.JSONField(null=True, blank=True)
     error = models.TextField(blank=True, default="")
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Last sign of life from the worker running the job (claim, progress): a running job
+    # whose worker died (killed, restarted, out of memory) is failed once this goes stale.
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at"]

@@ -23,6 +23,10 @@ log = logging.getLogger(__name__)
 
 REPLAY_TASK = "switchyard.run_replay"
 MAX_POLICIES = 8
+# A running job reports progress every half second; this much silence means its worker died.
+ABANDONED_AFTER_S = 300.0
+ABANDONED_ERROR = ("the worker running this replay stopped before it finished (killed, "
+                   "restarted or out of memory); request it again")
 
 
 @dataclass(frozen=True)
@@ -116,16 +120,26 @@ def redispatch_stale(older_than_s: float = 60.0) -> int:
     return sum(_dispatch(job).dispatched for job in stale)
 
 
+def fail_abandoned(older_than_s: float = ABANDONED_AFTER_S) -> int:
+    """Fail running jobs whose worker has been silent for ``older_than_s``: a worker that
+    dies takes its task with it (replays are not re-delivered: a job that killed one
+    worker would kill the next), so without this the job would show "running" forever."""
+    cutoff = timezone.now() - timedelta(seconds=older_than_s)
+    abandoned = ReplayJob.objects.filter(state=ReplayJob.State.RUNNING, heartbeat_at__lt=cutoff)
+    return abandoned.update(state=ReplayJob.State.FAILED, error=ABANDONED_ERROR,
+                            finished_at=timezone.now(), progress=0.0)
+
+
 def claim(job_id: int) -> ReplayJob | None:
     """Move a queued job to running; None when it is unknown or another worker has it."""
     claimed = ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.QUEUED).update(
-        state=ReplayJob.State.RUNNING, progress=0.0)
+        state=ReplayJob.State.RUNNING, progress=0.0, heartbeat_at=timezone.now())
     return ReplayJob.objects.select_related("cluster").get(pk=job_id) if claimed else None
 
 
 def record_progress(job_id: int, fraction: float) -> None:
     ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).update(
-        progress=min(max(fraction, 0.0), 0.99))
+        progress=min(max(fraction, 0.0), 0.99), heartbeat_at=timezone.now())
 
 
 def finish(job_id: int, *, results: dict[str, Any] | None = None, error: str = "") -> str:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 from celery import shared_task
+from celery.exceptions import SoftTimeLimitExceeded
 
 from controlplane.models import Cluster
 from controlplane.services import replays as replay_service
@@ -124,7 +125,9 @@ class _Throttled:
             replay_service.record_progress(self.job_id, fraction)
 
 
-@shared_task(name="switchyard.run_replay", soft_time_limit=3600)
+# The hard limit must exceed the soft one: left unset it is the app's default (90 s), and
+# the worker would be killed in the middle of any replay longer than that.
+@shared_task(name="switchyard.run_replay", soft_time_limit=3600, time_limit=3660)
 def run_replay(job_id: int) -> str:
     """Run a queued replay job; returns its final state."""
     job = replay_service.claim(job_id)
@@ -135,4 +138,7 @@ def run_replay(job_id: int) -> str:
     except (ReplayFailed, ServiceError, OSError, ValueError, KeyError) as error:
         log.warning("replay %s failed: %s", job_id, error)
         return replay_service.finish(job_id, error=str(error))
+    except SoftTimeLimitExceeded:
+        return replay_service.finish(job_id, error="the replay ran past its one-hour limit; "
+                                     "choose fewer requests or policies")
     return replay_service.finish(job_id, results=results)

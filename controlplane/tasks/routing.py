@@ -67,4 +67,5 @@ def prune() -> dict[str, int]:
 
 @shared_task(name="switchyard.redispatch_replays", **IDEMPOTENT)
 def redispatch_replays() -> int:
-    return replays.redispatch_stale()
+    """Send queued jobs no worker took again; fail running jobs whose worker died."""
+    return replays.redispatch_stale() + replays.fail_abandoned()

@@ -61,13 +61,14 @@ def test_replay_task_message_lands_in_the_real_broker(world, users) -> None:
     job_id = response.json()["replay"]["id"]
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
-        queued = [m for m in client.lrange("default", 0, -1)
+        queued = [m for m in client.lrange("replays", 0, -1)
                   if json.loads(m)["headers"].get("task") == REPLAY_TASK]
         for message in queued:  # leave nothing for a worker of another test to pick up
-            client.lrem("default", 0, message)
+            client.lrem("replays", 0, message)
     finally:
         client.close()
-    assert [json.loads(m)["headers"]["argsrepr"] for m in queued] == [f"[{job_id}]"]
+    ours = [m for m in queued if json.loads(m)["headers"]["argsrepr"] == f"[{job_id}]"]
+    assert len(ours) == 1  # (other runs may have left messages of their own jobs)
 
 
 def test_replay_list_filters_by_cluster_and_state(world, users, replay_dispatches) -> None:

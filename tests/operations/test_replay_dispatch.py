@@ -16,8 +16,11 @@ from controlplane.services import replays
 pytestmark = pytest.mark.django_db
 
 
+QUEUE = "replays"  # not "default": a replay must not hold up ingest or the canary judge
+
+
 def queued_replay_messages(client: redis.Redis) -> list[bytes]:
-    return [m for m in client.lrange("default", 0, -1)
+    return [m for m in client.lrange(QUEUE, 0, -1)
             if json.loads(m)["headers"].get("task") == replays.REPLAY_TASK]
 
 
@@ -28,14 +31,45 @@ def test_stale_queued_jobs_are_dispatched_again_and_claimed_once(cluster):
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
         for message in queued_replay_messages(client):
-            client.lrem("default", 0, message)
+            client.lrem(QUEUE, 0, message)
         assert replays.redispatch_stale(older_than_s=60) == 1
         sent = queued_replay_messages(client)
         for message in sent:
-            client.lrem("default", 0, message)
+            client.lrem(QUEUE, 0, message)
     finally:
         client.close()
     assert [json.loads(m)["headers"]["argsrepr"] for m in sent] == [f"[{stale.pk}]"]
     assert replays.claim(stale.pk) is not None
     assert replays.claim(stale.pk) is None  # a second delivery does not run it again
     assert ReplayJob.objects.get(pk=fresh.pk).state == "queued"
+
+
+def test_running_jobs_whose_worker_went_silent_are_failed_with_a_reason(cluster):
+    silent, alive, queued = (ReplayJob.objects.create(cluster=cluster, inputs={})
+                             for _ in range(3))
+    for job in (silent, alive):
+        assert replays.claim(job.pk) is not None
+    replays.record_progress(alive.pk, 0.4)
+    ReplayJob.objects.filter(pk=silent.pk).update(
+        heartbeat_at=timezone.now() - timedelta(minutes=10))
+    ReplayJob.objects.filter(pk=queued.pk).update(created_at=timezone.now() - timedelta(hours=1))
+
+    assert replays.fail_abandoned(older_than_s=300) == 1
+
+    silent.refresh_from_db()
+    assert silent.state == "failed" and "worker" in silent.error and silent.finished_at
+    assert ReplayJob.objects.get(pk=alive.pk).state == "running"
+    assert ReplayJob.objects.get(pk=queued.pk).state == "queued"  # redispatch's business
+
+
+def test_every_task_hard_time_limit_exceeds_its_soft_one():
+    """A hard limit at or below the soft one kills the worker before the task can react
+    (run_replay once had soft 3600 s and the app's default hard 90 s)."""
+    from controlplane.celery import app
+
+    app.loader.import_default_modules()
+    tasks = [task for name, task in app.tasks.items() if name.startswith("switchyard.")]
+    assert any(task.name == replays.REPLAY_TASK for task in tasks)
+    for task in tasks:
+        if task.soft_time_limit is not None and task.time_limit is not None:
+            assert task.time_limit > task.soft_time_limit, task.name

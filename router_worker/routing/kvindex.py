@@ -39,6 +39,17 @@ empty: the shadow LRU and vLLM free tails first, and a slot with no loose
 block takes a whole prompt in one pass. Hits therefore equal the old
 block-by-block AND exactly; ``held_count`` still counts loose blocks.
 
+Children links are kept only once they can matter. While a slot only ever
+receives whole prompts (``insert`` without ``parent``: the router's dispatch
+shadow), every touch of a block comes with a later touch of each of its
+ancestors, so the LRU evicts descendants before ancestors and no slot ever holds
+a loose block: nothing would ever walk the links. The index therefore starts
+without them and builds them from the slots' LRUs (block -> parent) the first
+time something can break that order: an insert continuing from a ``parent``, a
+``remove`` or an engine event. Until then an insert costs one dict operation
+per block less and an eviction three less (the replay simulator, which by
+default feeds no events, spends most of its index time there).
+
 The chain answer relies on every insert being a chain continuing from its
 ``parent`` (true for ``on_dispatch`` and for translated events). A
 non-chained insert cannot corrupt held sets or the plain scan, only
@@ -111,6 +122,7 @@ class KVIndex:
         self._loose_count: list[int] = []  # per slot: blocks in its LRU that are loose
         self._capacity: list[int] = []
         self._engine_map: list[dict[object, int]] = []
+        self._linked = False  # children links kept (see "Children links" above)
         self.unresolved_events = 0
         self.unsupported_events = 0
 
@@ -195,6 +207,8 @@ class KVIndex:
         lru = self._lru[slot]
         if lru is None or not block_hashes:
             return
+        if parent is not None:
+            self._link_children()
         parents = [parent, *block_hashes[:-1]]
         self._insert(slot, lru, block_hashes, parent,
                      zip(reversed(block_hashes), reversed(parents), strict=True))
@@ -208,29 +222,46 @@ class KVIndex:
         touch_order: Iterable[tuple[int, int | None]],
     ) -> None:
         """Touch ``(block, parent)`` pairs in order; ``block_hashes``: the chain from ``parent``."""
-        bit = 1 << slot
-        closed = self._closed
-        if (parent is None or closed.get(parent, 0) & bit) and not self._loose_count[slot]:
+        if (parent is None or self._closed.get(parent, 0) >> slot & 1) \
+                and not self._loose_count[slot]:
             # The usual case: the whole chain becomes usable for the slot and it
             # holds nothing loose that could become usable with it.
-            loose, children = self._loose, self._children
-            for block_hash, block_parent in touch_order:
-                if block_hash in lru:
-                    lru.move_to_end(block_hash)
-                    continue
-                lru[block_hash] = block_parent
-                mask = closed.get(block_hash)
-                if mask is not None:
-                    closed[block_hash] = mask | bit
-                    continue
-                closed[block_hash] = bit
-                if block_parent is not None and block_hash not in loose:  # new to the index
-                    known = children.setdefault(block_parent, block_hash)
-                    if known is not block_hash:
-                        self._add_child(block_parent, block_hash, known)
+            if self._linked:
+                self._touch_usable_linked(slot, lru, touch_order)
+            else:
+                self._touch_usable(slot, lru, touch_order)
         else:
             self._insert_general(slot, lru, block_hashes, parent, touch_order)
         self._evict_over_capacity(slot)
+
+    def _touch_usable(self, slot: int, lru: OrderedDict[int, int | None],
+                      touch_order: Iterable[tuple[int, int | None]]) -> None:
+        bit, closed = 1 << slot, self._closed
+        for block_hash, block_parent in touch_order:
+            if block_hash in lru:
+                lru.move_to_end(block_hash)
+                continue
+            lru[block_hash] = block_parent
+            closed[block_hash] = closed.get(block_hash, 0) | bit
+
+    def _touch_usable_linked(self, slot: int, lru: OrderedDict[int, int | None],
+                             touch_order: Iterable[tuple[int, int | None]]) -> None:
+        """:meth:`_touch_usable`, keeping the children links of blocks new to the index."""
+        bit, closed, loose, children = 1 << slot, self._closed, self._loose, self._children
+        for block_hash, block_parent in touch_order:
+            if block_hash in lru:
+                lru.move_to_end(block_hash)
+                continue
+            lru[block_hash] = block_parent
+            mask = closed.get(block_hash)
+            if mask is not None:
+                closed[block_hash] = mask | bit
+                continue
+            closed[block_hash] = bit
+            if block_parent is not None and block_hash not in loose:  # new to the index
+                known = children.setdefault(block_parent, block_hash)
+                if known is not block_hash:
+                    self._add_child(block_parent, block_hash, known)
 
     def _insert_general(
         self,
@@ -240,6 +271,7 @@ class KVIndex:
         parent: int | None,
         touch_order: Iterable[tuple[int, int | None]],
     ) -> None:
+        self._link_children()
         bit = 1 << slot
         closed, loose, children = self._closed, self._loose, self._children
         usable = parent is None or bool(closed.get(parent, 0) & bit)
@@ -269,6 +301,7 @@ class KVIndex:
         lru = self._lru[slot]
         if lru is None:
             return
+        self._link_children()
         for block_hash in block_hashes:
             parent = lru.pop(block_hash, _ABSENT)
             if parent is not _ABSENT:
@@ -288,7 +321,7 @@ class KVIndex:
                     masks[block_hash] = mask
                 else:
                     masks.pop(block_hash, None)
-            if block_hash not in closed and block_hash not in loose:
+            if self._linked and block_hash not in closed and block_hash not in loose:
                 self._forget(block_hash, parent)
         lru.clear()
         self._loose_count[slot] = 0
@@ -302,6 +335,15 @@ class KVIndex:
             return
         bit = 1 << slot
         closed, loose, children = self._closed, self._loose, self._children
+        if not self._linked:  # every held block is usable and evicted before its ancestors
+            while len(lru) > capacity:
+                block_hash = lru.popitem(last=False)[0]
+                mask = closed[block_hash] ^ bit
+                if mask:
+                    closed[block_hash] = mask
+                else:
+                    del closed[block_hash]
+            return
         while len(lru) > capacity:
             block_hash, parent = lru.popitem(last=False)
             mask = closed.get(block_hash, 0) ^ bit
@@ -342,6 +384,19 @@ class KVIndex:
             self._forget(block_hash, parent)
 
     # ----- chain structure ----------------------------------------------------
+    def _link_children(self) -> None:
+        """Start keeping children links: build them from every slot's LRU (once)."""
+        if self._linked:
+            return
+        self._linked = True
+        children = self._children
+        for lru in self._lru:
+            for block_hash, parent in (lru or {}).items():
+                if parent is not None:
+                    known = children.setdefault(parent, block_hash)
+                    if known != block_hash:
+                        self._add_child(parent, block_hash, known)
+
     def _add_child(self, parent: int, child: int, known: int | set[int]) -> None:
         if isinstance(known, set):
             known.add(child)
@@ -396,6 +451,7 @@ class KVIndex:
         """Apply one decoded vLLM KV event reported by the instance in ``slot``."""
         if self._lru[slot] is None:
             return
+        self._link_children()
         if isinstance(event, BlockStored):
             self._apply_stored(slot, event)
         elif isinstance(event, BlockRemoved):

@@ -307,3 +307,47 @@ def test_many_slots_with_distinct_hit_lengths():
     expected = [slot % 7 for slot in range(100)]
     assert index.longest_prefixes(blocks, chain=True).tolist() == expected
     assert index.longest_prefixes(blocks).tolist() == expected
+
+
+whole_prompt_ops = st.lists(st.tuples(st.integers(0, 3), paths, st.integers(1, 12)),
+                            min_size=1, max_size=30)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.integers(2, 12), min_size=1, max_size=4), whole_prompt_ops,
+       st.integers(0, 30), st.integers(0, 4), st.lists(paths, min_size=1, max_size=6))
+def test_children_links_built_late_agree_with_the_reference(capacities, ops, switch_at, cut,
+                                                            query_paths):
+    """Whole-prompt inserts run without children links; a ``remove`` midway builds them
+    from the LRUs, and everything after must agree with the reference as before."""
+    index, naive = KVIndex(16), NaiveIndex(list(capacities))
+    for capacity in capacities:
+        index.add_slot(capacity)
+    queries = [_chain(path) for path in query_paths]
+    inserted: list[list[int]] = []
+    previous: tuple[int, list[int]] = (0, [])
+    switch_at = 1 + switch_at % len(ops)  # after at least one insert; maybe never
+    for step, (slot, path, capacity) in enumerate(ops):
+        slot %= len(capacities)
+        blocks = _chain(path)
+        if step == switch_at:  # the previous prompt loses a block; those below turn loose
+            slot, blocks = previous
+            index.remove(slot, blocks[cut:cut + 1])
+            naive.remove(slot, blocks[cut:cut + 1])
+        else:
+            if step % 5 == 4:
+                index.set_capacity(slot, capacity)
+                naive.capacities[slot] = capacity
+                naive.insert(slot, [])
+            index.insert(slot, blocks)
+            naive.insert(slot, blocks)
+        previous = slot, blocks
+        assert index._linked == (step >= switch_at)
+        for query in queries:
+            assert index.longest_prefixes(query, chain=True).tolist() == \
+                naive.longest_prefixes(query)
+        inserted.append(blocks)
+        _assert_consistent(index, naive, [*queries, *inserted])
+    for slot in range(len(capacities)):
+        index.clear(slot)
+    assert not (index._closed or index._loose or index._children)

@@ -120,6 +120,10 @@ class EngineCore:
             ("queries", "hits", "external", "preemptions", "prompt", "generation", "finished"), 0)
         self._busy_time = 0.0
         self._preempted_this_step = False
+        # Bumped by every change of the scheduler's state; keys the memo of the decode plan
+        # (next_event_time computes it, the advance that follows needs it again).
+        self._version = 0
+        self._plan_memo: tuple[int, tuple[np.ndarray, ...] | None] = (-1, None)
 
     # ----------------------------------------------------------------- public API
 
@@ -134,6 +138,7 @@ class EngineCore:
         req = _Request(req_id, prompt, max_tokens, now, block_hashes(prompt, self.block_size))
         self.requests[req_id] = req
         self.waiting.append(req)
+        self._version += 1
 
     def abort(self, req_id: str, now: float, reason: str = "abort") -> bool:
         """Stop a request at ``now`` (reason "abort" or "error"); False if unknown/finished."""
@@ -148,6 +153,7 @@ class EngineCore:
         self._truncate_undelivered(req, now)
         self._finish(req, now, reason)
         self._flush_events()
+        self._version += 1
         return True
 
     def advance_to(self, t: float, per_token: bool = False,
@@ -195,6 +201,7 @@ class EngineCore:
         """Clear the prefix cache (emits AllBlocksCleared); refused while blocks are in use."""
         ok = self.pool.reset()
         self._flush_events()
+        self._version += 1
         return ok
 
     def stats(self) -> EngineStats:
@@ -263,6 +270,7 @@ class EngineCore:
     def _commit_time(self, start: float, end: float) -> None:
         self._busy_time += end - start
         self._free_at = end
+        self._version += 1
 
     # ----------------------------------------------------------------- scheduling
 
@@ -366,6 +374,7 @@ class EngineCore:
         req.num_checked_blocks = 0
         self.waiting.appendleft(req)
         self._counters["preemptions"] += 1
+        self._version += 1
 
     def _release(self, req: _Request) -> None:
         self.pool.release(req.held, req.num_private)
@@ -450,6 +459,18 @@ class EngineCore:
         return lo
 
     def _decode_plan(self, start: float) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """Step end times of the decode-only stretch from ``start``, with the running
+        requests' computed tokens and blocks; None if the next step is not decode-only."""
+        version, plan = self._plan_memo
+        if version != self._version:
+            plan = self._relative_decode_plan()
+            self._plan_memo = (self._version, plan)
+        if plan is None:
+            return None
+        offsets, computed, blocks = plan
+        return start + offsets, computed, blocks
+
+    def _relative_decode_plan(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         state = self._decode_state()
         if state is None:
             return None
@@ -459,7 +480,7 @@ class EngineCore:
         if steps == 0:
             return None
         times = self.cost_model.decode_step_times(len(computed), int(computed.sum()), steps)
-        return start + np.cumsum(times), computed, blocks
+        return np.cumsum(times), computed, blocks
 
     def _decode_horizon(self, start: float) -> float | None:
         """End of the decode-only stretch from ``start`` (first finish or block shortage)."""

@@ -103,7 +103,8 @@ class EngineCore:
         self.config = config
         self.cost_model = config.cost_model()
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching)
+        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching,
+                              record_events=kv_event_sink is not None)
         self.tier = config.global_tier
         self.kv_event_sink = kv_event_sink
         self.fast_forward = fast_forward

@@ -17,9 +17,11 @@ from enginesim.engine.events import AllBlocksCleared, BlockRemoved, KVEvent
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool = True,
+                 record_events: bool = True) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.record_events = record_events  # False: nobody reads KV events (no publisher)
         self.free_uncached = num_blocks
         self.refcount: dict[int, int] = {}
         self.evictable: OrderedDict[int, None] = OrderedDict()
@@ -66,9 +68,14 @@ class BlockPool:
             return False
         from_uncached = min(n, self.free_uncached)
         self.free_uncached -= from_uncached
+        popitem, refcount = self.evictable.popitem, self.refcount
+        if not self.record_events:
+            for _ in range(n - from_uncached):
+                del refcount[popitem(last=False)[0]]
+            return True
         for _ in range(n - from_uncached):
-            h, _ = self.evictable.popitem(last=False)
-            del self.refcount[h]
+            h, _ = popitem(last=False)
+            del refcount[h]
             self._evicted.append(h)
         return True
 
@@ -107,7 +114,8 @@ class BlockPool:
         self.refcount.clear()
         self.evictable.clear()
         self._evicted.clear()
-        self.events.append(AllBlocksCleared())
+        if self.record_events:
+            self.events.append(AllBlocksCleared())
         return True
 
     def take_events(self) -> list[KVEvent]:

@@ -2,9 +2,10 @@
 
 Processes: one ``python -m enginesim serve`` (4 instances), two ``python -m router_worker``
 in front of it (lmetric; round_robin for the added-TTFT rows, whose placement matches the
-client's direct round robin), and this load generator (raw asyncio sockets, one connection per
-request, so the client stays cheap). TTFT is measured by the client, from sending the
-request to the first SSE line carrying a token; "added" = router − direct for the same
+client's direct round robin, one rotation shared by all its workers), and this load
+generator (raw asyncio sockets parsed with httptools, so the client stays cheap; one
+keep-alive connection per worker and port). TTFT is measured by the client, from sending
+the request to the first SSE line carrying a token; "added" = router − direct for the same
 percentile. Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in
 flight. Time shares: the router's own histograms (tokenize, hash, decide) against the
 router process's CPU time per request. On a 2-core machine the three processes share
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -34,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httptools
 import httpx
 import numpy as np
 
@@ -103,34 +106,73 @@ def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any
     return router_port, router
 
 
-async def one_request(port: int, body: bytes, stream: bool) -> tuple[float | None, int]:
-    """Client-side TTFT (streams) or latency (non-stream) of one request, seconds, and the
-    number of SSE data events received (0 for non-streamed answers)."""
-    start = time.perf_counter()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n")
-    writer.write(head.encode() + body)
-    status = await reader.readline()
-    if b" 200 " not in status:
-        writer.close()
-        return None, 0
-    first: float | None = None
-    events = 0
-    if stream:
-        while line := await reader.readline():
-            if line.startswith(b"data: [DONE]"):
-                break
+class _Exchange:
+    """httptools callbacks for one response: SSE events counted, the first token timed."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+        self.first: float | None = None
+        self.events = 0
+        self.pending = b""
+        self.complete = False
+
+    def on_body(self, body: bytes) -> None:
+        lines = (self.pending + body).split(b"\n")
+        self.pending = lines.pop()
+        for line in lines:
             if line.startswith(b"data: "):
-                events += 1
-                if first is None and line.startswith(b'data: {') and b'"text":"' in line:
-                    first = time.perf_counter() - start
-    else:
-        await reader.read()
-        first = time.perf_counter() - start
-    writer.close()
-    return first, events
+                self.events += 1
+                if self.first is None and b'"text":"' in line:
+                    self.first = time.perf_counter() - self.start
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+
+
+class Client:
+    """One keep-alive connection per engine or router port, as a production client (or
+    the router towards the engines) keeps: accepting a connection per request in an
+    already busy enginesim would be measured as engine latency."""
+
+    def __init__(self) -> None:
+        self.connections: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+
+    async def request(self, port: int, body: bytes, stream: bool) -> tuple[float | None, int]:
+        """Client-side TTFT (streams) or latency (non-stream) of one request, seconds, and
+        the number of SSE data events received (0 for non-streamed answers)."""
+        start = time.perf_counter()
+        if port not in self.connections:
+            self.connections[port] = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = self.connections[port]
+        exchange = _Exchange(start)
+        parser = httptools.HttpResponseParser(exchange)
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body)
+        try:
+            while not exchange.complete:
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("closed by the server")
+                parser.feed_data(data)
+        except (ConnectionError, httptools.HttpParserError):
+            self.drop(port)
+            return None, 0
+        if not parser.should_keep_alive():
+            self.drop(port)
+        if parser.get_status_code() != 200:
+            return None, 0
+        if not stream:
+            return time.perf_counter() - start, 0
+        return exchange.first, exchange.events
+
+    def drop(self, port: int) -> None:
+        _, writer = self.connections.pop(port)
+        writer.close()
+
+    def close(self) -> None:
+        for port in list(self.connections):
+            self.drop(port)
 
 
 class Run:
@@ -150,20 +192,26 @@ async def run_loop(ports: list[int], concurrency: int, duration: float, stream: 
     # A fresh prefix per run: a prompt repeated from an earlier run would hit the engines'
     # prefix cache and make whichever path runs later look faster.
     nonce = time.perf_counter_ns()
+    # One round robin over the ports shared by all workers, like the router's: a per-worker
+    # rotation leaves some engines with more streams than others at any moment, which on a
+    # prefill-bound engine doubled direct TTFT and made the router look faster than direct.
+    turns = itertools.count()
 
     async def worker(n: int) -> None:
         k = 0
+        client = Client()
         while time.perf_counter() < deadline:
             prompt = f"run {nonce} client {n} request {k} " + "lorem ipsum dolor sit amet " * 12
             body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
                                "stream": stream}).encode()
-            value, events = await one_request(ports[(n + k) % len(ports)], body, stream)
+            value, events = await client.request(ports[next(turns) % len(ports)], body, stream)
             if value is None:
                 run.failures += 1
             else:
                 run.samples.append(value)
                 run.events += events
             k += 1
+        client.close()
 
     start = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in range(concurrency)))

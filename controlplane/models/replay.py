@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 
 class ReplayJob(models.Model):
@@ -30,3 +31,12 @@ class ReplayJob(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+
+    # No worker took a queued job within this long: say where one is expected.
+    UNCLAIMED_AFTER_S = 60
+
+    @property
+    def unclaimed(self) -> bool:
+        """Queued for longer than a free ``replays`` worker would leave it."""
+        age = (timezone.now() - self.created_at).total_seconds()
+        return self.state == self.State.QUEUED and age > self.UNCLAIMED_AFTER_S

@@ -90,3 +90,23 @@ def test_a_model_enginesim_cannot_simulate_fails_the_job_with_its_reason(
     assert run_replay(job.pk) == "failed"
     job.refresh_from_db()
     assert "no cost model" in job.error
+
+
+def test_a_replay_no_worker_takes_says_which_worker_is_missing(as_role, cluster) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    waiting, fresh = (ReplayJob.objects.create(cluster=cluster, inputs={"trace": TRACE})
+                      for _ in range(2))
+    ReplayJob.objects.filter(pk=waiting.pk).update(
+        created_at=timezone.now() - timedelta(minutes=5))
+    client = as_role("viewer")
+
+    def page(job: ReplayJob) -> str:
+        return client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])
+                          ).content.decode()
+
+    assert 'data-testid="replay-unclaimed"' in page(waiting)
+    assert "-Q replays" in page(waiting)
+    assert 'data-testid="replay-unclaimed"' not in page(fresh)

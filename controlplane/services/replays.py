@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.models import ReplayJob
@@ -123,9 +124,11 @@ def redispatch_stale(older_than_s: float = 60.0) -> int:
 def fail_abandoned(older_than_s: float = ABANDONED_AFTER_S) -> int:
     """Fail running jobs whose worker has been silent for ``older_than_s``: a worker that
     dies takes its task with it (replays are not re-delivered: a job that killed one
-    worker would kill the next), so without this the job would show "running" forever."""
+    worker would kill the next), so without this the job would show "running" forever.
+    Jobs claimed before heartbeats were recorded count from their creation."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    abandoned = ReplayJob.objects.filter(state=ReplayJob.State.RUNNING, heartbeat_at__lt=cutoff)
+    silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
+    abandoned = ReplayJob.objects.filter(silent, state=ReplayJob.State.RUNNING)
     return abandoned.update(state=ReplayJob.State.FAILED, error=ABANDONED_ERROR,
                             finished_at=timezone.now(), progress=0.0)
 

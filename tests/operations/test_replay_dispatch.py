@@ -45,21 +45,25 @@ def test_stale_queued_jobs_are_dispatched_again_and_claimed_once(cluster):
 
 
 def test_running_jobs_whose_worker_went_silent_are_failed_with_a_reason(cluster):
-    silent, alive, queued = (ReplayJob.objects.create(cluster=cluster, inputs={})
-                             for _ in range(3))
+    silent, alive, queued, legacy = (ReplayJob.objects.create(cluster=cluster, inputs={})
+                                     for _ in range(4))
     for job in (silent, alive):
         assert replays.claim(job.pk) is not None
+    # claimed before heartbeats existed: no heartbeat, created long ago
+    ReplayJob.objects.filter(pk=legacy.pk).update(
+        state="running", created_at=timezone.now() - timedelta(hours=2))
     replays.record_progress(alive.pk, 0.4)
     ReplayJob.objects.filter(pk=silent.pk).update(
         heartbeat_at=timezone.now() - timedelta(minutes=10))
     ReplayJob.objects.filter(pk=queued.pk).update(created_at=timezone.now() - timedelta(hours=1))
 
-    assert replays.fail_abandoned(older_than_s=300) == 1
+    assert replays.fail_abandoned(older_than_s=300) == 2
 
     silent.refresh_from_db()
     assert silent.state == "failed" and "worker" in silent.error and silent.finished_at
     assert ReplayJob.objects.get(pk=alive.pk).state == "running"
     assert ReplayJob.objects.get(pk=queued.pk).state == "queued"  # redispatch's business
+    assert ReplayJob.objects.get(pk=legacy.pk).state == "failed"
 
 
 def test_every_task_hard_time_limit_exceeds_its_soft_one():

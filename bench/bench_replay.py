@@ -156,7 +156,7 @@ def run_trace(trace: str, out: Path, limit: int | None) -> None:
         lower = metrics.lower_bound_summary(records, engine_config)
         stem = f"{Path(trace).stem}_{int(target * 100)}"
         results = [result for result, _ in runs]
-        bound = metrics.ttft_lower_bound(records, engine_config)
+        bound = metrics.ttft_lower_bound(metrics.servable(records, engine_config), engine_config)
         plots.ttft_cdf(results, out / f"{stem}_ttft_cdf.png",
                        f"{trace}, {load} (scale {scale:g})", bound)
         plots.pending_grid(results, out / f"{stem}_pending.png",

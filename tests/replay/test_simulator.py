@@ -96,6 +96,16 @@ def test_infinite_cache_hits_by_hand():
     assert metrics.infinite_cache_hits(records).tolist() == [0, 1000, 1024, 0]
 
 
+def test_lower_bound_counts_only_requests_an_engine_accepts():
+    config = SimConfig(max_model_len=4096).engine_config(None)
+    fits = [TraceRecord(0, 0.0, 1000, 8, (1, 2), 512), TraceRecord(2, 2.0, 1024, 8, (1, 2), 512)]
+    too_long = TraceRecord(1, 1.0, 4090, 8, (1, 2, 3, 4, 5, 6, 7, 8), 512)  # 4098 > 4096
+    assert metrics.servable([fits[0], too_long, fits[1]], config) == fits
+    summary = metrics.lower_bound_summary([fits[0], too_long, fits[1]], config)
+    assert (summary["requests"], summary["completed"]) == (3, 2)
+    assert summary == {**metrics.lower_bound_summary(fits, config), "requests": 3}
+
+
 def test_failure_retries_unstarted_requests_elsewhere(conversation_slice):
     records = conversation_slice[:150]
     fail_at = 10.0

@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     profiler = cProfile.Profile(time.process_time)  # CPU time: the machine may be shared
     try:
         profiler.runcall(server.run)
+    except KeyboardInterrupt:  # the profiler's frame sees the Ctrl-C uvicorn handled
+        pass
     finally:
         profiler.dump_stats(str(args.profile))
     return 0

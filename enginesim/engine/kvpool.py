@@ -69,14 +69,11 @@ class BlockPool:
         from_uncached = min(n, self.free_uncached)
         self.free_uncached -= from_uncached
         popitem, refcount = self.evictable.popitem, self.refcount
-        if not self.record_events:
-            for _ in range(n - from_uncached):
-                del refcount[popitem(last=False)[0]]
-            return True
-        for _ in range(n - from_uncached):
-            h, _ = popitem(last=False)
+        evicted = [popitem(last=False)[0] for _ in range(n - from_uncached)]
+        for h in evicted:
             del refcount[h]
-            self._evicted.append(h)
+        if self.record_events:
+            self._evicted.extend(evicted)
         return True
 
     def cache(self, block_hash: int) -> bool:

@@ -23,7 +23,7 @@ from enginesim.engine.config import EngineConfig
 from enginesim.engine.costmodel import StepBatch
 from enginesim.engine.events import BlockStored, KVEvent
 from enginesim.engine.hashing import block_hashes
-from enginesim.engine.kvpool import BlockPool
+from enginesim.engine.kvpool import BlockPool, PrefixNode
 
 MAX_CHUNK_STEPS = 2048
 
@@ -75,9 +75,10 @@ class _Request:
     hashes: list[int]
     num_computed: int = 0
     num_output: int = 0
-    held: list[int] = field(default_factory=list)  # cached block hashes referenced
+    tip: PrefixNode | None = None  # end of the cached path it references (None: none)
+    num_held: int = 0  # cached blocks it references: its leading prompt blocks
     num_private: int = 0  # allocated blocks not in the prefix cache
-    num_checked_blocks: int = 0  # leading prompt blocks already cached or known duplicate
+    num_checked_blocks: int = 0  # leading prompt blocks computed and offered to the cache
     num_cached_tokens: int = -1
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -93,7 +94,7 @@ class _Request:
 
     @property
     def num_blocks(self) -> int:
-        return len(self.held) + self.num_private
+        return self.num_held + self.num_private
 
 
 class EngineCore:
@@ -313,16 +314,15 @@ class EngineCore:
         transfer_time = 0.0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
-            local, external = self._lookup(req)
+            local, unreferenced, external = self._lookup(req)
             computed = (local + external) * self.block_size
             num_new = min(req.num_tokens - computed, budget)
             need = -(-(computed + num_new) // self.block_size) - local
-            hits = req.hashes[:local]
-            if need + self.pool.count_evictable(hits) > self.pool.num_free:
+            if need + unreferenced > self.pool.num_free:
                 break
-            self.pool.touch(hits)
+            req.tip = self.pool.acquire(req.hashes, local)
             self.pool.allocate(need)
-            req.held, req.num_private = list(hits), need
+            req.num_held, req.num_private = local, need
             req.num_checked_blocks = local
             req.num_computed = computed
             if external:
@@ -334,14 +334,15 @@ class EngineCore:
             budget -= num_new
         return transfer_time
 
-    def _lookup(self, req: _Request) -> tuple[int, int]:
-        """Blocks of ``req`` cached locally and, after those, in the global tier."""
+    def _lookup(self, req: _Request) -> tuple[int, int, int]:
+        """Blocks of ``req`` cached locally (and how many of those are unreferenced)
+        and, after those, in the global tier."""
         max_blocks = min(len(req.hashes), (req.num_tokens - 1) // self.block_size)
-        local = self.pool.count_cached_prefix(req.hashes, max_blocks)
+        local, unreferenced = self.pool.match(req.hashes, max_blocks)
         external = 0
         if self.tier is not None:
             external = self.tier.count_prefix(req.hashes, local, max_blocks)
-        return local, external
+        return local, unreferenced, external
 
     def _can_admit_head(self, free_budget: int) -> bool:
         """Read-only: could the head of the waiting queue be admitted now?"""
@@ -349,11 +350,11 @@ class EngineCore:
                 or len(self.running) >= self.config.max_num_seqs):
             return False
         req = self.waiting[0]
-        local, external = self._lookup(req)
+        local, unreferenced, external = self._lookup(req)
         computed = (local + external) * self.block_size
         num_new = min(req.num_tokens - computed, free_budget)
         need = -(-(computed + num_new) // self.block_size) - local
-        return need + self.pool.count_evictable(req.hashes[:local]) <= self.pool.num_free
+        return need + unreferenced <= self.pool.num_free
 
     def _load_from_tier(self, req: _Request, local: int, external: int) -> float:
         hashes = req.hashes[local:local + external]
@@ -378,8 +379,8 @@ class EngineCore:
         self._version += 1
 
     def _release(self, req: _Request) -> None:
-        self.pool.release(req.held, req.num_private)
-        req.held, req.num_private = [], 0
+        self.pool.release(req.tip or self.pool.root, req.num_private)
+        req.tip, req.num_held, req.num_private = None, 0, 0
 
     # ----------------------------------------------------------------- prefix cache
 
@@ -390,29 +391,20 @@ class EngineCore:
 
     def _cache_blocks(self, req: _Request, upto: int) -> None:
         """Enter prompt blocks [num_checked_blocks, upto) into the prefix cache."""
-        first = req.num_checked_blocks
-        run = req.hashes[first:upto]
         if self.tier is not None:
-            for h in run:
+            for h in req.hashes[req.num_checked_blocks:upto]:
                 self.tier.store(h)
-        stored = self.pool.cache_run(run)
-        req.held.extend(stored)
-        req.num_private -= len(stored)
         req.num_checked_blocks = upto
+        tip, duplicates, stored = self.pool.extend(req.tip or self.pool.root, req.hashes, upto)
+        req.tip = tip
+        req.num_held += duplicates + len(stored)
+        req.num_private -= duplicates + len(stored)
         if stored and self.kv_event_sink is not None:
-            self._emit_stored(req, first, upto, stored)
+            self._emit_stored(req, upto - len(stored), upto, stored)
 
     def _emit_stored(self, req: _Request, first: int, upto: int, stored: list[int]) -> None:
         bs = self.block_size
         parent = req.hashes[first - 1] if first > 0 else None
-        if len(stored) != upto - first:  # some were duplicates: report the cached ones only
-            index = {h: j for j, h in enumerate(req.hashes[first:upto], first)}
-            for h in stored:
-                j = index[h]
-                parent_j = req.hashes[j - 1] if j > 0 else None
-                tokens = req.prompt[j * bs:(j + 1) * bs].tolist()
-                self.pool.events.append(BlockStored([h], parent_j, tokens, bs))
-            return
         tokens = req.prompt[first * bs:upto * bs].tolist()
         self.pool.events.append(BlockStored(stored, parent, tokens, bs))
 

@@ -39,16 +39,20 @@ empty: the shadow LRU and vLLM free tails first, and a slot with no loose
 block takes a whole prompt in one pass. Hits therefore equal the old
 block-by-block AND exactly; ``held_count`` still counts loose blocks.
 
-Children links are kept only once they can matter. While a slot only ever
-receives whole prompts (``insert`` without ``parent``: the router's dispatch
-shadow), every touch of a block comes with a later touch of each of its
-ancestors, so the LRU evicts descendants before ancestors and no slot ever holds
-a loose block: nothing would ever walk the links. The index therefore starts
-without them and builds them from the slots' LRUs (block -> parent) the first
-time something can break that order: an insert continuing from a ``parent``, a
-``remove`` or an engine event. Until then an insert costs one dict operation
-per block less and an eviction three less (the replay simulator, which by
-default feeds no events, spends most of its index time there).
+Two forms
+---------
+While a slot only ever receives whole prompts (``insert`` without ``parent``: the
+router's dispatch shadow), every touch of a block comes with a later touch of each of
+its ancestors, so the LRU evicts descendants before ancestors and no slot ever holds a
+loose block. The index then keeps the run-length form of
+:mod:`~router_worker.routing.shadowtree` (a radix tree of block runs with per-slot
+LRU entries), where an insert, an eviction and a lookup cost O(runs on the prompt's
+path) instead of O(blocks): the replay simulator, which by default feeds no events,
+and a router without a KV-event subscriber stay in it. The first time something can
+break that order (an insert continuing from a ``parent``, a ``remove``, an engine
+event) or asks a per-block question (``holds``, a lookup of a sequence that is not a
+chain), the index converts to the per-block form described above, LRU order
+included, and stays in it.
 
 The chain answer relies on every insert being a chain continuing from its
 ``parent`` (true for ``on_dispatch`` and for translated events). A
@@ -98,6 +102,7 @@ import numpy as np
 
 from router_worker.routing.features import extend_chain
 from router_worker.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from router_worker.routing.shadowtree import ShadowTree
 
 GPU_MEDIA = (None, "GPU", "gpu")
 
@@ -122,7 +127,9 @@ class KVIndex:
         self._loose_count: list[int] = []  # per slot: blocks in its LRU that are loose
         self._capacity: list[int] = []
         self._engine_map: list[dict[object, int]] = []
-        self._linked = False  # children links kept (see "Children links" above)
+        # Run-length form while only whole prompts came in (see "Two forms" above);
+        # None once the per-block form above is in use.
+        self._tree: ShadowTree | None = ShadowTree()
         self.unresolved_events = 0
         self.unsupported_events = 0
 
@@ -134,6 +141,8 @@ class KVIndex:
         self._loose_count.append(0)
         self._capacity.append(capacity_blocks)
         self._engine_map.append({})
+        if self._tree is not None:
+            self._tree.add_slot()
         return len(self._lru) - 1
 
     def remove_slot(self, slot: int) -> None:
@@ -150,9 +159,12 @@ class KVIndex:
 
     def held_count(self, slot: int) -> int:
         lru = self._lru[slot]
-        return 0 if lru is None else len(lru)
+        if lru is None:
+            return 0
+        return len(lru) if self._tree is None else self._tree.held_count(slot)
 
     def holds(self, slot: int, block_hash: int) -> bool:
+        self._to_blocks()
         held = self._closed.get(block_hash, 0) | self._loose.get(block_hash, 0)
         return bool(held >> slot & 1)
 
@@ -167,6 +179,10 @@ class KVIndex:
         Without it any sequence is accepted and scanned block by block.
         """
         result = np.zeros(len(self._lru), dtype=np.int64)
+        if chain and self._tree is not None:
+            self._tree.longest_prefixes(result, block_hashes, _assign_bits)
+            return result
+        self._to_blocks()
         if chain:
             self._chain_lookup(result, block_hashes)
             return result
@@ -207,8 +223,11 @@ class KVIndex:
         lru = self._lru[slot]
         if lru is None or not block_hashes:
             return
-        if parent is not None:
-            self._link_children()
+        if parent is None and self._tree is not None:
+            self._tree.insert(slot, block_hashes)
+            self._tree.evict_to(slot, self._capacity[slot])
+            return
+        self._to_blocks()
         parents = [parent, *block_hashes[:-1]]
         self._insert(slot, lru, block_hashes, parent,
                      zip(reversed(block_hashes), reversed(parents), strict=True))
@@ -226,27 +245,14 @@ class KVIndex:
                 and not self._loose_count[slot]:
             # The usual case: the whole chain becomes usable for the slot and it
             # holds nothing loose that could become usable with it.
-            if self._linked:
-                self._touch_usable_linked(slot, lru, touch_order)
-            else:
-                self._touch_usable(slot, lru, touch_order)
+            self._touch_usable(slot, lru, touch_order)
         else:
             self._insert_general(slot, lru, block_hashes, parent, touch_order)
         self._evict_over_capacity(slot)
 
     def _touch_usable(self, slot: int, lru: OrderedDict[int, int | None],
                       touch_order: Iterable[tuple[int, int | None]]) -> None:
-        bit, closed = 1 << slot, self._closed
-        for block_hash, block_parent in touch_order:
-            if block_hash in lru:
-                lru.move_to_end(block_hash)
-                continue
-            lru[block_hash] = block_parent
-            closed[block_hash] = closed.get(block_hash, 0) | bit
-
-    def _touch_usable_linked(self, slot: int, lru: OrderedDict[int, int | None],
-                             touch_order: Iterable[tuple[int, int | None]]) -> None:
-        """:meth:`_touch_usable`, keeping the children links of blocks new to the index."""
+        """Touch blocks that become usable, linking those new to the index."""
         bit, closed, loose, children = 1 << slot, self._closed, self._loose, self._children
         for block_hash, block_parent in touch_order:
             if block_hash in lru:
@@ -271,7 +277,6 @@ class KVIndex:
         parent: int | None,
         touch_order: Iterable[tuple[int, int | None]],
     ) -> None:
-        self._link_children()
         bit = 1 << slot
         closed, loose, children = self._closed, self._loose, self._children
         usable = parent is None or bool(closed.get(parent, 0) & bit)
@@ -301,7 +306,7 @@ class KVIndex:
         lru = self._lru[slot]
         if lru is None:
             return
-        self._link_children()
+        self._to_blocks()
         for block_hash in block_hashes:
             parent = lru.pop(block_hash, _ABSENT)
             if parent is not _ABSENT:
@@ -310,6 +315,10 @@ class KVIndex:
     def clear(self, slot: int) -> None:
         lru = self._lru[slot]
         if lru is None:
+            return
+        if self._tree is not None:
+            self._tree.clear(slot)
+            self._engine_map[slot].clear()
             return
         keep = ~(1 << slot)
         closed, loose = self._closed, self._loose
@@ -321,7 +330,7 @@ class KVIndex:
                     masks[block_hash] = mask
                 else:
                     masks.pop(block_hash, None)
-            if self._linked and block_hash not in closed and block_hash not in loose:
+            if block_hash not in closed and block_hash not in loose:
                 self._forget(block_hash, parent)
         lru.clear()
         self._loose_count[slot] = 0
@@ -331,19 +340,13 @@ class KVIndex:
         lru = self._lru[slot]
         assert lru is not None
         capacity = self._capacity[slot]
+        if self._tree is not None:
+            self._tree.evict_to(slot, capacity)
+            return
         if len(lru) <= capacity:
             return
         bit = 1 << slot
         closed, loose, children = self._closed, self._loose, self._children
-        if not self._linked:  # every held block is usable and evicted before its ancestors
-            while len(lru) > capacity:
-                block_hash = lru.popitem(last=False)[0]
-                mask = closed[block_hash] ^ bit
-                if mask:
-                    closed[block_hash] = mask
-                else:
-                    del closed[block_hash]
-            return
         while len(lru) > capacity:
             block_hash, parent = lru.popitem(last=False)
             mask = closed.get(block_hash, 0) ^ bit
@@ -384,14 +387,20 @@ class KVIndex:
             self._forget(block_hash, parent)
 
     # ----- chain structure ----------------------------------------------------
-    def _link_children(self) -> None:
-        """Start keeping children links: build them from every slot's LRU (once)."""
-        if self._linked:
+    def _to_blocks(self) -> None:
+        """Leave the run-length form: build the per-block LRUs, usable masks and
+        children links from the tree (once)."""
+        tree, self._tree = self._tree, None
+        if tree is None:
             return
-        self._linked = True
-        children = self._children
-        for lru in self._lru:
-            for block_hash, parent in (lru or {}).items():
+        closed, children = self._closed, self._children
+        for slot, lru in enumerate(self._lru):
+            if lru is None:
+                continue
+            bit = 1 << slot
+            for block_hash, parent in tree.lru_items(slot):
+                lru[block_hash] = parent
+                closed[block_hash] = closed.get(block_hash, 0) | bit
                 if parent is not None:
                     known = children.setdefault(parent, block_hash)
                     if known != block_hash:
@@ -451,7 +460,7 @@ class KVIndex:
         """Apply one decoded vLLM KV event reported by the instance in ``slot``."""
         if self._lru[slot] is None:
             return
-        self._link_children()
+        self._to_blocks()
         if isinstance(event, BlockStored):
             self._apply_stored(slot, event)
         elif isinstance(event, BlockRemoved):

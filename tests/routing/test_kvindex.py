@@ -44,6 +44,15 @@ class NaiveIndex:
 
 
 block_seqs = st.lists(st.integers(0, 12), min_size=0, max_size=10)
+
+
+def _int_chain(seq):
+    """Chained hashes of a sequence of block contents (what ``insert`` requires)."""
+    hashes, parent = [], 0
+    for content in seq:
+        parent = hash((parent, content))
+        hashes.append(parent)
+    return hashes
 operations = st.lists(
     st.tuples(st.sampled_from(["insert", "remove", "clear"]), st.integers(0, 4), block_seqs),
     max_size=40,
@@ -60,8 +69,10 @@ def test_index_agrees_with_naive_reference(capacities, ops, queries):
     index, naive = KVIndex(16), NaiveIndex(capacities)
     for capacity in capacities:
         index.add_slot(capacity)
-    for kind, slot, blocks in ops:
+    queries = [_int_chain(query) for query in queries]
+    for kind, slot, seq in ops:
         slot %= len(capacities)
+        blocks = _int_chain(seq)
         if kind == "insert":
             index.insert(slot, blocks)
             naive.insert(slot, blocks)
@@ -72,9 +83,12 @@ def test_index_agrees_with_naive_reference(capacities, ops, queries):
             index.clear(slot)
             naive.lru[slot].clear()
         for query in queries:
-            assert index.longest_prefixes(query).tolist() == naive.longest_prefixes(query)
-    for slot in range(len(capacities)):
-        assert index.held_count(slot) == len(naive.lru[slot])
+            expected = naive.longest_prefixes(query)
+            assert index.longest_prefixes(query, chain=True).tolist() == expected
+        for slot in range(len(capacities)):
+            assert index.held_count(slot) == len(naive.lru[slot])
+    for query in queries:  # a per-block question: converts to the per-block form
+        assert index.longest_prefixes(query).tolist() == naive.longest_prefixes(query)
 
 
 def test_lru_evicts_tails_before_shared_prefix():
@@ -221,17 +235,27 @@ def test_chain_lookup_agrees_with_naive_reference(capacities, ops, query_paths):
         for query in queries:
             expected = naive.longest_prefixes(query)
             assert index.longest_prefixes(query, chain=True).tolist() == expected
-            assert index.longest_prefixes(query).tolist() == expected
+            if index._tree is None:  # (a plain lookup would leave the run-length form)
+                assert index.longest_prefixes(query).tolist() == expected
         _assert_consistent(index, naive, [*queries, blocks])
     for slot in range(len(capacities)):
         assert index.held_count(slot) == len(naive.lru[slot])
         index.clear(slot)
-    # nothing leaks once every slot is empty
+    _assert_empty(index)
+
+
+def _assert_empty(index):
+    """Nothing leaks once every slot is empty."""
     assert not (index._closed or index._loose or index._children)
+    assert index._tree is None or not index._tree.root.children
 
 
 def _assert_consistent(index, naive, chains):
     """closed[block k of a chain] = the slots holding blocks 0..k; loose = held but not closed."""
+    if index._tree is not None:  # run-length form: each slot's LRU, in order
+        for slot, lru in enumerate(naive.lru):
+            assert [block for block, _ in index._tree.lru_items(slot)] == lru
+        return
     for chain in chains:
         runs = naive.longest_prefixes(chain)
         for k, block in enumerate(chain):
@@ -342,7 +366,7 @@ def test_children_links_built_late_agree_with_the_reference(capacities, ops, swi
             index.insert(slot, blocks)
             naive.insert(slot, blocks)
         previous = slot, blocks
-        assert index._linked == (step >= switch_at)
+        assert (index._tree is None) == (step >= switch_at)
         for query in queries:
             assert index.longest_prefixes(query, chain=True).tolist() == \
                 naive.longest_prefixes(query)
@@ -350,4 +374,4 @@ def test_children_links_built_late_agree_with_the_reference(capacities, ops, swi
         _assert_consistent(index, naive, [*queries, *inserted])
     for slot in range(len(capacities)):
         index.clear(slot)
-    assert not (index._closed or index._loose or index._children)
+    _assert_empty(index)

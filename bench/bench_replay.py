@@ -153,10 +153,9 @@ def run_trace(trace: str, out: Path, limit: int | None) -> None:
         records = load_trace(path, rate_scale=scale, max_requests=limit)
         runs = run_all(records)
         summaries = [summary for _, summary in runs]
-        lower = metrics.lower_bound_summary(records, engine_config)
+        lower, bound = metrics.lower_bound_summary(records, engine_config)
         stem = f"{Path(trace).stem}_{int(target * 100)}"
         results = [result for result, _ in runs]
-        bound = metrics.ttft_lower_bound(metrics.servable(records, engine_config), engine_config)
         plots.ttft_cdf(results, out / f"{stem}_ttft_cdf.png",
                        f"{trace}, {load} (scale {scale:g})", bound)
         plots.pending_grid(results, out / f"{stem}_pending.png",

@@ -259,7 +259,7 @@ class EngineCore:
         num_sampled = sum(1 for r, n, c in scheduled if n + c == r.num_tokens)
         batch = StepBatch.from_requests(new_tokens, contexts, num_sampled, transfer_time)
         end = start + self.cost_model.step_time(batch)
-        step = self._append_step_ends(np.array([end]))
+        step = self._append_step_ends((end,))
         for req, n, _ in scheduled:
             req.num_computed += n
             self._cache_full_blocks(req)
@@ -415,20 +415,20 @@ class EngineCore:
 
     # ----------------------------------------------------------------- decode fast path
 
-    def _decode_state(self, free_budget_check: bool = True) -> tuple[np.ndarray, ...] | None:
+    def _decode_state(self) -> tuple[np.ndarray, ...] | None:
         """Per-request arrays if the next step is decode-only and needs no preemption."""
         running = self.running
         n = len(running)
         if n == 0 or n > self.config.max_num_batched_tokens:
             return None
-        computed = np.fromiter((r.num_computed for r in running), np.int64, n)
-        remaining = np.fromiter((r.max_tokens - r.num_output for r in running), np.int64, n)
-        tokens = np.fromiter((r.num_tokens for r in running), np.int64, n)
-        if not np.array_equal(computed, tokens - 1):
+        for r in running:
+            if r.num_computed != r.num_tokens - 1:
+                return None
+        if self._can_admit_head(self.config.max_num_batched_tokens - n):
             return None
-        if free_budget_check and self._can_admit_head(self.config.max_num_batched_tokens - n):
-            return None
-        blocks = np.fromiter((r.num_blocks for r in running), np.int64, n)
+        columns = np.array([(r.num_computed, r.max_tokens - r.num_output,
+                             r.num_held + r.num_private) for r in running], dtype=np.int64)
+        computed, remaining, blocks = columns.T
         return computed, remaining, blocks
 
     def _block_limited_steps(self, computed: np.ndarray, blocks: np.ndarray, limit: int) -> int:
@@ -502,7 +502,7 @@ class EngineCore:
 
     # ----------------------------------------------------------------- outputs
 
-    def _append_step_ends(self, ends: np.ndarray) -> int:
+    def _append_step_ends(self, ends: np.ndarray | tuple[float]) -> int:
         first = self._num_steps
         needed = first + len(ends)
         if needed > len(self._step_ends):

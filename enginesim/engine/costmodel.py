@@ -116,19 +116,20 @@ class CostModel:
         """Weight bytes read by a step of ``num_tokens`` tokens (MoE: touched experts only)."""
         m = self.model
         if not m.is_moe:
-            return self._dense_weight_bytes + 0.0 * np.asarray(num_tokens)
-        miss = (1.0 - m.experts_per_token / m.num_experts) ** np.asarray(num_tokens, float)
+            return self._dense_weight_bytes + 0.0 * num_tokens
+        miss = (1.0 - m.experts_per_token / m.num_experts) ** num_tokens
         touched = m.num_experts * (1.0 - miss)
         return self._dense_weight_bytes + self._expert_layer_bytes * touched
 
     def cost(self, batch: StepBatch) -> StepCost:
-        gemm_flops = (self._flops_per_token * np.asarray(batch.num_tokens, float)
-                      + self._flops_per_sample * np.asarray(batch.num_sampled, float))
-        attention_flops = self._flops_per_pair * np.asarray(batch.attention_pairs, float)
+        """The step's cost; plain arithmetic, so a batch of floats is priced without numpy's
+        per-call overhead (a step of the simulator) and a batch of arrays elementwise."""
+        gemm_flops = (self._flops_per_token * batch.num_tokens
+                      + self._flops_per_sample * batch.num_sampled)
+        attention_flops = self._flops_per_pair * batch.attention_pairs
         flops = gemm_flops + attention_flops
         weights = self.weight_bytes(batch.num_tokens)
-        kv = self._kv_bytes * (np.asarray(batch.context_tokens, float)
-                               + np.asarray(batch.num_tokens, float))
+        kv = self._kv_bytes * (batch.context_tokens + batch.num_tokens)
         nbytes = weights + kv
         # attention runs in bf16 even when the GEMMs run in fp8
         compute_time = gemm_flops / self._compute_rate + attention_flops / self._attention_rate
@@ -136,14 +137,15 @@ class CostModel:
         moe_penalty = expert_bytes * (1.0 / self.calibration.eta_moe - 1.0)
         memory_time = (nbytes + moe_penalty) / self._memory_rate
         cal = self.calibration
-        time = (cal.t_fixed + cal.t_per_seq * np.asarray(batch.num_seqs, float)
-                + np.maximum(compute_time, memory_time) + batch.transfer_time)
+        slower = (np.maximum(compute_time, memory_time) if isinstance(compute_time, np.ndarray)
+                  else max(compute_time, memory_time))
+        time = cal.t_fixed + cal.t_per_seq * batch.num_seqs + slower + batch.transfer_time
         return StepCost(flops, nbytes, weights, compute_time, memory_time, time)
 
     def step_time(self, batch: StepBatch) -> float:
         """Seconds one engine step takes (an array if ``batch`` holds arrays)."""
         time = self.cost(batch).time
-        return float(time) if np.ndim(time) == 0 else time
+        return time if isinstance(time, np.ndarray) else float(time)
 
     def decode_step_times(self, num_seqs: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Step times of ``num_steps`` consecutive decode-only steps.

@@ -188,8 +188,7 @@ def main(args: argparse.Namespace) -> int:
         results.append(result)
         summaries.append(summary)
     engine_config = config.engine_config(None)
-    bound = metrics.ttft_lower_bound(metrics.servable(records, engine_config), engine_config)
-    lower = metrics.lower_bound_summary(records, engine_config)
+    lower, bound = metrics.lower_bound_summary(records, engine_config)
     print(format_row(lower) + "   (zero-queue, infinite-cache physical limit)")
     write_outputs(args.out, results, summaries, lower, bound, not args.no_plots,
                   Path(args.trace).name)

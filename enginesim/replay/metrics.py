@@ -121,10 +121,13 @@ def infinite_cache_hits(records: Sequence[TraceRecord]) -> np.ndarray:
     return hits
 
 
-def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig) -> np.ndarray:
+def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig,
+                     hits: np.ndarray | None = None) -> np.ndarray:
     """Per request: the chunked prefill time of its tokens no earlier request prefilled,
-    alone on an idle engine (the engine's own cost model, chunk and block size)."""
-    hits = infinite_cache_hits(records)
+    alone on an idle engine (the engine's own cost model, chunk and block size).
+    ``hits``: ``infinite_cache_hits(records)``, if already known."""
+    if hits is None:
+        hits = infinite_cache_hits(records)
     model = config.cost_model()
     block = config.block_size
     chunk = config.max_num_batched_tokens
@@ -148,14 +151,16 @@ def servable(records: Sequence[TraceRecord], config: EngineConfig) -> list[Trace
             if r.input_tokens > 0 and r.input_tokens + max(r.output_tokens, 1) <= limit]
 
 
-def lower_bound_summary(records: Sequence[TraceRecord], config: EngineConfig) -> dict[str, Any]:
+def lower_bound_summary(records: Sequence[TraceRecord], config: EngineConfig
+                        ) -> tuple[dict[str, Any], np.ndarray]:
+    """The lower bound's table row, and the per-request bounds of the servable records."""
     accepted = servable(records, config)
-    bounds = ttft_lower_bound(accepted, config)
     hits = infinite_cache_hits(accepted)
+    bounds = ttft_lower_bound(accepted, config, hits)
     prompt = sum(r.input_tokens for r in accepted)
     return {
         "policy": "lower_bound", "requests": len(records), "completed": len(accepted),
         "ttft_mean_s": _stat(bounds), "ttft_p50_s": _stat(bounds, 50),
         "ttft_p90_s": _stat(bounds, 90), "ttft_p99_s": _stat(bounds, 99),
         "hit_ratio": float(hits.sum() / prompt) if prompt else None,
-    }
+    }, bounds

@@ -71,7 +71,7 @@ def test_cache_aware_policy_beats_round_robin_on_hits():
     # earlier prefix inside the window (its first 300 requests: only 5%).
     start = read_trace(SYNTHETIC)[3000].arrival_s
     records = load_trace(SYNTHETIC, start_s=start, max_requests=300)
-    ideal = metrics.lower_bound_summary(records, SimConfig().engine_config(None))["hit_ratio"]
+    ideal = metrics.lower_bound_summary(records, SimConfig().engine_config(None))[0]["hit_ratio"]
     assert ideal > 0.3
     config = SimConfig(instances=8, max_model_len=LONG)
     hit = {p: metrics.summarize(Simulator(records, p, config).run())["hit_ratio"]
@@ -101,9 +101,9 @@ def test_lower_bound_counts_only_requests_an_engine_accepts():
     fits = [TraceRecord(0, 0.0, 1000, 8, (1, 2), 512), TraceRecord(2, 2.0, 1024, 8, (1, 2), 512)]
     too_long = TraceRecord(1, 1.0, 4090, 8, (1, 2, 3, 4, 5, 6, 7, 8), 512)  # 4098 > 4096
     assert metrics.servable([fits[0], too_long, fits[1]], config) == fits
-    summary = metrics.lower_bound_summary([fits[0], too_long, fits[1]], config)
+    summary, _ = metrics.lower_bound_summary([fits[0], too_long, fits[1]], config)
     assert (summary["requests"], summary["completed"]) == (3, 2)
-    assert summary == {**metrics.lower_bound_summary(fits, config), "requests": 3}
+    assert summary == {**metrics.lower_bound_summary(fits, config)[0], "requests": 3}
 
 
 def test_failure_retries_unstarted_requests_elsewhere(conversation_slice):

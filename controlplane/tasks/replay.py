@@ -90,7 +90,7 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
         .engine_config(None)
     return {"policies": outcomes, "instances": instances, "requests": len(records),
             "percentiles": TTFT_PERCENTILES,
-            "lower_bound": _json_safe(lower_bound_summary(records, engine))}
+            "lower_bound": _json_safe(lower_bound_summary(records, engine)[0])}
 
 
 def _percentiles(values: np.ndarray) -> list[float] | None:

@@ -6,7 +6,16 @@ client's direct round robin, one rotation shared by all its workers), and this l
 generator (raw asyncio sockets parsed with httptools, so the client stays cheap; one
 keep-alive connection per worker and port). TTFT is measured by the client, from sending
 the request to the first SSE line carrying a token; "added" = router − direct for the same
-percentile. Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in
+percentile. Beside it, the router's own view of what it adds, free of the client's and the
+engine's share of the CPUs: its ``switchyard_router_overhead_seconds`` histogram (arrival to
+the upstream request, plus the first chunk's relay to the client), per row, as bucket upper
+bounds, with the event loop's lag (how late a 10 ms timer fires: what the request's
+bytes wait in the socket before the handler starts, which the histogram cannot see), and
+the share of the time the router was runnable but had no CPU. The TTFT rows give the routers
+a CPU of their own and the engines and client the others, for the direct and the routed runs
+alike, as a deployment would (``--no-pin``: all share both CPUs, and the router's p99 is
+then mostly its wait for a CPU, not its work).
+Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in
 flight. Time shares: the router's own histograms (tokenize, hash, decide) against the
 router process's CPU time per request. On a 2-core machine the three processes share
 the CPUs: the numbers include that contention, and the CPU columns show it.
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -33,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +67,43 @@ def free_base_port(count: int) -> int:
         except OSError:
             continue
     raise RuntimeError("no free ports")
+
+
+def runnable_wait_seconds(pid: int) -> float:
+    """Time the process's main thread (the router's event loop) spent runnable but waiting
+    for a CPU (``/proc/<pid>/schedstat``, field 2): the OS's share of its latency."""
+    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+
+
+def set_cpus(pid: int, cpus: set[int]) -> None:
+    """Restrict every thread of ``pid`` to ``cpus``."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(task), cpus)
+
+
+@contextlib.contextmanager
+def router_on_own_cpu(routers: list[subprocess.Popen[bytes]],
+                      others: list[subprocess.Popen[bytes]]) -> Iterator[str]:
+    """Routers on the last CPU, the engines and this load generator on the others (as in a
+    deployment, where the router has cores of its own), then everything back on all CPUs.
+    Both the direct and the routed runs give the engines and the client the same CPUs."""
+    every = os.sched_getaffinity(0)
+    if len(every) < 2:
+        yield "unpinned (1 CPU)"
+        return
+    router_cpu = {max(every)}
+    rest = every - router_cpu
+    pids = [os.getpid(), *(p.pid for p in others)]
+    try:
+        for pid in pids:
+            set_cpus(pid, rest)
+        for router in routers:
+            set_cpus(router.pid, router_cpu)
+        yield f"routers on CPU {max(every)}, engines and client on CPU {sorted(rest)}"
+    finally:
+        for pid in [*pids, *(r.pid for r in routers)]:
+            set_cpus(pid, every)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -229,7 +277,7 @@ def router_histograms(port: int) -> dict[str, float]:
     """Sums, counts and cumulative buckets of the router's hot-path histograms."""
     text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
     out: dict[str, float] = {}
-    for name in ("tokenize", "hashing", "decision"):
+    for name in ("tokenize", "hashing", "decision", "overhead", "loop_lag"):
         for suffix in ("sum", "count"):
             pattern = rf"^switchyard_router_{name}_seconds_{suffix}(?:{{[^}}]*}})? (\S+)$"
             out[f"{name}_{suffix}"] = sum(float(v) for v in re.findall(pattern, text, re.M))
@@ -240,15 +288,19 @@ def router_histograms(port: int) -> dict[str, float]:
     return out
 
 
-def bucket_median(before: dict[str, float], after: dict[str, float], name: str) -> str:
-    """Upper bound of the bucket holding the median of the requests between two scrapes."""
+def bucket_quantile(before: dict[str, float], after: dict[str, float], name: str,
+                    q: float = 0.5) -> float:
+    """Upper bound (s) of the bucket holding quantile ``q`` of the observations between
+    two scrapes (inf when it lies beyond the last bucket, nan without observations)."""
     prefix = f"{name}_le_"
     bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
     total = after[f"{name}_count"] - before.get(f"{name}_count", 0.0)
+    if total <= 0:
+        return float("nan")
     for bound, key in bounds:
-        if after[key] - before.get(key, 0.0) >= total / 2:
-            return f"≤ {bound * 1e6:.0f} µs"
-    return "?"
+        if after[key] - before.get(key, 0.0) >= q * total:
+            return bound
+    return float("inf")
 
 
 def pct(values: list[float], q: float) -> float:
@@ -346,6 +398,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--only", choices=("ttft", "throughput", "cpu", "hot-path"),
                         action="append", help="run only these sections (repeatable)")
+    parser.add_argument("--no-pin", dest="pin", action="store_false",
+                        help="TTFT rows without giving the routers a CPU of their own")
     args = parser.parse_args()
     sections = set(args.only or ("ttft", "throughput", "cpu", "hot-path"))
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
@@ -359,7 +413,11 @@ def main() -> None:
         try:
             asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
             if "ttft" in sections:
-                ttft_rows(ports, router_port, rr_port, rr_router, args)
+                pinning = (router_on_own_cpu([router, rr_router], [engines]) if args.pin
+                           else contextlib.nullcontext("unpinned: all processes share the CPUs"))
+                with pinning as placement:
+                    print(f"\n# TTFT rows: {placement}")
+                    ttft_rows(ports, router_port, rr_port, rr_router, args)
             if "throughput" in sections:
                 throughput_rows(ports, router_port, router, engines, args)
             if "cpu" in sections:
@@ -379,26 +437,37 @@ def ttft_rows(ports: list[int], router_port: int, rr_port: int,
     (its placement differs: on a prefill-bound engine it can beat the client's round robin,
     so its difference to direct is not an overhead)."""
     print(f"\nTTFT, streams of max_tokens={args.max_tokens} (ms); added = round-robin router "
-          "− direct round robin")
+          "− direct round robin; router-side = the router's own histogram of its time in the "
+          "first chunk (arrival → upstream request, engine's first chunk → client) and its "
+          "event-loop lag (what a readable socket waits before it is read), bucket upper "
+          "bounds")
     header = (f"{'streams':>7} {'direct p50':>10} {'p99':>7} {'router p50':>10} {'p99':>7} "
-              f"{'added p50':>9} {'added p99':>9} {'requests':>8} {'router CPU':>10} "
-              f"{'lmetric p50':>11} {'p99':>7}")
+              f"{'added p50':>9} {'added p99':>9} {'router-side p50':>15} {'p99':>6} "
+              f"{'loop lag p50':>12} {'p99':>6} {'CPU wait':>8} "
+              f"{'requests':>8} {'router CPU':>10} {'lmetric p50':>11} {'p99':>7}")
     print(header)
     print("-" * len(header))
     for concurrency in (1, 50, 200):
         direct, fail_d, _ = asyncio.run(closed_loop(ports, concurrency, args.duration, True,
                                                     args.max_tokens))
-        cpu0 = cpu_seconds(rr_router.pid)
+        cpu0, before = cpu_seconds(rr_router.pid), router_histograms(rr_port)
+        wait0 = runnable_wait_seconds(rr_router.pid)
         routed, fail_r, elapsed = asyncio.run(closed_loop([rr_port], concurrency,
                                                           args.duration, True, args.max_tokens))
         cpu = (cpu_seconds(rr_router.pid) - cpu0) / elapsed
+        wait = (runnable_wait_seconds(rr_router.pid) - wait0) / elapsed
+        after = router_histograms(rr_port)
+        side = [bucket_quantile(before, after, name, q) * 1000
+                for name in ("overhead", "loop_lag") for q in (0.5, 0.99)]
         lmetric, fail_l, _ = asyncio.run(closed_loop([router_port], concurrency, args.duration,
                                                      True, args.max_tokens))
         failures = fail_d + fail_r + fail_l
         print(f"{concurrency:>7} {pct(direct, 50):>10.2f} {pct(direct, 99):>7.2f} "
               f"{pct(routed, 50):>10.2f} {pct(routed, 99):>7.2f} "
               f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
-              f"{pct(routed, 99) - pct(direct, 99):>9.2f} {len(routed):>8} {cpu:>10.0%} "
+              f"{pct(routed, 99) - pct(direct, 99):>9.2f} {'≤ ' + format(side[0], 'g'):>15} "
+              f"{'≤ ' + format(side[1], 'g'):>6} {'≤ ' + format(side[2], 'g'):>12} "
+              f"{'≤ ' + format(side[3], 'g'):>6} {wait:>8.0%} {len(routed):>8} {cpu:>10.0%} "
               f"{pct(lmetric, 50):>11.2f} {pct(lmetric, 99):>7.2f}"
               + (f"  failures direct/rr/lmetric={fail_d}/{fail_r}/{fail_l}" if failures else ""),
               flush=True)
@@ -430,7 +499,8 @@ def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen
     for name, label in (("tokenize", "tokenize"), ("hashing", "hash blocks"),
                         ("decision", "policy decision")):
         mean = (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
-        print(f"{label:>16}: median {bucket_median(before, after, name):>9}, mean "
+        median = f"≤ {bucket_quantile(before, after, name) * 1e6:.0f} µs"
+        print(f"{label:>16}: median {median:>9}, mean "
               f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})")
     print(f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
           "competes for the same CPUs)")

@@ -55,6 +55,7 @@ class Plan:
     decision: Decision
     tier: str
     started: float  # perf_counter at arrival
+    sent_at: float = 0.0  # perf_counter when the last attempt's request went upstream
     instance: str = ""
     reason: str = ""
     attempts: int = 0

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
                 5e-3, 1e-2, 2.5e-2, 0.1)
+LAG_INTERVAL_S = 0.01
+OVERHEAD_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2,
+                    2.5e-2, 5e-2, 0.1, 0.25, 1.0)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
@@ -33,6 +38,17 @@ class RouterMetrics:
                                "instance.", ["instance"], registry=r)
         self.upstream_errors = Counter("switchyard_router_upstream_errors",
                                        "Upstream failures.", ["instance", "kind"], registry=r)
+        self.overhead = Histogram(
+            "switchyard_router_overhead_seconds",
+            "Router time in a streamed request's first chunk, from the handler's start: to the "
+            "upstream request (body, parse, tokenize, hash, decide, failed attempts), plus the "
+            "first chunk's relay from the engine to the client.", buckets=OVERHEAD_BUCKETS,
+            registry=r)
+        self.loop_lag = Histogram(
+            "switchyard_router_loop_lag_seconds",
+            "How late the event loop runs a timer (sampled every 10 ms): what a socket that "
+            "becomes readable waits before the router reads it.", buckets=OVERHEAD_BUCKETS,
+            registry=r)
         self.ttft = Histogram("switchyard_router_ttft_seconds", "TTFT measured at the router.",
                               ["arm"], buckets=TTFT_BUCKETS, registry=r)
         self.tpot = Histogram("switchyard_router_tpot_seconds", "TPOT measured at the router.",
@@ -51,6 +67,14 @@ class RouterMetrics:
         self.config_version = Gauge("switchyard_router_config_version",
                                     "Applied configuration version.", registry=r)
         self._children: dict[tuple[object, ...], object] = {}
+
+    async def sample_loop_lag(self, interval: float = LAG_INTERVAL_S) -> None:
+        """Forever: sleep ``interval`` and record how much later than asked we woke."""
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + interval
+            await asyncio.sleep(interval)
+            self.loop_lag.observe(max(loop.time() - due, 0.0))
 
     def child(self, family: object, *labels: str) -> object:
         key = (id(family), *labels)

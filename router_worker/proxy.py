@@ -268,6 +268,7 @@ class Proxy:
                        up_headers: list[tuple[bytes, bytes]], send: Send, debug: bool,
                        done: list[bool]) -> UpstreamFailure | None:
         target = _upstream_target(plan.runtime, plan.instance, path)
+        plan.sent_at = time.perf_counter()
         try:
             # Straight to the shared transport, without httpx.Request/Response objects:
             # the client's layers and httpx's models cost more CPU than the exchange.
@@ -325,6 +326,7 @@ class Proxy:
             return UpstreamFailure("timeout", "no first byte in time")
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
+        received = time.perf_counter()
         core = self.core
         core.health.record_success(plan.instance)
         headers = [(b"content-type", response.header(b"content-type", b"text/event-stream")),
@@ -345,6 +347,10 @@ class Proxy:
                 # the end of the response (one write instead of two).
                 last = response.finished
                 await self._forward(plan, meter, chunk, send, not last)
+                if received:
+                    relay = time.perf_counter() - received
+                    core.metrics.overhead.observe(plan.sent_at - plan.started + relay)
+                    received = 0.0
                 chunk = None if last else await response.next_chunk()
         except (httpx.TransportError, httpx.TimeoutException) as error:
             status, ok = 502, False

@@ -108,7 +108,7 @@ class Service:
                              config_version=self.core.runtime.version if self.core.runtime
                              else None)
         for loop in (self.monitor.run_scrapes(), self.monitor.run_probes(),
-                     self.telemetry.run(), self.kv.run()):
+                     self.telemetry.run(), self.kv.run(), self.core.metrics.sample_loop_lag()):
             self.tasks.append(asyncio.create_task(loop))
 
     def add_task(self, coroutine: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 import httpx
@@ -168,3 +169,7 @@ def test_router_metrics_endpoint(fleet, router_factory):
                  "switchyard_router_tokenize_seconds"):
         assert name in text
     assert 'policy="lmetric"' in text and 'tier="approx"' in text
+    # the router's own share of the streamed request's first chunk, observed once
+    assert "switchyard_router_overhead_seconds_count 1.0" in text
+    lag = re.search(r"^switchyard_router_loop_lag_seconds_count (\S+)$", text, re.M)
+    assert lag and float(lag.group(1)) > 0  # sampled every 10 ms since the router started

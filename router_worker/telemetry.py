@@ -65,26 +65,43 @@ class _Reservoir:
                 self.values[slot] = value
 
 
+class _Counts:
+    """Per-arm or per-instance counters of one interval (plain ints: updated per request,
+    turned into the contract's pydantic models once per record)."""
+
+    __slots__ = ("errors", "fallbacks", "output_tokens", "requests")
+
+    def __init__(self) -> None:
+        self.requests = self.errors = self.output_tokens = self.fallbacks = 0
+
+    def add(self, s: RequestSample) -> None:
+        self.requests += 1
+        self.errors += not s.ok
+        self.output_tokens += s.output_tokens
+        self.fallbacks += s.fallback
+
+
 class _Interval:
     """Aggregates of one metrics record (reset every METRICS_INTERVAL_S)."""
 
     def __init__(self, start: float, rng: random.Random) -> None:
         self.start = start
         self.rng = rng
-        self.arms: dict[str, contract.ArmMetrics] = {}
-        self.instances: dict[str, contract.InstanceMetrics] = {}
+        self.arms: dict[str, tuple[str, _Counts]] = {}  # arm -> (policy, counts)
+        self.instances: dict[str, _Counts] = {}
         self.samples: dict[tuple[str, str, str], _Reservoir] = {}
 
     def add(self, s: RequestSample) -> None:
         arm = self.arms.get(s.arm)
         if arm is None:
-            arm = self.arms[s.arm] = contract.ArmMetrics(policy=s.policy)
-        _count(arm, s)
-        arm.hotspot_fallbacks += int(s.fallback)
+            arm = self.arms[s.arm] = (s.policy, _Counts())
+        arm[1].add(s)
         self._samples("arm", s.arm, s)
         if s.instance is not None:
-            inst = self.instances.setdefault(s.instance, contract.InstanceMetrics())
-            _count(inst, s)
+            counts = self.instances.get(s.instance)
+            if counts is None:
+                counts = self.instances[s.instance] = _Counts()
+            counts.add(s)
             self._samples("instance", s.instance, s)
 
     def _samples(self, scope: str, name: str, s: RequestSample) -> None:
@@ -99,23 +116,24 @@ class _Interval:
 
     def record(self, cluster: str, router: str, end: float,
                peaks: dict[str, tuple[float, float, float]]) -> contract.MetricsRecord:
+        arms = {name: contract.ArmMetrics(
+                    policy=policy, requests=c.requests, errors=c.errors,
+                    output_tokens=c.output_tokens, hotspot_fallbacks=c.fallbacks)
+                for name, (policy, c) in self.arms.items()}
+        instances = {name: contract.InstanceMetrics(
+                         requests=c.requests, errors=c.errors, output_tokens=c.output_tokens)
+                     for name, c in self.instances.items()}
         for (scope, name, metric), reservoir in self.samples.items():
-            target = self.arms[name] if scope == "arm" else self.instances[name]
+            target = arms[name] if scope == "arm" else instances[name]
             setattr(target, f"{metric}_s", reservoir.values)
         for name, (pending, batch, kv) in peaks.items():
-            inst = self.instances.setdefault(name, contract.InstanceMetrics())
+            inst = instances.setdefault(name, contract.InstanceMetrics())
             inst.pending_prefill_tokens_max = pending
             inst.batch_size_max = batch
             inst.kv_usage_max = kv
         return contract.MetricsRecord(id=_new_id(), cluster=cluster, router=router,
-                                      start=self.start, end=end, arms=self.arms,
-                                      instances=self.instances)
-
-
-def _count(target: Any, s: RequestSample) -> None:
-    target.requests += 1
-    target.errors += int(not s.ok)
-    target.output_tokens += s.output_tokens
+                                      start=self.start, end=end, arms=arms,
+                                      instances=instances)
 
 
 def _new_id() -> str:

@@ -11,10 +11,13 @@ engine's share of the CPUs: its ``switchyard_router_overhead_seconds`` histogram
 the upstream request, plus the first chunk's relay to the client), per row, as bucket upper
 bounds, with the event loop's lag (how late a 10 ms timer fires: what the request's
 bytes wait in the socket before the handler starts, which the histogram cannot see), and
-the share of the time the router was runnable but had no CPU. The TTFT rows give the routers
-a CPU of their own and the engines and client the others, for the direct and the routed runs
-alike, as a deployment would (``--no-pin``: all share both CPUs, and the router's p99 is
-then mostly its wait for a CPU, not its work).
+the share of the time the router was runnable but had no CPU. For the TTFT rows the
+processes are pinned (``--placement``): by default the engines get CPU 0 to themselves in
+both arms and the client shares the other CPU with the routers, so the engines' work is the
+same in both arms and the router's CPU cost shows up at the client (conservative).
+``router-apart`` gives the routers a CPU of their own (as deployed; but then the routed arm
+has more CPU for the engines and client than the direct arm), ``shared`` pins nothing (the
+router's p99 is then mostly its wait for a CPU).
 Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in
 flight. Time shares: the router's own histograms (tokenize, hash, decide) against the
 router process's CPU time per request. On a 2-core machine the three processes share
@@ -82,27 +85,35 @@ def set_cpus(pid: int, cpus: set[int]) -> None:
             os.sched_setaffinity(int(task), cpus)
 
 
+PLACEMENTS = {
+    "engines-apart": "engines on CPU 0; client and routers on the others (the engines run "
+                     "alike in both arms; the router's CPU is taken from the client's)",
+    "router-apart": "routers on the last CPU; engines and client on the others (the router "
+                    "as deployed, on cores of its own; it also relieves the client)",
+    "shared": "no pinning: client, engines and routers share every CPU",
+}
+
+
 @contextlib.contextmanager
-def router_on_own_cpu(routers: list[subprocess.Popen[bytes]],
-                      others: list[subprocess.Popen[bytes]]) -> Iterator[str]:
-    """Routers on the last CPU, the engines and this load generator on the others (as in a
-    deployment, where the router has cores of its own), then everything back on all CPUs.
-    Both the direct and the routed runs give the engines and the client the same CPUs."""
+def placed(placement: str, engines: subprocess.Popen[bytes],
+           routers: list[subprocess.Popen[bytes]]) -> Iterator[str]:
+    """Pin the processes for the TTFT rows (see PLACEMENTS), then unpin them all."""
     every = os.sched_getaffinity(0)
-    if len(every) < 2:
-        yield "unpinned (1 CPU)"
+    if placement == "shared" or len(every) < 2:
+        yield PLACEMENTS["shared"]
         return
-    router_cpu = {max(every)}
-    rest = every - router_cpu
-    pids = [os.getpid(), *(p.pid for p in others)]
+    low, high = {min(every)}, {max(every)}
+    if placement == "engines-apart":
+        groups = [([engines.pid], low), ([os.getpid(), *(r.pid for r in routers)], every - low)]
+    else:
+        groups = [([os.getpid(), engines.pid], every - high), ([r.pid for r in routers], high)]
     try:
-        for pid in pids:
-            set_cpus(pid, rest)
-        for router in routers:
-            set_cpus(router.pid, router_cpu)
-        yield f"routers on CPU {max(every)}, engines and client on CPU {sorted(rest)}"
+        for pids, cpus in groups:
+            for pid in pids:
+                set_cpus(pid, cpus)
+        yield PLACEMENTS[placement]
     finally:
-        for pid in [*pids, *(r.pid for r in routers)]:
+        for pid in [os.getpid(), engines.pid, *(r.pid for r in routers)]:
             set_cpus(pid, every)
 
 
@@ -398,8 +409,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--only", choices=("ttft", "throughput", "cpu", "hot-path"),
                         action="append", help="run only these sections (repeatable)")
-    parser.add_argument("--no-pin", dest="pin", action="store_false",
-                        help="TTFT rows without giving the routers a CPU of their own")
+    parser.add_argument("--placement", choices=sorted(PLACEMENTS), default="engines-apart",
+                        help="CPU pinning for the TTFT rows (throughput and CPU rows: shared)")
     args = parser.parse_args()
     sections = set(args.only or ("ttft", "throughput", "cpu", "hot-path"))
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
@@ -413,9 +424,7 @@ def main() -> None:
         try:
             asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
             if "ttft" in sections:
-                pinning = (router_on_own_cpu([router, rr_router], [engines]) if args.pin
-                           else contextlib.nullcontext("unpinned: all processes share the CPUs"))
-                with pinning as placement:
+                with placed(args.placement, engines, [router, rr_router]) as placement:
                     print(f"\n# TTFT rows: {placement}")
                     ttft_rows(ports, router_port, rr_port, rr_router, args)
             if "throughput" in sections:

@@ -375,3 +375,29 @@ def test_children_links_built_late_agree_with_the_reference(capacities, ops, swi
     for slot in range(len(capacities)):
         index.clear(slot)
     _assert_empty(index)
+
+
+def test_run_length_form_over_many_slots_and_removed_slots():
+    """Tree form (whole-prompt inserts only) past one machine word of slots, a slot
+    removed and one cleared: lookups, held counts and LRU order stay per slot."""
+    index, naive = KVIndex(16), NaiveIndex([6] * 70)
+    for _ in range(70):
+        index.add_slot(6)
+    prompts = [_chain([0, 1, 2, 0]), _chain([0, 1, 1]), _chain([2, 2])]
+    for slot in range(70):
+        for prompt in prompts[: 1 + slot % 3]:
+            index.insert(slot, prompt)
+            naive.insert(slot, prompt)
+    index.remove_slot(5)
+    naive.lru[5].clear()
+    index.clear(66)
+    naive.lru[66].clear()
+    assert index._tree is not None  # nothing here needed the per-block form
+    for prompt in (*prompts, _chain([0, 1, 2, 0, 1])):
+        assert index.longest_prefixes(prompt, chain=True).tolist() == \
+            naive.longest_prefixes(prompt)
+    for slot in range(70):
+        assert index.held_count(slot) == len(naive.lru[slot])
+    _assert_consistent(index, naive, prompts)
+    index.insert(5, prompts[0])  # a removed slot takes nothing
+    assert index.held_count(5) == 0

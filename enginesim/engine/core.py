@@ -72,11 +72,12 @@ class _Request:
     prompt: np.ndarray
     max_tokens: int
     arrival: float
-    hashes: list[int]
+    hashes: list[int]  # of the full blocks of ``tokens``
+    tokens: np.ndarray  # prompt (+ known output): what its cached blocks hold
     num_computed: int = 0
     num_output: int = 0
     tip: PrefixNode | None = None  # end of the cached path it references (None: none)
-    num_held: int = 0  # cached blocks it references: its leading prompt blocks
+    num_held: int = 0  # cached blocks it references: its leading blocks
     num_private: int = 0  # allocated blocks not in the prefix cache
     num_checked_blocks: int = 0  # leading prompt blocks computed and offered to the cache
     num_cached_tokens: int = -1
@@ -130,14 +131,29 @@ class EngineCore:
     # ----------------------------------------------------------------- public API
 
     def add_request(self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
-                    max_tokens: int, now: float, ignore_eos: bool = True) -> None:
-        """Queue a request arriving at ``now``; it generates exactly ``max_tokens`` tokens."""
+                    max_tokens: int, now: float, ignore_eos: bool = True,
+                    output_token_ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Queue a request arriving at ``now``; it generates exactly ``max_tokens`` tokens.
+
+        ``output_token_ids`` (``max_tokens`` of them): the tokens it will generate, when the
+        caller knows them (the HTTP server's synthetic text). Their full blocks then enter
+        the prefix cache as they are computed, as in vLLM, so a follow-up turn that sends
+        the answer back hits on it. Without them only prompt blocks are cached.
+        """
         prompt = np.asarray(prompt_token_ids, dtype=np.int64)
         self._validate(req_id, prompt, max_tokens)
+        tokens = prompt
+        if output_token_ids is not None:
+            output = np.asarray(output_token_ids, dtype=np.int64)
+            if len(output) != max_tokens:
+                raise EngineRequestError(f"output_token_ids holds {len(output)} ids; "
+                                         f"max_tokens is {max_tokens}")
+            tokens = np.concatenate([prompt, output])
         now = self._run_until(now)
         if not self.running and not self.waiting:
             self._free_at = max(self._free_at, now)
-        req = _Request(req_id, prompt, max_tokens, now, block_hashes(prompt, self.block_size))
+        req = _Request(req_id, prompt, max_tokens, now, block_hashes(tokens, self.block_size),
+                       tokens)
         self.requests[req_id] = req
         self.waiting.append(req)
         self._version += 1
@@ -385,7 +401,7 @@ class EngineCore:
     # ----------------------------------------------------------------- prefix cache
 
     def _cache_full_blocks(self, req: _Request) -> None:
-        full = min(req.num_computed, req.prompt_len) // self.block_size
+        full = min(req.num_computed // self.block_size, len(req.hashes))
         if full > req.num_checked_blocks:
             self._cache_blocks(req, full)
 
@@ -405,7 +421,7 @@ class EngineCore:
     def _emit_stored(self, req: _Request, first: int, upto: int, stored: list[int]) -> None:
         bs = self.block_size
         parent = req.hashes[first - 1] if first > 0 else None
-        tokens = req.prompt[first * bs:upto * bs].tolist()
+        tokens = req.tokens[first * bs:upto * bs].tolist()
         self.pool.events.append(BlockStored(stored, parent, tokens, bs))
 
     def _flush_events(self) -> None:
@@ -495,6 +511,8 @@ class EngineCore:
         for req, extra in zip(list(self.running), need.tolist(), strict=True):
             req.num_private += extra
             req.num_computed += m
+            if req.num_checked_blocks < len(req.hashes):  # known output blocks to cache
+                self._cache_full_blocks(req)
             self._sample(req, first_step, m, end)
         self._commit_time(start, end)
         self._flush_events()

@@ -62,7 +62,9 @@ class InstanceAPI:
         req_id = prefix + uuid.uuid4().hex
         driver = inst.driver
         try:
-            stream = driver.submit(req_id, gen.prompt_token_ids, gen.max_tokens, gen.natural_stop)
+            answer = tokenizer.SyntheticText(gen.seed).token_id_array(0, gen.max_tokens)
+            stream = driver.submit(req_id, gen.prompt_token_ids, gen.max_tokens, gen.natural_stop,
+                                   output_token_ids=answer)
         except EngineRequestError as exc:
             return error_response(400, str(exc))
         created = int(time.time())

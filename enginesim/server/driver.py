@@ -140,11 +140,14 @@ class EngineDriver:
         prompt_token_ids: Sequence[int],
         max_tokens: int,
         natural_stop: bool = False,
+        output_token_ids: Sequence[int] | None = None,
     ) -> RequestStream:
-        """Add a request to the engine now; raises the engine's request error."""
+        """Add a request to the engine now; raises the engine's request error.
+        ``output_token_ids``: the answer's token ids, so its blocks get cached."""
         now = self.clock.now()
         self._step(now)
-        self.engine.add_request(req_id, list(prompt_token_ids), max_tokens, now)
+        self.engine.add_request(req_id, list(prompt_token_ids), max_tokens, now,
+                                output_token_ids=output_token_ids)
         stream = RequestStream(req_id, len(prompt_token_ids), max_tokens, natural_stop, now)
         self._streams[req_id] = stream
         self.wake()

@@ -28,6 +28,8 @@ import re
 import zlib
 from collections.abc import Sequence
 
+import numpy as np
+
 VOCAB_SIZE = 151643
 SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
 _ID_TO_SPECIAL = {v: k for k, v in SPECIAL_TOKENS.items()}
@@ -79,6 +81,7 @@ _GEN_PIECES = tuple(" " + word for word in dict.fromkeys(_WORDS))
 assert all(piece[1:].isascii() and piece[1:].isalpha() for piece in _GEN_PIECES)
 _GEN_IDS = tuple(piece_id(piece) for piece in _GEN_PIECES)
 _ID_TO_GEN_PIECE = dict(zip(_GEN_IDS, _GEN_PIECES, strict=True))
+_GEN_ID_ARRAY = np.array(_GEN_IDS, dtype=np.int64)
 
 
 def decode(token_ids: Sequence[int]) -> str:
@@ -123,3 +126,14 @@ class SyntheticText:
 
     def token_ids(self, start: int, stop: int) -> list[int]:
         return [_GEN_IDS[self._index(j)] for j in range(start, stop)]
+
+    def token_id_array(self, start: int, stop: int) -> np.ndarray:
+        """:meth:`token_ids` computed with numpy (a whole answer at submission)."""
+        j = np.arange(start, max(stop, start), dtype=np.uint64)
+        low = np.uint64(0xFFFFFFFF)
+        mixed = (np.uint64(self._seed) * np.uint64(0x9E3779B1)
+                 + j * np.uint64(0x85EBCA77)) & low
+        mixed ^= mixed >> np.uint64(15)
+        mixed = (mixed * np.uint64(0x2C1B3C6D)) & low
+        mixed ^= mixed >> np.uint64(12)
+        return _GEN_ID_ARRAY[mixed % np.uint64(len(_GEN_PIECES))]

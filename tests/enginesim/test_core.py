@@ -225,3 +225,24 @@ def test_small_gpus_get_vllm_small_defaults():
     big = replace(cfg, gpu=EngineConfig.for_hardware("h100", "qwen3-8b").gpu,
                   max_num_batched_tokens=0, max_num_seqs=0, num_gpu_blocks=0)
     assert (big.max_num_batched_tokens, big.max_num_seqs) == (8192, 1024)
+
+
+def test_known_output_blocks_are_cached_for_the_next_turn():
+    """With the answer's token ids given, its full blocks enter the prefix cache as they
+    are computed (vLLM caches decode blocks too); without them only the prompt's do."""
+    rng = np.random.default_rng(11)
+    prompt, answer = rng.integers(0, 150_000, 100), rng.integers(0, 150_000, 64)
+    follow_up = np.concatenate([prompt, answer, rng.integers(0, 150_000, 20)])
+    hits = {}
+    for known in (True, False):
+        engine = make_engine()
+        engine.add_request("a", prompt, 64, now=0.0,
+                           output_token_ids=answer if known else None)
+        engine.advance_to(100.0)
+        engine.add_request("b", follow_up, 1, now=100.0)
+        outputs = engine.advance_to(200.0)
+        hits[known] = next(o for o in outputs if o.req_id == "b").num_cached_tokens
+    assert hits[True] == (100 + 64 - 1) // 16 * 16  # the last token's KV is never computed
+    assert hits[False] == 100 // 16 * 16
+    with pytest.raises(EngineRequestError, match="output_token_ids"):
+        make_engine().add_request("c", prompt, 64, now=0.0, output_token_ids=answer[:10])

@@ -69,7 +69,8 @@ def test_multi_turn_chat_hits_the_prefix_cache(client):
     second = client.chat.completions.create(model=MODEL, messages=history, max_tokens=5)
     cached = second.usage.prompt_tokens_details.cached_tokens
     assert cached % BLOCK == 0
-    assert cached >= (first_prompt // BLOCK) * BLOCK
+    # the answer's blocks were cached as they were computed (all but the last token's KV)
+    assert cached >= ((first_prompt + 20 - 1) // BLOCK) * BLOCK
     assert cached < second.usage.prompt_tokens
 
 

@@ -139,3 +139,10 @@ def test_request_stream_wakes_waiters():
         return stream.num_output_tokens
 
     assert asyncio.run(scenario()) == 2
+
+
+def test_synthetic_answer_ids_vectorised_agree_with_the_reference():
+    for seed in (0, 1, 2**32 - 1, 987654321):
+        text = tokenizer.SyntheticText(seed)
+        assert text.token_id_array(0, 300).tolist() == text.token_ids(0, 300)
+        assert text.token_id_array(5, 5).tolist() == []

@@ -67,7 +67,8 @@ class PrefixNode:
 
 def _common_run(hashes: Sequence[int], start: int, run: list[int], limit: int) -> int:
     """Leading blocks of ``run`` equal to ``hashes[start:]`` (at most ``limit``), given
-    that the first ones are equal. Chained hashes: equal at k means equal up to k."""
+    that the first ones are equal. Chained hashes: equal at k means equal up to k.
+    (The router's ``shadowtree.common_run`` is the same; the engine may not import it.)"""
     k = min(len(run), limit)
     if hashes[start + k - 1] == run[k - 1]:
         return k
@@ -129,15 +130,8 @@ class BlockPool:
     def acquire(self, hashes: Sequence[int], n: int) -> PrefixNode:
         """Reference the first ``n`` blocks of ``hashes`` (all cached: see ``match``);
         returns the node ending at block ``n`` (the root for 0)."""
-        node, i = self.root, 0
-        while i < n:
-            child = node.children[hashes[i]]
-            k = _common_run(hashes, i, child.hashes, n - i)
-            if k < len(child.hashes):
-                child = self._split(child, k)
-            self._reference(child)
-            i += k
-            node = child
+        node, reached = self._reference_path(self.root, hashes, 0, n)
+        assert reached == n, "acquire only what match found cached"
         return node
 
     # ----------------------------------------------------------------- caching
@@ -152,17 +146,7 @@ class BlockPool:
         """
         if not self.enable_caching:
             return tip, 0, []
-        node, i = tip, tip.end
-        while i < stop:
-            child = node.children.get(hashes[i])
-            if child is None:
-                break
-            k = _common_run(hashes, i, child.hashes, stop - i)
-            if k < len(child.hashes):
-                child = self._split(child, k)
-            self._reference(child)
-            i += k
-            node = child
+        node, i = self._reference_path(tip, hashes, tip.end, stop)
         duplicates = i - tip.end
         self.free_uncached += duplicates
         stored = list(hashes[i:stop])
@@ -256,6 +240,23 @@ class BlockPool:
         return found
 
     # ----------------------------------------------------------------- tree upkeep
+
+    def _reference_path(self, node: PrefixNode, hashes: Sequence[int], i: int, stop: int
+                        ) -> tuple[PrefixNode, int]:
+        """Reference the cached runs below ``node`` that continue with ``hashes[i:stop]``,
+        as far as they go (splitting the last one where the match ends); returns the
+        deepest node referenced (``node`` if none) and the block index reached."""
+        while i < stop:
+            child = node.children.get(hashes[i])
+            if child is None:
+                break
+            k = _common_run(hashes, i, child.hashes, stop - i)
+            if k < len(child.hashes):
+                child = self._split(child, k)
+            self._reference(child)
+            i += k
+            node = child
+        return node, i
 
     def _reference(self, node: PrefixNode) -> None:
         if node.refs == 0:

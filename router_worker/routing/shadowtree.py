@@ -48,7 +48,8 @@ class RunNode:
 
 def common_run(hashes: Sequence[int], start: int, run: list[int], limit: int) -> int:
     """Leading blocks of ``run`` equal to ``hashes[start:]`` (at most ``limit``), given
-    that the first ones are equal. Chained hashes: equal at k means equal up to k."""
+    that the first ones are equal. Chained hashes: equal at k means equal up to k.
+    (enginesim's pool has its own copy: the layering keeps it from importing this.)"""
     k = min(len(run), limit)
     if hashes[start + k - 1] == run[k - 1]:
         return k

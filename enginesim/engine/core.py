@@ -74,12 +74,11 @@ class _Request:
     arrival: float
     hashes: list[int]  # of the full blocks of ``tokens``
     tokens: np.ndarray  # prompt (+ known output): what its cached blocks hold
+    tip: PrefixNode  # end of the cached path it references (the pool's root: none)
     num_computed: int = 0
     num_output: int = 0
-    tip: PrefixNode | None = None  # end of the cached path it references (None: none)
-    num_held: int = 0  # cached blocks it references: its leading blocks
     num_private: int = 0  # allocated blocks not in the prefix cache
-    num_checked_blocks: int = 0  # leading prompt blocks computed and offered to the cache
+    num_checked_blocks: int = 0  # leading blocks computed and offered to the cache
     num_cached_tokens: int = -1
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -96,6 +95,11 @@ class _Request:
     @property
     def num_blocks(self) -> int:
         return self.num_held + self.num_private
+
+    @property
+    def num_held(self) -> int:
+        """Cached blocks it references: its leading blocks, up to its path's end."""
+        return self.tip.end
 
 
 class EngineCore:
@@ -153,7 +157,7 @@ class EngineCore:
         if not self.running and not self.waiting:
             self._free_at = max(self._free_at, now)
         req = _Request(req_id, prompt, max_tokens, now, block_hashes(tokens, self.block_size),
-                       tokens)
+                       tokens, self.pool.root)
         self.requests[req_id] = req
         self.waiting.append(req)
         self._version += 1
@@ -338,7 +342,7 @@ class EngineCore:
                 break
             req.tip = self.pool.acquire(req.hashes, local)
             self.pool.allocate(need)
-            req.num_held, req.num_private = local, need
+            req.num_private = need
             req.num_checked_blocks = local
             req.num_computed = computed
             if external:
@@ -395,8 +399,8 @@ class EngineCore:
         self._version += 1
 
     def _release(self, req: _Request) -> None:
-        self.pool.release(req.tip or self.pool.root, req.num_private)
-        req.tip, req.num_held, req.num_private = None, 0, 0
+        self.pool.release(req.tip, req.num_private)
+        req.tip, req.num_private = self.pool.root, 0
 
     # ----------------------------------------------------------------- prefix cache
 
@@ -411,9 +415,7 @@ class EngineCore:
             for h in req.hashes[req.num_checked_blocks:upto]:
                 self.tier.store(h)
         req.num_checked_blocks = upto
-        tip, duplicates, stored = self.pool.extend(req.tip or self.pool.root, req.hashes, upto)
-        req.tip = tip
-        req.num_held += duplicates + len(stored)
+        req.tip, duplicates, stored = self.pool.extend(req.tip, req.hashes, upto)
         req.num_private -= duplicates + len(stored)
         if stored and self.kv_event_sink is not None:
             self._emit_stored(req, upto - len(stored), upto, stored)

@@ -174,6 +174,13 @@ class _Exchange:
         self.events = 0
         self.pending = b""
         self.complete = False
+        self.keep_alive = False
+        self.parser: httptools.HttpResponseParser | None = None
+
+    def on_headers_complete(self) -> None:
+        # Read now: llhttp resets its flags once the message completes.
+        assert self.parser is not None
+        self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         lines = (self.pending + body).split(b"\n")
@@ -204,7 +211,7 @@ class Client:
             self.connections[port] = await asyncio.open_connection("127.0.0.1", port)
         reader, writer = self.connections[port]
         exchange = _Exchange(start)
-        parser = httptools.HttpResponseParser(exchange)
+        parser = exchange.parser = httptools.HttpResponseParser(exchange)
         writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
                      % len(body) + body)
@@ -217,7 +224,7 @@ class Client:
         except (ConnectionError, httptools.HttpParserError):
             self.drop(port)
             return None, 0
-        if not parser.should_keep_alive():
+        if not exchange.keep_alive:
             self.drop(port)
         if parser.get_status_code() != 200:
             return None, 0

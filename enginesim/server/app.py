@@ -20,6 +20,7 @@ from enginesim.server.driver import RequestStream
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance
 from enginesim.server.openai_api import APIError, ChunkRenderer, GenerationRequest
+from enginesim.server.request_log import RequestTiming
 from enginesim.server.responses import PendingJSONResponse, SSEResponse
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -54,12 +55,14 @@ class InstanceAPI:
 
     async def _generate(self, request: Request, parse: Parser) -> Any:
         inst = self.instance
+        arrival = time.monotonic()
         try:
             gen = parse(await _json_body(request), inst.served_name, inst.max_model_len)
         except APIError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         prefix = "chatcmpl-" if gen.kind == "chat" else "cmpl-"
-        req_id = prefix + uuid.uuid4().hex
+        # vLLM's request id: the client's X-Request-Id when it sends one.
+        req_id = prefix + (request.headers.get("x-request-id") or uuid.uuid4().hex)
         driver = inst.driver
         try:
             answer = tokenizer.SyntheticText(gen.seed).token_id_array(0, gen.max_tokens)
@@ -72,12 +75,15 @@ class InstanceAPI:
         def on_disconnect() -> None:
             driver.abort(stream)
 
+        timing = RequestTiming(req_id, inst.settings.index, gen.stream, arrival,
+                               prompt_tokens=stream.prompt_len)
         if gen.stream:
             renderer = ChunkRenderer(gen.kind, req_id, created, inst.served_name)
-            chunks = self._sse_chunks(gen, stream, renderer)
+            chunks = self._sse_chunks(gen, stream, renderer, timing)
             return SSEResponse(chunks, inst.faults, on_disconnect)
 
         def render() -> dict[str, Any]:
+            self._log(timing, stream, completed=True)
             text = tokenizer.SyntheticText(gen.seed).text(0, stream.num_output_tokens)
             usage = openai_api.usage(
                 stream.prompt_len, stream.num_output_tokens, stream.num_cached_tokens
@@ -89,27 +95,52 @@ class InstanceAPI:
         return PendingJSONResponse(stream.wait_finished(), render, inst.faults, on_disconnect)
 
     async def _sse_chunks(
-        self, gen: GenerationRequest, stream: RequestStream, renderer: ChunkRenderer
+        self,
+        gen: GenerationRequest,
+        stream: RequestStream,
+        renderer: ChunkRenderer,
+        timing: RequestTiming,
     ) -> AsyncIterator[bytes]:
         interval = self.instance.settings.stream_interval
         text = tokenizer.SyntheticText(gen.seed)
-        if gen.kind == "chat":
-            yield renderer.role_chunk()
-        sent = seen = 0
-        final_sent = False
-        while not final_sent:
-            await stream.wait_beyond(seen)
-            seen = stream.num_output_tokens
-            while seen - sent >= interval or (stream.finished and not final_sent):
-                count = min(interval, seen - sent)
-                final_sent = stream.finished and sent + count == seen
-                reason = stream.finish_reason if final_sent else None
-                yield renderer.content_chunk(text.text(sent, sent + count), reason, json_safe=True)
-                sent += count
-        if gen.include_usage:
-            usage = openai_api.usage(stream.prompt_len, sent, stream.num_cached_tokens)
-            yield renderer.usage_chunk(usage)
-        yield openai_api.DONE_EVENT
+        completed = False
+        try:
+            if gen.kind == "chat":
+                yield renderer.role_chunk()
+            sent = seen = 0
+            final_sent = False
+            while not final_sent:
+                await stream.wait_beyond(seen)
+                seen = stream.num_output_tokens
+                while seen - sent >= interval or (stream.finished and not final_sent):
+                    count = min(interval, seen - sent)
+                    final_sent = stream.finished and sent + count == seen
+                    reason = stream.finish_reason if final_sent else None
+                    if timing.first_token is None:
+                        timing.first_token = time.monotonic()
+                    yield renderer.content_chunk(
+                        text.text(sent, sent + count), reason, json_safe=True
+                    )
+                    sent += count
+            if gen.include_usage:
+                usage = openai_api.usage(stream.prompt_len, sent, stream.num_cached_tokens)
+                yield renderer.usage_chunk(usage)
+            yield openai_api.DONE_EVENT
+            completed = True
+        finally:
+            self._log(timing, stream, completed)
+
+    def _log(self, timing: RequestTiming, stream: RequestStream, completed: bool) -> None:
+        log = self.instance.request_log
+        if log is None:
+            return
+        timing.finished = time.monotonic()
+        timing.cached_tokens = stream.num_cached_tokens
+        timing.output_tokens = stream.num_output_tokens
+        timing.completed = completed
+        if timing.first_token is None and not timing.stream and stream.num_output_tokens:
+            timing.first_token = timing.finished  # a whole answer: its first token is its end
+        log.write(timing)
 
     # -- other vLLM endpoints -------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance, InstanceSettings
 from enginesim.server.kv_events import ENCODINGS, KVEventPublisher, instance_endpoints
+from enginesim.server.request_log import RequestLog
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,6 +46,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-topic", default="", help="ZMQ topic frame (vLLM's default: empty)")
     parser.add_argument("--admin-port", type=int, default=None, help="process-wide admin API")
     parser.add_argument(
+        "--request-log",
+        default=None,
+        metavar="FILE",
+        help="append one JSON line per request: the engine's arrival, first-token and finish "
+        "times (CLOCK_MONOTONIC) and token counts, keyed by the request id (X-Request-Id)",
+    )
+    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -69,6 +77,7 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
     if args.instances < 1 or args.stream_interval < 1:
         raise SystemExit("--instances and --stream-interval must be >= 1")
     config, factory = _engine_parts(args.gpu, args.model)
+    request_log = RequestLog(args.request_log) if args.request_log else None
     instances = []
     for index in range(args.instances):
         publisher = None
@@ -78,7 +87,7 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
         settings = InstanceSettings(
             index, args.host, args.base_port + index, args.time_scale, args.stream_interval
         )
-        instances.append(Instance(settings, config, factory, publisher))
+        instances.append(Instance(settings, config, factory, publisher, request_log))
     return instances
 
 
@@ -110,6 +119,8 @@ async def serve(args: argparse.Namespace) -> None:
         await inst.stop()
         if inst.kv_publisher is not None:
             await inst.kv_publisher.close()
+    if instances[0].request_log is not None:
+        instances[0].request_log.close()
 
 
 async def _wait_for_signal() -> None:

@@ -15,6 +15,7 @@ from enginesim.server.driver import EngineDriver, VirtualClock
 from enginesim.server.faults import FaultRequest, FaultState
 from enginesim.server.kv_events import KVEventPublisher
 from enginesim.server.metrics import InstanceMetrics
+from enginesim.server.request_log import RequestLog
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ class Instance:
         engine_config: Any,
         engine_factory: Callable[[Callable[[list[Any]], None] | None], Any],
         kv_publisher: KVEventPublisher | None = None,
+        request_log: RequestLog | None = None,
     ) -> None:
         self.settings = settings
+        self.request_log = request_log
         self.engine_config = engine_config
         self.served_name: str = engine_config.model.served_name
         self.max_model_len: int = engine_config.max_model_len

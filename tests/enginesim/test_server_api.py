@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import httpx
 import openai
 import pytest
@@ -143,3 +146,34 @@ def test_stream_interval_coalesces_tokens(sim_factory):
     stream = client.completions.create(model=MODEL, prompt="eta", max_tokens=10, stream=True)
     pieces = [tokenizer.encode(c.choices[0].text) for c in stream if c.choices]
     assert [len(p) for p in pieces] == [4, 4, 2]
+
+
+def test_request_log_times_each_request_under_the_clients_request_id(sim_factory, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    server = sim_factory("--request-log", str(log), kv_events=False)
+    client = openai.OpenAI(base_url=server.url(0) + "/v1", api_key="x", max_retries=0)
+    sent = time.monotonic()
+    stream = client.completions.create(model=MODEL, prompt=_long_text("theta"), max_tokens=6,
+                                       stream=True, extra_headers={"X-Request-Id": "bench-1"})
+    chunks = list(stream)
+    received = time.monotonic()
+    assert chunks[0].id == "cmpl-bench-1"  # vLLM's id: the client's X-Request-Id
+    reply = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "iota"}], max_tokens=3)
+    assert reply.id.startswith("chatcmpl-") and reply.id != "chatcmpl-bench-1"
+
+    for _ in range(50):  # the stream's record is written as its generator closes
+        lines = log.read_text().splitlines() if log.exists() else []
+        if len(lines) == 2:
+            break
+        time.sleep(0.05)
+    records = {r["request_id"]: r for r in map(json.loads, lines)}
+    streamed = records["cmpl-bench-1"]
+    assert streamed["stream"] and streamed["completed"] and streamed["instance"] == 0
+    assert streamed["output_tokens"] == 6 and streamed["prompt_tokens"] >= 80
+    # One clock (CLOCK_MONOTONIC) for the client and the engine: the engine's times lie
+    # inside the client's, in order.
+    assert sent < streamed["arrival"] < streamed["first_token"] <= streamed["finished"] < received
+    whole = records[reply.id]
+    assert not whole["stream"] and whole["completed"] and whole["output_tokens"] == 3
+    assert whole["arrival"] < whole["first_token"] == whole["finished"]

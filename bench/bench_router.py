@@ -41,23 +41,34 @@ import json
 import os
 import platform
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httptools
 import httpx
 import numpy as np
+import uvloop
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
+T = TypeVar("T")
 INSTANCES = 4
 MODEL = "Qwen/Qwen2-7B-Instruct"
+
+
+def run_async(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop: the client's CPU per chunk is a third of the default
+    loop's, and what it does not spend the engines and routers can."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(main)
 
 
 def free_base_port(count: int) -> int:
@@ -135,18 +146,41 @@ def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
     raise RuntimeError(f"{url} never became ready")
 
 
-def start_processes(time_scale: float, workdir: Path) -> tuple[list[int], list[int], list[Any]]:
-    """enginesim, then two routers in front of it: lmetric and round_robin."""
+@dataclass
+class Cluster:
+    """enginesim (``INSTANCES`` instances, one process) and two routers in front of it."""
+
+    ports: list[int]
+    engines: subprocess.Popen[bytes]
+    routers: dict[str, tuple[int, subprocess.Popen[bytes]]]  # policy → (port, process)
+    engine_log: EngineLog
+
+    def stop(self) -> None:
+        for proc in [self.engines, *(proc for _, proc in self.routers.values())]:
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def cluster(time_scale: float, workdir: Path) -> Iterator[Cluster]:
+    """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin."""
     base = free_base_port(INSTANCES)
+    log = workdir / f"engine-requests-{base}.jsonl"
     engines = subprocess.Popen(
         [sys.executable, "-m", "enginesim", "serve", "--instances", str(INSTANCES),
-         "--base-port", str(base), "--time-scale", str(time_scale)],
+         "--base-port", str(base), "--time-scale", str(time_scale), "--request-log", str(log)],
         cwd=REPO, stdout=subprocess.DEVNULL)
     ports = [base + k for k in range(INSTANCES)]
-    for port in ports:
-        wait_http(f"http://127.0.0.1:{port}/health", engines)
-    routers = [start_router(ports, policy, workdir) for policy in ("lmetric", "round_robin")]
-    return ports, [port for port, _ in routers], [engines, *(proc for _, proc in routers)]
+    started = Cluster(ports, engines, {}, EngineLog(log))
+    try:
+        for port in ports:
+            wait_http(f"http://127.0.0.1:{port}/health", engines)
+        for policy in ("lmetric", "round_robin"):
+            started.routers[policy] = start_router(ports, policy, workdir)
+        run_async(closed_loop([started.routers["lmetric"][0]], 8, 1.0, True, 4))  # warm-up
+        yield started
+    finally:
+        started.stop()
 
 
 def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any]:
@@ -168,11 +202,10 @@ def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any
 class _Exchange:
     """httptools callbacks for one response: SSE events counted, the first token timed."""
 
-    def __init__(self, start: float) -> None:
-        self.start = start
-        self.first: float | None = None
+    def __init__(self) -> None:
+        self.first: float | None = None  # monotonic s at the first SSE line with a token
         self.events = 0
-        self.pending = b""
+        self.tail = b""
         self.complete = False
         self.keep_alive = False
         self.parser: httptools.HttpResponseParser | None = None
@@ -183,16 +216,32 @@ class _Exchange:
         self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
-        lines = (self.pending + body).split(b"\n")
-        self.pending = lines.pop()
-        for line in lines:
-            if line.startswith(b"data: "):
-                self.events += 1
-                if self.first is None and b'"text":"' in line:
-                    self.first = time.perf_counter() - self.start
+        # Cheap (no line splitting: the client must not be what limits the run); the
+        # tail keeps a marker split between two reads.
+        data = self.tail + body
+        self.events += data.count(b"data: ") - self.tail.count(b"data: ")
+        if self.first is None and b'"text":"' in data:
+            self.first = time.monotonic()
+        self.tail = data[-7:]
 
     def on_message_complete(self) -> None:
         self.complete = True
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One answered request, client side; times are ``time.monotonic()`` (the clock of the
+    engines' ``--request-log``)."""
+
+    request_id: str
+    sent: float
+    first: float | None  # first token (streams)
+    done: float
+    events: int  # SSE data events (0 for non-streamed answers)
+
+
+class _StaleConnection(Exception):
+    """The connection ended before any byte of the response."""
 
 
 class Client:
@@ -203,34 +252,51 @@ class Client:
     def __init__(self) -> None:
         self.connections: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
 
-    async def request(self, port: int, body: bytes, stream: bool) -> tuple[float | None, int]:
-        """Client-side TTFT (streams) or latency (non-stream) of one request, seconds, and
-        the number of SSE data events received (0 for non-streamed answers)."""
-        start = time.perf_counter()
-        if port not in self.connections:
-            self.connections[port] = await asyncio.open_connection("127.0.0.1", port)
+    async def request(self, port: int, body: bytes, request_id: str) -> Outcome | None:
+        """Send one request with ``X-Request-Id: request_id``; None when it failed."""
+        head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nX-Request-Id: %s\r\n"
+                b"Content-Length: %d\r\n\r\n" % (request_id.encode(), len(body)))
+        for _ in range(2):
+            reused = port in self.connections
+            if reused and self.connections[port][0].at_eof():
+                self.drop(port)  # the server closed it while idle (keep-alive timeout)
+                reused = False
+            if not reused:
+                self.connections[port] = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                return await self._exchange(port, head + body, request_id)
+            except _StaleConnection:
+                if not reused:
+                    return None
+                # Closed while idle just as we sent: the request never got in; once more
+                # on a fresh connection, as HTTP clients do.
+        return None
+
+    async def _exchange(self, port: int, request: bytes, request_id: str) -> Outcome | None:
         reader, writer = self.connections[port]
-        exchange = _Exchange(start)
+        exchange = _Exchange()
         parser = exchange.parser = httptools.HttpResponseParser(exchange)
-        writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                     b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % len(body) + body)
+        sent = time.monotonic()  # connecting is not part of a request's latency
+        writer.write(request)
+        received = False
         try:
             while not exchange.complete:
                 data = await reader.read(65536)
                 if not data:
                     raise ConnectionError("closed by the server")
+                received = True
                 parser.feed_data(data)
         except (ConnectionError, httptools.HttpParserError):
             self.drop(port)
-            return None, 0
+            if not received:
+                raise _StaleConnection from None
+            return None
         if not exchange.keep_alive:
             self.drop(port)
         if parser.get_status_code() != 200:
-            return None, 0
-        if not stream:
-            return time.perf_counter() - start, 0
-        return exchange.first, exchange.events
+            return None
+        return Outcome(request_id, sent, exchange.first, time.monotonic(), exchange.events)
 
     def drop(self, port: int) -> None:
         _, writer = self.connections.pop(port)
@@ -242,22 +308,57 @@ class Client:
 
 
 class Run:
-    """One closed-loop run: client-side samples, failures, wall time and SSE events."""
+    """One closed-loop run: what the client saw, failures and wall time."""
 
-    def __init__(self) -> None:
-        self.samples: list[float] = []
+    def __init__(self, stream: bool) -> None:
+        self.stream = stream
+        self.outcomes: list[Outcome] = []
         self.failures = 0
-        self.events = 0
-        self.elapsed = 0.0
+        self.elapsed = 0.0  # seconds after the warm-up
+        self.wall = 0.0  # seconds in all
+
+    @property
+    def samples(self) -> list[float]:
+        """TTFT (streams) or latency (non-streamed), seconds."""
+        if self.stream:
+            return [o.first - o.sent for o in self.outcomes if o.first is not None]
+        return [o.done - o.sent for o in self.outcomes]
+
+    @property
+    def events(self) -> int:
+        return sum(o.events for o in self.outcomes)
+
+
+def make_prompt(shared: str, head: str, words: int) -> str:
+    """``shared`` (a common prefix, maybe empty), ``head``, then filler up to about
+    ``words`` words in all (enginesim: about a token each)."""
+    filler = ["lorem", "ipsum", "dolor", "sit", "amet"]
+    count = words - len(shared.split()) - len(head.split())
+    return shared + head + " " + " ".join(filler[k % len(filler)] for k in range(count))
+
+
+def system_prompt(nonce: int, words: int) -> str:
+    """A run's shared prefix (a chat app's system prompt): the same for every request of
+    the run, new for each run."""
+    if not words:
+        return ""
+    return f"system {nonce} " + " ".join(f"rule{k}" for k in range(words - 2)) + " "
 
 
 async def run_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
-                   max_tokens: int) -> Run:
-    run = Run()
-    deadline = time.perf_counter() + duration
+                   max_tokens: int, prompt_words: int = 60, warmup: float = 0.0,
+                   shared_words: int = 0) -> Run:
+    """``concurrency`` workers, each sending its next request when the last one ends,
+    for ``duration`` s. With ``warmup``, the workers start spread over that many seconds
+    (not all at once: a burst of simultaneous arrivals is not the steady state) and what
+    was sent before it ends is not kept."""
+    run = Run(stream)
+    begin = time.monotonic()
+    deadline = time.perf_counter() + warmup + duration
     # A fresh prefix per run: a prompt repeated from an earlier run would hit the engines'
     # prefix cache and make whichever path runs later look faster.
     nonce = time.perf_counter_ns()
+    shared = system_prompt(nonce, shared_words)
     # One round robin over the ports shared by all workers, like the router's: a per-worker
     # rotation leaves some engines with more streams than others at any moment, which on a
     # prefill-bound engine doubled direct TTFT and made the router look faster than direct.
@@ -266,22 +367,23 @@ async def run_loop(ports: list[int], concurrency: int, duration: float, stream: 
     async def worker(n: int) -> None:
         k = 0
         client = Client()
+        await asyncio.sleep(warmup * n / concurrency)
         while time.perf_counter() < deadline:
-            prompt = f"run {nonce} client {n} request {k} " + "lorem ipsum dolor sit amet " * 12
+            request_id = f"{nonce}-{n}-{k}"
+            prompt = make_prompt(shared, f"run {nonce} client {n} request {k}", prompt_words)
             body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
                                "stream": stream}).encode()
-            value, events = await client.request(ports[next(turns) % len(ports)], body, stream)
-            if value is None:
+            outcome = await client.request(ports[next(turns) % len(ports)], body, request_id)
+            if outcome is None:
                 run.failures += 1
-            else:
-                run.samples.append(value)
-                run.events += events
+            elif outcome.sent >= begin + warmup:
+                run.outcomes.append(outcome)
             k += 1
         client.close()
 
-    start = time.perf_counter()
     await asyncio.gather(*(worker(n) for n in range(concurrency)))
-    run.elapsed = time.perf_counter() - start
+    run.wall = time.monotonic() - begin
+    run.elapsed = run.wall - warmup
     return run
 
 
@@ -289,6 +391,51 @@ async def closed_loop(ports: list[int], concurrency: int, duration: float, strea
                       max_tokens: int) -> tuple[list[float], int, float]:
     run = await run_loop(ports, concurrency, duration, stream, max_tokens)
     return run.samples, run.failures, run.elapsed
+
+
+class EngineLog:
+    """The engines' ``--request-log``, read incrementally: request id → timing record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.records: dict[str, dict[str, Any]] = {}
+
+    def engine_ttft(self, run: Run, wait: float = 5.0) -> dict[str, float]:
+        """The engine's own TTFT (handler start → first content chunk) of each of ``run``'s
+        streams, by request id; waits for records still being written."""
+        wanted = {o.request_id for o in run.outcomes if o.first is not None}
+        deadline = time.monotonic() + wait
+        while True:
+            self._read()
+            found = {rid: rec["first_token"] - rec["arrival"]
+                     for rid in wanted
+                     if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]}
+            if len(found) == len(wanted) or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def _read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data.rfind(b"\n") + 1
+        self.offset += complete
+        for line in data[:complete].splitlines():
+            record = json.loads(line)
+            self.records[record["request_id"]] = record
+
+
+def transit(run: Run, engine_ttft: dict[str, float]) -> list[float]:
+    """Per stream: client-observed TTFT minus the engine's own TTFT (s). What the path
+    between client and engine costs — loopback, the client's and the engine's socket
+    handling, and in routed runs everything the router adds (its CPU, its event loop's
+    queue) — without the engine's queueing and prefill, which vary with load and
+    placement and would swamp a millisecond."""
+    return [o.first - o.sent - engine_ttft[o.request_id] for o in run.outcomes
+            if o.first is not None and o.request_id in engine_ttft]
 
 
 def router_histograms(port: int) -> dict[str, float]:
@@ -365,7 +512,7 @@ def measure_cpu(ports: list[int], pid: int, concurrency: int, duration: float, s
                 max_tokens: int) -> tuple[Run, float]:
     """A closed-loop run and the CPU seconds process ``pid`` spent during it."""
     cpu0 = cpu_seconds(pid)
-    run = asyncio.run(run_loop(ports, concurrency, duration, stream, max_tokens))
+    run = run_async(run_loop(ports, concurrency, duration, stream, max_tokens))
     return run, cpu_seconds(pid) - cpu0
 
 
@@ -411,9 +558,30 @@ def cpu_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes]
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=6.0)
-    parser.add_argument("--time-scale", type=float, default=0.05)
-    parser.add_argument("--max-tokens", type=int, default=16)
+    parser.add_argument("--duration", type=float, default=6.0,
+                        help="seconds per run of the throughput and CPU rows")
+    parser.add_argument("--time-scale", type=float, default=0.05,
+                        help="enginesim time scale of the throughput and CPU rows")
+    parser.add_argument("--ttft-duration", type=float, default=20.0,
+                        help="seconds per arm and row of the TTFT rows")
+    parser.add_argument("--ttft-warmup", type=float, default=10.0,
+                        help="seconds over which a TTFT row's streams start, not measured")
+    parser.add_argument("--ttft-time-scale", type=float, default=1.0,
+                        help="enginesim time scale of the TTFT rows (1: an H20's speed)")
+    parser.add_argument("--max-tokens", type=int, default=128,
+                        help="answer length of the TTFT rows (the Azure conversation "
+                             "trace's median output is 129 tokens)")
+    parser.add_argument("--prompt-tokens", type=int, default=1000,
+                        help="prompt length of the TTFT rows (that trace's median input is "
+                             "1,020 tokens)")
+    parser.add_argument("--shared-prefix-tokens", type=int, default=900,
+                        help="of which a system prompt shared by all requests of a run (the "
+                             "engines cache it; the router still tokenizes and hashes it)")
+    parser.add_argument("--probe-share", type=float, default=0.25,
+                        help="direct streams run beside a TTFT row's routed ones, as a share "
+                             "of them (at least one)")
+    parser.add_argument("--concurrency", type=int, action="append",
+                        help="TTFT rows' concurrent streams (repeatable; default 1, 50, 200)")
     parser.add_argument("--only", choices=("ttft", "throughput", "cpu", "hot-path"),
                         action="append", help="run only these sections (repeatable)")
     parser.add_argument("--placement", choices=sorted(PLACEMENTS), default="engines-apart",
@@ -423,81 +591,146 @@ def main() -> None:
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# router overhead vs enginesim direct ({machine})")
     print(f"# load average at start: {os.getloadavg()[0]:.1f}")
-    print(f"# {INSTANCES} enginesim instances h20/qwen2-7b, time scale {args.time_scale}; "
-          f"router lmetric, approx tokenizer; {args.duration}s closed loop per row")
+    print(f"# {INSTANCES} enginesim instances h20/qwen2-7b; routers lmetric and round_robin, "
+          "approx tokenizer")
     with tempfile.TemporaryDirectory() as tmp:
-        ports, (router_port, rr_port), procs = start_processes(args.time_scale, Path(tmp))
-        engines, router, rr_router = procs
-        try:
-            asyncio.run(closed_loop([router_port], 8, 1.0, True, 4))  # warm-up
-            if "ttft" in sections:
-                with placed(args.placement, engines, [router, rr_router]) as placement:
+        if "ttft" in sections:
+            with cluster(args.ttft_time_scale, Path(tmp)) as slow:
+                engines = slow.engines
+                routers = [proc for _, proc in slow.routers.values()]
+                with placed(args.placement, engines, routers) as placement:
                     print(f"\n# TTFT rows: {placement}")
-                    ttft_rows(ports, router_port, rr_port, rr_router, args)
-            if "throughput" in sections:
-                throughput_rows(ports, router_port, router, engines, args)
-            if "cpu" in sections:
-                cpu_rows(ports, router_port, router, engines, args)
-            if "hot-path" in sections:
-                hot_path_rows()
-        finally:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(timeout=10)
+                    ttft_rows(slow, args)
+        if sections & {"throughput", "cpu"}:
+            with cluster(args.time_scale, Path(tmp)) as fast:
+                router_port, router = fast.routers["lmetric"]
+                if "throughput" in sections:
+                    throughput_rows(fast.ports, router_port, router, fast.engines, args)
+                if "cpu" in sections:
+                    cpu_rows(fast.ports, router_port, router, fast.engines, args)
+    if "hot-path" in sections:
+        hot_path_rows()
 
 
-def ttft_rows(ports: list[int], router_port: int, rr_port: int,
-              rr_router: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
-    """Added TTFT: the round-robin router against the client's own round robin over the
-    engines (the same placement, so the difference is the router's cost), then lmetric
-    (its placement differs: on a prefill-bound engine it can beat the client's round robin,
-    so its difference to direct is not an overhead)."""
-    print(f"\nTTFT, streams of max_tokens={args.max_tokens} (ms); added = round-robin router "
-          "− direct round robin; router-side = the router's own histogram of its time in the "
-          "first chunk (arrival → upstream request, engine's first chunk → client) and its "
-          "event-loop lag (what a readable socket waits before it is read), bucket upper "
-          "bounds")
-    header = (f"{'streams':>7} {'direct p50':>10} {'p99':>7} {'router p50':>10} {'p99':>7} "
-              f"{'added p50':>9} {'added p99':>9} {'router-side p50':>15} {'p99':>6} "
-              f"{'loop lag p50':>12} {'p99':>6} {'CPU wait':>8} "
-              f"{'requests':>8} {'router CPU':>10} {'lmetric p50':>11} {'p99':>7}")
+@dataclass
+class ArmResult:
+    """A TTFT row through one router: its streams, the direct probe streams run at the same
+    time, the engines' own TTFT of both, and the router's CPU share, runnable-wait share
+    and own histograms."""
+
+    routed: Run
+    direct: Run
+    engine_ttft: dict[str, float]
+    cpu: float
+    cpu_wait: float
+    side: list[float]  # overhead p50, p99, loop lag p50, p99 (s, bucket upper bounds)
+
+    def transit(self, run: Run) -> list[float]:
+        return transit(run, self.engine_ttft)
+
+
+def ttft_arm(setup: Cluster, policy: str, concurrency: int,
+             args: argparse.Namespace) -> ArmResult:
+    """``concurrency`` streams through the ``policy`` router and, at the same time, a
+    quarter as many straight to the engines (the baseline: the same engines, client and
+    moment, so what the machine does to both cancels out)."""
+    port, proc = setup.routers[policy]
+    probes = max(1, round(concurrency * args.probe_share))
+
+    def loop(ports: list[int], streams: int) -> Coroutine[Any, Any, Run]:
+        return run_loop(ports, streams, args.ttft_duration, True, args.max_tokens,
+                        args.prompt_tokens, args.ttft_warmup, args.shared_prefix_tokens)
+
+    async def both() -> list[Run]:
+        return await asyncio.gather(loop([port], concurrency), loop(setup.ports, probes))
+
+    cpu0, wait0, before = (cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid),
+                           router_histograms(port))
+    routed, direct = run_async(both())
+    after = router_histograms(port)
+    engine = setup.engine_log.engine_ttft(routed) | setup.engine_log.engine_ttft(direct)
+    return ArmResult(
+        routed, direct, engine,
+        cpu=(cpu_seconds(proc.pid) - cpu0) / routed.wall,
+        cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / routed.wall,
+        side=[bucket_quantile(before, after, name, q)
+              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)])
+
+
+def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
+    """Added TTFT at 1, 50 and 200 concurrent streams through the round-robin and the
+    lmetric router, each against direct probe streams run at the same time.
+
+    Client-observed TTFT includes the engines' queueing and prefill, which differ between
+    runs by far more than a millisecond (and between policies by design). So each stream's
+    *transit* is measured: client TTFT minus the engine's own TTFT for that request (from
+    its ``--request-log``, joined on X-Request-Id, one monotonic clock). Added = routed
+    transit − direct transit, per percentile: everything the router costs a stream on its
+    way to its first token, queueing in the router's event loop included."""
+    print(f"\nTTFT, streams of {args.prompt_tokens}-token prompts ({args.shared_prefix_tokens} "
+          f"of them a shared system prompt) and {args.max_tokens}-token answers, enginesim "
+          f"time scale {args.ttft_time_scale:g}, {args.ttft_warmup:g}s ramp then "
+          f"{args.ttft_duration:g}s closed loop per row; direct = {args.probe_share:.0%} as "
+          "many streams straight to the engines at the same time (ms). engine = the engine's "
+          "own TTFT (handler start → first token chunk); transit = client TTFT − engine TTFT; "
+          "added = routed transit − direct transit; own = the router's histogram of its time "
+          "in the first chunk, lag = how late its event loop runs a due timer (bucket upper "
+          "bounds); CPU = router process CPU, wait = its runnable-without-CPU share")
+    header = (f"{'streams':>7} {'router':>11} {'n':>5} {'direct n':>8} {'TTFT p50':>9} "
+              f"{'p99':>7} {'direct p50':>10} {'p99':>7} {'engine p50':>10} {'p99':>7} "
+              f"{'transit p50':>11} {'p99':>6} {'direct p50':>10} {'p99':>6} "
+              f"{'added p50':>9} {'p99':>6} {'own p50':>7} {'p99':>5} "
+              f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4}")
     print(header)
     print("-" * len(header))
-    for concurrency in (1, 50, 200):
-        direct, fail_d, _ = asyncio.run(closed_loop(ports, concurrency, args.duration, True,
-                                                    args.max_tokens))
-        cpu0, before = cpu_seconds(rr_router.pid), router_histograms(rr_port)
-        wait0 = runnable_wait_seconds(rr_router.pid)
-        routed, fail_r, elapsed = asyncio.run(closed_loop([rr_port], concurrency,
-                                                          args.duration, True, args.max_tokens))
-        cpu = (cpu_seconds(rr_router.pid) - cpu0) / elapsed
-        wait = (runnable_wait_seconds(rr_router.pid) - wait0) / elapsed
-        after = router_histograms(rr_port)
-        side = [bucket_quantile(before, after, name, q) * 1000
-                for name in ("overhead", "loop_lag") for q in (0.5, 0.99)]
-        lmetric, fail_l, _ = asyncio.run(closed_loop([router_port], concurrency, args.duration,
-                                                     True, args.max_tokens))
-        failures = fail_d + fail_r + fail_l
-        print(f"{concurrency:>7} {pct(direct, 50):>10.2f} {pct(direct, 99):>7.2f} "
-              f"{pct(routed, 50):>10.2f} {pct(routed, 99):>7.2f} "
-              f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
-              f"{pct(routed, 99) - pct(direct, 99):>9.2f} {'≤ ' + format(side[0], 'g'):>15} "
-              f"{'≤ ' + format(side[1], 'g'):>6} {'≤ ' + format(side[2], 'g'):>12} "
-              f"{'≤ ' + format(side[3], 'g'):>6} {wait:>8.0%} {len(routed):>8} {cpu:>10.0%} "
-              f"{pct(lmetric, 50):>11.2f} {pct(lmetric, 99):>7.2f}"
-              + (f"  failures direct/rr/lmetric={fail_d}/{fail_r}/{fail_l}" if failures else ""),
-              flush=True)
+    for concurrency in args.concurrency or (1, 50, 200):
+        for policy in ("round_robin", "lmetric"):
+            with paused(r for p, r in setup.routers.items() if p != policy):
+                arm = ttft_arm(setup, policy, concurrency, args)
+            print(ttft_line(concurrency, policy, arm), flush=True)
+
+
+def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
+    routed, direct = arm.routed, arm.direct
+    moved, base = arm.transit(routed), arm.transit(direct)
+    engine = [arm.engine_ttft[o.request_id] for o in routed.outcomes
+              if o.request_id in arm.engine_ttft]
+    own50, own99, lag50, lag99 = (f"≤{v * 1000:g}" for v in arm.side)
+    failures = routed.failures + direct.failures
+    return (f"{concurrency:>7} {policy:>11} {len(routed.outcomes):>5} "
+            f"{len(direct.outcomes):>8} {pct(routed.samples, 50):>9.1f} "
+            f"{pct(routed.samples, 99):>7.1f} {pct(direct.samples, 50):>10.1f} "
+            f"{pct(direct.samples, 99):>7.1f} {pct(engine, 50):>10.1f} {pct(engine, 99):>7.1f} "
+            f"{pct(moved, 50):>11.2f} {pct(moved, 99):>6.2f} {pct(base, 50):>10.2f} "
+            f"{pct(base, 99):>6.2f} {pct(moved, 50) - pct(base, 50):>9.2f} "
+            f"{pct(moved, 99) - pct(base, 99):>6.2f} {own50:>7} {own99:>5} {lag50:>7} "
+            f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%}"
+            + (f"  ({failures} failed)" if failures else ""))
+
+
+@contextlib.contextmanager
+def paused(routers: Iterable[tuple[int, subprocess.Popen[bytes]]]) -> Iterator[None]:
+    """Stop the routers not under test (SIGSTOP): their scrapes and health probes would
+    stall the engines' event loop in the other arms' runs."""
+    stopped = [proc for _, proc in routers]
+    for proc in stopped:
+        proc.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for proc in stopped:
+            proc.send_signal(signal.SIGCONT)
 
 
 def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
                     engines: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
     concurrency = 64
     engine0 = cpu_seconds(engines.pid)
-    direct, _, elapsed_d = asyncio.run(closed_loop(ports, concurrency, args.duration, False, 4))
+    direct, _, elapsed_d = run_async(closed_loop(ports, concurrency, args.duration, False, 4))
     engine_per_request = (cpu_seconds(engines.pid) - engine0) / max(len(direct), 1)
     before = router_histograms(router_port)
     cpu0 = cpu_seconds(router.pid)
-    routed, _, elapsed_r = asyncio.run(closed_loop([router_port], concurrency, args.duration,
+    routed, _, elapsed_r = run_async(closed_loop([router_port], concurrency, args.duration,
                                                    False, 4))
     router_cpu = cpu_seconds(router.pid) - cpu0
     after = router_histograms(router_port)

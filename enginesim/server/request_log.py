@@ -32,7 +32,8 @@ class RequestLog:
     """Appends :class:`RequestTiming` records, a line each, flushed per line."""
 
     def __init__(self, path: str | Path) -> None:
-        self._file = Path(path).open("a", buffering=1, encoding="utf-8")
+        # Open for the server's lifetime (closed by ``close``), not per record.
+        self._file = Path(path).open("a", buffering=1, encoding="utf-8")  # noqa: SIM115
 
     def write(self, timing: RequestTiming) -> None:
         if not self._file.closed:

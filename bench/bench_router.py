@@ -64,6 +64,7 @@ from typing import Any, TypeVar
 import httptools
 import httpx
 import numpy as np
+import scipy.stats
 import uvloop
 
 REPO = Path(__file__).resolve().parents[1]
@@ -705,13 +706,15 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
           f"{args.ttft_duration:g}s closed loop per row; direct = {args.probe_share:.0%} as "
           "many streams straight to the engines at the same time (ms). engine = the engine's "
           "own TTFT (handler start → first token chunk); transit = client TTFT − engine TTFT; "
-          "added = routed transit − direct transit; own = the router's histogram of its time "
-          "in the first chunk, lag = how late its event loop runs a due timer (bucket upper "
-          "bounds); CPU = router process CPU, wait = its runnable-without-CPU share")
+          "added = routed transit − direct transit, with its 95% bootstrap interval; own = "
+          "the router's histogram of its time in the first chunk, lag = how late its event "
+          "loop runs a due timer (bucket upper bounds); CPU = router process CPU, wait = its "
+          "runnable-without-CPU share")
     header = (f"{'streams':>7} {'router':>11} {'n':>5} {'direct n':>8} {'TTFT p50':>9} "
               f"{'p99':>7} {'direct p50':>10} {'p99':>7} {'engine p50':>10} {'p99':>7} "
               f"{'transit p50':>11} {'p99':>6} {'direct p50':>10} {'p99':>6} "
-              f"{'added p50':>9} {'p99':>6} {'own p50':>7} {'p99':>5} "
+              f"{'added p50':>9} {'95% interval':>15} {'p99':>6} {'95% interval':>15} "
+              f"{'own p50':>7} {'p99':>5} "
               f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4}")
     print(header)
     print("-" * len(header))
@@ -720,6 +723,22 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
             with paused(r for p, r in setup.routers.items() if p != policy):
                 arm = ttft_arm(setup, policy, concurrency, args)
             print(ttft_line(concurrency, policy, arm), flush=True)
+
+
+def added_interval(moved: list[float], base: list[float], q: float) -> str:
+    """95% bootstrap interval (ms) of percentile ``q`` of routed transit minus that of
+    direct transit: how well the run pins the added latency down."""
+    if len(moved) < 2 or len(base) < 2:
+        return "n/a"
+
+    def difference(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
+        return np.percentile(a, q, axis=axis) - np.percentile(b, q, axis=axis)
+
+    result = scipy.stats.bootstrap((np.asarray(moved), np.asarray(base)), difference,
+                                   n_resamples=2000, method="percentile",
+                                   random_state=np.random.default_rng(0))
+    low, high = result.confidence_interval
+    return f"[{low * 1000:.1f}, {high * 1000:.1f}]"
 
 
 def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
@@ -735,7 +754,8 @@ def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
             f"{pct(direct.samples, 99):>7.1f} {pct(engine, 50):>10.1f} {pct(engine, 99):>7.1f} "
             f"{pct(moved, 50):>11.2f} {pct(moved, 99):>6.2f} {pct(base, 50):>10.2f} "
             f"{pct(base, 99):>6.2f} {pct(moved, 50) - pct(base, 50):>9.2f} "
-            f"{pct(moved, 99) - pct(base, 99):>6.2f} {own50:>7} {own99:>5} {lag50:>7} "
+            f"{added_interval(moved, base, 50):>15} {pct(moved, 99) - pct(base, 99):>6.2f} "
+            f"{added_interval(moved, base, 99):>15} {own50:>7} {own99:>5} {lag50:>7} "
             f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%}"
             + (f"  ({failures} failed)" if failures else ""))
 

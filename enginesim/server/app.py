@@ -61,12 +61,16 @@ class InstanceAPI:
         except APIError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         prefix = "chatcmpl-" if gen.kind == "chat" else "cmpl-"
-        # vLLM's request id: the client's X-Request-Id when it sends one.
-        req_id = prefix + (request.headers.get("x-request-id") or uuid.uuid4().hex)
+        # vLLM's request id: the client's X-Request-Id when it sends one. The engine's own
+        # id stays unique (clients may send one id twice), as vLLM's does.
+        unique = uuid.uuid4().hex
+        given = request.headers.get("x-request-id")
+        req_id = prefix + (given or unique)
         driver = inst.driver
         try:
             answer = tokenizer.SyntheticText(gen.seed).token_id_array(0, gen.max_tokens)
-            stream = driver.submit(req_id, gen.prompt_token_ids, gen.max_tokens, gen.natural_stop,
+            stream = driver.submit(f"{req_id}-{unique}" if given else req_id,
+                                   gen.prompt_token_ids, gen.max_tokens, gen.natural_stop,
                                    output_token_ids=answer)
         except EngineRequestError as exc:
             return error_response(400, str(exc))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 
@@ -177,3 +178,18 @@ def test_request_log_times_each_request_under_the_clients_request_id(sim_factory
     whole = records[reply.id]
     assert not whole["stream"] and whole["completed"] and whole["output_tokens"] == 3
     assert whole["arrival"] < whole["first_token"] == whole["finished"]
+
+
+def test_one_x_request_id_on_concurrent_requests_serves_both(sim):
+    """Clients may reuse an id (a retry, a load tool); the engine must not refuse the
+    second request as a duplicate while the first still runs."""
+    async def both() -> list[openai.types.Completion]:
+        client = openai.AsyncOpenAI(base_url=sim.url(0) + "/v1", api_key="x", max_retries=0)
+        ask = [client.completions.create(model=MODEL, prompt=_long_text(f"kappa{k}"),
+                                         max_tokens=24, extra_headers={"X-Request-Id": "same"})
+               for k in range(2)]
+        return await asyncio.gather(*ask)
+
+    replies = asyncio.run(both())
+    assert [r.id for r in replies] == ["cmpl-same", "cmpl-same"]
+    assert [r.usage.completion_tokens for r in replies] == [24, 24]

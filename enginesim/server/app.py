@@ -76,11 +76,13 @@ class InstanceAPI:
             return error_response(400, str(exc))
         created = int(time.time())
 
-        def on_disconnect() -> None:
-            driver.abort(stream)
-
         timing = RequestTiming(req_id, inst.settings.index, gen.stream, arrival,
                                prompt_tokens=stream.prompt_len)
+
+        def on_disconnect() -> None:
+            driver.abort(stream)
+            if not gen.stream:  # a stream's record is written as its chunk generator closes
+                self._log(timing, stream, completed=False)
         if gen.stream:
             renderer = ChunkRenderer(gen.kind, req_id, created, inst.served_name)
             chunks = self._sse_chunks(gen, stream, renderer, timing)

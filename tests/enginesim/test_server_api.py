@@ -193,3 +193,20 @@ def test_one_x_request_id_on_concurrent_requests_serves_both(sim):
     replies = asyncio.run(both())
     assert [r.id for r in replies] == ["cmpl-same", "cmpl-same"]
     assert [r.usage.completion_tokens for r in replies] == [24, 24]
+
+
+def test_request_log_records_an_abandoned_request_as_not_completed(sim_factory, tmp_path):
+    log = tmp_path / "requests.jsonl"
+    server = sim_factory("--request-log", str(log), kv_events=False)
+    body = {"model": MODEL, "prompt": _long_text("lambda"), "max_tokens": 4000}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before the answer
+        httpx.post(server.url(0) + "/v1/completions", json=body, timeout=0.3,
+                   headers={"X-Request-Id": "gone-1"})
+    for _ in range(50):
+        lines = log.read_text().splitlines() if log.exists() else []
+        if lines:
+            break
+        time.sleep(0.05)
+    [record] = map(json.loads, lines)
+    assert record["request_id"] == "cmpl-gone-1" and not record["stream"]
+    assert not record["completed"] and record["output_tokens"] < 4000

@@ -93,8 +93,12 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def _as_uint64(token_ids: TokenIds) -> np.ndarray:
+def _token_array(token_ids: TokenIds) -> np.ndarray:
+    """Token ids as an unsigned array the digest widens to uint64 as it goes (a uint32
+    array, what the approximate tokenizer makes, is used as it is: no copy)."""
     if isinstance(token_ids, np.ndarray):
+        if token_ids.dtype == np.uint32:
+            return token_ids
         return token_ids.astype(np.uint64, copy=False)
     return np.fromiter(token_ids, dtype=np.uint64, count=len(token_ids))
 
@@ -116,7 +120,7 @@ def extend_chain(parent: int | None, token_ids: TokenIds, block_size: int) -> li
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    tokens = _as_uint64(token_ids)
+    tokens = _token_array(token_ids)
     digests = _block_digests(tokens, block_size)
     count = len(digests)
     if count == 0:
@@ -140,7 +144,7 @@ def chain_step(parent: int, digest: int) -> int:
 
 def block_digests(token_ids: TokenIds, block_size: int = DEFAULT_BLOCK_SIZE) -> list[int]:
     """Per-block digests before chaining (tests check the vectorised chain against them)."""
-    return _block_digests(_as_uint64(token_ids), block_size).tolist()
+    return _block_digests(_token_array(token_ids), block_size).tolist()
 
 
 @dataclass(frozen=True, slots=True)

@@ -514,7 +514,8 @@ class ClusterView:
         # block_hashes come from hash_blocks: a chain from the root
         blocks = self._state.kv.longest_prefixes(features.block_hashes, chain=True)
         tokens = np.minimum(blocks * features.block_size, max(features.prompt_tokens - 1, 0))
-        memo = self._memo = (features, version, _readonly(blocks), _readonly(tokens))
+        blocks.flags.writeable = tokens.flags.writeable = False  # fresh arrays: freeze them
+        memo = self._memo = (features, version, blocks, tokens)
         return memo
 
     def new_tokens(self, features: RequestFeatures) -> np.ndarray:

@@ -116,8 +116,8 @@ class Policy(ABC):
         """Slot minimising ``keys`` lexicographically over ``allowed``; random among ties."""
         tied = allowed.nonzero()[0]
         for key in keys:
-            if not len(tied):
-                break  # nothing allowed: pick_random raises, as before
+            if len(tied) <= 1:
+                break  # decided (or nothing allowed: pick_random raises)
             values = key.take(tied)
             # a nan among the tied empties the set (then pick_random raises), as before
             tied = tied.compress(values == _minimum(values))

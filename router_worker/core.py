@@ -60,6 +60,9 @@ class Plan:
     reason: str = ""
     attempts: int = 0
     tried: list[str] = field(default_factory=list)
+    # Instances that answered with a 5xx: held against them (circuit breaker) only once
+    # another instance serves the request, never when it fails everywhere alike.
+    answered_5xx: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     dispatched: bool = False
 

@@ -38,6 +38,9 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+# A request answered with a 5xx by this many instances is taken for the cause (an input
+# that trips an engine bug): no more retries, and no breaker strikes against them.
+POISON_AFTER_5XX = 2
 JSON_TYPE = (b"content-type", b"application/json")
 FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
 FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"),
@@ -237,31 +240,58 @@ class Proxy:
                 core.end_attempt(plan, ok=ok)
             if failure is None:
                 return
-            self._record_failure(plan, failure)
+            self._count_failure(plan, failure)
+            if failure.kind != "http_5xx":
+                self._strike([plan.instance], failure.kind, fatal=failure.fatal)
+            else:
+                plan.answered_5xx.append(plan.instance)
+                if len(plan.answered_5xx) >= POISON_AFTER_5XX:
+                    break  # engines failed it alike: the request is the likely cause
             instance = core.next_candidate(plan)
-        self._give_up(plan, failure)
+        poison = len(plan.answered_5xx) >= POISON_AFTER_5XX
+        if not poison:
+            self._settle_5xx(plan)
+        self._give_up(plan, failure, poison)
         status = 504 if failure and failure.kind == "timeout" else 502
         if failure is None:
             status, message = 503, "No healthy instance left to try."
+        elif poison:
+            message = (f"The request failed on {len(plan.answered_5xx)} instances alike and was "
+                       f"not retried further; last: {failure.message}")
         else:
             message = f"All {plan.attempts} attempts failed; last: {failure.message}"
         core.finish_request(plan, status=status, ok=False, output_tokens=0, last_token_at=None,
                             cached_tokens=0)
         await send_error(send, APIError(status, message))
 
-    def _record_failure(self, plan: Plan, failure: UpstreamFailure) -> None:
+    def _count_failure(self, plan: Plan, failure: UpstreamFailure) -> None:
         core = self.core
         core.metrics.child(core.metrics.upstream_errors, plan.instance, failure.kind).inc()
-        core.health.record_failure(plan.instance, time.monotonic(), failure.kind,
-                                   fatal=failure.fatal)
         log.info("request %s: %s on %s: %s", plan.request_id, failure.kind, plan.instance,
                  failure.message)
 
-    def _give_up(self, plan: Plan, failure: UpstreamFailure | None) -> None:
+    def _strike(self, instances: list[str], kind: str, *, fatal: bool = False) -> None:
+        """Count a failure against each instance's circuit breaker."""
+        now = time.monotonic()
+        for instance in instances:
+            self.core.health.record_failure(instance, now, kind, fatal=fatal)
+
+    def _served(self, plan: Plan) -> None:
+        """The attempt got a good answer: the instance is fine, and so is the request, so
+        the instances that answered it with a 5xx before are to blame after all."""
+        self.core.health.record_success(plan.instance)
+        self._settle_5xx(plan)
+
+    def _settle_5xx(self, plan: Plan) -> None:
+        self._strike(plan.answered_5xx, "http_5xx")
+        plan.answered_5xx.clear()
+
+    def _give_up(self, plan: Plan, failure: UpstreamFailure | None, poison: bool) -> None:
         self.core.telemetry.event(
             "retries_exhausted", request_id=plan.request_id, attempts=plan.attempts,
             last_error=None if failure is None else f"{failure.kind}: {failure.message}",
-            instances=[*plan.tried],
+            instances=[*plan.tried, plan.instance] if poison else [*plan.tried],
+            request_suspected=poison,
         )
 
     async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
@@ -300,7 +330,7 @@ class Proxy:
         core = self.core
         ok = response.status_code < 400
         if ok:
-            core.health.record_success(plan.instance)
+            self._served(plan)
         usage = _USAGE_RE.search(data)
         cached = _CACHED_RE.search(data)
         headers = [(b"content-type", response.header(b"content-type", b"application/json")),
@@ -328,7 +358,7 @@ class Proxy:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         received = time.perf_counter()
         core = self.core
-        core.health.record_success(plan.instance)
+        self._served(plan)
         headers = [(b"content-type", response.header(b"content-type", b"text/event-stream")),
                    (b"cache-control", b"no-cache"), *self._route_headers(plan, debug)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})

@@ -39,7 +39,7 @@ EventKind = Literal[
     "health",  # instance health changed: {instance, before, after, cause}
     "config_applied",  # {version}
     "config_rejected",  # {version, error}
-    "retries_exhausted",  # {request_id, attempts, last_error}
+    "retries_exhausted",  # {request_id, attempts, last_error, instances, request_suspected}
     "router_started",  # {pid, config_version}
     "router_restarted",  # written by the Celery supervisor: {exit_code, restarts}
     "events_dropped",  # {count}: buffered events lost during a Redis outage

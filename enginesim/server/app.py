@@ -237,31 +237,54 @@ class InstanceAPI:
 
 
 class FaultGate:
-    """ASGI wrapper applying hang / error5xx to every non-admin request."""
+    """ASGI wrapper applying hang / error5xx / poison to every non-admin request."""
 
     def __init__(self, app: Any, instance: Instance) -> None:
         self.app = app
         self.instance = instance
-        self._error_body = openai_api.dumps(
-            openai_api.error_body(500, "Injected fault: error5xx")
-        ).encode()
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         faults = self.instance.faults
         if scope["type"] == "http" and not scope["path"].startswith("/admin/"):
             await faults.wait_not_hung()
             if faults.failing:
-                await self._send_error(send)
+                await _send_500(send, "Injected fault: error5xx")
                 return
+            if faults.mode == "poison" and scope["path"].startswith("/v1/"):
+                body = await _read_body(receive)
+                if faults.poisoned_by(body):
+                    await _send_500(send, "Injected fault: poison (the engine failed on "
+                                          "this request)")
+                    return
+                receive = _replay(body, receive)
         await self.app(scope, receive, send)
 
-    async def _send_error(self, send: Any) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(self._error_body)).encode()),
-        ]
-        await send({"type": "http.response.start", "status": 500, "headers": headers})
-        await send({"type": "http.response.body", "body": self._error_body})
+
+async def _read_body(receive: Any) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Any) -> Any:
+    """A ``receive`` that gives the already-read body once, then the real channel."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> dict[str, Any]:
+        return pending.pop() if pending else await receive()
+
+    return replayed
+
+
+async def _send_500(send: Any, message: str) -> None:
+    body = openai_api.dumps(openai_api.error_body(500, message)).encode()
+    headers = [(b"content-type", b"application/json"),
+               (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 500, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 def build_app(instance: Instance) -> Any:

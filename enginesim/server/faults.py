@@ -9,6 +9,8 @@ Modes (one at a time; ``recover`` returns to ``none``):
 - ``slow``: the simulated hardware runs ``factor`` times slower (factor > 1).
 - ``error5xx``: every API request and ``/health`` answer 500 with an OpenAI-style
   error body.
+- ``poison``: API requests whose body contains the ``match`` text answer 500 (an engine
+  bug one input triggers); every other request and ``/health`` are served.
 - ``drop_midstream``: streamed responses are cut after ``after_chunks`` SSE
   chunks (default 2), non-streamed ones after their headers; the engine request
   is aborted as on a client disconnect.
@@ -21,7 +23,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-FAULT_MODES = ("kill", "hang", "slow", "error5xx", "drop_midstream", "recover")
+FAULT_MODES = ("kill", "hang", "slow", "error5xx", "poison", "drop_midstream", "recover")
 
 
 class FaultError(ValueError):
@@ -33,6 +35,7 @@ class FaultRequest:
     mode: str
     factor: float = 1.0
     after_chunks: int = 2
+    match: str = ""
 
     @classmethod
     def from_json(cls, body: Any) -> FaultRequest:
@@ -47,7 +50,10 @@ class FaultRequest:
             raise FaultError("factor must be a positive number")
         if not isinstance(after_chunks, int) or after_chunks < 0:
             raise FaultError("after_chunks must be a non-negative integer")
-        return cls(mode, float(factor), after_chunks)
+        match = body.get("match", "")
+        if mode == "poison" and (not isinstance(match, str) or not match):
+            raise FaultError("poison needs `match`: a non-empty text")
+        return cls(mode, float(factor), after_chunks, match if mode == "poison" else "")
 
     @classmethod
     def from_cli(cls, spec: str) -> tuple[int, FaultRequest]:
@@ -70,6 +76,7 @@ class FaultState:
         self.mode = "none"
         self.factor = 1.0
         self.after_chunks = 2
+        self.match = b""
         self._not_hung = asyncio.Event()
         self._not_hung.set()
 
@@ -80,6 +87,10 @@ class FaultState:
     @property
     def failing(self) -> bool:
         return self.mode == "error5xx"
+
+    def poisoned_by(self, body: bytes) -> bool:
+        """Whether a request with this raw body fails under the ``poison`` fault."""
+        return self.mode == "poison" and self.match in body
 
     @property
     def dropping(self) -> bool:
@@ -93,6 +104,7 @@ class FaultState:
         self.mode = "none" if request.mode == "recover" else request.mode
         self.factor = request.factor if request.mode == "slow" else 1.0
         self.after_chunks = request.after_chunks
+        self.match = request.match.encode()
         if self.hung:
             self._not_hung.clear()
         else:
@@ -103,4 +115,5 @@ class FaultState:
             await self._not_hung.wait()
 
     def as_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "factor": self.factor, "after_chunks": self.after_chunks}
+        return {"mode": self.mode, "factor": self.factor, "after_chunks": self.after_chunks,
+                "match": self.match.decode()}

@@ -50,6 +50,24 @@ def test_error5xx_answers_openai_errors_until_recovered(url):
     assert httpx.get(url + "/health").status_code == 200
 
 
+def test_poison_fails_only_requests_carrying_the_match(url):
+    assert set_fault(url, mode="poison", match="BAD-INPUT")["match"] == "BAD-INPUT"
+    bad = httpx.post(url + "/v1/completions",
+                     json={"model": MODEL, "prompt": "a BAD-INPUT b", "max_tokens": 1})
+    assert bad.status_code == 500
+    assert "poison" in bad.json()["error"]["message"]
+    chat = httpx.post(url + "/v1/chat/completions", json={
+        "model": MODEL, "max_tokens": 2,
+        "messages": [{"role": "user", "content": "a fine question"}]})
+    assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
+    assert httpx.get(url + "/health").status_code == 200
+    refused = httpx.post(url + "/admin/fault", json={"mode": "poison"})
+    assert refused.status_code == 400 and "match" in refused.text
+    set_fault(url, mode="recover")
+    assert httpx.post(url + "/v1/completions", json={
+        "model": MODEL, "prompt": "a BAD-INPUT b", "max_tokens": 1}).status_code == 200
+
+
 def test_hang_accepts_but_never_answers(url):
     set_fault(url, mode="hang")
     with pytest.raises(httpx.ReadTimeout):

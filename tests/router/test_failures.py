@@ -106,6 +106,62 @@ def test_5xx_before_first_byte_is_retried_elsewhere(fleet, router_factory):
     assert 'kind="http_5xx"' in metrics
 
 
+POISON = "POISON-7f3a"  # the input the poisoned engines fail on
+
+
+def test_request_failing_alike_on_two_instances_is_not_retried_nor_held_against_them(
+        fleet, router_factory):
+    document = router_config(fleet, "round_robin")
+    document["router"] |= {"breaker_failures": 1, "max_attempts": 4}
+    router = router_factory(document)
+    names = [i["name"] for i in fleet.instances()]
+    for index in range(len(names)):
+        fleet.fault(index, "poison", match=POISON)
+    try:
+        poisoned = httpx.post(router.url + "/v1/completions", timeout=30,
+                              json=_body("bad") | {"prompt": f"tell me {POISON} now"})
+        fine = asyncio.run(_load(router.url + "/v1/completions", 4, 2, stream=False))
+        healths = {name: router.health_of(name) for name in names}
+    finally:
+        for index in range(len(names)):
+            fleet.fault(index, "recover")
+    assert poisoned.status_code == 502
+    error = poisoned.json()["error"]
+    assert "failed on 2 instances alike" in error["message"], error
+    assert "poison" in error["message"]  # the engine's own words are passed on
+    assert _metric(router, "switchyard_router_retries_total") == 1
+    # A strike per engine would have opened every breaker (breaker_failures 1).
+    assert set(healths.values()) == {"healthy"}, healths
+    assert all(r[0] == 200 for r in fine)
+    events = router.state()["recent_events"]
+    exhausted = [e["payload"] for e in events if e["kind"] == "retries_exhausted"]
+    assert len(exhausted) == 1 and exhausted[0]["request_suspected"] is True
+    assert len(set(exhausted[0]["instances"])) == 2
+    assert not [e for e in events if e["kind"] == "health"]
+
+
+def test_5xx_is_held_against_the_instance_once_another_serves_the_request(
+        fleet, router_factory):
+    # i2 fails the marked requests while its /health stays good: only the passive strike,
+    # charged when i3 serves the retry, can open its breaker.
+    document = router_config(fleet, "round_robin", instances=fleet.instances()[2:4])
+    document["router"] |= {"breaker_failures": 1, "breaker_open_s": 30.0}
+    router = router_factory(document)
+    fleet.fault(2, "poison", match=POISON)
+    try:
+        answers = [httpx.post(router.url + "/v1/completions", timeout=30,
+                              json=_body(f"odd{k}") | {"prompt": f"{POISON} {k}"})
+                   for k in range(2)]
+    finally:
+        fleet.fault(2, "recover")
+    assert [a.status_code for a in answers] == [200, 200]
+    assert {a.headers["x-switchyard-instance"] for a in answers} == {"i3"}
+    assert "retry" in {a.headers["x-switchyard-reason"] for a in answers}
+    health = [e["payload"] for e in router.state()["recent_events"] if e["kind"] == "health"]
+    assert any(p["instance"] == "i2" and p["after"] == "down" and p["cause"] == "http_5xx"
+               for p in health), health
+
+
 def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
     document = router_config(fleet, "round_robin", instances=fleet.instances()[3:4])
     router = router_factory(document)

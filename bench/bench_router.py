@@ -28,6 +28,19 @@ its clients; ``--router-nice -10`` gives the routers priority there, as an opera
 ``shared`` pins nothing. ``--ttft-time-scale 2`` runs the engines at half speed (half the
 requests and chunks per second for the same number of streams).
 
+Prober rows (the precise added-TTFT figure). The TTFT rows' baseline shares the loaded
+engines' event loop and the load client's, whose delays at 200 streams are milliseconds
+wide. Here the routers get a canary config: a ``load`` arm (weight 99) over the engines and
+a ``probe`` arm (weight 1) over a one-instance enginesim of its own; the load streams carry
+session keys of the load arm. A separate prober process (its event loop idle between
+probes) sends ``--probe-rate`` probes/s with Poisson gaps, alternately through the router's
+probe arm and straight to the probe engine, and each probe's transit is its client TTFT
+minus the probe engine's own TTFT. Both paths see the same idle engine and idle client;
+only the routed one crosses the router that carries the load, so added = routed − direct
+transit is the router's cost to one more request at that load: its CPU, its event loop's
+queue and the extra loopback hop. (The probe arm's policy chooses among one instance, the
+load arm's among four: the decision is the same code, a few µs cheaper.)
+
 Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in flight, engines
 at 20× speed (``--time-scale 0.05``). Time shares: the router's own histograms (tokenize,
 hash, decide) against the router process's CPU time per request. CPU cost (the figure that
@@ -37,7 +50,7 @@ stream (intercept) and per SSE chunk (slope between 4- and 64-token streams), at
 flight. Fast engines send chunks in bursts the router coalesces; at real speed each chunk
 comes alone and costs the router a read and a write (see the TTFT rows' CPU column).
 
-    .venv/bin/python bench/bench_router.py [--only ttft] [--concurrency 200] [--router-nice -10]
+    .venv/bin/python bench/bench_router.py [--only probe] [--concurrency 200] [--router-nice -10]
 """
 
 from __future__ import annotations
@@ -47,6 +60,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import multiprocessing
 import os
 import platform
 import re
@@ -191,32 +205,49 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(time_scale: float, workdir: Path) -> Iterator[Cluster]:
-    """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin."""
-    base = free_base_port(INSTANCES)
-    log = workdir / f"engine-requests-{base}.jsonl"
-    engines = subprocess.Popen(
-        [sys.executable, "-m", "enginesim", "serve", "--instances", str(INSTANCES),
-         "--base-port", str(base), "--time-scale", str(time_scale), "--request-log", str(log)],
-        cwd=REPO, stdout=subprocess.DEVNULL)
-    ports = [base + k for k in range(INSTANCES)]
-    started = Cluster(ports, engines, {}, EngineLog(log))
+def cluster(time_scale: float, workdir: Path, probe_url: str | None = None) -> Iterator[Cluster]:
+    """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin
+    (with ``probe_url``, each with a probe arm over that engine: see ``start_router``)."""
+    ports, engines, log = start_engines(INSTANCES, time_scale, workdir)
+    started = Cluster(ports, engines, {}, log)
     try:
         for port in ports:
             wait_http(f"http://127.0.0.1:{port}/health", engines)
         for policy in ("lmetric", "round_robin"):
-            started.routers[policy] = start_router(ports, policy, workdir)
+            started.routers[policy] = start_router(ports, policy, workdir, probe_url)
         run_async(closed_loop([started.routers["lmetric"][0]], 8, 1.0, True, 4))  # warm-up
         yield started
     finally:
         started.stop()
 
 
-def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any]:
-    config = {"model": MODEL, "policy": {"kind": policy, "params": {}},
-              "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"}
-                            for k, p in enumerate(ports)],
-              "router": {"max_concurrency": 4096}}
+def start_engines(count: int, time_scale: float,
+                  workdir: Path) -> tuple[list[int], subprocess.Popen[bytes], EngineLog]:
+    """One enginesim process serving ``count`` instances, with its request log."""
+    base = free_base_port(count)
+    log = workdir / f"engine-requests-{base}.jsonl"
+    engines = subprocess.Popen(
+        [sys.executable, "-m", "enginesim", "serve", "--instances", str(count),
+         "--base-port", str(base), "--time-scale", str(time_scale), "--request-log", str(log)],
+        cwd=REPO, stdout=subprocess.DEVNULL)
+    return [base + k for k in range(count)], engines, EngineLog(log)
+
+
+def start_router(ports: list[int], policy: str, workdir: Path,
+                 probe_url: str | None = None) -> tuple[int, Any]:
+    """A router over ``ports``. With ``probe_url``: a canary config whose ``load`` arm
+    (weight 99) holds the engines and whose ``probe`` arm (weight 1) holds only the probe
+    engine, both under ``policy``; requests pick their arm by ``X-Session-ID``."""
+    spec = {"kind": policy, "params": {}}
+    instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(ports)]
+    config: dict[str, Any] = {"model": MODEL, "policy": spec, "instances": instances,
+                              "router": {"max_concurrency": 4096}}
+    if probe_url:
+        config["instances"] = [*instances, {"name": "probe", "url": probe_url}]
+        config["canary"] = {"arms": [
+            {"name": "load", "policy": spec, "weight": 99,
+             "instances": [i["name"] for i in instances]},
+            {"name": "probe", "policy": spec, "weight": 1, "instances": ["probe"]}]}
     path = workdir / f"router-{policy}.json"
     path.write_text(json.dumps(config))
     router_port = free_base_port(1)
@@ -281,11 +312,14 @@ class Client:
     def __init__(self) -> None:
         self.connections: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
 
-    async def request(self, port: int, body: bytes, request_id: str) -> Outcome | None:
-        """Send one request with ``X-Request-Id: request_id``; None when it failed."""
+    async def request(self, port: int, body: bytes, request_id: str,
+                      session: str | None = None) -> Outcome | None:
+        """Send one request with ``X-Request-Id: request_id`` (and ``X-Session-ID:
+        session``); None when it failed."""
+        extra = b"X-Session-ID: %s\r\n" % session.encode() if session else b""
         head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: application/json\r\nX-Request-Id: %s\r\n"
-                b"Content-Length: %d\r\n\r\n" % (request_id.encode(), len(body)))
+                b"Content-Type: application/json\r\nX-Request-Id: %s\r\n%s"
+                b"Content-Length: %d\r\n\r\n" % (request_id.encode(), extra, len(body)))
         for _ in range(2):
             reused = port in self.connections
             if reused and self.connections[port][0].at_eof():
@@ -376,11 +410,11 @@ def system_prompt(nonce: int, words: int) -> str:
 
 async def run_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
                    max_tokens: int, prompt_words: int = 60, warmup: float = 0.0,
-                   shared_words: int = 0) -> Run:
+                   shared_words: int = 0, sessions: list[str] | None = None) -> Run:
     """``concurrency`` workers, each sending its next request when the last one ends,
     for ``duration`` s. With ``warmup``, the workers start spread over that many seconds
     (not all at once: a burst of simultaneous arrivals is not the steady state) and what
-    was sent before it ends is not kept."""
+    was sent before it ends is not kept. ``sessions[n]``: worker n's ``X-Session-ID``."""
     run = Run(stream)
     begin = time.monotonic()
     deadline = time.perf_counter() + warmup + duration
@@ -402,7 +436,8 @@ async def run_loop(ports: list[int], concurrency: int, duration: float, stream: 
             prompt = make_prompt(shared, f"run {nonce} client {n} request {k}", prompt_words)
             body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
                                "stream": stream}).encode()
-            outcome = await client.request(ports[next(turns) % len(ports)], body, request_id)
+            outcome = await client.request(ports[next(turns) % len(ports)], body, request_id,
+                                           sessions[n] if sessions else None)
             if outcome is None:
                 run.failures += 1
             elif outcome.sent >= begin + warmup:
@@ -611,7 +646,9 @@ def main() -> None:
                              "of them (at least one)")
     parser.add_argument("--concurrency", type=int, action="append",
                         help="TTFT rows' concurrent streams (repeatable; default 1, 50, 200)")
-    parser.add_argument("--only", choices=("ttft", "throughput", "cpu", "hot-path"),
+    parser.add_argument("--probe-rate", type=float, default=20.0,
+                        help="probes per second of the prober rows (half through the router)")
+    parser.add_argument("--only", choices=("ttft", "probe", "throughput", "cpu", "hot-path"),
                         action="append", help="run only these sections (repeatable)")
     parser.add_argument("--placement", choices=sorted(PLACEMENTS), default="engines-apart",
                         help="CPU pinning for the TTFT rows (throughput and CPU rows: shared)")
@@ -619,7 +656,7 @@ def main() -> None:
                         help="scheduling niceness of the routers in the TTFT rows (negative: "
                              "they preempt the client on a shared CPU; needs privileges)")
     args = parser.parse_args()
-    sections = set(args.only or ("ttft", "throughput", "cpu", "hot-path"))
+    sections = set(args.only or ("ttft", "probe", "throughput", "cpu", "hot-path"))
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# router overhead vs enginesim direct ({machine})")
     print(f"# load average at start: {os.getloadavg()[0]:.1f}")
@@ -634,6 +671,15 @@ def main() -> None:
                       prioritised(routers, args.router_nice)):
                     print(f"\n# TTFT rows: {placement}; routers at nice {args.router_nice}")
                     ttft_rows(slow, args)
+        if "probe" in sections:
+            with (probe_engine(Path(tmp)) as probe,
+                  cluster(args.ttft_time_scale, Path(tmp), probe.url) as slow):
+                routers = [proc for _, proc in slow.routers.values()]
+                with (placed(args.placement, slow.engines, routers) as placement,
+                      prioritised(routers, args.router_nice)):
+                    print(f"\n# prober rows: {placement}; routers at nice {args.router_nice}; "
+                          "the prober and its engine are not pinned")
+                    probe_rows(slow, probe, args)
         if sections & {"throughput", "cpu"}:
             with cluster(args.time_scale, Path(tmp)) as fast:
                 router_port, router = fast.routers["lmetric"]
@@ -723,6 +769,196 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
             with paused(r for p, r in setup.routers.items() if p != policy):
                 arm = ttft_arm(setup, policy, concurrency, args)
             print(ttft_line(concurrency, policy, arm), flush=True)
+
+
+PROBE_TIME_SCALE = 0.1  # the probe engine's TTFT is subtracted: it only has to stay idle
+PROBE_MAX_TOKENS = 2  # a probe ends right after its first token
+
+
+@dataclass
+class ProbeEngine:
+    """A one-instance enginesim of its own (own process, own event loop), which only the
+    prober's requests reach: its TTFT is short and steady, and it logs each request."""
+
+    port: int
+    process: subprocess.Popen[bytes]
+    log: EngineLog
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@contextlib.contextmanager
+def probe_engine(workdir: Path) -> Iterator[ProbeEngine]:
+    ports, process, log = start_engines(1, PROBE_TIME_SCALE, workdir)
+    try:
+        wait_http(f"http://127.0.0.1:{ports[0]}/health", process)
+        yield ProbeEngine(ports[0], process, log)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def sessions_in_arm(prefix: str, low: float, high: float) -> Iterator[str]:
+    """Session keys the router assigns to the canary arm owning points [low, high)."""
+    from router_worker.arms import session_point
+    from router_worker.routing import session_key_from_request
+
+    def point(key: str) -> float:  # as the router derives it from the header
+        return session_point(session_key_from_request({"x-session-id": key}, {}) or "")
+
+    return (key for key in (f"{prefix}-{k}" for k in itertools.count())
+            if low <= point(key) < high)
+
+
+@dataclass(frozen=True)
+class ProbePlan:
+    router_port: int
+    engine_port: int
+    session: str  # puts the routed probes in the router's probe arm
+    start_at: float  # time.monotonic() (system-wide) when probing starts
+    duration: float
+    rate: float  # probes per second, both paths together
+    prompt_words: int
+    shared_words: int
+
+
+async def probe_loop(plan: ProbePlan) -> list[tuple[str, Outcome | None]]:
+    """Two workers, each alternating a probe through the router and one straight to the
+    probe engine, with exponential gaps (Poisson arrivals see the router's time-average
+    state); probes share a system prompt, as the load does."""
+    nonce = time.perf_counter_ns()
+    shared = system_prompt(nonce, plan.shared_words)
+    gaps = np.random.default_rng(nonce).exponential(2 / plan.rate, 100_000).tolist()
+    results: list[tuple[str, Outcome | None]] = []
+    await asyncio.sleep(max(plan.start_at - time.monotonic(), 0.0))
+    deadline = plan.start_at + plan.duration
+
+    async def worker(n: int) -> None:
+        client = Client()
+        for k in itertools.count():
+            if time.monotonic() >= deadline:
+                break
+            path = ("routed", "direct")[(n + k) % 2]
+            request_id = f"probe-{nonce}-{n}-{k}"
+            body = json.dumps({"model": MODEL, "max_tokens": PROBE_MAX_TOKENS, "stream": True,
+                               "prompt": make_prompt(shared, f"probe {request_id}",
+                                                     plan.prompt_words)}).encode()
+            if path == "routed":
+                outcome = await client.request(plan.router_port, body, request_id, plan.session)
+            else:
+                outcome = await client.request(plan.engine_port, body, request_id)
+            results.append((path, outcome))
+            await asyncio.sleep(gaps.pop())
+        client.close()
+
+    await asyncio.gather(worker(0), worker(1))
+    return results
+
+
+def prober(plan: ProbePlan, pipe: Any) -> None:
+    """Entry point of the prober process: a client of its own whose event loop is idle
+    between probes, so its timestamps are not delayed by the load's 200 streams."""
+    pipe.send(run_async(probe_loop(plan)))
+
+
+@dataclass
+class ProbeResult:
+    load: Run
+    routed: list[float]  # transit (s) of probes through the router
+    direct: list[float]  # transit (s) of probes straight to the probe engine
+    engine: list[float]  # the probe engine's own TTFT (s)
+    failures: int
+    cpu: float
+    cpu_wait: float
+    side: list[float]
+
+
+def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
+              args: argparse.Namespace) -> ProbeResult:
+    """``concurrency`` load streams through the ``policy`` router's load arm while a
+    separate prober process times probes through its probe arm and direct."""
+    port, proc = setup.routers[policy]
+    load_sessions = list(itertools.islice(sessions_in_arm("load", 0, 99), concurrency))
+    plan = ProbePlan(port, probe.port, next(sessions_in_arm("probe", 99, 100)),
+                     time.monotonic() + args.ttft_warmup, args.ttft_duration, args.probe_rate,
+                     args.prompt_tokens, args.shared_prefix_tokens)
+    context = multiprocessing.get_context("spawn")
+    receiver, sender = context.Pipe(duplex=False)
+    process = context.Process(target=prober, args=(plan, sender))
+    process.start()
+    cpu0, wait0, before = (cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid),
+                           router_histograms(port))
+    load = run_async(run_loop([port], concurrency, args.ttft_duration, True, args.max_tokens,
+                              args.prompt_tokens, args.ttft_warmup, args.shared_prefix_tokens,
+                              load_sessions))
+    results = receiver.recv()
+    process.join()
+    after = router_histograms(port)
+    paths: dict[str, Run] = {"routed": Run(True), "direct": Run(True)}
+    failures = 0
+    for path, outcome in results:
+        if outcome is None:
+            failures += 1
+        else:
+            paths[path].outcomes.append(outcome)
+    engine_ttft = probe.log.engine_ttft(paths["routed"]) | probe.log.engine_ttft(paths["direct"])
+    return ProbeResult(
+        load, transit(paths["routed"], engine_ttft), transit(paths["direct"], engine_ttft),
+        list(engine_ttft.values()), failures,
+        cpu=(cpu_seconds(proc.pid) - cpu0) / load.wall,
+        cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / load.wall,
+        side=[bucket_quantile(before, after, name, q)
+              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)])
+
+
+def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace) -> None:
+    """Added TTFT as a prober sees it while the router carries 1, 50 or 200 streams.
+
+    The TTFT rows' direct baseline goes to the loaded engines, whose event loop (4
+    instances, hundreds of streams) delays both paths' chunks by milliseconds, and it
+    shares the load client's event loop: at 200 streams their noise hides a millisecond.
+    Here the load runs through the router's ``load`` arm as before, and a separate prober
+    process sends probes through the router's ``probe`` arm and straight to an idle probe
+    engine of their own, alternately: both paths see the same idle engine and idle client,
+    and only the routed one crosses the loaded router. Added = routed − direct transit per
+    percentile; what it measures is the router's cost to one more request while it carries
+    that load (its CPU, its event loop's queue, the extra loopback hop)."""
+    print(f"\nAdded TTFT seen by a prober: a separate process sends {args.probe_rate:g} probes/s "
+          f"({args.prompt_tokens}-token prompts, {PROBE_MAX_TOKENS}-token answers), half through "
+          "the router's probe arm and half straight to an idle probe engine of their own "
+          f"(time scale {PROBE_TIME_SCALE:g}), while the router's load arm carries the streams "
+          f"of the TTFT rows ({args.ttft_warmup:g}s ramp, then {args.ttft_duration:g}s "
+          "measured; ms; added = routed − direct probe transit with its 95% bootstrap "
+          "interval; own, lag, CPU, wait as above)")
+    header = (f"{'streams':>7} {'router':>11} {'load req/s':>10} {'chunks/s':>8} "
+              f"{'probes':>9} {'engine p50':>10} {'routed p50':>10} {'p99':>6} "
+              f"{'direct p50':>10} {'p99':>6} {'added p50':>9} {'95% interval':>15} "
+              f"{'p99':>6} {'95% interval':>15} {'own p50':>7} {'p99':>5} {'lag p50':>7} "
+              f"{'p99':>5} {'CPU':>4} {'wait':>4}")
+    print(header)
+    print("-" * len(header))
+    for concurrency in args.concurrency or (1, 50, 200):
+        for policy in ("round_robin", "lmetric"):
+            with paused(r for p, r in setup.routers.items() if p != policy):
+                result = probe_arm(setup, probe, policy, concurrency, args)
+            print(probe_line(concurrency, policy, result), flush=True)
+
+
+def probe_line(concurrency: int, policy: str, result: ProbeResult) -> str:
+    routed, direct, load = result.routed, result.direct, result.load
+    own50, own99, lag50, lag99 = (f"≤{v * 1000:g}" for v in result.side)
+    failures = result.failures + load.failures
+    return (f"{concurrency:>7} {policy:>11} {len(load.outcomes) / load.elapsed:>10.1f} "
+            f"{load.events / load.elapsed:>8.0f} {f'{len(routed)}/{len(direct)}':>9} "
+            f"{pct(result.engine, 50):>10.2f} {pct(routed, 50):>10.2f} {pct(routed, 99):>6.2f} "
+            f"{pct(direct, 50):>10.2f} {pct(direct, 99):>6.2f} "
+            f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
+            f"{added_interval(routed, direct, 50):>15} "
+            f"{pct(routed, 99) - pct(direct, 99):>6.2f} {added_interval(routed, direct, 99):>15} "
+            f"{own50:>7} {own99:>5} {lag50:>7} {lag99:>5} {result.cpu:>4.0%} "
+            f"{result.cpu_wait:>4.0%}" + (f"  ({failures} failed)" if failures else ""))
 
 
 def added_interval(moved: list[float], base: list[float], q: float) -> str:

@@ -39,7 +39,9 @@ minus the probe engine's own TTFT. Both paths see the same idle engine and idle 
 only the routed one crosses the router that carries the load, so added = routed − direct
 transit is the router's cost to one more request at that load: its CPU, its event loop's
 queue and the extra loopback hop. (The probe arm's policy chooses among one instance, the
-load arm's among four: the decision is the same code, a few µs cheaper.)
+load arm's among four: the decision is the same code, a few µs cheaper.) A last row sends
+the same probes through nginx instead, with no load: the floor any extra hop through a
+proxy costs on this machine (skipped when nginx is not installed; it is not a dependency).
 
 Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in flight, engines
 at 20× speed (``--time-scale 0.05``). Time shares: the router's own histograms (tokenize,
@@ -64,6 +66,7 @@ import multiprocessing
 import os
 import platform
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -679,7 +682,7 @@ def main() -> None:
                       prioritised(routers, args.router_nice)):
                     print(f"\n# prober rows: {placement}; routers at nice {args.router_nice}; "
                           "the prober and its engine are not pinned")
-                    probe_rows(slow, probe, args)
+                    probe_rows(slow, probe, args, Path(tmp))
         if sections & {"throughput", "cpu"}:
             with cluster(args.time_scale, Path(tmp)) as fast:
                 router_port, router = fast.routers["lmetric"]
@@ -875,6 +878,76 @@ class ProbeResult:
     side: list[float]
 
 
+def probe_transits(results: list[tuple[str, Outcome | None]], probe: ProbeEngine
+                   ) -> tuple[list[float], list[float], list[float], int]:
+    """Transits (s) of the routed and the direct probes, the probe engine's TTFTs (s) and
+    the number of failed probes."""
+    paths: dict[str, Run] = {"routed": Run(True), "direct": Run(True)}
+    failures = 0
+    for path, outcome in results:
+        if outcome is None:
+            failures += 1
+        else:
+            paths[path].outcomes.append(outcome)
+    engine_ttft = probe.log.engine_ttft(paths["routed"]) | probe.log.engine_ttft(paths["direct"])
+    return (transit(paths["routed"], engine_ttft), transit(paths["direct"], engine_ttft),
+            list(engine_ttft.values()), failures)
+
+
+@contextlib.contextmanager
+def nginx_in_front(upstream: int, workdir: Path) -> Iterator[int | None]:
+    """nginx as a streaming reverse proxy to port ``upstream`` (keep-alive upstream, no
+    buffering); yields its port, or None when nginx is not installed."""
+    binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
+    if binary is None:
+        yield None
+        return
+    port = free_base_port(1)
+    conf = workdir / f"nginx-{port}.conf"
+    conf.write_text(NGINX_CONF.format(workdir=workdir, port=port, upstream=upstream))
+    process = subprocess.Popen([binary, "-c", str(conf), "-p", str(workdir)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", process)
+        yield port
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+NGINX_CONF = """worker_processes 1; daemon off; pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log;
+events {{ worker_connections 1024; }}
+http {{
+  access_log off;
+  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 64; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://engine; proxy_http_version 1.1; proxy_set_header Connection "";
+      proxy_buffering off; proxy_request_buffering off;
+    }}
+  }}
+}}
+"""
+
+
+def reference_hop(probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -> str:
+    """The prober's added TTFT through nginx instead of the router, with no load: what any
+    extra loopback hop through a proxy costs on this machine (the floor of the rows)."""
+    with nginx_in_front(probe.port, workdir) as port:
+        if port is None:
+            return "reference: nginx is not installed (apt install nginx-light), row skipped"
+        plan = ProbePlan(port, probe.port, "", time.monotonic() + 1.0, args.ttft_duration,
+                         args.probe_rate, args.prompt_tokens, args.shared_prefix_tokens)
+        routed, direct, _, failures = probe_transits(run_async(probe_loop(plan)), probe)
+    return (f"reference: the same probes through nginx (C, one worker) instead of a router, "
+            f"no load: n {len(routed)}/{len(direct)}, added p50 "
+            f"{pct(routed, 50) - pct(direct, 50):.2f} {added_interval(routed, direct, 50)}, "
+            f"p99 {pct(routed, 99) - pct(direct, 99):.2f} {added_interval(routed, direct, 99)}"
+            + (f" ({failures} failed)" if failures else ""))
+
+
 def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
               args: argparse.Namespace) -> ProbeResult:
     """``concurrency`` load streams through the ``policy`` router's load arm while a
@@ -896,24 +969,16 @@ def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
     results = receiver.recv()
     process.join()
     after = router_histograms(port)
-    paths: dict[str, Run] = {"routed": Run(True), "direct": Run(True)}
-    failures = 0
-    for path, outcome in results:
-        if outcome is None:
-            failures += 1
-        else:
-            paths[path].outcomes.append(outcome)
-    engine_ttft = probe.log.engine_ttft(paths["routed"]) | probe.log.engine_ttft(paths["direct"])
     return ProbeResult(
-        load, transit(paths["routed"], engine_ttft), transit(paths["direct"], engine_ttft),
-        list(engine_ttft.values()), failures,
+        load, *probe_transits(results, probe),
         cpu=(cpu_seconds(proc.pid) - cpu0) / load.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / load.wall,
         side=[bucket_quantile(before, after, name, q)
               for name in ("overhead", "loop_lag") for q in (0.5, 0.99)])
 
 
-def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace) -> None:
+def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace,
+               workdir: Path) -> None:
     """Added TTFT as a prober sees it while the router carries 1, 50 or 200 streams.
 
     The TTFT rows' direct baseline goes to the loaded engines, whose event loop (4
@@ -944,6 +1009,8 @@ def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace) -> 
             with paused(r for p, r in setup.routers.items() if p != policy):
                 result = probe_arm(setup, probe, policy, concurrency, args)
             print(probe_line(concurrency, policy, result), flush=True)
+    with paused(setup.routers.values()):
+        print(reference_hop(probe, args, workdir), flush=True)
 
 
 def probe_line(concurrency: int, policy: str, result: ProbeResult) -> str:

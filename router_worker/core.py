@@ -5,7 +5,8 @@
 aggregates. The ASGI layer (:mod:`router_worker.proxy`) calls, per request::
 
     plan = core.plan(runtime, endpoint, body, headers)   # tokens → hashes → arm → decision
-    core.begin_attempt(plan, instance, cached_tokens)    # indicator: dispatch
+    core.begin_attempt(plan, instance)                    # the attempt's instance
+    core.account_dispatch(plan)                           # indicator: dispatch (once sent)
     core.first_token(plan)                                # indicator: pending → batch
     core.end_attempt(plan, ok=..., ...)                   # indicator: finish / error
 """
@@ -65,6 +66,7 @@ class Plan:
     answered_5xx: list[str] = field(default_factory=list)
     first_token_at: float | None = None
     dispatched: bool = False
+    timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
 
 
 @dataclass
@@ -134,7 +136,6 @@ class RouterCore:
     # ----- per request -------------------------------------------------------------------
     def plan(self, runtime: Runtime, endpoint: str, body: dict[str, Any],
              headers: dict[str, str], started: float) -> Plan:
-        metrics = self.metrics
         t0 = time.perf_counter()
         try:
             if endpoint == "chat":
@@ -158,28 +159,44 @@ class RouterCore:
         except NoEligibleInstanceError as error:
             raise APIError(503, f"No healthy instance available: {error}") from None
         t3 = time.perf_counter()
-        metrics.child(metrics.tokenize_seconds, tier).observe(t1 - t0)
-        metrics.hashing_seconds.observe(t2 - t1)
-        metrics.child(metrics.decision_seconds, arm.policy_kind).observe(t3 - t2)
-        metrics.child(metrics.tier, tier).inc()
         if decision.events:
             self._hotspot_events(decision.events)
         return Plan(request_id, runtime, arm, features, decision, tier, started,
-                    instance=decision.instance_id, reason=decision.reason)
+                    instance=decision.instance_id, reason=decision.reason,
+                    timings=(t1 - t0, t2 - t1, t3 - t2))
 
     def begin_attempt(self, plan: Plan, instance: str) -> None:
-        state = self.state
-        assert state is not None
-        cached = None if plan.attempts else plan.decision.cached_tokens
-        state.on_dispatch(plan.features, instance, time.time(), cached_tokens=cached)
+        """An attempt on ``instance`` starts (its indicators follow in account_dispatch)."""
         plan.instance = instance
         plan.attempts += 1
+
+    def account_dispatch(self, plan: Plan) -> None:
+        """Indicators of the attempt just sent, and the plan's hot-path metrics.
+
+        Called once the request is on its way upstream, before any other request is
+        decided (the transport's ``on_sent``): the accounting no longer delays the
+        request's arrival at the engine, and no decision misses it."""
+        state = self.state
+        assert state is not None
+        first = plan.attempts == 1
+        cached = plan.decision.cached_tokens if first else None
+        state.on_dispatch(plan.features, plan.instance, time.time(), cached_tokens=cached)
         plan.dispatched = True
-        slot = state.slot_of(instance)
+        if first:
+            self._observe_plan(plan)
+        slot = state.slot_of(plan.instance)
         peak = self._peaks.setdefault(slot, [0.0, 0.0])
         peak[0] = max(peak[0], float(state.pending[slot]))
         # The batch (as policies see it) grows at dispatch: in-flight is its upper bound.
         peak[1] = max(peak[1], float(state.in_flight[slot]))
+
+    def _observe_plan(self, plan: Plan) -> None:
+        metrics = self.metrics
+        tokenize, hashing, decide = plan.timings
+        metrics.child(metrics.tokenize_seconds, plan.tier).observe(tokenize)
+        metrics.hashing_seconds.observe(hashing)
+        metrics.child(metrics.decision_seconds, plan.arm.policy_kind).observe(decide)
+        metrics.child(metrics.tier, plan.tier).inc()
 
     def first_token(self, plan: Plan) -> None:
         now = time.time()

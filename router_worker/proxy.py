@@ -21,6 +21,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import httpx
@@ -194,32 +195,29 @@ class Proxy:
             return
         task = asyncio.current_task()
         assert task is not None
-        done = [False]
-        gone = [False]
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, task, done, gone))
+        watch = DisconnectWatch(receive, task)
         self.core.metrics.in_flight_count += 1
         plan: Plan | None = None
         try:
             plan = self.core.plan(runtime, endpoint, body, headers, started)
-            await self._dispatch(plan, scope["path"], raw, stream, headers, send, done)
+            await self._dispatch(plan, scope["path"], raw, stream, headers, send, watch)
         except APIError as error:
             await send_error(send, error)
         except asyncio.CancelledError:
-            if not gone[0]:
+            if not watch.gone:
                 raise
             task.uncancel()
             if plan is not None:  # 499: nginx's code for "client closed the request"
                 self.core.finish_request(plan, status=499, ok=False, output_tokens=0,
                                          last_token_at=None, cached_tokens=None)
         finally:
-            done[0] = True
-            watcher.cancel()
+            watch.stop()
             self.core.metrics.in_flight_count -= 1
             self.limiter.release()
 
     # ----- dispatch with retries --------------------------------------------------------
     async def _dispatch(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                        headers: dict[str, str], send: Send, done: list[bool]) -> None:
+                        headers: dict[str, str], send: Send, watch: DisconnectWatch) -> None:
         core = self.core
         settings = plan.runtime.config.router
         up_headers = _upstream_headers(headers)
@@ -234,7 +232,7 @@ class Proxy:
             ok = False
             try:
                 failure = await self._attempt(plan, path, raw, stream, up_headers, send, debug,
-                                              done)
+                                              watch)
                 ok = failure is None
             finally:
                 core.end_attempt(plan, ok=ok)
@@ -296,13 +294,14 @@ class Proxy:
 
     async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
                        up_headers: list[tuple[bytes, bytes]], send: Send, debug: bool,
-                       done: list[bool]) -> UpstreamFailure | None:
+                       watch: DisconnectWatch) -> UpstreamFailure | None:
         target = _upstream_target(plan.runtime, plan.instance, path)
         plan.sent_at = time.perf_counter()
         try:
             # Straight to the shared transport, without httpx.Request/Response objects:
             # the client's layers and httpx's models cost more CPU than the exchange.
-            response = await self.transport.post(target, up_headers, raw)
+            response = await self.transport.post(target, up_headers, raw,
+                                                 partial(self._sent, plan, watch))
         except httpx.ConnectError as error:
             return UpstreamFailure("connect", str(error) or "connection refused", fatal=True)
         except httpx.TimeoutException as error:
@@ -314,13 +313,19 @@ class Proxy:
                 detail = await _safe_read(response)
                 return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {detail}")
             if stream and response.status_code == 200:
-                return await self._relay_stream(plan, response, send, debug, done)
-            return await self._relay_whole(plan, response, send, debug, done)
+                return await self._relay_stream(plan, response, send, debug, watch)
+            return await self._relay_whole(plan, response, send, debug, watch)
         finally:
             await response.aclose()
 
+    def _sent(self, plan: Plan, watch: DisconnectWatch) -> None:
+        """The attempt is on its way upstream: its accounting, and from now on a client
+        disconnect cancels it (until then nothing waited that it could interrupt)."""
+        self.core.account_dispatch(plan)
+        watch.start()
+
     async def _relay_whole(self, plan: Plan, response: Upstream, send: Send,
-                           debug: bool, done: list[bool]) -> UpstreamFailure | None:
+                           debug: bool, watch: DisconnectWatch) -> UpstreamFailure | None:
         try:
             data = await response.read()
         except httpx.TimeoutException:
@@ -336,7 +341,7 @@ class Proxy:
         headers = [(b"content-type", response.header(b"content-type", b"application/json")),
                    (b"content-length", str(len(data)).encode()),
                    *self._route_headers(plan, debug)]
-        done[0] = True
+        watch.done = True
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": headers})
         await send({"type": "http.response.body", "body": data})
@@ -347,7 +352,7 @@ class Proxy:
         return None
 
     async def _relay_stream(self, plan: Plan, response: Upstream, send: Send,
-                            debug: bool, done: list[bool]) -> UpstreamFailure | None:
+                            debug: bool, watch: DisconnectWatch) -> UpstreamFailure | None:
         try:
             first = await response.next_chunk()
             if first is None:
@@ -385,13 +390,13 @@ class Proxy:
         except (httpx.TransportError, httpx.TimeoutException) as error:
             status, ok = 502, False
             self._mid_stream_failure(plan, error)
-            done[0] = True
+            watch.done = True
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event(502, f"The engine {plan.instance} failed "
                                                      f"mid-stream: {type(error).__name__}")})
             core.end_attempt(plan, ok=False)
         else:
-            done[0] = True
+            watch.done = True
             if not last:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         core.finish_request(plan, status=status, ok=ok, output_tokens=meter.output_tokens,
@@ -400,9 +405,10 @@ class Proxy:
 
     async def _forward(self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send,
                        more: bool) -> None:
-        if meter.feed(chunk) and plan.first_token_at is None:
-            self.core.first_token(plan)
+        first = meter.feed(chunk) and plan.first_token_at is None
         await send({"type": "http.response.body", "body": chunk, "more_body": more})
+        if first:  # accounted once the token is on its way to the client
+            self.core.first_token(plan)
 
     def _mid_stream_failure(self, plan: Plan, error: Exception) -> None:
         core = self.core
@@ -426,16 +432,36 @@ class Proxy:
         return headers
 
 
-async def _watch_disconnect(receive: Receive, task: asyncio.Task[Any], done: list[bool],
-                            gone: list[bool]) -> None:
-    """Cancel the request's task the moment the client goes away (unless it finished)."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            if not done[0]:
-                gone[0] = True
-                task.cancel()
-            return
+class DisconnectWatch:
+    """Cancels a request's task the moment its client goes away, unless ``done`` (the
+    answer is complete); ``gone`` tells the task why it was cancelled."""
+
+    __slots__ = ("_receive", "_task", "_watcher", "done", "gone")
+
+    def __init__(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+        self._receive = receive
+        self._task = task
+        self._watcher: asyncio.Future[None] | None = None
+        self.done = False
+        self.gone = False
+
+    def start(self) -> None:
+        if self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
+
+    def stop(self) -> None:
+        self.done = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                if not self.done:
+                    self.gone = True
+                    self._task.cancel()
+                return
 
 
 def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -344,10 +344,13 @@ class FastTransport(httpx.AsyncBaseTransport):
                               stream=_Body(response), extensions={"http_version": b"HTTP/1.1"})
 
     async def post(self, target: Target, headers: Sequence[tuple[bytes, bytes]],
-                   body: bytes) -> Upstream:
+                   body: bytes, on_sent: Callable[[], None] | None = None) -> Upstream:
         """POST ``body`` to ``target`` with its fixed headers plus ``headers``; returns once
-        the response head is in (httpx exceptions on failure, as ``open``)."""
+        the response head is in (httpx exceptions on failure, as ``open``). ``on_sent``:
+        see ``open``."""
         if target.url.scheme != "http":
+            if on_sent is not None:
+                on_sent()
             request = httpx.Request(
                 "POST", target.url, content=body,
                 headers=[*target.fixed_headers, *headers],
@@ -358,47 +361,62 @@ class FastTransport(httpx.AsyncBaseTransport):
         head = b"".join([target.head, *[name + b": " + value + b"\r\n" for name, value in headers],
                          b"Content-Length: %d\r\n\r\n" % len(body)])
         return await self.open(target.key, head, body, target.connect_timeout,
-                               target.read_timeout)
+                               target.read_timeout, on_sent)
 
     async def open(self, key: tuple[str, int], head: bytes, body: bytes,
-                   connect_timeout: float | None,
-                   read_timeout: float | None) -> UpstreamResponse:
+                   connect_timeout: float | None, read_timeout: float | None,
+                   on_sent: Callable[[], None] | None = None) -> UpstreamResponse:
         """Send ``head`` + ``body`` (a complete HTTP/1.1 request, Content-Length included)
         to ``key`` = (host, port) on a pooled connection; return once the response head is
         in. Raises httpx's ``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``,
-        ``RemoteProtocolError``."""
-        conn, reused = await self._acquire(key, connect_timeout)
+        ``RemoteProtocolError``.
+
+        ``on_sent`` is called once, with no await before it: right after the request is
+        written to an idle pooled connection, or before waiting for a new connection. A
+        caller's bookkeeping there is off the request's way to the engine yet done before
+        any other task runs."""
+        notify = on_sent or _nothing
+        conn = self._idle(key)
+        reused = conn is not None
+        if conn is None:
+            notify()
+            notify = _nothing
+            conn = await self._connect(key, connect_timeout)
         try:
-            await self._send(conn, head, body, read_timeout)
+            await self._send(conn, head, body, read_timeout, notify)
         except httpx.RemoteProtocolError:
             if not (reused and conn.received == 0):
                 raise
             # The server closed an idle keep-alive connection as we reused it: the request
             # never reached it, so one retry on a fresh connection is safe.
-            conn, _ = await self._acquire(key, connect_timeout, fresh=True)
-            await self._send(conn, head, body, read_timeout)
+            conn = await self._connect(key, connect_timeout)
+            await self._send(conn, head, body, read_timeout, _nothing)
         return UpstreamResponse(self, key, conn, read_timeout)
 
     async def _send(self, conn: _Connection, head: bytes, body: bytes,
-                    read_timeout: float | None) -> None:
+                    read_timeout: float | None, on_sent: Callable[[], None]) -> None:
         conn.start_request()
         assert conn.transport is not None
         conn.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             conn.transport.write(body)
+        on_sent()
         try:
             await conn.wait_head(read_timeout)
         except BaseException:
             conn.close()
             raise
 
-    async def _acquire(self, key: tuple[str, int], connect_timeout: float | None,
-                       fresh: bool = False) -> tuple[_Connection, bool]:
+    def _idle(self, key: tuple[str, int]) -> _Connection | None:
         stack = self.idle.get(key)
-        while stack and not fresh:
+        while stack:
             conn = stack.pop()
             if not conn.closed:
-                return conn, True
+                return conn
+        return None
+
+    async def _connect(self, key: tuple[str, int],
+                       connect_timeout: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
@@ -407,7 +425,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {key[0]}:{key[1]} timed out") from None
         except OSError as error:
             raise httpx.ConnectError(str(error) or "connection failed") from None
-        return conn, False
+        return conn
 
     def release(self, key: tuple[str, int], conn: _Connection) -> None:
         stack = self.idle.setdefault(key, [])
@@ -422,6 +440,10 @@ class FastTransport(httpx.AsyncBaseTransport):
                 conn.close()
         self.idle.clear()
         await self.fallback.aclose()
+
+
+def _nothing() -> None:
+    return None
 
 
 def _request_head(request: httpx.Request, body_length: int) -> bytes:

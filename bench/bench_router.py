@@ -116,6 +116,18 @@ def runnable_wait_seconds(pid: int) -> float:
     return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(steal, total) ticks of all CPUs since boot (``/proc/stat``): steal is the time the
+    hypervisor ran someone else while this VM had work, which slows every process here."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return fields[7], sum(fields)
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
+    total = after[1] - before[1]
+    return (after[0] - before[0]) / total if total else 0.0
+
+
 def set_cpus(pid: int, cpus: set[int]) -> None:
     """Restrict every thread of ``pid`` to ``cpus``."""
     for task in os.listdir(f"/proc/{pid}/task"):
@@ -706,6 +718,7 @@ class ArmResult:
     cpu: float
     cpu_wait: float
     side: list[float]  # overhead p50, p99, loop lag p50, p99 (s, bucket upper bounds)
+    steal: float  # share of the machine's CPU time the hypervisor took during the row
 
     def transit(self, run: Run) -> list[float]:
         return transit(run, self.engine_ttft)
@@ -728,6 +741,7 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int,
 
     cpu0, wait0, before = (cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid),
                            router_histograms(port))
+    ticks = cpu_ticks()
     routed, direct = run_async(both())
     after = router_histograms(port)
     engine = setup.engine_log.engine_ttft(routed) | setup.engine_log.engine_ttft(direct)
@@ -736,7 +750,8 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int,
         cpu=(cpu_seconds(proc.pid) - cpu0) / routed.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / routed.wall,
         side=[bucket_quantile(before, after, name, q)
-              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)])
+              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)],
+        steal=steal_share(ticks, cpu_ticks()))
 
 
 def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
@@ -758,13 +773,14 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
           "added = routed transit − direct transit, with its 95% bootstrap interval; own = "
           "the router's histogram of its time in the first chunk, lag = how late its event "
           "loop runs a due timer (bucket upper bounds); CPU = router process CPU, wait = its "
-          "runnable-without-CPU share")
+          "runnable-without-CPU share, steal = the share of the machine's CPU time the "
+          "hypervisor took (rows with a few % of it are slowed by other tenants)")
     header = (f"{'streams':>7} {'router':>11} {'n':>5} {'direct n':>8} {'TTFT p50':>9} "
               f"{'p99':>7} {'direct p50':>10} {'p99':>7} {'engine p50':>10} {'p99':>7} "
               f"{'transit p50':>11} {'p99':>6} {'direct p50':>10} {'p99':>6} "
               f"{'added p50':>9} {'95% interval':>15} {'p99':>6} {'95% interval':>15} "
               f"{'own p50':>7} {'p99':>5} "
-              f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4}")
+              f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}")
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency or (1, 50, 200):
@@ -876,6 +892,7 @@ class ProbeResult:
     cpu: float
     cpu_wait: float
     side: list[float]
+    steal: float
 
 
 def probe_transits(results: list[tuple[str, Outcome | None]], probe: ProbeEngine
@@ -940,12 +957,14 @@ def reference_hop(probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -
             return "reference: nginx is not installed (apt install nginx-light), row skipped"
         plan = ProbePlan(port, probe.port, "", time.monotonic() + 1.0, args.ttft_duration,
                          args.probe_rate, args.prompt_tokens, args.shared_prefix_tokens)
+        ticks = cpu_ticks()
         routed, direct, _, failures = probe_transits(run_async(probe_loop(plan)), probe)
+        steal = steal_share(ticks, cpu_ticks())
     return (f"reference: the same probes through nginx (C, one worker) instead of a router, "
             f"no load: n {len(routed)}/{len(direct)}, added p50 "
             f"{pct(routed, 50) - pct(direct, 50):.2f} {added_interval(routed, direct, 50)}, "
-            f"p99 {pct(routed, 99) - pct(direct, 99):.2f} {added_interval(routed, direct, 99)}"
-            + (f" ({failures} failed)" if failures else ""))
+            f"p99 {pct(routed, 99) - pct(direct, 99):.2f} {added_interval(routed, direct, 99)}, "
+            f"steal {steal:.1%}" + (f" ({failures} failed)" if failures else ""))
 
 
 def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
@@ -963,6 +982,7 @@ def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
     process.start()
     cpu0, wait0, before = (cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid),
                            router_histograms(port))
+    ticks = cpu_ticks()
     load = run_async(run_loop([port], concurrency, args.ttft_duration, True, args.max_tokens,
                               args.prompt_tokens, args.ttft_warmup, args.shared_prefix_tokens,
                               load_sessions))
@@ -974,7 +994,8 @@ def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
         cpu=(cpu_seconds(proc.pid) - cpu0) / load.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / load.wall,
         side=[bucket_quantile(before, after, name, q)
-              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)])
+              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)],
+        steal=steal_share(ticks, cpu_ticks()))
 
 
 def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace,
@@ -996,12 +1017,12 @@ def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace,
           f"(time scale {PROBE_TIME_SCALE:g}), while the router's load arm carries the streams "
           f"of the TTFT rows ({args.ttft_warmup:g}s ramp, then {args.ttft_duration:g}s "
           "measured; ms; added = routed − direct probe transit with its 95% bootstrap "
-          "interval; own, lag, CPU, wait as above)")
+          "interval; own, lag, CPU, wait, steal as above)")
     header = (f"{'streams':>7} {'router':>11} {'load req/s':>10} {'chunks/s':>8} "
               f"{'probes':>9} {'engine p50':>10} {'routed p50':>10} {'p99':>6} "
               f"{'direct p50':>10} {'p99':>6} {'added p50':>9} {'95% interval':>15} "
               f"{'p99':>6} {'95% interval':>15} {'own p50':>7} {'p99':>5} {'lag p50':>7} "
-              f"{'p99':>5} {'CPU':>4} {'wait':>4}")
+              f"{'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}")
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency or (1, 50, 200):
@@ -1025,7 +1046,8 @@ def probe_line(concurrency: int, policy: str, result: ProbeResult) -> str:
             f"{added_interval(routed, direct, 50):>15} "
             f"{pct(routed, 99) - pct(direct, 99):>6.2f} {added_interval(routed, direct, 99):>15} "
             f"{own50:>7} {own99:>5} {lag50:>7} {lag99:>5} {result.cpu:>4.0%} "
-            f"{result.cpu_wait:>4.0%}" + (f"  ({failures} failed)" if failures else ""))
+            f"{result.cpu_wait:>4.0%} {result.steal:>5.1%}"
+            + (f"  ({failures} failed)" if failures else ""))
 
 
 def added_interval(moved: list[float], base: list[float], q: float) -> str:
@@ -1059,7 +1081,7 @@ def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
             f"{pct(base, 99):>6.2f} {pct(moved, 50) - pct(base, 50):>9.2f} "
             f"{added_interval(moved, base, 50):>15} {pct(moved, 99) - pct(base, 99):>6.2f} "
             f"{added_interval(moved, base, 99):>15} {own50:>7} {own99:>5} {lag50:>7} "
-            f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%}"
+            f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%} {arm.steal:>5.1%}"
             + (f"  ({failures} failed)" if failures else ""))
 
 

@@ -73,7 +73,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -781,13 +781,21 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
               f"{'added p50':>9} {'95% interval':>15} {'p99':>6} {'95% interval':>15} "
               f"{'own p50':>7} {'p99':>5} "
               f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}")
+    each_row(setup, args, header,
+             lambda streams, policy: ttft_line(streams, policy,
+                                               ttft_arm(setup, policy, streams, args)))
+
+
+def each_row(setup: Cluster, args: argparse.Namespace, header: str,
+             row: Callable[[int, str], str]) -> None:
+    """Print ``header`` and a row per stream count and router, the other router paused."""
     print(header)
     print("-" * len(header))
     for concurrency in args.concurrency or (1, 50, 200):
         for policy in ("round_robin", "lmetric"):
             with paused(r for p, r in setup.routers.items() if p != policy):
-                arm = ttft_arm(setup, policy, concurrency, args)
-            print(ttft_line(concurrency, policy, arm), flush=True)
+                line = row(concurrency, policy)
+            print(line, flush=True)
 
 
 PROBE_TIME_SCALE = 0.1  # the probe engine's TTFT is subtracted: it only has to stay idle
@@ -1023,13 +1031,9 @@ def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace,
               f"{'direct p50':>10} {'p99':>6} {'added p50':>9} {'95% interval':>15} "
               f"{'p99':>6} {'95% interval':>15} {'own p50':>7} {'p99':>5} {'lag p50':>7} "
               f"{'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}")
-    print(header)
-    print("-" * len(header))
-    for concurrency in args.concurrency or (1, 50, 200):
-        for policy in ("round_robin", "lmetric"):
-            with paused(r for p, r in setup.routers.items() if p != policy):
-                result = probe_arm(setup, probe, policy, concurrency, args)
-            print(probe_line(concurrency, policy, result), flush=True)
+    each_row(setup, args, header,
+             lambda streams, policy: probe_line(streams, policy,
+                                                probe_arm(setup, probe, policy, streams, args)))
     with paused(setup.routers.values()):
         print(reference_hop(probe, args, workdir), flush=True)
 

@@ -15,4 +15,3 @@ setup:
 
 lint:
 	@.venv/bin/ruff check .
-	@.venv/bin/ruff format --check .

@@ -17,6 +17,9 @@ from router_worker.routing import ClusterState, make_policy
 
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
+# The paper's exact score, P-token × BS: these tests pin what BS counts.
+PAPER = {"batch_offset": 0.0}
+
 PREFIX = tokens(0, 768)
 
 
@@ -57,7 +60,7 @@ def test_own_requests_in_the_scrape_are_not_counted_twice(running, waiting, chos
     # our 3 requests queued (BS 1) it does; once the engine runs 1+ of them
     # alongside the decoding one it does not. (When BS counted decoding requests
     # only, i0 had BS 1 in every case and always won.)
-    decision = make_policy("lmetric").decide(_turn(9, 1.2), view, 1.2)
+    decision = make_policy("lmetric", PAPER).decide(_turn(9, 1.2), view, 1.2)
     assert decision.score_table() == {"i0": 512 * running, "i1": 896 * 1}
     assert decision.instance_id == chosen
 
@@ -166,7 +169,7 @@ def test_two_routers_each_see_the_whole_cluster_and_the_router_avoids_the_busy_o
             state.on_scrape(name, 1.0, running=running, waiting=0)
         assert state.view().batch_size.tolist() == [6, 2]
     # Same uncached prompt everywhere: the product follows the combined batch sizes.
-    decision = make_policy("lmetric").decide(features(tokens(0, 64)), first.view(), 1.0)
+    decision = make_policy("lmetric", PAPER).decide(features(tokens(0, 64)), first.view(), 1.0)
     assert decision.instance_id == "i1"
 
 

@@ -6,13 +6,16 @@ from router_worker.routing import make_policy
 
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
+# The paper's exact score, P-token × BS: these tests pin what BS counts.
+PAPER = {"batch_offset": 0.0}
+
 
 def test_minimum_product_of_p_token_and_batch_size():
     state = cluster(2)
     add_pending(state, "i0", 1000)
     add_decoding(state, "i0", 2)  # P0 = 1000 + 100 (+2 one-token prompts done)
     add_decoding(state, "i1", 5)  # P1 = 100, BS1 = 5
-    decision = make_policy("lmetric").decide(features(tokens(0, 100)), state.view(), 0.0)
+    decision = make_policy("lmetric", PAPER).decide(features(tokens(0, 100)), state.view(), 0.0)
     assert decision.instance_id == "i1"
     # BS0 = 3: the 1000-token request is prefilling, so it is in i0's running batch
     # next to the 2 decoding ones (vLLM v1 schedules them in the same steps).
@@ -25,7 +28,7 @@ def test_cache_hit_lowers_p_token():
     warm(state, "i0", prompt)
     add_decoding(state, "i0", 4)
     add_decoding(state, "i1", 2)
-    decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
+    decision = make_policy("lmetric", PAPER).decide(features(prompt), state.view(), 0.0)
     assert decision.instance_id == "i0"  # 1 × 4 beats 1024 × 2
     assert decision.cached_tokens == 1023
 
@@ -36,14 +39,16 @@ def test_idle_instances_tie_on_zero_and_lower_p_token_wins():
     warm(state, "i2", prompt[:160])
     warm(state, "i3", prompt[:160])
     for seed in range(10):
-        decision = make_policy("lmetric", seed=seed).decide(features(prompt), state.view(), 0.0)
+        policy = make_policy("lmetric", PAPER, seed=seed)
+        decision = policy.decide(features(prompt), state.view(), 0.0)
         assert decision.score_table() == {"i0": 0, "i1": 0, "i2": 0, "i3": 0}
         assert decision.instance_id in ("i2", "i3")  # P-token 160 vs 320 (i0, i1)
     # i3 starts prefilling a 50-token request: it is no longer idle (BS 1, score
     # 1 × 210), so the idle instance with the same cache hit wins outright.
     add_pending(state, "i3", 50)
     for seed in range(10):
-        decision = make_policy("lmetric", seed=seed).decide(features(prompt), state.view(), 0.0)
+        policy = make_policy("lmetric", PAPER, seed=seed)
+        decision = policy.decide(features(prompt), state.view(), 0.0)
         assert decision.score_table() == {"i0": 0, "i1": 0, "i2": 0, "i3": 210}
         assert decision.instance_id == "i2"
 
@@ -57,7 +62,7 @@ def test_an_instance_prefilling_a_long_request_is_not_idle():
     add_decoding(state, "i1", 2)  # i1 decodes two short requests
     view = state.view()
     assert view.batch_size.tolist() == [1, 2]
-    decision = make_policy("lmetric").decide(features(prompt), view, 0.0)
+    decision = make_policy("lmetric", PAPER).decide(features(prompt), view, 0.0)
     # Before BS counted prefilling requests, i0 scored 0 × … = 0 and won.
     assert decision.score_table() == {"i0": (120_000 + 960) * 1, "i1": 1024 * 2}
     assert decision.instance_id == "i1"
@@ -74,7 +79,7 @@ def test_a_large_cache_hit_still_beats_a_busier_batch():
     warm(state, "i0", prompt)
     add_pending(state, "i0", 500)  # i0 is prefilling something else: BS 1
     add_decoding(state, "i1", 1)
-    decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
+    decision = make_policy("lmetric", PAPER).decide(features(prompt), state.view(), 0.0)
     assert decision.score_table() == {"i0": (500 + 1) * 1, "i1": 4096 * 1}
     assert decision.instance_id == "i0"
 
@@ -111,7 +116,51 @@ def test_choice_is_invariant_under_positive_scaling_of_either_indicator(
 ):
     p_tokens, batch = zip(*values, strict=True)
     request = features(tokens(0, 16))
-    base = make_policy("lmetric", seed=seed).decide(request, StubView(p_tokens, batch), 0.0)
+    base = make_policy("lmetric", PAPER, seed=seed).decide(request, StubView(p_tokens, batch), 0.0)
     scaled_view = StubView(np.array(p_tokens) * p_scale, np.array(batch) * bs_scale)
-    scaled = make_policy("lmetric", seed=seed).decide(request, scaled_view, 0.0)
+    scaled = make_policy("lmetric", PAPER, seed=seed).decide(request, scaled_view, 0.0)
     assert scaled.instance_id == base.instance_id
+
+
+def test_the_default_counts_the_batch_from_an_offset_so_an_idle_instance_is_not_free():
+    """The paper's form scores an idle instance 0 whatever its cache; the default does not."""
+    state = cluster(2)
+    prompt = tokens(0, 4096)
+    warm(state, "i0", prompt)
+    add_decoding(state, "i0", 3)  # the holder runs 3 requests, i1 is idle
+    request = features(prompt)
+    paper = make_policy("lmetric", PAPER).decide(request, state.view(), 0.0)
+    assert paper.score_table() == {"i0": 1 * 3, "i1": 0}
+    assert paper.instance_id == "i1"  # the cache is thrown away
+    default = make_policy("lmetric").decide(request, state.view(), 0.0)
+    assert default.score_table() == {"i0": 1 * (3 + 32), "i1": 4096 * (0 + 32)}
+    assert default.instance_id == "i0"
+    plus_one = make_policy("lmetric", {"batch_offset": 1}).decide(request, state.view(), 0.0)
+    assert plus_one.score_table() == {"i0": 1 * 4, "i1": 4096 * 1}
+
+
+def test_a_large_batch_still_outweighs_a_cache_hit_under_the_default():
+    state = cluster(2)
+    prompt = tokens(0, 1024)
+    warm(state, "i0", prompt[:512])
+    add_decoding(state, "i0", 100)
+    decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
+    # i0: 512 uncached × (100 + 32); i1: 1024 × (0 + 32). Decoding adds no pending prefill.
+    assert decision.score_table() == {"i0": 512 * 132, "i1": 1024 * 32}
+    assert decision.instance_id == "i1"
+
+
+def test_the_papers_ablations_compute_what_they_say():
+    state = cluster(2)
+    prompt = tokens(0, 1000)
+    warm(state, "i0", prompt[:800])
+    add_pending(state, "i1", 300)
+    add_decoding(state, "i0", 2)  # BS 2 on i0; i1 runs its 300-token prefill, BS 1
+    view = state.view()
+    miss = make_policy("lmetric", {"prefill_term": "miss_ratio", "batch_offset": 0})
+    scores = miss.decide(features(prompt), view, 0.0).score_table()
+    assert scores == {"i0": (200 / 1000) * 2, "i1": 1.0 * 1}  # ignores i1's queue
+    total = make_policy("lmetric", {"load_term": "total_tokens", "batch_offset": 1})
+    context = view.decode_context_tokens
+    scores = total.decide(features(prompt), view, 0.0).score_table()
+    assert scores == {"i0": 200 * (context[0] + 0 + 1000), "i1": 1300 * (300 + 1000)}

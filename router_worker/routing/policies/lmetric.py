@@ -1,24 +1,44 @@
 """``lmetric``: minimum of ``P-token_i(r) × BS_i``, plus the hotspot detector.
 
-Score = P-token × BS (DESIGN.md §3). BS is the view's ``batch_size``: the
-requests in the engine's running batch, prefilling or decoding (vLLM v1 runs a
-request's chunked prefill in the same batch as the decodes), not only those
-past their first token — so an instance busy with a long prefill is not "idle"
-with score 0 (see :mod:`router_worker.routing.indicators`). Ties: lower
-P-token, then lower BS, then seeded random — so among idle instances (BS = 0,
-score 0: nothing running; requests the engine reports queued do not count) the
-one with the best cache hit and shortest prefill queue wins instead of a blind
-tie.
+Score = prefill term × load term (DESIGN.md §3, seed 000 §5):
 
-Hotspot fallback (see :mod:`router_worker.routing.hotspot`): while a class is
-confirmed hot, its requests are routed over the healthy instances *outside* M
-by the cache-blind product ``(pending prefill + prompt tokens) × BS`` (same
-tie-breaks), reason ``hotspot_fallback``. Otherwise reason ``score``. Every
-detector transition rides on the decision as a ``HotspotEvent``.
+* prefill term ``p_token`` (default, the paper's): pending prefill tokens on i + r's
+  prompt tokens not cached on i. ``miss_ratio`` (the paper's ablation): 1 − r's local
+  hit ratio on i, which ignores the queue and the prompt's size.
+* load term ``batch_size`` (default, the paper's): BS, the requests in i's running
+  batch, prefilling or decoding (vLLM v1 runs chunked prefills in the same batch as the
+  decodes; see :mod:`router_worker.routing.indicators`). ``total_tokens`` (the paper's
+  ablation): the tokens of that batch, the decoding requests' contexts plus the pending
+  prefill (its offset is c × r's prompt tokens).
+* ``batch_offset`` c: the load term is ``BS + c``. The seed calls BS "the current
+  batch size" and leaves open whether the routed request counts; c = 0 is the paper's
+  exact form, c = 1 counts the routed request. With c = 0 an idle instance (BS = 0)
+  scores 0 whatever its cache, so at partial load any idle instance beats the one holding
+  r's prefix, and the product throws the cache away exactly when there is room to use
+  it. A larger c reads the load term as the step time of the batch r joins: a vLLM step
+  costs a fixed part (weights, scheduling) plus a part per running request (its KV
+  reads, its token), so step time ∝ c + BS with c = fixed cost ÷ per-request cost — on
+  an H20 serving a 7B model tens of requests' worth (3.8 ms of weights against ~0.1 ms
+  of KV per 8k-token context). BS then matters once it is large against that fixed
+  part, as it does for the engine, and the product still has no workload weight. The
+  default is the value that measured best across the evaluation matrix
+  (bench/replay_report/, where c = 0 and c = 1 are rows of their own).
+
+Ties: lower prefill term, then lower BS, then seeded random — so among equal products
+the one with the best cache hit and shortest prefill queue wins instead of a blind tie.
+
+Hotspot fallback (see :mod:`router_worker.routing.hotspot`): while a class is confirmed
+hot, its requests are routed over the healthy instances *outside* M by the cache-blind
+product ``(pending prefill + prompt tokens) × load term`` (same tie-breaks), reason
+``hotspot_fallback``. Otherwise reason ``score``. Every detector transition rides on the
+decision as a ``HotspotEvent``.
 """
 
 from __future__ import annotations
 
+from typing import Literal
+
+import numpy as np
 from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
@@ -28,6 +48,23 @@ from router_worker.routing.policies.base import Decision, Policy, PolicyParams
 
 
 class LMetricParams(PolicyParams):
+    batch_offset: float = Field(
+        32.0,
+        ge=0.0,
+        description="c in the load term BS + c: 0 = the paper's exact BS (an idle instance "
+        "scores 0 whatever its cache), 1 = count the routed request, larger = the engine's "
+        "fixed step cost in running requests' worth",
+    )
+    prefill_term: Literal["p_token", "miss_ratio"] = Field(
+        "p_token",
+        description="p_token: pending prefill + the request's uncached tokens (the paper's); "
+        "miss_ratio: 1 − local hit ratio (the paper's ablation)",
+    )
+    load_term: Literal["batch_size", "total_tokens"] = Field(
+        "batch_size",
+        description="batch_size: requests in the running batch (the paper's); "
+        "total_tokens: context tokens of the batch (the paper's ablation)",
+    )
     hotspot: HotspotParams = Field(
         default_factory=HotspotParams, description="hotspot detector settings"
     )
@@ -45,10 +82,10 @@ class LMetricPolicy(Policy):
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
-        p_tokens = view.p_tokens(request)
-        batch = view.batch_size
-        scores = p_tokens * batch
-        slot = self.pick_min((scores, p_tokens, batch), allowed)
+        prefill = self._prefill_term(request, view)
+        load = self._load_term(request, view)
+        scores = prefill * load
+        slot = self.pick_min((scores, prefill, view.batch_size), allowed)
         if not self.params.hotspot.enabled:
             return self.decision(view, request, slot, "score", scores, allowed)
         cached = view.cached_blocks(request)
@@ -59,8 +96,20 @@ class LMetricPolicy(Policy):
         if fallback and prefix_class is not None:
             allowed = allowed & ~prefix_class.members
             blind_p = view.pending_prefill + request.prompt_tokens
-            scores = blind_p * batch
-            slot = self.pick_min((scores, blind_p, batch), allowed)
+            scores = blind_p * load
+            slot = self.pick_min((scores, blind_p, view.batch_size), allowed)
             return self.decision(view, request, slot, "hotspot_fallback", scores, allowed,
                                  events=events, hot_class=f"{prefix_class.class_id:016x}")
         return self.decision(view, request, slot, "score", scores, allowed, events=events)
+
+    def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
+        if self.params.prefill_term == "miss_ratio":
+            return view.new_tokens(request) / max(request.prompt_tokens, 1)
+        return view.p_tokens(request)
+
+    def _load_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
+        offset = self.params.batch_offset
+        if self.params.load_term == "total_tokens":
+            batch_tokens = view.decode_context_tokens + view.pending_prefill
+            return batch_tokens + offset * request.prompt_tokens
+        return view.batch_size + offset

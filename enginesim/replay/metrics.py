@@ -40,6 +40,14 @@ def _tpots(done: Sequence[RequestResult]) -> np.ndarray:
                      for r in done if r.output_tokens > 1])
 
 
+def slo_met(done: Sequence[RequestResult], ttft_s: float, tpot_s: float) -> int:
+    """Completed requests whose TTFT and TPOT (if they have one) both meet the SLO."""
+    return sum(1 for r in done
+               if r.first_token_s - r.arrival_s <= ttft_s
+               and (r.output_tokens <= 1
+                    or (r.finish_s - r.first_token_s) / (r.output_tokens - 1) <= tpot_s))
+
+
 def _stat(values: np.ndarray, q: float | None = None) -> float | None:
     if len(values) == 0:
         return None

@@ -34,7 +34,7 @@ def ttft_cdf(results: Sequence[SimResult], path: Path, title: str = "",
     ax.set_title(title or "TTFT CDF")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def pending_over_time(result: SimResult, path: Path, title: str = "") -> Path:
@@ -47,10 +47,10 @@ def pending_over_time(result: SimResult, path: Path, title: str = "") -> Path:
     ax.set_ylabel("pending prefill tokens")
     ax.set_title(title or f"{result.policy}: pending prefill per instance")
     ax.grid(True, alpha=0.3)
-    return _save(fig, path)
+    return save(fig, path)
 
 
-def _save(fig: plt.Figure, path: Path) -> Path:
+def save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
@@ -77,4 +77,4 @@ def pending_grid(results: Sequence[SimResult], path: Path, title: str = "") -> P
         ax.set_visible(False)
     fig.suptitle(title or "pending prefill tokens per instance", fontsize=9)
     fig.supxlabel("virtual time (s)", fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)

@@ -127,6 +127,7 @@ class SimResult:
     hotspot_events: dict[str, int]
     decision_reasons: dict[str, int]
     wall_s: float = 0.0
+    hotspot_log: list[Any] = field(default_factory=list)  # every transition, in order
 
 
 @dataclass
@@ -174,6 +175,7 @@ class Simulator:
         self.samples: list[np.ndarray] = []
         self.sample_times: list[float] = []
         self.hotspot_events: dict[str, int] = {}
+        self.hotspot_log: list[Any] = []
         self.reasons: dict[str, int] = {}
         self.next_arrival = 0
 
@@ -275,6 +277,7 @@ class Simulator:
     def _count_decision(self, decision: Any) -> None:
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
         for event in decision.events:
+            self.hotspot_log.append(event)
             kind = getattr(event, "kind", "event")
             self.hotspot_events[kind] = self.hotspot_events.get(kind, 0) + 1
 
@@ -441,7 +444,8 @@ class Simulator:
                    else np.zeros((0, len(self.ids))))
         return SimResult(self.policy_kind, self.results, list(self.ids),
                          np.array(self.sample_times), samples, busy,
-                         dict(self.hotspot_events), dict(self.reasons))
+                         dict(self.hotspot_events), dict(self.reasons),
+                         hotspot_log=self.hotspot_log)
 
 
 def _to_router_event(event: Any) -> Any:

@@ -31,6 +31,10 @@ default) ``burst_rate`` requests per second for ``duration_s`` from ``at_s``, al
 starting with the same ``prefix_tokens`` prefix (e.g. a long document everyone asks
 about), each with a private suffix of ``suffix_tokens`` mean and ``output_tokens`` mean.
 The prefix ids are taken above the background's largest id, so they share nothing else.
+With ``ramp_s`` the burst's rate grows linearly from 0 over that many seconds, as a
+document that becomes popular does: the first requests put the prefix on one or two
+instances, where the product keeps sending the rest (the paper's hotspot); a step burst
+instead spreads the prefix while its first prefill is still in flight.
 """
 
 from __future__ import annotations
@@ -80,6 +84,7 @@ class HotspotParams:
     suffix_tokens: float = 400.0
     output_tokens: float = 200.0
     length_sigma: float = 0.6
+    ramp_s: float = 0.0  # the rate grows linearly from 0 to burst_rate over this long
     seed: int = 0
 
 
@@ -164,6 +169,8 @@ def hotspot_burst(background: Sequence[TraceRecord], params: HotspotParams) -> l
         now += rng.exponential(1.0 / params.burst_rate)
         if now >= params.at_s + params.duration_s:
             break
+        if params.ramp_s > 0 and rng.random() > (now - params.at_s) / params.ramp_s:
+            continue  # thinning: the rate ramps up linearly over ramp_s
         suffix = _lognormal(rng, params.suffix_tokens, params.length_sigma)
         length = prefix_blocks * MOONCAKE_BLOCK + suffix
         blocks = prefix + ids.take(-(-length // MOONCAKE_BLOCK) - prefix_blocks)

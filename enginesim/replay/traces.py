@@ -119,7 +119,11 @@ def read_mooncake(path: str | Path) -> list[TraceRecord]:
 
 
 def read_bailian(path: str | Path) -> list[TraceRecord]:
-    rows = [row for _, row in _json_lines(path)]
+    return read_bailian_rows([row for _, row in _json_lines(path)])
+
+
+def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
+    """Bailian rows (dicts, as in the JSONL) → records in row order, sessions resolved."""
     parent = {row["chat_id"]: row.get("parent_chat_id", -1) for row in rows}
     records = []
     for row in rows:

@@ -54,12 +54,15 @@ def test_global_tier_hits_are_cheaper_than_recompute():
         warm(state, "i0", HISTORY[:256])
         if tier is not None:
             tier.insert(features(HISTORY).block_hashes)
-        policy = make_policy("smetric", {"slo_ttft_s": 1.0, "tier_token_cost": 0.1})
+        policy = make_policy("smetric", {"slo_ttft_s": 1.0, "slo_ttft_per_1k_prompt_s": 0,
+                                         "tier_token_cost": 0.1})
         return policy.decide(follow_up(turn_index=1), state.view(), 0.0)
 
-    # recompute: (2112 − 256) tokens / 1000 tok/s = 1.86 s > SLO; with the tier
-    # 1792 tokens load at 0.1: (1856 − 1792·0.9) / 1000 = 0.24 s ≤ SLO
-    assert decide(with_tier=False).reason == "session_migrate"
+    # recompute: (2112 − 256) tokens / 1000 tok/s = 1.86 s > SLO, but i1 (2.11 s) is
+    # slower still, so it stays; with the tier 1792 tokens load at 0.1:
+    # (1856 − 1792·0.9) / 1000 = 0.24 s ≤ SLO
+    over = decide(with_tier=False)
+    assert (over.instance_id, over.reason) == ("i0", "session_stick_over_slo")
     stick = decide(with_tier=True)
     assert (stick.instance_id, stick.reason) == ("i0", "session_stick")
 
@@ -92,3 +95,37 @@ def test_follow_up_whose_cache_is_gone_goes_least_loaded():
     add_pending(state, "i0", 100)
     decision = make_policy("smetric").decide(follow_up(turn_index=2), state.view(), 0.0)
     assert (decision.instance_id, decision.reason) == ("i1", "followup_no_hit")
+
+
+def test_over_its_slo_a_follow_up_stays_unless_moving_is_clearly_faster():
+    """The collapse of the first version: every follow-up over its SLO moved, even to a
+    slower instance, and threw its cache away."""
+    state = cluster(3, tps=10_000)
+    warm(state, "i2", HISTORY)
+    add_pending(state, "i2", 24_000)  # stick: (24000 + 64) / 10k = 2.41 s > 2.32 s SLO
+    add_pending(state, "i0", 21_000)  # elsewhere no hit: (21000 + 2112) / 10k = 2.31 s
+    add_pending(state, "i1", 22_000)  #                    (22000 + 2112) / 10k = 2.41 s
+    decision = make_policy("smetric").decide(follow_up(turn_index=2), state.view(), 0.0)
+    # 2.31 s is not 20% below 2.41 s: moving would save little and lose the cache
+    assert (decision.instance_id, decision.reason) == ("i2", "session_stick_over_slo")
+    assert decision.details["slo_s"] == 2.0 + 0.15 * 2.112
+    eager = make_policy("smetric", {"migrate_margin": 0.0})
+    moved = eager.decide(follow_up(turn_index=2), state.view(), 0.0)
+    assert (moved.instance_id, moved.reason) == ("i0", "session_migrate")
+
+
+def test_migration_picks_the_fastest_instance_counting_its_own_hit():
+    state = cluster(3, tps=10_000)
+    warm(state, "i2", HISTORY)
+    add_pending(state, "i2", 40_000)  # the holder: 4.0 s
+    warm(state, "i1", HISTORY[:1024])  # half the history
+    add_pending(state, "i1", 500)  # (500 + 1088) / 10k = 0.16 s
+    # i0 is the least loaded (no queue) but has no hit: 2112 / 10k = 0.21 s
+    decision = make_policy("smetric").decide(follow_up(turn_index=1), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i1", "session_migrate")
+    assert decision.details["stick_candidate"] == "i2"
+
+
+def test_the_slo_grows_with_the_prompt():
+    policy = make_policy("smetric", {"slo_ttft_s": 1.0, "slo_ttft_per_1k_prompt_s": 0.5})
+    assert policy.slo_for(features(tokens(0, 4000))) == 1.0 + 0.5 * 4

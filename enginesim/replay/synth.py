@@ -8,7 +8,8 @@ public Mooncake traces have no session ids and the Bailian files are not obtaina
 here, yet SMetric and session stickiness need multi-turn agent traffic. Each session:
 
 * starts from one of ``system_prompts`` shared system prompts (an agent's instructions
-  plus tool schemas: ``system_tokens`` long, shared by every session using it);
+  plus tool schemas: ``system_tokens`` long, shared by every session using it), prompt k
+  chosen with Zipf popularity ∝ 1/k^``system_zipf`` (0: uniformly);
 * runs a geometric number of turns (mean ``mean_turns``, at most ``max_turns``);
 * turn 1 adds a user message; each later turn adds, with probability ``tool_turn_prob``,
   a tool output (long: ``tool_tokens`` mean) after a short tool-execution gap
@@ -61,6 +62,7 @@ class AgenticParams:
     sessions: int = 200
     session_rate: float = 0.5  # new sessions per second
     system_prompts: int = 4
+    system_zipf: float = 0.0  # popularity of system prompt k ∝ 1/k^s; 0 = uniform
     system_tokens: int = 4096
     mean_turns: float = 8.0
     max_turns: int = 40
@@ -112,11 +114,15 @@ def agentic_sessions(params: AgenticParams) -> list[dict]:
     ids = _IdSource()
     system_blocks = params.system_tokens // BAILIAN_BLOCK
     systems = [ids.take(system_blocks) for _ in range(params.system_prompts)]
+    popularity = 1.0 / np.arange(1, params.system_prompts + 1) ** params.system_zipf
+    popularity /= popularity.sum()
     rows: list[dict] = []
     start = 0.0
     for session in range(params.sessions):
         start += rng.exponential(1.0 / params.session_rate)
-        system = systems[int(rng.integers(params.system_prompts))]
+        choice = (rng.choice(params.system_prompts, p=popularity) if params.system_zipf
+                  else rng.integers(params.system_prompts))  # (the uniform draw of old)
+        system = systems[int(choice)]
         rows.extend(_session_rows(rng, ids, params, session, start, system))
     rows.sort(key=lambda row: (row["timestamp"], row["chat_id"]))
     return rows

@@ -85,7 +85,7 @@ def test_suspicion_is_dismissed_when_the_product_already_avoids_m():
     policy.decide(class_request(0, 0.0), view, 0.0)
     (suspected,) = policy.decide(class_request(1, 0.1), view, 0.1).events
     assert suspected.kind == "suspected"
-    add_decoding(state, "i0", 200)  # i0 now busy: 16 × (200 + 32) vs 80 × (0 + 32) elsewhere
+    add_decoding(state, "i0", 300)  # i0 now busy: 16 × (300 + 48) vs 80 × (0 + 48) elsewhere
     decision = policy.decide(class_request(2, 0.2), view, 0.2)
     assert decision.instance_id != "i0"
     (dismissed,) = decision.events

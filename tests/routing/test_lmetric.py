@@ -133,7 +133,7 @@ def test_the_default_counts_the_batch_from_an_offset_so_an_idle_instance_is_not_
     assert paper.score_table() == {"i0": 1 * 3, "i1": 0}
     assert paper.instance_id == "i1"  # the cache is thrown away
     default = make_policy("lmetric").decide(request, state.view(), 0.0)
-    assert default.score_table() == {"i0": 1 * (3 + 32), "i1": 4096 * (0 + 32)}
+    assert default.score_table() == {"i0": 1 * (3 + 48), "i1": 4096 * (0 + 48)}
     assert default.instance_id == "i0"
     plus_one = make_policy("lmetric", {"batch_offset": 1}).decide(request, state.view(), 0.0)
     assert plus_one.score_table() == {"i0": 1 * 4, "i1": 4096 * 1}
@@ -145,8 +145,8 @@ def test_a_large_batch_still_outweighs_a_cache_hit_under_the_default():
     warm(state, "i0", prompt[:512])
     add_decoding(state, "i0", 100)
     decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
-    # i0: 512 uncached × (100 + 32); i1: 1024 × (0 + 32). Decoding adds no pending prefill.
-    assert decision.score_table() == {"i0": 512 * 132, "i1": 1024 * 32}
+    # i0: 512 uncached × (100 + 48); i1: 1024 × (0 + 48). Decoding adds no pending prefill.
+    assert decision.score_table() == {"i0": 512 * 148, "i1": 1024 * 48}
     assert decision.instance_id == "i1"
 
 

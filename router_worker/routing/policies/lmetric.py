@@ -49,7 +49,7 @@ from router_worker.routing.policies.base import Decision, Policy, PolicyParams
 
 class LMetricParams(PolicyParams):
     batch_offset: float = Field(
-        32.0,
+        48.0,
         ge=0.0,
         description="c in the load term BS + c: 0 = the paper's exact BS (an idle instance "
         "scores 0 whatever its cache), 1 = count the routed request, larger = the engine's "

@@ -62,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--burst-prefix-tokens", type=int, default=defaults.prefix_tokens)
     add("--burst-suffix-tokens", type=float, default=defaults.suffix_tokens)
     add("--burst-output-tokens", type=float, default=defaults.output_tokens)
+    add("--burst-ramp", type=float, default=defaults.ramp_s,
+        help="seconds over which the burst's rate grows from 0 (0 = a step)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, help="write one JSON line per request here")
     add("--no-progress", action="store_true")
@@ -73,7 +75,8 @@ def _burst(args: argparse.Namespace) -> BurstSettings | None:
     params = HotspotParams(duration_s=args.burst_duration, burst_rate=args.burst_rate,
                            prefix_tokens=args.burst_prefix_tokens,
                            suffix_tokens=args.burst_suffix_tokens,
-                           output_tokens=args.burst_output_tokens, seed=args.seed)
+                           output_tokens=args.burst_output_tokens, ramp_s=args.burst_ramp,
+                           seed=args.seed)
     return BurstSettings(params, args.burst_at)
 
 

@@ -71,3 +71,26 @@ def test_hotspot_burst_overlays_one_long_prefix_on_a_real_background():
     assert np.all(np.diff([r.arrival_s for r in merged]) >= 0)
     in_window = [r for r in merged if 30.0 <= r.arrival_s < 90.0]
     assert len(hot) / len(in_window) > 0.7  # the hot prefix takes most of the traffic
+
+
+def test_a_ramped_burst_starts_thin_and_reaches_its_rate():
+    step = HotspotParams(at_s=0.0, duration_s=200.0, burst_rate=10.0, seed=5)
+    ramped = HotspotParams(at_s=0.0, duration_s=200.0, burst_rate=10.0, ramp_s=100.0, seed=5)
+
+    def arrivals(params, start, end):
+        burst = [r for r in hotspot_burst([], params) if r.kind == "hotspot"]
+        return sum(start <= r.arrival_s < end for r in burst)
+
+    # the first 20 s of a 100 s ramp carry ~10% of the full rate; past the ramp, all of it
+    assert arrivals(ramped, 0, 20) < 0.2 * arrivals(step, 0, 20)
+    assert abs(arrivals(ramped, 100, 200) - arrivals(step, 100, 200)) <= 0.1 * arrivals(
+        step, 100, 200)
+
+
+def test_agentic_system_prompts_follow_a_zipf_popularity():
+    params = AgenticParams(sessions=400, system_prompts=4, system_zipf=1.0, seed=2)
+    rows = agentic_sessions(params)
+    firsts = [row["hash_ids"][0] for row in rows if row["turn"] == 1]
+    counts = sorted((firsts.count(h) for h in set(firsts)), reverse=True)
+    # 1/k popularity over 4 prompts: 48%, 24%, 16%, 12%
+    assert counts[0] > 1.6 * counts[1] and counts[1] > 1.5 * counts[3]

@@ -1,123 +1,378 @@
-"""Replay benchmark: the eight routing policies on every shared trace with prefix
-information, at two loads, written to ``bench/replay_report/`` (markdown + PNGs).
+"""The evaluation matrix: workloads × loads × policies, replayed on enginesim.
 
-    .venv/bin/python bench/bench_replay.py [--out bench/replay_report] [--quick]
+    .venv/bin/python bench/bench_replay.py [--quick] [--jobs 2] [--out DIR]
+    .venv/bin/python bench/bench_replay.py --workload agentic --load 50 --policy lmetric
 
-Loads: the rate scale at which the calibration policy keeps the GPUs ~50% and ~80% busy
-over the arrival span (engine step time / (instances × time from first to last arrival):
-the offered load, which, unlike busy over the makespan, does not drop when one instance's
-backlog stretches the tail). Found by two proportional steps on a calibration window:
-the conversation trace's first third (its prefix reuse is steady), the whole synthetic
-trace (its reuse builds up: 5% of its first 300 requests' tokens repeat a prefix, 65%
-overall, so a head window under-predicts the load a cache-aware policy sees). Nothing in
-the engine model or the traces is tuned; every policy runs with its default parameters
-and the same seed. ``--quick`` runs the first 600 requests only (a smoke test).
+Every routing claim Switchyard makes is a number from this table (DESIGN.md, "Evaluation").
+Each cell is one workload at one offered load on one cluster; each policy (the eight of
+the registry, plus LMetric's ablations) replays the cell's requests through the very
+policy and indicator code the live router runs. Writes ``README.md`` (tables and the
+decisions drawn from them), ``matrix.json`` (every number), ``heatmap.png`` (policy ×
+cell, colour = mean TTFT ÷ the zero-queue, infinite-cache bound) and one TTFT CDF per
+cell under ``--out``.
+
+Loads: the rate scale at which the calibration policy (``cache_aware``) keeps the GPUs
+30/50/70/90% busy over the arrival span (engine step time ÷ (instances × first-to-last
+arrival): the offered load). Two runs per workload and model fit ``busy = a·scale^k``
+(one at scale 1, one at the scale that line predicts for 50%); each target's scale is
+read from the fit, and every row reports the busy fraction it really had.
+
+LMetric's ablations (its batch offset c, the paper's P-token and BS ablations, the
+detector off) run on every Qwen2-7B cell, and a table ranks every variant over the whole
+matrix: that table is where the default parameters come from.
+
+``--quick`` runs a reduced matrix (900 requests per workload, loads 50 and 70, no
+ablations) in a few minutes into ``bench/out/``; the full matrix takes about 20 minutes
+on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
+import math
 import sys
 import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from enginesim.replay import metrics, plots
-from enginesim.replay.cli import run_policy
-from enginesim.replay.simulator import SimConfig, SimResult
-from enginesim.replay.traces import TraceRecord, load_trace, read_trace, select
+from enginesim.replay.simulator import SimConfig, SimResult, Simulator
+from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, hotspot_burst
+from enginesim.replay.traces import TraceRecord, read_bailian_rows, read_trace, select
 from router_worker.routing import REGISTRY
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
-TRACES = ("mooncake_conversation_t0-2700s.jsonl", "mooncake_synthetic_trace.jsonl")
-CALIBRATION_WINDOW = {TRACES[0]: 1 / 3, TRACES[1]: 1.0}  # fraction of the trace's time
-# Qwen2-7B-Instruct serves 131072 tokens with YaRN; Mooncake prompts reach 125k.
-CONFIG = SimConfig(instances=16, gpu="h20", model="qwen2-7b", max_model_len=131072, seed=0)
-# The best mean TTFT in a 600-request pilot on both traces (cache_aware and smetric tied).
+CONVERSATION = TRACE_DIR / "mooncake_conversation_t0-2700s.jsonl"
+SYNTHETIC = TRACE_DIR / "mooncake_synthetic_trace.jsonl"
+AZURE_CODE = TRACE_DIR / "AzureLLMInferenceTrace_code.csv"
+AZURE_CONV = TRACE_DIR / "AzureLLMInferenceTrace_conv.csv"
 CALIBRATION_POLICY = "cache_aware"
-LOADS = (("~50% busy", 0.5), ("~80% busy", 0.8))
+MAIN_MODEL, HEADLINE_MODEL = "qwen2-7b", "qwen3-30b-a3b"
+# Qwen2-7B serves 131072 tokens with YaRN (Qwen3 likewise); Mooncake prompts reach 125k.
+BASE = SimConfig(instances=16, gpu="h20", model=MAIN_MODEL, max_model_len=131072, seed=1)
+
+
+# ----------------------------------------------------------------- workloads
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Requests at rate scale 1, the SLOs they are judged by, and how they were made."""
+
+    name: str
+    source: str
+    build: Callable[[int | None], list[TraceRecord]]
+    slo_ttft_s: float
+    slo_tpot_s: float
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+def _trace_window(path: Path, end_s: float | None) -> Callable[[int | None], list[TraceRecord]]:
+    def build(limit: int | None) -> list[TraceRecord]:
+        return select(read_trace(path), end_s=end_s, max_requests=limit)
+    return build
+
+
+AGENTIC = AgenticParams(sessions=640, session_rate=0.8, system_prompts=8, system_zipf=1.1,
+                        system_tokens=3072, mean_turns=7.0, max_turns=30, tool_turn_prob=0.6,
+                        user_tokens=300.0, tool_tokens=1200.0, reply_tokens=250.0,
+                        think_gap_s=15.0, tool_gap_s=2.0, seed=7)
+BURST = HotspotParams(at_s=240.0, duration_s=180.0, burst_rate=6.0, prefix_tokens=16_384,
+                      suffix_tokens=300.0, output_tokens=400.0, seed=7)
+BURST_BACKGROUND_S = 600.0
+
+
+def _agentic(limit: int | None) -> list[TraceRecord]:
+    return read_bailian_rows(agentic_sessions(AGENTIC))[:limit]
+
+
+def _burst(limit: int | None) -> list[TraceRecord]:
+    background = select(read_trace(CONVERSATION), end_s=BURST_BACKGROUND_S)
+    return hotspot_burst(background, BURST)[:limit]
+
+
+WORKLOADS = (
+    Workload("conversation", "Mooncake conversation trace, whole (45 min)",
+             _trace_window(CONVERSATION, None), 5.0, 0.1),
+    Workload("synthetic", "Mooncake synthetic trace, whole", _trace_window(SYNTHETIC, None),
+             5.0, 0.1),
+    Workload("azure_code", "Azure 2023 code trace, first 2400 s (no prefix information: "
+             "every prompt private)", _trace_window(AZURE_CODE, 2400.0), 2.0, 0.05),
+    Workload("azure_conv", "Azure 2023 conversation trace, first 1200 s (no prefix "
+             "information: every prompt private)", _trace_window(AZURE_CONV, 1200.0), 2.0, 0.05),
+    Workload("agentic", "enginesim agentic sessions (Bailian format, 16-token blocks)",
+             _agentic, 2.0, 0.05, asdict(AGENTIC)),
+    Workload("burst", f"Mooncake conversation, first {BURST_BACKGROUND_S:g} s, plus a "
+             "shared-long-prefix burst (enginesim hotspot generator)", _burst, 5.0, 0.1,
+             {**asdict(BURST), "background_s": BURST_BACKGROUND_S}),
+)
+WORKLOAD_BY_NAME = {w.name: w for w in WORKLOADS}
+
+# ----------------------------------------------------------------- policies
+
+# name → (registry kind, params). LMetric's ablations: its batch offset c (0 = the paper's
+# exact score), and the paper's two indicator ablations and the detector, at the default c.
+POLICIES: dict[str, tuple[str, dict[str, Any]]] = {kind: (kind, {}) for kind in REGISTRY}
+ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "lmetric[paper]": ("lmetric", {"batch_offset": 0.0}),
+    **{f"lmetric[c={c}]": ("lmetric", {"batch_offset": float(c)}) for c in (1, 16, 32, 64)},
+    "lmetric[miss_ratio]": ("lmetric", {"prefill_term": "miss_ratio"}),
+    "lmetric[total_tokens]": ("lmetric", {"load_term": "total_tokens"}),
+    "lmetric[no_hotspot]": ("lmetric", {"hotspot": {"enabled": False}}),
+}
+ALL_POLICIES = {**POLICIES, **ABLATIONS}
+
+
+@dataclass(frozen=True)
+class Cell:
+    workload: str
+    model: str
+    load: int  # target offered load, percent
+
+    @property
+    def key(self) -> str:
+        model = "" if self.model == MAIN_MODEL else f"@{self.model}"
+        return f"{self.workload}{model}/{self.load}"
+
+
+def config_for(model: str, policy: str | None = None) -> SimConfig:
+    params = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
+    return replace(BASE, model=model, policy_params=params)
+
+
+# ----------------------------------------------------------------- running
+
+
+def simulate(records: list[TraceRecord], policy: str, model: str) -> SimResult:
+    started = time.perf_counter()
+    result = Simulator(records, ALL_POLICIES[policy][0], config_for(model, policy)).run()
+    result.wall_s = time.perf_counter() - started
+    result.policy = policy
+    return result
+
+
+def offered_load(records: list[TraceRecord], model: str) -> float:
+    result = simulate(records, CALIBRATION_POLICY, model)
+    return result.busy_time / (BASE.instances * max(records[-1].arrival_s, 1e-9))
+
+
+def calibrate(records: list[TraceRecord], model: str) -> dict[str, float]:
+    """Fit ``busy = a·scale^k`` from two runs (see the module docstring)."""
+    first = offered_load(records, model)
+    second_scale = 0.5 / first
+    second = offered_load(select(records, rate_scale=second_scale), model)
+    k = math.log(second / first) / math.log(second_scale) if second_scale != 1 else 1.0
+    return {"busy_at_1": first, "scale_2": second_scale, "busy_at_2": second,
+            "a": first, "k": k}
+
+
+def scale_for(fit: dict[str, float], load: int) -> float:
+    return float(f"{(load / 100 / fit['a']) ** (1 / fit['k']):.3g}")
+
+
+def _job(args: tuple[Cell, str, float, int | None]) -> tuple[str, str, SimResult]:
+    cell, policy, scale, limit = args
+    records = select(WORKLOAD_BY_NAME[cell.workload].build(limit), rate_scale=scale)
+    return cell.key, policy, simulate(records, policy, cell.model)
+
+
+def _calibration_job(args: tuple[str, str, int | None]) -> tuple[str, str, dict[str, float]]:
+    workload, model, limit = args
+    return workload, model, calibrate(WORKLOAD_BY_NAME[workload].build(limit), model)
+
+
+# ----------------------------------------------------------------- summaries
+
+
+def summarize(result: SimResult, workload: Workload, bounds: np.ndarray) -> dict[str, Any]:
+    summary = metrics.summarize(result)
+    done = [r for r in result.requests if r.status == "ok"]
+    ttft = metrics.ttfts(done)
+    good = metrics.slo_met(done, workload.slo_ttft_s, workload.slo_tpot_s)
+    arrivals = [r.arrival_s for r in result.requests]
+    span = max(max(arrivals) - min(arrivals), 1e-9)
+    bound_mean = float(bounds.mean()) if len(bounds) else float("nan")
+    summary.update(
+        ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else None,
+        slo_attainment=good / max(len(result.requests), 1),
+        goodput_rps=good / span,
+        ttft_over_bound=(summary["ttft_mean_s"] / bound_mean
+                         if summary["ttft_mean_s"] is not None else None),
+        hotspot_confirmed=result.hotspot_events.get("confirmed", 0),
+    )
+    return summary
+
+
+# ----------------------------------------------------------------- report
+
 COLUMNS = (("TTFT mean", "ttft_mean_s", ".2f"), ("p50", "ttft_p50_s", ".2f"),
-           ("p90", "ttft_p90_s", ".2f"), ("p99", "ttft_p99_s", ".2f"),
-           ("TPOT mean", "tpot_mean_s", ".4f"), ("TPOT p99", "tpot_p99_s", ".4f"),
-           ("out tok/s", "throughput_tok_s", ".0f"), ("hit", "hit_ratio", ".3f"),
-           ("load CV", "load_cv", ".2f"), ("hotspots", "hotspot_events", "d"),
-           ("busy", "busy_fraction", ".2f"), ("done", "completed", "d"),
-           ("rejected", "rejected", "d"), ("wall s", "wall_s", ".1f"),
-           ("cpu s", "cpu_s", ".1f"))
+           ("p95", "ttft_p95_s", ".2f"), ("p99", "ttft_p99_s", ".2f"),
+           ("÷ bound", "ttft_over_bound", ".2f"), ("TPOT mean", "tpot_mean_s", ".4f"),
+           ("TPOT p99", "tpot_p99_s", ".3f"), ("SLO met", "slo_attainment", ".3f"),
+           ("goodput r/s", "goodput_rps", ".2f"), ("hit", "hit_ratio", ".3f"),
+           ("busy", "busy_fraction", ".2f"), ("hotspots", "hotspot_confirmed", "d"),
+           ("rejected", "rejected", "d"))
 
 
-def busy_at(records: list[TraceRecord], scale: float) -> float:
-    """Offered load: engine busy time / (instances × arrival span)."""
-    scaled = select(records, rate_scale=scale)
-    result = run_policy(scaled, CALIBRATION_POLICY, CONFIG, progress=False)
-    return result.busy_time / (CONFIG.instances * scaled[-1].arrival_s)
-
-
-def calibrate(path: Path, target: float, limit: int | None) -> tuple[float, list[str]]:
-    """Rate scale giving ``target`` offered load on the calibration window; with its log."""
-    records = read_trace(path)[:limit]
-    fraction = CALIBRATION_WINDOW[path.name]
-    window = [r for r in records if r.arrival_s <= records[-1].arrival_s * fraction]
-    scale, log = 1.0, []
-    for _ in range(2):
-        busy = busy_at(window, scale)
-        log.append(f"scale {scale:.3f} → busy {busy:.3f}")
-        scale *= target / busy
-    return float(f"{scale:.3g}"), log
-
-
-def run_all(records: list[TraceRecord]) -> list[tuple[SimResult, dict[str, Any]]]:
-    runs = []
-    for policy in REGISTRY:
-        cpu = time.process_time()
-        result = run_policy(records, policy, CONFIG, progress=False)
-        summary = metrics.summarize(result)
-        summary["cpu_s"] = time.process_time() - cpu
-        print(f"  {policy:<12} TTFT mean {summary['ttft_mean_s']:.3f}s p99 "
-              f"{summary['ttft_p99_s']:.2f}s hit {summary['hit_ratio']:.3f} busy "
-              f"{summary['busy_fraction']:.2f} wall {summary['wall_s']:.1f}s "
-              f"cpu {summary['cpu_s']:.1f}s", flush=True)
-        runs.append((result, summary))
-    return runs
-
-
-def table(summaries: list[dict[str, Any]], lower: dict[str, Any]) -> list[str]:
-    lines = ["| policy | " + " | ".join(title for title, _, _ in COLUMNS) + " |",
+def cell_table(rows: list[dict[str, Any]], lower: dict[str, Any]) -> list[str]:
+    best = min(r["ttft_mean_s"] for r in rows if r["policy"] in POLICIES)
+    lines = ["| policy | " + " | ".join(c[0] for c in COLUMNS) + " |",
              "|---|" + "---:|" * len(COLUMNS)]
-    for summary in [*summaries, lower]:
+    for row in [*rows, lower]:
         cells = []
         for _, key, spec in COLUMNS:
-            value = summary.get(key)
+            value = row.get(key)
             cells.append("–" if value is None else format(value, spec))
-        name = summary["policy"]
-        name = "*lower bound*" if name == "lower_bound" else f"`{name}`"
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        name = row["policy"]
+        label = "*lower bound*" if name == "lower_bound" else f"`{name}`"
+        if row.get("ttft_mean_s") == best and name in POLICIES:
+            label = f"**{label}**"
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return lines
 
 
-def ranking(summaries: list[dict[str, Any]], key: str) -> str:
-    ordered = sorted(summaries, key=lambda s: s[key])
-    return " < ".join(f"`{s['policy']}` {s[key]:.2f}" for s in ordered)
+def lmetric_gaps(cells: dict[str, dict[str, Any]]) -> list[str]:
+    """Per cell: lmetric's mean and p99 TTFT against the best of the other seven."""
+    lines = ["| cell | lmetric mean | best other | gap | lmetric p99 | best other p99 | gap |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    for key, cell in cells.items():
+        rows = {r["policy"]: r for r in cell["policies"]}
+        if "lmetric" not in rows:
+            continue
+        others = [r for name, r in rows.items() if name in POLICIES and name != "lmetric"]
+        if not others:
+            continue
+        lm = rows["lmetric"]
+        best_mean = min(others, key=lambda r: r["ttft_mean_s"])
+        best_p99 = min(others, key=lambda r: r["ttft_p99_s"])
+        gap_mean = lm["ttft_mean_s"] / best_mean["ttft_mean_s"] - 1
+        gap_p99 = lm["ttft_p99_s"] / best_p99["ttft_p99_s"] - 1
+        lines.append(
+            f"| {key} | {lm['ttft_mean_s']:.2f} | {best_mean['ttft_mean_s']:.2f} "
+            f"(`{best_mean['policy']}`) | {gap_mean:+.1%} | {lm['ttft_p99_s']:.2f} | "
+            f"{best_p99['ttft_p99_s']:.2f} (`{best_p99['policy']}`) | {gap_p99:+.1%} |")
+    return lines
 
 
-def section(name: str, load: str, scale: float, log: list[str],
-            summaries: list[dict[str, Any]], lower: dict[str, Any], stem: str) -> list[str]:
-    return [
-        f"### {name} — {load} (rate scale {scale:g})", "",
-        f"Calibration ({CALIBRATION_POLICY}, offered load on the calibration window): "
-        + "; ".join(log) + ".", "",
-        *table(summaries, lower), "",
-        f"Mean TTFT, best first: {ranking(summaries, 'ttft_mean_s')}.", "",
-        f"p99 TTFT, best first: {ranking(summaries, 'ttft_p99_s')}.", "",
-        f"![TTFT CDF]({stem}_ttft_cdf.png)", "",
-        f"![pending prefill per instance]({stem}_pending.png)", "",
-    ]
+def variant_summary(cells: dict[str, dict[str, Any]]) -> list[str]:
+    """Each LMetric variant over the whole matrix: how it stands against the best of the
+    seven other policies (geometric mean of the mean-TTFT ratio; cells missing the goal:
+    mean more than 5% or p99 more than 10% behind)."""
+    variants = ["lmetric", *ABLATIONS]
+    lines = ["| variant | cells | mean TTFT ÷ best other, up to 70% busy (geo. mean) | "
+             "cells missing the goal | at 90% busy (geo. mean) | missing at 90% |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for variant in variants:
+        low, high, missing_low, missing_high, count = [], [], 0, 0, 0
+        for cell in cells.values():
+            rows = {r["policy"]: r for r in cell["policies"]}
+            others = [r for name, r in rows.items() if name in POLICIES and name != "lmetric"]
+            if variant not in rows or not others:
+                continue
+            count += 1
+            ratio = rows[variant]["ttft_mean_s"] / min(r["ttft_mean_s"] for r in others)
+            p99 = rows[variant]["ttft_p99_s"] / min(r["ttft_p99_s"] for r in others)
+            miss = ratio > 1.05 or p99 > 1.10
+            if cell["load"] <= 70:
+                low.append(math.log(ratio))
+                missing_low += miss
+            else:
+                high.append(math.log(ratio))
+                missing_high += miss
+        if count:
+            lines.append(f"| `{variant}` | {count} | {_geo(low)} | {missing_low} | "
+                         f"{_geo(high)} | {missing_high} |")
+    return lines
+
+
+def _geo(logs: list[float]) -> str:
+    return f"{math.exp(sum(logs) / len(logs)):.3f}" if logs else "–"
+
+
+def heatmap(cells: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    keys = list(cells)
+    names = [p for p in ALL_POLICIES if any(
+        r["policy"] == p for c in cells.values() for r in c["policies"])]
+    grid = np.full((len(names), len(keys)), np.nan)
+    for j, key in enumerate(keys):
+        for row in cells[key]["policies"]:
+            if row["policy"] in names and row["ttft_over_bound"] is not None:
+                grid[names.index(row["policy"]), j] = row["ttft_over_bound"]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * len(keys), 1.2 + 0.38 * len(names)))
+    shown = np.log10(np.clip(grid, 1.0, 100.0))
+    image = ax.imshow(shown, cmap="RdYlGn_r", vmin=0.0, vmax=1.3, aspect="auto")
+    for (i, j), value in np.ndenumerate(grid):
+        if np.isfinite(value):
+            ax.text(j, i, f"{value:.1f}" if value < 100 else ">99", ha="center",
+                    va="center", fontsize=6)
+    ax.set_xticks(range(len(keys)), keys, rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(names)), names, fontsize=7)
+    ax.set_title("mean TTFT ÷ zero-queue, infinite-cache bound (lower is better)", fontsize=9)
+    bar = fig.colorbar(image, ax=ax, fraction=0.03)
+    bar.set_ticks([0, 0.3, 0.6, 1.0, 1.3], labels=["1", "2", "4", "10", "20"])
+    plots.save(fig, path)
+
+
+def report(out: Path, data: dict[str, Any], header: list[str]) -> None:
+    cells = data["cells"]
+    lines = [*header, "", "## LMetric against the best of the other seven, per cell", "",
+             *lmetric_gaps(cells), "", "![heatmap](heatmap.png)", "",
+             "## LMetric's variants over the whole matrix", "", *variant_summary(cells), ""]
+    for key, cell in cells.items():
+        workload = WORKLOAD_BY_NAME[cell["workload"]]
+        lines += [f"## {key}", "",
+                  f"{workload.source}; {cell['requests']} requests on 16× H20 "
+                  f"{cell['model']}, rate scale {cell['rate_scale']:g} (target "
+                  f"{cell['load']}% busy); SLO TTFT ≤ {workload.slo_ttft_s:g} s and "
+                  f"TPOT ≤ {workload.slo_tpot_s * 1000:g} ms.", "",
+                  *cell_table(cell["policies"], cell["lower_bound"]), "",
+                  f"![TTFT CDF]({cell['cdf']})", ""]
+    for extra in ("hotspot.md", "NOTES.md"):  # bench_hotspot.py's sweep; the observations
+        if (out / extra).exists():
+            lines += [(out / extra).read_text()]
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+
+
+def header_lines(data: dict[str, Any]) -> list[str]:
+    lines = ["# Evaluation matrix", "",
+             f"Generated by `bench/bench_replay.py{' --quick' if data['quick'] else ''}` on "
+             f"{data['machine']} in {data['wall_s'] / 60:.1f} min.", "",
+             "16× H20, max_model_len 131072, vLLM v1 defaults from enginesim; router block "
+             "size 16, scrapes every 1 s, no telemetry delay, shadow KV index (no KV "
+             f"events), seed {BASE.seed}. Times are virtual seconds. `÷ bound` is the mean "
+             "TTFT over the mean of the zero-queue, infinite-cache lower bound (each request "
+             "prefilled alone on an idle engine that caches every earlier request's "
+             "prompt). `SLO met` counts requests meeting both the TTFT and the TPOT SLO "
+             "(rejected ones miss); `goodput` is those per second of arrivals. `hotspots` "
+             "counts confirmed hotspot classes. The best mean TTFT among the eight "
+             "registry policies is in bold; `lmetric[...]` rows are LMetric's ablations.",
+             "", "## Workloads", "", "| workload | source | SLO TTFT / TPOT | generator |",
+             "|---|---|---|---|"]
+    for workload in WORKLOADS:
+        params = ", ".join(f"{k}={v}" for k, v in workload.params.items()) or "–"
+        lines.append(f"| `{workload.name}` | {workload.source} | {workload.slo_ttft_s:g} s / "
+                     f"{workload.slo_tpot_s * 1000:g} ms | {params} |")
+    lines += ["", "Calibration (`cache_aware`, offered load = busy ÷ (instances × arrival "
+              "span); fit busy = a·scale^k):", "", "| workload, model | busy at 1 | "
+              "second scale | busy there | k |", "|---|---:|---:|---:|---:|"]
+    for key, fit in data["calibration"].items():
+        lines.append(f"| {key} | {fit['busy_at_1']:.3f} | {fit['scale_2']:.3f} | "
+                     f"{fit['busy_at_2']:.3f} | {fit['k']:.2f} |")
+    return lines
 
 
 def machine() -> str:
+    import os
+    import platform
+
     cpu = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as handle:
@@ -128,64 +383,86 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores (shared), Python {platform.python_version()}"
 
 
-def header() -> list[str]:
-    return [
-        "# Replay report: eight policies on the shared Mooncake traces", "",
-        f"Generated by `bench/bench_replay.py` on {machine()}.", "",
-        f"Cluster: {CONFIG.instances}× {CONFIG.gpu.upper()} serving {CONFIG.model} "
-        f"(max_model_len {CONFIG.max_model_len}), vLLM v1 defaults from enginesim; router "
-        f"block size {CONFIG.router_block_size}, scrapes every {CONFIG.scrape_interval_s:g} s, "
-        f"no telemetry delay, no KV events (shadow index only), seed {CONFIG.seed}; every "
-        "policy with its default parameters. Times are virtual seconds; `wall s`/`cpu s` are "
-        "this machine's cost of simulating one policy. The lower bound is each request "
-        "prefilled alone on an idle instance with an infinite cache of every earlier "
-        "request (no policy can beat it).", ""]
+# ----------------------------------------------------------------- main
 
 
-def run_trace(trace: str, out: Path, limit: int | None) -> None:
-    """Both loads of one trace → ``<stem>.md``, ``<stem>.json`` and four PNGs in ``out``."""
-    path = TRACE_DIR / trace
-    engine_config = CONFIG.engine_config(None)
-    lines, data = [f"## {trace}", ""], {}
-    for load, target in LOADS:
-        scale, log = calibrate(path, target, limit)
-        print(f"{trace} {load}: rate scale {scale} ({'; '.join(log)})", flush=True)
-        records = load_trace(path, rate_scale=scale, max_requests=limit)
-        runs = run_all(records)
-        summaries = [summary for _, summary in runs]
-        lower, bound = metrics.lower_bound_summary(records, engine_config)
-        stem = f"{Path(trace).stem}_{int(target * 100)}"
-        results = [result for result, _ in runs]
-        plots.ttft_cdf(results, out / f"{stem}_ttft_cdf.png",
-                       f"{trace}, {load} (scale {scale:g})", bound)
-        plots.pending_grid(results, out / f"{stem}_pending.png",
-                           f"{trace}, {load}: pending prefill tokens per instance")
-        lines += section(trace, load, scale, log, summaries, lower, stem)
-        data[stem] = {"rate_scale": scale, "policies": summaries, "lower_bound": lower}
-    (out / f"{Path(trace).stem}.md").write_text("\n".join(lines) + "\n")
-    (out / f"{Path(trace).stem}.json").write_text(json.dumps(data, indent=1) + "\n")
+def plan(args: argparse.Namespace) -> tuple[list[Cell], list[str], list[str]]:
+    workloads = args.workload or [w.name for w in WORKLOADS]
+    loads = args.load or ([50, 70] if args.quick else [30, 50, 70, 90])
+    cells = [Cell(w, MAIN_MODEL, load) for w in workloads for load in loads]
+    if not args.load and not args.no_headline:
+        cells += [Cell(w, HEADLINE_MODEL, 50) for w in workloads]
+    policies = args.policy or list(POLICIES)
+    ablations = [] if args.policy or args.quick else [
+        c.key for c in cells if c.model == MAIN_MODEL]
+    return cells, policies, ablations
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "replay_report")
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--trace", action="append", choices=TRACES,
-                        help="run only these traces (the README keeps the others' sections)")
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, help="default: bench/replay_report, or "
+                        "bench/out/ with --quick (the committed report stays untouched)")
+    parser.add_argument("--quick", action="store_true", help="a reduced matrix in minutes")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--workload", action="append", choices=list(WORKLOAD_BY_NAME))
+    parser.add_argument("--load", action="append", type=int, help="target busy percent")
+    parser.add_argument("--policy", action="append", choices=list(ALL_POLICIES))
+    parser.add_argument("--no-headline", action="store_true",
+                        help=f"skip the {HEADLINE_MODEL} cells")
     parser.add_argument("--assemble", action="store_true",
-                        help="run nothing; rebuild README.md from the sections and NOTES.md")
+                        help="run nothing: rebuild README.md from matrix.json, hotspot.md "
+                        "and NOTES.md")
     args = parser.parse_args(argv)
+    if args.out is None:
+        here = Path(__file__).parent
+        args.out = here / "out" if args.quick else here / "replay_report"
+    if args.assemble:
+        data = json.loads((args.out / "matrix.json").read_text())
+        report(args.out, data, header_lines(data))
+        return 0
+    limit = 900 if args.quick else None
+    cells, policies, ablation_cells = plan(args)
+    started = time.perf_counter()
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+        pairs = sorted({(c.workload, c.model) for c in cells})
+        fits = {f"{w}@{m}": fit for w, m, fit in pool.map(
+            _calibration_job, [(w, m, limit) for w, m in pairs])}
+        print("calibrated:", json.dumps(fits, indent=None), flush=True)
+        jobs = []
+        for cell in cells:
+            scale = scale_for(fits[f"{cell.workload}@{cell.model}"], cell.load)
+            extra = list(ABLATIONS) if cell.key in ablation_cells else []
+            jobs += [(cell, policy, scale, limit) for policy in [*policies, *extra]]
+        results: dict[str, dict[str, SimResult]] = {}
+        for key, policy, result in pool.map(_job, jobs):
+            results.setdefault(key, {})[policy] = result
+            print(f"{key:<28} {policy:<22} TTFT {metrics.summarize(result)['ttft_mean_s']:.3f}"
+                  f" wall {result.wall_s:.1f}s", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    for trace in [] if args.assemble else args.trace or TRACES:
-        run_trace(trace, args.out, 600 if args.quick else None)
-    sections = [args.out / f"{Path(trace).stem}.md" for trace in TRACES]
-    notes = args.out / "NOTES.md"
-    parts = ["\n".join(header()), *(p.read_text() for p in sections if p.exists())]
-    if notes.exists():
-        parts.append(notes.read_text())
-    (args.out / "README.md").write_text("\n".join(parts))
-    print(f"wrote {args.out}/README.md")
+    data: dict[str, Any] = {"quick": args.quick, "machine": machine(),
+                            "calibration": fits, "cells": {}}
+    for cell in cells:
+        workload = WORKLOAD_BY_NAME[cell.workload]
+        scale = scale_for(fits[f"{cell.workload}@{cell.model}"], cell.load)
+        records = select(workload.build(limit), rate_scale=scale)
+        lower, bounds = metrics.lower_bound_summary(records, config_for(cell.model)
+                                                    .engine_config(None))
+        runs = results[cell.key]
+        cdf = f"cdf_{cell.key.replace('/', '_').replace('@', '_')}.png"
+        plots.ttft_cdf(list(runs.values()), args.out / cdf,
+                       f"{cell.key} (scale {scale:g})", bounds)
+        data["cells"][cell.key] = {
+            "workload": cell.workload, "model": cell.model, "load": cell.load,
+            "rate_scale": scale, "requests": len(records), "cdf": cdf,
+            "lower_bound": lower,
+            "policies": [summarize(r, workload, bounds) for r in runs.values()]}
+    data["wall_s"] = time.perf_counter() - started
+    (args.out / "matrix.json").write_text(json.dumps(data, indent=1, default=float) + "\n")
+    heatmap(data["cells"], args.out / "heatmap.png")
+    report(args.out, data, header_lines(data))
+    print(f"wrote {args.out}/README.md in {data['wall_s'] / 60:.1f} min")
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

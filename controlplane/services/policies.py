@@ -1,4 +1,5 @@
-"""Routing policies: create (validated by the policy's own class) and activate."""
+"""Routing policies: create (validated by the policy's own class; cost coefficients the
+operator left unset derived from the cluster's GPU and model) and activate."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from django.db import IntegrityError, transaction
 
 from controlplane.models import Policy
 
-from . import audit, config
+from . import audit, config, policy_defaults
 from .audit import Actor
 from .clusters import _full_clean, locked_cluster
 from .errors import Conflict, NotFound
@@ -25,8 +26,9 @@ def create_policy(actor: Actor, cluster_id: int, *, name: str, kind: str,
                   params: dict[str, Any] | None = None, description: str = "",
                   reason: str = "") -> Policy:
     cluster = locked_cluster(cluster_id)
-    policy = Policy(cluster=cluster, name=name, kind=kind,
-                    params=normalised_params(kind, params), description=description)
+    params = policy_defaults.complete_params(kind, normalised_params(kind, params), cluster)
+    policy = Policy(cluster=cluster, name=name, kind=kind, params=params,
+                    description=description)
     _full_clean(policy, ("name",))
     try:
         with transaction.atomic():

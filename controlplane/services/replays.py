@@ -11,9 +11,9 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.models import ReplayJob
+from controlplane.models import Cluster, ReplayJob
 
-from . import audit
+from . import audit, policy_defaults
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import ServiceError
@@ -56,7 +56,8 @@ def _create_job(actor: Actor, cluster_id: int, *, trace: str, policies: list[dic
                 rate_scale: float, max_requests: int | None, seed: int,
                 reason: str) -> ReplayJob:
     cluster = locked_cluster(cluster_id)
-    inputs = {"trace": _validated_trace(trace), "policies": _validated_policies(policies),
+    inputs = {"trace": _validated_trace(trace),
+              "policies": _validated_policies(policies, cluster),
               "rate_scale": _positive(rate_scale, "rate_scale"),
               "max_requests": max_requests if max_requests is None
               else int(_positive(max_requests, "max_requests")),
@@ -78,7 +79,10 @@ def _validated_trace(trace: str) -> str:
     return trace
 
 
-def _validated_policies(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster
+                        ) -> list[dict[str, Any]]:
+    """Each spec validated by its policy's class; unset cost coefficients derived from the
+    cluster's GPU and model (the replay runs on those)."""
     if not isinstance(policies, list) or not 1 <= len(policies) <= MAX_POLICIES:
         raise ServiceError(f"policies must list 1-{MAX_POLICIES} policies", "policies")
     validated = []
@@ -86,7 +90,8 @@ def _validated_policies(policies: list[dict[str, Any]]) -> list[dict[str, Any]]:
         spec = spec if isinstance(spec, dict) else {}
         kind = str(spec.get("kind"))
         try:
-            params = normalised_params(kind, spec.get("params"))
+            params = policy_defaults.complete_params(
+                kind, normalised_params(kind, spec.get("params")), cluster)
         except ServiceError as error:
             raise ServiceError(f"policies.{index}: {error.message}",
                                f"policies.{index}.{error.field}") from None

@@ -39,6 +39,7 @@ import numpy as np
 
 from enginesim.engine import EngineConfig, EngineCore, EngineRequestError, GlobalKVTier
 from enginesim.engine import events as engine_events
+from enginesim.replay.policy_costs import fill_coefficients
 from enginesim.replay.traces import TraceRecord, synthesize_tokens
 from router_worker.routing import (
     ClusterState,
@@ -158,7 +159,10 @@ class Simulator:
         self.records = records
         self.config = config
         self.policy_kind = policy
-        self.policy = make_policy(policy, config.policy_params.get(policy), seed=config.seed)
+        # a policy that takes cost coefficients gets this cluster's where none were set
+        params = fill_coefficients(policy, dict(config.policy_params.get(policy) or {}),
+                                   config.gpu, config.model)
+        self.policy = make_policy(policy, params, seed=config.seed)
         self.progress = progress
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0

@@ -156,3 +156,17 @@ def test_kv_events_and_global_tier_run_cleanly(conversation_slice):
     result = Simulator(records, "smetric", config).run()
     assert all(r.status == "ok" for r in result.requests)
     assert metrics.summarize(result)["hit_ratio"] > 0
+
+
+def test_a_policy_with_cost_coefficients_gets_the_simulated_clusters():
+    from enginesim.replay.policy_costs import derive_coefficients
+
+    record = TraceRecord(0, 0.0, 100, 2)
+    h100 = Simulator([record], "predicted_ttft", SimConfig(instances=1, gpu="h100"))
+    assert h100.policy.params.prefill_tps == derive_coefficients("h100", "qwen2-7b")[
+        "prefill_tps"]
+    chosen = SimConfig(instances=1, gpu="h100",
+                       policy_params={"predicted_ttft": {"prefill_tps": 1234.0}})
+    kept = Simulator([record], "predicted_ttft", chosen)
+    assert kept.policy.params.prefill_tps == 1234.0  # what was set is kept
+    assert kept.policy.params.min_step_s == h100.policy.params.min_step_s

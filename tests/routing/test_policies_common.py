@@ -18,9 +18,9 @@ from .helpers import add_pending, cluster, features, tokens, warm
 KINDS = sorted(REGISTRY)
 
 
-def test_registry_lists_the_eight_policies_with_descriptions():
+def test_registry_lists_the_nine_policies_with_descriptions():
     assert set(KINDS) == {"round_robin", "least_load", "linear", "cache_aware", "preble",
-                          "dualmap", "lmetric", "smetric"}
+                          "dualmap", "lmetric", "smetric", "predicted_ttft"}
     assert all(DESCRIPTIONS[kind] for kind in KINDS)
 
 
@@ -40,6 +40,7 @@ def test_params_have_defaults_and_a_json_schema(kind):
         ("dualmap", {"slo_ttft_s": 0}, "slo_ttft_s"),
         ("lmetric", {"hotspot": {"window_s": -1}}, "hotspot.window_s"),
         ("smetric", {"typo": 1}, "typo"),
+        ("predicted_ttft", {"prefill_tps": 0}, "prefill_tps"),
     ],
 )
 def test_invalid_params_name_the_field(kind, params, field):
@@ -105,7 +106,8 @@ def test_decision_explains_itself(kind):
     assert isinstance(explained["reason"], str) and explained["reason"]
 
 
-@pytest.mark.parametrize("kind", ["least_load", "linear", "lmetric", "smetric", "cache_aware"])
+@pytest.mark.parametrize("kind", ["least_load", "linear", "lmetric", "smetric", "cache_aware",
+                                  "predicted_ttft"])
 def test_exact_ties_are_broken_by_seeded_random_not_list_order(kind):
     state = cluster(4)
     request = features(tokens(0, 64))

@@ -26,6 +26,7 @@ from router_worker.routing.policies.least_load import LeastLoadPolicy
 from router_worker.routing.policies.linear import LinearPolicy
 from router_worker.routing.policies.lmetric import LMetricPolicy
 from router_worker.routing.policies.preble import PreblePolicy
+from router_worker.routing.policies.predicted_ttft import PredictedTTFTPolicy
 from router_worker.routing.policies.round_robin import RoundRobinPolicy
 from router_worker.routing.policies.smetric import SMetricPolicy
 
@@ -40,6 +41,7 @@ REGISTRY: dict[str, type[Policy]] = {
         DualMapPolicy,
         LMetricPolicy,
         SMetricPolicy,
+        PredictedTTFTPolicy,
     )
 }
 DESCRIPTIONS: dict[str, str] = {kind: cls.description for kind, cls in REGISTRY.items()}

@@ -1,0 +1,101 @@
+"""Cost coefficients of the policies that take them, from enginesim's cost model.
+
+``predicted_ttft`` predicts TTFT from a handful of coefficients that reach it as validated
+parameters, so the router never imports ``enginesim``. Whoever knows the cluster's GPU
+and model fills them: the control plane when a policy is created or a replay requested
+(``controlplane.services.policy_defaults``), the replay simulator for its own cluster.
+Every coefficient left unset (``None``) is derived; values that were set are kept.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+from enginesim.engine import GPUS, MODELS, EngineConfig
+from enginesim.engine.costmodel import StepBatch
+from router_worker.routing.policies.predicted_ttft import COEFFICIENT_FIELDS
+
+# Policy kinds whose parameters include cost coefficients, and which ones.
+COST_MODEL_FIELDS: dict[str, tuple[str, ...]] = {"predicted_ttft": COEFFICIENT_FIELDS}
+SIGNIFICANT_DIGITS = 4  # enough for routing, readable in forms and audit rows
+
+
+class UnknownHardwareError(ValueError):
+    """enginesim has no cost model for this GPU or model (or the model does not fit)."""
+
+
+def unset_fields(kind: str, params: dict[str, Any]) -> list[str]:
+    """The cost coefficients of ``kind`` that ``params`` leaves unset."""
+    return [name for name in COST_MODEL_FIELDS.get(kind, ()) if params.get(name) is None]
+
+
+def fill_coefficients(kind: str, params: dict[str, Any], gpu_type: str, model: str
+                      ) -> dict[str, Any]:
+    """``params`` with every unset cost coefficient of ``kind`` derived for the hardware;
+    ``params`` itself for kinds without coefficients or with all of them set.
+    Raises UnknownHardwareError when enginesim does not know the hardware."""
+    missing = unset_fields(kind, params)
+    if not missing:
+        return params
+    derived = derive_coefficients(gpu_type, model)
+    return {**params, **{name: derived[name] for name in missing}}
+
+
+def derive_coefficients(gpu_type: str, model: str) -> dict[str, float | int]:
+    """``predicted_ttft``'s coefficients for one instance of ``model`` on ``gpu_type``.
+
+    From enginesim's cost model with vLLM's defaults for the GPU (EngineConfig), priced at a
+    full prefill step of ``chunk`` = max_num_batched_tokens tokens (the steps a queued
+    prefill runs in): prefill_tps = chunk / that step's compute time; attention_pair_s =
+    the attention compute of one (query, key) pair; decode_seq_s = t_per_seq + the compute
+    one more sampled token adds to the step; step_overhead_s = t_fixed + t_per_seq;
+    min_step_s = the time of a one-token step (the weight read: the memory floor).
+    """
+    return dict(_derive(*_engine_keys(gpu_type, model)))
+
+
+def _engine_keys(gpu_type: str, model: str) -> tuple[str, str]:
+    gpu = gpu_type.strip().lower()
+    if gpu not in GPUS:
+        raise UnknownHardwareError(f"enginesim knows no GPU {gpu_type!r} "
+                                   f"(known: {', '.join(sorted(GPUS))})")
+    wanted = _model_names(model)
+    for key, spec in MODELS.items():
+        if wanted & (_model_names(key) | _model_names(spec.served_name)):
+            return gpu, key
+    raise UnknownHardwareError(f"enginesim knows no model {model!r} "
+                               f"(known: {', '.join(sorted(MODELS))})")
+
+
+def _model_names(name: str) -> set[str]:
+    """Spellings of one model: as given, without the organisation, without -Instruct."""
+    full = name.strip().lower()
+    short = full.rsplit("/", 1)[-1]
+    return {full, short, short.removesuffix("-instruct")} - {""}
+
+
+@lru_cache(maxsize=64)
+def _derive(gpu: str, model: str) -> tuple[tuple[str, float | int], ...]:
+    try:
+        config = EngineConfig.for_hardware(gpu, model)
+    except ValueError as error:  # the model does not fit on the GPU
+        raise UnknownHardwareError(str(error)) from None
+    cost = config.cost_model()
+    calibration = cost.calibration
+    chunk = config.max_num_batched_tokens
+    pairs = chunk * chunk / 2.0
+    full = cost.cost(StepBatch(chunk, 1, 0, 0, 0)).compute_time
+    with_attention = cost.cost(StepBatch(chunk, 1, 0, pairs, 0)).compute_time
+    # one more running request in that step: its token, sampled
+    with_decode = cost.cost(StepBatch(chunk + 1, 2, 1, 0, 0)).compute_time
+    values: dict[str, float | int] = {
+        "prefill_tps": chunk / full,
+        "step_overhead_s": calibration.t_fixed + calibration.t_per_seq,
+        "decode_seq_s": calibration.t_per_seq + (with_decode - full),
+        "attention_pair_s": (with_attention - full) / pairs,
+        "min_step_s": cost.step_time(StepBatch.prefill(1)),
+    }
+    rounded = {name: float(f"{value:.{SIGNIFICANT_DIGITS}g}") for name, value in values.items()}
+    rounded["chunk_tokens"] = int(chunk)
+    return tuple((name, rounded[name]) for name in COEFFICIENT_FIELDS)

@@ -1,0 +1,186 @@
+"""predicted_ttft: hand-computed predictions, what moves the choice, ties, parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from router_worker.routing import REGISTRY, PolicyConfigError, make_policy, validate_params
+from router_worker.routing.policies.predicted_ttft import (
+    COEFFICIENT_FIELDS,
+    FALLBACK_COEFFICIENTS,
+    PredictedTTFTPolicy,
+)
+
+from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
+
+# Round numbers so every prediction below can be checked by hand.
+SIMPLE = {"prefill_tps": 1000.0, "step_overhead_s": 0.01, "decode_seq_s": 0.001,
+          "attention_pair_s": 0.0, "min_step_s": 0.0, "chunk_tokens": 512}
+
+
+def policy(seed: int = 0, **params) -> PredictedTTFTPolicy:
+    built = make_policy("predicted_ttft", params, seed=seed)
+    assert isinstance(built, PredictedTTFTPolicy)
+    return built
+
+
+def test_registered_last_with_a_description():
+    assert list(REGISTRY)[-1] == "predicted_ttft"
+    assert REGISTRY["predicted_ttft"] is PredictedTTFTPolicy
+    assert "TTFT" in PredictedTTFTPolicy.description
+
+
+def test_hand_computed_predictions():
+    state = cluster(3)
+    add_pending(state, "i1", 384)  # queued prefill; also one request in i1's batch
+    add_decoding(state, "i2", 3)  # three running requests of one context token each
+    request = features(tokens(0, 640))
+    predicted = policy(**SIMPLE).predict(request, state.view())
+    # i0 idle: 640 tokens in ceil(640/512) = 2 steps of 10 ms, plus 640 tokens at 1000/s
+    assert predicted[0] == pytest.approx(2 * 0.01 + 0.640)
+    # i1: 1024 tokens, budget 512 − 1 = 511 per step (the running request takes one) → 3
+    # steps of 10 + 1 ms; plus half a step's wait for the step in progress
+    assert predicted[1] == pytest.approx(0.5 * 0.011 + 3 * 0.011 + 1.024)
+    # i2: 640 tokens, budget 509 → 2 steps of 10 + 3 ms, plus half a step's wait
+    assert predicted[2] == pytest.approx(0.5 * 0.013 + 2 * 0.013 + 0.640)
+
+
+def test_hand_computed_attention_and_memory_floor():
+    state = cluster(3)
+    prompt = tokens(0, 640)
+    warm(state, "i0", prompt[:320])  # 20 blocks cached: 320 new tokens after 320
+    add_decoding(state, "i2", 2)  # contexts of 1 token each: 2 pairs a step
+    request = features(prompt)
+    params = {**SIMPLE, "attention_pair_s": 1e-6, "chunk_tokens": 8192}
+    predicted = policy(**params).predict(request, state.view())
+    assert predicted[0] == pytest.approx(0.01 + 0.320 + 1e-6 * (320 * 320 + 320 * 320 / 2))
+    assert predicted[1] == pytest.approx(0.01 + 0.640 + 1e-6 * 640 * 640 / 2)
+    step = 0.01 + 2 * 0.001 + 2 * 1e-6
+    assert predicted[2] == pytest.approx(0.5 * step + step + 0.640 + 1e-6 * 640 * 640 / 2)
+    # the floor: no step is shorter than min_step_s, however little it computes
+    tiny = features(tokens(10_000, 16))
+    floored = policy(**{**SIMPLE, "min_step_s": 0.05}).predict(tiny, state.view())
+    assert floored[1] == pytest.approx(0.05)  # idle: 10 + 16 ms of work < one 50 ms step
+    assert floored[2] == pytest.approx(0.5 * 0.05 + 0.05)  # busy: half a step's wait too
+
+
+def test_decision_carries_the_chosen_prediction_and_reason():
+    state = cluster(2)
+    add_pending(state, "i0", 1000)
+    decision = policy(**SIMPLE).decide(features(tokens(0, 640)), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i1", "predicted_ttft")
+    assert decision.details["predicted_ttft_s"] == pytest.approx(0.66)
+    assert decision.score_table()["i1"] == pytest.approx(0.66)
+    assert decision.score_table()["i0"] == pytest.approx(0.5 * 0.011 + 4 * 0.011 + 1.64)
+
+
+def _prefer_hit_despite(batch: int) -> str:
+    """i0 holds 64 of the prompt's 640 tokens and runs ``batch`` requests; i1 is idle."""
+    state = cluster(2)
+    prompt = tokens(0, 640)
+    warm(state, "i0", prompt[:64])
+    add_decoding(state, "i0", batch)
+    return policy().decide(features(prompt), state.view(), 0.0).instance_id
+
+
+def test_a_big_batch_outweighs_a_small_cache_hit_with_the_h20_defaults():
+    # On an H20 a running request costs each step about what one more prefill token does:
+    # 4 of them cost less than the 64 hit tokens save, 64 of them more (≈ 142 vs 132 ms).
+    assert _prefer_hit_despite(4) == "i0"
+    assert _prefer_hit_despite(64) == "i1"
+
+
+@pytest.mark.parametrize(("queued", "chosen"), [(100, "i0"), (2000, "i1")])
+def test_a_long_queue_outweighs_a_full_cache_hit(queued, chosen):
+    state = cluster(2)
+    prompt = tokens(0, 640)
+    warm(state, "i0", prompt)
+    add_pending(state, "i0", queued)
+    assert policy().decide(features(prompt), state.view(), 0.0).instance_id == chosen
+
+
+def test_with_equal_queues_the_cache_hit_wins():
+    state = cluster(3)
+    prompt = tokens(0, 1024)
+    for instance in ("i0", "i1", "i2"):
+        add_pending(state, instance, 3000)
+    warm(state, "i2", prompt)
+    for seed in range(10):
+        decision = policy(seed).decide(features(prompt), state.view(), 0.0)
+        assert decision.instance_id == "i2"
+
+
+def test_equal_predictions_fall_to_lower_p_token_then_lower_batch_size():
+    state = cluster(2)
+    prompt = tokens(0, 640)
+    warm(state, "i0", prompt)
+    add_decoding(state, "i0", 2)
+    add_decoding(state, "i1", 1)
+    floor_bound = {**SIMPLE, "min_step_s": 1.0, "chunk_tokens": 8192}  # both predict 1.5 s
+    for seed in range(10):
+        decision = policy(seed, **floor_bound).decide(features(prompt), state.view(), 0.0)
+        assert decision.score_table() == pytest.approx({"i0": 1.5, "i1": 1.5})
+        assert decision.instance_id == "i0"  # P-token 1 against 640, before BS 2 against 1
+    state = cluster(2)
+    add_decoding(state, "i0", 2)
+    batch_blind = {**SIMPLE, "step_overhead_s": 0.0, "decode_seq_s": 0.0}
+    for seed in range(10):
+        decision = policy(seed, **batch_blind).decide(features(prompt), state.view(), 0.0)
+        assert decision.instance_id == "i1"  # same prediction and P-token; BS 0 against 2
+
+
+def test_exact_ties_go_to_seeded_random():
+    state = cluster(3)
+    request = features(tokens(0, 640))
+    chosen = {policy(seed).decide(request, state.view(), 0.0).instance_id for seed in range(30)}
+    assert chosen == {"i0", "i1", "i2"}
+
+
+def test_measured_prefill_throughput_is_used_only_when_asked():
+    state = cluster(2, tps=2000.0)
+    slow = features(tokens(50_000, 1000))
+    state.on_dispatch(slow, "i0", 0.0, cached_tokens=0)
+    state.on_first_token(slow.request_id, 2.0)  # 1000 tokens in 2 s: EWMA 0.8·2000 + 0.2·500
+    state.on_finish(slow.request_id, 2.5)  # i0 is idle again
+    request = features(tokens(0, 640))
+    measured = policy(**SIMPLE, use_measured_prefill_tps=True)
+    predicted = measured.predict(request, state.view())
+    assert predicted.tolist() == pytest.approx([0.02 + 640 / 1700, 0.02 + 640 / 2000])
+    assert measured.decide(request, state.view(), 3.0).instance_id == "i1"
+    modelled = policy(**SIMPLE).predict(request, state.view())
+    assert modelled.tolist() == pytest.approx([0.66, 0.66])  # the view's rate is ignored
+
+
+def test_unset_coefficients_fall_back_to_the_h20_qwen2_7b_values():
+    assert validate_params("predicted_ttft", {}).prefill_tps is None  # None = "derive it"
+    assert set(COEFFICIENT_FIELDS) == set(FALLBACK_COEFFICIENTS)
+    defaults = policy().coefficients
+    assert {name: getattr(defaults, name) for name in COEFFICIENT_FIELDS} \
+        == FALLBACK_COEFFICIENTS
+    partial = policy(prefill_tps=1234.0, chunk_tokens=2048).coefficients
+    assert (partial.prefill_tps, partial.chunk_tokens) == (1234.0, 2048)
+    assert partial.step_overhead_s == FALLBACK_COEFFICIENTS["step_overhead_s"]
+
+
+def test_every_parameter_is_described_for_operators():
+    schema = PredictedTTFTPolicy.Params.model_json_schema()
+    assert all(prop.get("description") for prop in schema["properties"].values())
+    assert set(COEFFICIENT_FIELDS) | {"use_measured_prefill_tps"} == set(schema["properties"])
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"prefill_tps": 0}, "prefill_tps"),
+    ({"prefill_tps": "fast"}, "prefill_tps"),
+    ({"step_overhead_s": -0.001}, "step_overhead_s"),
+    ({"decode_seq_s": -1}, "decode_seq_s"),
+    ({"attention_pair_s": -1e-9}, "attention_pair_s"),
+    ({"min_step_s": -1}, "min_step_s"),
+    ({"chunk_tokens": 0}, "chunk_tokens"),
+    ({"chunk_tokens": 81.5}, "chunk_tokens"),
+    ({"use_measured_prefill_tps": "sometimes"}, "use_measured_prefill_tps"),
+    ({"batch_offset": 1}, "batch_offset"),  # unknown parameters are refused
+])
+def test_invalid_params_name_the_field(params, field):
+    with pytest.raises(PolicyConfigError) as info:
+        make_policy("predicted_ttft", params)
+    assert info.value.field == field and f"predicted_ttft.{field}" in str(info.value)

@@ -240,46 +240,33 @@ def cell_table(rows: list[dict[str, Any]], lower: dict[str, Any]) -> list[str]:
     return lines
 
 
-def lmetric_gaps(cells: dict[str, dict[str, Any]]) -> list[str]:
-    """Per cell: lmetric's mean and p99 TTFT against the best of the seven baselines."""
-    lines = ["| cell | lmetric mean | best other | gap | lmetric p99 | best other p99 | gap |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    for key, cell in cells.items():
-        rows = {r["policy"]: r for r in cell["policies"]}
-        if "lmetric" not in rows:
-            continue
-        others = [r for name, r in rows.items() if name in BASELINES]
-        if not others:
-            continue
-        lm = rows["lmetric"]
-        best_mean = min(others, key=lambda r: r["ttft_mean_s"])
-        best_p99 = min(others, key=lambda r: r["ttft_p99_s"])
-        gap_mean = lm["ttft_mean_s"] / best_mean["ttft_mean_s"] - 1
-        gap_p99 = lm["ttft_p99_s"] / best_p99["ttft_p99_s"] - 1
-        lines.append(
-            f"| {key} | {lm['ttft_mean_s']:.2f} | {best_mean['ttft_mean_s']:.2f} "
-            f"(`{best_mean['policy']}`) | {gap_mean:+.1%} | {lm['ttft_p99_s']:.2f} | "
-            f"{best_p99['ttft_p99_s']:.2f} (`{best_p99['policy']}`) | {gap_p99:+.1%} |")
-    return lines
+def against_best(rows: dict[str, dict[str, Any]], policy: str, others: Sequence[str]
+                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The rows of ``others`` with the best mean and the best p99 TTFT in one cell."""
+    candidates = [rows[name] for name in others if name in rows and name != policy]
+    if policy not in rows or not candidates:
+        return None
+    return (min(candidates, key=lambda r: r["ttft_mean_s"]),
+            min(candidates, key=lambda r: r["ttft_p99_s"]))
 
 
-def predictor_gaps(cells: dict[str, dict[str, Any]]) -> list[str]:
-    """Per cell: predicted_ttft's mean TTFT against the best other policy and the bound."""
-    lines = ["| cell | predicted_ttft mean | best other | gap | ÷ bound | p99 | best other p99 |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
+def gap_table(cells: dict[str, dict[str, Any]], policy: str, others: Sequence[str]
+              ) -> list[str]:
+    """Per cell: ``policy``'s mean and p99 TTFT against the best of ``others``."""
+    lines = [f"| cell | {policy} mean | best other | gap | ÷ bound | {policy} p99 | "
+             "best other p99 | gap |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for key, cell in cells.items():
         rows = {r["policy"]: r for r in cell["policies"]}
-        others = [r for name, r in rows.items() if name in POLICIES and name != "predicted_ttft"]
-        if "predicted_ttft" not in rows or not others:
+        best = against_best(rows, policy, others)
+        if best is None:
             continue
-        row = rows["predicted_ttft"]
-        best = min(others, key=lambda r: r["ttft_mean_s"])
-        best_p99 = min(others, key=lambda r: r["ttft_p99_s"])
+        row, (mean, p99) = rows[policy], best
         lines.append(
-            f"| {key} | {row['ttft_mean_s']:.2f} | {best['ttft_mean_s']:.2f} "
-            f"(`{best['policy']}`) | {row['ttft_mean_s'] / best['ttft_mean_s'] - 1:+.1%} | "
+            f"| {key} | {row['ttft_mean_s']:.2f} | {mean['ttft_mean_s']:.2f} "
+            f"(`{mean['policy']}`) | {row['ttft_mean_s'] / mean['ttft_mean_s'] - 1:+.1%} | "
             f"{row['ttft_over_bound']:.2f} | {row['ttft_p99_s']:.2f} | "
-            f"{best_p99['ttft_p99_s']:.2f} (`{best_p99['policy']}`) |")
+            f"{p99['ttft_p99_s']:.2f} (`{p99['policy']}`) | "
+            f"{row['ttft_p99_s'] / p99['ttft_p99_s'] - 1:+.1%} |")
     return lines
 
 
@@ -295,12 +282,12 @@ def variant_summary(cells: dict[str, dict[str, Any]]) -> list[str]:
         low, high, missing_low, missing_high, count = [], [], 0, 0, 0
         for cell in cells.values():
             rows = {r["policy"]: r for r in cell["policies"]}
-            others = [r for name, r in rows.items() if name in BASELINES]
-            if variant not in rows or not others:
+            best = against_best(rows, variant, BASELINES)
+            if best is None:
                 continue
             count += 1
-            ratio = rows[variant]["ttft_mean_s"] / min(r["ttft_mean_s"] for r in others)
-            p99 = rows[variant]["ttft_p99_s"] / min(r["ttft_p99_s"] for r in others)
+            ratio = rows[variant]["ttft_mean_s"] / best[0]["ttft_mean_s"]
+            p99 = rows[variant]["ttft_p99_s"] / best[1]["ttft_p99_s"]
             miss = ratio > 1.05 or p99 > 1.10
             if cell["load"] <= 70:
                 low.append(math.log(ratio))
@@ -347,9 +334,9 @@ def heatmap(cells: dict[str, dict[str, Any]], path: Path) -> None:
 def report(out: Path, data: dict[str, Any], header: list[str]) -> None:
     cells = data["cells"]
     lines = [*header, "", "## LMetric against the best of the seven baselines, per cell", "",
-             *lmetric_gaps(cells), "", "![heatmap](heatmap.png)", "",
+             *gap_table(cells, "lmetric", BASELINES), "", "![heatmap](heatmap.png)", "",
              "## predicted_ttft against the best other policy, per cell", "",
-             *predictor_gaps(cells), "",
+             *gap_table(cells, "predicted_ttft", list(POLICIES)), "",
              "## LMetric's variants over the whole matrix", "", *variant_summary(cells), ""]
     for key, cell in cells.items():
         workload = WORKLOAD_BY_NAME[cell["workload"]]

@@ -31,7 +31,8 @@ most of the traffic. :func:`hotspot_burst` overlays on a background trace (a rea
 default) ``burst_rate`` requests per second for ``duration_s`` from ``at_s``, all
 starting with the same ``prefix_tokens`` prefix (e.g. a long document everyone asks
 about), each with a private suffix of ``suffix_tokens`` mean and ``output_tokens`` mean.
-The prefix ids are taken above the background's largest id, so they share nothing else.
+The prefix ids are taken above the background's largest id, so they share nothing else,
+and differ from seed to seed.
 With ``ramp_s`` the burst's rate grows linearly from 0 over that many seconds, as a
 document that becomes popular does: the first requests put the prefix on one or two
 instances, where the product keeps sending the rest (the paper's hotspot); a step burst
@@ -88,6 +89,9 @@ class HotspotParams:
     length_sigma: float = 0.6
     ramp_s: float = 0.0  # the rate grows linearly from 0 to burst_rate over this long
     seed: int = 0
+
+
+_IDS_PER_SEED = 1 << 24  # block ids one burst may use (8 billion tokens of 512-token blocks)
 
 
 def _lognormal(rng: np.random.Generator, mean: float, sigma: float) -> int:
@@ -166,7 +170,9 @@ def hotspot_burst(background: Sequence[TraceRecord], params: HotspotParams) -> l
     """``background`` plus a burst of requests sharing one long prefix; sorted by time."""
     rng = np.random.default_rng(params.seed)
     top = max((max(r.hash_ids, default=0) for r in background), default=0)
-    ids = _IdSource(top + 1)
+    # each seed its own prefix: a second burst (the load generator adds 1 to the seed per
+    # burst) must not find the first one's prefix already cached everywhere
+    ids = _IdSource(top + 1 + params.seed * _IDS_PER_SEED)
     prefix_blocks = params.prefix_tokens // MOONCAKE_BLOCK
     prefix = ids.take(prefix_blocks)
     burst: list[TraceRecord] = []

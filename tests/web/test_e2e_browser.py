@@ -44,9 +44,14 @@ def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
         client.close()
 
 
-def login(browser, base_url: str, role: str):
+def login(browser, base_url: str, role: str, *, bypass_csp: bool = True):
+    """A logged-in page. ``bypass_csp``: Playwright's string predicates (wait_for_function)
+    are evaluated in the page, which our CSP forbids; the hostile-input test keeps the CSP
+    and checks that our own pages raise no violation."""
     user = make_user(role, f"e2e-{role}")
-    page = browser.new_context(viewport={"width": 1440, "height": 1000}).new_page()
+    context = browser.new_context(viewport={"width": 1440, "height": 1000},
+                                  bypass_csp=bypass_csp)
+    page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.js_errors = errors  # checked by the tests: our scripts must not throw

@@ -150,7 +150,8 @@ def test_postgres_outage_routing_continues_api_says_503(stack):
 
 
 def _open_dashboard(browser, stack: Stack):
-    page = browser.new_page()
+    # bypass_csp: wait_for_function's string predicates are evaluated in the page
+    page = browser.new_context(bypass_csp=True).new_page()
     page.goto(stack.cp_url + "/login/")
     page.fill("input[name=username]", "drill-op")
     page.fill("input[name=password]", OPERATOR_PASSWORD)
@@ -187,7 +188,7 @@ def test_django_restart_dashboards_reconnect_and_resume(stack, browser):
                                    timeout=30_000)
     finally:
         for page in pages:
-            page.close()
+            page.context.close()
     outcome = load.finish()
     dashboards = Outcome(sent=len(pages), succeeded=len(pages))
     outcome.merge(dashboards)
@@ -263,7 +264,7 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
         stop.set()
         sampler.join(timeout=10)
         for page in pages:
-            page.close()
+            page.context.close()
     warm = [r for r in rows if r[0] >= WARM_UP_FRACTION * SOAK_S] or rows
     rss = [r[1] for r in warm]
     drift = (rss[-1] - rss[0]) / rss[0]

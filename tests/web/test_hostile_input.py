@@ -81,7 +81,7 @@ def test_slug_names_refuse_hostile_strings(transactional_db, name) -> None:
 
 def test_hostile_strings_run_on_no_page(browser, asgi_server) -> None:
     seeded = [seed(index) for index in range(len(PAYLOADS))]
-    page = login(browser, asgi_server.url, "operator")
+    page = login(browser, asgi_server.url, "operator", bypass_csp=False)
     dialogs: list[str] = []
 
     def on_dialog(dialog) -> None:
@@ -120,7 +120,7 @@ def test_hostile_strings_run_on_no_page(browser, asgi_server) -> None:
 
 def test_the_admin_shows_hostile_strings_inert_under_the_csp(browser, asgi_server) -> None:
     cluster = seed(1)
-    page = login(browser, asgi_server.url, "admin")
+    page = login(browser, asgi_server.url, "admin", bypass_csp=False)
     get_user_model().objects.filter(username="e2e-admin").update(is_staff=True,
                                                                  is_superuser=True)
     refused: list[str] = []

@@ -82,10 +82,11 @@ class LMetricPolicy(Policy):
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
+        batch = view.batch_size  # computed per call by the view: read it once
         prefill = self._prefill_term(request, view)
-        load = self._load_term(request, view)
+        load = self._load_term(request, view, batch)
         scores = prefill * load
-        slot = self.pick_min((scores, prefill, view.batch_size), allowed)
+        slot = self.pick_min((scores, prefill, batch), allowed)
         if not self.params.hotspot.enabled:
             return self.decision(view, request, slot, "score", scores, allowed)
         cached = view.cached_blocks(request)
@@ -97,7 +98,7 @@ class LMetricPolicy(Policy):
             allowed = allowed & ~prefix_class.members
             blind_p = view.pending_prefill + request.prompt_tokens
             scores = blind_p * load
-            slot = self.pick_min((scores, blind_p, view.batch_size), allowed)
+            slot = self.pick_min((scores, blind_p, batch), allowed)
             return self.decision(view, request, slot, "hotspot_fallback", scores, allowed,
                                  events=events, hot_class=f"{prefix_class.class_id:016x}")
         return self.decision(view, request, slot, "score", scores, allowed, events=events)
@@ -107,9 +108,10 @@ class LMetricPolicy(Policy):
             return view.new_tokens(request) / max(request.prompt_tokens, 1)
         return view.p_tokens(request)
 
-    def _load_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
+    def _load_term(self, request: RequestFeatures, view: ClusterView, batch: np.ndarray
+                   ) -> np.ndarray:
         offset = self.params.batch_offset
         if self.params.load_term == "total_tokens":
             batch_tokens = view.decode_context_tokens + view.pending_prefill
             return batch_tokens + offset * request.prompt_tokens
-        return view.batch_size + offset
+        return batch + offset

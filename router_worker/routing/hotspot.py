@@ -49,7 +49,7 @@ TransitionKind = Literal["suspected", "confirmed", "dismissed", "cleared"]
 
 
 class HotspotParams(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(True, description="run the hotspot detector")
     window_s: float = Field(30.0, gt=0, description="sliding window of requests, seconds")

@@ -35,7 +35,7 @@ class NoEligibleInstanceError(RuntimeError):
 class PolicyParams(BaseModel):
     """Base of every policy's parameters: immutable, unknown fields rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass(frozen=True, slots=True)

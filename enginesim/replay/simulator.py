@@ -25,12 +25,24 @@ Kinds:
   down and its cache forgotten), ``drain`` (no new requests; in-flight ones finish) and
   ``restore`` (healthy again; a failed instance comes back with a fresh, empty engine).
 
+Several routers (``routers`` > 1) share one fleet as they would behind a load balancer:
+each has its own :class:`ClusterState` and policy object (seeded ``seed + k``), routes the
+requests the balancer gives it (``router_spread``: ``round_robin`` over arrivals, seeded
+``random``, or ``session``, a hash of the session id as sticky balancers do) and alone
+sees their dispatch accounting, first tokens and finishes; scrapes, KV events and health
+reach every router. Retries stay on the router that took the request. With
+``replica_sync`` each router also tells its peers what it dispatched and when those
+requests started and ended (as the live routers' peer channel does), held back by
+``replica_sync_delay_s`` (a pub/sub hop, independent of the scrape and KV-event delay).
+
 Deterministic: no wall clock, no unseeded randomness; the policy's RNG is seeded.
 """
 
 from __future__ import annotations
 
 import heapq
+import random
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +66,7 @@ from router_worker.routing import kv_events as router_events
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
 FAULT_ACTIONS = ("fail", "drain", "restore")
+ROUTER_SPREADS = ("round_robin", "random", "session")
 
 
 @dataclass(frozen=True)
@@ -89,6 +102,17 @@ class SimConfig:
     max_attempts: int = 3
     seed: int = 0
     policy_params: dict[str, Any] = field(default_factory=dict)
+    routers: int = 1  # router processes sharing the fleet, each with its own view
+    router_spread: str = "round_robin"  # how the load balancer spreads requests over them
+    replica_sync: bool = False  # routers share their dispatches with each other
+    replica_sync_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.routers < 1:
+            raise ValueError(f"routers must be at least 1, not {self.routers}")
+        if self.router_spread not in ROUTER_SPREADS:
+            raise ValueError(f"router_spread {self.router_spread!r} is not one of "
+                             f"{', '.join(ROUTER_SPREADS)}")
 
     def engine_config(self, tier: GlobalKVTier | None) -> EngineConfig:
         return EngineConfig.for_hardware(self.gpu, self.model, max_model_len=self.max_model_len,
@@ -140,6 +164,15 @@ class _Flight:
     result: RequestResult
     slot: int = -1
     estimated_uncached: int = 0
+    router: int = 0  # which router took it (the one that accounts and retries it)
+
+
+@dataclass
+class _Router:
+    """One router process: its own view of the fleet and its own policy object."""
+
+    state: ClusterState
+    policy: Any
 
 
 @dataclass
@@ -162,7 +195,6 @@ class Simulator:
         # a policy that takes cost coefficients gets this cluster's where none were set
         params = fill_coefficients(policy, dict(config.policy_params.get(policy) or {}),
                                    config.gpu, config.model)
-        self.policy = make_policy(policy, params, seed=config.seed)
         self.progress = progress
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
@@ -171,7 +203,10 @@ class Simulator:
                      if config.global_tier_blocks else None)
         self.engine_config = config.engine_config(self.tier)
         self.ids = [f"i{k}" for k in range(config.instances)]
-        self.state = self._new_state()
+        self.routers = [_Router(self._new_state(),
+                                make_policy(policy, params, seed=config.seed + k))
+                        for k in range(config.routers)]
+        self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
         self.flights: dict[str, _Flight] = {}
         self.results: list[RequestResult] = []
@@ -184,6 +219,15 @@ class Simulator:
         self.next_arrival = 0
 
     # ----------------------------------------------------------------- setup
+
+    @property
+    def state(self) -> ClusterState:
+        """The first router's view (the only one unless ``routers`` > 1)."""
+        return self.routers[0].state
+
+    @property
+    def policy(self) -> Any:
+        return self.routers[0].policy
 
     def _new_state(self) -> ClusterState:
         cfg = self.engine_config
@@ -244,23 +288,36 @@ class Simulator:
         features = build_features(
             request_id, tokens, record.arrival_s, block_size=self.config.router_block_size,
             session_key=record.session_id, turn_index=record.turn)
-        self._dispatch(_Flight(record, features, result), tokens)
+        self._dispatch(_Flight(record, features, result, router=self._balance(record)), tokens)
         if self.progress is not None:
             self.progress(len(self.results), len(self.records), self.now)
+
+    def _balance(self, record: TraceRecord) -> int:
+        """The router the load balancer hands this arrival to."""
+        count = self.config.routers
+        if count == 1:
+            return 0
+        spread = self.config.router_spread
+        if spread == "session" and record.session_id is not None:
+            return zlib.crc32(str(record.session_id).encode()) % count
+        if spread == "random":
+            return self.balancer.randrange(count)
+        return (len(self.results) - 1) % count
 
     def _dispatch(self, flight: _Flight, tokens: np.ndarray | None = None) -> None:
         """Route, account and start one request (a first try or a retry)."""
         result = flight.result
         result.attempts += 1
+        router = self.routers[flight.router]
         try:
-            decision = self.policy.decide(flight.features, self.state.view(), self.now)
+            decision = router.policy.decide(flight.features, router.state.view(), self.now)
         except NoEligibleInstanceError:
             self._end(flight, "rejected")
             return
         self._count_decision(decision)
         slot = decision.slot
-        uncached = self.state.on_dispatch(flight.features, decision.instance_id, self.now,
-                                          cached_tokens=decision.cached_tokens)
+        uncached = router.state.on_dispatch(flight.features, decision.instance_id, self.now,
+                                            cached_tokens=decision.cached_tokens)
         flight.slot, flight.estimated_uncached = slot, uncached
         result.instance = decision.instance_id
         self.flights[result.id] = flight
@@ -271,11 +328,13 @@ class Simulator:
                 tokens = synthesize_tokens(flight.record)
             engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
         except EngineRequestError:  # vLLM answers 400: the router sees an error
-            self.state.on_error(result.id, self.now)
+            router.state.on_error(result.id, self.now)
             del self.flights[result.id]
             self._end(flight, "rejected")
             return
         self.true_pending[slot] += uncached
+        self._to_peers(flight, self._apply_peer_dispatch, flight, decision.instance_id,
+                       flight.features.prompt_tokens - uncached)
         self._engine_touched(slot)
 
     def _count_decision(self, decision: Any) -> None:
@@ -328,7 +387,8 @@ class Simulator:
             result.finish_s = output.finish_time
             result.status = "ok" if output.finish_reason == "length" else "failed"
             del self.flights[result.id]
-            self._telemetry(output.finish_time, self._apply_finish, result.id)
+            self._telemetry(output.finish_time, self._apply_finish, flight)
+            self._to_peers(flight, self._apply_peer_end, flight, True)
 
     def _on_first_token(self, flight: _Flight, output: Any) -> None:
         result = flight.result
@@ -336,12 +396,15 @@ class Simulator:
         result.cached_tokens = output.num_cached_tokens
         self.true_pending[flight.slot] -= flight.estimated_uncached
         self._telemetry(output.first_token_time, self._apply_first_token, flight)
+        self._to_peers(flight, self._apply_peer_end, flight, False)
 
     # ----------------------------------------------------------------- telemetry
 
     def _telemetry(self, when: float, apply: Callable[..., None], *args: Any) -> None:
         """Apply an indicator update now, or ``telemetry_delay_s`` later (staleness knob)."""
-        delay = self.config.telemetry_delay_s
+        self._after(self.config.telemetry_delay_s, when, apply, *args)
+
+    def _after(self, delay: float, when: float, apply: Callable[..., None], *args: Any) -> None:
         if delay <= 0:
             apply(when, *args)
         else:
@@ -353,15 +416,44 @@ class Simulator:
 
     def _apply_first_token(self, now: float, flight: _Flight) -> None:
         request_id = flight.result.id
-        if not self.state.is_in_flight(request_id):
+        router = self.routers[flight.router]
+        if not router.state.is_in_flight(request_id):
             return  # failed over in the meantime
-        self.state.on_first_token(request_id, now)
+        router.state.on_first_token(request_id, now)
         ttft = flight.result.first_token_s - flight.features.arrival_time
-        self.policy.observe_first_token(flight.features, self.ids[flight.slot], ttft, now)
+        router.policy.observe_first_token(flight.features, self.ids[flight.slot], ttft, now)
 
-    def _apply_finish(self, now: float, request_id: str) -> None:
-        if self.state.is_in_flight(request_id):
-            self.state.on_finish(request_id, now)
+    def _apply_finish(self, now: float, flight: _Flight) -> None:
+        state = self.routers[flight.router].state
+        if state.is_in_flight(flight.result.id):
+            state.on_finish(flight.result.id, now)
+
+    def _to_peers(self, flight: _Flight, apply: Callable[..., None], *args: Any) -> None:
+        if self.config.replica_sync and len(self.routers) > 1:
+            self._after(self.config.replica_sync_delay_s, self.now, apply, *args)
+
+    def _peers(self, flight: _Flight) -> list[_Router]:
+        return [r for k, r in enumerate(self.routers) if k != flight.router]
+
+    def _apply_peer_dispatch(self, now: float, flight: _Flight, instance_id: str,
+                             cached_tokens: int) -> None:
+        if not self._is_up(self.ids.index(instance_id)):
+            return
+        for router in self._peers(flight):
+            if not router.state.is_in_flight(flight.result.id):
+                router.state.on_dispatch(flight.features, instance_id, now,
+                                         cached_tokens=cached_tokens)
+
+    def _apply_peer_end(self, now: float, flight: _Flight, finished: bool) -> None:
+        """A peer's request started decoding (``finished`` False) or ended."""
+        for router in self._peers(flight):
+            state = router.state
+            if not state.is_in_flight(flight.result.id):
+                continue
+            if finished:
+                state.on_finish(flight.result.id, now)
+            else:
+                state.on_first_token(flight.result.id, now)
 
     def _forward_kv_events(self, slot: int, events: list[Any]) -> None:
         batch = router_events.KVEventBatch(self.now, tuple(_to_router_event(e) for e in events))
@@ -371,14 +463,16 @@ class Simulator:
     def _apply_kv_batch(self, now: float, slot: int, generation: int,
                         batch: router_events.KVEventBatch) -> None:
         if generation == self.instances[slot].generation and self._is_up(slot):
-            self.state.on_kv_event_batch(self.ids[slot], batch, now)
+            for router in self.routers:
+                router.state.on_kv_event_batch(self.ids[slot], batch, now)
 
     def _apply_scrape(self, now: float, slot: int, generation: int,
                       stats: tuple[int, int, float]) -> None:
         if generation == self.instances[slot].generation and self._is_up(slot):
             running, waiting, usage = stats
-            self.state.on_scrape(self.ids[slot], now, running=running, waiting=waiting,
-                                 kv_usage=usage)
+            for router in self.routers:
+                router.state.on_scrape(self.ids[slot], now, running=running, waiting=waiting,
+                                       kv_usage=usage)
 
     def _is_up(self, slot: int) -> bool:
         return int(self.state.view().health[slot]) != Health.DOWN
@@ -407,7 +501,8 @@ class Simulator:
         if not 0 <= slot < len(self.instances):
             raise ValueError(f"fault names instance {slot}; the cluster has {len(self.ids)}")
         if fault.action == "drain":
-            self.state.set_health(self.ids[slot], Health.DRAINING)
+            for router in self.routers:
+                router.state.set_health(self.ids[slot], Health.DRAINING)
         elif fault.action == "restore":
             self._restore(slot)
         elif self.instances[slot].engine is not None:
@@ -420,11 +515,14 @@ class Simulator:
         instance.engine, instance.kv_buffer = None, []
         instance.generation += 1
         victims = [f for f in self.flights.values() if f.slot == slot]
-        self.state.remove_instance(self.ids[slot])
+        for router in self.routers:
+            router.state.remove_instance(self.ids[slot])
         for flight in victims:
             del self.flights[flight.result.id]
-            if self.state.is_in_flight(flight.result.id):
-                self.state.on_error(flight.result.id, self.now)
+            state = self.routers[flight.router].state
+            if state.is_in_flight(flight.result.id):
+                state.on_error(flight.result.id, self.now)
+            self._to_peers(flight, self._apply_peer_end, flight, True)
             if flight.result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
                 if flight.result.attempts < self.config.max_attempts:
@@ -437,7 +535,8 @@ class Simulator:
         if instance.engine is None:
             instance.engine = self._new_engine(slot)
             self.true_pending[slot] = 0.0
-        self.state.add_instance(self.ids[slot])  # revives the slot as healthy
+        for router in self.routers:
+            router.state.add_instance(self.ids[slot])  # revives the slot as healthy
 
     # ----------------------------------------------------------------- result
 

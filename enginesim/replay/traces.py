@@ -201,6 +201,27 @@ def select(
             for i, r in enumerate(chosen)]
 
 
+def spread_ties(records: list[TraceRecord], seed: int = 0) -> list[TraceRecord]:
+    """Spread arrivals that share a timestamp uniformly until the next distinct one.
+
+    The Mooncake conversation trace stamps arrivals in 3 s buckets (about ten requests
+    each): replayed as they are, a bucket arrives in one instant, which no real client
+    does and which makes several routers behind a load balancer decide on the same view
+    at once. Seeded; arrivals stay sorted, indices renumbered. The last bucket spreads
+    over the trace's mean gap between buckets.
+    """
+    if not records:
+        return []
+    times = sorted({r.arrival_s for r in records})
+    width = (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0
+    next_time = dict(zip(times, [*times[1:], times[-1] + width], strict=True))
+    rng = np.random.default_rng(seed)
+    offsets = rng.random(len(records))
+    moved = sorted((r.arrival_s + float(u) * (next_time[r.arrival_s] - r.arrival_s), r.index, r)
+                   for u, r in zip(offsets, records, strict=True))
+    return [replace(r, index=i, arrival_s=t) for i, (t, _, r) in enumerate(moved)]
+
+
 def load_trace(path: str | Path, fmt: str = "auto", **window: float | int | None) -> list[
         TraceRecord]:
     """:func:`read_trace` then :func:`select` (``rate_scale``, ``start_s``, ``end_s``,

@@ -1,13 +1,18 @@
 """The sampled decision stream, in process: which decisions the router keeps for the live
-view, and what their records carry (the router core is real; no engine is needed because
-requests are planned and finished directly, as the proxy does)."""
+view, and what their records carry. The unit tests drive the real router core directly
+(planned and finished as the proxy does, no engine); the last test runs a router process
+against enginesim and a private Redis."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import httpx
 import numpy as np
+import redis
 
+from router_worker import telemetry_contract as contract
 from router_worker.config import parse_config
 from router_worker.core import Plan, RouterCore
 from router_worker.decisions import DecisionSampler, TokenBucket, candidate_rows, is_priority
@@ -15,6 +20,7 @@ from router_worker.metrics import RouterMetrics
 from router_worker.routing import Decision
 from router_worker.telemetry import DECISION_BUFFER, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
+from tests.router.conftest import router_config, wait_until
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
 
@@ -163,3 +169,37 @@ def test_the_unsent_buffer_is_bounded_and_keeps_the_newest() -> None:
     records = shipped(core)
     assert len(records) == DECISION_BUFFER and core.telemetry.decisions_dropped == 5
     assert records[-1].request_id == plans[-1].request_id
+
+
+def test_a_router_ships_its_decisions_to_the_clusters_stream(fleet, router_factory,
+                                                             private_redis) -> None:
+    """Through a real router process and Redis: what the debug header tells one client
+    is what the stream tells the live view."""
+    router = router_factory(router_config(fleet, "lmetric"), redis_url=private_redis.url)
+    client = redis.Redis(port=private_redis.port)
+    try:
+        headers = {"x-switchyard-debug": "1"}
+        answers = []
+        for n in range(3):  # within the routine burst: all three are sampled
+            response = httpx.post(router.url + "/v1/completions", headers=headers, json={
+                "model": MODEL, "prompt": f"decision stream {n} " * 30, "max_tokens": 2})
+            assert response.status_code == 200
+            answers.append(response.headers)
+        stream = contract.decisions_stream("test")
+        wait_until(lambda: client.xlen(stream) >= 3, 10, "decisions in Redis")
+        records = [DecisionRecord.from_stream_fields(fields)
+                   for _, fields in client.xrange(stream)]
+        assert 0 < client.ttl(stream) <= contract.DECISIONS_STREAM_TTL_S
+    finally:
+        client.close()
+    assert [r.request_id for r in records] == [h["x-switchyard-request-id"] for h in answers]
+    for record, sent in zip(records, answers, strict=True):
+        assert record.router == f"r{router.port}" and record.status == 200
+        assert record.instance == sent["x-switchyard-instance"]
+        assert record.reason == sent["x-switchyard-reason"]
+        assert record.cached_tokens == int(sent["x-switchyard-cached-tokens"])
+        assert {c.instance: c.score for c in record.candidates} == \
+            json.loads(sent["x-switchyard-scores"])
+        assert all(c.batch_size is not None for c in record.candidates)
+    kept = router.state()["telemetry"]["decisions"]["kept"]
+    assert kept["routine"] == 3

@@ -279,10 +279,12 @@ class RouterCore:
 
     def _publish_decision(self, plan: Plan, status: int, ttft: float | None) -> None:
         """Ship the plan's decision to the live view if it was sampled, or if it was retried
-        (admitted now, without the indicators of decision time)."""
+        or failed on the serving side (admitted now, without the indicators of decision
+        time)."""
         sampled = plan.sampled
         if sampled is None:
-            if plan.attempts <= 1 or not self.sampler.admit(True, time.perf_counter()):
+            troubled = plan.attempts > 1 or status >= 500
+            if not troubled or not self.sampler.admit(True, time.perf_counter()):
                 return
             sampled = CapturedDecision(priority=True, indicators=None)
         self.telemetry.decision(self.decision_record(plan, sampled, status, ttft))

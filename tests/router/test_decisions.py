@@ -134,6 +134,20 @@ def test_a_retry_is_shipped_even_when_routine_sampling_is_exhausted() -> None:
     assert {c.instance for c in record.candidates} == {"i0", "i1", "i2"}
 
 
+def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> None:
+    core = make_core(sampler=DecisionSampler(routine=(0.0, 0.0)))
+    assert core.runtime is not None
+    plan = core.plan(core.runtime, "completions", {"model": MODEL, "prompt": "doomed"}, {},
+                     time.perf_counter())
+    core.begin_attempt(plan, plan.instance)
+    core.account_dispatch(plan)
+    core.end_attempt(plan, ok=False)
+    core.finish_request(plan, status=502, ok=False, output_tokens=0, last_token_at=None,
+                        cached_tokens=0)
+    (record,) = shipped(core)
+    assert (record.status, record.attempts, record.priority) == (502, 1, True)
+
+
 def test_canary_records_name_the_arm_and_only_its_instances() -> None:
     canary = {"id": 7, "assignment_key": "session", "arms": [
         {"name": "baseline", "weight": 50, "instances": ["i0", "i1"],

@@ -281,15 +281,21 @@ class Telemetry:
         if not self._decisions:
             return
         batch = list(self._decisions)
+        self._decisions.clear()  # taken out first: requests may add more during the write
         pipe = redis.pipeline(transaction=False)
         for record in batch:
             pipe.xadd(contract.decisions_stream(record.cluster), record.to_stream_fields(),
                       maxlen=contract.DECISIONS_STREAM_MAXLEN, approximate=True)
         for cluster in {record.cluster for record in batch}:
             pipe.expire(contract.decisions_stream(cluster), contract.DECISIONS_STREAM_TTL_S)
-        await pipe.execute()
-        for _ in batch:
-            self._decisions.popleft()
+        try:
+            await pipe.execute()
+        except Exception:  # not written: back before the newer ones, the newest kept
+            self._decisions.extendleft(reversed(batch))
+            while len(self._decisions) > DECISION_BUFFER:
+                self._decisions.popleft()
+                self.decisions_dropped += 1
+            raise
 
     def _client(self) -> Any:
         if self._redis is None:

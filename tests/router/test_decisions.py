@@ -217,3 +217,30 @@ def test_a_router_ships_its_decisions_to_the_clusters_stream(fleet, router_facto
         assert all(c.batch_size is not None for c in record.candidates)
     kept = router.state()["telemetry"]["decisions"]["kept"]
     assert kept["routine"] == 3
+
+
+def test_decisions_made_while_redis_is_down_arrive_after_it_returns(fleet, router_factory,
+                                                                    private_redis) -> None:
+    router = router_factory(router_config(fleet, "lmetric"), redis_url=private_redis.url)
+    client = redis.Redis(port=private_redis.port)
+    wait_until(lambda: client.get(contract.state_key("test", f"r{router.port}")) is not None,
+               10, "the router writing to Redis")
+    client.close()
+    private_redis.stop()
+    sent = []
+    for n in range(3):
+        response = httpx.post(router.url + "/v1/completions", json={
+            "model": MODEL, "prompt": f"during the outage {n}", "max_tokens": 2})
+        assert response.status_code == 200
+        sent.append(response.headers["x-switchyard-request-id"])
+    wait_until(lambda: router.state()["telemetry"]["redis"] is False, 5, "outage noticed")
+    private_redis.start()  # empty: nothing was saved
+    client = redis.Redis(port=private_redis.port)
+    try:
+        stream = contract.decisions_stream("test")
+        wait_until(lambda: client.xlen(stream) >= 3, 10, "buffered decisions flushed")
+        records = [DecisionRecord.from_stream_fields(f) for _, f in client.xrange(stream)]
+    finally:
+        client.close()
+    assert [r.request_id for r in records] == sent
+    assert router.state()["telemetry"]["decisions"]["dropped"] == 0

@@ -115,17 +115,18 @@ def candidate_rows(decision: Decision, members: Iterable[str],
     chosen_slot = ids.index(chosen) if chosen in ids else decision.slot
     if chosen_slot in slots and chosen_slot not in kept:
         kept[-1] = chosen_slot
-    rows = [_row(ids[s], scores[s], s, indicators) for s in kept]
+    if indicators is None:
+        return [CandidateScore(instance=ids[s], score=scores[s]) for s in kept], len(slots)
+    # Plain lists: indexing numpy arrays element by element costs more than converting.
+    cached = indicators.cached_tokens.tolist()
+    pending = indicators.pending_prefill_tokens.tolist()
+    batch = indicators.batch_size.tolist()
+    rows = [CandidateScore(instance=ids[s], score=scores[s], cached_tokens=int(cached[s]),
+                           pending_prefill_tokens=_finite(pending[s]),
+                           batch_size=_finite(batch[s]))
+            if s < len(cached) else CandidateScore(instance=ids[s], score=scores[s])
+            for s in kept]
     return rows, len(slots)
-
-
-def _row(name: str, score: float | None, slot: int, ind: Indicators | None) -> CandidateScore:
-    if ind is None or slot >= len(ind.cached_tokens):
-        return CandidateScore(instance=name, score=score)
-    return CandidateScore(instance=name, score=score,
-                          cached_tokens=int(ind.cached_tokens[slot]),
-                          pending_prefill_tokens=_finite(float(ind.pending_prefill_tokens[slot])),
-                          batch_size=_finite(float(ind.batch_size[slot])))
 
 
 def scalar_details(details: dict[str, Any]) -> dict[str, Scalar]:

@@ -131,7 +131,9 @@ def admin_state(service: Service) -> dict[str, Any]:
         "limiter": {"active": service.limiter.active, "queued": service.limiter.queued},
         "telemetry": {"redis": service.telemetry.connected,
                       "buffered_events": service.telemetry.buffered_events,
-                      "dropped_total": service.telemetry.dropped_total},
+                      "dropped_total": service.telemetry.dropped_total,
+                      "decisions": {"kept": core.sampler.kept, "skipped": core.sampler.skipped,
+                                    "dropped": service.telemetry.decisions_dropped}},
         "recent_decisions": core.recent_decisions(RECENT_SHOWN),
         "recent_events": list(service.telemetry.recent_events)[-RECENT_SHOWN:],
     }

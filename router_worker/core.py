@@ -24,6 +24,14 @@ from typing import Any
 import numpy as np
 
 from router_worker.config import RouterConfig
+from router_worker.decisions import (
+    CapturedDecision,
+    DecisionSampler,
+    candidate_rows,
+    capture,
+    is_priority,
+    scalar_details,
+)
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
 from router_worker.metrics import RouterMetrics
@@ -39,6 +47,7 @@ from router_worker.routing import (
 )
 from router_worker.runtime import Arm, Runtime, build_runtime
 from router_worker.telemetry import RequestSample, Telemetry
+from router_worker.telemetry_contract import DecisionRecord
 from router_worker.tokenization import PromptError, Tokenizer
 
 log = logging.getLogger("router_worker")
@@ -67,6 +76,7 @@ class Plan:
     first_token_at: float | None = None
     dispatched: bool = False
     timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
+    sampled: CapturedDecision | None = None  # kept for the live view's decision stream
 
 
 @dataclass
@@ -92,6 +102,7 @@ class RouterCore:
         self._ids = itertools.count()
         self._id_prefix = f"sy-{os.getpid():x}-"
         self._peaks: dict[int, list[float]] = {}
+        self.sampler = DecisionSampler()
         telemetry.snapshot_source = self.snapshot_source
         telemetry.peaks_source = self.take_peaks
 
@@ -161,9 +172,12 @@ class RouterCore:
         t3 = time.perf_counter()
         if decision.events:
             self._hotspot_events(decision.events)
+        priority = is_priority(decision)
+        sampled = (capture(decision, arm.view, features, priority)
+                   if self.sampler.admit(priority, t3) else None)
         return Plan(request_id, runtime, arm, features, decision, tier, started,
                     instance=decision.instance_id, reason=decision.reason,
-                    timings=(t1 - t0, t2 - t1, t3 - t2))
+                    timings=(t1 - t0, t2 - t1, t3 - t2), sampled=sampled)
 
     def begin_attempt(self, plan: Plan, instance: str) -> None:
         """An attempt on ``instance`` starts (its indicators follow in account_dispatch)."""
@@ -261,6 +275,41 @@ class RouterCore:
         # The dict (with its per-candidate score table) is built only when /admin/state
         # asks: most requests' entries leave the deque unread.
         self.decisions.append((plan, status, ttft))
+        self._publish_decision(plan, status, ttft)
+
+    def _publish_decision(self, plan: Plan, status: int, ttft: float | None) -> None:
+        """Ship the plan's decision to the live view if it was sampled, or if it was retried
+        or failed on the serving side (admitted now, without the indicators of decision
+        time)."""
+        sampled = plan.sampled
+        if sampled is None:
+            troubled = plan.attempts > 1 or status >= 500
+            if not troubled or not self.sampler.admit(True, time.perf_counter()):
+                return
+            sampled = CapturedDecision(priority=True, indicators=None)
+        self.telemetry.decision(self.decision_record(plan, sampled, status, ttft))
+
+    def decision_record(self, plan: Plan, sampled: CapturedDecision, status: int,
+                        ttft: float | None) -> DecisionRecord:
+        decision, arm = plan.decision, plan.arm
+        candidates, total = candidate_rows(decision, arm.instances, sampled.indicators,
+                                           chosen=plan.instance)
+        canary = plan.runtime.config.canary
+        hot_class = decision.details.get("hot_class")
+        transitions = [e for e in decision.events if isinstance(e, HotspotEvent)]
+        if hot_class is None and transitions:
+            hot_class = transitions[0].class_id
+        return DecisionRecord(
+            cluster=self.telemetry.cluster, router=self.name, request_id=plan.request_id,
+            at=plan.features.arrival_time, arm=arm.name,
+            canary=canary.id if canary is not None else None, policy=arm.policy_kind,
+            instance=plan.instance, reason=decision.reason, attempts=plan.attempts,
+            tried=list(plan.tried), status=status, ttft_s=ttft,
+            prompt_tokens=plan.features.prompt_tokens, cached_tokens=decision.cached_tokens,
+            hot_class=hot_class, hotspot_transitions=[e.kind for e in transitions],
+            priority=sampled.priority, details=scalar_details(decision.details),
+            candidates=candidates, candidates_total=total,
+        )
 
     def recent_decisions(self, count: int) -> list[dict[str, Any]]:
         """The last ``count`` finished requests' routing decisions, oldest first."""

@@ -4,7 +4,10 @@ Follows :mod:`router_worker.telemetry_contract` exactly. Routing never waits on 
 requests only append to in-memory aggregates and a bounded event buffer; one background
 task writes every ``STATE_INTERVAL_S``. While Redis is unreachable, events and metrics
 records stay buffered (bounded; the oldest are dropped and counted) and are flushed on
-reconnect, followed by an ``events_dropped`` event carrying the count.
+reconnect, followed by an ``events_dropped`` event carrying the count. Sampled routing
+decisions (for the live view) are kept in a smaller buffer of the newest ones: they are a
+window onto recent traffic, so an outage only costs the oldest of them (counted apart from
+events, in ``decisions_dropped``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ METRICS_BUFFER = 600
 WINDOW_S = 30.0
 WINDOW_MAX_SAMPLES = 50_000
 FLUSH_BATCH = 500
+DECISION_BUFFER = 100
 
 
 @dataclass(slots=True)
@@ -161,6 +165,8 @@ class Telemetry:
         self._interval = _Interval(time.time(), self._rng)
         self._events: deque[contract.RouterEvent] = deque()
         self._records: deque[contract.MetricsRecord] = deque()
+        self._decisions: deque[contract.DecisionRecord] = deque()
+        self.decisions_dropped = 0
         self.dropped_total = 0
         self._dropped_unreported = 0
         self.connected: bool | None = None
@@ -180,6 +186,13 @@ class Telemetry:
             self._count_dropped(1)
         self._events.append(event)
         return event
+
+    def decision(self, record: contract.DecisionRecord) -> None:
+        """Queue a sampled routing decision for the cluster's decision stream."""
+        if len(self._decisions) >= DECISION_BUFFER:
+            self._decisions.popleft()
+            self.decisions_dropped += 1
+        self._decisions.append(record)
 
     def _count_dropped(self, count: int) -> None:
         self.dropped_total += count
@@ -229,6 +242,7 @@ class Telemetry:
             if self.redis_url is None:
                 self._records.clear()
                 self._events.clear()
+                self._decisions.clear()
                 continue
             await self._write(now)
 
@@ -249,6 +263,7 @@ class Telemetry:
             self.event("events_dropped", count=count)
         await self._flush_queue(redis, self._events, contract.EVENTS_STREAM)
         await self._flush_queue(redis, self._records, contract.METRICS_STREAM)
+        await self._flush_decisions(redis)
 
     async def _flush_queue(self, redis: Any, queue: deque[Any], stream: str) -> None:
         while queue:
@@ -260,6 +275,27 @@ class Telemetry:
             await pipe.execute()
             for _ in batch:  # only what Redis accepted leaves the buffer
                 queue.popleft()
+
+    async def _flush_decisions(self, redis: Any) -> None:
+        """Each cluster's stream is capped and expires once its routers stop writing."""
+        if not self._decisions:
+            return
+        batch = list(self._decisions)
+        self._decisions.clear()  # taken out first: requests may add more during the write
+        pipe = redis.pipeline(transaction=False)
+        for record in batch:
+            pipe.xadd(contract.decisions_stream(record.cluster), record.to_stream_fields(),
+                      maxlen=contract.DECISIONS_STREAM_MAXLEN, approximate=True)
+        for cluster in {record.cluster for record in batch}:
+            pipe.expire(contract.decisions_stream(cluster), contract.DECISIONS_STREAM_TTL_S)
+        try:
+            await pipe.execute()
+        except Exception:  # not written: back before the newer ones, the newest kept
+            self._decisions.extendleft(reversed(batch))
+            while len(self._decisions) > DECISION_BUFFER:
+                self._decisions.popleft()
+                self.decisions_dropped += 1
+            raise
 
     def _client(self) -> Any:
         if self._redis is None:

@@ -15,6 +15,10 @@ Keys
   ingest is idempotent however often an entry is delivered.
 * ``METRICS_STREAM``: per-router request metrics every `METRICS_INTERVAL_S`
   (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
+* ``decisions_stream(cluster)``: a sample of the cluster's recent routing decisions
+  (`DecisionRecord`, field ``data``), for the live view. Capped at
+  `DECISIONS_STREAM_MAXLEN` entries and expiring `DECISIONS_STREAM_TTL_S` after the last
+  write: it is a window onto recent traffic, not a log (nothing ingests it).
 """
 
 from __future__ import annotations
@@ -33,6 +37,11 @@ METRICS_STREAM = "switchyard:metrics"
 STREAM_MAXLEN = 100_000
 # Samples kept per arm per metrics record; enough for rank tests, bounded for Redis.
 MAX_SAMPLES_PER_RECORD = 500
+DECISIONS_STREAM_MAXLEN = 500
+DECISIONS_STREAM_TTL_S = 3600
+# Candidates carried per decision (best first); a larger cluster's record says how many
+# were left out.
+MAX_DECISION_CANDIDATES = 32
 
 EventKind = Literal[
     "hotspot",  # a hotspot detector transition (payload: see HotspotPayload)
@@ -52,6 +61,10 @@ def state_key(cluster: str, router: str) -> str:
 
 def state_pattern(cluster: str) -> str:
     return f"switchyard:state:{cluster}:*"
+
+
+def decisions_stream(cluster: str) -> str:
+    return f"switchyard:decisions:{cluster}"
 
 
 class _Record(BaseModel):
@@ -170,6 +183,50 @@ class MetricsRecord(_Record):
 
     @classmethod
     def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> MetricsRecord:
+        return cls.model_validate_json(_field(fields, "data"))
+
+
+class CandidateScore(_Record):
+    """One instance as the policy weighed it for one request, with the indicators behind
+    its score as the router saw them at decision time (None when not captured)."""
+
+    instance: str
+    score: float | None  # None: filtered out (unhealthy, or a hotspot class's holders)
+    cached_tokens: int | None = None  # the request's prompt tokens cached there
+    pending_prefill_tokens: float | None = None
+    batch_size: float | None = None
+
+
+class DecisionRecord(_Record):
+    """One sampled routing decision: where a request went and why."""
+
+    cluster: str
+    router: str
+    request_id: str
+    at: float  # unix seconds of the decision
+    arm: str
+    canary: int | None = None  # the canary's id when the cluster runs one
+    policy: str
+    instance: str  # the instance that served it (or the last one tried)
+    reason: str  # the policy's reason code (score, hotspot_fallback, session_stick, ...)
+    attempts: int = 1
+    tried: list[str] = Field(default_factory=list)  # instances that failed it before
+    status: int | None = None
+    ttft_s: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # on the chosen instance, as the router estimated
+    hot_class: str | None = None  # the prefix class when a hotspot is involved
+    hotspot_transitions: list[str] = Field(default_factory=list)  # raised by this decision
+    priority: bool = False  # kept regardless of the routine sampling rate
+    details: dict[str, float | int | str | bool | None] = Field(default_factory=dict)
+    candidates: list[CandidateScore] = Field(default_factory=list)  # best score first
+    candidates_total: int = 0
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"data": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> DecisionRecord:
         return cls.model_validate_json(_field(fields, "data"))
 
 

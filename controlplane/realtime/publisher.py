@@ -10,7 +10,9 @@ goes out at the first poll that sees a fresh router write (or after two ticks at
 sends lock onto writes, so what is sent is at most one poll old. Keys are rediscovered
 with SCAN every `scan_s`.
 Events: XREAD on the events stream with the publisher's own cursor (not the ingest consumer
-group). Config: the `switchyard:config` pub/sub channel.
+group). Config: the `switchyard:config` pub/sub channel. Sampled routing decisions: XREAD
+on every cluster's decision stream, at most once per tick, so each cluster's dashboards get
+at most one `decisions` message per tick (newest first, at most `DECISIONS_SHOWN`).
 """
 
 from __future__ import annotations
@@ -29,10 +31,16 @@ from asgiref.sync import sync_to_async
 from redis.exceptions import RedisError
 
 from controlplane.services.notify import CONFIG_CHANNEL
-from router_worker.telemetry_contract import EVENTS_STREAM, RouterEvent
+from router_worker.telemetry_contract import EVENTS_STREAM, RouterEvent, decisions_stream
 
 from .snapshot import merge_cluster
-from .state import group_name, parse_snapshots, scan_state_keys
+from .state import (
+    DECISIONS_SHOWN,
+    group_name,
+    parse_decisions,
+    parse_snapshots,
+    scan_state_keys,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,7 @@ class ClusterFeed:
     seen: tuple[tuple[str, float], ...] = ()  # router timestamps of the last send
     polled: tuple[tuple[str, float], ...] = ()  # router timestamps at the last poll
     last_sent: float = 0.0
+    decisions_cursor: bytes | str | None = None  # last decision-stream entry forwarded
 
 
 @dataclass
@@ -68,6 +77,11 @@ class PublisherSettings:
 def event_message(event: RouterEvent, cluster_id: int) -> dict[str, Any]:
     return {"type": "event", "kind": event.kind, "cluster_id": cluster_id,
             "event": event.model_dump()}
+
+
+def decisions_message(decisions: list[dict[str, Any]], cluster_id: int) -> dict[str, Any]:
+    """Newest first, as the live view lists them."""
+    return {"type": "decisions", "cluster_id": cluster_id, "decisions": decisions}
 
 
 def config_message(payload: dict[str, Any], cluster_id: int) -> dict[str, Any]:
@@ -97,6 +111,7 @@ class Publisher:
                  self._forever(stop, self.refresh_keys, self.settings.scan_s),
                  self._forever(stop, self.publish_snapshots, self.settings.poll_s),
                  self._forever(stop, self._events_loop, 0),
+                 self._forever(stop, self.forward_decisions, self.settings.interval_s),
                  self._forever(stop, self._config_loop, 0)]
         await self.refresh_clusters()
         await asyncio.gather(*loops)
@@ -166,9 +181,29 @@ class Publisher:
                     self.cursor = entry_id
                     await self.forward_event(fields)
 
-    async def _stream_tail(self) -> bytes | str:
-        last = await self.client.xrevrange(EVENTS_STREAM, count=1)
+    async def _stream_tail(self, stream: str = EVENTS_STREAM) -> bytes | str:
+        last = await self.client.xrevrange(stream, count=1)
         return last[0][0] if last else "0-0"
+
+    async def forward_decisions(self, block_ms: int = 1000) -> None:
+        """One read of every cluster's new sampled decisions, one message per cluster."""
+        feeds = {decisions_stream(feed.name): feed for feed in list(self.feeds.values())}
+        if not feeds:
+            return
+        for stream, feed in feeds.items():
+            if feed.decisions_cursor is None:  # a dashboard's first paint shows the past
+                feed.decisions_cursor = await self._stream_tail(stream)
+        batches = await self.client.xread(
+            {stream: feed.decisions_cursor for stream, feed in feeds.items()},
+            count=DECISIONS_SHOWN, block=block_ms)
+        for stream, entries in batches or []:
+            name = stream.decode() if isinstance(stream, bytes) else stream
+            feed = feeds[name]
+            feed.decisions_cursor = entries[-1][0]
+            decisions = parse_decisions(list(reversed(entries)))
+            if decisions:
+                await self.send(group_name(feed.cluster_id),
+                                decisions_message(decisions, feed.cluster_id))
 
     async def forward_event(self, fields: dict) -> None:
         try:

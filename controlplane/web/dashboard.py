@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from controlplane.models import ArmMetricRollup, Cluster, HotspotEvent
 from controlplane.realtime.snapshot import empty_cluster
-from controlplane.realtime.state import read_cluster
+from controlplane.realtime.state import read_cluster, read_decisions
 from controlplane.services import config as config_service
 from controlplane.services.notify import redis_client
 
@@ -31,6 +31,16 @@ def live_state(cluster: Cluster) -> dict[str, Any]:
     except redis.RedisError as error:
         log.warning("live state of %s unavailable: %s", cluster.name, error)
         return {**empty_cluster(cluster.name, cluster.pk), "unavailable": str(error)}
+
+
+def recent_decisions(cluster: Cluster) -> list[dict[str, Any]]:
+    """The cluster's latest sampled routing decisions, newest first; none without Redis."""
+    try:
+        with redis_client() as client:
+            return read_decisions(client, cluster.name)
+    except redis.RedisError as error:
+        log.warning("decisions of %s unavailable: %s", cluster.name, error)
+        return []
 
 
 def last_minute_latency(cluster: Cluster) -> dict[str, float | None]:
@@ -122,6 +132,7 @@ def first_paint(cluster: Cluster, at: datetime | None = None) -> dict[str, Any]:
                         "gpu_type": cluster.gpu_type},
             "at": at.timestamp() if at else None,
             "live": None if at else live_state(cluster),
+            "decisions": [] if at else recent_decisions(cluster),
             "annotations": annotations(cluster, since, until),
             "history": arm_history(cluster, since, until),
             "server_time": timezone.now().timestamp()}

@@ -1,4 +1,5 @@
-// Cluster live view: HTTP snapshot first, then websocket messages (snapshot | event | config).
+// Cluster live view: HTTP snapshot first, then websocket messages (snapshot | event | config |
+// decisions).
 // Reconnects with exponential backoff and shows "stale" while disconnected. Needs uPlot
 // (loaded as a classic script before this module) and nothing else.
 
@@ -6,6 +7,8 @@ const MAX_POINTS = 1200; // 5 minutes at 4 Hz
 const STALE_AFTER_S = 3; // connected but no snapshot for this long → "no data"
 const BACKOFF_MS = [500, 1000, 2000, 4000, 8000, 10000];
 const LATENCY_SAMPLES = 5000;
+const MAX_DECISIONS = 40; // rows of the decision table
+const TOP_CANDIDATES = 4; // candidates shown per decision (plus the chosen one)
 
 const cfg = JSON.parse(document.getElementById("live-config").textContent);
 const $ = (selector) => document.querySelector(selector);
@@ -19,6 +22,7 @@ const state = {
   lastSnapshotAt: 0,
   socket: null,
   attempts: 0,
+  decisions: [], // sampled routing decisions, newest first (at most MAX_DECISIONS)
 };
 
 // Exposed for tests and the latency benchmark: receive-time minus router timestamp.
@@ -32,6 +36,8 @@ const fmt = {
   num2: (v) => (v == null ? "–" : v.toFixed(2)),
   int: (v) => (v == null ? "–" : Math.round(v).toLocaleString()),
 };
+const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumSignificantDigits: 3 });
+fmt.score = (v) => (v == null ? "filtered" : compact.format(v));
 const esc = (text) => String(text ?? "").replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
 const clock = (ts) => new Date(ts * 1000).toLocaleTimeString();
 
@@ -279,6 +285,66 @@ function clearHotspot(prefixClass, at) {
   if (known) known.clearedAt = at;
 }
 
+// ---------------------------------------------------------------- routing decisions
+const decisionKey = (d) => `${d.router}\u0000${d.request_id}`;
+
+// Merge newly received decisions (any order) into the table: newest first, bounded.
+function addDecisions(decisions) {
+  const known = new Set(state.decisions.map(decisionKey));
+  const fresh = (decisions ?? []).filter((d) => !known.has(decisionKey(d)));
+  if (!fresh.length) return;
+  state.decisions = [...fresh, ...state.decisions].sort((a, b) => b.at - a.at).slice(0, MAX_DECISIONS);
+  renderDecisions();
+}
+
+function indicatorText(c) {
+  if (c.cached_tokens == null) return `${c.instance}: score ${fmt.score(c.score)} (indicators not captured)`;
+  return `${c.instance}: score ${fmt.score(c.score)} · cached ${fmt.int(c.cached_tokens)} tokens · pending prefill ${fmt.int(c.pending_prefill_tokens)} · batch ${fmt.int(c.batch_size)}`;
+}
+
+function candidateChip(c, chosen) {
+  const indicators = c.cached_tokens == null ? ""
+    : ` <small>${fmt.int(c.cached_tokens)} · ${fmt.int(c.pending_prefill_tokens)} · ${fmt.int(c.batch_size)}</small>`;
+  const cls = `cand${c.instance === chosen ? " chosen" : ""}${c.score == null ? " filtered" : ""}`;
+  return `<span class="${cls}" data-candidate="${esc(c.instance)}" title="${esc(indicatorText(c))}">${esc(c.instance)} <b>${esc(fmt.score(c.score))}</b>${indicators}</span>`;
+}
+
+function candidateCell(d) {
+  const candidates = d.candidates ?? [];
+  const shown = candidates.slice(0, TOP_CANDIDATES);
+  const chosen = candidates.find((c) => c.instance === d.instance);
+  if (chosen && !shown.includes(chosen)) shown.push(chosen);
+  const more = Math.max(0, (d.candidates_total ?? candidates.length) - shown.length);
+  return shown.map((c) => candidateChip(c, d.instance)).join("") + (more ? `<span class="muted small">+${more} more</span>` : "");
+}
+
+function reasonCell(d) {
+  const details = Object.entries(d.details ?? {}).map(([k, v]) => `${k}=${v}`).join(", ");
+  const retry = d.attempts > 1
+    ? ` <span class="badge warn" data-testid="decision-retry" title="${esc(`failed first on ${(d.tried ?? []).join(", ")}`)}">retry ×${d.attempts - 1}</span>` : "";
+  const hot = d.hot_class
+    ? ` <span class="badge bad" data-testid="decision-hotspot" title="${esc((d.hotspot_transitions ?? []).join(", "))}">hotspot ${esc(d.hot_class)}</span>` : "";
+  return `<span class="badge" title="${esc(details)}">${esc(d.reason)}</span>${retry}${hot}`;
+}
+
+function decisionRow(d) {
+  const arm = d.canary != null ? `${esc(d.arm)} <span class="badge canary">canary ${esc(d.canary)}</span>` : esc(d.arm);
+  const status = d.status != null && d.status >= 400 ? ` <span class="badge bad">${esc(d.status)}</span>` : "";
+  return `<tr data-request="${esc(d.request_id)}" class="${d.priority ? "priority" : ""}">
+    <td>${clock(d.at)}</td><td class="mono">${esc(d.request_id)}</td><td>${esc(d.router)}</td>
+    <td>${arm} · ${esc(d.policy)}</td><td><strong>${esc(d.instance)}</strong>${status}</td>
+    <td>${reasonCell(d)}</td>
+    <td class="num">${fmt.int(d.cached_tokens)} / ${fmt.int(d.prompt_tokens)}</td><td class="num">${fmt.ms(d.ttft_s)}</td>
+    <td class="candidates">${candidateCell(d)}</td></tr>`;
+}
+
+function renderDecisions() {
+  $("#decisions tbody").innerHTML = state.decisions.length
+    ? state.decisions.map(decisionRow).join("")
+    : `<tr class="empty"><td colspan="9" class="muted">${cfg.history ? "decisions are only shown live" : "no decision sampled yet"}</td></tr>`;
+  $("#decisions-note").textContent = state.decisions.length ? `latest ${state.decisions.length}` : "";
+}
+
 // ---------------------------------------------------------------- applying messages
 function applySnapshot(snapshot) {
   state.snapshot = snapshot;
@@ -329,6 +395,8 @@ function applyMessage(message) {
     applySnapshot(message);
   } else if (message.type === "event") {
     applyEvent(message);
+  } else if (message.type === "decisions") {
+    addDecisions(message.decisions);
   } else if (message.type === "config") {
     annotate(message.at, "config", `config v${message.version} published`);
     redrawCharts(true);
@@ -345,6 +413,8 @@ async function loadSnapshot(withHistory) {
   for (const a of body.annotations) addEvent(a.at, a.kind, a.detail ? `${a.label} — ${a.detail}` : a.label);
   if (withHistory) pushHistory(body.history);
   if (body.live) applySnapshot(body.live);
+  addDecisions(body.decisions);
+  if (cfg.history) renderDecisions();
   redrawCharts(true);
 }
 

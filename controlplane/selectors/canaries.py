@@ -18,6 +18,12 @@ def canary(canary_id: int) -> CanarySplit:
     return get_or_404(queryset, canary_id, "canary")
 
 
+def canary_with_policies(canary_id: int) -> CanarySplit:
+    """One canary and its two policies, without its judgements (read on their own)."""
+    queryset = CanarySplit.objects.select_related("baseline_policy", "candidate_policy")
+    return get_or_404(queryset, canary_id, "canary")
+
+
 def judgements(canary_id: int) -> QuerySet[CanaryJudgement]:
     """Every decision of the judge on one canary, oldest first (its timeline)."""
     return get_or_404(CanarySplit.objects.all(), canary_id, "canary").judgements.order_by(

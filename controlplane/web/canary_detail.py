@@ -30,7 +30,7 @@ TEST_FIELDS = ("n_baseline", "n_candidate", "median_baseline", "median_candidate
 def canary_detail(request: HttpRequest, cluster_id: int, canary_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     try:
-        canary = reads.canary(canary_id)
+        canary = reads.canary_with_policies(canary_id)
     except NotFound as error:
         raise Http404(error.message) from None
     if canary.cluster_id != cluster.pk:

@@ -71,20 +71,24 @@ def _guards(guards: Any) -> list[dict[str, Any]]:
 
 
 def guard_view(guard: dict[str, Any]) -> dict[str, Any]:
-    value, limit = guard.get("value"), guard.get("limit")
-    if guard.get("name") == "min_samples":
-        shown = f"{_number(value)} (min {_number(limit)})"
-    else:
-        shown = f"{_percent(value)} (max {_percent(limit)})"
-    return {"name": guard.get("name", "?"), "shown": shown, "passed": guard.get("passed")}
+    name, value, limit = str(guard.get("name", "?")), guard.get("value"), guard.get("limit")
+    if name.endswith("rate"):  # a ceiling on a share of the candidate's requests
+        shown = _percent(value) + (f" (max {_percent(limit)})" if limit is not None else "")
+    else:  # min_samples: a floor on the samples of the thinner arm
+        shown = _number(value) + (f" (min {_number(limit)})" if limit is not None else "")
+    return {"name": name, "shown": shown, "passed": guard.get("passed")}
 
 
 def _number(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, int | float) else "–"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "–"
+    return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.3g}"
 
 
 def _percent(value: Any) -> str:
-    return f"{value * 100:.1f}%" if isinstance(value, int | float) else "–"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "–"
+    return f"{value * 100:.1f}%"
 
 
 def chart_series(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:

@@ -200,7 +200,8 @@ def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role
     body = client.get(url).content.decode()
     assert 'data-verdict="fail"' in body and 'data-verdict="halt"' in body
     assert "50.0 ms → 60.0 ms" in body and "+20.0%" in body
-    assert 'data-guard="candidate_error_rate"' in body
+    assert 'data-guard="candidate_error_rate" data-passed="unknown">candidate_error_rate 10.0%<' \
+        in body
     partial = client.get(url, headers={"HX-Request": "true"}).content.decode()
     assert partial.startswith('<div id="canary-timeline" data-state="rolled_back"')
     assert "hx-trigger" not in partial  # ended: the page stops refreshing

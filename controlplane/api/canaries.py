@@ -5,12 +5,14 @@ from typing import Literal
 
 from django.http import HttpRequest
 from ninja import Router, Status
+from ninja.pagination import paginate
 
 from controlplane.selectors import canaries as canary_selectors
 from controlplane.services import canaries as canary_services
 
 from .auth import actor_of, role
-from .schemas import CanaryDetailOut, CanaryIn, CanaryOut, Id, ReasonIn
+from .pagination import Pages
+from .schemas import CanaryDetailOut, CanaryIn, CanaryOut, Id, JudgementOut, ReasonIn
 
 router = Router(tags=["canaries"])
 CanaryState = Literal["draft", "progressing", "paused", "promoted", "rolled_back", "aborted"]
@@ -24,6 +26,13 @@ def list_canaries(request: HttpRequest, cluster_id: Id, state: CanaryState | Non
 @router.get("/canaries/{canary_id}", response=CanaryDetailOut)
 def get_canary(request: HttpRequest, canary_id: Id):
     return canary_selectors.canary(canary_id)
+
+
+@router.get("/canaries/{canary_id}/judgements", response=list[JudgementOut])
+@paginate(Pages)
+def list_judgements(request: HttpRequest, canary_id: Id):
+    """Every judgement of the canary judge on this canary, oldest first, with its evidence."""
+    return canary_selectors.judgements(canary_id)
 
 
 @router.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut},

@@ -150,9 +150,14 @@ class JudgementOut(Schema):
     id: int
     at: datetime
     step_index: int
-    verdict: str
-    action: str
-    evidence: dict[str, Any]
+    verdict: str = Field(description="pass | fail | inconclusive | halt")
+    action: str = Field(description="advance | promote | retry | rollback | wait | pause")
+    evidence: dict[str, Any] = Field(description=(
+        "What the verdict rests on: step_index, candidate_weight (percent of traffic) and "
+        "step_started_at of the judged step; arms (per arm: requests, errors, "
+        "hotspot_fallbacks, ttft_samples, tpot_samples); tests (per metric: n per arm, "
+        "median per arm in seconds, effect = relative change of the candidate's median, "
+        "Mann-Whitney p_value, outcome); guards (name, value, limit, passed); reasons."))
 
 
 class CanaryOut(Schema):

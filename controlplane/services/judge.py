@@ -60,14 +60,26 @@ class MetricTest:
 
 
 @dataclass
+class Guard:
+    """One hard guard of a step: its measured value against its limit."""
+
+    name: str  # min_samples | error_rate | hotspot_fallback_rate
+    value: float | None
+    limit: float
+    passed: bool | None  # None: not measurable (the candidate served no request)
+
+
+@dataclass
 class Verdict:
     verdict: str  # pass | fail | inconclusive | halt
     reasons: list[str]
     tests: list[MetricTest]
-    guards: dict[str, Any]
+    guards: list[Guard]
+    arms: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reasons": self.reasons, "guards": self.guards,
+        return {"verdict": self.verdict, "reasons": self.reasons, "arms": self.arms,
+                "guards": [asdict(g) for g in self.guards],
                 "tests": [asdict(t) for t in self.tests]}
 
 
@@ -89,38 +101,49 @@ def compare(metric: str, baseline: list[float], candidate: list[float],
     return MetricTest(metric, n_b, n_c, med_b, med_c, effect, p_value, outcome)
 
 
+GUARD_LABELS = {"error_rate": "error rate", "hotspot_fallback_rate": "hotspot fallback rate"}
+
+
+def guards_of(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> list[Guard]:
+    """The step's hard guards, each with its value, its limit and whether it held."""
+    candidate = samples["candidate"]
+    fewest = min(min(len(s.ttft_s), len(s.tpot_s)) for s in samples.values())
+    guards = [Guard("min_samples", fewest, guardrails["min_samples"],
+                    bool(candidate.requests) and fewest >= guardrails["min_samples"])]
+    for name, count in (("error_rate", candidate.errors),
+                        ("hotspot_fallback_rate", candidate.hotspot_fallbacks)):
+        limit = guardrails[f"max_{name}"]
+        rate = count / candidate.requests if candidate.requests else None
+        guards.append(Guard(name, rate, limit, None if rate is None else rate <= limit))
+    return guards
+
+
+def arm_counts(samples: dict[str, ArmSample]) -> dict[str, dict[str, int]]:
+    return {name: {"requests": s.requests, "errors": s.errors,
+                   "hotspot_fallbacks": s.hotspot_fallbacks, "ttft_samples": len(s.ttft_s),
+                   "tpot_samples": len(s.tpot_s)} for name, s in samples.items()}
+
+
 def judge(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> Verdict:
     """Pure decision on one step's samples (no database access)."""
     baseline, candidate = samples["baseline"], samples["candidate"]
-    def rate(count: int) -> float | None:
-        return count / candidate.requests if candidate.requests else None
-
-    guards = {
-        "candidate_requests": candidate.requests,
-        "candidate_error_rate": rate(candidate.errors),
-        "candidate_hotspot_fallback_rate": rate(candidate.hotspot_fallbacks),
-    }
+    guards, arms = guards_of(samples, guardrails), arm_counts(samples)
     tests = [compare("ttft", baseline.ttft_s, candidate.ttft_s, guardrails),
              compare("tpot", baseline.tpot_s, candidate.tpot_s, guardrails)]
-    if any(t.outcome == "no_data" for t in tests) or not candidate.requests:
+    if not guards[0].passed:
         return Verdict("halt", ["too few samples to judge (min_samples "
-                                f"{guardrails['min_samples']:g} per arm)"], tests, guards)
-    reasons = []
-    if guards["candidate_error_rate"] > guardrails["max_error_rate"]:
-        reasons.append(f"error rate {guards['candidate_error_rate']:.3f} > "
-                       f"{guardrails['max_error_rate']:g}")
-    if guards["candidate_hotspot_fallback_rate"] > guardrails["max_hotspot_fallback_rate"]:
-        reasons.append(f"hotspot fallback rate {guards['candidate_hotspot_fallback_rate']:.3f}"
-                       f" > {guardrails['max_hotspot_fallback_rate']:g}")
+                                f"{guardrails['min_samples']:g} per arm)"], tests, guards, arms)
+    reasons = [f"{GUARD_LABELS[g.name]} {g.value:.3f} > {g.limit:g}"
+               for g in guards[1:] if not g.passed]
     reasons += [f"{t.metric} median {t.effect:+.1%} (p={t.p_value:.3g})"
                 for t in tests if t.outcome == "fail"]
     if reasons:
-        return Verdict("fail", reasons, tests, guards)
+        return Verdict("fail", reasons, tests, guards, arms)
     unsure = [f"{t.metric} median {t.effect:+.1%} but not significant (p={t.p_value:.3g})"
               for t in tests if t.outcome == "inconclusive"]
     if unsure:
-        return Verdict("inconclusive", unsure, tests, guards)
-    return Verdict("pass", ["no regression beyond tolerance"], tests, guards)
+        return Verdict("inconclusive", unsure, tests, guards, arms)
+    return Verdict("pass", ["no regression beyond tolerance"], tests, guards, arms)
 
 
 def step_samples(canary: CanarySplit) -> dict[str, ArmSample]:
@@ -153,15 +176,18 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
     if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
         return None
     verdict = judge(step_samples(canary), canary.guardrails)
+    # The step as it was judged: _act may move the canary to the next one.
+    evidence = {**verdict.evidence(), "step_index": canary.step_index,
+                "candidate_weight": canary.candidate_weight,
+                "step_started_at": (canary.step_started_at or canary.created_at).isoformat()}
     with transaction.atomic():
-        action = _act(canary, verdict)
+        action = _act(canary, verdict, evidence)
         return CanaryJudgement.objects.create(
-            canary=canary, step_index=canary.step_index, verdict=verdict.verdict,
-            action=action, evidence=verdict.evidence())
+            canary=canary, step_index=evidence["step_index"], verdict=verdict.verdict,
+            action=action, evidence=evidence)
 
 
-def _act(canary: CanarySplit, verdict: Verdict) -> str:
-    evidence = verdict.evidence()
+def _act(canary: CanarySplit, verdict: Verdict, evidence: dict[str, Any]) -> str:
     reason = f"canary judge: {verdict.verdict}: {'; '.join(verdict.reasons)}"
     if verdict.verdict == "pass":
         if canary.step_index + 1 < len(canary.weight_steps):

@@ -49,3 +49,14 @@ def pretty_json(value: Any) -> str:
 @register.filter
 def get(mapping: dict | None, key: Any) -> Any:
     return None if mapping is None else mapping.get(key)
+
+
+@register.filter
+def effect(ratio: float | None) -> str:
+    """A relative change with its sign: 0.312 → '+31.2%'."""
+    return DASH if ratio is None else f"{ratio * 100:+.1f}%"
+
+
+@register.filter
+def pvalue(p: float | None) -> str:
+    return DASH if p is None else f"{p:.3g}"

@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import canaries, clusters, events, policies, replays
+from . import canaries, canary_detail, clusters, events, policies, replays
 from .login import ThrottledAuthenticationForm
 
 app_name = "web"
@@ -26,6 +26,8 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/canary/", canaries.canary_page, name="canary"),
     path("clusters/<int:cluster_id>/canary/create/", canaries.canary_create,
          name="canary_create"),
+    path("clusters/<int:cluster_id>/canary/<int:canary_id>/", canary_detail.canary_detail,
+         name="canary_detail"),
     path("clusters/<int:cluster_id>/canary/<int:canary_id>/comparison/",
          canaries.canary_comparison, name="canary_comparison"),
     path("clusters/<int:cluster_id>/canary/<int:canary_id>/<str:action>/",

@@ -27,7 +27,8 @@ from tests.router.conftest import ADMIN_TOKEN, PYTHON, REPO, free_ports, stop_pr
 VIEWER_PAGES = [
     "/", "/clusters/{alpha}/", "/clusters/{alpha}/snapshot.json", "/clusters/{alpha}/policy/",
     "/clusters/{alpha}/policy/params/?kind=linear", "/clusters/{alpha}/routers/",
-    "/clusters/{alpha}/canary/", "/clusters/{alpha}/canary/{draft}/comparison/",
+    "/clusters/{alpha}/canary/", "/clusters/{alpha}/canary/{draft}/",
+    "/clusters/{alpha}/canary/{draft}/comparison/",
     "/clusters/{alpha}/replays/", "/clusters/{alpha}/replays/{replay}/", "/hotspots/", "/audit/",
 ]
 OPERATOR_POSTS = [

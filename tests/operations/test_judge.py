@@ -21,9 +21,10 @@ def lognormal(median: float, n: int) -> list[float]:
     return list(np.exp(RNG.normal(np.log(median), 0.3, n)))
 
 
-def arm(ttft_median: float, n: int = 200, errors: int = 0) -> ArmSample:
+def arm(ttft_median: float, n: int = 200, errors: int = 0,
+        tpot_median: float = 0.02) -> ArmSample:
     return ArmSample(requests=n, errors=errors, ttft_s=lognormal(ttft_median, n),
-                     tpot_s=lognormal(0.02, n))
+                     tpot_s=lognormal(tpot_median, n))
 
 
 def test_clear_regression_fails_with_evidence():
@@ -134,3 +135,37 @@ def test_no_data_for_several_step_lengths_pauses_for_the_operator(running_canary
 @pytest.mark.django_db
 def test_not_judged_before_the_step_has_run(running_canary):
     assert judge_canary(running_canary.pk) is None
+
+
+@pytest.mark.django_db
+def test_every_judgement_is_kept_with_its_evidence(running_canary):
+    """Wait, advance, promote: three rows, none overwritten, each with what it rested on."""
+    feed(running_canary, arm(0.5, n=10), arm(0.5, n=10))
+    judge_canary(running_canary.pk)
+    faster = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
+    feed(running_canary, arm(0.5), arm(errors=1, **faster))
+    judge_canary(running_canary.pk)
+    feed(running_canary, arm(0.5), arm(**faster))
+    judge_canary(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert running_canary.state == "promoted"
+
+    rows = list(running_canary.judgements.order_by("at", "id"))
+    assert [(j.verdict, j.action, j.step_index) for j in rows] == [
+        ("halt", "wait", 0), ("pass", "advance", 0), ("pass", "promote", 1)]
+    assert [j.evidence["candidate_weight"] for j in rows] == [10, 10, 50]
+    halted, advanced, promoted = (j.evidence for j in rows)
+    assert halted["arms"]["candidate"]["requests"] == 10
+    assert {g["name"]: g["passed"] for g in halted["guards"]} == {
+        "min_samples": False, "error_rate": True, "hotspot_fallback_rate": True}
+    assert halted["tests"][0]["p_value"] is None  # too few samples: no test was run
+    assert advanced["arms"] == {arm_name: {
+        "requests": 200, "errors": errors, "hotspot_fallbacks": 0, "ttft_samples": 200,
+        "tpot_samples": 200} for arm_name, errors in (("baseline", 0), ("candidate", 1))}
+    error_guard = next(g for g in advanced["guards"] if g["name"] == "error_rate")
+    assert error_guard == {"name": "error_rate", "value": 0.005, "limit": 0.02, "passed": True}
+    ttft = next(t for t in promoted["tests"] if t["metric"] == "ttft")
+    assert ttft["n_baseline"] == ttft["n_candidate"] == 200
+    assert 0.4 < ttft["median_baseline"] < 0.6 and 0.3 < ttft["median_candidate"] < 0.5
+    assert ttft["effect"] < 0 and 0 <= ttft["p_value"] <= 1
+    assert promoted["reasons"] == ["no regression beyond tolerance"]

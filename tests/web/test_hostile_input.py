@@ -63,7 +63,8 @@ def pages(base_url: str, cluster: Cluster) -> list[str]:
     at = f"{base_url}/clusters/{cluster.pk}"
     job = cluster.replays.get()
     return [f"{base_url}/", f"{at}/", f"{at}/policy/", f"{at}/canary/", f"{at}/replays/",
-            f"{at}/replays/{job.pk}/", f"{base_url}/hotspots/", f"{base_url}/audit/",
+            f"{at}/canary/{cluster.canaries.get().pk}/", f"{at}/replays/{job.pk}/",
+            f"{base_url}/hotspots/", f"{base_url}/audit/",
             f"{base_url}/audit/?cluster={cluster.pk}", f"{base_url}/api/v1/docs"]
 
 

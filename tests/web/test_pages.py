@@ -173,3 +173,40 @@ def test_audit_log_shows_who_what_and_why(as_role, cluster) -> None:
         .content.decode()
     assert 'data-action="policy.activate"' in body and "system:web-tests" in body
     assert 'data-action="cluster.create"' not in body
+
+
+def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role,
+                                                                         cluster) -> None:
+    from controlplane.models import CanaryJudgement
+
+    from .conftest import make_cluster
+
+    lm, rr = cluster.policies.get(name="lm"), cluster.policies.get(name="rr")
+    canary = CanarySplit.objects.create(cluster=cluster, name="c", baseline_policy=lm,
+                                        candidate_policy=rr, baseline_instances=["i0"],
+                                        candidate_instances=["i1"], weight_steps=[10],
+                                        guardrails={"step_seconds": 60}, state="rolled_back")
+    # Evidence as the judge wrote it before guards carried limits, and none at all.
+    CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="fail",
+                                   action="rollback", evidence={
+                                       "verdict": "fail", "reasons": ["error rate 0.100 > 0.02"],
+                                       "guards": {"candidate_error_rate": 0.1},
+                                       "tests": [{"metric": "ttft", "median_baseline": 0.05,
+                                                  "median_candidate": 0.06, "effect": 0.2,
+                                                  "p_value": 0.01, "outcome": "fail"}]})
+    CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="halt", action="wait")
+    client = as_role("viewer")
+    url = reverse("web:canary_detail", args=[cluster.pk, canary.pk])
+    body = client.get(url).content.decode()
+    assert 'data-verdict="fail"' in body and 'data-verdict="halt"' in body
+    assert "50.0 ms → 60.0 ms" in body and "+20.0%" in body
+    assert 'data-guard="candidate_error_rate" data-passed="unknown">candidate_error_rate 10.0%<' \
+        in body
+    partial = client.get(url, headers={"HX-Request": "true"}).content.decode()
+    assert partial.startswith('<div id="canary-timeline" data-state="rolled_back"')
+    assert "hx-trigger" not in partial  # ended: the page stops refreshing
+    other = make_cluster()
+    assert client.get(reverse("web:canary_detail", args=[other.pk, canary.pk])) \
+        .status_code == 404
+    assert client.get(reverse("web:canary_detail", args=[cluster.pk, 999999])) \
+        .status_code == 404

@@ -309,8 +309,8 @@ def ingest_metrics(client: redis.Redis) -> IngestResult:
 def quarantine_summary(client: redis.Redis, limit: int = 50) -> QuarantineSummary:
     """Entries quarantined so far, per source stream, and the newest ``limit`` of them."""
     counts = {_text(k): int(v) for k, v in client.hgetall(QUARANTINE_COUNTS).items()}
-    entries = [_quarantined_entry(entry_id, fields)
-               for entry_id, fields in client.xrevrange(QUARANTINE_STREAM, count=limit)]
+    newest = client.xrevrange(QUARANTINE_STREAM, count=limit) if limit > 0 else []
+    entries = [_quarantined_entry(entry_id, fields) for entry_id, fields in newest]
     return QuarantineSummary(counts, entries)
 
 

@@ -40,6 +40,3 @@ def test_hotspot_log_counts_and_the_quarantine_page_shows_each_entry(streams, cl
     assert "{not json" in body and "router: String should have at most 64 characters" in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<script>alert" not in body
 
-
-def test_the_quarantine_page_needs_a_role(streams, as_role):
-    assert as_role(None).get("/telemetry/quarantine/").status_code == 302

@@ -40,3 +40,16 @@ def test_hotspot_log_counts_and_the_quarantine_page_shows_each_entry(streams, cl
     assert "{not json" in body and "router: String should have at most 64 characters" in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<script>alert" not in body
 
+
+
+def test_the_api_lists_the_quarantine_newest_first(streams, cluster, as_role):
+    streams.xadd(EVENTS_STREAM, {"data": "{not json"})
+    streams.xadd(EVENTS_STREAM, {"data": json.dumps({"id": "x", "cluster": cluster.name})})
+    ingest.ingest_events(streams)
+    response = as_role("viewer").get("/api/v1/telemetry-quarantine", {"limit": 1})
+    assert response.status_code == 200
+    body = response.json()
+    assert (body["total"], body["counts"]) == (2, {EVENTS_STREAM: 2})
+    [entry] = body["entries"]
+    assert entry["source"] == EVENTS_STREAM and entry["data"].startswith('{"id": "x"')
+    assert "router: Field required" in entry["reason"]

@@ -64,6 +64,14 @@ class RouterMetrics:
         self.telemetry_dropped = Counter("switchyard_router_telemetry_dropped",
                                          "Events dropped while Redis was unreachable.",
                                          registry=r)
+        self.kv_events_malformed = Counter(
+            "switchyard_router_kv_events_malformed",
+            "Malformed KV-event messages skipped, by instance and reason (frames, sequence, "
+            "decode, apply).", ["instance", "reason"], registry=r)
+        self.kv_subscriber_crashes = Counter(
+            "switchyard_router_kv_subscriber_crashes",
+            "KV-event subscriber tasks that stopped on an error and were restarted.",
+            ["instance"], registry=r)
         self.config_version = Gauge("switchyard_router_config_version",
                                     "Applied configuration version.", registry=r)
         self._children: dict[tuple[object, ...], object] = {}

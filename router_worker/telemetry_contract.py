@@ -52,6 +52,7 @@ EventKind = Literal[
     "router_started",  # {pid, config_version}
     "router_restarted",  # written by the Celery supervisor: {exit_code, restarts}
     "events_dropped",  # {count}: buffered events lost during a Redis outage
+    "kv_events_malformed",  # {instance, count, reasons: {reason: n}, example}: skipped
 ]
 
 

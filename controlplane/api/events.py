@@ -1,14 +1,25 @@
-"""Hotspot transitions and the audit trail: filtered, newest first, paginated."""
+"""Hotspot transitions and the audit trail: filtered, newest first, paginated; telemetry
+entries that ingest quarantined."""
 
 
+import redis
 from django.http import HttpRequest
 from ninja import Query, Router
+from ninja.errors import HttpError
 from ninja.pagination import paginate
 
 from controlplane.selectors import events as event_selectors
+from controlplane.services import ingest, notify
 
 from .pagination import Pages
-from .schemas import AuditEventOut, AuditFilters, HotspotEventOut, HotspotFilters
+from .schemas import (
+    AuditEventOut,
+    AuditFilters,
+    HotspotEventOut,
+    HotspotFilters,
+    QuarantineFilters,
+    QuarantineOut,
+)
 
 router = Router(tags=["events"])
 
@@ -27,3 +38,15 @@ def list_audit_events(request: HttpRequest, filters: Query[AuditFilters]):
     return event_selectors.audit_events(
         cluster_id=filters.cluster, action=filters.action, actor=filters.actor,
         since=filters.since, until=filters.until)
+
+
+@router.get("/telemetry-quarantine", response=QuarantineOut)
+def telemetry_quarantine(request: HttpRequest, filters: Query[QuarantineFilters]):
+    """Router events and metrics records ingest could not store, with the reason."""
+    try:
+        with notify.redis_client() as client:
+            summary = ingest.quarantine_summary(client, limit=filters.limit)
+    except redis.RedisError as error:
+        raise HttpError(503, "Redis is unreachable; the quarantine cannot be read") from error
+    return {"total": summary.total, "counts": summary.counts,
+            "entries": [vars(entry) for entry in summary.entries]}

@@ -260,6 +260,26 @@ class HotspotEventOut(Schema):
     details: dict[str, Any]
 
 
+class QuarantinedEntryOut(Schema):
+    id: str = Field(description="Id in the dead-letter stream")
+    source: str = Field(description="The stream the entry was read from")
+    entry_id: str = Field(description="Its id in that stream")
+    reason: str
+    data: str = Field(description="The entry as it was sent (cut at 16 KiB)")
+    data_bytes: int
+    at: datetime = Field(description="When it was quarantined")
+
+
+class QuarantineOut(Schema):
+    total: int = Field(description="Entries quarantined, ever")
+    counts: dict[str, int] = Field(description="Per source stream")
+    entries: list[QuarantinedEntryOut] = Field(description="The newest ones, newest first")
+
+
+class QuarantineFilters(Schema):
+    limit: int = Field(50, ge=1, le=1000, description="How many of the newest entries")
+
+
 class AuditEventOut(Schema):
     id: int
     at: datetime

@@ -5,19 +5,30 @@ are read through a Redis consumer group and acknowledged only after the database
 so an outage of Postgres leaves them pending in Redis and an outage of Redis loses nothing
 that was already written there. Rows are keyed by the router-assigned id, so a re-delivered
 entry is ignored: ingest is idempotent and resumable.
+
+An entry Postgres cannot hold (malformed, an out-of-range time or number, a name longer than
+its column, a cluster that does not exist) is quarantined instead of stored: copied with the
+reason to the dead-letter stream ``QUARANTINE_STREAM``, counted per source stream in the hash
+``QUARANTINE_COUNTS``, and acknowledged with the rest of its batch. Each entry is stored in its
+own savepoint, so one refused row never takes its valid neighbours with it, and a poison entry
+is never re-read. Errors of Postgres itself (unreachable, restarting) still abort the batch
+unacknowledged, to be delivered again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 import redis
-from django.db import transaction
-from pydantic import ValidationError
+from django.db import DataError, models, transaction
+from pydantic import Field, ValidationError
 
 from controlplane.models import Cluster, HotspotEvent, IngestedRecord, RouterEvent
 from router_worker.telemetry_contract import (
@@ -35,13 +46,71 @@ GROUP = "controlplane-ingest"
 CONSUMER = "ingest"
 BATCH = 500
 
+QUARANTINE_STREAM = "switchyard:quarantine"
+QUARANTINE_COUNTS = "switchyard:quarantine:counts"  # hash: source stream -> entries, ever
+QUARANTINE_MAXLEN = 1_000  # the newest entries stay inspectable; the counts never shrink
+QUARANTINED_DATA_BYTES = 16_384
+REASON_CHARS = 500
+LATEST_UNIX = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
+INT_COLUMN = 2**31 - 1  # models.IntegerField in Postgres
+
+
+class PoisonEntry(ValueError):
+    """A stream entry that cannot be stored, whatever the retries: it is quarantined."""
+
+
+def _max_length(model: type[models.Model], name: str) -> int:
+    return model._meta.get_field(name).max_length
+
+
+class StorableEvent(WireEvent):
+    """The contract's event narrowed to what the Postgres rows can hold."""
+
+    id: str = Field(min_length=1, max_length=_max_length(RouterEvent, "event_id"))
+    router: str = Field(max_length=_max_length(RouterEvent, "router"))
+    at: float = Field(ge=0, le=LATEST_UNIX)
+
+
+class StorableHotspot(HotspotPayload):
+    prefix_class: str = Field(max_length=_max_length(HotspotEvent, "prefix_class"))
+    prefix_hash: str = Field(max_length=_max_length(HotspotEvent, "prefix_hash"))
+    m: int = Field(ge=-INT_COLUMN, le=INT_COLUMN)
+    m_bar: int = Field(ge=-INT_COLUMN, le=INT_COLUMN)
+
+
+class StorableMetrics(MetricsRecord):
+    id: str = Field(min_length=1, max_length=_max_length(IngestedRecord, "record_id"))
+    start: float = Field(ge=0, le=LATEST_UNIX)
+    end: float = Field(ge=0, le=LATEST_UNIX)
+
 
 @dataclass
 class IngestResult:
     read: int = 0
     stored: int = 0
     duplicates: int = 0
-    invalid: int = 0
+    quarantined: int = 0
+
+
+@dataclass(frozen=True)
+class QuarantinedEntry:
+    id: str
+    source: str  # the stream it was read from
+    entry_id: str  # its id there
+    reason: str
+    data: str  # as it was sent (cut at QUARANTINED_DATA_BYTES)
+    data_bytes: int
+    at: datetime
+
+
+@dataclass(frozen=True)
+class QuarantineSummary:
+    counts: dict[str, int] = field(default_factory=dict)
+    entries: list[QuarantinedEntry] = field(default_factory=list)
+
+    @property
+    def total(self) -> int:
+        return sum(self.counts.values())
 
 
 def ensure_group(client: redis.Redis, stream: str) -> None:
@@ -67,12 +136,45 @@ def to_datetime(unix_seconds: float) -> datetime:
     return datetime.fromtimestamp(unix_seconds, tz=UTC)
 
 
-def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
-    """Insert one event; False when it was already stored or names an unknown cluster."""
-    cluster = clusters.get(event.cluster)
+def require_storable(value: Any, path: str = "") -> None:
+    """Postgres refuses NaN and infinities in JSON and NUL characters in any text."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PoisonEntry(f"{path or 'value'}: {value} is not a finite number")
+    if isinstance(value, str) and "\x00" in value:
+        raise PoisonEntry(f"{path or 'value'}: contains a NUL character")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            require_storable(key, path)
+            require_storable(item, f"{path}.{key}" if path else str(key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            require_storable(item, f"{path}[{index}]")
+
+
+def parse_event(fields: dict) -> WireEvent:
+    event = StorableEvent.from_stream_fields(fields)
+    if event.kind == "hotspot":
+        StorableHotspot.model_validate(event.payload)
+    require_storable(event.model_dump())
+    return event
+
+
+def parse_metrics(fields: dict) -> MetricsRecord:
+    record = StorableMetrics.from_stream_fields(fields)
+    require_storable(record.model_dump())
+    return record
+
+
+def _cluster_of(name: str, clusters: dict[str, Cluster]) -> Cluster:
+    cluster = clusters.get(name)
     if cluster is None:
-        log.warning("event %s names unknown cluster %r; skipped", event.id, event.cluster)
-        return False
+        raise PoisonEntry(f"unknown cluster {name[:80]!r}")
+    return cluster
+
+
+def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
+    """Insert one event; False when it was already stored."""
+    cluster = _cluster_of(event.cluster, clusters)
     if event.kind == "hotspot":
         hotspot = HotspotPayload.model_validate(event.payload)
         _, created = HotspotEvent.objects.get_or_create(
@@ -95,50 +197,128 @@ def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
 
 
 def store_metrics(record: MetricsRecord, clusters: dict[str, Cluster]) -> bool:
-    """Fold one metrics record into the rollups; False when already folded or unknown."""
-    cluster = clusters.get(record.cluster)
+    """Fold one metrics record into the rollups; False when already folded."""
+    cluster = _cluster_of(record.cluster, clusters)
     _, created = IngestedRecord.objects.get_or_create(record_id=record.id)
-    if cluster is None or not created:
-        return False
-    rollups.fold(cluster, record)
-    return True
+    if created:
+        rollups.fold(cluster, record)
+    return created
+
+
+# What an entry's content can raise while parsed or stored (pydantic's ValidationError is a
+# ValueError; DataError: a value Postgres refuses). Anything else, OperationalError above
+# all, is a fault of the system, not of the entry: the batch stays pending.
+ENTRY_FAULTS = (ValueError, ArithmeticError, DataError)
+
+
+def _reason(error: Exception) -> str:
+    if isinstance(error, ValidationError):
+        text = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
+                         for e in error.errors())
+    else:
+        text = f"{type(error).__name__}: {error}"
+    return text.strip()[:REASON_CHARS]
+
+
+def _store_entry(fields: dict, parse: Callable[[dict], Any],
+                 store: Callable[[Any, dict[str, Cluster]], bool],
+                 clusters: dict[str, Cluster]) -> bool | str:
+    """True (stored), False (a duplicate) or the reason the entry is quarantined."""
+    try:
+        item = parse(fields)
+        with transaction.atomic():  # a savepoint: a refused row undoes only this entry
+            return store(item, clusters)
+    except ENTRY_FAULTS as error:
+        return _reason(error)
+
+
+def _raw_data(fields: dict) -> bytes:
+    data = fields.get(b"data", fields.get("data"))
+    if data is None:  # not the contract's shape: keep every field
+        data = json.dumps({_text(k): _text(v) for k, v in fields.items()})
+    return data if isinstance(data, bytes) else str(data).encode()
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _quarantine_fields(source: str, entry_id: bytes, fields: dict, reason: str) -> dict:
+    data = _raw_data(fields)
+    return {"source": source, "entry_id": entry_id, "reason": reason,
+            "data": data[:QUARANTINED_DATA_BYTES], "data_bytes": len(data),
+            "at": f"{time.time():.3f}"}
+
+
+def _settle(client: redis.Redis, stream: str, ids: list[bytes],
+            poisoned: list[tuple[bytes, dict, str]], delete_acknowledged: bool) -> None:
+    """Quarantine, count and acknowledge in one MULTI: all of it happens, or none."""
+    pipe = client.pipeline(transaction=True)
+    for entry_id, fields, reason in poisoned:
+        pipe.xadd(QUARANTINE_STREAM, _quarantine_fields(stream, entry_id, fields, reason),
+                  maxlen=QUARANTINE_MAXLEN, approximate=True)
+    if poisoned:
+        pipe.hincrby(QUARANTINE_COUNTS, stream, len(poisoned))
+    pipe.xack(stream, GROUP, *ids)
+    if delete_acknowledged:
+        pipe.xdel(stream, *ids)
+    pipe.execute()
 
 
 def _ingest(client: redis.Redis, stream: str, parse: Callable[[dict], Any],
             store: Callable[[Any, dict[str, Cluster]], bool], *,
             delete_acknowledged: bool = False) -> IngestResult:
-    """One batch: parse and store every entry in one transaction, then acknowledge (and,
-    for a stream nobody else reads, delete) the entries."""
+    """One batch: store every entry (each in its own savepoint) in one transaction, then
+    quarantine the refused ones and acknowledge (and, for a stream nobody else reads,
+    delete) them all."""
     entries = read_batch(client, stream)
     result = IngestResult(read=len(entries))
     if not entries:
         return result
     clusters = {c.name: c for c in Cluster.objects.all()}
+    poisoned: list[tuple[bytes, dict, str]] = []
     with transaction.atomic():
-        for _, fields in entries:
-            try:
-                item = parse(fields)
-            except (ValidationError, ValueError):
-                result.invalid += 1
-                continue
-            if store(item, clusters):
+        for entry_id, fields in entries:
+            outcome = _store_entry(fields, parse, store, clusters)
+            if isinstance(outcome, str):
+                poisoned.append((entry_id, fields, outcome))
+            elif outcome:
                 result.stored += 1
             else:
                 result.duplicates += 1
-    ids = [entry_id for entry_id, _ in entries]
-    client.xack(stream, GROUP, *ids)
-    if delete_acknowledged:
-        client.xdel(stream, *ids)
+    for entry_id, _, reason in poisoned:
+        log.warning("%s entry %s quarantined: %s", stream, _text(entry_id), reason)
+    result.quarantined = len(poisoned)
+    _settle(client, stream, [entry_id for entry_id, _ in entries], poisoned,
+            delete_acknowledged)
     return result
 
 
 def ingest_events(client: redis.Redis) -> IngestResult:
-    return _ingest(client, EVENTS_STREAM, WireEvent.from_stream_fields, store_event)
+    return _ingest(client, EVENTS_STREAM, parse_event, store_event)
 
 
 def ingest_metrics(client: redis.Redis) -> IngestResult:
     # Only ingest reads the metrics stream, so folded entries are deleted and the stream
     # holds only what is not ingested yet. (The events stream is also tailed by the
     # dashboard's publisher and stays capped by MAXLEN.)
-    return _ingest(client, METRICS_STREAM, MetricsRecord.from_stream_fields, store_metrics,
+    return _ingest(client, METRICS_STREAM, parse_metrics, store_metrics,
                    delete_acknowledged=True)
+
+
+def quarantine_summary(client: redis.Redis, limit: int = 50) -> QuarantineSummary:
+    """Entries quarantined so far, per source stream, and the newest ``limit`` of them."""
+    counts = {_text(k): int(v) for k, v in client.hgetall(QUARANTINE_COUNTS).items()}
+    newest = client.xrevrange(QUARANTINE_STREAM, count=limit) if limit > 0 else []
+    entries = [_quarantined_entry(entry_id, fields) for entry_id, fields in newest]
+    return QuarantineSummary(counts, entries)
+
+
+def _quarantined_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> QuarantinedEntry:
+    def get(name: str) -> str:
+        return _text(fields.get(name.encode(), b""))
+
+    return QuarantinedEntry(
+        id=_text(entry_id), source=get("source"), entry_id=get("entry_id"),
+        reason=get("reason"), data=get("data"), data_bytes=int(get("data_bytes") or 0),
+        at=to_datetime(float(get("at") or 0)))

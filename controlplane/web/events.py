@@ -1,21 +1,25 @@
-"""The hotspot audit log and the audit log of every change, both filterable."""
+"""The hotspot audit log and the audit log of every change, both filterable; the telemetry
+entries that ingest quarantined."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 from typing import Any
 
+import redis
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
 
 from controlplane.models import AuditEvent, HotspotEvent
+from controlplane.services import ingest, notify
 
 from . import reads
 from .access import viewer_required
 from .pages import page
 
 PAGE_ROWS = 200
+QUARANTINE_ROWS = 100
 TRANSITIONS = ("suspected", "confirmed", "cleared")
 
 
@@ -48,7 +52,8 @@ def hotspot_log(request: HttpRequest) -> HttpResponse:
         transition=request.GET.get("transition") or None).select_related("cluster")
     return page(request, "web/hotspots.html", events=events[:PAGE_ROWS],
                 clusters=reads.clusters(), transitions=TRANSITIONS, filters=request.GET,
-                classes=_distinct(HotspotEvent, "prefix_class"), tab="hotspots")
+                classes=_distinct(HotspotEvent, "prefix_class"), tab="hotspots",
+                quarantine=_quarantine(0))
 
 
 @viewer_required
@@ -66,3 +71,22 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 
 def _distinct(model, field: str) -> list[str]:
     return list(model.objects.order_by(field).values_list(field, flat=True).distinct()[:200])
+
+
+@viewer_required
+@require_GET
+def telemetry_quarantine(request: HttpRequest) -> HttpResponse:
+    summary = _quarantine(QUARANTINE_ROWS)
+    error = None if summary is not None else "Redis is unreachable: quarantine unknown."
+    return page(request, "web/quarantine.html", summary=summary, error=error,
+                rows=QUARANTINE_ROWS, tab="hotspots")
+
+
+def _quarantine(rows: int) -> ingest.QuarantineSummary | None:
+    """Telemetry entries ingest could not store (count and the newest ``rows``); None when
+    Redis does not answer (the page still renders)."""
+    try:
+        with notify.redis_client() as client:
+            return ingest.quarantine_summary(client, limit=rows)
+    except redis.RedisError:
+        return None

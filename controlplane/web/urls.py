@@ -39,4 +39,5 @@ urlpatterns = [
          name="replay_detail"),
     path("hotspots/", events.hotspot_log, name="hotspots"),
     path("audit/", events.audit_log, name="audit"),
+    path("telemetry/quarantine/", events.telemetry_quarantine, name="quarantine"),
 ]

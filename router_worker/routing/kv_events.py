@@ -23,6 +23,11 @@ lora_name, extra_keys, group_idx, kv_cache_spec_kind, ...; BlockRemoved:
 block_hashes, medium, group_idx). Engine block hashes are ``int`` or ``bytes``
 and stay opaque here; :class:`~router_worker.routing.kvindex.KVIndex` maps
 them to router hashes. Unknown event tags are skipped and counted.
+
+Anything else that is not exactly these shapes and types (a string where a number belongs,
+a map where a hash belongs, a negative block size, a token id outside uint64) raises
+:class:`KVEventDecodeError`: the whole batch is refused, so what reaches the index is
+always well-typed.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+import numpy as np
 
 EngineBlockHash = int | bytes
 
@@ -81,7 +87,7 @@ def decode_kv_event_batch(payload: bytes) -> KVEventBatch:
     try:
         raw = msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except (ValueError, msgpack.UnpackException) as exc:
-        raise KVEventDecodeError(f"not msgpack: {exc}") from exc
+        raise KVEventDecodeError(f"not msgpack: {type(exc).__name__} {exc}") from exc
     ts, raw_events, dp_rank = _batch_fields(raw)
     events: list[KVEvent] = []
     skipped = 0
@@ -98,10 +104,14 @@ def _batch_fields(raw: Any) -> tuple[float, list[Any], int | None]:
     if isinstance(raw, dict):
         if "events" not in raw:
             raise KVEventDecodeError("batch map has no 'events'")
-        return raw.get("ts", 0.0), raw["events"], raw.get("data_parallel_rank")
-    if isinstance(raw, list | tuple) and len(raw) >= 2 and isinstance(raw[1], list | tuple):
-        return raw[0], raw[1], raw[2] if len(raw) > 2 else None
-    raise KVEventDecodeError(f"unexpected batch shape: {type(raw).__name__}")
+        ts, events, dp_rank = raw.get("ts", 0.0), raw["events"], raw.get("data_parallel_rank")
+    elif isinstance(raw, list | tuple) and len(raw) >= 2:
+        ts, events, dp_rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
+    else:
+        raise KVEventDecodeError(f"unexpected batch shape: {type(raw).__name__}")
+    if not isinstance(events, list | tuple):
+        raise KVEventDecodeError(f"events: expected a list, got {type(events).__name__}")
+    return _number(ts, "ts"), events, _optional_int(dp_rank, "data_parallel_rank")
 
 
 def _decode_event(raw: Any) -> KVEvent | None:
@@ -117,37 +127,88 @@ def _decode_event(raw: Any) -> KVEvent | None:
     if tag == "BlockStored":
         return _stored(fields)
     if tag == "BlockRemoved":
-        return BlockRemoved(tuple(_hashes(fields)), fields.get("medium"))
+        return BlockRemoved(_hashes(fields), _optional_str(fields.get("medium"), "medium"))
     if tag == "AllBlocksCleared":
         return AllBlocksCleared()
     return None
 
 
 def _stored(fields: dict[str, Any]) -> BlockStored:
-    try:
-        return BlockStored(
-            block_hashes=tuple(_hashes(fields)),
-            parent_block_hash=_hash_key(fields.get("parent_block_hash")),
-            token_ids=tuple(fields["token_ids"]),
-            block_size=int(fields["block_size"]),
-            lora_id=fields.get("lora_id"),
-            medium=fields.get("medium"),
-        )
-    except (KeyError, TypeError) as exc:
-        raise KVEventDecodeError(f"malformed BlockStored: {exc}") from exc
+    if "token_ids" not in fields or "block_size" not in fields:
+        raise KVEventDecodeError("malformed BlockStored: needs token_ids and block_size")
+    block_size = fields["block_size"]
+    if not _is_int(block_size) or block_size <= 0:
+        raise KVEventDecodeError(f"block_size: expected a positive int, got {block_size!r:.40}")
+    parent = fields.get("parent_block_hash")
+    return BlockStored(
+        block_hashes=_hashes(fields),
+        parent_block_hash=None if parent is None else _hash_key(parent),
+        token_ids=_token_ids(fields["token_ids"]),
+        block_size=block_size,
+        lora_id=_optional_int(fields.get("lora_id"), "lora_id"),
+        medium=_optional_str(fields.get("medium"), "medium"),
+    )
 
 
-def _hashes(fields: dict[str, Any]) -> list[EngineBlockHash]:
-    return [_hash_key(h) for h in fields.get("block_hashes") or ()]
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _hash_key(value: Any) -> Any:
-    # msgpack may hand back bytearray/list for opaque hashes; make them hashable.
-    if isinstance(value, bytearray):
-        return bytes(value)
-    if isinstance(value, list):
-        return tuple(value)
+def _number(value: Any, name: str) -> float:
+    if not (_is_int(value) or isinstance(value, float)):
+        raise KVEventDecodeError(f"{name}: expected a number, got {value!r:.40}")
+    return float(value)
+
+
+def _optional_int(value: Any, name: str) -> int | None:
+    if value is not None and not _is_int(value):
+        raise KVEventDecodeError(f"{name}: expected an int or nil, got {value!r:.40}")
     return value
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise KVEventDecodeError(f"{name}: expected a string or nil, got {value!r:.40}")
+    return value
+
+
+def _token_ids(value: Any) -> tuple[int, ...]:
+    """Non-negative ints below 2**64; checked in numpy (a long prompt's event carries
+    100k+ ids, and this runs on the router's event loop)."""
+    if not isinstance(value, list | tuple):
+        raise KVEventDecodeError(f"token_ids: expected a list of ints, got {value!r:.60}")
+    if value:
+        try:
+            ids = np.asarray(value)
+        except (ValueError, OverflowError):  # ragged nesting
+            ids = None
+        if ids is None or ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise KVEventDecodeError(f"token_ids: expected a list of ints, got {value!r:.60}")
+        if ids.min() < 0:
+            raise KVEventDecodeError("token_ids: a token id is outside 0..2**64-1")
+    return tuple(value)
+
+
+def _hashes(fields: dict[str, Any]) -> tuple[EngineBlockHash, ...]:
+    value = fields.get("block_hashes")
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple):
+        raise KVEventDecodeError(f"block_hashes: expected a list, got {value!r:.60}")
+    return tuple(map(_hash_key, value))
+
+
+def _hash_key(value: Any) -> EngineBlockHash:
+    """An engine block hash: an int or bytes (msgpack may hand back a bytearray, or a list
+    of them for a hash sent as a tuple: made hashable). Anything else is refused."""
+    if isinstance(value, bytearray):
+        value = bytes(value)
+    if _is_int(value) or isinstance(value, bytes):
+        return value
+    if isinstance(value, list | tuple) and all(_is_int(p) or isinstance(p, bytes)
+                                               for p in value):
+        return tuple(value)  # type: ignore[return-value]
+    raise KVEventDecodeError(f"block hash: expected an int or bytes, got {value!r:.40}")
 
 
 def encode_kv_event_batch(batch: KVEventBatch, *, positional: bool = True) -> bytes:

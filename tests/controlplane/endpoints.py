@@ -45,6 +45,7 @@ READS = [
     Endpoint("GET", "/api/v1/routers/{router}", "viewer"),
     Endpoint("GET", "/api/v1/hotspot-events?cluster={alpha}&transition=suspected", "viewer"),
     Endpoint("GET", "/api/v1/audit-events?cluster={alpha}&action=policy.activate", "viewer"),
+    Endpoint("GET", "/api/v1/telemetry-quarantine?limit=5", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/rollups/arms", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/rollups/instances", "viewer"),
     Endpoint("GET", "/api/v1/replays", "viewer"),

@@ -49,7 +49,7 @@ def test_malformed_entries_are_counted_not_fatal(redis_client, cluster):
     redis_client.xadd(EVENTS_STREAM, {"data": "{not json"})
     redis_client.xadd(EVENTS_STREAM, hotspot_event().to_stream_fields())
     result = ingest.ingest_events(redis_client)
-    assert (result.invalid, result.stored) == (1, 1)
+    assert (result.quarantined, result.stored) == (1, 1)
 
 
 def closed_port() -> int:

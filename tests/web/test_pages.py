@@ -16,7 +16,7 @@ def page_urls(cluster) -> list[str]:
     return [reverse("web:clusters"), reverse("web:cluster", args=[cluster.pk]),
             reverse("web:policy", args=[cluster.pk]), reverse("web:canary", args=[cluster.pk]),
             reverse("web:replays", args=[cluster.pk]), reverse("web:hotspots"),
-            reverse("web:audit")]
+            reverse("web:audit"), reverse("web:quarantine")]
 
 
 def test_anonymous_is_sent_to_the_login_page(as_role, cluster) -> None:

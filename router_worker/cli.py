@@ -25,6 +25,7 @@ import uvicorn
 
 from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
+from router_worker.connections import guarded_protocol
 from router_worker.service import ConfigRefused, Service, ServiceOptions
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -102,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
     # proxy_headers off: nothing reads the client address, and the middleware costs a
     # frame and a header scan per request.
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop",
-                            http="httptools", lifespan="on", access_log=False,
+                            lifespan="on", access_log=False,
                             log_level=args.log_level.lower(), timeout_keep_alive=30,
+                            http=guarded_protocol(service.connections),
                             backlog=4096, proxy_headers=False)
     tune_gc()
     server = uvicorn.Server(config)

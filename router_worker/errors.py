@@ -8,6 +8,7 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
+    408: "RequestTimeoutError",
     409: "ConflictError",
     413: "RequestTooLargeError",
     429: "RateLimitError",
@@ -20,11 +21,13 @@ _TYPES = {
 class APIError(Exception):
     """An error answered to the client with ``status`` and the OpenAI error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None, *,
+                 close: bool = False) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
+        self.close = close  # answer with `connection: close` (the client cannot be trusted)
 
 
 def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:

@@ -12,10 +12,13 @@ protocol which
 * arms a timer when a connection opens and when a new request's first byte arrives; a
   head not complete within ``header_timeout_s`` is answered 408 (OpenAI-style JSON) and
   the connection closed;
-* answers a connection beyond the cap with 503 and ``connection: close`` once its head is
-  in (its body, if any, is drained briefly first, so the close does not reset the
-  connection under the answer). The cap is ``max_connections``, never more than half of
-  the process's file-descriptor limit: the other half is for upstream connections.
+* answers a connection beyond the cap at once with 503 (OpenAI-style JSON,
+  ``connection: close``) without reading its request, half-closes it, discards what the
+  client still sends and closes it when the client does, or after
+  ``REFUSED_LINGER_S`` (closing a socket with unread input would reset the connection
+  and could destroy the answer before the client reads it). The cap is
+  ``max_connections``, never more than half of the process's file-descriptor limit: the
+  other half is for upstream connections.
 
 The request *body* deadline is the data path's (``limits.BodyDeadline``).
 """
@@ -23,7 +26,6 @@ The request *body* deadline is the data path's (``limits.BodyDeadline``).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import resource
 from typing import Any
 
@@ -32,7 +34,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from router_worker.errors import error_bytes
 from router_worker.metrics import RouterMetrics
 
-DRAIN_BEFORE_REFUSAL_S = 1.0
+REFUSED_LINGER_S = 1.0
 _STATUS_LINES = {408: b"HTTP/1.1 408 Request Timeout\r\n",
                  503: b"HTTP/1.1 503 Service Unavailable\r\n"}
 
@@ -63,9 +65,10 @@ class ConnectionGuard:
 def raw_error(status: int, message: str) -> bytes:
     """A complete HTTP/1.1 error response that closes the connection."""
     body = error_bytes(status, message)
+    retry = b"retry-after: 1\r\n" if status == 503 else b""
     return b"".join([_STATUS_LINES[status], b"content-type: application/json\r\n",
-                     b"content-length: %d\r\n" % len(body), b"connection: close\r\n\r\n",
-                     body])
+                     b"content-length: %d\r\n" % len(body), retry,
+                     b"connection: close\r\n\r\n", body])
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
@@ -73,15 +76,34 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
 
     class GuardedProtocol(HttpToolsProtocol):
         head_timer: asyncio.TimerHandle | None = None
+        refused = False
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
             guard.open.add(self)
             cap = guard.cap()
             if len(guard.open) > cap:
-                guard.metrics.limit_hit("connections")
-                self.app = _refusal(cap)
+                self._refuse(cap)
+                return
             self._arm_head_timer()
+
+        def _refuse(self, cap: int) -> None:
+            guard.metrics.limit_hit("connections")
+            self.refused = True
+            self.transport.write(raw_error(
+                503, f"The router has too many open connections (cap {cap}, "
+                     "router.max_connections); retry later."))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.refused:
+                super().data_received(data)
+
+        def eof_received(self) -> None:
+            if self.refused:
+                self.transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             guard.open.discard(self)
@@ -117,23 +139,3 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             self.transport.close()
 
     return GuardedProtocol
-
-
-def _refusal(cap: int) -> Any:
-    """The ASGI app answering every request of a connection over the cap."""
-    message = (f"The router has too many open connections (cap {cap}, "
-               "router.max_connections); retry later.")
-
-    async def refuse(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(DRAIN_BEFORE_REFUSAL_S):
-                while (await receive()).get("more_body", False):
-                    pass
-        body = error_bytes(503, message)
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode()),
-                                (b"connection", b"close"), (b"retry-after", b"1")]})
-        await send({"type": "http.response.body", "body": body})
-
-    return refuse

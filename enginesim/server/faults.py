@@ -33,7 +33,8 @@ from typing import Any
 
 FAULT_MODES = ("kill", "hang", "slow", "error5xx", "poison", "drop_midstream", "garbage",
                "wrong_content_type", "drip", "recover")
-GARBAGE = b"<html><body><h1>502 Bad Gateway</h1>\x00\xff garbled upstream</body></html>\n\n"
+# A data line an SSE client would hand to its JSON parser, then binary noise.
+GARBAGE = b"data: <html><body><h1>502 Bad Gateway</h1></body></html>\n\n\x00\xff garbled\n\n"
 
 
 class FaultError(ValueError):

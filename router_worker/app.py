@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from router_worker.admin import build_admin_app
-from router_worker.limits import BodyDeadline
 from router_worker.proxy import ENDPOINTS, Receive, Scope, Send
 from router_worker.service import Service
 
@@ -32,21 +31,12 @@ class RouterApp:
 
         self.rest = build_admin_app(service, lifespan)
 
-    def _body_deadline(self, receive: Receive) -> Receive:
-        runtime = self.service.core.runtime
-        if runtime is None:
-            return receive
-        metrics = self.service.metrics
-        return BodyDeadline(receive, runtime.config.router.body_timeout_s,
-                            lambda: metrics.limit_hit("body_timeout"))
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             path = scope["path"]
             endpoint = ENDPOINTS.get(path)
             if endpoint is not None and scope["method"] == "POST":
-                await self.service.proxy.generate(scope, self._body_deadline(receive), send,
-                                                  endpoint)
+                await self.service.proxy.generate(scope, receive, send, endpoint)
                 return
             if path == "/v1/models" and scope["method"] == "GET":
                 await self.service.proxy.models(send)

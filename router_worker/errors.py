@@ -8,7 +8,6 @@ _TYPES = {
     400: "BadRequestError",
     401: "AuthenticationError",
     404: "NotFoundError",
-    408: "RequestTimeoutError",
     409: "ConflictError",
     413: "RequestTooLargeError",
     429: "RateLimitError",
@@ -21,13 +20,11 @@ _TYPES = {
 class APIError(Exception):
     """An error answered to the client with ``status`` and the OpenAI error body."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, *,
-                 close: bool = False) -> None:
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.param = param
-        self.close = close  # answer with `connection: close` (the client cannot be trusted)
 
 
 def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:

@@ -1,5 +1,4 @@
-"""Bounded concurrency with a bounded FIFO queue: overload is refused, never piled up;
-and the deadline for a request body (see :class:`BodyDeadline`).
+"""Bounded concurrency with a bounded FIFO queue: overload is refused, never piled up.
 
 ``max_concurrency`` requests run; up to ``max_queue`` more wait (FIFO) for at most
 ``queue_timeout_s``. A full queue answers 429 at once; a wait that times out answers
@@ -11,12 +10,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from router_worker.errors import APIError
-
-Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 class Limiter:
@@ -70,37 +65,3 @@ class Limiter:
     def _forget(self, waiter: asyncio.Future[None]) -> None:
         with contextlib.suppress(ValueError):
             self._waiters.remove(waiter)
-
-
-class BodyDeadline:
-    """A request's ``receive`` with a total deadline for the body (slowloris).
-
-    Until the body is complete, each wait is bounded by the deadline fixed when the
-    handler starts; past it the reader gets ``APIError`` 408 that closes the connection
-    (a client dripping its body is not kept alive either). After the body (or a
-    disconnect) messages pass straight through: the disconnect watcher waits on them for
-    as long as the answer takes."""
-
-    __slots__ = ("_deadline", "_done", "_on_expired", "_receive", "_timeout")
-
-    def __init__(self, receive: Receive, timeout: float, on_expired: Callable[[], None]) -> None:
-        self._receive = receive
-        self._timeout = timeout
-        self._deadline = asyncio.get_running_loop().time() + timeout
-        self._on_expired = on_expired
-        self._done = False
-
-    async def __call__(self) -> dict[str, Any]:
-        if self._done:
-            return await self._receive()
-        try:
-            async with asyncio.timeout_at(self._deadline):
-                message = await self._receive()
-        except TimeoutError:
-            self._done = True
-            self._on_expired()
-            raise APIError(408, f"The request body did not arrive within {self._timeout:g} s "
-                                "(router.body_timeout_s).", close=True) from None
-        if message["type"] != "http.request" or not message.get("more_body", False):
-            self._done = True
-        return message

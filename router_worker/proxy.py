@@ -627,7 +627,5 @@ async def send_json(send: Send, status: int, payload: Any,
 async def send_error(send: Send, error: APIError) -> None:
     data = error_bytes(error.status, error.message, error.param)
     headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
-    if error.close:
-        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

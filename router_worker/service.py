@@ -94,7 +94,8 @@ class Service:
         settings = config.router
         self.limiter.configure(settings.max_concurrency, settings.max_queue,
                                settings.queue_timeout_s)
-        self.connections.configure(settings.max_connections, settings.header_timeout_s)
+        self.connections.configure(settings.max_connections, settings.header_timeout_s,
+                                   settings.body_timeout_s)
         self.transport.configure(settings.max_response_header_bytes, settings.max_response_bytes)
         self.kv.sync(config)
         self.telemetry.event("config_applied", version=config.version, source=source,

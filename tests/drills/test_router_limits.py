@@ -61,12 +61,15 @@ def strict_verdict(stream: bool, status: int, text: str) -> str:
 async def one_strict(client: httpx.AsyncClient, url: str, payload: dict) -> tuple[str, str]:
     stream = bool(payload.get("stream"))
     try:
-        if stream:
-            async with client.stream("POST", url, json=payload) as response:
-                text = (await response.aread()).decode(errors="replace")
-        else:
-            response = await client.post(url, json=payload)
-            text = response.text
+        async with asyncio.timeout(ANSWER_BOUND_S):  # a dripped answer resets read timeouts
+            if stream:
+                async with client.stream("POST", url, json=payload) as response:
+                    text = (await response.aread()).decode(errors="replace")
+            else:
+                response = await client.post(url, json=payload)
+                text = response.text
+    except TimeoutError:
+        return "lost", f"no complete answer in {ANSWER_BOUND_S} s"
     except httpx.HTTPError as error:
         return "lost", f"{type(error).__name__}: {error}"
     return strict_verdict(stream, response.status_code, text), f"{response.status_code} " \

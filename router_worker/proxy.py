@@ -369,8 +369,7 @@ class Proxy:
                                    final=True)
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
-        stripped = data.strip()
-        if not (stripped.startswith(b"{") and stripped.endswith(b"}")):
+        if not _json_object_shaped(data):
             return UpstreamFailure("bad_response", "the engine's answer is not a JSON object: "
                                                    f"{data[:60]!r}")
         core = self.core
@@ -541,6 +540,12 @@ def _mid_stream_message(plan: Plan, error: Exception) -> str:
     if isinstance(error, ResponseDeadline | MalformedStream):
         return f"The engine {plan.instance}'s stream was cut: {error}"
     return f"The engine {plan.instance} failed mid-stream: {type(error).__name__}"
+
+
+def _json_object_shaped(data: bytes) -> bool:
+    """Starts with ``{`` and ends with ``}`` (whitespace aside): tells an HTML page or noise
+    from a JSON answer without parsing (or copying) a body of up to max_response_bytes."""
+    return data[:64].lstrip()[:1] == b"{" and data[-64:].rstrip()[-1:] == b"}"
 
 
 def _out_of_resources(error: Exception) -> UpstreamFailure:

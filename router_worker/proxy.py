@@ -10,6 +10,12 @@ first body byte* is retried on the next-best instance of the request's arm, up t
 upstream byte). A failure mid-stream ends the stream with one SSE error event in vLLM's
 error shape and ``[DONE]``. A client disconnect cancels the handler at once, which
 closes the upstream connection (the engine aborts the request).
+
+Resource limits (README "Resource limits"): an answer of the wrong content type or not
+shaped like JSON / SSE (``sse.SseFramer``) is a failure like a 5xx (retried before the
+first byte, an SSE error event after it); an answer past ``response_deadline_s`` or over
+``max_response_bytes``, and a connect that failed for want of the router's own file
+descriptors, are ``final``: not retried, not held against the instance.
 """
 
 from __future__ import annotations

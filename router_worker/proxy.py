@@ -347,9 +347,9 @@ class Proxy:
             if response.status_code >= 500:
                 detail = await _safe_read(response)
                 return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {detail}")
-            wrong_type = _unexpected_content_type(response, stream)
-            if wrong_type is not None:
-                return wrong_type
+            media = _unexpected_media_type(response, stream)
+            if media is not None:
+                return await _bad_response(response, f"content type {media!r}")
             if stream and response.status_code == 200:
                 return await self._relay_stream(plan, response, send, debug, watch)
             return await self._relay_whole(plan, response, send, debug, watch)
@@ -376,8 +376,7 @@ class Proxy:
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         if not _json_object_shaped(data):
-            return UpstreamFailure("bad_response", "the engine's answer is not a JSON object: "
-                                                   f"{data[:60]!r}")
+            return await _bad_response(response, "a body that is not a JSON object", data)
         core = self.core
         ok = response.status_code < 400
         if ok:
@@ -565,17 +564,29 @@ def _past_deadline(error: Exception) -> UpstreamFailure:
                            final=True, status=504)
 
 
-def _unexpected_content_type(response: Upstream, stream: bool) -> UpstreamFailure | None:
-    """An answer of the wrong media type (an HTML error page from something in between,
-    a stream where JSON was due) is not relayed: retried elsewhere, counted."""
+def _unexpected_media_type(response: Upstream, stream: bool) -> str | None:
+    """The answer's media type unless it is the one due: ``text/event-stream`` for a
+    stream's 200, ``application/json`` otherwise."""
     expected = b"text/event-stream" if stream and response.status_code == 200 \
         else b"application/json"
     media = response.header(b"content-type", b"").split(b";", 1)[0].strip().lower()
-    if media == expected:
-        return None
-    return UpstreamFailure("bad_response", f"the engine answered HTTP {response.status_code} "
-                                           f"with content type {media.decode('latin-1')!r}, "
-                                           f"expected {expected.decode()}")
+    return None if media == expected else media.decode("latin-1")
+
+
+async def _bad_response(response: Upstream, what: str, data: bytes | None = None,
+                        ) -> UpstreamFailure:
+    """An answer not in the shape due (an HTML page from a proxy in between, noise) is
+    never relayed. A success so shaped means a broken instance: retried elsewhere and held
+    against it. An error status so shaped (a proxy's 413 page, say) is more likely about
+    the request, which every instance would answer alike: the client gets that status
+    with an OpenAI-style body, and no breaker counts it (as with suspected requests)."""
+    status = response.status_code
+    if status < 400:
+        return UpstreamFailure("bad_response", f"the engine answered HTTP {status} with {what}")
+    detail = (data[:200].decode("utf-8", "replace") if data is not None
+              else await _safe_read(response))
+    return UpstreamFailure("bad_response", f"The engine answered HTTP {status} with {what}: "
+                                           f"{detail}", final=True, status=status)
 
 
 def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:

@@ -143,3 +143,26 @@ def test_an_engine_body_over_the_limit_is_a_clear_502_not_retried(fleet, router_
         assert "max_response_bytes" in answer.json()["error"]["message"]
     assert _limit_hits(router, "response_too_large") == bad.posts
     assert router.health_of("bad") == "healthy"  # the request asked for it: no strike
+
+
+def html_413() -> bytes:
+    page = b"<html><body><h1>413 Request Entity Too Large</h1>nginx</body></html>"
+    return (b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-type: text/html\r\n"
+            b"content-length: %d\r\n\r\n%s" % (len(page), page))
+
+
+def test_a_foreign_error_page_becomes_an_openai_error_with_its_status(fleet, router_factory,
+                                                                     bad_engine):
+    """A proxy's HTML error page in front of an engine says something about the request:
+    the client gets that status as an OpenAI-style error, and no breaker counts it."""
+    bad = bad_engine(html_413())
+    router = _router(router_factory, fleet, bad)
+    payload = {"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True}
+    answers = [httpx.post(router.url + "/v1/completions", json=payload, timeout=30)
+               for _ in range(8)]
+    refused = [a for a in answers if a.status_code != 200]
+    assert len(refused) == bad.posts > 0
+    for answer in refused:
+        assert answer.status_code == 413 and is_error_body(answer.text)
+        assert "413 Request Entity Too Large" in answer.json()["error"]["message"]
+    assert router.health_of("bad") == "healthy"

@@ -11,10 +11,9 @@ names come from ``GET /v1/models`` until known.
 Probe (every ``router.health_interval_s``): ``GET /health``; 200 is good, anything else
 (including no answer within ``router.health_timeout_s``) feeds the circuit breaker; a
 probe the router could not even send for want of its own file descriptors or ports is
-skipped, not counted against the engine. Each
-instance is probed on its own schedule, so one hung instance never delays the probes of
-the others; with the defaults (0.5 s interval and timeout, 3 failures) a hung instance is
-marked down within about 1.5 s.
+skipped, not counted against the engine. Each instance is probed on its own schedule, so
+one hung instance never delays the probes of the others; with the defaults (0.5 s
+interval and timeout, 3 failures) a hung instance is marked down within about 1.5 s.
 """
 
 from __future__ import annotations

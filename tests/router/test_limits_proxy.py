@@ -1,4 +1,5 @@
-"""Engine answers over the router's size limits, through a live router (issue 21, item 4).
+"""Engine answers over the router's limits, through a live router (issue 21, item 4); and
+the head deadline on a kept-alive client connection.
 
 One instance is a misbehaving engine on loopback (this file's ``BadEngine``), the other
 a real enginesim instance. A response head over ``max_response_header_bytes`` is the
@@ -9,13 +10,15 @@ engine's fault: retried on the other instance, the client never notices. A body 
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import threading
 
 import httpx
 import pytest
 
 from tests.drills.clients import MODEL, is_error_body
-from tests.router.conftest import Fleet, Router
+from tests.router.conftest import Fleet, Router, router_config
 
 JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
 
@@ -166,3 +169,37 @@ def test_a_foreign_error_page_becomes_an_openai_error_with_its_status(fleet, rou
         assert answer.status_code == 413 and is_error_body(answer.text)
         assert "413 Request Entity Too Large" in answer.json()["error"]["message"]
     assert router.health_of("bad") == "healthy"
+
+
+def _read_answer(sock: socket.socket) -> bytes:
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        received += chunk
+    head, _, rest = received.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length")), 0)
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return head + b"\r\n\r\n" + rest
+
+
+def test_a_kept_alive_connection_has_the_head_deadline_for_every_request(fleet,
+                                                                        router_factory):
+    document = router_config(fleet)
+    document["router"]["header_timeout_s"] = 0.5
+    router = router_factory(document)
+    with socket.create_connection(("127.0.0.1", router.port), timeout=10) as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert _read_answer(sock).startswith(b"HTTP/1.1 200")
+        sock.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-never-ends: ")
+        answer = _read_answer(sock)
+        assert sock.recv(1) == b""  # and the router closed the connection
+    head, _, text = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and b"connection: close" in head
+    assert "header_timeout_s" in json.loads(text)["error"]["message"]

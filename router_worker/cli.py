@@ -12,10 +12,12 @@ Managed (configuration from the control plane)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
 import os
+import resource
 import socket
 import sys
 import time
@@ -25,6 +27,7 @@ import uvicorn
 
 from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
+from router_worker.connections import guarded_protocol
 from router_worker.service import ConfigRefused, Service, ServiceOptions
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
@@ -76,6 +79,16 @@ def tune_gc() -> None:
     gc.set_threshold(20_000, 20, 20)
 
 
+def raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: every client and every engine connection
+    is a file descriptor, and a default soft limit of 1024 would cap the router at ~500
+    connections (``router.max_connections`` never exceeds half the limit)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -102,10 +115,12 @@ def main(argv: list[str] | None = None) -> int:
     # proxy_headers off: nothing reads the client address, and the middleware costs a
     # frame and a header scan per request.
     config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop",
-                            http="httptools", lifespan="on", access_log=False,
+                            lifespan="on", access_log=False,
                             log_level=args.log_level.lower(), timeout_keep_alive=30,
+                            http=guarded_protocol(service.connections),
                             backlog=4096, proxy_headers=False)
     tune_gc()
+    raise_fd_limit()
     server = uvicorn.Server(config)
     if args.profile is None:
         server.run()

@@ -122,6 +122,41 @@ class RouterSettings(_Strict):
     max_queue: int = Field(default=1024, ge=0, le=100_000)
     queue_timeout_s: float = Field(default=10.0, gt=0, le=600)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    # Resource limits (issue 21): each hit is answered with an OpenAI-style error (or ends a
+    # stream with an SSE error event and [DONE]) and counted in
+    # switchyard_router_limit_hits_total{limit}.
+    header_timeout_s: float = Field(
+        default=15.0, gt=0, le=600,
+        description="A client must send a request's head within this long of connecting "
+                    "(or of its first byte on a kept-alive connection), else 408 and the "
+                    "connection is closed (slowloris).")
+    body_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600,
+        description="Total time to receive a request body once its head is in, else 408 "
+                    "and the connection is closed (a total deadline: dripping bytes does "
+                    "not extend it).")
+    max_connections: int = Field(
+        default=4096, ge=1, le=1_000_000,
+        description="Open client connections; a connection beyond the cap is answered 503 "
+                    "and closed. Never more than half the process's file-descriptor limit "
+                    "(the other half is for upstream connections).")
+    max_response_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, le=4 * 1024**3,
+        description="Largest non-streamed engine answer read into memory; larger: 502.")
+    max_response_header_bytes: int = Field(
+        default=64 * 1024, ge=1024, le=16 * 1024**2,
+        description="Largest engine response head (all header names and values).")
+    max_event_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024, le=1024**3,
+        description="Largest single SSE event of a streamed engine answer.")
+    response_deadline_s: float = Field(
+        default=3600.0, gt=0, le=7 * 24 * 3600,
+        description="Total time an engine answer may take, from dispatch to its last byte, "
+                    "however steadily it drips; then 504 (or an SSE error event mid-stream). "
+                    "Generous on purpose: long generations at normal speed are legitimate "
+                    "(32k tokens at 10 tokens/s take under an hour); the per-chunk "
+                    "first_byte_timeout_s catches a silent engine, this catches a dripping "
+                    "one. Never below first_byte_timeout_s.")
     breaker_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that open the circuit."
     )
@@ -133,6 +168,14 @@ class RouterSettings(_Strict):
     )
     chat_template: Literal["chatml", "plain"] = "chatml"
     kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
+
+    @model_validator(mode="after")
+    def _deadline_covers_first_byte(self) -> RouterSettings:
+        if self.response_deadline_s < self.first_byte_timeout_s:
+            raise ValueError(
+                f"response_deadline_s ({self.response_deadline_s:g}) must be at least "
+                f"first_byte_timeout_s ({self.first_byte_timeout_s:g})")
+        return self
 
 
 class RouterConfig(_Strict):

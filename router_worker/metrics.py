@@ -61,6 +61,14 @@ class RouterMetrics:
         self.in_flight.set_function(lambda: self.in_flight_count)
         self.rejected = Counter("switchyard_router_rejected", "Requests refused before routing.",
                                 ["status"], registry=r)
+        self.limit_hits = Counter(
+            "switchyard_router_limit_hits", "Resource limits hit: header_timeout, "
+            "body_timeout, connections, response_deadline, response_too_large, "
+            "response_headers_too_large, event_too_large, bad_response (wrong content type "
+            "or malformed body/SSE), fd_exhausted (the router out of file descriptors or "
+            "local ports; never counted against an engine).", ["limit"], registry=r)
+        self.connections = Gauge("switchyard_router_connections",
+                                 "Open client connections.", registry=r)
         self.telemetry_dropped = Counter("switchyard_router_telemetry_dropped",
                                          "Events dropped while Redis was unreachable.",
                                          registry=r)
@@ -91,6 +99,9 @@ class RouterMetrics:
             found = family.labels(*labels)  # type: ignore[attr-defined]
             self._children[key] = found
         return found
+
+    def limit_hit(self, limit: str) -> None:
+        self.child(self.limit_hits, limit).inc()  # type: ignore[attr-defined]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,10 +9,11 @@ engines (data-parallel ranks) are summed; the KV usage is averaged. The served m
 names come from ``GET /v1/models`` until known.
 
 Probe (every ``router.health_interval_s``): ``GET /health``; 200 is good, anything else
-(including no answer within ``router.health_timeout_s``) feeds the circuit breaker. Each
-instance is probed on its own schedule, so one hung instance never delays the probes of
-the others; with the defaults (0.5 s interval and timeout, 3 failures) a hung instance is
-marked down within about 1.5 s.
+(including no answer within ``router.health_timeout_s``) feeds the circuit breaker; a
+probe the router could not even send for want of its own file descriptors or ports is
+skipped, not counted against the engine. Each instance is probed on its own schedule, so
+one hung instance never delays the probes of the others; with the defaults (0.5 s
+interval and timeout, 3 failures) a hung instance is marked down within about 1.5 s.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import httpx
 
 from router_worker.core import RouterCore
+from router_worker.upstream import is_local_exhaustion
 
 log = logging.getLogger("router_worker.monitor")
 
@@ -158,5 +160,9 @@ class Monitor:
             ok = response.status_code == 200
             cause = "probe" if ok else f"probe HTTP {response.status_code}"
         except httpx.HTTPError as error:
+            if is_local_exhaustion(error):  # the router's own trouble says nothing of the engine
+                self.core.metrics.limit_hit("fd_exhausted")
+                log.warning("probe of %s skipped: %s", name, error)
+                return
             ok, cause = False, f"probe {type(error).__name__}"
         health.record_probe(name, ok, time.monotonic(), cause)

@@ -10,6 +10,12 @@ first body byte* is retried on the next-best instance of the request's arm, up t
 upstream byte). A failure mid-stream ends the stream with one SSE error event in vLLM's
 error shape and ``[DONE]``. A client disconnect cancels the handler at once, which
 closes the upstream connection (the engine aborts the request).
+
+Resource limits (README "Resource limits"): an answer of the wrong content type or not
+shaped like JSON / SSE (``sse.SseFramer``) is a failure like a 5xx (retried before the
+first byte, an SSE error event after it); an answer past ``response_deadline_s`` or over
+``max_response_bytes``, and a connect that failed for want of the router's own file
+descriptors, are ``final``: not retried, not held against the instance.
 """
 
 from __future__ import annotations
@@ -30,7 +36,16 @@ from router_worker.core import Plan, RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
 from router_worker.limits import Limiter
 from router_worker.runtime import Runtime
-from router_worker.upstream import FastTransport, Target, Upstream, make_target
+from router_worker.sse import MalformedStream, SseFramer
+from router_worker.upstream import (
+    FastTransport,
+    LocalExhaustion,
+    ResponseDeadline,
+    ResponseTooLarge,
+    Target,
+    Upstream,
+    make_target,
+)
 
 log = logging.getLogger("router_worker.proxy")
 
@@ -54,15 +69,23 @@ _TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
 _USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
 _SURROGATE_ESCAPE_RE = re.compile(rb"\\u[dD][89a-fA-F]")
+# Failure kinds that are resource limits: counted in switchyard_router_limit_hits_total.
+LIMIT_KINDS = frozenset({"bad_response", "event_too_large", "response_deadline",
+                         "response_too_large", "response_headers_too_large", "fd_exhausted"})
 
 
 @dataclass(slots=True)
 class UpstreamFailure:
     """An attempt that failed before any byte reached the client (so it can be retried)."""
 
-    kind: str  # connect | timeout | http_5xx | transport | empty
+    # connect | timeout | http_5xx | transport | empty | one of LIMIT_KINDS
+    kind: str
     message: str
     fatal: bool = False  # the instance is certainly gone (connection refused)
+    # Not the instance's fault, and another would fare no better (the router out of file
+    # descriptors, an answer over the router's size or time limit): no retry, no strike.
+    final: bool = False
+    status: int = 502
 
 
 class ClientGone(Exception):
@@ -239,6 +262,8 @@ class Proxy:
             if failure is None:
                 return
             self._count_failure(plan, failure)
+            if failure.final:
+                break
             if failure.kind != "http_5xx":
                 self._strike([plan.instance], failure.kind, fatal=failure.fatal)
             else:
@@ -253,6 +278,8 @@ class Proxy:
         status = 504 if failure and failure.kind == "timeout" else 502
         if failure is None:
             status, message = 503, "No healthy instance left to try."
+        elif failure.final:
+            status, message = failure.status, failure.message
         elif poison:
             message = (f"The request failed on {len(plan.answered_5xx)} instances alike and was "
                        f"not retried further; last: {failure.message}")
@@ -265,6 +292,8 @@ class Proxy:
     def _count_failure(self, plan: Plan, failure: UpstreamFailure) -> None:
         core = self.core
         core.metrics.child(core.metrics.upstream_errors, plan.instance, failure.kind).inc()
+        if failure.kind in LIMIT_KINDS:
+            core.metrics.limit_hit(failure.kind)
         log.info("request %s: %s on %s: %s", plan.request_id, failure.kind, plan.instance,
                  failure.message)
 
@@ -302,16 +331,25 @@ class Proxy:
             # the client's layers and httpx's models cost more CPU than the exchange.
             response = await self.transport.post(target, up_headers, raw,
                                                  partial(self._sent, plan, watch))
+        except LocalExhaustion as error:
+            return _out_of_resources(error)
         except httpx.ConnectError as error:
             return UpstreamFailure("connect", str(error) or "connection refused", fatal=True)
+        except ResponseDeadline as error:
+            return _past_deadline(error)
         except httpx.TimeoutException as error:
             return UpstreamFailure("timeout", f"no answer in time ({type(error).__name__})")
+        except ResponseTooLarge as error:
+            return UpstreamFailure(error.limit, str(error))
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         try:
             if response.status_code >= 500:
                 detail = await _safe_read(response)
                 return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {detail}")
+            media = _unexpected_media_type(response, stream)
+            if media is not None:
+                return await _bad_response(response, f"content type {media!r}")
             if stream and response.status_code == 200:
                 return await self._relay_stream(plan, response, send, debug, watch)
             return await self._relay_whole(plan, response, send, debug, watch)
@@ -328,10 +366,17 @@ class Proxy:
                            debug: bool, watch: DisconnectWatch) -> UpstreamFailure | None:
         try:
             data = await response.read()
+        except ResponseDeadline as error:
+            return _past_deadline(error)
         except httpx.TimeoutException:
             return UpstreamFailure("timeout", "no complete answer in time")
+        except ResponseTooLarge as error:  # the request asked for it (n, logprobs): final
+            return UpstreamFailure(error.limit, f"{error} (router.max_response_bytes)",
+                                   final=True)
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
+        if not _json_object_shaped(data):
+            return await _bad_response(response, "a body that is not a JSON object", data)
         core = self.core
         ok = response.status_code < 400
         if ok:
@@ -353,14 +398,19 @@ class Proxy:
 
     async def _relay_stream(self, plan: Plan, response: Upstream, send: Send,
                             debug: bool, watch: DisconnectWatch) -> UpstreamFailure | None:
+        framer = SseFramer(plan.runtime.config.router.max_event_bytes)
         try:
-            first = await response.next_chunk()
+            first = await _first_events(response, framer)
             if first is None:
                 return UpstreamFailure("empty", "the engine closed the stream without data")
+        except ResponseDeadline as error:
+            return _past_deadline(error)
         except httpx.TimeoutException:
             return UpstreamFailure("timeout", "no first byte in time")
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
+        except MalformedStream as error:
+            return UpstreamFailure(error.limit, str(error))
         received = time.perf_counter()
         core = self.core
         self._served(plan)
@@ -369,39 +419,46 @@ class Proxy:
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         meter = StreamMeter()
         status, ok = 200, True
-        chunk: bytes | None = first
-        last = False
         try:
-            while chunk is not None:
-                # Chunks that queued up while the client was being written to go out as
-                # one write (SSE is a byte stream; event boundaries are in the bytes).
-                more = response.take_queued()
-                if more:
-                    chunk += more
-                # The engine's body is complete: this is the last piece, and it carries
-                # the end of the response (one write instead of two).
-                last = response.finished
-                await self._forward(plan, meter, chunk, send, not last)
-                if received:
-                    relay = time.perf_counter() - received
-                    core.metrics.overhead.observe(plan.sent_at - plan.started + relay)
-                    received = 0.0
-                chunk = None if last else await response.next_chunk()
-        except (httpx.TransportError, httpx.TimeoutException) as error:
-            status, ok = 502, False
-            self._mid_stream_failure(plan, error)
+            await self._relay_events(plan, response, framer, first, meter, send, received)
+        except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
+            status, ok = self._mid_stream_failure(plan, error)
             watch.done = True
             await send({"type": "http.response.body", "more_body": False,
-                        "body": sse_error_event(502, f"The engine {plan.instance} failed "
-                                                     f"mid-stream: {type(error).__name__}")})
+                        "body": sse_error_event(status, _mid_stream_message(plan, error))})
             core.end_attempt(plan, ok=False)
         else:
             watch.done = True
-            if not last:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
         core.finish_request(plan, status=status, ok=ok, output_tokens=meter.output_tokens,
                             last_token_at=meter.last_token_at, cached_tokens=meter.cached_tokens)
         return None
+
+    async def _relay_events(self, plan: Plan, response: Upstream, framer: SseFramer,
+                            out: bytes, meter: StreamMeter, send: Send, received: float) -> None:
+        """Forward whole events until the engine's body ends (ending the client's too)."""
+        last = response.finished
+        while True:
+            if last:
+                # The engine's body is complete: this is the last piece, and it carries
+                # the end of the response (one write instead of two).
+                out += framer.finish()
+            if out or last:
+                await self._forward(plan, meter, out, send, not last)
+                if received:
+                    relay = time.perf_counter() - received
+                    self.core.metrics.overhead.observe(plan.sent_at - plan.started + relay)
+                    received = 0.0
+            if last:
+                return
+            chunk = await response.next_chunk()
+            if chunk is None:
+                out, last = b"", True
+                continue
+            # Chunks that queued up while the client was being written to go out as one
+            # write (SSE is a byte stream; event boundaries are in the bytes).
+            more = response.take_queued()
+            out = framer.feed(chunk + more if more else chunk)
+            last = response.finished
 
     async def _forward(self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send,
                        more: bool) -> None:
@@ -410,11 +467,19 @@ class Proxy:
         if first:  # accounted once the token is on its way to the client
             self.core.first_token(plan)
 
-    def _mid_stream_failure(self, plan: Plan, error: Exception) -> None:
+    def _mid_stream_failure(self, plan: Plan, error: Exception) -> tuple[int, bool]:
+        """Count a stream that broke after its first event; the status for its error event.
+        Past the deadline is no fault of the engine's: no breaker strike."""
         core = self.core
-        core.metrics.child(core.metrics.upstream_errors, plan.instance, "mid_stream").inc()
-        core.health.record_failure(plan.instance, time.monotonic(), "mid_stream")
+        kind = ("response_deadline" if isinstance(error, ResponseDeadline)
+                else error.limit if isinstance(error, MalformedStream) else "mid_stream")
+        core.metrics.child(core.metrics.upstream_errors, plan.instance, kind).inc()
+        if kind in LIMIT_KINDS:
+            core.metrics.limit_hit(kind)
+        if kind != "response_deadline":
+            core.health.record_failure(plan.instance, time.monotonic(), kind)
         log.info("request %s: stream from %s broke: %r", plan.request_id, plan.instance, error)
+        return (504 if kind == "response_deadline" else 502), False
 
     def _route_headers(self, plan: Plan, debug: bool) -> list[tuple[bytes, bytes]]:
         headers = [
@@ -464,6 +529,66 @@ class DisconnectWatch:
                 return
 
 
+async def _first_events(response: Upstream, framer: SseFramer) -> bytes | None:
+    """The stream's first complete events (None: it ended without any)."""
+    while True:
+        chunk = await response.next_chunk()
+        if chunk is None:
+            return framer.finish() or None
+        more = response.take_queued()
+        out = framer.feed(chunk + more if more else chunk)
+        if out:
+            return out
+
+
+def _mid_stream_message(plan: Plan, error: Exception) -> str:
+    if isinstance(error, ResponseDeadline | MalformedStream):
+        return f"The engine {plan.instance}'s stream was cut: {error}"
+    return f"The engine {plan.instance} failed mid-stream: {type(error).__name__}"
+
+
+def _json_object_shaped(data: bytes) -> bool:
+    """Starts with ``{`` and ends with ``}`` (whitespace aside): tells an HTML page or noise
+    from a JSON answer without parsing (or copying) a body of up to max_response_bytes."""
+    return data[:64].lstrip()[:1] == b"{" and data[-64:].rstrip()[-1:] == b"}"
+
+
+def _out_of_resources(error: Exception) -> UpstreamFailure:
+    return UpstreamFailure("fd_exhausted", f"The router is out of file descriptors or local "
+                                           f"ports; retry later ({error}).", final=True,
+                           status=503)
+
+
+def _past_deadline(error: Exception) -> UpstreamFailure:
+    return UpstreamFailure("response_deadline", f"The engine's answer took too long: {error}.",
+                           final=True, status=504)
+
+
+def _unexpected_media_type(response: Upstream, stream: bool) -> str | None:
+    """The answer's media type unless it is the one due: ``text/event-stream`` for a
+    stream's 200, ``application/json`` otherwise."""
+    expected = b"text/event-stream" if stream and response.status_code == 200 \
+        else b"application/json"
+    media = response.header(b"content-type", b"").split(b";", 1)[0].strip().lower()
+    return None if media == expected else media.decode("latin-1")
+
+
+async def _bad_response(response: Upstream, what: str, data: bytes | None = None,
+                        ) -> UpstreamFailure:
+    """An answer not in the shape due (an HTML page from a proxy in between, noise) is
+    never relayed. A success so shaped means a broken instance: retried elsewhere and held
+    against it. An error status so shaped (a proxy's 413 page, say) is more likely about
+    the request, which every instance would answer alike: the client gets that status
+    with an OpenAI-style body, and no breaker counts it (as with suspected requests)."""
+    status = response.status_code
+    if status < 400:
+        return UpstreamFailure("bad_response", f"the engine answered HTTP {status} with {what}")
+    detail = (data[:200].decode("utf-8", "replace") if data is not None
+              else await _safe_read(response))
+    return UpstreamFailure("bad_response", f"The engine answered HTTP {status} with {what}: "
+                                           f"{detail}", final=True, status=status)
+
+
 def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
     """Parsed URL, request head and timeouts, cached on the runtime."""
     cache = runtime.upstream_cache
@@ -473,7 +598,8 @@ def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
         settings = runtime.config.router
         found = cache[key] = make_target(runtime.urls[instance] + path, FIXED_UPSTREAM_HEADERS,
                                          settings.connect_timeout_s,
-                                         settings.first_byte_timeout_s)
+                                         settings.first_byte_timeout_s,
+                                         settings.response_deadline_s)
     return found
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 
 from router_worker.config import ConfigError, RouterConfig, parse_config
+from router_worker.connections import ConnectionGuard
 from router_worker.core import RouterCore
 from router_worker.kv_subscriber import KVSubscribers
 from router_worker.limits import Limiter
@@ -56,6 +57,7 @@ class Service:
                                    on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n))
         self.core = RouterCore(self.options.name, self.telemetry, self.metrics)
         self.limiter = Limiter(1024, 1024, 10.0)
+        self.connections = ConnectionGuard(self.metrics)
         self.transport = FastTransport(self.options.max_idle_per_origin)
         self.client = make_client(self.transport)
         self.proxy = Proxy(self.core, self.transport, self.limiter)
@@ -92,6 +94,9 @@ class Service:
         settings = config.router
         self.limiter.configure(settings.max_concurrency, settings.max_queue,
                                settings.queue_timeout_s)
+        self.connections.configure(settings.max_connections, settings.header_timeout_s,
+                                   settings.body_timeout_s)
+        self.transport.configure(settings.max_response_header_bytes, settings.max_response_bytes)
         self.kv.sync(config)
         self.telemetry.event("config_applied", version=config.version, source=source,
                              policy=config.policy.kind,

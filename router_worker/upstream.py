@@ -21,11 +21,21 @@ headers, body chunks), raising the same httpx exceptions. ``httpx.Request``/``Re
 construction, header normalisation and the ``aiter_raw`` generator layers cost more CPU
 per request than the rest of the exchange. Read timeouts are one lazily re-armed timer
 per connection instead of an ``asyncio.timeout`` scope per wait (per SSE chunk).
+
+Limits (issue 21): a response head larger than ``max_header_bytes`` fails with
+:class:`ResponseTooLarge` (so does a body over ``max_body_bytes`` read whole with
+``read()``); a request given a ``deadline_s`` fails with :class:`ResponseDeadline` once
+that much time has passed since it was sent, however steadily the engine drips bytes (the
+same timer as the read timeout); a connect that fails because *this process* is out of
+file descriptors or local ports raises :class:`LocalExhaustion`, which says nothing about
+the engine.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
+import math
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -36,6 +46,45 @@ import httpx
 
 MAX_IDLE_PER_ORIGIN = 1024
 PAUSE_CHUNKS = 256  # stop reading from the engine when the client lags this far behind
+DEFAULT_MAX_HEADER_BYTES = 64 * 1024
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+# errno values that mean the router itself is out of a resource, not that the peer failed.
+LOCAL_EXHAUSTION_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
+                                     errno.EADDRNOTAVAIL})
+
+
+class ResponseTooLarge(httpx.RemoteProtocolError):
+    """The engine's response head or body is over the router's limit."""
+
+    def __init__(self, message: str, limit: str) -> None:
+        super().__init__(message)
+        self.limit = limit  # response_headers_too_large | response_too_large
+
+
+class ResponseDeadline(httpx.ReadTimeout):
+    """The response took longer than its total deadline (``deadline_s``)."""
+
+
+class LocalExhaustion(httpx.ConnectError):
+    """The router could not open a connection for want of its *own* resources (file
+    descriptors, local ports, buffers): no fault of the engine's."""
+
+
+def is_local_exhaustion(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is the router's own resource exhaustion."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, LocalExhaustion) or (
+                isinstance(seen, OSError) and seen.errno in LOCAL_EXHAUSTION_ERRNOS):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+class _StopParsing(Exception):
+    """Raised from a parser callback to abandon the response (the error is already set)."""
 
 
 class _Connection(asyncio.Protocol):
@@ -48,6 +97,7 @@ class _Connection(asyncio.Protocol):
         self.paused = False
         self.parser = httptools.HttpResponseParser(self)
         self.timer: asyncio.TimerHandle | None = None
+        self.max_header_bytes = DEFAULT_MAX_HEADER_BYTES
         self._reset()
 
     def _reset(self) -> None:
@@ -62,10 +112,17 @@ class _Connection(asyncio.Protocol):
         self.error: Exception | None = None
         self.received = 0
         self.keep_alive = False
+        self.header_bytes = 0
+        self.deadline: float | None = None  # loop time by which the response must be done
+        self.deadline_s = 0.0
 
-    def start_request(self) -> None:
+    def start_request(self, max_header_bytes: int, deadline_s: float | None) -> None:
         self._reset()
         self.parser = httptools.HttpResponseParser(self)
+        self.max_header_bytes = max_header_bytes
+        if deadline_s is not None:
+            self.deadline_s = deadline_s
+            self.deadline = self.loop.time() + deadline_s
 
     # ----- asyncio.Protocol ------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:
@@ -76,7 +133,8 @@ class _Connection(asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserError as error:
-            self._fail(httpx.RemoteProtocolError(f"invalid HTTP response: {error}"))
+            if self.error is None:
+                self._fail(httpx.RemoteProtocolError(f"invalid HTTP response: {error}"))
             self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -89,6 +147,12 @@ class _Connection(asyncio.Protocol):
 
     # ----- httptools callbacks -----------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_bytes += len(name) + len(value) + 4
+        if self.header_bytes > self.max_header_bytes:
+            self._fail(ResponseTooLarge(
+                f"the engine's response head is over {self.max_header_bytes} bytes",
+                "response_headers_too_large"))
+            raise _StopParsing
         self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
@@ -119,30 +183,44 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     async def _wait(self, timeout: float | None, what: str) -> None:
-        """Until the next parser event, at most ``timeout`` s (then ``httpx.ReadTimeout``).
+        """Until the next parser event, at most ``timeout`` s (then ``httpx.ReadTimeout``)
+        and never past the request's deadline (then :class:`ResponseDeadline`).
 
         One timer per connection, armed lazily: when it fires it fails the waiter if the
-        current wait has lasted ``timeout``, else re-arms for the current wait's deadline.
-        Waits start later and later, so an armed timer never fires too late."""
+        current wait has lasted ``timeout`` or the deadline has passed, else re-arms for
+        the current wait's due time. Waits start later and later (and the deadline is
+        fixed per request), so an armed timer never fires too late."""
         waiter = self.waiter = self.loop.create_future()
         self.wait_timeout = timeout
-        if timeout is not None:
+        if timeout is not None or self.deadline is not None:
             self.wait_started = self.loop.time()
             self.wait_what = what
             if self.timer is None:
-                self.timer = self.loop.call_at(self.wait_started + timeout, self._on_timer)
+                self.timer = self.loop.call_at(self._due(), self._on_timer)
         await waiter
+
+    def _due(self) -> float:
+        due = math.inf if self.deadline is None else self.deadline
+        if self.wait_timeout is not None:
+            due = min(due, self.wait_started + self.wait_timeout)
+        return due
 
     def _on_timer(self) -> None:
         self.timer = None
-        waiter, timeout = self.waiter, self.wait_timeout
-        if waiter is None or waiter.done() or timeout is None:
+        waiter = self.waiter
+        if waiter is None or waiter.done():
             return
-        deadline = self.wait_started + timeout
-        if self.loop.time() >= deadline:
+        now = self.loop.time()
+        if self.deadline is not None and now >= self.deadline:
+            waiter.set_exception(self._deadline_error())
+        elif self.wait_timeout is not None and now >= self.wait_started + self.wait_timeout:
             waiter.set_exception(httpx.ReadTimeout(self.wait_what))
-        else:
-            self.timer = self.loop.call_at(deadline, self._on_timer)
+        elif self.wait_timeout is not None or self.deadline is not None:
+            self.timer = self.loop.call_at(self._due(), self._on_timer)
+
+    def _deadline_error(self) -> ResponseDeadline:
+        return ResponseDeadline(f"the answer took longer than its {self.deadline_s:g} s "
+                                "deadline (router.response_deadline_s)")
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -159,6 +237,8 @@ class _Connection(asyncio.Protocol):
         """The next body chunk as received (None at the end of the body)."""
         while True:
             if self.chunks:
+                if self.deadline is not None and self.loop.time() >= self.deadline:
+                    raise self._deadline_error()
                 return self.take_chunk()
             if self.complete:
                 return None
@@ -190,11 +270,13 @@ class UpstreamResponse:
 
     ``aclose()`` must be called: it returns the connection to the pool (or closes it)."""
 
-    __slots__ = ("conn", "headers", "key", "pool", "read_timeout", "released", "status_code")
+    __slots__ = ("conn", "headers", "key", "max_body", "pool", "read_timeout", "released",
+                 "status_code")
 
     def __init__(self, pool: FastTransport, key: tuple[str, int], conn: _Connection,
                  read_timeout: float | None) -> None:
         self.pool, self.key, self.conn, self.read_timeout = pool, key, conn, read_timeout
+        self.max_body = pool.max_body_bytes
         self.status_code: int = conn.parser.get_status_code()
         self.headers = conn.headers
         self.released = False
@@ -228,10 +310,19 @@ class UpstreamResponse:
         return b"".join(parts)
 
     async def read(self) -> bytes:
-        """The whole body, content-encoding decoded (as ``httpx.Response.aread``)."""
+        """The whole body, content-encoding decoded (as ``httpx.Response.aread``); at most
+        ``max_body`` bytes (else :class:`ResponseTooLarge`)."""
         parts = []
         conn, timeout = self.conn, self.read_timeout
+        declared = self.header(b"content-length", b"0")
+        size = int(declared) if declared.isdigit() else 0
+        if size > self.max_body:
+            raise _body_too_large(self.max_body)
+        size = 0
         while (chunk := await conn.next_chunk(timeout)) is not None:
+            size += len(chunk)
+            if size > self.max_body:
+                raise _body_too_large(self.max_body)
             parts.append(chunk)
         data = b"".join(parts)
         encoding = self.header(b"content-encoding", b"identity").strip().lower()
@@ -255,12 +346,15 @@ class HttpxUpstream:
     """An ``httpx.Response`` (https instances, via httpx's own transport) with the
     :class:`UpstreamResponse` interface."""
 
-    __slots__ = ("chunks", "response", "status_code")
+    __slots__ = ("chunks", "deadline", "max_body", "response", "status_code")
 
-    def __init__(self, response: httpx.Response) -> None:
+    def __init__(self, response: httpx.Response, max_body: int,
+                 deadline: float | None) -> None:
         self.response = response
         self.status_code = response.status_code
         self.chunks = response.aiter_raw()
+        self.max_body = max_body
+        self.deadline = deadline  # event-loop time
 
     def header(self, name: bytes, default: bytes) -> bytes:
         value = self.response.headers.get(name.decode("latin-1"))
@@ -268,9 +362,13 @@ class HttpxUpstream:
 
     async def next_chunk(self) -> bytes | None:
         try:
-            return await self.chunks.__anext__()
+            async with asyncio.timeout_at(self.deadline):
+                return await self.chunks.__anext__()
         except StopAsyncIteration:
             return None
+        except TimeoutError:
+            raise ResponseDeadline("the answer took longer than its deadline "
+                                   "(router.response_deadline_s)") from None
 
     finished = False  # httpx's stream says so only by ending
 
@@ -278,13 +376,27 @@ class HttpxUpstream:
         return b""
 
     async def read(self) -> bytes:
-        return await self.response.aread()
+        parts, size = [], 0
+        while (chunk := await self.next_chunk()) is not None:
+            size += len(chunk)
+            if size > self.max_body:
+                raise _body_too_large(self.max_body)
+            parts.append(chunk)
+        data = b"".join(parts)
+        if data and self.header(b"content-encoding", b"identity").strip().lower() != b"identity":
+            data = httpx.Response(self.status_code, headers=self.response.headers,
+                                  content=data).content
+        return data
 
     async def aclose(self) -> None:
         await self.response.aclose()
 
 
 Upstream = UpstreamResponse | HttpxUpstream
+
+
+def _body_too_large(limit: int) -> ResponseTooLarge:
+    return ResponseTooLarge(f"the engine's answer is over {limit} bytes", "response_too_large")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,15 +409,16 @@ class Target:
     fixed_headers: tuple[tuple[bytes, bytes], ...]
     connect_timeout: float | None
     read_timeout: float | None
+    deadline_s: float | None = None  # total time for the answer, from sending the request
 
 
 def make_target(url: str, headers: Sequence[tuple[bytes, bytes]], connect_timeout: float | None,
-                read_timeout: float | None) -> Target:
+                read_timeout: float | None, deadline_s: float | None = None) -> Target:
     parsed = httpx.URL(url)
     lines = [b"POST " + parsed.raw_path + b" HTTP/1.1\r\n", b"Host: " + parsed.netloc + b"\r\n"]
     lines += [name + b": " + value + b"\r\n" for name, value in headers]
     return Target(parsed, (parsed.host, parsed.port or 80), b"".join(lines), tuple(headers),
-                  connect_timeout, read_timeout)
+                  connect_timeout, read_timeout, deadline_s)
 
 
 class _Body(httpx.AsyncByteStream):
@@ -315,8 +428,11 @@ class _Body(httpx.AsyncByteStream):
         self.response = response
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
-        response = self.response
+        response, size = self.response, 0
         while (chunk := await response.next_chunk()) is not None:
+            size += len(chunk)
+            if size > response.max_body:
+                raise _body_too_large(response.max_body)
             yield chunk
 
     async def aclose(self) -> None:
@@ -330,6 +446,12 @@ class FastTransport(httpx.AsyncBaseTransport):
         self.max_idle = max_idle_per_origin
         self.idle: dict[tuple[str, int], list[_Connection]] = {}
         self.fallback = httpx.AsyncHTTPTransport()
+        self.max_header_bytes = DEFAULT_MAX_HEADER_BYTES
+        self.max_body_bytes = DEFAULT_MAX_BODY_BYTES
+
+    def configure(self, max_header_bytes: int, max_body_bytes: int) -> None:
+        """Limits on what an engine may send: a response head, a body read whole."""
+        self.max_header_bytes, self.max_body_bytes = max_header_bytes, max_body_bytes
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         url = request.url
@@ -349,23 +471,40 @@ class FastTransport(httpx.AsyncBaseTransport):
         the response head is in (httpx exceptions on failure, as ``open``). ``on_sent``:
         see ``open``."""
         if target.url.scheme != "http":
-            if on_sent is not None:
-                on_sent()
-            request = httpx.Request(
-                "POST", target.url, content=body,
-                headers=[*target.fixed_headers, *headers],
-                extensions={"timeout": {"connect": target.connect_timeout,
-                                        "read": target.read_timeout, "write": 30.0,
-                                        "pool": target.connect_timeout}})
-            return HttpxUpstream(await self.fallback.handle_async_request(request))
+            return await self._post_fallback(target, headers, body, on_sent)
         head = b"".join([target.head, *[name + b": " + value + b"\r\n" for name, value in headers],
                          b"Content-Length: %d\r\n\r\n" % len(body)])
         return await self.open(target.key, head, body, target.connect_timeout,
-                               target.read_timeout, on_sent)
+                               target.read_timeout, on_sent, target.deadline_s)
+
+    async def _post_fallback(self, target: Target, headers: Sequence[tuple[bytes, bytes]],
+                             body: bytes, on_sent: Callable[[], None] | None) -> Upstream:
+        """https (or anything not plain http) through httpx's own transport."""
+        if on_sent is not None:
+            on_sent()
+        request = httpx.Request(
+            "POST", target.url, content=body, headers=[*target.fixed_headers, *headers],
+            extensions={"timeout": {"connect": target.connect_timeout,
+                                    "read": target.read_timeout, "write": 30.0,
+                                    "pool": target.connect_timeout}})
+        loop = asyncio.get_running_loop()
+        deadline = None if target.deadline_s is None else loop.time() + target.deadline_s
+        try:
+            async with asyncio.timeout_at(deadline):
+                response = await self.fallback.handle_async_request(request)
+        except TimeoutError:
+            raise ResponseDeadline("no answer within the deadline "
+                                   "(router.response_deadline_s)") from None
+        except httpx.ConnectError as error:
+            if is_local_exhaustion(error):
+                raise LocalExhaustion(str(error)) from error
+            raise
+        return HttpxUpstream(response, self.max_body_bytes, deadline)
 
     async def open(self, key: tuple[str, int], head: bytes, body: bytes,
                    connect_timeout: float | None, read_timeout: float | None,
-                   on_sent: Callable[[], None] | None = None) -> UpstreamResponse:
+                   on_sent: Callable[[], None] | None = None,
+                   deadline_s: float | None = None) -> UpstreamResponse:
         """Send ``head`` + ``body`` (a complete HTTP/1.1 request, Content-Length included)
         to ``key`` = (host, port) on a pooled connection; return once the response head is
         in. Raises httpx's ``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``,
@@ -383,19 +522,20 @@ class FastTransport(httpx.AsyncBaseTransport):
             notify = _nothing
             conn = await self._connect(key, connect_timeout)
         try:
-            await self._send(conn, head, body, read_timeout, notify)
-        except httpx.RemoteProtocolError:
-            if not (reused and conn.received == 0):
+            await self._send(conn, head, body, read_timeout, notify, deadline_s)
+        except httpx.RemoteProtocolError as error:
+            if isinstance(error, ResponseTooLarge) or not (reused and conn.received == 0):
                 raise
             # The server closed an idle keep-alive connection as we reused it: the request
             # never reached it, so one retry on a fresh connection is safe.
             conn = await self._connect(key, connect_timeout)
-            await self._send(conn, head, body, read_timeout, _nothing)
+            await self._send(conn, head, body, read_timeout, _nothing, deadline_s)
         return UpstreamResponse(self, key, conn, read_timeout)
 
     async def _send(self, conn: _Connection, head: bytes, body: bytes,
-                    read_timeout: float | None, on_sent: Callable[[], None]) -> None:
-        conn.start_request()
+                    read_timeout: float | None, on_sent: Callable[[], None],
+                    deadline_s: float | None) -> None:
+        conn.start_request(self.max_header_bytes, deadline_s)
         assert conn.transport is not None
         conn.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
@@ -424,6 +564,9 @@ class FastTransport(httpx.AsyncBaseTransport):
         except TimeoutError:
             raise httpx.ConnectTimeout(f"connect to {key[0]}:{key[1]} timed out") from None
         except OSError as error:
+            if error.errno in LOCAL_EXHAUSTION_ERRNOS:
+                raise LocalExhaustion(f"the router is out of resources to connect to "
+                                      f"{key[0]}:{key[1]}: {error}") from None
             raise httpx.ConnectError(str(error) or "connection failed") from None
         return conn
 

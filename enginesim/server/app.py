@@ -237,7 +237,8 @@ class InstanceAPI:
 
 
 class FaultGate:
-    """ASGI wrapper applying hang / error5xx / poison to every non-admin request."""
+    """ASGI wrapper applying hang / error5xx / poison / wrong_content_type to every non-admin
+    request."""
 
     def __init__(self, app: Any, instance: Instance) -> None:
         self.app = app
@@ -249,6 +250,10 @@ class FaultGate:
             await faults.wait_not_hung()
             if faults.failing:
                 await _send_500(send, "Injected fault: error5xx")
+                return
+            if faults.mode == "wrong_content_type" and scope["path"].startswith("/v1/"):
+                await _read_body(receive)
+                await _send_html(send)
                 return
             if faults.mode == "poison" and scope["path"].startswith("/v1/"):
                 body = await _read_body(receive)
@@ -277,6 +282,14 @@ def _replay(body: bytes, receive: Any) -> Any:
         return pending.pop() if pending else await receive()
 
     return replayed
+
+
+async def _send_html(send: Any) -> None:
+    body = b"<html><body><h1>Welcome</h1><p>Injected fault: wrong_content_type</p></body></html>"
+    headers = [(b"content-type", b"text/html; charset=utf-8"),
+               (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _send_500(send: Any, message: str) -> None:

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="INDEX:MODE[:ARG]",
-        help="start with a fault, e.g. 2:slow:5, 3:error5xx, 1:drop_midstream:4 (repeatable)",
+        help="start with a fault, e.g. 2:slow:5, 3:error5xx, 1:drop_midstream:4, 0:drip:0.5 "
+        "(repeatable)",
     )
 
 

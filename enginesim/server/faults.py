@@ -14,6 +14,14 @@ Modes (one at a time; ``recover`` returns to ``none``):
 - ``drop_midstream``: streamed responses are cut after ``after_chunks`` SSE
   chunks (default 2), non-streamed ones after their headers; the engine request
   is aborted as on a client disconnect.
+- ``garbage``: streamed responses carry a chunk of non-SSE garbage in place of SSE
+  chunk number ``after_chunks`` (default 2; 0 = the first); non-streamed bodies are
+  not JSON. Status and content type stay right (a broken engine or a mangling proxy).
+- ``wrong_content_type``: API requests are answered 200 with an HTML page
+  (``text/html``), like a misconfigured proxy or captive portal; ``/health`` is served.
+- ``drip``: every SSE chunk waits ``period`` seconds (default 0.5) before it is sent,
+  and a non-streamed body goes out in 16-byte pieces ``period`` apart: an engine that
+  never falls silent long enough to trip a read timeout, yet never finishes.
 ``/admin/*`` paths are never affected.
 """
 
@@ -23,7 +31,10 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-FAULT_MODES = ("kill", "hang", "slow", "error5xx", "poison", "drop_midstream", "recover")
+FAULT_MODES = ("kill", "hang", "slow", "error5xx", "poison", "drop_midstream", "garbage",
+               "wrong_content_type", "drip", "recover")
+# A data line an SSE client would hand to its JSON parser, then binary noise.
+GARBAGE = b"data: <html><body><h1>502 Bad Gateway</h1></body></html>\n\n\x00\xff garbled\n\n"
 
 
 class FaultError(ValueError):
@@ -36,6 +47,7 @@ class FaultRequest:
     factor: float = 1.0
     after_chunks: int = 2
     match: str = ""
+    period: float = 0.5
 
     @classmethod
     def from_json(cls, body: Any) -> FaultRequest:
@@ -53,7 +65,11 @@ class FaultRequest:
         match = body.get("match", "")
         if mode == "poison" and (not isinstance(match, str) or not match):
             raise FaultError("poison needs `match`: a non-empty text")
-        return cls(mode, float(factor), after_chunks, match if mode == "poison" else "")
+        period = body.get("period", 0.5)
+        if isinstance(period, bool) or not isinstance(period, int | float) or not 0 < period <= 600:
+            raise FaultError("period must be a number of seconds in (0, 600]")
+        return cls(mode, float(factor), after_chunks, match if mode == "poison" else "",
+                   float(period))
 
     @classmethod
     def from_cli(cls, spec: str) -> tuple[int, FaultRequest]:
@@ -63,9 +79,13 @@ class FaultRequest:
             raise FaultError(f"--fault must be INDEX:MODE[:FACTOR], got {spec!r}")
         body: dict[str, Any] = {"mode": parts[1]}
         if len(parts) == 3:
-            body["factor" if parts[1] == "slow" else "after_chunks"] = (
-                float(parts[2]) if parts[1] == "slow" else int(parts[2])
-            )
+            try:
+                if parts[1] in ("slow", "drip"):
+                    body["factor" if parts[1] == "slow" else "period"] = float(parts[2])
+                else:
+                    body["after_chunks"] = int(parts[2])
+            except ValueError:
+                raise FaultError(f"--fault argument must be a number, got {spec!r}") from None
         return int(parts[0]), cls.from_json(body)
 
 
@@ -77,6 +97,7 @@ class FaultState:
         self.factor = 1.0
         self.after_chunks = 2
         self.match = b""
+        self.period = 0.5
         self._not_hung = asyncio.Event()
         self._not_hung.set()
 
@@ -100,11 +121,20 @@ class FaultState:
     def hung(self) -> bool:
         return self.mode == "hang"
 
+    @property
+    def garbling(self) -> bool:
+        return self.mode == "garbage"
+
+    @property
+    def dripping(self) -> bool:
+        return self.mode == "drip"
+
     def set(self, request: FaultRequest) -> None:
         self.mode = "none" if request.mode == "recover" else request.mode
         self.factor = request.factor if request.mode == "slow" else 1.0
         self.after_chunks = request.after_chunks
         self.match = request.match.encode()
+        self.period = request.period
         if self.hung:
             self._not_hung.clear()
         else:
@@ -116,4 +146,4 @@ class FaultState:
 
     def as_json(self) -> dict[str, Any]:
         return {"mode": self.mode, "factor": self.factor, "after_chunks": self.after_chunks,
-                "match": self.match.decode()}
+                "match": self.match.decode(), "period": self.period}

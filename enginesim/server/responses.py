@@ -15,7 +15,7 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from enginesim.server.faults import FaultState
+from enginesim.server.faults import GARBAGE, FaultState
 from enginesim.server.openai_api import dumps
 
 Scope = dict[str, Any]
@@ -72,6 +72,10 @@ class SSEResponse:
             if self._faults.killed or (self._faults.dropping and sent >= self._faults.after_chunks):
                 self._on_disconnect()
                 return  # body left unfinished: uvicorn closes the connection
+            if self._faults.garbling and sent == self._faults.after_chunks:
+                chunk = GARBAGE
+            if self._faults.dripping:
+                await asyncio.sleep(self._faults.period)
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
             sent += 1
         await send({"type": "http.response.body", "body": b"", "more_body": False})
@@ -97,7 +101,7 @@ class PendingJSONResponse:
             self._on_disconnect()
             return
         await self._faults.wait_not_hung()
-        body = dumps(self._render()).encode()
+        body = GARBAGE if self._faults.garbling else dumps(self._render()).encode()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
@@ -106,4 +110,15 @@ class PendingJSONResponse:
         if self._faults.killed or self._faults.dropping:
             self._on_disconnect()
             return  # headers promised a body that never comes: the client sees a cut
+        if self._faults.dripping:
+            await _drip(send, body, self._faults.period)
+            return
         await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+async def _drip(send: Send, body: bytes, period: float) -> None:
+    """The body in 16-byte pieces, ``period`` seconds apart."""
+    for start in range(0, len(body), 16):
+        await asyncio.sleep(period)
+        await send({"type": "http.response.body", "body": body[start:start + 16],
+                    "more_body": start + 16 < len(body)})

@@ -176,3 +176,37 @@ def test_cli_fault_applies_from_startup(sim_factory):
     assert scrape(server.url(1))[("enginesim:time_scale", ())] == pytest.approx(0.15)
     listing = httpx.get(server.admin_url + "/admin/instances").json()
     assert [item["fault"]["mode"] for item in listing] == ["none", "slow"]
+
+
+def test_wrong_content_type_answers_html_but_health_is_served(url):
+    set_fault(url, mode="wrong_content_type")
+    reply = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x",
+                                                      "max_tokens": 1})
+    assert reply.status_code == 200
+    assert reply.headers["content-type"].startswith("text/html")
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_garbage_replaces_a_chunk_of_the_stream_and_the_json_body(url):
+    set_fault(url, mode="garbage", after_chunks=1)
+    body = {"model": MODEL, "prompt": "garbage please", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", url + "/v1/completions", json=body) as reply:
+        text = reply.read()
+    assert reply.headers["content-type"].startswith("text/event-stream")
+    assert text.startswith(b"data: {")
+    assert b"<html>" in text
+    whole = httpx.post(url + "/v1/completions", json={**body, "stream": False})
+    assert whole.headers["content-type"] == "application/json"
+    with pytest.raises(ValueError):
+        whole.json()
+
+
+def test_drip_sends_the_same_answer_in_paced_pieces(url):
+    assert set_fault(url, mode="drip", period=0.02)["period"] == 0.02
+    body = {"model": MODEL, "prompt": "drip please", "max_tokens": 3}
+    with httpx.stream("POST", url + "/v1/completions", json=body) as reply:
+        pieces = list(reply.iter_raw())
+    assert len(pieces) > 1
+    assert b"".join(pieces).startswith(b"{")
+    with pytest.raises(httpx.HTTPStatusError):
+        set_fault(url, mode="drip", period=0)

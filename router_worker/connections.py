@@ -1,0 +1,176 @@
+"""Client connections: a cap on how many are open, deadlines for each request's head and
+body (slowloris).
+
+uvicorn's httptools protocol has none of these: a connection that never completes a
+request holds a file descriptor (and a handler waiting on its body) for ever, and nothing
+bounds how many connections are open, so a flood of idle or slowly-typed connections uses
+up the process's file descriptors; then the router can neither accept clients nor connect
+to engines.
+
+The router runs uvicorn with ``http=guarded_protocol(guard)``, a subclass of that
+protocol which
+
+* gives a request ``header_timeout_s`` for its head (from the connection's opening, or
+  from the request's first byte on a kept-alive connection) and then ``body_timeout_s``
+  for its whole body: a total deadline, so dripping bytes does not extend it. Past it the
+  client gets 408 (OpenAI-style JSON, ``connection: close``) and the connection is closed;
+  a handler waiting on the body sees a disconnect and ends quietly;
+* answers a connection beyond the cap at once with 503 (``connection: close``,
+  ``retry-after: 1``) without reading its request, half-closes it, discards what the
+  client still sends and closes it when the client does, or after ``REFUSED_LINGER_S``
+  (closing a socket with unread input would reset the connection, which can destroy the
+  answer before the client reads it). The cap is ``max_connections``, never more than
+  half the process's file-descriptor limit: the other half is for engine connections.
+
+Cost on the hot path: no timer per request. One timer per connection, armed lazily; it
+fires at most every ``min(header_timeout_s, body_timeout_s)``, acts if the current phase
+is overdue, else re-arms (the read-timeout scheme of ``upstream._Connection``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from router_worker.errors import error_bytes
+from router_worker.metrics import RouterMetrics
+
+REFUSED_LINGER_S = 1.0
+_TIMEOUTS = {"head": ("header_timeout", "request head"), "body": ("body_timeout", "request body")}
+_STATUS_LINES = {408: b"HTTP/1.1 408 Request Timeout\r\n",
+                 503: b"HTTP/1.1 503 Service Unavailable\r\n"}
+
+
+class ConnectionGuard:
+    """The limits the protocol applies, updated when a configuration is applied."""
+
+    def __init__(self, metrics: RouterMetrics, max_connections: int = 4096,
+                 header_timeout_s: float = 15.0, body_timeout_s: float = 60.0) -> None:
+        self.metrics = metrics
+        self.open: set[Any] = set()
+        self.configure(max_connections, header_timeout_s, body_timeout_s)
+        metrics.connections.set_function(lambda: len(self.open))
+
+    def configure(self, max_connections: int, header_timeout_s: float,
+                  body_timeout_s: float) -> None:
+        self.max_connections = max_connections
+        self.limits = {"head": header_timeout_s, "body": body_timeout_s}
+        self.tick = min(header_timeout_s, body_timeout_s)
+
+    def cap(self) -> int:
+        """``max_connections``, at most half the current file-descriptor limit (read each
+        time: an operator may change it on a running process with ``prlimit``)."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == resource.RLIM_INFINITY:
+            return self.max_connections
+        return max(1, min(self.max_connections, soft // 2))
+
+
+def raw_error(status: int, message: str) -> bytes:
+    """A complete HTTP/1.1 error response that closes the connection."""
+    body = error_bytes(status, message)
+    retry = b"retry-after: 1\r\n" if status == 503 else b""
+    return b"".join([_STATUS_LINES[status], b"content-type: application/json\r\n",
+                     b"content-length: %d\r\n" % len(body), retry,
+                     b"connection: close\r\n\r\n", body])
+
+
+def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the guard's cap and deadlines."""
+
+    class GuardedProtocol(HttpToolsProtocol):
+        timer: asyncio.TimerHandle | None = None
+        phase: str | None = None  # "head" | "body" while a request is being received
+        phase_started = 0.0
+        refused = False
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            guard.open.add(self)
+            cap = guard.cap()
+            if len(guard.open) > cap:
+                self._refuse(cap)
+                return
+            self._enter("head")
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            guard.open.discard(self)
+            self.phase = None
+            if self.timer is not None:
+                self.timer.cancel()
+                self.timer = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.refused:
+                super().data_received(data)
+
+        def eof_received(self) -> None:
+            if self.refused:
+                self.transport.close()
+
+        # ----- request phases (parser callbacks) ------------------------------------
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            if self.phase != "head":  # the first head's clock started at the connection
+                self._enter("head")
+
+        def on_headers_complete(self) -> None:
+            super().on_headers_complete()
+            self._enter("body")
+
+        def on_message_complete(self) -> None:
+            super().on_message_complete()
+            self.phase = None
+
+        def _enter(self, phase: str) -> None:
+            self.phase = phase
+            self.phase_started = self.loop.time()
+            if self.timer is None:
+                # Never later than any phase starting from now could fall due.
+                self.timer = self.loop.call_at(self.phase_started + guard.tick,
+                                               self._on_timer)
+
+        def _on_timer(self) -> None:
+            self.timer = None
+            phase = self.phase
+            if phase is None or self.transport.is_closing():
+                return
+            now = self.loop.time()
+            due = self.phase_started + guard.limits[phase]
+            if now < due:
+                self.timer = self.loop.call_at(min(due, now + guard.tick), self._on_timer)
+                return
+            self._timed_out(phase)
+
+        def _timed_out(self, phase: str) -> None:
+            limit, what = _TIMEOUTS[phase]
+            guard.metrics.limit_hit(limit)
+            cycle = self.cycle
+            # No 408 in the middle of an answer (a pipelined head behind one being
+            # written) nor after one (a body still dripping in after a 413).
+            if phase == "head":
+                answer = cycle is None or cycle.response_complete
+            else:
+                answer = not cycle.response_started
+            if answer:
+                self.transport.write(raw_error(
+                    408, f"The {what} did not arrive within {guard.limits[phase]:g} s "
+                         f"(router.{limit}_s)."))
+            # A handler waiting on the body sees a disconnect once the close is through.
+            self.transport.close()
+
+        def _refuse(self, cap: int) -> None:
+            guard.metrics.limit_hit("connections")
+            self.refused = True
+            self.transport.write(raw_error(
+                503, f"The router has too many open connections (cap {cap}, "
+                     "router.max_connections); retry later."))
+            if self.transport.can_write_eof():
+                self.transport.write_eof()
+            self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
+
+    return GuardedProtocol

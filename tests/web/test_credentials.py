@@ -89,6 +89,9 @@ def test_admin_creates_shows_once_and_revokes_a_client_key(browser, asgi_server)
 def test_a_user_creates_and_revokes_an_api_token_in_the_ui(browser, asgi_server) -> None:
     page = login(browser, asgi_server.url, "operator", bypass_csp=False)
     page.on("dialog", lambda dialog: dialog.accept())
+    refused: list[str] = []
+    page.on("console", lambda message: refused.append(message.text)
+            if "Content Security Policy" in message.text else None)
     me = f"{asgi_server.url}/api/v1/me"
     try:
         page.click("nav.mainnav >> text=API tokens")
@@ -104,6 +107,13 @@ def test_a_user_creates_and_revokes_an_api_token_in_the_ui(browser, asgi_server)
         page.wait_for_selector("tr[data-token=laptop] [data-testid=token-state]:has-text("
                                "'revoked')")
         assert httpx.get(me, headers=bearer, timeout=5).status_code == 401
-        assert page.js_errors == []
+        # A hostile token name is shown as text, in the table and in the revoke question.
+        page.fill("[data-testid=token-controls] input[name=name]", HOSTILE[:64])
+        page.click("[data-testid=token-controls] button.primary")
+        page.goto(f"{asgi_server.url}/tokens/")
+        page.wait_for_load_state("networkidle")
+        assert page.evaluate("window.__pwned") is None
+        assert page.locator("[onerror], [onload], [onclick]").count() == 0
+        assert refused == [] and page.js_errors == []
     finally:
         page.context.close()

@@ -27,8 +27,9 @@ TOKENS_TEMPLATE = "web/tokens.html"
 
 
 def _keys_context(cluster: Cluster) -> dict[str, Any]:
-    return {"cluster": cluster, "tab": "keys",
-            "keys": list(access_selectors.client_keys(cluster.pk))}
+    keys = list(access_selectors.client_keys(cluster.pk))
+    return {"cluster": cluster, "tab": "keys", "keys": keys,
+            "active_keys": sum(1 for key in keys if key.revoked_at is None)}
 
 
 @viewer_required

@@ -77,6 +77,8 @@ def test_admin_creates_shows_once_and_revokes_a_client_key(browser, asgi_server)
         page.click("[data-testid=client-auth-controls] button")
         page.wait_for_selector("[data-testid=client-auth-state]:has-text('required')")
         assert Cluster.objects.get(pk=cluster.pk).client_keys_required
+        # Its only key is revoked: the page says that every request is now refused.
+        assert page.locator("[data-testid=no-active-key]").is_visible()
         assert page.evaluate("window.__pwned") is None
         assert page.locator("[onerror], [onload], [onclick]").count() == 0
         assert refused == [] and page.js_errors == []

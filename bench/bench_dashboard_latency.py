@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import secrets
 import subprocess
 import sys
 import threading
@@ -37,6 +38,7 @@ INSTANCES = 8
 
 def setup_django() -> None:
     os.environ["DJANGO_SETTINGS_MODULE"] = "controlplane.settings"
+    os.environ.setdefault("SWITCHYARD_SECRET_KEY", secrets.token_urlsafe(50))
     os.environ["SWITCHYARD_REDIS_URL"] = REDIS_URL
     os.environ["SWITCHYARD_CHANNEL_PREFIX"] = "switchyard-bench:asgi"
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"  # Playwright's sync API runs a loop

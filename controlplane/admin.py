@@ -116,3 +116,12 @@ class CanaryJudgementAdmin(ReadOnlyAdmin):
 class IngestedRecordAdmin(ReadOnlyAdmin):
     list_display = ("record_id", "at")
     search_fields = ("record_id",)
+
+
+@admin.register(models.ClientKey)
+class ClientKeyAdmin(ReadOnlyAdmin):
+    """Created and revoked by the client-keys service (audited, published to routers)."""
+
+    list_display = ("name", "cluster", "prefix", "can_debug", "created_at", "revoked_at")
+    list_filter = ("cluster", "can_debug")
+    exclude = ("key_hash",)

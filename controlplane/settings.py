@@ -10,6 +10,8 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+from django.core.exceptions import ImproperlyConfigured
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 
 
@@ -39,9 +41,22 @@ def database_from_url(url: str) -> dict:
     }
 
 
+def required_secret_key() -> str:
+    """The key signing sessions and CSRF tokens. There is no fallback: a default would be
+    public (it is in this repository), and anyone could forge a session with it. `make demo`
+    generates one into var/secret_key; the tests set theirs in settings_test."""
+    key = os.environ.get("SWITCHYARD_SECRET_KEY", "").strip()
+    if not key:
+        raise ImproperlyConfigured(
+            "SWITCHYARD_SECRET_KEY is not set. Generate one with "
+            "`python -c 'import secrets; print(secrets.token_urlsafe(50))'` and set it in the "
+            "environment of every control-plane process (web, Celery workers and beat)."
+        )
+    return key
+
+
 DEBUG = env_bool("SWITCHYARD_DEBUG", False)
-# The local default key is only for development; `make demo` generates a real one into var/.
-SECRET_KEY = env("SWITCHYARD_SECRET_KEY", "switchyard-insecure-development-key-change-me")
+SECRET_KEY = required_secret_key()
 ALLOWED_HOSTS = [h for h in env("SWITCHYARD_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [
     o for o in env("SWITCHYARD_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost").split(",")

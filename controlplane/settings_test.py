@@ -5,6 +5,8 @@ import os
 
 os.environ.setdefault("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/9")
 os.environ.setdefault("SWITCHYARD_CHANNEL_PREFIX", "switchyard-test:asgi")
+# A fixed key for tests only (production settings refuse to start without one).
+os.environ.setdefault("SWITCHYARD_SECRET_KEY", "switchyard-test-only-secret-key-never-deploy")
 
 from .settings import *  # noqa: F403
 

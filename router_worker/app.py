@@ -39,6 +39,6 @@ class RouterApp:
                 await self.service.proxy.generate(scope, receive, send, endpoint)
                 return
             if path == "/v1/models" and scope["method"] == "GET":
-                await self.service.proxy.models(send)
+                await self.service.proxy.models(scope, send)
                 return
         await self.rest(scope, receive, send)

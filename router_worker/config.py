@@ -178,6 +178,27 @@ class RouterSettings(_Strict):
         return self
 
 
+CLIENT_KEY_RIGHTS = ("debug",)
+
+
+class ClientKeySpec(_Strict):
+    """A client API key as the router knows it: its hash, never the key itself."""
+
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
+                        description="sha256 (hex) of the key the client sends as a bearer token.")
+    rights: list[Literal["debug"]] = Field(
+        default_factory=list,
+        description="debug: the x-switchyard-debug header is honoured (scores, cached tokens).")
+
+
+class ClientAuthSpec(_Strict):
+    """Who may use the router. Without `required`, anyone may, but only a key with the
+    debug right gets debug headers."""
+
+    required: bool = Field(default=False, description="Refuse requests without a valid key.")
+    keys: list[ClientKeySpec] = Field(default_factory=list, max_length=100_000)
+
+
 class RouterConfig(_Strict):
     version: int = Field(default=0, ge=0)
     cluster: str = "default"
@@ -189,6 +210,7 @@ class RouterConfig(_Strict):
     policy: PolicySpec
     canary: CanarySpec | None = None
     router: RouterSettings = Field(default_factory=RouterSettings)
+    client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
 
     @model_validator(mode="after")
     def _names_resolve(self) -> RouterConfig:

@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from router_worker.access import Detail, client_rights, detail_for
 from router_worker.core import Plan, RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
 from router_worker.limits import Limiter
@@ -174,7 +175,15 @@ class Proxy:
         self.limiter = limiter
 
     # ----- entry points -----------------------------------------------------------------
-    async def models(self, send: Send) -> None:
+    async def models(self, scope: Scope, send: Send) -> None:
+        runtime = self.core.runtime
+        if runtime is not None:
+            try:
+                client_rights(runtime, _header(scope, b"authorization"))
+            except APIError as error:
+                self.core.metrics.child(self.core.metrics.rejected, str(error.status)).inc()
+                await send_error(send, error)
+                return
         models = self.core.allowed_models() or set()
         context = self.core.max_model_len()
         extra = {"max_model_len": context} if context else {}
@@ -192,6 +201,11 @@ class Proxy:
             runtime = core.runtime
             if runtime is None:
                 raise APIError(503, "The router has no configuration yet.")
+            # Before the body is read: an unauthenticated client costs no more than this.
+            rights = client_rights(runtime, headers.get("authorization"))
+            if rights is not None:  # the router's own key is not passed on to the engines
+                del headers["authorization"]
+            detail = detail_for(runtime, rights, DEBUG_HEADER in headers)
             declared = headers.get("content-length")
             raw = await read_body(receive, runtime.config.router.max_body_bytes,
                                   int(declared) if declared and declared.isdigit() else None)
@@ -204,11 +218,11 @@ class Proxy:
             await send_error(send, error)
             return
         await self._guarded(scope, receive, send, endpoint, runtime, body, raw, stream, headers,
-                            started)
+                            started, detail)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, endpoint: str,
                        runtime: Runtime, body: dict[str, Any], raw: bytes, stream: bool,
-                       headers: dict[str, str], started: float) -> None:
+                       headers: dict[str, str], started: float, detail: Detail) -> None:
         """Admission, then routing with a disconnect watcher that cancels us at once."""
         try:
             await self.limiter.acquire()
@@ -223,7 +237,7 @@ class Proxy:
         plan: Plan | None = None
         try:
             plan = self.core.plan(runtime, endpoint, body, headers, started)
-            await self._dispatch(plan, scope["path"], raw, stream, headers, send, watch)
+            await self._dispatch(plan, scope["path"], raw, stream, headers, send, watch, detail)
         except APIError as error:
             await send_error(send, error)
         except asyncio.CancelledError:
@@ -240,11 +254,11 @@ class Proxy:
 
     # ----- dispatch with retries --------------------------------------------------------
     async def _dispatch(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                        headers: dict[str, str], send: Send, watch: DisconnectWatch) -> None:
+                        headers: dict[str, str], send: Send, watch: DisconnectWatch,
+                        detail: Detail) -> None:
         core = self.core
         settings = plan.runtime.config.router
         up_headers = _upstream_headers(headers)
-        debug = DEBUG_HEADER in headers
         instance: str | None = plan.instance
         failure: UpstreamFailure | None = None
         while instance is not None and plan.attempts < settings.max_attempts:
@@ -254,7 +268,7 @@ class Proxy:
             core.begin_attempt(plan, instance)
             ok = False
             try:
-                failure = await self._attempt(plan, path, raw, stream, up_headers, send, debug,
+                failure = await self._attempt(plan, path, raw, stream, up_headers, send, detail,
                                               watch)
                 ok = failure is None
             finally:
@@ -322,7 +336,7 @@ class Proxy:
         )
 
     async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                       up_headers: list[tuple[bytes, bytes]], send: Send, debug: bool,
+                       up_headers: list[tuple[bytes, bytes]], send: Send, detail: Detail,
                        watch: DisconnectWatch) -> UpstreamFailure | None:
         target = _upstream_target(plan.runtime, plan.instance, path)
         plan.sent_at = time.perf_counter()
@@ -351,8 +365,8 @@ class Proxy:
             if media is not None:
                 return await _bad_response(response, f"content type {media!r}")
             if stream and response.status_code == 200:
-                return await self._relay_stream(plan, response, send, debug, watch)
-            return await self._relay_whole(plan, response, send, debug, watch)
+                return await self._relay_stream(plan, response, send, detail, watch)
+            return await self._relay_whole(plan, response, send, detail, watch)
         finally:
             await response.aclose()
 
@@ -363,7 +377,7 @@ class Proxy:
         watch.start()
 
     async def _relay_whole(self, plan: Plan, response: Upstream, send: Send,
-                           debug: bool, watch: DisconnectWatch) -> UpstreamFailure | None:
+                           detail: Detail, watch: DisconnectWatch) -> UpstreamFailure | None:
         try:
             data = await response.read()
         except ResponseDeadline as error:
@@ -385,7 +399,7 @@ class Proxy:
         cached = _CACHED_RE.search(data)
         headers = [(b"content-type", response.header(b"content-type", b"application/json")),
                    (b"content-length", str(len(data)).encode()),
-                   *self._route_headers(plan, debug)]
+                   *self._route_headers(plan, detail)]
         watch.done = True
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": headers})
@@ -397,7 +411,7 @@ class Proxy:
         return None
 
     async def _relay_stream(self, plan: Plan, response: Upstream, send: Send,
-                            debug: bool, watch: DisconnectWatch) -> UpstreamFailure | None:
+                            detail: Detail, watch: DisconnectWatch) -> UpstreamFailure | None:
         framer = SseFramer(plan.runtime.config.router.max_event_bytes)
         try:
             first = await _first_events(response, framer)
@@ -415,7 +429,7 @@ class Proxy:
         core = self.core
         self._served(plan)
         headers = [(b"content-type", response.header(b"content-type", b"text/event-stream")),
-                   (b"cache-control", b"no-cache"), *self._route_headers(plan, debug)]
+                   (b"cache-control", b"no-cache"), *self._route_headers(plan, detail)]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         meter = StreamMeter()
         status, ok = 200, True
@@ -481,15 +495,16 @@ class Proxy:
         log.info("request %s: stream from %s broke: %r", plan.request_id, plan.instance, error)
         return (504 if kind == "response_deadline" else 502), False
 
-    def _route_headers(self, plan: Plan, debug: bool) -> list[tuple[bytes, bytes]]:
-        headers = [
-            (b"x-switchyard-instance", plan.instance.encode()),
-            (b"x-switchyard-policy", plan.arm.policy_kind.encode()),
-            (b"x-switchyard-arm", plan.arm.name.encode()),
-            (b"x-switchyard-reason", plan.reason.encode()),
-            (b"x-switchyard-request-id", plan.request_id.encode()),
-        ]
-        if debug:
+    def _route_headers(self, plan: Plan, detail: Detail) -> list[tuple[bytes, bytes]]:
+        headers = [(b"x-switchyard-request-id", plan.request_id.encode())]
+        if detail >= Detail.ROUTE:
+            headers += [
+                (b"x-switchyard-instance", plan.instance.encode()),
+                (b"x-switchyard-policy", plan.arm.policy_kind.encode()),
+                (b"x-switchyard-arm", plan.arm.name.encode()),
+                (b"x-switchyard-reason", plan.reason.encode()),
+            ]
+        if detail >= Detail.DEBUG:
             scores = json.dumps(plan.decision.score_table(), separators=(",", ":"))
             headers.append((b"x-switchyard-scores", scores.encode()))
             headers.append((b"x-switchyard-cached-tokens",
@@ -621,6 +636,13 @@ def _parse_json(raw: bytes) -> Any:
     return body
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope["headers"]:
+        if key == name:
+            return value.decode("latin-1")
+    return None
+
+
 def _upstream_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:
     """The client's headers passed on to the engine (the fixed ones are in the Target)."""
     out = []
@@ -649,5 +671,7 @@ async def send_json(send: Send, status: int, payload: Any,
 async def send_error(send: Send, error: APIError) -> None:
     data = error_bytes(error.status, error.message, error.param)
     headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="switchyard"'))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

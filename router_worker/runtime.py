@@ -63,6 +63,8 @@ class Runtime:
     urls: dict[str, str]
     tokenizer: Tokenizer
     random_arms: bool = False
+    # sha256 of each valid client key -> its rights (see router_worker/access.py)
+    client_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
     upstream_cache: dict[tuple[str, str], Any] = field(default_factory=dict)
 
@@ -120,4 +122,6 @@ def build_runtime(config: RouterConfig, state: ClusterState, tokenizer: Tokenize
         cumulative.append(total)
     urls = {i.name: i.url for i in config.instances}
     random_arms = config.canary is not None and config.canary.assignment_key == "random"
-    return Runtime(config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms)
+    client_keys = {key.sha256: frozenset(key.rights) for key in config.client_auth.keys}
+    return Runtime(config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms,
+                   client_keys)

@@ -51,4 +51,14 @@ if [ "$WANT_BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ]; then
 fi
 
 bash scripts/ensure_services.sh
+# The control plane refuses to start without a secret key; the demo's lives in var/ (as
+# scripts/demo.py reads it) and is generated once.
+if [ -z "${SWITCHYARD_SECRET_KEY:-}" ]; then
+  if [ ! -s var/secret_key ]; then
+    mkdir -p var
+    (umask 077 && .venv/bin/python -c 'import secrets; print(secrets.token_urlsafe(50))' > var/secret_key)
+  fi
+  SWITCHYARD_SECRET_KEY="$(cat var/secret_key)"
+  export SWITCHYARD_SECRET_KEY
+fi
 .venv/bin/python manage.py migrate --noinput -v 0

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from ninja import NinjaAPI
 
-from . import canaries, clusters, config_versions, events, metrics, policies, replays, routers
+from . import (
+    access,
+    canaries,
+    clusters,
+    config_versions,
+    events,
+    metrics,
+    policies,
+    replays,
+    routers,
+)
 from .auth import role
 from .errors import install_error_handlers
 
@@ -21,5 +31,5 @@ api = NinjaAPI(
 install_error_handlers(api)
 
 for module in (clusters, policies, canaries, config_versions, routers, events, metrics,
-               replays):
+               replays, access):
     api.add_router("", module.router)

@@ -1,5 +1,6 @@
 """Control-plane state in Postgres. Writes go through controlplane.services only."""
 
+from .access import ClientKey
 from .audit import ApiToken, AuditEvent
 from .cluster import Cluster, Instance, Policy
 from .events import HotspotEvent, IngestedRecord, RouterEvent
@@ -14,6 +15,7 @@ __all__ = [
     "AuditEvent",
     "CanaryJudgement",
     "CanarySplit",
+    "ClientKey",
     "Cluster",
     "ConfigVersion",
     "HotspotEvent",

@@ -19,6 +19,8 @@ class Cluster(models.Model):
     active_policy = models.ForeignKey(
         "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="active_on"
     )
+    client_keys_required = models.BooleanField(
+        default=False, help_text="Routers refuse requests without a valid client API key.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -10,7 +10,6 @@ what crashed with exponential backoff, recording each crash as a RouterEvent.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import subprocess
 import sys
@@ -19,9 +18,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from django.conf import settings
 from django.db import close_old_connections, connections
 
 from controlplane.models import RouterDeployment
+from controlplane.routers.environment import router_environment
 from controlplane.services import supervision
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,7 @@ class RouterSupervisor:
 
     def _spawn(self, router: RouterDeployment) -> RouterProcess:
         token = supervision.issue_router_token(router.pk)
-        env = {**os.environ, "SWITCHYARD_ROUTER_TOKEN": token, "PYTHONUNBUFFERED": "1"}
+        env = router_environment(token, settings.REDIS_URL)
         argv = [sys.executable, "-m", "router_worker",
                 "--control-plane", self.control_plane_url, "--deployment", str(router.pk),
                 "--port", str(router.port), "--name", router.name]

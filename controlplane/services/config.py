@@ -30,6 +30,16 @@ def canary_document(canary: CanarySplit) -> dict[str, Any]:
     }
 
 
+def client_auth_document(cluster: Cluster) -> dict[str, Any] | None:
+    """The `client_auth` section of the cluster's router config (None when there is nothing
+    to say: no keys and none required, which is the router's default)."""
+    keys = [{"sha256": key.key_hash, "rights": ["debug"] if key.can_debug else []}
+            for key in cluster.client_keys.filter(revoked_at=None).order_by("pk")]
+    if not keys and not cluster.client_keys_required:
+        return None
+    return {"required": cluster.client_keys_required, "keys": keys}
+
+
 def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     """The routing document the cluster's routers should run, or None if not yet routable."""
     instances = [
@@ -40,7 +50,7 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     if not instances or cluster.active_policy is None:
         return None
     canary = active_canary(cluster)
-    return {
+    document = {
         "cluster": cluster.name,
         "model": cluster.model,
         "block_size": cluster.block_size,
@@ -48,6 +58,10 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
         "policy": cluster.active_policy.spec(),
         "canary": canary_document(canary) if canary else None,
     }
+    client_auth = client_auth_document(cluster)
+    if client_auth is not None:  # only hashes of the client keys travel
+        document["client_auth"] = client_auth
+    return document
 
 
 def latest_version(cluster: Cluster) -> ConfigVersion | None:

@@ -13,5 +13,9 @@ class NotFound(ServiceError):
     status = 404
 
 
+class Forbidden(ServiceError):
+    status = 403
+
+
 class Conflict(ServiceError):
     status = 409

@@ -36,6 +36,10 @@ def operator_required(view: View) -> View:
     return _require("operator", view)
 
 
+def admin_required(view: View) -> View:
+    return _require("admin", view)
+
+
 def can_operate(request: HttpRequest) -> bool:
     return has_role(request.user, "operator")
 
@@ -46,4 +50,5 @@ def actor(request: HttpRequest) -> Actor:
 
 def role_context(request: HttpRequest) -> dict[str, Any]:
     """Template context processor-like helper: the user's role and whether to show controls."""
-    return {"role": role_of(request.user), "can_operate": can_operate(request)}
+    return {"role": role_of(request.user), "can_operate": can_operate(request),
+            "can_administer": has_role(request.user, "admin")}

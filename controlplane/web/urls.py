@@ -3,7 +3,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import canaries, canary_detail, clusters, events, policies, replays
+from . import canaries, canary_detail, clusters, credentials, events, policies, replays
 from .login import ThrottledAuthenticationForm
 
 app_name = "web"
@@ -37,6 +37,16 @@ urlpatterns = [
          name="replay_create"),
     path("clusters/<int:cluster_id>/replays/<int:job_id>/", replays.replay_detail,
          name="replay_detail"),
+    path("clusters/<int:cluster_id>/keys/", credentials.client_keys_page, name="client_keys"),
+    path("clusters/<int:cluster_id>/keys/create/", credentials.client_key_create,
+         name="client_key_create"),
+    path("clusters/<int:cluster_id>/keys/<int:key_id>/revoke/", credentials.client_key_revoke,
+         name="client_key_revoke"),
+    path("clusters/<int:cluster_id>/keys/required/", credentials.client_auth_set,
+         name="client_auth_set"),
+    path("tokens/", credentials.tokens_page, name="tokens"),
+    path("tokens/create/", credentials.token_create, name="token_create"),
+    path("tokens/<int:token_id>/revoke/", credentials.token_revoke, name="token_revoke"),
     path("hotspots/", events.hotspot_log, name="hotspots"),
     path("audit/", events.audit_log, name="audit"),
     path("telemetry/quarantine/", events.telemetry_quarantine, name="quarantine"),

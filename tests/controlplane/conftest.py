@@ -18,6 +18,7 @@ from django.utils import timezone
 from controlplane.models import (
     ArmMetricRollup,
     CanarySplit,
+    ClientKey,
     Cluster,
     HotspotEvent,
     InstanceMetricRollup,
@@ -87,6 +88,9 @@ def build_world() -> World:
     token, router = routers.create_router_deployment(SYSTEM, alpha.pk, name="r1",
                                                      host="127.0.0.1", port=8100)
     replay = ReplayJob.objects.create(cluster=alpha, inputs={"trace": "t"})
+    client_key = ClientKey.objects.create(cluster=alpha, name="world-key", prefix="w0rld000",
+                                          key_hash="0" * 64, created_by="system:tests")
+    _, api_token = tokens.create_api_token(SYSTEM, make_user("viewer", "token-owner"), "world")
     hotspot = HotspotEventFactory(cluster=alpha)
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
     ArmMetricRollup.objects.create(cluster=alpha, arm="baseline", minute=minute, requests=5)
@@ -97,6 +101,7 @@ def build_world() -> World:
         "spare": a["instances"]["spare"].pk, "lm": a["lm"].pk, "rr": a["rr"].pk, "ll": ll.pk,
         "draft": draft.pk, "running": running.pk, "paused": paused.pk,
         "router": router.pk, "replay": replay.pk, "hotspot": hotspot.pk,
+        "client_key": client_key.pk, "api_token": api_token.pk,
     })
     world.router_token = token  # type: ignore[attr-defined]
     return world

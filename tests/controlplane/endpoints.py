@@ -50,6 +50,9 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/rollups/instances", "viewer"),
     Endpoint("GET", "/api/v1/replays", "viewer"),
     Endpoint("GET", "/api/v1/replays/{replay}", "viewer"),
+    Endpoint("GET", "/api/v1/tokens", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/client-keys", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/client-auth", "viewer"),
 ]
 
 WRITES = [
@@ -88,6 +91,18 @@ WRITES = [
              audit_action="replay.create",
              body={"trace": "shared:mooncake_synthetic_trace.jsonl",
                    "policies": [{"kind": "lmetric"}, {"kind": "round_robin"}], **REASON}),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/client-keys", "admin", 201,
+             audit_action="client_key.create", body={"name": "svc-a", "debug": True, **REASON}),
+    Endpoint("POST", "/api/v1/clusters/{alpha}/client-keys/{client_key}/revoke", "admin",
+             body=REASON, audit_action="client_key.revoke", updates=True),
+    Endpoint("POST", "/api/v1/tokens", "viewer", 201, audit_action="api_token.create",
+             body={"name": "laptop", "valid_days": 30, **REASON}),
+    # Your own token, or anyone's for an admin (the world's token is another user's).
+    Endpoint("POST", "/api/v1/tokens/{api_token}/revoke", "admin", body=REASON,
+             audit_action="api_token.revoke", updates=True),
+    Endpoint("PUT", "/api/v1/clusters/{alpha}/client-auth", "admin",
+             body={"required": True, **REASON}, audit_action="cluster.client_keys_required",
+             updates=True),
 ]
 
 ROUTER_AGENT = [

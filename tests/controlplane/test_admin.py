@@ -11,7 +11,7 @@ from controlplane import models
 
 pytestmark = pytest.mark.django_db
 READ_ONLY = {models.AuditEvent, models.HotspotEvent, models.RouterEvent, models.ConfigVersion,
-             models.CanaryJudgement}
+             models.CanaryJudgement, models.ClientKey}
 # Written by the system (tokens via `manage.py create_api_token`, rollups by ingest).
 NOT_ADDABLE = {models.ApiToken, models.ArmMetricRollup, models.InstanceMetricRollup,
                models.IngestedRecord}

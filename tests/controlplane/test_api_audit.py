@@ -35,7 +35,8 @@ def test_mutation_writes_exactly_one_audit_row(world, users, replay_dispatches,
         assert row.before is None
 
 
-@pytest.mark.parametrize("endpoint", WRITES, ids=lambda e: e.id)
+@pytest.mark.parametrize("endpoint", [e for e in WRITES if e.min_role != "viewer"],
+                         ids=lambda e: e.id)
 def test_refused_mutation_writes_no_audit_row(world, users, endpoint) -> None:
     count = AuditEvent.objects.count()
     response = call(session_client(users["viewer"]), endpoint, world.ids)

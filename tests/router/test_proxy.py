@@ -8,12 +8,13 @@ import httpx
 import openai
 import pytest
 
+from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.conftest import MODEL, router_config
 
 
 @pytest.fixture
 def lmetric_router(fleet, router_factory):
-    document = router_config(fleet, "lmetric")
+    document = router_config(fleet, "lmetric", client_auth=debug_key_only())
     # The scraped running count lags a finished request by up to one interval, and
     # LMetric's product makes any busy-looking instance lose to an idle one; scrape rarely
     # so these sequential requests see only the router's own (exact) accounting.
@@ -61,9 +62,12 @@ def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
 def test_debug_header_returns_per_candidate_scores(lmetric_router):
     body = {"model": MODEL, "prompt": _text("gamma"), "max_tokens": 2}
     plain = httpx.post(lmetric_router.url + "/v1/completions", json=body, timeout=10)
+    anonymous = httpx.post(lmetric_router.url + "/v1/completions", json=body, timeout=10,
+                           headers={"x-switchyard-debug": "1"})
     debug = httpx.post(lmetric_router.url + "/v1/completions", json=body, timeout=10,
-                       headers={"x-switchyard-debug": "1"})
+                       headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
     assert "x-switchyard-scores" not in plain.headers
+    assert "x-switchyard-scores" not in anonymous.headers  # the debug right is the key's
     scores = httpx.Response(200, content=debug.headers["x-switchyard-scores"]).json()
     assert set(scores) == {"i0", "i1", "i2", "i3"}
     assert int(debug.headers["x-switchyard-cached-tokens"]) > 0  # same prompt again
@@ -83,7 +87,7 @@ def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(lmetric_router
     holder = next(iter(homes))
     other = client.chat.completions.with_raw_response.create(
         model=MODEL, max_tokens=2, messages=[{"role": "user", "content": _text("fresh", 300)}],
-        extra_headers={"x-switchyard-debug": "1"})
+        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
     assert int(other.headers["x-switchyard-cached-tokens"]) == 0
     assert holder  # and the engine agrees that the shared prefix was cached
     last = client.chat.completions.create(

@@ -5,16 +5,23 @@ writes its audit row and publishes the new configuration to the routers in one g
 admin save would skip all three, so the admin can look but not add, change or delete;
 changes go through the UI, the API or `manage.py` commands. Users and groups (Django's own
 admin, registered by django.contrib.auth) stay editable: roles are group memberships.
+The few admin actions that change state (drain or enable instances) call the services, as
+the UI and the API do.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlplane import models
+from controlplane.services import clusters
+from controlplane.services.audit import Actor
+from controlplane.services.errors import ServiceError
+from controlplane.services.roles import has_role
 
 
 class ServiceOwnedAdmin(admin.ModelAdmin):
@@ -36,10 +43,33 @@ class ClusterAdmin(ServiceOwnedAdmin):
     search_fields = ("name", "model")
 
 
+def _set_state(request: HttpRequest, instances: QuerySet, state: str) -> None:
+    if not has_role(request.user, "operator"):
+        messages.error(request, "draining or enabling instances needs the operator role")
+        return
+    for instance in instances:
+        try:
+            clusters.set_instance_state(Actor.of(request.user), instance.pk, state,
+                                        reason="from the Django admin")
+        except ServiceError as error:
+            messages.error(request, f"{instance}: {error.message}")
+        else:
+            messages.success(request, f"{instance}: {state}")
+
+
 @admin.register(models.Instance)
 class InstanceAdmin(ServiceOwnedAdmin):
     list_display = ("name", "cluster", "url", "state", "healthy", "last_seen_at")
     list_filter = ("cluster", "state", "healthy")
+    actions = ("drain", "enable")
+
+    @admin.action(description="Drain the selected instances (audited, published)")
+    def drain(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _set_state(request, queryset, models.Instance.State.DRAINING)
+
+    @admin.action(description="Enable the selected instances (audited, published)")
+    def enable(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _set_state(request, queryset, models.Instance.State.ENABLED)
 
 
 @admin.register(models.Policy)

@@ -81,6 +81,17 @@ def test_no_service_owned_change_form_accepts_a_post(superuser_client, world, mo
     assert response.status_code == 403
 
 
+def test_an_admin_drain_goes_through_the_service(superuser_client, world) -> None:
+    versions = models.ConfigVersion.objects.filter(cluster_id=world["alpha"]).count()
+    response = superuser_client.post(admin_url(models.Instance, ""), {
+        "action": "drain", "_selected_action": [str(world["i0"])]})
+    assert response.status_code == 302
+    assert models.Instance.objects.get(pk=world["i0"]).state == "draining"
+    audit = models.AuditEvent.objects.filter(target_id=str(world["i0"])).latest("at")
+    assert (audit.actor_name, audit.reason) == ("root", "from the Django admin")
+    assert models.ConfigVersion.objects.filter(cluster_id=world["alpha"]).count() == versions + 1
+
+
 def test_users_and_groups_stay_editable(superuser_client, world) -> None:
     response = superuser_client.post("/admin/auth/group/add/", {"name": "auditors"})
     assert response.status_code == 302

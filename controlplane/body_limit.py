@@ -25,6 +25,7 @@ reading.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from importlib import import_module
 from types import SimpleNamespace
@@ -45,6 +46,7 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
+log = logging.getLogger(__name__)
 # View name -> the role its uploads need (the view's own access rule).
 UPLOAD_VIEWS = {"web:replay_create": "operator"}
 # Multipart boundaries and the form's other fields, on top of the uploaded file itself.
@@ -178,6 +180,8 @@ def too_large(scope: Scope, declared: int | None, limit: int) -> str:
 async def refuse(scope: Scope, send: Send, status: int, message: str) -> None:
     """An error answer (JSON on the API, plain text elsewhere) that also closes the
     connection, so the server stops reading a body nobody will use."""
+    log.warning("refused %s %s from %s: %s", scope.get("method"), scope.get("path"),
+                (scope.get("client") or ("?",))[0], message)
     if scope.get("path", "").startswith("/api/"):
         body, kind = json.dumps({"detail": message}).encode(), b"application/json"
     else:

@@ -1,51 +1,91 @@
-"""Django admin for every model. Append-only and immutable records are read-only here:
-changes to desired state belong to the services (audited), not to raw admin edits."""
+"""Django admin: a read-only window on every control-plane model.
+
+Every model here is owned by a service (controlplane.services), which validates a change,
+writes its audit row and publishes the new configuration to the routers in one go. A raw
+admin save would skip all three, so the admin can look but not add, change or delete;
+changes go through the UI, the API or `manage.py` commands. Users and groups (Django's own
+admin, registered by django.contrib.auth) stay editable: roles are group memberships.
+The few admin actions that change state (drain or enable instances) call the services, as
+the UI and the API do.
+"""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from controlplane import models
+from controlplane.services import clusters
+from controlplane.services.audit import Actor
+from controlplane.services.errors import ServiceError
+from controlplane.services.roles import has_role
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
+class ServiceOwnedAdmin(admin.ModelAdmin):
+    """Viewable, never written: the owning service is the only writer."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_change_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj=None) -> bool:
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
 
 @admin.register(models.Cluster)
-class ClusterAdmin(admin.ModelAdmin):
+class ClusterAdmin(ServiceOwnedAdmin):
     list_display = ("name", "model", "gpu_type", "block_size", "active_policy", "created_at")
     search_fields = ("name", "model")
 
 
+def _set_state(request: HttpRequest, instances: QuerySet, state: str) -> None:
+    if not has_role(request.user, "operator"):
+        messages.error(request, "draining or enabling instances needs the operator role")
+        return
+    for instance in instances:
+        try:
+            clusters.set_instance_state(Actor.of(request.user), instance.pk, state,
+                                        reason="from the Django admin")
+        except ServiceError as error:
+            messages.error(request, f"{instance}: {error.message}")
+        else:
+            messages.success(request, f"{instance}: {state}")
+
+
 @admin.register(models.Instance)
-class InstanceAdmin(admin.ModelAdmin):
+class InstanceAdmin(ServiceOwnedAdmin):
     list_display = ("name", "cluster", "url", "state", "healthy", "last_seen_at")
     list_filter = ("cluster", "state", "healthy")
+    actions = ("drain", "enable")
+
+    @admin.action(description="Drain the selected instances (audited, published)")
+    def drain(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _set_state(request, queryset, models.Instance.State.DRAINING)
+
+    @admin.action(description="Enable the selected instances (audited, published)")
+    def enable(self, request: HttpRequest, queryset: QuerySet) -> None:
+        _set_state(request, queryset, models.Instance.State.ENABLED)
 
 
 @admin.register(models.Policy)
-class PolicyAdmin(admin.ModelAdmin):
+class PolicyAdmin(ServiceOwnedAdmin):
     list_display = ("name", "cluster", "kind", "created_at")
     list_filter = ("cluster", "kind")
 
 
 @admin.register(models.CanarySplit)
-class CanarySplitAdmin(admin.ModelAdmin):
+class CanarySplitAdmin(ServiceOwnedAdmin):
     list_display = ("name", "cluster", "state", "step_index", "failures", "created_at")
     list_filter = ("cluster", "state")
 
 
 @admin.register(models.RouterDeployment)
-class RouterDeploymentAdmin(admin.ModelAdmin):
+class RouterDeploymentAdmin(ServiceOwnedAdmin):
     list_display = ("name", "cluster", "host", "port", "desired_state", "applied_version",
                     "last_heartbeat")
     list_filter = ("cluster", "desired_state")
@@ -53,73 +93,69 @@ class RouterDeploymentAdmin(admin.ModelAdmin):
 
 
 @admin.register(models.ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(ServiceOwnedAdmin):
     list_display = ("name", "user", "prefix", "created_at", "last_used_at", "revoked")
     list_filter = ("revoked",)
-    readonly_fields = ("user", "name", "prefix", "created_at", "last_used_at")
     exclude = ("token_hash",)
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # tokens are created by `manage.py create_api_token`, shown once
 
 
 @admin.register(models.ReplayJob)
-class ReplayJobAdmin(admin.ModelAdmin):
+class ReplayJobAdmin(ServiceOwnedAdmin):
     list_display = ("id", "cluster", "state", "progress", "created_by", "created_at")
     list_filter = ("cluster", "state")
 
 
 @admin.register(models.ArmMetricRollup)
-class ArmMetricRollupAdmin(ReadOnlyAdmin):
+class ArmMetricRollupAdmin(ServiceOwnedAdmin):
     list_display = ("cluster", "arm", "minute", "requests", "errors", "ttft_p50_s")
     list_filter = ("cluster", "arm")
 
 
 @admin.register(models.InstanceMetricRollup)
-class InstanceMetricRollupAdmin(ReadOnlyAdmin):
+class InstanceMetricRollupAdmin(ServiceOwnedAdmin):
     list_display = ("cluster", "instance", "minute", "requests", "errors", "ttft_p50_s")
     list_filter = ("cluster", "instance")
 
 
 @admin.register(models.AuditEvent)
-class AuditEventAdmin(ReadOnlyAdmin):
+class AuditEventAdmin(ServiceOwnedAdmin):
     list_display = ("at", "actor_name", "action", "target_type", "target_id", "cluster")
     list_filter = ("action", "cluster")
     search_fields = ("actor_name", "reason", "target_id")
 
 
 @admin.register(models.HotspotEvent)
-class HotspotEventAdmin(ReadOnlyAdmin):
+class HotspotEventAdmin(ServiceOwnedAdmin):
     list_display = ("at", "cluster", "transition", "prefix_class", "m", "m_bar")
     list_filter = ("cluster", "transition")
 
 
 @admin.register(models.RouterEvent)
-class RouterEventAdmin(ReadOnlyAdmin):
+class RouterEventAdmin(ServiceOwnedAdmin):
     list_display = ("at", "cluster", "router", "kind")
     list_filter = ("cluster", "kind")
 
 
 @admin.register(models.ConfigVersion)
-class ConfigVersionAdmin(ReadOnlyAdmin):
+class ConfigVersionAdmin(ServiceOwnedAdmin):
     list_display = ("cluster", "number", "created_by", "created_at")
     list_filter = ("cluster",)
 
 
 @admin.register(models.CanaryJudgement)
-class CanaryJudgementAdmin(ReadOnlyAdmin):
+class CanaryJudgementAdmin(ServiceOwnedAdmin):
     list_display = ("canary", "at", "step_index", "verdict", "action")
     list_filter = ("verdict", "action")
 
 
 @admin.register(models.IngestedRecord)
-class IngestedRecordAdmin(ReadOnlyAdmin):
+class IngestedRecordAdmin(ServiceOwnedAdmin):
     list_display = ("record_id", "at")
     search_fields = ("record_id",)
 
 
 @admin.register(models.ClientKey)
-class ClientKeyAdmin(ReadOnlyAdmin):
+class ClientKeyAdmin(ServiceOwnedAdmin):
     """Created and revoked by the client-keys service (audited, published to routers)."""
 
     list_display = ("name", "cluster", "prefix", "can_debug", "created_at", "revoked_at")

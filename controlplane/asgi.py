@@ -14,15 +14,18 @@ from django.core.asgi import get_asgi_application
 
 django_http = get_asgi_application()
 
+from controlplane.body_limit import BodySizeLimit  # noqa: E402
 from controlplane.realtime.routing import websocket_urlpatterns  # noqa: E402
 
 
 def _http_app():
+    """Django (and static files), behind the body-size limit: Django spools a whole body
+    before anything else runs, so its size is checked in front of it."""
     if os.environ.get("SWITCHYARD_SERVE_STATIC", "1") == "1":
         from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-        return ASGIStaticFilesHandler(django_http)
-    return django_http
+        return BodySizeLimit(ASGIStaticFilesHandler(django_http))
+    return BodySizeLimit(django_http)
 
 
 application = ProtocolTypeRouter(

@@ -43,6 +43,7 @@ app.conf.beat_schedule = {
     "judge-canaries": {"task": "switchyard.judge_canaries", "schedule": 10.0},
     "prune": {"task": "switchyard.prune", "schedule": 3600.0},
     "redispatch-replays": {"task": "switchyard.redispatch_replays", "schedule": 60.0},
+    "prune-uploads": {"task": "switchyard.prune_uploads", "schedule": 3600.0},
 }
 app.conf.task_routes = {
     # restart_router is sent explicitly to the router host's queue (routers.<host>).

@@ -192,6 +192,15 @@ LOGIN_URL = "/login/"
 LOGIN_REDIRECT_URL = "/"
 LOGOUT_REDIRECT_URL = "/login/"
 
+# Request bodies, refused by controlplane/body_limit.py before Django reads them: 1 MiB for
+# any request (kept under FILE_UPLOAD_MAX_MEMORY_SIZE, 2.5 MB, so a refused body never
+# reaches the disk); a replay trace upload of up to 64 MiB for a signed-in operator.
+SWITCHYARD_MAX_BODY_BYTES = int(env("SWITCHYARD_MAX_BODY_BYTES", str(1024 * 1024)))
+SWITCHYARD_MAX_TRACE_UPLOAD_BYTES = int(env("SWITCHYARD_MAX_TRACE_UPLOAD_BYTES",
+                                            str(64 * 1024 * 1024)))
+# Uploaded traces no job has used for this long are deleted by the `prune-uploads` task.
+SWITCHYARD_UPLOAD_RETENTION_DAYS = float(env("SWITCHYARD_UPLOAD_RETENTION_DAYS", "7"))
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.models import Cluster, ReplayJob
 
-from . import audit, policy_defaults
+from . import audit, policy_defaults, traces
 from .audit import Actor
 from .clusters import locked_cluster
-from .errors import ServiceError
-from .traces import resolve_trace
+from .errors import NotFound, ServiceError
 from .validation import normalised_params
 
 log = logging.getLogger(__name__)
@@ -45,10 +46,40 @@ def request_replay(actor: Actor, cluster_id: int, *, trace: str, policies: list[
                    rate_scale: float = 1.0, max_requests: int | None = None, seed: int = 0,
                    reason: str = "") -> ReplayRequest:
     """Create the queued job (committed), then send it to the workers. A broker outage does
-    not lose the job: it stays queued and the answer says it was not dispatched."""
+    not lose the job: it stays queued and the answer says it was not dispatched. Every row
+    of the trace is checked first (outside the cluster lock: a big trace takes a while)."""
+    _check_trace_rows(cluster_id, trace)
     job = _create_job(actor, cluster_id, trace=trace, policies=policies, rate_scale=rate_scale,
                       max_requests=max_requests, seed=seed, reason=reason)
     return _dispatch(job)
+
+
+def request_uploaded_replay(actor: Actor, cluster_id: int, *, filename: str,
+                            chunks: Iterable[bytes], **options: Any) -> ReplayRequest:
+    """Store an operator's trace file and request a replay of it; the file is deleted again
+    when it or the request is refused, so refused uploads do not pile up on disk."""
+    trace = traces.store_upload(filename, chunks)
+    try:
+        return request_replay(actor, cluster_id, trace=trace, **options)
+    except ServiceError:
+        traces.discard_upload(trace)
+        raise
+
+
+def _check_trace_rows(cluster_id: int, trace: str) -> None:
+    model = Cluster.objects.filter(pk=cluster_id).values_list("model", flat=True).first()
+    if model is None:
+        raise NotFound(f"cluster {cluster_id} does not exist")
+    traces.check_trace(traces.resolve_trace(_validated_trace(trace)), model)
+
+
+def prune_uploads() -> int:
+    """Delete uploaded traces older than the retention period that no waiting or running
+    job still needs (refused uploads are deleted at once; this catches the rest)."""
+    pending = ReplayJob.objects.filter(state__in=[ReplayJob.State.QUEUED,
+                                                  ReplayJob.State.RUNNING])
+    keep = {str(job.inputs.get("trace")) for job in pending.only("inputs")}
+    return traces.prune_uploads(settings.SWITCHYARD_UPLOAD_RETENTION_DAYS * 86400, keep)
 
 
 @transaction.atomic
@@ -74,7 +105,7 @@ def _validated_trace(trace: str) -> str:
     trace = (trace or "").strip()
     if not trace or len(trace) > 256:
         raise ServiceError("trace must name a trace (1-256 characters)", "trace")
-    if not resolve_trace(trace).is_file():
+    if not traces.resolve_trace(trace).is_file():
         raise ServiceError(f"trace {trace!r} does not exist", "trace")
     return trace
 

@@ -15,13 +15,16 @@ import numpy as np
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from controlplane.models import Cluster
+from controlplane.models import Cluster, ReplayJob
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
-from controlplane.services.traces import resolve_trace
+from controlplane.services.traces import check_trace, resolve_trace
 
 log = logging.getLogger(__name__)
 ENGINE_UNAVAILABLE = "replay engine unavailable"
+OUT_OF_MEMORY = ("the replay ran out of memory on its worker; choose fewer requests "
+                 "(max requests) or a smaller trace")
+TIME_LIMIT = "the replay ran past its one-hour limit; choose fewer requests or policies"
 PROGRESS_EVERY_S = 0.5
 TTFT_PERCENTILES = list(range(1, 100))
 
@@ -64,7 +67,9 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
         from enginesim.replay.traces import load_trace
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
-    records = load_trace(resolve_trace(inputs["trace"]), rate_scale=inputs["rate_scale"],
+    path = resolve_trace(inputs["trace"])
+    check_trace(path, cluster.model)  # again: the file or the cluster's model may have changed
+    records = load_trace(path, rate_scale=inputs["rate_scale"],
                          max_requests=inputs.get("max_requests"))
     if not records:
         raise ReplayFailed("the trace selection holds no request")
@@ -133,12 +138,21 @@ def run_replay(job_id: int) -> str:
     job = replay_service.claim(job_id)
     if job is None:
         return "skipped"  # unknown, or already taken by another delivery
+    results, error = _outcome(job)
+    return replay_service.finish(job_id, results=results, error=error)
+
+
+def _outcome(job: ReplayJob) -> tuple[dict[str, Any] | None, str]:
+    """(results, "") or (None, the reason shown to the operator). A replay that runs out of
+    memory fails its job like any other error: the worker lives on, and the job's memory is
+    released (with the traceback) before the failure is recorded."""
     try:
-        results = run_policies(job.cluster, job.inputs, _Throttled(job_id))
+        return run_policies(job.cluster, job.inputs, _Throttled(job.pk)), ""
     except (ReplayFailed, ServiceError, OSError, ValueError, KeyError) as error:
-        log.warning("replay %s failed: %s", job_id, error)
-        return replay_service.finish(job_id, error=str(error))
+        log.warning("replay %s failed: %s", job.pk, error)
+        return None, str(error)
     except SoftTimeLimitExceeded:
-        return replay_service.finish(job_id, error="the replay ran past its one-hour limit; "
-                                     "choose fewer requests or policies")
-    return replay_service.finish(job_id, results=results)
+        return None, TIME_LIMIT
+    except MemoryError:
+        log.error("replay %s ran out of memory", job.pk)
+        return None, OUT_OF_MEMORY

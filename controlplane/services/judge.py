@@ -148,12 +148,15 @@ def due(canary: CanarySplit) -> bool:
 
 
 def judge_canary(canary_id: int) -> CanaryJudgement | None:
-    """Judge a progressing canary whose step has run long enough; act on the verdict."""
-    canary = CanarySplit.objects.select_related("cluster").get(pk=canary_id)
-    if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
-        return None
-    verdict = judge(step_samples(canary), canary.guardrails)
+    """Judge a progressing canary whose step has run long enough; act on the verdict.
+    Under the canary's row lock (taken as every canary service takes it): a second judge
+    running at once waits, then finds the step already acted on (not due) and does nothing,
+    so no step is skipped and no failure counted twice."""
     with transaction.atomic():
+        canary = canaries._locked_canary(canary_id)
+        if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
+            return None
+        verdict = judge(step_samples(canary), canary.guardrails)
         action = _act(canary, verdict)
         return CanaryJudgement.objects.create(
             canary=canary, step_index=canary.step_index, verdict=verdict.verdict,

@@ -14,7 +14,6 @@ so it can no longer fetch config or heartbeat). Two mechanisms, both cheap:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import signal
@@ -43,7 +42,7 @@ def _set_parent_death_signal() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        libc = ctypes.CDLL(None, use_errno=True)  # the process's own symbols, libc included
         if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
             log.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
     except (OSError, AttributeError) as error:  # the watchdog thread still covers us

@@ -109,3 +109,21 @@ def test_a_stale_policy_form_shows_a_clear_error_with_the_current_revision(edit_
     assert f'name="expected_revision" value="{cluster.revision + 1}"' in body
     cluster.refresh_from_db()
     assert cluster.active_policy_id == parts["lm"].pk
+
+
+def test_a_stale_canary_form_action_shows_a_clear_error(edit_world):
+    cluster, parts = edit_world
+    canary = canaries.create_canary(
+        SYSTEM, cluster.pk, name="c2", baseline_policy_id=parts["lm"].pk,
+        candidate_policy_id=parts["rr"].pk, baseline_instances=["i0", "i1"],
+        candidate_instances=["i2", "i3"], weight_steps=[10, 50], reason="setup")
+    browser = session_client(make_user("operator", "op-canary"))
+    page = browser.get(f"/clusters/{cluster.pk}/canary/").content.decode()
+    assert f'name="expected_revision" value="{cluster.revision}"' in page
+    drain(token_client(make_user("operator", "op-api2")), parts["instances"]["i0"])
+    response = browser.post(f"/clusters/{cluster.pk}/canary/{canary.pk}/start/",
+                            {"reason": "go", "expected_revision": cluster.revision})
+    assert response.status_code == 409
+    assert f"it is now at revision {cluster.revision + 1}" in response.content.decode()
+    canary.refresh_from_db()
+    assert canary.state == "draft"

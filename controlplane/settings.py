@@ -168,6 +168,9 @@ SWITCHYARD_CONTROL_PLANE_URL = env("SWITCHYARD_CONTROL_PLANE_URL", "http://127.0
 SWITCHYARD_VAR_DIR = env("SWITCHYARD_VAR_DIR", str(BASE_DIR / "var"))
 # Seconds without a heartbeat after which reconcile restarts a router that should run.
 ROUTER_HEARTBEAT_TIMEOUT_S = float(env("SWITCHYARD_ROUTER_HEARTBEAT_TIMEOUT", "15"))
+# Reconcile runs every 5 s; a longer gap between runs (beat, workers or Postgres down) means
+# the control plane may not have been listening, and heartbeat silence starts counting anew.
+ROUTER_LISTEN_GAP_S = float(env("SWITCHYARD_ROUTER_LISTEN_GAP", "12"))
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import uvicorn
 
+from router_worker import lifeline
 from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
 from router_worker.connections import guarded_protocol
@@ -55,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--poll-interval", type=float, default=10.0,
                         help="managed: config poll fallback, seconds")
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
+    parser.add_argument("--supervisor-pid", type=int, metavar="PID",
+                        help="managed: exit when this process (the parent) dies")
     parser.add_argument("--log-level", default=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
     parser.add_argument("--profile", type=Path, metavar="FILE",
                         help="debug: run under cProfile and write the stats to FILE on exit")
@@ -98,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.control_plane and not (args.deployment and args.token):
         parser.error("--control-plane needs --deployment and --token")
+    if args.supervisor_pid is not None:
+        lifeline.bind_to_parent(args.supervisor_pid)
     name = args.name or f"{socket.gethostname()}:{args.port}"
     service = Service(ServiceOptions(name=name, redis_url=_redis_url(args),
                                      admin_token=args.admin_token or None))

@@ -12,6 +12,7 @@ from controlplane.services import canaries as canary_services
 
 from .auth import actor_of, role
 from .pagination import Pages
+from .revisions import expected_revision
 from .schemas import CanaryDetailOut, CanaryIn, CanaryOut, Id, JudgementOut, ReasonIn
 
 router = Router(tags=["canaries"])
@@ -44,8 +45,9 @@ def create_canary(request: HttpRequest, cluster_id: Id, payload: CanaryIn):
 
 def _transition_endpoint(action: str) -> None:
     def transition(request: HttpRequest, canary_id: Id, payload: ReasonIn):
-        return canary_services.transition(actor_of(request), canary_id, action,
-                                          reason=payload.reason)
+        return canary_services.transition(
+            actor_of(request), canary_id, action, reason=payload.reason,
+            expected_revision=expected_revision(request, payload.expected_revision))
 
     transition.__name__ = f"{action}_canary"
     router.post(f"/canaries/{{canary_id}}/{action}", response=CanaryOut, auth=role("operator"),

@@ -3,7 +3,7 @@
 
 import json
 
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 from ninja import Router, Status
 
 from controlplane.selectors import clusters as cluster_selectors
@@ -11,6 +11,7 @@ from controlplane.services import clusters as cluster_services
 from controlplane.services.roles import role_of
 
 from .auth import actor_of, role
+from .revisions import etag, expected_revision
 from .schemas import ClusterIn, ClusterOut, Id, InstanceIn, InstanceOut, MeOut, Reason, ReasonIn
 
 router = Router(tags=["clusters"])
@@ -27,8 +28,10 @@ def list_clusters(request: HttpRequest):
 
 
 @router.get("/clusters/{cluster_id}", response=ClusterOut)
-def get_cluster(request: HttpRequest, cluster_id: Id):
-    return cluster_selectors.cluster(cluster_id)
+def get_cluster(request: HttpRequest, cluster_id: Id, response: HttpResponse):
+    cluster = cluster_selectors.cluster(cluster_id)
+    response["ETag"] = etag(cluster)
+    return cluster
 
 
 @router.post("/clusters", response={201: ClusterOut}, auth=role("admin"))
@@ -45,22 +48,26 @@ def list_instances(request: HttpRequest, cluster_id: Id):
 @router.post("/clusters/{cluster_id}/instances", response={201: InstanceOut},
              auth=role("admin"), tags=["instances"])
 def add_instance(request: HttpRequest, cluster_id: Id, payload: InstanceIn):
-    instance = cluster_services.add_instance(actor_of(request), cluster_id, **payload.dict())
+    instance = cluster_services.add_instance(actor_of(request), cluster_id, **{
+        **payload.dict(), "expected_revision": expected_revision(request,
+                                                                 payload.expected_revision)})
     return Status(201, instance)
 
 
 @router.post("/instances/{instance_id}/drain", response=InstanceOut, auth=role("operator"),
              tags=["instances"])
 def drain_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
-    return cluster_services.set_instance_state(actor_of(request), instance_id, "draining",
-                                               reason=payload.reason)
+    return cluster_services.set_instance_state(
+        actor_of(request), instance_id, "draining", reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision))
 
 
 @router.post("/instances/{instance_id}/enable", response=InstanceOut, auth=role("operator"),
              tags=["instances"])
 def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
-    return cluster_services.set_instance_state(actor_of(request), instance_id, "enabled",
-                                               reason=payload.reason)
+    return cluster_services.set_instance_state(
+        actor_of(request), instance_id, "enabled", reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision))
 
 
 @router.delete("/instances/{instance_id}", response={204: None}, auth=role("admin"),
@@ -68,7 +75,8 @@ def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
 def remove_instance(request: HttpRequest, instance_id: Id, reason: Reason | None = None):
     """The reason goes in the query string (`?reason=...`) or in a JSON body."""
     reason = reason if reason is not None else _reason_in_body(request)
-    cluster_services.remove_instance(actor_of(request), instance_id, reason=reason)
+    cluster_services.remove_instance(actor_of(request), instance_id, reason=reason,
+                                     expected_revision=expected_revision(request))
     return Status(204, None)
 
 

@@ -37,7 +37,7 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(ServiceError)
     def service_error(request: HttpRequest, exc: ServiceError) -> HttpResponse:
-        return respond(request, exc.status, error_body(exc.message, exc.field))
+        return respond(request, exc.status, error_body(exc.message, exc.field, **exc.details))
 
     @api.exception_handler(ValidationError)
     def validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:

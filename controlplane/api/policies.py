@@ -10,6 +10,7 @@ from controlplane.services import policies as policy_services
 from controlplane.services.validation import policy_kinds
 
 from .auth import actor_of, role
+from .revisions import expected_revision
 from .schemas import Id, PolicyIn, PolicyKindOut, PolicyOut, ReasonIn
 
 router = Router(tags=["policies"])
@@ -43,6 +44,7 @@ def create_policy(request: HttpRequest, cluster_id: Id, payload: PolicyIn):
 @router.post("/clusters/{cluster_id}/policies/{policy_id}/activate", response=PolicyOut,
              auth=role("operator"))
 def activate_policy(request: HttpRequest, cluster_id: Id, policy_id: Id, payload: ReasonIn):
-    policy = policy_services.activate_policy(actor_of(request), cluster_id, policy_id,
-                                             reason=payload.reason)
+    policy = policy_services.activate_policy(
+        actor_of(request), cluster_id, policy_id, reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision))
     return _out(policy, policy.pk)

@@ -51,8 +51,15 @@ class ErrorOut(Schema):
     error: ErrorDetail
 
 
+ExpectedRevision = Annotated[int | None, Field(
+    None, ge=0, le=MAX_PK,
+    description="The cluster revision this edit was prepared against (GET /clusters/{id}); "
+                "409 with current_revision if it changed since. Or send If-Match: \"r<N>\".")]
+
+
 class ReasonIn(Schema):
     reason: Reason
+    expected_revision: ExpectedRevision = None
 
 
 class MeOut(Schema):
@@ -78,6 +85,8 @@ class ClusterOut(Schema):
     block_size: int
     active_policy_id: int | None
     active_policy: str | None = Field(None, description="Name of the active policy.")
+    revision: int = Field(description="Counts edits of the routing state; send it back as "
+                                      "expected_revision (or If-Match) with an edit.")
     created_at: datetime
 
     @staticmethod
@@ -90,6 +99,7 @@ class InstanceIn(Schema):
     url: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
     kv_events: Annotated[str, Field(max_length=256, pattern=NO_NUL)] = ""
     reason: Reason
+    expected_revision: ExpectedRevision = None
 
 
 class InstanceOut(Schema):

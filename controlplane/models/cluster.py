@@ -16,6 +16,9 @@ class Cluster(models.Model):
     model = models.CharField(max_length=128, help_text="Served model, e.g. Qwen/Qwen2-7B-Instruct")
     gpu_type = models.CharField(max_length=32, help_text="e.g. h20, h100")
     block_size = models.PositiveIntegerField(default=16)
+    # Counts edits of the routing state (policy, canary, instances): an edit made against an
+    # older revision is refused, so two operators never silently overwrite each other.
+    revision = models.PositiveIntegerField(default=0)
     active_policy = models.ForeignKey(
         "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="active_on"
     )

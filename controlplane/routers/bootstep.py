@@ -40,6 +40,7 @@ class RouterSupervisorStep(bootsteps.StartStopStep):
             host=router_host(),
             control_plane_url=settings.SWITCHYARD_CONTROL_PLANE_URL,
             log_dir=Path(settings.SWITCHYARD_VAR_DIR) / "log",
+            pid_dir=Path(settings.SWITCHYARD_VAR_DIR) / "run",
         )
         supervisor.install(self.supervisor)
         self.supervisor.start()

@@ -5,11 +5,17 @@ a task: a router is a long-lived server, and a task that never returns would pin
 worker. Every `poll_s` it compares the deployments the database wants on this host with
 the processes it has, starts what is missing, stops what is no longer wanted and restarts
 what crashed with exponential backoff, recording each crash as a RouterEvent.
+
+Routers never outlive their supervisor: each is started with `--supervisor-pid` (the router
+then exits when this worker dies, even by SIGKILL or the OOM killer: see
+router_worker/lifeline.py), and a pidfile per deployment lets a new supervisor stop a
+leftover from a previous one before it starts the router again.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -18,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from django.conf import settings
 from django.db import close_old_connections, connections
 
@@ -30,6 +37,8 @@ BACKOFF_INITIAL_S = 0.5
 BACKOFF_MAX_S = 30.0
 # A router that ran this long before exiting is restarted without backoff.
 STABLE_AFTER_S = 60.0
+# A router that answers no HTTP request on its port within this long is hung.
+RESPONSIVE_TIMEOUT_S = 3.0
 
 
 @dataclass
@@ -38,9 +47,21 @@ class RouterProcess:
     process: subprocess.Popen
     started_at: float
     log_path: Path
+    port: int = 0
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def responsive(self) -> bool:
+        """Alive and answering HTTP on its port (any status: 503 without config is fine)."""
+        if not self.alive():
+            return False
+        try:
+            httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=RESPONSIVE_TIMEOUT_S,
+                      trust_env=False)
+        except httpx.HTTPError:
+            return False
+        return True
 
     def stop(self, grace_s: float = 5.0) -> None:
         if not self.alive():
@@ -72,6 +93,7 @@ class RouterSupervisor:
     control_plane_url: str
     log_dir: Path
     poll_s: float = 1.0
+    pid_dir: Path | None = None  # default: log_dir
     processes: dict[int, RouterProcess] = field(default_factory=dict)
     backoff: dict[int, Backoff] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -80,6 +102,8 @@ class RouterSupervisor:
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.pid_dir = self.pid_dir or self.log_dir
+        self.pid_dir.mkdir(parents=True, exist_ok=True)
         self._thread = threading.Thread(target=self._run, name="router-supervisor", daemon=True)
         self._thread.start()
         log.info("router supervisor for host %s started", self.host)
@@ -91,6 +115,7 @@ class RouterSupervisor:
         with self._lock:
             for running in self.processes.values():
                 running.stop()
+                self._pidfile(running.router_id).unlink(missing_ok=True)
             self.processes.clear()
 
     def restart(self, router_id: int) -> bool:
@@ -103,6 +128,22 @@ class RouterSupervisor:
         supervision.record_router_exit(router_id, exit_code=running.process.returncode,
                                        restarting=True)
         return True
+
+    def restart_if_unresponsive(self, router_id: int) -> bool:
+        """Restart a router the control plane has not heard from, unless the process is up
+        and answering: then the heartbeats were lost on the way, and restarting would only
+        cut its streams. A dead process is restarted by the next pass anyway."""
+        with self._lock:
+            running = self.processes.get(router_id)
+        if running is None or not running.alive():
+            return False
+        if running.responsive():
+            log.info("router %s is silent to the control plane but answers; left running",
+                     router_id)
+            return False
+        log.warning("router %s does not answer on port %d; restarting", router_id,
+                    running.port)
+        return self.restart(router_id)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -123,6 +164,7 @@ class RouterSupervisor:
             for router_id in [r for r in self.processes if r not in wanted]:
                 self.processes[router_id].stop()
                 del self.processes[router_id]  # only once it has really stopped
+                self._pidfile(router_id).unlink(missing_ok=True)
             for router in wanted.values():
                 self._ensure_running(router)
 
@@ -149,12 +191,65 @@ class RouterSupervisor:
         argv = [sys.executable, "-m", "router_worker",
                 "--control-plane", self.control_plane_url, "--deployment", str(router.pk),
                 "--port", str(router.port), "--name", router.name]
+        argv += ["--supervisor-pid", str(os.getpid())]
+        self._stop_leftover(router.pk)
         log_path = self.log_dir / f"router-{router.name}.log"
         with log_path.open("ab") as log_file:
+            # Same process group as the worker: a signal to the group (Ctrl-C, a service
+            # manager) reaches the routers too; --supervisor-pid covers the worker's death.
             process = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)  # same group: dies with the worker
+                                       stdin=subprocess.DEVNULL)
+        self._pidfile(router.pk).write_text(f"{process.pid}\n")
         log.info("started router %s (pid %d) on port %d", router, process.pid, router.port)
-        return RouterProcess(router.pk, process, time.monotonic(), log_path)
+        return RouterProcess(router.pk, process, time.monotonic(), log_path, router.port)
+
+    def _pidfile(self, router_id: int) -> Path:
+        return (self.pid_dir or self.log_dir) / f"router-{router_id}.pid"
+
+    def _stop_leftover(self, router_id: int) -> None:
+        """Stop a router of this deployment left by an earlier supervisor (one that died
+        before its routers could follow), so two never serve side by side."""
+        try:
+            pid = int(self._pidfile(router_id).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return
+        if not is_router_process(pid, router_id):
+            return  # gone, or the pid now belongs to something else
+        log.warning("stopping leftover router %s (pid %d) before starting it again",
+                    router_id, pid)
+        stop_pid(pid)
+
+
+def is_router_process(pid: int, router_id: int) -> bool:
+    """`pid` is a live router of deployment `router_id` (by its command line, so a reused
+    pid is never mistaken for it)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"router_worker" in argv and b"--deployment" in argv \
+        and argv[argv.index(b"--deployment") + 1:][:1] == [str(router_id).encode()]
+
+
+def stop_pid(pid: int, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL after `grace_s` (the router finishes in-flight requests)."""
+    try:
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if not Path(f"/proc/{pid}").exists() or _zombie(pid):
+                return
+            time.sleep(0.1)
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
 
 
 _current: RouterSupervisor | None = None

@@ -12,7 +12,7 @@ from controlplane.models import CanarySplit, Cluster
 
 from . import audit, config
 from .audit import Actor
-from .clusters import _full_clean, locked_cluster
+from .clusters import _full_clean, claim_edit, locked_cluster
 from .errors import Conflict, NotFound, ServiceError
 
 DEFAULT_GUARDRAILS: dict[str, float] = {
@@ -133,12 +133,14 @@ def _locked_canary(canary_id: int) -> CanarySplit:
 
 @transaction.atomic
 def transition(actor: Actor, canary_id: int, action: str, *, reason: str,
-               evidence: dict[str, Any] | None = None) -> CanarySplit:
+               evidence: dict[str, Any] | None = None,
+               expected_revision: int | None = None) -> CanarySplit:
     """start / pause / resume / promote / abort / rollback, with audit and a new config."""
     reason = audit.require_reason(reason)
     if action not in TRANSITIONS:
         raise ServiceError(f"unknown canary action {action!r}", "action")
     canary = _locked_canary(canary_id)
+    claim_edit(canary.cluster, expected_revision)
     allowed_from, target = TRANSITIONS[action]
     if canary.state not in allowed_from:
         raise Conflict(f"cannot {action} a canary that is {canary.state}")
@@ -182,6 +184,7 @@ def advance_step(actor: Actor, canary_id: int, *, reason: str,
         raise Conflict(f"cannot advance a canary that is {canary.state}")
     if canary.step_index + 1 >= len(canary.weight_steps):
         raise Conflict("already at the last step: promote instead")
+    claim_edit(canary.cluster, None)
     before = canary_snapshot(canary)
     canary.step_index += 1
     canary.step_started_at = timezone.now()
@@ -199,6 +202,7 @@ def count_failure(actor: Actor, canary_id: int, *, reason: str,
                   evidence: dict[str, Any]) -> int:
     """Record a failed step; the step restarts so the next judgement sees fresh samples."""
     canary = _locked_canary(canary_id)
+    claim_edit(canary.cluster, None)
     before = canary_snapshot(canary)
     canary.failures += 1
     canary.step_started_at = timezone.now()

@@ -11,7 +11,7 @@ from router_worker.config import InstanceSpec
 
 from . import audit, config
 from .audit import Actor
-from .errors import Conflict, NotFound, ServiceError
+from .errors import Conflict, NotFound, ServiceError, StaleEdit
 
 MIN_BLOCK_SIZE = 1
 MAX_BLOCK_SIZE = 4096
@@ -43,6 +43,15 @@ def locked_cluster(cluster_id: int) -> Cluster:
         raise NotFound(f"cluster {cluster_id} does not exist") from None
 
 
+def claim_edit(cluster: Cluster, expected_revision: int | None) -> None:
+    """Refuse an edit prepared against an older revision of the (locked) cluster, then count
+    this one. `expected_revision` None: the caller did not say (last writer wins)."""
+    if expected_revision is not None and expected_revision != cluster.revision:
+        raise StaleEdit(cluster.name, expected_revision, cluster.revision)
+    cluster.revision += 1
+    cluster.save(update_fields=["revision"])
+
+
 @transaction.atomic
 def create_cluster(actor: Actor, *, name: str, model: str, gpu_type: str,
                    block_size: int = 16, reason: str = "") -> Cluster:
@@ -64,9 +73,10 @@ def create_cluster(actor: Actor, *, name: str, model: str, gpu_type: str,
 
 @transaction.atomic
 def add_instance(actor: Actor, cluster_id: int, *, name: str, url: str, kv_events: str = "",
-                 reason: str) -> Instance:
+                 reason: str, expected_revision: int | None = None) -> Instance:
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
     instance = Instance(cluster=cluster, name=name, url=_router_url(url), kv_events=kv_events)
     _full_clean(instance, ("name", "kv_events"))
     try:
@@ -81,9 +91,11 @@ def add_instance(actor: Actor, cluster_id: int, *, name: str, url: str, kv_event
 
 
 @transaction.atomic
-def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: str) -> Instance:
+def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: str,
+                       expected_revision: int | None = None) -> Instance:
     reason = audit.require_reason(reason)
     instance = _locked_instance(instance_id)
+    claim_edit(instance.cluster, expected_revision)
     if state not in Instance.State.values:
         raise ServiceError(f"state must be one of {Instance.State.values}", "state")
     if instance.state == state:
@@ -99,10 +111,12 @@ def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: st
 
 
 @transaction.atomic
-def remove_instance(actor: Actor, instance_id: int, *, reason: str) -> None:
+def remove_instance(actor: Actor, instance_id: int, *, reason: str,
+                    expected_revision: int | None = None) -> None:
     reason = audit.require_reason(reason)
     instance = _locked_instance(instance_id)
     cluster = instance.cluster
+    claim_edit(cluster, expected_revision)
     in_canary = [c.name for c in cluster.canaries.filter(state__in=("progressing", "paused"))
                  if instance.name in c.baseline_instances + c.candidate_instances]
     if in_canary:

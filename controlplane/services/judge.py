@@ -171,16 +171,19 @@ def due(canary: CanarySplit) -> bool:
 
 
 def judge_canary(canary_id: int) -> CanaryJudgement | None:
-    """Judge a progressing canary whose step has run long enough; act on the verdict."""
-    canary = CanarySplit.objects.select_related("cluster").get(pk=canary_id)
-    if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
-        return None
-    verdict = judge(step_samples(canary), canary.guardrails)
-    # The step as it was judged: _act may move the canary to the next one.
-    evidence = {**verdict.evidence(), "step_index": canary.step_index,
-                "candidate_weight": canary.candidate_weight,
-                "step_started_at": (canary.step_started_at or canary.created_at).isoformat()}
+    """Judge a progressing canary whose step has run long enough; act on the verdict.
+    Under the canary's row lock (taken as every canary service takes it): a second judge
+    running at once waits, then finds the step already acted on (not due) and does nothing,
+    so no step is skipped and no failure counted twice."""
     with transaction.atomic():
+        canary = canaries._locked_canary(canary_id)
+        if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
+            return None
+        verdict = judge(step_samples(canary), canary.guardrails)
+        # The step as it was judged: _act may move the canary to the next one.
+        evidence = {**verdict.evidence(), "step_index": canary.step_index,
+                    "candidate_weight": canary.candidate_weight,
+                    "step_started_at": (canary.step_started_at or canary.created_at).isoformat()}
         action = _act(canary, verdict, evidence)
         return CanaryJudgement.objects.create(
             canary=canary, step_index=evidence["step_index"], verdict=verdict.verdict,

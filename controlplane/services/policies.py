@@ -11,7 +11,7 @@ from controlplane.models import Policy
 
 from . import audit, config, policy_defaults
 from .audit import Actor
-from .clusters import _full_clean, locked_cluster
+from .clusters import _full_clean, claim_edit, locked_cluster
 from .errors import Conflict, NotFound
 from .validation import normalised_params
 
@@ -42,9 +42,11 @@ def create_policy(actor: Actor, cluster_id: int, *, name: str, kind: str,
 
 
 @transaction.atomic
-def activate_policy(actor: Actor, cluster_id: int, policy_id: int, *, reason: str) -> Policy:
+def activate_policy(actor: Actor, cluster_id: int, policy_id: int, *, reason: str,
+                    expected_revision: int | None = None) -> Policy:
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
     try:
         policy = cluster.policies.get(pk=policy_id)
     except Policy.DoesNotExist:

@@ -22,15 +22,16 @@ IDEMPOTENT = {"acks_late": True, "reject_on_worker_lost": True}
 @shared_task(name="switchyard.reconcile", **IDEMPOTENT)
 def reconcile_all() -> dict[str, list[str]]:
     with notify.redis_client() as client:
-        results = [reconcile.reconcile_cluster(c, client) for c in Cluster.objects.all()]
+        results = reconcile.reconcile_all(client)
     return {r.cluster: r.actions for r in results}
 
 
 @shared_task(name="switchyard.restart_router")
 def restart_router(router_id: int) -> bool:
-    """Runs on the router host's own queue, in the worker that supervises the router."""
+    """Runs on the router host's own queue, in the worker that supervises the router: a
+    router that still answers is left alone (its heartbeats are what got lost)."""
     running = supervisor.current()
-    return running.restart(router_id) if running is not None else False
+    return running.restart_if_unresponsive(router_id) if running is not None else False
 
 
 @shared_task(name="switchyard.scrape_instances", **IDEMPOTENT, soft_time_limit=20)

@@ -19,7 +19,7 @@ from controlplane.services.errors import NotFound, ServiceError
 from . import reads
 from .access import actor, operator_required, viewer_required
 from .clusters import get_cluster
-from .pages import page, service_error_response
+from .pages import expected_revision, page, service_error_response
 from .stats import describe
 
 TEMPLATE = "web/canary.html"
@@ -104,9 +104,11 @@ def canary_action(request: HttpRequest, cluster_id: int, canary_id: int,
         return HttpResponse(status=404)
     try:
         canary_service.transition(actor(request), _own_canary(cluster, canary_id).pk, action,
-                                  reason=request.POST.get("reason", ""))
-    except ServiceError as error:
-        return service_error_response(request, error, TEMPLATE, **_context(cluster))
+                                  reason=request.POST.get("reason", ""),
+                                  expected_revision=expected_revision(request.POST))
+    except ServiceError as error:  # re-read: the forms show the current revision
+        return service_error_response(request, error, TEMPLATE,
+                                      **_context(get_cluster(cluster.pk)))
     return redirect(reverse("web:canary", args=[cluster.pk]))
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import render
 
 from controlplane.services.errors import ServiceError
@@ -22,6 +22,18 @@ def service_error_response(request: HttpRequest, error: ServiceError, template: 
     """Re-render a form with the service's message (and field) at the service's status."""
     return page(request, template, status=error.status, error=error.message,
                 error_field=error.field, **context)
+
+
+def expected_revision(data: QueryDict) -> int | None:
+    """The cluster revision a form was rendered at (its hidden `expected_revision`)."""
+    value = data.get("expected_revision", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ServiceError("expected_revision: reload the page and submit again",
+                           "expected_revision") from None
 
 
 def is_htmx(request: HttpRequest) -> bool:

@@ -21,7 +21,7 @@ from controlplane.services.validation import policy_kinds
 from . import dashboard, reads
 from .access import actor, operator_required, viewer_required
 from .clusters import get_cluster
-from .pages import page, service_error_response
+from .pages import expected_revision, page, service_error_response
 from .schema_form import param_fields, params_from_form
 
 TEMPLATE = "web/policy.html"
@@ -68,9 +68,10 @@ def policy_apply(request: HttpRequest, cluster_id: int) -> HttpResponse:
     try:
         _require_confirmation(request)
         policy = _apply(request, cluster)
-    except ServiceError as error:
+    except ServiceError as error:  # re-read: the form shows the current revision
         return service_error_response(request, error, TEMPLATE,
-                                      **_context(cluster, request.POST.get("kind")),
+                                      **_context(get_cluster(cluster.pk),
+                                                 request.POST.get("kind")),
                                       form=request.POST)
     version = config_service.latest_version(cluster)
     query = urlencode({"applied": policy.name, "version": version.number if version else ""})
@@ -99,7 +100,8 @@ def _apply(request: HttpRequest, cluster: Cluster) -> Policy:
             policy = reads.policies(cluster.pk).get(pk=int(choice))
         except (ValueError, Policy.DoesNotExist):
             raise ServiceError("choose a policy of this cluster", "policy") from None
-    return policy_service.activate_policy(who, cluster.pk, policy.pk, reason=reason)
+    return policy_service.activate_policy(who, cluster.pk, policy.pk, reason=reason,
+                                          expected_revision=expected_revision(request.POST))
 
 
 @viewer_required

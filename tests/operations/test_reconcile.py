@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -36,8 +37,9 @@ def router(cluster, name: str, port: int, heartbeat_age_s: float | None,
 def test_silent_router_is_restarted_once(routed_cluster, redis_client):
     router(routed_cluster, "r-silent", 8001, heartbeat_age_s=120, applied=1)
     router(routed_cluster, "r-fine", 8002, heartbeat_age_s=1, applied=1)
-    first = reconcile.reconcile_cluster(routed_cluster, redis_client)
-    second = reconcile.reconcile_cluster(routed_cluster, redis_client)
+    listening = time.time() - 60  # the control plane has been listening for a minute
+    first = reconcile.reconcile_cluster(routed_cluster, redis_client, listening=listening)
+    second = reconcile.reconcile_cluster(routed_cluster, redis_client, listening=listening)
     assert first.actions == ["restart r-silent"]
     assert second.actions == []
 
@@ -59,7 +61,8 @@ def test_a_held_lock_skips_the_run(routed_cluster, redis_client):
     lock = redis_client.lock(f"switchyard:reconcile-lock:{routed_cluster.pk}", timeout=5)
     assert lock.acquire(blocking=False)
     try:
-        result = reconcile.reconcile_cluster(routed_cluster, redis_client)
+        result = reconcile.reconcile_cluster(routed_cluster, redis_client,
+                                             listening=time.time() - 60)
     finally:
         lock.release()
     assert result.actions == [] and result.skipped

@@ -122,6 +122,10 @@ class RouterSettings(_Strict):
     max_queue: int = Field(default=1024, ge=0, le=100_000)
     queue_timeout_s: float = Field(default=10.0, gt=0, le=600)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
+    offload_body_bytes: int = Field(
+        default=64 * 1024, ge=0, le=1024**3,
+        description="Bodies this large or larger are parsed and tokenized in a worker "
+                    "process, off the event loop (0: every body).")
     breaker_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that open the circuit."
     )

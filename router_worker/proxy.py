@@ -175,12 +175,6 @@ class Proxy:
         models = self.core.allowed_models()
         if models is not None and intake.model not in models:
             raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
-        context = self.core.max_model_len()
-        # Exact counts only: the approximate tier's token count is an estimate.
-        if context and intake.tier != "approx" and intake.prompt_tokens >= context:
-            raise APIError(400, f"The prompt (length {intake.prompt_tokens}) leaves no room "
-                                f"for output within the maximum model length of {context}.",
-                           "messages" if endpoint == "chat" else "prompt")
         return intake
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send, runtime: Runtime,

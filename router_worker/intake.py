@@ -27,6 +27,7 @@ import logging
 import math
 import multiprocessing
 import os
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -49,6 +50,7 @@ Endpoint = Literal["chat", "completions"]
 # comes near it (a JSON schema in `tools` or `response_format` is a few dozen deep).
 MAX_JSON_DEPTH = 200
 WORKER_NICENESS = 10
+ORPHAN_CHECK_S = 0.5
 PROMPT_SHAPE = ("`prompt` must be a string, a list of strings, a list of token ids "
                 "(integers in [0, 2**64)), or a list of such lists, none of them empty.")
 CONTENT_SHAPE = ("must be a string, null, or a list of content parts (objects with a "
@@ -229,10 +231,20 @@ def take_in_with(raw: bytes, endpoint: Endpoint, settings: IntakeSettings) -> In
     return take_in(raw, endpoint, tokenizer, settings.block_size)
 
 
-def _lower_priority() -> None:
-    """Worker processes yield the CPU to the router's event loop: the loop relays every
-    stream, a big body's intake is one request's bulk work."""
+def _start_worker(router_pid: int) -> None:
+    """Worker processes yield the CPU to the router's event loop (the loop relays every
+    stream; a big body's intake is one request's bulk work), and die with the router: a
+    SIGKILLed router leaves no worker behind (each holds both ends of its task pipe, so
+    it would never see end-of-file)."""
     os.nice(WORKER_NICENESS)
+    threading.Thread(target=_exit_when_orphaned, args=(router_pid,), daemon=True,
+                     name="intake-orphan-watch").start()
+
+
+def _exit_when_orphaned(router_pid: int) -> None:
+    while os.getppid() == router_pid:
+        time.sleep(ORPHAN_CHECK_S)
+    os._exit(1)
 
 
 class IntakeRunner:
@@ -266,7 +278,8 @@ class IntakeRunner:
             # executor) that a forked child would inherit mid-operation.
             self._pool = ProcessPoolExecutor(self.workers,
                                              mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_lower_priority)
+                                             initializer=_start_worker,
+                                             initargs=(os.getpid(),))
         return self._pool
 
     def _discard(self, pool: ProcessPoolExecutor) -> None:

@@ -78,3 +78,15 @@ def test_a_killed_worker_fails_only_its_request_and_a_new_pool_starts(offload_ro
     wait_until(lambda: bool(set(_workers(offload_router.proc.pid)) - set(workers)), 10,
                "a new intake worker")
     assert offload_router.proc.poll() is None
+
+
+def test_workers_die_with_a_killed_router(offload_router):
+    body = {"model": MODEL, "prompt": "hello there", "max_tokens": 2}
+    assert httpx.post(offload_router.url + "/v1/completions", json=body,
+                      timeout=60).status_code == 200
+    workers = _workers(offload_router.proc.pid)
+    assert workers
+    offload_router.proc.kill()
+    offload_router.proc.wait()
+    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 10,
+               "the intake workers to exit")

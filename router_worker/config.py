@@ -157,6 +157,10 @@ class RouterSettings(_Strict):
                     "(32k tokens at 10 tokens/s take under an hour); the per-chunk "
                     "first_byte_timeout_s catches a silent engine, this catches a dripping "
                     "one. Never below first_byte_timeout_s.")
+    offload_body_bytes: int = Field(
+        default=64 * 1024, ge=0, le=1024**3,
+        description="Bodies this large or larger are parsed and tokenized in a worker "
+                    "process, off the event loop (0: every body).")
     breaker_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that open the circuit."
     )

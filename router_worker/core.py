@@ -4,7 +4,8 @@
 (one per applied configuration version), the health book and the telemetry
 aggregates. The ASGI layer (:mod:`router_worker.proxy`) calls, per request::
 
-    plan = core.plan(runtime, endpoint, body, headers)   # tokens → hashes → arm → decision
+    intake = take_in(raw, ...)                            # tokens → hashes (intake.py)
+    plan = core.plan(runtime, intake, headers, started)  # arm → decision
     core.begin_attempt(plan, instance)                    # the attempt's instance
     core.account_dispatch(plan)                           # indicator: dispatch (once sent)
     core.first_token(plan)                                # indicator: pending → batch
@@ -34,6 +35,7 @@ from router_worker.decisions import (
 )
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
+from router_worker.intake import Intake
 from router_worker.metrics import RouterMetrics
 from router_worker.routing import (
     ClusterState,
@@ -41,14 +43,12 @@ from router_worker.routing import (
     HotspotEvent,
     NoEligibleInstanceError,
     RequestFeatures,
-    build_features,
     session_key_from_request,
-    turn_index_from_messages,
 )
 from router_worker.runtime import Arm, Runtime, build_runtime
 from router_worker.telemetry import RequestSample, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
-from router_worker.tokenization import PromptError, Tokenizer
+from router_worker.tokenization import Tokenizer
 
 log = logging.getLogger("router_worker")
 RECENT_DECISIONS = 200
@@ -145,25 +145,18 @@ class RouterCore:
         return min(lengths) if lengths else None
 
     # ----- per request -------------------------------------------------------------------
-    def plan(self, runtime: Runtime, endpoint: str, body: dict[str, Any],
-             headers: dict[str, str], started: float) -> Plan:
-        t0 = time.perf_counter()
-        try:
-            if endpoint == "chat":
-                token_ids, tier = runtime.tokenizer.encode_chat(body["messages"])
-                turn = turn_index_from_messages(body["messages"])
-            else:
-                token_ids, tier = runtime.tokenizer.encode_prompt(body["prompt"])
-                turn = None
-        except PromptError as error:
-            raise APIError(400, str(error), error.param) from None
-        t1 = time.perf_counter()
-        session = session_key_from_request(headers, body)
+    def plan(self, runtime: Runtime, intake: Intake, headers: dict[str, str],
+             started: float) -> Plan:
+        """Route a request taken in by :mod:`router_worker.intake` (tokens and hashes
+        are already computed there, possibly in another process)."""
+        t2 = time.perf_counter()
+        session = session_key_from_request(headers, {"user": intake.user})
         request_id = self._id_prefix + str(next(self._ids))
         now = time.time()
-        features = build_features(request_id, token_ids, now, block_size=runtime.config.block_size,
-                                  session_key=session, turn_index=turn)
-        t2 = time.perf_counter()
+        features = RequestFeatures(request_id=request_id, prompt_tokens=intake.prompt_tokens,
+                                   block_hashes=intake.block_hashes,
+                                   block_size=runtime.config.block_size, session_key=session,
+                                   turn_index=intake.turn_index, arrival_time=now)
         arm = runtime.arm_for(session)
         try:
             decision = arm.policy.decide(features, arm.view, now)
@@ -175,9 +168,9 @@ class RouterCore:
         priority = is_priority(decision)
         sampled = (capture(decision, arm.view, features, priority)
                    if self.sampler.admit(priority, t3) else None)
-        return Plan(request_id, runtime, arm, features, decision, tier, started,
+        return Plan(request_id, runtime, arm, features, decision, intake.tier, started,
                     instance=decision.instance_id, reason=decision.reason,
-                    timings=(t1 - t0, t2 - t1, t3 - t2), sampled=sampled)
+                    timings=(intake.tokenize_s, intake.hash_s, t3 - t2), sampled=sampled)
 
     def begin_attempt(self, plan: Plan, instance: str) -> None:
         """An attempt on ``instance`` starts (its indicators follow in account_dispatch)."""

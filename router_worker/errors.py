@@ -26,6 +26,10 @@ class APIError(Exception):
         self.message = message
         self.param = param
 
+    def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str | None]]:
+        # Raised in intake worker processes and pickled back to the router.
+        return (APIError, (self.status, self.message, self.param))
+
 
 def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:
     error_type = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")

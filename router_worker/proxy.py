@@ -35,6 +35,7 @@ import httpx
 from router_worker.access import Detail, client_rights, detail_for
 from router_worker.core import Plan, RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
+from router_worker.intake import Endpoint, Intake, IntakeRunner
 from router_worker.limits import Limiter
 from router_worker.runtime import Runtime
 from router_worker.sse import MalformedStream, SseFramer
@@ -54,7 +55,8 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat",
+                                  "/v1/completions": "completions"}
 # A request answered with a 5xx by this many instances is taken for the cause (an input
 # that trips an engine bug): no more retries, and no breaker strikes against them.
 POISON_AFTER_5XX = 2
@@ -69,7 +71,6 @@ USED_HEADERS = frozenset(name.encode() for name in (
 _TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
 _USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
-_SURROGATE_ESCAPE_RE = re.compile(rb"\\u[dD][89a-fA-F]")
 # Failure kinds that are resource limits: counted in switchyard_router_limit_hits_total.
 LIMIT_KINDS = frozenset({"bad_response", "event_too_large", "response_deadline",
                          "response_too_large", "response_headers_too_large", "fd_exhausted"})
@@ -110,31 +111,6 @@ async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes
             return b"".join(chunks)
 
 
-def validate(body: Any, endpoint: str, models: set[str] | None) -> bool:
-    """Check the fields the router relies on; returns ``stream``. Raises APIError 400/404."""
-    if not isinstance(body, dict):
-        raise APIError(400, "The request body must be a JSON object.")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise APIError(400, "`model` is required and must be a string.", "model")
-    if endpoint == "chat":
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise APIError(400, "`messages` must be a non-empty list.", "messages")
-    elif "prompt" not in body:
-        raise APIError(400, "`prompt` is required.", "prompt")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise APIError(400, "`stream` must be a boolean.", "stream")
-    for name in ("max_tokens", "max_completion_tokens", "n"):
-        value = body.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise APIError(400, f"`{name}` must be an integer.", name)
-    if models is not None and model not in models:
-        raise APIError(404, f"The model `{model}` does not exist.", "model")
-    return stream
-
-
 class StreamMeter:
     """Counts content tokens in SSE chunks; notes first and last token times."""
 
@@ -169,10 +145,12 @@ class StreamMeter:
 
 
 class Proxy:
-    def __init__(self, core: RouterCore, transport: FastTransport, limiter: Limiter) -> None:
+    def __init__(self, core: RouterCore, transport: FastTransport, limiter: Limiter,
+                 intake: IntakeRunner | None = None) -> None:
         self.core = core
         self.transport = transport
         self.limiter = limiter
+        self.intake = intake or IntakeRunner()
 
     # ----- entry points -----------------------------------------------------------------
     async def models(self, scope: Scope, send: Send) -> None:
@@ -191,7 +169,8 @@ class Proxy:
                 for m in sorted(models)]
         await send_json(send, 200, {"object": "list", "data": data})
 
-    async def generate(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
+    async def generate(self, scope: Scope, receive: Receive, send: Send,
+                       endpoint: Endpoint) -> None:
         started = time.perf_counter()
         # Only the headers the router reads (names arrive lower-cased from the server).
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
@@ -209,20 +188,36 @@ class Proxy:
             declared = headers.get("content-length")
             raw = await read_body(receive, runtime.config.router.max_body_bytes,
                                   int(declared) if declared and declared.isdigit() else None)
-            body = _parse_json(raw)
-            stream = validate(body, endpoint, core.allowed_models())
+            intake = await self._take_in(raw, endpoint, runtime)
         except ClientGone:
             return
         except APIError as error:
             core.metrics.child(core.metrics.rejected, str(error.status)).inc()
             await send_error(send, error)
             return
-        await self._guarded(scope, receive, send, endpoint, runtime, body, raw, stream, headers,
-                            started, detail)
+        await self._guarded(scope, receive, send, runtime, intake, raw, headers, started,
+                            detail)
 
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send, endpoint: str,
-                       runtime: Runtime, body: dict[str, Any], raw: bytes, stream: bool,
-                       headers: dict[str, str], started: float, detail: Detail) -> None:
+    async def _take_in(self, raw: bytes, endpoint: Endpoint, runtime: Runtime) -> Intake:
+        """The body checked, tokenized and hashed (off the loop when big), or APIError."""
+        settings = runtime.config.router
+        try:
+            intake = await self.intake.take_in(raw, endpoint, runtime.tokenizer,
+                                               runtime.config.block_size,
+                                               settings.offload_body_bytes)
+        except APIError:
+            raise
+        except Exception:  # a bug, not the client's fault: logged, answered without detail
+            log.exception("taking a request body in failed")
+            raise APIError(500, "The router failed to read this request.") from None
+        models = self.core.allowed_models()
+        if models is not None and intake.model not in models:
+            raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
+        return intake
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send, runtime: Runtime,
+                       intake: Intake, raw: bytes, headers: dict[str, str],
+                       started: float, detail: Detail) -> None:
         """Admission, then routing with a disconnect watcher that cancels us at once."""
         try:
             await self.limiter.acquire()
@@ -236,8 +231,9 @@ class Proxy:
         self.core.metrics.in_flight_count += 1
         plan: Plan | None = None
         try:
-            plan = self.core.plan(runtime, endpoint, body, headers, started)
-            await self._dispatch(plan, scope["path"], raw, stream, headers, send, watch, detail)
+            plan = self.core.plan(runtime, intake, headers, started)
+            await self._dispatch(plan, scope["path"], raw, intake.stream, headers, send, watch,
+                                 detail)
         except APIError as error:
             await send_error(send, error)
         except asyncio.CancelledError:
@@ -616,24 +612,6 @@ def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
                                          settings.first_byte_timeout_s,
                                          settings.response_deadline_s)
     return found
-
-
-def _parse_json(raw: bytes) -> Any:
-    """Strict UTF-8 JSON. ``json.loads(bytes)`` would let UTF-8-encoded surrogates through
-    (it decodes with ``surrogatepass``) and so would ``\\ud800`` escapes: such text cannot
-    be tokenized, and an engine failing on it must not cost healthy instances retries and
-    breaker strikes."""
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as error:
-        raise APIError(400, f"Invalid JSON body: {error}") from None
-    if _SURROGATE_ESCAPE_RE.search(raw):
-        try:
-            json.dumps(body, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise APIError(400, "Invalid JSON body: a string holds a lone UTF-16 surrogate "
-                                "escape, which is not valid Unicode text.") from None
-    return body
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

@@ -126,6 +126,7 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.kv.close()
+        self.proxy.intake.close()
         await self.client.aclose()
         await self.telemetry.close()
 

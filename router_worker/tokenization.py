@@ -80,6 +80,7 @@ class Tokenizer:
     """Chooses the tier and produces token ids for completions prompts and chat messages."""
 
     def __init__(self, tokenizer_path: str | None = None, chat_template: str = "chatml") -> None:
+        self.path = tokenizer_path
         self.chat_template = chat_template
         self._exact = None
         if tokenizer_path:
@@ -121,7 +122,15 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+MAX_TOKEN_ID = 2**64 - 1  # ids are hashed as uint64; larger ones cannot be any vocabulary's
+
+
 def _token_ids(values: list[Any]) -> np.ndarray:
-    if not values or not all(_is_int(v) and v >= 0 for v in values):
-        raise PromptError("token ids must be non-negative integers", "prompt")
-    return np.asarray(values, dtype=np.uint64)
+    if not values or not all(_is_int(v) and 0 <= v <= MAX_TOKEN_ID for v in values):
+        raise PromptError("token ids must be integers in [0, 2**64)", "prompt")
+    return token_id_array(values)
+
+
+def token_id_array(values: Sequence[int]) -> np.ndarray:
+    """Token ids already checked to be ints in ``[0, 2**64)`` as a uint64 array."""
+    return np.array(values, dtype=np.uint64)

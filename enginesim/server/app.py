@@ -25,6 +25,7 @@ from enginesim.server.responses import PendingJSONResponse, SSEResponse
 
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Parser = Callable[[Any, str, int], GenerationRequest]
+BIG_BODY_BYTES = 64 * 1024
 
 
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
@@ -57,7 +58,13 @@ class InstanceAPI:
         inst = self.instance
         arrival = time.monotonic()
         try:
-            gen = parse(await _json_body(request), inst.served_name, inst.max_model_len)
+            body = await _json_body(request)
+            if int(request.headers.get("content-length") or 0) >= BIG_BODY_BYTES:
+                # Tokenizing megabytes takes seconds: in a thread, as vLLM does, so that
+                # /health and the other requests' streams are still served meanwhile.
+                gen = await asyncio.to_thread(parse, body, inst.served_name, inst.max_model_len)
+            else:
+                gen = parse(body, inst.served_name, inst.max_model_len)
         except APIError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         prefix = "chatcmpl-" if gen.kind == "chat" else "cmpl-"

@@ -76,6 +76,9 @@ def _completion_prompt(prompt: Any) -> list[int]:
     if isinstance(prompt, list) and prompt and all(
         isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
     ):
+        largest = max(prompt)
+        if largest > tokenizer.MAX_TOKEN_ID:  # vLLM's check and message
+            raise APIError(400, f"Token id {largest} is out of vocabulary", "prompt")
         return list(prompt)
     raise APIError(
         400, "prompt must be a string or a list of token ids (one prompt per request)", "prompt"

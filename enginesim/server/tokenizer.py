@@ -33,6 +33,7 @@ import numpy as np
 VOCAB_SIZE = 151643
 SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
 _ID_TO_SPECIAL = {v: k for k, v in SPECIAL_TOKENS.items()}
+MAX_TOKEN_ID = max(SPECIAL_TOKENS.values())
 
 _PIECE_RE = re.compile(
     r"<\|endoftext\|>|<\|im_start\|>|<\|im_end\|>"

@@ -16,10 +16,12 @@ from router_worker import telemetry_contract as contract
 from router_worker.config import parse_config
 from router_worker.core import Plan, RouterCore
 from router_worker.decisions import DecisionSampler, TokenBucket, candidate_rows, is_priority
+from router_worker.intake import Intake, take_in
 from router_worker.metrics import RouterMetrics
 from router_worker.routing import Decision
 from router_worker.telemetry import DECISION_BUFFER, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
+from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.conftest import router_config, wait_until
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
@@ -40,13 +42,20 @@ def make_core(instances: int = 3, canary: dict | None = None,
     return core
 
 
+def _intake(core: RouterCore, prompt: str) -> Intake:
+    """The request as the proxy's intake step hands it to the core."""
+    runtime = core.runtime
+    assert runtime is not None
+    body = json.dumps({"model": MODEL, "prompt": prompt}).encode()
+    return take_in(body, "completions", runtime.tokenizer, runtime.config.block_size)
+
+
 def route(core: RouterCore, prompt: str, *, session: str | None = None,
           fail_first: bool = False) -> Plan:
     """Plan, dispatch and finish one request the way the proxy drives the core."""
     assert core.runtime is not None
     headers = {"x-session-id": session} if session else {}
-    plan = core.plan(core.runtime, "completions", {"model": MODEL, "prompt": prompt},
-                     headers, time.perf_counter())
+    plan = core.plan(core.runtime, _intake(core, prompt), headers, time.perf_counter())
     instance: str | None = plan.instance
     if fail_first:
         core.begin_attempt(plan, plan.instance)
@@ -137,7 +146,7 @@ def test_a_retry_is_shipped_even_when_routine_sampling_is_exhausted() -> None:
 def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> None:
     core = make_core(sampler=DecisionSampler(routine=(0.0, 0.0)))
     assert core.runtime is not None
-    plan = core.plan(core.runtime, "completions", {"model": MODEL, "prompt": "doomed"}, {},
+    plan = core.plan(core.runtime, _intake(core, "doomed"), {},
                      time.perf_counter())
     core.begin_attempt(plan, plan.instance)
     core.account_dispatch(plan)
@@ -189,10 +198,11 @@ def test_a_router_ships_its_decisions_to_the_clusters_stream(fleet, router_facto
                                                              private_redis) -> None:
     """Through a real router process and Redis: what the debug header tells one client
     is what the stream tells the live view."""
-    router = router_factory(router_config(fleet, "lmetric"), redis_url=private_redis.url)
+    router = router_factory(router_config(fleet, "lmetric", client_auth=debug_key_only()),
+                            redis_url=private_redis.url)
     client = redis.Redis(port=private_redis.port)
     try:
-        headers = {"x-switchyard-debug": "1"}
+        headers = {"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"}
         answers = []
         for n in range(3):  # within the routine burst: all three are sampled
             response = httpx.post(router.url + "/v1/completions", headers=headers, json={

@@ -10,12 +10,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.conftest import MODEL, router_config, wait_until
 
 
 @pytest.fixture
 def offload_router(fleet, router_factory):
-    document = router_config(fleet, "lmetric")
+    document = router_config(fleet, "lmetric", client_auth=debug_key_only())
     document["router"]["offload_body_bytes"] = 0  # every body goes through a worker
     document["router"]["scrape_interval_s"] = 30
     return router_factory(document)
@@ -39,10 +40,10 @@ def test_worker_intake_routes_and_refuses_like_inline(offload_router):
     prompt = " ".join(f"shared{i}" for i in range(200))
     first = httpx.post(url + "/v1/completions", timeout=60,
                        json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
-                       headers={"x-switchyard-debug": "1"})
+                       headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
     again = httpx.post(url + "/v1/completions", timeout=60,
                        json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
-                       headers={"x-switchyard-debug": "1"})
+                       headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
     assert first.status_code == again.status_code == 200
     # The hashes computed in the worker are the ones the KV index learned: a cache hit.
     assert again.headers["x-switchyard-instance"] == first.headers["x-switchyard-instance"]

@@ -37,6 +37,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stream-interval", type=int, default=1, help="tokens per SSE chunk (vLLM's option)"
     )
     parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="context length in tokens (vLLM's option; default: the model's own)",
+    )
+    parser.add_argument(
         "--kv-events",
         default=None,
         metavar="tcp://HOST:PORT",
@@ -62,11 +68,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_parts(gpu: str, model: str) -> tuple[Any, Any]:
+def _engine_parts(gpu: str, model: str, max_model_len: int = 0) -> tuple[Any, Any]:
     from enginesim.engine.config import EngineConfig
     from enginesim.engine.core import EngineCore
 
-    config = EngineConfig.for_hardware(gpu, model)
+    config = EngineConfig.for_hardware(gpu, model, max_model_len=max_model_len)
 
     def factory(sink: Any) -> Any:
         return EngineCore(config, kv_event_sink=sink)
@@ -77,7 +83,9 @@ def _engine_parts(gpu: str, model: str) -> tuple[Any, Any]:
 def build_instances(args: argparse.Namespace) -> list[Instance]:
     if args.instances < 1 or args.stream_interval < 1:
         raise SystemExit("--instances and --stream-interval must be >= 1")
-    config, factory = _engine_parts(args.gpu, args.model)
+    if args.max_model_len < 0:
+        raise SystemExit("--max-model-len must be >= 0 (0: the model's own)")
+    config, factory = _engine_parts(args.gpu, args.model, args.max_model_len)
     request_log = RequestLog(args.request_log) if args.request_log else None
     instances = []
     for index in range(args.instances):

@@ -41,7 +41,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--trace", required=True, type=Path)
     add("--format", default="auto", choices=FORMATS)
-    add("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+    add("--target", required=True, action="append",
+        help="base URL, e.g. http://127.0.0.1:8080; repeat it to spread requests "
+             "round-robin over several targets (routers behind a load balancer)")
     add("--model", default=None, help="model name (default: the target's first /v1/models)")
     add("--max-model-len", type=int, default=None,
         help="skip records whose prompt + output exceed this many tokens (default: the "
@@ -163,7 +165,7 @@ async def _run(args: argparse.Namespace, generator: LoadGenerator) -> list[Outco
 def main(args: argparse.Namespace) -> int:
     records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
                          start_s=args.start, end_s=args.end)
-    model, max_model_len = (args.model, None) if args.model else discover_model(args.target)
+    model, max_model_len = (args.model, None) if args.model else discover_model(args.target[0])
     limit = args.max_model_len or max_model_len
     served = fitting(records, limit)
     if len(served) < len(records):
@@ -176,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, loop=args.loop, max_requests=args.max_requests,
         duration_s=args.duration, burst=_burst(args),
         on_progress=progress_line if show else None)
-    print(f"# {args.trace.name}: {len(records)} requests → {args.target} ({model}), "
+    print(f"# {args.trace.name}: {len(records)} requests → {', '.join(args.target)} ({model}), "
           f"rate scale {args.rate_scale}, concurrency ≤ {args.concurrency_limit}")
     outcomes = asyncio.run(_run(args, generator))
     if show:

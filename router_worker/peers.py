@@ -67,6 +67,7 @@ MAX_ID_CHARS = 256
 MAX_NAME_CHARS = 256
 MAX_BLOCKS = 1_000_000
 RESTART_DELAY_S = 0.5
+RESTART_DELAY_MAX_S = 5.0
 SWEEP_INTERVAL_S = 0.5
 
 KINDS = ("dispatch", "first_token", "end")
@@ -372,18 +373,24 @@ class PeerSync:
         self.timeout_s, self.max_age_s = settings.peer_timeout_s, settings.peer_max_age_s
 
     # ----- the request path: enqueue only ---------------------------------------------
+    @property
+    def publishing(self) -> bool:
+        """Requests are published only while some peer is listening (heartbeats always
+        are, so peers find each other): a lone router pays nothing per request."""
+        return self.enabled and self._book is not None and bool(self._book.peers)
+
     def dispatched(self, request_id: str, instance: str, features: RequestFeatures,
                    cached_tokens: int | None) -> None:
-        if self.enabled:
+        if self.publishing:
             self._put(("d", request_id, instance, features.prompt_tokens, cached_tokens,
                        features.block_size, features.block_hashes))
 
     def first_token(self, request_id: str) -> None:
-        if self.enabled:
+        if self.publishing:
             self._put(("f", request_id))
 
     def ended(self, request_id: str, ok: bool) -> None:
-        if self.enabled:
+        if self.publishing:
             self._put(("e", request_id, ok))
 
     def _put(self, item: _Outgoing) -> None:
@@ -546,13 +553,19 @@ _KIND_OF = {"d": "dispatch", "f": "first_token", "e": "end"}
 
 async def supervised(what: str, loop: Callable[[], Awaitable[None]],
                      metrics: RouterMetrics) -> None:
-    """Run ``loop`` forever: if it raises, count it, wait a little and start it again."""
+    """Run ``loop`` forever: if it raises, count it, wait a little and start it again
+    (backing off to ``RESTART_DELAY_MAX_S`` while it keeps failing, e.g. Redis down)."""
+    delay = RESTART_DELAY_S
     while True:
+        started = time.monotonic()
         try:
             await loop()
         except asyncio.CancelledError:
             raise
         except Exception as error:  # any crash is counted and restarted
             metrics.child(metrics.peer_task_restarts, what).inc()  # type: ignore[attr-defined]
-            log.warning("peer sync %s stopped (%s); restarting", what, error)
-            await asyncio.sleep(RESTART_DELAY_S)
+            if time.monotonic() - started > RESTART_DELAY_MAX_S:
+                delay = RESTART_DELAY_S  # it ran a while: a new failure, not the same one
+            log.warning("peer sync %s stopped (%s); restarting in %.1f s", what, error, delay)
+            await asyncio.sleep(delay)
+            delay = min(2 * delay, RESTART_DELAY_MAX_S)

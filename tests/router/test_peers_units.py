@@ -191,6 +191,9 @@ def test_the_request_path_only_queues_and_a_full_queue_drops_and_counts(monkeypa
     sync = _sync(_state())
     features = build_features("sy-1", list(range(40)), 0.0)
     sync.dispatched("sy-1", "i0", features, None)
+    assert sync.stats(0.0)["queued"] == 0  # nobody listens: nothing is published
+    sync.receive(_batch([]), 0.0)  # a peer's heartbeat
+    sync.dispatched("sy-1", "i0", features, None)
     sync.first_token("sy-1")
     sync.ended("sy-1", True)
     assert sync.stats(0.0)["queued"] == 2 and sync.counts == {"dropped:queue_full": 1}

@@ -114,6 +114,8 @@ def run_loadgen(targets: list[str], args: argparse.Namespace, out: Path, log: Pa
            "--rate-scale", repr(args.rate_scale / args.time_scale),
            "--start", str(args.start), "--end", str(args.end), "--timeout", "3600",
            "--concurrency-limit", "1024", "--out", str(out), "--no-progress"]
+    if args.spread_ties:
+        cmd += ["--spread-ties", "--seed", "1"]
     for target in targets:
         cmd += ["--target", target]
     started = time.monotonic()
@@ -168,7 +170,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         f"{args.instances}x H20 Qwen2-7B enginesim, time scale {args.time_scale:g}, scrapes "
         f"every {args.scrape_interval:g} simulated s, KV events off; requests round-robin "
         "over the routers; replica sync over Redis pub/sub (router_worker/peers.py). TTFT in "
-        "simulated seconds (client wall / time scale).",
+        "simulated seconds (client wall / time scale). Arrivals sharing a timestamp "
+        + ("are spread over their 3 s bucket (as in the replay bench)."
+           if args.spread_ties else "are sent at one instant (tied arrivals)."),
         "",
         "| policy | routers | ok/sent | mean TTFT | p50 | p99 | hit ratio | mean vs 1 router "
         "| p99 vs 1 router | peer msgs applied | wall s |",
@@ -206,6 +210,9 @@ def main() -> int:
     add("--scrape-interval", type=float, default=1.0, help="simulated seconds")
     add("--instances", type=int, default=16)
     add("--policies", nargs="+", default=["lmetric", "predicted_ttft"])
+    add("--tied-arrivals", dest="spread_ties", action="store_false",
+        help="send each 3 s bucket of the trace at one instant (default: spread over the "
+             "bucket, as bench/bench_multi_router.py does)")
     add("--redis", default="redis://127.0.0.1:6379/10")
     add("--run-timeout", type=float, default=900.0, help="wall s per loadgen run at most")
     add("--work", type=Path, default=None, help="logs and raw results (default: a temp dir)")

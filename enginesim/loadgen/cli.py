@@ -34,7 +34,7 @@ import numpy as np
 
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
 from enginesim.replay.synth import HotspotParams
-from enginesim.replay.traces import FORMATS, load_trace
+from enginesim.replay.traces import FORMATS, load_trace, spread_ties
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--burst-output-tokens", type=float, default=defaults.output_tokens)
     add("--burst-ramp", type=float, default=defaults.ramp_s,
         help="seconds over which the burst's rate grows from 0 (0 = a step)")
+    add("--spread-ties", action="store_true",
+        help="spread arrivals that share a timestamp over their bucket (the conversation "
+             "trace's 3 s buckets), as the replay benches do (seeded by --seed)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, help="write one JSON line per request here")
     add("--no-progress", action="store_true")
@@ -165,6 +168,8 @@ async def _run(args: argparse.Namespace, generator: LoadGenerator) -> list[Outco
 def main(args: argparse.Namespace) -> int:
     records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
                          start_s=args.start, end_s=args.end)
+    if args.spread_ties:
+        records = spread_ties(records, seed=args.seed)
     model, max_model_len = (args.model, None) if args.model else discover_model(args.target[0])
     limit = args.max_model_len or max_model_len
     served = fitting(records, limit)

@@ -1,7 +1,8 @@
 """Token-protected admin endpoints, plus the router's own /health and /metrics.
 
 * ``GET /admin/state``: indicator snapshot per instance, health and breaker state, KV
-  subscriber stats, telemetry status and the most recent routing decisions.
+  subscriber stats, replica-sync (peer routers) stats, telemetry status and the most
+  recent routing decisions.
 * ``GET /admin/config``: the applied configuration document.
 * ``POST /admin/config``: apply a configuration document (``RouterConfig`` JSON, or
   ``{"version": N, "document": {...}}``); 400 naming the field when invalid, 409 when
@@ -128,6 +129,7 @@ def admin_state(service: Service) -> dict[str, Any]:
         "snapshot": snapshot.model_dump(mode="json"),
         "breakers": breakers,
         "kv_events": service.kv.stats(),
+        "peers": service.peers.stats(time.time()),
         "limiter": {"active": service.limiter.active, "queued": service.limiter.queued},
         "telemetry": {"redis": service.telemetry.connected,
                       "buffered_events": service.telemetry.buffered_events,

@@ -172,6 +172,22 @@ class RouterSettings(_Strict):
     )
     chat_template: Literal["chatml", "plain"] = "chatml"
     kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
+    # Replica sync (router_worker/peers.py): several routers on one fleet share their
+    # dispatches over Redis pub/sub. Does nothing without a Redis URL or without peers.
+    peer_sync: bool = Field(
+        default=True,
+        description="Publish this router's dispatches, first tokens and ends on the Redis "
+                    "channel switchyard:peers:{cluster} and apply other routers' to the "
+                    "indicators (needs --redis-url; a single router publishes ~3 small "
+                    "messages per request that nobody reads).")
+    peer_timeout_s: float = Field(
+        default=5.0, gt=0, le=600,
+        description="A peer router silent this long (no heartbeat) has its requests dropped "
+                    "from the indicators.")
+    peer_max_age_s: float = Field(
+        default=900.0, gt=0, le=7 * 24 * 3600,
+        description="A peer's request still open after this long is dropped (a lost end "
+                    "message costs at most this).")
 
     @model_validator(mode="after")
     def _deadline_covers_first_byte(self) -> RouterSettings:

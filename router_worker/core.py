@@ -37,6 +37,7 @@ from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
 from router_worker.intake import Intake
 from router_worker.metrics import RouterMetrics
+from router_worker.peers import PeerSync
 from router_worker.routing import (
     ClusterState,
     Decision,
@@ -103,6 +104,7 @@ class RouterCore:
         self._id_prefix = f"sy-{os.getpid():x}-"
         self._peaks: dict[int, list[float]] = {}
         self.sampler = DecisionSampler()
+        self.peers: PeerSync | None = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source
         telemetry.peaks_source = self.take_peaks
 
@@ -189,6 +191,8 @@ class RouterCore:
         cached = plan.decision.cached_tokens if first else None
         state.on_dispatch(plan.features, plan.instance, time.time(), cached_tokens=cached)
         plan.dispatched = True
+        if self.peers is not None:
+            self.peers.dispatched(plan.request_id, plan.instance, plan.features, cached)
         if first:
             self._observe_plan(plan)
         slot = state.slot_of(plan.instance)
@@ -212,6 +216,8 @@ class RouterCore:
         assert state is not None
         if state.is_in_flight(plan.request_id):
             state.on_first_token(plan.request_id, now)
+            if self.peers is not None:
+                self.peers.first_token(plan.request_id)
         ttft = plan.first_token_at - plan.started
         plan.arm.policy.observe_first_token(plan.features, plan.instance, ttft, now)
 
@@ -227,6 +233,8 @@ class RouterCore:
             state.on_finish(plan.request_id, time.time())
         else:
             state.on_error(plan.request_id, time.time())
+        if self.peers is not None:
+            self.peers.ended(plan.request_id, ok)
 
     def next_candidate(self, plan: Plan) -> str | None:
         """Next-best instance of the arm after a failed attempt (scores, then any healthy)."""

@@ -80,6 +80,29 @@ class RouterMetrics:
             "switchyard_router_kv_subscriber_crashes",
             "KV-event subscriber tasks that stopped on an error and were restarted.",
             ["instance"], registry=r)
+        self.peer_sent = Counter("switchyard_router_peer_sent",
+                                 "Replica-sync messages published, by kind.", ["kind"],
+                                 registry=r)
+        self.peer_applied = Counter("switchyard_router_peer_applied",
+                                    "Peer routers' messages applied to the indicators, by "
+                                    "kind.", ["kind"], registry=r)
+        self.peer_skipped = Counter(
+            "switchyard_router_peer_skipped",
+            "Valid peer messages not applied: unknown_instance, block_size, duplicate, "
+            "unknown_id.", ["reason"], registry=r)
+        self.peer_dropped = Counter(
+            "switchyard_router_peer_dropped",
+            "Replica-sync messages or records dropped: queue_full and publish_failed (ours, "
+            "not sent); peer_timeout, peer_restarted, max_age, redis_down, disabled (peer "
+            "requests removed from the indicators).", ["reason"], registry=r)
+        self.peer_malformed = Counter("switchyard_router_peer_malformed",
+                                      "Malformed peer messages skipped, by reason.",
+                                      ["reason"], registry=r)
+        self.peer_task_restarts = Counter("switchyard_router_peer_task_restarts",
+                                          "Replica-sync tasks that stopped on an error and "
+                                          "were restarted.", ["task"], registry=r)
+        self.peers = Gauge("switchyard_router_peers", "Peer routers heard from recently.",
+                           registry=r)
         self.config_version = Gauge("switchyard_router_config_version",
                                     "Applied configuration version.", registry=r)
         self._children: dict[tuple[object, ...], object] = {}

@@ -21,6 +21,7 @@ from router_worker.kv_subscriber import KVSubscribers
 from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
 from router_worker.monitor import Monitor
+from router_worker.peers import PeerSync
 from router_worker.proxy import Proxy
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport
@@ -63,6 +64,9 @@ class Service:
         self.proxy = Proxy(self.core, self.transport, self.limiter)
         self.monitor = Monitor(self.core, self.client)
         self.kv = KVSubscribers(self.core)
+        self.peers = PeerSync(self.options.name, self.options.redis_url, self.metrics,
+                              lambda: self.core.state)
+        self.core.peers = self.peers
         self.started_at = time.time()
 
     # ----- configuration -------------------------------------------------------------
@@ -98,6 +102,7 @@ class Service:
                                    settings.body_timeout_s)
         self.transport.configure(settings.max_response_header_bytes, settings.max_response_bytes)
         self.kv.sync(config)
+        self.peers.configure(config)
         self.telemetry.event("config_applied", version=config.version, source=source,
                              policy=config.policy.kind,
                              canary=config.canary.id if config.canary else None)
@@ -113,7 +118,8 @@ class Service:
                              config_version=self.core.runtime.version if self.core.runtime
                              else None)
         for loop in (self.monitor.run_scrapes(), self.monitor.run_probes(),
-                     self.telemetry.run(), self.kv.run(), self.core.metrics.sample_loop_lag()):
+                     self.telemetry.run(), self.kv.run(), self.peers.run(),
+                     self.core.metrics.sample_loop_lag()):
             self.tasks.append(asyncio.create_task(loop))
 
     def add_task(self, coroutine: Any) -> None:
@@ -127,6 +133,7 @@ class Service:
                 await task
         await self.kv.close()
         self.proxy.intake.close()
+        await self.peers.close()
         await self.client.aclose()
         await self.telemetry.close()
 

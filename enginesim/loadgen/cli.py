@@ -34,14 +34,16 @@ import numpy as np
 
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
 from enginesim.replay.synth import HotspotParams
-from enginesim.replay.traces import FORMATS, load_trace
+from enginesim.replay.traces import FORMATS, load_trace, spread_ties
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--trace", required=True, type=Path)
     add("--format", default="auto", choices=FORMATS)
-    add("--target", required=True, help="base URL, e.g. http://127.0.0.1:8080")
+    add("--target", required=True, action="append",
+        help="base URL, e.g. http://127.0.0.1:8080; repeat it to spread requests "
+             "round-robin over several targets (routers behind a load balancer)")
     add("--model", default=None, help="model name (default: the target's first /v1/models)")
     add("--max-model-len", type=int, default=None,
         help="skip records whose prompt + output exceed this many tokens (default: the "
@@ -64,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--burst-output-tokens", type=float, default=defaults.output_tokens)
     add("--burst-ramp", type=float, default=defaults.ramp_s,
         help="seconds over which the burst's rate grows from 0 (0 = a step)")
+    add("--spread-ties", action="store_true",
+        help="spread arrivals that share a timestamp over their bucket (the conversation "
+             "trace's 3 s buckets), as the replay benches do (seeded by --seed)")
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, help="write one JSON line per request here")
     add("--no-progress", action="store_true")
@@ -163,7 +168,9 @@ async def _run(args: argparse.Namespace, generator: LoadGenerator) -> list[Outco
 def main(args: argparse.Namespace) -> int:
     records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
                          start_s=args.start, end_s=args.end)
-    model, max_model_len = (args.model, None) if args.model else discover_model(args.target)
+    if args.spread_ties:
+        records = spread_ties(records, seed=args.seed)
+    model, max_model_len = (args.model, None) if args.model else discover_model(args.target[0])
     limit = args.max_model_len or max_model_len
     served = fitting(records, limit)
     if len(served) < len(records):
@@ -176,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         timeout_s=args.timeout, loop=args.loop, max_requests=args.max_requests,
         duration_s=args.duration, burst=_burst(args),
         on_progress=progress_line if show else None)
-    print(f"# {args.trace.name}: {len(records)} requests → {args.target} ({model}), "
+    print(f"# {args.trace.name}: {len(records)} requests → {', '.join(args.target)} ({model}), "
           f"rate scale {args.rate_scale}, concurrency ≤ {args.concurrency_limit}")
     outcomes = asyncio.run(_run(args, generator))
     if show:

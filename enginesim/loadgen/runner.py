@@ -43,6 +43,7 @@ class Outcome:
     cached_tokens: int | None = None
     output_tokens: int = 0
     end_s: float | None = None
+    target: str | None = None  # base URL that served it (several targets: round-robin)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,8 @@ class _Stream:
 
 
 class LoadGenerator:
-    def __init__(self, records: Sequence[TraceRecord], target: str, model: str, *,
+    def __init__(self, records: Sequence[TraceRecord], target: str | Sequence[str], model: str,
+                 *,
                  concurrency_limit: int = 256, timeout_s: float = 600.0, loop: bool = False,
                  max_requests: int | None = None, duration_s: float | None = None,
                  burst: BurstSettings | None = None,
@@ -70,7 +72,13 @@ class LoadGenerator:
             raise ValueError("concurrency_limit must be >= 1")
         if loop and not records:
             raise ValueError("--loop needs a non-empty trace")
-        self.records, self.target = list(records), target.rstrip("/")
+        targets = [target] if isinstance(target, str) else list(target)
+        if not targets:
+            raise ValueError("at least one target is needed")
+        self.records = list(records)
+        # Several targets (routers behind a load balancer): requests go round-robin.
+        self.targets = [t.rstrip("/") for t in targets]
+        self.target = self.targets[0]
         self.payloads = PayloadBuilder(model)
         self.limit = asyncio.Semaphore(concurrency_limit)
         self.timeout_s, self.loop, self.max_requests = timeout_s, loop, max_requests
@@ -136,7 +144,8 @@ class LoadGenerator:
             if self.stopping.is_set():
                 self.limit.release()
                 return
-            outcome = Outcome(f"{kind}-{len(self.outcomes)}", kind, offset, self.elapsed())
+            outcome = Outcome(f"{kind}-{len(self.outcomes)}", kind, offset, self.elapsed(),
+                              target=self.targets[len(self.outcomes) % len(self.targets)])
             self.outcomes.append(outcome)
             task = asyncio.create_task(self._send(client, record, outcome))
             self.in_flight.add(task)
@@ -203,7 +212,8 @@ class LoadGenerator:
         sent = time.monotonic()
         stream = _Stream()
         try:
-            async with client.stream("POST", self.target + path, json=body) as response:
+            target = outcome.target or self.target
+            async with client.stream("POST", target + path, json=body) as response:
                 if response.status_code != 200:
                     text = (await response.aread()).decode(errors="replace")
                     stream.error = f"HTTP {response.status_code}: {text[:200]}"

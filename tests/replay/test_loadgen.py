@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -148,3 +149,19 @@ def test_records_the_target_cannot_serve_are_skipped_and_reported(target):
                for i, n in enumerate((1000, 32668, 32669, 120_000))]
     assert [r.index for r in fitting(records, max_model_len)] == [0, 1]
     assert fitting(records, None) == records
+
+
+def test_several_targets_share_the_requests_round_robin(target, tmp_path):
+    """Two --target URLs (two names of one server, as a load balancer's backends): requests
+    alternate between them and --out records which one served each."""
+    other = target.replace("127.0.0.1", "localhost")
+    out = tmp_path / "requests.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "enginesim", "loadgen", "--trace", str(CONVERSATION),
+         "--target", target, "--target", other, "--model", MODEL, "--rate-scale", "10",
+         "--max-requests", "6", "--out", str(out), "--no-progress"],
+        cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [row["target"] for row in rows] == [target, other] * 3
+    assert all(row["status"] == "ok" for row in rows)

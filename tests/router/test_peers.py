@@ -87,14 +87,20 @@ class LongRequest(threading.Thread):
             self.error = error
 
 
-def test_a_request_sent_to_one_router_is_pending_at_its_peer_until_it_ends(
-        slow_fleet, router_factory):
+def _peers_with_a_long_request(slow_fleet, router_factory):
+    """Two synced routers on the slow fleet, a long request on its way through the first."""
     document = _document(slow_fleet)
     first = router_factory(document, redis_url=REDIS_URL)
     second = router_factory(document, redis_url=REDIS_URL)
     _hear_each_other(first, second)
     request = LongRequest(first)
     request.start()
+    return first, second, request
+
+
+def test_a_request_sent_to_one_router_is_pending_at_its_peer_until_it_ends(
+        slow_fleet, router_factory):
+    first, second, request = _peers_with_a_long_request(slow_fleet, router_factory)
     wait_until(lambda: len(_busy(first)) == 1, 20, "the request in flight at its router")
     (instance,) = _busy(first)
     wait_until(lambda: instance in _busy(second), 10, "the request seen by the peer")
@@ -164,12 +170,7 @@ def test_malformed_peer_messages_are_counted_and_ignored(fleet, router_factory):
 
 
 def test_a_killed_routers_requests_are_dropped_by_its_peer(slow_fleet, router_factory):
-    document = _document(slow_fleet)
-    first = router_factory(document, redis_url=REDIS_URL)
-    second = router_factory(document, redis_url=REDIS_URL)
-    _hear_each_other(first, second)
-    request = LongRequest(first)
-    request.start()
+    first, second, request = _peers_with_a_long_request(slow_fleet, router_factory)
     wait_until(lambda: len(_busy(second)) == 1, 20, "the request seen by the peer")
     first.proc.kill()
     first.proc.wait(10)

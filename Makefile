@@ -1,5 +1,5 @@
 # The two commands of the README. Both set up what they need first (scripts/bootstrap.sh).
-.PHONY: demo test setup lint
+.PHONY: demo test setup lint lock
 
 demo:
 	@bash scripts/bootstrap.sh
@@ -15,3 +15,7 @@ setup:
 
 lint:
 	@.venv/bin/ruff check .
+
+# Re-pin requirements.lock (hashed) from pyproject.toml; keeps the versions already locked.
+lock:
+	@bash scripts/lock.sh

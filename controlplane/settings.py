@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 from urllib.parse import urlparse
 
+import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -24,21 +25,25 @@ def env_bool(name: str, default: bool) -> bool:
 
 
 def database_from_url(url: str) -> dict:
-    parsed = urlparse(url)
-    if parsed.scheme not in {"postgres", "postgresql"}:
+    """Django's DATABASES entry for a ``postgres://user:password@host:port/name`` URL.
+
+    Parsed by dj-database-url, which percent-decodes each part (a password holding ``@`` or
+    ``/`` is written ``%40``/``%2F``); unset parts fall back to the local defaults.
+    """
+    if urlparse(url).scheme not in {"postgres", "postgresql"}:
         raise ValueError(f"SWITCHYARD_DATABASE_URL must be a postgres:// URL, got {url!r}")
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": parsed.path.lstrip("/") or "switchyard",
-        "USER": parsed.username or "postgres",
-        "PASSWORD": parsed.password or "",
-        "HOST": parsed.hostname or "127.0.0.1",
-        "PORT": str(parsed.port or 5432),
-        "CONN_MAX_AGE": 60,
-        "CONN_HEALTH_CHECKS": True,
-        "OPTIONS": {"connect_timeout": 3},
-        "TEST": {"NAME": f"test_{parsed.path.lstrip('/') or 'switchyard'}"},
-    }
+    config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    name = config.get("NAME") or "switchyard"
+    config.update(
+        NAME=name,
+        USER=config.get("USER") or "postgres",
+        PASSWORD=config.get("PASSWORD") or "",
+        HOST=config.get("HOST") or "127.0.0.1",
+        PORT=str(config.get("PORT") or 5432),
+        OPTIONS={**config.get("OPTIONS", {}), "connect_timeout": 3},
+        TEST={"NAME": f"test_{name}"},
+    )
+    return config
 
 
 def required_secret_key() -> str:

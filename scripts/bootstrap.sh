@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by `make demo` and `make test`: virtualenv, Python and npm
 # packages, (for tests) Debian's chromium, running Postgres/Redis, migrated database.
-# Re-installs only when pyproject.toml, constraints.txt or the npm lockfile changed.
+# Re-installs only when pyproject.toml, requirements.lock or the npm lockfile changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,11 +19,15 @@ if [ ! -x .venv/bin/python ]; then
   echo "Creating the virtualenv in .venv ..."
   "$PYTHON" -m venv .venv
 fi
-py_stamp=".venv/.installed-$(stamp_of pyproject.toml constraints.txt)"
+py_stamp=".venv/.installed-$(stamp_of pyproject.toml requirements.lock)"
 if [ ! -f "$py_stamp" ]; then
-  echo "Installing Python packages (pinned by constraints.txt) ..."
+  echo "Installing Python packages (hashed lock requirements.lock) ..."
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+  # Every third-party package, each checked against its hash; then the project itself, editable,
+  # with nothing more (the lock already holds all of its extras).
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes \
+    -r requirements.lock
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
   rm -f .venv/.installed-*
   touch "$py_stamp"
 fi

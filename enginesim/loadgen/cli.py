@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
+from enginesim.replay.cli import progress_display
 from enginesim.replay.synth import HotspotParams
 from enginesim.replay.traces import FORMATS, load_trace, spread_ties
 
@@ -102,13 +103,23 @@ def fitting(records: list, max_model_len: int | None) -> list:
     return [r for r in records if r.input_tokens + r.output_tokens <= max_model_len]
 
 
-def progress_line(generator: LoadGenerator) -> None:
-    done = [o for o in generator.outcomes if o.status != "pending"]
-    errors = sum(o.status == "error" for o in done)
-    sys.stderr.write(f"\rsent {len(generator.outcomes)} done {len(done)} errors {errors} "
-                     f"in flight {len(generator.in_flight)} bursts {generator.bursts} "
-                     f"t={generator.elapsed():.0f}s   ")
-    sys.stderr.flush()
+class ProgressLine:
+    """The load generator's progress on stderr: requests done, errors, in flight."""
+
+    def __init__(self, total: int | None) -> None:
+        self._bar = progress_display()
+        self._task = self._bar.add_task("done", total=total, now="")
+        self._bar.start()
+
+    def __call__(self, generator: LoadGenerator) -> None:
+        done = [o for o in generator.outcomes if o.status != "pending"]
+        errors = sum(o.status == "error" for o in done)
+        self._bar.update(self._task, completed=len(done), now=(
+            f"sent {len(generator.outcomes)} errors {errors} in flight "
+            f"{len(generator.in_flight)} bursts {generator.bursts} t={generator.elapsed():.0f}s"))
+
+    def close(self) -> None:
+        self._bar.stop()
 
 
 def summarize(outcomes: list[Outcome], elapsed: float) -> dict[str, Any]:
@@ -178,16 +189,19 @@ def main(args: argparse.Namespace) -> int:
               f"than the target's context of {limit} tokens")
     records = served
     show = not args.no_progress and sys.stderr.isatty()
+    bounded = not (args.loop or args.duration)
+    total = min(len(records), args.max_requests or len(records)) if bounded else None
+    progress = ProgressLine(total) if show else None
     generator = LoadGenerator(
         records, args.target, model, concurrency_limit=args.concurrency_limit,
         timeout_s=args.timeout, loop=args.loop, max_requests=args.max_requests,
         duration_s=args.duration, burst=_burst(args),
-        on_progress=progress_line if show else None)
+        on_progress=progress)
     print(f"# {args.trace.name}: {len(records)} requests → {', '.join(args.target)} ({model}), "
           f"rate scale {args.rate_scale}, concurrency ≤ {args.concurrency_limit}")
     outcomes = asyncio.run(_run(args, generator))
-    if show:
-        sys.stderr.write("\n")
+    if progress is not None:
+        progress.close()
     summary = summarize(outcomes, generator.elapsed())
     print(format_summary(summary))
     if args.out is not None:

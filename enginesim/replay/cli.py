@@ -22,6 +22,9 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+
 from enginesim.engine import GPUS, MODELS
 from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
@@ -99,22 +102,31 @@ def policies_from_args(names: Sequence[str]) -> list[str]:
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr, redrawn at most every 0.2 s of wall time."""
+    """The replay's progress on stderr (rich), fed by the simulator's per-request callback."""
 
     def __init__(self, label: str, enabled: bool = True) -> None:
-        self.label, self.enabled, self._last = label, enabled, 0.0
+        self.label, self.enabled = label, enabled
+        self._bar: Progress | None = None
+        self._task: TaskID | None = None
 
     def __call__(self, done: int, total: int, now: float) -> None:
-        wall = time.monotonic()
-        if not self.enabled or (wall - self._last < 0.2 and done < total):
+        if not self.enabled:
             return
-        self._last = wall
-        filled = int(30 * done / max(total, 1))
-        sys.stderr.write(f"\r{self.label:<12} [{'#' * filled}{'.' * (30 - filled)}] "
-                         f"{done}/{total} t={now:,.0f}s")
+        if self._bar is None:
+            self._bar = progress_display()
+            self._task = self._bar.add_task(self.label, total=total, now="")
+            self._bar.start()
+        assert self._task is not None
+        self._bar.update(self._task, completed=done, now=f"t={now:,.0f}s")
         if done >= total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+            self._bar.stop()
+
+
+def progress_display() -> Progress:
+    """A one-line progress display on stderr: label, bar, done/total, a status field."""
+    return Progress(TextColumn("{task.description:<12}"), BarColumn(),
+                    MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
+                    console=Console(stderr=True), refresh_per_second=5)
 
 
 def run_policy(records: list[TraceRecord], policy: str, config: SimConfig,

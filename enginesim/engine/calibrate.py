@@ -30,14 +30,20 @@ import json
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from enginesim.engine.config import EngineConfig
-from enginesim.engine.costmodel import CALIBRATION_FILE, Calibration, CostModel, StepBatch
+from enginesim.engine.costmodel import (
+    CALIBRATION_FILE,
+    Calibration,
+    CostModel,
+    GPUEfficiency,
+    StepBatch,
+)
 
 DEFAULT_CSV = Path("/work/shared/calibration/vllm_public_measurements.csv")
 REPORT_FILE = CALIBRATION_FILE.with_name("calibration_report.txt")
@@ -110,7 +116,8 @@ def _classify(row: dict) -> tuple[str, str, float, str, str]:
         return ("speed1", "fit", float(row["throughput_out_tok_s"]), "tok/s", "")
     if "TechBroMoho" in source:
         if conc == 1:
-            return ("decode", "holdout", float(row["tpot_ms"]), "ms", "TPOT p50 at c=1")
+            return ("decode", "fit", float(row["tpot_ms"]), "ms",
+                    "TPOT p50 at c=1; the only L40S source, so it fits the Ada efficiencies")
         return ("loop_tpot", "holdout", float(row["tpot_ms"]), "ms", "TPOT p50, closed loop")
     if "gpustack" in source:
         return _classify_gpustack(row, conc, in_len, out_len)
@@ -122,8 +129,10 @@ def _classify(row: dict) -> tuple[str, str, float, str, str]:
         if latency and row["model_key"] == "Llama-3.1-8B":
             return ("e2e", "holdout", float(latency.group(1)), "ms", "batch-8 latency test")
     if "prompt_10/" in source:
-        return ("decode", "holdout", float(row["tpot_ms"]), "ms",
-                "median TPOT at c=10 (multi-step run: median only)")
+        return ("decode", "fit", float(row["tpot_ms"]), "ms",
+                "median TPOT at c=10 (multi-step run: median only); the one V0 row on a GPU "
+                "whose eta_memory other rows pin, so it separates V0's t_fixed from A100's "
+                "eta_memory")
     return _unused(row, "ShareGPT saturation / multi-step / throughput-only: no step statistic")
 
 
@@ -192,7 +201,7 @@ def _decode_ms(p: Point, cm: CostModel) -> float:
 
 def _ttft_ms(p: Point, cm: CostModel) -> float:
     chunk = _budget(p) if p.era == "v1" else None
-    return 1e3 * (cm.prefill_time(int(p.input_len), chunk) + cm.calibration.api_overhead)
+    return 1e3 * (cm.prefill_time(int(p.input_len), chunk) + cm.calibration.t_request)
 
 
 def _generation_time(cm: CostModel, prompt: int, output: int, chunk: int | None) -> float:
@@ -301,18 +310,24 @@ def ttft_points(points: list[Point], path: Path = DEFAULT_CSV) -> list[Point]:
 
 # ----------------------------------------------------------------- fitting
 
-PARAMS = ("eta_compute", "eta_memory", "t_fixed_v1", "t_fixed_v0", "t_per_seq",
-          "api_overhead", "eta_moe")
-START = (0.6, 0.8, 0.002, 0.004, 1e-5, 0.005, 0.8)
-LOWER = (0.1, 0.3, 0.0, 0.0, 0.0, 0.0, 0.1)
-UPPER = (1.0, 1.0, 0.01, 0.02, 1e-4, 0.05, 1.0)
+ARCHS = ("hopper", "ampere", "ada")
+FP8_ARCHS = ("hopper",)  # the only architecture with fp8 (W8A8) measurements
+PARAMS = (*(f"eta_compute_{a}" for a in ARCHS), *(f"eta_memory_{a}" for a in ARCHS),
+          *(f"eta_compute_fp8_{a}" for a in FP8_ARCHS),
+          "t_fixed_v1", "t_fixed_v0", "t_per_seq", "t_request", "eta_moe")
+START = (0.6,) * 3 + (0.8,) * 3 + (0.5,) + (0.002, 0.004, 1e-5, 0.005, 0.8)
+LOWER = (0.1,) * 3 + (0.3,) * 3 + (0.1,) + (0.0, 0.0, 0.0, 0.0, 0.1)
+UPPER = (1.0,) * 3 + (1.0,) * 3 + (1.0,) + (0.02, 0.02, 1e-4, 0.05, 1.0)
 
 
 def calibrations_from(theta: np.ndarray) -> dict[str, Calibration]:
-    eta_c, eta_m, t_v1, t_v0, t_seq, api, eta_moe = (float(x) for x in theta)
-    shared = {"eta_compute": eta_c, "eta_memory": eta_m, "t_per_seq": t_seq, "eta_moe": eta_moe}
-    return {"v1": Calibration(t_fixed=t_v1, api_overhead=api, era="v1", **shared),
-            "v0": Calibration(t_fixed=t_v0, api_overhead=0.0, era="v0", **shared)}
+    values = dict(zip(PARAMS, (float(x) for x in theta), strict=True))
+    gpus = {a: GPUEfficiency(values[f"eta_compute_{a}"], values[f"eta_memory_{a}"],
+                             values.get(f"eta_compute_fp8_{a}")) for a in ARCHS}
+    shared = {"gpus": gpus, "t_per_seq": values["t_per_seq"], "eta_moe": values["eta_moe"],
+              "t_request": values["t_request"]}
+    return {era: Calibration(t_fixed=values[f"t_fixed_{era}"], era=era, **shared)
+            for era in ("v1", "v0")}
 
 
 def fit(points: list[Point]) -> dict[str, Calibration]:
@@ -331,9 +346,9 @@ def write_calibration(cals: dict[str, Calibration], table: list[dict],
     fitted = [r for r in table if r["role"] == "fit"]
     data = {
         "comment": "Written by python -m enginesim.engine.calibrate --write; do not edit.",
-        "eras": {era: {"eta_compute": c.eta_compute, "eta_memory": c.eta_memory,
+        "eras": {era: {"gpus": {a: asdict(e) for a, e in c.gpus.items()},
                        "t_fixed": c.t_fixed, "t_per_seq": c.t_per_seq,
-                       "api_overhead": c.api_overhead, "eta_moe": c.eta_moe}
+                       "t_request": c.t_request, "eta_moe": c.eta_moe}
                  for era, c in cals.items()},
         "fit_rows": len(fitted),
         "fit_median_abs_error_pct": _median_abs(fitted),
@@ -389,6 +404,16 @@ def summary(table: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def describe(cals: dict[str, Calibration]) -> str:
+    lines = []
+    for era, c in cals.items():
+        effs = " ".join(f"{a}: eta_compute={e.eta_compute:.3f} eta_memory={e.eta_memory:.3f};"
+                        for a, e in c.gpus.items())
+        lines.append(f"{era}: {effs} eta_moe={c.eta_moe:.3f} t_fixed={1e3 * c.t_fixed:.3f} ms "
+                     f"t_per_seq={1e6 * c.t_per_seq:.1f} us t_request={1e3 * c.t_request:.2f} ms")
+    return "\n".join(lines)
+
+
 def all_points(csv_path: Path, holdout_path: Path | None) -> list[Point]:
     points = load_points(csv_path)
     points += ttft_points(points, csv_path)
@@ -409,10 +434,7 @@ def main(argv: list[str] | None = None) -> None:
     points = all_points(args.csv, args.holdout)
     cals = fit(points)
     table = error_table(points, cals)
-    for era, c in cals.items():
-        print(f"{era}: eta_compute={c.eta_compute:.3f} eta_memory={c.eta_memory:.3f} "
-              f"eta_moe={c.eta_moe:.3f} t_fixed={1e3 * c.t_fixed:.3f} ms "
-              f"t_per_seq={1e6 * c.t_per_seq:.1f} us api_overhead={1e3 * c.api_overhead:.2f} ms")
+    print(describe(cals))
     print(format_table(table))
     print(summary(table))
     if args.write:

@@ -6,7 +6,8 @@ Each CSV row becomes a calibration point of one kind, predicted from the cost mo
 
 - ``decode``: a median inter-token latency (or the TPOT at concurrency 1) = one decode
   step of ``concurrency`` requests at context ``input + output / 2``.
-- ``ttft1``: the TTFT at concurrency 1 = chunked prefill of the prompt + ``api_overhead``.
+- ``ttft1``: the TTFT at concurrency 1 = ``t_request`` + chunked prefill of the prompt (what
+  the engine core produces for a lone request).
 - ``speed1``: batch-1 offline speed (Qwen's speed benchmark) = tokens / (prefill + 2047
   decode steps over the growing context).
 - ``e2e``: an offline batch's end-to-end latency (vLLM CI latency test).
@@ -14,6 +15,15 @@ Each CSV row becomes a calibration point of one kind, predicted from the cost mo
   engine core itself; the row's statistic (p50, p95, mean) of the simulated requests.
 - ``saturation``: all prompts sent at once = total tok/s of the engine core itself.
 The simulated kinds test the core and the cost model together; they are never fitted.
+The accuracy bound: every fit and hold-out point within ``BOUND_PCT`` except the few in
+``OUT_OF_BOUND``, each with the reason no physically sensible parameter reaches it
+(tests/enginesim/test_calibration.py holds the committed calibration.json to it).
+
+Parameters (calibration.json): per GPU architecture (Hopper, Ampere, Ada) the compute and
+memory efficiencies, plus Hopper's fp8 GEMM efficiency; per vLLM era (V1 >= 0.8, V0) the
+per-step overhead ``t_fixed``; shared: ``t_per_seq``, the per-request overhead
+``t_request`` (fitted on the V1 TTFTs; the offline kinds speed1/e2e have no HTTP and do not
+pay it) and the fused-MoE factor ``eta_moe``.
 
 Roles: ``fit`` rows determine the constants (least squares on log errors); ``holdout``
 rows are other sources, GPUs and models, kept out of the fit to measure how it
@@ -181,6 +191,36 @@ def _stat(row: dict, kind: str) -> str:
     if kind == "loop_tpot":
         return row["tpot_stat"]
     return "median"
+
+
+# ----------------------------------------------------------------- the accuracy bound
+
+BOUND_PCT = 15.0  # every fit and hold-out point, except OUT_OF_BOUND, within this
+# (csv line, kind) -> why a physically sensible model misses it by more than BOUND_PCT
+OUT_OF_BOUND: dict[tuple[int, str], str] = {
+    (30, "loop_tpot"): "L40S at c=128: KV reads of 128 contexts cost more than the Ada "
+                       "memory efficiency fitted at c=1 (weights only) implies; no other "
+                       "Ada row could fit a separate KV-read efficiency",
+    (31, "loop_tpot"): "L40S at c=256 wants ~196k KV tokens against ~175k: preemption-bound "
+                       "(throughput falls from c=128), set by vLLM's exact KV capacity",
+    (48, "saturation"): "A100 V1 (0.11) prefill runs faster than the A100 compute efficiency "
+                        "fitted on the V0-era (0.4-0.6) long-context rows; these saturation "
+                        "rows are the only V1 A100 prefill evidence",
+    (49, "saturation"): "as line 48: V1 A100 prefill vs the V0-era fitted efficiency",
+    **{(line, "saturation"): "H100 Qwen3-32B saturation runs at ~1.5x the same source's "
+                             "A100 rows where the datasheets give 3.2x the compute, far below "
+                             "the grade-A H100 prefill rows (silybench); with ~34k KV tokens "
+                             "the long prompts run 1-8 at a time"
+       for line in (59, 60, 61, 62)},
+    (63, "ttft1"): "GPUStack ShareGPT TTFT at c=1 is 59 ms where silybench measures 14 ms for "
+                   "a 128-token prompt on the same GPU, model and V1 engine: ~45 ms of "
+                   "client/endpoint latency that no engine parameter explains",
+}
+
+
+def in_bound(p: Point) -> bool:
+    """Whether the accuracy bound applies to ``p`` (vLLM rows the model is meant to match)."""
+    return p.role in ("fit", "holdout") and (p.row + 2, p.kind) not in OUT_OF_BOUND
 
 
 # ----------------------------------------------------------------- predictions
@@ -373,10 +413,12 @@ def error_table(points: list[Point], cals: dict[str, Calibration]) -> list[dict]
         if p.role != "unused":
             predicted = predict(p, cals)
             error = 100.0 * (predicted / p.observed - 1.0)
+        note = OUT_OF_BOUND.get((p.row + 2, p.kind), p.reason)
         table.append({"row": p.row, "role": p.role, "kind": p.kind, "label": p.label,
+                      "bounded": in_bound(p),
                       "observed": p.observed, "predicted": predicted, "unit": p.unit,
                       "error_pct": error, "quality": p.quality, "source": p.source,
-                      "note": p.reason, "csv": p.csv_name})
+                      "note": note, "csv": p.csv_name})
     return table
 
 
@@ -394,13 +436,38 @@ def format_table(table: list[dict]) -> str:
 
 
 def summary(table: list[dict]) -> str:
-    lines = []
+    bounded = [abs(r["error_pct"]) for r in table if r["bounded"]]
+    lines = [f"bounded n={len(bounded):>3}  within +-{BOUND_PCT:.0f}%: "
+             f"{sum(e <= BOUND_PCT for e in bounded)}  max |err| {max(bounded):5.1f}%  "
+             f"(out of bound by design: {len(OUT_OF_BOUND)}, see OUT_OF_BOUND)"]
     for role in ("fit", "holdout", "cross-check"):
         rows = [r for r in table if r["role"] == role]
         errors = np.array([abs(r["error_pct"]) for r in rows])
         if len(errors):
             lines.append(f"{role:<11} n={len(rows):>3}  median |err| {np.median(errors):5.1f}%  "
                          f"mean |err| {errors.mean():5.1f}%  max |err| {errors.max():5.1f}%")
+    return "\n".join(lines)
+
+
+def markdown_table(table: list[dict], before: dict[tuple[int, str], float] | None = None
+                   ) -> str:
+    """Measured vs model per point; ``before``: (row, kind) -> an earlier model's err%."""
+    head = "| csv line | role | kind | point | measured | model | unit | err % |"
+    rule = "|---:|---|---|---|---:|---:|---|---:|"
+    if before is not None:
+        head, rule = head + " before % |", rule + "---:|"
+    lines = [head + " bound | q | note |", rule + "---|---|---|"]
+    for r in table:
+        if r["predicted"] is None:
+            continue
+        bound = "in" if r["bounded"] else "out" if r["role"] != "cross-check" else "-"
+        cells = [str(r["row"] + 2), r["role"], r["kind"], r["label"], f"{r['observed']:.2f}",
+                 f"{r['predicted']:.2f}", r["unit"], f"{r['error_pct']:+.1f}"]
+        if before is not None:
+            old = before.get((r["row"], r["kind"]))
+            cells.append("" if old is None else f"{old:+.1f}")
+        cells += [bound, r["quality"], r["note"].replace("|", "/")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

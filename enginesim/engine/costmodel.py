@@ -3,6 +3,11 @@
     t = t_fixed + t_per_seq * num_seqs + max(FLOPs / (peak * eta_c), bytes / (BW * eta_m))
         + transfer_time
 
+eta_c and eta_m are fitted per GPU architecture (fp8 GEMMs on Hopper have their own eta_c),
+t_fixed per vLLM era; see ``Calibration``. Outside the steps every request pays
+``t_request`` once (HTTP, tokenisation, first-token return): the engine core admits it
+that long after its arrival.
+
 FLOPs = 2 * active non-embedding params * scheduled tokens      (GEMMs)
       + 2 * hidden * vocab * sampled tokens                      (LM head, sampled rows only)
       + 4 * layers * q_heads * head_dim * attention pairs        (QK^T and PV)

@@ -22,7 +22,8 @@ tokens and finishes are reported by the first ``advance_to(t)`` with t >= the st
 ``advance_to(t, per_token=True)`` adds ``token_times`` (end time of the step that
 produced each new token); ``advance_to(t, events_only=True)`` reports only requests that
 got their first token or finished (cheap for the replay simulator).
-``first_token_time`` and ``finish_time`` are exact step ends.
+``first_token_time`` and ``finish_time`` are exact step ends. A request joins no step
+before ``calibration.t_request`` (the API server's per-request overhead) after its arrival.
 ``next_event_time()`` skips decode-only stretches: it returns the next step end with a
 first token or finish, or the next step start where the batch could change.
 KV events are delivered to the sink synchronously, during the call that schedules the

@@ -6,6 +6,10 @@ the latest one seen). Steps run back to back while there is work; a step's sched
 decision is committed when the step *starts* (so requests that arrive later cannot join
 it) and its outputs are delivered once the caller's clock reaches the step's *end*.
 
+A request becomes schedulable ``calibration.t_request`` after it arrives (the API server's
+per-request work: HTTP, tokenisation, returning the first token), so it joins the first
+step that starts once that has passed; with one constant delay, readiness keeps FCFS order.
+
 Stretches where the batch only decodes (no prefill, no admission possible, no
 preemption) are priced in one vectorised cost-model call and committed in a single
 chunk, so simulated time advances without a Python loop per token or per step.
@@ -72,6 +76,7 @@ class _Request:
     prompt: np.ndarray
     max_tokens: int
     arrival: float
+    ready: float  # arrival + the per-request overhead: the earliest step it may join
     hashes: list[int]  # of the full blocks of ``tokens``
     tokens: np.ndarray  # prompt (+ known output): what its cached blocks hold
     tip: PrefixNode  # end of the cached path it references (the pool's root: none)
@@ -114,6 +119,7 @@ class EngineCore:
         self.tier = config.global_tier
         self.kv_event_sink = kv_event_sink
         self.fast_forward = fast_forward
+        self._t_request = config.calibration.t_request
         self.requests: dict[str, _Request] = {}
         self.running: list[_Request] = []
         self.waiting: deque[_Request] = deque()
@@ -154,10 +160,11 @@ class EngineCore:
                                          f"max_tokens is {max_tokens}")
             tokens = np.concatenate([prompt, output])
         now = self._run_until(now)
+        ready = now + self._t_request
         if not self.running and not self.waiting:
-            self._free_at = max(self._free_at, now)
-        req = _Request(req_id, prompt, max_tokens, now, block_hashes(tokens, self.block_size),
-                       tokens, self.pool.root)
+            self._free_at = max(self._free_at, ready)
+        req = _Request(req_id, prompt, max_tokens, now, ready,
+                       block_hashes(tokens, self.block_size), tokens, self.pool.root)
         self.requests[req_id] = req
         self.waiting.append(req)
         self._version += 1
@@ -213,6 +220,8 @@ class EngineCore:
         if not self.running and not self.waiting:
             return self._free_at if self._free_at > self._last_t else None
         start = max(self._free_at, self._last_t)
+        if not self.running and self.waiting[0].ready > start:
+            return self.waiting[0].ready
         horizon = self._decode_horizon(start)
         return horizon if horizon is not None else start
 
@@ -266,12 +275,15 @@ class EngineCore:
             if self.fast_forward and self._decode_chunk(self._free_at, t):
                 continue
             if not self._step(self._free_at):
-                break  # nothing schedulable (cannot happen for validated requests)
+                head = self.waiting[0] if self.waiting and not self.running else None
+                if head is None or head.ready <= self._free_at:
+                    break  # nothing schedulable (cannot happen for validated requests)
+                self._free_at = head.ready  # idle until the head's overhead has passed
         self._last_t = t
         return t
 
     def _step(self, start: float) -> bool:
-        scheduled, transfer_time = self._schedule()
+        scheduled, transfer_time = self._schedule(start)
         if not scheduled:
             return False
         new_tokens = [n for _, n, _ in scheduled]
@@ -296,7 +308,7 @@ class EngineCore:
 
     # ----------------------------------------------------------------- scheduling
 
-    def _schedule(self) -> tuple[list[tuple[_Request, int, int]], float]:
+    def _schedule(self, start: float) -> tuple[list[tuple[_Request, int, int]], float]:
         """One vLLM v1 scheduling pass: running requests first, then FCFS admission."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[_Request, int, int]] = []
@@ -312,7 +324,7 @@ class EngineCore:
             i += 1
         transfer_time = 0.0
         if not self._preempted_this_step:
-            transfer_time = self._admit(scheduled, budget)
+            transfer_time = self._admit(scheduled, budget, start)
         return scheduled, transfer_time
 
     def _grow_or_preempt(self, req: _Request, num_new: int) -> bool:
@@ -330,10 +342,13 @@ class EngineCore:
         req.num_private += need
         return True
 
-    def _admit(self, scheduled: list[tuple[_Request, int, int]], budget: int) -> float:
+    def _admit(self, scheduled: list[tuple[_Request, int, int]], budget: int,
+               start: float) -> float:
         transfer_time = 0.0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
+            if req.ready > start:
+                break
             local, unreferenced, external = self._lookup(req)
             computed = (local + external) * self.block_size
             num_new = min(req.num_tokens - computed, budget)
@@ -365,7 +380,8 @@ class EngineCore:
         return local, unreferenced, external
 
     def _can_admit_head(self, free_budget: int) -> bool:
-        """Read-only: could the head of the waiting queue be admitted now?"""
+        """Read-only: could the head of the waiting queue be admitted now? (Ready or not:
+        a decode stretch must not be fast-forwarded past the step it becomes ready for.)"""
         if (not self.waiting or free_budget <= 0
                 or len(self.running) >= self.config.max_num_seqs):
             return False

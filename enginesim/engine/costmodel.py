@@ -3,6 +3,11 @@
     t = t_fixed + t_per_seq * num_seqs + max(FLOPs / (peak * eta_c), bytes / (BW * eta_m))
         + transfer_time
 
+eta_c and eta_m are fitted per GPU architecture (fp8 GEMMs on Hopper have their own eta_c),
+t_fixed per vLLM era; see ``Calibration``. Outside the steps every request pays
+``t_request`` once (HTTP, tokenisation, first-token return): the engine core admits it
+that long after its arrival.
+
 FLOPs = 2 * active non-embedding params * scheduled tokens      (GEMMs)
       + 2 * hidden * vocab * sampled tokens                      (LM head, sampled rows only)
       + 4 * layers * q_heads * head_dim * attention pairs        (QK^T and PV)
@@ -22,6 +27,7 @@ uses that to price a whole decode-only stretch in one vectorised call.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,23 +40,57 @@ CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 
 
 @dataclass(frozen=True)
-class Calibration:
-    """Fitted constants; see calibration.json and ``python -m enginesim.engine.calibrate``."""
+class GPUEfficiency:
+    """Achieved fractions of a GPU architecture's datasheet peaks under vLLM's kernels."""
 
-    eta_compute: float
-    eta_memory: float
-    t_fixed: float  # s per step (launch, scheduling, sampling)
+    eta_compute: float  # of the dense tensor-core FLOP/s (GEMMs; attention at the bf16 peak)
+    eta_memory: float  # of the HBM bandwidth (weight and KV reads: what decode is bound by)
+    eta_compute_fp8: float | None = None  # of the fp8 peak, for fp8 GEMMs; None = eta_compute
+
+    def compute_efficiency(self, dtype: str) -> float:
+        """Dynamic fp8 (W8A8) GEMMs quantise activations on the fly and reach a smaller
+        fraction of their (twice as high) peak than bf16 GEMMs do of theirs."""
+        if dtype == "fp8" and self.eta_compute_fp8 is not None:
+            return self.eta_compute_fp8
+        return self.eta_compute
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Fitted constants of one vLLM era; see calibration.json and
+    ``python -m enginesim.engine.calibrate``.
+
+    ``gpus`` holds the efficiencies per GPU architecture (``GPUSpec.arch``): the kernels
+    and how close they get to the datasheet differ between Ampere, Ada and Hopper.
+    ``t_request`` is latency every request pays once, outside any step: the API server's
+    HTTP handling and tokenisation before the engine sees it, and detokenising and
+    streaming its first token back. The engine core admits a request no earlier than
+    ``t_request`` after its arrival, so a lone one-token prompt's TTFT is at least that.
+    """
+
+    gpus: Mapping[str, GPUEfficiency]
+    t_fixed: float  # s per step (launch, scheduling, sampling, output processing)
     t_per_seq: float = 0.0  # s per scheduled sequence per step
     eta_moe: float = 1.0  # extra efficiency factor of expert-weight reads (fused-MoE kernels)
-    api_overhead: float = 0.0  # s of HTTP/tokenisation latency on TTFT; not part of a step
+    t_request: float = 0.0  # s per request, outside the steps (HTTP, tokenisation)
     era: str = "v1"
+
+    def efficiency(self, gpu: GPUSpec) -> GPUEfficiency:
+        try:
+            return self.gpus[gpu.arch]
+        except KeyError:
+            raise KeyError(f"calibration era {self.era!r} has no efficiencies for "
+                           f"architecture {gpu.arch!r} (GPU {gpu.key!r}); "
+                           f"known: {sorted(self.gpus)}") from None
 
 
 def load_calibration(era: str = "v1", path: Path = CALIBRATION_FILE) -> Calibration:
     """Load the fitted constants of a vLLM era ("v1": V1 engine >= 0.8, "v0": older)."""
     data = json.loads(path.read_text())
-    params = data["eras"][era]
-    return Calibration(era=era, **{k: float(v) for k, v in params.items()})
+    params = dict(data["eras"][era])
+    gpus = {arch: GPUEfficiency(**{k: None if v is None else float(v) for k, v in eff.items()})
+            for arch, eff in params.pop("gpus").items()}
+    return Calibration(gpus=gpus, era=era, **{k: float(v) for k, v in params.items()})
 
 
 @dataclass(frozen=True)
@@ -107,10 +147,12 @@ class CostModel:
         self._dense_weight_bytes = bpp * (m.num_layers * m.dense_params_per_layer
                                           + m.lm_head_params)
         self._expert_layer_bytes = bpp * m.num_layers * m.expert_params
-        cal = self.calibration
-        self._compute_rate = self.gpu.peak_flops(dtype) * cal.eta_compute
-        self._attention_rate = self.gpu.bf16_flops * cal.eta_compute
-        self._memory_rate = self.gpu.hbm_bandwidth * cal.eta_memory
+        eff = self.calibration.efficiency(self.gpu)
+        fp8_cores = dtype == "fp8" and self.gpu.fp8_flops is not None
+        self._compute_rate = self.gpu.peak_flops(dtype) * eff.compute_efficiency(
+            "fp8" if fp8_cores else "bf16")
+        self._attention_rate = self.gpu.bf16_flops * eff.eta_compute
+        self._memory_rate = self.gpu.hbm_bandwidth * eff.eta_memory
 
     def weight_bytes(self, num_tokens: float | np.ndarray) -> float | np.ndarray:
         """Weight bytes read by a step of ``num_tokens`` tokens (MoE: touched experts only)."""

@@ -12,6 +12,11 @@ the capacity the driver reports (what vLLM's memory profiler starts from).
 | a100 | A100 SXM4 80GB | 79.3 GiB  | 2.039 TB/s | 312 TF     | n/a (bf16) | A100 datasheet|
 | l40s | L40S 48GB      | 44.5 GiB  | 0.864 TB/s | 362 TF     | 733 TF     | L40S datasheet|
 
+Architectures: H20, H100 and H200 are Hopper, A100 is Ampere, L40S is Ada. The cost model's
+efficiencies are fitted per architecture (calibration.json): vLLM runs the same kernels on
+every Hopper part, so H20 and H200, which have no usable vLLM measurement, take the
+efficiencies fitted on H100.
+
 Datasheets: NVIDIA's product pages/PDFs (SXM columns for H100/H200/A100-80GB).
 Driver-reported capacities (nvidia-smi "Total" MiB): H20 97871, H100 81559,
 H200 143771, A100-80GB 81251, L40S 46068 (approximate; they vary a little by
@@ -35,6 +40,7 @@ class GPUSpec:
     bf16_flops: float  # dense FLOP/s
     fp8_flops: float | None  # dense FLOP/s; None = no fp8 tensor cores
     source: str
+    arch: str = "hopper"  # the architecture whose fitted efficiencies apply (costmodel)
 
     @property
     def memory_gib(self) -> float:
@@ -55,9 +61,9 @@ GPUS: dict[str, GPUSpec] = {
     "h200": GPUSpec("h200", "NVIDIA H200 SXM 141GB", 143771 * MIB, 4.8e12, 989e12, 1979e12,
                     "NVIDIA H200 Tensor Core GPU datasheet, SXM column"),
     "a100": GPUSpec("a100", "NVIDIA A100 SXM4 80GB", 81251 * MIB, 2.039e12, 312e12, None,
-                    "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column"),
+                    "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column", "ampere"),
     "l40s": GPUSpec("l40s", "NVIDIA L40S 48GB", 46068 * MIB, 0.864e12, 362e12, 733e12,
-                    "NVIDIA L40S datasheet (dense, without sparsity)"),
+                    "NVIDIA L40S datasheet (dense, without sparsity)", "ada"),
 }
 
 

@@ -10,7 +10,8 @@ finish.
 
 Lower bound (:func:`ttft_lower_bound`): each request alone on an idle instance with an
 infinite cache that holds every token any *earlier* request prefilled; its TTFT is the
-chunked prefill of the rest. No policy can beat it on any request. The summary counts only
+per-request overhead plus the chunked prefill of the rest. No policy can beat it on any
+request. The summary counts only
 the requests an engine accepts (:func:`servable`), as the policies' TTFTs do: a 100k-token
 prompt that every engine refuses would otherwise weigh on the bound alone.
 """
@@ -131,8 +132,9 @@ def infinite_cache_hits(records: Sequence[TraceRecord]) -> np.ndarray:
 
 def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig,
                      hits: np.ndarray | None = None) -> np.ndarray:
-    """Per request: the chunked prefill time of its tokens no earlier request prefilled,
-    alone on an idle engine (the engine's own cost model, chunk and block size).
+    """Per request: the per-request overhead plus the chunked prefill time of its tokens no
+    earlier request prefilled, alone on an idle engine (the engine's own cost model,
+    calibration, chunk and block size).
     ``hits``: ``infinite_cache_hits(records)``, if already known."""
     if hits is None:
         hits = infinite_cache_hits(records)
@@ -146,7 +148,8 @@ def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig,
         usable = min(int(hits[i]) // block, (record.input_tokens - 1) // block) * block
         key = (record.input_tokens - usable, usable)
         if key not in memo:
-            memo[key] = model.prefill_time(key[0], chunk=chunk, context=usable)
+            memo[key] = (model.prefill_time(key[0], chunk=chunk, context=usable)
+                         + model.calibration.t_request)
         bounds[i] = memo[key]
     return bounds
 

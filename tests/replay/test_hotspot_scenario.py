@@ -36,7 +36,7 @@ def test_the_detector_suspects_confirms_falls_back_and_clears_in_order():
         ("cleared", 12, 21, 2, 2, ("i1", "i3")),
         ("suspected", 22, 21, 2, 2, ("i1", "i3")),
         ("confirmed", 26, 21, 2, 2, ("i1", "i3")),
-        ("cleared", 28, 21, 3, 1, ("i0", "i1", "i3")),
+        ("cleared", 28, 21, 3, 1, ("i1", "i2", "i3")),
     ]
     times = [e.time for e in result.hotspot_log]
     assert times == sorted(times) and BURST.at_s < times[0] < BURST.at_s + BURST.duration_s

@@ -51,10 +51,12 @@ def test_exact_ttft_of_a_tiny_scenario():
     cost = sim.engine_config.cost_model()
     step1 = cost.step_time(StepBatch.prefill(4000))
     step2 = cost.step_time(StepBatch.from_requests([1, 952], [4000, 2048], 2))
+    overhead = sim.engine_config.calibration.t_request  # A's step 1 starts after it
     ra, rb = sim.run().requests
-    assert ra.first_token_s == pytest.approx(step1, rel=1e-12)
+    assert ra.first_token_s == pytest.approx(overhead + step1, rel=1e-12)
     assert rb.cached_tokens == 2048
-    assert rb.first_token_s - rb.arrival_s == pytest.approx(step1 + step2 - 0.01, rel=1e-12)
+    assert rb.first_token_s - rb.arrival_s == pytest.approx(
+        overhead + step1 + step2 - 0.01, rel=1e-12)
 
 
 def test_same_seed_same_results(conversation_slice):

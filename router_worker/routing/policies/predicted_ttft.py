@@ -48,17 +48,19 @@ v1) for the reference cluster, 16 × H20 serving Qwen2-7B (the coefficients are 
 instance), exactly as ``controlplane.services.policy_defaults.derive_coefficients("h20",
 "qwen2-7b")`` derives them, at a full prefill step of ``chunk`` tokens:
 
-* ``prefill_tps`` = chunk / the step's compute time: 4,976 tok/s;
-* ``step_overhead_s`` = t_fixed + t_per_seq: 2.076 ms;
-* ``decode_seq_s`` = t_per_seq + the compute one more sampled token adds: 0.228 ms (an
+* ``prefill_tps`` = chunk / the step's compute time: 7,239 tok/s;
+* ``step_overhead_s`` = t_fixed + t_per_seq: 2.258 ms;
+* ``decode_seq_s`` = t_per_seq + the compute one more sampled token adds: 0.162 ms (an
   H20 runs a 7B model compute-bound beyond ~37 tokens a step, so a running request costs
   about what one more prefill token does);
-* ``attention_pair_s`` = attention compute of one (query, key) pair: 6.18 ns;
-* ``min_step_s`` = the time of a one-token step, mostly the 15 GB weight read: 5.94 ms;
+* ``attention_pair_s`` = attention compute of one (query, key) pair: 4.25 ns;
+* ``min_step_s`` = the time of a one-token step, mostly the 15 GB weight read: 5.96 ms;
 * ``chunk_tokens`` = vLLM's ``max_num_batched_tokens`` on a ≥ 70 GiB GPU: 8192.
 
 Checked against enginesim's engine (H20, Qwen2-7B): a prompt on an idle instance is
-predicted within 0.1 % (256 to 12k tokens); under a running batch or behind a queue the
+predicted within 0.1 % (256 to 12k tokens) of its engine time — the engine's fixed
+per-request overhead (about 9 ms, the same on every instance) is left out, as it cannot
+change a choice; under a running batch or behind a queue the
 prediction is low by 2-30 % in the engine's worst case (the request arriving just as a
 step starts, where ``wait_i`` is a whole step, not half), and by the queued prompts' own
 attention (about 20 % for a 20k-token prompt ahead).
@@ -69,8 +71,8 @@ of a request, its own included) / (its measured TTFT). Off is the robust choice:
 measurement is an *effective* rate which already contains the step overhead, decode
 interference and engine queueing of the batches it was measured under (with it, those
 are partly counted twice); it lags (it moves only when a prefill finishes); and until an
-instance's first sample it is the router's configured guess (10,000 tok/s, twice what an
-H20 prefills a 7B model at), which the view cannot tell apart from a measurement. Turn it
+instance's first sample it is the router's configured guess (10,000 tok/s, about 1.4× what
+an H20 prefills a 7B model at), which the view cannot tell apart from a measurement. Turn it
 on where the cost model does not describe the hardware (a GPU or engine setting
 enginesim does not know) or instances differ from each other.
 
@@ -91,11 +93,11 @@ from router_worker.routing.policies.base import Decision, Policy, PolicyParams
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
 FALLBACK_COEFFICIENTS: dict[str, float | int] = {
-    "prefill_tps": 4976.0,
-    "step_overhead_s": 0.002076,
-    "decode_seq_s": 0.0002279,
-    "attention_pair_s": 6.182e-9,
-    "min_step_s": 0.005936,
+    "prefill_tps": 7239.0,
+    "step_overhead_s": 0.002258,
+    "decode_seq_s": 0.0001619,
+    "attention_pair_s": 4.249e-9,
+    "min_step_s": 0.005957,
     "chunk_tokens": 8192,
 }
 # The parameters the control plane derives from the cluster's GPU and model when left None.
@@ -109,28 +111,28 @@ class PredictedTTFTParams(PolicyParams):
     prefill_tps: float | None = Field(
         None, gt=0,
         description="prefill throughput of an idle instance, tokens/s (GEMM work only; "
-        "attention is charged by attention_pair_s); " + _DERIVED.format("4976"),
+        "attention is charged by attention_pair_s); " + _DERIVED.format("7239"),
     )
     step_overhead_s: float | None = Field(
         None, ge=0,
         description="fixed cost of every engine step, s (launch, scheduling, sampling); "
-        + _DERIVED.format("0.002076"),
+        + _DERIVED.format("0.002258"),
     )
     decode_seq_s: float | None = Field(
         None, ge=0,
         description="decode interference: cost each running request adds to every step, s "
-        "(its one token, its sampling, its slot); " + _DERIVED.format("0.0002279"),
+        "(its one token, its sampling, its slot); " + _DERIVED.format("0.0001619"),
     )
     attention_pair_s: float | None = Field(
         None, ge=0,
         description="attention cost of one query token against one cached token, s: running "
         "requests add their context tokens to every step, the request's own prefill "
-        "n·cached + n²/2; " + _DERIVED.format("6.182e-9"),
+        "n·cached + n²/2; " + _DERIVED.format("4.249e-9"),
     )
     min_step_s: float | None = Field(
         None, ge=0,
         description="shortest possible step, s (reading the weights once: the memory floor "
-        "of small steps); " + _DERIVED.format("0.005936"),
+        "of small steps); " + _DERIVED.format("0.005957"),
     )
     chunk_tokens: int | None = Field(
         None, ge=1,

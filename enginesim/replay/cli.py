@@ -63,7 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kv-events", action="store_true", help="feed engine KV events to the router's index")
     add("--router-block-size", type=int, default=16)
     add("--global-tier-blocks", type=int, default=0, help="shared KV tier size (0 = none)")
-    add("--global-tier-bandwidth", type=float, default=25e9, help="tier bytes/s")
+    add("--global-tier-bandwidth", type=float, default=25e9, help="tier bytes/s per link")
+    add("--global-tier-link-instances", type=int, default=0,
+        help="instances sharing one tier link (0 = one link for the whole cluster)")
     for action in ("fail", "drain", "restore"):
         add(f"--{action}", action="append", default=[], metavar="INSTANCE@SECONDS",
             help=f"{action} an instance at a virtual time (repeatable)")
@@ -83,7 +85,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_model_len=args.max_model_len, router_block_size=args.router_block_size,
         telemetry_delay_s=args.telemetry_delay, scrape_interval_s=args.scrape_interval,
         kv_events=args.kv_events, global_tier_blocks=args.global_tier_blocks,
-        global_tier_bandwidth=args.global_tier_bandwidth, faults=faults, seed=args.seed,
+        global_tier_bandwidth=args.global_tier_bandwidth,
+        global_tier_link_instances=args.global_tier_link_instances, faults=faults, seed=args.seed,
         policy_params=json.loads(args.policy_params))
 
 

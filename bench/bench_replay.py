@@ -71,6 +71,7 @@ class Workload:
     slo_ttft_s: float
     slo_tpot_s: float
     params: dict[str, Any] = field(default_factory=dict)
+    sim: dict[str, Any] = field(default_factory=dict)  # SimConfig fields it overrides
 
 
 def _trace_window(path: Path, end_s: float | None) -> Callable[[int | None], list[TraceRecord]]:
@@ -83,6 +84,12 @@ AGENTIC = AgenticParams(sessions=640, session_rate=0.8, system_prompts=8, system
                         system_tokens=3072, mean_turns=7.0, max_turns=30, tool_turn_prob=0.6,
                         user_tokens=300.0, tool_tokens=1200.0, reply_tokens=250.0,
                         think_gap_s=15.0, tool_gap_s=2.0, seed=7)
+# The agentic workload again, with a global KV tier (SMetric's setting): a pool of about
+# 0.9 TB (10^6 Qwen2-7B blocks) that every instance writes through to and loads misses
+# from, reached over one 25 GB/s link (a 200 Gb/s NIC) per 8-GPU host, shared by that
+# host's reads.
+AGENTIC_TIER = {"global_tier_blocks": 1_000_000, "global_tier_bandwidth": 25e9,
+                "global_tier_link_instances": 8}
 BURST = HotspotParams(at_s=240.0, duration_s=180.0, burst_rate=6.0, prefix_tokens=16_384,
                       suffix_tokens=300.0, output_tokens=400.0, seed=7)
 BURST_BACKGROUND_S = 600.0
@@ -108,6 +115,9 @@ WORKLOADS = (
              "information: every prompt private)", _trace_window(AZURE_CONV, 1200.0), 2.0, 0.05),
     Workload("agentic", "enginesim agentic sessions (Bailian format, 16-token blocks)",
              _agentic, 2.0, 0.05, asdict(AGENTIC)),
+    Workload("agentic_tier", "enginesim agentic sessions as above, on a cluster with a global "
+             "KV tier (1M blocks, one 25 GB/s link per 8-GPU host)", _agentic, 2.0, 0.05,
+             {**asdict(AGENTIC), **AGENTIC_TIER}, AGENTIC_TIER),
     Workload("burst", f"Mooncake conversation, first {BURST_BACKGROUND_S:g} s, plus a "
              "shared-long-prefix burst (enginesim hotspot generator)", _burst, 5.0, 0.1,
              {**asdict(BURST), "background_s": BURST_BACKGROUND_S}),
@@ -144,32 +154,38 @@ class Cell:
         return f"{self.workload}{model}/{self.load}"
 
 
-def config_for(model: str, policy: str | None = None) -> SimConfig:
+def config_for(model: str, policy: str | None = None, workload: str | None = None
+               ) -> SimConfig:
     params = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
-    return replace(BASE, model=model, policy_params=params)
+    cluster = WORKLOAD_BY_NAME[workload].sim if workload else {}
+    return replace(BASE, model=model, policy_params=params, **cluster)
 
 
 # ----------------------------------------------------------------- running
 
 
-def simulate(records: list[TraceRecord], policy: str, model: str) -> SimResult:
+def simulate(records: list[TraceRecord], policy: str, model: str,
+             workload: str | None = None) -> SimResult:
     started = time.perf_counter()
-    result = Simulator(records, ALL_POLICIES[policy][0], config_for(model, policy)).run()
+    result = Simulator(records, ALL_POLICIES[policy][0],
+                       config_for(model, policy, workload)).run()
     result.wall_s = time.perf_counter() - started
     result.policy = policy
     return result
 
 
-def offered_load(records: list[TraceRecord], model: str) -> float:
-    result = simulate(records, CALIBRATION_POLICY, model)
+def offered_load(records: list[TraceRecord], model: str, workload: str | None = None
+                 ) -> float:
+    result = simulate(records, CALIBRATION_POLICY, model, workload)
     return result.busy_time / (BASE.instances * max(records[-1].arrival_s, 1e-9))
 
 
-def calibrate(records: list[TraceRecord], model: str) -> dict[str, float]:
+def calibrate(records: list[TraceRecord], model: str, workload: str | None = None
+              ) -> dict[str, float]:
     """Fit ``busy = a·scale^k`` from two runs (see the module docstring)."""
-    first = offered_load(records, model)
+    first = offered_load(records, model, workload)
     second_scale = 0.5 / first
-    second = offered_load(select(records, rate_scale=second_scale), model)
+    second = offered_load(select(records, rate_scale=second_scale), model, workload)
     k = math.log(second / first) / math.log(second_scale) if second_scale != 1 else 1.0
     return {"busy_at_1": first, "scale_2": second_scale, "busy_at_2": second,
             "a": first, "k": k}
@@ -182,12 +198,12 @@ def scale_for(fit: dict[str, float], load: int) -> float:
 def _job(args: tuple[Cell, str, float, int | None]) -> tuple[str, str, SimResult]:
     cell, policy, scale, limit = args
     records = select(WORKLOAD_BY_NAME[cell.workload].build(limit), rate_scale=scale)
-    return cell.key, policy, simulate(records, policy, cell.model)
+    return cell.key, policy, simulate(records, policy, cell.model, cell.workload)
 
 
 def _calibration_job(args: tuple[str, str, int | None]) -> tuple[str, str, dict[str, float]]:
     workload, model, limit = args
-    return workload, model, calibrate(WORKLOAD_BY_NAME[workload].build(limit), model)
+    return workload, model, calibrate(WORKLOAD_BY_NAME[workload].build(limit), model, workload)
 
 
 # ----------------------------------------------------------------- summaries
@@ -209,6 +225,10 @@ def summarize(result: SimResult, workload: Workload, bounds: np.ndarray) -> dict
                          if summary["ttft_mean_s"] is not None else None),
         hotspot_confirmed=result.hotspot_events.get("confirmed", 0),
     )
+    if "tier" in summary:  # flat copies for the cell table
+        tier = summary["tier"]
+        summary.update(tier_hit_ratio=tier["hit_ratio"], tier_gb=tier["bytes_read"] / 1e9,
+                       tier_wait_s=tier["read_wait_s"])
     return summary
 
 
@@ -221,15 +241,20 @@ COLUMNS = (("TTFT mean", "ttft_mean_s", ".2f"), ("p50", "ttft_p50_s", ".2f"),
            ("goodput r/s", "goodput_rps", ".2f"), ("hit", "hit_ratio", ".3f"),
            ("busy", "busy_fraction", ".2f"), ("hotspots", "hotspot_confirmed", "d"),
            ("rejected", "rejected", "d"))
+# cells whose cluster has a global KV tier add: prompt share loaded from it, GB read, and
+# seconds the reads queued behind other instances' reads on their host's link
+TIER_COLUMNS = (("tier hit", "tier_hit_ratio", ".3f"), ("tier GB", "tier_gb", ".1f"),
+                ("tier wait s", "tier_wait_s", ".2f"))
 
 
 def cell_table(rows: list[dict[str, Any]], lower: dict[str, Any]) -> list[str]:
     best = min(r["ttft_mean_s"] for r in rows if r["policy"] in POLICIES)
-    lines = ["| policy | " + " | ".join(c[0] for c in COLUMNS) + " |",
-             "|---|" + "---:|" * len(COLUMNS)]
+    columns = COLUMNS + (TIER_COLUMNS if any("tier" in r for r in rows) else ())
+    lines = ["| policy | " + " | ".join(c[0] for c in columns) + " |",
+             "|---|" + "---:|" * len(columns)]
     for row in [*rows, lower]:
         cells = []
-        for _, key, spec in COLUMNS:
+        for _, key, spec in columns:
             value = row.get(key)
             cells.append("–" if value is None else format(value, spec))
         name = row["policy"]

@@ -87,6 +87,8 @@ class ScrapeInfo:
     hits: float | None = None
     models: tuple[str, ...] = ()
     max_model_len: int | None = None  # as the engine's /v1/models reports it
+    tier_hit_tokens: float | None = None  # cumulative, from the engine (None: no tier)
+    tier_bytes_read: float | None = None
 
 
 class RouterCore:
@@ -365,6 +367,7 @@ class RouterCore:
             if name not in self.health.instances or name not in runtime.urls:
                 continue
             snap = state.snapshot(name)
+            scraped = self.scrape.get(name, ScrapeInfo())
             peak = self._peaks.get(slot, (0.0, 0.0))
             batch_now = float(batch[slot])
             instances.append(InstanceSnapshot(
@@ -375,7 +378,8 @@ class RouterCore:
                 in_flight=int(snap.in_flight),
                 waiting=_int_or_none(snap.scraped_waiting),
                 running=_int_or_none(snap.scraped_running), kv_usage=snap.kv_usage,
-                hit_ratio=self.scrape.get(name, ScrapeInfo()).hit_ratio,
+                hit_ratio=scraped.hit_ratio, tier_hit_tokens=scraped.tier_hit_tokens,
+                tier_bytes_read=scraped.tier_bytes_read,
                 hotspot=name in hot, arm=arm_of.get(name),
             ))
         pending = np.array([i.pending_prefill_tokens for i in instances if i.health == "healthy"])

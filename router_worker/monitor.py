@@ -4,7 +4,12 @@ Scrape (every ``router.scrape_interval_s``): ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (older vLLM:
 ``vllm:gpu_cache_usage_perc``), the prefix-cache counters ``vllm:prefix_cache_queries`` /
 ``vllm:prefix_cache_hits`` (hit ratio over the last interval) and
-``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capacity). Values of several
+``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capacity), and when the engine
+has a global KV tier (a KV connector: LMCache, Mooncake; enginesim's ``GlobalKVTier``),
+the tokens it loaded from it, ``vllm:external_prefix_cache_hits``, and the bytes,
+``enginesim:kv_tier_read_bytes`` (vLLM has no standard name for those; a real vLLM
+leaves them unknown). Engines without a connector export no external counters, so the
+live view shows tier traffic only for clusters that have a tier. Values of several
 engines (data-parallel ranks) are summed; the KV usage is averaged. The served model
 names come from ``GET /v1/models`` until known.
 
@@ -44,6 +49,8 @@ class VllmMetrics:
     prefix_hits: float | None = None
     num_gpu_blocks: int | None = None
     block_size: int | None = None
+    tier_hit_tokens: float | None = None  # None: the engine has no global tier
+    tier_bytes_read: float | None = None
 
 
 def parse_vllm_metrics(text: str) -> VllmMetrics:
@@ -52,7 +59,7 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
     counts: dict[str, int] = {}
     out = VllmMetrics()
     for name, labels, value in _SAMPLE_RE.findall(text):
-        if not name.startswith("vllm:"):
+        if not name.startswith(("vllm:", "enginesim:kv_tier_")):
             continue
         if name == "vllm:cache_config_info":
             info = dict(_LABEL_RE.findall(labels or ""))
@@ -73,6 +80,8 @@ def parse_vllm_metrics(text: str) -> VllmMetrics:
             break
     out.prefix_queries = sums.get("vllm:prefix_cache_queries")
     out.prefix_hits = sums.get("vllm:prefix_cache_hits")
+    out.tier_hit_tokens = sums.get("vllm:external_prefix_cache_hits")
+    out.tier_bytes_read = sums.get("enginesim:kv_tier_read_bytes")
     return out
 
 
@@ -149,6 +158,8 @@ class Monitor:
                 info.hit_ratio = ((parsed.prefix_hits - (info.hits or 0.0))
                                   / (parsed.prefix_queries - info.queries))
             info.queries, info.hits = parsed.prefix_queries, parsed.prefix_hits
+        info.tier_hit_tokens = parsed.tier_hit_tokens
+        info.tier_bytes_read = parsed.tier_bytes_read
 
     async def probe(self, name: str, url: str, timeout: float) -> None:
         health = self.core.health

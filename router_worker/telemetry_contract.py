@@ -117,6 +117,9 @@ class InstanceSnapshot(_Record):
     running: int | None = None
     kv_usage: float | None = None
     hit_ratio: float | None = None  # prefix-cache hits / queries, from the engine
+    # Global KV tier (engine counters since its start; None: the engine has no tier)
+    tier_hit_tokens: float | None = None  # prompt tokens loaded from the tier
+    tier_bytes_read: float | None = None
     hotspot: bool = False
     arm: str | None = None
 

@@ -15,8 +15,9 @@ each in its own process group with output in var/log/<name>.log:
 Knobs (environment): SWITCHYARD_DEMO_TIME_SCALE (wall seconds per simulated second; the
 engines run in slow motion so two cores can carry sixteen of them), SWITCHYARD_DEMO_TRACE,
 SWITCHYARD_DEMO_RATE (the trace's speed relative to the engines: 0.68 puts the default trace
-at about 60% busy), SWITCHYARD_HOST / SWITCHYARD_PORT (control plane),
-SWITCHYARD_ROUTER_PORT.
+at about 60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
+sixteen engines, default 0 = none; with one, the live view shows its traffic),
+SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT.
 """
 
 from __future__ import annotations
@@ -69,6 +70,17 @@ TRACE = Path(os.environ.get(
 # policy decides how long they get, without the overload of the trace's own rate.
 RATE = positive_env("SWITCHYARD_DEMO_RATE", "0.68")
 MAX_MODEL_LEN = 131072
+
+
+def tier_blocks_env(name: str = "SWITCHYARD_DEMO_TIER_BLOCKS") -> int:
+    """Blocks of the engines' global KV tier (0 = none), or exit naming the variable."""
+    raw = os.environ.get(name, "0")
+    if not raw.isdigit():
+        sys.exit(f"{name} must be a whole number of blocks (0 = no tier), not {raw!r}")
+    return int(raw)
+
+
+TIER_BLOCKS = tier_blocks_env()
 STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 90.0
 
@@ -158,7 +170,8 @@ def stack_services() -> list[Service]:
                             # the trace's long prompts are served, not refused
                             "--max-model-len", str(MAX_MODEL_LEN),
                             "--kv-events", f"tcp://127.0.0.1:{KV_EVENTS_BASE_PORT}",
-                            "--admin-port", str(ENGINE_ADMIN_PORT)]),
+                            "--admin-port", str(ENGINE_ADMIN_PORT),
+                            "--global-tier-blocks", str(TIER_BLOCKS)]),
         Service("web", [str(BIN / "uvicorn"), "controlplane.asgi:application",
                         "--host", HOST, "--port", str(PORT), "--no-access-log"]),
         Service("publisher", [PYTHON, "manage.py", "run_publisher"]),

@@ -6,7 +6,9 @@ tokens and in-flight requests are summed, and so are their per-interval maxima: 
 maxima bounds the true maximum from above, so a spike seen by any router survives. Batch
 size is scrape-corrected by each router (max(local, engine running)), so router views
 overlap and the merge takes the maximum. Engine-reported values (waiting, running, KV usage,
-hit ratio) describe the same engine, so the merge takes the maximum too.
+hit ratio, global-tier counters) describe the same engine, so the merge takes the maximum
+too. ``tier`` sums the instances' global-tier counters (tokens loaded from the tier, bytes
+read) when any engine reports a tier, and is None otherwise (the page then hides it).
 
 Window statistics: counts and rates are summed; p50s are averaged weighted by requests;
 p99s take the worst router (a conservative bound, percentiles do not merge exactly). Load
@@ -29,7 +31,7 @@ from router_worker.telemetry_contract import (
 HEALTH_ORDER = ("healthy", "draining", "down")
 SUMMED_INSTANCE_FIELDS = ("pending_prefill_tokens", "pending_prefill_tokens_max", "in_flight")
 MAX_INSTANCE_FIELDS = ("batch_size", "batch_size_max", "waiting", "running", "kv_usage",
-                       "hit_ratio")
+                       "hit_ratio", "tier_hit_tokens", "tier_bytes_read")
 
 
 def merge_cluster(cluster: str, snapshots: Iterable[StateSnapshot], *,
@@ -49,8 +51,18 @@ def merge_cluster(cluster: str, snapshots: Iterable[StateSnapshot], *,
         "window": window,
         "arms": merge_arms(routers),
         "instances": instances,
+        "tier": tier_totals(instances),
         "hotspots": merge_hotspots(routers),
     }
+
+
+def tier_totals(instances: list[dict[str, Any]]) -> dict[str, float | None] | None:
+    """Global-tier traffic summed over the instances; None if none reports a tier."""
+    totals: dict[str, float | None] = {}
+    for key, field in (("hit_tokens", "tier_hit_tokens"), ("bytes_read", "tier_bytes_read")):
+        values = [i[field] for i in instances if i.get(field) is not None]
+        totals[key] = sum(values) if values else None
+    return None if totals["hit_tokens"] is None and totals["bytes_read"] is None else totals
 
 
 def router_summary(snapshot: StateSnapshot) -> dict[str, Any]:

@@ -50,6 +50,7 @@ class RequestOutput:
     finish_time: float | None = None
     last_token_time: float | None = None
     token_times: np.ndarray | None = None  # times of the new tokens (advance_to(per_token=True))
+    num_tier_tokens: int = 0  # of num_cached_tokens, those loaded from the global tier
 
 
 @dataclass
@@ -68,6 +69,10 @@ class EngineStats:
     num_steps: int
     busy_time: float
     num_finished: int
+    has_tier: bool = False  # a global KV tier is attached (the tier_* fields mean something)
+    tier_bytes_read: int = 0
+    tier_read_time: float = 0.0  # s the steps spent loading from the tier, waits included
+    tier_read_wait: float = 0.0  # ... of which queued behind other engines' reads
 
 
 @dataclass(eq=False)
@@ -85,6 +90,7 @@ class _Request:
     num_private: int = 0  # allocated blocks not in the prefix cache
     num_checked_blocks: int = 0  # leading blocks computed and offered to the cache
     num_cached_tokens: int = -1
+    num_tier_tokens: int = 0
     first_token_time: float | None = None
     finish_time: float | None = None
     finish_reason: str | None = None
@@ -110,13 +116,18 @@ class _Request:
 class EngineCore:
     def __init__(self, config: EngineConfig,
                  kv_event_sink: Callable[[list[KVEvent]], None] | None = None,
-                 fast_forward: bool = True) -> None:
+                 fast_forward: bool = True, tier_link: int = 0) -> None:
+        """``tier_link``: the global tier link this engine reads over (see GlobalKVTier)."""
         self.config = config
         self.cost_model = config.cost_model()
         self.block_size = config.block_size
         self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching,
                               record_events=kv_event_sink is not None)
         self.tier = config.global_tier
+        self.tier_link = tier_link
+        self._tier_bytes = 0
+        self._tier_time = 0.0
+        self._tier_wait = 0.0
         self.kv_event_sink = kv_event_sink
         self.fast_forward = fast_forward
         self._t_request = config.calibration.t_request
@@ -244,7 +255,9 @@ class EngineCore:
             num_preemptions=c["preemptions"], num_gpu_blocks=self.pool.num_blocks,
             block_size=self.block_size, prompt_tokens=c["prompt"],
             generation_tokens=c["generation"], num_steps=self._num_steps,
-            busy_time=self._busy_time, num_finished=c["finished"])
+            busy_time=self._busy_time, num_finished=c["finished"],
+            has_tier=self.tier is not None, tier_bytes_read=self._tier_bytes,
+            tier_read_time=self._tier_time, tier_read_wait=self._tier_wait)
 
     # ----------------------------------------------------------------- validation
 
@@ -309,7 +322,8 @@ class EngineCore:
     # ----------------------------------------------------------------- scheduling
 
     def _schedule(self, start: float) -> tuple[list[tuple[_Request, int, int]], float]:
-        """One vLLM v1 scheduling pass: running requests first, then FCFS admission."""
+        """One vLLM v1 scheduling pass for the step starting at ``start``: running
+        requests first, then FCFS admission; also returns the step's tier load time."""
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[_Request, int, int]] = []
         self._preempted_this_step = False
@@ -344,7 +358,7 @@ class EngineCore:
 
     def _admit(self, scheduled: list[tuple[_Request, int, int]], budget: int,
                start: float) -> float:
-        transfer_time = 0.0
+        tier_blocks = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
             if req.ready > start:
@@ -361,13 +375,14 @@ class EngineCore:
             req.num_checked_blocks = local
             req.num_computed = computed
             if external:
-                transfer_time += self._load_from_tier(req, local, external)
+                self._load_from_tier(req, local, external)
+                tier_blocks += external
             self._count_admission(req, local, external)
             self.waiting.popleft()
             self.running.append(req)
             scheduled.append((req, num_new, computed))
             budget -= num_new
-        return transfer_time
+        return self._read_tier(start, tier_blocks) if tier_blocks else 0.0
 
     def _lookup(self, req: _Request) -> tuple[int, int, int]:
         """Blocks of ``req`` cached locally (and how many of those are unreferenced)
@@ -392,11 +407,21 @@ class EngineCore:
         need = -(-(computed + num_new) // self.block_size) - local
         return need + unreferenced <= self.pool.num_free
 
-    def _load_from_tier(self, req: _Request, local: int, external: int) -> float:
+    def _load_from_tier(self, req: _Request, local: int, external: int) -> None:
         hashes = req.hashes[local:local + external]
         self.tier.touch(hashes)
         self._cache_blocks(req, local + external)
-        return self.tier.transfer_time(external, self.config.block_bytes)
+
+    def _read_tier(self, start: float, blocks: int) -> float:
+        """One read of the step's tier blocks over this engine's link, at the step's
+        start; the step (it loads synchronously, before its forward pass) takes the
+        queueing and the transfer on top of its compute."""
+        num_bytes = blocks * self.config.block_bytes
+        wait, transfer = self.tier.read(start, num_bytes, self.tier_link)
+        self._tier_bytes += num_bytes
+        self._tier_time += wait + transfer
+        self._tier_wait += wait
+        return wait + transfer
 
     def _count_admission(self, req: _Request, local: int, external: int) -> None:
         c = self._counters
@@ -405,6 +430,7 @@ class EngineCore:
         c["external"] += external * self.block_size
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = (local + external) * self.block_size
+            req.num_tier_tokens = external * self.block_size
 
     def _preempt(self, req: _Request) -> None:
         self._release(req)
@@ -634,4 +660,4 @@ class EngineCore:
             finish_reason=req.finish_reason if finished else None,
             num_cached_tokens=max(req.num_cached_tokens, 0), arrival_time=req.arrival,
             prompt_tokens=req.prompt_len, finish_time=req.finish_time if finished else None,
-            last_token_time=last_time, token_times=times)
+            last_token_time=last_time, token_times=times, num_tier_tokens=req.num_tier_tokens)

@@ -299,6 +299,24 @@ class GlobalKVTier:
     Holds up to ``capacity_blocks`` block hashes in LRU order. Engines write every block
     they compute through to it and, on a local miss, load the consecutive blocks it holds
     at ``bandwidth`` bytes/s instead of recomputing them.
+
+    Shared bandwidth
+    ----------------
+    Reads go over links of ``bandwidth`` bytes/s each; engines name theirs (``link``, 0
+    by default: one link for the whole cluster, the fabric to a remote pool such as a
+    Mooncake/LMCache store, whose NICs bound what all instances together can pull; a
+    caller that models one PCIe/NIC per host of K GPUs gives host-mates the same link).
+    A link serves reads one at a time, first come first served: a read of B bytes asked
+    at ``now`` starts at ``max(now, link free)`` and holds the link for B / bandwidth, so
+    what the reading engine waits is the queueing behind other engines' reads plus its
+    own transfer. Serving whole reads in turn rather than interleaving them finishes the
+    last of a burst at the same time as fair sharing would, and the first ones earlier:
+    the sum of the waits is what contention costs, and no read is ever faster than alone.
+    Time is the engines' virtual clock, passed in, so a replay stays deterministic; the
+    engines of a replay ask in (nearly) time order, and a read asked "late" (its engine
+    was advanced after a peer's later read) queues behind it, as if it had arrived then.
+    Writes (write-through of computed blocks) are asynchronous in LMCache/Mooncake and
+    do not take the link here.
     """
 
     def __init__(self, capacity_blocks: int, bandwidth: float) -> None:
@@ -307,8 +325,12 @@ class GlobalKVTier:
         self.capacity_blocks = capacity_blocks
         self.bandwidth = bandwidth
         self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._link_free_at: dict[int, float] = {}
         self.hits = 0
         self.stores = 0
+        self.reads = 0
+        self.bytes_read = 0
+        self.read_wait = 0.0  # summed over reads: seconds queued behind other reads
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -342,4 +364,19 @@ class GlobalKVTier:
             blocks.popitem(last=False)
 
     def transfer_time(self, num_blocks: int, block_bytes: int) -> float:
+        """Time to read ``num_blocks`` on an idle link."""
         return num_blocks * block_bytes / self.bandwidth
+
+    def read(self, now: float, num_bytes: int, link: int = 0) -> tuple[float, float]:
+        """Reserve ``link`` for a read of ``num_bytes`` asked at ``now``; returns (wait
+        behind earlier reads, transfer time). The reader is done at now + wait + transfer."""
+        if num_bytes <= 0:
+            return 0.0, 0.0
+        transfer = num_bytes / self.bandwidth
+        start = max(now, self._link_free_at.get(link, now))
+        self._link_free_at[link] = start + transfer
+        wait = start - now
+        self.reads += 1
+        self.bytes_read += num_bytes
+        self.read_wait += wait
+        return wait, transfer

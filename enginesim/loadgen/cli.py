@@ -33,7 +33,7 @@ import httpx
 import numpy as np
 
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
-from enginesim.replay.cli import progress_display
+from enginesim.progress import progress_display
 from enginesim.replay.synth import HotspotParams
 from enginesim.replay.traces import FORMATS, load_trace, spread_ties
 

@@ -22,10 +22,10 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn
+from rich.progress import Progress, TaskID
 
 from enginesim.engine import GPUS, MODELS
+from enginesim.progress import progress_display
 from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
 from enginesim.replay.traces import FORMATS, TraceRecord, load_trace
@@ -66,7 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--kv-events", action="store_true", help="feed engine KV events to the router's index")
     add("--router-block-size", type=int, default=16)
     add("--global-tier-blocks", type=int, default=0, help="shared KV tier size (0 = none)")
-    add("--global-tier-bandwidth", type=float, default=25e9, help="tier bytes/s")
+    add("--global-tier-bandwidth", type=float, default=25e9, help="tier bytes/s per link")
+    add("--global-tier-link-instances", type=int, default=0,
+        help="instances sharing one tier link (0 = one link for the whole cluster)")
     for action in ("fail", "drain", "restore"):
         add(f"--{action}", action="append", default=[], metavar="INSTANCE@SECONDS",
             help=f"{action} an instance at a virtual time (repeatable)")
@@ -86,7 +88,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         max_model_len=args.max_model_len, router_block_size=args.router_block_size,
         telemetry_delay_s=args.telemetry_delay, scrape_interval_s=args.scrape_interval,
         kv_events=args.kv_events, global_tier_blocks=args.global_tier_blocks,
-        global_tier_bandwidth=args.global_tier_bandwidth, faults=faults, seed=args.seed,
+        global_tier_bandwidth=args.global_tier_bandwidth,
+        global_tier_link_instances=args.global_tier_link_instances, faults=faults, seed=args.seed,
         policy_params=json.loads(args.policy_params))
 
 
@@ -120,13 +123,6 @@ class ProgressBar:
         self._bar.update(self._task, completed=done, now=f"t={now:,.0f}s")
         if done >= total:
             self._bar.stop()
-
-
-def progress_display() -> Progress:
-    """A one-line progress display on stderr: label, bar, done/total, a status field."""
-    return Progress(TextColumn("{task.description:<12}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
-                    console=Console(stderr=True), refresh_per_second=5)
 
 
 def run_policy(records: list[TraceRecord], policy: str, config: SimConfig,

@@ -8,6 +8,13 @@ averaged over the scrape ticks where the mean is positive; busy fraction = engin
 time summed over instances / (instances × makespan); makespan = first arrival → last
 finish.
 
+With a global KV tier, ``tier`` holds its traffic over the run: bytes read, hit tokens
+(prompt tokens loaded from the tier instead of recomputed, counted per load, so a request
+preempted and readmitted counts twice), the step time spent loading and the part of it
+spent queued behind other instances' reads (the shared link), their share of the
+completed requests' prompt tokens (``hit_ratio``, first loads only), and the same per
+instance. Runs without a tier have no ``tier`` key.
+
 Lower bound (:func:`ttft_lower_bound`): each request alone on an idle instance with an
 infinite cache that holds every token any *earlier* request prefilled; its TTFT is the
 per-request overhead plus the chunked prefill of the rest. No policy can beat it on any
@@ -94,7 +101,17 @@ def summarize(result: SimResult) -> dict[str, Any]:
         failed=sum(r.status == "failed" for r in result.requests),
         makespan_s=span, hotspot_transitions=result.hotspot_events,
         decision_reasons=result.decision_reasons)
+    if result.tier is not None:
+        summary["tier"] = tier_summary(result, done, prompt)
     return summary
+
+
+def tier_summary(result: SimResult, done: Sequence[RequestResult], prompt: int
+                 ) -> dict[str, Any]:
+    tier_tokens = sum(r.tier_tokens or 0 for r in done)
+    return {**result.tier.to_json(),
+            "hit_ratio": tier_tokens / prompt if prompt else None,
+            "per_instance": {k: v.to_json() for k, v in result.tier_by_instance.items()}}
 
 
 # ----------------------------------------------------------------- lower bound

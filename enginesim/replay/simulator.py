@@ -97,7 +97,10 @@ class SimConfig:
     scrape_interval_s: float = 1.0
     kv_events: bool = False
     global_tier_blocks: int = 0  # 0 = no global KV tier
-    global_tier_bandwidth: float = 25e9  # bytes/s (PCIe-class)
+    global_tier_bandwidth: float = 25e9  # bytes/s (PCIe-class), per link
+    # Instances per tier link (GlobalKVTier): 0 = one link shared by the whole cluster
+    # (the fabric to the pool), K = one per host of K consecutive instances.
+    global_tier_link_instances: int = 0
     faults: tuple[Fault, ...] = ()
     max_attempts: int = 3
     seed: int = 0
@@ -108,6 +111,9 @@ class SimConfig:
     replica_sync_delay_s: float = 0.0
 
     def __post_init__(self) -> None:
+        if self.global_tier_link_instances < 0:
+            raise ValueError("global_tier_link_instances must be >= 0 (0: one shared link), "
+                             f"not {self.global_tier_link_instances}")
         if self.routers < 1:
             raise ValueError(f"routers must be at least 1, not {self.routers}")
         if self.router_spread not in ROUTER_SPREADS:
@@ -134,11 +140,36 @@ class RequestResult:
     finish_s: float | None = None
     status: str = "pending"  # ok | rejected | failed
     attempts: int = 0
+    tier_tokens: int | None = None  # of cached_tokens, loaded from the global tier (if any)
 
     def to_json(self) -> dict[str, Any]:
         keys = ("id", "arrival_s", "instance", "prompt_tokens", "cached_tokens",
                 "output_tokens", "first_token_s", "finish_s", "status", "attempts")
-        return {key: getattr(self, key) for key in keys}
+        out = {key: getattr(self, key) for key in keys}
+        if self.tier_tokens is not None:
+            out["tier_tokens"] = self.tier_tokens
+        return out
+
+
+@dataclass
+class TierTraffic:
+    """Reads from the global KV tier, per instance or summed over a run."""
+
+    bytes_read: int = 0
+    hit_tokens: int = 0  # prompt tokens loaded from the tier instead of recomputed
+    read_time_s: float = 0.0  # step time spent loading, queueing included
+    read_wait_s: float = 0.0  # ... of which queued behind other instances' reads
+
+    def add(self, stats: Any) -> None:
+        """Add an engine's ``EngineStats``."""
+        self.bytes_read += stats.tier_bytes_read
+        self.hit_tokens += stats.external_cache_hits
+        self.read_time_s += stats.tier_read_time
+        self.read_wait_s += stats.tier_read_wait
+
+    def to_json(self) -> dict[str, Any]:
+        return {"bytes_read": self.bytes_read, "hit_tokens": self.hit_tokens,
+                "read_time_s": self.read_time_s, "read_wait_s": self.read_wait_s}
 
 
 @dataclass
@@ -153,6 +184,8 @@ class SimResult:
     decision_reasons: dict[str, int]
     wall_s: float = 0.0
     hotspot_log: list[Any] = field(default_factory=list)  # every transition, in order
+    tier: TierTraffic | None = None  # None: the cluster had no global tier
+    tier_by_instance: dict[str, TierTraffic] = field(default_factory=dict)
 
 
 @dataclass
@@ -181,6 +214,7 @@ class _Instance:
     generation: int = 0
     wake_version: int = 0
     busy_before: float = 0.0  # busy time of engines this instance lost to failures
+    tier_before: TierTraffic = field(default_factory=TierTraffic)  # ... and their tier reads
     kv_buffer: list[Any] = field(default_factory=list)
 
 
@@ -243,7 +277,9 @@ class Simulator:
         if self.config.kv_events:
             def sink(events: list[Any], slot: int = slot) -> None:
                 self.instances[slot].kv_buffer.extend(events)
-        return EngineCore(self.engine_config, kv_event_sink=sink)
+        per_link = self.config.global_tier_link_instances
+        return EngineCore(self.engine_config, kv_event_sink=sink,
+                          tier_link=slot // per_link if per_link else 0)
 
     # ----------------------------------------------------------------- main loop
 
@@ -394,6 +430,8 @@ class Simulator:
         result = flight.result
         result.first_token_s = output.first_token_time
         result.cached_tokens = output.num_cached_tokens
+        if self.tier is not None:
+            result.tier_tokens = output.num_tier_tokens
         self.true_pending[flight.slot] -= flight.estimated_uncached
         self._telemetry(output.first_token_time, self._apply_first_token, flight)
         self._to_peers(flight, self._apply_peer_end, flight, False)
@@ -511,7 +549,9 @@ class Simulator:
     def _fail(self, slot: int) -> None:
         self._advance(slot)  # deliver everything that completed by now first
         instance = self.instances[slot]
-        instance.busy_before += instance.engine.stats().busy_time
+        stats = instance.engine.stats()
+        instance.busy_before += stats.busy_time
+        instance.tier_before.add(stats)
         instance.engine, instance.kv_buffer = None, []
         instance.generation += 1
         victims = [f for f in self.flights.values() if f.slot == slot]
@@ -545,10 +585,24 @@ class Simulator:
                    for i in self.instances)
         samples = (np.array(self.samples) if self.samples
                    else np.zeros((0, len(self.ids))))
-        return SimResult(self.policy_kind, self.results, list(self.ids),
-                         np.array(self.sample_times), samples, busy,
-                         dict(self.hotspot_events), dict(self.reasons),
-                         hotspot_log=self.hotspot_log)
+        result = SimResult(self.policy_kind, self.results, list(self.ids),
+                           np.array(self.sample_times), samples, busy,
+                           dict(self.hotspot_events), dict(self.reasons),
+                           hotspot_log=self.hotspot_log)
+        if self.tier is not None:
+            self._tier_result(result)
+        return result
+
+    def _tier_result(self, result: SimResult) -> None:
+        total = TierTraffic()
+        for instance_id, instance in zip(self.ids, self.instances, strict=True):
+            traffic = TierTraffic(**instance.tier_before.to_json())
+            if instance.engine is not None:
+                traffic.add(instance.engine.stats())
+            result.tier_by_instance[instance_id] = traffic
+            for key, value in traffic.to_json().items():
+                setattr(total, key, getattr(total, key) + value)
+        result.tier = total
 
 
 def _to_router_event(event: Any) -> Any:

@@ -4,6 +4,12 @@ Instance k listens on ``--base-port + k``. ``--admin-port`` (optional) serves a
 process-wide ``POST /admin/fault`` taking ``{"instance": k, "mode": ...}``
 (needed to recover a killed instance, whose own port is closed) and
 ``GET /admin/instances``.
+
+``--global-tier-blocks`` gives the process's instances one shared global KV tier
+(``GlobalKVTier``: write-through, loads on a local miss over a link shared with the
+other instances' reads, ``--global-tier-link-instances`` per link). Their virtual
+clocks start together, so their reads queue in one time base; a ``slow`` fault stretches
+one instance's clock, and its reads then queue against the others only approximately.
 """
 
 from __future__ import annotations
@@ -59,6 +65,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "times (CLOCK_MONOTONIC) and token counts, keyed by the request id (X-Request-Id)",
     )
     parser.add_argument(
+        "--global-tier-blocks", type=int, default=0,
+        help="blocks of a global KV tier shared by this process's instances (0 = none)",
+    )
+    parser.add_argument("--global-tier-bandwidth", type=float, default=25e9,
+                        help="tier read bytes/s per link")
+    parser.add_argument("--global-tier-link-instances", type=int, default=0,
+                        help="instances per tier link (0 = one link for all)")
+    parser.add_argument(
         "--fault",
         action="append",
         default=[],
@@ -68,14 +82,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_parts(gpu: str, model: str, max_model_len: int = 0) -> tuple[Any, Any]:
+def _engine_parts(gpu: str, model: str, max_model_len: int = 0, tier_blocks: int = 0,
+                  tier_bandwidth: float = 25e9) -> tuple[Any, Any]:
+    """The engine config and ``factory(tier_link) -> (kv_sink -> EngineCore)``."""
     from enginesim.engine.config import EngineConfig
     from enginesim.engine.core import EngineCore
+    from enginesim.engine.kvpool import GlobalKVTier
 
-    config = EngineConfig.for_hardware(gpu, model, max_model_len=max_model_len)
+    tier = GlobalKVTier(tier_blocks, tier_bandwidth) if tier_blocks else None
+    config = EngineConfig.for_hardware(gpu, model, max_model_len=max_model_len,
+                                       global_tier=tier)
 
-    def factory(sink: Any) -> Any:
-        return EngineCore(config, kv_event_sink=sink)
+    def factory(tier_link: int) -> Any:
+        return lambda sink: EngineCore(config, kv_event_sink=sink, tier_link=tier_link)
 
     return config, factory
 
@@ -85,7 +104,13 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
         raise SystemExit("--instances and --stream-interval must be >= 1")
     if args.max_model_len < 0:
         raise SystemExit("--max-model-len must be >= 0 (0: the model's own)")
-    config, factory = _engine_parts(args.gpu, args.model, args.max_model_len)
+    if args.global_tier_blocks < 0 or args.global_tier_bandwidth <= 0:
+        raise SystemExit("--global-tier-blocks must be >= 0 and --global-tier-bandwidth > 0")
+    per_link = args.global_tier_link_instances
+    if per_link < 0:
+        raise SystemExit("--global-tier-link-instances must be >= 0 (0: one link for all)")
+    config, factory = _engine_parts(args.gpu, args.model, args.max_model_len,
+                                    args.global_tier_blocks, args.global_tier_bandwidth)
     request_log = RequestLog(args.request_log) if args.request_log else None
     instances = []
     for index in range(args.instances):
@@ -96,7 +121,8 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
         settings = InstanceSettings(
             index, args.host, args.base_port + index, args.time_scale, args.stream_interval
         )
-        instances.append(Instance(settings, config, factory, publisher, request_log))
+        link = index // per_link if per_link else 0
+        instances.append(Instance(settings, config, factory(link), publisher, request_log))
     return instances
 
 

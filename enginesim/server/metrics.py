@@ -12,6 +12,14 @@ All latencies are in *simulated* seconds (the engine's virtual clock): they are
 what a real vLLM on the simulated hardware would report, independent of
 ``--time-scale``. Wall seconds = simulated seconds x time scale; the factor is
 exported as ``enginesim:time_scale`` for scrapers that want to compare.
+
+With a global KV tier the engine also reports what vLLM reports with a KV connector
+(LMCache, Mooncake): ``vllm:external_prefix_cache_queries`` / ``_hits`` (tokens asked of
+the connector, tokens it supplied), plus the tier traffic vLLM has no name for:
+``enginesim:kv_tier_read_bytes``, ``enginesim:kv_tier_read_seconds`` (step time spent
+loading) and ``enginesim:kv_tier_read_wait_seconds`` (the part queued behind other
+instances' reads on the shared link). Without a tier none of these is exported, as vLLM
+exports no external counters without a connector.
 """
 
 from __future__ import annotations
@@ -145,6 +153,8 @@ class _EngineStateCollector:
             "Cumulative number of preemption from the engine.",
             stats.num_preemptions,
         )
+        if stats.has_tier:
+            yield from self._tier(stats)
         info = GaugeMetricFamily(
             "vllm:cache_config_info",
             "Information of the LLMEngine CacheConfig",
@@ -156,6 +166,35 @@ class _EngineStateCollector:
             "enginesim:time_scale",
             "Wall seconds per simulated second (latencies here are simulated seconds).",
             value=self._time_scale_fn(),
+        )
+
+
+    def _tier(self, stats: Any) -> Iterator[Metric]:
+        yield self._counter(
+            "vllm:external_prefix_cache_queries",
+            "External prefix cache queries from KV connector cross-instance cache sharing, "
+            "in terms of number of queried tokens.",
+            stats.prefix_cache_queries,
+        )
+        yield self._counter(
+            "vllm:external_prefix_cache_hits",
+            "External prefix cache hits from KV connector cross-instance cache sharing, "
+            "in terms of number of cached tokens.",
+            stats.external_cache_hits,
+        )
+        yield self._counter(
+            "enginesim:kv_tier_read_bytes", "Bytes of KV cache loaded from the global tier.",
+            stats.tier_bytes_read,
+        )
+        yield self._counter(
+            "enginesim:kv_tier_read_seconds",
+            "Step time spent loading KV cache from the global tier (simulated seconds).",
+            stats.tier_read_time,
+        )
+        yield self._counter(
+            "enginesim:kv_tier_read_wait_seconds",
+            "Of kv_tier_read_seconds, the time queued behind other instances' tier reads.",
+            stats.tier_read_wait,
         )
 
 

@@ -196,8 +196,53 @@ def test_global_tier_loads_missing_blocks_instead_of_recomputing():
     compute = consumer.cost_model.step_time(StepBatch(16, 1, 1, 16 * 8176 + 136, 8176))
     overhead = config.calibration.t_request
     assert out.first_token_time - 10.0 == pytest.approx(overhead + transfer + compute, rel=1e-9)
+    assert out.num_tier_tokens == 8176
     stats = consumer.stats()
     assert stats.external_cache_hits == 8176 and stats.prefix_cache_hits == 0
+    assert stats.tier_read_wait == 0.0 and stats.tier_read_time == transfer
+
+
+def _tier_pair(tier_links=(0, 0)):
+    """Two engines on one tier that holds two different 8192-token prompts."""
+    rng = np.random.default_rng(6)
+    prompts = [rng.integers(0, 150_000, 8192) for _ in range(2)]
+    tier = GlobalKVTier(capacity_blocks=10_000, bandwidth=50e9)
+    producer = make_engine(global_tier=tier)
+    run(producer, [(0.0, "p0", prompts[0], 1), (0.0, "p1", prompts[1], 1)])
+    config = EngineConfig.for_hardware("h20", "qwen2-7b", global_tier=tier)
+    engines = [EngineCore(config, tier_link=link) for link in tier_links]
+    return prompts, engines
+
+
+def _first_tokens_together(prompts, engines):
+    """Both engines get their prompt at t=10 and run their first step before either ends."""
+    for k, (prompt, engine) in enumerate(zip(prompts, engines, strict=True)):
+        engine.add_request(f"c{k}", prompt, 1, now=10.0)
+    for engine in engines:
+        engine.advance_to(10.0)
+    return [engine.advance_to(60.0)[0].first_token_time - 10.0 for engine in engines]
+
+
+def test_concurrent_tier_reads_share_the_link():
+    prompts, engines = _tier_pair()
+    first, second = _first_tokens_together(prompts, engines)
+    transfer = (8192 - 16) * engines[0].config.model.kv_bytes_per_token() / 50e9
+    # the second engine's read queues behind the first one's, all of it
+    assert second - first == pytest.approx(transfer, rel=1e-9)
+    stats = [engine.stats() for engine in engines]
+    assert stats[0].tier_read_wait == 0.0
+    assert stats[1].tier_read_wait == pytest.approx(transfer, rel=1e-9)
+    assert stats[1].tier_read_time == pytest.approx(2 * transfer, rel=1e-9)
+    assert stats[0].tier_bytes_read == stats[1].tier_bytes_read == 8176 * (
+        engines[0].config.model.kv_bytes_per_token())
+    assert stats[0].has_tier and stats[1].external_cache_hits == 8176
+
+
+def test_tier_reads_over_separate_links_do_not_wait():
+    prompts, engines = _tier_pair(tier_links=(0, 1))
+    first, second = _first_tokens_together(prompts, engines)
+    assert first == second
+    assert all(engine.stats().tier_read_wait == 0.0 for engine in engines)
 
 
 def test_reset_prefix_cache_emits_all_blocks_cleared():

@@ -8,7 +8,7 @@ from collections import OrderedDict
 import pytest
 
 from enginesim.engine.events import BlockRemoved
-from enginesim.engine.kvpool import BlockPool
+from enginesim.engine.kvpool import BlockPool, GlobalKVTier
 
 
 class ReferencePool:
@@ -168,3 +168,14 @@ def test_eviction_takes_the_oldest_free_tail_first() -> None:
     assert pool.num_evictable == 4 and pool.allocate(6)
     removed = [h for e in pool.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
     assert removed == [a[2], b[2], a[1], a[0]]
+
+
+def test_tier_reads_on_one_link_queue_and_a_lone_read_does_not_wait():
+    tier = GlobalKVTier(capacity_blocks=10, bandwidth=1e9)
+    assert tier.read(5.0, 2_000_000) == (0.0, 0.002)  # alone: bytes / bandwidth
+    wait, transfer = tier.read(5.0, 1_000_000)  # asked while the first holds the link
+    assert (wait, transfer) == (pytest.approx(0.002), 0.001)
+    assert tier.read(5.0, 1_000_000, link=1) == (0.0, 0.001)  # another host's link is free
+    assert tier.read(5.003, 1_000_000) == (0.0, 0.001)  # the link is free again
+    assert tier.bytes_read == 5_000_000 and tier.reads == 4
+    assert tier.read_wait == pytest.approx(0.002)

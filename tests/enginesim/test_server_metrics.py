@@ -72,3 +72,23 @@ def test_vllm_bucket_layout_and_cache_config_info(sim):
     assert info[0]["num_gpu_blocks"] == str(config.num_gpu_blocks)
     assert info[0]["engine"] == "0"
     assert 0.0 <= value(samples, "vllm:kv_cache_usage_perc") <= 1.0
+
+
+def test_a_shared_tier_serves_a_peer_instance_and_is_exported(sim, sim_factory):
+    server = sim_factory("--global-tier-blocks", "10000", instances=2, kv_events=False)
+    prompt = list(range(5000, 5100))  # 6 full blocks
+    for index in (0, 1):  # instance 1 has none of it locally: it loads from the tier
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
+        usage = httpx.post(server.url(index) + "/v1/completions", json=body).json()["usage"]
+    assert usage["prompt_tokens_details"]["cached_tokens"] == 96
+    first, second = scrape(server.url(0)), scrape(server.url(1))
+    assert value(first, "vllm:external_prefix_cache_hits_total") == 0
+    assert value(first, "vllm:external_prefix_cache_queries_total") == 100
+    assert value(second, "vllm:external_prefix_cache_hits_total") == 96
+    kv_bytes = EngineConfig.for_hardware("h20", "qwen2-7b").model.kv_bytes_per_token()
+    assert value(second, "enginesim:kv_tier_read_bytes_total") == 96 * kv_bytes
+    assert value(second, "enginesim:kv_tier_read_seconds_total") > 0
+    assert value(second, "enginesim:kv_tier_read_wait_seconds_total") == 0
+    # without a tier (the shared server), no external counters, as vLLM without a connector
+    plain = httpx.get(sim.url(INSTANCE) + "/metrics").text
+    assert "external_prefix_cache" not in plain and "kv_tier" not in plain

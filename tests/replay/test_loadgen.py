@@ -133,7 +133,9 @@ def test_ctrl_c_stops_the_command_cleanly(target, tmp_path):
          "--target", target, "--model", MODEL, "--loop", "--rate-scale", "5",
          "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    time.sleep(3.0)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("# ")  # started: its first line is out
+    time.sleep(2.0)
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=15)
     assert "ttft_mean_s" in stdout  # the summary was printed

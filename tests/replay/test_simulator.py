@@ -160,6 +160,41 @@ def test_kv_events_and_global_tier_run_cleanly(conversation_slice):
     assert metrics.summarize(result)["hit_ratio"] > 0
 
 
+def _tier_run(records, **tier):
+    config = SimConfig(instances=4, max_model_len=LONG, global_tier_blocks=200_000, **tier)
+    return Simulator(records, "round_robin", config).run()
+
+
+def test_tier_traffic_is_reported_per_run_instance_and_request(conversation_slice):
+    result = _tier_run(conversation_slice[:120])
+    summary = metrics.summarize(result)
+    tier = summary["tier"]
+    kv_bytes = SimConfig().engine_config(None).model.kv_bytes_per_token()
+    assert tier["hit_tokens"] > 0 and tier["bytes_read"] == tier["hit_tokens"] * kv_bytes
+    per_request = sum(r.tier_tokens for r in result.requests if r.status == "ok")
+    assert 0 < per_request <= tier["hit_tokens"]
+    assert tier["hit_ratio"] == per_request / sum(r.prompt_tokens for r in result.requests
+                                                  if r.status == "ok")
+    assert sum(i["bytes_read"] for i in tier["per_instance"].values()) == tier["bytes_read"]
+    assert all(r.cached_tokens >= r.tier_tokens for r in result.requests)
+    assert "tier_tokens" in result.requests[0].to_json()
+    assert 0 <= tier["read_wait_s"] <= tier["read_time_s"]
+
+
+def test_tier_reads_wait_on_a_shared_link_and_not_on_private_ones(conversation_slice):
+    shared = _tier_run(conversation_slice, global_tier_bandwidth=2e9).tier
+    private = _tier_run(conversation_slice, global_tier_bandwidth=2e9,
+                        global_tier_link_instances=1).tier
+    assert shared.read_wait_s > 0 and private.read_wait_s == 0.0
+    assert private.read_time_s > 0
+
+
+def test_no_tier_no_tier_report(lmetric_run):
+    assert lmetric_run.tier is None
+    assert "tier" not in metrics.summarize(lmetric_run)
+    assert "tier_tokens" not in lmetric_run.requests[0].to_json()
+
+
 def test_a_policy_with_cost_coefficients_gets_the_simulated_clusters():
     from enginesim.replay.policy_costs import derive_coefficients
 

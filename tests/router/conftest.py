@@ -90,13 +90,13 @@ class Fleet:
         return total
 
 
-def start_fleet(size: int) -> Fleet:
+def start_fleet(size: int, *extra: str) -> Fleet:
     base = free_ports(size + 1)
     kv_base = free_ports(size, gap=100)
     args = [PYTHON, "-m", "enginesim", "serve", "--instances", str(size),
             "--base-port", str(base + 1), "--admin-port", str(base), "--gpu", "h20",
             "--model", "qwen2-7b", "--time-scale", str(TIME_SCALE),
-            "--kv-events", f"tcp://127.0.0.1:{kv_base}", "--kv-encoding", "array"]
+            "--kv-events", f"tcp://127.0.0.1:{kv_base}", "--kv-encoding", "array", *extra]
     proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     fleet = Fleet(base + 1, size, base, kv_base, proc)

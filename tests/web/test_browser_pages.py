@@ -31,6 +31,7 @@ class Feeder:
         self.cluster = cluster
         self.client = redis.Redis.from_url(settings.REDIS_URL)
         self.pending = 1234.0
+        self.tier = False  # the engines report a global KV tier
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -40,10 +41,16 @@ class Feeder:
             tick += 1
             instances = [instance(f"i{k}", pending=self.pending * (k + 1), batch=4 + k,
                                   pending_max=self.pending * (k + 1) + tick % 7, in_flight=k,
-                                  kv_usage=0.2 * (k + 1), hit_ratio=0.6) for k in range(3)]
+                                  kv_usage=0.2 * (k + 1), hit_ratio=0.6, **self._tier(k))
+                         for k in range(3)]
             write_state(self.client, snapshot(self.cluster.name, "r1", instances, window=window(
                 120, ttft_p50_s=0.042, ttft_p99_s=0.180 + 0.01 * (tick % 5), tpot_p50_s=0.011,
                 tpot_p99_s=0.030, hit_ratio=0.62, load_cv=0.4)))
+
+    def _tier(self, k: int) -> dict[str, float]:
+        if not self.tier:
+            return {}
+        return {"tier_hit_tokens": 1000.0 * (k + 1), "tier_bytes_read": 57_344_000.0 * (k + 1)}
 
     def __enter__(self) -> Feeder:
         self.thread.start()
@@ -123,6 +130,26 @@ def test_sorting_the_instance_table(browser, live_cluster, feeder, asgi_server) 
         names = page.locator("#instances tbody tr").evaluate_all(
             "rows => rows.map(r => r.dataset.instance)")
         assert names == ["i2", "i1", "i0"]
+    finally:
+        page.context.close()
+
+
+def test_tier_traffic_shows_only_when_the_cluster_has_a_tier(browser, live_cluster, feeder,
+                                                            asgi_server) -> None:
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{live_cluster.pk}/")
+        page.wait_for_selector("tr[data-instance=i2]")
+        assert not page.is_visible("[data-testid=tier-hit-tokens]")
+        assert not page.is_visible("tr[data-instance=i0] [data-field=tier_hit_tokens]")
+        feeder.tier = True
+        page.wait_for_selector("[data-testid=tier-hit-tokens]", state="visible")
+        assert page.inner_text("[data-testid=tier-hit-tokens]") == "6,000"
+        assert page.inner_text("[data-testid=tier-bytes]") == "344.1 MB"
+        cell = "tr[data-instance=i1] [data-field=tier_hit_tokens]"
+        assert page.is_visible(cell) and page.inner_text(cell) == "2,000"
+        feeder.tier = False
+        page.wait_for_selector("[data-testid=tier-hit-tokens]", state="hidden")
     finally:
         page.context.close()
 

@@ -94,3 +94,15 @@ def test_routers_listed_with_versions_and_newest_timestamp() -> None:
 def test_no_router_gives_an_empty_snapshot() -> None:
     merged = merge_cluster("c", [])
     assert merged["ts"] is None and merged["instances"] == [] and merged["routers"] == []
+
+
+def test_tier_traffic_is_summed_over_instances_and_absent_without_a_tier() -> None:
+    a = snapshot("c", "r1", [instance("i0", tier_hit_tokens=96, tier_bytes_read=1000),
+                             instance("i1", tier_hit_tokens=0, tier_bytes_read=0)])
+    b = snapshot("c", "r2", [instance("i0", tier_hit_tokens=160, tier_bytes_read=2000)])
+    merged = merge_cluster("c", [a, b])
+    # the same engine's counters seen by two routers: the newer (larger) one, not the sum
+    assert merged["instances"][0]["tier_hit_tokens"] == 160
+    assert merged["tier"] == {"hit_tokens": 160, "bytes_read": 2000}
+    plain = snapshot("c", "r1", [instance("i0"), instance("i1")])
+    assert merge_cluster("c", [plain])["tier"] is None

@@ -35,6 +35,13 @@ const fmt = {
   num: (v) => (v == null ? "–" : v.toLocaleString(undefined, { maximumFractionDigits: 1 })),
   num2: (v) => (v == null ? "–" : v.toFixed(2)),
   int: (v) => (v == null ? "–" : Math.round(v).toLocaleString()),
+  bytes: (v) => {
+    if (v == null) return "–";
+    const units = ["B", "KB", "MB", "GB", "TB", "PB"];
+    let k = 0;
+    while (v >= 1000 && k < units.length - 1) { v /= 1000; k += 1; }
+    return `${v.toFixed(k ? 1 : 0)} ${units[k]}`;
+  },
 };
 const compact = new Intl.NumberFormat(undefined, { notation: "compact", maximumSignificantDigits: 3 });
 fmt.score = (v) => (v == null ? "filtered" : compact.format(v));
@@ -67,6 +74,14 @@ function renderMetrics(window_) {
   }
 }
 
+// Global KV tier: shown only when some engine of the cluster reports one (snapshot.tier).
+function renderTier(tier) {
+  for (const el of document.querySelectorAll("[data-tier]")) el.classList.toggle("hidden", !tier);
+  for (const el of document.querySelectorAll("[data-tier-metric]")) {
+    el.textContent = fmt[el.dataset.format](tier?.[el.dataset.tierMetric]);
+  }
+}
+
 function renderRouters(routers) {
   $("#routers").innerHTML = routers.length
     ? routers.map((r) => `<span class="badge" data-router="${esc(r.router)}">${esc(r.router)} · ${esc(r.policy)} · v${esc(r.config_version ?? "?")}</span>`).join(" ")
@@ -85,6 +100,8 @@ function sortedInstances(instances) {
   });
 }
 
+const tierShown = () => Boolean(state.snapshot?.tier);
+
 function renderInstances(instances) {
   $("#instances tbody").innerHTML = sortedInstances(instances).map((i) => `
     <tr data-instance="${esc(i.name)}" class="${i.hotspot ? "hot" : ""} ${esc(i.health)}">
@@ -96,6 +113,8 @@ function renderInstances(instances) {
       <td class="num" data-field="batch_size_max">${fmt.int(i.batch_size_max)}</td>
       <td class="num" data-field="in_flight">${fmt.int(i.in_flight)}</td>
       <td class="num">${fmt.pct(i.kv_usage)}</td><td class="num">${fmt.pct(i.hit_ratio)}</td>
+      <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_hit_tokens">${fmt.int(i.tier_hit_tokens)}</td>
+      <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_bytes_read">${fmt.bytes(i.tier_bytes_read)}</td>
       <td>${i.hotspot ? '<span class="badge bad" data-testid="hotspot-badge">hotspot</span>' : ""}</td>
     </tr>`).join("");
   renderHeat(instances);
@@ -351,6 +370,7 @@ function applySnapshot(snapshot) {
   state.lastSnapshotAt = Date.now() / 1000;
   renderMetrics(snapshot.window);
   renderRouters(snapshot.routers);
+  renderTier(snapshot.tier);
   renderInstances(snapshot.instances);
   for (const h of snapshot.hotspots ?? []) confirmHotspot(h, snapshot.ts);
   renderBanner();

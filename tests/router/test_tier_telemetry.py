@@ -1,0 +1,68 @@
+"""Global KV tier traffic from the engines' /metrics to the router's state snapshot and the
+control plane's merged cluster snapshot; absent for a cluster without a tier."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from controlplane.realtime.snapshot import merge_cluster
+from router_worker.telemetry_contract import StateSnapshot
+from tests.router.conftest import (
+    MODEL,
+    Fleet,
+    router_config,
+    start_fleet,
+    stop_process,
+    wait_until,
+)
+
+PROMPT = "tiered prefix " * 120
+
+
+@pytest.fixture
+def tier_fleet() -> Iterator[Fleet]:
+    fleet = start_fleet(2, "--global-tier-blocks", "100000")
+    yield fleet
+    stop_process(fleet.proc)
+
+
+def _snapshot(router) -> StateSnapshot:
+    return StateSnapshot.model_validate(router.state()["snapshot"])
+
+
+def _send_twice(router) -> None:
+    for _ in range(2):  # round robin: the second goes to the other instance, a tier hit
+        response = httpx.post(router.url + "/v1/completions", timeout=10,
+                              json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+        assert response.status_code == 200
+
+
+def test_tier_hits_and_bytes_reach_the_cluster_snapshot(tier_fleet, router_factory):
+    router = router_factory(router_config(tier_fleet, "round_robin"))
+    _send_twice(router)
+    hits = sum(tier_fleet.engine_metric(k, "vllm:external_prefix_cache_hits_total")
+               for k in range(2))
+    read = sum(tier_fleet.engine_metric(k, "enginesim:kv_tier_read_bytes_total")
+               for k in range(2))
+    assert hits > 0 and read > 0
+
+    def reported() -> bool:
+        return sum(i.tier_hit_tokens or 0 for i in _snapshot(router).instances) == hits
+    wait_until(reported, 10, "tier hits in the router's snapshot")
+    merged = merge_cluster("test", [_snapshot(router)])
+    assert merged["tier"] == {"hit_tokens": hits, "bytes_read": read}
+    assert all(i["tier_bytes_read"] is not None for i in merged["instances"])
+
+
+def test_a_cluster_without_a_tier_reports_none(fleet, router_factory):
+    router = router_factory(router_config(fleet, "round_robin"))
+    _send_twice(router)
+    wait_until(lambda: all(i.kv_usage is not None for i in _snapshot(router).instances),
+               10, "a scrape of every instance")
+    snapshot = _snapshot(router)
+    assert all(i.tier_hit_tokens is None and i.tier_bytes_read is None
+               for i in snapshot.instances)
+    assert merge_cluster("test", [snapshot])["tier"] is None

@@ -493,6 +493,18 @@ class ClusterView:
         return state.in_flight - self.ours_waiting + self.external_running
 
     @property
+    def held_blocks(self) -> np.ndarray:
+        """Per slot, blocks the KV index holds for it (its modelled prefix cache)."""
+        kv = self._state.kv
+        return np.array([kv.held_count(slot) for slot in range(self.size)], dtype=np.int64)
+
+    @property
+    def capacity_blocks(self) -> np.ndarray:
+        """Per slot, KV capacity in blocks (scraped, else the configured default)."""
+        kv = self._state.kv
+        return np.array([kv.capacity(slot) for slot in range(self.size)], dtype=np.int64)
+
+    @property
     def has_global_tier(self) -> bool:
         return self._state.global_tier is not None
 

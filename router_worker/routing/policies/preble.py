@@ -104,8 +104,8 @@ class PrebleParams(PolicyParams):
         1.3, ge=0, le=100,
         description="GPU time of one decode token ÷ that of one prefill token (model- and "
         "GPU-specific). Decode cost of a request = mean output tokens × this. Default: "
-        "Qwen2-7B on H20 at a decode batch of 32 (amortised step time per sequence ÷ "
-        "prefill time per token, enginesim roofline model).",
+        "Qwen2-7B on H20 at decode batches of 32-64 (decode step time per sequence ÷ "
+        "prefill time per token: 1.2-1.5 in enginesim's roofline model).",
     )
     eviction_weight: float = Field(
         1.0, ge=0, le=100,

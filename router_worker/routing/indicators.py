@@ -440,9 +440,10 @@ class ClusterView:
     ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
     ``batch_size`` (decoding + admitted + unexpired external: the engine's
     running batch, see the module docstring), ``ours_waiting`` and
-    ``external_running`` are computed per call at the state's clock.
-    ``eligible`` is a fresh bool mask of healthy slots. ``ids[slot]`` is the
-    instance id.
+    ``external_running`` are computed per call at the state's clock;
+    ``held_blocks`` and ``capacity_blocks`` (the KV index's per-slot LRU size
+    and bound) per call too. ``eligible`` is a fresh bool mask of healthy slots.
+    ``ids[slot]`` is the instance id.
     """
 
     def __init__(self, state: ClusterState) -> None:

@@ -268,6 +268,8 @@ class RouterCore:
                 metrics.child(metrics.tpot, arm.name).observe(tpot)
         metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason,
                       str(status)).inc()
+        if ok and output_tokens > 0 and plan.instance:  # 0: the engine reported no usage
+            arm.policy.observe_finish(plan.features, plan.instance, output_tokens, time.time())
         self.telemetry.record(RequestSample(
             at=time.time(), arm=arm.name, policy=arm.policy_kind, instance=plan.instance or None,
             ok=ok or status < 500, ttft=ttft, tpot=tpot, output_tokens=output_tokens,

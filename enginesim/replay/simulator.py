@@ -12,7 +12,8 @@ Kinds:
   at scrapes and when a request is added; every wake carries a version so a wake made
   stale by a later ``add_request`` is skipped.
 * ``TELEMETRY``: an indicator update (``on_first_token``, ``on_finish``, ``on_scrape``, KV
-  events, ``observe_first_token``) held back by ``telemetry_delay_s``, the staleness knob.
+  events, ``observe_first_token``, ``observe_finish``) held back by ``telemetry_delay_s``,
+  the staleness knob.
   With a zero delay the updates are applied at once. Dispatch accounting is never delayed:
   the router does it itself when it sends.
 * ``SCRAPE``: every ``scrape_interval_s`` each live engine's
@@ -462,9 +463,12 @@ class Simulator:
         router.policy.observe_first_token(flight.features, self.ids[flight.slot], ttft, now)
 
     def _apply_finish(self, now: float, flight: _Flight) -> None:
-        state = self.routers[flight.router].state
-        if state.is_in_flight(flight.result.id):
-            state.on_finish(flight.result.id, now)
+        router = self.routers[flight.router]
+        if router.state.is_in_flight(flight.result.id):
+            router.state.on_finish(flight.result.id, now)
+            if flight.result.status == "ok":
+                router.policy.observe_finish(flight.features, self.ids[flight.slot],
+                                             flight.result.output_tokens, now)
 
     def _to_peers(self, flight: _Flight, apply: Callable[..., None], *args: Any) -> None:
         if self.config.replica_sync and len(self.routers) > 1:

@@ -440,9 +440,10 @@ class ClusterView:
     ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
     ``batch_size`` (decoding + admitted + unexpired external: the engine's
     running batch, see the module docstring), ``ours_waiting`` and
-    ``external_running`` are computed per call at the state's clock.
-    ``eligible`` is a fresh bool mask of healthy slots. ``ids[slot]`` is the
-    instance id.
+    ``external_running`` are computed per call at the state's clock;
+    ``held_blocks`` and ``capacity_blocks`` (the KV index's per-slot LRU size
+    and bound) per call too. ``eligible`` is a fresh bool mask of healthy slots.
+    ``ids[slot]`` is the instance id.
     """
 
     def __init__(self, state: ClusterState) -> None:
@@ -491,6 +492,18 @@ class ClusterView:
         if not state.use_scraped_load:
             return _readonly(state.in_flight)
         return state.in_flight - self.ours_waiting + self.external_running
+
+    @property
+    def held_blocks(self) -> np.ndarray:
+        """Per slot, blocks the KV index holds for it (its modelled prefix cache)."""
+        kv = self._state.kv
+        return np.array([kv.held_count(slot) for slot in range(self.size)], dtype=np.int64)
+
+    @property
+    def capacity_blocks(self) -> np.ndarray:
+        """Per slot, KV capacity in blocks (scraped, else the configured default)."""
+        kv = self._state.kv
+        return np.array([kv.capacity(slot) for slot in range(self.size)], dtype=np.int64)
 
     @property
     def has_global_tier(self) -> bool:

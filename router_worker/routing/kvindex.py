@@ -163,6 +163,10 @@ class KVIndex:
             return 0
         return len(lru) if self._tree is None else self._tree.held_count(slot)
 
+    def capacity(self, slot: int) -> int:
+        """Blocks the slot's LRU may hold before it evicts."""
+        return self._capacity[slot]
+
     def holds(self, slot: int, block_hash: int) -> bool:
         self._to_blocks()
         held = self._closed.get(block_hash, 0) | self._loose.get(block_hash, 0)

@@ -207,3 +207,13 @@ def test_a_policy_with_cost_coefficients_gets_the_simulated_clusters():
     kept = Simulator([record], "predicted_ttft", chosen)
     assert kept.policy.params.prefill_tps == 1234.0  # what was set is kept
     assert kept.policy.params.min_step_s == h100.policy.params.min_step_s
+
+
+def test_finished_requests_report_their_output_length_to_the_policy():
+    """observe_finish reaches the policy at each finish: Preble's decode cost becomes the
+    mean output length (5, 10, 30 tokens → 15) × its decode_token_weight."""
+    records = [TraceRecord(k, 0.1 * k, 200, out) for k, out in enumerate((5, 10, 30))]
+    sim = Simulator(records, "preble", SimConfig(instances=2))
+    assert sim.policy.decode_cost == 128  # the prior, before any finish
+    sim.run()
+    assert sim.policy.decode_cost == pytest.approx(15 * sim.policy.params.decode_token_weight)

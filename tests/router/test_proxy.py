@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import MODEL, router_config
+from tests.router.conftest import MODEL, router_config, wait_until
 
 
 @pytest.fixture
@@ -105,3 +105,23 @@ def test_round_robin_spreads_load(fleet, router_factory):
         assert raw.headers["x-switchyard-policy"] == "round_robin"
         seen[raw.headers["x-switchyard-instance"]] += 1
     assert seen == {"i0": 3, "i1": 3, "i2": 3, "i3": 3}
+
+
+def test_preble_prices_decode_from_the_output_lengths_the_router_saw(fleet, router_factory):
+    """The live router reports each finished request's output length to the policy
+    (``observe_finish``): Preble's decode cost becomes 50 output tokens × 1.3, not its
+    prior of 128, in the next decision's load of the instance that served the first."""
+    router = router_factory(router_config(fleet, "preble", client_auth=debug_key_only()))
+    client = _client(router)
+    first = client.completions.with_raw_response.create(
+        model=MODEL, prompt=list(range(1000, 1100)), max_tokens=50)
+    assert first.parse().usage.completion_tokens == 50
+    wait_until(lambda: router.state()["recent_decisions"], 10, "the first request's finish")
+    second = client.completions.with_raw_response.create(
+        model=MODEL, prompt=list(range(5000, 5100)), max_tokens=1,
+        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
+    scores = httpx.Response(200, content=second.headers["x-switchyard-scores"]).json()
+    served = first.headers["x-switchyard-instance"]
+    # 100 uncached prompt tokens of the first + its decode (50 × 1.3) + 100 new tokens
+    assert scores[served] == pytest.approx(100 + 65 + 100)
+    assert {v for k, v in scores.items() if k != served} == {100}

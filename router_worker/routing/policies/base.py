@@ -8,8 +8,8 @@ documented secondary keys, then by a seeded random choice (never list order).
 Policies may keep windows and tables (hotspot detector, hotness tree, session
 table); they update them only from the arguments they are given, so the
 simulator and the live router get identical behaviour for identical inputs.
-Feedback they may use arrives through ``observe_first_token``; the default is
-to ignore it.
+Feedback they may use arrives through ``observe_first_token`` and
+``observe_finish``; the default is to ignore it.
 """
 
 from __future__ import annotations
@@ -100,6 +100,12 @@ class Policy(ABC):
     ) -> None:
         """Feedback: ``request`` got its first token on ``instance_id`` after ``ttft`` s."""
         return None  # most policies need no feedback
+
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
+        """Feedback: ``request`` finished on ``instance_id`` after ``output_tokens`` tokens."""
+        return None
 
     # ----- helpers for subclasses ---------------------------------------------
     def eligible_mask(self, view: ClusterView) -> np.ndarray:

@@ -181,9 +181,16 @@ def _value(field: ParamField, data: QueryDict) -> Any:
     if not raw:
         return None if field.nullable and field.input_name in data else _UNSET
     if field.kind in {"integer", "number"}:
+        return _number(raw)
+    return raw
+
+
+def _number(raw: str) -> Any:
+    """int when the text is one (messages then echo "-1", not "-1.0"), else float, else the
+    text itself: the policy's class names the field and the problem."""
+    for parse in (int, float):
         try:
-            return int(raw) if field.kind == "integer" and raw.lstrip("-").isdigit() \
-                else float(raw)
+            return parse(raw)
         except ValueError:
-            return raw  # the policy's class names the field and the problem
+            continue
     return raw

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any
 
 from django.db import transaction
@@ -23,6 +24,19 @@ DEFAULT_GUARDRAILS: dict[str, float] = {
     "effect_tolerance": 0.10,  # accepted relative worsening of the candidate's median
     "max_failures": 2,  # failed steps tolerated before automatic rollback
     "step_seconds": 60,  # minimum time at a step before it is judged
+}
+GUARDRAIL_HELP: dict[str, str] = {
+    "max_error_rate": "hard guard: highest share of the candidate's requests that may fail "
+                      "per step before rollback",
+    "max_hotspot_fallback_rate": "hard guard: highest share of the candidate's decisions that "
+                                 "may be hotspot fallbacks per step",
+    "min_samples": "requests needed per arm and step before judging; fewer halts the step "
+                   "(no data is never a pass)",
+    "p_value": "significance level of the Mann-Whitney test between the arms",
+    "effect_tolerance": "accepted relative worsening of the candidate's median TTFT/TPOT "
+                        "(0.10 = 10%)",
+    "max_failures": "failed steps tolerated before automatic rollback",
+    "step_seconds": "minimum time at a weight step before it is judged, seconds",
 }
 TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
     # action: (states it may start from, resulting state)
@@ -81,8 +95,9 @@ def _validate_guardrails(guardrails: dict[str, Any] | None) -> dict[str, float]:
         if key not in DEFAULT_GUARDRAILS:
             raise ServiceError(f"guardrails.{key}: unknown guardrail; known: "
                                f"{sorted(DEFAULT_GUARDRAILS)}", f"guardrails.{key}")
-        if not isinstance(value, int | float) or value < 0:
-            raise ServiceError(f"guardrails.{key}: must be a non-negative number",
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not math.isfinite(value) or value < 0:
+            raise ServiceError(f"guardrails.{key}: must be a finite number ≥ 0 (got {value!r})",
                                f"guardrails.{key}")
         merged[key] = value
     return merged

@@ -6,9 +6,22 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from router_worker.routing.policies import REGISTRY
+from router_worker.routing.policies import REGISTRY, param_problems
 
 from .errors import ServiceError
+
+
+class InvalidParams(ServiceError):
+    """Policy parameters refused by the policy's class: every problem, each field named.
+
+    ``field``/``message`` are the first problem's; ``details["problems"]`` lists all of
+    them as ``{"field": "params.<path>", "message": ...}`` (the API returns it as is, the
+    forms put each message next to its input).
+    """
+
+    def __init__(self, problems: list[dict[str, str]]) -> None:
+        super().__init__("; ".join(p["message"] for p in problems), problems[0]["field"])
+        self.details = {"problems": problems}
 
 
 def policy_kinds() -> dict[str, dict[str, Any]]:
@@ -29,7 +42,8 @@ def normalised_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any
     try:
         validated = policy_class.Params.model_validate(params or {})
     except ValidationError as error:
-        first = error.errors()[0]
-        field = ".".join(["params", *(str(p) for p in first["loc"])])
-        raise ServiceError(f"{field}: {first['msg']}", field) from None
+        raise InvalidParams([
+            {"field": ".".join(filter(None, ("params", problem.path))),
+             "message": problem.message}
+            for problem in param_problems(kind, policy_class.Params, error)]) from None
     return validated.model_dump(mode="json")

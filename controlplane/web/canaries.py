@@ -15,11 +15,13 @@ from django.views.decorators.http import require_GET, require_POST
 from controlplane.models import CanarySplit, Cluster
 from controlplane.services import canaries as canary_service
 from controlplane.services.errors import NotFound, ServiceError
+from controlplane.services.validation import policy_kinds
 
 from . import reads
 from .access import actor, operator_required, viewer_required
 from .clusters import get_cluster
-from .pages import expected_revision, page, service_error_response
+from .pages import expected_revision, field_errors, page, service_error_response
+from .schema_form import param_fields, with_values
 from .stats import describe
 
 TEMPLATE = "web/canary.html"
@@ -27,18 +29,52 @@ ACTIONS = ("start", "pause", "resume", "promote", "abort")
 COMPARISON_WINDOW = timedelta(minutes=10)
 
 
-def _context(cluster: Cluster) -> dict[str, Any]:
+def _context(cluster: Cluster, form: QueryDict | None = None,
+             error: ServiceError | None = None) -> dict[str, Any]:
+    """The page; after a refused create (``form``, ``error``) the form keeps every value the
+    operator entered and shows the message next to its field."""
     canaries = list(reads.canaries(cluster.pk).select_related(
         "baseline_policy", "candidate_policy").prefetch_related("judgements")[:20])
     current = next((c for c in canaries if c.state in CanarySplit.ACTIVE_STATES), None)
     policies = list(reads.policies(cluster.pk))
+    instances = list(reads.instances(cluster.pk))
+    default_candidate = next((p.pk for p in policies if p.pk != cluster.active_policy_id), None)
+    baseline = _chosen(form, "baseline_policy", cluster.active_policy_id)
+    candidate = _chosen(form, "candidate_policy", default_candidate)
     return {"cluster": cluster, "tab": "canary", "canaries": canaries, "current": current,
-            "policies": policies,
-            "default_candidate": next((p.pk for p in policies
-                                       if p.pk != cluster.active_policy_id), None),
-            "instances": reads.instances(cluster.pk),
-            "guardrails": canary_service.DEFAULT_GUARDRAILS,
+            "policies": policies, "policy_params": _policy_params(policies),
+            "kinds": policy_kinds(),
+            "baseline_choice": baseline, "candidate_choice": candidate,
+            "arms": [("baseline", baseline), ("candidate", candidate)],
+            "instances": [(i, _arm(form, i.name, index)) for index, i in enumerate(instances)],
+            "guardrails": _guardrails(form, field_errors(error) if error else {}),
             "actions": {c.pk: _allowed_actions(c) for c in canaries}}
+
+
+def _policy_params(policies: list) -> dict[int, list]:
+    """Each policy's stored parameters with their descriptions, for the arm summaries."""
+    kinds = policy_kinds()
+    return {p.pk: with_values(param_fields(kinds[p.kind]["schema"]), p.params or {},
+                              f"policy{p.pk}")
+            for p in policies if p.kind in kinds}
+
+
+def _chosen(form: QueryDict | None, key: str, default: int | None) -> str:
+    return form.get(key, "") if form is not None else ("" if default is None else str(default))
+
+
+def _arm(form: QueryDict | None, name: str, index: int) -> str:
+    if form is not None:
+        return form.get(f"arm.{name}", "")
+    return "candidate" if index % 2 else "baseline"
+
+
+def _guardrails(form: QueryDict | None, errors: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"key": key, "default": default,
+             "value": form.get(f"guard.{key}", "") if form is not None else default,
+             "help": canary_service.GUARDRAIL_HELP.get(key, ""),
+             "error": errors.get(f"guardrails.{key}", "")}
+            for key, default in canary_service.DEFAULT_GUARDRAILS.items()]
 
 
 def _allowed_actions(canary: CanarySplit) -> list[str]:
@@ -58,8 +94,9 @@ def canary_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
     try:
         canary_service.create_canary(actor(request), cluster.pk, **_create_args(request.POST))
     except ServiceError as error:
-        return service_error_response(request, error, TEMPLATE, **_context(cluster),
-                                      form=request.POST)
+        return service_error_response(request, error, TEMPLATE,
+                                      **_context(cluster, request.POST, error),
+                                      form=request.POST, field_errors=field_errors(error))
     return redirect(reverse("web:canary", args=[cluster.pk]))
 
 

@@ -24,6 +24,15 @@ def service_error_response(request: HttpRequest, error: ServiceError, template: 
                 error_field=error.field, **context)
 
 
+def field_errors(error: ServiceError) -> dict[str, str]:
+    """The error's message per field: every problem of invalid policy parameters, else the
+    one field the service named (nothing when it named none)."""
+    problems = error.details.get("problems") or []
+    if problems:
+        return {p["field"]: p["message"] for p in problems if p.get("field")}
+    return {error.field: error.message} if error.field else {}
+
+
 def expected_revision(data: QueryDict) -> int | None:
     """The cluster revision a form was rendered at (its hidden `expected_revision`)."""
     value = data.get("expected_revision", "").strip()

@@ -7,7 +7,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
@@ -21,8 +21,8 @@ from controlplane.services.validation import policy_kinds
 from . import dashboard, reads
 from .access import actor, operator_required, viewer_required
 from .clusters import get_cluster
-from .pages import expected_revision, page, service_error_response
-from .schema_form import param_fields, params_from_form
+from .pages import expected_revision, field_errors, page, service_error_response
+from .schema_form import bind, param_fields, params_from_form, with_values
 
 TEMPLATE = "web/policy.html"
 
@@ -32,13 +32,26 @@ def _kind_fields(kind: str) -> list:
     return param_fields(kinds[kind]["schema"]) if kind in kinds else []
 
 
-def _context(cluster: Cluster, kind: str | None = None) -> dict[str, Any]:
+def _context(cluster: Cluster, kind: str | None = None,
+             refused: tuple[QueryDict, ServiceError] | None = None) -> dict[str, Any]:
+    """The page; after a refused submit (``refused``: the posted form and the error) the
+    new-policy inputs keep what the operator typed, each with its own message."""
     kinds = policy_kinds()
     kind = kind if kind in kinds else (cluster.active_policy.kind if cluster.active_policy
                                        else next(iter(kinds)))
+    fields = _kind_fields(kind)
+    errors: dict[str, str] = {}
+    if refused is not None:
+        errors = field_errors(refused[1])
+        if refused[0].get("policy") == "new":
+            fields = bind(fields, refused[0], errors)
     latest = config_service.latest_version(cluster)
-    return {"cluster": cluster, "tab": "policy", "policies": reads.policies(cluster.pk),
-            "kinds": kinds, "kind": kind, "fields": _kind_fields(kind),
+    policies = list(reads.policies(cluster.pk))
+    return {"cluster": cluster, "tab": "policy", "policies": policies,
+            "policy_params": {p.pk: with_values(param_fields(kinds[p.kind]["schema"]),
+                                                p.params or {}, f"policy{p.pk}")
+                              for p in policies if p.kind in kinds},
+            "kinds": kinds, "kind": kind, "fields": fields, "field_errors": errors,
             "canary": config_service.active_canary(cluster),
             "target_version": latest.number if latest else None}
 
@@ -71,7 +84,8 @@ def policy_apply(request: HttpRequest, cluster_id: int) -> HttpResponse:
     except ServiceError as error:  # re-read: the form shows the current revision
         return service_error_response(request, error, TEMPLATE,
                                       **_context(get_cluster(cluster.pk),
-                                                 request.POST.get("kind")),
+                                                 request.POST.get("kind"),
+                                                 (request.POST, error)),
                                       form=request.POST)
     version = config_service.latest_version(cluster)
     query = urlencode({"applied": policy.name, "version": version.number if version else ""})

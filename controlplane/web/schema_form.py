@@ -7,7 +7,8 @@ the service, so this module never decides what is valid.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.http import QueryDict
@@ -26,14 +27,70 @@ class ParamField:
     maximum: float | None = None
     choices: tuple[str, ...] = ()
     nullable: bool = False
+    exclusive_minimum: bool = False
+    exclusive_maximum: bool = False
+    posted: str | None = None  # what the operator submitted (None: not submitted)
+    error: str = ""  # the policy class's message for this field
+    id_prefix: str = "param"  # unique per policy where several are on one page
 
     @property
     def input_name(self) -> str:
         return PREFIX + self.name
 
     @property
+    def input_id(self) -> str:
+        return f"{self.id_prefix}-{self.name.replace('.', '-')}"
+
+    @property
+    def described_by(self) -> str:
+        """The ids of the help text (and the error, if any) for aria-describedby."""
+        return f"{self.input_id}-help" + (f" {self.input_id}-error" if self.error else "")
+
+    @property
     def step(self) -> str:
         return "1" if self.kind == "integer" else "any"
+
+    @property
+    def value(self) -> str:
+        """The input's value: the operator's own text after a refused submit, else the
+        default."""
+        if self.posted is not None:
+            return self.posted
+        return "" if self.default is None else str(self.default)
+
+    @property
+    def checked(self) -> bool:
+        if self.posted is not None:
+            return self.posted in CHECKED
+        return bool(self.default)
+
+    @property
+    def default_text(self) -> str:
+        if self.kind == "boolean":
+            return "on" if self.default else "off"
+        return "blank" if self.default is None else str(self.default)
+
+    @property
+    def bounds(self) -> str:
+        """The allowed range as the schema states it: "≥ 0", "> 0", "0 – 1", "> 0, ≤ 1"."""
+        low = None if self.minimum is None else _bound(">" if self.exclusive_minimum else "≥",
+                                                       self.minimum)
+        high = None if self.maximum is None else _bound("<" if self.exclusive_maximum else "≤",
+                                                        self.maximum)
+        if low and high and not (self.exclusive_minimum or self.exclusive_maximum):
+            return f"{_num(self.minimum)} – {_num(self.maximum)}"
+        return ", ".join(part for part in (low, high) if part)
+
+
+CHECKED = frozenset({"on", "true", "1"})
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _bound(sign: str, value: float) -> str:
+    return f"{sign} {_num(value)}"
 
 
 def param_fields(schema: dict[str, Any]) -> list[ParamField]:
@@ -72,7 +129,31 @@ def _field(name: str, prop: dict[str, Any], resolved: dict[str, Any]) -> ParamFi
         maximum=resolved.get("maximum", resolved.get("exclusiveMaximum")),
         choices=tuple(str(c) for c in resolved.get("enum", ())),
         nullable=bool(resolved.get("nullable")),
+        exclusive_minimum="minimum" not in resolved and "exclusiveMinimum" in resolved,
+        exclusive_maximum="maximum" not in resolved and "exclusiveMaximum" in resolved,
     )
+
+
+def bind(fields: list[ParamField], data: Mapping[str, Any],
+         errors: Mapping[str, str]) -> list[ParamField]:
+    """The fields as the operator submitted them, each with its own error (``errors`` keyed
+    by the service's field path, ``params.<name>``), so a refused form loses nothing."""
+    return [replace(field, posted=str(data.get(field.input_name, "")),
+                    error=errors.get(f"params.{field.name}", ""))
+            for field in fields]
+
+
+def with_values(fields: list[ParamField], params: Mapping[str, Any],
+                id_prefix: str) -> list[ParamField]:
+    """The fields showing a stored policy's values (read-only summaries)."""
+    shown = []
+    for field in fields:
+        node: Any = params
+        for part in field.name.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        value = "" if node is None else str(node).lower() if isinstance(node, bool) else str(node)
+        shown.append(replace(field, posted=value, id_prefix=id_prefix))
+    return shown
 
 
 def params_from_form(fields: list[ParamField], data: QueryDict) -> dict[str, Any]:
@@ -95,14 +176,21 @@ _UNSET = object()
 
 def _value(field: ParamField, data: QueryDict) -> Any:
     if field.kind == "boolean":
-        return data.get(field.input_name) in {"on", "true", "1"}
+        return data.get(field.input_name) in CHECKED
     raw = (data.get(field.input_name) or "").strip()
     if not raw:
         return None if field.nullable and field.input_name in data else _UNSET
     if field.kind in {"integer", "number"}:
+        return _number(raw)
+    return raw
+
+
+def _number(raw: str) -> Any:
+    """int when the text is one (messages then echo "-1", not "-1.0"), else float, else the
+    text itself: the policy's class names the field and the problem."""
+    for parse in (int, float):
         try:
-            return int(raw) if field.kind == "integer" and raw.lstrip("-").isdigit() \
-                else float(raw)
+            return parse(raw)
         except ValueError:
-            return raw  # the policy's class names the field and the problem
+            continue
     return raw

@@ -51,7 +51,10 @@ TransitionKind = Literal["suspected", "confirmed", "dismissed", "cleared"]
 class HotspotParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    enabled: bool = Field(True, description="run the hotspot detector")
+    enabled: bool = Field(
+        True, description="run the hotspot detector; off = always route by the policy's score, "
+        "never the load-only fallback"
+    )
     window_s: float = Field(30.0, gt=0, description="sliding window of requests, seconds")
     min_class_blocks: int = Field(
         8, ge=1, description="shortest cached prefix (in blocks) that defines a class"

@@ -33,18 +33,35 @@ def assert_refused(response, status: int, field: str, *words: str) -> None:
         assert word in error["message"], error
 
 
-@pytest.mark.parametrize(("params", "status", "field"), [
-    ({"w": 1.5}, 400, "params.w"),  # LinearParams: 0 <= w <= 1
-    ({"w": "heavy"}, 400, "params.w"),
-    ({"variant": "quadratic"}, 400, "params.variant"),
-    ({"bogus": 1}, 400, "params.bogus"),  # the policy classes forbid unknown parameters
-    ([1, 2], 422, "params"),  # not a JSON object: refused by the request schema
+@pytest.mark.parametrize(("params", "status", "field", "message"), [
+    ({"w": 1.5}, 400, "params.w", "linear.w: must be ≤ 1 (got 1.5)"),  # 0 <= w <= 1
+    ({"w": "heavy"}, 400, "params.w", "linear.w: must be a number (got 'heavy')"),
+    ({"variant": "quadratic"}, 400, "params.variant",
+     "linear.variant: must be one of 'weighted_sum' or 'dynamo' (got 'quadratic')"),
+    ({"bogus": 1}, 400, "params.bogus",  # the policy classes forbid unknown parameters
+     "linear.bogus: unknown parameter (known: prefill_weight, variant, w)"),
+    ([1, 2], 422, "params", "params"),  # not a JSON object: refused by the request schema
 ])
 def test_invalid_policy_params_are_refused_naming_the_field(world, operator, params, status,
-                                                            field) -> None:
+                                                            field, message) -> None:
     response = post(operator, f"/api/v1/clusters/{world['alpha']}/policies",
                     {"name": "bad", "kind": "linear", "params": params})
-    assert_refused(response, status, field, field)
+    assert_refused(response, status, field, message)
+
+
+def test_every_invalid_policy_param_is_listed_with_its_field(world, operator) -> None:
+    response = post(operator, f"/api/v1/clusters/{world['alpha']}/policies", {
+        "name": "bad", "kind": "lmetric",
+        "params": {"batch_offset": -1, "hotspot": {"enabled": "maybe", "window_s": 0}}})
+    assert_refused(response, 400, "params.batch_offset",
+                   "lmetric.batch_offset: must be ≥ 0 (got -1)")
+    assert response.json()["error"]["problems"] == [
+        {"field": "params.batch_offset", "message": "lmetric.batch_offset: must be ≥ 0 (got -1)"},
+        {"field": "params.hotspot.enabled",
+         "message": "lmetric.hotspot.enabled: must be true or false (got 'maybe')"},
+        {"field": "params.hotspot.window_s",
+         "message": "lmetric.hotspot.window_s: must be > 0 (got 0)"},
+    ]
 
 
 def test_nested_policy_params_name_the_full_path(world, operator) -> None:
@@ -89,7 +106,8 @@ def canary(world, **changes: Any) -> dict[str, Any]:
     ({"weight_steps": [50, 150]}, "weight_steps", ("(0, 100]",)),
     ({"weight_steps": [50, 20]}, "weight_steps", ("increase",)),
     ({"weight_steps": [-5]}, "weight_steps", ("(0, 100]",)),
-    ({"guardrails": {"max_error_rate": -1}}, "guardrails.max_error_rate", ("non-negative",)),
+    ({"guardrails": {"max_error_rate": -1}}, "guardrails.max_error_rate", ("≥ 0 (got -1",)),
+    ({"guardrails": {"p_value": float("nan")}}, "guardrails.p_value", ("finite", "nan")),
     ({"guardrails": {"speed": 1}}, "guardrails.speed", ("unknown",)),
     ({"candidate_policy_id": "{lm}"}, "candidate_policy_id", ("differ",)),
     ({"baseline_policy_id": 987654}, "baseline_policy_id", ("does not exist",)),

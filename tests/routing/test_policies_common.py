@@ -49,6 +49,27 @@ def test_invalid_params_name_the_field(kind, params, field):
     assert info.value.field == field and field in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("kind", "params", "message"),
+    [
+        ("lmetric", {"batch_offset": -1}, "lmetric.batch_offset: must be ≥ 0 (got -1)"),
+        ("lmetric", {"hotspot": {"window_s": 0}}, "lmetric.hotspot.window_s: must be > 0 (got 0)"),
+        ("lmetric", {"hotspot": {"enabled": "maybe"}},
+         "lmetric.hotspot.enabled: must be true or false (got 'maybe')"),
+        ("lmetric", {"hotspot": {"wndow_s": 1}}, "lmetric.hotspot.wndow_s: unknown parameter "
+         "(known: enabled, max_hit_fraction, min_class_blocks, min_class_requests, window_s)"),
+        ("linear", {"variant": "x"}, "linear.variant: must be one of 'weighted_sum' or 'dynamo' "
+         "(got 'x')"),
+        ("predicted_ttft", {"chunk_tokens": 1.5},
+         "predicted_ttft.chunk_tokens: must be a whole number (got 1.5)"),
+    ],
+)
+def test_invalid_params_say_what_is_allowed_and_what_was_given(kind, params, message):
+    with pytest.raises(PolicyConfigError) as info:
+        make_policy(kind, params)
+    assert str(info.value) == message
+
+
 def test_unknown_kind_is_a_config_error():
     with pytest.raises(PolicyConfigError, match="unknown policy kind 'nope'"):
         validate_params("nope", {})

@@ -25,6 +25,7 @@ from router_worker.routing.policies.dualmap import DualMapPolicy
 from router_worker.routing.policies.least_load import LeastLoadPolicy
 from router_worker.routing.policies.linear import LinearPolicy
 from router_worker.routing.policies.lmetric import LMetricPolicy
+from router_worker.routing.policies.messages import ParamProblem, param_problems
 from router_worker.routing.policies.preble import PreblePolicy
 from router_worker.routing.policies.predicted_ttft import PredictedTTFTPolicy
 from router_worker.routing.policies.round_robin import RoundRobinPolicy
@@ -64,9 +65,8 @@ def validate_params(kind: str, params: Mapping[str, Any] | None) -> PolicyParams
     try:
         return cls.Params.model_validate(dict(params or {}))
     except ValidationError as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"]) or "params"
-        raise PolicyConfigError(f"{kind}.{field}: {first['msg']}", field) from exc
+        first = param_problems(kind, cls.Params, exc)[0]
+        raise PolicyConfigError(first.message, first.path or "params") from exc
 
 
 def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int = 0) -> Policy:
@@ -79,9 +79,11 @@ __all__ = [
     "REGISTRY",
     "Decision",
     "NoEligibleInstanceError",
+    "ParamProblem",
     "Policy",
     "PolicyConfigError",
     "PolicyParams",
     "make_policy",
+    "param_problems",
     "validate_params",
 ]

@@ -37,10 +37,12 @@ class CacheAwareParams(PolicyParams):
         0.3, ge=0.0, le=1.0, description="min matched fraction of the prompt to follow the cache"
     )
     balance_abs_threshold: float = Field(
-        64, ge=0, description="imbalance when max − min in-flight exceeds this"
+        64, ge=0, description="load imbalance when max − min in-flight requests exceeds this "
+        "(and the relative test below holds): then route to the least-loaded instance"
     )
     balance_rel_threshold: float = Field(
-        1.5, ge=1.0, description="... and max in-flight exceeds this × min"
+        1.5, ge=1.0, description="load imbalance also needs max in-flight requests above "
+        "this × min (with the absolute test above)"
     )
 
 

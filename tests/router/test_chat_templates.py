@@ -238,3 +238,17 @@ def test_template_errors_reach_the_router_as_prompt_errors_naming_the_field():
         tokenizer.render({"messages": [{"role": "user", "content": "x"}],
                           "chat_template_kwargs": [1]})
     assert caught.value.param == "chat_template_kwargs"
+
+
+def test_the_shared_renderer_imports_neither_side():
+    """DESIGN.md: router_worker and enginesim's server may not import each other; both may
+    import chat_templates only because it imports neither (nor Django)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, chat_templates; chat_templates.load_chat_template('llama3'); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
+            "{'router_worker', 'enginesim', 'django', 'controlplane'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[2], check=True).stdout
+    assert out.strip() == "[]"

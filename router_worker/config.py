@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from chat_templates import BUILTIN_TEMPLATES, is_builtin
+
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WEIGHT_TOTAL = 100
 
@@ -170,7 +172,12 @@ class RouterSettings(_Strict):
     tokenizer_path: str | None = Field(
         default=None, description="Local tokenizer.json (HF tokenizers) for exact tokenization."
     )
-    chat_template: Literal["chatml", "plain"] = "chatml"
+    chat_template: str = Field(
+        default="chatml", min_length=1, max_length=4096,
+        description="The model's chat template: a built-in (chatml: Qwen's, the default; "
+                    "llama3; plain) or the path, on the router host, of the model's "
+                    "tokenizer_config.json (its chat_template and special tokens) or of a "
+                    ".jinja file. Chat requests are rendered with it exactly as vLLM does.")
     kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
     # Replica sync (router_worker/peers.py): several routers on one fleet share their
     # dispatches over Redis pub/sub. Does nothing without a Redis URL or without peers.
@@ -188,6 +195,14 @@ class RouterSettings(_Strict):
         default=900.0, gt=0, le=7 * 24 * 3600,
         description="A peer's request still open after this long is dropped (a lost end "
                     "message costs at most this).")
+
+    @field_validator("chat_template")
+    @classmethod
+    def _template_name_or_path(cls, value: str) -> str:
+        if is_builtin(value) or value.endswith((".json", ".jinja")):
+            return value
+        raise ValueError(f"must be one of {', '.join(BUILTIN_TEMPLATES)} or the path of a "
+                         f"tokenizer_config.json or .jinja file, not {value!r}")
 
     @model_validator(mode="after")
     def _deadline_covers_first_byte(self) -> RouterSettings:

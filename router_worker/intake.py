@@ -14,8 +14,10 @@ Bad input gets an OpenAI-style 400 that names the field (:class:`APIError`), nev
 exception escaping to the server: strict JSON (RFC 8259: no ``NaN``/``Infinity``, no
 number that overflows to infinity, no lone surrogate, valid UTF-8), at most
 ``MAX_JSON_DEPTH`` levels of nesting, and strict types for every field the router reads
-(``model``, ``messages``, ``prompt``, ``stream``, ``max_tokens``,
-``max_completion_tokens``, ``n``, ``user``). Token ids must lie in ``[0, 2**64)``: the
+(``model``, ``prompt``, ``stream``, ``max_tokens``, ``max_completion_tokens``, ``n``,
+``user``). Chat ``messages`` and the template options are judged by the chat-template
+renderer the engine uses too (:mod:`chat_templates`), so a body the engine would refuse gets
+the engine's own 400 here. Token ids must lie in ``[0, 2**64)``: the
 router hashes them as uint64; the engine refuses ids beyond its vocabulary itself (vLLM:
 400 "Token id … is out of vocabulary"). Everything else is the engine's to judge.
 """
@@ -36,12 +38,11 @@ from typing import Annotated, Any, Literal, NotRequired, Required
 
 import pydantic_core
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
-from pydantic.functional_validators import AfterValidator
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from router_worker.errors import APIError
 from router_worker.routing.features import hash_blocks
-from router_worker.tokenization import Tokenizer, token_id_array
+from router_worker.tokenization import PromptError, Tokenizer, token_id_array
 
 log = logging.getLogger("router_worker.intake")
 
@@ -53,8 +54,6 @@ WORKER_NICENESS = 10
 ORPHAN_CHECK_S = 0.5
 PROMPT_SHAPE = ("`prompt` must be a string, a list of strings, a list of token ids "
                 "(integers in [0, 2**64)), or a list of such lists, none of them empty.")
-CONTENT_SHAPE = ("must be a string, null, or a list of content parts (objects with a "
-                 "string `type`; a `text` part needs a string `text`).")
 TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**64)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1, fail_fast=True)]
 Prompt = Annotated[
@@ -64,22 +63,6 @@ Prompt = Annotated[
     | Annotated[list[TokenIds], Field(min_length=1, fail_fast=True)],
     Field(union_mode="left_to_right"),
 ]
-
-
-def _text_part_has_text(part: dict[str, Any]) -> dict[str, Any]:
-    if part["type"] == "text" and "text" not in part:
-        raise ValueError("a part of type `text` needs a string `text`")
-    return part
-
-
-class _ContentPart(TypedDict, total=False):
-    type: Required[StrictStr]
-    text: StrictStr
-
-
-class _Message(TypedDict, total=False):
-    role: Required[StrictStr]
-    content: StrictStr | list[Annotated[_ContentPart, AfterValidator(_text_part_has_text)]] | None
 
 
 class _Common(TypedDict, total=False):
@@ -92,7 +75,8 @@ class _Common(TypedDict, total=False):
 
 
 class _ChatFields(_Common):
-    messages: Required[Annotated[list[_Message], Field(min_length=1, fail_fast=True)]]
+    # Judged by the shared chat-template renderer, as the engine judges it (same 400).
+    messages: Required[Any]
 
 
 class _CompletionFields(_Common):
@@ -180,8 +164,6 @@ def _field_error(error: ValidationError) -> APIError:
     param = str(location[0]) if location else None
     if param == "prompt":
         return APIError(400, PROMPT_SHAPE, param)
-    if location[2:3] == ("content",):  # a union: pydantic's message names one branch
-        return APIError(400, f"`messages.{location[1]}.content` {CONTENT_SHAPE}", param)
     path = ".".join(str(part) for part in location)
     message = item["msg"]
     if item["type"] == "missing":
@@ -191,13 +173,16 @@ def _field_error(error: ValidationError) -> APIError:
 
 def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: int) -> Intake:
     """Parse, check, tokenize and hash one request body (pure; raises APIError 400)."""
-    fields = check_fields(parse_json(raw), endpoint)
+    body = parse_json(raw)
+    fields = check_fields(body, endpoint)
     t0 = time.perf_counter()
     turn_index: int | None = None
     if endpoint == "chat":
-        messages = fields["messages"]
-        token_ids, tier = tokenizer.encode_chat(messages)
-        turn_index = sum(1 for message in messages if message["role"] == "assistant")
+        try:  # the body itself: the template may read any message key and template option
+            token_ids, tier = tokenizer.encode_chat_body(body)
+        except PromptError as error:
+            raise APIError(400, str(error), error.param) from None
+        turn_index = sum(1 for message in body["messages"] if message["role"] == "assistant")
     else:
         token_ids, tier = _encode_prompt(tokenizer, fields["prompt"])
     t1 = time.perf_counter()

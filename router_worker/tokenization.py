@@ -11,18 +11,24 @@
    which is all prefix-aware routing needs; token counts are estimates. It costs a
    few µs for a long prompt (one ``numpy.frombuffer``).
 
-Chat templates: ``chatml`` renders ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per
-message and ends with ``<|im_start|>assistant\\n`` (Qwen's template); ``plain`` joins
-``{role}: {content}\\n``. Both are prefix-stable across turns: turn N+1 starts with turn
-N's prompt followed by turn N's answer.
+Chat templates (:mod:`chat_templates`, shared with enginesim): ``router.chat_template``
+names a built-in (``chatml``, Qwen's format and the default; ``llama3``; ``plain``) or the
+path of the model's ``tokenizer_config.json`` (its ``chat_template`` and special tokens) or
+of a ``.jinja`` file, and chat requests are rendered with it exactly as vLLM renders them
+(``add_generation_prompt``, ``continue_final_message``, ``tools``, ``documents`` and
+``chat_template_kwargs`` included). Messages the template cannot render are a 400 naming the
+field, the same 400 the engine gives. The exact tier is exact for any model whose
+``tokenizer.json`` and template are configured.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
+
+from chat_templates import ChatTemplateError, load_chat_template
 
 BYTES_PER_TOKEN = 4
 Tier = Literal["ids", "exact", "approx"]
@@ -36,35 +42,12 @@ class PromptError(ValueError):
         self.param = param
 
 
-def content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict):
-                raise PromptError("content parts must be objects", "messages")
-            if part.get("type") == "text":
-                parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise PromptError("message content must be a string or a list of parts", "messages")
-
-
 def render_chat(messages: Sequence[Any], template: str = "chatml") -> str:
-    """The prompt text of a list of chat messages under ``template``."""
-    out = []
-    for message in messages:
-        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
-            raise PromptError("each message must be an object with a string role", "messages")
-        text = content_text(message.get("content"))
-        if template == "chatml":
-            out.append(f"<|im_start|>{message['role']}\n{text}<|im_end|>\n")
-        else:
-            out.append(f"{message['role']}: {text}\n")
-    out.append("<|im_start|>assistant\n" if template == "chatml" else "assistant: ")
-    return "".join(out)
+    """The prompt text of chat ``messages`` under a template (see the module docstring)."""
+    try:
+        return load_chat_template(template).render(messages)
+    except ChatTemplateError as error:
+        raise PromptError(error.message, error.param) from None
 
 
 def approx_token_ids(text: str) -> np.ndarray:
@@ -82,6 +65,7 @@ class Tokenizer:
     def __init__(self, tokenizer_path: str | None = None, chat_template: str = "chatml") -> None:
         self.path = tokenizer_path
         self.chat_template = chat_template
+        self.template = load_chat_template(chat_template)
         self._exact = None
         if tokenizer_path:
             from tokenizers import Tokenizer as HFTokenizer
@@ -98,8 +82,18 @@ class Tokenizer:
             return np.asarray(ids, dtype=np.uint64), "exact"
         return approx_token_ids(text), "approx"
 
+    def render(self, body: Mapping[str, Any]) -> str:
+        """The prompt text of a chat request body (raises :class:`PromptError`)."""
+        try:
+            return self.template.render_request(body)
+        except ChatTemplateError as error:
+            raise PromptError(error.message, error.param) from None
+
+    def encode_chat_body(self, body: Mapping[str, Any]) -> tuple[Any, Tier]:
+        return self.encode_text(self.render(body))
+
     def encode_chat(self, messages: Sequence[Any]) -> tuple[Any, Tier]:
-        return self.encode_text(render_chat(messages, self.chat_template))
+        return self.encode_chat_body({"messages": messages})
 
     def encode_prompt(self, prompt: Any) -> tuple[Any, Tier]:
         """A completions ``prompt``: text, token ids, or a batch (routed by its first item)."""

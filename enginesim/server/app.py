@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -15,7 +16,7 @@ from starlette.routing import Route
 
 from enginesim.engine.core import EngineRequestError
 from enginesim.server import openai_api, tokenizer
-from enginesim.server.chat import ChatTemplateError, render_chat
+from enginesim.server.chat import ChatTemplate
 from enginesim.server.driver import RequestStream
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance
@@ -52,7 +53,9 @@ class InstanceAPI:
         return await self._generate(request, openai_api.parse_completion)
 
     async def chat_completions(self, request: Request) -> Any:
-        return await self._generate(request, openai_api.parse_chat)
+        template = self.instance.chat_template
+        return await self._generate(request, functools.partial(openai_api.parse_chat,
+                                                               template=template))
 
     async def _generate(self, request: Request, parse: Parser) -> Any:
         inst = self.instance
@@ -181,7 +184,7 @@ class InstanceAPI:
             body = await _json_body(request)
             if not isinstance(body, dict):
                 raise APIError(400, "request body must be a JSON object")
-            text = self._tokenize_text(body)
+            text = self._tokenize_text(body, self.instance.chat_template)
         except APIError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
         tokens = tokenizer.encode(text)
@@ -196,12 +199,9 @@ class InstanceAPI:
         )
 
     @staticmethod
-    def _tokenize_text(body: dict[str, Any]) -> str:
+    def _tokenize_text(body: dict[str, Any], template: ChatTemplate) -> str:
         if "messages" in body:
-            try:
-                return render_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
-            except ChatTemplateError as exc:
-                raise APIError(400, str(exc), "messages") from exc
+            return openai_api.render_chat_request(body, template)
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise APIError(400, "prompt (a string) or messages is required", "prompt")

@@ -1,51 +1,43 @@
-"""Deterministic ChatML chat template (the one Qwen2 models use).
+"""The served model's chat template, rendered as vLLM renders it.
 
-Each message renders as ``<|im_start|>{role}\\n{content}<|im_end|>\\n``; with
-``add_generation_prompt`` (the default) ``<|im_start|>assistant\\n`` follows.
-There is no implicit system message. Because every message ends with a
-newline and generated text starts with a space, turn N+1's prompt starts with
-turn N's prompt followed by turn N's answer, token for token, as on real vLLM.
+Rendering is :mod:`chat_templates`, the module the router renders with too, so both give
+the same bytes and the same 400 for messages a template cannot render (roles are the
+template's to judge; non-text content parts are refused). ``--chat-template`` picks a
+built-in (``chatml``, ``llama3``, ``plain``) or a ``tokenizer_config.json`` / ``.jinja``
+path, as vLLM's option does; by default each model gets its own family's format: ChatML for
+Qwen models, Llama 3's for Llama.
+
+The built-in ChatML has no implicit system message. Because every message ends with a
+newline and generated text starts with a space, turn N+1's prompt starts with turn N's
+prompt followed by turn N's answer, token for token, as on real vLLM.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
+from chat_templates import ChatTemplate, ChatTemplateError, load_chat_template
+
+__all__ = ["ChatTemplate", "ChatTemplateError", "model_template", "render_chat"]
+
+DEFAULT_TEMPLATE = "chatml"
+# Model keys (enginesim.engine.models) whose tokenizer ships another template family.
+MODEL_TEMPLATES = {"llama-3.1-8b": "llama3"}
 
 
-class ChatTemplateError(ValueError):
-    """The messages cannot be rendered (bad role or content)."""
+def model_template(model_key: str, spec: str | None = None) -> ChatTemplate:
+    """The template an instance serving ``model_key`` renders with (``spec`` overrides)."""
+    return load_chat_template(spec or MODEL_TEMPLATES.get(model_key, DEFAULT_TEMPLATE))
 
 
-def _content_text(content: Any) -> str:
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                raise ChatTemplateError("only text content parts are supported")
-            parts.append(str(part.get("text", "")))
-        return "".join(parts)
-    raise ChatTemplateError("message content must be a string or a list of parts")
+def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True,
+                template: ChatTemplate | None = None) -> str:
+    """The prompt text for a list of OpenAI chat messages (raises ChatTemplateError)."""
+    chosen = template or load_chat_template(DEFAULT_TEMPLATE)
+    return chosen.render(messages, add_generation_prompt=add_generation_prompt)
 
 
-def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True) -> str:
-    """The prompt text for a list of OpenAI chat messages."""
-    if not isinstance(messages, list | tuple) or not messages:
-        raise ChatTemplateError("messages must be a non-empty list")
-    out = []
-    for message in messages:
-        if not isinstance(message, dict):
-            raise ChatTemplateError("each message must be an object")
-        role = message.get("role")
-        if role not in _ROLES:
-            raise ChatTemplateError(f"unsupported message role: {role!r}")
-        out.append(f"<|im_start|>{role}\n{_content_text(message.get('content'))}<|im_end|>\n")
-    if add_generation_prompt:
-        out.append("<|im_start|>assistant\n")
-    return "".join(out)
+def render_request(body: Mapping[str, Any], template: ChatTemplate | None = None) -> str:
+    """The prompt text of a chat request body, with its template options."""
+    return (template or load_chat_template(DEFAULT_TEMPLATE)).render_request(body)

@@ -21,6 +21,8 @@ import logging
 import signal
 from typing import Any
 
+from chat_templates import TemplateLoadError
+from enginesim.server.chat import model_template
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance, InstanceSettings
 from enginesim.server.kv_events import ENCODINGS, KVEventPublisher, instance_endpoints
@@ -47,6 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=0,
         help="context length in tokens (vLLM's option; default: the model's own)",
+    )
+    parser.add_argument(
+        "--chat-template",
+        default=None,
+        metavar="NAME|PATH",
+        help="chat template (vLLM's option): chatml, llama3, plain, or the path of a "
+        "tokenizer_config.json or .jinja file; default: the model's own family (ChatML for "
+        "Qwen, llama3 for Llama)",
     )
     parser.add_argument(
         "--kv-events",
@@ -111,6 +121,10 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
         raise SystemExit("--global-tier-link-instances must be >= 0 (0: one link for all)")
     config, factory = _engine_parts(args.gpu, args.model, args.max_model_len,
                                     args.global_tier_blocks, args.global_tier_bandwidth)
+    try:
+        template = model_template(config.model.key, args.chat_template)
+    except TemplateLoadError as exc:
+        raise SystemExit(f"--chat-template: {exc}") from None
     request_log = RequestLog(args.request_log) if args.request_log else None
     instances = []
     for index in range(args.instances):
@@ -122,7 +136,9 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
             index, args.host, args.base_port + index, args.time_scale, args.stream_interval
         )
         link = index // per_link if per_link else 0
-        instances.append(Instance(settings, config, factory(link), publisher, request_log))
+        instances.append(
+            Instance(settings, config, factory(link), publisher, request_log, template)
+        )
     return instances
 
 

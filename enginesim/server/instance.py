@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 
+from enginesim.server.chat import ChatTemplate, model_template
 from enginesim.server.driver import EngineDriver, VirtualClock
 from enginesim.server.faults import FaultRequest, FaultState
 from enginesim.server.kv_events import KVEventPublisher
@@ -55,8 +56,10 @@ class Instance:
         engine_factory: Callable[[Callable[[list[Any]], None] | None], Any],
         kv_publisher: KVEventPublisher | None = None,
         request_log: RequestLog | None = None,
+        chat_template: ChatTemplate | None = None,
     ) -> None:
         self.settings = settings
+        self.chat_template = chat_template or model_template(engine_config.model.key)
         self.request_log = request_log
         self.engine_config = engine_config
         self.served_name: str = engine_config.model.served_name

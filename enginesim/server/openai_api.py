@@ -145,23 +145,28 @@ def parse_completion(body: Any, served_name: str, max_model_len: int) -> Generat
     )
 
 
-def parse_chat(body: Any, served_name: str, max_model_len: int) -> GenerationRequest:
+def parse_chat(
+    body: Any, served_name: str, max_model_len: int, template: chat.ChatTemplate | None = None
+) -> GenerationRequest:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     _check_model(body, served_name)
     _check_n(body)
-    try:
-        text = chat.render_chat(
-            body.get("messages"), bool(body.get("add_generation_prompt", True))
-        )
-    except chat.ChatTemplateError as exc:
-        raise APIError(400, str(exc), "messages") from exc
+    text = render_chat_request(body, template)
     prompt_ids = tokenizer.encode(text)
     limit = _positive_int(body, "max_completion_tokens", "max_tokens")
     max_tokens, natural = _fit_length(prompt_ids, limit, max_model_len)
     stream, include_usage = _stream_flags(body)
     seed = tokenizer.prompt_seed(prompt_ids)
     return GenerationRequest("chat", prompt_ids, max_tokens, natural, stream, include_usage, seed)
+
+
+def render_chat_request(body: dict[str, Any], template: chat.ChatTemplate | None) -> str:
+    """The prompt text of a chat body; what the template cannot render is a 400."""
+    try:
+        return chat.render_request(body, template)
+    except chat.ChatTemplateError as exc:
+        raise APIError(400, exc.message, exc.param) from None
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

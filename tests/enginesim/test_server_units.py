@@ -40,9 +40,18 @@ def test_follow_up_turn_extends_previous_prompt_and_answer():
     assert prompt2[: len(prompt1) + 30] == prompt1 + answer.token_ids(0, 30)
 
 
-def test_chat_template_rejects_unknown_roles():
-    with pytest.raises(chat.ChatTemplateError):
-        chat.render_chat([{"role": "wizard", "content": "x"}])
+def test_roles_are_the_templates_to_judge():
+    wizard = [{"role": "wizard", "content": "x"}]
+    assert chat.render_chat(wizard).startswith("<|im_start|>wizard\n")  # as Qwen's template
+    with pytest.raises(chat.ChatTemplateError, match="Unknown role"):
+        chat.render_chat(wizard, template=chat.model_template("qwen2-7b", "plain"))
+
+
+def test_each_model_renders_its_own_family_by_default():
+    user = [{"role": "user", "content": "hi"}]
+    assert chat.model_template("qwen2-7b").render(user).startswith("<|im_start|>user")
+    assert chat.model_template("llama-3.1-8b").render(user).startswith(
+        "<|begin_of_text|><|start_header_id|>user")
 
 
 def test_block_stored_array_encoding_follows_vllm_field_order():

@@ -13,6 +13,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, req
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+ROUTER_PACKAGES = ("router_worker", "chat_templates")  # what a router host runs
 HEAVY = {"django", "celery", "channels", "scipy", "matplotlib", "psycopg", "daphne"}
 
 
@@ -50,7 +51,13 @@ def third_party_imports(package: str) -> set[str]:
                 found |= {alias.name.split(".")[0] for alias in node.names}
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                 found.add(node.module.split(".")[0])
-    return {m for m in found if m not in sys.stdlib_module_names and m != package}
+    return {m for m in found if m not in sys.stdlib_module_names and m not in first_party()}
+
+
+def first_party() -> set[str]:
+    """The project's own top-level packages (pyproject's setuptools include list)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return {p.rstrip("*") for p in config["tool"]["setuptools"]["packages"]["find"]["include"]}
 
 
 def test_every_router_import_is_installed_by_the_core_dependencies() -> None:
@@ -58,7 +65,8 @@ def test_every_router_import_is_installed_by_the_core_dependencies() -> None:
     owners = packages_distributions()
     missing = {
         module: owners.get(module)
-        for module in third_party_imports("router_worker")
+        for package in ROUTER_PACKAGES
+        for module in third_party_imports(package)
         if not {_name(d) for d in owners.get(module, [])} & closure
     }
     assert not missing, f"router_worker imports packages the core does not install: {missing}"

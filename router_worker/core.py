@@ -33,6 +33,7 @@ from router_worker.decisions import (
     is_priority,
     scalar_details,
 )
+from router_worker.engine_interface import load_cv
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
 from router_worker.intake import Intake
@@ -378,12 +379,11 @@ class RouterCore:
                 hit_ratio=self.scrape.get(name, ScrapeInfo()).hit_ratio,
                 hotspot=name in hot, arm=arm_of.get(name),
             ))
-        pending = np.array([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
-        load_cv = float(pending.std() / pending.mean()) if pending.size and pending.mean() else None
+        cv = load_cv([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
         policy = "+".join(arm.policy_kind for arm in runtime.arms)
         return {
             "config_version": runtime.version, "policy": policy, "instances": instances,
-            "arms": [arm.name for arm in runtime.arms], "load_cv": load_cv,
+            "arms": [arm.name for arm in runtime.arms], "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in self.hotspots.values()],
         }
 

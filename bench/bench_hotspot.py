@@ -42,6 +42,7 @@ import numpy as np
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import read_trace, select
+from router_worker.engine_interface import percentile
 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / \
     "mooncake_conversation_t0-2700s.jsonl"
@@ -107,7 +108,7 @@ def run(args: tuple[Point, str]) -> tuple[Point, str, dict[str, Any]]:
         "class_tpot_mean_s": float(np.mean(tpot)) if tpot else None,
         "class_instances": int((served >= 0.05 * len(hot)).sum()),
         "burst_ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
-        "burst_ttft_p99_s": float(np.percentile(ttft, 99)) if len(ttft) else None,
+        "burst_ttft_p99_s": percentile(ttft, 99),
         "burst_tpot_mean_s": float(np.mean(burst_tpot)) if burst_tpot else None,
         "burst_requests": len(in_burst),
         "detection_s": (min(confirmed) - BURST_AT_S) if confirmed else None,

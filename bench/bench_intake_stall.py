@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from router_worker.engine_interface import percentile
 from tests.router.conftest import (
     MODEL,
     launch_router,
@@ -135,8 +135,8 @@ async def measure(url: str, raw: bytes, rounds: int) -> dict[str, object]:
     streams = await streamer
     late, worst = lag_summary(before, after)
     ordered = sorted(gaps)
-    return {"streams": streams, "p50": statistics.median(ordered) if ordered else 0.0,
-            "p99": ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0,
+    return {"streams": streams, "p50": percentile(ordered, 50) or 0.0,
+            "p99": percentile(ordered, 99) or 0.0,
             "max": ordered[-1] if ordered else 0.0, "late": late, "worst": worst,
             "statuses": statuses, "elapsed": elapsed}
 

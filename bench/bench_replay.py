@@ -45,6 +45,7 @@ from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
 from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, hotspot_burst
 from enginesim.replay.traces import TraceRecord, read_bailian_rows, read_trace, select
+from router_worker.engine_interface import percentile
 from router_worker.routing import REGISTRY
 
 TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -202,7 +203,7 @@ def summarize(result: SimResult, workload: Workload, bounds: np.ndarray) -> dict
     span = max(max(arrivals) - min(arrivals), 1e-9)
     bound_mean = float(bounds.mean()) if len(bounds) else float("nan")
     summary.update(
-        ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else None,
+        ttft_p95_s=percentile(ttft, 95),
         slo_attainment=good / max(len(result.requests), 1),
         goodput_rps=good / span,
         ttft_over_bound=(summary["ttft_mean_s"] / bound_mean

@@ -166,6 +166,17 @@ class _HistogramBuilder:
         return Histogram(tuple(sorted(self.buckets.items())), self.sum, self.count)
 
 
+def read_histogram(samples: Iterable[Sample], name: str, **labels: str) -> Histogram | None:
+    """Histogram ``name`` from raw samples, every series whose labels include ``labels``
+    merged (None if it has no samples, or a bucket bound that is not a number)."""
+    builders: dict[str, _HistogramBuilder] = {}
+    for sample in samples:
+        if all(sample.labels.get(k) == v for k, v in labels.items()):
+            _add_histogram_sample(builders, sample, (name,))
+    builder = builders.get(name)
+    return builder.build() if builder is not None and not builder.bad else None
+
+
 # ----------------------------------------------------------------- typed snapshot
 
 
@@ -266,6 +277,7 @@ def parse_metrics(text: str, *, histograms: bool = True) -> InstanceMetrics:
     if histograms:
         wanted += _HISTOGRAMS.values()
     samples, skipped = read_samples(text, [n for metric in wanted for n in metric.names])
+    histogram_names = [n for metric in _HISTOGRAMS.values() for n in metric.names]
     scalars: dict[str, dict[str, float]] = {}  # engine -> sample name -> value
     builders: dict[str, dict[str, _HistogramBuilder]] = {}
     out = InstanceMetrics(skipped=skipped)
@@ -277,7 +289,7 @@ def parse_metrics(text: str, *, histograms: bool = True) -> InstanceMetrics:
             info.block_size = _int(sample.labels.get("block_size"))
         elif not math.isfinite(sample.value):
             out.skipped += 1
-        elif not _add_histogram_sample(builders.setdefault(engine, {}), sample):
+        elif not _add_histogram_sample(builders.setdefault(engine, {}), sample, histogram_names):
             names = scalars.setdefault(engine, {})
             names[sample.name] = names.get(sample.name, 0.0) + sample.value
     for engine in sorted(scalars.keys() | builders.keys()):
@@ -287,12 +299,12 @@ def parse_metrics(text: str, *, histograms: bool = True) -> InstanceMetrics:
     return out
 
 
-def _add_histogram_sample(builders: dict[str, _HistogramBuilder], sample: Sample) -> bool:
-    """Adds a ``_bucket``/``_sum``/``_count`` sample of a histogram Switchyard reads; False
-    for any other sample."""
+def _add_histogram_sample(builders: dict[str, _HistogramBuilder], sample: Sample,
+                          names: Sequence[str]) -> bool:
+    """Adds a ``_bucket``/``_sum``/``_count`` sample of one of the histograms ``names``;
+    False for any other sample."""
     base, _, part = sample.name.rpartition("_")
-    if part not in ("bucket", "sum", "count") or not any(
-            base in metric.names for metric in _HISTOGRAMS.values()):
+    if part not in ("bucket", "sum", "count") or base not in names:
         return False
     builder = builders.setdefault(base, _HistogramBuilder())
     if part == "sum":

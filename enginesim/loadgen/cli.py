@@ -35,6 +35,7 @@ import numpy as np
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
 from enginesim.replay.synth import HotspotParams
 from enginesim.replay.traces import FORMATS, load_trace, spread_ties
+from router_worker.engine_interface import percentile
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -119,9 +120,9 @@ def summarize(outcomes: list[Outcome], elapsed: float) -> dict[str, Any]:
     cached = sum(o.cached_tokens or 0 for o in ok)
 
     def stat(values: np.ndarray, q: float | None = None) -> float | None:
-        if not len(values):
-            return None
-        return float(values.mean() if q is None else np.percentile(values, q))
+        if q is not None:
+            return percentile(values, q)
+        return float(values.mean()) if len(values) else None
 
     return {
         "sent": len(outcomes), "ok": len(ok),

@@ -14,6 +14,7 @@ from router_worker.engine_interface import (
     mean_load_cv,
     parse_metrics,
     percentile,
+    read_histogram,
     read_samples,
     sample_total,
 )
@@ -187,3 +188,11 @@ def test_mean_load_cv_averages_the_instants_with_load():
     assert mean_load_cv(samples) == pytest.approx((0.5 + 0.0) / 2)
     assert mean_load_cv(np.zeros((3, 2))) is None
     assert mean_load_cv(np.zeros((0, 4))) is None
+
+
+def test_read_histogram_merges_label_sets_and_filters():
+    samples, _ = read_samples(CURRENT)
+    name = "vllm:time_to_first_token_seconds"
+    assert read_histogram(samples, name) == parse_metrics(CURRENT).histogram("ttft")
+    assert read_histogram(samples, name, engine="1").count == 2.0
+    assert read_histogram(samples, "vllm:no_such_histogram") is None

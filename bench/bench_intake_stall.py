@@ -37,7 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from router_worker.engine_interface import percentile
+from router_worker.engine_interface import percentile, read_histogram, read_samples
 from tests.router.conftest import (
     MODEL,
     launch_router,
@@ -70,13 +70,10 @@ def big_body(mib: int, model: str = MODEL) -> bytes:
 
 def loop_lag(url: str) -> dict[float, float]:
     """Cumulative bucket counts of the router's loop-lag histogram: {le: count}."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("switchyard_router_loop_lag_seconds_bucket"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
+    name = "switchyard_router_loop_lag_seconds"
+    samples, _ = read_samples(httpx.get(url + "/metrics", timeout=10).text, [name])
+    histogram = read_histogram(samples, name)
+    return dict(histogram.buckets) if histogram is not None else {}
 
 
 def lag_summary(before: dict[float, float], after: dict[float, float]) -> tuple[int, str]:

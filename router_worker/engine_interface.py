@@ -110,8 +110,8 @@ def _samples(text: str) -> list[Sample]:
 
 def sample_total(samples: Iterable[Sample], name: str, **labels: str) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels`` (0 if none)."""
-    return sum(s.value for s in samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return float(sum(s.value for s in samples
+                     if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())))
 
 
 # ----------------------------------------------------------------- histograms

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from engine_interface import percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/8")
 CHROMIUM = "/usr/bin/chromium"
@@ -246,8 +248,8 @@ def row(clients: str, dashboards: int, end_to_end: list[float], delivery: list[f
     e2e = np.array(end_to_end) * 1000
     hop = np.array(delivery) * 1000
     cells = [f"{clients:>9}", f"{dashboards:>10}", f"{len(e2e):>8}"]
-    cells += [f"{np.percentile(e2e, q):>8.1f}" for q in (50, 95, 99)] + [f"{e2e.max():>8.1f}"]
-    cells += [f"{np.percentile(hop, q):>9.1f}" for q in (50, 95)]
+    cells += [f"{percentile(e2e, q):>8.1f}" for q in (50, 95, 99)] + [f"{e2e.max():>8.1f}"]
+    cells += [f"{percentile(hop, q):>9.1f}" for q in (50, 95)]
     return " ".join(cells)
 
 

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_interface import percentile
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import read_trace, select
@@ -107,7 +108,7 @@ def run(args: tuple[Point, str]) -> tuple[Point, str, dict[str, Any]]:
         "class_tpot_mean_s": float(np.mean(tpot)) if tpot else None,
         "class_instances": int((served >= 0.05 * len(hot)).sum()),
         "burst_ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
-        "burst_ttft_p99_s": float(np.percentile(ttft, 99)) if len(ttft) else None,
+        "burst_ttft_p99_s": percentile(ttft, 99),
         "burst_tpot_mean_s": float(np.mean(burst_tpot)) if burst_tpot else None,
         "burst_requests": len(in_burst),
         "detection_s": (min(confirmed) - BURST_AT_S) if confirmed else None,

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from engine_interface import percentile, read_histogram, read_samples
 from tests.router.conftest import (
     MODEL,
     launch_router,
@@ -70,13 +70,10 @@ def big_body(mib: int, model: str = MODEL) -> bytes:
 
 def loop_lag(url: str) -> dict[float, float]:
     """Cumulative bucket counts of the router's loop-lag histogram: {le: count}."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("switchyard_router_loop_lag_seconds_bucket"):
-            le = line.split('le="', 1)[1].split('"', 1)[0]
-            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
-    return out
+    name = "switchyard_router_loop_lag_seconds"
+    samples, _ = read_samples(httpx.get(url + "/metrics", timeout=10).text, [name])
+    histogram = read_histogram(samples, name)
+    return dict(histogram.buckets) if histogram is not None else {}
 
 
 def lag_summary(before: dict[float, float], after: dict[float, float]) -> tuple[int, str]:
@@ -135,8 +132,8 @@ async def measure(url: str, raw: bytes, rounds: int) -> dict[str, object]:
     streams = await streamer
     late, worst = lag_summary(before, after)
     ordered = sorted(gaps)
-    return {"streams": streams, "p50": statistics.median(ordered) if ordered else 0.0,
-            "p99": ordered[int(0.99 * (len(ordered) - 1))] if ordered else 0.0,
+    return {"streams": streams, "p50": percentile(ordered, 50) or 0.0,
+            "p99": percentile(ordered, 99) or 0.0,
             "max": ordered[-1] if ordered else 0.0, "late": late, "worst": worst,
             "statuses": statuses, "elapsed": elapsed}
 

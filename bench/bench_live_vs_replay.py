@@ -40,6 +40,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from engine_interface import parse_metrics, percentile
+
 REPO = Path(__file__).resolve().parents[1]
 TRACE = Path("/work/shared/traces/mooncake_conversation_t0-2700s.jsonl")
 PY = sys.executable
@@ -115,8 +117,8 @@ def wait_for(predicate: Any, what: str, timeout: float = 60.0,
 
 def stats(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values, dtype=float)
-    return {"n": len(arr), "mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)),
-            "p99": float(np.percentile(arr, 99))}
+    return {"n": len(arr), "mean": float(arr.mean()), "p50": percentile(arr, 50),
+            "p99": percentile(arr, 99)}
 
 
 def engine_ttft(base: int, instances: int) -> tuple[float, int]:
@@ -124,11 +126,9 @@ def engine_ttft(base: int, instances: int) -> tuple[float, int]:
     total, count = 0.0, 0
     for k in range(instances):
         text = httpx.get(f"http://127.0.0.1:{base + k}/metrics", timeout=10).text
-        for line in text.splitlines():
-            if line.startswith("vllm:time_to_first_token_seconds_sum"):
-                total += float(line.rsplit(" ", 1)[1])
-            elif line.startswith("vllm:time_to_first_token_seconds_count"):
-                count += int(float(line.rsplit(" ", 1)[1]))
+        ttft = parse_metrics(text).histogram("ttft")
+        if ttft is not None:
+            total, count = total + ttft.sum, count + int(ttft.count)
     return total, count
 
 

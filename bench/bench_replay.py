@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_interface import percentile
 from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
 from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, hotspot_burst
@@ -218,7 +219,7 @@ def summarize(result: SimResult, workload: Workload, bounds: np.ndarray) -> dict
     span = max(max(arrivals) - min(arrivals), 1e-9)
     bound_mean = float(bounds.mean()) if len(bounds) else float("nan")
     summary.update(
-        ttft_p95_s=float(np.percentile(ttft, 95)) if len(ttft) else None,
+        ttft_p95_s=percentile(ttft, 95),
         slo_attainment=good / max(len(result.requests), 1),
         goodput_rps=good / span,
         ttft_over_bound=(summary["ttft_mean_s"] / bound_mean

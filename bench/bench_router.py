@@ -70,7 +70,6 @@ import json
 import multiprocessing
 import os
 import platform
-import re
 import shutil
 import signal
 import socket
@@ -88,6 +87,8 @@ import httpx
 import numpy as np
 import scipy.stats
 import uvloop
+
+from engine_interface import Histogram, percentile, read_histogram, read_samples
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -527,38 +528,29 @@ def transit(run: Run, engine_ttft: dict[str, float]) -> list[float]:
             if o.first is not None and o.request_id in engine_ttft]
 
 
-def router_histograms(port: int) -> dict[str, float]:
-    """Sums, counts and cumulative buckets of the router's hot-path histograms."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    out: dict[str, float] = {}
-    for name in ("tokenize", "hashing", "decision", "overhead", "loop_lag"):
-        for suffix in ("sum", "count"):
-            pattern = rf"^switchyard_router_{name}_seconds_{suffix}(?:{{[^}}]*}})? (\S+)$"
-            out[f"{name}_{suffix}"] = sum(float(v) for v in re.findall(pattern, text, re.M))
-        bucket = rf'^switchyard_router_{name}_seconds_bucket{{[^}}]*le="([^"]+)"[^}}]*}} (\S+)$'
-        for le, value in re.findall(bucket, text, re.M):
-            key = f"{name}_le_{le}"
-            out[key] = out.get(key, 0.0) + float(value)
-    return out
+HOT_PATH = ("tokenize", "hashing", "decision", "overhead", "loop_lag")
 
 
-def bucket_quantile(before: dict[str, float], after: dict[str, float], name: str,
-                    q: float = 0.5) -> float:
-    """Upper bound (s) of the bucket holding quantile ``q`` of the observations between
-    two scrapes (inf when it lies beyond the last bucket, nan without observations)."""
-    prefix = f"{name}_le_"
-    bounds = sorted((float(k[len(prefix):]), k) for k in after if k.startswith(prefix))
-    total = after[f"{name}_count"] - before.get(f"{name}_count", 0.0)
-    if total <= 0:
-        return float("nan")
-    for bound, key in bounds:
-        if after[key] - before.get(key, 0.0) >= q * total:
-            return bound
-    return float("inf")
+def router_histograms(port: int) -> dict[str, Histogram]:
+    """The router's hot-path histograms (every label set merged), by short name."""
+    names = {short: f"switchyard_router_{short}_seconds" for short in HOT_PATH}
+    samples, _ = read_samples(httpx.get(f"http://127.0.0.1:{port}/metrics").text,
+                              list(names.values()))
+    return {short: read_histogram(samples, name) or Histogram() for short, name in names.items()}
+
+
+def bucket_quantile(before: dict[str, Histogram], after: dict[str, Histogram], name: str,
+                    q: float = 50) -> float:
+    """Upper bound (s) of the bucket holding percentile ``q`` (0..100) of the observations
+    between two scrapes (inf when it lies beyond the last bucket, nan without
+    observations)."""
+    bound = after[name].since(before[name]).quantile_bound(q)
+    return float("nan") if bound is None else bound
 
 
 def pct(values: list[float], q: float) -> float:
-    return float(np.percentile(values, q)) * 1000 if values else float("nan")
+    found = percentile(values, q)
+    return found * 1000 if found is not None else float("nan")
 
 
 def hot_path_rows() -> None:
@@ -764,7 +756,7 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int,
         cpu=(cpu_seconds(proc.pid) - cpu0) / routed.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / routed.wall,
         side=[bucket_quantile(before, after, name, q)
-              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)],
+              for name in ("overhead", "loop_lag") for q in (50, 99)],
         steal=steal_share(ticks, cpu_ticks()))
 
 
@@ -1018,7 +1010,7 @@ def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
         cpu=(cpu_seconds(proc.pid) - cpu0) / load.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / load.wall,
         side=[bucket_quantile(before, after, name, q)
-              for name in ("overhead", "loop_lag") for q in (0.5, 0.99)],
+              for name in ("overhead", "loop_lag") for q in (50, 99)],
         steal=steal_share(ticks, cpu_ticks()))
 
 
@@ -1139,12 +1131,12 @@ def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen
     print(f"{rps_d:>12.0f} {rps_r:>12.0f} {rps_r / rps_d:>6.2f} "
           f"{engine_per_request * 1e6:>12.0f}µs {per_request * 1e6:>12.0f}µs "
           f"{1 / per_request:>16.0f}")
-    count = after["decision_count"] - before["decision_count"]
+    count = after["decision"].count - before["decision"].count
     print("\nRouter hot path per request (its own histograms, wall clock): median bucket, "
           "mean, and the mean's share of the router's CPU time per request")
     for name, label in (("tokenize", "tokenize"), ("hashing", "hash blocks"),
                         ("decision", "policy decision")):
-        mean = (after[f"{name}_sum"] - before[f"{name}_sum"]) / max(count, 1)
+        mean = (after[name].sum - before[name].sum) / max(count, 1)
         median = f"≤ {bucket_quantile(before, after, name) * 1e6:.0f} µs"
         print(f"{label:>16}: median {median:>9}, mean "
               f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})")

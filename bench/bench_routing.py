@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from engine_interface import percentile
 from router_worker.routing import REGISTRY, BlockStored, ClusterState, build_features, make_policy
 from router_worker.routing.features import hash_blocks
 
@@ -45,7 +46,7 @@ def cpu_model() -> str:
 
 def percentiles(samples_ns: list[int]) -> tuple[float, float]:
     values = np.array(samples_ns) / 1000.0
-    return float(np.percentile(values, 50)), float(np.percentile(values, 99))
+    return percentile(values, 50) or 0.0, percentile(values, 99) or 0.0
 
 
 def warm(state: ClusterState, instance_id: str, token_ids: np.ndarray, tag: str) -> None:

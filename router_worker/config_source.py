@@ -30,12 +30,12 @@ import httpx
 
 from router_worker.config import RouterConfig
 from router_worker.service import ConfigRefused, Service
+from router_worker.telemetry_contract import CONFIG_CHANNEL
 
 log = logging.getLogger("router_worker.config")
 
 CONFIG_PATH = "/api/v1/routers/{deployment}/config"
 HEARTBEAT_PATH = "/api/v1/routers/{deployment}/heartbeat"
-CONFIG_CHANNEL = "switchyard:config"
 FETCH_TIMEOUT_S = 3.0
 
 

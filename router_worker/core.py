@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_interface import load_cv
 from router_worker.config import RouterConfig
 from router_worker.decisions import (
     CapturedDecision,
@@ -384,12 +385,11 @@ class RouterCore:
                 tier_bytes_read=scraped.tier_bytes_read,
                 hotspot=name in hot, arm=arm_of.get(name),
             ))
-        pending = np.array([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
-        load_cv = float(pending.std() / pending.mean()) if pending.size and pending.mean() else None
+        cv = load_cv([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
         policy = "+".join(arm.policy_kind for arm in runtime.arms)
         return {
             "config_version": runtime.version, "policy": policy, "instances": instances,
-            "arms": [arm.name for arm in runtime.arms], "load_cv": load_cv,
+            "arms": [arm.name for arm in runtime.arms], "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in self.hotspots.values()],
         }
 

@@ -1,17 +1,12 @@
 """Background loops per instance: vLLM ``/metrics`` scrapes and ``/health`` probes.
 
-Scrape (every ``router.scrape_interval_s``): ``vllm:num_requests_running``,
-``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (older vLLM:
-``vllm:gpu_cache_usage_perc``), the prefix-cache counters ``vllm:prefix_cache_queries`` /
-``vllm:prefix_cache_hits`` (hit ratio over the last interval) and
-``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capacity), and when the engine
-has a global KV tier (a KV connector: LMCache, Mooncake; enginesim's ``GlobalKVTier``),
-the tokens it loaded from it, ``vllm:external_prefix_cache_hits``, and the bytes,
-``enginesim:kv_tier_read_bytes`` (vLLM has no standard name for those; a real vLLM
-leaves them unknown). Engines without a connector export no external counters, so the
-live view shows tier traffic only for clusters that have a tier. Values of several
-engines (data-parallel ranks) are summed; the KV usage is averaged. The served model
-names come from ``GET /v1/models`` until known.
+Scrape (every ``router.scrape_interval_s``), read by ``engine_interface.parse_metrics``
+(names, older-vLLM fallbacks and the aggregation over an instance's engines live there):
+running and waiting requests, KV usage, the prefix-cache counters (hit ratio over the
+last interval), ``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capacity) and,
+when the engine has a global KV tier, the tokens and bytes it loaded from it (engines
+without one export none, so the live view shows tier traffic only for clusters with a tier).
+The served model names come from ``GET /v1/models`` until known.
 
 Probe (every ``router.health_interval_s``): ``GET /health``; 200 is good, anything else
 (including no answer within ``router.health_timeout_s``) feeds the circuit breaker; a
@@ -25,71 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import time
-from dataclasses import dataclass
 
 import httpx
 
+from engine_interface import InstanceMetrics, parse_metrics
 from router_worker.core import RouterCore
 from router_worker.upstream import is_local_exhaustion
 
 log = logging.getLogger("router_worker.monitor")
-
-_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)", re.MULTILINE)
-_LABEL_RE = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-@dataclass
-class VllmMetrics:
-    running: float | None = None
-    waiting: float | None = None
-    kv_usage: float | None = None
-    prefix_queries: float | None = None
-    prefix_hits: float | None = None
-    num_gpu_blocks: int | None = None
-    block_size: int | None = None
-    tier_hit_tokens: float | None = None  # None: the engine has no global tier
-    tier_bytes_read: float | None = None
-
-
-def parse_vllm_metrics(text: str) -> VllmMetrics:
-    """The gauges and counters the router uses, from Prometheus text exposition."""
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    out = VllmMetrics()
-    for name, labels, value in _SAMPLE_RE.findall(text):
-        if not name.startswith(("vllm:", "enginesim:kv_tier_")):
-            continue
-        if name == "vllm:cache_config_info":
-            info = dict(_LABEL_RE.findall(labels or ""))
-            out.num_gpu_blocks = _int(info.get("num_gpu_blocks"))
-            out.block_size = _int(info.get("block_size"))
-            continue
-        key = name.removesuffix("_total")
-        try:
-            sums[key] = sums.get(key, 0.0) + float(value)
-        except ValueError:
-            continue
-        counts[key] = counts.get(key, 0) + 1
-    out.running = sums.get("vllm:num_requests_running")
-    out.waiting = sums.get("vllm:num_requests_waiting")
-    for usage in ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
-        if usage in sums:
-            out.kv_usage = sums[usage] / counts[usage]
-            break
-    out.prefix_queries = sums.get("vllm:prefix_cache_queries")
-    out.prefix_hits = sums.get("vllm:prefix_cache_hits")
-    out.tier_hit_tokens = sums.get("vllm:external_prefix_cache_hits")
-    out.tier_bytes_read = sums.get("enginesim:kv_tier_read_bytes")
-    return out
-
-
-def _int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
 
 
 class Monitor:
@@ -128,7 +67,9 @@ class Monitor:
         try:
             response = await self.client.get(url + "/metrics", timeout=2.0)
             response.raise_for_status()
-            parsed = parse_vllm_metrics(response.text)
+            parsed = parse_metrics(response.text, histograms=False)
+            if parsed.skipped:
+                log.debug("scrape %s: %d unreadable lines skipped", name, parsed.skipped)
             info = self.core.scrape.get(name)
             if info is not None and not info.models:
                 models = await self.client.get(url + "/v1/models", timeout=2.0)
@@ -142,7 +83,7 @@ class Monitor:
             return
         self.apply(name, parsed)
 
-    def apply(self, name: str, parsed: VllmMetrics) -> None:
+    def apply(self, name: str, parsed: InstanceMetrics) -> None:
         core = self.core
         state = core.state
         if state is None or name not in state.ids:

@@ -21,8 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
+from engine_interface import percentile
 from router_worker import telemetry_contract as contract
 
 log = logging.getLogger("router_worker.telemetry")
@@ -322,10 +321,6 @@ class Telemetry:
             await self._redis.aclose()
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
-
 def _window_stats(samples: list[RequestSample]) -> contract.WindowStats:
     span = max(min(WINDOW_S, samples[-1].at - samples[0].at), 1.0) if samples else WINDOW_S
     ttft = [s.ttft for s in samples if s.ttft is not None]
@@ -336,7 +331,7 @@ def _window_stats(samples: list[RequestSample]) -> contract.WindowStats:
         seconds=WINDOW_S, requests=len(samples), errors=sum(not s.ok for s in samples),
         requests_per_s=len(samples) / span,
         output_tokens_per_s=sum(s.output_tokens for s in samples) / span,
-        ttft_p50_s=_percentile(ttft, 50), ttft_p99_s=_percentile(ttft, 99),
-        tpot_p50_s=_percentile(tpot, 50), tpot_p99_s=_percentile(tpot, 99),
+        ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
+        tpot_p50_s=percentile(tpot, 50), tpot_p99_s=percentile(tpot, 99),
         hit_ratio=(cached / prompt) if prompt else None,
     )

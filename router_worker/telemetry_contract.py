@@ -15,6 +15,7 @@ Keys
   ingest is idempotent however often an entry is delivered.
 * ``METRICS_STREAM``: per-router request metrics every `METRICS_INTERVAL_S`
   (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
+* ``CONFIG_CHANNEL``: pub/sub, control plane → routers: a cluster has a new config version.
 * ``decisions_stream(cluster)``: a sample of the cluster's recent routing decisions
   (`DecisionRecord`, field ``data``), for the live view. Capped at
   `DECISIONS_STREAM_MAXLEN` entries and expiring `DECISIONS_STREAM_TTL_S` after the last
@@ -32,6 +33,9 @@ from pydantic import BaseModel, ConfigDict, Field
 STATE_INTERVAL_S = 0.25
 STATE_TTL_S = 10
 METRICS_INTERVAL_S = 1.0
+# Pub/sub channel on which the control plane announces a new config version
+# ({"cluster", "version"}); routers also poll, so a lost message only delays them.
+CONFIG_CHANNEL = "switchyard:config"
 EVENTS_STREAM = "switchyard:events"
 METRICS_STREAM = "switchyard:metrics"
 STREAM_MAXLEN = 100_000

@@ -30,8 +30,12 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from redis.exceptions import RedisError
 
-from controlplane.services.notify import CONFIG_CHANNEL
-from router_worker.telemetry_contract import EVENTS_STREAM, RouterEvent, decisions_stream
+from router_worker.telemetry_contract import (
+    CONFIG_CHANNEL,
+    EVENTS_STREAM,
+    RouterEvent,
+    decisions_stream,
+)
 
 from .snapshot import merge_cluster
 from .state import (

@@ -12,7 +12,8 @@ read) when any engine reports a tier, and is None otherwise (the page then hides
 
 Window statistics: counts and rates are summed; p50s are averaged weighted by requests;
 p99s take the worst router (a conservative bound, percentiles do not merge exactly). Load
-CV is recomputed over the merged pending prefill tokens.
+CV is recomputed over the merged pending prefill tokens of the healthy instances, with
+the routers' own definition (``engine_interface.load_cv``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from engine_interface import load_cv
 from router_worker.telemetry_contract import (
     HotspotPayload,
     InstanceSnapshot,
@@ -41,7 +43,7 @@ def merge_cluster(cluster: str, snapshots: Iterable[StateSnapshot], *,
     instances = merge_instances(routers)
     window = merge_windows([r.window for r in routers])
     window["load_cv"] = load_cv([i["pending_prefill_tokens"] for i in instances
-                                 if i["health"] != "down"])
+                                 if i["health"] == "healthy"])
     return {
         "type": "snapshot",
         "cluster": cluster,
@@ -150,17 +152,6 @@ def merge_hotspots(snapshots: list[StateSnapshot]) -> list[dict[str, Any]]:
 
 def _skew(hotspot: HotspotPayload) -> float:
     return hotspot.x / hotspot.x_bar if hotspot.x_bar else math.inf
-
-
-def load_cv(values: list[float]) -> float | None:
-    """Standard deviation over mean (population); None without load to compare."""
-    if len(values) < 2:
-        return None
-    mean = sum(values) / len(values)
-    if mean <= 0:
-        return 0.0 if all(v == 0 for v in values) else None
-    variance = sum((v - mean) ** 2 for v in values) / len(values)
-    return math.sqrt(variance) / mean
 
 
 def empty_cluster(cluster: str, cluster_id: int | None = None) -> dict[str, Any]:

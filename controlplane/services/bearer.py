@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import secrets
 
+ROUTER_TOKEN_PREFIX = "syr"
+
 
 def sha256_hex(plaintext: str) -> str:
     return hashlib.sha256(plaintext.encode()).hexdigest()
@@ -12,6 +14,12 @@ def sha256_hex(plaintext: str) -> str:
 
 def new_secret(nbytes: int = 32) -> str:
     return secrets.token_urlsafe(nbytes)
+
+
+def new_router_token() -> str:
+    """A router deployment's bearer token (``syr_<secret>``), issued on creation and on
+    every supervised start."""
+    return f"{ROUTER_TOKEN_PREFIX}_{new_secret()}"
 
 
 def same_hash(plaintext: str, stored_hash: str) -> bool:

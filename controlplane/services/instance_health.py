@@ -2,41 +2,27 @@
 
 Observations are not changes: they update Instance.healthy/last_scrape without an audit
 row. The routers do their own, faster checks; this view is for the control plane's UI.
+The scrape is read as the routers read it (``engine_interface``): engines'
+counts summed, KV usage the mean of the engines' fractions.
 """
 
 from __future__ import annotations
 
 import httpx
 from django.utils import timezone
-from prometheus_client.parser import text_string_to_metric_families
 
 from controlplane.models import Cluster, Instance
+from engine_interface import parse_metrics
 
 TIMEOUT = httpx.Timeout(1.0)
-GAUGES = {
-    "vllm:num_requests_running": "running",
-    "vllm:num_requests_waiting": "waiting",
-    "vllm:kv_cache_usage_perc": "kv_usage",
-}
-COUNTERS = {"vllm:prefix_cache_queries": "prefix_queries", "vllm:prefix_cache_hits": "prefix_hits"}
-
-
-def parse_vllm_metrics(text: str) -> dict[str, float]:
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            key = GAUGES.get(name) or COUNTERS.get(name)
-            if key is not None:
-                values[key] = values.get(key, 0.0) + sample.value
-    return values
 
 
 def scrape_instance(client: httpx.Client, instance: Instance) -> tuple[bool, dict]:
     try:
         healthy = client.get(f"{instance.url}/health").status_code == 200
         metrics = client.get(f"{instance.url}/metrics")
-        parsed = parse_vllm_metrics(metrics.text) if metrics.status_code == 200 else {}
+        parsed = (parse_metrics(metrics.text, histograms=False).summary()
+                  if metrics.status_code == 200 else {})
     except (httpx.HTTPError, ValueError) as error:
         return False, {"error": f"{type(error).__name__}: {error}"}
     return healthy, parsed

@@ -9,9 +9,10 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
+from router_worker.telemetry_contract import CONFIG_CHANNEL
+
 log = logging.getLogger(__name__)
 
-CONFIG_CHANNEL = "switchyard:config"
 CLUSTER_EVENTS_GROUP = "cluster.{cluster}"
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 from datetime import UTC, datetime, timedelta
 
-import numpy as np
 from django.utils import timezone
 
 from controlplane.models import (
@@ -16,6 +15,7 @@ from controlplane.models import (
     InstanceMetricRollup,
     RouterEvent,
 )
+from engine_interface import percentile
 from router_worker.telemetry_contract import MetricsRecord
 
 MAX_SAMPLES_PER_MINUTE = 2000
@@ -30,10 +30,6 @@ def merge_samples(existing: list[float], new: list[float], rng: random.Random) -
     if len(merged) <= MAX_SAMPLES_PER_MINUTE:
         return merged
     return rng.sample(merged, MAX_SAMPLES_PER_MINUTE)
-
-
-def percentile(samples: list[float], q: float) -> float | None:
-    return float(np.percentile(samples, q)) if samples else None
 
 
 def _add_common(row, metrics, rng: random.Random) -> None:

@@ -14,12 +14,11 @@ from controlplane.models.cluster import slug_name
 
 from . import audit
 from .audit import Actor
-from .bearer import new_secret, same_hash, sha256_hex
+from .bearer import new_router_token, same_hash, sha256_hex
 from .clusters import _full_clean, locked_cluster
 from .config import latest_version
 from .errors import Conflict, ServiceError
 
-ROUTER_TOKEN_PREFIX = "syr"
 MAX_PORT = 65535
 
 
@@ -35,7 +34,7 @@ def create_router_deployment(actor: Actor, cluster_id: int, *, name: str, host: 
     cluster = locked_cluster(cluster_id)
     if not 1 <= port <= MAX_PORT:
         raise ServiceError(f"port must be in 1..{MAX_PORT}", "port")
-    plaintext = f"{ROUTER_TOKEN_PREFIX}_{new_secret()}"
+    plaintext = new_router_token()
     router = RouterDeployment(cluster=cluster, name=name, host=host, port=port,
                               token_hash=sha256_hex(plaintext))
     _full_clean(router, ("name", "host"))

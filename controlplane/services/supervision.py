@@ -9,9 +9,7 @@ from django.utils import timezone
 from controlplane.models import RouterDeployment, RouterEvent
 from router_worker.telemetry_contract import RouterEvent as WireEvent
 
-from .bearer import new_secret, sha256_hex
-
-ROUTER_TOKEN_PREFIX = "syr"
+from .bearer import new_router_token, sha256_hex
 
 
 @transaction.atomic
@@ -19,7 +17,7 @@ def issue_router_token(router_id: int) -> str:
     """Rotate the router's token and return the plaintext for the process being started.
     The supervisor owns the secret: only its hash is stored, and it reaches the router
     through the environment, never the command line (which `ps` shows to everyone)."""
-    plaintext = f"{ROUTER_TOKEN_PREFIX}_{new_secret()}"
+    plaintext = new_router_token()
     RouterDeployment.objects.filter(pk=router_id).update(token_hash=sha256_hex(plaintext))
     return plaintext
 

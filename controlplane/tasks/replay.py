@@ -19,6 +19,7 @@ from controlplane.models import Cluster, ReplayJob
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
 from controlplane.services.traces import check_trace, resolve_trace
+from engine_interface import percentile
 
 log = logging.getLogger(__name__)
 ENGINE_UNAVAILABLE = "replay engine unavailable"
@@ -101,7 +102,7 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
 def _percentiles(values: np.ndarray) -> list[float] | None:
     if len(values) == 0:
         return None
-    return [float(v) for v in np.percentile(values, TTFT_PERCENTILES)]
+    return [percentile(values, q) for q in TTFT_PERCENTILES]
 
 
 def _json_safe(value: Any) -> Any:

@@ -15,9 +15,9 @@ from controlplane.realtime.snapshot import empty_cluster
 from controlplane.realtime.state import read_cluster, read_decisions
 from controlplane.services import config as config_service
 from controlplane.services.notify import redis_client
+from engine_interface import percentile
 
 from . import reads
-from .stats import percentile
 
 log = logging.getLogger(__name__)
 HISTORY = timedelta(minutes=30)
@@ -53,8 +53,8 @@ def last_minute_latency(cluster: Cluster) -> dict[str, float | None]:
         rows = [r for r in rows if r.minute == newest]
     ttft = sorted(s for r in rows for s in r.ttft_samples)
     tpot = sorted(s for r in rows for s in r.tpot_samples)
-    return {"ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
-            "tpot_p50_s": percentile(tpot, 0.5), "tpot_p99_s": percentile(tpot, 0.99)}
+    return {"ttft_p50_s": percentile(ttft, 50), "ttft_p99_s": percentile(ttft, 99),
+            "tpot_p50_s": percentile(tpot, 50), "tpot_p99_s": percentile(tpot, 99)}
 
 
 def router_rows(cluster: Cluster, live: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,25 +6,19 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from engine_interface import percentile
+
 Z95 = 1.959964
 
 
-def percentile(sorted_values: Sequence[float], q: float) -> float | None:
-    """Linear-interpolated percentile (q in [0, 1]) of already sorted values."""
-    if not sorted_values:
-        return None
-    position = q * (len(sorted_values) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(sorted_values) - 1)
-    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (position - low)
-
-
 def quantile_ci(sorted_values: Sequence[float], q: float) -> tuple[float, float] | None:
-    """95% distribution-free interval of a quantile from order statistics (normal
-    approximation of the binomial rank)."""
+    """95% distribution-free interval of the ``q``-th percentile (q in [0, 100], as
+    ``engine_interface.percentile``) from order statistics (normal approximation of the
+    binomial rank)."""
     n = len(sorted_values)
     if n < 2:
         return None
+    q /= 100
     spread = Z95 * math.sqrt(n * q * (1 - q))
     low = max(0, math.floor(n * q - spread))
     high = min(n - 1, math.ceil(n * q + spread))
@@ -48,8 +42,8 @@ def describe(values: Sequence[float]) -> dict[str, Any]:
         "n": len(ordered),
         "mean": sum(ordered) / len(ordered) if ordered else None,
         "mean_ci": mean_ci(ordered),
-        "p50": percentile(ordered, 0.5),
-        "p50_ci": quantile_ci(ordered, 0.5),
-        "p99": percentile(ordered, 0.99),
-        "p99_ci": quantile_ci(ordered, 0.99),
+        "p50": percentile(ordered, 50),
+        "p50_ci": quantile_ci(ordered, 50),
+        "p99": percentile(ordered, 99),
+        "p99_ci": quantile_ci(ordered, 99),
     }

@@ -32,6 +32,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from engine_interface import percentile
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
 from enginesim.progress import progress_display
 from enginesim.replay.synth import HotspotParams
@@ -130,9 +131,9 @@ def summarize(outcomes: list[Outcome], elapsed: float) -> dict[str, Any]:
     cached = sum(o.cached_tokens or 0 for o in ok)
 
     def stat(values: np.ndarray, q: float | None = None) -> float | None:
-        if not len(values):
-            return None
-        return float(values.mean() if q is None else np.percentile(values, q))
+        if q is not None:
+            return percentile(values, q)
+        return float(values.mean()) if len(values) else None
 
     return {
         "sent": len(outcomes), "ok": len(ok),

@@ -3,8 +3,9 @@
 Definitions (DESIGN.md §3): TTFT = first token − arrival; TPOT = (finish − first token) /
 (output tokens − 1) over requests with more than one output token; hit ratio = prompt
 tokens the engines did not prefill (engine-reported) / prompt tokens, over completed
-requests; load CV = stddev / mean across instances of the true pending prefill tokens,
-averaged over the scrape ticks where the mean is positive; busy fraction = engine step
+requests; load CV = the router's load CV (``engine_interface.load_cv``:
+stddev / mean across instances) of the true pending prefill tokens, averaged over the
+scrape ticks where the mean is positive; busy fraction = engine step
 time summed over instances / (instances × makespan); makespan = first arrival → last
 finish.
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from engine_interface import mean_load_cv, percentile
 from enginesim.engine import EngineConfig
 from enginesim.replay.simulator import RequestResult, SimResult
 from enginesim.replay.traces import TraceRecord
@@ -57,20 +59,10 @@ def slo_met(done: Sequence[RequestResult], ttft_s: float, tpot_s: float) -> int:
 
 
 def _stat(values: np.ndarray, q: float | None = None) -> float | None:
-    if len(values) == 0:
-        return None
-    return float(values.mean() if q is None else np.percentile(values, q))
-
-
-def load_cv(pending: np.ndarray) -> float | None:
-    """Mean over samples (rows) of stddev/mean across instances (columns), mean > 0 only."""
-    if pending.size == 0:
-        return None
-    means = pending.mean(axis=1)
-    busy = means > 0
-    if not busy.any():
-        return 0.0
-    return float((pending[busy].std(axis=1) / means[busy]).mean())
+    """The mean (``q`` None) or the ``q``-th percentile (q in [0, 100]); None if empty."""
+    if q is not None:
+        return percentile(values, q)
+    return float(values.mean()) if len(values) else None
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
@@ -91,7 +83,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "tpot_mean_s": _stat(tpot), "tpot_p99_s": _stat(tpot, 99),
         "throughput_tok_s": sum(r.output_tokens for r in done) / span,
         "hit_ratio": sum(r.cached_tokens for r in done) / prompt if prompt else None,
-        "load_cv": load_cv(result.pending_samples),
+        "load_cv": mean_load_cv(result.pending_samples),
         "hotspot_events": result.hotspot_events.get("confirmed", 0),
         "busy_fraction": result.busy_time / (len(result.instance_ids) * span),
         "wall_s": result.wall_s,

@@ -1,5 +1,8 @@
 """Prometheus ``/metrics`` for one instance, with vLLM v1's names, labels and buckets.
 
+The names are ``engine_interface``'s (the ones the router reads), so the
+simulator cannot expose a name the router does not know.
+
 Every metric carries ``model_name`` (the served model name) and ``engine``
 (always ``"0"``: one engine core per server, as in a vLLM process without data
 parallelism). Engine state (running/waiting, KV usage, prefix-cache counters,
@@ -37,8 +40,10 @@ from prometheus_client.core import (
 )
 from prometheus_client.utils import floatToGoString
 
-LABELS = ("model_name", "engine")
-ENGINE_INDEX = "0"
+import engine_interface as ei
+
+LABELS = ei.LABELS
+ENGINE_INDEX = ei.DEFAULT_ENGINE
 FINISH_REASONS = ("stop", "length", "abort")
 
 TTFT_BUCKETS = (
@@ -126,39 +131,39 @@ class _EngineStateCollector:
     def collect(self) -> Iterator[Metric]:
         stats = self._stats_fn()
         yield self._gauge(
-            "vllm:num_requests_running",
+            ei.RUNNING.name,
             "Number of requests in model execution batches.",
             stats.num_running,
         )
         yield self._gauge(
-            "vllm:num_requests_waiting",
+            ei.WAITING.name,
             "Number of requests waiting to be processed.",
             stats.num_waiting,
         )
         yield self._gauge(
-            "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage
+            ei.KV_USAGE.name, "KV-cache usage. 1 means 100 percent usage.", stats.kv_usage
         )
         yield self._counter(
-            "vllm:prefix_cache_queries",
+            ei.PREFIX_QUERIES.name,
             "Prefix cache queries, in terms of number of queried tokens.",
             stats.prefix_cache_queries,
         )
         yield self._counter(
-            "vllm:prefix_cache_hits",
+            ei.PREFIX_HITS.name,
             "Prefix cache hits, in terms of number of cached tokens.",
             stats.prefix_cache_hits,
         )
         yield self._counter(
-            "vllm:num_preemptions",
+            ei.PREEMPTIONS.name,
             "Cumulative number of preemption from the engine.",
             stats.num_preemptions,
         )
         if stats.has_tier:
             yield from self._tier(stats)
         info = GaugeMetricFamily(
-            "vllm:cache_config_info",
+            ei.CACHE_CONFIG_INFO.name,
             "Information of the LLMEngine CacheConfig",
-            labels=[*self._cache_info, "engine"],
+            labels=[*self._cache_info, ei.ENGINE_LABEL],
         )
         info.add_metric([*self._cache_info.values(), ENGINE_INDEX], 1.0)
         yield info
@@ -171,28 +176,28 @@ class _EngineStateCollector:
 
     def _tier(self, stats: Any) -> Iterator[Metric]:
         yield self._counter(
-            "vllm:external_prefix_cache_queries",
+            ei.EXTERNAL_PREFIX_QUERIES.name,
             "External prefix cache queries from KV connector cross-instance cache sharing, "
             "in terms of number of queried tokens.",
             stats.prefix_cache_queries,
         )
         yield self._counter(
-            "vllm:external_prefix_cache_hits",
+            ei.EXTERNAL_PREFIX_HITS.name,
             "External prefix cache hits from KV connector cross-instance cache sharing, "
             "in terms of number of cached tokens.",
             stats.external_cache_hits,
         )
         yield self._counter(
-            "enginesim:kv_tier_read_bytes", "Bytes of KV cache loaded from the global tier.",
+            ei.TIER_READ_BYTES.name, "Bytes of KV cache loaded from the global tier.",
             stats.tier_bytes_read,
         )
         yield self._counter(
-            "enginesim:kv_tier_read_seconds",
+            ei.TIER_READ_SECONDS.name,
             "Step time spent loading KV cache from the global tier (simulated seconds).",
             stats.tier_read_time,
         )
         yield self._counter(
-            "enginesim:kv_tier_read_wait_seconds",
+            ei.TIER_READ_WAIT_SECONDS.name,
             "Of kv_tier_read_seconds, the time queued behind other instances' tier reads.",
             stats.tier_read_wait,
         )
@@ -212,41 +217,41 @@ class InstanceMetrics:
         self.label_values = [model_name, ENGINE_INDEX]
         token_buckets = buckets_1_2_5(max_model_len)
         self.ttft = SimpleHistogram(
-            "vllm:time_to_first_token_seconds",
+            ei.TTFT.name,
             "Histogram of time to first token in seconds.",
             TTFT_BUCKETS,
         )
         self.itl = SimpleHistogram(
-            "vllm:inter_token_latency_seconds",
+            ei.ITL.name,
             "Histogram of inter-token latency in seconds.",
             ITL_BUCKETS,
         )
         self.tpot = SimpleHistogram(
-            "vllm:time_per_output_token_seconds",
+            ei.TPOT_DEPRECATED.name,
             "Histogram of time per output token in seconds."
             "DEPRECATED: Use vllm:inter_token_latency_seconds instead.",
             ITL_BUCKETS,
         )
         self.request_tpot = SimpleHistogram(
-            "vllm:request_time_per_output_token_seconds",
+            ei.REQUEST_TPOT.name,
             "Histogram of time_per_output_token_seconds per request.",
             ITL_BUCKETS,
         )
         self.e2e = SimpleHistogram(
-            "vllm:e2e_request_latency_seconds",
+            ei.E2E_LATENCY.name,
             "Histogram of e2e request latency in seconds.",
             REQUEST_LATENCY_BUCKETS,
         )
         self.prompt_len = SimpleHistogram(
-            "vllm:request_prompt_tokens", "Number of prefill tokens processed.", token_buckets
+            ei.REQUEST_PROMPT_TOKENS.name, "Number of prefill tokens processed.", token_buckets
         )
         self.generation_len = SimpleHistogram(
-            "vllm:request_generation_tokens",
+            ei.REQUEST_GENERATION_TOKENS.name,
             "Number of generation tokens processed.",
             token_buckets,
         )
         self.max_tokens_param = SimpleHistogram(
-            "vllm:request_params_max_tokens",
+            ei.REQUEST_MAX_TOKENS.name,
             "Histogram of the max_tokens request parameter.",
             token_buckets,
         )
@@ -310,15 +315,15 @@ class _ServerCollector:
         m = self._metrics
         lv = m.label_values
         for name, doc, total in (
-            ("vllm:prompt_tokens", "Number of prefill tokens processed.", m.prompt_tokens),
-            ("vllm:generation_tokens", "Number of generation tokens processed.",
+            (ei.PROMPT_TOKENS.name, "Number of prefill tokens processed.", m.prompt_tokens),
+            (ei.GENERATION_TOKENS.name, "Number of generation tokens processed.",
              m.generation_tokens),
         ):  # fmt: skip
             family = CounterMetricFamily(name, doc, labels=LABELS)
             family.add_metric(lv, total)
             yield family
         success = CounterMetricFamily(
-            "vllm:request_success",
+            ei.REQUEST_SUCCESS.name,
             "Count of successfully processed requests.",
             labels=[*LABELS, "finished_reason"],
         )

@@ -11,7 +11,8 @@ from django.conf import settings
 from django.test import Client
 
 from controlplane.models import ConfigVersion
-from controlplane.services import notify, policies
+from controlplane.services import policies
+from router_worker.telemetry_contract import CONFIG_CHANNEL
 
 from .conftest import SYSTEM, session_client
 from .endpoints import REASON
@@ -76,7 +77,7 @@ def test_activation_publishes_the_new_number_on_redis_after_commit(
         world, users, django_capture_on_commit_callbacks) -> None:
     subscriber = redis.Redis.from_url(settings.REDIS_URL)
     pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(notify.CONFIG_CHANNEL)
+    pubsub.subscribe(CONFIG_CHANNEL)
     try:
         newest = versions_of(world["alpha"])[-1]
         with django_capture_on_commit_callbacks(execute=False) as callbacks:

@@ -23,7 +23,7 @@ import zmq
 from tests.drills.clients import MODEL, Load, judge_whole
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Router, wait_until
+from tests.router.conftest import Router, scrape_total, wait_until
 from tests.router.test_kv_malformed import WRONG_TYPES
 
 BLOCK = 16
@@ -103,9 +103,7 @@ def route_checks(router: Router, names: list[str], first: int) -> tuple[Outcome,
 
 
 def malformed_metric(router: Router) -> float:
-    text = httpx.get(router.url + "/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("switchyard_router_kv_events_malformed_total{"))
+    return scrape_total(router.url, "switchyard_router_kv_events_malformed_total")
 
 
 def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(drill_fleet,

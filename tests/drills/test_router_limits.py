@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
+from engine_interface import read_samples
 from tests.drills.clients import body, is_error_body, judge_stream, judge_whole
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
@@ -107,13 +108,10 @@ def load_while(router: Router, concurrency: int, seconds: float, max_tokens: int
 
 
 def limit_hits(router: Router) -> dict[str, float]:
-    text = httpx.get(router.url + "/metrics", timeout=5).text
-    hits = {}
-    for line in text.splitlines():
-        if line.startswith("switchyard_router_limit_hits_total{"):
-            name = line.split('limit="', 1)[1].split('"', 1)[0]
-            hits[name] = float(line.rsplit(" ", 1)[1])
-    return hits
+    samples, _ = read_samples(httpx.get(router.url + "/metrics", timeout=5).text,
+                              ["switchyard_router_limit_hits_total"])
+    return {s.labels["limit"]: s.value for s in samples
+            if s.name == "switchyard_router_limit_hits_total"}
 
 
 def marked_down(router: Router) -> list[str]:

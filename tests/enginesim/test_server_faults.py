@@ -10,6 +10,7 @@ import openai
 import pytest
 import zmq
 
+from engine_interface import sample_total
 from tests.enginesim.test_server_metrics import scrape, value
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
@@ -97,12 +98,12 @@ def test_drop_midstream_cuts_the_stream_and_aborts_the_request(url):
 
 def test_slow_stretches_simulated_time(url, sim):
     set_fault(url, mode="slow", factor=4)
-    scale = scrape(url)[("enginesim:time_scale", ())]
+    scale = sample_total(scrape(url), "enginesim:time_scale")
     assert scale == pytest.approx(0.05 * 4)
     body = {"model": MODEL, "prompt": "slow", "max_tokens": 3}
     assert httpx.post(url + "/v1/completions", json=body).json()["usage"]["completion_tokens"] == 3
     set_fault(url, mode="recover")
-    assert scrape(url)[("enginesim:time_scale", ())] == 0.05
+    assert sample_total(scrape(url), "enginesim:time_scale") == 0.05
 
 
 def test_client_disconnect_aborts_the_engine_request(url):
@@ -172,8 +173,8 @@ def test_kill_through_the_instance_port_answers_then_closes(url, sim):
 
 def test_cli_fault_applies_from_startup(sim_factory):
     server = sim_factory("--fault", "1:slow:3", instances=2, kv_events=False)
-    assert scrape(server.url(0))[("enginesim:time_scale", ())] == pytest.approx(0.05)
-    assert scrape(server.url(1))[("enginesim:time_scale", ())] == pytest.approx(0.15)
+    assert sample_total(scrape(server.url(0)), "enginesim:time_scale") == pytest.approx(0.05)
+    assert sample_total(scrape(server.url(1)), "enginesim:time_scale") == pytest.approx(0.15)
     listing = httpx.get(server.admin_url + "/admin/instances").json()
     assert [item["fault"]["mode"] for item in listing] == ["none", "slow"]
 

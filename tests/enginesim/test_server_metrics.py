@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
+from engine_interface import parse_metrics, read_samples, sample_total
 from enginesim.engine.config import EngineConfig
 from enginesim.server.metrics import TTFT_BUCKETS
 
@@ -12,18 +13,14 @@ MODEL = "Qwen/Qwen2-7B-Instruct"
 INSTANCE = 1
 
 
-def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    text = httpx.get(url + "/metrics").text
-    samples = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+def scrape(url: str) -> list[Sample]:
+    samples, skipped = read_samples(httpx.get(url + "/metrics").text)
+    assert skipped == 0
     return samples
 
 
-def value(samples, name: str, **labels: str) -> float:
-    key_labels = {"model_name": MODEL, "engine": "0", **labels}
-    return samples.get((name, tuple(sorted(key_labels.items()))), 0.0)
+def value(samples: list[Sample], name: str, **labels: str) -> float:
+    return sample_total(samples, name, model_name=MODEL, engine="0", **labels)
 
 
 def test_counters_and_histograms_follow_the_requests(sim):
@@ -59,14 +56,11 @@ def test_counters_and_histograms_follow_the_requests(sim):
 
 def test_vllm_bucket_layout_and_cache_config_info(sim):
     samples = scrape(sim.url(INSTANCE))
-    ttft_les = sorted(
-        float(dict(labels)["le"])
-        for (name, labels) in samples
-        if name == "vllm:time_to_first_token_seconds_bucket"
-    )
+    bucket = "vllm:time_to_first_token_seconds_bucket"
+    ttft_les = sorted(float(s.labels["le"]) for s in samples if s.name == bucket)
     assert ttft_les == [*TTFT_BUCKETS, float("inf")]
     config = EngineConfig.for_hardware("h20", "qwen2-7b")
-    info = [dict(labels) for (name, labels) in samples if name == "vllm:cache_config_info"]
+    info = [s.labels for s in samples if s.name == "vllm:cache_config_info"]
     assert len(info) == 1
     assert info[0]["block_size"] == str(config.block_size)
     assert info[0]["num_gpu_blocks"] == str(config.num_gpu_blocks)
@@ -89,6 +83,25 @@ def test_a_shared_tier_serves_a_peer_instance_and_is_exported(sim, sim_factory):
     assert value(second, "enginesim:kv_tier_read_bytes_total") == 96 * kv_bytes
     assert value(second, "enginesim:kv_tier_read_seconds_total") > 0
     assert value(second, "enginesim:kv_tier_read_wait_seconds_total") == 0
+    parsed = parse_metrics(httpx.get(server.url(1) + "/metrics").text)
+    assert (parsed.tier_hit_tokens, parsed.tier_bytes_read) == (96, 96 * kv_bytes)
     # without a tier (the shared server), no external counters, as vLLM without a connector
     plain = httpx.get(sim.url(INSTANCE) + "/metrics").text
     assert "external_prefix_cache" not in plain and "kv_tier" not in plain
+
+
+def test_the_router_reads_every_metric_it_uses_from_the_simulator(sim):
+    """enginesim exposes the names engine_interface reads (no fallback)."""
+    url = sim.url(INSTANCE)
+    body = {"model": MODEL, "prompt": list(range(2000, 2040)), "max_tokens": 4}
+    httpx.post(url + "/v1/completions", json=body).raise_for_status()
+    parsed = parse_metrics(httpx.get(url + "/metrics").text)
+    config = EngineConfig.for_hardware("h20", "qwen2-7b")
+    assert parsed.skipped == 0 and list(parsed.engines) == ["0"]
+    assert (parsed.running, parsed.waiting) == (0.0, 0.0)
+    assert 0.0 <= parsed.kv_usage <= 1.0
+    assert parsed.prefix_queries >= 40 and parsed.prefix_hits is not None
+    assert (parsed.num_gpu_blocks, parsed.block_size) == (config.num_gpu_blocks, config.block_size)
+    ttft, itl = parsed.histogram("ttft"), parsed.histogram("itl")
+    assert ttft.count >= 1 and ttft.buckets[-1] == (float("inf"), ttft.count)
+    assert itl.count >= 3 and parsed.histogram("e2e").count >= 1

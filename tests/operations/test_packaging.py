@@ -13,7 +13,7 @@ from importlib.metadata import PackageNotFoundError, packages_distributions, req
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ROUTER_PACKAGES = ("router_worker", "chat_templates")  # what a router host runs
+ROUTER_PACKAGES = ("router_worker", "chat_templates", "engine_interface")  # what a router host runs
 HEAVY = {"django", "celery", "channels", "scipy", "matplotlib", "psycopg", "daphne"}
 
 

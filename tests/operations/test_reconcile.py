@@ -12,7 +12,7 @@ from django.utils import timezone
 from controlplane.models import RouterDeployment
 from controlplane.services import clusters, policies, reconcile
 from controlplane.services.audit import Actor
-from controlplane.services.notify import CONFIG_CHANNEL
+from router_worker.telemetry_contract import CONFIG_CHANNEL
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ADMIN = Actor.system("test")

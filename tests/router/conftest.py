@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from engine_interface import read_samples, sample_total
 from tests.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,6 +56,13 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
             proc.wait()
 
 
+def scrape_total(url: str, name: str, **labels: str) -> float:
+    """Sum of the samples ``name`` (with ``labels`` among theirs) on ``url``/metrics."""
+    samples, skipped = read_samples(httpx.get(url + "/metrics", timeout=5).text)
+    assert skipped == 0, f"{url}/metrics: {skipped} unreadable lines"
+    return sample_total(samples, name, **labels)
+
+
 @dataclass
 class Fleet:
     base_port: int
@@ -82,12 +90,7 @@ class Fleet:
         response.raise_for_status()
 
     def engine_metric(self, index: int, name: str, **labels: str) -> float:
-        text = httpx.get(self.url(index) + "/metrics", timeout=5).text
-        total = 0.0
-        for line in text.splitlines():
-            if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-                total += float(line.rsplit(" ", 1)[1])
-        return total
+        return scrape_total(self.url(index), name, **labels)
 
 
 def start_fleet(size: int, *extra: str) -> Fleet:

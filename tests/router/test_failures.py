@@ -12,6 +12,7 @@ from tests.router.conftest import (
     MODEL,
     launch_router,
     router_config,
+    scrape_total,
     stop_process,
     wait_until,
 )
@@ -85,12 +86,6 @@ def test_killed_instance_requests_retried_marked_down_and_back(fleet, router_fac
     assert "i1" in {r[1] for r in back}
 
 
-def _metric(router, name: str) -> float:
-    text = httpx.get(router.url + "/metrics").text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith(name))
-
-
 def test_5xx_before_first_byte_is_retried_elsewhere(fleet, router_factory):
     document = router_config(fleet, "round_robin")
     document["router"]["breaker_failures"] = 100  # keep i2 eligible: every pass hits it
@@ -129,7 +124,7 @@ def test_request_failing_alike_on_two_instances_is_not_retried_nor_held_against_
     error = poisoned.json()["error"]
     assert "failed on 2 instances alike" in error["message"], error
     assert "poison" in error["message"]  # the engine's own words are passed on
-    assert _metric(router, "switchyard_router_retries_total") == 1
+    assert scrape_total(router.url, "switchyard_router_retries_total") == 1
     # A strike per engine would have opened every breaker (breaker_failures 1).
     assert set(healths.values()) == {"healthy"}, healths
     assert all(r[0] == 200 for r in fine)

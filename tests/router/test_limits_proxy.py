@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from tests.drills.clients import MODEL, is_error_body
-from tests.router.conftest import Fleet, Router, router_config
+from tests.router.conftest import Fleet, Router, router_config, scrape_total
 
 JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
 
@@ -114,10 +114,7 @@ def _router(router_factory, fleet: Fleet, bad: BadEngine) -> Router:
 
 
 def _limit_hits(router: Router, limit: str) -> float:
-    for line in httpx.get(router.url + "/metrics", timeout=5).text.splitlines():
-        if line.startswith(f'switchyard_router_limit_hits_total{{limit="{limit}"}}'):
-            return float(line.rsplit(" ", 1)[1])
-    return 0.0
+    return scrape_total(router.url, "switchyard_router_limit_hits_total", limit=limit)
 
 
 def test_an_engine_head_over_the_limit_is_retried_elsewhere(fleet, router_factory, bad_engine):

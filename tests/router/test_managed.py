@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from router_worker.config_source import CONFIG_CHANNEL
+from router_worker.telemetry_contract import CONFIG_CHANNEL
 from tests.router.conftest import MODEL, launch_router, router_config, stop_process, wait_until
 
 TOKEN = "router-token-1"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from tests.router.conftest import MODEL, Router, router_config, wait_until
+from tests.router.conftest import MODEL, Router, router_config, scrape_total, wait_until
 
 REDIS_URL = os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/10")
 # A slow fault this strong keeps a long prompt in prefill for many wall seconds.
@@ -39,12 +39,7 @@ def _peer_counts(router: Router) -> dict[str, int]:
 
 
 def _metric(router: Router, name: str, **labels: str) -> float:
-    text = httpx.get(router.url + "/metrics", timeout=5).text
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and all(f'{k}="{v}"' in line for k, v in labels.items()):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return scrape_total(router.url, name, **labels)
 
 
 def _hear_each_other(*routers: Router) -> None:

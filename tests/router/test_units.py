@@ -15,7 +15,6 @@ from router_worker.arms import pick_arm, session_point
 from router_worker.errors import APIError
 from router_worker.health import HealthBook
 from router_worker.limits import Limiter
-from router_worker.monitor import parse_vllm_metrics
 from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids, render_chat
 
 
@@ -111,22 +110,6 @@ def test_limiter_queues_then_refuses():
         assert limiter.active == 0
 
     asyncio.run(scenario())
-
-
-def test_vllm_metrics_parser():
-    text = """# HELP vllm:num_requests_running x
-vllm:num_requests_running{engine="0",model_name="m"} 3.0
-vllm:num_requests_running{engine="1",model_name="m"} 2.0
-vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
-vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
-vllm:prefix_cache_queries_total{engine="0",model_name="m"} 100.0
-vllm:prefix_cache_hits_total{engine="0",model_name="m"} 40.0
-vllm:cache_config_info{block_size="16",engine="0",num_gpu_blocks="81541"} 1.0
-"""
-    parsed = parse_vllm_metrics(text)
-    assert (parsed.running, parsed.waiting, parsed.kv_usage) == (5.0, 1.0, 0.25)
-    assert (parsed.prefix_queries, parsed.prefix_hits) == (100.0, 40.0)
-    assert (parsed.num_gpu_blocks, parsed.block_size) == (81541, 16)
 
 
 class _FakeState:

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from controlplane.realtime.publisher import Publisher, PublisherSettings
 from controlplane.realtime.state import group_name
-from controlplane.services.notify import CONFIG_CHANNEL
+from router_worker.telemetry_contract import CONFIG_CHANNEL
 
 from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.realtime.snapshot import load_cv, merge_cluster
+from controlplane.realtime.snapshot import merge_cluster
+from engine_interface import load_cv
 from router_worker.telemetry_contract import HotspotPayload
 
 from .helpers import hotspot_payload, instance, snapshot, window
@@ -65,7 +66,12 @@ def test_load_cv_is_recomputed_over_merged_pending_tokens() -> None:
     b = snapshot("c", "r2", [instance("i1", pending=100)])
     assert merge_cluster("c", [a, b])["window"]["load_cv"] == pytest.approx(0.0)
     assert load_cv([300, 100]) == pytest.approx(0.5)
-    assert load_cv([5]) is None
+
+
+def test_load_cv_counts_only_healthy_instances_as_the_router_does() -> None:
+    a = snapshot("c", "r1", [instance("i0", pending=100), instance("i1", pending=100),
+                             instance("i2", health="draining", pending=1000)])
+    assert merge_cluster("c", [a])["window"]["load_cv"] == pytest.approx(0.0)
 
 
 def test_arms_merge_per_arm() -> None:

@@ -1,0 +1,198 @@
+"""engine_interface: vLLM /metrics parsing (current and older names, several
+engines, bad input) and the shared load CV and percentile definitions."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from engine_interface import (
+    Histogram,
+    load_cv,
+    mean_load_cv,
+    parse_metrics,
+    percentile,
+    read_histogram,
+    read_samples,
+    sample_total,
+)
+
+# Modelled on a vLLM 0.10 exposition (v1 engine, data parallel size 2 behind one server).
+CURRENT = """\
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="Qwen/Qwen2-7B"} 3.0
+vllm:num_requests_running{engine="1",model_name="Qwen/Qwen2-7B"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen2-7B"} 1.0
+vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen2-7B"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen2-7B"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen2-7B"} 0.75
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="Qwen/Qwen2-7B"} 100.0
+vllm:prefix_cache_queries_total{engine="1",model_name="Qwen/Qwen2-7B"} 50.0
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="Qwen/Qwen2-7B"} 40.0
+vllm:prefix_cache_hits_total{engine="1",model_name="Qwen/Qwen2-7B"} 10.0
+# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="81541"} 1.0
+vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="1",num_gpu_blocks="81541"} 1.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.1",model_name="Qwen/Qwen2-7B"} 1.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="1.0",model_name="Qwen/Qwen2-7B"} 3.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="Qwen/Qwen2-7B"} 4.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="Qwen/Qwen2-7B"} 4.0
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="Qwen/Qwen2-7B"} 7.5
+vllm:time_to_first_token_seconds_bucket{engine="1",le="0.1",model_name="Qwen/Qwen2-7B"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="1.0",model_name="Qwen/Qwen2-7B"} 2.0
+vllm:time_to_first_token_seconds_bucket{engine="1",le="+Inf",model_name="Qwen/Qwen2-7B"} 2.0
+vllm:time_to_first_token_seconds_count{engine="1",model_name="Qwen/Qwen2-7B"} 2.0
+vllm:time_to_first_token_seconds_sum{engine="1",model_name="Qwen/Qwen2-7B"} 1.5
+"""
+
+# Modelled on a vLLM 0.8 exposition: the names vLLM 0.9 deprecated (0.9 and 0.10 expose
+# them beside the current ones).
+OLDER = """\
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 4.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{engine="0",model_name="m"} 0.5
+# TYPE vllm:gpu_prefix_cache_queries counter
+vllm:gpu_prefix_cache_queries_total{engine="0",model_name="m"} 200.0
+# TYPE vllm:gpu_prefix_cache_hits counter
+vllm:gpu_prefix_cache_hits_total{engine="0",model_name="m"} 120.0
+# TYPE vllm:time_per_output_token_seconds histogram
+vllm:time_per_output_token_seconds_bucket{engine="0",le="0.05",model_name="m"} 10.0
+vllm:time_per_output_token_seconds_bucket{engine="0",le="+Inf",model_name="m"} 10.0
+vllm:time_per_output_token_seconds_count{engine="0",model_name="m"} 10.0
+vllm:time_per_output_token_seconds_sum{engine="0",model_name="m"} 0.3
+"""
+
+
+def test_current_names_across_two_engines():
+    parsed = parse_metrics(CURRENT)
+    assert sorted(parsed.engines) == ["0", "1"]
+    assert (parsed.running, parsed.waiting) == (5.0, 1.0)
+    assert parsed.kv_usage == pytest.approx(0.5)  # the mean of the fractions, not the sum
+    assert (parsed.prefix_queries, parsed.prefix_hits) == (150.0, 50.0)
+    assert (parsed.num_gpu_blocks, parsed.block_size) == (2 * 81541, 16)
+    assert parsed.engines["1"].kv_usage == 0.75
+    ttft = parsed.histogram("ttft")
+    assert ttft == Histogram(((0.1, 1.0), (1.0, 5.0), (math.inf, 6.0)), 9.0, 6.0)
+    assert ttft.mean == pytest.approx(1.5)
+    assert (ttft.quantile_bound(10), ttft.quantile_bound(50), ttft.quantile_bound(99)) \
+        == (0.1, 1.0, math.inf)
+    assert parsed.skipped == 0
+    assert parsed.summary() == {"running": 5.0, "waiting": 1.0, "kv_usage": 0.5,
+                                "prefix_queries": 150.0, "prefix_hits": 50.0}
+
+
+def test_older_names_are_read_when_the_current_ones_are_absent():
+    parsed = parse_metrics(OLDER)
+    assert (parsed.running, parsed.kv_usage) == (4.0, 0.5)
+    assert (parsed.prefix_queries, parsed.prefix_hits) == (200.0, 120.0)
+    assert parsed.histogram("itl") == Histogram(((0.05, 10.0), (math.inf, 10.0)), 0.3, 10.0)
+    assert parsed.waiting is None and parsed.histogram("ttft") is None
+
+
+def test_the_current_name_wins_over_the_older_one():
+    both = OLDER + 'vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.125\n'
+    assert parse_metrics(both).kv_usage == 0.125
+
+
+def test_without_engine_label_and_without_type_lines():
+    parsed = parse_metrics('vllm:num_requests_running{model_name="m"} 2\n'
+                           "vllm:prefix_cache_hits_total 7\n")
+    assert list(parsed.engines) == ["0"]
+    assert (parsed.running, parsed.prefix_hits) == (2.0, 7.0)
+
+
+def test_histograms_can_be_left_out():
+    parsed = parse_metrics(CURRENT, histograms=False)
+    assert parsed.histogram("ttft") is None and parsed.running == 5.0
+
+
+@pytest.mark.parametrize("bad_line", [
+    'vllm:num_requests_waiting{engine="0",model_name="m} 9',  # unterminated label value
+    "vllm:num_requests_waiting not-a-number",
+    'vllm:num_requests_waiting{engine=0} 9',  # unquoted label value
+    "vllm:num_requests_waiting NaN",
+])
+def test_a_bad_line_is_skipped_and_counted_the_rest_still_read(bad_line):
+    parsed = parse_metrics(CURRENT + bad_line + "\n")
+    assert parsed.skipped == 1
+    assert (parsed.running, parsed.waiting, parsed.kv_usage) == (5.0, 1.0, 0.5)
+
+
+def test_a_bad_bucket_bound_drops_that_histogram_only():
+    text = CURRENT.replace('le="1.0",model_name="Qwen/Qwen2-7B"} 2.0',
+                           'le="soon",model_name="Qwen/Qwen2-7B"} 2.0')
+    parsed = parse_metrics(text)
+    assert parsed.skipped == 1
+    assert parsed.engines["1"].ttft is None and parsed.engines["0"].ttft is not None
+
+
+@pytest.mark.parametrize("text", ["", "\x00\x01\x02", "<html>502 Bad Gateway</html>",
+                                  "vllm:num_requests_running{"])
+def test_garbage_never_raises(text):
+    parsed = parse_metrics(text)
+    assert parsed.running is None and parsed.kv_usage is None
+
+
+def test_read_samples_and_sample_total():
+    samples, skipped = read_samples(CURRENT)
+    assert skipped == 0
+    assert sample_total(samples, "vllm:num_requests_running") == 5.0
+    assert sample_total(samples, "vllm:num_requests_running", engine="1") == 2.0
+    assert sample_total(samples, "vllm:no_such_metric") == 0.0
+
+
+def test_histogram_since_an_earlier_scrape():
+    earlier = Histogram(((1.0, 2.0), (math.inf, 3.0)), 4.0, 3.0)
+    later = Histogram(((1.0, 5.0), (math.inf, 7.0)), 10.0, 7.0)
+    assert later.since(earlier) == Histogram(((1.0, 3.0), (math.inf, 4.0)), 6.0, 4.0)
+    assert Histogram().quantile_bound(50) is None
+
+
+def test_percentile_is_numpy_with_q_in_0_100():
+    values = [4.0, 1.0, 3.0, 2.0]
+    assert percentile(values, 50) == 2.5 == float(np.percentile(values, 50))
+    assert percentile(values, 0) == 1.0 and percentile(values, 100) == 4.0
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 50) is None and percentile(np.array([]), 50) is None
+    with pytest.raises(ValueError, match=r"q must be in \[0, 100\], got 100.5"):
+        percentile(values, 100.5)
+
+
+def test_load_cv_edge_cases():
+    assert load_cv([300, 100]) == pytest.approx(0.5)
+    assert load_cv([5]) == 0.0  # one loaded instance: balanced
+    assert load_cv([]) is None
+    assert load_cv([0, 0, 0]) is None  # no load to compare
+    assert load_cv(np.array([2.0, 2.0])) == 0.0
+    with pytest.raises(ValueError, match="one value per instance"):
+        load_cv([[1, 2], [3, 4]])
+
+
+def test_mean_load_cv_averages_the_instants_with_load():
+    samples = np.array([[300, 100], [0, 0], [1, 1]])
+    assert mean_load_cv(samples) == pytest.approx((0.5 + 0.0) / 2)
+    assert mean_load_cv(np.zeros((3, 2))) is None
+    assert mean_load_cv(np.zeros((0, 4))) is None
+
+
+def test_read_histogram_merges_label_sets_and_filters():
+    samples, _ = read_samples(CURRENT)
+    name = "vllm:time_to_first_token_seconds"
+    assert read_histogram(samples, name) == parse_metrics(CURRENT).histogram("ttft")
+    assert read_histogram(samples, name, engine="1").count == 2.0
+    assert read_histogram(samples, "vllm:no_such_histogram") is None

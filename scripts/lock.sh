@@ -11,4 +11,4 @@ python3.11 -m venv "$tools"
 "$tools/bin/pip-compile" --quiet --generate-hashes --all-extras --strip-extras --allow-unsafe \
   --no-emit-index-url --no-emit-find-links -o requirements.lock "$@" pyproject.toml
 # The project itself is installed editable, apart from the lock: drop its self-reference.
-.venv/bin/python scripts/lock_strip_self.py requirements.lock
+"$tools/bin/python" scripts/lock_strip_self.py requirements.lock

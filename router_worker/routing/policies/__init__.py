@@ -16,9 +16,11 @@ from pydantic import ValidationError
 
 from router_worker.routing.policies.base import (
     Decision,
+    Migration,
     NoEligibleInstanceError,
     Policy,
     PolicyParams,
+    QueuedRequest,
 )
 from router_worker.routing.policies.cache_aware import CacheAwarePolicy
 from router_worker.routing.policies.dualmap import DualMapPolicy
@@ -78,10 +80,12 @@ __all__ = [
     "DESCRIPTIONS",
     "REGISTRY",
     "Decision",
+    "Migration",
     "NoEligibleInstanceError",
     "Policy",
     "PolicyConfigError",
     "PolicyParams",
+    "QueuedRequest",
     "make_policy",
     "validate_params",
 ]

@@ -37,6 +37,7 @@ from __future__ import annotations
 import hashlib
 from bisect import bisect_right
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,7 +45,13 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import (
+    Decision,
+    Migration,
+    Policy,
+    PolicyParams,
+    QueuedRequest,
+)
 
 _MASK64 = (1 << 64) - 1
 
@@ -54,6 +61,8 @@ class DualMapParams(PolicyParams):
     window_s: float = Field(60.0, gt=0, description="hotness window, seconds")
     min_key_blocks: int = Field(4, ge=1, description="shortest hash key, in blocks")
     virtual_nodes: int = Field(64, ge=1, le=4096, description="ring points per instance")
+    migrate_queued: bool = Field(
+        True, description="move queued requests off an instance that would miss the SLO")
 
 
 def _mix64(x: int) -> int:
@@ -160,6 +169,7 @@ class DualMapPolicy(Policy):
         super().__init__(params, seed)
         self.tree = PrefixHotnessTree(self.params.min_key_blocks, self.params.window_s)
         self._rings: tuple[tuple[str, ...], HashRing, HashRing] | None = None
+        self.migrates = self.params.migrate_queued
 
     def candidates(self, key: int, healthy_ids: tuple[str, ...]) -> tuple[str, str]:
         ring1, ring2 = self._rings_for(healthy_ids)
@@ -190,6 +200,71 @@ class DualMapPolicy(Policy):
         shown[[c1, c2]] = True
         return self.decision(view, request, slot, reason, ttft, shown,
                              key_blocks=key_blocks, candidates=[first, second])
+
+    def migrations(
+        self, view: ClusterView, queued: Sequence[QueuedRequest], now: float
+    ) -> list[Migration]:
+        """Hotspot-aware rebalancing of queued requests (seed 003 §2.3), per source instance."""
+        lines: dict[str, list[QueuedRequest]] = {}
+        for request in queued:
+            lines.setdefault(request.instance_id, []).append(request)
+        slot_of = {iid: slot for slot, iid in enumerate(view.ids)}
+        added = np.zeros(view.size)  # prefill work already moved onto each target
+        moves: list[Migration] = []
+        for source, line in lines.items():
+            if source in slot_of:
+                line.sort(key=lambda request: request.dispatch_time)
+                moves += self._relieve(view, slot_of, source, line, now, added)
+        return moves
+
+    def _relieve(self, view: ClusterView, slot_of: dict[str, int], source: str,
+                 line: list[QueuedRequest], now: float, added: np.ndarray) -> list[Migration]:
+        """Move the largest-benefit request until the source's queue meets the SLO.
+
+        A queued request's TTFT on the source is its wait so far plus the work queued up
+        to and including it (FIFO) over the source's prefill throughput; on its
+        alternative, its wait plus that instance's pending work and its own uncached
+        prompt. Requests that have already waited past the SLO cannot be saved and do not
+        keep the loop going.
+        """
+        slo, tps, src = self.params.slo_ttft_s, view.prefill_tps, slot_of[source]
+        options = [self._option(view, slot_of, source, request) for request in line]
+        moves: list[Migration] = []
+        while line:
+            waited = np.array([now - r.features.arrival_time for r in line])
+            here = waited + np.cumsum([r.uncached_tokens for r in line]) / tps[src]
+            if not np.any((here > slo) & (waited < slo)):
+                break
+            best: tuple[float, int, int, float] | None = None
+            for k, option in enumerate(options):
+                if option is None:
+                    continue
+                target, work = option
+                there = waited[k] + (view.pending_prefill[target] + added[target] + work) / tps[
+                    target]
+                benefit = float(here[k] - there)
+                if benefit > 0 and there < slo and (best is None or benefit > best[0]):
+                    best = (benefit, k, target, work)
+            if best is None:
+                break
+            benefit, k, target, work = best
+            added[target] += work
+            moves.append(Migration(line[k].features.request_id, source, view.ids[target],
+                                   benefit))
+            del line[k], options[k]
+        return moves
+
+    @staticmethod
+    def _option(view: ClusterView, slot_of: dict[str, int], source: str,
+                request: QueuedRequest) -> tuple[int, float] | None:
+        """(alternative slot, its prefill work there) for a movable request, else None."""
+        if not request.movable:
+            return None
+        for candidate in request.candidates:
+            slot = slot_of.get(candidate)
+            if candidate != source and slot is not None and view.eligible[slot]:
+                return slot, float(view.new_tokens(request.features)[slot])
+        return None
 
     def _rings_for(self, healthy_ids: tuple[str, ...]) -> tuple[HashRing, HashRing]:
         if self._rings is None or self._rings[0] != healthy_ids:

@@ -100,9 +100,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(s <= 0 for s in args.slo or ()):
         parser.error("--slo must be > 0")
     cells, slos = args.cell or CELLS, args.slo or SLOS
-    jobs = [(c, s, True) for c in cells for s in slos] + [(c, OLD_DEFAULT, False) for c in cells]
+    jobs = [(c, s, True) for s in slos for c in cells] + [(c, OLD_DEFAULT, False) for c in cells]
+    rows = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-        rows = list(pool.map(_run, jobs))
+        for row in pool.map(_run, jobs):
+            rows.append(row)
+            print(json.dumps(row), flush=True)  # progress; the tables follow at the end
     rows.sort(key=lambda r: (r["cell"], r["slo"], r["migrate"]))
     print("\n".join(table(rows)))
     print()

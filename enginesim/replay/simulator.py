@@ -324,7 +324,7 @@ class Simulator:
             flight.candidates = tuple(decision.details.get("candidates", ()))
         if self._send(flight, decision.slot, decision.cached_tokens, tokens) and \
                 router.policy.migrates:
-            self._migrate_from(flight.router, decision.slot)
+            self._migrate_from(flight.router, flight)
 
     def _send(self, flight: _Flight, slot: int, cached_tokens: int,
               tokens: np.ndarray | None) -> bool:
@@ -357,22 +357,25 @@ class Simulator:
 
     # ----------------------------------------------------------------- migrations
 
-    def _migrate_from(self, router_index: int, slot: int) -> None:
-        """Ask the policy to move requests queued on ``slot``; carry out what it returns."""
+    def _migrate_from(self, router_index: int, flight: _Flight) -> None:
+        """After a dispatch: ask the policy to move requests queued on the instances its
+        decision named (the chosen one and the candidates it passed over); carry it out."""
         router = self.routers[router_index]
-        engine = self.instances[slot].engine
-        if engine is None:
-            return
-        movable = engine.unscheduled_ids()
-        queued = [QueuedRequest(f.features, self.ids[slot], f.dispatch_s, f.estimated_uncached,
+        slots = {flight.slot, *(self.ids.index(c) for c in flight.candidates)}
+        movable: set[str] = set()
+        for slot in slots:
+            if self.instances[slot].engine is not None:
+                movable |= self.instances[slot].engine.unscheduled_ids()
+        queued = [QueuedRequest(f.features, self.ids[f.slot], f.dispatch_s, f.estimated_uncached,
                                 f.candidates, f.result.id in movable)
-                  for f in self.flights.values()
-                  if f.slot == slot and f.router == router_index and f.result.first_token_s is None]
+                  for f in self.flights.values() if f.slot in slots
+                  and f.router == router_index and f.result.first_token_s is None]
         for move in router.policy.migrations(router.state.view(), queued, self.now):
-            flight = self.flights.get(move.request_id)
+            moved = self.flights.get(move.request_id)
+            engine = None if moved is None else self.instances[moved.slot].engine
             # an abort may let the engine start a step now: ask again before each move
-            if flight is not None and move.request_id in engine.unscheduled_ids():
-                self._migrate(flight, self.ids.index(move.target))
+            if engine is not None and move.request_id in engine.unscheduled_ids():
+                self._migrate(moved, self.ids.index(move.target))
 
     def _migrate(self, flight: _Flight, target: int) -> None:
         """Abort a request still waiting in its engine and send it to ``target``."""

@@ -12,10 +12,12 @@ Feedback they may use arrives through ``observe_first_token``; the default is
 to ignore it.
 
 A policy that sets ``migrates`` may also move requests that are queued (dispatched, no
-first token yet): after each dispatch the driver passes the requests queued on the chosen
-instance to ``migrations(view, queued, now)`` and executes what it returns (abort there,
-send to the target). The default returns nothing, and drivers skip the call (and the work
-of listing the queue) for policies that do not set ``migrates``.
+first token yet): after each dispatch the driver passes the requests queued on the
+instances the decision named (the chosen one and ``details["candidates"]``, so an
+instance the policy just routed around is looked at too) to ``migrations(view, queued,
+now)`` and executes what it returns (abort there, send to the target). The default
+returns nothing, and drivers skip the call (and the work of listing the queue) for
+policies that do not set ``migrates``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,18 @@ Choice — SLO-aware with hotspot rebalance
     ``TTFT_aff − TTFT_other`` is positive) → the other (``hotspot_rebalance``);
     else affinity anyway (``affinity_slo_miss``). Scores: estimated TTFT of
     the two candidates (others filtered).
+
+Migration — hotspot-aware rebalancing of queued requests (seed 003 §2.3)
+    After each dispatch the driver hands ``migrations`` the requests queued (no first
+    token) on the instances the decision named. For a source instance ``i`` a queued
+    request's TTFT is its wait so far plus the prefill work queued on ``i`` up to and
+    including it (FIFO) over ``i``'s prefill throughput; on its alternative candidate
+    ``j``, its wait plus ``j``'s pending work (and what this call already moved there)
+    plus its own uncached prompt. While some request on ``i`` that can still make the SLO
+    (waited < SLO) is estimated past it, the movable request with the largest benefit
+    ``B = TTFT_i − TTFT_j`` moves, if ``B > 0`` and ``TTFT_j < slo_ttft_s``. The driver
+    executes: the simulator aborts it in the engine's waiting queue and sends it to ``j``;
+    the live router does not migrate yet (``migrate_queued`` has no effect there).
 """
 
 from __future__ import annotations

@@ -10,6 +10,13 @@ aggregates. The ASGI layer (:mod:`router_worker.proxy`) calls, per request::
     core.account_dispatch(plan)                           # indicator: dispatch (once sent)
     core.first_token(plan)                                # indicator: pending → batch
     core.end_attempt(plan, ok=..., ...)                   # indicator: finish / error
+
+Migration (policies that set ``migrates``): a streamed attempt the proxy can still take
+back (no byte has reached the client) carries a ``mover``; after each dispatch the core
+asks the policy about the requests queued on the instances the decision named and calls
+the mover of each one to move, with ``plan.migrate_to`` set. The proxy then closes that
+upstream stream (vLLM aborts a request whose client disconnects) and sends the request to
+the target as a new attempt.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import logging
 import os
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +52,7 @@ from router_worker.routing import (
     Decision,
     HotspotEvent,
     NoEligibleInstanceError,
+    QueuedRequest,
     RequestFeatures,
     session_key_from_request,
 )
@@ -79,6 +88,12 @@ class Plan:
     dispatched: bool = False
     timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
     sampled: CapturedDecision | None = None  # kept for the live view's decision stream
+    # Migration (see the module docstring): set by the proxy while the attempt can be
+    # taken back; the core sets migrate_to and calls it.
+    mover: Callable[[], Any] | None = None
+    migrate_to: str | None = None
+    uncached: int = 0  # the attempt's prefill work as accounted
+    dispatched_wall: float = 0.0  # time.time() of the attempt's dispatch
 
 
 @dataclass
@@ -108,6 +123,7 @@ class RouterCore:
         self._peaks: dict[int, list[float]] = {}
         self.sampler = DecisionSampler()
         self.peers: PeerSync | None = None  # replica sync, set by the service
+        self._queued: dict[str, Plan] = {}  # movable attempts without a first token
         telemetry.snapshot_source = self.snapshot_source
         telemetry.peaks_source = self.take_peaks
 
@@ -192,8 +208,10 @@ class RouterCore:
         assert state is not None
         first = plan.attempts == 1
         cached = plan.decision.cached_tokens if first else None
-        state.on_dispatch(plan.features, plan.instance, time.time(), cached_tokens=cached)
-        plan.dispatched = True
+        now = time.time()
+        plan.uncached = state.on_dispatch(plan.features, plan.instance, now,
+                                          cached_tokens=cached)
+        plan.dispatched, plan.dispatched_wall = True, now
         if self.peers is not None:
             self.peers.dispatched(plan.request_id, plan.instance, plan.features, cached)
         if first:
@@ -203,6 +221,29 @@ class RouterCore:
         peak[0] = max(peak[0], float(state.pending[slot]))
         # The batch (as policies see it) grows at dispatch: in-flight is its upper bound.
         peak[1] = max(peak[1], float(state.in_flight[slot]))
+        if plan.mover is not None:
+            self._queued[plan.request_id] = plan
+            self._migrate_around(plan, now)
+
+    def _migrate_around(self, plan: Plan, now: float) -> None:
+        """Ask the policy to move requests queued on the instances ``plan``'s decision
+        named; signal each one to move (its proxy task re-sends it)."""
+        arm = plan.arm
+        names = {plan.instance, *plan.decision.details.get("candidates", ())}
+        max_attempts = plan.runtime.config.router.max_attempts
+        queued = [QueuedRequest(p.features, p.instance, p.dispatched_wall, p.uncached,
+                                tuple(p.decision.details.get("candidates", ())),
+                                p.mover is not None and p.attempts < max_attempts)
+                  for p in self._queued.values() if p.arm is arm and p.instance in names]
+        for move in arm.policy.migrations(arm.view, queued, now):
+            moved = self._queued.pop(move.request_id, None)
+            if moved is None or moved.mover is None:
+                continue
+            mover, moved.mover, moved.migrate_to = moved.mover, None, move.target
+            mover()
+            self.metrics.child(self.metrics.migrations, move.source, move.target).inc()
+            log.info("request %s: migrated %s -> %s (benefit %.3f s)", move.request_id,
+                     move.source, move.target, move.benefit_s)
 
     def _observe_plan(self, plan: Plan) -> None:
         metrics = self.metrics
@@ -214,6 +255,7 @@ class RouterCore:
 
     def first_token(self, plan: Plan) -> None:
         now = time.time()
+        self._queued.pop(plan.request_id, None)
         plan.first_token_at = time.perf_counter()
         state = self.state
         assert state is not None
@@ -226,6 +268,7 @@ class RouterCore:
 
     def end_attempt(self, plan: Plan, *, ok: bool) -> None:
         """Remove the attempt from the indicators (finish or error)."""
+        self._queued.pop(plan.request_id, None)
         state = self.state
         if not plan.dispatched or state is None:
             return

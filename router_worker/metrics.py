@@ -36,6 +36,9 @@ class RouterMetrics:
                                           buckets=FAST_BUCKETS, registry=r)
         self.retries = Counter("switchyard_router_retries", "Requests retried on another "
                                "instance.", ["instance"], registry=r)
+        self.migrations = Counter("switchyard_router_migrations", "Queued requests (no first "
+                                  "byte yet) the policy moved to another instance.",
+                                  ["source", "target"], registry=r)
         self.upstream_errors = Counter("switchyard_router_upstream_errors",
                                        "Upstream failures.", ["instance", "kind"], registry=r)
         self.overhead = Histogram(

@@ -90,6 +90,10 @@ class UpstreamFailure:
     status: int = 502
 
 
+# The attempt was taken back before its first byte to move the request (core.Plan.mover).
+MIGRATED = UpstreamFailure("migrated", "moved to another instance by the policy")
+
+
 class ClientGone(Exception):
     """The client disconnected."""
 
@@ -257,20 +261,27 @@ class Proxy:
         up_headers = _upstream_headers(headers)
         instance: str | None = plan.instance
         failure: UpstreamFailure | None = None
+        moved = False
         while instance is not None and plan.attempts < settings.max_attempts:
-            if plan.attempts:
+            if moved:
+                plan.reason = "migration"
+            elif plan.attempts:
                 plan.reason = "retry"
                 core.metrics.child(core.metrics.retries, instance).inc()
             core.begin_attempt(plan, instance)
             ok = False
             try:
-                failure = await self._attempt(plan, path, raw, stream, up_headers, send, detail,
-                                              watch)
-                ok = failure is None
+                failure = await self._movable_attempt(plan, path, raw, stream, up_headers,
+                                                      send, detail, watch)
+                ok = failure is None or failure is MIGRATED
             finally:
                 core.end_attempt(plan, ok=ok)
             if failure is None:
                 return
+            moved = failure is MIGRATED
+            if moved:
+                instance, plan.migrate_to = plan.migrate_to, None
+                continue
             self._count_failure(plan, failure)
             if failure.final:
                 break
@@ -330,6 +341,28 @@ class Proxy:
             instances=[*plan.tried, plan.instance] if poison else [*plan.tried],
             request_suspected=poison,
         )
+
+    async def _movable_attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
+                               up_headers: list[tuple[bytes, bytes]], send: Send,
+                               detail: Detail, watch: DisconnectWatch
+                               ) -> UpstreamFailure | None:
+        """The attempt; for a migrating policy's streamed request, run as a task the core
+        may cancel (``plan.mover``) until the first byte: then MIGRATED is returned and
+        ``plan.migrate_to`` names the instance to send the request to."""
+        attempt = self._attempt(plan, path, raw, stream, up_headers, send, detail, watch)
+        if not (stream and plan.arm.policy.migrates):
+            return await attempt
+        task = asyncio.ensure_future(attempt)
+        plan.mover = task.cancel
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if plan.migrate_to is None or (current is not None and current.cancelling()):
+                raise  # the client went away (or the server stops): not a migration
+            return MIGRATED
+        finally:
+            plan.mover = None
 
     async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
                        up_headers: list[tuple[bytes, bytes]], send: Send, detail: Detail,
@@ -421,6 +454,7 @@ class Proxy:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         except MalformedStream as error:
             return UpstreamFailure(error.limit, str(error))
+        plan.mover = None  # bytes go to the client from here on: no migration any more
         received = time.perf_counter()
         core = self.core
         self._served(plan)

@@ -236,6 +236,11 @@ class EngineCore:
         horizon = self._decode_horizon(start)
         return horizon if horizon is not None else start
 
+    def unscheduled_ids(self) -> set[str]:
+        """Requests waiting that the scheduler has never given a token (abort is free)."""
+        return {req.req_id for req in self.waiting
+                if req.num_output == 0 and req.num_computed == 0}
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
 

@@ -59,6 +59,7 @@ from router_worker.routing import (
     GlobalTier,
     Health,
     NoEligibleInstanceError,
+    QueuedRequest,
     RequestFeatures,
     build_features,
     make_policy,
@@ -187,6 +188,7 @@ class SimResult:
     hotspot_log: list[Any] = field(default_factory=list)  # every transition, in order
     tier: TierTraffic | None = None  # None: the cluster had no global tier
     tier_by_instance: dict[str, TierTraffic] = field(default_factory=dict)
+    migrations: int = 0  # queued requests moved by the policy (abort + send elsewhere)
 
 
 @dataclass
@@ -199,6 +201,8 @@ class _Flight:
     slot: int = -1
     estimated_uncached: int = 0
     router: int = 0  # which router took it (the one that accounts and retries it)
+    dispatch_s: float = 0.0
+    candidates: tuple[str, ...] = ()  # what its decision named (kept for migrating policies)
 
 
 @dataclass
@@ -251,6 +255,7 @@ class Simulator:
         self.hotspot_events: dict[str, int] = {}
         self.hotspot_log: list[Any] = []
         self.reasons: dict[str, int] = {}
+        self.migrations = 0
         self.next_arrival = 0
 
     # ----------------------------------------------------------------- setup
@@ -352,11 +357,23 @@ class Simulator:
             self._end(flight, "rejected")
             return
         self._count_decision(decision)
-        slot = decision.slot
-        uncached = router.state.on_dispatch(flight.features, decision.instance_id, self.now,
-                                            cached_tokens=decision.cached_tokens)
+        if router.policy.migrates:
+            flight.candidates = tuple(decision.details.get("candidates", ()))
+        if self._send(flight, decision.slot, decision.cached_tokens, tokens) and \
+                router.policy.migrates:
+            self._migrate_from(flight.router, flight)
+
+    def _send(self, flight: _Flight, slot: int, cached_tokens: int,
+              tokens: np.ndarray | None) -> bool:
+        """Account ``flight`` on ``slot`` and add it to that engine; False if rejected."""
+        result = flight.result
+        router = self.routers[flight.router]
+        instance_id = self.ids[slot]
+        uncached = router.state.on_dispatch(flight.features, instance_id, self.now,
+                                            cached_tokens=cached_tokens)
         flight.slot, flight.estimated_uncached = slot, uncached
-        result.instance = decision.instance_id
+        flight.dispatch_s = self.now
+        result.instance = instance_id
         self.flights[result.id] = flight
         engine = self.instances[slot].engine
         assert engine is not None  # a down instance is never eligible
@@ -368,11 +385,49 @@ class Simulator:
             router.state.on_error(result.id, self.now)
             del self.flights[result.id]
             self._end(flight, "rejected")
-            return
+            return False
         self.true_pending[slot] += uncached
-        self._to_peers(flight, self._apply_peer_dispatch, flight, decision.instance_id,
+        self._to_peers(flight, self._apply_peer_dispatch, flight, instance_id,
                        flight.features.prompt_tokens - uncached)
         self._engine_touched(slot)
+        return True
+
+    # ----------------------------------------------------------------- migrations
+
+    def _migrate_from(self, router_index: int, flight: _Flight) -> None:
+        """After a dispatch: ask the policy to move requests queued on the instances its
+        decision named (the chosen one and the candidates it passed over); carry it out."""
+        router = self.routers[router_index]
+        slots = {flight.slot, *(self.ids.index(c) for c in flight.candidates)}
+        movable: set[str] = set()
+        for slot in slots:
+            if self.instances[slot].engine is not None:
+                movable |= self.instances[slot].engine.unscheduled_ids()
+        queued = [QueuedRequest(f.features, self.ids[f.slot], f.dispatch_s, f.estimated_uncached,
+                                f.candidates, f.result.id in movable)
+                  for f in self.flights.values() if f.slot in slots
+                  and f.router == router_index and f.result.first_token_s is None]
+        for move in router.policy.migrations(router.state.view(), queued, self.now):
+            moved = self.flights.get(move.request_id)
+            engine = None if moved is None else self.instances[moved.slot].engine
+            # an abort may let the engine start a step now: ask again before each move
+            if engine is not None and move.request_id in engine.unscheduled_ids():
+                self._migrate(moved, self.ids.index(move.target))
+
+    def _migrate(self, flight: _Flight, target: int) -> None:
+        """Abort a request still waiting in its engine and send it to ``target``."""
+        source, request_id = flight.slot, flight.result.id
+        state = self.routers[flight.router].state
+        self.instances[source].engine.abort(request_id, self.now)
+        del self.flights[request_id]
+        self._advance(source)  # takes the abort's output (ignored: not in flight) and re-arms
+        state.on_finish(request_id, self.now)
+        self.true_pending[source] -= flight.estimated_uncached
+        self._to_peers(flight, self._apply_peer_end, flight, True)
+        self.migrations += 1
+        self.reasons["migration"] = self.reasons.get("migration", 0) + 1
+        cached = int(state.view().cached_tokens(flight.features)[target])
+        self._send(flight, target, cached, None)
 
     def _count_decision(self, decision: Any) -> None:
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
@@ -592,7 +647,7 @@ class Simulator:
         result = SimResult(self.policy_kind, self.results, list(self.ids),
                            np.array(self.sample_times), samples, busy,
                            dict(self.hotspot_events), dict(self.reasons),
-                           hotspot_log=self.hotspot_log)
+                           hotspot_log=self.hotspot_log, migrations=self.migrations)
         if self.tier is not None:
             self._tier_result(result)
         return result

@@ -16,9 +16,11 @@ from pydantic import ValidationError
 
 from router_worker.routing.policies.base import (
     Decision,
+    Migration,
     NoEligibleInstanceError,
     Policy,
     PolicyParams,
+    QueuedRequest,
 )
 from router_worker.routing.policies.cache_aware import CacheAwarePolicy
 from router_worker.routing.policies.dualmap import DualMapPolicy
@@ -78,11 +80,13 @@ __all__ = [
     "DESCRIPTIONS",
     "REGISTRY",
     "Decision",
+    "Migration",
     "NoEligibleInstanceError",
     "ParamProblem",
     "Policy",
     "PolicyConfigError",
     "PolicyParams",
+    "QueuedRequest",
     "make_policy",
     "param_problems",
     "validate_params",

@@ -10,6 +10,14 @@ table); they update them only from the arguments they are given, so the
 simulator and the live router get identical behaviour for identical inputs.
 Feedback they may use arrives through ``observe_first_token`` and
 ``observe_finish``; the default is to ignore it.
+
+A policy that sets ``migrates`` may also move requests that are queued (dispatched, no
+first token yet): after each dispatch the driver passes the requests queued on the
+instances the decision named (the chosen one and ``details["candidates"]``, so an
+instance the policy just routed around is looked at too) to ``migrations(view, queued,
+now)`` and executes what it returns (abort there, send to the target). The default
+returns nothing, and drivers skip the call (and the work of listing the queue) for
+policies that do not set ``migrates``.
 """
 
 from __future__ import annotations
@@ -77,12 +85,41 @@ class Decision:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class QueuedRequest:
+    """A request the driver dispatched that has no first token yet.
+
+    ``candidates``: the instance ids its decision named (``details["candidates"]``),
+    ``uncached_tokens``: its prefill work as accounted at dispatch; ``movable``: the driver
+    can still take it back (the simulator knows whether the engine has admitted it; the
+    live router only knows no byte came back).
+    """
+
+    features: RequestFeatures
+    instance_id: str
+    dispatch_time: float
+    uncached_tokens: int
+    candidates: tuple[str, ...] = ()
+    movable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Migration:
+    """Move queued request ``request_id`` from ``source`` to ``target``."""
+
+    request_id: str
+    source: str
+    target: str
+    benefit_s: float  # estimated TTFT saved
+
+
 class Policy(ABC):
     """One routing policy. Subclasses set ``kind``, ``description`` and ``Params``."""
 
     kind: ClassVar[str]
     description: ClassVar[str]
     Params: ClassVar[type[PolicyParams]]
+    migrates: bool = False  # drivers call ``migrations`` only when set (may vary by params)
 
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         self.params = params if params is not None else self.Params()
@@ -106,6 +143,12 @@ class Policy(ABC):
     ) -> None:
         """Feedback: ``request`` finished on ``instance_id`` after ``output_tokens`` tokens."""
         return None
+
+    def migrations(
+        self, view: ClusterView, queued: Sequence[QueuedRequest], now: float
+    ) -> list[Migration]:
+        """Queued requests to move elsewhere, in the order to move them (default: none)."""
+        return []
 
     # ----- helpers for subclasses ---------------------------------------------
     def eligible_mask(self, view: ClusterView) -> np.ndarray:

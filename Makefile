@@ -8,6 +8,7 @@ demo:
 test:
 	@WANT_BROWSER=1 bash scripts/bootstrap.sh
 	@.venv/bin/ruff check .
+	@.venv/bin/lint-imports
 	@.venv/bin/python -m pytest
 
 setup:
@@ -15,6 +16,7 @@ setup:
 
 lint:
 	@.venv/bin/ruff check .
+	@.venv/bin/lint-imports
 
 # Re-pin requirements.lock (hashed) from pyproject.toml; keeps the versions already locked.
 lock:

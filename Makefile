@@ -9,6 +9,7 @@ test:
 	@WANT_BROWSER=1 bash scripts/bootstrap.sh
 	@.venv/bin/ruff check .
 	@.venv/bin/lint-imports
+	@.venv/bin/mypy
 	@.venv/bin/python -m pytest
 
 setup:
@@ -17,6 +18,7 @@ setup:
 lint:
 	@.venv/bin/ruff check .
 	@.venv/bin/lint-imports
+	@.venv/bin/mypy
 
 # Re-pin requirements.lock (hashed) from pyproject.toml; keeps the versions already locked.
 lock:

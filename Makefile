@@ -8,6 +8,8 @@ demo:
 test:
 	@WANT_BROWSER=1 bash scripts/bootstrap.sh
 	@.venv/bin/ruff check .
+	@.venv/bin/lint-imports
+	@.venv/bin/mypy
 	@.venv/bin/python -m pytest
 
 setup:
@@ -15,6 +17,8 @@ setup:
 
 lint:
 	@.venv/bin/ruff check .
+	@.venv/bin/lint-imports
+	@.venv/bin/mypy
 
 # Re-pin requirements.lock (hashed) from pyproject.toml; keeps the versions already locked.
 lock:

@@ -58,9 +58,10 @@ def build_admin_app(service: Service, lifespan: Any = None) -> Starlette:
         return endpoint
 
     async def health(request: Request) -> Response:
-        ready = service.core.runtime is not None
+        runtime = service.core.runtime
+        ready = runtime is not None
         return JSONResponse({"status": "ok" if ready else "no_config",
-                             "config_version": service.core.runtime.version if ready else None},
+                             "config_version": runtime.version if runtime else None},
                             status_code=200 if ready else 503)
 
     async def metrics(request: Request) -> Response:

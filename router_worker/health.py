@@ -62,11 +62,11 @@ class HealthBook:
         self.failures_to_open, self.open_s = failures_to_open, open_s
         for name, state in states.items():
             entry = self.instances.setdefault(name, InstanceHealth(name))
-            self._mutate(entry, "config", lambda e, s=state: setattr(e, "config_state", s))
+            self._mutate(entry, "config", _set_config_state(state))
         for name in list(self.instances):
             if name not in states:
                 entry = self.instances[name]
-                self._mutate(entry, "config", lambda e: setattr(e, "config_state", "down"))
+                self._mutate(entry, "config", _set_config_state("down"))
 
     def effective(self, name: str) -> HealthName:
         return self.instances[name].effective()
@@ -130,3 +130,9 @@ def _close(entry: InstanceHealth) -> None:
 
 def _half_open(entry: InstanceHealth) -> None:
     entry.breaker = "half_open"
+
+
+def _set_config_state(state: str) -> Callable[[InstanceHealth], None]:
+    def change(entry: InstanceHealth) -> None:
+        entry.config_state = state
+    return change

@@ -42,7 +42,7 @@ from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from router_worker.errors import APIError
 from router_worker.routing.features import hash_blocks
-from router_worker.tokenization import PromptError, Tokenizer, token_id_array
+from router_worker.tokenization import PromptError, Tier, Tokenizer, token_id_array
 
 log = logging.getLogger("router_worker.intake")
 
@@ -193,7 +193,7 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
                   tokenize_s=t1 - t0, hash_s=time.perf_counter() - t1)
 
 
-def _encode_prompt(tokenizer: Tokenizer, prompt: Any) -> tuple[Any, str]:
+def _encode_prompt(tokenizer: Tokenizer, prompt: Any) -> tuple[Any, Tier]:
     """A checked completions prompt; a batch is routed by its first item."""
     if isinstance(prompt, str):
         return tokenizer.encode_text(prompt)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics import MetricWrapperBase
+
+Family = TypeVar("Family", bound=MetricWrapperBase)
 
 FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
                 5e-3, 1e-2, 2.5e-2, 0.1)
@@ -108,7 +112,7 @@ class RouterMetrics:
                            registry=r)
         self.config_version = Gauge("switchyard_router_config_version",
                                     "Applied configuration version.", registry=r)
-        self._children: dict[tuple[object, ...], object] = {}
+        self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
 
     async def sample_loop_lag(self, interval: float = LAG_INTERVAL_S) -> None:
         """Forever: sleep ``interval`` and record how much later than asked we woke."""
@@ -118,16 +122,16 @@ class RouterMetrics:
             await asyncio.sleep(interval)
             self.loop_lag.observe(max(loop.time() - due, 0.0))
 
-    def child(self, family: object, *labels: str) -> object:
+    def child(self, family: Family, *labels: str) -> Family:
         key = (id(family), *labels)
         found = self._children.get(key)
         if found is None:
-            found = family.labels(*labels)  # type: ignore[attr-defined]
+            found = family.labels(*labels)
             self._children[key] = found
-        return found
+        return cast(Family, found)  # the key holds id(family): a child of the same class
 
     def limit_hit(self, limit: str) -> None:
-        self.child(self.limit_hits, limit).inc()  # type: ignore[attr-defined]
+        self.child(self.limit_hits, limit).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -518,12 +518,13 @@ class PeerSync:
         family = {"sent": self.metrics.peer_sent, "applied": self.metrics.peer_applied,
                   "skipped": self.metrics.peer_skipped, "dropped": self.metrics.peer_dropped,
                   "malformed": self.metrics.peer_malformed}[outcome]
-        self.metrics.child(family, label).inc(amount)  # type: ignore[attr-defined]
+        self.metrics.child(family, label).inc(amount)
 
     def _client(self) -> Any:
         if self._redis is None:
             import redis.asyncio as aioredis
 
+            assert self.redis_url is not None, "only called with Redis configured"
             self._redis = aioredis.Redis.from_url(
                 self.redis_url, socket_timeout=1.0, socket_connect_timeout=0.5)
         return self._redis
@@ -563,7 +564,7 @@ async def supervised(what: str, loop: Callable[[], Awaitable[None]],
         except asyncio.CancelledError:
             raise
         except Exception as error:  # any crash is counted and restarted
-            metrics.child(metrics.peer_task_restarts, what).inc()  # type: ignore[attr-defined]
+            metrics.child(metrics.peer_task_restarts, what).inc()
             if time.monotonic() - started > RESTART_DELAY_MAX_S:
                 delay = RESTART_DELAY_S  # it ran a while: a new failure, not the same one
             log.warning("peer sync %s stopped (%s); restarting in %.1f s", what, error, delay)

@@ -25,7 +25,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -52,8 +52,8 @@ from router_worker.upstream import (
 log = logging.getLogger("router_worker.proxy")
 
 Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat",
                                   "/v1/completions": "completions"}
@@ -388,8 +388,8 @@ class Proxy:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         try:
             if response.status_code >= 500:
-                detail = await _safe_read(response)
-                return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {detail}")
+                body = await _safe_read(response)
+                return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {body}")
             media = _unexpected_media_type(response, stream)
             if media is not None:
                 return await _bad_response(response, f"content type {media!r}")

@@ -122,6 +122,7 @@ def build_runtime(config: RouterConfig, state: ClusterState, tokenizer: Tokenize
         cumulative.append(total)
     urls = {i.name: i.url for i in config.instances}
     random_arms = config.canary is not None and config.canary.assignment_key == "random"
-    client_keys = {key.sha256: frozenset(key.rights) for key in config.client_auth.keys}
+    client_keys: dict[str, frozenset[str]] = {
+        key.sha256: frozenset(key.rights) for key in config.client_auth.keys}
     return Runtime(config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms,
                    client_keys)

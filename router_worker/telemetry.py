@@ -56,7 +56,8 @@ class _Reservoir:
     """Uniform sample of at most ``size`` values (Vitter's algorithm R)."""
 
     def __init__(self, size: int, rng: random.Random) -> None:
-        self.size, self.rng, self.seen, self.values = size, rng, 0, []
+        self.size, self.rng, self.seen = size, rng, 0
+        self.values: list[float] = []
 
     def add(self, value: float) -> None:
         self.seen += 1
@@ -177,7 +178,7 @@ class Telemetry:
         self._window.append(sample)
         self._interval.add(sample)
 
-    def event(self, kind: str, **payload: Any) -> contract.RouterEvent:
+    def event(self, kind: contract.EventKind, **payload: Any) -> contract.RouterEvent:
         event = contract.RouterEvent.new(self.cluster, self.router, kind, time.time(), **payload)
         self.recent_events.append(event.model_dump())
         if len(self._events) >= EVENT_BUFFER:
@@ -300,6 +301,7 @@ class Telemetry:
         if self._redis is None:
             import redis.asyncio as aioredis
 
+            assert self.redis_url is not None, "only called with Redis configured"
             self._redis = aioredis.Redis.from_url(
                 self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
         return self._redis

@@ -97,7 +97,8 @@ class RouterEvent(_Record):
     payload: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
-    def new(cls, cluster: str, router: str, kind: str, at: float, **payload: Any) -> RouterEvent:
+    def new(cls, cluster: str, router: str, kind: EventKind, at: float, **payload: Any
+            ) -> RouterEvent:
         return cls(id=uuid.uuid4().hex, cluster=cluster, router=router, kind=kind, at=at,
                    payload=payload)
 

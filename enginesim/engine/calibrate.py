@@ -42,6 +42,7 @@ import re
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -364,8 +365,8 @@ def calibrations_from(theta: np.ndarray) -> dict[str, Calibration]:
     values = dict(zip(PARAMS, (float(x) for x in theta), strict=True))
     gpus = {a: GPUEfficiency(values[f"eta_compute_{a}"], values[f"eta_memory_{a}"],
                              values.get(f"eta_compute_fp8_{a}")) for a in ARCHS}
-    shared = {"gpus": gpus, "t_per_seq": values["t_per_seq"], "eta_moe": values["eta_moe"],
-              "t_request": values["t_request"]}
+    shared: dict[str, Any] = {"gpus": gpus, "t_per_seq": values["t_per_seq"],
+                              "eta_moe": values["eta_moe"], "t_request": values["t_request"]}
     return {era: Calibration(t_fixed=values[f"t_fixed_{era}"], era=era, **shared)
             for era in ("v1", "v0")}
 

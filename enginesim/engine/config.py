@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from enginesim.engine.costmodel import Calibration, CostModel, load_calibration
 from enginesim.engine.hardware import GIB, GPUSpec, get_gpu
@@ -47,7 +48,7 @@ class EngineConfig:
             raise ValueError(f"{self.model.key} does not fit on {self.gpu.key}: no KV blocks")
 
     @classmethod
-    def for_hardware(cls, gpu: str, model: str, **overrides: object) -> EngineConfig:
+    def for_hardware(cls, gpu: str, model: str, **overrides: Any) -> EngineConfig:
         return cls(gpu=get_gpu(gpu), model=get_model(model), **overrides)
 
     @property

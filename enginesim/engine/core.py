@@ -414,6 +414,7 @@ class EngineCore:
 
     def _load_from_tier(self, req: _Request, local: int, external: int) -> None:
         hashes = req.hashes[local:local + external]
+        assert self.tier is not None, "external blocks come only from a tier"
         self.tier.touch(hashes)
         self._cache_blocks(req, local + external)
 
@@ -422,6 +423,7 @@ class EngineCore:
         start; the step (it loads synchronously, before its forward pass) takes the
         queueing and the transfer on top of its compute."""
         num_bytes = blocks * self.config.block_bytes
+        assert self.tier is not None, "tier blocks come only from a tier"
         wait, transfer = self.tier.read(start, num_bytes, self.tier_link)
         self._tier_bytes += num_bytes
         self._tier_time += wait + transfer
@@ -551,7 +553,7 @@ class EngineCore:
             return False
         ends, computed, blocks = plan
         starts_le_t = np.searchsorted(ends[:-1], t, side="right") + 1  # step 0 starts at start
-        m = int(min(starts_le_t, len(ends)))
+        m = min(int(starts_le_t), len(ends))
         ends = ends[:m]
         need = -(-(computed + m) // self.block_size) - blocks
         self.pool.allocate(int(need.sum()))

@@ -30,6 +30,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeAlias
 
 import numpy as np
 
@@ -37,6 +38,8 @@ from enginesim.engine.hardware import GPUSpec, get_gpu
 from enginesim.engine.models import DTYPE_BYTES, ModelSpec, get_model
 
 CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+# A step's quantity: a float for one step, an array (elementwise) for many
+Amount: TypeAlias = float | np.ndarray
 
 
 @dataclass(frozen=True)
@@ -88,21 +91,25 @@ def load_calibration(era: str = "v1", path: Path = CALIBRATION_FILE) -> Calibrat
     """Load the fitted constants of a vLLM era ("v1": V1 engine >= 0.8, "v0": older)."""
     data = json.loads(path.read_text())
     params = dict(data["eras"][era])
-    gpus = {arch: GPUEfficiency(**{k: None if v is None else float(v) for k, v in eff.items()})
-            for arch, eff in params.pop("gpus").items()}
+    gpus = {arch: _efficiency(eff) for arch, eff in params.pop("gpus").items()}
     return Calibration(gpus=gpus, era=era, **{k: float(v) for k, v in params.items()})
+
+
+def _efficiency(raw: Mapping[str, Any]) -> GPUEfficiency:
+    values: dict[str, Any] = {k: None if v is None else float(v) for k, v in raw.items()}
+    return GPUEfficiency(**values)
 
 
 @dataclass(frozen=True)
 class StepBatch:
     """Aggregate work of one engine step (or, with array fields, of many steps)."""
 
-    num_tokens: float  # tokens scheduled (prefill chunks + decode tokens)
-    num_seqs: float  # requests in the step
-    num_sampled: float  # requests that sample a token this step
-    attention_pairs: float  # sum_i new_i * ctx_i + new_i * (new_i + 1) / 2
-    context_tokens: float  # sum_i ctx_i: KV tokens already cached and read by attention
-    transfer_time: float = 0.0  # s spent loading KV blocks from the global tier
+    num_tokens: Amount  # tokens scheduled (prefill chunks + decode tokens)
+    num_seqs: Amount  # requests in the step
+    num_sampled: Amount  # requests that sample a token this step
+    attention_pairs: Amount  # sum_i new_i * ctx_i + new_i * (new_i + 1) / 2
+    context_tokens: Amount  # sum_i ctx_i: KV tokens already cached and read by attention
+    transfer_time: Amount = 0.0  # s spent loading KV blocks from the global tier
 
     @classmethod
     def from_requests(cls, new_tokens: list[int], contexts: list[int], num_sampled: int,
@@ -123,12 +130,12 @@ class StepBatch:
 
 @dataclass(frozen=True)
 class StepCost:
-    flops: float
-    bytes: float
-    weight_bytes: float
-    compute_time: float
-    memory_time: float
-    time: float
+    flops: Amount
+    bytes: Amount
+    weight_bytes: Amount
+    compute_time: Amount
+    memory_time: Amount
+    time: Amount
 
 
 class CostModel:
@@ -185,9 +192,8 @@ class CostModel:
         return StepCost(flops, nbytes, weights, compute_time, memory_time, time)
 
     def step_time(self, batch: StepBatch) -> float:
-        """Seconds one engine step takes (an array if ``batch`` holds arrays)."""
-        time = self.cost(batch).time
-        return time if isinstance(time, np.ndarray) else float(time)
+        """Seconds one engine step takes (a batch of arrays: ``cost(batch).time``)."""
+        return float(self.cost(batch).time)
 
     def decode_step_times(self, num_seqs: int, context_tokens: int, num_steps: int) -> np.ndarray:
         """Step times of ``num_steps`` consecutive decode-only steps.

@@ -206,7 +206,9 @@ class BlockPool:
             if node.refs == 0:
                 self._push_free(node, self._stamp)
                 self.num_evictable += len(node.hashes)
-            node = node.parent
+            parent = node.parent
+            assert parent is not None, "a tip's path ends at the root"
+            node = parent
 
     def reset(self) -> bool:
         """Drop every cached block; refused (False) while any block is in use, like vLLM."""
@@ -280,8 +282,10 @@ class BlockPool:
         """Cut ``node`` after its first ``k`` blocks; returns the new head node.
 
         ``node`` keeps the tail, so references to it as a request's tip stay valid."""
-        head = PrefixNode(node.hashes[:k], node.parent, node.depth, node.refs)
-        node.parent.children[head.hashes[0]] = head
+        parent = node.parent
+        assert parent is not None, "the root is never split"
+        head = PrefixNode(node.hashes[:k], parent, node.depth, node.refs)
+        parent.children[head.hashes[0]] = head
         del node.hashes[:k]
         node.depth += k
         node.parent = head

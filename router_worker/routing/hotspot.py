@@ -149,10 +149,11 @@ class HotspotDetector:
     ) -> tuple[bool, list[HotspotEvent]]:
         """Record the request; return (use load-only fallback?, transition events)."""
         events = self._expire(now, request, ids)
-        class_id = None if prefix_class is None else prefix_class.class_id
-        self._window.append((now, class_id))
         if prefix_class is None:
+            self._window.append((now, None))
             return False, events
+        class_id = prefix_class.class_id
+        self._window.append((now, class_id))
         self._class_counts[class_id] += 1
         self._last_class[class_id] = prefix_class
         counts = self._counts(prefix_class, eligible)

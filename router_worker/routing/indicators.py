@@ -90,6 +90,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
+import numpy.typing as npt
 
 from router_worker.routing.features import DEFAULT_BLOCK_SIZE, RequestFeatures
 from router_worker.routing.kv_events import KVEvent, KVEventBatch
@@ -146,6 +147,22 @@ _SCRAPE_INTERVAL_ALPHA = 0.3
 
 class ClusterState:
     """Mutable indicator state of one cluster; the only writer of its arrays."""
+
+    # the float arrays of _ARRAYS, one entry per slot (created in __init__ by name)
+    pending: npt.NDArray[np.float64]
+    batch: npt.NDArray[np.float64]
+    in_flight: npt.NDArray[np.float64]
+    context: npt.NDArray[np.float64]
+    decode_blocks: npt.NDArray[np.float64]
+    running: npt.NDArray[np.float64]
+    waiting: npt.NDArray[np.float64]
+    kv_usage: npt.NDArray[np.float64]
+    tps: npt.NDArray[np.float64]
+    last_scrape: npt.NDArray[np.float64]
+    external: npt.NDArray[np.float64]
+    external_until: npt.NDArray[np.float64]
+    scrape_interval: npt.NDArray[np.float64]
+    waiting_cap: npt.NDArray[np.float64]
 
     def __init__(
         self,

@@ -100,7 +100,7 @@ def decode_kv_event_batch(payload: bytes) -> KVEventBatch:
     return KVEventBatch(float(ts), tuple(events), dp_rank, skipped)
 
 
-def _batch_fields(raw: Any) -> tuple[float, list[Any], int | None]:
+def _batch_fields(raw: Any) -> tuple[float, list[Any] | tuple[Any, ...], int | None]:
     if isinstance(raw, dict):
         if "events" not in raw:
             raise KVEventDecodeError("batch map has no 'events'")
@@ -226,7 +226,7 @@ def _encode_event(event: KVEvent, positional: bool) -> Any:
     if isinstance(event, BlockStored):
         values = [list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
                   event.block_size, event.lora_id, event.medium]
-        names = _STORED_FIELDS
+        names: tuple[str, ...] = _STORED_FIELDS
     elif isinstance(event, BlockRemoved):
         values, names = [list(event.block_hashes), event.medium], _REMOVED_FIELDS
     else:

@@ -198,12 +198,16 @@ class ShadowTree:
             self._live[slot] -= 1
         if not node.held:
             assert not node.children, "a slot holds a run's prefix before its children"
-            del node.parent.children[node.hashes[0]]
+            parent = node.parent
+            assert parent is not None, "the root is never unheld"
+            del parent.children[node.hashes[0]]
 
     def _split(self, node: RunNode, k: int) -> RunNode:
         """Cut ``node`` after its first ``k`` blocks; returns the new head node."""
-        head = RunNode(node.hashes[:k], node.parent, node.depth)
-        node.parent.children[head.hashes[0]] = head
+        parent = node.parent
+        assert parent is not None, "the root is never split"
+        head = RunNode(node.hashes[:k], parent, node.depth)
+        parent.children[head.hashes[0]] = head
         del node.hashes[:k]
         node.depth += k
         node.parent = head

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 # pydantic error type -> phrase; {name} placeholders come from the error's ctx.
 PHRASES: dict[str, str] = {
@@ -52,7 +53,7 @@ def param_problems(kind: str, params_class: type[BaseModel],
     return problems
 
 
-def _phrase(item: dict[str, Any], params_class: type[BaseModel], path: str) -> str:
+def _phrase(item: ErrorDetails, params_class: type[BaseModel], path: str) -> str:
     if item["type"] == "extra_forbidden":
         known = ", ".join(_known_fields(params_class, path)) or "none"
         return f"unknown parameter (known: {known})"

@@ -216,6 +216,7 @@ class PreblePolicy(Policy):
         history = self._prefill + decode
         cost = history + self._eviction_cost(request, view) + new_tokens
         matched = int(cached[allowed].max())
+        prefix: int | None
         if matched > request.prompt_tokens - matched:
             slot, reason, prefix = self._exploit(request, view, allowed, cost, matched, now)
         else:

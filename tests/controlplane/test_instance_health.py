@@ -9,7 +9,7 @@ import pytest
 
 from controlplane.services import clusters, instance_health
 from tests.enginesim.conftest import SimServer, start_server, stop_server
-from tests.router.test_engine_interface import CURRENT, OLDER
+from tests.foundation.test_engine_interface import CURRENT, OLDER
 
 from .conftest import SYSTEM
 

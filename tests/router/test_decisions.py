@@ -56,18 +56,13 @@ def route(core: RouterCore, prompt: str, *, session: str | None = None,
     assert core.runtime is not None
     headers = {"x-session-id": session} if session else {}
     plan = core.plan(core.runtime, _intake(core, prompt), headers, time.perf_counter())
-    instance: str | None = plan.instance
     if fail_first:
-        core.begin_attempt(plan, plan.instance)
+        core.begin_attempt(plan)
         core.account_dispatch(plan)
-        core.end_attempt(plan, ok=False)
-        instance = core.next_candidate(plan)
-        plan.reason = "retry"
-    assert instance is not None
-    core.begin_attempt(plan, instance)
+        assert core.fail_attempt(plan, "connect").retry
+    core.begin_attempt(plan)
     core.account_dispatch(plan)
     core.first_token(plan)
-    core.end_attempt(plan, ok=True)
     core.finish_request(plan, status=200, ok=True, output_tokens=4, last_token_at=None,
                         cached_tokens=None)
     return plan
@@ -136,8 +131,9 @@ def test_a_retry_is_shipped_even_when_routine_sampling_is_exhausted() -> None:
     assert shipped(core) == []
     plan = route(core, "this one fails on its first instance", fail_first=True)
     (record,) = shipped(core)
-    assert record.attempts == 2 and record.tried == [plan.decision.instance_id]
-    assert record.instance == plan.instance != plan.decision.instance_id
+    # the retry was decided again, without the instance that failed
+    assert record.attempts == 2 and record.tried == [plan.life.attempts[0].instance]
+    assert record.instance == plan.instance == plan.decision.instance_id != record.tried[0]
     assert record.priority is True
     assert all(c.cached_tokens is None for c in record.candidates)  # not captured in time
     assert {c.instance for c in record.candidates} == {"i0", "i1", "i2"}
@@ -148,9 +144,9 @@ def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> N
     assert core.runtime is not None
     plan = core.plan(core.runtime, _intake(core, "doomed"), {},
                      time.perf_counter())
-    core.begin_attempt(plan, plan.instance)
+    core.begin_attempt(plan)
     core.account_dispatch(plan)
-    core.end_attempt(plan, ok=False)
+    core.fail_attempt(plan, "http_5xx", final=True)
     core.finish_request(plan, status=502, ok=False, output_tokens=0, last_token_at=None,
                         cached_tokens=0)
     (record,) = shipped(core)

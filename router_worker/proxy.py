@@ -5,11 +5,12 @@ beyond the ones we need. Bodies are forwarded byte for byte (never re-serialised
 chunks are written to the client as they arrive from the engine.
 
 Failure handling: a connect error, a timeout, a 5xx or a dropped connection *before the
-first body byte* is retried on the next-best instance of the request's arm, up to
-``max_attempts``; the client sees nothing of it (the response starts only with the first
-upstream byte). A failure mid-stream ends the stream with one SSE error event in vLLM's
-error shape and ``[DONE]``. A client disconnect cancels the handler at once, which
-closes the upstream connection (the engine aborts the request).
+first body byte* is retried where the arm's policy, asked again without the instances
+that failed, sends it (the retry rule of ``routing.lifecycle``), up to ``max_attempts``;
+the client sees nothing of it (the response starts only with the first upstream byte). A
+failure mid-stream ends the stream with one SSE error event in vLLM's error shape and
+``[DONE]``. A client disconnect cancels the handler at once, which closes the upstream
+connection (the engine aborts the request).
 
 Resource limits (README "Resource limits"): an answer of the wrong content type or not
 shaped like JSON / SSE (``sse.SseFramer``) is a failure like a 5xx (retried before the

@@ -5,8 +5,10 @@ Kinds:
 
 * ``ARRIVAL``: a trace record arrives. Its prompt is synthesised, hashed into the
   router's :class:`RequestFeatures`, routed by the *live router's* policy object over the
-  *live router's* :class:`ClusterState` view, accounted with ``on_dispatch`` and added to
-  the chosen :class:`EngineCore`. Arrivals are pushed one at a time (the trace is sorted).
+  *live router's* :class:`ClusterState` view through the live router's
+  :class:`RequestLifecycle` (which does the ``on_dispatch`` accounting, and later the
+  first-token/finish accounting and feedback), and added to the chosen
+  :class:`EngineCore`. Arrivals are pushed one at a time (the trace is sorted).
 * ``ENGINE``: an engine's next event time (``EngineCore.next_event_time``, which already
   skips decode-only stretches). Engines are advanced lazily, only at their own event times,
   at scrapes and when a request is added; every wake carries a version so a wake made
@@ -20,11 +22,12 @@ Kinds:
   ``/metrics`` values (running, waiting, KV usage) go to ``on_scrape``, as the live
   router's scraper does; the true pending prefill tokens per instance are sampled for the
   load CV and the plots.
-* ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried on
-  the next-best instance, up to ``max_attempts`` in all, as the live router retries
-  failures before the first byte; requests already streaming fail; the instance is marked
-  down and its cache forgotten), ``drain`` (no new requests; in-flight ones finish) and
-  ``restore`` (healthy again; a failed instance comes back with a fresh, empty engine).
+* ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried by
+  the live router's retry rule, ``RequestLifecycle.fail``: the policy decides again
+  without the instances that failed, up to ``max_attempts`` sends in all; requests
+  already streaming fail; the instance is marked down and its cache forgotten),
+  ``drain`` (no new requests; in-flight ones finish) and ``restore`` (healthy again; a
+  failed instance comes back with a fresh, empty engine).
 
 Several routers (``routers`` > 1) share one fleet as they would behind a load balancer:
 each has its own :class:`ClusterState` and policy object (seeded ``seed + k``), routes the

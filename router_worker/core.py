@@ -5,11 +5,17 @@
 aggregates. The ASGI layer (:mod:`router_worker.proxy`) calls, per request::
 
     intake = take_in(raw, ...)                            # tokens → hashes (intake.py)
-    plan = core.plan(runtime, intake, headers, started)  # arm → decision
-    core.begin_attempt(plan, instance)                    # the attempt's instance
-    core.account_dispatch(plan)                           # indicator: dispatch (once sent)
-    core.first_token(plan)                                # indicator: pending → batch
-    core.end_attempt(plan, ok=..., ...)                   # indicator: finish / error
+    plan = core.plan(runtime, intake, headers, started)  # arm → lifecycle.route → decision
+    core.begin_attempt(plan)                              # the attempt's instance, reason
+    core.account_dispatch(plan)                           # lifecycle.dispatch (once sent)
+    core.first_token(plan)                                # lifecycle.first_token
+    core.finish_request(plan, ...)                        # lifecycle.finish, metrics
+    core.fail_attempt(plan, kind) -> RetryVerdict         # lifecycle.fail: the retry rule
+    core.abandon(plan) / core.migrated(plan)              # client gone / moved
+
+The attempts, their indicator accounting, the policy feedback and the retry rule are the
+plan's :class:`RequestLifecycle` (shared with the simulator); the core adds what only the
+live router has: metrics, peer sync, the migration registry and telemetry.
 
 Migration (policies that set ``migrates``): a streamed attempt the proxy can still take
 back (no byte has reached the client) carries a ``mover``; after each dispatch the core
@@ -54,8 +60,11 @@ from router_worker.routing import (
     NoEligibleInstanceError,
     QueuedRequest,
     RequestFeatures,
+    RequestLifecycle,
+    RetryVerdict,
     session_key_from_request,
 )
+from router_worker.routing.lifecycle import Phase
 from router_worker.runtime import Arm, Runtime, build_runtime
 from router_worker.telemetry import RequestSample, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
@@ -67,33 +76,42 @@ RECENT_DECISIONS = 200
 
 @dataclass(slots=True)
 class Plan:
-    """A routed request: its features, arm and decision, and the attempt in progress."""
+    """A routed request: its lifecycle (attempts, accounting, retry rule), its arm, the
+    decision of the current attempt, and what the HTTP side needs."""
 
     request_id: str
     runtime: Runtime
     arm: Arm
-    features: RequestFeatures
-    decision: Decision
+    life: RequestLifecycle
+    decision: Decision  # the last one the policy made (the first, or a retry's)
     tier: str
     started: float  # perf_counter at arrival
     sent_at: float = 0.0  # perf_counter when the last attempt's request went upstream
     instance: str = ""
     reason: str = ""
-    attempts: int = 0
-    tried: list[str] = field(default_factory=list)
     # Instances that answered with a 5xx: held against them (circuit breaker) only once
     # another instance serves the request, never when it fails everywhere alike.
     answered_5xx: list[str] = field(default_factory=list)
     first_token_at: float | None = None
-    dispatched: bool = False
     timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
     sampled: CapturedDecision | None = None  # kept for the live view's decision stream
     # Migration (see the module docstring): set by the proxy while the attempt can be
     # taken back; the core sets migrate_to and calls it.
     mover: Callable[[], Any] | None = None
     migrate_to: str | None = None
-    uncached: int = 0  # the attempt's prefill work as accounted
-    dispatched_wall: float = 0.0  # time.time() of the attempt's dispatch
+
+    @property
+    def features(self) -> RequestFeatures:
+        return self.life.features
+
+    @property
+    def attempts(self) -> int:
+        return len(self.life.attempts)
+
+    @property
+    def tried(self) -> list[str]:
+        """Instances that failed this request."""
+        return self.life.failed_instances
 
 
 @dataclass
@@ -179,24 +197,30 @@ class RouterCore:
                                    block_size=runtime.config.block_size, session_key=session,
                                    turn_index=intake.turn_index, arrival_time=now)
         arm = runtime.arm_for(session)
+        assert self.state is not None
+        life = RequestLifecycle(features, arm.policy, self.state,
+                                max_attempts=runtime.config.router.max_attempts)
         try:
-            decision = arm.policy.decide(features, arm.view, now)
+            decision = life.route(arm.view, now).decision
         except NoEligibleInstanceError as error:
             raise APIError(503, f"No healthy instance available: {error}") from None
+        assert decision is not None
         t3 = time.perf_counter()
         if decision.events:
             self._hotspot_events(decision.events)
         priority = is_priority(decision)
         sampled = (capture(decision, arm.view, features, priority)
                    if self.sampler.admit(priority, t3) else None)
-        return Plan(request_id, runtime, arm, features, decision, intake.tier, started,
+        return Plan(request_id, runtime, arm, life, decision, intake.tier, started,
                     instance=decision.instance_id, reason=decision.reason,
                     timings=(intake.tokenize_s, intake.hash_s, t3 - t2), sampled=sampled)
 
-    def begin_attempt(self, plan: Plan, instance: str) -> None:
-        """An attempt on ``instance`` starts (its indicators follow in account_dispatch)."""
-        plan.instance = instance
-        plan.attempts += 1
+    def begin_attempt(self, plan: Plan) -> None:
+        """The lifecycle's current (routed) attempt is about to be sent."""
+        attempt = plan.life.current
+        plan.instance = attempt.instance
+        if attempt.reason != "first":
+            plan.reason = attempt.reason
 
     def account_dispatch(self, plan: Plan) -> None:
         """Indicators of the attempt just sent, and the plan's hot-path metrics.
@@ -204,17 +228,14 @@ class RouterCore:
         Called once the request is on its way upstream, before any other request is
         decided (the transport's ``on_sent``): the accounting no longer delays the
         request's arrival at the engine, and no decision misses it."""
-        state = self.state
-        assert state is not None
-        first = plan.attempts == 1
-        cached = plan.decision.cached_tokens if first else None
+        state = plan.life.state
         now = time.time()
-        plan.uncached = state.on_dispatch(plan.features, plan.instance, now,
-                                          cached_tokens=cached)
-        plan.dispatched, plan.dispatched_wall = True, now
+        plan.life.dispatch(now)
         if self.peers is not None:
-            self.peers.dispatched(plan.request_id, plan.instance, plan.features, cached)
-        if first:
+            decision = plan.life.current.decision
+            self.peers.dispatched(plan.request_id, plan.instance, plan.features,
+                                  None if decision is None else decision.cached_tokens)
+        if plan.attempts == 1:
             self._observe_plan(plan)
         slot = state.slot_of(plan.instance)
         peak = self._peaks.setdefault(slot, [0.0, 0.0])
@@ -230,10 +251,10 @@ class RouterCore:
         named; signal each one to move (its proxy task re-sends it)."""
         arm = plan.arm
         names = {plan.instance, *plan.decision.details.get("candidates", ())}
-        max_attempts = plan.runtime.config.router.max_attempts
-        queued = [QueuedRequest(p.features, p.instance, p.dispatched_wall, p.uncached,
+        queued = [QueuedRequest(p.features, p.instance, p.life.current.dispatched_at or now,
+                                p.life.current.uncached_tokens,
                                 tuple(p.decision.details.get("candidates", ())),
-                                p.mover is not None and p.attempts < max_attempts)
+                                p.mover is not None and p.life.can_send_again)
                   for p in self._queued.values() if p.arm is arm and p.instance in names]
         for move in arm.policy.migrations(arm.view, queued, now):
             moved = self._queued.pop(move.request_id, None)
@@ -257,46 +278,54 @@ class RouterCore:
         now = time.time()
         self._queued.pop(plan.request_id, None)
         plan.first_token_at = time.perf_counter()
-        state = self.state
-        assert state is not None
-        if state.is_in_flight(plan.request_id):
-            state.on_first_token(plan.request_id, now)
-            if self.peers is not None:
-                self.peers.first_token(plan.request_id)
-        ttft = plan.first_token_at - plan.started
-        plan.arm.policy.observe_first_token(plan.features, plan.instance, ttft, now)
+        if plan.life.first_token(now, plan.first_token_at - plan.started) and \
+                self.peers is not None:
+            self.peers.first_token(plan.request_id)
 
-    def end_attempt(self, plan: Plan, *, ok: bool) -> None:
-        """Remove the attempt from the indicators (finish or error)."""
+    def fail_attempt(self, plan: Plan, kind: str, *, final: bool = False,
+                     first_byte: bool = False) -> RetryVerdict:
+        """The current attempt failed: the lifecycle's retry rule says whether (and where,
+        by deciding again without the instances that failed) the request is tried again."""
         self._queued.pop(plan.request_id, None)
-        state = self.state
-        if not plan.dispatched or state is None:
-            return
-        plan.dispatched = False
-        if not state.is_in_flight(plan.request_id):
-            return
-        if ok:
-            state.on_finish(plan.request_id, time.time())
-        else:
-            state.on_error(plan.request_id, time.time())
-        if self.peers is not None:
-            self.peers.ended(plan.request_id, ok)
+        dispatched = plan.life.current.phase is not Phase.ROUTED
+        verdict = plan.life.fail(plan.arm.view, time.time(), kind, final=final,
+                                 first_byte=first_byte)
+        if dispatched and self.peers is not None:
+            self.peers.ended(plan.request_id, False)
+        if verdict.attempt is not None and verdict.attempt.decision is not None:
+            plan.decision = verdict.attempt.decision
+            if plan.decision.events:
+                self._hotspot_events(plan.decision.events)
+        return verdict
 
-    def next_candidate(self, plan: Plan) -> str | None:
-        """Next-best instance of the arm after a failed attempt (scores, then any healthy)."""
-        plan.tried.append(plan.instance)
-        view = plan.arm.view
-        eligible = view.eligible
-        scores = plan.decision.scores
-        order = np.argsort(scores, kind="stable")
-        for slot in order.tolist():
-            name = view.ids[slot] if slot < len(view.ids) else None
-            if name and name not in plan.tried and eligible[slot] and np.isfinite(scores[slot]):
-                return name
-        for slot in np.flatnonzero(eligible).tolist():
-            if view.ids[slot] not in plan.tried:
-                return view.ids[slot]
-        return None
+    def abandon(self, plan: Plan) -> None:
+        """The client went away (or the task was stopped): the open attempt is given up."""
+        self._queued.pop(plan.request_id, None)
+        attempt = plan.life.current
+        if not attempt.open:
+            return
+        dispatched = attempt.phase is not Phase.ROUTED
+        plan.life.abandon(time.time())
+        if dispatched and self.peers is not None:
+            self.peers.ended(plan.request_id, False)
+
+    def migrated(self, plan: Plan) -> None:
+        """The attempt was taken back (``plan.migrate_to`` set by the migration): open the
+        next one on the target."""
+        target, plan.migrate_to = plan.migrate_to, None
+        assert target is not None
+        plan.life.migrate(target, time.time())
+        if self.peers is not None:
+            self.peers.ended(plan.request_id, True)
+
+    def _finish_attempt(self, plan: Plan, ok: bool, output_tokens: int) -> None:
+        self._queued.pop(plan.request_id, None)
+        attempt = plan.life.current
+        if attempt.phase not in (Phase.DISPATCHED, Phase.FIRST_TOKEN):
+            return  # already ended (failed mid-stream, abandoned) or never sent
+        plan.life.finish(time.time(), output_tokens, ok=ok and bool(plan.instance))
+        if self.peers is not None:
+            self.peers.ended(plan.request_id, True)
 
     def finish_request(self, plan: Plan, *, status: int, ok: bool, output_tokens: int,
                        last_token_at: float | None, cached_tokens: int | None) -> None:
@@ -312,8 +341,7 @@ class RouterCore:
                 metrics.child(metrics.tpot, arm.name).observe(tpot)
         metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason,
                       str(status)).inc()
-        if ok and output_tokens > 0 and plan.instance:  # 0: the engine reported no usage
-            arm.policy.observe_finish(plan.features, plan.instance, output_tokens, time.time())
+        self._finish_attempt(plan, ok, output_tokens)
         self.telemetry.record(RequestSample(
             at=time.time(), arm=arm.name, policy=arm.policy_kind, instance=plan.instance or None,
             ok=ok or status < 500, ttft=ttft, tpot=tpot, output_tokens=output_tokens,

@@ -5,11 +5,12 @@ beyond the ones we need. Bodies are forwarded byte for byte (never re-serialised
 chunks are written to the client as they arrive from the engine.
 
 Failure handling: a connect error, a timeout, a 5xx or a dropped connection *before the
-first body byte* is retried on the next-best instance of the request's arm, up to
-``max_attempts``; the client sees nothing of it (the response starts only with the first
-upstream byte). A failure mid-stream ends the stream with one SSE error event in vLLM's
-error shape and ``[DONE]``. A client disconnect cancels the handler at once, which
-closes the upstream connection (the engine aborts the request).
+first body byte* is retried where the arm's policy, asked again without the instances
+that failed, sends it (the retry rule of ``routing.lifecycle``), up to ``max_attempts``;
+the client sees nothing of it (the response starts only with the first upstream byte). A
+failure mid-stream ends the stream with one SSE error event in vLLM's error shape and
+``[DONE]``. A client disconnect cancels the handler at once, which closes the upstream
+connection (the engine aborts the request).
 
 Resource limits (README "Resource limits"): an answer of the wrong content type or not
 shaped like JSON / SSE (``sse.SseFramer``) is a failure like a 5xx (retried before the
@@ -57,9 +58,6 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat",
                                   "/v1/completions": "completions"}
-# A request answered with a 5xx by this many instances is taken for the cause (an input
-# that trips an engine bug): no more retries, and no breaker strikes against them.
-POISON_AFTER_5XX = 2
 JSON_TYPE = (b"content-type", b"application/json")
 FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
 FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"),
@@ -256,50 +254,38 @@ class Proxy:
     async def _dispatch(self, plan: Plan, path: str, raw: bytes, stream: bool,
                         headers: dict[str, str], send: Send, watch: DisconnectWatch,
                         detail: Detail) -> None:
+        """Send the plan's attempts until one is answered or the lifecycle's retry rule
+        (``core.fail_attempt``) gives up; the breaker bookkeeping is ours."""
         core = self.core
-        settings = plan.runtime.config.router
         up_headers = _upstream_headers(headers)
-        instance: str | None = plan.instance
-        failure: UpstreamFailure | None = None
-        moved = False
-        while instance is not None and plan.attempts < settings.max_attempts:
-            if moved:
-                plan.reason = "migration"
-            elif plan.attempts:
-                plan.reason = "retry"
-                core.metrics.child(core.metrics.retries, instance).inc()
-            core.begin_attempt(plan, instance)
-            ok = False
+        while True:
+            core.begin_attempt(plan)
             try:
                 failure = await self._movable_attempt(plan, path, raw, stream, up_headers,
                                                       send, detail, watch)
-                ok = failure is None or failure is MIGRATED
-            finally:
-                core.end_attempt(plan, ok=ok)
+            except BaseException:
+                core.abandon(plan)  # the client went away (or a bug): the attempt ends
+                raise
             if failure is None:
                 return
-            moved = failure is MIGRATED
-            if moved:
-                instance, plan.migrate_to = plan.migrate_to, None
+            if failure is MIGRATED:
+                core.migrated(plan)
                 continue
             self._count_failure(plan, failure)
-            if failure.final:
-                break
-            if failure.kind != "http_5xx":
-                self._strike([plan.instance], failure.kind, fatal=failure.fatal)
-            else:
+            if failure.kind == "http_5xx":
                 plan.answered_5xx.append(plan.instance)
-                if len(plan.answered_5xx) >= POISON_AFTER_5XX:
-                    break  # engines failed it alike: the request is the likely cause
-            instance = core.next_candidate(plan)
-        poison = len(plan.answered_5xx) >= POISON_AFTER_5XX
+            elif not failure.final:
+                self._strike([plan.instance], failure.kind, fatal=failure.fatal)
+            verdict = core.fail_attempt(plan, failure.kind, final=failure.final)
+            if verdict.attempt is None:
+                break
+            core.metrics.child(core.metrics.retries, verdict.attempt.instance).inc()
+        poison = verdict.why == "poison"
         if not poison:
             self._settle_5xx(plan)
         self._give_up(plan, failure, poison)
-        status = 504 if failure and failure.kind == "timeout" else 502
-        if failure is None:
-            status, message = 503, "No healthy instance left to try."
-        elif failure.final:
+        status = 504 if failure.kind == "timeout" else 502
+        if failure.final:
             status, message = failure.status, failure.message
         elif poison:
             message = (f"The request failed on {len(plan.answered_5xx)} instances alike and was "
@@ -334,11 +320,10 @@ class Proxy:
         self._strike(plan.answered_5xx, "http_5xx")
         plan.answered_5xx.clear()
 
-    def _give_up(self, plan: Plan, failure: UpstreamFailure | None, poison: bool) -> None:
+    def _give_up(self, plan: Plan, failure: UpstreamFailure, poison: bool) -> None:
         self.core.telemetry.event(
             "retries_exhausted", request_id=plan.request_id, attempts=plan.attempts,
-            last_error=None if failure is None else f"{failure.kind}: {failure.message}",
-            instances=[*plan.tried, plan.instance] if poison else [*plan.tried],
+            last_error=f"{failure.kind}: {failure.message}", instances=plan.tried,
             request_suspected=poison,
         )
 
@@ -470,7 +455,6 @@ class Proxy:
             watch.done = True
             await send({"type": "http.response.body", "more_body": False,
                         "body": sse_error_event(status, _mid_stream_message(plan, error))})
-            core.end_attempt(plan, ok=False)
         else:
             watch.done = True
         core.finish_request(plan, status=status, ok=ok, output_tokens=meter.output_tokens,
@@ -523,6 +507,7 @@ class Proxy:
         if kind != "response_deadline":
             core.health.record_failure(plan.instance, time.monotonic(), kind)
         log.info("request %s: stream from %s broke: %r", plan.request_id, plan.instance, error)
+        core.fail_attempt(plan, kind, first_byte=True)  # bytes went out: never retried
         return (504 if kind == "response_deadline" else 502), False
 
     def _route_headers(self, plan: Plan, detail: Detail) -> list[tuple[bytes, bytes]]:

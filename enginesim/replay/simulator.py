@@ -5,8 +5,10 @@ Kinds:
 
 * ``ARRIVAL``: a trace record arrives. Its prompt is synthesised, hashed into the
   router's :class:`RequestFeatures`, routed by the *live router's* policy object over the
-  *live router's* :class:`ClusterState` view, accounted with ``on_dispatch`` and added to
-  the chosen :class:`EngineCore`. Arrivals are pushed one at a time (the trace is sorted).
+  *live router's* :class:`ClusterState` view through the live router's
+  :class:`RequestLifecycle` (which does the ``on_dispatch`` accounting, and later the
+  first-token/finish accounting and feedback), and added to the chosen
+  :class:`EngineCore`. Arrivals are pushed one at a time (the trace is sorted).
 * ``ENGINE``: an engine's next event time (``EngineCore.next_event_time``, which already
   skips decode-only stretches). Engines are advanced lazily, only at their own event times,
   at scrapes and when a request is added; every wake carries a version so a wake made
@@ -20,11 +22,12 @@ Kinds:
   ``/metrics`` values (running, waiting, KV usage) go to ``on_scrape``, as the live
   router's scraper does; the true pending prefill tokens per instance are sampled for the
   load CV and the plots.
-* ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried on
-  the next-best instance, up to ``max_attempts`` in all, as the live router retries
-  failures before the first byte; requests already streaming fail; the instance is marked
-  down and its cache forgotten), ``drain`` (no new requests; in-flight ones finish) and
-  ``restore`` (healthy again; a failed instance comes back with a fresh, empty engine).
+* ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried by
+  the live router's retry rule, ``RequestLifecycle.fail``: the policy decides again
+  without the instances that failed, up to ``max_attempts`` sends in all; requests
+  already streaming fail; the instance is marked down and its cache forgotten),
+  ``drain`` (no new requests; in-flight ones finish) and ``restore`` (healthy again; a
+  failed instance comes back with a fresh, empty engine).
 
 Several routers (``routers`` > 1) share one fleet as they would behind a load balancer:
 each has its own :class:`ClusterState` and policy object (seeded ``seed + k``), routes the
@@ -60,11 +63,12 @@ from router_worker.routing import (
     Health,
     NoEligibleInstanceError,
     QueuedRequest,
-    RequestFeatures,
+    RequestLifecycle,
     build_features,
     make_policy,
 )
 from router_worker.routing import kv_events as router_events
+from router_worker.routing.lifecycle import Attempt
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
 FAULT_ACTIONS = ("fail", "drain", "restore")
@@ -196,7 +200,7 @@ class _Flight:
     """A request in flight: what the simulator must remember until it ends."""
 
     record: TraceRecord
-    features: RequestFeatures
+    life: RequestLifecycle  # its attempts, their accounting and the retry rule
     result: RequestResult
     slot: int = -1
     estimated_uncached: int = 0
@@ -330,7 +334,11 @@ class Simulator:
         features = build_features(
             request_id, tokens, record.arrival_s, block_size=self.config.router_block_size,
             session_key=record.session_id, turn_index=record.turn)
-        self._dispatch(_Flight(record, features, result, router=self._balance(record)), tokens)
+        index = self._balance(record)
+        router = self.routers[index]
+        life = RequestLifecycle(features, router.policy, router.state,
+                                max_attempts=self.config.max_attempts)
+        self._dispatch(_Flight(record, life, result, router=index), tokens)
         if self.progress is not None:
             self.progress(len(self.results), len(self.records), self.now)
 
@@ -346,31 +354,35 @@ class Simulator:
             return self.balancer.randrange(count)
         return (len(self.results) - 1) % count
 
-    def _dispatch(self, flight: _Flight, tokens: np.ndarray | None = None) -> None:
-        """Route, account and start one request (a first try or a retry)."""
-        result = flight.result
-        result.attempts += 1
+    def _dispatch(self, flight: _Flight, tokens: np.ndarray) -> None:
+        """Route, account and start a request's first attempt."""
+        flight.result.attempts += 1
         router = self.routers[flight.router]
         try:
-            decision = router.policy.decide(flight.features, router.state.view(), self.now)
+            attempt = flight.life.route(router.state.view(), self.now)
         except NoEligibleInstanceError:
             self._end(flight, "rejected")
             return
+        self._start(flight, attempt, tokens)
+
+    def _start(self, flight: _Flight, attempt: Attempt, tokens: np.ndarray | None) -> None:
+        """Send a routed attempt (a first try or a retry); then let a migrating policy
+        look at the queues its decision named."""
+        decision = attempt.decision
+        assert decision is not None
         self._count_decision(decision)
-        if router.policy.migrates:
+        migrates = self.routers[flight.router].policy.migrates
+        if migrates:
             flight.candidates = tuple(decision.details.get("candidates", ()))
-        if self._send(flight, decision.slot, decision.cached_tokens, tokens) and \
-                router.policy.migrates:
+        if self._send(flight, tokens) and migrates:
             self._migrate_from(flight.router, flight)
 
-    def _send(self, flight: _Flight, slot: int, cached_tokens: int,
-              tokens: np.ndarray | None) -> bool:
-        """Account ``flight`` on ``slot`` and add it to that engine; False if rejected."""
+    def _send(self, flight: _Flight, tokens: np.ndarray | None) -> bool:
+        """Account the current attempt and add it to its engine; False if rejected."""
         result = flight.result
-        router = self.routers[flight.router]
-        instance_id = self.ids[slot]
-        uncached = router.state.on_dispatch(flight.features, instance_id, self.now,
-                                            cached_tokens=cached_tokens)
+        instance_id = flight.life.current.instance
+        slot = self.ids.index(instance_id)
+        uncached = flight.life.dispatch(self.now)
         flight.slot, flight.estimated_uncached = slot, uncached
         flight.dispatch_s = self.now
         result.instance = instance_id
@@ -382,13 +394,13 @@ class Simulator:
                 tokens = synthesize_tokens(flight.record)
             engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
         except EngineRequestError:  # vLLM answers 400: the router sees an error
-            router.state.on_error(result.id, self.now)
+            flight.life.reject(self.now)
             del self.flights[result.id]
             self._end(flight, "rejected")
             return False
         self.true_pending[slot] += uncached
         self._to_peers(flight, self._apply_peer_dispatch, flight, instance_id,
-                       flight.features.prompt_tokens - uncached)
+                       flight.life.features.prompt_tokens - uncached)
         self._engine_touched(slot)
         return True
 
@@ -403,8 +415,8 @@ class Simulator:
         for slot in slots:
             if self.instances[slot].engine is not None:
                 movable |= self.instances[slot].engine.unscheduled_ids()
-        queued = [QueuedRequest(f.features, self.ids[f.slot], f.dispatch_s, f.estimated_uncached,
-                                f.candidates, f.result.id in movable)
+        queued = [QueuedRequest(f.life.features, self.ids[f.slot], f.dispatch_s,
+                                f.estimated_uncached, f.candidates, f.result.id in movable)
                   for f in self.flights.values() if f.slot in slots
                   and f.router == router_index and f.result.first_token_s is None]
         for move in router.policy.migrations(router.state.view(), queued, self.now):
@@ -417,17 +429,15 @@ class Simulator:
     def _migrate(self, flight: _Flight, target: int) -> None:
         """Abort a request still waiting in its engine and send it to ``target``."""
         source, request_id = flight.slot, flight.result.id
-        state = self.routers[flight.router].state
         self.instances[source].engine.abort(request_id, self.now)
         del self.flights[request_id]
         self._advance(source)  # takes the abort's output (ignored: not in flight) and re-arms
-        state.on_finish(request_id, self.now)
+        flight.life.migrate(self.ids[target], self.now)
         self.true_pending[source] -= flight.estimated_uncached
         self._to_peers(flight, self._apply_peer_end, flight, True)
         self.migrations += 1
         self.reasons["migration"] = self.reasons.get("migration", 0) + 1
-        cached = int(state.view().cached_tokens(flight.features)[target])
-        self._send(flight, target, cached, None)
+        self._send(flight, None)
 
     def _count_decision(self, decision: Any) -> None:
         self.reasons[decision.reason] = self.reasons.get(decision.reason, 0) + 1
@@ -479,7 +489,8 @@ class Simulator:
             result.finish_s = output.finish_time
             result.status = "ok" if output.finish_reason == "length" else "failed"
             del self.flights[result.id]
-            self._telemetry(output.finish_time, self._apply_finish, flight)
+            self._telemetry(output.finish_time, self._apply_finish, flight,
+                            flight.life.current)
             self._to_peers(flight, self._apply_peer_end, flight, True)
 
     def _on_first_token(self, flight: _Flight, output: Any) -> None:
@@ -489,7 +500,8 @@ class Simulator:
         if self.tier is not None:
             result.tier_tokens = output.num_tier_tokens
         self.true_pending[flight.slot] -= flight.estimated_uncached
-        self._telemetry(output.first_token_time, self._apply_first_token, flight)
+        self._telemetry(output.first_token_time, self._apply_first_token, flight,
+                        flight.life.current)
         self._to_peers(flight, self._apply_peer_end, flight, False)
 
     # ----------------------------------------------------------------- telemetry
@@ -508,22 +520,14 @@ class Simulator:
         apply, args = payload
         apply(self.now, *args)
 
-    def _apply_first_token(self, now: float, flight: _Flight) -> None:
-        request_id = flight.result.id
-        router = self.routers[flight.router]
-        if not router.state.is_in_flight(request_id):
-            return  # failed over in the meantime
-        router.state.on_first_token(request_id, now)
-        ttft = flight.result.first_token_s - flight.features.arrival_time
-        router.policy.observe_first_token(flight.features, self.ids[flight.slot], ttft, now)
+    def _apply_first_token(self, now: float, flight: _Flight, attempt: Attempt) -> None:
+        # ignored if the attempt failed over in the meantime
+        ttft = flight.result.first_token_s - flight.life.features.arrival_time
+        flight.life.first_token(now, ttft, attempt)
 
-    def _apply_finish(self, now: float, flight: _Flight) -> None:
-        router = self.routers[flight.router]
-        if router.state.is_in_flight(flight.result.id):
-            router.state.on_finish(flight.result.id, now)
-            if flight.result.status == "ok":
-                router.policy.observe_finish(flight.features, self.ids[flight.slot],
-                                             flight.result.output_tokens, now)
+    def _apply_finish(self, now: float, flight: _Flight, attempt: Attempt) -> None:
+        result = flight.result
+        flight.life.finish(now, result.output_tokens, ok=result.status == "ok", attempt=attempt)
 
     def _to_peers(self, flight: _Flight, apply: Callable[..., None], *args: Any) -> None:
         if self.config.replica_sync and len(self.routers) > 1:
@@ -538,7 +542,7 @@ class Simulator:
             return
         for router in self._peers(flight):
             if not router.state.is_in_flight(flight.result.id):
-                router.state.on_dispatch(flight.features, instance_id, now,
+                router.state.on_dispatch(flight.life.features, instance_id, now,
                                          cached_tokens=cached_tokens)
 
     def _apply_peer_end(self, now: float, flight: _Flight, finished: bool) -> None:
@@ -617,17 +621,22 @@ class Simulator:
         for router in self.routers:
             router.state.remove_instance(self.ids[slot])
         for flight in victims:
-            del self.flights[flight.result.id]
-            state = self.routers[flight.router].state
-            if state.is_in_flight(flight.result.id):
-                state.on_error(flight.result.id, self.now)
+            result = flight.result
+            del self.flights[result.id]
+            view = self.routers[flight.router].state.view()
+            # the lifecycle's retry rule: decide again without this instance, before the
+            # first token only (the engine's, not yet the delayed telemetry's)
+            verdict = flight.life.fail(view, self.now, "instance_down",
+                                       first_byte=result.first_token_s is not None)
             self._to_peers(flight, self._apply_peer_end, flight, True)
-            if flight.result.first_token_s is None:
+            if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
-                if flight.result.attempts < self.config.max_attempts:
-                    self._dispatch(flight)
-                    continue
-            self._end(flight, "failed")
+            if verdict.decided:
+                result.attempts += 1
+            if verdict.attempt is not None:
+                self._start(flight, verdict.attempt, None)
+                continue
+            self._end(flight, "rejected" if verdict.why == "no_instance" else "failed")
 
     def _restore(self, slot: int) -> None:
         instance = self.instances[slot]

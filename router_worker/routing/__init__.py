@@ -17,6 +17,10 @@ Both the live router (wall-clock ``now``) and the replay simulator (virtual
     policy.observe_first_token(feats, decision.instance_id, t1 - feats.arrival_time, t1)
     state.on_finish("req-1", t2)          # or state.on_error("req-1", t2)
 
+Drivers do the per-request part through :class:`RequestLifecycle` (route, dispatch,
+first_token, finish | fail (the retry rule) | abandon | migrate), which does the
+accounting and feedback above exactly once per transition.
+
 Other inputs: ``state.on_scrape``, ``state.on_kv_event_batch(instance,
 decode_kv_event_batch(payload), now)``, ``state.set_health``.
 """
@@ -46,6 +50,13 @@ from router_worker.routing.kv_events import (
     encode_kv_event_batch,
 )
 from router_worker.routing.kvindex import GlobalTier, KVIndex
+from router_worker.routing.lifecycle import (
+    Attempt,
+    IllegalTransition,
+    Phase,
+    RequestLifecycle,
+    RetryVerdict,
+)
 from router_worker.routing.policies import (
     DESCRIPTIONS,
     REGISTRY,
@@ -65,6 +76,7 @@ __all__ = [
     "DESCRIPTIONS",
     "REGISTRY",
     "AllBlocksCleared",
+    "Attempt",
     "BlockRemoved",
     "BlockStored",
     "ClusterState",
@@ -74,16 +86,20 @@ __all__ = [
     "Health",
     "HotspotEvent",
     "HotspotParams",
+    "IllegalTransition",
     "InstanceState",
     "KVEventBatch",
     "KVEventDecodeError",
     "KVIndex",
     "Migration",
     "NoEligibleInstanceError",
+    "Phase",
     "Policy",
     "PolicyConfigError",
     "QueuedRequest",
     "RequestFeatures",
+    "RequestLifecycle",
+    "RetryVerdict",
     "UnknownRequestError",
     "build_features",
     "decode_kv_event_batch",

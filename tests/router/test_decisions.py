@@ -28,11 +28,11 @@ MODEL = "Qwen/Qwen2-7B-Instruct"
 
 
 def make_core(instances: int = 3, canary: dict | None = None,
-              sampler: DecisionSampler | None = None) -> RouterCore:
+              sampler: DecisionSampler | None = None, policy: str = "lmetric") -> RouterCore:
     document = {"cluster": "unit", "model": MODEL, "version": 4,
                 "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{1 + k}"}
                               for k in range(instances)],
-                "policy": {"kind": "lmetric", "params": {}}}
+                "policy": {"kind": policy, "params": {}}}
     if canary is not None:
         document["canary"] = canary
     core = RouterCore("r-unit", Telemetry("r-unit", None), RouterMetrics())
@@ -56,18 +56,13 @@ def route(core: RouterCore, prompt: str, *, session: str | None = None,
     assert core.runtime is not None
     headers = {"x-session-id": session} if session else {}
     plan = core.plan(core.runtime, _intake(core, prompt), headers, time.perf_counter())
-    instance: str | None = plan.instance
     if fail_first:
-        core.begin_attempt(plan, plan.instance)
+        core.begin_attempt(plan)
         core.account_dispatch(plan)
-        core.end_attempt(plan, ok=False)
-        instance = core.next_candidate(plan)
-        plan.reason = "retry"
-    assert instance is not None
-    core.begin_attempt(plan, instance)
+        assert core.fail_attempt(plan, "connect").retry
+    core.begin_attempt(plan)
     core.account_dispatch(plan)
     core.first_token(plan)
-    core.end_attempt(plan, ok=True)
     core.finish_request(plan, status=200, ok=True, output_tokens=4, last_token_at=None,
                         cached_tokens=None)
     return plan
@@ -136,11 +131,35 @@ def test_a_retry_is_shipped_even_when_routine_sampling_is_exhausted() -> None:
     assert shipped(core) == []
     plan = route(core, "this one fails on its first instance", fail_first=True)
     (record,) = shipped(core)
-    assert record.attempts == 2 and record.tried == [plan.decision.instance_id]
-    assert record.instance == plan.instance != plan.decision.instance_id
+    # the retry was decided again, without the instance that failed
+    assert record.attempts == 2 and record.tried == [plan.life.attempts[0].instance]
+    assert record.instance == plan.instance == plan.decision.instance_id != record.tried[0]
     assert record.priority is True
     assert all(c.cached_tokens is None for c in record.candidates)  # not captured in time
     assert {c.instance for c in record.candidates} == {"i0", "i1", "i2"}
+
+
+def test_a_retry_is_decided_again_without_the_instance_that_failed() -> None:
+    # i1 and i2 each carry a request; the one routed to idle i0 fails there. Its load is
+    # gone from i0, so least_load would pick i0 again: the lifecycle's rule leaves it out.
+    core = make_core(policy="least_load")
+    assert core.runtime is not None
+    busy = []
+    for prompt in ("one", "two"):
+        plan = core.plan(core.runtime, _intake(core, prompt), {}, time.perf_counter())
+        core.begin_attempt(plan)
+        core.account_dispatch(plan)
+        busy.append(plan.instance)
+    plan = core.plan(core.runtime, _intake(core, "three"), {}, time.perf_counter())
+    (idle,) = {"i0", "i1", "i2"} - set(busy)
+    assert plan.instance == idle
+    core.begin_attempt(plan)
+    core.account_dispatch(plan)
+    verdict = core.fail_attempt(plan, "connect")
+    assert verdict.retry and verdict.attempt is not None
+    core.begin_attempt(plan)
+    assert plan.instance in busy and plan.reason == "retry" and plan.tried == [idle]
+    assert plan.decision is verdict.attempt.decision  # the retry's own decision
 
 
 def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> None:
@@ -148,9 +167,9 @@ def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> N
     assert core.runtime is not None
     plan = core.plan(core.runtime, _intake(core, "doomed"), {},
                      time.perf_counter())
-    core.begin_attempt(plan, plan.instance)
+    core.begin_attempt(plan)
     core.account_dispatch(plan)
-    core.end_attempt(plan, ok=False)
+    core.fail_attempt(plan, "http_5xx", final=True)
     core.finish_request(plan, status=502, ok=False, output_tokens=0, last_token_at=None,
                         cached_tokens=0)
     (record,) = shipped(core)

@@ -1,0 +1,270 @@
+"""One request's life at the router: its attempts, their indicator accounting, the retry rule.
+
+Pure (no I/O, no clock: every method takes ``now``), so the live router
+(:mod:`router_worker.core`, :mod:`router_worker.proxy`) and the simulator
+(:mod:`enginesim.replay.simulator`) drive the same object and cannot drift apart.
+
+An attempt goes ``routed → dispatched → first_token`` and ends ``finished``, ``failed``,
+``abandoned`` (the client went away), ``migrated`` (taken back to move the request) or
+``rejected`` (the engine refused it outright). Each transition does its
+:class:`ClusterState` accounting and policy feedback exactly once; a transition that makes
+no sense for the attempt's phase raises :class:`IllegalTransition`. Late reports about an
+attempt that has already ended (a first token still in the telemetry pipe when the instance
+died) are ignored: ``first_token`` and ``finish`` return False for them.
+
+The retry rule (:meth:`RequestLifecycle.fail`): a failed attempt is retried only if no byte
+of it reached the client, the failure is not ``final``, the request has not been answered
+with a 5xx by ``POISON_AFTER_5XX`` instances (then the request is the likely cause), fewer
+than ``max_attempts`` attempts (migrations included: each is a send) were made, and the
+policy, asked again over the current indicators with every instance that failed this
+request excluded, finds an instance. Deciding again rather than walking the first
+decision's scores: the failure changed the indicators (the attempt's load is gone, the
+instance may be down), and the policy's own rules (session tables, hotspot routing) see
+the retry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from router_worker.routing.features import RequestFeatures
+from router_worker.routing.indicators import ClusterState, ClusterView
+from router_worker.routing.policies.base import Decision, NoEligibleInstanceError, Policy
+
+# A request answered with a 5xx by this many instances is taken for the cause (an input
+# that trips an engine bug): no more retries.
+POISON_AFTER_5XX = 2
+
+
+class IllegalTransition(RuntimeError):
+    """A lifecycle method called in a phase where it makes no sense (a driver bug)."""
+
+
+class Phase(StrEnum):
+    ROUTED = "routed"
+    DISPATCHED = "dispatched"
+    FIRST_TOKEN = "first_token"
+    FINISHED = "finished"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    MIGRATED = "migrated"
+    REJECTED = "rejected"
+
+
+OPEN = frozenset({Phase.ROUTED, Phase.DISPATCHED, Phase.FIRST_TOKEN})
+
+
+@dataclass(slots=True)
+class Attempt:
+    """One send of the request to one instance."""
+
+    instance: str
+    decision: Decision | None  # None: a migration (the policy named the target)
+    reason: str  # first | retry | migration
+    routed_at: float
+    phase: Phase = Phase.ROUTED
+    dispatched_at: float | None = None
+    first_token_at: float | None = None
+    ended_at: float | None = None
+    error: str | None = None  # the failure kind, when failed
+    uncached_tokens: int = 0  # prefill work as accounted at dispatch
+
+    @property
+    def open(self) -> bool:
+        return self.phase in OPEN
+
+
+@dataclass(frozen=True, slots=True)
+class RetryVerdict:
+    """What :meth:`RequestLifecycle.fail` decided. ``attempt`` is the new (routed) attempt
+    when ``retry``; ``why`` says which part of the rule decided."""
+
+    retry: bool
+    why: str  # retry | first_byte | final | poison | exhausted | no_instance
+    attempt: Attempt | None = None
+
+    @property
+    def decided(self) -> bool:
+        """The policy was asked (successfully or not)."""
+        return self.why in ("retry", "no_instance")
+
+
+class _ExcludingView:
+    """A view whose ``eligible`` leaves out some slots; everything else is the base view's."""
+
+    def __init__(self, base: ClusterView, excluded: list[int]) -> None:
+        self._base = base
+        self._excluded = excluded
+
+    @property
+    def eligible(self) -> np.ndarray:
+        mask = np.array(self._base.eligible, dtype=bool)
+        mask[self._excluded] = False
+        return mask
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._base, name)
+
+
+@dataclass
+class RequestLifecycle:
+    """A request's attempts and the transitions between them (see the module docstring)."""
+
+    features: RequestFeatures
+    policy: Policy
+    state: ClusterState
+    max_attempts: int = 3
+    attempts: list[Attempt] = field(default_factory=list)
+    answered_5xx: list[str] = field(default_factory=list)
+
+    # ----- queries ------------------------------------------------------------------
+    @property
+    def request_id(self) -> str:
+        return self.features.request_id
+
+    @property
+    def current(self) -> Attempt:
+        if not self.attempts:
+            raise IllegalTransition(f"request {self.request_id}: not routed yet")
+        return self.attempts[-1]
+
+    @property
+    def failed_instances(self) -> list[str]:
+        return [a.instance for a in self.attempts if a.phase is Phase.FAILED]
+
+    @property
+    def decisions(self) -> int:
+        """Attempts the policy decided (first try and retries, not migrations)."""
+        return sum(1 for a in self.attempts if a.decision is not None)
+
+    @property
+    def can_send_again(self) -> bool:
+        return len(self.attempts) < self.max_attempts
+
+    # ----- transitions ----------------------------------------------------------------
+    def route(self, view: ClusterView, now: float) -> Attempt:
+        """Ask the policy for the first attempt's instance (raises NoEligibleInstanceError)."""
+        if self.attempts:
+            raise IllegalTransition(f"request {self.request_id}: already routed")
+        return self._decide(view, now, "first")
+
+    def dispatch(self, now: float) -> int:
+        """The current attempt was sent: account it; returns its uncached prompt tokens."""
+        attempt = self._expect(Phase.ROUTED, "dispatch")
+        cached = attempt.decision.cached_tokens if attempt.decision is not None else None
+        attempt.uncached_tokens = self.state.on_dispatch(self.features, attempt.instance, now,
+                                                         cached_tokens=cached)
+        attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
+        return attempt.uncached_tokens
+
+    def first_token(self, now: float, ttft: float, attempt: Attempt | None = None) -> bool:
+        """The first token of ``attempt`` (default: the current one) reached the router
+        ``ttft`` s after arrival. False: that attempt had already ended (a late report)."""
+        attempt = attempt or self.current
+        if not attempt.open:
+            return False
+        if attempt.phase is not Phase.DISPATCHED:
+            raise IllegalTransition(f"request {self.request_id}: first token while "
+                                    f"{attempt.phase.value}")
+        attempt.phase, attempt.first_token_at = Phase.FIRST_TOKEN, now
+        if self.state.is_in_flight(self.request_id):
+            self.state.on_first_token(self.request_id, now)
+        self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
+        return True
+
+    def finish(self, now: float, output_tokens: int, *, ok: bool = True,
+               attempt: Attempt | None = None) -> bool:
+        """``attempt`` (default: the current one) ended with an answer; ``ok`` False for an
+        answer that is no success (no feedback then). False: it had already ended."""
+        attempt = attempt or self.current
+        if not attempt.open:
+            return False
+        if attempt.phase is Phase.ROUTED:
+            raise IllegalTransition(f"request {self.request_id}: finished before dispatch")
+        self._close(attempt, Phase.FINISHED, now, error=False)
+        if ok and output_tokens > 0:  # 0: the engine reported no usage
+            self.policy.observe_finish(self.features, attempt.instance, output_tokens, now)
+        return True
+
+    def abandon(self, now: float) -> None:
+        """The client went away: the current attempt is given up (engine aborts it)."""
+        attempt = self.current
+        if not attempt.open:
+            raise IllegalTransition(f"request {self.request_id}: abandoned while "
+                                    f"{attempt.phase.value}")
+        self._close(attempt, Phase.ABANDONED, now, error=True)
+
+    def reject(self, now: float) -> None:
+        """The engine refused the dispatched attempt outright (vLLM's 400): no retry."""
+        attempt = self._expect(Phase.DISPATCHED, "reject")
+        self._close(attempt, Phase.REJECTED, now, error=True)
+
+    def migrate(self, target: str, now: float) -> Attempt:
+        """Take the current attempt back before its first token and open one on ``target``
+        (to be dispatched)."""
+        attempt = self._expect(Phase.DISPATCHED, "migrate")
+        self._close(attempt, Phase.MIGRATED, now, error=False)
+        new = Attempt(target, None, "migration", now)
+        self.attempts.append(new)
+        return new
+
+    def fail(self, view: ClusterView, now: float, kind: str, *, final: bool = False,
+             first_byte: bool = False) -> RetryVerdict:
+        """The current attempt failed (``kind``: connect, timeout, http_5xx, ...). Applies
+        the retry rule (module docstring); on a retry the new attempt is routed.
+        ``first_byte``: the driver knows a byte went out even if the indicators have not
+        heard of it yet (the simulator's telemetry delay)."""
+        attempt = self.current
+        if not attempt.open:
+            raise IllegalTransition(f"request {self.request_id}: failed while "
+                                    f"{attempt.phase.value}")
+        streamed = first_byte or attempt.phase is Phase.FIRST_TOKEN
+        self._close(attempt, Phase.FAILED, now, error=True)
+        attempt.error = kind
+        if kind == "http_5xx":
+            self.answered_5xx.append(attempt.instance)
+        if streamed:
+            return RetryVerdict(False, "first_byte")
+        if final:
+            return RetryVerdict(False, "final")
+        if len(self.answered_5xx) >= POISON_AFTER_5XX:
+            return RetryVerdict(False, "poison")
+        if not self.can_send_again:
+            return RetryVerdict(False, "exhausted")
+        try:
+            return RetryVerdict(True, "retry", self._decide(view, now, "retry"))
+        except NoEligibleInstanceError:
+            return RetryVerdict(False, "no_instance")
+
+    # ----- internals ------------------------------------------------------------------
+    def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
+        failed = self.failed_instances
+        if failed:
+            slots = [view.ids.index(name) for name in failed if name in view.ids]
+            view = _ExcludingView(view, slots)  # type: ignore[assignment]
+        decision = self.policy.decide(self.features, view, now)
+        attempt = Attempt(decision.instance_id, decision, reason, now)
+        self.attempts.append(attempt)
+        return attempt
+
+    def _expect(self, phase: Phase, what: str) -> Attempt:
+        attempt = self.current
+        if attempt.phase is not phase:
+            raise IllegalTransition(f"request {self.request_id}: cannot {what} while "
+                                    f"{attempt.phase.value}")
+        return attempt
+
+    def _close(self, attempt: Attempt, phase: Phase, now: float, *, error: bool) -> None:
+        """End ``attempt``; its indicators go if it was dispatched (exactly once)."""
+        was_dispatched = attempt.phase is not Phase.ROUTED
+        attempt.phase, attempt.ended_at = phase, now
+        if not was_dispatched or not self.state.is_in_flight(self.request_id):
+            return
+        if error:
+            self.state.on_error(self.request_id, now)
+        else:
+            self.state.on_finish(self.request_id, now)

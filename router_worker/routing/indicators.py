@@ -137,7 +137,7 @@ class InstanceState:
     external_running: float = 0.0  # what the view adds to batch_size now (0 once expired)
 
 
-_ARRAYS = ("pending", "batch", "in_flight", "context", "decode_blocks", "running", "waiting",
+_ARRAYS = ("pending", "decoding", "in_flight", "context", "decode_blocks", "running", "waiting",
            "kv_usage", "tps", "last_scrape", "external", "external_until", "scrape_interval",
            "waiting_cap")
 
@@ -150,7 +150,7 @@ class ClusterState:
 
     # the float arrays of _ARRAYS, one entry per slot (created in __init__ by name)
     pending: npt.NDArray[np.float64]
-    batch: npt.NDArray[np.float64]
+    decoding: npt.NDArray[np.float64]
     in_flight: npt.NDArray[np.float64]
     context: npt.NDArray[np.float64]
     decode_blocks: npt.NDArray[np.float64]
@@ -285,7 +285,7 @@ class ClusterState:
         record.started = True
         slot = record.slot
         self.pending[slot] -= record.uncached_tokens
-        self.batch[slot] += 1
+        self.decoding[slot] += 1
         self.context[slot] += record.prompt_tokens
         self.decode_blocks[slot] += self._blocks_of(record.prompt_tokens)
         self._update_prefill_tps(slot, record.work_ahead, now - record.dispatch_time)
@@ -298,7 +298,7 @@ class ClusterState:
             raise UnknownRequestError(request_id)
         slot = record.slot
         if record.started:
-            self.batch[slot] -= 1
+            self.decoding[slot] -= 1
             self.context[slot] -= record.prompt_tokens
             self.decode_blocks[slot] -= self._blocks_of(record.prompt_tokens)
         else:
@@ -338,7 +338,7 @@ class ClusterState:
             self._update_scrape_interval(slot, now - previous)
         if running is not None:
             self.running[slot] = running
-            local = self.batch[slot]
+            local = self.decoding[slot]
             in_flight = self.in_flight[slot]
             cap = waiting if waiting is not None else 0.0
             ours_waiting = max(min(in_flight - local, cap), 0.0)
@@ -386,7 +386,7 @@ class ClusterState:
             slot=slot,
             health=Health(int(self.health[slot])),
             pending_prefill_tokens=float(self.pending[slot]),
-            batch_size=float(self.batch[slot]),
+            batch_size=float(self.decoding[slot]),
             in_flight=float(self.in_flight[slot]),
             decode_context_tokens=float(self.context[slot]),
             scraped_running=_optional(self.running[slot]),
@@ -500,7 +500,7 @@ class ClusterView:
         if not state.use_scraped_load:
             return np.zeros(state.in_flight.shape)
         fresh = state.external_until > state.clock  # nan (never scraped) compares False
-        return np.minimum(state.in_flight - state.batch, state.waiting_cap) * fresh
+        return np.minimum(state.in_flight - state.decoding, state.waiting_cap) * fresh
 
     @property
     def batch_size(self) -> np.ndarray:

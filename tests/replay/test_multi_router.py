@@ -45,7 +45,7 @@ def test_peer_requests_leave_the_peers_view_when_they_end():
     for router in sim.routers:  # everything a router accounted (own and peer) was removed
         assert router.state.pending.sum() == pytest.approx(0.0)
         assert router.state.in_flight.sum() == 0
-        assert router.state.batch.sum() == 0
+        assert router.state.decoding.sum() == 0
 
 
 def test_balancer_spreads_round_robin_and_by_session():

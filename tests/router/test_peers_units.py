@@ -118,9 +118,9 @@ def test_a_peers_request_goes_through_the_state_like_our_own():
     same_prefix = RequestFeatures("x", 64, (1, BIG, 3, 4), 16, None, None, 0.0)
     assert state.view().cached_blocks(same_prefix).tolist() == [4, 0]  # the shadow KV index
     _apply(book, [PeerFirstToken("ra/sy-1")], 10.5, counts)
-    assert state.pending[slot] == 0 and state.batch[slot] == 1
+    assert state.pending[slot] == 0 and state.decoding[slot] == 1
     _apply(book, [PeerEnd("ra/sy-1", True)], 11.0, counts)
-    assert state.in_flight[slot] == 0 and state.batch[slot] == 0
+    assert state.in_flight[slot] == 0 and state.decoding[slot] == 0
     assert counts == {"applied:dispatch": 1, "applied:first_token": 1, "applied:end": 1}
 
 

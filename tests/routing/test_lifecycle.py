@@ -60,10 +60,10 @@ def test_each_transition_accounts_once_and_feeds_back_once() -> None:
     slot = state.slot_of(attempt.instance)
     assert (state.pending[slot], state.in_flight[slot]) == (64, 1)
     assert life.first_token(2.0, ttft=1.0)
-    assert (state.pending[slot], state.batch[slot]) == (0, 1)
+    assert (state.pending[slot], state.decoding[slot]) == (0, 1)
     assert policy.first_tokens == [(life.request_id, attempt.instance, 1.0)]
     assert life.finish(3.0, output_tokens=5)
-    assert (state.in_flight[slot], state.batch[slot], state.error_count) == (0, 0, 0)
+    assert (state.in_flight[slot], state.decoding[slot], state.error_count) == (0, 0, 0)
     assert policy.finishes == [(life.request_id, attempt.instance, 5)]
     # a late (duplicate) report of the ended attempt changes nothing
     assert not life.finish(4.0, output_tokens=5)

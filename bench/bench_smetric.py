@@ -101,16 +101,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for policy in POLICIES:
+    for colour, policy in enumerate(POLICIES):
         for tier, style in ((False, "-"), (True, "--")):
             mine = sorted((r for r in rows if r["policy"] == policy and r["tier"] == tier),
                           key=lambda r: r["offered_rps"])
             label = f"{policy}{' + tier' if tier else ''}"
             x = [r["offered_rps"] for r in mine]
-            left.plot(x, [r["goodput_rps"] for r in mine], style, marker="o", markersize=3,
-                      label=label)
-            right.plot(x, [r["attainment"] for r in mine], style, marker="o", markersize=3,
-                       label=label)
+            for ax, key in ((left, "goodput_rps"), (right, "attainment")):
+                ax.plot(x, [r[key] for r in mine], style, color=f"C{colour}", marker="o",
+                        markersize=3, label=label)
     top = max(r["offered_rps"] for r in rows)
     left.plot([0, top], [0, top], ":", color="grey", linewidth=0.8, label="all meet the SLO")
     left.set_xlabel("offered rate (requests/s)")
@@ -179,10 +178,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale", type=float, action="append",
                         help=f"rate scales to sweep (default {', '.join(map(str, SCALES))})")
     parser.add_argument("--assemble", action="store_true",
-                        help="run nothing: rebuild README.md from results.json and NOTES.md")
+                        help="run nothing: rebuild README.md and goodput.png from results.json "
+                        "and NOTES.md")
     args = parser.parse_args(argv)
     if args.assemble:
-        report(args.out, json.loads((args.out / "results.json").read_text()))
+        data = json.loads((args.out / "results.json").read_text())
+        plot(data["rows"], args.out / "goodput.png")
+        report(args.out, data)
         return 0
     if not 1 <= args.jobs <= 2:
         parser.error("--jobs must be 1 or 2 (the machine is shared)")

@@ -56,6 +56,13 @@ over simulator seeds 1-3 because a single seed moves a cell by up to ±10%; issu
   0.980). 1 s and 0.5 s starved agentic at 90% of targets (1.19 s, 1.07 s).
 * ``migrate_margin`` 0: with the queue bound, any faster target is worth it; 0.2 kept
   agentic at 70% 10% behind (seed 1: 0.684 s against 0.631 s at 0).
+* The price, same three seeds, before → after: Mooncake conversation at 90% 3.44 →
+  3.64 s (+6%), synthetic at 70% 2.56 → 2.70 s (+6%), burst at 90% 2.99 → 3.05 s
+  (+2%): on traces without turn information more follow-ups (strong local hits) now
+  move. Still far below least_load (8.25 / 65.1 / 7.81 s). Unchanged at seed 1:
+  conversation 70% (2.95 s), azure_code 90% (no prefix information: every request is a
+  first turn); better: agentic 30% (0.349 → 0.342 s) and agentic on Qwen3-30B-A3B at
+  50% (0.323 → 0.297 s).
 
 Measured and rejected. First turns by the least estimated TTFT counting the shared
 system-prompt hit (and by lmetric's (pending + prompt) × (BS + 48)): a first turn places

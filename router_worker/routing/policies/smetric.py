@@ -19,21 +19,64 @@ Follow-ups → the instance with the highest local hit (ties: lower estimated
 TTFT, then random). If its estimated TTFT meets the request's SLO → stick
 (``session_stick``). Otherwise the session migrates to the instance with the lowest
 estimated TTFT — counting the hit it gives up, since the estimate is P-token there —
-but only if that beats sticking by ``migrate_margin`` (``session_migrate``); its cache
-then holds the session for later turns. If no instance does, the follow-up sticks
-above its SLO (``session_stick_over_slo``): moving would be slower still, and would
-throw the session's cache away. (The first version migrated to the least-loaded
-instance whenever the SLO broke; under load every estimate broke it, every follow-up
-moved, and the hit ratio collapsed — 0.09 on the synthetic Mooncake trace at ~80%.)
-A follow-up with no local hit anywhere goes least-loaded (``followup_no_hit``).
+among those with at most ``migrate_max_queue_s`` of queued prefill, if that beats
+sticking by ``migrate_margin`` (``session_migrate``); its cache then holds the session
+for later turns. If no instance does, the follow-up sticks above its SLO
+(``session_stick_over_slo``): moving would be slower still, and would throw the
+session's cache away. (The first version migrated to the least-loaded instance whenever
+the SLO broke; under load every estimate broke it, every follow-up moved, and the hit
+ratio collapsed — 0.09 on the synthetic Mooncake trace at ~80%.) A follow-up with no
+local hit anywhere goes least-loaded (``followup_no_hit``).
 
-The SLO is per request: ``slo_ttft_s + slo_ttft_per_1k_prompt_s × prompt tokens /
-1000``. The seed leaves open whether the SLO is a fixed TTFT, one that grows with the
-prompt, or one per output token. A fixed TTFT cannot hold for long prompts (a 100k-token
-prompt needs ~14 s of prefill on an idle H20 with a 7B model), so every long follow-up
-would count as a breach whatever the load; the length term makes the SLO a bound on the
-*queueing* a sticky follow-up may suffer on top of its own prefill. Per-output-token
-SLOs concern TPOT, which the router does not steer with this decision.
+The SLO is per request: ``slo_ttft_s + slo_ttft_per_1k_prompt_s × u / 1000`` where u is
+the prompt tokens the stick instance does *not* hold (its own prefill there). The seed
+leaves open whether the SLO is a fixed TTFT, one that grows with the prompt, or one per
+output token. A fixed TTFT cannot hold for long prompts (a 100k-token prompt needs ~14 s
+of prefill on an idle H20 with a 7B model); the length term makes the SLO a bound on the
+*queueing* a sticky follow-up may suffer on top of its own prefill, ``slo_ttft_s``.
+Per-output-token SLOs concern TPOT, which the router does not steer with this decision.
+
+Why these values (bench/bench_replay.py cells, 16× H20 Qwen2-7B; mean TTFT, averaged
+over simulator seeds 1-3 because a single seed moves a cell by up to ±10%; issue #19):
+
+* u, not the whole prompt. The first version's length term counted every prompt token,
+  so a 30k-token agent follow-up holding 28k of them was allowed 6.5 s — it could queue
+  for 6 s before the rule looked elsewhere, and sticking won 99% of the time (agentic at
+  70% busy: 3668 sticks, 19 migrations, mean 0.780 s against lmetric's 0.620 s).
+* ``slo_ttft_s`` 0.5 s (was 2 s): the queueing a session's cache is worth. With the
+  workload's own 2 s, agentic stayed 14-25% behind lmetric (seed 1); at 0.5 s it is
+  within 3% at 50/70/90% busy (with the two rules below).
+* ``migrate_max_queue_s`` 2 s: a migration recomputes the history the target lacks, and
+  that work lands on a cluster that is either imbalanced (some instance has little
+  queued: moving helps) or saturated (every instance queues seconds: moving only adds
+  the recompute). Without the bound the tight SLO above took the Mooncake synthetic
+  trace at 90% from 9.0 s to 16.3 s (seed 1); with it, 8.4 s (3 seeds), while the
+  agentic cells keep their gain (0.444 / 0.636 / 1.004 s at 50/70/90% against
+  lmetric's 0.444 / 0.620 / 0.980). 1 s and 0.5 s starved agentic at 90% of targets
+  (1.19 s, 1.07 s).
+* ``migrate_margin`` 0 (was 0.2): with the queue bound, any faster target is taken. It
+  is the trade-off knob between agent sessions and the Mooncake traces: at 0.1 (3
+  seeds) agentic is 4% / 8% / 5% behind lmetric at 50/70/90% while conversation at 90%
+  costs +4% instead of +6% and synthetic at 70% nothing; at 0.2 (seed 1) agentic at 70%
+  is 15% behind and conversation at 90% is back at its old 3.45 s.
+* The price, same three seeds, before → after: Mooncake conversation at 90% 3.44 →
+  3.64 s (+6%), synthetic at 70% 2.56 → 2.70 s (+6%), burst at 90% 2.99 → 3.05 s
+  (+2%): on traces without turn information more follow-ups (strong local hits) now
+  move. Still far below least_load (8.25 / 65.1 / 7.81 s). Unchanged at seed 1:
+  conversation 70% (2.95 s), azure_code 90% (no prefix information: every request is a
+  first turn); better: agentic 30% (0.349 → 0.342 s) and agentic on Qwen3-30B-A3B at
+  50% (0.323 → 0.297 s).
+
+Measured and rejected (seed 1, before the rules above). First turns by the least
+estimated TTFT counting the shared system-prompt hit: a first turn places a whole
+session, and drawing sessions to the instances that hold their system prompt piled them
+up there (agentic 50/70/90%: 0.60 / 1.00 / 1.53 s against 0.52 / 0.74 / 1.36 s). By
+lmetric's (pending + prompt) × (BS + 48): identical choices; by BS first: mixed (0.52 /
+0.78 / 1.27 s). So first turns stay on the queue balance. Decode interference in the
+estimate (× (BS + 48) / 48, lmetric's step-time reading): 0.46 / 0.76 / 1.14 s, but BS
+averages 4 at the stick instance on the agentic trace, so the factor is ≤ 1.2 and its
+effect was only that the SLO broke a little more often — which the tighter SLO above
+does directly, so the estimate stays P-token / throughput.
 
 Estimated TTFT = P-token / prefill throughput; with a global KV tier
 configured, tokens the tier holds beyond the local hit are charged
@@ -53,16 +96,24 @@ from router_worker.routing.sessions import SessionTable
 
 class SMetricParams(PolicyParams):
     slo_ttft_s: float = Field(
-        2.0, gt=0, description="TTFT SLO a sticky follow-up must meet: fixed part, s"
+        0.5, gt=0,
+        description="TTFT SLO a sticky follow-up must meet: fixed part (the queueing its "
+        "cache is worth), s",
     )
     slo_ttft_per_1k_prompt_s: float = Field(
         0.15, ge=0,
-        description="TTFT SLO: seconds added per 1000 prompt tokens (a prompt's own prefill)",
+        description="TTFT SLO: seconds added per 1000 prompt tokens the stick instance does "
+        "not hold (the follow-up's own prefill there)",
     )
     migrate_margin: float = Field(
-        0.2, ge=0, lt=1,
+        0.0, ge=0, lt=1,
         description="migrate a follow-up over its SLO only if the target's estimated TTFT is "
         "at least this fraction below sticking",
+    )
+    migrate_max_queue_s: float = Field(
+        2.0, ge=0,
+        description="migrate only to an instance with at most this much queued prefill, s "
+        "(past it the cluster is saturated and a migration only adds its recompute)",
     )
     followup_hit_ratio: float = Field(
         0.5, gt=0, le=1, description="no turn/session info: hit share that marks a follow-up"
@@ -136,11 +187,13 @@ class SMetricPolicy(Policy):
         ttft = view.estimated_ttft(request, tier_token_cost=self.params.tier_token_cost)
         slot = self.pick_min((-hit, ttft), allowed)
         estimate = float(ttft[slot])
-        slo = self.slo_for(request)
+        slo = self.slo_for(request, float(hit[slot]))
         if estimate <= slo:
             return self.decision(view, request, slot, "session_stick", ttft, allowed,
                                  estimated_ttft_s=estimate, slo_s=slo)
-        target = self.pick_min((ttft, load), allowed)
+        spare = allowed & (load <= self.params.migrate_max_queue_s)
+        spare[slot] = True  # sticking is always a candidate: no spare instance → stay
+        target = self.pick_min((ttft, load), spare)
         if float(ttft[target]) < (1.0 - self.params.migrate_margin) * estimate:
             return self.decision(view, request, target, "session_migrate", ttft, allowed,
                                  estimated_ttft_s=float(ttft[target]), slo_s=slo,
@@ -149,7 +202,8 @@ class SMetricPolicy(Policy):
                              estimated_ttft_s=estimate, slo_s=slo,
                              best_alternative_ttft_s=float(ttft[target]))
 
-    def slo_for(self, request: RequestFeatures) -> float:
-        """The request's TTFT SLO in seconds (see the module docstring)."""
-        per_1k = self.params.slo_ttft_per_1k_prompt_s
-        return self.params.slo_ttft_s + per_1k * request.prompt_tokens / 1000.0
+    def slo_for(self, request: RequestFeatures, cached_tokens: float = 0.0) -> float:
+        """The request's TTFT SLO in seconds on an instance holding ``cached_tokens`` of
+        its prompt (see the module docstring)."""
+        uncached = max(request.prompt_tokens - cached_tokens, 0.0)
+        return self.params.slo_ttft_s + self.params.slo_ttft_per_1k_prompt_s * uncached / 1000.0

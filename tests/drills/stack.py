@@ -30,7 +30,7 @@ SEED = """
 import json
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from controlplane.services import clusters, policies, routers, tokens
+from controlplane.services import clusters, policies, router_deployments, tokens
 from controlplane.services.audit import Actor
 actor = Actor.system("drills")
 spec = json.loads({spec!r})
@@ -39,8 +39,8 @@ for k, url in enumerate(spec["urls"]):
     clusters.add_instance(actor, cluster.pk, name=f"i{{k}}", url=url, reason="drill")
 policy = policies.create_policy(actor, cluster.pk, name="lm", kind="lmetric")
 policies.activate_policy(actor, cluster.pk, policy.pk, reason="drill")
-_, deployment = routers.create_router_deployment(actor, cluster.pk, name="r0",
-                                                 host="{host}", port=spec["router_port"])
+_, deployment = router_deployments.create_router_deployment(
+    actor, cluster.pk, name="r0", host="{host}", port=spec["router_port"])
 user = get_user_model().objects.create_user("drill-op", password=spec["password"])
 user.groups.add(Group.objects.get_or_create(name="operator")[0])
 api_token, _ = tokens.create_api_token(actor, user, "drills")

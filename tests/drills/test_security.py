@@ -18,7 +18,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
 
-from controlplane.services import login_throttle, routers, tokens
+from controlplane.services import login_throttle, router_deployments, tokens
 from tests.controlplane.conftest import SYSTEM, build_world, make_user, session_client
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
@@ -147,7 +147,7 @@ def test_tokens_never_in_api_responses_or_logs(caplog):
     world = build_world()
     operator = make_user("operator")
     api_token, _ = tokens.create_api_token(SYSTEM, operator, "drill")
-    router_token, deployment = routers.create_router_deployment(
+    router_token, deployment = router_deployments.create_router_deployment(
         SYSTEM, world["alpha"], name="secret-r", host="127.0.0.1", port=8199)
     client = Client(headers={"Authorization": f"Bearer {api_token}"})
     bodies = [client.get(path).content for path in (

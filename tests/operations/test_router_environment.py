@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
-from controlplane.routers.supervisor import RouterSupervisor
+from controlplane.router_fleet.supervisor import RouterSupervisor
 from tests.operations.test_supervisor import free_port, router_answers, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
-from controlplane.routers import supervisor as supervisor_module
-from controlplane.routers.supervisor import RouterSupervisor
+from controlplane.router_fleet import supervisor as supervisor_module
+from controlplane.router_fleet.supervisor import RouterSupervisor
 from controlplane.tasks.routing import restart_router
 from tests.operations.test_supervisor import free_port, router_answers, wait_until
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment, RouterEvent
-from controlplane.routers.supervisor import RouterSupervisor
+from controlplane.router_fleet.supervisor import RouterSupervisor
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

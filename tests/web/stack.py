@@ -18,7 +18,7 @@ import redis
 from django.conf import settings
 
 from controlplane.models import Cluster
-from controlplane.services import routers as router_service
+from controlplane.services import router_deployments as router_service
 from router_worker.telemetry_contract import loads_state, state_key
 
 from .conftest import ROOT, SYSTEM, free_port, start_process, stop

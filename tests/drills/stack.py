@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from tests.router.conftest import REPO, PrivateRedis, free_ports, stop_process, wait_until
+from devharness import free_ports, start_process, stop_process, wait_until
+from tests.router.conftest import REPO, PrivateRedis
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 ROUTER_HOST = "drillhost"
@@ -125,9 +126,7 @@ class Stack:
         return done.stdout
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with self.log(name).open("ab") as log:
-            process = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = start_process(argv, cwd=self.root, env=self.env, log=self.log(name))
         self.processes[name] = process
         return process
 

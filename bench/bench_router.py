@@ -27,8 +27,8 @@ deployed router does not share its cores with them. So the routers run at nice -
 (``--router-nice``, as nginx's ``worker_priority`` does; needs root), which gives them the
 CPU whenever they are runnable. The load they carry, their own CPU and their event loop's
 queue all stay in the figures; only the client's claim on their core goes. ``--router-nice
-0`` measures the router as the client's equal on that core: at 200 streams it then waits
-for the CPU 12% of the time, and the added TTFT grows by 0.3–1 ms.
+0`` measures the router as the client's equal on that core (what that costs on one machine:
+bench/router.md).
 ``router-apart`` gives the routers a CPU of their own and the client shares the engines';
 ``shared`` pins nothing. ``--ttft-time-scale 2`` runs the engines at half speed (half the
 requests and chunks per second for the same number of streams).

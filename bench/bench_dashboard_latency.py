@@ -17,7 +17,6 @@ import argparse
 import os
 import platform
 import secrets
-import subprocess
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from devharness import ProcessSet, free_port, wait_http
 from engine_interface import percentile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -161,32 +161,6 @@ class Routers:
         self.client.close()
 
 
-def start(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=log.open("wb"),
-                            stderr=subprocess.STDOUT)
-
-
-def wait_http(url: str, timeout: float = 30) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise SystemExit(f"{url} did not answer")
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def measure(browser, base: str, cluster_id: int, session: str, dashboards: int,
             seconds: float) -> tuple[list[float], list[float]]:
     context = browser.new_context(bypass_csp=True)  # wait_for_function evaluates strings
@@ -266,7 +240,7 @@ def main() -> int:
 
     original = settings.DATABASES["default"]["NAME"]
     database = Database()
-    processes: list[subprocess.Popen] = []
+    processes = ProcessSet(cwd=ROOT)
     logs = ROOT / "var" / "bench"
     logs.mkdir(parents=True, exist_ok=True)
     try:
@@ -274,13 +248,13 @@ def main() -> int:
         env = {**os.environ, "SWITCHYARD_DATABASE_URL": database.url(), "PYTHONUNBUFFERED": "1",
                "SWITCHYARD_SERVE_STATIC": "1"}
         port = free_port()
-        processes.append(start([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
-                                "--port", str(port), "--log-level", "warning"], env,
-                               logs / "uvicorn.log"))
-        processes.append(start([sys.executable, "manage.py", "run_publisher"], env,
-                               logs / "publisher.log"))
+        web = processes.start([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
+                               "--port", str(port), "--log-level", "warning"],
+                              logs / "uvicorn.log", env=env)
+        processes.start([sys.executable, "manage.py", "run_publisher"], logs / "publisher.log",
+                        env=env)
         base = f"http://127.0.0.1:{port}"
-        wait_http(f"{base}/healthz")
+        wait_http(f"{base}/healthz", 30, process=web, log=logs / "uvicorn.log")
         print_header(options, counts)
         from playwright.sync_api import sync_playwright
 
@@ -300,9 +274,7 @@ def main() -> int:
                             flush=True)
                     browser.close()
     finally:
-        for process in processes:
-            process.terminate()
-            process.wait(timeout=10)
+        processes.stop_all()
         database.close(original)
     return 0
 

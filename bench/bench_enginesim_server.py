@@ -20,12 +20,13 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from devharness import free_ports, start_process, stop_process
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -55,18 +56,6 @@ CASES = [
 ]
 
 
-def free_base_port(count: int) -> int:
-    for base in range(31000, 60000, 97):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
-
-
 def cpu_seconds(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
@@ -78,7 +67,8 @@ def start_server(case: Case, base: int) -> subprocess.Popen[bytes]:
         "--instances", str(case.instances), "--base-port", str(base),
         "--time-scale", str(case.time_scale), "--stream-interval", str(case.stream_interval),
     ]  # fmt: skip
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.PIPE)  # stderr: real errors
+    # stderr: real errors
+    proc = start_process(args, cwd=REPO, stdout=subprocess.PIPE, stderr=None, stdin=None)
     assert proc.stdout is not None
     proc.stdout.readline()  # "enginesim ready ..."
     return proc
@@ -136,7 +126,7 @@ async def run_load(case: Case, base: int, warmup: float, duration: float) -> tup
 
 
 def measure(case: Case, warmup: float, duration: float) -> dict[str, float]:
-    base = free_base_port(case.instances)
+    base = free_ports(case.instances)
     proc = start_server(case, base)
     try:
         async def timed() -> tuple[int, float, float, float]:
@@ -149,8 +139,7 @@ def measure(case: Case, warmup: float, duration: float) -> dict[str, float]:
 
         chunks, elapsed, server_cpu, client_cpu = asyncio.run(timed())
     finally:
-        proc.terminate()
-        proc.wait(timeout=10)
+        stop_process(proc)
     tokens = chunks * case.stream_interval
     return {
         "chunks_per_s": chunks / elapsed,

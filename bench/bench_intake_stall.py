@@ -37,14 +37,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from devharness import stop_process
 from engine_interface import percentile, read_histogram, read_samples
-from tests.router.conftest import (
-    MODEL,
-    launch_router,
-    router_config,
-    start_fleet,
-    stop_process,
-)
+from tests.router.conftest import MODEL, launch_router, router_config, start_fleet
 
 WORDS = [f"w{i}" for i in range(5000)]
 

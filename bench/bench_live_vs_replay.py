@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -40,12 +39,13 @@ from typing import Any
 import httpx
 import numpy as np
 
+from devharness import ProcessSet, free_ports, wait_until
 from engine_interface import parse_metrics, percentile
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = Path("/work/shared/traces/mooncake_conversation_t0-2700s.jsonl")
 PY = sys.executable
-CHILDREN: list[subprocess.Popen[bytes]] = []
+CHILDREN = ProcessSet(cwd=REPO, grace=5.0)  # each in its own process group
 ADMIN_TOKEN = "bench-live-vs-replay"
 
 
@@ -53,63 +53,20 @@ ADMIN_TOKEN = "bench-live-vs-replay"
 
 
 def spawn(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    handle = open(log, "wb")  # noqa: SIM115 - closed with the process
-    proc = subprocess.Popen(args, cwd=REPO, stdout=handle, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    handle.close()
-    CHILDREN.append(proc)
-    return proc
+    return CHILDREN.start(args, log)
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the child's process group, SIGKILL after 5 s."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
-    if proc in CHILDREN:
-        CHILDREN.remove(proc)
+    CHILDREN.stop(proc)
 
 
 def stop_all() -> None:
-    for proc in list(CHILDREN):
-        stop(proc)
+    CHILDREN.stop_all()
 
 
 def _on_signal(signum: int, _frame: Any) -> None:
     stop_all()
     raise SystemExit(128 + signum)
-
-
-def free_ports(count: int, start: int = 32000) -> int:
-    """First base port with ``count`` consecutive free ports."""
-    for base in range(start, 60000, 131):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
-
-
-def wait_for(predicate: Any, what: str, timeout: float = 60.0,
-             proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError, OSError):
-            if predicate():
-                return
-        time.sleep(0.3)
-    raise RuntimeError(f"{what}: not ready after {timeout:.0f} s")
 
 
 # ----------------------------------------------------------------- statistics
@@ -184,9 +141,9 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
                    "--base-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
                    "--time-scale", str(scale), "--stream-interval", str(args.stream_interval)],
                   work / f"{policy}_fleet.log")
-    wait_for(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
-                         .status_code == 200 for k in range(args.instances)),
-             "enginesim fleet", proc=fleet)
+    wait_until(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
+                           .status_code == 200 for k in range(args.instances)),
+               60, "enginesim fleet", fleet, interval=0.3)
     config = {
         "cluster": "h20-qwen2-7b", "block_size": 16,
         "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"}
@@ -208,8 +165,8 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
                     "--admin-token", ADMIN_TOKEN, "--log-level", "WARNING"],
                    work / f"{policy}_router.log")
     target = f"http://127.0.0.1:{router_port}"
-    wait_for(lambda: httpx.get(target + "/health", timeout=2).status_code == 200,
-             "router", proc=router)
+    wait_until(lambda: httpx.get(target + "/health", timeout=2).status_code == 200,
+               60, "router", router, interval=0.3)
     time.sleep(3 * args.scrape_interval * scale)  # a few scrapes and probes first
 
     poller = DecisionPoller(target, ADMIN_TOKEN)

@@ -35,6 +35,7 @@ from typing import Any
 import bench_live_vs_replay as live  # process handling, fleet, stats
 import httpx
 
+from devharness import free_ports, wait_until
 from enginesim.replay.policy_costs import fill_coefficients
 
 HERE = Path(__file__).resolve().parent
@@ -56,9 +57,9 @@ def start_fleet(args: argparse.Namespace, base: int, work: Path, tag: str
                         "--time-scale", str(args.time_scale),
                         "--stream-interval", str(args.stream_interval)],
                        work / f"{tag}_fleet.log")
-    live.wait_for(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
-                              .status_code == 200 for k in range(args.instances)),
-                  "enginesim fleet", proc=fleet)
+    wait_until(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
+                           .status_code == 200 for k in range(args.instances)),
+               60, "enginesim fleet", fleet, interval=0.3)
     return fleet
 
 
@@ -92,8 +93,8 @@ def start_routers(document: dict[str, Any], count: int, port: int, work: Path, t
              "--log-level", "WARNING"], work / f"{tag}_router{k}.log"))
         targets.append(f"http://127.0.0.1:{port + k}")
     for proc, target in zip(procs, targets, strict=True):
-        live.wait_for(lambda t=target: httpx.get(t + "/health", timeout=2).status_code == 200,
-                      "router", proc=proc)
+        wait_until(lambda t=target: httpx.get(t + "/health", timeout=2).status_code == 200,
+                   60, "router", proc, interval=0.3)
     return procs, targets
 
 
@@ -134,7 +135,7 @@ def run_loadgen(targets: list[str], args: argparse.Namespace, out: Path, log: Pa
 def run_variant(policy: str, routers: int, sync: bool, args: argparse.Namespace,
                 work: Path) -> dict[str, Any]:
     tag = f"{policy}_{routers}{'s' if sync else 'n'}"
-    base = live.free_ports(args.instances + routers)
+    base = free_ports(args.instances + routers)
     fleet = start_fleet(args, base, work, tag)
     cluster = f"bench-multi-{os.getpid()}-{tag}"
     document = router_document(policy, sync, cluster, base, args)

@@ -22,8 +22,8 @@ detector off) run on every Qwen2-7B cell, and a table ranks every variant over t
 matrix: that table is where the default parameters come from.
 
 ``--quick`` runs a reduced matrix (900 requests per workload, loads 50 and 70, no
-ablations) in a few minutes into ``bench/out/``; the full matrix takes about 20 minutes
-on 2 cores.
+ablations) in a few minutes into ``bench/out/``; the full matrix's run time is in
+bench/replay_report/README.md.
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ deployed router does not share its cores with them. So the routers run at nice -
 (``--router-nice``, as nginx's ``worker_priority`` does; needs root), which gives them the
 CPU whenever they are runnable. The load they carry, their own CPU and their event loop's
 queue all stay in the figures; only the client's claim on their core goes. ``--router-nice
-0`` measures the router as the client's equal on that core: at 200 streams it then waits
-for the CPU 12% of the time, and the added TTFT grows by 0.3–1 ms.
+0`` measures the router as the client's equal on that core (what that costs on one machine:
+bench/router.md).
 ``router-apart`` gives the routers a CPU of their own and the client shares the engines';
 ``shared`` pins nothing. ``--ttft-time-scale 2`` runs the engines at half speed (half the
 requests and chunks per second for the same number of streams).
@@ -64,493 +64,48 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
-import json
 import multiprocessing
 import os
 import platform
-import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import httptools
-import httpx
 import numpy as np
-import scipy.stats
-import uvloop
 
-from engine_interface import Histogram, percentile, read_histogram, read_samples
-
-REPO = Path(__file__).resolve().parents[1]
-TICKS = os.sysconf("SC_CLK_TCK")
-T = TypeVar("T")
-INSTANCES = 4
-MODEL = "Qwen/Qwen2-7B-Instruct"
-
-
-def run_async(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop: the client's CPU per chunk is a third of the default
-    loop's, and what it does not spend the engines and routers can."""
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(main)
-
-
-def free_base_port(count: int) -> int:
-    for base in range(32000, 60000, 89):
-        try:
-            for port in range(base, base + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-            return base
-        except OSError:
-            continue
-    raise RuntimeError("no free ports")
-
-
-def runnable_wait_seconds(pid: int) -> float:
-    """Time the process's main thread (the router's event loop) spent runnable but waiting
-    for a CPU (``/proc/<pid>/schedstat``, field 2): the OS's share of its latency."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(steal, total) ticks of all CPUs since boot (``/proc/stat``): steal is the time the
-    hypervisor ran someone else while this VM had work, which slows every process here."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    return fields[7], sum(fields)
-
-
-def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
-    total = after[1] - before[1]
-    return (after[0] - before[0]) / total if total else 0.0
-
-
-def set_cpus(pid: int, cpus: set[int]) -> None:
-    """Restrict every thread of ``pid`` to ``cpus``."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(task), cpus)
-
-
-PLACEMENTS = {
-    "engines-apart": "engines on CPU 0; client and routers on the others (the engines run "
-                     "alike in both arms; the router's CPU is taken from the client's)",
-    "router-apart": "routers on the last CPU; engines and client on the others (the router "
-                    "as deployed, on cores of its own; it also relieves the client)",
-    "shared": "no pinning: client, engines and routers share every CPU",
-}
-
-
-@contextlib.contextmanager
-def placed(placement: str, engines: subprocess.Popen[bytes],
-           routers: list[subprocess.Popen[bytes]]) -> Iterator[str]:
-    """Pin the processes for the TTFT rows (see PLACEMENTS), then unpin them all."""
-    every = os.sched_getaffinity(0)
-    if placement == "shared" or len(every) < 2:
-        yield PLACEMENTS["shared"]
-        return
-    low, high = {min(every)}, {max(every)}
-    if placement == "engines-apart":
-        groups = [([engines.pid], low), ([os.getpid(), *(r.pid for r in routers)], every - low)]
-    else:
-        groups = [([os.getpid(), engines.pid], every - high), ([r.pid for r in routers], high)]
-    try:
-        for pids, cpus in groups:
-            for pid in pids:
-                set_cpus(pid, cpus)
-        yield PLACEMENTS[placement]
-    finally:
-        for pid in [os.getpid(), engines.pid, *(r.pid for r in routers)]:
-            set_cpus(pid, every)
-
-
-def renice(pid: int, value: int) -> None:
-    """Set the niceness of every thread of ``pid``."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.setpriority(os.PRIO_PROCESS, int(task), value)
-
-
-@contextlib.contextmanager
-def prioritised(routers: list[subprocess.Popen[bytes]], nice: int) -> Iterator[int]:
-    """Run the routers at ``nice`` (every thread), as an operator gives a proxy priority
-    over batch work on its host; back to 0 afterwards. Yields the niceness in force: 0
-    when this process may not raise priorities (not root, no CAP_SYS_NICE)."""
-    try:
-        for router in routers:
-            renice(router.pid, nice)
-    except PermissionError:
-        nice = 0
-    try:
-        yield nice
-    finally:
-        for router in routers:
-            renice(router.pid, 0)
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(300):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url}: process exited")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} never became ready")
-
-
-@dataclass
-class Cluster:
-    """enginesim (``INSTANCES`` instances, one process) and two routers in front of it."""
-
-    ports: list[int]
-    engines: subprocess.Popen[bytes]
-    routers: dict[str, tuple[int, subprocess.Popen[bytes]]]  # policy → (port, process)
-    engine_log: EngineLog
-
-    def stop(self) -> None:
-        for proc in [self.engines, *(proc for _, proc in self.routers.values())]:
-            proc.terminate()
-            proc.wait(timeout=10)
-
-
-@contextlib.contextmanager
-def cluster(time_scale: float, workdir: Path, probe_url: str | None = None) -> Iterator[Cluster]:
-    """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin
-    (with ``probe_url``, each with a probe arm over that engine: see ``start_router``)."""
-    ports, engines, log = start_engines(INSTANCES, time_scale, workdir)
-    started = Cluster(ports, engines, {}, log)
-    try:
-        for port in ports:
-            wait_http(f"http://127.0.0.1:{port}/health", engines)
-        for policy in ("lmetric", "round_robin"):
-            started.routers[policy] = start_router(ports, policy, workdir, probe_url)
-        run_async(closed_loop([started.routers["lmetric"][0]], 8, 1.0, True, 4))  # warm-up
-        yield started
-    finally:
-        started.stop()
-
-
-def start_engines(count: int, time_scale: float,
-                  workdir: Path) -> tuple[list[int], subprocess.Popen[bytes], EngineLog]:
-    """One enginesim process serving ``count`` instances, with its request log."""
-    base = free_base_port(count)
-    log = workdir / f"engine-requests-{base}.jsonl"
-    engines = subprocess.Popen(
-        [sys.executable, "-m", "enginesim", "serve", "--instances", str(count),
-         "--base-port", str(base), "--time-scale", str(time_scale), "--request-log", str(log)],
-        cwd=REPO, stdout=subprocess.DEVNULL)
-    return [base + k for k in range(count)], engines, EngineLog(log)
-
-
-def start_router(ports: list[int], policy: str, workdir: Path,
-                 probe_url: str | None = None) -> tuple[int, Any]:
-    """A router over ``ports``. With ``probe_url``: a canary config whose ``load`` arm
-    (weight 99) holds the engines and whose ``probe`` arm (weight 1) holds only the probe
-    engine, both under ``policy``; requests pick their arm by ``X-Session-ID``."""
-    spec = {"kind": policy, "params": {}}
-    instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(ports)]
-    config: dict[str, Any] = {"model": MODEL, "policy": spec, "instances": instances,
-                              "router": {"max_concurrency": 4096}}
-    if probe_url:
-        config["instances"] = [*instances, {"name": "probe", "url": probe_url}]
-        config["canary"] = {"arms": [
-            {"name": "load", "policy": spec, "weight": 99,
-             "instances": [i["name"] for i in instances]},
-            {"name": "probe", "policy": spec, "weight": 1, "instances": ["probe"]}]}
-    path = workdir / f"router-{policy}.json"
-    path.write_text(json.dumps(config))
-    router_port = free_base_port(1)
-    router = subprocess.Popen(
-        [sys.executable, "-m", "router_worker", "--config", str(path), "--port",
-         str(router_port), "--redis-url", "none", "--log-level", "WARNING"],
-        cwd=REPO, stdout=subprocess.DEVNULL)
-    wait_http(f"http://127.0.0.1:{router_port}/health", router)
-    return router_port, router
-
-
-class _Exchange:
-    """httptools callbacks for one response: SSE events counted, the first token timed."""
-
-    def __init__(self) -> None:
-        self.first: float | None = None  # monotonic s at the first SSE line with a token
-        self.events = 0
-        self.tail = b""
-        self.complete = False
-        self.keep_alive = False
-        self.parser: httptools.HttpResponseParser | None = None
-
-    def on_headers_complete(self) -> None:
-        # Read now: llhttp resets its flags once the message completes.
-        assert self.parser is not None
-        self.keep_alive = self.parser.should_keep_alive()
-
-    def on_body(self, body: bytes) -> None:
-        # Cheap (no line splitting: the client must not be what limits the run); the
-        # tail keeps a marker split between two reads.
-        data = self.tail + body
-        self.events += data.count(b"data: ") - self.tail.count(b"data: ")
-        if self.first is None and b'"text":"' in data:
-            self.first = time.monotonic()
-        self.tail = data[-7:]
-
-    def on_message_complete(self) -> None:
-        self.complete = True
-
-
-@dataclass(slots=True)
-class Outcome:
-    """One answered request, client side; times are ``time.monotonic()`` (the clock of the
-    engines' ``--request-log``)."""
-
-    request_id: str
-    sent: float
-    first: float | None  # first token (streams)
-    done: float
-    events: int  # SSE data events (0 for non-streamed answers)
-
-
-class _StaleConnection(Exception):
-    """The connection ended before any byte of the response."""
-
-
-class Client:
-    """One keep-alive connection per engine or router port, as a production client (or
-    the router towards the engines) keeps: accepting a connection per request in an
-    already busy enginesim would be measured as engine latency."""
-
-    def __init__(self) -> None:
-        self.connections: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
-
-    async def request(self, port: int, body: bytes, request_id: str,
-                      session: str | None = None) -> Outcome | None:
-        """Send one request with ``X-Request-Id: request_id`` (and ``X-Session-ID:
-        session``); None when it failed."""
-        extra = b"X-Session-ID: %s\r\n" % session.encode() if session else b""
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: application/json\r\nX-Request-Id: %s\r\n%s"
-                b"Content-Length: %d\r\n\r\n" % (request_id.encode(), extra, len(body)))
-        for _ in range(2):
-            reused = port in self.connections
-            if reused and self.connections[port][0].at_eof():
-                self.drop(port)  # the server closed it while idle (keep-alive timeout)
-                reused = False
-            if not reused:
-                self.connections[port] = await asyncio.open_connection("127.0.0.1", port)
-            try:
-                return await self._exchange(port, head + body, request_id)
-            except _StaleConnection:
-                if not reused:
-                    return None
-                # Closed while idle just as we sent: the request never got in; once more
-                # on a fresh connection, as HTTP clients do.
-        return None
-
-    async def _exchange(self, port: int, request: bytes, request_id: str) -> Outcome | None:
-        reader, writer = self.connections[port]
-        exchange = _Exchange()
-        parser = exchange.parser = httptools.HttpResponseParser(exchange)
-        sent = time.monotonic()  # connecting is not part of a request's latency
-        writer.write(request)
-        received = False
-        try:
-            while not exchange.complete:
-                data = await reader.read(65536)
-                if not data:
-                    raise ConnectionError("closed by the server")
-                received = True
-                parser.feed_data(data)
-        except (ConnectionError, httptools.HttpParserError):
-            self.drop(port)
-            if not received:
-                raise _StaleConnection from None
-            return None
-        if not exchange.keep_alive:
-            self.drop(port)
-        if parser.get_status_code() != 200:
-            return None
-        return Outcome(request_id, sent, exchange.first, time.monotonic(), exchange.events)
-
-    def drop(self, port: int) -> None:
-        _, writer = self.connections.pop(port)
-        writer.close()
-
-    def close(self) -> None:
-        for port in list(self.connections):
-            self.drop(port)
-
-
-class Run:
-    """One closed-loop run: what the client saw, failures and wall time."""
-
-    def __init__(self, stream: bool) -> None:
-        self.stream = stream
-        self.outcomes: list[Outcome] = []
-        self.failures = 0
-        self.elapsed = 0.0  # seconds after the warm-up
-        self.wall = 0.0  # seconds in all
-
-    @property
-    def samples(self) -> list[float]:
-        """TTFT (streams) or latency (non-streamed), seconds."""
-        if self.stream:
-            return [o.first - o.sent for o in self.outcomes if o.first is not None]
-        return [o.done - o.sent for o in self.outcomes]
-
-    @property
-    def events(self) -> int:
-        return sum(o.events for o in self.outcomes)
-
-
-def make_prompt(shared: str, head: str, words: int) -> str:
-    """``shared`` (a common prefix, maybe empty), ``head``, then filler up to about
-    ``words`` words in all (enginesim: about a token each)."""
-    filler = ["lorem", "ipsum", "dolor", "sit", "amet"]
-    count = words - len(shared.split()) - len(head.split())
-    return shared + head + " " + " ".join(filler[k % len(filler)] for k in range(count))
-
-
-def system_prompt(nonce: int, words: int) -> str:
-    """A run's shared prefix (a chat app's system prompt): the same for every request of
-    the run, new for each run."""
-    if not words:
-        return ""
-    return f"system {nonce} " + " ".join(f"rule{k}" for k in range(words - 2)) + " "
-
-
-async def run_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
-                   max_tokens: int, prompt_words: int = 60, warmup: float = 0.0,
-                   shared_words: int = 0, sessions: list[str] | None = None) -> Run:
-    """``concurrency`` workers, each sending its next request when the last one ends,
-    for ``duration`` s. With ``warmup``, the workers start spread over that many seconds
-    (not all at once: a burst of simultaneous arrivals is not the steady state) and what
-    was sent before it ends is not kept. ``sessions[n]``: worker n's ``X-Session-ID``."""
-    run = Run(stream)
-    begin = time.monotonic()
-    deadline = time.perf_counter() + warmup + duration
-    # A fresh prefix per run: a prompt repeated from an earlier run would hit the engines'
-    # prefix cache and make whichever path runs later look faster.
-    nonce = time.perf_counter_ns()
-    shared = system_prompt(nonce, shared_words)
-    # One round robin over the ports shared by all workers, like the router's: a per-worker
-    # rotation leaves some engines with more streams than others at any moment, which on a
-    # prefill-bound engine doubled direct TTFT and made the router look faster than direct.
-    turns = itertools.count()
-
-    async def worker(n: int) -> None:
-        k = 0
-        client = Client()
-        await asyncio.sleep(warmup * n / concurrency)
-        while time.perf_counter() < deadline:
-            request_id = f"{nonce}-{n}-{k}"
-            prompt = make_prompt(shared, f"run {nonce} client {n} request {k}", prompt_words)
-            body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
-                               "stream": stream}).encode()
-            outcome = await client.request(ports[next(turns) % len(ports)], body, request_id,
-                                           sessions[n] if sessions else None)
-            if outcome is None:
-                run.failures += 1
-            elif outcome.sent >= begin + warmup:
-                run.outcomes.append(outcome)
-            k += 1
-        client.close()
-
-    await asyncio.gather(*(worker(n) for n in range(concurrency)))
-    run.wall = time.monotonic() - begin
-    run.elapsed = run.wall - warmup
-    return run
-
-
-async def closed_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
-                      max_tokens: int) -> tuple[list[float], int, float]:
-    run = await run_loop(ports, concurrency, duration, stream, max_tokens)
-    return run.samples, run.failures, run.elapsed
-
-
-class EngineLog:
-    """The engines' ``--request-log``, read incrementally: request id → timing record."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.records: dict[str, dict[str, Any]] = {}
-
-    def engine_ttft(self, run: Run, wait: float = 5.0) -> dict[str, float]:
-        """The engine's own TTFT (handler start → first content chunk) of each of ``run``'s
-        streams, by request id; waits for records still being written."""
-        wanted = {o.request_id for o in run.outcomes if o.first is not None}
-        deadline = time.monotonic() + wait
-        while True:
-            self._read()
-            found = {rid: rec["first_token"] - rec["arrival"]
-                     for rid in wanted
-                     if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]}
-            if len(found) == len(wanted) or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
-
-    def _read(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data.rfind(b"\n") + 1
-        self.offset += complete
-        for line in data[:complete].splitlines():
-            record = json.loads(line)
-            self.records[record["request_id"]] = record
-
-
-def transit(run: Run, engine_ttft: dict[str, float]) -> list[float]:
-    """Per stream: client-observed TTFT minus the engine's own TTFT (s). What the path
-    between client and engine costs — loopback, the client's and the engine's socket
-    handling, and in routed runs everything the router adds (its CPU, its event loop's
-    queue) — without the engine's queueing and prefill, which vary with load and
-    placement and would swamp a millisecond."""
-    return [o.first - o.sent - engine_ttft[o.request_id] for o in run.outcomes
-            if o.first is not None and o.request_id in engine_ttft]
-
-
-HOT_PATH = ("tokenize", "hashing", "decision", "overhead", "loop_lag")
-
-
-def router_histograms(port: int) -> dict[str, Histogram]:
-    """The router's hot-path histograms (every label set merged), by short name."""
-    names = {short: f"switchyard_router_{short}_seconds" for short in HOT_PATH}
-    samples, _ = read_samples(httpx.get(f"http://127.0.0.1:{port}/metrics").text,
-                              list(names.values()))
-    return {short: read_histogram(samples, name) or Histogram() for short, name in names.items()}
-
-
-def bucket_quantile(before: dict[str, Histogram], after: dict[str, Histogram], name: str,
-                    q: float = 50) -> float:
-    """Upper bound (s) of the bucket holding percentile ``q`` (0..100) of the observations
-    between two scrapes (inf when it lies beyond the last bucket, nan without
-    observations)."""
-    bound = after[name].since(before[name]).quantile_bound(q)
-    return float("nan") if bound is None else bound
-
-
-def pct(values: list[float], q: float) -> float:
-    found = percentile(values, q)
-    return found * 1000 if found is not None else float("nan")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.lib.cpu import (
+    PLACEMENTS,
+    cpu_seconds,
+    cpu_ticks,
+    placed,
+    prioritised,
+    renice,
+    runnable_wait_seconds,
+    steal_share,
+)
+from bench.lib.loadclient import Run, closed_loop, run_async, run_loop
+from bench.lib.prober import (
+    PROBE_MAX_TOKENS,
+    PROBE_TIME_SCALE,
+    ProbeEngine,
+    ProbePlan,
+    ProbeResult,
+    probe_engine,
+    probe_loop,
+    probe_transits,
+    prober,
+    sessions_in_arm,
+)
+from bench.lib.processes import INSTANCES, Cluster, cluster, nginx_in_front, paused
+from bench.lib.stats import added_interval, bucket_quantile, pct, router_histograms, transit
 
 
 def hot_path_rows() -> None:
@@ -804,165 +359,6 @@ def each_row(setup: Cluster, args: argparse.Namespace, header: str,
             print(line, flush=True)
 
 
-PROBE_TIME_SCALE = 0.1  # the probe engine's TTFT is subtracted: it only has to stay idle
-PROBE_MAX_TOKENS = 2  # a probe ends right after its first token
-
-
-@dataclass
-class ProbeEngine:
-    """A one-instance enginesim of its own (own process, own event loop), which only the
-    prober's requests reach: its TTFT is short and steady, and it logs each request."""
-
-    port: int
-    process: subprocess.Popen[bytes]
-    log: EngineLog
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-
-@contextlib.contextmanager
-def probe_engine(workdir: Path) -> Iterator[ProbeEngine]:
-    ports, process, log = start_engines(1, PROBE_TIME_SCALE, workdir)
-    try:
-        wait_http(f"http://127.0.0.1:{ports[0]}/health", process)
-        yield ProbeEngine(ports[0], process, log)
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-def sessions_in_arm(prefix: str, low: float, high: float) -> Iterator[str]:
-    """Session keys the router assigns to the canary arm owning points [low, high)."""
-    from router_worker.arms import session_point
-    from router_worker.routing import session_key_from_request
-
-    def point(key: str) -> float:  # as the router derives it from the header
-        return session_point(session_key_from_request({"x-session-id": key}, {}) or "")
-
-    return (key for key in (f"{prefix}-{k}" for k in itertools.count())
-            if low <= point(key) < high)
-
-
-@dataclass(frozen=True)
-class ProbePlan:
-    router_port: int
-    engine_port: int
-    session: str  # puts the routed probes in the router's probe arm
-    start_at: float  # time.monotonic() (system-wide) when probing starts
-    duration: float
-    rate: float  # probes per second, both paths together
-    prompt_words: int
-    shared_words: int
-
-
-async def probe_loop(plan: ProbePlan) -> list[tuple[str, Outcome | None]]:
-    """Two workers, each alternating a probe through the router and one straight to the
-    probe engine, with exponential gaps (Poisson arrivals see the router's time-average
-    state); probes share a system prompt, as the load does."""
-    nonce = time.perf_counter_ns()
-    shared = system_prompt(nonce, plan.shared_words)
-    gaps = np.random.default_rng(nonce).exponential(2 / plan.rate, 100_000).tolist()
-    results: list[tuple[str, Outcome | None]] = []
-    await asyncio.sleep(max(plan.start_at - time.monotonic(), 0.0))
-    deadline = plan.start_at + plan.duration
-
-    async def worker(n: int) -> None:
-        client = Client()
-        for k in itertools.count():
-            if time.monotonic() >= deadline:
-                break
-            path = ("routed", "direct")[(n + k) % 2]
-            request_id = f"probe-{nonce}-{n}-{k}"
-            body = json.dumps({"model": MODEL, "max_tokens": PROBE_MAX_TOKENS, "stream": True,
-                               "prompt": make_prompt(shared, f"probe {request_id}",
-                                                     plan.prompt_words)}).encode()
-            if path == "routed":
-                outcome = await client.request(plan.router_port, body, request_id, plan.session)
-            else:
-                outcome = await client.request(plan.engine_port, body, request_id)
-            results.append((path, outcome))
-            await asyncio.sleep(gaps.pop())
-        client.close()
-
-    await asyncio.gather(worker(0), worker(1))
-    return results
-
-
-def prober(plan: ProbePlan, pipe: Any) -> None:
-    """Entry point of the prober process: a client of its own whose event loop is idle
-    between probes, so its timestamps are not delayed by the load's 200 streams."""
-    pipe.send(run_async(probe_loop(plan)))
-
-
-@dataclass
-class ProbeResult:
-    load: Run
-    routed: list[float]  # transit (s) of probes through the router
-    direct: list[float]  # transit (s) of probes straight to the probe engine
-    engine: list[float]  # the probe engine's own TTFT (s)
-    failures: int
-    cpu: float
-    cpu_wait: float
-    side: list[float]
-    steal: float
-
-
-def probe_transits(results: list[tuple[str, Outcome | None]], probe: ProbeEngine
-                   ) -> tuple[list[float], list[float], list[float], int]:
-    """Transits (s) of the routed and the direct probes, the probe engine's TTFTs (s) and
-    the number of failed probes."""
-    paths: dict[str, Run] = {"routed": Run(True), "direct": Run(True)}
-    failures = 0
-    for path, outcome in results:
-        if outcome is None:
-            failures += 1
-        else:
-            paths[path].outcomes.append(outcome)
-    engine_ttft = probe.log.engine_ttft(paths["routed"]) | probe.log.engine_ttft(paths["direct"])
-    return (transit(paths["routed"], engine_ttft), transit(paths["direct"], engine_ttft),
-            list(engine_ttft.values()), failures)
-
-
-@contextlib.contextmanager
-def nginx_in_front(upstream: int, workdir: Path) -> Iterator[int | None]:
-    """nginx as a streaming reverse proxy to port ``upstream`` (keep-alive upstream, no
-    buffering); yields its port, or None when nginx is not installed."""
-    binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
-    if binary is None:
-        yield None
-        return
-    port = free_base_port(1)
-    conf = workdir / f"nginx-{port}.conf"
-    conf.write_text(NGINX_CONF.format(workdir=workdir, port=port, upstream=upstream))
-    process = subprocess.Popen([binary, "-c", str(conf), "-p", str(workdir)],
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", process)
-        yield port
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
-NGINX_CONF = """worker_processes 1; daemon off; pid {workdir}/nginx.pid;
-error_log {workdir}/nginx-error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 64; }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://engine; proxy_http_version 1.1; proxy_set_header Connection "";
-      proxy_buffering off; proxy_request_buffering off;
-    }}
-  }}
-}}
-"""
-
-
 def reference_hop(probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -> str:
     """The prober's added TTFT through nginx instead of the router, with no load: what any
     extra loopback hop through a proxy costs on this machine (the floor of the rows)."""
@@ -1062,22 +458,6 @@ def probe_line(concurrency: int, policy: str, result: ProbeResult) -> str:
             + (f"  ({failures} failed)" if failures else ""))
 
 
-def added_interval(moved: list[float], base: list[float], q: float) -> str:
-    """95% bootstrap interval (ms) of percentile ``q`` of routed transit minus that of
-    direct transit: how well the run pins the added latency down."""
-    if len(moved) < 2 or len(base) < 2:
-        return "n/a"
-
-    def difference(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
-        return np.percentile(a, q, axis=axis) - np.percentile(b, q, axis=axis)
-
-    result = scipy.stats.bootstrap((np.asarray(moved), np.asarray(base)), difference,
-                                   n_resamples=2000, method="percentile",
-                                   random_state=np.random.default_rng(0))
-    low, high = result.confidence_interval
-    return f"[{low * 1000:.1f}, {high * 1000:.1f}]"
-
-
 def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
     routed, direct = arm.routed, arm.direct
     moved, base = arm.transit(routed), arm.transit(direct)
@@ -1095,20 +475,6 @@ def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
             f"{added_interval(moved, base, 99):>15} {own50:>7} {own99:>5} {lag50:>7} "
             f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%} {arm.steal:>5.1%}"
             + (f"  ({failures} failed)" if failures else ""))
-
-
-@contextlib.contextmanager
-def paused(routers: Iterable[tuple[int, subprocess.Popen[bytes]]]) -> Iterator[None]:
-    """Stop the routers not under test (SIGSTOP): their scrapes and health probes would
-    stall the engines' event loop in the other arms' runs."""
-    stopped = [proc for _, proc in routers]
-    for proc in stopped:
-        proc.send_signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for proc in stopped:
-            proc.send_signal(signal.SIGCONT)
 
 
 def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
@@ -1142,6 +508,10 @@ def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen
               f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})")
     print(f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
           "competes for the same CPUs)")
+
+
+if __name__ == "__main__":
+    main()
 
 
 if __name__ == "__main__":

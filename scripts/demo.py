@@ -22,7 +22,6 @@ SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
 import signal
@@ -34,6 +33,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from devharness import ManagedProcess, WaitTimeout, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -89,40 +90,32 @@ READY_TIMEOUT_S = 90.0
 class Service:
     name: str
     argv: list[str]
-    process: subprocess.Popen | None = field(default=None, repr=False)
+    managed: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def log_path(self) -> Path:
         return VAR / "log" / f"{self.name}.log"
 
     def start(self, env: dict[str, str]) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                self.argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+        # its own process group: stopping it reaches Celery's pool and uvicorn's children
+        self.managed = ManagedProcess(self.argv, env=env, log=self.log_path, cwd=ROOT,
+                                      new_session=True).start()
 
     def exited(self) -> int | None:
-        return None if self.process is None else self.process.poll()
+        return None if self.managed is None else self.managed.poll()
 
     def signal_group(self, signum: int) -> None:
-        if self.process is not None and self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signum)
+        if self.managed is not None:
+            self.managed.signal(signum)
 
     def kill_group(self) -> None:
         """SIGKILL whatever is left of the group, even after its leader has exited."""
-        if self.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait()
+        if self.managed is not None:
+            self.managed.kill_group()
 
     def tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        text = "" if self.managed is None else self.managed.tail(chars=20_000)
+        return "\n".join(text.splitlines()[-lines:])
 
 
 def secret_key() -> str:
@@ -204,15 +197,16 @@ def http_ok(url: str) -> bool:
 
 
 def wait_for(what: str, ready: Callable[[], bool], running: list[Service]) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
+    def check() -> bool:
         dead = [s for s in running if s.exited() is not None]
         if dead:
             raise StackFailed(dead[0])
-        if ready():
-            return
-        time.sleep(0.5)
-    raise StackFailed(None, f"{what} was not ready within {READY_TIMEOUT_S:.0f}s")
+        return ready()
+
+    try:
+        wait_until(check, READY_TIMEOUT_S, what, interval=0.5, ignore=())
+    except WaitTimeout:
+        raise StackFailed(None, f"{what} was not ready within {READY_TIMEOUT_S:.0f}s") from None
 
 
 class StackFailed(Exception):

@@ -13,7 +13,7 @@ from . import (
     metrics,
     policies,
     replays,
-    routers,
+    router_deployments,
 )
 from .auth import role
 from .errors import install_error_handlers
@@ -30,6 +30,6 @@ api = NinjaAPI(
 )
 install_error_handlers(api)
 
-for module in (clusters, policies, canaries, config_versions, routers, events, metrics,
-               replays, access):
+for module in (clusters, policies, canaries, config_versions, router_deployments, events,
+               metrics, replays, access):
     api.add_router("", module.router)

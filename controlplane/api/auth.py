@@ -19,7 +19,7 @@ from ninja.utils import check_csrf
 from controlplane.models import RouterDeployment
 from controlplane.services.audit import Actor
 from controlplane.services.roles import has_role, role_of
-from controlplane.services.routers import router_for_token
+from controlplane.services.router_deployments import router_for_token
 from controlplane.services.tokens import user_for_api_token
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})

@@ -119,7 +119,7 @@ def _action_for(router: RouterDeployment, latest: int | None,
 def _perform(action: str, router: RouterDeployment, latest: int | None) -> None:
     if action == "restart":
         from controlplane.celery import app
-        from controlplane.routers.bootstep import host_queue
+        from controlplane.router_fleet.bootstep import host_queue
 
         # A request queued while the host's worker is away is stale by the time it returns.
         app.send_task("switchyard.restart_router", args=[router.pk],

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from controlplane.models import CanarySplit, Cluster
-from controlplane.routers import supervisor
+from controlplane.router_fleet import supervisor
 from controlplane.services import (
     ingest,
     instance_health,

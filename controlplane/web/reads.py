@@ -11,7 +11,7 @@ from controlplane.selectors.clusters import cluster, clusters, instances, polici
 from controlplane.selectors.events import audit_events, hotspot_events
 from controlplane.selectors.metrics import arm_rollups
 from controlplane.selectors.replays import replay, replays
-from controlplane.selectors.routers import routers
+from controlplane.selectors.router_deployments import routers
 
 __all__ = ["arm_rollups", "audit_events", "canaries", "canary", "canary_audit",
            "canary_with_policies", "cluster", "clusters", "hotspot_events", "instances",

@@ -14,9 +14,9 @@ The chain is a polynomial hash over per-block digests, all mod 2**64::
 ``S_k`` is the block hash. The recurrence unrolls to
 ``S_k = B**(k+1) * (S_(-1) + sum_(j<=k) B**-(j+1) * digest_j)`` (B is odd, so
 invertible mod 2**64), which numpy computes with one cumulative sum instead of
-a Python loop per block: about 40 µs for 8k tokens given a numpy array. Turning
-a Python list of 8k ints into an array costs another ~100 µs; pass an array
-when you have one.
+a Python loop per block. Turning a Python list of ints into an array costs more
+than the hashing itself (bench/router.md, "Block hashing"); pass an array when
+you have one.
 
 ``extend_chain(parent, tokens)`` continues a chain from any block hash; the KV
 index uses it to translate vLLM ``BlockStored`` events (which carry the token

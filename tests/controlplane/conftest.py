@@ -24,7 +24,7 @@ from controlplane.models import (
     InstanceMetricRollup,
     ReplayJob,
 )
-from controlplane.services import canaries, clusters, policies, routers, tokens
+from controlplane.services import canaries, clusters, policies, router_deployments, tokens
 from controlplane.services.audit import Actor
 
 ROLES = ("viewer", "operator", "admin")
@@ -85,8 +85,8 @@ def build_world() -> World:
     draft = make_canary(alpha, a, ["i0", "i1"], ["i2"])
     running = make_canary(beta, b, ["b0"], ["b1"], ("start",))
     paused = make_canary(gamma, g, ["g0"], ["g1"], ("start", "pause"))
-    token, router = routers.create_router_deployment(SYSTEM, alpha.pk, name="r1",
-                                                     host="127.0.0.1", port=8100)
+    token, router = router_deployments.create_router_deployment(
+        SYSTEM, alpha.pk, name="r1", host="127.0.0.1", port=8100)
     replay = ReplayJob.objects.create(cluster=alpha, inputs={"trace": "t"})
     client_key = ClientKey.objects.create(cluster=alpha, name="world-key", prefix="w0rld000",
                                           key_hash="0" * 64, created_by="system:tests")

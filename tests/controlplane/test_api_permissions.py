@@ -94,7 +94,7 @@ def test_router_endpoints_refuse_every_user(world, as_role, endpoint, caller) ->
 
 @pytest.mark.parametrize("endpoint", ROUTER_AGENT, ids=lambda e: e.id)
 def test_router_endpoints_accept_only_their_own_routers_token(world, endpoint) -> None:
-    from controlplane.services.routers import create_router_deployment
+    from controlplane.services.router_deployments import create_router_deployment
 
     from .conftest import SYSTEM
 

@@ -10,13 +10,12 @@ from typing import Any
 
 import pytest
 
+from devharness import free_ports, stop_process
 from tests.router.conftest import (
     Fleet,
     PrivateRedis,
-    free_ports,
     router_factory,  # noqa: F401  re-exported fixture: the drills start routers with it
     start_fleet,
-    stop_process,
 )
 
 # Fast failure detection: what an operator would configure for a latency-sensitive fleet.

@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 
-from tests.router.conftest import REPO, PrivateRedis, free_ports, stop_process, wait_until
+from devharness import free_ports, start_process, stop_process, wait_until
+from tests.router.conftest import REPO, PrivateRedis
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 ROUTER_HOST = "drillhost"
@@ -30,7 +31,7 @@ SEED = """
 import json
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from controlplane.services import clusters, policies, routers, tokens
+from controlplane.services import clusters, policies, router_deployments, tokens
 from controlplane.services.audit import Actor
 actor = Actor.system("drills")
 spec = json.loads({spec!r})
@@ -39,8 +40,8 @@ for k, url in enumerate(spec["urls"]):
     clusters.add_instance(actor, cluster.pk, name=f"i{{k}}", url=url, reason="drill")
 policy = policies.create_policy(actor, cluster.pk, name="lm", kind="lmetric")
 policies.activate_policy(actor, cluster.pk, policy.pk, reason="drill")
-_, deployment = routers.create_router_deployment(actor, cluster.pk, name="r0",
-                                                 host="{host}", port=spec["router_port"])
+_, deployment = router_deployments.create_router_deployment(
+    actor, cluster.pk, name="r0", host="{host}", port=spec["router_port"])
 user = get_user_model().objects.create_user("drill-op", password=spec["password"])
 user.groups.add(Group.objects.get_or_create(name="operator")[0])
 api_token, _ = tokens.create_api_token(actor, user, "drills")
@@ -125,9 +126,7 @@ class Stack:
         return done.stdout
 
     def spawn(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        with self.log(name).open("ab") as log:
-            process = subprocess.Popen(argv, cwd=self.root, env=self.env, stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        process = start_process(argv, cwd=self.root, env=self.env, log=self.log(name))
         self.processes[name] = process
         return process
 

@@ -16,10 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devharness import stop_process, wait_until
 from tests.drills.clients import MODEL, is_error_body
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import launch_router, stop_process, wait_until
+from tests.router.conftest import launch_router
 
 MAX_BODY = 16 * 1024
 EXAMPLES = 300

@@ -9,10 +9,11 @@ from typing import Any
 import httpx
 import pytest
 
+from devharness import stop_process
 from tests.drills.clients import MODEL, is_error_body
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import launch_router, stop_process
+from tests.router.conftest import launch_router
 
 ROUND_ROBIN = {"kind": "round_robin"}
 LMETRIC = {"kind": "lmetric"}

@@ -13,10 +13,11 @@ import asyncio
 import threading
 import time
 
+from devharness import wait_until
 from tests.drills.clients import Load
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Router, wait_until
+from tests.router.conftest import Router
 
 OUTAGE_S = 5.0
 

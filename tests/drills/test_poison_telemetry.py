@@ -27,12 +27,13 @@ from django.db.models import Sum
 
 from controlplane.models import ArmMetricRollup, Cluster, HotspotEvent, RouterEvent
 from controlplane.services import ingest
+from devharness import wait_until
 from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
 from tests.drills.clients import MODEL
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
 from tests.drills.test_redis_outage import background_load, drain, hot_burst
-from tests.router.conftest import Router, wait_until
+from tests.router.conftest import Router
 
 CLUSTER = "drill"
 WAVES = 3

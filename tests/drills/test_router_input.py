@@ -16,10 +16,11 @@ import time
 import httpx
 import pytest
 
+from devharness import stop_process, wait_until
 from tests.drills.clients import MODEL, judge_stream, judge_whole
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import launch_router, stop_process, wait_until
+from tests.router.conftest import launch_router
 
 MAX_BODY = 8 * 1024 * 1024  # the router's default limit
 DEPTHS = (1, 10, 100, 199, 200, 201, 1000, 10_000, 100_000, 1_000_000)

@@ -26,11 +26,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devharness import wait_until
 from tests.drills.clients import Load
 from tests.drills.report import Outcome, record
 from tests.drills.stack import Stack, build_stack
 from tests.drills.test_stack_outages import BackgroundLoad, _router_info, start_ingest
-from tests.router.conftest import Fleet, wait_until
+from tests.router.conftest import Fleet
 
 OUTAGE_S = 35.0
 # Reconcile's heartbeat timeout (15 s) plus a beat period and a margin: long enough after an

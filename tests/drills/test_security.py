@@ -18,11 +18,12 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
 
-from controlplane.services import login_throttle, routers, tokens
+from controlplane.services import login_throttle, router_deployments, tokens
+from devharness import free_ports, start_process, stop_process, wait_until
 from tests.controlplane.conftest import SYSTEM, build_world, make_user, session_client
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import ADMIN_TOKEN, PYTHON, REPO, free_ports, stop_process, wait_until
+from tests.router.conftest import ADMIN_TOKEN, PYTHON, REPO
 
 VIEWER_PAGES = [
     "/", "/clusters/{alpha}/", "/clusters/{alpha}/snapshot.json", "/clusters/{alpha}/policy/",
@@ -147,7 +148,7 @@ def test_tokens_never_in_api_responses_or_logs(caplog):
     world = build_world()
     operator = make_user("operator")
     api_token, _ = tokens.create_api_token(SYSTEM, operator, "drill")
-    router_token, deployment = routers.create_router_deployment(
+    router_token, deployment = router_deployments.create_router_deployment(
         SYSTEM, world["alpha"], name="secret-r", host="127.0.0.1", port=8199)
     client = Client(headers={"Authorization": f"Bearer {api_token}"})
     bodies = [client.get(path).content for path in (
@@ -171,9 +172,8 @@ def _start_router(directory: Path, args: list[str], env: dict[str, str]
                   ) -> tuple[subprocess.Popen[bytes], Path]:
     log_path = directory / f"router-{uuid.uuid4().hex[:6]}.log"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen([PYTHON, "-m", "router_worker", *args], cwd=REPO, stdout=log,
-                                stderr=subprocess.STDOUT, env={**clean, **env})
+    proc = start_process([PYTHON, "-m", "router_worker", *args], cwd=REPO, log=log_path,
+                         env={**clean, **env}, stdin=None)
     return proc, log_path
 
 

@@ -16,11 +16,12 @@ import httpx
 import pytest
 import redis
 
+from devharness import wait_until
 from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM, STREAM_MAXLEN
 from tests.drills.clients import Load, steady
 from tests.drills.report import Outcome, record
 from tests.drills.stack import BIN, OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
-from tests.router.conftest import Fleet, wait_until
+from tests.router.conftest import Fleet
 
 RESTART_BOUND_S = 10.0
 PG_OUTAGE_S = 6.0

@@ -22,8 +22,9 @@ from django.conf import settings
 from django.test import Client
 
 from controlplane.models import Policy, ReplayJob
+from devharness import free_port, stop_process
 from tests.drills.report import Outcome, record
-from tests.web.conftest import Server, free_port, make_cluster, make_user, start_asgi, stop
+from tests.web.conftest import Server, make_cluster, make_user, start_asgi
 
 MIB = 1024 * 1024
 OVERSIZED = 80 * MIB
@@ -45,7 +46,7 @@ def upload_server(transactional_db, tmp_path, monkeypatch) -> Iterator[Server]:
     monkeypatch.setenv("SWITCHYARD_VAR_DIR", str(tmp_path / "var"))
     server = start_asgi(free_port(), tmp_path / "uvicorn.log")
     yield server
-    stop(server.process)
+    stop_process(server.process)
 
 
 def written_bytes(pid: int) -> int:

@@ -5,23 +5,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.ports import free_ports
+from devharness import free_ports, start_process, stop_process, wait_http
 
 REPO = Path(__file__).resolve().parents[2]
 # 20x faster than the simulated H20: requests take milliseconds, the engine's
 # schedule (and so every count the tests check) is unchanged.
 TEST_TIME_SCALE = 0.05
 STARTUP_TIMEOUT = 30.0
-
-
 
 
 @dataclass
@@ -48,20 +44,6 @@ class SimServer:
         return f"tcp://127.0.0.1:{self.kv_base_port + 100 + index}"
 
 
-def _wait_healthy(server: SimServer) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"enginesim exited with {server.proc.returncode}")
-        try:
-            if httpx.get(server.url(0) + "/health", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError("enginesim did not become healthy")
-
-
 def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> SimServer:
     base = free_ports(instances + 1)
     kv_base = free_ports(instances, gap=100) if kv_events else None  # PUB k, replay 100+k
@@ -73,10 +55,12 @@ def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> Sim
     ]  # fmt: skip
     if kv_base is not None:
         args += ["--kv-events", f"tcp://127.0.0.1:{kv_base}"]
-    proc = subprocess.Popen(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = start_process(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         stdin=None, stdout=None, stderr=None)
     server = SimServer(base + 1, instances, base, kv_base, proc)
     try:
-        _wait_healthy(server)
+        wait_http(server.url(0) + "/health", STARTUP_TIMEOUT, process=proc,
+                  ok=lambda status: status == 200)
     except Exception:
         stop_server(server)
         raise
@@ -84,12 +68,7 @@ def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> Sim
 
 
 def stop_server(server: SimServer) -> None:
-    server.proc.terminate()
-    try:
-        server.proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.proc.kill()
-        server.proc.wait()
+    stop_process(server.proc)
 
 
 @pytest.fixture(scope="session")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import msgpack
 import openai
 import pytest
 import zmq
 
+from devharness import wait_until
 from engine_interface import sample_total
 from tests.enginesim.test_server_metrics import scrape, value
 
@@ -28,14 +27,6 @@ def set_fault(url: str, **body) -> dict:
     reply = httpx.post(url + "/admin/fault", json=body)
     reply.raise_for_status()
     return reply.json()
-
-
-def wait_for(predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            pytest.fail("condition not reached")
-        time.sleep(0.05)
 
 
 def test_error5xx_answers_openai_errors_until_recovered(url):
@@ -120,7 +111,7 @@ def test_client_disconnect_aborts_the_engine_request(url):
             - value(before, "vllm:request_success_total", finished_reason="abort")
         ) == 1 and value(now, "vllm:num_requests_running") == 0
 
-    wait_for(aborted)
+    wait_until(aborted, 10, "the stream to be aborted", ignore=())
 
 
 def test_kill_closes_the_port_and_recover_restarts_with_empty_cache(url, sim):
@@ -165,7 +156,7 @@ def test_kill_through_the_instance_port_answers_then_closes(url, sim):
             return False  # accepted as the port closed, then cut: not refused yet
         return False
 
-    wait_for(refused)
+    wait_until(refused, 10, "connections to be refused", ignore=())
     recover = {"instance": INSTANCE, "mode": "recover"}
     httpx.post(sim.admin_url + "/admin/fault", json=recover).raise_for_status()
     assert httpx.get(url + "/health").status_code == 200

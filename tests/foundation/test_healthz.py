@@ -1,16 +1,10 @@
 from __future__ import annotations
 
-import socket
-
 import pytest
 
+from devharness import free_port
+
 pytestmark = pytest.mark.django_db
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def test_healthz_ok_when_database_and_redis_answer(client) -> None:
@@ -20,7 +14,7 @@ def test_healthz_ok_when_database_and_redis_answer(client) -> None:
 
 
 def test_healthz_names_redis_when_it_is_down(client, settings) -> None:
-    settings.REDIS_URL = f"redis://127.0.0.1:{closed_port()}/0"
+    settings.REDIS_URL = f"redis://127.0.0.1:{free_port()}/0"
     response = client.get("/healthz")
     assert response.status_code == 503
     body = response.json()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import pytest
 
 from controlplane.models import ArmMetricRollup, HotspotEvent, RouterEvent
 from controlplane.services import ingest
+from devharness import free_port
 from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     METRICS_STREAM,
@@ -52,19 +52,13 @@ def test_malformed_entries_are_counted_not_fatal(redis_client, cluster):
     assert (result.quarantined, result.stored) == (1, 1)
 
 
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_events_read_while_postgres_is_down_arrive_after_it_returns(redis_client, cluster):
     events = [hotspot_event(transition=t) for t in ("suspected", "confirmed", "cleared")]
     for event in events:
         redis_client.xadd(EVENTS_STREAM, event.to_stream_fields())
     # An ingest process whose database is unreachable reads the entries but must not ack.
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
-           "SWITCHYARD_DATABASE_URL": f"postgres://postgres@127.0.0.1:{closed_port()}/x"}
+           "SWITCHYARD_DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/x"}
     script = ("import django; django.setup(); from controlplane.services import ingest, notify;"
               "ingest.ingest_events(notify.redis_client())")
     failed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,

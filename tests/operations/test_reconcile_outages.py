@@ -6,22 +6,16 @@ live_server, /healthz on the test database and Redis)."""
 from __future__ import annotations
 
 import json
-import socket
 import time
 
 import pytest
 
 from controlplane.tasks.routing import reconcile_all
+from devharness import free_port
 from tests.operations.test_reconcile import routed_cluster, router  # noqa: F401  fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TIMEOUT_S = 1.0
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]  # nothing listens once the socket is closed
 
 
 @pytest.fixture
@@ -35,7 +29,7 @@ def actions(cluster) -> list[str]:
 
 
 def test_web_tier_down_restarts_nobody(routed_cluster, redis_client, settings):  # noqa: F811
-    settings.SWITCHYARD_CONTROL_PLANE_URL = f"http://127.0.0.1:{closed_port()}"
+    settings.SWITCHYARD_CONTROL_PLANE_URL = f"http://127.0.0.1:{free_port()}"
     router(routed_cluster, "r-silent", 8101, heartbeat_age_s=120, applied=1)
     assert actions(routed_cluster) == []
     assert actions(routed_cluster) == []

@@ -9,8 +9,9 @@ import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
-from controlplane.routers.supervisor import RouterSupervisor
-from tests.operations.test_supervisor import free_port, router_answers, wait_until
+from controlplane.router_fleet.supervisor import RouterSupervisor
+from devharness import free_port, wait_until
+from tests.operations.test_supervisor import router_answers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,8 +37,8 @@ def test_router_process_environment_is_an_allowlist(monkeypatch, tmp_path: Path)
                                   log_dir=tmp_path, poll_s=0.2)
     supervisor.start()
     try:
-        running = wait_until(lambda: supervisor.processes.get(deployment.pk))
-        wait_until(lambda: router_answers(port))
+        running = wait_until(lambda: supervisor.processes.get(deployment.pk), 20, "router process")
+        wait_until(lambda: router_answers(port), 20, "router up")
         environment = _environ(running.process.pid)
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 503
     finally:

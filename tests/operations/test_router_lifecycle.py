@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
-from controlplane.routers import supervisor as supervisor_module
-from controlplane.routers.supervisor import RouterSupervisor
+from controlplane.router_fleet import supervisor as supervisor_module
+from controlplane.router_fleet.supervisor import RouterSupervisor
 from controlplane.tasks.routing import restart_router
-from tests.operations.test_supervisor import free_port, router_answers, wait_until
+from devharness import free_port, start_process, wait_until
+from tests.operations.test_supervisor import router_answers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]
@@ -40,8 +41,8 @@ def deployment(port: int) -> RouterDeployment:
 
 
 def started(supervisor: RouterSupervisor, router: RouterDeployment):
-    running = wait_until(lambda: supervisor.processes.get(router.pk))
-    wait_until(lambda: router_answers(router.port))
+    running = wait_until(lambda: supervisor.processes.get(router.pk), 20, "router process")
+    wait_until(lambda: router_answers(router.port), 20, "router up")
     return running
 
 
@@ -64,8 +65,8 @@ def test_a_hung_router_is_restarted(supervisor):
             os.kill(first.process.pid, signal.SIGCONT)
     assert first.process.poll() is not None
     second = wait_until(lambda: (p := supervisor.processes.get(router.pk))
-                        and p.process.pid != first.process.pid and p)
-    wait_until(lambda: router_answers(router.port))
+                        and p.process.pid != first.process.pid and p, 20, "router process")
+    wait_until(lambda: router_answers(router.port), 20, "router up")
     assert second.alive()
 
 
@@ -82,8 +83,8 @@ def _spawn_parent(port: int, tmp_path: Path) -> tuple[subprocess.Popen, int]:
         " stderr=open(os.path.join(" + repr(str(tmp_path)) + ", 'router.log'), 'ab'))\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    parent = start_process([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
+                           stderr=None, stdin=None, env={**os.environ, "PYTHONPATH": str(REPO)})
     return parent, int(parent.stdout.readline())
 
 
@@ -99,10 +100,10 @@ def test_router_exits_when_its_supervisor_is_killed(tmp_path):
     port = free_port()
     parent, router_pid = _spawn_parent(port, tmp_path)
     try:
-        wait_until(lambda: router_answers(port))
+        wait_until(lambda: router_answers(port), 20, "router up")
         parent.kill()  # SIGKILL: the parent gets no chance to stop its child
         parent.wait()
-        wait_until(lambda: _gone(router_pid), 30)
+        wait_until(lambda: _gone(router_pid), 30, "the old router to exit")
         assert not router_answers(port)
     finally:
         parent.kill()
@@ -115,9 +116,8 @@ def _leftover(router: RouterDeployment, tmp_path: Path) -> subprocess.Popen:
     argv = [sys.executable, "-m", "router_worker", "--control-plane", "http://127.0.0.1:9",
             "--deployment", str(router.pk), "--token", "old", "--port", str(router.port),
             "--state-dir", str(tmp_path)]
-    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
+    process = start_process(argv, cwd=REPO, stdin=None,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
     (tmp_path / "run").mkdir(exist_ok=True)
     (tmp_path / "run" / f"router-{router.pk}.pid").write_text(f"{process.pid}\n")
     return process
@@ -130,12 +130,12 @@ def test_a_leftover_router_is_stopped_before_the_router_starts_again(tmp_path):
     running = RouterSupervisor(host="life-host", control_plane_url="http://127.0.0.1:9",
                                log_dir=tmp_path / "log", pid_dir=tmp_path / "run", poll_s=0.2)
     try:
-        wait_until(lambda: router_answers(router.port))
+        wait_until(lambda: router_answers(router.port), 20, "router up")
         running.start()
         RouterDeployment.objects.filter(pk=router.pk).update(desired_state="running")
-        fresh = wait_until(lambda: running.processes.get(router.pk))
-        wait_until(lambda: leftover.poll() is not None, 30)
-        wait_until(lambda: router_answers(router.port))
+        fresh = wait_until(lambda: running.processes.get(router.pk), 20, "router process")
+        wait_until(lambda: leftover.poll() is not None, 30, "the old router to exit")
+        wait_until(lambda: router_answers(router.port), 20, "router up")
         assert fresh.alive() and fresh.process.pid != leftover.pid
     finally:
         running.stop()

@@ -4,33 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment, RouterEvent
-from controlplane.routers.supervisor import RouterSupervisor
+from controlplane.router_fleet.supervisor import RouterSupervisor
+from devharness import free_port, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_until(predicate, timeout_s: float = 20.0, interval_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")
 
 
 def router_answers(port: int) -> bool:
@@ -59,19 +42,19 @@ def test_router_is_started_restarted_after_a_crash_and_stopped_when_unwanted(sup
                                                  port=port)
     RouterDeployment.objects.create(cluster=cluster, name="elsewhere", host="other-host",
                                     port=free_port())
-    first = wait_until(lambda: supervisor.processes.get(deployment.pk))
-    wait_until(lambda: router_answers(port))
+    first = wait_until(lambda: supervisor.processes.get(deployment.pk), 20, "router process")
+    wait_until(lambda: router_answers(port), 20, "router up")
     assert set(supervisor.processes) == {deployment.pk}  # only this host's deployments
     assert deployment.pk and RouterDeployment.objects.get(pk=deployment.pk).token_hash
 
     os.kill(first.process.pid, signal.SIGKILL)
     second = wait_until(lambda: (p := supervisor.processes.get(deployment.pk))
-                        and p.process.pid != first.process.pid and p)
-    wait_until(lambda: router_answers(port))
+                        and p.process.pid != first.process.pid and p, 20, "router process")
+    wait_until(lambda: router_answers(port), 20, "router up")
     event = RouterEvent.objects.get(kind="router_restarted")
     assert event.payload["exit_code"] == -signal.SIGKILL
     assert RouterDeployment.objects.get(pk=deployment.pk).restarts == 1
 
     RouterDeployment.objects.filter(pk=deployment.pk).update(desired_state="stopped")
-    wait_until(lambda: deployment.pk not in supervisor.processes)
+    wait_until(lambda: deployment.pk not in supervisor.processes, 20, "the router to be stopped")
     assert second.process.poll() is not None

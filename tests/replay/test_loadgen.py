@@ -6,7 +6,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,10 +13,10 @@ from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 
+from devharness import ManagedProcess, free_port, wait_http
 from enginesim.loadgen.payloads import PayloadBuilder
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator
 from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, write_jsonl
@@ -29,30 +28,16 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "Qwen/Qwen2-7B-Instruct"
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def target() -> Iterator[str]:
     """One simulated H20 at 20x speed (the engine's schedule is unchanged)."""
-    port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "enginesim", "serve", "--instances", "1",
-                             "--base-port", str(port), "--time-scale", "0.05"], cwd=REPO)
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    try:
-        for _ in range(300):
-            try:
-                if httpx.get(url + "/health", timeout=1.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with ManagedProcess([sys.executable, "-m", "enginesim", "serve", "--instances", "1",
+                         "--base-port", str(port), "--time-scale", "0.05"], cwd=REPO,
+                        stdin=None, stdout=None, stderr=None) as engine:
+        wait_http(url + "/health", 30, process=engine.process, ok=lambda status: status == 200)
         yield url
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
 
 
 def test_prefix_records_become_token_id_completions():

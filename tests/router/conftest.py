@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from devharness import free_ports, start_process, stop_process, wait_until
 from engine_interface import read_samples, sample_total
-from tests.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
@@ -29,31 +28,6 @@ TIME_SCALE = 0.05
 STARTUP_TIMEOUT = 30.0
 
 
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str,
-               proc: subprocess.Popen[bytes] | None = None) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError(f"{what}: process exited with {proc.returncode}")
-        try:
-            if check():
-                return
-        except (httpx.HTTPError, OSError):
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def scrape_total(url: str, name: str, **labels: str) -> float:
@@ -100,8 +74,8 @@ def start_fleet(size: int, *extra: str) -> Fleet:
             "--base-port", str(base + 1), "--admin-port", str(base), "--gpu", "h20",
             "--model", "qwen2-7b", "--time-scale", str(TIME_SCALE),
             "--kv-events", f"tcp://127.0.0.1:{kv_base}", "--kv-encoding", "array", *extra]
-    proc = subprocess.Popen(args, cwd=REPO, stdout=subprocess.DEVNULL,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = start_process(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                         stdin=None, stderr=None)
     fleet = Fleet(base + 1, size, base, kv_base, proc)
     try:
         for k in range(size):
@@ -175,9 +149,8 @@ def launch_router(directory: Path, document: dict[str, Any] | None = None, *extr
         config_path.write_text(json.dumps(document))
         args += ["--config", str(config_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                env={**env, "PYTHONUNBUFFERED": "1"})
+    proc = start_process(args, cwd=REPO, log=log_path, env={**env, "PYTHONUNBUFFERED": "1"},
+                         stdin=None)
     router = Router(port, proc, config_path, log_path, list(extra))
     if wait:
         try:
@@ -215,10 +188,9 @@ class PrivateRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = start_process(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.directory],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--appendonly", "no", "--dir", self.directory], stdin=None)
         import redis
 
         client = redis.Redis(port=self.port)

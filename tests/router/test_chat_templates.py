@@ -22,11 +22,11 @@ import pytest
 
 from chat_templates import TemplateLoadError, load_chat_template
 from chat_templates.renderer import BUILTIN_DIR, ChatTemplate
+from devharness import free_port
 from enginesim.server import tokenizer as engine_tokenizer
 from router_worker.config import ConfigError, parse_config
 from router_worker.tokenization import PromptError, Tokenizer
 from tests.enginesim.conftest import SimServer, start_server, stop_server
-from tests.ports import free_ports
 from tests.router.conftest import MODEL
 
 SYSTEM = {"role": "system", "content": "You are terse."}
@@ -164,7 +164,7 @@ def test_invalid_bodies_get_the_same_400_from_router_and_engine(setups, router_f
     """The router refuses these itself: it fronts a port nobody listens on, so a body it let
     through would come back 502/503, never the engine's 400."""
     engine, spec = setups[name]
-    nowhere = f"http://127.0.0.1:{free_ports(1)}"
+    nowhere = f"http://127.0.0.1:{free_port()}"
     router = router_factory(router_document(nowhere, spec, setups["tokenizer_path"]))
     cases = [*INVALID, WIZARD] if name == "plain" else INVALID
     for body in cases:

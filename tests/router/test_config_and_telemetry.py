@@ -9,8 +9,9 @@ import time
 import httpx
 import redis
 
+from devharness import wait_until
 from router_worker import telemetry_contract as contract
-from tests.router.conftest import MODEL, router_config, wait_until
+from tests.router.conftest import MODEL, router_config
 
 
 async def _stream_load(url: str, stop_after: float, concurrency: int) -> list[tuple[int, str]]:

@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import redis
 
+from devharness import wait_until
 from router_worker import telemetry_contract as contract
 from router_worker.config import parse_config
 from router_worker.core import Plan, RouterCore
@@ -22,7 +23,7 @@ from router_worker.routing import Decision
 from router_worker.telemetry import DECISION_BUFFER, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import router_config, wait_until
+from tests.router.conftest import router_config
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
 

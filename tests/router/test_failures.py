@@ -8,14 +8,8 @@ import json
 import httpx
 import pytest
 
-from tests.router.conftest import (
-    MODEL,
-    launch_router,
-    router_config,
-    scrape_total,
-    stop_process,
-    wait_until,
-)
+from devharness import stop_process, wait_until
+from tests.router.conftest import MODEL, launch_router, router_config, scrape_total
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from devharness import wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import MODEL, router_config, wait_until
+from tests.router.conftest import MODEL, router_config
 
 
 @pytest.fixture

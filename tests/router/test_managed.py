@@ -12,8 +12,9 @@ import httpx
 import pytest
 import redis
 
+from devharness import stop_process, wait_until
 from router_worker.telemetry_contract import CONFIG_CHANNEL
-from tests.router.conftest import MODEL, launch_router, router_config, stop_process, wait_until
+from tests.router.conftest import MODEL, launch_router, router_config
 
 TOKEN = "router-token-1"
 

@@ -8,7 +8,8 @@ import asyncio
 
 import httpx
 
-from tests.router.conftest import MODEL, router_config, wait_until
+from devharness import wait_until
+from tests.router.conftest import MODEL, router_config
 
 MAX_TOKENS = 12
 

@@ -13,7 +13,8 @@ import httpx
 import pytest
 import redis
 
-from tests.router.conftest import MODEL, Router, router_config, scrape_total, wait_until
+from devharness import wait_until
+from tests.router.conftest import MODEL, Router, router_config, scrape_total
 
 REDIS_URL = os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/10")
 # A slow fault this strong keeps a long prompt in prefill for many wall seconds.

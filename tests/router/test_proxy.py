@@ -8,8 +8,9 @@ import httpx
 import openai
 import pytest
 
+from devharness import wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import MODEL, router_config, wait_until
+from tests.router.conftest import MODEL, router_config
 
 
 @pytest.fixture

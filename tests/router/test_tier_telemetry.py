@@ -9,15 +9,9 @@ import httpx
 import pytest
 
 from controlplane.realtime.snapshot import merge_cluster
+from devharness import stop_process, wait_until
 from router_worker.telemetry_contract import StateSnapshot
-from tests.router.conftest import (
-    MODEL,
-    Fleet,
-    router_config,
-    start_fleet,
-    stop_process,
-    wait_until,
-)
+from tests.router.conftest import MODEL, Fleet, router_config, start_fleet
 
 PROMPT = "tiered prefix " * 120
 

@@ -4,7 +4,6 @@ the services, Redis, and real server processes (uvicorn ASGI app, the publisher)
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -13,7 +12,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 from django.conf import settings
@@ -24,6 +22,8 @@ from django.test import Client
 from controlplane.models import Cluster
 from controlplane.services import clusters, policies
 from controlplane.services.audit import Actor
+from devharness import free_port, stop_process, wait_http
+from devharness import start_process as harness_start
 from router_worker.telemetry_contract import state_pattern
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,12 +85,6 @@ def clear_state(client: redis.Redis, cluster_name: str) -> None:
         client.delete(key)
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def subprocess_env() -> dict[str, str]:
     """The environment of a server process that shares this test run's database and Redis."""
     db = settings.DATABASES["default"]
@@ -108,33 +102,9 @@ class Server:
     log: Path
 
 
-def stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=5)
-
-
-def wait_http(url: str, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-3000:]}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not answer within {timeout} s:\n{log.read_text()[-3000:]}")
-
-
 def start_process(args: list[str], log: Path) -> subprocess.Popen:
-    handle = log.open("wb")
-    return subprocess.Popen(args, cwd=ROOT, env=subprocess_env(), stdout=handle,
-                            stderr=subprocess.STDOUT)
+    """A server process on this test run's database and Redis, output in ``log``."""
+    return harness_start(args, cwd=ROOT, env=subprocess_env(), log=log, stdin=None)
 
 
 def start_asgi(port: int, log: Path) -> Server:
@@ -143,9 +113,9 @@ def start_asgi(port: int, log: Path) -> Server:
                              "--host", "127.0.0.1", "--port", str(port), "--log-level",
                              "warning"], log)
     try:
-        wait_http(f"http://127.0.0.1:{port}/healthz", process, log)
+        wait_http(f"http://127.0.0.1:{port}/healthz", 30, process=process, log=log)
     except BaseException:
-        stop(process)
+        stop_process(process)
         raise
     return Server(process, f"http://127.0.0.1:{port}", log)
 
@@ -156,7 +126,7 @@ def shared_asgi(django_db_setup, tmp_path_factory) -> Iterator[Server]:
     share it while each one starts from a flushed database."""
     server = start_asgi(free_port(), tmp_path_factory.mktemp("asgi") / "uvicorn.log")
     yield server
-    stop(server.process)
+    stop_process(server.process)
 
 
 @pytest.fixture
@@ -171,7 +141,7 @@ def own_asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
     """A uvicorn of the test's own, for tests that stop and restart it."""
     server = start_asgi(free_port(), tmp_path / "uvicorn.log")
     yield server
-    stop(server.process)
+    stop_process(server.process)
 
 
 @pytest.fixture
@@ -185,4 +155,4 @@ def publisher(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
             raise RuntimeError(log.read_text())
         yield process
     finally:
-        stop(process)
+        stop_process(process)

@@ -3,11 +3,8 @@ mode fetching their configuration from the control plane, the ASGI app and the p
 
 from __future__ import annotations
 
-import random
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,27 +15,33 @@ import redis
 from django.conf import settings
 
 from controlplane.models import Cluster
-from controlplane.services import routers as router_service
+from controlplane.services import router_deployments as router_service
+from devharness import (
+    TRANSIENT,
+    ProcessExited,
+    WaitTimeout,
+    free_port,
+    free_ports,
+    stop_process,
+    wait_http,
+    wait_until,
+)
+from devharness import start_process as harness_start
 from router_worker.telemetry_contract import loads_state, state_key
 
-from .conftest import ROOT, SYSTEM, free_port, start_process, stop
+from .conftest import ROOT, SYSTEM, start_process
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
 ADMIN_TOKEN = "web-tests-admin-token"
 TIME_SCALE = 0.05
 
 
+# Probes that fail while a stack is still coming up: not yet, rather than wrong.
+STARTING = (*TRANSIENT, redis.RedisError, ValueError)
+
+
 def wait_for(check: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            result = check()
-        except (httpx.HTTPError, redis.RedisError, ValueError):
-            result = None
-        if result:
-            return result
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+    return wait_until(check, timeout, what, ignore=STARTING, interval=0.1)
 
 
 @dataclass
@@ -57,50 +60,27 @@ def start_fleet(size: int, log: Path, attempts: int = 3) -> Fleet:
     for attempt in range(attempts):
         try:
             return _try_fleet(size, log)
-        except AssertionError:
+        except (WaitTimeout, ProcessExited):
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
 def _try_fleet(size: int, log: Path) -> Fleet:
-    base = _free_range(size)
-    process = subprocess.Popen(
+    base = free_ports(size)
+    process = harness_start(
         [sys.executable, "-m", "enginesim", "serve", "--instances", str(size),
          "--base-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
-         "--time-scale", str(TIME_SCALE)],
-        cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+         "--time-scale", str(TIME_SCALE)], cwd=ROOT, log=log, stdin=None)
     fleet = Fleet(process, base, size)
-
-    def healthy(k: int) -> bool:
-        if process.poll() is not None:
-            raise AssertionError("enginesim exited")
-        return httpx.get(fleet.url(k) + "/health", timeout=1).is_success
-
     try:
         for k in range(size):
-            wait_for(lambda k=k: healthy(k), 30, "enginesim")
-    except AssertionError as error:
-        stop(process)
-        raise AssertionError(f"{error}\n{log.read_text(errors='replace')[-2000:]}") from None
+            wait_http(fleet.url(k) + "/health", 30, process=process, log=log,
+                      ok=lambda status: 200 <= status < 300)
+    except BaseException:
+        stop_process(process)
+        raise
     return fleet
-
-
-def _free_range(size: int) -> int:
-    for _ in range(100):
-        base = random.randrange(20_000, 40_000)
-        if all(_bindable(base + k) for k in range(size)):
-            return base
-    raise AssertionError("no free port range")
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 @dataclass
@@ -162,7 +142,7 @@ class Stack:
 
     def close(self) -> None:
         for process in [r.process for r in self.routers] + self.processes:
-            stop(process)
+            stop_process(process)
 
 
 def chat(router_url: str, text: str, max_tokens: int = 8, timeout: float = 30,

@@ -15,8 +15,9 @@ from django.utils import timezone
 from controlplane.models import ArmMetricRollup, CanaryJudgement, Cluster, ReplayJob
 from controlplane.services import canaries
 from controlplane.tasks.replay import run_replay
+from devharness import stop_process
 
-from .conftest import SYSTEM, clear_state, make_cluster, start_asgi, stop
+from .conftest import SYSTEM, clear_state, make_cluster, start_asgi
 from .helpers import instance, snapshot, window, write_state
 from .test_e2e_browser import login, page_snapshot
 
@@ -108,7 +109,7 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
         assert page.locator("tr[data-instance=i1] [data-field=pending_prefill_tokens]") \
             .inner_text() == "2,468"
         port = int(asgi_server.url.rsplit(":", 1)[1])
-        stop(asgi_server.process)
+        stop_process(asgi_server.process)
         page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)
         feeder.pending = 99.0
         asgi_server.process = start_asgi(port, tmp_path / "uvicorn-2.log").process

@@ -10,9 +10,10 @@ import pytest
 import redis
 from django.conf import settings
 
+from devharness import stop_process
 from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
 
-from .conftest import make_cluster, start_process, stop
+from .conftest import make_cluster, start_process
 from .stack import MODEL, Stack, publisher_args, start_fleet, start_router, wait_for
 from .test_e2e_browser import login
 
@@ -26,7 +27,7 @@ HOSTILE = '"><img src=x onerror="window.__pwned=1">'
 def decisions_fleet(tmp_path_factory):
     fleet = start_fleet(3, tmp_path_factory.mktemp("fleet") / "enginesim.log")
     yield fleet
-    stop(fleet.process)
+    stop_process(fleet.process)
 
 
 @pytest.fixture

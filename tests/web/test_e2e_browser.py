@@ -12,9 +12,10 @@ import redis
 from django.conf import settings
 
 from controlplane.realtime.snapshot import merge_cluster
+from devharness import stop_process
 from router_worker.telemetry_contract import StateSnapshot
 
-from .conftest import PASSWORD, make_cluster, make_user, start_process, stop
+from .conftest import PASSWORD, make_cluster, make_user, start_process
 from .stack import Stack, chat, publisher_args, start_fleet, start_router, wait_for
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
@@ -25,7 +26,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
 def fleet(tmp_path_factory):
     fleet = start_fleet(3, tmp_path_factory.mktemp("fleet") / "enginesim.log")
     yield fleet
-    stop(fleet.process)
+    stop_process(fleet.process)
 
 
 @pytest.fixture

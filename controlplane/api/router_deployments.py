@@ -6,8 +6,8 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router, Status
 
 from controlplane.selectors import clusters as cluster_selectors
-from controlplane.selectors import routers as router_selectors
-from controlplane.services import routers as router_services
+from controlplane.selectors import router_deployments as router_selectors
+from controlplane.services import router_deployments as router_services
 
 from .auth import RouterTokenAuth, actor_of, role
 from .schemas import HeartbeatIn, HeartbeatOut, Id, RouterCreatedOut, RouterIn, RouterOut

@@ -1,0 +1,107 @@
+"""The shared harness the tests, benches and demo start processes with."""
+
+from __future__ import annotations
+
+import ast
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from devharness import (
+    ManagedProcess,
+    ProcessExited,
+    ProcessSet,
+    WaitTimeout,
+    free_ports,
+    wait_http,
+    wait_until,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+
+
+def test_free_ports_are_consecutive_and_bindable_with_their_gap_twins() -> None:
+    base = free_ports(3, gap=100)
+    for port in [*range(base, base + 3), *range(base + 100, base + 103)]:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))
+
+
+def test_wait_until_returns_the_predicate_value_and_treats_transient_errors_as_not_yet() -> None:
+    calls = iter([ConnectionRefusedError(), 0, "ready"])
+
+    def probe() -> object:
+        value = next(calls)
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    assert wait_until(probe, 5, "probe", interval=0.01) == "ready"
+
+
+def test_wait_until_times_out_naming_what_it_waited_for() -> None:
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match="the impossible"):
+        wait_until(lambda: False, 0.3, "the impossible", interval=0.01)
+    assert 0.3 <= time.monotonic() - started < 2
+
+
+def test_wait_until_other_errors_are_not_swallowed() -> None:
+    with pytest.raises(KeyError):
+        wait_until(lambda: {}["x"], 5, "a key")
+
+
+def test_a_dead_process_ends_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
+    log = tmp_path / "dead.log"
+    with ManagedProcess([sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
+                        log=log) as dead:
+        started = time.monotonic()
+        with pytest.raises(ProcessExited, match=r"exited with 3\nboom"):
+            wait_http("http://127.0.0.1:9/", 30, process=dead.process, log=log)
+        assert time.monotonic() - started < 10
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
+    with ManagedProcess([sys.executable, "-c", IGNORES_TERM], grace=0.5) as stubborn:
+        time.sleep(0.3)  # its handler is installed
+    assert stubborn.poll() == -signal.SIGKILL
+
+
+def test_a_process_set_stops_each_group_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "child.pid"
+    spawner = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c',"
+               f" {IGNORES_TERM!r}]); open({str(pid_file)!r}, 'w').write(str(child.pid));"
+               " time.sleep(60)")
+    with ProcessSet(grace=0.5) as stack:
+        parent = stack.start([sys.executable, "-c", spawner])
+        child = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 10, "pid"))
+        assert _alive(child)
+    assert parent.poll() is not None
+    wait_until(lambda: not _alive(child), 5, "the grandchild to be gone")
+
+
+def test_nothing_deployed_imports_the_harness() -> None:
+    deployed = ["router_worker", "enginesim", "chat_templates", "controlplane"]
+    offenders = []
+    for package in deployed:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                if any(n.split(".")[0] == "devharness" for n in names):
+                    offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []

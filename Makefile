@@ -8,6 +8,7 @@ demo:
 test:
 	@WANT_BROWSER=1 bash scripts/bootstrap.sh
 	@.venv/bin/ruff check .
+	@.venv/bin/ruff format --check .
 	@.venv/bin/lint-imports
 	@.venv/bin/mypy
 	@.venv/bin/python -m pytest
@@ -17,6 +18,7 @@ setup:
 
 lint:
 	@.venv/bin/ruff check .
+	@.venv/bin/ruff format --check .
 	@.venv/bin/lint-imports
 	@.venv/bin/mypy
 

@@ -30,10 +30,18 @@ from engine_interface import percentile
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/8")
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-dev-shm-usage", "--disable-background-timer-throttling",
-                 "--disable-renderer-backgrounding", "--disable-backgrounding-occluded-windows"]
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-dev-shm-usage",
+    "--disable-background-timer-throttling",
+    "--disable-renderer-backgrounding",
+    "--disable-backgrounding-occluded-windows",
+]
 ROUTERS = 2
 INSTANCES = 8
 
@@ -68,15 +76,17 @@ class Database:
         from django.db import connection
 
         self.connection = connection
-        connection.settings_dict["TEST"] = {**connection.settings_dict.get("TEST", {}),
-                                            "NAME": "switchyard_bench"}
-        self.name = connection.creation.create_test_db(verbosity=0, autoclobber=True,
-                                                       serialize=False)
+        connection.settings_dict["TEST"] = {
+            **connection.settings_dict.get("TEST", {}),
+            "NAME": "switchyard_bench",
+        }
+        self.name = connection.creation.create_test_db(
+            verbosity=0, autoclobber=True, serialize=False
+        )
 
     def url(self) -> str:
         db = self.connection.settings_dict
-        return (f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/"
-                f"{self.name}")
+        return f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{self.name}"
 
     def close(self, original: str) -> None:
         self.connection.creation.destroy_test_db(original, verbosity=0)
@@ -92,11 +102,13 @@ def seed() -> tuple[object, str]:
     from controlplane.services.audit import Actor
 
     actor = Actor.system("bench")
-    cluster = clusters.create_cluster(actor, name="bench", model="Qwen/Qwen2-7B-Instruct",
-                                      gpu_type="h20")
+    cluster = clusters.create_cluster(
+        actor, name="bench", model="Qwen/Qwen2-7B-Instruct", gpu_type="h20"
+    )
     for k in range(INSTANCES):
-        clusters.add_instance(actor, cluster.pk, name=f"i{k}", url=f"http://127.0.0.1:{9900 + k}",
-                              reason="bench")
+        clusters.add_instance(
+            actor, cluster.pk, name=f"i{k}", url=f"http://127.0.0.1:{9900 + k}", reason="bench"
+        )
     policy = policies.create_policy(actor, cluster.pk, name="lm", kind="lmetric")
     policies.activate_policy(actor, cluster.pk, policy.pk, reason="bench")
     user = get_user_model().objects.create_user("bench-viewer", password="bench-password-1")
@@ -115,8 +127,9 @@ class Routers:
         self.client = redis.Redis.from_url(REDIS_URL)
         self.cluster = cluster_name
         self.stopped = threading.Event()
-        self.threads = [threading.Thread(target=self._run, args=(n,), daemon=True)
-                        for n in range(ROUTERS)]
+        self.threads = [
+            threading.Thread(target=self._run, args=(n,), daemon=True) for n in range(ROUTERS)
+        ]
 
     def _run(self, n: int) -> None:
         from router_worker.telemetry_contract import (
@@ -133,20 +146,42 @@ class Routers:
         time.sleep(STATE_INTERVAL_S * n / ROUTERS)
         while not self.stopped.is_set():
             started = time.time()
-            instances = [InstanceSnapshot(
-                name=f"i{k}", health="healthy", pending_prefill_tokens=float(rng.integers(5000)),
-                pending_prefill_tokens_max=float(rng.integers(5000, 9000)),
-                batch_size=float(rng.integers(32)), batch_size_max=32.0,
-                in_flight=int(rng.integers(40)), kv_usage=float(rng.random()))
-                for k in range(INSTANCES)]
-            window = WindowStats(seconds=30, requests=900, errors=0, requests_per_s=30,
-                                 output_tokens_per_s=4000, ttft_p50_s=0.05, ttft_p99_s=0.4,
-                                 tpot_p50_s=0.01, tpot_p99_s=0.03, hit_ratio=0.6, load_cv=0.3)
-            snapshot = StateSnapshot(ts=time.time(), cluster=self.cluster, router=f"r{n}",
-                                     config_version=1, policy="lmetric", instances=instances,
-                                     window=window)
-            self.client.set(state_key(self.cluster, f"r{n}"), dumps_state(snapshot),
-                            ex=STATE_TTL_S)
+            instances = [
+                InstanceSnapshot(
+                    name=f"i{k}",
+                    health="healthy",
+                    pending_prefill_tokens=float(rng.integers(5000)),
+                    pending_prefill_tokens_max=float(rng.integers(5000, 9000)),
+                    batch_size=float(rng.integers(32)),
+                    batch_size_max=32.0,
+                    in_flight=int(rng.integers(40)),
+                    kv_usage=float(rng.random()),
+                )
+                for k in range(INSTANCES)
+            ]
+            window = WindowStats(
+                seconds=30,
+                requests=900,
+                errors=0,
+                requests_per_s=30,
+                output_tokens_per_s=4000,
+                ttft_p50_s=0.05,
+                ttft_p99_s=0.4,
+                tpot_p50_s=0.01,
+                tpot_p99_s=0.03,
+                hit_ratio=0.6,
+                load_cv=0.3,
+            )
+            snapshot = StateSnapshot(
+                ts=time.time(),
+                cluster=self.cluster,
+                router=f"r{n}",
+                config_version=1,
+                policy="lmetric",
+                instances=instances,
+                window=window,
+            )
+            self.client.set(state_key(self.cluster, f"r{n}"), dumps_state(snapshot), ex=STATE_TTL_S)
             self.stopped.wait(max(0.0, STATE_INTERVAL_S - (time.time() - started)))
 
     def __enter__(self) -> Routers:
@@ -161,8 +196,9 @@ class Routers:
         self.client.close()
 
 
-def measure(browser, base: str, cluster_id: int, session: str, dashboards: int,
-            seconds: float) -> tuple[list[float], list[float]]:
+def measure(
+    browser, base: str, cluster_id: int, session: str, dashboards: int, seconds: float
+) -> tuple[list[float], list[float]]:
     context = browser.new_context(bypass_csp=True)  # wait_for_function evaluates strings
     context.add_cookies([{"name": "sessionid", "value": session, "url": base}])
     pages = [context.new_page() for _ in range(dashboards)]
@@ -170,15 +206,19 @@ def measure(browser, base: str, cluster_id: int, session: str, dashboards: int,
         for page in pages:
             page.goto(f"{base}/clusters/{cluster_id}/")
         for page in pages:
-            page.wait_for_function("window.switchyardLive && window.switchyardLive.messages > 4",
-                                   timeout=30_000)
-            page.evaluate("window.switchyardLive.latencies.length = 0;"
-                          "window.switchyardLive.deliveries.length = 0")
+            page.wait_for_function(
+                "window.switchyardLive && window.switchyardLive.messages > 4", timeout=30_000
+            )
+            page.evaluate(
+                "window.switchyardLive.latencies.length = 0;"
+                "window.switchyardLive.deliveries.length = 0"
+            )
         time.sleep(seconds)
         end_to_end, delivery = [], []
         for page in pages:
-            sample = page.evaluate("[window.switchyardLive.latencies,"
-                                   " window.switchyardLive.deliveries]")
+            sample = page.evaluate(
+                "[window.switchyardLive.latencies, window.switchyardLive.deliveries]"
+            )
             end_to_end += sample[0]
             delivery += sample[1]
         return end_to_end, delivery
@@ -186,8 +226,9 @@ def measure(browser, base: str, cluster_id: int, session: str, dashboards: int,
         context.close()
 
 
-def measure_sockets(base: str, cluster_id: int, session: str, dashboards: int,
-                    seconds: float) -> tuple[list[float], list[float]]:
+def measure_sockets(
+    base: str, cluster_id: int, session: str, dashboards: int, seconds: float
+) -> tuple[list[float], list[float]]:
     """The same with plain websocket clients (no rendering): the server side alone."""
     import asyncio
     import json
@@ -217,8 +258,7 @@ def measure_sockets(base: str, cluster_id: int, session: str, dashboards: int,
     return asyncio.run(run())
 
 
-def row(clients: str, dashboards: int, end_to_end: list[float], delivery: list[float]
-        ) -> str:
+def row(clients: str, dashboards: int, end_to_end: list[float], delivery: list[float]) -> str:
     e2e = np.array(end_to_end) * 1000
     hop = np.array(delivery) * 1000
     cells = [f"{clients:>9}", f"{dashboards:>10}", f"{len(e2e):>8}"]
@@ -231,8 +271,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dashboards", default="1,20", help="comma-separated page counts")
     parser.add_argument("--seconds", type=float, default=20.0, help="measurement per count")
-    parser.add_argument("--clients", default="browser,websocket",
-                        help="browser (chromium pages) and/or websocket (no rendering)")
+    parser.add_argument(
+        "--clients",
+        default="browser,websocket",
+        help="browser (chromium pages) and/or websocket (no rendering)",
+    )
     options = parser.parse_args()
     counts = [int(c) for c in options.dashboards.split(",")]
     setup_django()
@@ -245,14 +288,30 @@ def main() -> int:
     logs.mkdir(parents=True, exist_ok=True)
     try:
         cluster, session = seed()
-        env = {**os.environ, "SWITCHYARD_DATABASE_URL": database.url(), "PYTHONUNBUFFERED": "1",
-               "SWITCHYARD_SERVE_STATIC": "1"}
+        env = {
+            **os.environ,
+            "SWITCHYARD_DATABASE_URL": database.url(),
+            "PYTHONUNBUFFERED": "1",
+            "SWITCHYARD_SERVE_STATIC": "1",
+        }
         port = free_port()
-        web = processes.start([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
-                               "--port", str(port), "--log-level", "warning"],
-                              logs / "uvicorn.log", env=env)
-        processes.start([sys.executable, "manage.py", "run_publisher"], logs / "publisher.log",
-                        env=env)
+        web = processes.start(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "controlplane.asgi:application",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+            ],
+            logs / "uvicorn.log",
+            env=env,
+        )
+        processes.start(
+            [sys.executable, "manage.py", "run_publisher"], logs / "publisher.log", env=env
+        )
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", 30, process=web, log=logs / "uvicorn.log")
         print_header(options, counts)
@@ -262,16 +321,30 @@ def main() -> int:
         with Routers(cluster.name):
             if "websocket" in kinds:
                 for count in counts:
-                    print(row("websocket", count, *measure_sockets(
-                        base, cluster.pk, session, count, options.seconds)), flush=True)
+                    print(
+                        row(
+                            "websocket",
+                            count,
+                            *measure_sockets(base, cluster.pk, session, count, options.seconds),
+                        ),
+                        flush=True,
+                    )
             if "browser" in kinds:
                 with sync_playwright() as playwright:
-                    browser = playwright.chromium.launch(executable_path=CHROMIUM,
-                                                         args=CHROMIUM_ARGS)
+                    browser = playwright.chromium.launch(
+                        executable_path=CHROMIUM, args=CHROMIUM_ARGS
+                    )
                     for count in counts:
-                        print(row("browser", count, *measure(
-                            browser, base, cluster.pk, session, count, options.seconds)),
-                            flush=True)
+                        print(
+                            row(
+                                "browser",
+                                count,
+                                *measure(
+                                    browser, base, cluster.pk, session, count, options.seconds
+                                ),
+                            ),
+                            flush=True,
+                        )
                     browser.close()
     finally:
         processes.stop_all()
@@ -280,15 +353,23 @@ def main() -> int:
 
 
 def print_header(options: argparse.Namespace, counts: list[int]) -> None:
-    print(f"machine: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
-          f"load average {os.getloadavg()[0]:.2f}")
-    print(f"setup: {ROUTERS} fake routers x {INSTANCES} instances writing every 250 ms; "
-          "publisher tick 250 ms, poll 25 ms; uvicorn (1 worker); chromium headless; "
-          f"{options.seconds:g} s per row; dashboards {counts}")
-    print("latency = browser receive time - router ts (end to end) and - publisher send time "
-          "(delivery); ms")
-    print(f"{'clients':>9} {'dashboards':>10} {'samples':>8} {'p50':>8} {'p95':>8} "
-          f"{'p99':>8} {'max':>8} {'deliv p50':>9} {'deliv p95':>9}")
+    print(
+        f"machine: {cpu_model()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"load average {os.getloadavg()[0]:.2f}"
+    )
+    print(
+        f"setup: {ROUTERS} fake routers x {INSTANCES} instances writing every 250 ms; "
+        "publisher tick 250 ms, poll 25 ms; uvicorn (1 worker); chromium headless; "
+        f"{options.seconds:g} s per row; dashboards {counts}"
+    )
+    print(
+        "latency = browser receive time - router ts (end to end) and - publisher send time "
+        "(delivery); ms"
+    )
+    print(
+        f"{'clients':>9} {'dashboards':>10} {'samples':>8} {'p50':>8} {'p95':>8} "
+        f"{'p99':>8} {'max':>8} {'deliv p50':>9} {'deliv p95':>9}"
+    )
 
 
 if __name__ == "__main__":

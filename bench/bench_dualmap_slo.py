@@ -53,32 +53,41 @@ def _run(job: tuple[str, float, bool]) -> dict[str, Any]:
     summary = metrics.summarize(result)
     reasons = dict(result.decision_reasons)
     decisions = sum(v for k, v in reasons.items() if k != "migration")
-    return {"cell": cell, "slo": slo, "migrate": migrate,
-            "ttft_mean_s": summary["ttft_mean_s"], "ttft_p99_s": summary["ttft_p99_s"],
-            "leave_share": reasons.get("hotspot_rebalance", 0) / max(decisions, 1),
-            "migrations": result.migrations,
-            "completed": sum(r.status == "ok" for r in result.requests),
-            "requests": len(records), "wall_s": time.perf_counter() - started}
+    return {
+        "cell": cell,
+        "slo": slo,
+        "migrate": migrate,
+        "ttft_mean_s": summary["ttft_mean_s"],
+        "ttft_p99_s": summary["ttft_p99_s"],
+        "leave_share": reasons.get("hotspot_rebalance", 0) / max(decisions, 1),
+        "migrations": result.migrations,
+        "completed": sum(r.status == "ok" for r in result.requests),
+        "requests": len(records),
+        "wall_s": time.perf_counter() - started,
+    }
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["| cell | SLO s | migration | mean TTFT s | p99 TTFT s | leave affinity | "
-             "migrations | completed |", "|---|---:|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| cell | SLO s | migration | mean TTFT s | p99 TTFT s | leave affinity | "
+        "migrations | completed |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['cell']} | {r['slo']:g} | {'on' if r['migrate'] else 'off'} | "
-                     f"{r['ttft_mean_s']:.3f} | {r['ttft_p99_s']:.2f} | "
-                     f"{r['leave_share']:.1%} | {r['migrations']} | "
-                     f"{r['completed']}/{r['requests']} |")
+        lines.append(
+            f"| {r['cell']} | {r['slo']:g} | {'on' if r['migrate'] else 'off'} | "
+            f"{r['ttft_mean_s']:.3f} | {r['ttft_p99_s']:.2f} | "
+            f"{r['leave_share']:.1%} | {r['migrations']} | "
+            f"{r['completed']}/{r['requests']} |"
+        )
     return lines
 
 
 def ranking(rows: list[dict[str, Any]]) -> list[str]:
     """Per SLO (migration on): geometric mean over cells of mean TTFT ÷ the cell's best."""
     on = [r for r in rows if r["migrate"]]
-    best = {c: min(r["ttft_mean_s"] for r in on if r["cell"] == c) for c in {r["cell"]
-                                                                             for r in on}}
-    lines = ["| SLO s | geo-mean of mean TTFT ÷ cell best | worst cell ratio |",
-             "|---:|---:|---:|"]
+    best = {c: min(r["ttft_mean_s"] for r in on if r["cell"] == c) for c in {r["cell"] for r in on}}
+    lines = ["| SLO s | geo-mean of mean TTFT ÷ cell best | worst cell ratio |", "|---:|---:|---:|"]
     for slo in sorted({r["slo"] for r in on}):
         ratios = [r["ttft_mean_s"] / best[r["cell"]] for r in on if r["slo"] == slo]
         geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
@@ -95,8 +104,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for cell in args.cell or ():
         workload, _, load = cell.partition("/")
         if workload not in replay.WORKLOAD_BY_NAME or not load.isdigit():
-            parser.error(f"--cell {cell!r}: expected WORKLOAD/LOAD with WORKLOAD one of "
-                         f"{', '.join(replay.WORKLOAD_BY_NAME)}")
+            parser.error(
+                f"--cell {cell!r}: expected WORKLOAD/LOAD with WORKLOAD one of "
+                f"{', '.join(replay.WORKLOAD_BY_NAME)}"
+            )
     if any(s <= 0 for s in args.slo or ()):
         parser.error("--slo must be > 0")
     cells, slos = args.cell or CELLS, args.slo or SLOS

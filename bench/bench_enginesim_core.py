@@ -83,10 +83,12 @@ def speed_row(label: str, gpu: str, model: str, arrivals: list[tuple], **overrid
     s = engine.stats()
     simulated = s.prefix_cache_queries + s.generation_tokens
     hit = s.prefix_cache_hits / max(s.prefix_cache_queries, 1)
-    return (f"| {label:<34} | {len(arrivals):>5} | {wall:6.2f} | {cpu:5.2f} | "
-            f"{s.busy_time:7.0f} | {s.num_steps:>7} | {s.num_steps / cpu:>9.0f} | "
-            f"{simulated / cpu / 1e6:>8.2f} | {s.generation_tokens / cpu / 1e3:>8.0f} | "
-            f"{iterations:>6} | {hit:4.2f} | {s.num_preemptions:>5} |")
+    return (
+        f"| {label:<34} | {len(arrivals):>5} | {wall:6.2f} | {cpu:5.2f} | "
+        f"{s.busy_time:7.0f} | {s.num_steps:>7} | {s.num_steps / cpu:>9.0f} | "
+        f"{simulated / cpu / 1e6:>8.2f} | {s.generation_tokens / cpu / 1e3:>8.0f} | "
+        f"{iterations:>6} | {hit:4.2f} | {s.num_preemptions:>5} |"
+    )
 
 
 def speed_table(num_requests: int) -> None:
@@ -94,14 +96,17 @@ def speed_table(num_requests: int) -> None:
     base = workload(num_requests, duration)
     heavy = workload(3 * num_requests, duration, seed=1)
     small = workload(num_requests // 4, duration / 4, seed=2)
-    print("| workload                           |  reqs | wall s | cpu s | sim s   |   steps "
-          "|  steps/s | Mtok/s * | kgen/s   |  iters | hit  | preem |")
+    print(
+        "| workload                           |  reqs | wall s | cpu s | sim s   |   steps "
+        "|  steps/s | Mtok/s * | kgen/s   |  iters | hit  | preem |"
+    )
     print("|" + "|".join("-" * w for w in (36, 7, 8, 7, 9, 9, 10, 10, 10, 8, 6, 7)) + "|")
     print(speed_row("h20 qwen2-7b, 1/16 of trace", "h20", "qwen2-7b", base))
     print(speed_row("h20 qwen2-7b, 3x overloaded", "h20", "qwen2-7b", heavy))
     print(speed_row("h100 qwen3-30b-a3b, 1/16 of trace", "h100", "qwen3-30b-a3b", base))
-    print(speed_row("h20 qwen2-7b, 1/4 KV (pressure)", "h20", "qwen2-7b", base,
-                    num_gpu_blocks=20_000))
+    print(
+        speed_row("h20 qwen2-7b, 1/4 KV (pressure)", "h20", "qwen2-7b", base, num_gpu_blocks=20_000)
+    )
     fast = speed_row("1/4 of base, fast-forward", "h20", "qwen2-7b", small)
     print(fast)
     slow_engine = EngineCore(EngineConfig.for_hardware("h20", "qwen2-7b"), fast_forward=False)
@@ -109,9 +114,11 @@ def speed_table(num_requests: int) -> None:
     drive(slow_engine, small)
     slow_wall, slow_cpu = time.perf_counter() - start, time.process_time() - cpu_start
     stats = slow_engine.stats()
-    print(f"| {'1/4 of base, step by step':<34} | {len(small):>5} | {slow_wall:6.2f} | "
-          f"{slow_cpu:5.2f} | {stats.busy_time:7.0f} | {stats.num_steps:>7} | "
-          f"{stats.num_steps / slow_cpu:>9.0f} |          |          |        |      |       |")
+    print(
+        f"| {'1/4 of base, step by step':<34} | {len(small):>5} | {slow_wall:6.2f} | "
+        f"{slow_cpu:5.2f} | {stats.busy_time:7.0f} | {stats.num_steps:>7} | "
+        f"{stats.num_steps / slow_cpu:>9.0f} |          |          |        |      |       |"
+    )
     print("rates per CPU second of this process (the machine may be shared: see wall vs cpu)")
     print("* simulated tokens (prompt tokens queried + generated)")
 
@@ -143,7 +150,8 @@ def error_report() -> None:
         "+-15% by tests/enginesim/test_calibration.py; `out` = misses it for the reason in "
         "the note (calibrate.OUT_OF_BOUND); `-` = cross-check (SGLang on H20, not vLLM)."
         f"\n\n```\n{describe(cals)}\n{summary(table)}\n```\n\n"
-        f"{markdown_table(table, before_errors())}\n")
+        f"{markdown_table(table, before_errors())}\n"
+    )
     print(f"wrote {CALIBRATION_MD}")
 
 

@@ -109,9 +109,7 @@ async def client_loop(port: int, case: Case, counter: Counter, stop: asyncio.Eve
 async def run_load(case: Case, base: int, warmup: float, duration: float) -> tuple[int, float]:
     counter, stop = Counter(), asyncio.Event()
     tasks = [
-        asyncio.ensure_future(
-            client_loop(base + n % case.instances, case, counter, stop, n)
-        )
+        asyncio.ensure_future(client_loop(base + n % case.instances, case, counter, stop, n))
         for n in range(case.concurrency)
     ]
     await asyncio.sleep(warmup)
@@ -129,6 +127,7 @@ def measure(case: Case, warmup: float, duration: float) -> dict[str, float]:
     base = free_ports(case.instances)
     proc = start_server(case, base)
     try:
+
         async def timed() -> tuple[int, float, float, float]:
             load = asyncio.ensure_future(run_load(case, base, warmup, duration))
             await asyncio.sleep(warmup)

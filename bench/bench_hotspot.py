@@ -44,16 +44,23 @@ from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import read_trace, select
 
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / \
-    "mooncake_conversation_t0-2700s.jsonl"
+TRACE = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "traces"
+    / "mooncake_conversation_t0-2700s.jsonl"
+)
 CONFIG = SimConfig(instances=16, gpu="h20", model="qwen2-7b", max_model_len=131072, seed=1)
 BACKGROUND_S = 480.0  # trace seconds of background, before rate scaling
 BURST_AT_S, BURST_S, RAMP_S = 120.0, 120.0, 60.0  # in replay (scaled) seconds
 # "eager": the detector without two of its guards (a class cached on more than half the
 # instances may be hot; two class requests in the window suffice), to see what they cost.
-POLICIES = {"lmetric": {}, "lmetric[no_hotspot]": {"hotspot": {"enabled": False}},
-            "lmetric[eager]": {"hotspot": {"max_hit_fraction": 1.0, "min_class_requests": 2}},
-            "least_load": {}}
+POLICIES = {
+    "lmetric": {},
+    "lmetric[no_hotspot]": {"hotspot": {"enabled": False}},
+    "lmetric[eager]": {"hotspot": {"max_hit_fraction": 1.0, "min_class_requests": 2}},
+    "least_load": {},
+}
 
 
 @dataclass(frozen=True)
@@ -67,21 +74,27 @@ class Point:
 
     def label(self) -> str:
         model = "" if self.model == CONFIG.model else f", {self.model}"
-        return (f"prefix {self.prefix_tokens // 1024}k, suffix {self.suffix_tokens}, "
-                f"out {self.output_tokens}, share {self.share:.0%}, "
-                f"bg ×{self.background_scale:g}{model}")
+        return (
+            f"prefix {self.prefix_tokens // 1024}k, suffix {self.suffix_tokens}, "
+            f"out {self.output_tokens}, share {self.share:.0%}, "
+            f"bg ×{self.background_scale:g}{model}"
+        )
 
 
 def workload(point: Point) -> list[Any]:
-    background = select(read_trace(TRACE), end_s=BACKGROUND_S,
-                        rate_scale=point.background_scale)
+    background = select(read_trace(TRACE), end_s=BACKGROUND_S, rate_scale=point.background_scale)
     background_rate = len(background) / background[-1].arrival_s
     burst_rate = background_rate * point.share / (1 - point.share)
-    params = HotspotParams(at_s=BURST_AT_S, duration_s=BURST_S, burst_rate=burst_rate,
-                           prefix_tokens=point.prefix_tokens,
-                           suffix_tokens=float(point.suffix_tokens),
-                           output_tokens=float(point.output_tokens),
-                           ramp_s=RAMP_S, seed=3)
+    params = HotspotParams(
+        at_s=BURST_AT_S,
+        duration_s=BURST_S,
+        burst_rate=burst_rate,
+        prefix_tokens=point.prefix_tokens,
+        suffix_tokens=float(point.suffix_tokens),
+        output_tokens=float(point.output_tokens),
+        ramp_s=RAMP_S,
+        seed=3,
+    )
     return hotspot_burst(background, params)
 
 
@@ -92,31 +105,47 @@ def run(args: tuple[Point, str]) -> tuple[Point, str, dict[str, Any]]:
     config = replace(CONFIG, model=point.model, policy_params={kind: POLICIES[policy]})
     result = Simulator(records, kind, config).run()
     events = result.hotspot_log
-    in_burst = [r for r in result.requests if r.status == "ok"
-                and BURST_AT_S <= r.arrival_s < BURST_AT_S + BURST_S]
+    in_burst = [
+        r
+        for r in result.requests
+        if r.status == "ok" and BURST_AT_S <= r.arrival_s < BURST_AT_S + BURST_S
+    ]
     ttft = np.array([r.first_token_s - r.arrival_s for r in in_burst])
-    burst_tpot = [(r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-                  for r in in_burst if r.output_tokens > 1]
+    burst_tpot = [
+        (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+        for r in in_burst
+        if r.output_tokens > 1
+    ]
     confirmed = [e.time for e in events if e.kind == "confirmed"]
-    hot = [r for r, record in zip(result.requests, records, strict=True)
-           if record.kind == "hotspot" and r.status == "ok"]
+    hot = [
+        r
+        for r, record in zip(result.requests, records, strict=True)
+        if record.kind == "hotspot" and r.status == "ok"
+    ]
     served = np.unique([r.instance for r in hot], return_counts=True)[1]
-    tpot = [(r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-            for r in hot if r.output_tokens > 1]
-    return point, policy, {
-        "class_ttft_mean_s": float(np.mean([r.first_token_s - r.arrival_s for r in hot])),
-        "class_tpot_mean_s": float(np.mean(tpot)) if tpot else None,
-        "class_instances": int((served >= 0.05 * len(hot)).sum()),
-        "burst_ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
-        "burst_ttft_p99_s": percentile(ttft, 99),
-        "burst_tpot_mean_s": float(np.mean(burst_tpot)) if burst_tpot else None,
-        "burst_requests": len(in_burst),
-        "detection_s": (min(confirmed) - BURST_AT_S) if confirmed else None,
-        "fallback_s": _fallback_time(events),
-        "transitions": {kind: sum(e.kind == kind for e in events)
-                        for kind in ("suspected", "confirmed", "dismissed", "cleared")},
-        "fallback_decisions": result.decision_reasons.get("hotspot_fallback", 0),
-    }
+    tpot = [
+        (r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in hot if r.output_tokens > 1
+    ]
+    return (
+        point,
+        policy,
+        {
+            "class_ttft_mean_s": float(np.mean([r.first_token_s - r.arrival_s for r in hot])),
+            "class_tpot_mean_s": float(np.mean(tpot)) if tpot else None,
+            "class_instances": int((served >= 0.05 * len(hot)).sum()),
+            "burst_ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
+            "burst_ttft_p99_s": percentile(ttft, 99),
+            "burst_tpot_mean_s": float(np.mean(burst_tpot)) if burst_tpot else None,
+            "burst_requests": len(in_burst),
+            "detection_s": (min(confirmed) - BURST_AT_S) if confirmed else None,
+            "fallback_s": _fallback_time(events),
+            "transitions": {
+                kind: sum(e.kind == kind for e in events)
+                for kind in ("suspected", "confirmed", "dismissed", "cleared")
+            },
+            "fallback_decisions": result.decision_reasons.get("hotspot_fallback", 0),
+        },
+    )
 
 
 def _fallback_time(events: Sequence[Any]) -> float:
@@ -135,11 +164,17 @@ def _fallback_time(events: Sequence[Any]) -> float:
 def grid(quick: bool) -> list[Point]:
     if quick:
         return [Point(24_576, 64, 5000, 0.9, 1.0), Point(8192, 512, 500, 0.5, 0.5)]
-    main = [Point(*values) for values in itertools.product(
-        (8192, 24_576), (64, 512), (500, 5000), (0.5, 0.9), (0.5, 1.0))]
+    main = [
+        Point(*values)
+        for values in itertools.product(
+            (8192, 24_576), (64, 512), (500, 5000), (0.5, 0.9), (0.5, 1.0)
+        )
+    ]
     # the paper's headline model: a third of the KV room per token (96 KiB, 61 GB weights)
-    headline = [Point(*values, model="qwen3-30b-a3b") for values in itertools.product(
-        (24_576,), (64,), (500, 5000), (0.5, 0.9), (0.5, 1.0))]
+    headline = [
+        Point(*values, model="qwen3-30b-a3b")
+        for values in itertools.product((24_576,), (64,), (500, 5000), (0.5, 0.9), (0.5, 1.0))
+    ]
     return main + headline
 
 
@@ -152,25 +187,32 @@ ORDER = ("lmetric[no_hotspot]", "least_load", "lmetric", "lmetric[eager]")
 
 def table(rows: dict[Point, dict[str, dict[str, Any]]]) -> list[str]:
     names = "plain / least_load / lmetric / eager"
-    lines = [f"| point | burst TTFT mean: {names} | burst TPOT mean: {names} | lmetric vs "
-             "plain, TTFT / TPOT | detected after | fallback | suspected/confirmed/"
-             "dismissed/cleared (eager confirmed) | class on: plain / least_load / lmetric |",
-             "|---|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        f"| point | burst TTFT mean: {names} | burst TPOT mean: {names} | lmetric vs "
+        "plain, TTFT / TPOT | detected after | fallback | suspected/confirmed/"
+        "dismissed/cleared (eager confirmed) | class on: plain / least_load / lmetric |",
+        "|---|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for point, runs in rows.items():
         plain, detector = runs["lmetric[no_hotspot]"], runs["lmetric"]
         ttft = " / ".join(fmt(runs[name]["burst_ttft_mean_s"], ".2f") for name in ORDER)
         tpot = " / ".join(fmt(runs[name]["burst_tpot_mean_s"], ".3f") for name in ORDER)
-        gains = " / ".join(fmt(_gain(detector[key], plain[key]), "+.0%")
-                           for key in ("burst_ttft_mean_s", "burst_tpot_mean_s"))
+        gains = " / ".join(
+            fmt(_gain(detector[key], plain[key]), "+.0%")
+            for key in ("burst_ttft_mean_s", "burst_tpot_mean_s")
+        )
         counts = detector["transitions"]
-        spread = " / ".join(str(runs[name]["class_instances"])
-                            for name in ("lmetric[no_hotspot]", "least_load", "lmetric"))
+        spread = " / ".join(
+            str(runs[name]["class_instances"])
+            for name in ("lmetric[no_hotspot]", "least_load", "lmetric")
+        )
         lines.append(
             f"| {point.label()} | {ttft} | {tpot} | {gains} | "
             f"{fmt(detector['detection_s'], '.1f')} s | {detector['fallback_s']:.0f} s | "
             f"{counts['suspected']}/{counts['confirmed']}/{counts['dismissed']}/"
             f"{counts['cleared']} ({runs['lmetric[eager]']['transitions']['confirmed']}) | "
-            f"{spread} |")
+            f"{spread} |"
+        )
     return lines
 
 
@@ -181,8 +223,12 @@ def _gain(value: float | None, baseline: float | None) -> float | None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="default: bench/replay_report, or "
-                        "bench/out/ with --quick (the committed report stays untouched)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="default: bench/replay_report, or "
+        "bench/out/ with --quick (the committed report stays untouched)",
+    )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args(argv)
@@ -194,24 +240,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: dict[Point, dict[str, dict[str, Any]]] = {p: {} for p in points}
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for point, policy, summary in pool.map(
-                run, [(p, policy) for p in points for policy in POLICIES]):
+            run, [(p, policy) for p in points for policy in POLICIES]
+        ):
             rows[point][policy] = summary
-            print(f"{point.label():<55} {policy:<20} burst TTFT "
-                  f"{fmt(summary['burst_ttft_mean_s'], '.2f')} s "
-                  f"confirmed {summary['transitions']['confirmed']}", flush=True)
-    lines = ["## Hotspot sweep", "",
-             f"Generated by `bench/bench_hotspot.py{' --quick' if args.quick else ''}` in "
-             f"{(time.perf_counter() - started) / 60:.1f} min. Background: the Mooncake "
-             f"conversation trace's first {BACKGROUND_S:g} s at the rate scale shown; burst "
-             f"from {BURST_AT_S:g} s for {BURST_S:g} s (replay time). TTFT columns: mean "
-             "TTFT (s) of every request arriving during the burst. `class on`: instances that "
-             "served at least 5% of the burst's requests.", "", *table(rows)]
+            print(
+                f"{point.label():<55} {policy:<20} burst TTFT "
+                f"{fmt(summary['burst_ttft_mean_s'], '.2f')} s "
+                f"confirmed {summary['transitions']['confirmed']}",
+                flush=True,
+            )
+    lines = [
+        "## Hotspot sweep",
+        "",
+        f"Generated by `bench/bench_hotspot.py{' --quick' if args.quick else ''}` in "
+        f"{(time.perf_counter() - started) / 60:.1f} min. Background: the Mooncake "
+        f"conversation trace's first {BACKGROUND_S:g} s at the rate scale shown; burst "
+        f"from {BURST_AT_S:g} s for {BURST_S:g} s (replay time). TTFT columns: mean "
+        "TTFT (s) of every request arriving during the burst. `class on`: instances that "
+        "served at least 5% of the burst's requests.",
+        "",
+        *table(rows),
+    ]
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hotspot.md").write_text(
-        "\n".join(lines) + "\n")
+    (args.out / "hotspot.md").write_text("\n".join(lines) + "\n")
     (args.out / "hotspot.json").write_text(
-        json.dumps([{"point": asdict(p), "runs": r} for p, r in rows.items()], indent=1)
-        + "\n")
+        json.dumps([{"point": asdict(p), "runs": r} for p, r in rows.items()], indent=1) + "\n"
+    )
     print("\n".join(lines))
     return 0
 

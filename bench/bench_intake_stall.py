@@ -106,8 +106,9 @@ async def send_big(url: str, raw: bytes, rounds: int) -> list[int]:
     statuses = []
     async with httpx.AsyncClient(timeout=300, trust_env=False) as client:
         for _ in range(rounds):
-            response = await client.post(url + "/v1/completions", content=raw,
-                                         headers={"content-type": "application/json"})
+            response = await client.post(
+                url + "/v1/completions", content=raw, headers={"content-type": "application/json"}
+            )
             statuses.append(response.status_code)
     return statuses
 
@@ -127,10 +128,16 @@ async def measure(url: str, raw: bytes, rounds: int) -> dict[str, object]:
     streams = await streamer
     late, worst = lag_summary(before, after)
     ordered = sorted(gaps)
-    return {"streams": streams, "p50": percentile(ordered, 50) or 0.0,
-            "p99": percentile(ordered, 99) or 0.0,
-            "max": ordered[-1] if ordered else 0.0, "late": late, "worst": worst,
-            "statuses": statuses, "elapsed": elapsed}
+    return {
+        "streams": streams,
+        "p50": percentile(ordered, 50) or 0.0,
+        "p99": percentile(ordered, 99) or 0.0,
+        "max": ordered[-1] if ordered else 0.0,
+        "late": late,
+        "worst": worst,
+        "statuses": statuses,
+        "elapsed": elapsed,
+    }
 
 
 def main() -> None:
@@ -149,8 +156,11 @@ def main() -> None:
                 for mode, offload in (("inline", 1024**3), ("worker", 64 * 1024)):
                     document = router_config(fleet, "lmetric")
                     document["router"].update(
-                        offload_body_bytes=offload, tokenizer_path=tokenizer,
-                        max_body_bytes=(args.mib + 1) * 1024 * 1024, first_byte_timeout_s=300)
+                        offload_body_bytes=offload,
+                        tokenizer_path=tokenizer,
+                        max_body_bytes=(args.mib + 1) * 1024 * 1024,
+                        first_byte_timeout_s=300,
+                    )
                     router = launch_router(directory, document)
                     try:
                         result = asyncio.run(measure(router.url, raw, args.big))
@@ -159,15 +169,21 @@ def main() -> None:
                     rows.append((tier, target, mode, result))
     finally:
         stop_process(fleet.proc)
-    print(f"\n{args.big} prompts of {args.mib} MiB each, one after another, beside one client "
-          "streaming 64-token completions back to back\n")
-    print("| tokenizer | big prompts reach | intake | streams done | chunk gap p50 | p99 | max "
-          "| loop lag > 50 ms (samples) | worst loop lag | big prompts (s) | big statuses |")
+    print(
+        f"\n{args.big} prompts of {args.mib} MiB each, one after another, beside one client "
+        "streaming 64-token completions back to back\n"
+    )
+    print(
+        "| tokenizer | big prompts reach | intake | streams done | chunk gap p50 | p99 | max "
+        "| loop lag > 50 ms (samples) | worst loop lag | big prompts (s) | big statuses |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for tier, target, mode, r in rows:
-        print(f"| {tier} | {target} | {mode} | {r['streams']} | {r['p50'] * 1000:.1f} ms | "
-              f"{r['p99'] * 1000:.1f} ms | {r['max'] * 1000:.0f} ms | {r['late']} | "
-              f"{r['worst']} | {r['elapsed']:.1f} | {r['statuses']} |")
+        print(
+            f"| {tier} | {target} | {mode} | {r['streams']} | {r['p50'] * 1000:.1f} ms | "
+            f"{r['p99'] * 1000:.1f} ms | {r['max'] * 1000:.0f} ms | {r['late']} | "
+            f"{r['worst']} | {r['elapsed']:.1f} | {r['statuses']} |"
+        )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,12 @@ def _on_signal(signum: int, _frame: Any) -> None:
 
 def stats(values: list[float]) -> dict[str, float]:
     arr = np.asarray(values, dtype=float)
-    return {"n": len(arr), "mean": float(arr.mean()), "p50": percentile(arr, 50),
-            "p99": percentile(arr, 99)}
+    return {
+        "n": len(arr),
+        "mean": float(arr.mean()),
+        "p50": percentile(arr, 50),
+        "p99": percentile(arr, 99),
+    }
 
 
 def engine_ttft(base: int, instances: int) -> tuple[float, int]:
@@ -109,12 +113,14 @@ class DecisionPoller(threading.Thread):
             state = httpx.get(self.url, headers=self.headers, timeout=5).json()
             for item in state.get("recent_decisions", []):
                 self.decisions[item["request_id"]] = {
-                    key: item.get(key) for key in ("instance", "prompt_tokens", "status",
-                                                   "cached_tokens", "reason")}
+                    key: item.get(key)
+                    for key in ("instance", "prompt_tokens", "status", "cached_tokens", "reason")
+                }
 
 
-def placement_agreement(decisions: list[dict[str, Any]], replay_rows: list[dict[str, Any]]
-                        ) -> tuple[int, int]:
+def placement_agreement(
+    decisions: list[dict[str, Any]], replay_rows: list[dict[str, Any]]
+) -> tuple[int, int]:
     """(same instance, compared) over requests whose prompt length is unique in the slice."""
     live: dict[int, list[str]] = {}
     for item in decisions:
@@ -137,52 +143,124 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     base = free_ports(args.instances + 1)
     router_port = base + args.instances
     scale = args.time_scale
-    fleet = spawn([PY, "-m", "enginesim", "serve", "--instances", str(args.instances),
-                   "--base-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
-                   "--time-scale", str(scale), "--stream-interval", str(args.stream_interval)],
-                  work / f"{policy}_fleet.log")
-    wait_until(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
-                           .status_code == 200 for k in range(args.instances)),
-               60, "enginesim fleet", fleet, interval=0.3)
+    fleet = spawn(
+        [
+            PY,
+            "-m",
+            "enginesim",
+            "serve",
+            "--instances",
+            str(args.instances),
+            "--base-port",
+            str(base),
+            "--gpu",
+            "h20",
+            "--model",
+            "qwen2-7b",
+            "--time-scale",
+            str(scale),
+            "--stream-interval",
+            str(args.stream_interval),
+        ],
+        work / f"{policy}_fleet.log",
+    )
+    wait_until(
+        lambda: all(
+            httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2).status_code == 200
+            for k in range(args.instances)
+        ),
+        60,
+        "enginesim fleet",
+        fleet,
+        interval=0.3,
+    )
     config = {
-        "cluster": "h20-qwen2-7b", "block_size": 16,
-        "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"}
-                      for k in range(args.instances)],
+        "cluster": "h20-qwen2-7b",
+        "block_size": 16,
+        "instances": [
+            {"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"} for k in range(args.instances)
+        ],
         "policy": {"kind": policy, "params": {}, "seed": 0},
         "router": {
             # one simulated second between scrapes, as in the replay
             "scrape_interval_s": args.scrape_interval * scale,
-            "health_interval_s": 1.0, "health_timeout_s": 5.0,
+            "health_interval_s": 1.0,
+            "health_timeout_s": 5.0,
             # long slow-motion prefills must not be retried elsewhere
-            "first_byte_timeout_s": 3600.0, "queue_timeout_s": 600.0,
-            "max_body_bytes": 64 * 1024 * 1024, "kv_events": False,
+            "first_byte_timeout_s": 3600.0,
+            "queue_timeout_s": 600.0,
+            "max_body_bytes": 64 * 1024 * 1024,
+            "kv_events": False,
         },
     }
     config_path = work / f"{policy}_router.json"
     config_path.write_text(json.dumps(config, indent=1))
-    router = spawn([PY, "-m", "router_worker", "--config", str(config_path),
-                    "--port", str(router_port), "--redis-url", "none",
-                    "--admin-token", ADMIN_TOKEN, "--log-level", "WARNING"],
-                   work / f"{policy}_router.log")
+    router = spawn(
+        [
+            PY,
+            "-m",
+            "router_worker",
+            "--config",
+            str(config_path),
+            "--port",
+            str(router_port),
+            "--redis-url",
+            "none",
+            "--admin-token",
+            ADMIN_TOKEN,
+            "--log-level",
+            "WARNING",
+        ],
+        work / f"{policy}_router.log",
+    )
     target = f"http://127.0.0.1:{router_port}"
-    wait_until(lambda: httpx.get(target + "/health", timeout=2).status_code == 200,
-               60, "router", router, interval=0.3)
+    wait_until(
+        lambda: httpx.get(target + "/health", timeout=2).status_code == 200,
+        60,
+        "router",
+        router,
+        interval=0.3,
+    )
     time.sleep(3 * args.scrape_interval * scale)  # a few scrapes and probes first
 
     poller = DecisionPoller(target, ADMIN_TOKEN)
     poller.start()
     out = work / f"{policy}_live.jsonl"
     started = time.monotonic()
-    loadgen = spawn([PY, "-m", "enginesim", "loadgen", "--trace", str(args.trace),
-                     "--target", target, "--rate-scale", repr(args.rate_scale / scale),
-                     "--start", str(args.start), "--end", str(args.end),
-                     "--timeout", "3600", "--concurrency-limit", "1024",
-                     "--out", str(out), "--no-progress"], work / f"{policy}_loadgen.log")
+    loadgen = spawn(
+        [
+            PY,
+            "-m",
+            "enginesim",
+            "loadgen",
+            "--trace",
+            str(args.trace),
+            "--target",
+            target,
+            "--rate-scale",
+            repr(args.rate_scale / scale),
+            "--start",
+            str(args.start),
+            "--end",
+            str(args.end),
+            "--timeout",
+            "3600",
+            "--concurrency-limit",
+            "1024",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        work / f"{policy}_loadgen.log",
+    )
     try:
         loadgen.wait(args.live_timeout)
     except subprocess.TimeoutExpired:
-        print(f"# {policy}: loadgen still running after {args.live_timeout:.0f} s; "
-              "stopping it (in-flight requests are cancelled)", flush=True)
+        print(
+            f"# {policy}: loadgen still running after {args.live_timeout:.0f} s; "
+            "stopping it (in-flight requests are cancelled)",
+            flush=True,
+        )
         with contextlib.suppress(ProcessLookupError):
             os.killpg(loadgen.pid, signal.SIGINT)  # clean stop: writes --out
         loadgen.wait(60)
@@ -201,14 +279,17 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     ok = [o for o in outcomes if o["status"] == "ok"]
     late = [o["sent_s"] - o["scheduled_s"] for o in outcomes]
     return {
-        "sent": len(outcomes), "ok": len(ok), "wall_s": wall,
+        "sent": len(outcomes),
+        "ok": len(ok),
+        "wall_s": wall,
         "not_ok": len(outcomes) - len(ok),
         "ttft": stats([o["ttft_s"] / scale for o in ok]) if ok else None,
         "cached": sum(o["cached_tokens"] or 0 for o in ok)
         / max(sum(o["prompt_tokens"] or 0 for o in ok), 1),
         "max_late_sim_s": max(late) / scale if late else 0.0,
         "engine_ttft_mean": eng_sum / eng_count if eng_count else None,
-        "engine_count": eng_count, "decisions": len(decisions),
+        "engine_count": eng_count,
+        "decisions": len(decisions),
     }
 
 
@@ -217,11 +298,32 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
 
 def run_replay(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]]:
     out = work / "replay"
-    cmd = [PY, "-m", "enginesim", "replay", "--trace", str(args.trace),
-           "--instances", str(args.instances), "--gpu", "h20", "--model", "qwen2-7b",
-           "--rate-scale", repr(args.rate_scale), "--start", str(args.start),
-           "--end", str(args.end), "--scrape-interval", str(args.scrape_interval),
-           "--out", str(out), "--no-plots", "--no-progress"]
+    cmd = [
+        PY,
+        "-m",
+        "enginesim",
+        "replay",
+        "--trace",
+        str(args.trace),
+        "--instances",
+        str(args.instances),
+        "--gpu",
+        "h20",
+        "--model",
+        "qwen2-7b",
+        "--rate-scale",
+        repr(args.rate_scale),
+        "--start",
+        str(args.start),
+        "--end",
+        str(args.end),
+        "--scrape-interval",
+        str(args.scrape_interval),
+        "--out",
+        str(out),
+        "--no-plots",
+        "--no-progress",
+    ]
     for policy in args.policies:
         cmd += ["--policy", policy]
     proc = spawn(cmd, work / "replay.log")
@@ -230,14 +332,16 @@ def run_replay(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]
     CHILDREN.remove(proc)
     results: dict[str, dict[str, Any]] = {}
     for policy in args.policies:
-        rows = [json.loads(line) for line in
-                (out / policy / "requests.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line) for line in (out / policy / "requests.jsonl").read_text().splitlines()
+        ]
         ok = [r for r in rows if r.get("first_token_s") is not None]
         decisions_path = work / f"{policy}_decisions.json"
         decisions = json.loads(decisions_path.read_text()) if decisions_path.exists() else []
         results[policy] = {
             "same_instance": placement_agreement(decisions, rows),
-            "requests": len(rows), "ok": len(ok),
+            "requests": len(rows),
+            "ok": len(ok),
             "ttft": stats([r["first_token_s"] - r["arrival_s"] for r in ok]),
             "cached": sum(r["cached_tokens"] or 0 for r in ok)
             / max(sum(r["prompt_tokens"] or 0 for r in ok), 1),
@@ -287,7 +391,8 @@ def report(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any
             f"| {rel(lt['p99'], rt['p99'])} "
             f"| {'-' if eng is None else f'{eng:.3f}'} ({lv['engine_count']} reqs) "
             f"| {lv['cached']:.3f}/{rp['cached']:.3f} | {lv['max_late_sim_s']:.2f} "
-            f"| {rp['same_instance'][0]}/{rp['same_instance'][1]} | {lv['wall_s']:.0f} |")
+            f"| {rp['same_instance'][0]}/{rp['same_instance'][1]} | {lv['wall_s']:.0f} |"
+        )
     if all(live[p]["ttft"] is not None for p in args.policies):
         lines.append("")
         for key in ("mean", "p99"):

@@ -47,35 +47,63 @@ REQUESTS = 1500  # per cell: the whole traces take hours on two cores (N routers
 def variants() -> list[tuple[int, float, float | None]]:
     """(routers, telemetry delay, peer sync delay or None = no sync) for every run."""
     runs = [(n, d, SYNC_DELAY) for n in ROUTERS for d in DELAYS]
-    return [*runs, (ROUTERS[-1], 0.0, SLOW_SYNC_DELAY),
-            *[(n, NO_SYNC_DELAY, None) for n in ROUTERS[1:]]]
+    return [
+        *runs,
+        (ROUTERS[-1], 0.0, SLOW_SYNC_DELAY),
+        *[(n, NO_SYNC_DELAY, None) for n in ROUTERS[1:]],
+    ]
 
 
 def _run(job: tuple[str, float, str, int, float, float | None, int | None]) -> dict[str, Any]:
     workload, scale, policy, routers, delay, sync, limit = job
-    records = spread_ties(select(matrix.WORKLOAD_BY_NAME[workload].build(limit),
-                                 rate_scale=scale), seed=1)
-    config = replace(matrix.config_for(matrix.MAIN_MODEL, policy), kv_events=True,
-                     routers=routers, telemetry_delay_s=delay, replica_sync=sync is not None,
-                     replica_sync_delay_s=sync or 0.0)
+    records = spread_ties(
+        select(matrix.WORKLOAD_BY_NAME[workload].build(limit), rate_scale=scale), seed=1
+    )
+    config = replace(
+        matrix.config_for(matrix.MAIN_MODEL, policy),
+        kv_events=True,
+        routers=routers,
+        telemetry_delay_s=delay,
+        replica_sync=sync is not None,
+        replica_sync_delay_s=sync or 0.0,
+    )
     started = time.perf_counter()
     result = Simulator(records, policy, config).run()
     summary = metrics.summarize(result)
-    return {"workload": workload, "policy": policy, "routers": routers, "delay_s": delay,
-            "sync": sync, "requests": len(records), "wall_s": time.perf_counter() - started,
-            **{k: summary[k] for k in ("ttft_mean_s", "ttft_p99_s", "hit_ratio")}}
+    return {
+        "workload": workload,
+        "policy": policy,
+        "routers": routers,
+        "delay_s": delay,
+        "sync": sync,
+        "requests": len(records),
+        "wall_s": time.perf_counter() - started,
+        **{k: summary[k] for k in ("ttft_mean_s", "ttft_p99_s", "hit_ratio")},
+    }
 
 
 def scales() -> dict[str, float]:
     fits = json.loads(MATRIX.read_text())["calibration"]
-    return {w.name: matrix.scale_for(fits[f"{w.name}@{matrix.MAIN_MODEL}"], LOAD)
-            for w in matrix.WORKLOADS}
+    return {
+        w.name: matrix.scale_for(fits[f"{w.name}@{matrix.MAIN_MODEL}"], LOAD)
+        for w in matrix.WORKLOADS
+    }
 
 
-def _find(rows: list[dict[str, Any]], workload: str, policy: str, routers: int,
-          delay: float, sync: float | None) -> dict[str, Any]:
-    return next(r for r in rows if (r["workload"], r["policy"], r["routers"], r["delay_s"],
-                                    r["sync"]) == (workload, policy, routers, delay, sync))
+def _find(
+    rows: list[dict[str, Any]],
+    workload: str,
+    policy: str,
+    routers: int,
+    delay: float,
+    sync: float | None,
+) -> dict[str, Any]:
+    return next(
+        r
+        for r in rows
+        if (r["workload"], r["policy"], r["routers"], r["delay_s"], r["sync"])
+        == (workload, policy, routers, delay, sync)
+    )
 
 
 def _gap(row: dict[str, Any], one: dict[str, Any]) -> float:
@@ -92,16 +120,25 @@ def gap_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
     """The table (N routers' mean TTFT against one router's at the same telemetry delay)
     and the judged cells that miss the goal."""
     many = ROUTERS[1:]
-    head = ["workload", "policy", "1 router", *[f"×{n}" for n in many],
-            f"1 router, {DELAYS[-1]:g} s", *[f"×{n}, {DELAYS[-1]:g} s" for n in many],
-            f"×{ROUTERS[-1]}, peers {SLOW_SYNC_DELAY:g} s",
-            *[f"×{n}, no sync, {NO_SYNC_DELAY:g} s" for n in many]]
+    head = [
+        "workload",
+        "policy",
+        "1 router",
+        *[f"×{n}" for n in many],
+        f"1 router, {DELAYS[-1]:g} s",
+        *[f"×{n}, {DELAYS[-1]:g} s" for n in many],
+        f"×{ROUTERS[-1]}, peers {SLOW_SYNC_DELAY:g} s",
+        *[f"×{n}, no sync, {NO_SYNC_DELAY:g} s" for n in many],
+    ]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (len(head) - 2)]
     misses = []
     for workload, policy in sorted({(r["workload"], r["policy"]) for r in rows}):
-        def find(n: int, delay: float, sync: float | None,
-                 w: str = workload, p: str = policy) -> dict[str, Any]:
+
+        def find(
+            n: int, delay: float, sync: float | None, w: str = workload, p: str = policy
+        ) -> dict[str, Any]:
             return _find(rows, w, p, n, delay, sync)
+
         fresh, stale = find(1, 0.0, SYNC_DELAY), find(1, DELAYS[-1], SYNC_DELAY)
         cells = [workload, f"`{policy}`", f"{fresh['ttft_mean_s']:.2f}"]
         for n in many:
@@ -120,10 +157,12 @@ def gap_rows(rows: list[dict[str, Any]]) -> tuple[list[str], list[str]]:
 def report(out: Path, data: dict[str, Any]) -> None:
     table, misses = gap_rows(data["rows"])
     text = [
-        "# Several routers, one fleet (replay)", "",
+        "# Several routers, one fleet (replay)",
+        "",
         f"Generated by `bench/bench_multi_router.py` on {data['machine']} in "
         f"{data['wall_s'] / 60:.1f} min"
-        ".", "",
+        ".",
+        "",
         f"The evaluation matrix's ~{LOAD}% cells on 16× H20 Qwen2-7B (rate scales from "
         f"`bench/replay_report/matrix.json`), the first {data['requests']} requests of each "
         "workload, arrivals spread within their timestamp bucket, "
@@ -135,8 +174,12 @@ def report(out: Path, data: dict[str, Any]) -> None:
         f"router at the same telemetry delay. Goal: ×2 and ×4 within {GOAL:.0%} of one "
         "router (✗ = miss), judged at zero telemetry delay; the other columns show how "
         "the gap grows with a stale view, a slow peer channel and no peer channel.",
-        "", *table, "",
-        "Misses: " + (", ".join(misses) or "none") + ".", ""]
+        "",
+        *table,
+        "",
+        "Misses: " + (", ".join(misses) or "none") + ".",
+        "",
+    ]
     (out / "README.md").write_text("\n".join(text))
 
 
@@ -146,27 +189,43 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--workload", action="append", choices=list(matrix.WORKLOAD_BY_NAME))
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--requests", type=int, default=REQUESTS,
-                        help="the first N requests of each cell's workload")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=REQUESTS,
+        help="the first N requests of each cell's workload",
+    )
     args = parser.parse_args(argv)
     out = args.out or (HERE / "out" / "multi_router" if args.quick else HERE / "multi_router")
     limit = 300 if args.quick else args.requests
     rate = scales()
     workloads = args.workload or [w.name for w in matrix.WORKLOADS]
-    jobs = [(w, rate[w], p, n, d, s, limit) for w in workloads for p in POLICIES
-            for n, d, s in variants()]
+    jobs = [
+        (w, rate[w], p, n, d, s, limit)
+        for w in workloads
+        for p in POLICIES
+        for n, d, s in variants()
+    ]
     started = time.perf_counter()
     rows = []
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         for row in pool.map(_run, jobs):
             rows.append(row)
-            print(f"{row['workload']:<13} {row['policy']:<15} ×{row['routers']} "
-                  f"delay {row['delay_s']:<5g} sync {row['sync']!s:<6} "
-                  f"TTFT {row['ttft_mean_s']:.3f}", flush=True)
+            print(
+                f"{row['workload']:<13} {row['policy']:<15} ×{row['routers']} "
+                f"delay {row['delay_s']:<5g} sync {row['sync']!s:<6} "
+                f"TTFT {row['ttft_mean_s']:.3f}",
+                flush=True,
+            )
     out.mkdir(parents=True, exist_ok=True)
-    data = {"quick": args.quick, "machine": matrix.machine(), "load": LOAD, "rows": rows,
-            "requests": limit,
-            "wall_s": time.perf_counter() - started}
+    data = {
+        "quick": args.quick,
+        "machine": matrix.machine(),
+        "load": LOAD,
+        "rows": rows,
+        "requests": limit,
+        "wall_s": time.perf_counter() - started,
+    }
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     report(out, data)
     print(f"wrote {out}/README.md")

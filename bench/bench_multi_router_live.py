@@ -50,51 +50,105 @@ def variant_name(routers: int, sync: bool) -> str:
     return f"{routers} routers, {'sync' if sync else 'no sync'}"
 
 
-def start_fleet(args: argparse.Namespace, base: int, work: Path, tag: str
-                ) -> subprocess.Popen[bytes]:
-    fleet = live.spawn([PY, "-m", "enginesim", "serve", "--instances", str(args.instances),
-                        "--base-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
-                        "--time-scale", str(args.time_scale),
-                        "--stream-interval", str(args.stream_interval)],
-                       work / f"{tag}_fleet.log")
-    wait_until(lambda: all(httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2)
-                           .status_code == 200 for k in range(args.instances)),
-               60, "enginesim fleet", fleet, interval=0.3)
+def start_fleet(
+    args: argparse.Namespace, base: int, work: Path, tag: str
+) -> subprocess.Popen[bytes]:
+    fleet = live.spawn(
+        [
+            PY,
+            "-m",
+            "enginesim",
+            "serve",
+            "--instances",
+            str(args.instances),
+            "--base-port",
+            str(base),
+            "--gpu",
+            "h20",
+            "--model",
+            "qwen2-7b",
+            "--time-scale",
+            str(args.time_scale),
+            "--stream-interval",
+            str(args.stream_interval),
+        ],
+        work / f"{tag}_fleet.log",
+    )
+    wait_until(
+        lambda: all(
+            httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2).status_code == 200
+            for k in range(args.instances)
+        ),
+        60,
+        "enginesim fleet",
+        fleet,
+        interval=0.3,
+    )
     return fleet
 
 
-def router_document(policy: str, sync: bool, cluster: str, base: int,
-                    args: argparse.Namespace) -> dict[str, Any]:
+def router_document(
+    policy: str, sync: bool, cluster: str, base: int, args: argparse.Namespace
+) -> dict[str, Any]:
     params = fill_coefficients(policy, {}, "h20", "qwen2-7b")
     return {
-        "cluster": cluster, "block_size": 16,
-        "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"}
-                      for k in range(args.instances)],
+        "cluster": cluster,
+        "block_size": 16,
+        "instances": [
+            {"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"} for k in range(args.instances)
+        ],
         "policy": {"kind": policy, "params": params, "seed": 0},
         "router": {
             "scrape_interval_s": args.scrape_interval * args.time_scale,
-            "health_interval_s": 1.0, "health_timeout_s": 5.0,
-            "first_byte_timeout_s": 3600.0, "queue_timeout_s": 600.0,
-            "max_body_bytes": 64 * 1024 * 1024, "kv_events": False,
+            "health_interval_s": 1.0,
+            "health_timeout_s": 5.0,
+            "first_byte_timeout_s": 3600.0,
+            "queue_timeout_s": 600.0,
+            "max_body_bytes": 64 * 1024 * 1024,
+            "kv_events": False,
             "peer_sync": sync,
         },
     }
 
 
-def start_routers(document: dict[str, Any], count: int, port: int, work: Path, tag: str,
-                  redis: str) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
+def start_routers(
+    document: dict[str, Any], count: int, port: int, work: Path, tag: str, redis: str
+) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
     config_path = work / f"{tag}_router.json"
     config_path.write_text(json.dumps(document, indent=1))
     procs, targets = [], []
     for k in range(count):
-        procs.append(live.spawn(
-            [PY, "-m", "router_worker", "--config", str(config_path), "--port", str(port + k),
-             "--name", f"{tag}-r{k}", "--redis-url", redis, "--admin-token", live.ADMIN_TOKEN,
-             "--log-level", "WARNING"], work / f"{tag}_router{k}.log"))
+        procs.append(
+            live.spawn(
+                [
+                    PY,
+                    "-m",
+                    "router_worker",
+                    "--config",
+                    str(config_path),
+                    "--port",
+                    str(port + k),
+                    "--name",
+                    f"{tag}-r{k}",
+                    "--redis-url",
+                    redis,
+                    "--admin-token",
+                    live.ADMIN_TOKEN,
+                    "--log-level",
+                    "WARNING",
+                ],
+                work / f"{tag}_router{k}.log",
+            )
+        )
         targets.append(f"http://127.0.0.1:{port + k}")
     for proc, target in zip(procs, targets, strict=True):
-        wait_until(lambda t=target: httpx.get(t + "/health", timeout=2).status_code == 200,
-                   60, "router", proc, interval=0.3)
+        wait_until(
+            lambda t=target: httpx.get(t + "/health", timeout=2).status_code == 200,
+            60,
+            "router",
+            proc,
+            interval=0.3,
+        )
     return procs, targets
 
 
@@ -103,18 +157,38 @@ def peer_counts(targets: list[str]) -> dict[str, int]:
     total: dict[str, int] = {}
     for target in targets:
         with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
-            state = httpx.get(target + "/admin/state", timeout=5,
-                              headers={"Authorization": f"Bearer {live.ADMIN_TOKEN}"}).json()
+            state = httpx.get(
+                target + "/admin/state",
+                timeout=5,
+                headers={"Authorization": f"Bearer {live.ADMIN_TOKEN}"},
+            ).json()
             for key, value in state["peers"]["counts"].items():
                 total[key] = total.get(key, 0) + value
     return total
 
 
 def run_loadgen(targets: list[str], args: argparse.Namespace, out: Path, log: Path) -> float:
-    cmd = [PY, "-m", "enginesim", "loadgen", "--trace", str(args.trace),
-           "--rate-scale", repr(args.rate_scale / args.time_scale),
-           "--start", str(args.start), "--end", str(args.end), "--timeout", "3600",
-           "--concurrency-limit", "1024", "--out", str(out), "--no-progress"]
+    cmd = [
+        PY,
+        "-m",
+        "enginesim",
+        "loadgen",
+        "--trace",
+        str(args.trace),
+        "--rate-scale",
+        repr(args.rate_scale / args.time_scale),
+        "--start",
+        str(args.start),
+        "--end",
+        str(args.end),
+        "--timeout",
+        "3600",
+        "--concurrency-limit",
+        "1024",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     if args.spread_ties:
         cmd += ["--spread-ties", "--seed", "1"]
     for target in targets:
@@ -132,15 +206,15 @@ def run_loadgen(targets: list[str], args: argparse.Namespace, out: Path, log: Pa
     return time.monotonic() - started
 
 
-def run_variant(policy: str, routers: int, sync: bool, args: argparse.Namespace,
-                work: Path) -> dict[str, Any]:
+def run_variant(
+    policy: str, routers: int, sync: bool, args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
     tag = f"{policy}_{routers}{'s' if sync else 'n'}"
     base = free_ports(args.instances + routers)
     fleet = start_fleet(args, base, work, tag)
     cluster = f"bench-multi-{os.getpid()}-{tag}"
     document = router_document(policy, sync, cluster, base, args)
-    procs, targets = start_routers(document, routers, base + args.instances, work, tag,
-                                   args.redis)
+    procs, targets = start_routers(document, routers, base + args.instances, work, tag, args.redis)
     time.sleep(3 * args.scrape_interval * args.time_scale)  # a few scrapes and probes first
     out = work / f"{tag}_loadgen.jsonl"
     wall = run_loadgen(targets, args, out, work / f"{tag}_loadgen.log")
@@ -153,8 +227,12 @@ def run_variant(policy: str, routers: int, sync: bool, args: argparse.Namespace,
     ok = [o for o in outcomes if o["status"] == "ok"]
     scale = args.time_scale
     return {
-        "policy": policy, "routers": routers, "sync": sync, "sent": len(outcomes),
-        "ok": len(ok), "wall_s": wall,
+        "policy": policy,
+        "routers": routers,
+        "sync": sync,
+        "sent": len(outcomes),
+        "ok": len(ok),
+        "wall_s": wall,
         "per_target": {t: sum(o.get("target") == t for o in outcomes) for t in targets},
         "ttft": live.stats([o["ttft_s"] / scale for o in ok]) if ok else None,
         "hit": sum(o["cached_tokens"] or 0 for o in ok)
@@ -176,8 +254,11 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         "simulated seconds (client wall / time scale); engine-side: the engines' own TTFT "
         "histograms (what routing did, without router and client overheads). Arrivals "
         "sharing a timestamp "
-        + ("are spread over their 3 s bucket (as in the replay bench)."
-           if args.spread_ties else "are sent at one instant (tied arrivals)."),
+        + (
+            "are spread over their 3 s bucket (as in the replay bench)."
+            if args.spread_ties
+            else "are sent at one instant (tied arrivals)."
+        ),
         "",
         "| policy | routers | ok/sent | mean TTFT | p50 | p99 | hit ratio | mean vs 1 router "
         "| p99 vs 1 router | engine-side mean | peer msgs applied | wall s |",
@@ -200,7 +281,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         lines.append(
             f"| `{r['policy']}` | {name} | {r['ok']}/{r['sent']} | {ttft['mean']:.3f} "
             f"| {ttft['p50']:.3f} | {ttft['p99']:.3f} | {r['hit']:.3f} | {gap} | {p99_gap} "
-            f"| {'-' if engine is None else f'{engine:.3f}'} | {applied} | {r['wall_s']:.0f} |")
+            f"| {'-' if engine is None else f'{engine:.3f}'} | {applied} | {r['wall_s']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -216,9 +298,13 @@ def main() -> int:
     add("--scrape-interval", type=float, default=1.0, help="simulated seconds")
     add("--instances", type=int, default=16)
     add("--policies", nargs="+", default=["lmetric", "predicted_ttft"])
-    add("--tied-arrivals", dest="spread_ties", action="store_false",
+    add(
+        "--tied-arrivals",
+        dest="spread_ties",
+        action="store_false",
         help="send each 3 s bucket of the trace at one instant (default: spread over the "
-             "bucket, as bench/bench_multi_router.py does)")
+        "bucket, as bench/bench_multi_router.py does)",
+    )
     add("--redis", default="redis://127.0.0.1:6379/10")
     add("--run-timeout", type=float, default=900.0, help="wall s per loadgen run at most")
     add("--work", type=Path, default=None, help="logs and raw results (default: a temp dir)")

@@ -78,21 +78,44 @@ class Workload:
 def _trace_window(path: Path, end_s: float | None) -> Callable[[int | None], list[TraceRecord]]:
     def build(limit: int | None) -> list[TraceRecord]:
         return select(read_trace(path), end_s=end_s, max_requests=limit)
+
     return build
 
 
-AGENTIC = AgenticParams(sessions=640, session_rate=0.8, system_prompts=8, system_zipf=1.1,
-                        system_tokens=3072, mean_turns=7.0, max_turns=30, tool_turn_prob=0.6,
-                        user_tokens=300.0, tool_tokens=1200.0, reply_tokens=250.0,
-                        think_gap_s=15.0, tool_gap_s=2.0, seed=7)
+AGENTIC = AgenticParams(
+    sessions=640,
+    session_rate=0.8,
+    system_prompts=8,
+    system_zipf=1.1,
+    system_tokens=3072,
+    mean_turns=7.0,
+    max_turns=30,
+    tool_turn_prob=0.6,
+    user_tokens=300.0,
+    tool_tokens=1200.0,
+    reply_tokens=250.0,
+    think_gap_s=15.0,
+    tool_gap_s=2.0,
+    seed=7,
+)
 # The agentic workload again, with a global KV tier (SMetric's setting): a pool of about
 # 0.9 TB (10^6 Qwen2-7B blocks) that every instance writes through to and loads misses
 # from, reached over one 25 GB/s link (a 200 Gb/s NIC) per 8-GPU host, shared by that
 # host's reads.
-AGENTIC_TIER = {"global_tier_blocks": 1_000_000, "global_tier_bandwidth": 25e9,
-                "global_tier_link_instances": 8}
-BURST = HotspotParams(at_s=240.0, duration_s=180.0, burst_rate=6.0, prefix_tokens=16_384,
-                      suffix_tokens=300.0, output_tokens=400.0, seed=7)
+AGENTIC_TIER = {
+    "global_tier_blocks": 1_000_000,
+    "global_tier_bandwidth": 25e9,
+    "global_tier_link_instances": 8,
+}
+BURST = HotspotParams(
+    at_s=240.0,
+    duration_s=180.0,
+    burst_rate=6.0,
+    prefix_tokens=16_384,
+    suffix_tokens=300.0,
+    output_tokens=400.0,
+    seed=7,
+)
 BURST_BACKGROUND_S = 600.0
 
 
@@ -106,22 +129,57 @@ def _burst(limit: int | None) -> list[TraceRecord]:
 
 
 WORKLOADS = (
-    Workload("conversation", "Mooncake conversation trace, whole (45 min)",
-             _trace_window(CONVERSATION, None), 5.0, 0.1),
-    Workload("synthetic", "Mooncake synthetic trace, whole", _trace_window(SYNTHETIC, None),
-             5.0, 0.1),
-    Workload("azure_code", "Azure 2023 code trace, first 2400 s (no prefix information: "
-             "every prompt private)", _trace_window(AZURE_CODE, 2400.0), 2.0, 0.05),
-    Workload("azure_conv", "Azure 2023 conversation trace, first 1200 s (no prefix "
-             "information: every prompt private)", _trace_window(AZURE_CONV, 1200.0), 2.0, 0.05),
-    Workload("agentic", "enginesim agentic sessions (Bailian format, 16-token blocks)",
-             _agentic, 2.0, 0.05, asdict(AGENTIC)),
-    Workload("agentic_tier", "enginesim agentic sessions as above, on a cluster with a global "
-             "KV tier (1M blocks, one 25 GB/s link per 8-GPU host)", _agentic, 2.0, 0.05,
-             {**asdict(AGENTIC), **AGENTIC_TIER}, AGENTIC_TIER),
-    Workload("burst", f"Mooncake conversation, first {BURST_BACKGROUND_S:g} s, plus a "
-             "shared-long-prefix burst (enginesim hotspot generator)", _burst, 5.0, 0.1,
-             {**asdict(BURST), "background_s": BURST_BACKGROUND_S}),
+    Workload(
+        "conversation",
+        "Mooncake conversation trace, whole (45 min)",
+        _trace_window(CONVERSATION, None),
+        5.0,
+        0.1,
+    ),
+    Workload(
+        "synthetic", "Mooncake synthetic trace, whole", _trace_window(SYNTHETIC, None), 5.0, 0.1
+    ),
+    Workload(
+        "azure_code",
+        "Azure 2023 code trace, first 2400 s (no prefix information: every prompt private)",
+        _trace_window(AZURE_CODE, 2400.0),
+        2.0,
+        0.05,
+    ),
+    Workload(
+        "azure_conv",
+        "Azure 2023 conversation trace, first 1200 s (no prefix information: every prompt private)",
+        _trace_window(AZURE_CONV, 1200.0),
+        2.0,
+        0.05,
+    ),
+    Workload(
+        "agentic",
+        "enginesim agentic sessions (Bailian format, 16-token blocks)",
+        _agentic,
+        2.0,
+        0.05,
+        asdict(AGENTIC),
+    ),
+    Workload(
+        "agentic_tier",
+        "enginesim agentic sessions as above, on a cluster with a global "
+        "KV tier (1M blocks, one 25 GB/s link per 8-GPU host)",
+        _agentic,
+        2.0,
+        0.05,
+        {**asdict(AGENTIC), **AGENTIC_TIER},
+        AGENTIC_TIER,
+    ),
+    Workload(
+        "burst",
+        f"Mooncake conversation, first {BURST_BACKGROUND_S:g} s, plus a "
+        "shared-long-prefix burst (enginesim hotspot generator)",
+        _burst,
+        5.0,
+        0.1,
+        {**asdict(BURST), "background_s": BURST_BACKGROUND_S},
+    ),
 )
 WORKLOAD_BY_NAME = {w.name: w for w in WORKLOADS}
 
@@ -131,8 +189,7 @@ WORKLOAD_BY_NAME = {w.name: w for w in WORKLOADS}
 # exact score), and the paper's two indicator ablations and the detector, at the default c.
 POLICIES: dict[str, tuple[str, dict[str, Any]]] = {kind: (kind, {}) for kind in REGISTRY}
 # What LMetric is measured against: the seven policies of the seeds and production routers.
-BASELINES = ("round_robin", "least_load", "linear", "cache_aware", "preble", "dualmap",
-             "smetric")
+BASELINES = ("round_robin", "least_load", "linear", "cache_aware", "preble", "dualmap", "smetric")
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "lmetric[paper]": ("lmetric", {"batch_offset": 0.0}),
     **{f"lmetric[c={c}]": ("lmetric", {"batch_offset": float(c)}) for c in (1, 16, 32, 64)},
@@ -155,8 +212,7 @@ class Cell:
         return f"{self.workload}{model}/{self.load}"
 
 
-def config_for(model: str, policy: str | None = None, workload: str | None = None
-               ) -> SimConfig:
+def config_for(model: str, policy: str | None = None, workload: str | None = None) -> SimConfig:
     params = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
     cluster = WORKLOAD_BY_NAME[workload].sim if workload else {}
     return replace(BASE, model=model, policy_params=params, **cluster)
@@ -165,31 +221,30 @@ def config_for(model: str, policy: str | None = None, workload: str | None = Non
 # ----------------------------------------------------------------- running
 
 
-def simulate(records: list[TraceRecord], policy: str, model: str,
-             workload: str | None = None) -> SimResult:
+def simulate(
+    records: list[TraceRecord], policy: str, model: str, workload: str | None = None
+) -> SimResult:
     started = time.perf_counter()
-    result = Simulator(records, ALL_POLICIES[policy][0],
-                       config_for(model, policy, workload)).run()
+    result = Simulator(records, ALL_POLICIES[policy][0], config_for(model, policy, workload)).run()
     result.wall_s = time.perf_counter() - started
     result.policy = policy
     return result
 
 
-def offered_load(records: list[TraceRecord], model: str, workload: str | None = None
-                 ) -> float:
+def offered_load(records: list[TraceRecord], model: str, workload: str | None = None) -> float:
     result = simulate(records, CALIBRATION_POLICY, model, workload)
     return result.busy_time / (BASE.instances * max(records[-1].arrival_s, 1e-9))
 
 
-def calibrate(records: list[TraceRecord], model: str, workload: str | None = None
-              ) -> dict[str, float]:
+def calibrate(
+    records: list[TraceRecord], model: str, workload: str | None = None
+) -> dict[str, float]:
     """Fit ``busy = a·scale^k`` from two runs (see the module docstring)."""
     first = offered_load(records, model, workload)
     second_scale = 0.5 / first
     second = offered_load(select(records, rate_scale=second_scale), model, workload)
     k = math.log(second / first) / math.log(second_scale) if second_scale != 1 else 1.0
-    return {"busy_at_1": first, "scale_2": second_scale, "busy_at_2": second,
-            "a": first, "k": k}
+    return {"busy_at_1": first, "scale_2": second_scale, "busy_at_2": second, "a": first, "k": k}
 
 
 def scale_for(fit: dict[str, float], load: int) -> float:
@@ -222,37 +277,54 @@ def summarize(result: SimResult, workload: Workload, bounds: np.ndarray) -> dict
         ttft_p95_s=percentile(ttft, 95),
         slo_attainment=good / max(len(result.requests), 1),
         goodput_rps=good / span,
-        ttft_over_bound=(summary["ttft_mean_s"] / bound_mean
-                         if summary["ttft_mean_s"] is not None else None),
+        ttft_over_bound=(
+            summary["ttft_mean_s"] / bound_mean if summary["ttft_mean_s"] is not None else None
+        ),
         hotspot_confirmed=result.hotspot_events.get("confirmed", 0),
     )
     if "tier" in summary:  # flat copies for the cell table
         tier = summary["tier"]
-        summary.update(tier_hit_ratio=tier["hit_ratio"], tier_gb=tier["bytes_read"] / 1e9,
-                       tier_wait_s=tier["read_wait_s"])
+        summary.update(
+            tier_hit_ratio=tier["hit_ratio"],
+            tier_gb=tier["bytes_read"] / 1e9,
+            tier_wait_s=tier["read_wait_s"],
+        )
     return summary
 
 
 # ----------------------------------------------------------------- report
 
-COLUMNS = (("TTFT mean", "ttft_mean_s", ".2f"), ("p50", "ttft_p50_s", ".2f"),
-           ("p95", "ttft_p95_s", ".2f"), ("p99", "ttft_p99_s", ".2f"),
-           ("÷ bound", "ttft_over_bound", ".2f"), ("TPOT mean", "tpot_mean_s", ".4f"),
-           ("TPOT p99", "tpot_p99_s", ".3f"), ("SLO met", "slo_attainment", ".3f"),
-           ("goodput r/s", "goodput_rps", ".2f"), ("hit", "hit_ratio", ".3f"),
-           ("busy", "busy_fraction", ".2f"), ("hotspots", "hotspot_confirmed", "d"),
-           ("rejected", "rejected", "d"))
+COLUMNS = (
+    ("TTFT mean", "ttft_mean_s", ".2f"),
+    ("p50", "ttft_p50_s", ".2f"),
+    ("p95", "ttft_p95_s", ".2f"),
+    ("p99", "ttft_p99_s", ".2f"),
+    ("÷ bound", "ttft_over_bound", ".2f"),
+    ("TPOT mean", "tpot_mean_s", ".4f"),
+    ("TPOT p99", "tpot_p99_s", ".3f"),
+    ("SLO met", "slo_attainment", ".3f"),
+    ("goodput r/s", "goodput_rps", ".2f"),
+    ("hit", "hit_ratio", ".3f"),
+    ("busy", "busy_fraction", ".2f"),
+    ("hotspots", "hotspot_confirmed", "d"),
+    ("rejected", "rejected", "d"),
+)
 # cells whose cluster has a global KV tier add: prompt share loaded from it, GB read, and
 # seconds the reads queued behind other instances' reads on their host's link
-TIER_COLUMNS = (("tier hit", "tier_hit_ratio", ".3f"), ("tier GB", "tier_gb", ".1f"),
-                ("tier wait s", "tier_wait_s", ".2f"))
+TIER_COLUMNS = (
+    ("tier hit", "tier_hit_ratio", ".3f"),
+    ("tier GB", "tier_gb", ".1f"),
+    ("tier wait s", "tier_wait_s", ".2f"),
+)
 
 
 def cell_table(rows: list[dict[str, Any]], lower: dict[str, Any]) -> list[str]:
     best = min(r["ttft_mean_s"] for r in rows if r["policy"] in POLICIES)
     columns = COLUMNS + (TIER_COLUMNS if any("tier" in r for r in rows) else ())
-    lines = ["| policy | " + " | ".join(c[0] for c in columns) + " |",
-             "|---|" + "---:|" * len(columns)]
+    lines = [
+        "| policy | " + " | ".join(c[0] for c in columns) + " |",
+        "|---|" + "---:|" * len(columns),
+    ]
     for row in [*rows, lower]:
         cells = []
         for _, key, spec in columns:
@@ -266,21 +338,26 @@ def cell_table(rows: list[dict[str, Any]], lower: dict[str, Any]) -> list[str]:
     return lines
 
 
-def against_best(rows: dict[str, dict[str, Any]], policy: str, others: Sequence[str]
-                 ) -> tuple[dict[str, Any], dict[str, Any]] | None:
+def against_best(
+    rows: dict[str, dict[str, Any]], policy: str, others: Sequence[str]
+) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The rows of ``others`` with the best mean and the best p99 TTFT in one cell."""
     candidates = [rows[name] for name in others if name in rows and name != policy]
     if policy not in rows or not candidates:
         return None
-    return (min(candidates, key=lambda r: r["ttft_mean_s"]),
-            min(candidates, key=lambda r: r["ttft_p99_s"]))
+    return (
+        min(candidates, key=lambda r: r["ttft_mean_s"]),
+        min(candidates, key=lambda r: r["ttft_p99_s"]),
+    )
 
 
-def gap_table(cells: dict[str, dict[str, Any]], policy: str, others: Sequence[str]
-              ) -> list[str]:
+def gap_table(cells: dict[str, dict[str, Any]], policy: str, others: Sequence[str]) -> list[str]:
     """Per cell: ``policy``'s mean and p99 TTFT against the best of ``others``."""
-    lines = [f"| cell | {policy} mean | best other | gap | ÷ bound | {policy} p99 | "
-             "best other p99 | gap |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        f"| cell | {policy} mean | best other | gap | ÷ bound | {policy} p99 | "
+        "best other p99 | gap |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for key, cell in cells.items():
         rows = {r["policy"]: r for r in cell["policies"]}
         best = against_best(rows, policy, others)
@@ -292,15 +369,18 @@ def gap_table(cells: dict[str, dict[str, Any]], policy: str, others: Sequence[st
             f"(`{mean['policy']}`) | {row['ttft_mean_s'] / mean['ttft_mean_s'] - 1:+.1%} | "
             f"{row['ttft_over_bound']:.2f} | {row['ttft_p99_s']:.2f} | "
             f"{p99['ttft_p99_s']:.2f} (`{p99['policy']}`) | "
-            f"{row['ttft_p99_s'] / p99['ttft_p99_s'] - 1:+.1%} |")
+            f"{row['ttft_p99_s'] / p99['ttft_p99_s'] - 1:+.1%} |"
+        )
     return lines
 
 
 def smetric_table(cells: dict[str, dict[str, Any]]) -> list[str]:
     """SMetric's two goals per cell: mean TTFT at most ``least_load``'s everywhere, and on
     the agentic (session) workloads the best policy or within 5% of the best."""
-    lines = ["| cell | smetric mean | least_load | ≤ least_load | best other | gap | goal |",
-             "|---|---:|---:|---|---:|---:|---|"]
+    lines = [
+        "| cell | smetric mean | least_load | ≤ least_load | best other | gap | goal |",
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
     for key, cell in cells.items():
         rows = {r["policy"]: r for r in cell["policies"]}
         if "smetric" not in rows or "least_load" not in rows:
@@ -315,7 +395,8 @@ def smetric_table(cells: dict[str, dict[str, Any]]) -> list[str]:
             f"| {key} | {mean:.3f} | {rows['least_load']['ttft_mean_s']:.3f} | "
             f"{'yes' if floor_ok else '**no**'} | "
             f"{best[0]['ttft_mean_s']:.3f} (`{best[0]['policy']}`) | {gap:+.1%} | "
-            f"{'met' if met else '**missed**'}{' (sessions: ≤ 5%)' if sessions else ''} |")
+            f"{'met' if met else '**missed**'}{' (sessions: ≤ 5%)' if sessions else ''} |"
+        )
     return lines
 
 
@@ -324,9 +405,11 @@ def variant_summary(cells: dict[str, dict[str, Any]]) -> list[str]:
     seven baselines (geometric mean of the mean-TTFT ratio; cells missing the goal:
     mean more than 5% or p99 more than 10% behind)."""
     variants = ["lmetric", *ABLATIONS]
-    lines = ["| variant | cells | mean TTFT ÷ best other, up to 70% busy (geo. mean) | "
-             "cells missing the goal | at 90% busy (geo. mean) | missing at 90% |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| variant | cells | mean TTFT ÷ best other, up to 70% busy (geo. mean) | "
+        "cells missing the goal | at 90% busy (geo. mean) | missing at 90% |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for variant in variants:
         low, high, missing_low, missing_high, count = [], [], 0, 0, 0
         for cell in cells.values():
@@ -345,8 +428,10 @@ def variant_summary(cells: dict[str, dict[str, Any]]) -> list[str]:
                 high.append(math.log(ratio))
                 missing_high += miss
         if count:
-            lines.append(f"| `{variant}` | {count} | {_geo(low)} | {missing_low} | "
-                         f"{_geo(high)} | {missing_high} |")
+            lines.append(
+                f"| `{variant}` | {count} | {_geo(low)} | {missing_low} | "
+                f"{_geo(high)} | {missing_high} |"
+            )
     return lines
 
 
@@ -358,8 +443,11 @@ def heatmap(cells: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = list(cells)
-    names = [p for p in ALL_POLICIES if any(
-        r["policy"] == p for c in cells.values() for r in c["policies"])]
+    names = [
+        p
+        for p in ALL_POLICIES
+        if any(r["policy"] == p for c in cells.values() for r in c["policies"])
+    ]
     grid = np.full((len(names), len(keys)), np.nan)
     for j, key in enumerate(keys):
         for row in cells[key]["policies"]:
@@ -370,8 +458,9 @@ def heatmap(cells: dict[str, dict[str, Any]], path: Path) -> None:
     image = ax.imshow(shown, cmap="RdYlGn_r", vmin=0.0, vmax=1.3, aspect="auto")
     for (i, j), value in np.ndenumerate(grid):
         if np.isfinite(value):
-            ax.text(j, i, f"{value:.1f}" if value < 100 else ">99", ha="center",
-                    va="center", fontsize=6)
+            ax.text(
+                j, i, f"{value:.1f}" if value < 100 else ">99", ha="center", va="center", fontsize=6
+            )
     ax.set_xticks(range(len(keys)), keys, rotation=60, ha="right", fontsize=7)
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.set_title("mean TTFT ÷ zero-queue, infinite-cache bound (lower is better)", fontsize=9)
@@ -382,27 +471,50 @@ def heatmap(cells: dict[str, dict[str, Any]], path: Path) -> None:
 
 def report(out: Path, data: dict[str, Any], header: list[str]) -> None:
     cells = data["cells"]
-    lines = [*header, "", "## LMetric against the best of the seven baselines, per cell", "",
-             *gap_table(cells, "lmetric", BASELINES), "", "![heatmap](heatmap.png)", "",
-             "## predicted_ttft against the best other policy, per cell", "",
-             *gap_table(cells, "predicted_ttft", list(POLICIES)), "",
-             "## LMetric's variants over the whole matrix", "", *variant_summary(cells), "",
-             "## SMetric never collapses", "",
-             "Goal: mean TTFT at most `least_load`'s in every cell; on the agentic (multi-turn "
-             "session) workloads, the best policy or within 5% of the best. SMetric's own "
-             "experiment — goodput against offered rate with and without the global KV "
-             "tier — is [bench/smetric_report](../smetric_report/README.md).", "",
-             *smetric_table(cells), "",
-             "![SMetric goodput](../smetric_report/goodput.png)", ""]
+    lines = [
+        *header,
+        "",
+        "## LMetric against the best of the seven baselines, per cell",
+        "",
+        *gap_table(cells, "lmetric", BASELINES),
+        "",
+        "![heatmap](heatmap.png)",
+        "",
+        "## predicted_ttft against the best other policy, per cell",
+        "",
+        *gap_table(cells, "predicted_ttft", list(POLICIES)),
+        "",
+        "## LMetric's variants over the whole matrix",
+        "",
+        *variant_summary(cells),
+        "",
+        "## SMetric never collapses",
+        "",
+        "Goal: mean TTFT at most `least_load`'s in every cell; on the agentic (multi-turn "
+        "session) workloads, the best policy or within 5% of the best. SMetric's own "
+        "experiment — goodput against offered rate with and without the global KV "
+        "tier — is [bench/smetric_report](../smetric_report/README.md).",
+        "",
+        *smetric_table(cells),
+        "",
+        "![SMetric goodput](../smetric_report/goodput.png)",
+        "",
+    ]
     for key, cell in cells.items():
         workload = WORKLOAD_BY_NAME[cell["workload"]]
-        lines += [f"## {key}", "",
-                  f"{workload.source}; {cell['requests']} requests on 16× H20 "
-                  f"{cell['model']}, rate scale {cell['rate_scale']:g} (target "
-                  f"{cell['load']}% busy); SLO TTFT ≤ {workload.slo_ttft_s:g} s and "
-                  f"TPOT ≤ {workload.slo_tpot_s * 1000:g} ms.", "",
-                  *cell_table(cell["policies"], cell["lower_bound"]), "",
-                  f"![TTFT CDF]({cell['cdf']})", ""]
+        lines += [
+            f"## {key}",
+            "",
+            f"{workload.source}; {cell['requests']} requests on 16× H20 "
+            f"{cell['model']}, rate scale {cell['rate_scale']:g} (target "
+            f"{cell['load']}% busy); SLO TTFT ≤ {workload.slo_ttft_s:g} s and "
+            f"TPOT ≤ {workload.slo_tpot_s * 1000:g} ms.",
+            "",
+            *cell_table(cell["policies"], cell["lower_bound"]),
+            "",
+            f"![TTFT CDF]({cell['cdf']})",
+            "",
+        ]
     for extra in ("hotspot.md", "NOTES.md"):  # bench_hotspot.py's sweep; the observations
         if (out / extra).exists():
             lines += [(out / extra).read_text()]
@@ -410,31 +522,47 @@ def report(out: Path, data: dict[str, Any], header: list[str]) -> None:
 
 
 def header_lines(data: dict[str, Any]) -> list[str]:
-    lines = ["# Evaluation matrix", "",
-             f"Generated by `bench/bench_replay.py{' --quick' if data['quick'] else ''}` on "
-             f"{data['machine']} in {data['wall_s'] / 60:.1f} min.", "",
-             "16× H20, max_model_len 131072, vLLM v1 defaults from enginesim; router block "
-             "size 16, scrapes every 1 s, no telemetry delay, shadow KV index (no KV "
-             f"events), seed {BASE.seed}. Times are virtual seconds. `÷ bound` is the mean "
-             "TTFT over the mean of the zero-queue, infinite-cache lower bound (each request "
-             "prefilled alone on an idle engine that caches every earlier request's "
-             "prompt). `SLO met` counts requests meeting both the TTFT and the TPOT SLO "
-             "(rejected ones miss); `goodput` is those per second of arrivals. `hotspots` "
-             "counts confirmed hotspot classes. The best mean TTFT among the registry's "
-             f"{len(POLICIES)} policies is in bold; `lmetric[...]` rows are LMetric's "
-             "ablations.",
-             "", "## Workloads", "", "| workload | source | SLO TTFT / TPOT | generator |",
-             "|---|---|---|---|"]
+    lines = [
+        "# Evaluation matrix",
+        "",
+        f"Generated by `bench/bench_replay.py{' --quick' if data['quick'] else ''}` on "
+        f"{data['machine']} in {data['wall_s'] / 60:.1f} min.",
+        "",
+        "16× H20, max_model_len 131072, vLLM v1 defaults from enginesim; router block "
+        "size 16, scrapes every 1 s, no telemetry delay, shadow KV index (no KV "
+        f"events), seed {BASE.seed}. Times are virtual seconds. `÷ bound` is the mean "
+        "TTFT over the mean of the zero-queue, infinite-cache lower bound (each request "
+        "prefilled alone on an idle engine that caches every earlier request's "
+        "prompt). `SLO met` counts requests meeting both the TTFT and the TPOT SLO "
+        "(rejected ones miss); `goodput` is those per second of arrivals. `hotspots` "
+        "counts confirmed hotspot classes. The best mean TTFT among the registry's "
+        f"{len(POLICIES)} policies is in bold; `lmetric[...]` rows are LMetric's "
+        "ablations.",
+        "",
+        "## Workloads",
+        "",
+        "| workload | source | SLO TTFT / TPOT | generator |",
+        "|---|---|---|---|",
+    ]
     for workload in WORKLOADS:
         params = ", ".join(f"{k}={v}" for k, v in workload.params.items()) or "–"
-        lines.append(f"| `{workload.name}` | {workload.source} | {workload.slo_ttft_s:g} s / "
-                     f"{workload.slo_tpot_s * 1000:g} ms | {params} |")
-    lines += ["", "Calibration (`cache_aware`, offered load = busy ÷ (instances × arrival "
-              "span); fit busy = a·scale^k):", "", "| workload, model | busy at 1 | "
-              "second scale | busy there | k |", "|---|---:|---:|---:|---:|"]
+        lines.append(
+            f"| `{workload.name}` | {workload.source} | {workload.slo_ttft_s:g} s / "
+            f"{workload.slo_tpot_s * 1000:g} ms | {params} |"
+        )
+    lines += [
+        "",
+        "Calibration (`cache_aware`, offered load = busy ÷ (instances × arrival "
+        "span); fit busy = a·scale^k):",
+        "",
+        "| workload, model | busy at 1 | second scale | busy there | k |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for key, fit in data["calibration"].items():
-        lines.append(f"| {key} | {fit['busy_at_1']:.3f} | {fit['scale_2']:.3f} | "
-                     f"{fit['busy_at_2']:.3f} | {fit['k']:.2f} |")
+        lines.append(
+            f"| {key} | {fit['busy_at_1']:.3f} | {fit['scale_2']:.3f} | "
+            f"{fit['busy_at_2']:.3f} | {fit['k']:.2f} |"
+        )
     return lines
 
 
@@ -445,8 +573,9 @@ def machine() -> str:
     cpu = "unknown CPU"
     try:
         with open("/proc/cpuinfo") as handle:
-            cpu = next(line.split(":", 1)[1].strip() for line in handle
-                       if line.startswith("model name"))
+            cpu = next(
+                line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")
+            )
     except (OSError, StopIteration):
         pass
     return f"{cpu}, {os.cpu_count()} cores (shared), Python {platform.python_version()}"
@@ -462,25 +591,31 @@ def plan(args: argparse.Namespace) -> tuple[list[Cell], list[str], list[str]]:
     if not args.load and not args.no_headline:
         cells += [Cell(w, HEADLINE_MODEL, 50) for w in workloads]
     policies = args.policy or list(POLICIES)
-    ablations = [] if args.policy or args.quick else [
-        c.key for c in cells if c.model == MAIN_MODEL]
+    ablations = [] if args.policy or args.quick else [c.key for c in cells if c.model == MAIN_MODEL]
     return cells, policies, ablations
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, help="default: bench/replay_report, or "
-                        "bench/out/ with --quick (the committed report stays untouched)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="default: bench/replay_report, or "
+        "bench/out/ with --quick (the committed report stays untouched)",
+    )
     parser.add_argument("--quick", action="store_true", help="a reduced matrix in minutes")
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--workload", action="append", choices=list(WORKLOAD_BY_NAME))
     parser.add_argument("--load", action="append", type=int, help="target busy percent")
     parser.add_argument("--policy", action="append", choices=list(ALL_POLICIES))
-    parser.add_argument("--no-headline", action="store_true",
-                        help=f"skip the {HEADLINE_MODEL} cells")
-    parser.add_argument("--assemble", action="store_true",
-                        help="run nothing: rebuild README.md from matrix.json, hotspot.md "
-                        "and NOTES.md")
+    parser.add_argument(
+        "--no-headline", action="store_true", help=f"skip the {HEADLINE_MODEL} cells"
+    )
+    parser.add_argument(
+        "--assemble",
+        action="store_true",
+        help="run nothing: rebuild README.md from matrix.json, hotspot.md and NOTES.md",
+    )
     args = parser.parse_args(argv)
     if args.out is None:
         here = Path(__file__).parent
@@ -494,8 +629,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:
         pairs = sorted({(c.workload, c.model) for c in cells})
-        fits = {f"{w}@{m}": fit for w, m, fit in pool.map(
-            _calibration_job, [(w, m, limit) for w, m in pairs])}
+        fits = {
+            f"{w}@{m}": fit
+            for w, m, fit in pool.map(_calibration_job, [(w, m, limit) for w, m in pairs])
+        }
         print("calibrated:", json.dumps(fits, indent=None), flush=True)
         jobs = []
         for cell in cells:
@@ -505,26 +642,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         results: dict[str, dict[str, SimResult]] = {}
         for key, policy, result in pool.map(_job, jobs):
             results.setdefault(key, {})[policy] = result
-            print(f"{key:<28} {policy:<22} TTFT {metrics.summarize(result)['ttft_mean_s']:.3f}"
-                  f" wall {result.wall_s:.1f}s", flush=True)
+            print(
+                f"{key:<28} {policy:<22} TTFT {metrics.summarize(result)['ttft_mean_s']:.3f}"
+                f" wall {result.wall_s:.1f}s",
+                flush=True,
+            )
     args.out.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {"quick": args.quick, "machine": machine(),
-                            "calibration": fits, "cells": {}}
+    data: dict[str, Any] = {
+        "quick": args.quick,
+        "machine": machine(),
+        "calibration": fits,
+        "cells": {},
+    }
     for cell in cells:
         workload = WORKLOAD_BY_NAME[cell.workload]
         scale = scale_for(fits[f"{cell.workload}@{cell.model}"], cell.load)
         records = select(workload.build(limit), rate_scale=scale)
-        lower, bounds = metrics.lower_bound_summary(records, config_for(cell.model)
-                                                    .engine_config(None))
+        lower, bounds = metrics.lower_bound_summary(
+            records, config_for(cell.model).engine_config(None)
+        )
         runs = results[cell.key]
         cdf = f"cdf_{cell.key.replace('/', '_').replace('@', '_')}.png"
-        plots.ttft_cdf(list(runs.values()), args.out / cdf,
-                       f"{cell.key} (scale {scale:g})", bounds)
+        plots.ttft_cdf(list(runs.values()), args.out / cdf, f"{cell.key} (scale {scale:g})", bounds)
         data["cells"][cell.key] = {
-            "workload": cell.workload, "model": cell.model, "load": cell.load,
-            "rate_scale": scale, "requests": len(records), "cdf": cdf,
+            "workload": cell.workload,
+            "model": cell.model,
+            "load": cell.load,
+            "rate_scale": scale,
+            "requests": len(records),
+            "cdf": cdf,
             "lower_bound": lower,
-            "policies": [summarize(r, workload, bounds) for r in runs.values()]}
+            "policies": [summarize(r, workload, bounds) for r in runs.values()],
+        }
     data["wall_s"] = time.perf_counter() - started
     (args.out / "matrix.json").write_text(json.dumps(data, indent=1, default=float) + "\n")
     heatmap(data["cells"], args.out / "heatmap.png")

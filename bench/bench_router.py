@@ -113,8 +113,9 @@ def hot_path_rows() -> None:
     from router_worker.routing import ClusterState, build_features, make_policy
     from router_worker.tokenization import Tokenizer
 
-    print("\nHot path in-process, lmetric over 16 instances with a warm KV index "
-          "(CPU µs per request)")
+    print(
+        "\nHot path in-process, lmetric over 16 instances with a warm KV index (CPU µs per request)"
+    )
     print(f"{'prompt chars':>12} {'tokenize':>9} {'hash':>7} {'decide':>7} {'total':>7}")
     tokenizer = Tokenizer()
     for chars in (400, 4000, 32000):
@@ -128,32 +129,44 @@ def hot_path_rows() -> None:
         rounds = 2000
         for n in range(rounds):
             t0 = time.process_time()
-            ids, _ = tokenizer.encode_chat([{"role": "system", "content": shared},
-                                            {"role": "user", "content": f"question {n}"}])
+            ids, _ = tokenizer.encode_chat(
+                [
+                    {"role": "system", "content": shared},
+                    {"role": "user", "content": f"question {n}"},
+                ]
+            )
             t1 = time.process_time()
             features = build_features(f"r{n}", ids, n * 0.01)
             t2 = time.process_time()
             decision = policy.decide(features, view, n * 0.01)
             t3 = time.process_time()
-            state.on_dispatch(features, decision.instance_id, n * 0.01,
-                              cached_tokens=decision.cached_tokens)
+            state.on_dispatch(
+                features, decision.instance_id, n * 0.01, cached_tokens=decision.cached_tokens
+            )
             state.on_finish(features.request_id, n * 0.01)
             timings += (t1 - t0, t2 - t1, t3 - t2)
         tok, hashing, decide = timings / rounds * 1e6
-        print(f"{chars:>12} {tok:>9.1f} {hashing:>7.1f} {decide:>7.1f} "
-              f"{tok + hashing + decide:>7.1f}")
+        print(
+            f"{chars:>12} {tok:>9.1f} {hashing:>7.1f} {decide:>7.1f} {tok + hashing + decide:>7.1f}"
+        )
 
 
-def measure_cpu(ports: list[int], pid: int, concurrency: int, duration: float, stream: bool,
-                max_tokens: int) -> tuple[Run, float]:
+def measure_cpu(
+    ports: list[int], pid: int, concurrency: int, duration: float, stream: bool, max_tokens: int
+) -> tuple[Run, float]:
     """A closed-loop run and the CPU seconds process ``pid`` spent during it."""
     cpu0 = cpu_seconds(pid)
     run = run_async(run_loop(ports, concurrency, duration, stream, max_tokens))
     return run, cpu_seconds(pid) - cpu0
 
 
-def cpu_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
-             engines: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+def cpu_rows(
+    ports: list[int],
+    router_port: int,
+    router: subprocess.Popen[bytes],
+    engines: subprocess.Popen[bytes],
+    args: argparse.Namespace,
+) -> None:
     """CPU time per request and per streamed chunk: the robust figure on a shared machine.
 
     Per chunk: the slope between streams of ``SHORT`` and ``LONG`` tokens (CPU per request
@@ -162,15 +175,21 @@ def cpu_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes]
     direct rows: the enginesim process serving the same requests without the router.
     """
     short, long_, concurrency = 4, 64, 32
-    print(f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
-          f"{concurrency} in flight, load average {os.getloadavg()[0]:.1f}")
-    header = (f"{'process':>20} {'non-stream/req':>14} {f'stream {short} tok/req':>16} "
-              f"{f'stream {long_} tok/req':>17} {'per stream':>10} {'per chunk':>9}")
+    print(
+        f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
+        f"{concurrency} in flight, load average {os.getloadavg()[0]:.1f}"
+    )
+    header = (
+        f"{'process':>20} {'non-stream/req':>14} {f'stream {short} tok/req':>16} "
+        f"{f'stream {long_} tok/req':>17} {'per stream':>10} {'per chunk':>9}"
+    )
     print(header)
     print("-" * len(header))
     rows = {}
-    for label, targets, pid in (("enginesim (direct)", ports, engines.pid),
-                                ("router", [router_port], router.pid)):
+    for label, targets, pid in (
+        ("enginesim (direct)", ports, engines.pid),
+        ("router", [router_port], router.pid),
+    ):
         whole, whole_cpu = measure_cpu(targets, pid, concurrency, args.duration, False, short)
         values = [whole_cpu / max(len(whole.samples), 1)]
         points = []
@@ -183,78 +202,145 @@ def cpu_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes]
         per_chunk = (c1 - c0) / (e1 - e0) if e1 > e0 else float("nan")
         values += [c0 - per_chunk * e0, per_chunk]
         rows[label] = values
-        print(f"{label:>20} " + " ".join(f"{v * 1e6:>{w}.0f}" for v, w in
-                                        zip(values, (14, 16, 17, 10, 9), strict=True)),
-              flush=True)
-    ratio = [r / d if d else float("nan")
-             for r, d in zip(rows["router"], rows["enginesim (direct)"], strict=True)]
-    print(f"{'router / direct':>20} " + " ".join(f"{v:>{w}.2f}" for v, w in
-                                                zip(ratio, (14, 16, 17, 10, 9), strict=True)))
+        print(
+            f"{label:>20} "
+            + " ".join(
+                f"{v * 1e6:>{w}.0f}" for v, w in zip(values, (14, 16, 17, 10, 9), strict=True)
+            ),
+            flush=True,
+        )
+    ratio = [
+        r / d if d else float("nan")
+        for r, d in zip(rows["router"], rows["enginesim (direct)"], strict=True)
+    ]
+    print(
+        f"{'router / direct':>20} "
+        + " ".join(f"{v:>{w}.2f}" for v, w in zip(ratio, (14, 16, 17, 10, 9), strict=True))
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=6.0,
-                        help="seconds per run of the throughput and CPU rows")
-    parser.add_argument("--time-scale", type=float, default=0.05,
-                        help="enginesim time scale of the throughput and CPU rows")
-    parser.add_argument("--ttft-duration", type=float, default=20.0,
-                        help="seconds per arm and row of the TTFT rows")
-    parser.add_argument("--ttft-warmup", type=float, default=10.0,
-                        help="seconds over which a TTFT row's streams start, not measured")
-    parser.add_argument("--ttft-time-scale", type=float, default=1.0,
-                        help="enginesim time scale of the TTFT rows (1: an H20's speed)")
-    parser.add_argument("--max-tokens", type=int, default=128,
-                        help="answer length of the TTFT rows (the Azure conversation "
-                             "trace's median output is 129 tokens)")
-    parser.add_argument("--prompt-tokens", type=int, default=1000,
-                        help="prompt length of the TTFT rows (that trace's median input is "
-                             "1,020 tokens)")
-    parser.add_argument("--shared-prefix-tokens", type=int, default=900,
-                        help="of which a system prompt shared by all requests of a run (the "
-                             "engines cache it; the router still tokenizes and hashes it)")
-    parser.add_argument("--probe-share", type=float, default=0.25,
-                        help="direct streams run beside a TTFT row's routed ones, as a share "
-                             "of them (at least one)")
-    parser.add_argument("--concurrency", type=int, action="append",
-                        help="TTFT rows' concurrent streams (repeatable; default 1, 50, 200)")
-    parser.add_argument("--probe-rate", type=float, default=20.0,
-                        help="probes per second of the prober rows (half through the router)")
-    parser.add_argument("--only", choices=("ttft", "probe", "throughput", "cpu", "hot-path"),
-                        action="append", help="run only these sections (repeatable)")
-    parser.add_argument("--placement", choices=sorted(PLACEMENTS), default="engines-apart",
-                        help="CPU pinning for the TTFT rows (throughput and CPU rows: shared)")
-    parser.add_argument("--router-nice", type=int, default=-10,
-                        help="scheduling niceness of the routers (and the prober) in the TTFT "
-                             "and prober rows: negative, they preempt the load client on a "
-                             "shared CPU, as on a host of their own; needs root or "
-                             "CAP_SYS_NICE, else 0. 0: the router shares its CPU with the "
-                             "client as an equal")
+    parser.add_argument(
+        "--duration", type=float, default=6.0, help="seconds per run of the throughput and CPU rows"
+    )
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=0.05,
+        help="enginesim time scale of the throughput and CPU rows",
+    )
+    parser.add_argument(
+        "--ttft-duration", type=float, default=20.0, help="seconds per arm and row of the TTFT rows"
+    )
+    parser.add_argument(
+        "--ttft-warmup",
+        type=float,
+        default=10.0,
+        help="seconds over which a TTFT row's streams start, not measured",
+    )
+    parser.add_argument(
+        "--ttft-time-scale",
+        type=float,
+        default=1.0,
+        help="enginesim time scale of the TTFT rows (1: an H20's speed)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=128,
+        help="answer length of the TTFT rows (the Azure conversation "
+        "trace's median output is 129 tokens)",
+    )
+    parser.add_argument(
+        "--prompt-tokens",
+        type=int,
+        default=1000,
+        help="prompt length of the TTFT rows (that trace's median input is 1,020 tokens)",
+    )
+    parser.add_argument(
+        "--shared-prefix-tokens",
+        type=int,
+        default=900,
+        help="of which a system prompt shared by all requests of a run (the "
+        "engines cache it; the router still tokenizes and hashes it)",
+    )
+    parser.add_argument(
+        "--probe-share",
+        type=float,
+        default=0.25,
+        help="direct streams run beside a TTFT row's routed ones, as a share "
+        "of them (at least one)",
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        action="append",
+        help="TTFT rows' concurrent streams (repeatable; default 1, 50, 200)",
+    )
+    parser.add_argument(
+        "--probe-rate",
+        type=float,
+        default=20.0,
+        help="probes per second of the prober rows (half through the router)",
+    )
+    parser.add_argument(
+        "--only",
+        choices=("ttft", "probe", "throughput", "cpu", "hot-path"),
+        action="append",
+        help="run only these sections (repeatable)",
+    )
+    parser.add_argument(
+        "--placement",
+        choices=sorted(PLACEMENTS),
+        default="engines-apart",
+        help="CPU pinning for the TTFT rows (throughput and CPU rows: shared)",
+    )
+    parser.add_argument(
+        "--router-nice",
+        type=int,
+        default=-10,
+        help="scheduling niceness of the routers (and the prober) in the TTFT "
+        "and prober rows: negative, they preempt the load client on a "
+        "shared CPU, as on a host of their own; needs root or "
+        "CAP_SYS_NICE, else 0. 0: the router shares its CPU with the "
+        "client as an equal",
+    )
     args = parser.parse_args()
     sections = set(args.only or ("ttft", "probe", "throughput", "cpu", "hot-path"))
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
     print(f"# router overhead vs enginesim direct ({machine})")
     print(f"# load average at start: {os.getloadavg()[0]:.1f}")
-    print(f"# {INSTANCES} enginesim instances h20/qwen2-7b; routers lmetric and round_robin, "
-          "approx tokenizer")
+    print(
+        f"# {INSTANCES} enginesim instances h20/qwen2-7b; routers lmetric and round_robin, "
+        "approx tokenizer"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         if "ttft" in sections:
             with cluster(args.ttft_time_scale, Path(tmp)) as slow:
                 engines = slow.engines
                 routers = [proc for _, proc in slow.routers.values()]
-                with (placed(args.placement, engines, routers) as placement,
-                      prioritised(routers, args.router_nice) as args.router_nice):
+                with (
+                    placed(args.placement, engines, routers) as placement,
+                    prioritised(routers, args.router_nice) as args.router_nice,
+                ):
                     print(f"\n# TTFT rows: {placement}; routers at nice {args.router_nice}")
                     ttft_rows(slow, args)
         if "probe" in sections:
-            with (probe_engine(Path(tmp)) as probe,
-                  cluster(args.ttft_time_scale, Path(tmp), probe.url) as slow):
+            with (
+                probe_engine(Path(tmp)) as probe,
+                cluster(args.ttft_time_scale, Path(tmp), probe.url) as slow,
+            ):
                 routers = [proc for _, proc in slow.routers.values()]
-                with (placed(args.placement, slow.engines, routers) as placement,
-                      prioritised(routers, args.router_nice) as args.router_nice):
-                    print(f"\n# prober rows: {placement}; routers and prober at nice "
-                          f"{args.router_nice}; "
-                          "the prober and its engine are not pinned")
+                with (
+                    placed(args.placement, slow.engines, routers) as placement,
+                    prioritised(routers, args.router_nice) as args.router_nice,
+                ):
+                    print(
+                        f"\n# prober rows: {placement}; routers and prober at nice "
+                        f"{args.router_nice}; "
+                        "the prober and its engine are not pinned"
+                    )
                     probe_rows(slow, probe, args, Path(tmp))
         if sections & {"throughput", "cpu"}:
             with cluster(args.time_scale, Path(tmp)) as fast:
@@ -285,8 +371,7 @@ class ArmResult:
         return transit(run, self.engine_ttft)
 
 
-def ttft_arm(setup: Cluster, policy: str, concurrency: int,
-             args: argparse.Namespace) -> ArmResult:
+def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Namespace) -> ArmResult:
     """``concurrency`` streams through the ``policy`` router and, at the same time, a
     quarter as many straight to the engines (the baseline: the same engines, client and
     moment, so what the machine does to both cancels out)."""
@@ -294,25 +379,42 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int,
     probes = max(1, round(concurrency * args.probe_share))
 
     def loop(ports: list[int], streams: int) -> Coroutine[Any, Any, Run]:
-        return run_loop(ports, streams, args.ttft_duration, True, args.max_tokens,
-                        args.prompt_tokens, args.ttft_warmup, args.shared_prefix_tokens)
+        return run_loop(
+            ports,
+            streams,
+            args.ttft_duration,
+            True,
+            args.max_tokens,
+            args.prompt_tokens,
+            args.ttft_warmup,
+            args.shared_prefix_tokens,
+        )
 
     async def both() -> list[Run]:
         return await asyncio.gather(loop([port], concurrency), loop(setup.ports, probes))
 
-    cpu0, wait0, before = (cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid),
-                           router_histograms(port))
+    cpu0, wait0, before = (
+        cpu_seconds(proc.pid),
+        runnable_wait_seconds(proc.pid),
+        router_histograms(port),
+    )
     ticks = cpu_ticks()
     routed, direct = run_async(both())
     after = router_histograms(port)
     engine = setup.engine_log.engine_ttft(routed) | setup.engine_log.engine_ttft(direct)
     return ArmResult(
-        routed, direct, engine,
+        routed,
+        direct,
+        engine,
         cpu=(cpu_seconds(proc.pid) - cpu0) / routed.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / routed.wall,
-        side=[bucket_quantile(before, after, name, q)
-              for name in ("overhead", "loop_lag") for q in (50, 99)],
-        steal=steal_share(ticks, cpu_ticks()))
+        side=[
+            bucket_quantile(before, after, name, q)
+            for name in ("overhead", "loop_lag")
+            for q in (50, 99)
+        ],
+        steal=steal_share(ticks, cpu_ticks()),
+    )
 
 
 def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
@@ -325,30 +427,38 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
     its ``--request-log``, joined on X-Request-Id, one monotonic clock). Added = routed
     transit − direct transit, per percentile: everything the router costs a stream on its
     way to its first token, queueing in the router's event loop included."""
-    print(f"\nTTFT, streams of {args.prompt_tokens}-token prompts ({args.shared_prefix_tokens} "
-          f"of them a shared system prompt) and {args.max_tokens}-token answers, enginesim "
-          f"time scale {args.ttft_time_scale:g}, {args.ttft_warmup:g}s ramp then "
-          f"{args.ttft_duration:g}s closed loop per row; direct = {args.probe_share:.0%} as "
-          "many streams straight to the engines at the same time (ms). engine = the engine's "
-          "own TTFT (handler start → first token chunk); transit = client TTFT − engine TTFT; "
-          "added = routed transit − direct transit, with its 95% bootstrap interval; own = "
-          "the router's histogram of its time in the first chunk, lag = how late its event "
-          "loop runs a due timer (bucket upper bounds); CPU = router process CPU, wait = its "
-          "runnable-without-CPU share, steal = the share of the machine's CPU time the "
-          "hypervisor took (rows with a few % of it are slowed by other tenants)")
-    header = (f"{'streams':>7} {'router':>11} {'n':>5} {'direct n':>8} {'TTFT p50':>9} "
-              f"{'p99':>7} {'direct p50':>10} {'p99':>7} {'engine p50':>10} {'p99':>7} "
-              f"{'transit p50':>11} {'p99':>6} {'direct p50':>10} {'p99':>6} "
-              f"{'added p50':>9} {'95% interval':>15} {'p99':>6} {'95% interval':>15} "
-              f"{'own p50':>7} {'p99':>5} "
-              f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}")
-    each_row(setup, args, header,
-             lambda streams, policy: ttft_line(streams, policy,
-                                               ttft_arm(setup, policy, streams, args)))
+    print(
+        f"\nTTFT, streams of {args.prompt_tokens}-token prompts ({args.shared_prefix_tokens} "
+        f"of them a shared system prompt) and {args.max_tokens}-token answers, enginesim "
+        f"time scale {args.ttft_time_scale:g}, {args.ttft_warmup:g}s ramp then "
+        f"{args.ttft_duration:g}s closed loop per row; direct = {args.probe_share:.0%} as "
+        "many streams straight to the engines at the same time (ms). engine = the engine's "
+        "own TTFT (handler start → first token chunk); transit = client TTFT − engine TTFT; "
+        "added = routed transit − direct transit, with its 95% bootstrap interval; own = "
+        "the router's histogram of its time in the first chunk, lag = how late its event "
+        "loop runs a due timer (bucket upper bounds); CPU = router process CPU, wait = its "
+        "runnable-without-CPU share, steal = the share of the machine's CPU time the "
+        "hypervisor took (rows with a few % of it are slowed by other tenants)"
+    )
+    header = (
+        f"{'streams':>7} {'router':>11} {'n':>5} {'direct n':>8} {'TTFT p50':>9} "
+        f"{'p99':>7} {'direct p50':>10} {'p99':>7} {'engine p50':>10} {'p99':>7} "
+        f"{'transit p50':>11} {'p99':>6} {'direct p50':>10} {'p99':>6} "
+        f"{'added p50':>9} {'95% interval':>15} {'p99':>6} {'95% interval':>15} "
+        f"{'own p50':>7} {'p99':>5} "
+        f"{'lag p50':>7} {'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}"
+    )
+    each_row(
+        setup,
+        args,
+        header,
+        lambda streams, policy: ttft_line(streams, policy, ttft_arm(setup, policy, streams, args)),
+    )
 
 
-def each_row(setup: Cluster, args: argparse.Namespace, header: str,
-             row: Callable[[int, str], str]) -> None:
+def each_row(
+    setup: Cluster, args: argparse.Namespace, header: str, row: Callable[[int, str], str]
+) -> None:
     """Print ``header`` and a row per stream count and router, the other router paused."""
     print(header)
     print("-" * len(header))
@@ -365,53 +475,88 @@ def reference_hop(probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -
     with nginx_in_front(probe.port, workdir) as port:
         if port is None:
             return "reference: nginx is not installed (apt install nginx-light), row skipped"
-        plan = ProbePlan(port, probe.port, "", time.monotonic() + 1.0, args.ttft_duration,
-                         args.probe_rate, args.prompt_tokens, args.shared_prefix_tokens)
+        plan = ProbePlan(
+            port,
+            probe.port,
+            "",
+            time.monotonic() + 1.0,
+            args.ttft_duration,
+            args.probe_rate,
+            args.prompt_tokens,
+            args.shared_prefix_tokens,
+        )
         ticks = cpu_ticks()
         routed, direct, _, failures = probe_transits(run_async(probe_loop(plan)), probe)
         steal = steal_share(ticks, cpu_ticks())
-    return (f"reference: the same probes through nginx (C, one worker) instead of a router, "
-            f"no load: n {len(routed)}/{len(direct)}, added p50 "
-            f"{pct(routed, 50) - pct(direct, 50):.2f} {added_interval(routed, direct, 50)}, "
-            f"p99 {pct(routed, 99) - pct(direct, 99):.2f} {added_interval(routed, direct, 99)}, "
-            f"steal {steal:.1%}" + (f" ({failures} failed)" if failures else ""))
+    return (
+        f"reference: the same probes through nginx (C, one worker) instead of a router, "
+        f"no load: n {len(routed)}/{len(direct)}, added p50 "
+        f"{pct(routed, 50) - pct(direct, 50):.2f} {added_interval(routed, direct, 50)}, "
+        f"p99 {pct(routed, 99) - pct(direct, 99):.2f} {added_interval(routed, direct, 99)}, "
+        f"steal {steal:.1%}" + (f" ({failures} failed)" if failures else "")
+    )
 
 
-def probe_arm(setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int,
-              args: argparse.Namespace) -> ProbeResult:
+def probe_arm(
+    setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int, args: argparse.Namespace
+) -> ProbeResult:
     """``concurrency`` load streams through the ``policy`` router's load arm while a
     separate prober process times probes through its probe arm and direct."""
     port, proc = setup.routers[policy]
     load_sessions = list(itertools.islice(sessions_in_arm("load", 0, 99), concurrency))
-    plan = ProbePlan(port, probe.port, next(sessions_in_arm("probe", 99, 100)),
-                     time.monotonic() + args.ttft_warmup, args.ttft_duration, args.probe_rate,
-                     args.prompt_tokens, args.shared_prefix_tokens)
+    plan = ProbePlan(
+        port,
+        probe.port,
+        next(sessions_in_arm("probe", 99, 100)),
+        time.monotonic() + args.ttft_warmup,
+        args.ttft_duration,
+        args.probe_rate,
+        args.prompt_tokens,
+        args.shared_prefix_tokens,
+    )
     context = multiprocessing.get_context("spawn")
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=prober, args=(plan, sender))
     process.start()
     if args.router_nice:  # else a prioritised router would delay the prober's direct probes
         renice(process.pid, args.router_nice)  # (allowed: the routers' renice was)
-    cpu0, wait0, before = (cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid),
-                           router_histograms(port))
+    cpu0, wait0, before = (
+        cpu_seconds(proc.pid),
+        runnable_wait_seconds(proc.pid),
+        router_histograms(port),
+    )
     ticks = cpu_ticks()
-    load = run_async(run_loop([port], concurrency, args.ttft_duration, True, args.max_tokens,
-                              args.prompt_tokens, args.ttft_warmup, args.shared_prefix_tokens,
-                              load_sessions))
+    load = run_async(
+        run_loop(
+            [port],
+            concurrency,
+            args.ttft_duration,
+            True,
+            args.max_tokens,
+            args.prompt_tokens,
+            args.ttft_warmup,
+            args.shared_prefix_tokens,
+            load_sessions,
+        )
+    )
     results = receiver.recv()
     process.join()
     after = router_histograms(port)
     return ProbeResult(
-        load, *probe_transits(results, probe),
+        load,
+        *probe_transits(results, probe),
         cpu=(cpu_seconds(proc.pid) - cpu0) / load.wall,
         cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / load.wall,
-        side=[bucket_quantile(before, after, name, q)
-              for name in ("overhead", "loop_lag") for q in (50, 99)],
-        steal=steal_share(ticks, cpu_ticks()))
+        side=[
+            bucket_quantile(before, after, name, q)
+            for name in ("overhead", "loop_lag")
+            for q in (50, 99)
+        ],
+        steal=steal_share(ticks, cpu_ticks()),
+    )
 
 
-def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace,
-               workdir: Path) -> None:
+def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -> None:
     """Added TTFT as a prober sees it while the router carries 1, 50 or 200 streams.
 
     The TTFT rows' direct baseline goes to the loaded engines, whose event loop (4
@@ -423,21 +568,30 @@ def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace,
     and only the routed one crosses the loaded router. Added = routed − direct transit per
     percentile; what it measures is the router's cost to one more request while it carries
     that load (its CPU, its event loop's queue, the extra loopback hop)."""
-    print(f"\nAdded TTFT seen by a prober: a separate process sends {args.probe_rate:g} probes/s "
-          f"({args.prompt_tokens}-token prompts, {PROBE_MAX_TOKENS}-token answers), half through "
-          "the router's probe arm and half straight to an idle probe engine of their own "
-          f"(time scale {PROBE_TIME_SCALE:g}), while the router's load arm carries the streams "
-          f"of the TTFT rows ({args.ttft_warmup:g}s ramp, then {args.ttft_duration:g}s "
-          "measured; ms; added = routed − direct probe transit with its 95% bootstrap "
-          "interval; own, lag, CPU, wait, steal as above)")
-    header = (f"{'streams':>7} {'router':>11} {'load req/s':>10} {'chunks/s':>8} "
-              f"{'probes':>9} {'engine p50':>10} {'routed p50':>10} {'p99':>6} "
-              f"{'direct p50':>10} {'p99':>6} {'added p50':>9} {'95% interval':>15} "
-              f"{'p99':>6} {'95% interval':>15} {'own p50':>7} {'p99':>5} {'lag p50':>7} "
-              f"{'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}")
-    each_row(setup, args, header,
-             lambda streams, policy: probe_line(streams, policy,
-                                                probe_arm(setup, probe, policy, streams, args)))
+    print(
+        f"\nAdded TTFT seen by a prober: a separate process sends {args.probe_rate:g} probes/s "
+        f"({args.prompt_tokens}-token prompts, {PROBE_MAX_TOKENS}-token answers), half through "
+        "the router's probe arm and half straight to an idle probe engine of their own "
+        f"(time scale {PROBE_TIME_SCALE:g}), while the router's load arm carries the streams "
+        f"of the TTFT rows ({args.ttft_warmup:g}s ramp, then {args.ttft_duration:g}s "
+        "measured; ms; added = routed − direct probe transit with its 95% bootstrap "
+        "interval; own, lag, CPU, wait, steal as above)"
+    )
+    header = (
+        f"{'streams':>7} {'router':>11} {'load req/s':>10} {'chunks/s':>8} "
+        f"{'probes':>9} {'engine p50':>10} {'routed p50':>10} {'p99':>6} "
+        f"{'direct p50':>10} {'p99':>6} {'added p50':>9} {'95% interval':>15} "
+        f"{'p99':>6} {'95% interval':>15} {'own p50':>7} {'p99':>5} {'lag p50':>7} "
+        f"{'p99':>5} {'CPU':>4} {'wait':>4} {'steal':>5}"
+    )
+    each_row(
+        setup,
+        args,
+        header,
+        lambda streams, policy: probe_line(
+            streams, policy, probe_arm(setup, probe, policy, streams, args)
+        ),
+    )
     with paused(setup.routers.values()):
         print(reference_hop(probe, args, workdir), flush=True)
 
@@ -446,68 +600,92 @@ def probe_line(concurrency: int, policy: str, result: ProbeResult) -> str:
     routed, direct, load = result.routed, result.direct, result.load
     own50, own99, lag50, lag99 = (f"≤{v * 1000:g}" for v in result.side)
     failures = result.failures + load.failures
-    return (f"{concurrency:>7} {policy:>11} {len(load.outcomes) / load.elapsed:>10.1f} "
-            f"{load.events / load.elapsed:>8.0f} {f'{len(routed)}/{len(direct)}':>9} "
-            f"{pct(result.engine, 50):>10.2f} {pct(routed, 50):>10.2f} {pct(routed, 99):>6.2f} "
-            f"{pct(direct, 50):>10.2f} {pct(direct, 99):>6.2f} "
-            f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
-            f"{added_interval(routed, direct, 50):>15} "
-            f"{pct(routed, 99) - pct(direct, 99):>6.2f} {added_interval(routed, direct, 99):>15} "
-            f"{own50:>7} {own99:>5} {lag50:>7} {lag99:>5} {result.cpu:>4.0%} "
-            f"{result.cpu_wait:>4.0%} {result.steal:>5.1%}"
-            + (f"  ({failures} failed)" if failures else ""))
+    return (
+        f"{concurrency:>7} {policy:>11} {len(load.outcomes) / load.elapsed:>10.1f} "
+        f"{load.events / load.elapsed:>8.0f} {f'{len(routed)}/{len(direct)}':>9} "
+        f"{pct(result.engine, 50):>10.2f} {pct(routed, 50):>10.2f} {pct(routed, 99):>6.2f} "
+        f"{pct(direct, 50):>10.2f} {pct(direct, 99):>6.2f} "
+        f"{pct(routed, 50) - pct(direct, 50):>9.2f} "
+        f"{added_interval(routed, direct, 50):>15} "
+        f"{pct(routed, 99) - pct(direct, 99):>6.2f} {added_interval(routed, direct, 99):>15} "
+        f"{own50:>7} {own99:>5} {lag50:>7} {lag99:>5} {result.cpu:>4.0%} "
+        f"{result.cpu_wait:>4.0%} {result.steal:>5.1%}"
+        + (f"  ({failures} failed)" if failures else "")
+    )
 
 
 def ttft_line(concurrency: int, policy: str, arm: ArmResult) -> str:
     routed, direct = arm.routed, arm.direct
     moved, base = arm.transit(routed), arm.transit(direct)
-    engine = [arm.engine_ttft[o.request_id] for o in routed.outcomes
-              if o.request_id in arm.engine_ttft]
+    engine = [
+        arm.engine_ttft[o.request_id] for o in routed.outcomes if o.request_id in arm.engine_ttft
+    ]
     own50, own99, lag50, lag99 = (f"≤{v * 1000:g}" for v in arm.side)
     failures = routed.failures + direct.failures
-    return (f"{concurrency:>7} {policy:>11} {len(routed.outcomes):>5} "
-            f"{len(direct.outcomes):>8} {pct(routed.samples, 50):>9.1f} "
-            f"{pct(routed.samples, 99):>7.1f} {pct(direct.samples, 50):>10.1f} "
-            f"{pct(direct.samples, 99):>7.1f} {pct(engine, 50):>10.1f} {pct(engine, 99):>7.1f} "
-            f"{pct(moved, 50):>11.2f} {pct(moved, 99):>6.2f} {pct(base, 50):>10.2f} "
-            f"{pct(base, 99):>6.2f} {pct(moved, 50) - pct(base, 50):>9.2f} "
-            f"{added_interval(moved, base, 50):>15} {pct(moved, 99) - pct(base, 99):>6.2f} "
-            f"{added_interval(moved, base, 99):>15} {own50:>7} {own99:>5} {lag50:>7} "
-            f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%} {arm.steal:>5.1%}"
-            + (f"  ({failures} failed)" if failures else ""))
+    return (
+        f"{concurrency:>7} {policy:>11} {len(routed.outcomes):>5} "
+        f"{len(direct.outcomes):>8} {pct(routed.samples, 50):>9.1f} "
+        f"{pct(routed.samples, 99):>7.1f} {pct(direct.samples, 50):>10.1f} "
+        f"{pct(direct.samples, 99):>7.1f} {pct(engine, 50):>10.1f} {pct(engine, 99):>7.1f} "
+        f"{pct(moved, 50):>11.2f} {pct(moved, 99):>6.2f} {pct(base, 50):>10.2f} "
+        f"{pct(base, 99):>6.2f} {pct(moved, 50) - pct(base, 50):>9.2f} "
+        f"{added_interval(moved, base, 50):>15} {pct(moved, 99) - pct(base, 99):>6.2f} "
+        f"{added_interval(moved, base, 99):>15} {own50:>7} {own99:>5} {lag50:>7} "
+        f"{lag99:>5} {arm.cpu:>4.0%} {arm.cpu_wait:>4.0%} {arm.steal:>5.1%}"
+        + (f"  ({failures} failed)" if failures else "")
+    )
 
 
-def throughput_rows(ports: list[int], router_port: int, router: subprocess.Popen[bytes],
-                    engines: subprocess.Popen[bytes], args: argparse.Namespace) -> None:
+def throughput_rows(
+    ports: list[int],
+    router_port: int,
+    router: subprocess.Popen[bytes],
+    engines: subprocess.Popen[bytes],
+    args: argparse.Namespace,
+) -> None:
     concurrency = 64
     engine0 = cpu_seconds(engines.pid)
     direct, _, elapsed_d = run_async(closed_loop(ports, concurrency, args.duration, False, 4))
     engine_per_request = (cpu_seconds(engines.pid) - engine0) / max(len(direct), 1)
     before = router_histograms(router_port)
     cpu0 = cpu_seconds(router.pid)
-    routed, _, elapsed_r = run_async(closed_loop([router_port], concurrency, args.duration,
-                                                   False, 4))
+    routed, _, elapsed_r = run_async(
+        closed_loop([router_port], concurrency, args.duration, False, 4)
+    )
     router_cpu = cpu_seconds(router.pid) - cpu0
     after = router_histograms(router_port)
     rps_d, rps_r = len(direct) / elapsed_d, len(routed) / elapsed_r
     per_request = router_cpu / max(len(routed), 1)
     print(f"\nThroughput, non-streamed max_tokens=4, {concurrency} in flight")
-    print(f"{'direct req/s':>12} {'router req/s':>12} {'ratio':>6} {'engine CPU/req':>14} "
-          f"{'router CPU/req':>14} {'router req/CPU-s':>16}")
-    print(f"{rps_d:>12.0f} {rps_r:>12.0f} {rps_r / rps_d:>6.2f} "
-          f"{engine_per_request * 1e6:>12.0f}µs {per_request * 1e6:>12.0f}µs "
-          f"{1 / per_request:>16.0f}")
+    print(
+        f"{'direct req/s':>12} {'router req/s':>12} {'ratio':>6} {'engine CPU/req':>14} "
+        f"{'router CPU/req':>14} {'router req/CPU-s':>16}"
+    )
+    print(
+        f"{rps_d:>12.0f} {rps_r:>12.0f} {rps_r / rps_d:>6.2f} "
+        f"{engine_per_request * 1e6:>12.0f}µs {per_request * 1e6:>12.0f}µs "
+        f"{1 / per_request:>16.0f}"
+    )
     count = after["decision"].count - before["decision"].count
-    print("\nRouter hot path per request (its own histograms, wall clock): median bucket, "
-          "mean, and the mean's share of the router's CPU time per request")
-    for name, label in (("tokenize", "tokenize"), ("hashing", "hash blocks"),
-                        ("decision", "policy decision")):
+    print(
+        "\nRouter hot path per request (its own histograms, wall clock): median bucket, "
+        "mean, and the mean's share of the router's CPU time per request"
+    )
+    for name, label in (
+        ("tokenize", "tokenize"),
+        ("hashing", "hash blocks"),
+        ("decision", "policy decision"),
+    ):
         mean = (after[name].sum - before[name].sum) / max(count, 1)
         median = f"≤ {bucket_quantile(before, after, name) * 1e6:.0f} µs"
-        print(f"{label:>16}: median {median:>9}, mean "
-              f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})")
-    print(f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
-          "competes for the same CPUs)")
+        print(
+            f"{label:>16}: median {median:>9}, mean "
+            f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})"
+        )
+    print(
+        f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
+        "competes for the same CPUs)"
+    )
 
 
 if __name__ == "__main__":

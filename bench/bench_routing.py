@@ -64,8 +64,9 @@ def build_cluster(n: int, rng: np.random.Generator) -> tuple[ClusterState, list]
     for i in range(0, n, 4):
         warm(state, f"inst-{i}", system, f"sys{i}")
     for i in range(n):
-        load = build_features(f"load-{i}", rng.integers(0, 150_000, int(rng.integers(16, 2048))),
-                              0.0)
+        load = build_features(
+            f"load-{i}", rng.integers(0, 150_000, int(rng.integers(16, 2048))), 0.0
+        )
         state.on_dispatch(load, f"inst-{i}", 0.0)
         for b in range(int(rng.integers(0, 24))):
             busy = build_features(f"bs-{i}-{b}", [b, i], 0.0)
@@ -131,11 +132,15 @@ def main() -> None:
     parser.add_argument("--sizes", default="16,128,1024")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    print(f"machine: {cpu_model()}, {platform.machine()}, Python {platform.python_version()}, "
-          f"numpy {np.__version__}")
-    print(f"settings: prompt {PROMPT} tokens (block 16), shared prefix {SYSTEM} on 1/4 of "
-          f"instances, one instance holding {SHARED_TURN}; {args.requests} timed decisions "
-          f"per cell, default params\n")
+    print(
+        f"machine: {cpu_model()}, {platform.machine()}, Python {platform.python_version()}, "
+        f"numpy {np.__version__}"
+    )
+    print(
+        f"settings: prompt {PROMPT} tokens (block 16), shared prefix {SYSTEM} on 1/4 of "
+        f"instances, one instance holding {SHARED_TURN}; {args.requests} timed decisions "
+        f"per cell, default params\n"
+    )
     print(f"{'policy':<12} {'instances':>9} {'p50 µs':>9} {'p99 µs':>9}")
     for n in (int(s) for s in args.sizes.split(",")):
         for kind, size, p50, p99 in time_policies(n, args.requests, args.seed):

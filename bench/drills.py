@@ -33,8 +33,17 @@ HEADERS = ("scenario", "sent", "succeeded", "failed (clear error)", "lost", "rec
 def run_pytest(soak_s: float | None, extra: list[str]) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.setdefault("SWITCHYARD_TEST_DB", "test_switchyard_drills")
-    args = [sys.executable, "-m", "pytest", "tests/drills", "-q", "-p", "no:cacheprovider",
-            "--show-capture=no", *extra]
+    args = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/drills",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--show-capture=no",
+        *extra,
+    ]
     if soak_s is not None:
         env["SWITCHYARD_SOAK_S"] = f"{soak_s:g}"
         args += ["-k", "soak", "--timeout", str(int(soak_s) + 600)]
@@ -58,8 +67,9 @@ def table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
     lines = []
     for n, line in enumerate(cells):
-        lines.append("| " + " | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True))
-                     + " |")
+        lines.append(
+            "| " + " | ".join(v.ljust(w) for v, w in zip(line, widths, strict=True)) + " |"
+        )
         if n == 0:
             lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     notes = [f"- {r['scenario']}: {r['notes']}" for r in rows if r.get("notes")]
@@ -67,14 +77,17 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def machine() -> str:
-    return (f"{platform.node()} · {os.cpu_count()} CPUs · {platform.platform()} · "
-            f"Python {platform.python_version()}")
+    return (
+        f"{platform.node()} · {os.cpu_count()} CPUs · {platform.platform()} · "
+        f"Python {platform.python_version()}"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--soak", type=float, metavar="SECONDS",
-                        help="run only the soak, for this long")
+    parser.add_argument(
+        "--soak", type=float, metavar="SECONDS", help="run only the soak, for this long"
+    )
     parser.add_argument("--table", action="store_true", help="print the last table only")
     parser.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = parser.parse_args()
@@ -84,9 +97,11 @@ def main() -> int:
         started = time.strftime("%Y-%m-%d %H:%M:%S")
         status = run_pytest(args.soak, args.pytest_args)
     print(f"\nSwitchyard drills — {machine()}")
-    print("enginesim fleet: 4 instances, time-scale 0.05; loopback processes. For bad-input "
-          "and authorization rows, 'failed (clear error)' counts requests correctly refused "
-          "(4xx/401/403/redirect to login).\n")
+    print(
+        "enginesim fleet: 4 instances, time-scale 0.05; loopback processes. For bad-input "
+        "and authorization rows, 'failed (clear error)' counts requests correctly refused "
+        "(4xx/401/403/redirect to login).\n"
+    )
     print(table(rows_since(started)))
     return status
 

@@ -22,11 +22,23 @@ BUILTIN_TEMPLATES: dict[str, dict[str, str]] = {
     "llama3": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
     "plain": {},
 }
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token",
-                      "cls_token", "mask_token")
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 # Content parts vLLM reads as text, and the key holding their text.
-TEXT_PART_KEYS = {"text": "text", "input_text": "text", "output_text": "text",
-                  "refusal": "refusal", "thinking": "thinking"}
+TEXT_PART_KEYS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
 ContentFormat = Literal["string", "openai"]
 
 
@@ -66,10 +78,16 @@ def _raise_exception(message: str) -> None:
     raise _TemplateRaised(str(message))
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=separators, sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 def _strftime_now(fmt: str) -> str:
@@ -77,8 +95,9 @@ def _strftime_now(fmt: str) -> str:
 
 
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[jinja2.ext.loopcontrols, _GenerationBlock])
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols, _GenerationBlock]
+    )
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -114,28 +133,44 @@ class ChatTemplate:
     compiled: Any = field(default=None, repr=False, compare=False)
 
     @classmethod
-    def compile(cls, name: str, source: str,
-                special_tokens: Mapping[str, str] | None = None) -> ChatTemplate:
+    def compile(
+        cls, name: str, source: str, special_tokens: Mapping[str, str] | None = None
+    ) -> ChatTemplate:
         try:
             parsed = _ENV.parse(source)
             compiled = _ENV.from_string(source)
         except jinja2.TemplateSyntaxError as error:
-            raise TemplateLoadError(f"chat template {name}: line {error.lineno}: "
-                                    f"{error.message}") from None
+            raise TemplateLoadError(
+                f"chat template {name}: line {error.lineno}: {error.message}"
+            ) from None
         content_format: ContentFormat = "openai" if _loops_over_content(parsed) else "string"
         return cls(name, source, dict(special_tokens or {}), content_format, compiled)
 
-    def render(self, messages: Any, *, add_generation_prompt: bool = True,
-               continue_final_message: bool = False, tools: Any = None,
-               documents: Any = None, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    def render(
+        self,
+        messages: Any,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: Any = None,
+        documents: Any = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> str:
         """The prompt text of ``messages`` (raises :class:`ChatTemplateError`)."""
         if add_generation_prompt and continue_final_message:
-            raise ChatTemplateError("Cannot set both `continue_final_message` and "
-                                    "`add_generation_prompt` to True.", "continue_final_message")
+            raise ChatTemplateError(
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                "continue_final_message",
+            )
         conversation = [self._message(i, m) for i, m in enumerate(_message_list(messages))]
-        variables = {**self.special_tokens, **(template_kwargs or {}),
-                     "messages": conversation, "tools": tools, "documents": documents,
-                     "add_generation_prompt": add_generation_prompt}
+        variables = {
+            **self.special_tokens,
+            **(template_kwargs or {}),
+            "messages": conversation,
+            "tools": tools,
+            "documents": documents,
+            "add_generation_prompt": add_generation_prompt,
+        }
         text = self._run(variables)
         return _cut_after_final(text, conversation) if continue_final_message else text
 
@@ -143,14 +178,17 @@ class ChatTemplate:
         """The prompt text of a chat-completions request body, with its template options."""
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
-            raise ChatTemplateError("`chat_template_kwargs` must be an object.",
-                                    "chat_template_kwargs")
+            raise ChatTemplateError(
+                "`chat_template_kwargs` must be an object.", "chat_template_kwargs"
+            )
         return self.render(
             body.get("messages"),
             add_generation_prompt=_flag(body, "add_generation_prompt", True),
             continue_final_message=_flag(body, "continue_final_message", False),
-            tools=_list_or_none(body, "tools"), documents=_list_or_none(body, "documents"),
-            template_kwargs=kwargs)
+            tools=_list_or_none(body, "tools"),
+            documents=_list_or_none(body, "documents"),
+            template_kwargs=kwargs,
+        )
 
     def _message(self, index: int, message: Any) -> dict[str, Any]:
         if not isinstance(message, dict):
@@ -168,11 +206,14 @@ class ChatTemplate:
         try:
             return str(self.compiled.render(**variables))
         except _TemplateRaised as error:
-            raise ChatTemplateError(error.message or "the chat template refused the request"
-                                    ) from None
+            raise ChatTemplateError(
+                error.message or "the chat template refused the request"
+            ) from None
         except Exception as error:  # a template bug meeting this input: still the client's 400
-            raise ChatTemplateError(f"The chat template could not render these messages: "
-                                    f"{type(error).__name__}: {error}") from None
+            raise ChatTemplateError(
+                f"The chat template could not render these messages: "
+                f"{type(error).__name__}: {error}"
+            ) from None
 
 
 def _message_list(messages: Any) -> list[Any]:
@@ -187,8 +228,9 @@ def _content_texts(index: int, content: Any) -> list[str]:
     if isinstance(content, str):
         return [content]
     if not isinstance(content, list):
-        raise ChatTemplateError(f"`messages.{index}.content` must be a string, null, or a "
-                                f"list of content parts.")
+        raise ChatTemplateError(
+            f"`messages.{index}.content` must be a string, null, or a list of content parts."
+        )
     texts = []
     for number, part in enumerate(content):
         where = f"`messages.{index}.content.{number}`"
@@ -200,8 +242,10 @@ def _content_texts(index: int, content: Any) -> list[str]:
             raise ChatTemplateError(f"{where} must be an object with a string `type`.")
         key = TEXT_PART_KEYS.get(kind)
         if key is None:
-            raise ChatTemplateError(f"{where}: content part type {json.dumps(kind)} is not "
-                                    "supported; this model takes text only.")
+            raise ChatTemplateError(
+                f"{where}: content part type {json.dumps(kind)} is not "
+                "supported; this model takes text only."
+            )
         text = part.get(key)
         if text is None:  # vLLM skips a text part without text
             continue
@@ -236,12 +280,16 @@ def _cut_after_final(text: str, conversation: list[dict[str, Any]]) -> str:
     final = final.strip()
     position = text.rfind(final) if final else -1
     if position < 0:
-        raise ChatTemplateError("continue_final_message: the final message's content does "
-                                "not appear in the rendered prompt.", "continue_final_message")
+        raise ChatTemplateError(
+            "continue_final_message: the final message's content does "
+            "not appear in the rendered prompt.",
+            "continue_final_message",
+        )
     return text[: position + len(final)]
 
 
 # ----- loading --------------------------------------------------------------------------
+
 
 def is_builtin(spec: str) -> bool:
     return spec in BUILTIN_TEMPLATES
@@ -258,9 +306,11 @@ def load_chat_template(spec: str) -> ChatTemplate:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as error:
-        raise TemplateLoadError(f"chat template {spec!r} is neither a built-in "
-                                f"({', '.join(BUILTIN_TEMPLATES)}) nor a readable file: "
-                                f"{error}") from None
+        raise TemplateLoadError(
+            f"chat template {spec!r} is neither a built-in "
+            f"({', '.join(BUILTIN_TEMPLATES)}) nor a readable file: "
+            f"{error}"
+        ) from None
     if path.suffix == ".json":
         return _from_tokenizer_config(spec, text)
     return ChatTemplate.compile(spec, text)
@@ -284,8 +334,10 @@ def _from_tokenizer_config(spec: str, text: str) -> ChatTemplate:
         named = {t.get("name"): t.get("template") for t in source if isinstance(t, dict)}
         source = named.get("default")
     if not isinstance(source, str) or not source:
-        raise TemplateLoadError(f"{spec}: no `chat_template` string (or named \"default\" "
-                                f"template) in this tokenizer config")
+        raise TemplateLoadError(
+            f'{spec}: no `chat_template` string (or named "default" '
+            f"template) in this tokenizer config"
+        )
     return ChatTemplate.compile(spec, source, _special_tokens(config))
 
 

@@ -49,8 +49,9 @@ def _set_state(request: HttpRequest, instances: QuerySet, state: str) -> None:
         return
     for instance in instances:
         try:
-            clusters.set_instance_state(Actor.of(request.user), instance.pk, state,
-                                        reason="from the Django admin")
+            clusters.set_instance_state(
+                Actor.of(request.user), instance.pk, state, reason="from the Django admin"
+            )
         except ServiceError as error:
             messages.error(request, f"{instance}: {error.message}")
         else:
@@ -86,8 +87,15 @@ class CanarySplitAdmin(ServiceOwnedAdmin):
 
 @admin.register(models.RouterDeployment)
 class RouterDeploymentAdmin(ServiceOwnedAdmin):
-    list_display = ("name", "cluster", "host", "port", "desired_state", "applied_version",
-                    "last_heartbeat")
+    list_display = (
+        "name",
+        "cluster",
+        "host",
+        "port",
+        "desired_state",
+        "applied_version",
+        "last_heartbeat",
+    )
     list_filter = ("cluster", "desired_state")
     exclude = ("token_hash",)
 

@@ -169,24 +169,41 @@ def session_has_role(session_key: str, role: str) -> bool:
 
 def too_large(scope: Scope, declared: int | None, limit: int) -> str:
     size = f"of {declared} bytes" if declared is not None else "without Content-Length"
-    message = (f"request body too large: a body {size} is over this request's limit of "
-               f"{limit} bytes ({limit / MIB:.1f} MiB)")
+    message = (
+        f"request body too large: a body {size} is over this request's limit of "
+        f"{limit} bytes ({limit / MIB:.1f} MiB)"
+    )
     if upload_role(scope.get("path", "")) is not None and limit < upload_limit():
-        message += (f"; trace uploads of up to {upload_limit() / MIB:.0f} MiB need a signed-in "
-                    "operator and a Content-Length header")
+        message += (
+            f"; trace uploads of up to {upload_limit() / MIB:.0f} MiB need a signed-in "
+            "operator and a Content-Length header"
+        )
     return message
 
 
 async def refuse(scope: Scope, send: Send, status: int, message: str) -> None:
     """An error answer (JSON on the API, plain text elsewhere) that also closes the
     connection, so the server stops reading a body nobody will use."""
-    log.warning("refused %s %s from %s: %s", scope.get("method"), scope.get("path"),
-                (scope.get("client") or ("?",))[0], message)
+    log.warning(
+        "refused %s %s from %s: %s",
+        scope.get("method"),
+        scope.get("path"),
+        (scope.get("client") or ("?",))[0],
+        message,
+    )
     if scope.get("path", "").startswith("/api/"):
         body, kind = json.dumps({"detail": message}).encode(), b"application/json"
     else:
         body, kind = f"{message}\n".encode(), b"text/plain; charset=utf-8"
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-type", kind), (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close")]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", kind),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": body})

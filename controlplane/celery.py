@@ -54,8 +54,12 @@ app.conf.task_routes = {
 app.autodiscover_tasks(["controlplane"], related_name="tasks")
 
 app.user_options["worker"].add(
-    Option(["--supervise-routers"], is_flag=True, default=False,
-           help="Start and supervise this host's router processes (routers queue worker).")
+    Option(
+        ["--supervise-routers"],
+        is_flag=True,
+        default=False,
+        help="Start and supervise this host's router processes (routers queue worker).",
+    )
 )
 
 

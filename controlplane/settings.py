@@ -64,7 +64,8 @@ DEBUG = env_bool("SWITCHYARD_DEBUG", False)
 SECRET_KEY = required_secret_key()
 ALLOWED_HOSTS = [h for h in env("SWITCHYARD_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [
-    o for o in env("SWITCHYARD_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost").split(",")
+    o
+    for o in env("SWITCHYARD_CSRF_TRUSTED_ORIGINS", "http://127.0.0.1,http://localhost").split(",")
     if o
 ]
 
@@ -204,8 +205,9 @@ LOGOUT_REDIRECT_URL = "/login/"
 # any request (kept under FILE_UPLOAD_MAX_MEMORY_SIZE, 2.5 MB, so a refused body never
 # reaches the disk); a replay trace upload of up to 64 MiB for a signed-in operator.
 SWITCHYARD_MAX_BODY_BYTES = int(env("SWITCHYARD_MAX_BODY_BYTES", str(1024 * 1024)))
-SWITCHYARD_MAX_TRACE_UPLOAD_BYTES = int(env("SWITCHYARD_MAX_TRACE_UPLOAD_BYTES",
-                                            str(64 * 1024 * 1024)))
+SWITCHYARD_MAX_TRACE_UPLOAD_BYTES = int(
+    env("SWITCHYARD_MAX_TRACE_UPLOAD_BYTES", str(64 * 1024 * 1024))
+)
 # Uploaded traces no job has used for this long are deleted by the `prune-uploads` task.
 SWITCHYARD_UPLOAD_RETENTION_DAYS = float(env("SWITCHYARD_UPLOAD_RETENTION_DAYS", "7"))
 

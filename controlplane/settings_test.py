@@ -15,5 +15,6 @@ from .settings import *  # noqa: F403
 DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405
 # Concurrent test runs on one machine (several developers) each need their own database.
 DATABASES["default"]["TEST"]["NAME"] = os.environ.get(  # noqa: F405
-    "SWITCHYARD_TEST_DB", DATABASES["default"]["TEST"]["NAME"]  # noqa: F405
+    "SWITCHYARD_TEST_DB",
+    DATABASES["default"]["TEST"]["NAME"],  # noqa: F405
 )

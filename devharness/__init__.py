@@ -14,6 +14,17 @@ from devharness.processes import (
 )
 from devharness.waits import TRANSIENT, WaitTimeout, wait_http, wait_until
 
-__all__ = ["TRANSIENT", "ManagedProcess", "ProcessExited", "ProcessSet", "WaitTimeout",
-           "free_port", "free_ports", "ports_free", "start_process", "stop_process",
-           "wait_http", "wait_until"]
+__all__ = [
+    "TRANSIENT",
+    "ManagedProcess",
+    "ProcessExited",
+    "ProcessSet",
+    "WaitTimeout",
+    "free_port",
+    "free_ports",
+    "ports_free",
+    "start_process",
+    "stop_process",
+    "wait_http",
+    "wait_until",
+]

@@ -26,9 +26,15 @@ def stop_process(process: subprocess.Popen[Any], grace: float = 10.0) -> None:
             process.wait()
 
 
-def start_process(argv: list[str], *, env: dict[str, str] | None = None,
-                  log: Path | None = None, cwd: Path | str | None = None,
-                  new_session: bool = False, **popen: Any) -> subprocess.Popen[bytes]:
+def start_process(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    log: Path | None = None,
+    cwd: Path | str | None = None,
+    new_session: bool = False,
+    **popen: Any,
+) -> subprocess.Popen[bytes]:
     """Start ``argv`` with stdout and stderr appended to ``log`` (discarded without one) and
     no stdin. ``popen`` overrides any of those (e.g. ``stdout=subprocess.PIPE``)."""
     output: Any = subprocess.DEVNULL
@@ -36,10 +42,13 @@ def start_process(argv: list[str], *, env: dict[str, str] | None = None,
         log.parent.mkdir(parents=True, exist_ok=True)
         output = log.open("ab")
     try:
-        options = {"stdout": output, "stderr": subprocess.STDOUT, "stdin": subprocess.DEVNULL,
-                   **popen}
-        return subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=new_session,
-                                **options)
+        options = {
+            "stdout": output,
+            "stderr": subprocess.STDOUT,
+            "stdin": subprocess.DEVNULL,
+            **popen,
+        }
+        return subprocess.Popen(argv, cwd=cwd, env=env, start_new_session=new_session, **options)
     finally:
         if log is not None:
             output.close()  # the child holds its own descriptor
@@ -50,10 +59,17 @@ class ManagedProcess:
     ``with`` block. ``new_session`` puts it in its own process group, so ``stop`` reaches
     the children it starts too (Celery's pool, uvicorn's workers)."""
 
-    def __init__(self, argv: list[str], *, env: dict[str, str] | None = None,
-                 log: Path | None = None, cwd: Path | str | None = None,
-                 new_session: bool = False, grace: float = 10.0,
-                 **popen: Any) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        log: Path | None = None,
+        cwd: Path | str | None = None,
+        new_session: bool = False,
+        grace: float = 10.0,
+        **popen: Any,
+    ) -> None:
         self.argv = argv
         self.env = env
         self.log = log
@@ -64,8 +80,14 @@ class ManagedProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Self:
-        self.process = start_process(self.argv, env=self.env, log=self.log, cwd=self.cwd,
-                                     new_session=self.new_session, **self.popen)
+        self.process = start_process(
+            self.argv,
+            env=self.env,
+            log=self.log,
+            cwd=self.cwd,
+            new_session=self.new_session,
+            **self.popen,
+        )
         return self
 
     @property
@@ -124,8 +146,12 @@ class ManagedProcess:
     def __enter__(self) -> Self:
         return self.start() if self.process is None else self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.stop()
 
 
@@ -133,15 +159,21 @@ class ProcessSet:
     """Processes started together and stopped together, newest first: a bench's or the
     demo's stack. Each runs in its own process group; ``start`` returns the Popen."""
 
-    def __init__(self, *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
-                 grace: float = 10.0) -> None:
+    def __init__(
+        self,
+        *,
+        cwd: Path | str | None = None,
+        env: dict[str, str] | None = None,
+        grace: float = 10.0,
+    ) -> None:
         self.cwd = cwd
         self.env = env
         self.grace = grace
         self.running: list[ManagedProcess] = []
 
-    def start(self, argv: list[str], log: Path | None = None,
-              **options: Any) -> subprocess.Popen[bytes]:
+    def start(
+        self, argv: list[str], log: Path | None = None, **options: Any
+    ) -> subprocess.Popen[bytes]:
         options = {"cwd": self.cwd, "env": self.env, "grace": self.grace, **options}
         managed = ManagedProcess(argv, log=log, new_session=True, **options).start()
         self.running.append(managed)
@@ -159,6 +191,10 @@ class ProcessSet:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
-                 traceback: TracebackType | None) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
         self.stop_all()

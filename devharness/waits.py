@@ -30,10 +30,16 @@ def _tail(log: Path | None, chars: int = 3000) -> str:
         return ""
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str,
-               process: subprocess.Popen[Any] | None = None, *, log: Path | None = None,
-               interval: float = 0.05,
-               ignore: tuple[type[BaseException], ...] = TRANSIENT) -> T:
+def wait_until(
+    predicate: Callable[[], T],
+    timeout: float,
+    what: str,
+    process: subprocess.Popen[Any] | None = None,
+    *,
+    log: Path | None = None,
+    interval: float = 0.05,
+    ignore: tuple[type[BaseException], ...] = TRANSIENT,
+) -> T:
     """Poll ``predicate`` until it returns something truthy and return that. Exceptions in
     ``ignore`` count as "not yet". Raises ProcessExited as soon as ``process`` exits and
     WaitTimeout after ``timeout`` seconds; both carry the tail of ``log`` when given."""
@@ -52,10 +58,22 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str,
         time.sleep(interval)
 
 
-def wait_http(url: str, timeout: float, *, process: subprocess.Popen[Any] | None = None,
-              log: Path | None = None, ok: Callable[[int], bool] = lambda status: True,
-              interval: float = 0.1) -> None:
+def wait_http(
+    url: str,
+    timeout: float,
+    *,
+    process: subprocess.Popen[Any] | None = None,
+    log: Path | None = None,
+    ok: Callable[[int], bool] = lambda status: True,
+    interval: float = 0.1,
+) -> None:
     """Wait until ``url`` answers an HTTP GET whose status satisfies ``ok`` (by default:
     any answer at all)."""
-    wait_until(lambda: ok(httpx.get(url, timeout=1).status_code), timeout, url,
-               process=process, log=log, interval=interval)
+    wait_until(
+        lambda: ok(httpx.get(url, timeout=1).status_code),
+        timeout,
+        url,
+        process=process,
+        log=log,
+        interval=interval,
+    )

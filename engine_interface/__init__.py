@@ -121,8 +121,13 @@ def _samples(text: str) -> list[Sample]:
 
 def sample_total(samples: Iterable[Sample], name: str, **labels: str) -> float:
     """Sum of the samples named ``name`` whose labels include ``labels`` (0 if none)."""
-    return float(sum(s.value for s in samples
-                     if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())))
+    return float(
+        sum(
+            s.value
+            for s in samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+        )
+    )
 
 
 # ----------------------------------------------------------------- histograms
@@ -284,9 +289,13 @@ class InstanceMetrics:
 
 
 _GAUGES = {"running": RUNNING, "waiting": WAITING, "kv_usage": KV_USAGE}
-_COUNTERS = {"prefix_queries": PREFIX_QUERIES, "prefix_hits": PREFIX_HITS,
-             "preemptions": PREEMPTIONS, "tier_hit_tokens": EXTERNAL_PREFIX_HITS,
-             "tier_bytes_read": TIER_READ_BYTES}
+_COUNTERS = {
+    "prefix_queries": PREFIX_QUERIES,
+    "prefix_hits": PREFIX_HITS,
+    "preemptions": PREEMPTIONS,
+    "tier_hit_tokens": EXTERNAL_PREFIX_HITS,
+    "tier_bytes_read": TIER_READ_BYTES,
+}
 _HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "e2e": E2E_LATENCY}
 
 
@@ -315,14 +324,18 @@ def parse_metrics(text: str, *, histograms: bool = True) -> InstanceMetrics:
             names = scalars.setdefault(engine, {})
             names[sample.name] = names.get(sample.name, 0.0) + sample.value
     for engine in sorted(scalars.keys() | builders.keys()):
-        _fill(out.engines.setdefault(engine, EngineMetrics()), scalars.get(engine, {}),
-              builders.get(engine, {}))
+        _fill(
+            out.engines.setdefault(engine, EngineMetrics()),
+            scalars.get(engine, {}),
+            builders.get(engine, {}),
+        )
     out.skipped += sum(b.bad for h in builders.values() for b in h.values())
     return out
 
 
-def _add_histogram_sample(builders: dict[str, _HistogramBuilder], sample: Sample,
-                          names: Sequence[str]) -> bool:
+def _add_histogram_sample(
+    builders: dict[str, _HistogramBuilder], sample: Sample, names: Sequence[str]
+) -> bool:
     """Adds a ``_bucket``/``_sum``/``_count`` sample of one of the histograms ``names``;
     False for any other sample."""
     base, _, part = sample.name.rpartition("_")
@@ -343,8 +356,9 @@ def _add_histogram_sample(builders: dict[str, _HistogramBuilder], sample: Sample
     return True
 
 
-def _fill(metrics: EngineMetrics, scalars: dict[str, float],
-          histograms: dict[str, _HistogramBuilder]) -> None:
+def _fill(
+    metrics: EngineMetrics, scalars: dict[str, float], histograms: dict[str, _HistogramBuilder]
+) -> None:
     for attribute, metric in _GAUGES.items():
         setattr(metrics, attribute, _first(scalars, metric.names))
     for attribute, metric in _COUNTERS.items():

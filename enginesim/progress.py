@@ -8,6 +8,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
 
 def progress_display() -> Progress:
     """Label, bar, done/total and a free-text status field (the task's ``now``)."""
-    return Progress(TextColumn("{task.description:<12}"), BarColumn(),
-                    MofNCompleteColumn(), TextColumn("{task.fields[now]}"),
-                    console=Console(stderr=True), refresh_per_second=5)
+    return Progress(
+        TextColumn("{task.description:<12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[now]}"),
+        console=Console(stderr=True),
+        refresh_per_second=5,
+    )

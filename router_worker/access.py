@@ -19,10 +19,14 @@ from router_worker.errors import APIError
 from router_worker.runtime import Runtime
 
 DEBUG_RIGHT = "debug"
-NO_KEY = ("You didn't provide an API key. Send it as `Authorization: Bearer <key>`; "
-          "keys are issued in the Switchyard control plane.")
-WRONG_KEY = ("Incorrect API key provided, or the key was revoked. Keys are issued in the "
-             "Switchyard control plane.")
+NO_KEY = (
+    "You didn't provide an API key. Send it as `Authorization: Bearer <key>`; "
+    "keys are issued in the Switchyard control plane."
+)
+WRONG_KEY = (
+    "Incorrect API key provided, or the key was revoked. Keys are issued in the "
+    "Switchyard control plane."
+)
 
 
 class Detail(IntEnum):

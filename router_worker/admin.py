@@ -60,13 +60,18 @@ def build_admin_app(service: Service, lifespan: Any = None) -> Starlette:
     async def health(request: Request) -> Response:
         runtime = service.core.runtime
         ready = runtime is not None
-        return JSONResponse({"status": "ok" if ready else "no_config",
-                             "config_version": runtime.version if runtime else None},
-                            status_code=200 if ready else 503)
+        return JSONResponse(
+            {
+                "status": "ok" if ready else "no_config",
+                "config_version": runtime.version if runtime else None,
+            },
+            status_code=200 if ready else 503,
+        )
 
     async def metrics(request: Request) -> Response:
-        return Response(service.metrics.render(),
-                        media_type="text/plain; version=0.0.4; charset=utf-8")
+        return Response(
+            service.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8"
+        )
 
     async def state(request: Request) -> Response:
         return JSONResponse(admin_state(service))
@@ -100,8 +105,7 @@ def build_admin_app(service: Service, lifespan: Any = None) -> Starlette:
             if name not in service.core.health.instances:
                 return _error(404, f"Unknown instance {name!r}.", "name")
             service.core.health.set_drain(name, drain)
-            return JSONResponse({"instance": name,
-                                 "health": service.core.health.effective(name)})
+            return JSONResponse({"instance": name, "health": service.core.health.effective(name)})
 
         return handler
 
@@ -112,8 +116,7 @@ def build_admin_app(service: Service, lifespan: Any = None) -> Starlette:
         Route("/admin/config", guarded(get_config), methods=["GET"]),
         Route("/admin/config", guarded(post_config), methods=["POST"]),
         Route("/admin/instances/{name}/drain", guarded(drain_handler(True)), methods=["POST"]),
-        Route("/admin/instances/{name}/undrain", guarded(drain_handler(False)),
-              methods=["POST"]),
+        Route("/admin/instances/{name}/undrain", guarded(drain_handler(False)), methods=["POST"]),
     ]
     return Starlette(routes=routes, lifespan=lifespan)
 
@@ -121,10 +124,16 @@ def build_admin_app(service: Service, lifespan: Any = None) -> Starlette:
 def admin_state(service: Service) -> dict[str, Any]:
     core = service.core
     snapshot = service.telemetry.state_snapshot(time.time())
-    breakers = {name: {"breaker": h.breaker, "failures": h.failures,
-                       "admin_drain": h.admin_drain, "config_state": h.config_state,
-                       "last_error": h.last_error}
-                for name, h in core.health.instances.items()}
+    breakers = {
+        name: {
+            "breaker": h.breaker,
+            "failures": h.failures,
+            "admin_drain": h.admin_drain,
+            "config_state": h.config_state,
+            "last_error": h.last_error,
+        }
+        for name, h in core.health.instances.items()
+    }
     return {
         "router": service.options.name,
         "snapshot": snapshot.model_dump(mode="json"),
@@ -132,11 +141,16 @@ def admin_state(service: Service) -> dict[str, Any]:
         "kv_events": service.kv.stats(),
         "peers": service.peers.stats(time.time()),
         "limiter": {"active": service.limiter.active, "queued": service.limiter.queued},
-        "telemetry": {"redis": service.telemetry.connected,
-                      "buffered_events": service.telemetry.buffered_events,
-                      "dropped_total": service.telemetry.dropped_total,
-                      "decisions": {"kept": core.sampler.kept, "skipped": core.sampler.skipped,
-                                    "dropped": service.telemetry.decisions_dropped}},
+        "telemetry": {
+            "redis": service.telemetry.connected,
+            "buffered_events": service.telemetry.buffered_events,
+            "dropped_total": service.telemetry.dropped_total,
+            "decisions": {
+                "kept": core.sampler.kept,
+                "skipped": core.sampler.skipped,
+                "dropped": service.telemetry.decisions_dropped,
+            },
+        },
         "recent_decisions": core.recent_decisions(RECENT_SHOWN),
         "recent_events": list(service.telemetry.recent_events)[-RECENT_SHOWN:],
     }

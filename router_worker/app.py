@@ -14,8 +14,9 @@ from router_worker.service import Service
 class RouterApp:
     """``/v1/chat/completions``, ``/v1/completions`` and ``/v1/models`` skip the framework."""
 
-    def __init__(self, service: Service,
-                 on_start: Callable[[Service], Awaitable[None]] | None = None) -> None:
+    def __init__(
+        self, service: Service, on_start: Callable[[Service], Awaitable[None]] | None = None
+    ) -> None:
         self.service = service
         self.on_start = on_start
 

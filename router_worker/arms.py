@@ -21,8 +21,9 @@ def session_point(session_key: str) -> float:
     return int.from_bytes(digest, "big") * _SCALE
 
 
-def pick_arm(cumulative_weights: Sequence[float], session_key: str | None,
-             rng: random.Random) -> int:
+def pick_arm(
+    cumulative_weights: Sequence[float], session_key: str | None, rng: random.Random
+) -> int:
     """Index of the arm whose cumulative weight range contains the request's point."""
     if len(cumulative_weights) == 1:
         return 0

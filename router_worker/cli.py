@@ -35,32 +35,55 @@ DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m router_worker",
-                                     description="Switchyard request router (data plane).")
+    parser = argparse.ArgumentParser(
+        prog="python -m router_worker", description="Switchyard request router (data plane)."
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", type=Path, help="standalone: RouterConfig JSON file")
     source.add_argument("--control-plane", metavar="URL", help="managed: control plane URL")
     parser.add_argument("--deployment", help="managed: RouterDeployment id")
-    parser.add_argument("--token", default=os.environ.get("SWITCHYARD_ROUTER_TOKEN"),
-                        help="managed: router token (env SWITCHYARD_ROUTER_TOKEN)")
+    parser.add_argument(
+        "--token",
+        default=os.environ.get("SWITCHYARD_ROUTER_TOKEN"),
+        help="managed: router token (env SWITCHYARD_ROUTER_TOKEN)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--name", help="router name in telemetry (default hostname:port)")
-    parser.add_argument("--redis-url", default=os.environ.get("SWITCHYARD_REDIS_URL"),
-                        help="telemetry and config notices; 'none' disables (default: env "
-                             f"SWITCHYARD_REDIS_URL; managed mode falls back to {DEFAULT_REDIS})")
-    parser.add_argument("--admin-token", default=os.environ.get("SWITCHYARD_ROUTER_ADMIN_TOKEN"),
-                        help="token for /admin (env SWITCHYARD_ROUTER_ADMIN_TOKEN)")
-    parser.add_argument("--state-dir", type=Path, default=Path("var/router"),
-                        help="managed: where the last good config is kept")
-    parser.add_argument("--poll-interval", type=float, default=10.0,
-                        help="managed: config poll fallback, seconds")
+    parser.add_argument(
+        "--redis-url",
+        default=os.environ.get("SWITCHYARD_REDIS_URL"),
+        help="telemetry and config notices; 'none' disables (default: env "
+        f"SWITCHYARD_REDIS_URL; managed mode falls back to {DEFAULT_REDIS})",
+    )
+    parser.add_argument(
+        "--admin-token",
+        default=os.environ.get("SWITCHYARD_ROUTER_ADMIN_TOKEN"),
+        help="token for /admin (env SWITCHYARD_ROUTER_ADMIN_TOKEN)",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=Path("var/router"),
+        help="managed: where the last good config is kept",
+    )
+    parser.add_argument(
+        "--poll-interval", type=float, default=10.0, help="managed: config poll fallback, seconds"
+    )
     parser.add_argument("--heartbeat-interval", type=float, default=5.0)
-    parser.add_argument("--supervisor-pid", type=int, metavar="PID",
-                        help="managed: exit when this process (the parent) dies")
+    parser.add_argument(
+        "--supervisor-pid",
+        type=int,
+        metavar="PID",
+        help="managed: exit when this process (the parent) dies",
+    )
     parser.add_argument("--log-level", default=os.environ.get("SWITCHYARD_LOG_LEVEL", "INFO"))
-    parser.add_argument("--profile", type=Path, metavar="FILE",
-                        help="debug: run under cProfile and write the stats to FILE on exit")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="debug: run under cProfile and write the stats to FILE on exit",
+    )
     return parser
 
 
@@ -95,8 +118,9 @@ def raise_fd_limit() -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
     for noisy in ("httpx", "httpcore"):  # one line per upstream call would cost the hot path
         logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.control_plane and not (args.deployment and args.token):
@@ -104,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.supervisor_pid is not None:
         lifeline.bind_to_parent(args.supervisor_pid)
     name = args.name or f"{socket.gethostname()}:{args.port}"
-    service = Service(ServiceOptions(name=name, redis_url=_redis_url(args),
-                                     admin_token=args.admin_token or None))
+    service = Service(
+        ServiceOptions(name=name, redis_url=_redis_url(args), admin_token=args.admin_token or None)
+    )
     if args.config is not None:
         try:
             service.apply_document(json.loads(args.config.read_text()), source="file")
@@ -114,16 +139,31 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         app = RouterApp(service)
     else:
-        managed = ManagedConfig(service, args.control_plane, args.deployment, args.token,
-                                args.state_dir, args.poll_interval, args.heartbeat_interval)
+        managed = ManagedConfig(
+            service,
+            args.control_plane,
+            args.deployment,
+            args.token,
+            args.state_dir,
+            args.poll_interval,
+            args.heartbeat_interval,
+        )
         app = RouterApp(service, on_start=managed.bootstrap)
     # proxy_headers off: nothing reads the client address, and the middleware costs a
     # frame and a header scan per request.
-    config = uvicorn.Config(app, host=args.host, port=args.port, loop="uvloop",
-                            lifespan="on", access_log=False,
-                            log_level=args.log_level.lower(), timeout_keep_alive=30,
-                            http=guarded_protocol(service.connections),
-                            backlog=4096, proxy_headers=False)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        lifespan="on",
+        access_log=False,
+        log_level=args.log_level.lower(),
+        timeout_keep_alive=30,
+        http=guarded_protocol(service.connections),
+        backlog=4096,
+        proxy_headers=False,
+    )
     tune_gc()
     raise_fd_limit()
     server = uvicorn.Server(config)

@@ -113,8 +113,11 @@ class RouterSettings(_Strict):
     scrape_interval_s: float = Field(default=1.0, gt=0, le=60)
     health_interval_s: float = Field(default=0.5, gt=0, le=60)
     health_timeout_s: float = Field(
-        default=0.5, gt=0, le=60,
-        description="A /health probe unanswered this long counts as a failure (a hang).")
+        default=0.5,
+        gt=0,
+        le=60,
+        description="A /health probe unanswered this long counts as a failure (a hang).",
+    )
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60)
     first_byte_timeout_s: float = Field(
         default=120.0, gt=0, le=3600, description="Upstream silence before a retry."
@@ -128,41 +131,65 @@ class RouterSettings(_Strict):
     # stream with an SSE error event and [DONE]) and counted in
     # switchyard_router_limit_hits_total{limit}.
     header_timeout_s: float = Field(
-        default=15.0, gt=0, le=600,
+        default=15.0,
+        gt=0,
+        le=600,
         description="A client must send a request's head within this long of connecting "
-                    "(or of its first byte on a kept-alive connection), else 408 and the "
-                    "connection is closed (slowloris).")
+        "(or of its first byte on a kept-alive connection), else 408 and the "
+        "connection is closed (slowloris).",
+    )
     body_timeout_s: float = Field(
-        default=60.0, gt=0, le=3600,
+        default=60.0,
+        gt=0,
+        le=3600,
         description="Total time to receive a request body once its head is in, else 408 "
-                    "and the connection is closed (a total deadline: dripping bytes does "
-                    "not extend it).")
+        "and the connection is closed (a total deadline: dripping bytes does "
+        "not extend it).",
+    )
     max_connections: int = Field(
-        default=4096, ge=1, le=1_000_000,
+        default=4096,
+        ge=1,
+        le=1_000_000,
         description="Open client connections; a connection beyond the cap is answered 503 "
-                    "and closed. Never more than half the process's file-descriptor limit "
-                    "(the other half is for upstream connections).")
+        "and closed. Never more than half the process's file-descriptor limit "
+        "(the other half is for upstream connections).",
+    )
     max_response_bytes: int = Field(
-        default=64 * 1024 * 1024, ge=1024, le=4 * 1024**3,
-        description="Largest non-streamed engine answer read into memory; larger: 502.")
+        default=64 * 1024 * 1024,
+        ge=1024,
+        le=4 * 1024**3,
+        description="Largest non-streamed engine answer read into memory; larger: 502.",
+    )
     max_response_header_bytes: int = Field(
-        default=64 * 1024, ge=1024, le=16 * 1024**2,
-        description="Largest engine response head (all header names and values).")
+        default=64 * 1024,
+        ge=1024,
+        le=16 * 1024**2,
+        description="Largest engine response head (all header names and values).",
+    )
     max_event_bytes: int = Field(
-        default=4 * 1024 * 1024, ge=1024, le=1024**3,
-        description="Largest single SSE event of a streamed engine answer.")
+        default=4 * 1024 * 1024,
+        ge=1024,
+        le=1024**3,
+        description="Largest single SSE event of a streamed engine answer.",
+    )
     response_deadline_s: float = Field(
-        default=3600.0, gt=0, le=7 * 24 * 3600,
+        default=3600.0,
+        gt=0,
+        le=7 * 24 * 3600,
         description="Total time an engine answer may take, from dispatch to its last byte, "
-                    "however steadily it drips; then 504 (or an SSE error event mid-stream). "
-                    "Generous on purpose: long generations at normal speed are legitimate "
-                    "(32k tokens at 10 tokens/s take under an hour); the per-chunk "
-                    "first_byte_timeout_s catches a silent engine, this catches a dripping "
-                    "one. Never below first_byte_timeout_s.")
+        "however steadily it drips; then 504 (or an SSE error event mid-stream). "
+        "Generous on purpose: long generations at normal speed are legitimate "
+        "(32k tokens at 10 tokens/s take under an hour); the per-chunk "
+        "first_byte_timeout_s catches a silent engine, this catches a dripping "
+        "one. Never below first_byte_timeout_s.",
+    )
     offload_body_bytes: int = Field(
-        default=64 * 1024, ge=0, le=1024**3,
+        default=64 * 1024,
+        ge=0,
+        le=1024**3,
         description="Bodies this large or larger are parsed and tokenized in a worker "
-                    "process, off the event loop (0: every body).")
+        "process, off the event loop (0: every body).",
+    )
     breaker_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that open the circuit."
     )
@@ -173,43 +200,56 @@ class RouterSettings(_Strict):
         default=None, description="Local tokenizer.json (HF tokenizers) for exact tokenization."
     )
     chat_template: str = Field(
-        default="chatml", min_length=1, max_length=4096,
+        default="chatml",
+        min_length=1,
+        max_length=4096,
         description="The model's chat template: a built-in (chatml: Qwen's, the default; "
-                    "llama3; plain) or the path, on the router host, of the model's "
-                    "tokenizer_config.json (its chat_template and special tokens) or of a "
-                    ".jinja file. Chat requests are rendered with it exactly as vLLM does.")
+        "llama3; plain) or the path, on the router host, of the model's "
+        "tokenizer_config.json (its chat_template and special tokens) or of a "
+        ".jinja file. Chat requests are rendered with it exactly as vLLM does.",
+    )
     kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
     # Replica sync (router_worker/peers.py): several routers on one fleet share their
     # dispatches over Redis pub/sub. Does nothing without a Redis URL or without peers.
     peer_sync: bool = Field(
         default=True,
         description="Publish this router's dispatches, first tokens and ends on the Redis "
-                    "channel switchyard:peers:{cluster} and apply other routers' to the "
-                    "indicators (needs --redis-url; a single router publishes ~3 small "
-                    "messages per request that nobody reads).")
+        "channel switchyard:peers:{cluster} and apply other routers' to the "
+        "indicators (needs --redis-url; a single router publishes ~3 small "
+        "messages per request that nobody reads).",
+    )
     peer_timeout_s: float = Field(
-        default=5.0, gt=0, le=600,
+        default=5.0,
+        gt=0,
+        le=600,
         description="A peer router silent this long (no heartbeat) has its requests dropped "
-                    "from the indicators.")
+        "from the indicators.",
+    )
     peer_max_age_s: float = Field(
-        default=900.0, gt=0, le=7 * 24 * 3600,
+        default=900.0,
+        gt=0,
+        le=7 * 24 * 3600,
         description="A peer's request still open after this long is dropped (a lost end "
-                    "message costs at most this).")
+        "message costs at most this).",
+    )
 
     @field_validator("chat_template")
     @classmethod
     def _template_name_or_path(cls, value: str) -> str:
         if is_builtin(value) or value.endswith((".json", ".jinja")):
             return value
-        raise ValueError(f"must be one of {', '.join(BUILTIN_TEMPLATES)} or the path of a "
-                         f"tokenizer_config.json or .jinja file, not {value!r}")
+        raise ValueError(
+            f"must be one of {', '.join(BUILTIN_TEMPLATES)} or the path of a "
+            f"tokenizer_config.json or .jinja file, not {value!r}"
+        )
 
     @model_validator(mode="after")
     def _deadline_covers_first_byte(self) -> RouterSettings:
         if self.response_deadline_s < self.first_byte_timeout_s:
             raise ValueError(
                 f"response_deadline_s ({self.response_deadline_s:g}) must be at least "
-                f"first_byte_timeout_s ({self.first_byte_timeout_s:g})")
+                f"first_byte_timeout_s ({self.first_byte_timeout_s:g})"
+            )
         return self
 
 
@@ -219,11 +259,14 @@ CLIENT_KEY_RIGHTS = ("debug",)
 class ClientKeySpec(_Strict):
     """A client API key as the router knows it: its hash, never the key itself."""
 
-    sha256: str = Field(pattern=r"^[0-9a-f]{64}$",
-                        description="sha256 (hex) of the key the client sends as a bearer token.")
+    sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 (hex) of the key the client sends as a bearer token.",
+    )
     rights: list[Literal["debug"]] = Field(
         default_factory=list,
-        description="debug: the x-switchyard-debug header is honoured (scores, cached tokens).")
+        description="debug: the x-switchyard-debug header is honoured (scores, cached tokens).",
+    )
 
 
 class ClientAuthSpec(_Strict):

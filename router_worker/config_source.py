@@ -40,9 +40,16 @@ FETCH_TIMEOUT_S = 3.0
 
 
 class ManagedConfig:
-    def __init__(self, service: Service, control_plane: str, deployment: str, token: str,
-                 state_dir: Path, poll_interval_s: float = 10.0,
-                 heartbeat_interval_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        service: Service,
+        control_plane: str,
+        deployment: str,
+        token: str,
+        state_dir: Path,
+        poll_interval_s: float = 10.0,
+        heartbeat_interval_s: float = 5.0,
+    ) -> None:
         self.service = service
         self.base = control_plane.rstrip("/")
         self.deployment = deployment
@@ -67,13 +74,15 @@ class ManagedConfig:
     def _start_from_disk(self) -> None:
         saved = self._load_saved()
         if saved is None:
-            log.warning("no configuration yet (control plane: %s); answering 503",
-                        self.last_error)
+            log.warning("no configuration yet (control plane: %s); answering 503", self.last_error)
             return
         try:
             self.service.apply_document(saved, source="disk")
-            log.warning("control plane unreachable (%s); serving last good config v%s",
-                        self.last_error, saved.get("version"))
+            log.warning(
+                "control plane unreachable (%s); serving last good config v%s",
+                self.last_error,
+                saved.get("version"),
+            )
         except ConfigRefused as error:
             log.error("saved config refused: %s", error)
 
@@ -114,8 +123,10 @@ class ManagedConfig:
         url = self.base + HEARTBEAT_PATH.format(deployment=self.deployment)
         while True:
             runtime = self.service.core.runtime
-            body = {"applied_version": runtime.version if runtime else None,
-                    "state": heartbeat_state(self.service, self.last_error)}
+            body = {
+                "applied_version": runtime.version if runtime else None,
+                "state": heartbeat_state(self.service, self.last_error),
+            }
             try:
                 await self.client.post(url, headers=self.headers, json=body)
             except httpx.HTTPError as error:
@@ -132,7 +143,8 @@ class ManagedConfig:
                 await pubsub.subscribe(CONFIG_CHANNEL)
                 async for message in pubsub.listen():
                     if message.get("type") == "message" and self._announces_newer(
-                            message.get("data")):
+                        message.get("data")
+                    ):
                         await self.fetch()
             except Exception as error:  # Redis down: the poll loop covers us; retry later
                 log.debug("config pub/sub unavailable: %r", error)

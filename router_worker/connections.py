@@ -40,22 +40,30 @@ from router_worker.metrics import RouterMetrics
 
 REFUSED_LINGER_S = 1.0
 _TIMEOUTS = {"head": ("header_timeout", "request head"), "body": ("body_timeout", "request body")}
-_STATUS_LINES = {408: b"HTTP/1.1 408 Request Timeout\r\n",
-                 503: b"HTTP/1.1 503 Service Unavailable\r\n"}
+_STATUS_LINES = {
+    408: b"HTTP/1.1 408 Request Timeout\r\n",
+    503: b"HTTP/1.1 503 Service Unavailable\r\n",
+}
 
 
 class ConnectionGuard:
     """The limits the protocol applies, updated when a configuration is applied."""
 
-    def __init__(self, metrics: RouterMetrics, max_connections: int = 4096,
-                 header_timeout_s: float = 15.0, body_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self,
+        metrics: RouterMetrics,
+        max_connections: int = 4096,
+        header_timeout_s: float = 15.0,
+        body_timeout_s: float = 60.0,
+    ) -> None:
         self.metrics = metrics
         self.open: set[Any] = set()
         self.configure(max_connections, header_timeout_s, body_timeout_s)
         metrics.connections.set_function(lambda: len(self.open))
 
-    def configure(self, max_connections: int, header_timeout_s: float,
-                  body_timeout_s: float) -> None:
+    def configure(
+        self, max_connections: int, header_timeout_s: float, body_timeout_s: float
+    ) -> None:
         self.max_connections = max_connections
         self.limits = {"head": header_timeout_s, "body": body_timeout_s}
         self.tick = min(header_timeout_s, body_timeout_s)
@@ -73,9 +81,16 @@ def raw_error(status: int, message: str) -> bytes:
     """A complete HTTP/1.1 error response that closes the connection."""
     body = error_bytes(status, message)
     retry = b"retry-after: 1\r\n" if status == 503 else b""
-    return b"".join([_STATUS_LINES[status], b"content-type: application/json\r\n",
-                     b"content-length: %d\r\n" % len(body), retry,
-                     b"connection: close\r\n\r\n", body])
+    return b"".join(
+        [
+            _STATUS_LINES[status],
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            retry,
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
 
 
 def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
@@ -131,8 +146,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             self.phase_started = self.loop.time()
             if self.timer is None:
                 # Never later than any phase starting from now could fall due.
-                self.timer = self.loop.call_at(self.phase_started + guard.tick,
-                                               self._on_timer)
+                self.timer = self.loop.call_at(self.phase_started + guard.tick, self._on_timer)
 
         def _on_timer(self) -> None:
             self.timer = None
@@ -157,18 +171,26 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             else:
                 answer = not cycle.response_started
             if answer:
-                self.transport.write(raw_error(
-                    408, f"The {what} did not arrive within {guard.limits[phase]:g} s "
-                         f"(router.{limit}_s)."))
+                self.transport.write(
+                    raw_error(
+                        408,
+                        f"The {what} did not arrive within {guard.limits[phase]:g} s "
+                        f"(router.{limit}_s).",
+                    )
+                )
             # A handler waiting on the body sees a disconnect once the close is through.
             self.transport.close()
 
         def _refuse(self, cap: int) -> None:
             guard.metrics.limit_hit("connections")
             self.refused = True
-            self.transport.write(raw_error(
-                503, f"The router has too many open connections (cap {cap}, "
-                     "router.max_connections); retry later."))
+            self.transport.write(
+                raw_error(
+                    503,
+                    f"The router has too many open connections (cap {cap}, "
+                    "router.max_connections); retry later.",
+                )
+            )
             if self.transport.can_write_eof():
                 self.transport.write_eof()
             self.loop.call_later(REFUSED_LINGER_S, self.transport.close)

@@ -153,8 +153,11 @@ class RouterCore:
         if self.state is None or self.state.block_size != config.block_size:
             self.state = ClusterState(block_size=config.block_size)
             self._peaks.clear()
-        self.health.configure({i.name: i.state for i in config.instances},
-                              settings.breaker_failures, settings.breaker_open_s)
+        self.health.configure(
+            {i.name: i.state for i in config.instances},
+            settings.breaker_failures,
+            settings.breaker_open_s,
+        )
         for name in self.health.instances:
             self.state.add_instance(name, health=HEALTH_OF[self.health.effective(name)])
             self.scrape.setdefault(name, ScrapeInfo())
@@ -167,8 +170,7 @@ class RouterCore:
         if self.state is not None and instance in self.state.ids:
             self.state.set_health(instance, HEALTH_OF[after])
         log.info("instance %s: %s -> %s (%s)", instance, before, after, cause)
-        self.telemetry.event("health", instance=instance, before=before, after=after,
-                             cause=cause)
+        self.telemetry.event("health", instance=instance, before=before, after=after, cause=cause)
 
     def allowed_models(self) -> set[str] | None:
         """Model names requests may name; None when unknown (anything is forwarded)."""
@@ -184,22 +186,29 @@ class RouterCore:
         return min(lengths) if lengths else None
 
     # ----- per request -------------------------------------------------------------------
-    def plan(self, runtime: Runtime, intake: Intake, headers: dict[str, str],
-             started: float) -> Plan:
+    def plan(
+        self, runtime: Runtime, intake: Intake, headers: dict[str, str], started: float
+    ) -> Plan:
         """Route a request taken in by :mod:`router_worker.intake` (tokens and hashes
         are already computed there, possibly in another process)."""
         t2 = time.perf_counter()
         session = session_key_from_request(headers, {"user": intake.user})
         request_id = self._id_prefix + str(next(self._ids))
         now = time.time()
-        features = RequestFeatures(request_id=request_id, prompt_tokens=intake.prompt_tokens,
-                                   block_hashes=intake.block_hashes,
-                                   block_size=runtime.config.block_size, session_key=session,
-                                   turn_index=intake.turn_index, arrival_time=now)
+        features = RequestFeatures(
+            request_id=request_id,
+            prompt_tokens=intake.prompt_tokens,
+            block_hashes=intake.block_hashes,
+            block_size=runtime.config.block_size,
+            session_key=session,
+            turn_index=intake.turn_index,
+            arrival_time=now,
+        )
         arm = runtime.arm_for(session)
         assert self.state is not None
-        life = RequestLifecycle(features, arm.policy, self.state,
-                                max_attempts=runtime.config.router.max_attempts)
+        life = RequestLifecycle(
+            features, arm.policy, self.state, max_attempts=runtime.config.router.max_attempts
+        )
         try:
             decision = life.route(arm.view, now).decision
         except NoEligibleInstanceError as error:
@@ -209,11 +218,24 @@ class RouterCore:
         if decision.events:
             self._hotspot_events(decision.events)
         priority = is_priority(decision)
-        sampled = (capture(decision, arm.view, features, priority)
-                   if self.sampler.admit(priority, t3) else None)
-        return Plan(request_id, runtime, arm, life, decision, intake.tier, started,
-                    instance=decision.instance_id, reason=decision.reason,
-                    timings=(intake.tokenize_s, intake.hash_s, t3 - t2), sampled=sampled)
+        sampled = (
+            capture(decision, arm.view, features, priority)
+            if self.sampler.admit(priority, t3)
+            else None
+        )
+        return Plan(
+            request_id,
+            runtime,
+            arm,
+            life,
+            decision,
+            intake.tier,
+            started,
+            instance=decision.instance_id,
+            reason=decision.reason,
+            timings=(intake.tokenize_s, intake.hash_s, t3 - t2),
+            sampled=sampled,
+        )
 
     def begin_attempt(self, plan: Plan) -> None:
         """The lifecycle's current (routed) attempt is about to be sent."""
@@ -233,8 +255,12 @@ class RouterCore:
         plan.life.dispatch(now)
         if self.peers is not None:
             decision = plan.life.current.decision
-            self.peers.dispatched(plan.request_id, plan.instance, plan.features,
-                                  None if decision is None else decision.cached_tokens)
+            self.peers.dispatched(
+                plan.request_id,
+                plan.instance,
+                plan.features,
+                None if decision is None else decision.cached_tokens,
+            )
         if plan.attempts == 1:
             self._observe_plan(plan)
         slot = state.slot_of(plan.instance)
@@ -251,11 +277,18 @@ class RouterCore:
         named; signal each one to move (its proxy task re-sends it)."""
         arm = plan.arm
         names = {plan.instance, *plan.decision.details.get("candidates", ())}
-        queued = [QueuedRequest(p.features, p.instance, p.life.current.dispatched_at or now,
-                                p.life.current.uncached_tokens,
-                                tuple(p.decision.details.get("candidates", ())),
-                                p.mover is not None and p.life.can_send_again)
-                  for p in self._queued.values() if p.arm is arm and p.instance in names]
+        queued = [
+            QueuedRequest(
+                p.features,
+                p.instance,
+                p.life.current.dispatched_at or now,
+                p.life.current.uncached_tokens,
+                tuple(p.decision.details.get("candidates", ())),
+                p.mover is not None and p.life.can_send_again,
+            )
+            for p in self._queued.values()
+            if p.arm is arm and p.instance in names
+        ]
         for move in arm.policy.migrations(arm.view, queued, now):
             moved = self._queued.pop(move.request_id, None)
             if moved is None or moved.mover is None:
@@ -263,8 +296,13 @@ class RouterCore:
             mover, moved.mover, moved.migrate_to = moved.mover, None, move.target
             mover()
             self.metrics.child(self.metrics.migrations, move.source, move.target).inc()
-            log.info("request %s: migrated %s -> %s (benefit %.3f s)", move.request_id,
-                     move.source, move.target, move.benefit_s)
+            log.info(
+                "request %s: migrated %s -> %s (benefit %.3f s)",
+                move.request_id,
+                move.source,
+                move.target,
+                move.benefit_s,
+            )
 
     def _observe_plan(self, plan: Plan) -> None:
         metrics = self.metrics
@@ -278,18 +316,22 @@ class RouterCore:
         now = time.time()
         self._queued.pop(plan.request_id, None)
         plan.first_token_at = time.perf_counter()
-        if plan.life.first_token(now, plan.first_token_at - plan.started) and \
-                self.peers is not None:
+        if (
+            plan.life.first_token(now, plan.first_token_at - plan.started)
+            and self.peers is not None
+        ):
             self.peers.first_token(plan.request_id)
 
-    def fail_attempt(self, plan: Plan, kind: str, *, final: bool = False,
-                     first_byte: bool = False) -> RetryVerdict:
+    def fail_attempt(
+        self, plan: Plan, kind: str, *, final: bool = False, first_byte: bool = False
+    ) -> RetryVerdict:
         """The current attempt failed: the lifecycle's retry rule says whether (and where,
         by deciding again without the instances that failed) the request is tried again."""
         self._queued.pop(plan.request_id, None)
         dispatched = plan.life.current.phase is not Phase.ROUTED
-        verdict = plan.life.fail(plan.arm.view, time.time(), kind, final=final,
-                                 first_byte=first_byte)
+        verdict = plan.life.fail(
+            plan.arm.view, time.time(), kind, final=final, first_byte=first_byte
+        )
         if dispatched and self.peers is not None:
             self.peers.ended(plan.request_id, False)
         if verdict.attempt is not None and verdict.attempt.decision is not None:
@@ -327,8 +369,16 @@ class RouterCore:
         if self.peers is not None:
             self.peers.ended(plan.request_id, True)
 
-    def finish_request(self, plan: Plan, *, status: int, ok: bool, output_tokens: int,
-                       last_token_at: float | None, cached_tokens: int | None) -> None:
+    def finish_request(
+        self,
+        plan: Plan,
+        *,
+        status: int,
+        ok: bool,
+        output_tokens: int,
+        last_token_at: float | None,
+        cached_tokens: int | None,
+    ) -> None:
         """Metrics and telemetry of a request that got an answer (or gave up)."""
         metrics = self.metrics
         arm = plan.arm
@@ -339,16 +389,25 @@ class RouterCore:
             if last_token_at is not None and output_tokens > 1:
                 tpot = (last_token_at - plan.first_token_at) / (output_tokens - 1)
                 metrics.child(metrics.tpot, arm.name).observe(tpot)
-        metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason,
-                      str(status)).inc()
+        metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason, str(status)).inc()
         self._finish_attempt(plan, ok, output_tokens)
-        self.telemetry.record(RequestSample(
-            at=time.time(), arm=arm.name, policy=arm.policy_kind, instance=plan.instance or None,
-            ok=ok or status < 500, ttft=ttft, tpot=tpot, output_tokens=output_tokens,
-            prompt_tokens=plan.features.prompt_tokens,
-            cached_tokens=plan.decision.cached_tokens if cached_tokens is None else cached_tokens,
-            fallback=plan.decision.reason == "hotspot_fallback",
-        ))
+        self.telemetry.record(
+            RequestSample(
+                at=time.time(),
+                arm=arm.name,
+                policy=arm.policy_kind,
+                instance=plan.instance or None,
+                ok=ok or status < 500,
+                ttft=ttft,
+                tpot=tpot,
+                output_tokens=output_tokens,
+                prompt_tokens=plan.features.prompt_tokens,
+                cached_tokens=plan.decision.cached_tokens
+                if cached_tokens is None
+                else cached_tokens,
+                fallback=plan.decision.reason == "hotspot_fallback",
+            )
+        )
         # The dict (with its per-candidate score table) is built only when /admin/state
         # asks: most requests' entries leave the deque unread.
         self.decisions.append((plan, status, ttft))
@@ -366,38 +425,62 @@ class RouterCore:
             sampled = CapturedDecision(priority=True, indicators=None)
         self.telemetry.decision(self.decision_record(plan, sampled, status, ttft))
 
-    def decision_record(self, plan: Plan, sampled: CapturedDecision, status: int,
-                        ttft: float | None) -> DecisionRecord:
+    def decision_record(
+        self, plan: Plan, sampled: CapturedDecision, status: int, ttft: float | None
+    ) -> DecisionRecord:
         decision, arm = plan.decision, plan.arm
-        candidates, total = candidate_rows(decision, arm.instances, sampled.indicators,
-                                           chosen=plan.instance)
+        candidates, total = candidate_rows(
+            decision, arm.instances, sampled.indicators, chosen=plan.instance
+        )
         canary = plan.runtime.config.canary
         hot_class = decision.details.get("hot_class")
         transitions = [e for e in decision.events if isinstance(e, HotspotEvent)]
         if hot_class is None and transitions:
             hot_class = transitions[0].class_id
         return DecisionRecord(
-            cluster=self.telemetry.cluster, router=self.name, request_id=plan.request_id,
-            at=plan.features.arrival_time, arm=arm.name,
-            canary=canary.id if canary is not None else None, policy=arm.policy_kind,
-            instance=plan.instance, reason=decision.reason, attempts=plan.attempts,
-            tried=list(plan.tried), status=status, ttft_s=ttft,
-            prompt_tokens=plan.features.prompt_tokens, cached_tokens=decision.cached_tokens,
-            hot_class=hot_class, hotspot_transitions=[e.kind for e in transitions],
-            priority=sampled.priority, details=scalar_details(decision.details),
-            candidates=candidates, candidates_total=total,
+            cluster=self.telemetry.cluster,
+            router=self.name,
+            request_id=plan.request_id,
+            at=plan.features.arrival_time,
+            arm=arm.name,
+            canary=canary.id if canary is not None else None,
+            policy=arm.policy_kind,
+            instance=plan.instance,
+            reason=decision.reason,
+            attempts=plan.attempts,
+            tried=list(plan.tried),
+            status=status,
+            ttft_s=ttft,
+            prompt_tokens=plan.features.prompt_tokens,
+            cached_tokens=decision.cached_tokens,
+            hot_class=hot_class,
+            hotspot_transitions=[e.kind for e in transitions],
+            priority=sampled.priority,
+            details=scalar_details(decision.details),
+            candidates=candidates,
+            candidates_total=total,
         )
 
     def recent_decisions(self, count: int) -> list[dict[str, Any]]:
         """The last ``count`` finished requests' routing decisions, oldest first."""
         recent = list(self.decisions)[-count:] if count > 0 else []
-        return [{
-            "request_id": plan.request_id, "arm": plan.arm.name, "policy": plan.arm.policy_kind,
-            "instance": plan.instance, "reason": plan.reason, "status": status,
-            "attempts": plan.attempts, "prompt_tokens": plan.features.prompt_tokens,
-            "cached_tokens": plan.decision.cached_tokens, "tier": plan.tier, "ttft_s": ttft,
-            "scores": plan.decision.score_table(),
-        } for plan, status, ttft in recent]
+        return [
+            {
+                "request_id": plan.request_id,
+                "arm": plan.arm.name,
+                "policy": plan.arm.policy_kind,
+                "instance": plan.instance,
+                "reason": plan.reason,
+                "status": status,
+                "attempts": plan.attempts,
+                "prompt_tokens": plan.features.prompt_tokens,
+                "cached_tokens": plan.decision.cached_tokens,
+                "tier": plan.tier,
+                "ttft_s": ttft,
+                "scores": plan.decision.score_table(),
+            }
+            for plan, status, ttft in recent
+        ]
 
     def _hotspot_events(self, events: tuple[Any, ...]) -> None:
         for event in events:
@@ -420,8 +503,11 @@ class RouterCore:
         for slot, name in enumerate(state.ids):
             pending, batch = self._peaks.get(slot, (0.0, 0.0))
             kv = float(np.nan_to_num(state.kv_usage[slot]))
-            peaks[name] = (max(pending, float(state.pending[slot])),
-                           max(batch, float(batch_now[slot])), kv)
+            peaks[name] = (
+                max(pending, float(state.pending[slot])),
+                max(batch, float(batch_now[slot])),
+                kv,
+            )
         self._peaks.clear()
         return peaks
 
@@ -444,23 +530,33 @@ class RouterCore:
             scraped = self.scrape.get(name, ScrapeInfo())
             peak = self._peaks.get(slot, (0.0, 0.0))
             batch_now = float(batch[slot])
-            instances.append(InstanceSnapshot(
-                name=name, health=self.health.effective(name),
-                pending_prefill_tokens=snap.pending_prefill_tokens,
-                pending_prefill_tokens_max=max(peak[0], snap.pending_prefill_tokens),
-                batch_size=batch_now, batch_size_max=max(peak[1], batch_now),
-                in_flight=int(snap.in_flight),
-                waiting=_int_or_none(snap.scraped_waiting),
-                running=_int_or_none(snap.scraped_running), kv_usage=snap.kv_usage,
-                hit_ratio=scraped.hit_ratio, tier_hit_tokens=scraped.tier_hit_tokens,
-                tier_bytes_read=scraped.tier_bytes_read,
-                hotspot=name in hot, arm=arm_of.get(name),
-            ))
+            instances.append(
+                InstanceSnapshot(
+                    name=name,
+                    health=self.health.effective(name),
+                    pending_prefill_tokens=snap.pending_prefill_tokens,
+                    pending_prefill_tokens_max=max(peak[0], snap.pending_prefill_tokens),
+                    batch_size=batch_now,
+                    batch_size_max=max(peak[1], batch_now),
+                    in_flight=int(snap.in_flight),
+                    waiting=_int_or_none(snap.scraped_waiting),
+                    running=_int_or_none(snap.scraped_running),
+                    kv_usage=snap.kv_usage,
+                    hit_ratio=scraped.hit_ratio,
+                    tier_hit_tokens=scraped.tier_hit_tokens,
+                    tier_bytes_read=scraped.tier_bytes_read,
+                    hotspot=name in hot,
+                    arm=arm_of.get(name),
+                )
+            )
         cv = load_cv([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
         policy = "+".join(arm.policy_kind for arm in runtime.arms)
         return {
-            "config_version": runtime.version, "policy": policy, "instances": instances,
-            "arms": [arm.name for arm in runtime.arms], "load_cv": cv,
+            "config_version": runtime.version,
+            "policy": policy,
+            "instances": instances,
+            "arms": [arm.name for arm in runtime.arms],
+            "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in self.hotspots.values()],
         }
 
@@ -469,11 +565,19 @@ def hotspot_payload(event: HotspotEvent) -> dict[str, Any]:
     """A routing-core HotspotEvent in the contract's HotspotPayload shape (plus extras)."""
     transition = "cleared" if event.kind == "dismissed" else event.kind
     return {
-        "transition": transition, "dismissed": event.kind == "dismissed",
-        "prefix_class": event.class_id, "prefix_hash": event.class_id,
-        "prefix_tokens": event.prefix_tokens, "x": event.x, "x_bar": event.x_bar,
-        "m": event.m, "m_bar": event.m_bar, "window": event.window_s,
-        "instances": list(event.instances), "time": event.time, "request_id": event.request_id,
+        "transition": transition,
+        "dismissed": event.kind == "dismissed",
+        "prefix_class": event.class_id,
+        "prefix_hash": event.class_id,
+        "prefix_tokens": event.prefix_tokens,
+        "x": event.x,
+        "x_bar": event.x_bar,
+        "m": event.m,
+        "m_bar": event.m_bar,
+        "window": event.window_s,
+        "instances": list(event.instances),
+        "time": event.time,
+        "request_id": event.request_id,
     }
 
 

@@ -55,8 +55,11 @@ class TokenBucket:
 class DecisionSampler:
     """Admits routine decisions at a few per second and priority ones at a higher bound."""
 
-    def __init__(self, routine: tuple[float, float] = (ROUTINE_PER_S, ROUTINE_BURST),
-                 priority: tuple[float, float] = (PRIORITY_PER_S, PRIORITY_BURST)) -> None:
+    def __init__(
+        self,
+        routine: tuple[float, float] = (ROUTINE_PER_S, ROUTINE_BURST),
+        priority: tuple[float, float] = (PRIORITY_PER_S, PRIORITY_BURST),
+    ) -> None:
         self.routine = TokenBucket(*routine)
         self.priority = TokenBucket(*priority)
         self.kept = {"routine": 0, "priority": 0}
@@ -72,8 +75,11 @@ class DecisionSampler:
 
 def is_priority(decision: Decision) -> bool:
     """A decision operators always want to see: a fallback, or a hotspot class involved."""
-    return (decision.reason.endswith("_fallback") or "hot_class" in decision.details
-            or bool(decision.events))
+    return (
+        decision.reason.endswith("_fallback")
+        or "hot_class" in decision.details
+        or bool(decision.events)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,19 +97,27 @@ class CapturedDecision:
     indicators: Indicators | None  # None: admitted only after the fact (a retry)
 
 
-def capture(decision: Decision, view: ClusterView, features: RequestFeatures,
-            priority: bool) -> CapturedDecision:
+def capture(
+    decision: Decision, view: ClusterView, features: RequestFeatures, priority: bool
+) -> CapturedDecision:
     """Copy the indicators behind ``decision``; call right after the policy decided."""
-    return CapturedDecision(priority, Indicators(
-        cached_tokens=view.cached_tokens(features),  # a fresh array, frozen by the view
-        pending_prefill_tokens=np.array(view.pending_prefill, dtype=float),
-        batch_size=np.array(view.batch_size, dtype=float),
-    ))
+    return CapturedDecision(
+        priority,
+        Indicators(
+            cached_tokens=view.cached_tokens(features),  # a fresh array, frozen by the view
+            pending_prefill_tokens=np.array(view.pending_prefill, dtype=float),
+            batch_size=np.array(view.batch_size, dtype=float),
+        ),
+    )
 
 
-def candidate_rows(decision: Decision, members: Iterable[str],
-                   indicators: Indicators | None, chosen: str | None = None,
-                   limit: int = MAX_DECISION_CANDIDATES) -> tuple[list[CandidateScore], int]:
+def candidate_rows(
+    decision: Decision,
+    members: Iterable[str],
+    indicators: Indicators | None,
+    chosen: str | None = None,
+    limit: int = MAX_DECISION_CANDIDATES,
+) -> tuple[list[CandidateScore], int]:
     """The arm's candidates, best score first, filtered ones last; at most ``limit`` of
     them, always with the chosen one. Returns (rows, how many candidates there were)."""
     ids = decision.candidate_ids
@@ -121,11 +135,18 @@ def candidate_rows(decision: Decision, members: Iterable[str],
     cached = indicators.cached_tokens.tolist()
     pending = indicators.pending_prefill_tokens.tolist()
     batch = indicators.batch_size.tolist()
-    rows = [CandidateScore(instance=ids[s], score=scores[s], cached_tokens=int(cached[s]),
-                           pending_prefill_tokens=_finite(pending[s]),
-                           batch_size=_finite(batch[s]))
-            if s < len(cached) else CandidateScore(instance=ids[s], score=scores[s])
-            for s in kept]
+    rows = [
+        CandidateScore(
+            instance=ids[s],
+            score=scores[s],
+            cached_tokens=int(cached[s]),
+            pending_prefill_tokens=_finite(pending[s]),
+            batch_size=_finite(batch[s]),
+        )
+        if s < len(cached)
+        else CandidateScore(instance=ids[s], score=scores[s])
+        for s in kept
+    ]
     return rows, len(slots)
 
 

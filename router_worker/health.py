@@ -50,8 +50,9 @@ class InstanceHealth:
 class HealthBook:
     """Health of every known instance; calls ``on_change`` when effective health changes."""
 
-    def __init__(self, on_change: ChangeHook, failures_to_open: int = 3,
-                 open_s: float = 2.0) -> None:
+    def __init__(
+        self, on_change: ChangeHook, failures_to_open: int = 3, open_s: float = 2.0
+    ) -> None:
         self.on_change = on_change
         self.failures_to_open = failures_to_open
         self.open_s = open_s
@@ -115,8 +116,9 @@ class HealthBook:
         entry.breaker = "open"
         entry.open_until = now + entry.open_for
 
-    def _mutate(self, entry: InstanceHealth, cause: str,
-                change: Callable[[InstanceHealth], None]) -> None:
+    def _mutate(
+        self, entry: InstanceHealth, cause: str, change: Callable[[InstanceHealth], None]
+    ) -> None:
         before = entry.effective()
         change(entry)
         after = entry.effective()
@@ -135,4 +137,5 @@ def _half_open(entry: InstanceHealth) -> None:
 def _set_config_state(state: str) -> Callable[[InstanceHealth], None]:
     def change(entry: InstanceHealth) -> None:
         entry.config_state = state
+
     return change

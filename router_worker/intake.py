@@ -52,8 +52,10 @@ Endpoint = Literal["chat", "completions"]
 MAX_JSON_DEPTH = 200
 WORKER_NICENESS = 10
 ORPHAN_CHECK_S = 0.5
-PROMPT_SHAPE = ("`prompt` must be a string, a list of strings, a list of token ids "
-                "(integers in [0, 2**64)), or a list of such lists, none of them empty.")
+PROMPT_SHAPE = (
+    "`prompt` must be a string, a list of strings, a list of token ids "
+    "(integers in [0, 2**64)), or a list of such lists, none of them empty."
+)
 TokenId = Annotated[int, Field(strict=True, ge=0, lt=2**64)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1, fail_fast=True)]
 Prompt = Annotated[
@@ -121,8 +123,9 @@ def parse_json(raw: bytes) -> Any:
     except ValueError as error:
         raise APIError(400, f"Invalid JSON body: {error}") from None
     if _holds_non_finite(body):
-        raise APIError(400, "Invalid JSON body: a number is too large to represent "
-                            "(it overflows to infinity).")
+        raise APIError(
+            400, "Invalid JSON body: a number is too large to represent (it overflows to infinity)."
+        )
     return body
 
 
@@ -187,10 +190,17 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
         token_ids, tier = _encode_prompt(tokenizer, fields["prompt"])
     t1 = time.perf_counter()
     hashes = tuple(hash_blocks(token_ids, block_size))
-    return Intake(model=fields["model"], stream=bool(fields.get("stream")),
-                  user=fields.get("user") or None, turn_index=turn_index,
-                  prompt_tokens=len(token_ids), block_hashes=hashes, tier=tier,
-                  tokenize_s=t1 - t0, hash_s=time.perf_counter() - t1)
+    return Intake(
+        model=fields["model"],
+        stream=bool(fields.get("stream")),
+        user=fields.get("user") or None,
+        turn_index=turn_index,
+        prompt_tokens=len(token_ids),
+        block_hashes=hashes,
+        tier=tier,
+        tokenize_s=t1 - t0,
+        hash_s=time.perf_counter() - t1,
+    )
 
 
 def _encode_prompt(tokenizer: Tokenizer, prompt: Any) -> tuple[Any, Tier]:
@@ -222,8 +232,9 @@ def _start_worker(router_pid: int) -> None:
     SIGKILLed router leaves no worker behind (each holds both ends of its task pipe, so
     it would never see end-of-file)."""
     os.nice(WORKER_NICENESS)
-    threading.Thread(target=_exit_when_orphaned, args=(router_pid,), daemon=True,
-                     name="intake-orphan-watch").start()
+    threading.Thread(
+        target=_exit_when_orphaned, args=(router_pid,), daemon=True, name="intake-orphan-watch"
+    ).start()
 
 
 def _exit_when_orphaned(router_pid: int) -> None:
@@ -242,8 +253,14 @@ class IntakeRunner:
         self.workers = workers
         self._pool: ProcessPoolExecutor | None = None
 
-    async def take_in(self, raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer,
-                      block_size: int, offload_bytes: int) -> Intake:
+    async def take_in(
+        self,
+        raw: bytes,
+        endpoint: Endpoint,
+        tokenizer: Tokenizer,
+        block_size: int,
+        offload_bytes: int,
+    ) -> Intake:
         if len(raw) < offload_bytes:
             return take_in(raw, endpoint, tokenizer, block_size)
         settings = IntakeSettings(tokenizer.path, tokenizer.chat_template, block_size)
@@ -254,17 +271,20 @@ class IntakeRunner:
         except BrokenProcessPool:
             log.warning("an intake worker process died; starting a new pool")
             self._discard(pool)
-            raise APIError(503, "The router's tokenizer process failed while taking this "
-                                "request in; retry it.") from None
+            raise APIError(
+                503, "The router's tokenizer process failed while taking this request in; retry it."
+            ) from None
 
     def _ensure_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             # spawn, not fork: the router process runs threads (telemetry, the loop's
             # executor) that a forked child would inherit mid-operation.
-            self._pool = ProcessPoolExecutor(self.workers,
-                                             mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_start_worker,
-                                             initargs=(os.getpid(),))
+            self._pool = ProcessPoolExecutor(
+                self.workers,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=_start_worker,
+                initargs=(os.getpid(),),
+            )
         return self._pool
 
     def _discard(self, pool: ProcessPoolExecutor) -> None:

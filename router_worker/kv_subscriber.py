@@ -73,9 +73,16 @@ class SubscriberStats:
 
 
 class Subscriber:
-    def __init__(self, core: Any, name: str, endpoint: str, replay: str | None,
-                 context: zmq.asyncio.Context, report: MalformedReport = _ignore,
-                 stats: SubscriberStats | None = None) -> None:
+    def __init__(
+        self,
+        core: Any,
+        name: str,
+        endpoint: str,
+        replay: str | None,
+        context: zmq.asyncio.Context,
+        report: MalformedReport = _ignore,
+        stats: SubscriberStats | None = None,
+    ) -> None:
         self.core = core
         self.name = name
         self.endpoint = endpoint
@@ -187,8 +194,9 @@ class MalformedReporter:
     ``REPORT_INTERVAL_S`` with the count since the previous one (a flood of garbage must
     not become a flood of events)."""
 
-    def __init__(self, metrics: Any, telemetry: Any,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, metrics: Any, telemetry: Any, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.metrics = metrics
         self.telemetry = telemetry
         self.clock = clock
@@ -200,8 +208,9 @@ class MalformedReporter:
         count, reasons, _ = self.unreported.get(instance, (0, {}, ""))
         reasons[reason] = reasons.get(reason, 0) + 1
         self.unreported[instance] = (count + 1, reasons, f"{reason}: {detail[:200]}")
-        log.debug("KV events from %s: malformed message skipped (%s: %s)", instance, reason,
-                  detail[:200])
+        log.debug(
+            "KV events from %s: malformed message skipped (%s: %s)", instance, reason, detail[:200]
+        )
         self.flush(only=instance)
 
     def flush(self, only: str | None = None) -> None:
@@ -214,10 +223,20 @@ class MalformedReporter:
                 continue
             count, reasons, example = pending
             self.last_sent[instance] = now
-            log.warning("KV events from %s: %d malformed message(s) skipped %s, e.g. %s",
-                        instance, count, reasons, example)
-            self.telemetry.event("kv_events_malformed", instance=instance, count=count,
-                                 reasons=reasons, example=example)
+            log.warning(
+                "KV events from %s: %d malformed message(s) skipped %s, e.g. %s",
+                instance,
+                count,
+                reasons,
+                example,
+            )
+            self.telemetry.event(
+                "kv_events_malformed",
+                instance=instance,
+                count=count,
+                reasons=reasons,
+                example=example,
+            )
 
 
 class KVSubscribers:
@@ -234,8 +253,11 @@ class KVSubscribers:
         if not config.router.kv_events:
             self.desired = {}
             return
-        self.desired = {i.name: (i.kv_events, i.kv_replay) for i in config.instances
-                        if i.kv_events and i.state != "down"}
+        self.desired = {
+            i.name: (i.kv_events, i.kv_replay)
+            for i in config.instances
+            if i.kv_events and i.state != "down"
+        }
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {name: vars(sub.stats) for name, (_, sub, _) in self.running.items()}
@@ -260,16 +282,16 @@ class KVSubscribers:
             if name not in self.running:
                 if self.context is None:
                     self.context = zmq.asyncio.Context()
-                sub = Subscriber(self.core, name, spec[0], spec[1], self.context, self.report,
-                                 carried.get(name))
+                sub = Subscriber(
+                    self.core, name, spec[0], spec[1], self.context, self.report, carried.get(name)
+                )
                 self.running[name] = (spec, sub, asyncio.create_task(sub.run()))
 
     def _crashed(self, sub: Subscriber, task: asyncio.Task[None]) -> None:
         sub.stats.crashes += 1
         self.core.metrics.child(self.core.metrics.kv_subscriber_crashes, sub.name).inc()
         error = None if task.cancelled() else task.exception()
-        log.error("KV subscriber of %s stopped (%r); restarting", sub.name, error,
-                  exc_info=error)
+        log.error("KV subscriber of %s stopped (%r); restarting", sub.name, error, exc_info=error)
 
     async def close(self) -> None:
         tasks = [task for _, _, task in self.running.values()]

@@ -34,8 +34,7 @@ def bind_to_parent(supervisor_pid: int) -> None:
     if os.getppid() != supervisor_pid:  # it died before (or while) we set this up
         log.error("supervisor %d is gone; not starting", supervisor_pid)
         sys.exit(3)
-    threading.Thread(target=_watch, args=(supervisor_pid,), name="lifeline",
-                     daemon=True).start()
+    threading.Thread(target=_watch, args=(supervisor_pid,), name="lifeline", daemon=True).start()
 
 
 def _set_parent_death_signal() -> None:

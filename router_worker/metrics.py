@@ -10,15 +10,80 @@ from prometheus_client.metrics import MetricWrapperBase
 
 Family = TypeVar("Family", bound=MetricWrapperBase)
 
-FAST_BUCKETS = (1e-6, 2.5e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
-                5e-3, 1e-2, 2.5e-2, 0.1)
+FAST_BUCKETS = (
+    1e-6,
+    2.5e-6,
+    5e-6,
+    1e-5,
+    2.5e-5,
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    1e-3,
+    2.5e-3,
+    5e-3,
+    1e-2,
+    2.5e-2,
+    0.1,
+)
 LAG_INTERVAL_S = 0.01
-OVERHEAD_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 2e-3, 3e-3, 5e-3, 7.5e-3, 1e-2,
-                    2.5e-2, 5e-2, 0.1, 0.25, 1.0)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
-                5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
-TPOT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
-                1.0, 2.5)
+OVERHEAD_BUCKETS = (
+    5e-5,
+    1e-4,
+    2.5e-4,
+    5e-4,
+    7.5e-4,
+    1e-3,
+    2e-3,
+    3e-3,
+    5e-3,
+    7.5e-3,
+    1e-2,
+    2.5e-2,
+    5e-2,
+    0.1,
+    0.25,
+    1.0,
+)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+TPOT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
 
 
 class RouterMetrics:
@@ -27,91 +92,164 @@ class RouterMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
-        self.requests = Counter("switchyard_router_requests", "Requests answered.",
-                                ["policy", "arm", "reason", "status"], registry=r)
-        self.tokenize_seconds = Histogram("switchyard_router_tokenize_seconds",
-                                          "Time to tokenize a prompt.", ["tier"],
-                                          buckets=FAST_BUCKETS, registry=r)
-        self.hashing_seconds = Histogram("switchyard_router_hashing_seconds",
-                                         "Time to hash a prompt's blocks.",
-                                         buckets=FAST_BUCKETS, registry=r)
-        self.decision_seconds = Histogram("switchyard_router_decision_seconds",
-                                          "Time of the policy decision.", ["policy"],
-                                          buckets=FAST_BUCKETS, registry=r)
-        self.retries = Counter("switchyard_router_retries", "Requests retried on another "
-                               "instance.", ["instance"], registry=r)
-        self.migrations = Counter("switchyard_router_migrations", "Queued requests (no first "
-                                  "byte yet) the policy moved to another instance.",
-                                  ["source", "target"], registry=r)
-        self.upstream_errors = Counter("switchyard_router_upstream_errors",
-                                       "Upstream failures.", ["instance", "kind"], registry=r)
+        self.requests = Counter(
+            "switchyard_router_requests",
+            "Requests answered.",
+            ["policy", "arm", "reason", "status"],
+            registry=r,
+        )
+        self.tokenize_seconds = Histogram(
+            "switchyard_router_tokenize_seconds",
+            "Time to tokenize a prompt.",
+            ["tier"],
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.hashing_seconds = Histogram(
+            "switchyard_router_hashing_seconds",
+            "Time to hash a prompt's blocks.",
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.decision_seconds = Histogram(
+            "switchyard_router_decision_seconds",
+            "Time of the policy decision.",
+            ["policy"],
+            buckets=FAST_BUCKETS,
+            registry=r,
+        )
+        self.retries = Counter(
+            "switchyard_router_retries",
+            "Requests retried on another instance.",
+            ["instance"],
+            registry=r,
+        )
+        self.migrations = Counter(
+            "switchyard_router_migrations",
+            "Queued requests (no first byte yet) the policy moved to another instance.",
+            ["source", "target"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "switchyard_router_upstream_errors",
+            "Upstream failures.",
+            ["instance", "kind"],
+            registry=r,
+        )
         self.overhead = Histogram(
             "switchyard_router_overhead_seconds",
             "Router time in a streamed request's first chunk, from the handler's start: to the "
             "upstream request (body, parse, tokenize, hash, decide, failed attempts), plus the "
-            "first chunk's relay from the engine to the client.", buckets=OVERHEAD_BUCKETS,
-            registry=r)
+            "first chunk's relay from the engine to the client.",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
         self.loop_lag = Histogram(
             "switchyard_router_loop_lag_seconds",
             "How late the event loop runs a timer (sampled every 10 ms): what a socket that "
-            "becomes readable waits before the router reads it.", buckets=OVERHEAD_BUCKETS,
-            registry=r)
-        self.ttft = Histogram("switchyard_router_ttft_seconds", "TTFT measured at the router.",
-                              ["arm"], buckets=TTFT_BUCKETS, registry=r)
-        self.tpot = Histogram("switchyard_router_tpot_seconds", "TPOT measured at the router.",
-                              ["arm"], buckets=TPOT_BUCKETS, registry=r)
-        self.tier = Counter("switchyard_router_tokenization", "Requests by tokenization tier.",
-                            ["tier"], registry=r)
+            "becomes readable waits before the router reads it.",
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "switchyard_router_ttft_seconds",
+            "TTFT measured at the router.",
+            ["arm"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tpot = Histogram(
+            "switchyard_router_tpot_seconds",
+            "TPOT measured at the router.",
+            ["arm"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
+        self.tier = Counter(
+            "switchyard_router_tokenization", "Requests by tokenization tier.", ["tier"], registry=r
+        )
         self.in_flight = Gauge("switchyard_router_in_flight", "Requests in flight.", registry=r)
         # A plain int read at scrape time: Gauge.inc/dec take a lock twice per request.
         self.in_flight_count = 0
         self.in_flight.set_function(lambda: self.in_flight_count)
-        self.rejected = Counter("switchyard_router_rejected", "Requests refused before routing.",
-                                ["status"], registry=r)
+        self.rejected = Counter(
+            "switchyard_router_rejected", "Requests refused before routing.", ["status"], registry=r
+        )
         self.limit_hits = Counter(
-            "switchyard_router_limit_hits", "Resource limits hit: header_timeout, "
+            "switchyard_router_limit_hits",
+            "Resource limits hit: header_timeout, "
             "body_timeout, connections, response_deadline, response_too_large, "
             "response_headers_too_large, event_too_large, bad_response (wrong content type "
             "or malformed body/SSE), fd_exhausted (the router out of file descriptors or "
-            "local ports; never counted against an engine).", ["limit"], registry=r)
-        self.connections = Gauge("switchyard_router_connections",
-                                 "Open client connections.", registry=r)
-        self.telemetry_dropped = Counter("switchyard_router_telemetry_dropped",
-                                         "Events dropped while Redis was unreachable.",
-                                         registry=r)
+            "local ports; never counted against an engine).",
+            ["limit"],
+            registry=r,
+        )
+        self.connections = Gauge(
+            "switchyard_router_connections", "Open client connections.", registry=r
+        )
+        self.telemetry_dropped = Counter(
+            "switchyard_router_telemetry_dropped",
+            "Events dropped while Redis was unreachable.",
+            registry=r,
+        )
         self.kv_events_malformed = Counter(
             "switchyard_router_kv_events_malformed",
             "Malformed KV-event messages skipped, by instance and reason (frames, sequence, "
-            "decode, apply).", ["instance", "reason"], registry=r)
+            "decode, apply).",
+            ["instance", "reason"],
+            registry=r,
+        )
         self.kv_subscriber_crashes = Counter(
             "switchyard_router_kv_subscriber_crashes",
             "KV-event subscriber tasks that stopped on an error and were restarted.",
-            ["instance"], registry=r)
-        self.peer_sent = Counter("switchyard_router_peer_sent",
-                                 "Replica-sync messages published, by kind.", ["kind"],
-                                 registry=r)
-        self.peer_applied = Counter("switchyard_router_peer_applied",
-                                    "Peer routers' messages applied to the indicators, by "
-                                    "kind.", ["kind"], registry=r)
+            ["instance"],
+            registry=r,
+        )
+        self.peer_sent = Counter(
+            "switchyard_router_peer_sent",
+            "Replica-sync messages published, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.peer_applied = Counter(
+            "switchyard_router_peer_applied",
+            "Peer routers' messages applied to the indicators, by kind.",
+            ["kind"],
+            registry=r,
+        )
         self.peer_skipped = Counter(
             "switchyard_router_peer_skipped",
-            "Valid peer messages not applied: unknown_instance, block_size, duplicate, "
-            "unknown_id.", ["reason"], registry=r)
+            "Valid peer messages not applied: unknown_instance, block_size, duplicate, unknown_id.",
+            ["reason"],
+            registry=r,
+        )
         self.peer_dropped = Counter(
             "switchyard_router_peer_dropped",
             "Replica-sync messages or records dropped: queue_full and publish_failed (ours, "
             "not sent); peer_timeout, peer_restarted, max_age, redis_down, disabled (peer "
-            "requests removed from the indicators).", ["reason"], registry=r)
-        self.peer_malformed = Counter("switchyard_router_peer_malformed",
-                                      "Malformed peer messages skipped, by reason.",
-                                      ["reason"], registry=r)
-        self.peer_task_restarts = Counter("switchyard_router_peer_task_restarts",
-                                          "Replica-sync tasks that stopped on an error and "
-                                          "were restarted.", ["task"], registry=r)
-        self.peers = Gauge("switchyard_router_peers", "Peer routers heard from recently.",
-                           registry=r)
-        self.config_version = Gauge("switchyard_router_config_version",
-                                    "Applied configuration version.", registry=r)
+            "requests removed from the indicators).",
+            ["reason"],
+            registry=r,
+        )
+        self.peer_malformed = Counter(
+            "switchyard_router_peer_malformed",
+            "Malformed peer messages skipped, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.peer_task_restarts = Counter(
+            "switchyard_router_peer_task_restarts",
+            "Replica-sync tasks that stopped on an error and were restarted.",
+            ["task"],
+            registry=r,
+        )
+        self.peers = Gauge(
+            "switchyard_router_peers", "Peer routers heard from recently.", registry=r
+        )
+        self.config_version = Gauge(
+            "switchyard_router_config_version", "Applied configuration version.", registry=r
+        )
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
 
     async def sample_loop_lag(self, interval: float = LAG_INTERVAL_S) -> None:

@@ -43,8 +43,9 @@ class Monitor:
             runtime = self.core.runtime
             interval = runtime.config.router.scrape_interval_s if runtime else 1.0
             if runtime is not None:
-                await asyncio.gather(*(self.scrape(name, url)
-                                       for name, url in runtime.urls.items()))
+                await asyncio.gather(
+                    *(self.scrape(name, url) for name, url in runtime.urls.items())
+                )
             await asyncio.sleep(interval)
 
     async def run_probes(self) -> None:
@@ -75,8 +76,9 @@ class Monitor:
                 models = await self.client.get(url + "/v1/models", timeout=2.0)
                 cards = models.json().get("data", [])
                 info.models = tuple(m["id"] for m in cards)
-                lengths = [m["max_model_len"] for m in cards
-                           if isinstance(m.get("max_model_len"), int)]
+                lengths = [
+                    m["max_model_len"] for m in cards if isinstance(m.get("max_model_len"), int)
+                ]
                 info.max_model_len = min(lengths) if lengths else None
         except (httpx.HTTPError, ValueError, KeyError, TypeError) as error:
             log.debug("scrape %s failed: %r", name, error)
@@ -91,13 +93,20 @@ class Monitor:
         capacity = parsed.num_gpu_blocks
         if capacity and parsed.block_size and parsed.block_size != state.block_size:
             capacity = capacity * parsed.block_size // state.block_size
-        state.on_scrape(name, time.time(), running=parsed.running, waiting=parsed.waiting,
-                        kv_usage=parsed.kv_usage, capacity_blocks=capacity)
+        state.on_scrape(
+            name,
+            time.time(),
+            running=parsed.running,
+            waiting=parsed.waiting,
+            kv_usage=parsed.kv_usage,
+            capacity_blocks=capacity,
+        )
         info = core.scrape[name]
         if parsed.prefix_queries is not None and parsed.prefix_hits is not None:
             if info.queries is not None and parsed.prefix_queries > info.queries:
-                info.hit_ratio = ((parsed.prefix_hits - (info.hits or 0.0))
-                                  / (parsed.prefix_queries - info.queries))
+                info.hit_ratio = (parsed.prefix_hits - (info.hits or 0.0)) / (
+                    parsed.prefix_queries - info.queries
+                )
             info.queries, info.hits = parsed.prefix_queries, parsed.prefix_hits
         info.tier_hit_tokens = parsed.tier_hit_tokens
         info.tier_bytes_read = parsed.tier_bytes_read

@@ -122,8 +122,9 @@ class PeerBatch:
 
 
 def encode_hashes(hashes: tuple[int, ...] | list[int]) -> str:
-    return base64.b64encode(np.asarray(hashes, dtype=np.uint64).astype("<u8").tobytes()
-                            ).decode("ascii")
+    return base64.b64encode(np.asarray(hashes, dtype=np.uint64).astype("<u8").tobytes()).decode(
+        "ascii"
+    )
 
 
 def decode_hashes(text: str) -> tuple[int, ...]:
@@ -138,18 +139,25 @@ def decode_hashes(text: str) -> tuple[int, ...]:
 
 def encode_message(message: PeerMessage) -> dict[str, Any]:
     if isinstance(message, PeerDispatch):
-        return {"kind": "dispatch", "id": message.id, "instance": message.instance,
-                "prompt_tokens": message.prompt_tokens, "cached_tokens": message.cached_tokens,
-                "block_size": message.block_size,
-                "block_hashes": encode_hashes(message.block_hashes)}
+        return {
+            "kind": "dispatch",
+            "id": message.id,
+            "instance": message.instance,
+            "prompt_tokens": message.prompt_tokens,
+            "cached_tokens": message.cached_tokens,
+            "block_size": message.block_size,
+            "block_hashes": encode_hashes(message.block_hashes),
+        }
     if isinstance(message, PeerFirstToken):
         return {"kind": "first_token", "id": message.id}
     return {"kind": "end", "id": message.id, "ok": message.ok}
 
 
 def encode_batch(router: str, nonce: str, at: float, messages: list[dict[str, Any]]) -> bytes:
-    return json.dumps({"v": WIRE_VERSION, "router": router, "nonce": nonce, "at": at,
-                       "msgs": messages}, separators=(",", ":")).encode()
+    return json.dumps(
+        {"v": WIRE_VERSION, "router": router, "nonce": nonce, "at": at, "msgs": messages},
+        separators=(",", ":"),
+    ).encode()
 
 
 def _text(item: dict[str, Any], key: str, limit: int) -> str:
@@ -197,8 +205,7 @@ def decode_message(item: Any, router: str) -> PeerMessage:
     blocks = decode_hashes(hashes)
     if len(blocks) > prompt // block_size or (cached is not None and cached > prompt):
         raise PeerMessageError("tokens", "more blocks or cached tokens than prompt tokens")
-    return PeerDispatch(request_id, _text(item, "instance", 64), prompt, cached, block_size,
-                        blocks)
+    return PeerDispatch(request_id, _text(item, "instance", 64), prompt, cached, block_size, blocks)
 
 
 def decode_batch(payload: bytes | str) -> PeerBatch:
@@ -249,8 +256,7 @@ class PeerBook:
         self.state = state
         self.peers: dict[str, _Peer] = {}
 
-    def apply(self, batch: PeerBatch, now: float,
-              count: Callable[[str, str], None]) -> None:
+    def apply(self, batch: PeerBatch, now: float, count: Callable[[str, str], None]) -> None:
         """Apply a batch; ``count(outcome, label)`` is told of each message's fate
         (``applied``/kind or ``skipped``/reason)."""
         peer = self._peer(batch, now, count)
@@ -281,14 +287,20 @@ class PeerBook:
             return "skipped", "block_size"
         if state.is_in_flight(message.id):
             return "skipped", "duplicate"
-        features = RequestFeatures(message.id, message.prompt_tokens, message.block_hashes,
-                                   message.block_size, None, None, now)
+        features = RequestFeatures(
+            message.id,
+            message.prompt_tokens,
+            message.block_hashes,
+            message.block_size,
+            None,
+            None,
+            now,
+        )
         state.on_dispatch(features, message.instance, now, cached_tokens=message.cached_tokens)
         peer.records[message.id] = now
         return "applied", "dispatch"
 
-    def _first_token(self, peer: _Peer, message: PeerFirstToken,
-                     now: float) -> tuple[str, str]:
+    def _first_token(self, peer: _Peer, message: PeerFirstToken, now: float) -> tuple[str, str]:
         if message.id not in peer.records or not self.state.is_in_flight(message.id):
             return "skipped", "unknown_id"
         self.state.on_first_token(message.id, now)
@@ -300,8 +312,9 @@ class PeerBook:
         self.state.on_finish(message.id, now)
         return "applied", "end"
 
-    def sweep(self, now: float, timeout_s: float, max_age_s: float,
-              count: Callable[[str, str], None]) -> None:
+    def sweep(
+        self, now: float, timeout_s: float, max_age_s: float, count: Callable[[str, str], None]
+    ) -> None:
         """Drop silent peers' records, and records older than ``max_age_s``."""
         for name, peer in list(self.peers.items()):
             if now - peer.last_seen > timeout_s:
@@ -312,8 +325,9 @@ class PeerBook:
                     self._forget(peer, request_id, now)
                     count("dropped", "max_age")
 
-    def drop_peer(self, name: str, now: float, count: Callable[[str, str], None],
-                  reason: str) -> None:
+    def drop_peer(
+        self, name: str, now: float, count: Callable[[str, str], None], reason: str
+    ) -> None:
         peer = self.peers.pop(name, None)
         if peer is None:
             return
@@ -331,8 +345,10 @@ class PeerBook:
             self.state.on_finish(request_id, now)
 
     def stats(self, now: float) -> dict[str, Any]:
-        return {name: {"seen_s_ago": round(now - peer.last_seen, 3),
-                       "records": len(peer.records)} for name, peer in self.peers.items()}
+        return {
+            name: {"seen_s_ago": round(now - peer.last_seen, 3), "records": len(peer.records)}
+            for name, peer in self.peers.items()
+        }
 
 
 # ----------------------------------------------------------------- the process side
@@ -344,8 +360,13 @@ _Outgoing = tuple[Any, ...]  # ("d", id, instance, prompt, cached, block_size, h
 class PeerSync:
     """Publishes this router's request lifecycle and applies other routers' (see module)."""
 
-    def __init__(self, name: str, redis_url: str | None, metrics: RouterMetrics,
-                 state_source: Callable[[], ClusterState | None]) -> None:
+    def __init__(
+        self,
+        name: str,
+        redis_url: str | None,
+        metrics: RouterMetrics,
+        state_source: Callable[[], ClusterState | None],
+    ) -> None:
         self.name = name
         self.nonce = os.urandom(8).hex()
         self.redis_url = redis_url
@@ -379,11 +400,21 @@ class PeerSync:
         are, so peers find each other): a lone router pays nothing per request."""
         return self.enabled and self._book is not None and bool(self._book.peers)
 
-    def dispatched(self, request_id: str, instance: str, features: RequestFeatures,
-                   cached_tokens: int | None) -> None:
+    def dispatched(
+        self, request_id: str, instance: str, features: RequestFeatures, cached_tokens: int | None
+    ) -> None:
         if self.publishing:
-            self._put(("d", request_id, instance, features.prompt_tokens, cached_tokens,
-                       features.block_size, features.block_hashes))
+            self._put(
+                (
+                    "d",
+                    request_id,
+                    instance,
+                    features.prompt_tokens,
+                    cached_tokens,
+                    features.block_size,
+                    features.block_hashes,
+                )
+            )
 
     def first_token(self, request_id: str) -> None:
         if self.publishing:
@@ -402,8 +433,10 @@ class PeerSync:
     # ----- background tasks -----------------------------------------------------------
     async def run(self) -> None:
         """Publisher and subscriber, each restarted (and counted) if it dies."""
-        await asyncio.gather(supervised("publisher", self._publish_loop, self.metrics),
-                             supervised("subscriber", self._subscribe_loop, self.metrics))
+        await asyncio.gather(
+            supervised("publisher", self._publish_loop, self.metrics),
+            supervised("subscriber", self._subscribe_loop, self.metrics),
+        )
 
     async def _publish_loop(self) -> None:
         next_heartbeat = 0.0
@@ -515,9 +548,13 @@ class PeerSync:
     def _count(self, outcome: str, label: str, amount: int = 1) -> None:
         key = f"{outcome}:{label}"
         self.counts[key] = self.counts.get(key, 0) + amount
-        family = {"sent": self.metrics.peer_sent, "applied": self.metrics.peer_applied,
-                  "skipped": self.metrics.peer_skipped, "dropped": self.metrics.peer_dropped,
-                  "malformed": self.metrics.peer_malformed}[outcome]
+        family = {
+            "sent": self.metrics.peer_sent,
+            "applied": self.metrics.peer_applied,
+            "skipped": self.metrics.peer_skipped,
+            "dropped": self.metrics.peer_dropped,
+            "malformed": self.metrics.peer_malformed,
+        }[outcome]
         self.metrics.child(family, label).inc(amount)
 
     def _client(self) -> Any:
@@ -526,7 +563,8 @@ class PeerSync:
 
             assert self.redis_url is not None, "only called with Redis configured"
             self._redis = aioredis.Redis.from_url(
-                self.redis_url, socket_timeout=1.0, socket_connect_timeout=0.5)
+                self.redis_url, socket_timeout=1.0, socket_connect_timeout=0.5
+            )
         return self._redis
 
     def _set_connected(self, connected: bool, error: Exception | None = None) -> None:
@@ -538,11 +576,17 @@ class PeerSync:
         self.connected = connected
 
     def stats(self, now: float) -> dict[str, Any]:
-        return {"enabled": self.enabled, "channel": channel_for(self.cluster),
-                "nonce": self.nonce, "redis": self.connected, "queued": len(self._queue),
-                "timeout_s": self.timeout_s, "max_age_s": self.max_age_s,
-                "peers": self._book.stats(now) if self._book else {},
-                "counts": dict(sorted(self.counts.items()))}
+        return {
+            "enabled": self.enabled,
+            "channel": channel_for(self.cluster),
+            "nonce": self.nonce,
+            "redis": self.connected,
+            "queued": len(self._queue),
+            "timeout_s": self.timeout_s,
+            "max_age_s": self.max_age_s,
+            "peers": self._book.stats(now) if self._book else {},
+            "counts": dict(sorted(self.counts.items())),
+        }
 
     async def close(self) -> None:
         if self._redis is not None:
@@ -552,8 +596,9 @@ class PeerSync:
 _KIND_OF = {"d": "dispatch", "f": "first_token", "e": "end"}
 
 
-async def supervised(what: str, loop: Callable[[], Awaitable[None]],
-                     metrics: RouterMetrics) -> None:
+async def supervised(
+    what: str, loop: Callable[[], Awaitable[None]], metrics: RouterMetrics
+) -> None:
     """Run ``loop`` forever: if it raises, count it, wait a little and start it again
     (backing off to ``RESTART_DELAY_MAX_S`` while it keeps failing, e.g. Redis down)."""
     delay = RESTART_DELAY_S

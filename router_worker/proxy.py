@@ -56,22 +56,29 @@ Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat",
-                                  "/v1/completions": "completions"}
+ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
 JSON_TYPE = (b"content-type", b"application/json")
 FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
-FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"),
-                          (b"accept-encoding", b"identity"))
+FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"), (b"accept-encoding", b"identity"))
 DEBUG_HEADER = "x-switchyard-debug"
-USED_HEADERS = frozenset(name.encode() for name in (
-    "content-length", "x-session-id", DEBUG_HEADER, *FORWARDED_HEADERS))
+USED_HEADERS = frozenset(
+    name.encode() for name in ("content-length", "x-session-id", DEBUG_HEADER, *FORWARDED_HEADERS)
+)
 # A content token in an OpenAI chunk: a non-empty "content" (chat) or "text" (completions).
 _TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
 _USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
 _CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
 # Failure kinds that are resource limits: counted in switchyard_router_limit_hits_total.
-LIMIT_KINDS = frozenset({"bad_response", "event_too_large", "response_deadline",
-                         "response_too_large", "response_headers_too_large", "fd_exhausted"})
+LIMIT_KINDS = frozenset(
+    {
+        "bad_response",
+        "event_too_large",
+        "response_deadline",
+        "response_too_large",
+        "response_headers_too_large",
+        "fd_exhausted",
+    }
+)
 
 
 @dataclass(slots=True)
@@ -147,8 +154,13 @@ class StreamMeter:
 
 
 class Proxy:
-    def __init__(self, core: RouterCore, transport: FastTransport, limiter: Limiter,
-                 intake: IntakeRunner | None = None) -> None:
+    def __init__(
+        self,
+        core: RouterCore,
+        transport: FastTransport,
+        limiter: Limiter,
+        intake: IntakeRunner | None = None,
+    ) -> None:
         self.core = core
         self.transport = transport
         self.limiter = limiter
@@ -167,16 +179,21 @@ class Proxy:
         models = self.core.allowed_models() or set()
         context = self.core.max_model_len()
         extra = {"max_model_len": context} if context else {}
-        data = [{"id": m, "object": "model", "owned_by": "switchyard", **extra}
-                for m in sorted(models)]
+        data = [
+            {"id": m, "object": "model", "owned_by": "switchyard", **extra} for m in sorted(models)
+        ]
         await send_json(send, 200, {"object": "list", "data": data})
 
-    async def generate(self, scope: Scope, receive: Receive, send: Send,
-                       endpoint: Endpoint) -> None:
+    async def generate(
+        self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
+    ) -> None:
         started = time.perf_counter()
         # Only the headers the router reads (names arrive lower-cased from the server).
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]
-                   if k in USED_HEADERS}
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1")
+            for k, v in scope["headers"]
+            if k in USED_HEADERS
+        }
         core = self.core
         try:
             runtime = core.runtime
@@ -188,8 +205,11 @@ class Proxy:
                 del headers["authorization"]
             detail = detail_for(runtime, rights, DEBUG_HEADER in headers)
             declared = headers.get("content-length")
-            raw = await read_body(receive, runtime.config.router.max_body_bytes,
-                                  int(declared) if declared and declared.isdigit() else None)
+            raw = await read_body(
+                receive,
+                runtime.config.router.max_body_bytes,
+                int(declared) if declared and declared.isdigit() else None,
+            )
             intake = await self._take_in(raw, endpoint, runtime)
         except ClientGone:
             return
@@ -197,16 +217,19 @@ class Proxy:
             core.metrics.child(core.metrics.rejected, str(error.status)).inc()
             await send_error(send, error)
             return
-        await self._guarded(scope, receive, send, runtime, intake, raw, headers, started,
-                            detail)
+        await self._guarded(scope, receive, send, runtime, intake, raw, headers, started, detail)
 
     async def _take_in(self, raw: bytes, endpoint: Endpoint, runtime: Runtime) -> Intake:
         """The body checked, tokenized and hashed (off the loop when big), or APIError."""
         settings = runtime.config.router
         try:
-            intake = await self.intake.take_in(raw, endpoint, runtime.tokenizer,
-                                               runtime.config.block_size,
-                                               settings.offload_body_bytes)
+            intake = await self.intake.take_in(
+                raw,
+                endpoint,
+                runtime.tokenizer,
+                runtime.config.block_size,
+                settings.offload_body_bytes,
+            )
         except APIError:
             raise
         except Exception:  # a bug, not the client's fault: logged, answered without detail
@@ -217,9 +240,18 @@ class Proxy:
             raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
         return intake
 
-    async def _guarded(self, scope: Scope, receive: Receive, send: Send, runtime: Runtime,
-                       intake: Intake, raw: bytes, headers: dict[str, str],
-                       started: float, detail: Detail) -> None:
+    async def _guarded(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        runtime: Runtime,
+        intake: Intake,
+        raw: bytes,
+        headers: dict[str, str],
+        started: float,
+        detail: Detail,
+    ) -> None:
         """Admission, then routing with a disconnect watcher that cancels us at once."""
         try:
             await self.limiter.acquire()
@@ -234,8 +266,9 @@ class Proxy:
         plan: Plan | None = None
         try:
             plan = self.core.plan(runtime, intake, headers, started)
-            await self._dispatch(plan, scope["path"], raw, intake.stream, headers, send, watch,
-                                 detail)
+            await self._dispatch(
+                plan, scope["path"], raw, intake.stream, headers, send, watch, detail
+            )
         except APIError as error:
             await send_error(send, error)
         except asyncio.CancelledError:
@@ -243,17 +276,31 @@ class Proxy:
                 raise
             task.uncancel()
             if plan is not None:  # 499: nginx's code for "client closed the request"
-                self.core.finish_request(plan, status=499, ok=False, output_tokens=0,
-                                         last_token_at=None, cached_tokens=None)
+                self.core.finish_request(
+                    plan,
+                    status=499,
+                    ok=False,
+                    output_tokens=0,
+                    last_token_at=None,
+                    cached_tokens=None,
+                )
         finally:
             watch.stop()
             self.core.metrics.in_flight_count -= 1
             self.limiter.release()
 
     # ----- dispatch with retries --------------------------------------------------------
-    async def _dispatch(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                        headers: dict[str, str], send: Send, watch: DisconnectWatch,
-                        detail: Detail) -> None:
+    async def _dispatch(
+        self,
+        plan: Plan,
+        path: str,
+        raw: bytes,
+        stream: bool,
+        headers: dict[str, str],
+        send: Send,
+        watch: DisconnectWatch,
+        detail: Detail,
+    ) -> None:
         """Send the plan's attempts until one is answered or the lifecycle's retry rule
         (``core.fail_attempt``) gives up; the breaker bookkeeping is ours."""
         core = self.core
@@ -261,8 +308,9 @@ class Proxy:
         while True:
             core.begin_attempt(plan)
             try:
-                failure = await self._movable_attempt(plan, path, raw, stream, up_headers,
-                                                      send, detail, watch)
+                failure = await self._movable_attempt(
+                    plan, path, raw, stream, up_headers, send, detail, watch
+                )
             except BaseException:
                 core.abandon(plan)  # the client went away (or a bug): the attempt ends
                 raise
@@ -288,12 +336,15 @@ class Proxy:
         if failure.final:
             status, message = failure.status, failure.message
         elif poison:
-            message = (f"The request failed on {len(plan.answered_5xx)} instances alike and was "
-                       f"not retried further; last: {failure.message}")
+            message = (
+                f"The request failed on {len(plan.answered_5xx)} instances alike and was "
+                f"not retried further; last: {failure.message}"
+            )
         else:
             message = f"All {plan.attempts} attempts failed; last: {failure.message}"
-        core.finish_request(plan, status=status, ok=False, output_tokens=0, last_token_at=None,
-                            cached_tokens=0)
+        core.finish_request(
+            plan, status=status, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0
+        )
         await send_error(send, APIError(status, message))
 
     def _count_failure(self, plan: Plan, failure: UpstreamFailure) -> None:
@@ -301,8 +352,13 @@ class Proxy:
         core.metrics.child(core.metrics.upstream_errors, plan.instance, failure.kind).inc()
         if failure.kind in LIMIT_KINDS:
             core.metrics.limit_hit(failure.kind)
-        log.info("request %s: %s on %s: %s", plan.request_id, failure.kind, plan.instance,
-                 failure.message)
+        log.info(
+            "request %s: %s on %s: %s",
+            plan.request_id,
+            failure.kind,
+            plan.instance,
+            failure.message,
+        )
 
     def _strike(self, instances: list[str], kind: str, *, fatal: bool = False) -> None:
         """Count a failure against each instance's circuit breaker."""
@@ -322,15 +378,25 @@ class Proxy:
 
     def _give_up(self, plan: Plan, failure: UpstreamFailure, poison: bool) -> None:
         self.core.telemetry.event(
-            "retries_exhausted", request_id=plan.request_id, attempts=plan.attempts,
-            last_error=f"{failure.kind}: {failure.message}", instances=plan.tried,
+            "retries_exhausted",
+            request_id=plan.request_id,
+            attempts=plan.attempts,
+            last_error=f"{failure.kind}: {failure.message}",
+            instances=plan.tried,
             request_suspected=poison,
         )
 
-    async def _movable_attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                               up_headers: list[tuple[bytes, bytes]], send: Send,
-                               detail: Detail, watch: DisconnectWatch
-                               ) -> UpstreamFailure | None:
+    async def _movable_attempt(
+        self,
+        plan: Plan,
+        path: str,
+        raw: bytes,
+        stream: bool,
+        up_headers: list[tuple[bytes, bytes]],
+        send: Send,
+        detail: Detail,
+        watch: DisconnectWatch,
+    ) -> UpstreamFailure | None:
         """The attempt; for a migrating policy's streamed request, run as a task the core
         may cancel (``plan.mover``) until the first byte: then MIGRATED is returned and
         ``plan.migrate_to`` names the instance to send the request to."""
@@ -349,16 +415,25 @@ class Proxy:
         finally:
             plan.mover = None
 
-    async def _attempt(self, plan: Plan, path: str, raw: bytes, stream: bool,
-                       up_headers: list[tuple[bytes, bytes]], send: Send, detail: Detail,
-                       watch: DisconnectWatch) -> UpstreamFailure | None:
+    async def _attempt(
+        self,
+        plan: Plan,
+        path: str,
+        raw: bytes,
+        stream: bool,
+        up_headers: list[tuple[bytes, bytes]],
+        send: Send,
+        detail: Detail,
+        watch: DisconnectWatch,
+    ) -> UpstreamFailure | None:
         target = _upstream_target(plan.runtime, plan.instance, path)
         plan.sent_at = time.perf_counter()
         try:
             # Straight to the shared transport, without httpx.Request/Response objects:
             # the client's layers and httpx's models cost more CPU than the exchange.
-            response = await self.transport.post(target, up_headers, raw,
-                                                 partial(self._sent, plan, watch))
+            response = await self.transport.post(
+                target, up_headers, raw, partial(self._sent, plan, watch)
+            )
         except LocalExhaustion as error:
             return _out_of_resources(error)
         except httpx.ConnectError as error:
@@ -390,8 +465,9 @@ class Proxy:
         self.core.account_dispatch(plan)
         watch.start()
 
-    async def _relay_whole(self, plan: Plan, response: Upstream, send: Send,
-                           detail: Detail, watch: DisconnectWatch) -> UpstreamFailure | None:
+    async def _relay_whole(
+        self, plan: Plan, response: Upstream, send: Send, detail: Detail, watch: DisconnectWatch
+    ) -> UpstreamFailure | None:
         try:
             data = await response.read()
         except ResponseDeadline as error:
@@ -399,8 +475,7 @@ class Proxy:
         except httpx.TimeoutException:
             return UpstreamFailure("timeout", "no complete answer in time")
         except ResponseTooLarge as error:  # the request asked for it (n, logprobs): final
-            return UpstreamFailure(error.limit, f"{error} (router.max_response_bytes)",
-                                   final=True)
+            return UpstreamFailure(error.limit, f"{error} (router.max_response_bytes)", final=True)
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
         if not _json_object_shaped(data):
@@ -411,21 +486,29 @@ class Proxy:
             self._served(plan)
         usage = _USAGE_RE.search(data)
         cached = _CACHED_RE.search(data)
-        headers = [(b"content-type", response.header(b"content-type", b"application/json")),
-                   (b"content-length", str(len(data)).encode()),
-                   *self._route_headers(plan, detail)]
+        headers = [
+            (b"content-type", response.header(b"content-type", b"application/json")),
+            (b"content-length", str(len(data)).encode()),
+            *self._route_headers(plan, detail),
+        ]
         watch.done = True
-        await send({"type": "http.response.start", "status": response.status_code,
-                    "headers": headers})
+        await send(
+            {"type": "http.response.start", "status": response.status_code, "headers": headers}
+        )
         await send({"type": "http.response.body", "body": data})
-        core.finish_request(plan, status=response.status_code, ok=ok,
-                            output_tokens=int(usage.group(1)) if usage else 0,
-                            last_token_at=None, cached_tokens=int(cached.group(1))
-                            if cached else None)
+        core.finish_request(
+            plan,
+            status=response.status_code,
+            ok=ok,
+            output_tokens=int(usage.group(1)) if usage else 0,
+            last_token_at=None,
+            cached_tokens=int(cached.group(1)) if cached else None,
+        )
         return None
 
-    async def _relay_stream(self, plan: Plan, response: Upstream, send: Send,
-                            detail: Detail, watch: DisconnectWatch) -> UpstreamFailure | None:
+    async def _relay_stream(
+        self, plan: Plan, response: Upstream, send: Send, detail: Detail, watch: DisconnectWatch
+    ) -> UpstreamFailure | None:
         framer = SseFramer(plan.runtime.config.router.max_event_bytes)
         try:
             first = await _first_events(response, framer)
@@ -443,8 +526,11 @@ class Proxy:
         received = time.perf_counter()
         core = self.core
         self._served(plan)
-        headers = [(b"content-type", response.header(b"content-type", b"text/event-stream")),
-                   (b"cache-control", b"no-cache"), *self._route_headers(plan, detail)]
+        headers = [
+            (b"content-type", response.header(b"content-type", b"text/event-stream")),
+            (b"cache-control", b"no-cache"),
+            *self._route_headers(plan, detail),
+        ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         meter = StreamMeter()
         status, ok = 200, True
@@ -453,16 +539,35 @@ class Proxy:
         except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
             status, ok = self._mid_stream_failure(plan, error)
             watch.done = True
-            await send({"type": "http.response.body", "more_body": False,
-                        "body": sse_error_event(status, _mid_stream_message(plan, error))})
+            await send(
+                {
+                    "type": "http.response.body",
+                    "more_body": False,
+                    "body": sse_error_event(status, _mid_stream_message(plan, error)),
+                }
+            )
         else:
             watch.done = True
-        core.finish_request(plan, status=status, ok=ok, output_tokens=meter.output_tokens,
-                            last_token_at=meter.last_token_at, cached_tokens=meter.cached_tokens)
+        core.finish_request(
+            plan,
+            status=status,
+            ok=ok,
+            output_tokens=meter.output_tokens,
+            last_token_at=meter.last_token_at,
+            cached_tokens=meter.cached_tokens,
+        )
         return None
 
-    async def _relay_events(self, plan: Plan, response: Upstream, framer: SseFramer,
-                            out: bytes, meter: StreamMeter, send: Send, received: float) -> None:
+    async def _relay_events(
+        self,
+        plan: Plan,
+        response: Upstream,
+        framer: SseFramer,
+        out: bytes,
+        meter: StreamMeter,
+        send: Send,
+        received: float,
+    ) -> None:
         """Forward whole events until the engine's body ends (ending the client's too)."""
         last = response.finished
         while True:
@@ -488,8 +593,9 @@ class Proxy:
             out = framer.feed(chunk + more if more else chunk)
             last = response.finished
 
-    async def _forward(self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send,
-                       more: bool) -> None:
+    async def _forward(
+        self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send, more: bool
+    ) -> None:
         first = meter.feed(chunk) and plan.first_token_at is None
         await send({"type": "http.response.body", "body": chunk, "more_body": more})
         if first:  # accounted once the token is on its way to the client
@@ -499,8 +605,13 @@ class Proxy:
         """Count a stream that broke after its first event; the status for its error event.
         Past the deadline is no fault of the engine's: no breaker strike."""
         core = self.core
-        kind = ("response_deadline" if isinstance(error, ResponseDeadline)
-                else error.limit if isinstance(error, MalformedStream) else "mid_stream")
+        kind = (
+            "response_deadline"
+            if isinstance(error, ResponseDeadline)
+            else error.limit
+            if isinstance(error, MalformedStream)
+            else "mid_stream"
+        )
         core.metrics.child(core.metrics.upstream_errors, plan.instance, kind).inc()
         if kind in LIMIT_KINDS:
             core.metrics.limit_hit(kind)
@@ -522,8 +633,9 @@ class Proxy:
         if detail >= Detail.DEBUG:
             scores = json.dumps(plan.decision.score_table(), separators=(",", ":"))
             headers.append((b"x-switchyard-scores", scores.encode()))
-            headers.append((b"x-switchyard-cached-tokens",
-                            str(plan.decision.cached_tokens).encode()))
+            headers.append(
+                (b"x-switchyard-cached-tokens", str(plan.decision.cached_tokens).encode())
+            )
         return headers
 
 
@@ -584,27 +696,35 @@ def _json_object_shaped(data: bytes) -> bool:
 
 
 def _out_of_resources(error: Exception) -> UpstreamFailure:
-    return UpstreamFailure("fd_exhausted", f"The router is out of file descriptors or local "
-                                           f"ports; retry later ({error}).", final=True,
-                           status=503)
+    return UpstreamFailure(
+        "fd_exhausted",
+        f"The router is out of file descriptors or local ports; retry later ({error}).",
+        final=True,
+        status=503,
+    )
 
 
 def _past_deadline(error: Exception) -> UpstreamFailure:
-    return UpstreamFailure("response_deadline", f"The engine's answer took too long: {error}.",
-                           final=True, status=504)
+    return UpstreamFailure(
+        "response_deadline", f"The engine's answer took too long: {error}.", final=True, status=504
+    )
 
 
 def _unexpected_media_type(response: Upstream, stream: bool) -> str | None:
     """The answer's media type unless it is the one due: ``text/event-stream`` for a
     stream's 200, ``application/json`` otherwise."""
-    expected = b"text/event-stream" if stream and response.status_code == 200 \
-        else b"application/json"
+    expected = (
+        b"text/event-stream" if stream and response.status_code == 200 else b"application/json"
+    )
     media = response.header(b"content-type", b"").split(b";", 1)[0].strip().lower()
     return None if media == expected else media.decode("latin-1")
 
 
-async def _bad_response(response: Upstream, what: str, data: bytes | None = None,
-                        ) -> UpstreamFailure:
+async def _bad_response(
+    response: Upstream,
+    what: str,
+    data: bytes | None = None,
+) -> UpstreamFailure:
     """An answer not in the shape due (an HTML page from a proxy in between, noise) is
     never relayed. A success so shaped means a broken instance: retried elsewhere and held
     against it. An error status so shaped (a proxy's 413 page, say) is more likely about
@@ -613,10 +733,15 @@ async def _bad_response(response: Upstream, what: str, data: bytes | None = None
     status = response.status_code
     if status < 400:
         return UpstreamFailure("bad_response", f"the engine answered HTTP {status} with {what}")
-    detail = (data[:200].decode("utf-8", "replace") if data is not None
-              else await _safe_read(response))
-    return UpstreamFailure("bad_response", f"The engine answered HTTP {status} with {what}: "
-                                           f"{detail}", final=True, status=status)
+    detail = (
+        data[:200].decode("utf-8", "replace") if data is not None else await _safe_read(response)
+    )
+    return UpstreamFailure(
+        "bad_response",
+        f"The engine answered HTTP {status} with {what}: {detail}",
+        final=True,
+        status=status,
+    )
 
 
 def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
@@ -626,10 +751,13 @@ def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
     found = cache.get(key)
     if found is None:
         settings = runtime.config.router
-        found = cache[key] = make_target(runtime.urls[instance] + path, FIXED_UPSTREAM_HEADERS,
-                                         settings.connect_timeout_s,
-                                         settings.first_byte_timeout_s,
-                                         settings.response_deadline_s)
+        found = cache[key] = make_target(
+            runtime.urls[instance] + path,
+            FIXED_UPSTREAM_HEADERS,
+            settings.connect_timeout_s,
+            settings.first_byte_timeout_s,
+            settings.response_deadline_s,
+        )
     return found
 
 
@@ -657,8 +785,9 @@ async def _safe_read(response: Upstream) -> str:
         return ""
 
 
-async def send_json(send: Send, status: int, payload: Any,
-                    extra: list[tuple[bytes, bytes]] | None = None) -> None:
+async def send_json(
+    send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
     data = json.dumps(payload).encode()
     headers = [JSON_TYPE, (b"content-length", str(len(data)).encode()), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -99,8 +99,9 @@ def _arm_specs(config: RouterConfig) -> list[tuple[str, PolicySpec, tuple[str, .
     return [(a.name, a.policy, tuple(a.instances), a.weight) for a in config.canary.arms]
 
 
-def build_runtime(config: RouterConfig, state: ClusterState, tokenizer: Tokenizer,
-                  previous: Runtime | None) -> Runtime:
+def build_runtime(
+    config: RouterConfig, state: ClusterState, tokenizer: Tokenizer, previous: Runtime | None
+) -> Runtime:
     """Arms for ``config`` over ``state`` (instances must already be in the state).
 
     A policy object is kept from ``previous`` when its arm has the same name, policy spec
@@ -123,6 +124,8 @@ def build_runtime(config: RouterConfig, state: ClusterState, tokenizer: Tokenize
     urls = {i.name: i.url for i in config.instances}
     random_arms = config.canary is not None and config.canary.assignment_key == "random"
     client_keys: dict[str, frozenset[str]] = {
-        key.sha256: frozenset(key.rights) for key in config.client_auth.keys}
-    return Runtime(config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms,
-                   client_keys)
+        key.sha256: frozenset(key.rights) for key in config.client_auth.keys
+    }
+    return Runtime(
+        config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms, client_keys
+    )

@@ -50,12 +50,14 @@ class Service:
     options: ServiceOptions
     metrics: RouterMetrics = field(default_factory=RouterMetrics)
     tasks: list[asyncio.Task[Any]] = field(default_factory=list)
-    on_applied: list[Callable[[RouterConfig, dict[str, Any]], None]] = field(
-        default_factory=list)
+    on_applied: list[Callable[[RouterConfig, dict[str, Any]], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.telemetry = Telemetry(self.options.name, self.options.redis_url,
-                                   on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n))
+        self.telemetry = Telemetry(
+            self.options.name,
+            self.options.redis_url,
+            on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n),
+        )
         self.core = RouterCore(self.options.name, self.telemetry, self.metrics)
         self.limiter = Limiter(1024, 1024, 10.0)
         self.connections = ConnectionGuard(self.metrics)
@@ -64,62 +66,85 @@ class Service:
         self.proxy = Proxy(self.core, self.transport, self.limiter)
         self.monitor = Monitor(self.core, self.client)
         self.kv = KVSubscribers(self.core)
-        self.peers = PeerSync(self.options.name, self.options.redis_url, self.metrics,
-                              lambda: self.core.state)
+        self.peers = PeerSync(
+            self.options.name, self.options.redis_url, self.metrics, lambda: self.core.state
+        )
         self.core.peers = self.peers
         self.started_at = time.time()
 
     # ----- configuration -------------------------------------------------------------
-    def apply_document(self, document: dict[str, Any], version: int | None = None,
-                       source: str = "admin") -> RouterConfig:
+    def apply_document(
+        self, document: dict[str, Any], version: int | None = None, source: str = "admin"
+    ) -> RouterConfig:
         """Validate and apply; raises ConfigRefused (old config kept) if it cannot be."""
         if version is not None:
             document = {**document, "version": version}
         try:
             config = parse_config(document)
         except ConfigError as error:
-            self.telemetry.event("config_rejected", version=document.get("version"),
-                                 error=str(error), source=source)
+            self.telemetry.event(
+                "config_rejected", version=document.get("version"), error=str(error), source=source
+            )
             raise ConfigRefused(str(error)) from None
         current = self.core.runtime
         if current is not None and config.version < current.version:
             message = f"version {config.version} is older than the applied {current.version}"
-            self.telemetry.event("config_rejected", version=config.version, error=message,
-                                 source=source)
+            self.telemetry.event(
+                "config_rejected", version=config.version, error=message, source=source
+            )
             raise ConfigRefused(message, status=409)
         if current is not None and current.config == config:
             return config
         try:
             self.core.apply_config(config)
         except (OSError, ValueError) as error:  # e.g. tokenizer file unreadable
-            self.telemetry.event("config_rejected", version=config.version, error=str(error),
-                                 source=source)
+            self.telemetry.event(
+                "config_rejected", version=config.version, error=str(error), source=source
+            )
             raise ConfigRefused(f"cannot apply: {error}") from None
         settings = config.router
-        self.limiter.configure(settings.max_concurrency, settings.max_queue,
-                               settings.queue_timeout_s)
-        self.connections.configure(settings.max_connections, settings.header_timeout_s,
-                                   settings.body_timeout_s)
+        self.limiter.configure(
+            settings.max_concurrency, settings.max_queue, settings.queue_timeout_s
+        )
+        self.connections.configure(
+            settings.max_connections, settings.header_timeout_s, settings.body_timeout_s
+        )
         self.transport.configure(settings.max_response_header_bytes, settings.max_response_bytes)
         self.kv.sync(config)
         self.peers.configure(config)
-        self.telemetry.event("config_applied", version=config.version, source=source,
-                             policy=config.policy.kind,
-                             canary=config.canary.id if config.canary else None)
-        log.info("applied config version %s (%s, %d instances) from %s", config.version,
-                 config.policy.kind, len(config.instances), source)
+        self.telemetry.event(
+            "config_applied",
+            version=config.version,
+            source=source,
+            policy=config.policy.kind,
+            canary=config.canary.id if config.canary else None,
+        )
+        log.info(
+            "applied config version %s (%s, %d instances) from %s",
+            config.version,
+            config.policy.kind,
+            len(config.instances),
+            source,
+        )
         for hook in self.on_applied:
             hook(config, document)
         return config
 
     # ----- lifecycle -----------------------------------------------------------------
     async def start(self) -> None:
-        self.telemetry.event("router_started", pid=os.getpid(),
-                             config_version=self.core.runtime.version if self.core.runtime
-                             else None)
-        for loop in (self.monitor.run_scrapes(), self.monitor.run_probes(),
-                     self.telemetry.run(), self.kv.run(), self.peers.run(),
-                     self.core.metrics.sample_loop_lag()):
+        self.telemetry.event(
+            "router_started",
+            pid=os.getpid(),
+            config_version=self.core.runtime.version if self.core.runtime else None,
+        )
+        for loop in (
+            self.monitor.run_scrapes(),
+            self.monitor.run_probes(),
+            self.telemetry.run(),
+            self.kv.run(),
+            self.peers.run(),
+            self.core.metrics.sample_loop_lag(),
+        ):
             self.tasks.append(asyncio.create_task(loop))
 
     def add_task(self, coroutine: Any) -> None:
@@ -140,9 +165,13 @@ class Service:
 
 def make_client(transport: FastTransport) -> httpx.AsyncClient:
     """The one shared upstream client, on the O(1) keep-alive transport (see upstream.py)."""
-    return httpx.AsyncClient(transport=transport,
-                             timeout=httpx.Timeout(30.0), follow_redirects=False,
-                             trust_env=False, cookies=_NoCookies())
+    return httpx.AsyncClient(
+        transport=transport,
+        timeout=httpx.Timeout(30.0),
+        follow_redirects=False,
+        trust_env=False,
+        cookies=_NoCookies(),
+    )
 
 
 class _NoCookies(CookieJar):

@@ -44,9 +44,11 @@ class SseFramer:
         end = _end_of_last_event(data)
         complete, self._tail = (b"", data) if end < 0 else (data[:end], data[end:])
         if len(self._tail) > self.max_event_bytes:
-            raise MalformedStream(f"an event of the engine's stream is over "
-                                  f"{self.max_event_bytes} bytes (router.max_event_bytes)",
-                                  "event_too_large")
+            raise MalformedStream(
+                f"an event of the engine's stream is over "
+                f"{self.max_event_bytes} bytes (router.max_event_bytes)",
+                "event_too_large",
+            )
         if complete:
             check_events(complete)
         return complete
@@ -61,8 +63,9 @@ class SseFramer:
 
 
 def _one_json_event(chunk: bytes) -> bool:
-    return (chunk.startswith(b"data: {") and chunk.endswith(b"}\n\n")
-            and chunk.count(b"\n") == 2) or chunk == b"data: [DONE]\n\n"
+    return (
+        chunk.startswith(b"data: {") and chunk.endswith(b"}\n\n") and chunk.count(b"\n") == 2
+    ) or chunk == b"data: [DONE]\n\n"
 
 
 def _end_of_last_event(data: bytes) -> int:
@@ -82,7 +85,8 @@ def check_events(data: bytes) -> None:
             payload = line[5:].strip()
             if payload == DONE or (payload.startswith(b"{") and payload.endswith(b"}")):
                 continue
-            raise MalformedStream(f"the engine sent an event whose data is not a JSON object: "
-                                  f"{line[:60]!r}")
+            raise MalformedStream(
+                f"the engine sent an event whose data is not a JSON object: {line[:60]!r}"
+            )
         if line.split(b":", 1)[0] not in _OTHER_FIELDS:
             raise MalformedStream(f"the engine sent a line that is not SSE: {line[:60]!r}")

@@ -115,18 +115,29 @@ class _Interval:
                 reservoir = self.samples.get(key)
                 if reservoir is None:
                     reservoir = self.samples[key] = _Reservoir(
-                        contract.MAX_SAMPLES_PER_RECORD, self.rng)
+                        contract.MAX_SAMPLES_PER_RECORD, self.rng
+                    )
                 reservoir.add(value)
 
-    def record(self, cluster: str, router: str, end: float,
-               peaks: dict[str, tuple[float, float, float]]) -> contract.MetricsRecord:
-        arms = {name: contract.ArmMetrics(
-                    policy=policy, requests=c.requests, errors=c.errors,
-                    output_tokens=c.output_tokens, hotspot_fallbacks=c.fallbacks)
-                for name, (policy, c) in self.arms.items()}
-        instances = {name: contract.InstanceMetrics(
-                         requests=c.requests, errors=c.errors, output_tokens=c.output_tokens)
-                     for name, c in self.instances.items()}
+    def record(
+        self, cluster: str, router: str, end: float, peaks: dict[str, tuple[float, float, float]]
+    ) -> contract.MetricsRecord:
+        arms = {
+            name: contract.ArmMetrics(
+                policy=policy,
+                requests=c.requests,
+                errors=c.errors,
+                output_tokens=c.output_tokens,
+                hotspot_fallbacks=c.fallbacks,
+            )
+            for name, (policy, c) in self.arms.items()
+        }
+        instances = {
+            name: contract.InstanceMetrics(
+                requests=c.requests, errors=c.errors, output_tokens=c.output_tokens
+            )
+            for name, c in self.instances.items()
+        }
         for (scope, name, metric), reservoir in self.samples.items():
             target = arms[name] if scope == "arm" else instances[name]
             setattr(target, f"{metric}_s", reservoir.values)
@@ -135,9 +146,15 @@ class _Interval:
             inst.pending_prefill_tokens_max = pending
             inst.batch_size_max = batch
             inst.kv_usage_max = kv
-        return contract.MetricsRecord(id=_new_id(), cluster=cluster, router=router,
-                                      start=self.start, end=end, arms=arms,
-                                      instances=instances)
+        return contract.MetricsRecord(
+            id=_new_id(),
+            cluster=cluster,
+            router=router,
+            start=self.start,
+            end=end,
+            arms=arms,
+            instances=instances,
+        )
 
 
 def _new_id() -> str:
@@ -152,8 +169,9 @@ SnapshotSource = Callable[[], dict[str, Any]]
 class Telemetry:
     """In-memory aggregates plus the Redis writer task (when a Redis URL is given)."""
 
-    def __init__(self, router: str, redis_url: str | None,
-                 on_dropped: Callable[[int], None] | None = None) -> None:
+    def __init__(
+        self, router: str, redis_url: str | None, on_dropped: Callable[[int], None] | None = None
+    ) -> None:
         self.router = router
         self.cluster = "default"
         self.redis_url = redis_url
@@ -214,9 +232,14 @@ class Telemetry:
         window = self.window_stats(now)
         window.load_cv = source.get("load_cv")
         return contract.StateSnapshot(
-            ts=now, cluster=self.cluster, router=self.router,
-            config_version=source.get("config_version"), policy=source.get("policy", ""),
-            instances=source.get("instances", []), window=window, arms=arms,
+            ts=now,
+            cluster=self.cluster,
+            router=self.router,
+            config_version=source.get("config_version"),
+            policy=source.get("policy", ""),
+            instances=source.get("instances", []),
+            window=window,
+            arms=arms,
             hotspots=source.get("hotspots", []),
         )
 
@@ -249,9 +272,11 @@ class Telemetry:
     async def _write(self, now: float) -> None:
         try:
             redis = self._client()
-            await redis.set(contract.state_key(self.cluster, self.router),
-                            contract.dumps_state(self.state_snapshot(now)),
-                            ex=contract.STATE_TTL_S)
+            await redis.set(
+                contract.state_key(self.cluster, self.router),
+                contract.dumps_state(self.state_snapshot(now)),
+                ex=contract.STATE_TTL_S,
+            )
             await self._flush(redis)
             self._set_connected(True)
         except Exception as error:  # Redis down or misbehaving: keep routing, retry later
@@ -270,8 +295,9 @@ class Telemetry:
             batch = [queue[i] for i in range(min(FLUSH_BATCH, len(queue)))]
             pipe = redis.pipeline(transaction=False)
             for item in batch:
-                pipe.xadd(stream, item.to_stream_fields(), maxlen=contract.STREAM_MAXLEN,
-                          approximate=True)
+                pipe.xadd(
+                    stream, item.to_stream_fields(), maxlen=contract.STREAM_MAXLEN, approximate=True
+                )
             await pipe.execute()
             for _ in batch:  # only what Redis accepted leaves the buffer
                 queue.popleft()
@@ -284,8 +310,12 @@ class Telemetry:
         self._decisions.clear()  # taken out first: requests may add more during the write
         pipe = redis.pipeline(transaction=False)
         for record in batch:
-            pipe.xadd(contract.decisions_stream(record.cluster), record.to_stream_fields(),
-                      maxlen=contract.DECISIONS_STREAM_MAXLEN, approximate=True)
+            pipe.xadd(
+                contract.decisions_stream(record.cluster),
+                record.to_stream_fields(),
+                maxlen=contract.DECISIONS_STREAM_MAXLEN,
+                approximate=True,
+            )
         for cluster in {record.cluster for record in batch}:
             pipe.expire(contract.decisions_stream(cluster), contract.DECISIONS_STREAM_TTL_S)
         try:
@@ -303,7 +333,8 @@ class Telemetry:
 
             assert self.redis_url is not None, "only called with Redis configured"
             self._redis = aioredis.Redis.from_url(
-                self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5)
+                self.redis_url, socket_timeout=0.5, socket_connect_timeout=0.5
+            )
         return self._redis
 
     def _set_connected(self, connected: bool, error: Exception | None = None) -> None:
@@ -330,10 +361,14 @@ def _window_stats(samples: list[RequestSample]) -> contract.WindowStats:
     prompt = sum(s.prompt_tokens for s in samples)
     cached = sum(s.cached_tokens for s in samples)
     return contract.WindowStats(
-        seconds=WINDOW_S, requests=len(samples), errors=sum(not s.ok for s in samples),
+        seconds=WINDOW_S,
+        requests=len(samples),
+        errors=sum(not s.ok for s in samples),
         requests_per_s=len(samples) / span,
         output_tokens_per_s=sum(s.output_tokens for s in samples) / span,
-        ttft_p50_s=percentile(ttft, 50), ttft_p99_s=percentile(ttft, 99),
-        tpot_p50_s=percentile(tpot, 50), tpot_p99_s=percentile(tpot, 99),
+        ttft_p50_s=percentile(ttft, 50),
+        ttft_p99_s=percentile(ttft, 99),
+        tpot_p50_s=percentile(tpot, 50),
+        tpot_p99_s=percentile(tpot, 99),
         hit_ratio=(cached / prompt) if prompt else None,
     )

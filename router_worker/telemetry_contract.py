@@ -97,10 +97,12 @@ class RouterEvent(_Record):
     payload: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
-    def new(cls, cluster: str, router: str, kind: EventKind, at: float, **payload: Any
-            ) -> RouterEvent:
-        return cls(id=uuid.uuid4().hex, cluster=cluster, router=router, kind=kind, at=at,
-                   payload=payload)
+    def new(
+        cls, cluster: str, router: str, kind: EventKind, at: float, **payload: Any
+    ) -> RouterEvent:
+        return cls(
+            id=uuid.uuid4().hex, cluster=cluster, router=router, kind=kind, at=at, payload=payload
+        )
 
     def to_stream_fields(self) -> dict[str, str]:
         return {"data": self.model_dump_json()}

@@ -49,8 +49,9 @@ PAUSE_CHUNKS = 256  # stop reading from the engine when the client lags this far
 DEFAULT_MAX_HEADER_BYTES = 64 * 1024
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 # errno values that mean the router itself is out of a resource, not that the peer failed.
-LOCAL_EXHAUSTION_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM,
-                                     errno.EADDRNOTAVAIL})
+LOCAL_EXHAUSTION_ERRNOS = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.EADDRNOTAVAIL}
+)
 
 
 class ResponseTooLarge(httpx.RemoteProtocolError):
@@ -77,7 +78,8 @@ def is_local_exhaustion(error: BaseException) -> bool:
         if seen is None:
             return False
         if isinstance(seen, LocalExhaustion) or (
-                isinstance(seen, OSError) and seen.errno in LOCAL_EXHAUSTION_ERRNOS):
+            isinstance(seen, OSError) and seen.errno in LOCAL_EXHAUSTION_ERRNOS
+        ):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
@@ -141,17 +143,24 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         self._disarm()
         if not self.complete:
-            self._fail(httpx.RemoteProtocolError(
-                "peer closed connection without sending complete message body"
-                if self.head_complete else "server disconnected without sending a response"))
+            self._fail(
+                httpx.RemoteProtocolError(
+                    "peer closed connection without sending complete message body"
+                    if self.head_complete
+                    else "server disconnected without sending a response"
+                )
+            )
 
     # ----- httptools callbacks -----------------------------------------------------------
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_bytes += len(name) + len(value) + 4
         if self.header_bytes > self.max_header_bytes:
-            self._fail(ResponseTooLarge(
-                f"the engine's response head is over {self.max_header_bytes} bytes",
-                "response_headers_too_large"))
+            self._fail(
+                ResponseTooLarge(
+                    f"the engine's response head is over {self.max_header_bytes} bytes",
+                    "response_headers_too_large",
+                )
+            )
             raise _StopParsing
         self.headers.append((name, value))
 
@@ -219,8 +228,10 @@ class _Connection(asyncio.Protocol):
             self.timer = self.loop.call_at(self._due(), self._on_timer)
 
     def _deadline_error(self) -> ResponseDeadline:
-        return ResponseDeadline(f"the answer took longer than its {self.deadline_s:g} s "
-                                "deadline (router.response_deadline_s)")
+        return ResponseDeadline(
+            f"the answer took longer than its {self.deadline_s:g} s "
+            "deadline (router.response_deadline_s)"
+        )
 
     def _disarm(self) -> None:
         if self.timer is not None:
@@ -270,11 +281,24 @@ class UpstreamResponse:
 
     ``aclose()`` must be called: it returns the connection to the pool (or closes it)."""
 
-    __slots__ = ("conn", "headers", "key", "max_body", "pool", "read_timeout", "released",
-                 "status_code")
+    __slots__ = (
+        "conn",
+        "headers",
+        "key",
+        "max_body",
+        "pool",
+        "read_timeout",
+        "released",
+        "status_code",
+    )
 
-    def __init__(self, pool: FastTransport, key: tuple[str, int], conn: _Connection,
-                 read_timeout: float | None) -> None:
+    def __init__(
+        self,
+        pool: FastTransport,
+        key: tuple[str, int],
+        conn: _Connection,
+        read_timeout: float | None,
+    ) -> None:
         self.pool, self.key, self.conn, self.read_timeout = pool, key, conn, read_timeout
         self.max_body = pool.max_body_bytes
         self.status_code: int = conn.parser.get_status_code()
@@ -348,8 +372,7 @@ class HttpxUpstream:
 
     __slots__ = ("chunks", "deadline", "max_body", "response", "status_code")
 
-    def __init__(self, response: httpx.Response, max_body: int,
-                 deadline: float | None) -> None:
+    def __init__(self, response: httpx.Response, max_body: int, deadline: float | None) -> None:
         self.response = response
         self.status_code = response.status_code
         self.chunks = response.aiter_raw()
@@ -367,8 +390,9 @@ class HttpxUpstream:
         except StopAsyncIteration:
             return None
         except TimeoutError:
-            raise ResponseDeadline("the answer took longer than its deadline "
-                                   "(router.response_deadline_s)") from None
+            raise ResponseDeadline(
+                "the answer took longer than its deadline (router.response_deadline_s)"
+            ) from None
 
     finished = False  # httpx's stream says so only by ending
 
@@ -384,8 +408,9 @@ class HttpxUpstream:
             parts.append(chunk)
         data = b"".join(parts)
         if data and self.header(b"content-encoding", b"identity").strip().lower() != b"identity":
-            data = httpx.Response(self.status_code, headers=self.response.headers,
-                                  content=data).content
+            data = httpx.Response(
+                self.status_code, headers=self.response.headers, content=data
+            ).content
         return data
 
     async def aclose(self) -> None:
@@ -412,13 +437,25 @@ class Target:
     deadline_s: float | None = None  # total time for the answer, from sending the request
 
 
-def make_target(url: str, headers: Sequence[tuple[bytes, bytes]], connect_timeout: float | None,
-                read_timeout: float | None, deadline_s: float | None = None) -> Target:
+def make_target(
+    url: str,
+    headers: Sequence[tuple[bytes, bytes]],
+    connect_timeout: float | None,
+    read_timeout: float | None,
+    deadline_s: float | None = None,
+) -> Target:
     parsed = httpx.URL(url)
     lines = [b"POST " + parsed.raw_path + b" HTTP/1.1\r\n", b"Host: " + parsed.netloc + b"\r\n"]
     lines += [name + b": " + value + b"\r\n" for name, value in headers]
-    return Target(parsed, (parsed.host, parsed.port or 80), b"".join(lines), tuple(headers),
-                  connect_timeout, read_timeout, deadline_s)
+    return Target(
+        parsed,
+        (parsed.host, parsed.port or 80),
+        b"".join(lines),
+        tuple(headers),
+        connect_timeout,
+        read_timeout,
+        deadline_s,
+    )
 
 
 class _Body(httpx.AsyncByteStream):
@@ -460,51 +497,94 @@ class FastTransport(httpx.AsyncBaseTransport):
         timeouts = request.extensions.get("timeout", {})
         body = await request.aread()
         head = _request_head(request, len(body))
-        response = await self.open((url.host, url.port or 80), head, body,
-                                   timeouts.get("connect"), timeouts.get("read"))
-        return httpx.Response(response.status_code, headers=response.headers,
-                              stream=_Body(response), extensions={"http_version": b"HTTP/1.1"})
+        response = await self.open(
+            (url.host, url.port or 80), head, body, timeouts.get("connect"), timeouts.get("read")
+        )
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            stream=_Body(response),
+            extensions={"http_version": b"HTTP/1.1"},
+        )
 
-    async def post(self, target: Target, headers: Sequence[tuple[bytes, bytes]],
-                   body: bytes, on_sent: Callable[[], None] | None = None) -> Upstream:
+    async def post(
+        self,
+        target: Target,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        on_sent: Callable[[], None] | None = None,
+    ) -> Upstream:
         """POST ``body`` to ``target`` with its fixed headers plus ``headers``; returns once
         the response head is in (httpx exceptions on failure, as ``open``). ``on_sent``:
         see ``open``."""
         if target.url.scheme != "http":
             return await self._post_fallback(target, headers, body, on_sent)
-        head = b"".join([target.head, *[name + b": " + value + b"\r\n" for name, value in headers],
-                         b"Content-Length: %d\r\n\r\n" % len(body)])
-        return await self.open(target.key, head, body, target.connect_timeout,
-                               target.read_timeout, on_sent, target.deadline_s)
+        head = b"".join(
+            [
+                target.head,
+                *[name + b": " + value + b"\r\n" for name, value in headers],
+                b"Content-Length: %d\r\n\r\n" % len(body),
+            ]
+        )
+        return await self.open(
+            target.key,
+            head,
+            body,
+            target.connect_timeout,
+            target.read_timeout,
+            on_sent,
+            target.deadline_s,
+        )
 
-    async def _post_fallback(self, target: Target, headers: Sequence[tuple[bytes, bytes]],
-                             body: bytes, on_sent: Callable[[], None] | None) -> Upstream:
+    async def _post_fallback(
+        self,
+        target: Target,
+        headers: Sequence[tuple[bytes, bytes]],
+        body: bytes,
+        on_sent: Callable[[], None] | None,
+    ) -> Upstream:
         """https (or anything not plain http) through httpx's own transport."""
         if on_sent is not None:
             on_sent()
         request = httpx.Request(
-            "POST", target.url, content=body, headers=[*target.fixed_headers, *headers],
-            extensions={"timeout": {"connect": target.connect_timeout,
-                                    "read": target.read_timeout, "write": 30.0,
-                                    "pool": target.connect_timeout}})
+            "POST",
+            target.url,
+            content=body,
+            headers=[*target.fixed_headers, *headers],
+            extensions={
+                "timeout": {
+                    "connect": target.connect_timeout,
+                    "read": target.read_timeout,
+                    "write": 30.0,
+                    "pool": target.connect_timeout,
+                }
+            },
+        )
         loop = asyncio.get_running_loop()
         deadline = None if target.deadline_s is None else loop.time() + target.deadline_s
         try:
             async with asyncio.timeout_at(deadline):
                 response = await self.fallback.handle_async_request(request)
         except TimeoutError:
-            raise ResponseDeadline("no answer within the deadline "
-                                   "(router.response_deadline_s)") from None
+            raise ResponseDeadline(
+                "no answer within the deadline (router.response_deadline_s)"
+            ) from None
         except httpx.ConnectError as error:
             if is_local_exhaustion(error):
                 raise LocalExhaustion(str(error)) from error
             raise
         return HttpxUpstream(response, self.max_body_bytes, deadline)
 
-    async def open(self, key: tuple[str, int], head: bytes, body: bytes,
-                   connect_timeout: float | None, read_timeout: float | None,
-                   on_sent: Callable[[], None] | None = None,
-                   deadline_s: float | None = None) -> UpstreamResponse:
+    async def open(
+        self,
+        key: tuple[str, int],
+        head: bytes,
+        body: bytes,
+        connect_timeout: float | None,
+        read_timeout: float | None,
+        on_sent: Callable[[], None] | None = None,
+        deadline_s: float | None = None,
+    ) -> UpstreamResponse:
         """Send ``head`` + ``body`` (a complete HTTP/1.1 request, Content-Length included)
         to ``key`` = (host, port) on a pooled connection; return once the response head is
         in. Raises httpx's ``ConnectError``, ``ConnectTimeout``, ``ReadTimeout``,
@@ -532,9 +612,15 @@ class FastTransport(httpx.AsyncBaseTransport):
             await self._send(conn, head, body, read_timeout, _nothing, deadline_s)
         return UpstreamResponse(self, key, conn, read_timeout)
 
-    async def _send(self, conn: _Connection, head: bytes, body: bytes,
-                    read_timeout: float | None, on_sent: Callable[[], None],
-                    deadline_s: float | None) -> None:
+    async def _send(
+        self,
+        conn: _Connection,
+        head: bytes,
+        body: bytes,
+        read_timeout: float | None,
+        on_sent: Callable[[], None],
+        deadline_s: float | None,
+    ) -> None:
         conn.start_request(self.max_header_bytes, deadline_s)
         assert conn.transport is not None
         conn.transport.write(head + body if len(body) < 65536 else head)
@@ -555,8 +641,7 @@ class FastTransport(httpx.AsyncBaseTransport):
                 return conn
         return None
 
-    async def _connect(self, key: tuple[str, int],
-                       connect_timeout: float | None) -> _Connection:
+    async def _connect(self, key: tuple[str, int], connect_timeout: float | None) -> _Connection:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(connect_timeout):
@@ -565,8 +650,9 @@ class FastTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(f"connect to {key[0]}:{key[1]} timed out") from None
         except OSError as error:
             if error.errno in LOCAL_EXHAUSTION_ERRNOS:
-                raise LocalExhaustion(f"the router is out of resources to connect to "
-                                      f"{key[0]}:{key[1]}: {error}") from None
+                raise LocalExhaustion(
+                    f"the router is out of resources to connect to {key[0]}:{key[1]}: {error}"
+                ) from None
             raise httpx.ConnectError(str(error) or "connection failed") from None
         return conn
 

@@ -63,9 +63,12 @@ def positive_env(name: str, default: str) -> float:
 
 
 TIME_SCALE = positive_env("SWITCHYARD_DEMO_TIME_SCALE", "2")
-TRACE = Path(os.environ.get(
-    "SWITCHYARD_DEMO_TRACE",
-    ROOT.parent / "shared" / "traces" / "mooncake_conversation_t0-2700s.jsonl"))
+TRACE = Path(
+    os.environ.get(
+        "SWITCHYARD_DEMO_TRACE",
+        ROOT.parent / "shared" / "traces" / "mooncake_conversation_t0-2700s.jsonl",
+    )
+)
 # The evaluation matrix calibrates this trace on 16 x H20 at busy = 0.82 * rate^0.81
 # (bench/replay_report/README.md): 0.68 gives about 60% busy, where queues form and the
 # policy decides how long they get, without the overload of the trace's own rate.
@@ -98,8 +101,9 @@ class Service:
 
     def start(self, env: dict[str, str]) -> None:
         # its own process group: stopping it reaches Celery's pool and uvicorn's children
-        self.managed = ManagedProcess(self.argv, env=env, log=self.log_path, cwd=ROOT,
-                                      new_session=True).start()
+        self.managed = ManagedProcess(
+            self.argv, env=env, log=self.log_path, cwd=ROOT, new_session=True
+        ).start()
 
     def exited(self) -> int | None:
         return None if self.managed is None else self.managed.poll()
@@ -140,11 +144,26 @@ def stack_env() -> dict[str, str]:
 def seed(env: dict[str, str]) -> dict[str, str]:
     """Seed the demo cluster; returns {"cluster": id, "operator": pw, "admin": pw}."""
     out = subprocess.run(
-        [PYTHON, "manage.py", "seed_demo", "--instances", str(INSTANCES),
-         "--engine-base-port", str(ENGINE_BASE_PORT),
-         "--kv-events-base-port", str(KV_EVENTS_BASE_PORT),
-         "--router-host", ROUTER_HOST_NAME, "--router-port", str(ROUTER_PORT)],
-        cwd=ROOT, env=env, check=True, capture_output=True, text=True,
+        [
+            PYTHON,
+            "manage.py",
+            "seed_demo",
+            "--instances",
+            str(INSTANCES),
+            "--engine-base-port",
+            str(ENGINE_BASE_PORT),
+            "--kv-events-base-port",
+            str(KV_EVENTS_BASE_PORT),
+            "--router-host",
+            ROUTER_HOST_NAME,
+            "--router-port",
+            str(ROUTER_PORT),
+        ],
+        cwd=ROOT,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     values = {}
     for line in out.stdout.splitlines():
@@ -156,36 +175,119 @@ def seed(env: dict[str, str]) -> dict[str, str]:
 def stack_services() -> list[Service]:
     celery = [str(BIN / "celery"), "-A", "controlplane"]
     return [
-        Service("engines", [PYTHON, "-m", "enginesim", "serve", "--instances", str(INSTANCES),
-                            "--base-port", str(ENGINE_BASE_PORT), "--gpu", "h20",
-                            "--model", "qwen2-7b", "--time-scale", str(TIME_SCALE),
-                            # Qwen2-7B's 128k context (YaRN), as in the evaluation matrix:
-                            # the trace's long prompts are served, not refused
-                            "--max-model-len", str(MAX_MODEL_LEN),
-                            "--kv-events", f"tcp://127.0.0.1:{KV_EVENTS_BASE_PORT}",
-                            "--admin-port", str(ENGINE_ADMIN_PORT),
-                            "--global-tier-blocks", str(TIER_BLOCKS)]),
-        Service("web", [str(BIN / "uvicorn"), "controlplane.asgi:application",
-                        "--host", HOST, "--port", str(PORT), "--no-access-log"]),
+        Service(
+            "engines",
+            [
+                PYTHON,
+                "-m",
+                "enginesim",
+                "serve",
+                "--instances",
+                str(INSTANCES),
+                "--base-port",
+                str(ENGINE_BASE_PORT),
+                "--gpu",
+                "h20",
+                "--model",
+                "qwen2-7b",
+                "--time-scale",
+                str(TIME_SCALE),
+                # Qwen2-7B's 128k context (YaRN), as in the evaluation matrix:
+                # the trace's long prompts are served, not refused
+                "--max-model-len",
+                str(MAX_MODEL_LEN),
+                "--kv-events",
+                f"tcp://127.0.0.1:{KV_EVENTS_BASE_PORT}",
+                "--admin-port",
+                str(ENGINE_ADMIN_PORT),
+                "--global-tier-blocks",
+                str(TIER_BLOCKS),
+            ],
+        ),
+        Service(
+            "web",
+            [
+                str(BIN / "uvicorn"),
+                "controlplane.asgi:application",
+                "--host",
+                HOST,
+                "--port",
+                str(PORT),
+                "--no-access-log",
+            ],
+        ),
         Service("publisher", [PYTHON, "manage.py", "run_publisher"]),
-        Service("worker", [*celery, "worker", "-Q", "default", "-c", "1",
-                           "-n", "general@%h", "--loglevel", "INFO"]),
-        Service("replays", [*celery, "worker", "-Q", "replays", "-c", "1",
-                            "-n", "replays@%h", "--loglevel", "INFO"]),
-        Service("routers", [*celery, "worker", "-Q", f"routers,routers.{ROUTER_HOST_NAME}",
-                            "-P", "solo", "-n", "routers@%h", "--supervise-routers",
-                            "--loglevel", "INFO"]),
-        Service("beat", [*celery, "beat", "--loglevel", "INFO",
-                         "-s", str(VAR / "celerybeat-schedule")]),
+        Service(
+            "worker",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                "default",
+                "-c",
+                "1",
+                "-n",
+                "general@%h",
+                "--loglevel",
+                "INFO",
+            ],
+        ),
+        Service(
+            "replays",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                "replays",
+                "-c",
+                "1",
+                "-n",
+                "replays@%h",
+                "--loglevel",
+                "INFO",
+            ],
+        ),
+        Service(
+            "routers",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                f"routers,routers.{ROUTER_HOST_NAME}",
+                "-P",
+                "solo",
+                "-n",
+                "routers@%h",
+                "--supervise-routers",
+                "--loglevel",
+                "INFO",
+            ],
+        ),
+        Service(
+            "beat", [*celery, "beat", "--loglevel", "INFO", "-s", str(VAR / "celerybeat-schedule")]
+        ),
     ]
 
 
 def loadgen_service() -> Service:
     # The engines run TIME_SCALE times slower than an H20, so the trace is replayed that
     # much slower too: the cluster sees RATE times the trace's real relative load.
-    return Service("loadgen", [PYTHON, "-m", "enginesim", "loadgen", "--trace", str(TRACE),
-                               "--target", f"http://127.0.0.1:{ROUTER_PORT}",
-                               "--rate-scale", f"{RATE / TIME_SCALE:g}", "--loop"])
+    return Service(
+        "loadgen",
+        [
+            PYTHON,
+            "-m",
+            "enginesim",
+            "loadgen",
+            "--trace",
+            str(TRACE),
+            "--target",
+            f"http://127.0.0.1:{ROUTER_PORT}",
+            "--rate-scale",
+            f"{RATE / TIME_SCALE:g}",
+            "--loop",
+        ],
+    )
 
 
 def http_ok(url: str) -> bool:
@@ -218,8 +320,10 @@ class StackFailed(Exception):
     def describe(self) -> str:
         if self.service is None:
             return f"{self.message}; see the logs in {VAR / 'log'}"
-        return (f"{self.service.name} exited with code {self.service.exited()}; last lines "
-                f"of {self.service.log_path}:\n{self.service.tail()}")
+        return (
+            f"{self.service.name} exited with code {self.service.exited()}; last lines "
+            f"of {self.service.log_path}:\n{self.service.tail()}"
+        )
 
 
 def stop_all(running: list[Service]) -> None:
@@ -242,19 +346,24 @@ def supervise(running: list[Service]) -> None:
 
 def banner(logins: dict[str, str]) -> str:
     base = f"http://{HOST}:{PORT}"
-    return (f"\nSwitchyard is up on a simulated {INSTANCES} x H20 cluster "
-            f"(time scale {TIME_SCALE:g}: engines run {TIME_SCALE:g}x slower than real).\n"
-            f"  dashboard: {base}/clusters/{logins['cluster']}/\n"
-            f"  login:     operator / {logins['operator']}   (admin / {logins['admin']})\n"
-            f"  router:    http://127.0.0.1:{ROUTER_PORT}/v1  (OpenAI-compatible)\n"
-            f"  load:      replaying {TRACE.name} in a loop at {RATE:g}x its rate\n"
-            f"  logs:      {VAR / 'log'}\nPress Ctrl-C to stop everything.\n")
+    return (
+        f"\nSwitchyard is up on a simulated {INSTANCES} x H20 cluster "
+        f"(time scale {TIME_SCALE:g}: engines run {TIME_SCALE:g}x slower than real).\n"
+        f"  dashboard: {base}/clusters/{logins['cluster']}/\n"
+        f"  login:     operator / {logins['operator']}   (admin / {logins['admin']})\n"
+        f"  router:    http://127.0.0.1:{ROUTER_PORT}/v1  (OpenAI-compatible)\n"
+        f"  load:      replaying {TRACE.name} in a loop at {RATE:g}x its rate\n"
+        f"  logs:      {VAR / 'log'}\nPress Ctrl-C to stop everything.\n"
+    )
 
 
 def run(running: list[Service]) -> int:
     if not TRACE.is_file():
-        print(f"The demo trace {TRACE} is missing: set SWITCHYARD_DEMO_TRACE to a trace file "
-              "(see ../shared/traces/README.md).", file=sys.stderr)
+        print(
+            f"The demo trace {TRACE} is missing: set SWITCHYARD_DEMO_TRACE to a trace file "
+            "(see ../shared/traces/README.md).",
+            file=sys.stderr,
+        )
         return 1
     env = stack_env()
     logins = seed(env)

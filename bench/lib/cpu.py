@@ -39,16 +39,17 @@ def set_cpus(pid: int, cpus: set[int]) -> None:
 
 PLACEMENTS = {
     "engines-apart": "engines on CPU 0; client and routers on the others (the engines run "
-                     "alike in both arms; the router's CPU is taken from the client's)",
+    "alike in both arms; the router's CPU is taken from the client's)",
     "router-apart": "routers on the last CPU; engines and client on the others (the router "
-                    "as deployed, on cores of its own; it also relieves the client)",
+    "as deployed, on cores of its own; it also relieves the client)",
     "shared": "no pinning: client, engines and routers share every CPU",
 }
 
 
 @contextlib.contextmanager
-def placed(placement: str, engines: subprocess.Popen[bytes],
-           routers: list[subprocess.Popen[bytes]]) -> Iterator[str]:
+def placed(
+    placement: str, engines: subprocess.Popen[bytes], routers: list[subprocess.Popen[bytes]]
+) -> Iterator[str]:
     """Pin the processes for the TTFT rows (see PLACEMENTS), then unpin them all."""
     every = os.sched_getaffinity(0)
     if placement == "shared" or len(every) < 2:

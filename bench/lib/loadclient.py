@@ -80,14 +80,17 @@ class Client:
     def __init__(self) -> None:
         self.connections: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
 
-    async def request(self, port: int, body: bytes, request_id: str,
-                      session: str | None = None) -> Outcome | None:
+    async def request(
+        self, port: int, body: bytes, request_id: str, session: str | None = None
+    ) -> Outcome | None:
         """Send one request with ``X-Request-Id: request_id`` (and ``X-Session-ID:
         session``); None when it failed."""
         extra = b"X-Session-ID: %s\r\n" % session.encode() if session else b""
-        head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                b"Content-Type: application/json\r\nX-Request-Id: %s\r\n%s"
-                b"Content-Length: %d\r\n\r\n" % (request_id.encode(), extra, len(body)))
+        head = (
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nX-Request-Id: %s\r\n%s"
+            b"Content-Length: %d\r\n\r\n" % (request_id.encode(), extra, len(body))
+        )
         for _ in range(2):
             reused = port in self.connections
             if reused and self.connections[port][0].at_eof():
@@ -176,9 +179,17 @@ def system_prompt(nonce: int, words: int) -> str:
     return f"system {nonce} " + " ".join(f"rule{k}" for k in range(words - 2)) + " "
 
 
-async def run_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
-                   max_tokens: int, prompt_words: int = 60, warmup: float = 0.0,
-                   shared_words: int = 0, sessions: list[str] | None = None) -> Run:
+async def run_loop(
+    ports: list[int],
+    concurrency: int,
+    duration: float,
+    stream: bool,
+    max_tokens: int,
+    prompt_words: int = 60,
+    warmup: float = 0.0,
+    shared_words: int = 0,
+    sessions: list[str] | None = None,
+) -> Run:
     """``concurrency`` workers, each sending its next request when the last one ends,
     for ``duration`` s. With ``warmup``, the workers start spread over that many seconds
     (not all at once: a burst of simultaneous arrivals is not the steady state) and what
@@ -202,10 +213,12 @@ async def run_loop(ports: list[int], concurrency: int, duration: float, stream: 
         while time.perf_counter() < deadline:
             request_id = f"{nonce}-{n}-{k}"
             prompt = make_prompt(shared, f"run {nonce} client {n} request {k}", prompt_words)
-            body = json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": max_tokens,
-                               "stream": stream}).encode()
-            outcome = await client.request(ports[next(turns) % len(ports)], body, request_id,
-                                           sessions[n] if sessions else None)
+            body = json.dumps(
+                {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+            ).encode()
+            outcome = await client.request(
+                ports[next(turns) % len(ports)], body, request_id, sessions[n] if sessions else None
+            )
             if outcome is None:
                 run.failures += 1
             elif outcome.sent >= begin + warmup:
@@ -219,7 +232,8 @@ async def run_loop(ports: list[int], concurrency: int, duration: float, stream: 
     return run
 
 
-async def closed_loop(ports: list[int], concurrency: int, duration: float, stream: bool,
-                      max_tokens: int) -> tuple[list[float], int, float]:
+async def closed_loop(
+    ports: list[int], concurrency: int, duration: float, stream: bool, max_tokens: int
+) -> tuple[list[float], int, float]:
     run = await run_loop(ports, concurrency, duration, stream, max_tokens)
     return run.samples, run.failures, run.elapsed

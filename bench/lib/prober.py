@@ -57,8 +57,7 @@ def sessions_in_arm(prefix: str, low: float, high: float) -> Iterator[str]:
     def point(key: str) -> float:  # as the router derives it from the header
         return session_point(session_key_from_request({"x-session-id": key}, {}) or "")
 
-    return (key for key in (f"{prefix}-{k}" for k in itertools.count())
-            if low <= point(key) < high)
+    return (key for key in (f"{prefix}-{k}" for k in itertools.count()) if low <= point(key) < high)
 
 
 @dataclass(frozen=True)
@@ -91,9 +90,14 @@ async def probe_loop(plan: ProbePlan) -> list[tuple[str, Outcome | None]]:
                 break
             path = ("routed", "direct")[(n + k) % 2]
             request_id = f"probe-{nonce}-{n}-{k}"
-            body = json.dumps({"model": MODEL, "max_tokens": PROBE_MAX_TOKENS, "stream": True,
-                               "prompt": make_prompt(shared, f"probe {request_id}",
-                                                     plan.prompt_words)}).encode()
+            body = json.dumps(
+                {
+                    "model": MODEL,
+                    "max_tokens": PROBE_MAX_TOKENS,
+                    "stream": True,
+                    "prompt": make_prompt(shared, f"probe {request_id}", plan.prompt_words),
+                }
+            ).encode()
             if path == "routed":
                 outcome = await client.request(plan.router_port, body, request_id, plan.session)
             else:
@@ -125,8 +129,9 @@ class ProbeResult:
     steal: float
 
 
-def probe_transits(results: list[tuple[str, Outcome | None]], probe: ProbeEngine
-                   ) -> tuple[list[float], list[float], list[float], int]:
+def probe_transits(
+    results: list[tuple[str, Outcome | None]], probe: ProbeEngine
+) -> tuple[list[float], list[float], list[float], int]:
     """Transits (s) of the routed and the direct probes, the probe engine's TTFTs (s) and
     the number of failed probes."""
     paths: dict[str, Run] = {"routed": Run(True), "direct": Run(True)}
@@ -137,5 +142,9 @@ def probe_transits(results: list[tuple[str, Outcome | None]], probe: ProbeEngine
         else:
             paths[path].outcomes.append(outcome)
     engine_ttft = probe.log.engine_ttft(paths["routed"]) | probe.log.engine_ttft(paths["direct"])
-    return (transit(paths["routed"], engine_ttft), transit(paths["direct"], engine_ttft),
-            list(engine_ttft.values()), failures)
+    return (
+        transit(paths["routed"], engine_ttft),
+        transit(paths["direct"], engine_ttft),
+        list(engine_ttft.values()),
+        failures,
+    )

@@ -42,9 +42,11 @@ class EngineLog:
         deadline = time.monotonic() + wait
         while True:
             self._read()
-            found = {rid: rec["first_token"] - rec["arrival"]
-                     for rid in wanted
-                     if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]}
+            found = {
+                rid: rec["first_token"] - rec["arrival"]
+                for rid in wanted
+                if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]
+            }
             if len(found) == len(wanted) or time.monotonic() > deadline:
                 return found
             time.sleep(0.05)
@@ -93,40 +95,82 @@ def cluster(time_scale: float, workdir: Path, probe_url: str | None = None) -> I
         started.stop()
 
 
-def start_engines(count: int, time_scale: float,
-                  workdir: Path) -> tuple[list[int], subprocess.Popen[bytes], EngineLog]:
+def start_engines(
+    count: int, time_scale: float, workdir: Path
+) -> tuple[list[int], subprocess.Popen[bytes], EngineLog]:
     """One enginesim process serving ``count`` instances, with its request log."""
     base = free_ports(count)
     log = workdir / f"engine-requests-{base}.jsonl"
     engines = start_process(
-        [sys.executable, "-m", "enginesim", "serve", "--instances", str(count),
-         "--base-port", str(base), "--time-scale", str(time_scale), "--request-log", str(log)],
-        cwd=REPO, stdin=None, stderr=None)
+        [
+            sys.executable,
+            "-m",
+            "enginesim",
+            "serve",
+            "--instances",
+            str(count),
+            "--base-port",
+            str(base),
+            "--time-scale",
+            str(time_scale),
+            "--request-log",
+            str(log),
+        ],
+        cwd=REPO,
+        stdin=None,
+        stderr=None,
+    )
     return [base + k for k in range(count)], engines, EngineLog(log)
 
 
-def start_router(ports: list[int], policy: str, workdir: Path,
-                 probe_url: str | None = None) -> tuple[int, Any]:
+def start_router(
+    ports: list[int], policy: str, workdir: Path, probe_url: str | None = None
+) -> tuple[int, Any]:
     """A router over ``ports``. With ``probe_url``: a canary config whose ``load`` arm
     (weight 99) holds the engines and whose ``probe`` arm (weight 1) holds only the probe
     engine, both under ``policy``; requests pick their arm by ``X-Session-ID``."""
     spec = {"kind": policy, "params": {}}
     instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(ports)]
-    config: dict[str, Any] = {"model": MODEL, "policy": spec, "instances": instances,
-                              "router": {"max_concurrency": 4096}}
+    config: dict[str, Any] = {
+        "model": MODEL,
+        "policy": spec,
+        "instances": instances,
+        "router": {"max_concurrency": 4096},
+    }
     if probe_url:
         config["instances"] = [*instances, {"name": "probe", "url": probe_url}]
-        config["canary"] = {"arms": [
-            {"name": "load", "policy": spec, "weight": 99,
-             "instances": [i["name"] for i in instances]},
-            {"name": "probe", "policy": spec, "weight": 1, "instances": ["probe"]}]}
+        config["canary"] = {
+            "arms": [
+                {
+                    "name": "load",
+                    "policy": spec,
+                    "weight": 99,
+                    "instances": [i["name"] for i in instances],
+                },
+                {"name": "probe", "policy": spec, "weight": 1, "instances": ["probe"]},
+            ]
+        }
     path = workdir / f"router-{policy}.json"
     path.write_text(json.dumps(config))
     router_port = free_port()
     router = start_process(
-        [sys.executable, "-m", "router_worker", "--config", str(path), "--port",
-         str(router_port), "--redis-url", "none", "--log-level", "WARNING"],
-        cwd=REPO, stdin=None, stderr=None)
+        [
+            sys.executable,
+            "-m",
+            "router_worker",
+            "--config",
+            str(path),
+            "--port",
+            str(router_port),
+            "--redis-url",
+            "none",
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=REPO,
+        stdin=None,
+        stderr=None,
+    )
     wait_http(f"http://127.0.0.1:{router_port}/health", STARTUP_S, process=router, ok=is_200)
     return router_port, router
 

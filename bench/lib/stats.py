@@ -17,8 +17,11 @@ def transit(run: Run, engine_ttft: dict[str, float]) -> list[float]:
     handling, and in routed runs everything the router adds (its CPU, its event loop's
     queue) — without the engine's queueing and prefill, which vary with load and
     placement and would swamp a millisecond."""
-    return [o.first - o.sent - engine_ttft[o.request_id] for o in run.outcomes
-            if o.first is not None and o.request_id in engine_ttft]
+    return [
+        o.first - o.sent - engine_ttft[o.request_id]
+        for o in run.outcomes
+        if o.first is not None and o.request_id in engine_ttft
+    ]
 
 
 def pct(values: list[float], q: float) -> float:
@@ -36,9 +39,13 @@ def added_interval(moved: list[float], base: list[float], q: float) -> str:
     def difference(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
         return np.percentile(a, q, axis=axis) - np.percentile(b, q, axis=axis)
 
-    result = scipy.stats.bootstrap((np.asarray(moved), np.asarray(base)), difference,
-                                   n_resamples=2000, method="percentile",
-                                   random_state=np.random.default_rng(0))
+    result = scipy.stats.bootstrap(
+        (np.asarray(moved), np.asarray(base)),
+        difference,
+        n_resamples=2000,
+        method="percentile",
+        random_state=np.random.default_rng(0),
+    )
     low, high = result.confidence_interval
     return f"[{low * 1000:.1f}, {high * 1000:.1f}]"
 
@@ -49,13 +56,15 @@ HOT_PATH = ("tokenize", "hashing", "decision", "overhead", "loop_lag")
 def router_histograms(port: int) -> dict[str, Histogram]:
     """The router's hot-path histograms (every label set merged), by short name."""
     names = {short: f"switchyard_router_{short}_seconds" for short in HOT_PATH}
-    samples, _ = read_samples(httpx.get(f"http://127.0.0.1:{port}/metrics").text,
-                              list(names.values()))
+    samples, _ = read_samples(
+        httpx.get(f"http://127.0.0.1:{port}/metrics").text, list(names.values())
+    )
     return {short: read_histogram(samples, name) or Histogram() for short, name in names.items()}
 
 
-def bucket_quantile(before: dict[str, Histogram], after: dict[str, Histogram], name: str,
-                    q: float = 50) -> float:
+def bucket_quantile(
+    before: dict[str, Histogram], after: dict[str, Histogram], name: str, q: float = 50
+) -> float:
     """Upper bound (s) of the bucket holding percentile ``q`` (0..100) of the observations
     between two scrapes (inf when it lies beyond the last bucket, nan without
     observations)."""

@@ -23,9 +23,12 @@ router = Router(tags=["access"])
 
 class TokenIn(Schema):
     name: Name
-    valid_days: int = Field(default=token_services.DEFAULT_VALID_DAYS, ge=1,
-                            le=token_services.MAX_VALID_DAYS,
-                            description="Days until the token is refused.")
+    valid_days: int = Field(
+        default=token_services.DEFAULT_VALID_DAYS,
+        ge=1,
+        le=token_services.MAX_VALID_DAYS,
+        description="Days until the token is refused.",
+    )
     reason: Reason = ""
 
 
@@ -66,8 +69,9 @@ class ClientKeyOut(Schema):
 
 class ClientKeyCreatedOut(Schema):
     key: ClientKeyOut
-    secret: str = Field(description="The key itself, for `Authorization: Bearer`. Shown only "
-                                    "this once.")
+    secret: str = Field(
+        description="The key itself, for `Authorization: Bearer`. Shown only this once."
+    )
 
 
 class RevokeIn(Schema):
@@ -86,16 +90,41 @@ class ClientAuthOut(Schema):
 
 
 def token_out(token: ApiToken) -> dict:
-    return {**{f: getattr(token, f) for f in ("id", "name", "prefix", "created_at",
-                                               "expires_at", "last_used_at", "revoked",
-                                               "revoked_at")},
-            "user": token.user.get_username()}
+    return {
+        **{
+            f: getattr(token, f)
+            for f in (
+                "id",
+                "name",
+                "prefix",
+                "created_at",
+                "expires_at",
+                "last_used_at",
+                "revoked",
+                "revoked_at",
+            )
+        },
+        "user": token.user.get_username(),
+    }
 
 
 def key_out(key: ClientKey) -> dict:
-    return {**{f: getattr(key, f) for f in ("id", "cluster_id", "name", "prefix", "created_at",
-                                             "created_by", "revoked_at", "revoked_by")},
-            "debug": key.can_debug}
+    return {
+        **{
+            f: getattr(key, f)
+            for f in (
+                "id",
+                "cluster_id",
+                "name",
+                "prefix",
+                "created_at",
+                "created_by",
+                "revoked_at",
+                "revoked_by",
+            )
+        },
+        "debug": key.can_debug,
+    }
 
 
 @router.get("/tokens", response=list[TokenOut])
@@ -107,9 +136,9 @@ def list_tokens(request: HttpRequest):
 @router.post("/tokens", response={201: TokenCreatedOut})
 def create_token(request: HttpRequest, payload: TokenIn):
     """A token acting as you, with your role."""
-    secret, token = token_services.create_api_token(actor_of(request), request.auth,
-                                                    payload.name, payload.valid_days,
-                                                    payload.reason)
+    secret, token = token_services.create_api_token(
+        actor_of(request), request.auth, payload.name, payload.valid_days, payload.reason
+    )
     return Status(201, {"token": token_out(token), "secret": secret})
 
 
@@ -117,8 +146,7 @@ def create_token(request: HttpRequest, payload: TokenIn):
 def revoke_token(request: HttpRequest, token_id: Id, payload: RevokeIn):
     """Revoke one of your tokens (an admin: anyone's). It is refused from now on. The body
     is a JSON object, `{}` or `{"reason": "..."}`."""
-    return token_out(token_services.revoke_api_token(actor_of(request), token_id,
-                                                     payload.reason))
+    return token_out(token_services.revoke_api_token(actor_of(request), token_id, payload.reason))
 
 
 @router.get("/clusters/{cluster_id}/client-keys", response=list[ClientKeyOut])
@@ -126,21 +154,23 @@ def list_client_keys(request: HttpRequest, cluster_id: Id):
     return [key_out(k) for k in access_selectors.client_keys(cluster_id)]
 
 
-@router.post("/clusters/{cluster_id}/client-keys", response={201: ClientKeyCreatedOut},
-             auth=role("admin"))
+@router.post(
+    "/clusters/{cluster_id}/client-keys", response={201: ClientKeyCreatedOut}, auth=role("admin")
+)
 def create_client_key(request: HttpRequest, cluster_id: Id, payload: ClientKeyIn):
-    secret, key = key_services.create_client_key(actor_of(request), cluster_id,
-                                                 **payload.dict())
+    secret, key = key_services.create_client_key(actor_of(request), cluster_id, **payload.dict())
     return Status(201, {"key": key_out(key), "secret": secret})
 
 
-@router.post("/clusters/{cluster_id}/client-keys/{key_id}/revoke", response=ClientKeyOut,
-             auth=role("admin"))
+@router.post(
+    "/clusters/{cluster_id}/client-keys/{key_id}/revoke", response=ClientKeyOut, auth=role("admin")
+)
 def revoke_client_key(request: HttpRequest, cluster_id: Id, key_id: Id, payload: RevokeIn):
     """Routers refuse the key from their next config version on. The body is a JSON
     object, `{}` or `{"reason": "..."}`."""
-    return key_out(key_services.revoke_client_key(actor_of(request), cluster_id, key_id,
-                                                  reason=payload.reason))
+    return key_out(
+        key_services.revoke_client_key(actor_of(request), cluster_id, key_id, reason=payload.reason)
+    )
 
 
 @router.get("/clusters/{cluster_id}/client-auth", response=ClientAuthOut)
@@ -151,12 +181,16 @@ def get_client_auth(request: HttpRequest, cluster_id: Id):
 @router.put("/clusters/{cluster_id}/client-auth", response=ClientAuthOut, auth=role("admin"))
 def set_client_auth(request: HttpRequest, cluster_id: Id, payload: ClientAuthIn):
     """Whether the cluster's routers refuse requests without a valid client key."""
-    key_services.set_client_keys_required(actor_of(request), cluster_id, payload.required,
-                                          reason=payload.reason)
+    key_services.set_client_keys_required(
+        actor_of(request), cluster_id, payload.required, reason=payload.reason
+    )
     return _client_auth_out(cluster_id)
 
 
 def _client_auth_out(cluster_id: int) -> dict:
     cluster = cluster_selectors.cluster(cluster_id)
-    return {"cluster_id": cluster.pk, "required": cluster.client_keys_required,
-            "active_keys": cluster.client_keys.filter(revoked_at=None).count()}
+    return {
+        "cluster_id": cluster.pk,
+        "required": cluster.client_keys_required,
+        "active_keys": cluster.client_keys.filter(revoked_at=None).count(),
+    }

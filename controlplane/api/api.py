@@ -22,14 +22,23 @@ api = NinjaAPI(
     title="Switchyard control plane",
     version="1",
     description="Clusters, instances, policies, canaries, config versions, routers, events. "
-                "Authenticate with a browser session (plus X-CSRFToken for writes) or "
-                "`Authorization: Bearer <API token>`. Roles: viewer < operator < admin.",
+    "Authenticate with a browser session (plus X-CSRFToken for writes) or "
+    "`Authorization: Bearer <API token>`. Roles: viewer < operator < admin.",
     urls_namespace="api",
     docs_url="/docs",
     auth=role("viewer"),
 )
 install_error_handlers(api)
 
-for module in (clusters, policies, canaries, config_versions, router_deployments, events,
-               metrics, replays, access):
+for module in (
+    clusters,
+    policies,
+    canaries,
+    config_versions,
+    router_deployments,
+    events,
+    metrics,
+    replays,
+    access,
+):
     api.add_router("", module.router)

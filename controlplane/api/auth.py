@@ -28,8 +28,9 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 def _authorised(user: AbstractBaseUser, minimum: str) -> AbstractBaseUser:
     if not has_role(user, minimum):
         held = role_of(user)
-        raise AuthorizationError(message=f"this needs the {minimum} role; "
-                                 f"{user.get_username()} has {held or 'no role'}")
+        raise AuthorizationError(
+            message=f"this needs the {minimum} role; {user.get_username()} has {held or 'no role'}"
+        )
     return user
 
 
@@ -59,8 +60,10 @@ class SessionRoleAuth(APIKeyCookie):
         if not user.is_authenticated:
             return None
         if request.method not in SAFE_METHODS and check_csrf(request) is not None:
-            raise HttpError(403, "CSRF check failed: send the csrftoken cookie's value in the "
-                                 "X-CSRFToken header")
+            raise HttpError(
+                403,
+                "CSRF check failed: send the csrftoken cookie's value in the X-CSRFToken header",
+            )
         return _authorised(user, self.minimum_role)
 
 

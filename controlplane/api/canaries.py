@@ -1,6 +1,5 @@
 """Canary splits and their lifecycle."""
 
-
 from typing import Literal
 
 from django.http import HttpRequest
@@ -36,8 +35,7 @@ def list_judgements(request: HttpRequest, canary_id: Id):
     return canary_selectors.judgements(canary_id)
 
 
-@router.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut},
-             auth=role("operator"))
+@router.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut}, auth=role("operator"))
 def create_canary(request: HttpRequest, cluster_id: Id, payload: CanaryIn):
     canary = canary_services.create_canary(actor_of(request), cluster_id, **payload.dict())
     return Status(201, canary)
@@ -46,12 +44,20 @@ def create_canary(request: HttpRequest, cluster_id: Id, payload: CanaryIn):
 def _transition_endpoint(action: str) -> None:
     def transition(request: HttpRequest, canary_id: Id, payload: ReasonIn):
         return canary_services.transition(
-            actor_of(request), canary_id, action, reason=payload.reason,
-            expected_revision=expected_revision(request, payload.expected_revision))
+            actor_of(request),
+            canary_id,
+            action,
+            reason=payload.reason,
+            expected_revision=expected_revision(request, payload.expected_revision),
+        )
 
     transition.__name__ = f"{action}_canary"
-    router.post(f"/canaries/{{canary_id}}/{action}", response=CanaryOut, auth=role("operator"),
-                summary=f"{action.capitalize()} a canary")(transition)
+    router.post(
+        f"/canaries/{{canary_id}}/{action}",
+        response=CanaryOut,
+        auth=role("operator"),
+        summary=f"{action.capitalize()} a canary",
+    )(transition)
 
 
 for _action in ("start", "pause", "resume", "promote", "abort"):

@@ -1,6 +1,5 @@
 """Clusters and their instances."""
 
-
 import json
 
 from django.http import HttpRequest, HttpResponse
@@ -45,38 +44,65 @@ def list_instances(request: HttpRequest, cluster_id: Id):
     return cluster_selectors.instances(cluster_id)
 
 
-@router.post("/clusters/{cluster_id}/instances", response={201: InstanceOut},
-             auth=role("admin"), tags=["instances"])
+@router.post(
+    "/clusters/{cluster_id}/instances",
+    response={201: InstanceOut},
+    auth=role("admin"),
+    tags=["instances"],
+)
 def add_instance(request: HttpRequest, cluster_id: Id, payload: InstanceIn):
-    instance = cluster_services.add_instance(actor_of(request), cluster_id, **{
-        **payload.dict(), "expected_revision": expected_revision(request,
-                                                                 payload.expected_revision)})
+    instance = cluster_services.add_instance(
+        actor_of(request),
+        cluster_id,
+        **{
+            **payload.dict(),
+            "expected_revision": expected_revision(request, payload.expected_revision),
+        },
+    )
     return Status(201, instance)
 
 
-@router.post("/instances/{instance_id}/drain", response=InstanceOut, auth=role("operator"),
-             tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/drain",
+    response=InstanceOut,
+    auth=role("operator"),
+    tags=["instances"],
+)
 def drain_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
     return cluster_services.set_instance_state(
-        actor_of(request), instance_id, "draining", reason=payload.reason,
-        expected_revision=expected_revision(request, payload.expected_revision))
+        actor_of(request),
+        instance_id,
+        "draining",
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
 
 
-@router.post("/instances/{instance_id}/enable", response=InstanceOut, auth=role("operator"),
-             tags=["instances"])
+@router.post(
+    "/instances/{instance_id}/enable",
+    response=InstanceOut,
+    auth=role("operator"),
+    tags=["instances"],
+)
 def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
     return cluster_services.set_instance_state(
-        actor_of(request), instance_id, "enabled", reason=payload.reason,
-        expected_revision=expected_revision(request, payload.expected_revision))
+        actor_of(request),
+        instance_id,
+        "enabled",
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
 
 
-@router.delete("/instances/{instance_id}", response={204: None}, auth=role("admin"),
-               tags=["instances"])
+@router.delete(
+    "/instances/{instance_id}", response={204: None}, auth=role("admin"), tags=["instances"]
+)
 def remove_instance(request: HttpRequest, instance_id: Id, reason: Reason | None = None):
     """The reason goes in the query string (`?reason=...`) or in a JSON body."""
     reason = reason if reason is not None else _reason_in_body(request)
-    cluster_services.remove_instance(actor_of(request), instance_id, reason=reason,
-                                     expected_revision=expected_revision(request))
+    cluster_services.remove_instance(
+        actor_of(request), instance_id, reason=reason, expected_revision=expected_revision(request)
+    )
     return Status(204, None)
 
 

@@ -1,6 +1,5 @@
 """Config versions: the immutable router documents of a cluster, newest first."""
 
-
 from typing import Annotated
 
 from django.http import HttpRequest

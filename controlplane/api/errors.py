@@ -41,16 +41,21 @@ def install_error_handlers(api: NinjaAPI) -> None:
 
     @api.exception_handler(ValidationError)
     def validation_error(request: HttpRequest, exc: ValidationError) -> HttpResponse:
-        problems = [{"field": field_path(e.get("loc", ())), "message": e.get("msg", "invalid")}
-                    for e in exc.errors]
+        problems = [
+            {"field": field_path(e.get("loc", ())), "message": e.get("msg", "invalid")}
+            for e in exc.errors
+        ]
         first = problems[0] if problems else {"field": None, "message": "invalid request"}
         message = "; ".join(f"{p['field']}: {p['message']}" for p in problems) or "invalid"
         return respond(request, 422, error_body(message, first["field"], problems=problems))
 
     @api.exception_handler(AuthenticationError)
     def unauthenticated(request: HttpRequest, exc: AuthenticationError) -> HttpResponse:
-        return respond(request, 401, error_body(
-            "authentication required: log in, or send 'Authorization: Bearer <token>'"))
+        return respond(
+            request,
+            401,
+            error_body("authentication required: log in, or send 'Authorization: Bearer <token>'"),
+        )
 
     @api.exception_handler(HttpError)
     def http_error(request: HttpRequest, exc: HttpError) -> HttpResponse:
@@ -64,12 +69,18 @@ def install_error_handlers(api: NinjaAPI) -> None:
     @api.exception_handler(InterfaceError)
     def database_down(request: HttpRequest, exc: Exception) -> HttpResponse:
         log.warning("database unavailable during %s %s: %s", request.method, request.path, exc)
-        return respond(request, 503, error_body(
-            "database unavailable; retry shortly (routers keep serving their last config)"))
+        return respond(
+            request,
+            503,
+            error_body(
+                "database unavailable; retry shortly (routers keep serving their last config)"
+            ),
+        )
 
     @api.exception_handler(DataError)
     def unstorable_value(request: HttpRequest, exc: DataError) -> HttpResponse:
         first_line = (str(exc).strip().splitlines() or ["invalid value"])[0]
-        log.warning("database refused a value in %s %s: %s", request.method, request.path,
-                    first_line)
+        log.warning(
+            "database refused a value in %s %s: %s", request.method, request.path, first_line
+        )
         return respond(request, 400, error_body(f"the database refused a value: {first_line}"))

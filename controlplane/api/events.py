@@ -1,7 +1,6 @@
 """Hotspot transitions and the audit trail: filtered, newest first, paginated; telemetry
 entries that ingest quarantined."""
 
-
 import redis
 from django.http import HttpRequest
 from ninja import Query, Router
@@ -28,16 +27,24 @@ router = Router(tags=["events"])
 @paginate(Pages)
 def list_hotspot_events(request: HttpRequest, filters: Query[HotspotFilters]):
     return event_selectors.hotspot_events(
-        cluster_id=filters.cluster, since=filters.since, until=filters.until,
-        prefix_class=filters.prefix_class, transition=filters.transition)
+        cluster_id=filters.cluster,
+        since=filters.since,
+        until=filters.until,
+        prefix_class=filters.prefix_class,
+        transition=filters.transition,
+    )
 
 
 @router.get("/audit-events", response=list[AuditEventOut])
 @paginate(Pages)
 def list_audit_events(request: HttpRequest, filters: Query[AuditFilters]):
     return event_selectors.audit_events(
-        cluster_id=filters.cluster, action=filters.action, actor=filters.actor,
-        since=filters.since, until=filters.until)
+        cluster_id=filters.cluster,
+        action=filters.action,
+        actor=filters.actor,
+        since=filters.since,
+        until=filters.until,
+    )
 
 
 @router.get("/telemetry-quarantine", response=QuarantineOut)
@@ -48,5 +55,8 @@ def telemetry_quarantine(request: HttpRequest, filters: Query[QuarantineFilters]
             summary = ingest.quarantine_summary(client, limit=filters.limit)
     except redis.RedisError as error:
         raise HttpError(503, "Redis is unreachable; the quarantine cannot be read") from error
-    return {"total": summary.total, "counts": summary.counts,
-            "entries": [vars(entry) for entry in summary.entries]}
+    return {
+        "total": summary.total,
+        "counts": summary.counts,
+        "entries": [vars(entry) for entry in summary.entries],
+    }

@@ -1,6 +1,5 @@
 """Policy kinds (with their parameter schemas), a cluster's policies, activation."""
 
-
 from django.http import HttpRequest
 from ninja import Router, Status
 
@@ -17,15 +16,21 @@ router = Router(tags=["policies"])
 
 
 def _out(policy: Policy, active_policy_id: int | None) -> dict:
-    return {**{f: getattr(policy, f) for f in ("id", "cluster_id", "name", "kind", "params",
-                                                "description", "created_at")},
-            "active": policy.pk == active_policy_id}
+    return {
+        **{
+            f: getattr(policy, f)
+            for f in ("id", "cluster_id", "name", "kind", "params", "description", "created_at")
+        },
+        "active": policy.pk == active_policy_id,
+    }
 
 
 @router.get("/policy-kinds", response=list[PolicyKindOut])
 def list_policy_kinds(request: HttpRequest):
-    return [{"kind": kind, "description": info["description"], "params_schema": info["schema"]}
-            for kind, info in policy_kinds().items()]
+    return [
+        {"kind": kind, "description": info["description"], "params_schema": info["schema"]}
+        for kind, info in policy_kinds().items()
+    ]
 
 
 @router.get("/clusters/{cluster_id}/policies", response=list[PolicyOut])
@@ -34,17 +39,23 @@ def list_policies(request: HttpRequest, cluster_id: Id):
     return [_out(policy, active) for policy in cluster_selectors.policies(cluster_id)]
 
 
-@router.post("/clusters/{cluster_id}/policies", response={201: PolicyOut},
-             auth=role("operator"))
+@router.post("/clusters/{cluster_id}/policies", response={201: PolicyOut}, auth=role("operator"))
 def create_policy(request: HttpRequest, cluster_id: Id, payload: PolicyIn):
     policy = policy_services.create_policy(actor_of(request), cluster_id, **payload.dict())
     return Status(201, _out(policy, policy.cluster.active_policy_id))
 
 
-@router.post("/clusters/{cluster_id}/policies/{policy_id}/activate", response=PolicyOut,
-             auth=role("operator"))
+@router.post(
+    "/clusters/{cluster_id}/policies/{policy_id}/activate",
+    response=PolicyOut,
+    auth=role("operator"),
+)
 def activate_policy(request: HttpRequest, cluster_id: Id, policy_id: Id, payload: ReasonIn):
     policy = policy_services.activate_policy(
-        actor_of(request), cluster_id, policy_id, reason=payload.reason,
-        expected_revision=expected_revision(request, payload.expected_revision))
+        actor_of(request),
+        cluster_id,
+        policy_id,
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
     return _out(policy, policy.pk)

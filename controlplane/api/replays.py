@@ -1,6 +1,5 @@
 """What-if replay jobs."""
 
-
 from typing import Literal
 
 from django.http import HttpRequest
@@ -17,8 +16,7 @@ ReplayState = Literal["queued", "running", "succeeded", "failed"]
 
 
 @router.get("/replays", response=list[ReplayOut])
-def list_replays(request: HttpRequest, cluster: Id | None = None,
-                 state: ReplayState | None = None):
+def list_replays(request: HttpRequest, cluster: Id | None = None, state: ReplayState | None = None):
     return replay_selectors.replays(cluster, state)
 
 
@@ -27,10 +25,12 @@ def get_replay(request: HttpRequest, replay_id: Id):
     return replay_selectors.replay(replay_id)
 
 
-@router.post("/clusters/{cluster_id}/replays", response={202: ReplayCreatedOut},
-             auth=role("operator"))
+@router.post(
+    "/clusters/{cluster_id}/replays", response={202: ReplayCreatedOut}, auth=role("operator")
+)
 def create_replay(request: HttpRequest, cluster_id: Id, payload: ReplayIn):
     data = payload.dict()
     outcome = replay_services.request_replay(actor_of(request), cluster_id, **data)
-    return Status(202, {"replay": outcome.job, "dispatched": outcome.dispatched,
-                        "message": outcome.message})
+    return Status(
+        202, {"replay": outcome.job, "dispatched": outcome.dispatched, "message": outcome.message}
+    )

@@ -31,6 +31,5 @@ def expected_revision(request: HttpRequest, from_body: int | None = None) -> int
         return None
     match = ETAG.fullmatch(header.strip())
     if match is None:
-        raise ServiceError('If-Match must be the ETag of GET /clusters/{id}, e.g. "r7"',
-                           "If-Match")
+        raise ServiceError('If-Match must be the ETag of GET /clusters/{id}, e.g. "r7"', "If-Match")
     return int(match.group(1))

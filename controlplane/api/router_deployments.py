@@ -1,7 +1,6 @@
 """Router deployments: listing (with applied vs current version), creation with a one-time
 token, and the two endpoints a router itself calls with that token."""
 
-
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from ninja import Router, Status
 
@@ -25,16 +24,20 @@ def get_router(request: HttpRequest, router_id: Id):
     return router_selectors.router(router_id)
 
 
-@router.post("/clusters/{cluster_id}/routers", response={201: RouterCreatedOut},
-             auth=role("admin"))
+@router.post("/clusters/{cluster_id}/routers", response={201: RouterCreatedOut}, auth=role("admin"))
 def create_router(request: HttpRequest, cluster_id: Id, payload: RouterIn):
     token, created = router_services.create_router_deployment(
-        actor_of(request), cluster_id, **payload.dict())
+        actor_of(request), cluster_id, **payload.dict()
+    )
     return Status(201, {"router": router_selectors.router(created.pk), "token": token})
 
 
-@router.get("/routers/{router_id}/config", auth=RouterTokenAuth(), tags=["router agent"],
-            response={200: dict, 304: None})
+@router.get(
+    "/routers/{router_id}/config",
+    auth=RouterTokenAuth(),
+    tags=["router agent"],
+    response={200: dict, 304: None},
+)
 def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
     """The cluster's current ConfigVersion as `{"version": N, "document": {...}}`. Send
     `If-None-Match` with the last ETag to get 304 when nothing changed."""
@@ -42,16 +45,25 @@ def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
     etag = f'"v{version.number}"'
     if request.headers.get("If-None-Match") == etag:
         return HttpResponse(status=304, headers={"ETag": etag})
-    return JsonResponse({"version": version.number, "document": version.document},
-                        headers={"ETag": etag})
+    return JsonResponse(
+        {"version": version.number, "document": version.document}, headers={"ETag": etag}
+    )
 
 
-@router.post("/routers/{router_id}/heartbeat", auth=RouterTokenAuth(), response=HeartbeatOut,
-             tags=["router agent"])
+@router.post(
+    "/routers/{router_id}/heartbeat",
+    auth=RouterTokenAuth(),
+    response=HeartbeatOut,
+    tags=["router agent"],
+)
 def router_heartbeat(request: HttpRequest, router_id: Id, payload: HeartbeatIn):
-    router_services.record_heartbeat(request.auth, applied_version=payload.applied_version,
-                                     state=payload.state)
+    router_services.record_heartbeat(
+        request.auth, applied_version=payload.applied_version, state=payload.state
+    )
     fresh = router_selectors.router(router_id)
-    return {"applied_version": fresh.applied_version, "current_version": fresh.current_version,
-            "is_current": fresh.current_version is not None
-            and fresh.applied_version == fresh.current_version}
+    return {
+        "applied_version": fresh.applied_version,
+        "current_version": fresh.current_version,
+        "is_current": fresh.current_version is not None
+        and fresh.applied_version == fresh.current_version,
+    }

@@ -14,15 +14,22 @@ NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL characters
 Id = Annotated[int, Field(ge=1, le=MAX_PK)]
 Name = Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)]
 Text = Annotated[str, Field(max_length=10_000, pattern=NO_NUL)]
-Reason = Annotated[str, Field(max_length=10_000, pattern=NO_NUL,
-                              description="Why; required for changes that affect routing.")]
+Reason = Annotated[
+    str,
+    Field(
+        max_length=10_000,
+        pattern=NO_NUL,
+        description="Why; required for changes that affect routing.",
+    ),
+]
 
 
 def _without_nul(value: Any) -> Any:
     if isinstance(value, str) and "\x00" in value:
         raise ValueError("text cannot contain NUL characters")
-    children = value.values() if isinstance(value, dict) else (
-        value if isinstance(value, list) else ())
+    children = (
+        value.values() if isinstance(value, dict) else (value if isinstance(value, list) else ())
+    )
     for child in [*children, *(value.keys() if isinstance(value, dict) else ())]:
         _without_nul(child)
     return value
@@ -51,10 +58,16 @@ class ErrorOut(Schema):
     error: ErrorDetail
 
 
-ExpectedRevision = Annotated[int | None, Field(
-    None, ge=0, le=MAX_PK,
-    description="The cluster revision this edit was prepared against (GET /clusters/{id}); "
-                "409 with current_revision if it changed since. Or send If-Match: \"r<N>\".")]
+ExpectedRevision = Annotated[
+    int | None,
+    Field(
+        None,
+        ge=0,
+        le=MAX_PK,
+        description="The cluster revision this edit was prepared against (GET /clusters/{id}); "
+        '409 with current_revision if it changed since. Or send If-Match: "r<N>".',
+    ),
+]
 
 
 class ReasonIn(Schema):
@@ -68,6 +81,7 @@ class MeOut(Schema):
 
 
 # Clusters and instances
+
 
 class ClusterIn(Schema):
     name: Name
@@ -85,8 +99,10 @@ class ClusterOut(Schema):
     block_size: int
     active_policy_id: int | None
     active_policy: str | None = Field(None, description="Name of the active policy.")
-    revision: int = Field(description="Counts edits of the routing state; send it back as "
-                                      "expected_revision (or If-Match) with an edit.")
+    revision: int = Field(
+        description="Counts edits of the routing state; send it back as "
+        "expected_revision (or If-Match) with an edit."
+    )
     created_at: datetime
 
     @staticmethod
@@ -115,6 +131,7 @@ class InstanceOut(Schema):
 
 # Policies
 
+
 class PolicyKindOut(Schema):
     kind: str
     description: str
@@ -142,6 +159,7 @@ class PolicyOut(Schema):
 
 # Canaries
 
+
 class CanaryIn(Schema):
     name: Name
     baseline_policy_id: Id
@@ -150,7 +168,8 @@ class CanaryIn(Schema):
     candidate_instances: list[Name] = Field(description="Instance names of the candidate arm.")
     weight_steps: list[float] = Field(
         description="Candidate traffic share per step, percent, increasing, in (0, 100]; the "
-                    "baseline gets the rest, so each step's weights sum to 100.")
+        "baseline gets the rest, so each step's weights sum to 100."
+    )
     guardrails: dict[str, float] | None = None
     assignment_key: Literal["session", "random"] = "session"
     reason: Reason
@@ -162,12 +181,15 @@ class JudgementOut(Schema):
     step_index: int
     verdict: str = Field(description="pass | fail | inconclusive | halt")
     action: str = Field(description="advance | promote | retry | rollback | wait | pause")
-    evidence: dict[str, Any] = Field(description=(
-        "What the verdict rests on: step_index, candidate_weight (percent of traffic) and "
-        "step_started_at of the judged step; arms (per arm: requests, errors, "
-        "hotspot_fallbacks, ttft_samples, tpot_samples); tests (per metric: n per arm, "
-        "median per arm in seconds, effect = relative change of the candidate's median, "
-        "Mann-Whitney p_value, outcome); guards (name, value, limit, passed); reasons."))
+    evidence: dict[str, Any] = Field(
+        description=(
+            "What the verdict rests on: step_index, candidate_weight (percent of traffic) and "
+            "step_started_at of the judged step; arms (per arm: requests, errors, "
+            "hotspot_fallbacks, ttft_samples, tpot_samples); tests (per metric: n per arm, "
+            "median per arm in seconds, effect = relative change of the candidate's median, "
+            "Mann-Whitney p_value, outcome); guards (name, value, limit, passed); reasons."
+        )
+    )
 
 
 class CanaryOut(Schema):
@@ -195,6 +217,7 @@ class CanaryDetailOut(CanaryOut):
 
 # Config versions and routers
 
+
 class ConfigVersionOut(Schema):
     id: int
     cluster_id: int
@@ -221,7 +244,8 @@ class RouterOut(Schema):
     desired_state: str
     applied_version: int | None
     current_version: int | None = Field(
-        None, description="Newest config version of the router's cluster.")
+        None, description="Newest config version of the router's cluster."
+    )
     is_current: bool
     last_heartbeat: datetime | None
     heartbeat: dict[str, Any]
@@ -240,8 +264,9 @@ class RouterCreatedOut(Schema):
 
 class HeartbeatIn(Schema):
     applied_version: int | None = Field(None, ge=0, le=2**31 - 1)
-    state: JsonObject = Field(default_factory=dict,
-                              description="The router's state snapshot (free-form).")
+    state: JsonObject = Field(
+        default_factory=dict, description="The router's state snapshot (free-form)."
+    )
 
 
 class HeartbeatOut(Schema):
@@ -251,6 +276,7 @@ class HeartbeatOut(Schema):
 
 
 # Events, rollups, replays
+
 
 class HotspotEventOut(Schema):
     id: int
@@ -366,6 +392,7 @@ class ReplayCreatedOut(Schema):
 
 
 # Filters (query strings)
+
 
 class TimeRange(Schema):
     since: Timestamp | None = None

@@ -13,7 +13,8 @@ class ClientKey(models.Model):
     prefix = models.CharField(max_length=16, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)
     can_debug = models.BooleanField(
-        default=False, help_text="The router honours x-switchyard-debug for this key.")
+        default=False, help_text="The router honours x-switchyard-debug for this key."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -22,8 +23,11 @@ class ClientKey(models.Model):
     class Meta:
         ordering = ["cluster", "-created_at", "-id"]
         constraints = [
-            models.UniqueConstraint(fields=["cluster", "name"], condition=Q(revoked_at=None),
-                                    name="active_client_key_name_per_cluster"),
+            models.UniqueConstraint(
+                fields=["cluster", "name"],
+                condition=Q(revoked_at=None),
+                name="active_client_key_name_per_cluster",
+            ),
         ]
 
     def __str__(self) -> str:

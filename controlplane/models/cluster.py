@@ -23,7 +23,8 @@ class Cluster(models.Model):
         "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="active_on"
     )
     client_keys_required = models.BooleanField(
-        default=False, help_text="Routers refuse requests without a valid client API key.")
+        default=False, help_text="Routers refuse requests without a valid client API key."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -49,8 +49,9 @@ from .state import (
 log = logging.getLogger(__name__)
 
 # Router event kinds forwarded to dashboards (the rest only matter to ingest).
-FORWARDED_EVENTS = frozenset({"hotspot", "health", "config_applied", "config_rejected",
-                              "router_started", "router_restarted"})
+FORWARDED_EVENTS = frozenset(
+    {"hotspot", "health", "config_applied", "config_rejected", "router_started", "router_restarted"}
+)
 MESSAGE_TYPE = "cluster.message"  # handled by ClusterLiveConsumer.cluster_message
 RETRY_S = 1.0
 
@@ -79,8 +80,12 @@ class PublisherSettings:
 
 
 def event_message(event: RouterEvent, cluster_id: int) -> dict[str, Any]:
-    return {"type": "event", "kind": event.kind, "cluster_id": cluster_id,
-            "event": event.model_dump()}
+    return {
+        "type": "event",
+        "kind": event.kind,
+        "cluster_id": cluster_id,
+        "event": event.model_dump(),
+    }
 
 
 def decisions_message(decisions: list[dict[str, Any]], cluster_id: int) -> dict[str, Any]:
@@ -89,8 +94,13 @@ def decisions_message(decisions: list[dict[str, Any]], cluster_id: int) -> dict[
 
 
 def config_message(payload: dict[str, Any], cluster_id: int) -> dict[str, Any]:
-    return {"type": "config", "cluster": payload.get("cluster"), "cluster_id": cluster_id,
-            "version": payload.get("version"), "at": time.time()}
+    return {
+        "type": "config",
+        "cluster": payload.get("cluster"),
+        "cluster_id": cluster_id,
+        "version": payload.get("version"),
+        "at": time.time(),
+    }
 
 
 def _load_clusters() -> dict[str, int]:
@@ -100,9 +110,13 @@ def _load_clusters() -> dict[str, int]:
 
 
 class Publisher:
-    def __init__(self, client: aioredis.Redis, send: Send,
-                 settings: PublisherSettings | None = None,
-                 load_clusters: Callable[[], dict[str, int]] = _load_clusters) -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        send: Send,
+        settings: PublisherSettings | None = None,
+        load_clusters: Callable[[], dict[str, int]] = _load_clusters,
+    ) -> None:
         self.client = client
         self.send = send
         self.settings = settings or PublisherSettings()
@@ -111,17 +125,20 @@ class Publisher:
         self.cursor: bytes | str | None = None  # last events-stream entry forwarded
 
     async def run(self, stop: asyncio.Event) -> None:
-        loops = [self._forever(stop, self.refresh_clusters, self.settings.clusters_s),
-                 self._forever(stop, self.refresh_keys, self.settings.scan_s),
-                 self._forever(stop, self.publish_snapshots, self.settings.poll_s),
-                 self._forever(stop, self._events_loop, 0),
-                 self._forever(stop, self.forward_decisions, self.settings.interval_s),
-                 self._forever(stop, self._config_loop, 0)]
+        loops = [
+            self._forever(stop, self.refresh_clusters, self.settings.clusters_s),
+            self._forever(stop, self.refresh_keys, self.settings.scan_s),
+            self._forever(stop, self.publish_snapshots, self.settings.poll_s),
+            self._forever(stop, self._events_loop, 0),
+            self._forever(stop, self.forward_decisions, self.settings.interval_s),
+            self._forever(stop, self._config_loop, 0),
+        ]
         await self.refresh_clusters()
         await asyncio.gather(*loops)
 
-    async def _forever(self, stop: asyncio.Event, step: Callable[[], Awaitable[Any]],
-                       period: float) -> None:
+    async def _forever(
+        self, stop: asyncio.Event, step: Callable[[], Awaitable[Any]], period: float
+    ) -> None:
         while not stop.is_set():
             try:
                 await step()
@@ -178,8 +195,7 @@ class Publisher:
         if self.cursor is None:
             self.cursor = await self._stream_tail()
         while True:
-            batches = await self.client.xread({EVENTS_STREAM: self.cursor}, count=200,
-                                              block=1000)
+            batches = await self.client.xread({EVENTS_STREAM: self.cursor}, count=200, block=1000)
             for _stream, entries in batches or []:
                 for entry_id, fields in entries:
                     self.cursor = entry_id
@@ -199,15 +215,18 @@ class Publisher:
                 feed.decisions_cursor = await self._stream_tail(stream)
         batches = await self.client.xread(
             {stream: feed.decisions_cursor for stream, feed in feeds.items()},
-            count=DECISIONS_SHOWN, block=block_ms)
+            count=DECISIONS_SHOWN,
+            block=block_ms,
+        )
         for stream, entries in batches or []:
             name = stream.decode() if isinstance(stream, bytes) else stream
             feed = feeds[name]
             feed.decisions_cursor = entries[-1][0]
             decisions = parse_decisions(list(reversed(entries)))
             if decisions:
-                await self.send(group_name(feed.cluster_id),
-                                decisions_message(decisions, feed.cluster_id))
+                await self.send(
+                    group_name(feed.cluster_id), decisions_message(decisions, feed.cluster_id)
+                )
 
     async def forward_event(self, fields: dict) -> None:
         try:
@@ -237,8 +256,7 @@ class Publisher:
             await self.refresh_clusters()
             feed = self.feeds.get(str(payload.get("cluster")))
         if feed is not None:
-            await self.send(group_name(feed.cluster_id), config_message(payload,
-                                                                        feed.cluster_id))
+            await self.send(group_name(feed.cluster_id), config_message(payload, feed.cluster_id))
 
 
 def channel_layer_sender() -> Send:

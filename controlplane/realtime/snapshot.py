@@ -32,18 +32,28 @@ from router_worker.telemetry_contract import (
 
 HEALTH_ORDER = ("healthy", "draining", "down")
 SUMMED_INSTANCE_FIELDS = ("pending_prefill_tokens", "pending_prefill_tokens_max", "in_flight")
-MAX_INSTANCE_FIELDS = ("batch_size", "batch_size_max", "waiting", "running", "kv_usage",
-                       "hit_ratio", "tier_hit_tokens", "tier_bytes_read")
+MAX_INSTANCE_FIELDS = (
+    "batch_size",
+    "batch_size_max",
+    "waiting",
+    "running",
+    "kv_usage",
+    "hit_ratio",
+    "tier_hit_tokens",
+    "tier_bytes_read",
+)
 
 
-def merge_cluster(cluster: str, snapshots: Iterable[StateSnapshot], *,
-                  cluster_id: int | None = None) -> dict[str, Any]:
+def merge_cluster(
+    cluster: str, snapshots: Iterable[StateSnapshot], *, cluster_id: int | None = None
+) -> dict[str, Any]:
     """One JSON-ready cluster snapshot from the routers' latest snapshots."""
     routers = sorted(snapshots, key=lambda s: s.router)
     instances = merge_instances(routers)
     window = merge_windows([r.window for r in routers])
-    window["load_cv"] = load_cv([i["pending_prefill_tokens"] for i in instances
-                                 if i["health"] == "healthy"])
+    window["load_cv"] = load_cv(
+        [i["pending_prefill_tokens"] for i in instances if i["health"] == "healthy"]
+    )
     return {
         "type": "snapshot",
         "cluster": cluster,
@@ -68,8 +78,12 @@ def tier_totals(instances: list[dict[str, Any]]) -> dict[str, float | None] | No
 
 
 def router_summary(snapshot: StateSnapshot) -> dict[str, Any]:
-    return {"router": snapshot.router, "ts": snapshot.ts, "policy": snapshot.policy,
-            "config_version": snapshot.config_version}
+    return {
+        "router": snapshot.router,
+        "ts": snapshot.ts,
+        "policy": snapshot.policy,
+        "config_version": snapshot.config_version,
+    }
 
 
 def merge_instances(snapshots: list[StateSnapshot]) -> list[dict[str, Any]]:
@@ -77,8 +91,9 @@ def merge_instances(snapshots: list[StateSnapshot]) -> list[dict[str, Any]]:
     for snapshot in snapshots:
         for instance in snapshot.instances:
             current = merged.get(instance.name)
-            merged[instance.name] = (instance.model_dump() if current is None
-                                     else _merge_instance(current, instance))
+            merged[instance.name] = (
+                instance.model_dump() if current is None else _merge_instance(current, instance)
+            )
     return [merged[name] for name in sorted(merged)]
 
 

@@ -44,8 +44,9 @@ def parse_snapshots(raws: list[bytes | str | None]) -> list[StateSnapshot]:
     return parsed
 
 
-def read_cluster(client: redis.Redis, cluster: str, cluster_id: int | None = None
-                 ) -> dict[str, Any]:
+def read_cluster(
+    client: redis.Redis, cluster: str, cluster_id: int | None = None
+) -> dict[str, Any]:
     """The merged live snapshot of a cluster, read now (for the HTTP first paint)."""
     keys = sorted(client.scan_iter(match=state_pattern(cluster), count=200))
     raws = client.mget(keys) if keys else []
@@ -53,8 +54,7 @@ def read_cluster(client: redis.Redis, cluster: str, cluster_id: int | None = Non
 
 
 async def scan_state_keys(client: aioredis.Redis, cluster: str) -> list[bytes]:
-    return sorted([key async for key in client.scan_iter(match=state_pattern(cluster),
-                                                          count=200)])
+    return sorted([key async for key in client.scan_iter(match=state_pattern(cluster), count=200)])
 
 
 def parse_decisions(entries: list[StreamEntry]) -> list[dict[str, Any]]:
@@ -69,7 +69,8 @@ def parse_decisions(entries: list[StreamEntry]) -> list[dict[str, Any]]:
     return parsed
 
 
-def read_decisions(client: redis.Redis, cluster: str, count: int = DECISIONS_SHOWN
-                   ) -> list[dict[str, Any]]:
+def read_decisions(
+    client: redis.Redis, cluster: str, count: int = DECISIONS_SHOWN
+) -> list[dict[str, Any]]:
     """The cluster's most recent sampled decisions, newest first (for the first paint)."""
     return parse_decisions(client.xrevrange(decisions_stream(cluster), count=count))

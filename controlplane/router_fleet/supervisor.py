@@ -57,8 +57,11 @@ class RouterProcess:
         if not self.alive():
             return False
         try:
-            httpx.get(f"http://127.0.0.1:{self.port}/health", timeout=RESPONSIVE_TIMEOUT_S,
-                      trust_env=False)
+            httpx.get(
+                f"http://127.0.0.1:{self.port}/health",
+                timeout=RESPONSIVE_TIMEOUT_S,
+                trust_env=False,
+            )
         except httpx.HTTPError:
             return False
         return True
@@ -125,8 +128,9 @@ class RouterSupervisor:
         if running is None:
             return False
         running.stop()
-        supervision.record_router_exit(router_id, exit_code=running.process.returncode,
-                                       restarting=True)
+        supervision.record_router_exit(
+            router_id, exit_code=running.process.returncode, restarting=True
+        )
         return True
 
     def restart_if_unresponsive(self, router_id: int) -> bool:
@@ -138,11 +142,11 @@ class RouterSupervisor:
         if running is None or not running.alive():
             return False
         if running.responsive():
-            log.info("router %s is silent to the control plane but answers; left running",
-                     router_id)
+            log.info(
+                "router %s is silent to the control plane but answers; left running", router_id
+            )
             return False
-        log.warning("router %s does not answer on port %d; restarting", router_id,
-                    running.port)
+        log.warning("router %s does not answer on port %d; restarting", router_id, running.port)
         return self.restart(router_id)
 
     def _run(self) -> None:
@@ -157,8 +161,10 @@ class RouterSupervisor:
 
     def reconcile_once(self) -> None:
         wanted = {
-            router.pk: router for router in RouterDeployment.objects.filter(
-                host=self.host, desired_state=RouterDeployment.Desired.RUNNING)
+            router.pk: router
+            for router in RouterDeployment.objects.filter(
+                host=self.host, desired_state=RouterDeployment.Desired.RUNNING
+            )
         }
         with self._lock:
             for router_id in [r for r in self.processes if r not in wanted]:
@@ -177,10 +183,15 @@ class RouterSupervisor:
         if running is not None:  # crashed
             del self.processes[router.pk]
             backoff.failed(now, now - running.started_at)
-            supervision.record_router_exit(router.pk, exit_code=running.process.returncode,
-                                           restarting=True)
-            log.warning("router %s exited with %s; restarting in %.1fs", router,
-                        running.process.returncode, backoff.delay_s)
+            supervision.record_router_exit(
+                router.pk, exit_code=running.process.returncode, restarting=True
+            )
+            log.warning(
+                "router %s exited with %s; restarting in %.1fs",
+                router,
+                running.process.returncode,
+                backoff.delay_s,
+            )
         if now < backoff.not_before:
             return
         self.processes[router.pk] = self._spawn(router)
@@ -188,17 +199,28 @@ class RouterSupervisor:
     def _spawn(self, router: RouterDeployment) -> RouterProcess:
         token = supervision.issue_router_token(router.pk)
         env = router_environment(token, settings.REDIS_URL)
-        argv = [sys.executable, "-m", "router_worker",
-                "--control-plane", self.control_plane_url, "--deployment", str(router.pk),
-                "--port", str(router.port), "--name", router.name]
+        argv = [
+            sys.executable,
+            "-m",
+            "router_worker",
+            "--control-plane",
+            self.control_plane_url,
+            "--deployment",
+            str(router.pk),
+            "--port",
+            str(router.port),
+            "--name",
+            router.name,
+        ]
         argv += ["--supervisor-pid", str(os.getpid())]
         self._stop_leftover(router.pk)
         log_path = self.log_dir / f"router-{router.name}.log"
         with log_path.open("ab") as log_file:
             # Same process group as the worker: a signal to the group (Ctrl-C, a service
             # manager) reaches the routers too; --supervisor-pid covers the worker's death.
-            process = subprocess.Popen(argv, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                                       stdin=subprocess.DEVNULL)
+            process = subprocess.Popen(
+                argv, env=env, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self._pidfile(router.pk).write_text(f"{process.pid}\n")
         log.info("started router %s (pid %d) on port %d", router, process.pid, router.port)
         return RouterProcess(router.pk, process, time.monotonic(), log_path, router.port)
@@ -215,8 +237,7 @@ class RouterSupervisor:
             return
         if not is_router_process(pid, router_id):
             return  # gone, or the pid now belongs to something else
-        log.warning("stopping leftover router %s (pid %d) before starting it again",
-                    router_id, pid)
+        log.warning("stopping leftover router %s (pid %d) before starting it again", router_id, pid)
         stop_pid(pid)
 
 
@@ -227,8 +248,11 @@ def is_router_process(pid: int, router_id: int) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return b"router_worker" in argv and b"--deployment" in argv \
-        and argv[argv.index(b"--deployment") + 1:][:1] == [str(router_id).encode()]
+    return (
+        b"router_worker" in argv
+        and b"--deployment" in argv
+        and argv[argv.index(b"--deployment") + 1 :][:1] == [str(router_id).encode()]
+    )
 
 
 def stop_pid(pid: int, grace_s: float = 5.0) -> None:

@@ -27,10 +27,12 @@ def canary_with_policies(canary_id: int) -> CanarySplit:
 def judgements(canary_id: int) -> QuerySet[CanaryJudgement]:
     """Every decision of the judge on one canary, oldest first (its timeline)."""
     return get_or_404(CanarySplit.objects.all(), canary_id, "canary").judgements.order_by(
-        "at", "id")
+        "at", "id"
+    )
 
 
 def canary_audit(canary: CanarySplit) -> QuerySet[AuditEvent]:
     """The canary's lifecycle as the audit trail has it (create, start, steps, end)."""
-    return AuditEvent.objects.filter(target_type="canarysplit",
-                                     target_id=str(canary.pk)).order_by("at", "id")
+    return AuditEvent.objects.filter(target_type="canarysplit", target_id=str(canary.pk)).order_by(
+        "at", "id"
+    )

@@ -44,6 +44,7 @@ def config_version(cluster_id: int, number: int) -> ConfigVersion:
 def current_config(cluster: Cluster) -> ConfigVersion:
     version = cluster.versions.order_by("-number").first()
     if version is None:
-        raise NotFound(f"{cluster.name} has no config version yet: add instances and "
-                       "activate a policy")
+        raise NotFound(
+            f"{cluster.name} has no config version yet: add instances and activate a policy"
+        )
     return version

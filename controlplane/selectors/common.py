@@ -17,8 +17,9 @@ def get_or_404(queryset: QuerySet[M], pk: int, what: str) -> M:
         raise NotFound(f"{what} {pk} does not exist") from None
 
 
-def in_time_range(queryset: QuerySet, field: str, since: datetime | None,
-                  until: datetime | None) -> QuerySet:
+def in_time_range(
+    queryset: QuerySet, field: str, since: datetime | None, until: datetime | None
+) -> QuerySet:
     if since is not None:
         queryset = queryset.filter(**{f"{field}__gte": since})
     if until is not None:

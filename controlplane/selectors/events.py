@@ -11,9 +11,14 @@ from controlplane.models import AuditEvent, HotspotEvent
 from .common import in_time_range
 
 
-def hotspot_events(*, cluster_id: int | None = None, since: datetime | None = None,
-                   until: datetime | None = None, prefix_class: str | None = None,
-                   transition: str | None = None) -> QuerySet[HotspotEvent]:
+def hotspot_events(
+    *,
+    cluster_id: int | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    prefix_class: str | None = None,
+    transition: str | None = None,
+) -> QuerySet[HotspotEvent]:
     queryset = in_time_range(HotspotEvent.objects.order_by("-at", "-id"), "at", since, until)
     if cluster_id is not None:
         queryset = queryset.filter(cluster_id=cluster_id)
@@ -24,9 +29,14 @@ def hotspot_events(*, cluster_id: int | None = None, since: datetime | None = No
     return queryset
 
 
-def audit_events(*, cluster_id: int | None = None, action: str | None = None,
-                 actor: str | None = None, since: datetime | None = None,
-                 until: datetime | None = None) -> QuerySet[AuditEvent]:
+def audit_events(
+    *,
+    cluster_id: int | None = None,
+    action: str | None = None,
+    actor: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+) -> QuerySet[AuditEvent]:
     queryset = in_time_range(AuditEvent.objects.order_by("-at", "-id"), "at", since, until)
     if cluster_id is not None:
         queryset = queryset.filter(cluster_id=cluster_id)

@@ -12,17 +12,25 @@ from .clusters import cluster
 from .common import in_time_range
 
 
-def arm_rollups(cluster_id: int, *, since: datetime | None = None,
-                until: datetime | None = None, arm: str | None = None
-                ) -> QuerySet[ArmMetricRollup]:
+def arm_rollups(
+    cluster_id: int,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    arm: str | None = None,
+) -> QuerySet[ArmMetricRollup]:
     queryset = ArmMetricRollup.objects.filter(cluster=cluster(cluster_id))
     queryset = in_time_range(queryset.order_by("-minute", "arm"), "minute", since, until)
     return queryset.filter(arm=arm) if arm else queryset
 
 
-def instance_rollups(cluster_id: int, *, since: datetime | None = None,
-                     until: datetime | None = None, instance: str | None = None
-                     ) -> QuerySet[InstanceMetricRollup]:
+def instance_rollups(
+    cluster_id: int,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    instance: str | None = None,
+) -> QuerySet[InstanceMetricRollup]:
     queryset = InstanceMetricRollup.objects.filter(cluster=cluster(cluster_id))
     queryset = in_time_range(queryset.order_by("-minute", "instance"), "minute", since, until)
     return queryset.filter(instance=instance) if instance else queryset

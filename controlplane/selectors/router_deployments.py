@@ -8,8 +8,12 @@ from .common import get_or_404
 
 
 def _with_current_version(queryset: QuerySet[RouterDeployment]) -> QuerySet[RouterDeployment]:
-    newest = (ConfigVersion.objects.filter(cluster=OuterRef("cluster"))
-              .values("cluster").annotate(n=Max("number")).values("n"))
+    newest = (
+        ConfigVersion.objects.filter(cluster=OuterRef("cluster"))
+        .values("cluster")
+        .annotate(n=Max("number"))
+        .values("n")
+    )
     return queryset.annotate(current_version=Subquery(newest))
 
 

@@ -27,14 +27,14 @@ DEFAULT_GUARDRAILS: dict[str, float] = {
 }
 GUARDRAIL_HELP: dict[str, str] = {
     "max_error_rate": "hard guard: highest share of the candidate's requests that may fail "
-                      "per step before rollback",
+    "per step before rollback",
     "max_hotspot_fallback_rate": "hard guard: highest share of the candidate's decisions that "
-                                 "may be hotspot fallbacks per step",
+    "may be hotspot fallbacks per step",
     "min_samples": "requests needed per arm and step before judging; fewer halts the step "
-                   "(no data is never a pass)",
+    "(no data is never a pass)",
     "p_value": "significance level of the Mann-Whitney test between the arms",
     "effect_tolerance": "accepted relative worsening of the candidate's median TTFT/TPOT "
-                        "(0.10 = 10%)",
+    "(0.10 = 10%)",
     "max_failures": "failed steps tolerated before automatic rollback",
     "step_seconds": "minimum time at a weight step before it is judged, seconds",
 }
@@ -51,14 +51,18 @@ TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
 
 def canary_snapshot(canary: CanarySplit) -> dict[str, Any]:
     return {
-        "name": canary.name, "state": canary.state,
+        "name": canary.name,
+        "state": canary.state,
         "baseline_policy": canary.baseline_policy.name,
         "candidate_policy": canary.candidate_policy.name,
         "baseline_instances": canary.baseline_instances,
         "candidate_instances": canary.candidate_instances,
-        "weight_steps": canary.weight_steps, "step_index": canary.step_index,
-        "candidate_weight": canary.candidate_weight, "guardrails": canary.guardrails,
-        "assignment_key": canary.assignment_key, "failures": canary.failures,
+        "weight_steps": canary.weight_steps,
+        "step_index": canary.step_index,
+        "candidate_weight": canary.candidate_weight,
+        "guardrails": canary.guardrails,
+        "assignment_key": canary.assignment_key,
+        "failures": canary.failures,
     }
 
 
@@ -74,15 +78,17 @@ def _validate_split(cluster: Cluster, baseline: list[str], candidate: list[str])
             raise ServiceError(f"{field}: an instance is listed twice", field)
     overlap = sorted(set(baseline) & set(candidate))
     if overlap:
-        raise ServiceError(f"candidate_instances overlap baseline_instances: {overlap}",
-                           "candidate_instances")
+        raise ServiceError(
+            f"candidate_instances overlap baseline_instances: {overlap}", "candidate_instances"
+        )
 
 
 def _validate_steps(steps: list[float]) -> list[float]:
     if not isinstance(steps, list) or not steps:
         raise ServiceError("weight_steps must list at least one candidate weight", "weight_steps")
-    if any(isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 100
-           for s in steps):
+    if any(
+        isinstance(s, bool) or not isinstance(s, int | float) or not 0 < s <= 100 for s in steps
+    ):
         raise ServiceError("weight_steps must be percentages in (0, 100]", "weight_steps")
     if any(b <= a for a, b in itertools.pairwise(steps)):
         raise ServiceError("weight_steps must increase", "weight_steps")
@@ -93,46 +99,78 @@ def _validate_guardrails(guardrails: dict[str, Any] | None) -> dict[str, float]:
     merged = dict(DEFAULT_GUARDRAILS)
     for key, value in (guardrails or {}).items():
         if key not in DEFAULT_GUARDRAILS:
-            raise ServiceError(f"guardrails.{key}: unknown guardrail; known: "
-                               f"{sorted(DEFAULT_GUARDRAILS)}", f"guardrails.{key}")
-        if isinstance(value, bool) or not isinstance(value, int | float) \
-                or not math.isfinite(value) or value < 0:
-            raise ServiceError(f"guardrails.{key}: must be a finite number ≥ 0 (got {value!r})",
-                               f"guardrails.{key}")
+            raise ServiceError(
+                f"guardrails.{key}: unknown guardrail; known: {sorted(DEFAULT_GUARDRAILS)}",
+                f"guardrails.{key}",
+            )
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not math.isfinite(value)
+            or value < 0
+        ):
+            raise ServiceError(
+                f"guardrails.{key}: must be a finite number ≥ 0 (got {value!r})",
+                f"guardrails.{key}",
+            )
         merged[key] = value
     return merged
 
 
 @transaction.atomic
-def create_canary(actor: Actor, cluster_id: int, *, name: str, baseline_policy_id: int,
-                  candidate_policy_id: int, baseline_instances: list[str],
-                  candidate_instances: list[str], weight_steps: list[float],
-                  guardrails: dict[str, Any] | None = None, assignment_key: str = "session",
-                  reason: str) -> CanarySplit:
+def create_canary(
+    actor: Actor,
+    cluster_id: int,
+    *,
+    name: str,
+    baseline_policy_id: int,
+    candidate_policy_id: int,
+    baseline_instances: list[str],
+    candidate_instances: list[str],
+    weight_steps: list[float],
+    guardrails: dict[str, Any] | None = None,
+    assignment_key: str = "session",
+    reason: str,
+) -> CanarySplit:
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
-    policies = {p.pk: p for p in cluster.policies.filter(
-        pk__in=[baseline_policy_id, candidate_policy_id])}
-    for field, pk in (("baseline_policy_id", baseline_policy_id),
-                      ("candidate_policy_id", candidate_policy_id)):
+    policies = {
+        p.pk: p for p in cluster.policies.filter(pk__in=[baseline_policy_id, candidate_policy_id])
+    }
+    for field, pk in (
+        ("baseline_policy_id", baseline_policy_id),
+        ("candidate_policy_id", candidate_policy_id),
+    ):
         if pk not in policies:
             raise ServiceError(f"{field}: policy {pk} does not exist in {cluster.name}", field)
     if baseline_policy_id == candidate_policy_id:
-        raise ServiceError("candidate_policy_id must differ from baseline_policy_id",
-                           "candidate_policy_id")
+        raise ServiceError(
+            "candidate_policy_id must differ from baseline_policy_id", "candidate_policy_id"
+        )
     if assignment_key not in ("session", "random"):
         raise ServiceError("assignment_key must be 'session' or 'random'", "assignment_key")
     _validate_split(cluster, baseline_instances, candidate_instances)
     canary = CanarySplit(
-        cluster=cluster, name=name, baseline_policy=policies[baseline_policy_id],
-        candidate_policy=policies[candidate_policy_id], baseline_instances=baseline_instances,
-        candidate_instances=candidate_instances, weight_steps=_validate_steps(weight_steps),
-        guardrails=_validate_guardrails(guardrails), assignment_key=assignment_key,
+        cluster=cluster,
+        name=name,
+        baseline_policy=policies[baseline_policy_id],
+        candidate_policy=policies[candidate_policy_id],
+        baseline_instances=baseline_instances,
+        candidate_instances=candidate_instances,
+        weight_steps=_validate_steps(weight_steps),
+        guardrails=_validate_guardrails(guardrails),
+        assignment_key=assignment_key,
     )
     _full_clean(canary, ("name",))
     canary.save()
-    audit.record(actor, "canary.create", canary, after=canary_snapshot(canary), reason=reason,
-                 cluster=cluster)
+    audit.record(
+        actor,
+        "canary.create",
+        canary,
+        after=canary_snapshot(canary),
+        reason=reason,
+        cluster=cluster,
+    )
     return canary
 
 
@@ -142,14 +180,23 @@ def _locked_canary(canary_id: int) -> CanarySplit:
     except CanarySplit.DoesNotExist:
         raise NotFound(f"canary {canary_id} does not exist") from None
     locked_cluster(canary.cluster_id)
-    return CanarySplit.objects.select_for_update().select_related(
-        "cluster", "baseline_policy", "candidate_policy").get(pk=canary_id)
+    return (
+        CanarySplit.objects.select_for_update()
+        .select_related("cluster", "baseline_policy", "candidate_policy")
+        .get(pk=canary_id)
+    )
 
 
 @transaction.atomic
-def transition(actor: Actor, canary_id: int, action: str, *, reason: str,
-               evidence: dict[str, Any] | None = None,
-               expected_revision: int | None = None) -> CanarySplit:
+def transition(
+    actor: Actor,
+    canary_id: int,
+    action: str,
+    *,
+    reason: str,
+    evidence: dict[str, Any] | None = None,
+    expected_revision: int | None = None,
+) -> CanarySplit:
     """start / pause / resume / promote / abort / rollback, with audit and a new config."""
     reason = audit.require_reason(reason)
     if action not in TRANSITIONS:
@@ -175,8 +222,15 @@ def transition(actor: Actor, canary_id: int, action: str, *, reason: str,
     after = {**canary_snapshot(canary), "config_version": version.number if version else None}
     if evidence is not None:
         after["evidence"] = evidence
-    audit.record(actor, f"canary.{action}", canary, before=before, after=after, reason=reason,
-                 cluster=cluster)
+    audit.record(
+        actor,
+        f"canary.{action}",
+        canary,
+        before=before,
+        after=after,
+        reason=reason,
+        cluster=cluster,
+    )
     return canary
 
 
@@ -191,8 +245,9 @@ def _require_startable(cluster: Cluster) -> None:
 
 
 @transaction.atomic
-def advance_step(actor: Actor, canary_id: int, *, reason: str,
-                 evidence: dict[str, Any]) -> CanarySplit:
+def advance_step(
+    actor: Actor, canary_id: int, *, reason: str, evidence: dict[str, Any]
+) -> CanarySplit:
     """Move the candidate to the next weight step (the judge's 'pass')."""
     canary = _locked_canary(canary_id)
     if canary.state != CanarySplit.State.PROGRESSING:
@@ -205,16 +260,24 @@ def advance_step(actor: Actor, canary_id: int, *, reason: str,
     canary.step_started_at = timezone.now()
     canary.save()
     version = config.publish(canary.cluster, actor, reason)
-    audit.record(actor, "canary.advance", canary, before=before,
-                 after={**canary_snapshot(canary), "evidence": evidence,
-                        "config_version": version.number if version else None},
-                 reason=reason, cluster=canary.cluster)
+    audit.record(
+        actor,
+        "canary.advance",
+        canary,
+        before=before,
+        after={
+            **canary_snapshot(canary),
+            "evidence": evidence,
+            "config_version": version.number if version else None,
+        },
+        reason=reason,
+        cluster=canary.cluster,
+    )
     return canary
 
 
 @transaction.atomic
-def count_failure(actor: Actor, canary_id: int, *, reason: str,
-                  evidence: dict[str, Any]) -> int:
+def count_failure(actor: Actor, canary_id: int, *, reason: str, evidence: dict[str, Any]) -> int:
     """Record a failed step; the step restarts so the next judgement sees fresh samples."""
     canary = _locked_canary(canary_id)
     claim_edit(canary.cluster, None)
@@ -222,7 +285,13 @@ def count_failure(actor: Actor, canary_id: int, *, reason: str,
     canary.failures += 1
     canary.step_started_at = timezone.now()
     canary.save(update_fields=["failures", "step_started_at"])
-    audit.record(actor, "canary.step_failed", canary, before=before,
-                 after={**canary_snapshot(canary), "evidence": evidence}, reason=reason,
-                 cluster=canary.cluster)
+    audit.record(
+        actor,
+        "canary.step_failed",
+        canary,
+        before=before,
+        after={**canary_snapshot(canary), "evidence": evidence},
+        reason=reason,
+        cluster=canary.cluster,
+    )
     return canary.failures

@@ -24,13 +24,18 @@ PREFIX_LENGTH = 8
 
 
 def key_snapshot(key: ClientKey) -> dict[str, Any]:
-    return {"name": key.name, "prefix": key.prefix, "debug": key.can_debug,
-            "revoked": key.revoked_at is not None}
+    return {
+        "name": key.name,
+        "prefix": key.prefix,
+        "debug": key.can_debug,
+        "revoked": key.revoked_at is not None,
+    }
 
 
 @transaction.atomic
-def create_client_key(actor: Actor, cluster_id: int, *, name: str, debug: bool = False,
-                      reason: str = "") -> tuple[str, ClientKey]:
+def create_client_key(
+    actor: Actor, cluster_id: int, *, name: str, debug: bool = False, reason: str = ""
+) -> tuple[str, ClientKey]:
     """Create a key; return its plaintext (never stored) and the row."""
     cluster = locked_cluster(cluster_id)
     name = (name or "").strip()
@@ -40,22 +45,30 @@ def create_client_key(actor: Actor, cluster_id: int, *, name: str, debug: bool =
     plaintext = f"{KEY_PREFIX}_{prefix}_{new_secret()}"
     try:
         with transaction.atomic():
-            key = ClientKey.objects.create(cluster=cluster, name=name, prefix=prefix,
-                                           key_hash=sha256_hex(plaintext), can_debug=bool(debug),
-                                           created_by=actor.name)
+            key = ClientKey.objects.create(
+                cluster=cluster,
+                name=name,
+                prefix=prefix,
+                key_hash=sha256_hex(plaintext),
+                can_debug=bool(debug),
+                created_by=actor.name,
+            )
     except IntegrityError:
-        raise Conflict(f"{cluster.name} already has an active key named {name!r}",
-                       "name") from None
+        raise Conflict(f"{cluster.name} already has an active key named {name!r}", "name") from None
     version = config.publish(cluster, actor, reason or f"client key {name!r} created")
-    audit.record(actor, "client_key.create", key, after=_with_version(key, version),
-                 reason=reason or f"client key {name!r} ({'debug' if debug else 'plain'})",
-                 cluster=cluster)
+    audit.record(
+        actor,
+        "client_key.create",
+        key,
+        after=_with_version(key, version),
+        reason=reason or f"client key {name!r} ({'debug' if debug else 'plain'})",
+        cluster=cluster,
+    )
     return plaintext, key
 
 
 @transaction.atomic
-def revoke_client_key(actor: Actor, cluster_id: int, key_id: int, *,
-                      reason: str = "") -> ClientKey:
+def revoke_client_key(actor: Actor, cluster_id: int, key_id: int, *, reason: str = "") -> ClientKey:
     cluster = locked_cluster(cluster_id)
     try:
         key = ClientKey.objects.select_for_update().get(pk=key_id, cluster=cluster)
@@ -67,29 +80,45 @@ def revoke_client_key(actor: Actor, cluster_id: int, key_id: int, *,
     key.revoked_at, key.revoked_by = timezone.now(), actor.name
     key.save(update_fields=["revoked_at", "revoked_by"])
     version = config.publish(cluster, actor, reason or f"client key {key.name!r} revoked")
-    audit.record(actor, "client_key.revoke", key, before=before,
-                 after=_with_version(key, version),
-                 reason=reason or f"client key {key.name!r} revoked", cluster=cluster)
+    audit.record(
+        actor,
+        "client_key.revoke",
+        key,
+        before=before,
+        after=_with_version(key, version),
+        reason=reason or f"client key {key.name!r} revoked",
+        cluster=cluster,
+    )
     return key
 
 
 @transaction.atomic
-def set_client_keys_required(actor: Actor, cluster_id: int, required: bool, *,
-                             reason: str) -> Cluster:
+def set_client_keys_required(
+    actor: Actor, cluster_id: int, required: bool, *, reason: str
+) -> Cluster:
     """Switch whether the cluster's routers refuse requests without a valid key."""
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
     if cluster.client_keys_required == required:
-        raise Conflict(f"client keys are already {'required' if required else 'optional'} "
-                       f"on {cluster.name}", "required")
+        raise Conflict(
+            f"client keys are already {'required' if required else 'optional'} on {cluster.name}",
+            "required",
+        )
     cluster.client_keys_required = required
     cluster.save(update_fields=["client_keys_required"])
     version = config.publish(cluster, actor, reason)
-    audit.record(actor, "cluster.client_keys_required", cluster,
-                 before={"client_keys_required": not required},
-                 after={"client_keys_required": required,
-                        "config_version": version.number if version else None},
-                 reason=reason, cluster=cluster)
+    audit.record(
+        actor,
+        "cluster.client_keys_required",
+        cluster,
+        before={"client_keys_required": not required},
+        after={
+            "client_keys_required": required,
+            "config_version": version.number if version else None,
+        },
+        reason=reason,
+        cluster=cluster,
+    )
     return cluster
 
 

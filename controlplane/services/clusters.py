@@ -18,19 +18,29 @@ MAX_BLOCK_SIZE = 4096
 
 
 def instance_snapshot(instance: Instance) -> dict:
-    return {"name": instance.name, "url": instance.url, "state": instance.state,
-            "kv_events": instance.kv_events}
+    return {
+        "name": instance.name,
+        "url": instance.url,
+        "state": instance.state,
+        "kv_events": instance.kv_events,
+    }
 
 
 def cluster_snapshot(cluster: Cluster) -> dict:
-    return {"name": cluster.name, "model": cluster.model, "gpu_type": cluster.gpu_type,
-            "block_size": cluster.block_size}
+    return {
+        "name": cluster.name,
+        "model": cluster.model,
+        "gpu_type": cluster.gpu_type,
+        "block_size": cluster.block_size,
+    }
 
 
 def _full_clean(obj, fields: tuple[str, ...]) -> None:
     try:
-        obj.full_clean(exclude=[f.name for f in obj._meta.fields if f.name not in fields],
-                       validate_unique=False)
+        obj.full_clean(
+            exclude=[f.name for f in obj._meta.fields if f.name not in fields],
+            validate_unique=False,
+        )
     except DjangoValidationError as error:
         field, messages = next(iter(error.message_dict.items()))
         raise ServiceError(f"{field}: {messages[0]}", field) from None
@@ -53,27 +63,43 @@ def claim_edit(cluster: Cluster, expected_revision: int | None) -> None:
 
 
 @transaction.atomic
-def create_cluster(actor: Actor, *, name: str, model: str, gpu_type: str,
-                   block_size: int = 16, reason: str = "") -> Cluster:
+def create_cluster(
+    actor: Actor, *, name: str, model: str, gpu_type: str, block_size: int = 16, reason: str = ""
+) -> Cluster:
     cluster = Cluster(name=name, model=model, gpu_type=gpu_type, block_size=block_size)
     _full_clean(cluster, ("name", "model", "gpu_type", "block_size"))
     if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
         # The router refuses other sizes, so the first config version could never be built.
-        raise ServiceError(f"block_size must be in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}",
-                           "block_size")
+        raise ServiceError(
+            f"block_size must be in {MIN_BLOCK_SIZE}..{MAX_BLOCK_SIZE}", "block_size"
+        )
     try:
         with transaction.atomic():
             cluster.save()
     except IntegrityError:
         raise Conflict(f"a cluster named {name!r} already exists", "name") from None
-    audit.record(actor, "cluster.create", cluster, after=cluster_snapshot(cluster),
-                 reason=reason, cluster=cluster)
+    audit.record(
+        actor,
+        "cluster.create",
+        cluster,
+        after=cluster_snapshot(cluster),
+        reason=reason,
+        cluster=cluster,
+    )
     return cluster
 
 
 @transaction.atomic
-def add_instance(actor: Actor, cluster_id: int, *, name: str, url: str, kv_events: str = "",
-                 reason: str, expected_revision: int | None = None) -> Instance:
+def add_instance(
+    actor: Actor,
+    cluster_id: int,
+    *,
+    name: str,
+    url: str,
+    kv_events: str = "",
+    reason: str,
+    expected_revision: int | None = None,
+) -> Instance:
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
     claim_edit(cluster, expected_revision)
@@ -85,14 +111,21 @@ def add_instance(actor: Actor, cluster_id: int, *, name: str, url: str, kv_event
     except IntegrityError:
         raise Conflict(f"instance {name!r} already exists in {cluster.name}", "name") from None
     version = config.publish(cluster, actor, reason)
-    audit.record(actor, "instance.add", instance, after=_with_version(
-        instance_snapshot(instance), version), reason=reason, cluster=cluster)
+    audit.record(
+        actor,
+        "instance.add",
+        instance,
+        after=_with_version(instance_snapshot(instance), version),
+        reason=reason,
+        cluster=cluster,
+    )
     return instance
 
 
 @transaction.atomic
-def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: str,
-                       expected_revision: int | None = None) -> Instance:
+def set_instance_state(
+    actor: Actor, instance_id: int, state: str, *, reason: str, expected_revision: int | None = None
+) -> Instance:
     reason = audit.require_reason(reason)
     instance = _locked_instance(instance_id)
     claim_edit(instance.cluster, expected_revision)
@@ -104,34 +137,53 @@ def set_instance_state(actor: Actor, instance_id: int, state: str, *, reason: st
     instance.state = state
     instance.save(update_fields=["state"])
     version = config.publish(instance.cluster, actor, reason)
-    audit.record(actor, f"instance.{_verb(state)}", instance, before=before,
-                 after=_with_version(instance_snapshot(instance), version),
-                 reason=reason, cluster=instance.cluster)
+    audit.record(
+        actor,
+        f"instance.{_verb(state)}",
+        instance,
+        before=before,
+        after=_with_version(instance_snapshot(instance), version),
+        reason=reason,
+        cluster=instance.cluster,
+    )
     return instance
 
 
 @transaction.atomic
-def remove_instance(actor: Actor, instance_id: int, *, reason: str,
-                    expected_revision: int | None = None) -> None:
+def remove_instance(
+    actor: Actor, instance_id: int, *, reason: str, expected_revision: int | None = None
+) -> None:
     reason = audit.require_reason(reason)
     instance = _locked_instance(instance_id)
     cluster = instance.cluster
     claim_edit(cluster, expected_revision)
-    in_canary = [c.name for c in cluster.canaries.filter(state__in=("progressing", "paused"))
-                 if instance.name in c.baseline_instances + c.candidate_instances]
+    in_canary = [
+        c.name
+        for c in cluster.canaries.filter(state__in=("progressing", "paused"))
+        if instance.name in c.baseline_instances + c.candidate_instances
+    ]
     if in_canary:
         raise Conflict(f"instance {instance.name!r} is part of running canary {in_canary[0]!r}")
     if cluster.versions.exists() and cluster.instances.count() == 1:
         # A router config needs at least one instance: without this the routers would keep
         # serving the last version, which still lists the removed instance.
-        raise Conflict(f"{instance.name!r} is the last instance of {cluster.name}; "
-                       "add another before removing it")
+        raise Conflict(
+            f"{instance.name!r} is the last instance of {cluster.name}; "
+            "add another before removing it"
+        )
     before = instance_snapshot(instance)
     audit_target = Instance(pk=instance.pk)
     instance.delete()
     version = config.publish(cluster, actor, reason)
-    audit.record(actor, "instance.remove", audit_target, before=before,
-                 after=_with_version({}, version), reason=reason, cluster=cluster)
+    audit.record(
+        actor,
+        "instance.remove",
+        audit_target,
+        before=before,
+        after=_with_version({}, version),
+        reason=reason,
+        cluster=cluster,
+    )
 
 
 def _router_url(url: str) -> str:

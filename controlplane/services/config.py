@@ -22,10 +22,18 @@ def canary_document(canary: CanarySplit) -> dict[str, Any]:
         "id": canary.pk,
         "assignment_key": canary.assignment_key,
         "arms": [
-            {"name": "baseline", "policy": canary.baseline_policy.spec(),
-             "weight": 100 - weight, "instances": canary.baseline_instances},
-            {"name": "candidate", "policy": canary.candidate_policy.spec(),
-             "weight": weight, "instances": canary.candidate_instances},
+            {
+                "name": "baseline",
+                "policy": canary.baseline_policy.spec(),
+                "weight": 100 - weight,
+                "instances": canary.baseline_instances,
+            },
+            {
+                "name": "candidate",
+                "policy": canary.candidate_policy.spec(),
+                "weight": weight,
+                "instances": canary.candidate_instances,
+            },
         ],
     }
 
@@ -33,8 +41,10 @@ def canary_document(canary: CanarySplit) -> dict[str, Any]:
 def client_auth_document(cluster: Cluster) -> dict[str, Any] | None:
     """The `client_auth` section of the cluster's router config (None when there is nothing
     to say: no keys and none required, which is the router's default)."""
-    keys = [{"sha256": key.key_hash, "rights": ["debug"] if key.can_debug else []}
-            for key in cluster.client_keys.filter(revoked_at=None).order_by("pk")]
+    keys = [
+        {"sha256": key.key_hash, "rights": ["debug"] if key.can_debug else []}
+        for key in cluster.client_keys.filter(revoked_at=None).order_by("pk")
+    ]
     if not keys and not cluster.client_keys_required:
         return None
     return {"required": cluster.client_keys_required, "keys": keys}
@@ -43,8 +53,12 @@ def client_auth_document(cluster: Cluster) -> dict[str, Any] | None:
 def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     """The routing document the cluster's routers should run, or None if not yet routable."""
     instances = [
-        {"name": i.name, "url": i.url, "state": i.state, **({"kv_events": i.kv_events}
-                                                          if i.kv_events else {})}
+        {
+            "name": i.name,
+            "url": i.url,
+            "state": i.state,
+            **({"kv_events": i.kv_events} if i.kv_events else {}),
+        }
         for i in cluster.instances.order_by("name")
     ]
     if not instances or cluster.active_policy is None:

@@ -46,8 +46,9 @@ class DemoSpec:
 def seed(spec: DemoSpec) -> Cluster:
     cluster = Cluster.objects.filter(name=spec.cluster).first()
     if cluster is None:
-        cluster = clusters.create_cluster(SEEDER, name=spec.cluster, model=spec.model,
-                                          gpu_type=spec.gpu, reason=REASON)
+        cluster = clusters.create_cluster(
+            SEEDER, name=spec.cluster, model=spec.model, gpu_type=spec.gpu, reason=REASON
+        )
     _seed_instances(cluster, spec)
     by_kind = _seed_policies(cluster)
     if cluster.active_policy is None:
@@ -63,10 +64,19 @@ def _seed_instances(cluster: Cluster, spec: DemoSpec) -> None:
         name = f"i{index:02d}"
         if name in existing:
             continue
-        kv = (f"tcp://{spec.engine_host}:{spec.kv_events_base_port + index}"
-              if spec.kv_events_base_port else "")
-        clusters.add_instance(SEEDER, cluster.pk, name=name, kv_events=kv, reason=REASON,
-                              url=f"http://{spec.engine_host}:{spec.engine_base_port + index}")
+        kv = (
+            f"tcp://{spec.engine_host}:{spec.kv_events_base_port + index}"
+            if spec.kv_events_base_port
+            else ""
+        )
+        clusters.add_instance(
+            SEEDER,
+            cluster.pk,
+            name=name,
+            kv_events=kv,
+            reason=REASON,
+            url=f"http://{spec.engine_host}:{spec.engine_base_port + index}",
+        )
 
 
 def _seed_policies(cluster: Cluster) -> dict:
@@ -74,8 +84,14 @@ def _seed_policies(cluster: Cluster) -> dict:
     for kind, params in DEMO_POLICIES.items():
         if kind not in by_kind:
             by_kind[kind] = policies.create_policy(
-                SEEDER, cluster.pk, name=kind.replace("_", "-"), kind=kind, params=params,
-                description=f"demo {kind}", reason=REASON)
+                SEEDER,
+                cluster.pk,
+                name=kind.replace("_", "-"),
+                kind=kind,
+                params=params,
+                description=f"demo {kind}",
+                reason=REASON,
+            )
     return by_kind
 
 
@@ -85,19 +101,26 @@ def _seed_canary(cluster: Cluster, by_kind: dict, spec: DemoSpec) -> None:
     names = [f"i{index:02d}" for index in range(spec.instances)]
     half = len(names) // 2
     canaries.create_canary(
-        SEEDER, cluster.pk, name="lmetric-vs-round-robin",
-        baseline_policy_id=by_kind["round_robin"].pk, candidate_policy_id=by_kind["lmetric"].pk,
-        baseline_instances=names[:half], candidate_instances=names[half:],
-        weight_steps=[25, 50], guardrails={"step_seconds": 60, "min_samples": 30},
-        reason=REASON)
+        SEEDER,
+        cluster.pk,
+        name="lmetric-vs-round-robin",
+        baseline_policy_id=by_kind["round_robin"].pk,
+        candidate_policy_id=by_kind["lmetric"].pk,
+        baseline_instances=names[:half],
+        candidate_instances=names[half:],
+        weight_steps=[25, 50],
+        guardrails={"step_seconds": 60, "min_samples": 30},
+        reason=REASON,
+    )
     assert cluster.canaries.filter(state=CanarySplit.State.DRAFT).exists()
 
 
 def _seed_router(cluster: Cluster, spec: DemoSpec) -> None:
     router = cluster.routers.filter(name="router-0").first()
     if router is None:
-        router = RouterDeployment.objects.create(cluster=cluster, name="router-0",
-                                                 host=spec.router_host, port=spec.router_port)
+        router = RouterDeployment.objects.create(
+            cluster=cluster, name="router-0", host=spec.router_host, port=spec.router_port
+        )
     elif (router.host, router.port) != (spec.router_host, spec.router_port):
         router.host, router.port = spec.router_host, spec.router_port
         router.save(update_fields=["host", "port"])

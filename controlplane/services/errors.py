@@ -29,7 +29,10 @@ class StaleEdit(Conflict):
     """The edit was made against an older revision of the cluster than the current one."""
 
     def __init__(self, cluster_name: str, expected: int, current: int) -> None:
-        super().__init__(f"{cluster_name} changed since this edit was prepared (made against "
-                         f"revision {expected}, it is now at revision {current}): review the "
-                         "current state and submit again", "expected_revision")
+        super().__init__(
+            f"{cluster_name} changed since this edit was prepared (made against "
+            f"revision {expected}, it is now at revision {current}): review the "
+            "current state and submit again",
+            "expected_revision",
+        )
         self.details = {"current_revision": current}

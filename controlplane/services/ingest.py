@@ -180,18 +180,31 @@ def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
         _, created = HotspotEvent.objects.get_or_create(
             event_id=event.id,
             defaults={
-                "cluster": cluster, "router": event.router, "at": to_datetime(event.at),
-                "transition": hotspot.transition, "prefix_class": hotspot.prefix_class,
-                "prefix_hash": hotspot.prefix_hash, "x": hotspot.x, "x_bar": hotspot.x_bar,
-                "m": hotspot.m, "m_bar": hotspot.m_bar, "window": hotspot.window,
-                "instances": hotspot.instances, "details": event.payload,
+                "cluster": cluster,
+                "router": event.router,
+                "at": to_datetime(event.at),
+                "transition": hotspot.transition,
+                "prefix_class": hotspot.prefix_class,
+                "prefix_hash": hotspot.prefix_hash,
+                "x": hotspot.x,
+                "x_bar": hotspot.x_bar,
+                "m": hotspot.m,
+                "m_bar": hotspot.m_bar,
+                "window": hotspot.window,
+                "instances": hotspot.instances,
+                "details": event.payload,
             },
         )
         return created
     _, created = RouterEvent.objects.get_or_create(
         event_id=event.id,
-        defaults={"cluster": cluster, "router": event.router, "at": to_datetime(event.at),
-                  "kind": event.kind, "payload": event.payload},
+        defaults={
+            "cluster": cluster,
+            "router": event.router,
+            "at": to_datetime(event.at),
+            "kind": event.kind,
+            "payload": event.payload,
+        },
     )
     return created
 
@@ -213,16 +226,20 @@ ENTRY_FAULTS = (ValueError, ArithmeticError, DataError)
 
 def _reason(error: Exception) -> str:
     if isinstance(error, ValidationError):
-        text = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}"
-                         for e in error.errors())
+        text = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'entry'}: {e['msg']}" for e in error.errors()
+        )
     else:
         text = f"{type(error).__name__}: {error}"
     return text.strip()[:REASON_CHARS]
 
 
-def _store_entry(fields: dict, parse: Callable[[dict], Any],
-                 store: Callable[[Any, dict[str, Cluster]], bool],
-                 clusters: dict[str, Cluster]) -> bool | str:
+def _store_entry(
+    fields: dict,
+    parse: Callable[[dict], Any],
+    store: Callable[[Any, dict[str, Cluster]], bool],
+    clusters: dict[str, Cluster],
+) -> bool | str:
     """True (stored), False (a duplicate) or the reason the entry is quarantined."""
     try:
         item = parse(fields)
@@ -245,18 +262,32 @@ def _text(value: bytes | str) -> str:
 
 def _quarantine_fields(source: str, entry_id: bytes, fields: dict, reason: str) -> dict:
     data = _raw_data(fields)
-    return {"source": source, "entry_id": entry_id, "reason": reason,
-            "data": data[:QUARANTINED_DATA_BYTES], "data_bytes": len(data),
-            "at": f"{time.time():.3f}"}
+    return {
+        "source": source,
+        "entry_id": entry_id,
+        "reason": reason,
+        "data": data[:QUARANTINED_DATA_BYTES],
+        "data_bytes": len(data),
+        "at": f"{time.time():.3f}",
+    }
 
 
-def _settle(client: redis.Redis, stream: str, ids: list[bytes],
-            poisoned: list[tuple[bytes, dict, str]], delete_acknowledged: bool) -> None:
+def _settle(
+    client: redis.Redis,
+    stream: str,
+    ids: list[bytes],
+    poisoned: list[tuple[bytes, dict, str]],
+    delete_acknowledged: bool,
+) -> None:
     """Quarantine, count and acknowledge in one MULTI: all of it happens, or none."""
     pipe = client.pipeline(transaction=True)
     for entry_id, fields, reason in poisoned:
-        pipe.xadd(QUARANTINE_STREAM, _quarantine_fields(stream, entry_id, fields, reason),
-                  maxlen=QUARANTINE_MAXLEN, approximate=True)
+        pipe.xadd(
+            QUARANTINE_STREAM,
+            _quarantine_fields(stream, entry_id, fields, reason),
+            maxlen=QUARANTINE_MAXLEN,
+            approximate=True,
+        )
     if poisoned:
         pipe.hincrby(QUARANTINE_COUNTS, stream, len(poisoned))
     pipe.xack(stream, GROUP, *ids)
@@ -265,9 +296,14 @@ def _settle(client: redis.Redis, stream: str, ids: list[bytes],
     pipe.execute()
 
 
-def _ingest(client: redis.Redis, stream: str, parse: Callable[[dict], Any],
-            store: Callable[[Any, dict[str, Cluster]], bool], *,
-            delete_acknowledged: bool = False) -> IngestResult:
+def _ingest(
+    client: redis.Redis,
+    stream: str,
+    parse: Callable[[dict], Any],
+    store: Callable[[Any, dict[str, Cluster]], bool],
+    *,
+    delete_acknowledged: bool = False,
+) -> IngestResult:
     """One batch: store every entry (each in its own savepoint) in one transaction, then
     quarantine the refused ones and acknowledge (and, for a stream nobody else reads,
     delete) them all."""
@@ -289,8 +325,7 @@ def _ingest(client: redis.Redis, stream: str, parse: Callable[[dict], Any],
     for entry_id, _, reason in poisoned:
         log.warning("%s entry %s quarantined: %s", stream, _text(entry_id), reason)
     result.quarantined = len(poisoned)
-    _settle(client, stream, [entry_id for entry_id, _ in entries], poisoned,
-            delete_acknowledged)
+    _settle(client, stream, [entry_id for entry_id, _ in entries], poisoned, delete_acknowledged)
     return result
 
 
@@ -302,8 +337,7 @@ def ingest_metrics(client: redis.Redis) -> IngestResult:
     # Only ingest reads the metrics stream, so folded entries are deleted and the stream
     # holds only what is not ingested yet. (The events stream is also tailed by the
     # dashboard's publisher and stays capped by MAXLEN.)
-    return _ingest(client, METRICS_STREAM, parse_metrics, store_metrics,
-                   delete_acknowledged=True)
+    return _ingest(client, METRICS_STREAM, parse_metrics, store_metrics, delete_acknowledged=True)
 
 
 def quarantine_summary(client: redis.Redis, limit: int = 50) -> QuarantineSummary:
@@ -319,6 +353,11 @@ def _quarantined_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> Quarantin
         return _text(fields.get(name.encode(), b""))
 
     return QuarantinedEntry(
-        id=_text(entry_id), source=get("source"), entry_id=get("entry_id"),
-        reason=get("reason"), data=get("data"), data_bytes=int(get("data_bytes") or 0),
-        at=to_datetime(float(get("at") or 0)))
+        id=_text(entry_id),
+        source=get("source"),
+        entry_id=get("entry_id"),
+        reason=get("reason"),
+        data=get("data"),
+        data_bytes=int(get("data_bytes") or 0),
+        at=to_datetime(float(get("at") or 0)),
+    )

@@ -21,8 +21,11 @@ def scrape_instance(client: httpx.Client, instance: Instance) -> tuple[bool, dic
     try:
         healthy = client.get(f"{instance.url}/health").status_code == 200
         metrics = client.get(f"{instance.url}/metrics")
-        parsed = (parse_metrics(metrics.text, histograms=False).summary()
-                  if metrics.status_code == 200 else {})
+        parsed = (
+            parse_metrics(metrics.text, histograms=False).summary()
+            if metrics.status_code == 200
+            else {}
+        )
     except (httpx.HTTPError, ValueError) as error:
         return False, {"error": f"{type(error).__name__}: {error}"}
     return healthy, parsed

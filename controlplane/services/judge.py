@@ -78,13 +78,18 @@ class Verdict:
     arms: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def evidence(self) -> dict[str, Any]:
-        return {"verdict": self.verdict, "reasons": self.reasons, "arms": self.arms,
-                "guards": [asdict(g) for g in self.guards],
-                "tests": [asdict(t) for t in self.tests]}
+        return {
+            "verdict": self.verdict,
+            "reasons": self.reasons,
+            "arms": self.arms,
+            "guards": [asdict(g) for g in self.guards],
+            "tests": [asdict(t) for t in self.tests],
+        }
 
 
-def compare(metric: str, baseline: list[float], candidate: list[float],
-            guardrails: dict[str, float]) -> MetricTest:
+def compare(
+    metric: str, baseline: list[float], candidate: list[float], guardrails: dict[str, float]
+) -> MetricTest:
     n_b, n_c = len(baseline), len(candidate)
     if min(n_b, n_c) < guardrails["min_samples"]:
         return MetricTest(metric, n_b, n_c, None, None, None, None, "no_data")
@@ -108,10 +113,18 @@ def guards_of(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> li
     """The step's hard guards, each with its value, its limit and whether it held."""
     candidate = samples["candidate"]
     fewest = min(min(len(s.ttft_s), len(s.tpot_s)) for s in samples.values())
-    guards = [Guard("min_samples", fewest, guardrails["min_samples"],
-                    bool(candidate.requests) and fewest >= guardrails["min_samples"])]
-    for name, count in (("error_rate", candidate.errors),
-                        ("hotspot_fallback_rate", candidate.hotspot_fallbacks)):
+    guards = [
+        Guard(
+            "min_samples",
+            fewest,
+            guardrails["min_samples"],
+            bool(candidate.requests) and fewest >= guardrails["min_samples"],
+        )
+    ]
+    for name, count in (
+        ("error_rate", candidate.errors),
+        ("hotspot_fallback_rate", candidate.hotspot_fallbacks),
+    ):
         limit = guardrails[f"max_{name}"]
         rate = count / candidate.requests if candidate.requests else None
         guards.append(Guard(name, rate, limit, None if rate is None else rate <= limit))
@@ -119,28 +132,49 @@ def guards_of(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> li
 
 
 def arm_counts(samples: dict[str, ArmSample]) -> dict[str, dict[str, int]]:
-    return {name: {"requests": s.requests, "errors": s.errors,
-                   "hotspot_fallbacks": s.hotspot_fallbacks, "ttft_samples": len(s.ttft_s),
-                   "tpot_samples": len(s.tpot_s)} for name, s in samples.items()}
+    return {
+        name: {
+            "requests": s.requests,
+            "errors": s.errors,
+            "hotspot_fallbacks": s.hotspot_fallbacks,
+            "ttft_samples": len(s.ttft_s),
+            "tpot_samples": len(s.tpot_s),
+        }
+        for name, s in samples.items()
+    }
 
 
 def judge(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> Verdict:
     """Pure decision on one step's samples (no database access)."""
     baseline, candidate = samples["baseline"], samples["candidate"]
     guards, arms = guards_of(samples, guardrails), arm_counts(samples)
-    tests = [compare("ttft", baseline.ttft_s, candidate.ttft_s, guardrails),
-             compare("tpot", baseline.tpot_s, candidate.tpot_s, guardrails)]
+    tests = [
+        compare("ttft", baseline.ttft_s, candidate.ttft_s, guardrails),
+        compare("tpot", baseline.tpot_s, candidate.tpot_s, guardrails),
+    ]
     if not guards[0].passed:
-        return Verdict("halt", ["too few samples to judge (min_samples "
-                                f"{guardrails['min_samples']:g} per arm)"], tests, guards, arms)
-    reasons = [f"{GUARD_LABELS[g.name]} {g.value:.3f} > {g.limit:g}"
-               for g in guards[1:] if not g.passed]
-    reasons += [f"{t.metric} median {t.effect:+.1%} (p={t.p_value:.3g})"
-                for t in tests if t.outcome == "fail"]
+        return Verdict(
+            "halt",
+            [f"too few samples to judge (min_samples {guardrails['min_samples']:g} per arm)"],
+            tests,
+            guards,
+            arms,
+        )
+    reasons = [
+        f"{GUARD_LABELS[g.name]} {g.value:.3f} > {g.limit:g}" for g in guards[1:] if not g.passed
+    ]
+    reasons += [
+        f"{t.metric} median {t.effect:+.1%} (p={t.p_value:.3g})"
+        for t in tests
+        if t.outcome == "fail"
+    ]
     if reasons:
         return Verdict("fail", reasons, tests, guards, arms)
-    unsure = [f"{t.metric} median {t.effect:+.1%} but not significant (p={t.p_value:.3g})"
-              for t in tests if t.outcome == "inconclusive"]
+    unsure = [
+        f"{t.metric} median {t.effect:+.1%} but not significant (p={t.p_value:.3g})"
+        for t in tests
+        if t.outcome == "inconclusive"
+    ]
     if unsure:
         return Verdict("inconclusive", unsure, tests, guards, arms)
     return Verdict("pass", ["no regression beyond tolerance"], tests, guards, arms)
@@ -148,9 +182,10 @@ def judge(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> Verdic
 
 def step_samples(canary: CanarySplit) -> dict[str, ArmSample]:
     rows = ArmMetricRollup.objects.filter(
-        cluster=canary.cluster, arm__in=ARMS,
-        minute__gte=(canary.step_started_at or canary.created_at).replace(second=0,
-                                                                            microsecond=0))
+        cluster=canary.cluster,
+        arm__in=ARMS,
+        minute__gte=(canary.step_started_at or canary.created_at).replace(second=0, microsecond=0),
+    )
     samples = {arm: ArmSample() for arm in ARMS}
     for row in rows:
         arm = samples[row.arm]
@@ -181,13 +216,20 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
             return None
         verdict = judge(step_samples(canary), canary.guardrails)
         # The step as it was judged: _act may move the canary to the next one.
-        evidence = {**verdict.evidence(), "step_index": canary.step_index,
-                    "candidate_weight": canary.candidate_weight,
-                    "step_started_at": (canary.step_started_at or canary.created_at).isoformat()}
+        evidence = {
+            **verdict.evidence(),
+            "step_index": canary.step_index,
+            "candidate_weight": canary.candidate_weight,
+            "step_started_at": (canary.step_started_at or canary.created_at).isoformat(),
+        }
         action = _act(canary, verdict, evidence)
         return CanaryJudgement.objects.create(
-            canary=canary, step_index=evidence["step_index"], verdict=verdict.verdict,
-            action=action, evidence=evidence)
+            canary=canary,
+            step_index=evidence["step_index"],
+            verdict=verdict.verdict,
+            action=action,
+            evidence=evidence,
+        )
 
 
 def _act(canary: CanarySplit, verdict: Verdict, evidence: dict[str, Any]) -> str:

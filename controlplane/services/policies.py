@@ -17,41 +17,65 @@ from .validation import normalised_params
 
 
 def policy_snapshot(policy: Policy) -> dict[str, Any]:
-    return {"name": policy.name, "kind": policy.kind, "params": policy.params,
-            "description": policy.description}
+    return {
+        "name": policy.name,
+        "kind": policy.kind,
+        "params": policy.params,
+        "description": policy.description,
+    }
 
 
 @transaction.atomic
-def create_policy(actor: Actor, cluster_id: int, *, name: str, kind: str,
-                  params: dict[str, Any] | None = None, description: str = "",
-                  reason: str = "") -> Policy:
+def create_policy(
+    actor: Actor,
+    cluster_id: int,
+    *,
+    name: str,
+    kind: str,
+    params: dict[str, Any] | None = None,
+    description: str = "",
+    reason: str = "",
+) -> Policy:
     cluster = locked_cluster(cluster_id)
     params = policy_defaults.complete_params(kind, normalised_params(kind, params), cluster)
-    policy = Policy(cluster=cluster, name=name, kind=kind, params=params,
-                    description=description)
+    policy = Policy(cluster=cluster, name=name, kind=kind, params=params, description=description)
     _full_clean(policy, ("name",))
     try:
         with transaction.atomic():
             policy.save()
     except IntegrityError:
-        raise Conflict(f"a policy named {name!r} already exists in {cluster.name}", "name") \
-            from None
-    audit.record(actor, "policy.create", policy, after=policy_snapshot(policy), reason=reason,
-                 cluster=cluster)
+        raise Conflict(
+            f"a policy named {name!r} already exists in {cluster.name}", "name"
+        ) from None
+    audit.record(
+        actor,
+        "policy.create",
+        policy,
+        after=policy_snapshot(policy),
+        reason=reason,
+        cluster=cluster,
+    )
     return policy
 
 
 @transaction.atomic
-def activate_policy(actor: Actor, cluster_id: int, policy_id: int, *, reason: str,
-                    expected_revision: int | None = None) -> Policy:
+def activate_policy(
+    actor: Actor,
+    cluster_id: int,
+    policy_id: int,
+    *,
+    reason: str,
+    expected_revision: int | None = None,
+) -> Policy:
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
     claim_edit(cluster, expected_revision)
     try:
         policy = cluster.policies.get(pk=policy_id)
     except Policy.DoesNotExist:
-        raise NotFound(f"policy {policy_id} does not exist in {cluster.name}", "policy_id") \
-            from None
+        raise NotFound(
+            f"policy {policy_id} does not exist in {cluster.name}", "policy_id"
+        ) from None
     if config.active_canary(cluster) is not None:
         raise Conflict("a canary is running on this cluster: promote or abort it first")
     before = {"active_policy": cluster.active_policy.name if cluster.active_policy else None}
@@ -60,8 +84,17 @@ def activate_policy(actor: Actor, cluster_id: int, policy_id: int, *, reason: st
     cluster.active_policy = policy
     cluster.save(update_fields=["active_policy"])
     version = config.publish(cluster, actor, reason)
-    audit.record(actor, "policy.activate", policy, before=before,
-                 after={"active_policy": policy.name, "kind": policy.kind,
-                        "config_version": version.number if version else None},
-                 reason=reason, cluster=cluster)
+    audit.record(
+        actor,
+        "policy.activate",
+        policy,
+        before=before,
+        after={
+            "active_policy": policy.name,
+            "kind": policy.kind,
+            "config_version": version.number if version else None,
+        },
+        reason=reason,
+        cluster=cluster,
+    )
     return policy

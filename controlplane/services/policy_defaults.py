@@ -41,6 +41,8 @@ def complete_params(kind: str, params: dict[str, Any], cluster: Cluster) -> dict
     except UnknownHardwareError as error:
         missing = unset_fields(kind, params)
         fields = ", ".join(f"params.{name}" for name in missing)
-        raise ServiceError(f"params.{missing[0]}: cannot derive {kind}'s cost coefficients "
-                           f"for {cluster.name}: {error}; set {fields}",
-                           f"params.{missing[0]}") from None
+        raise ServiceError(
+            f"params.{missing[0]}: cannot derive {kind}'s cost coefficients "
+            f"for {cluster.name}: {error}; set {fields}",
+            f"params.{missing[0]}",
+        ) from None

@@ -76,13 +76,15 @@ def reconcile_all(client: redis.Redis) -> list[ReconcileResult]:
     return [reconcile_cluster(c, client, listening=since) for c in Cluster.objects.all()]
 
 
-def reconcile_cluster(cluster: Cluster, client: redis.Redis | None = None, *,
-                      listening: float | None = None) -> ReconcileResult:
+def reconcile_cluster(
+    cluster: Cluster, client: redis.Redis | None = None, *, listening: float | None = None
+) -> ReconcileResult:
     """`listening`: what listening_since() returned for this run (None: restart nobody)."""
     client = client or notify.redis_client()
     result = ReconcileResult(cluster.name)
-    lock = client.lock(f"switchyard:reconcile-lock:{cluster.pk}", timeout=LOCK_TIMEOUT_S,
-                       blocking=False)
+    lock = client.lock(
+        f"switchyard:reconcile-lock:{cluster.pk}", timeout=LOCK_TIMEOUT_S, blocking=False
+    )
     if not lock.acquire():
         result.skipped = "another reconcile holds the lock"
         return result
@@ -106,12 +108,16 @@ def _silent(router: RouterDeployment, listening: float | None) -> bool:
     return time.time() - silent_from > settings.ROUTER_HEARTBEAT_TIMEOUT_S
 
 
-def _action_for(router: RouterDeployment, latest: int | None,
-                listening: float | None) -> str | None:
+def _action_for(
+    router: RouterDeployment, latest: int | None, listening: float | None
+) -> str | None:
     if _silent(router, listening):
         return "restart"
-    if latest is not None and router.last_heartbeat is not None \
-            and router.applied_version != latest:
+    if (
+        latest is not None
+        and router.last_heartbeat is not None
+        and router.applied_version != latest
+    ):
         return "push"
     return None
 
@@ -122,8 +128,11 @@ def _perform(action: str, router: RouterDeployment, latest: int | None) -> None:
         from controlplane.router_fleet.bootstep import host_queue
 
         # A request queued while the host's worker is away is stale by the time it returns.
-        app.send_task("switchyard.restart_router", args=[router.pk],
-                      queue=host_queue(router.host),
-                      expires=settings.ROUTER_HEARTBEAT_TIMEOUT_S)
+        app.send_task(
+            "switchyard.restart_router",
+            args=[router.pk],
+            queue=host_queue(router.host),
+            expires=settings.ROUTER_HEARTBEAT_TIMEOUT_S,
+        )
     elif action == "push" and latest is not None:
         notify.config_version_created(router.cluster.name, latest)

@@ -27,8 +27,10 @@ REPLAY_TASK = "switchyard.run_replay"
 MAX_POLICIES = 8
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
-ABANDONED_ERROR = ("the worker running this replay stopped before it finished (killed, "
-                   "restarted or out of memory); request it again")
+ABANDONED_ERROR = (
+    "the worker running this replay stopped before it finished (killed, "
+    "restarted or out of memory); request it again"
+)
 
 
 @dataclass(frozen=True)
@@ -42,20 +44,37 @@ def replay_snapshot(job: ReplayJob) -> dict[str, Any]:
     return {"state": job.state, "inputs": job.inputs}
 
 
-def request_replay(actor: Actor, cluster_id: int, *, trace: str, policies: list[dict[str, Any]],
-                   rate_scale: float = 1.0, max_requests: int | None = None, seed: int = 0,
-                   reason: str = "") -> ReplayRequest:
+def request_replay(
+    actor: Actor,
+    cluster_id: int,
+    *,
+    trace: str,
+    policies: list[dict[str, Any]],
+    rate_scale: float = 1.0,
+    max_requests: int | None = None,
+    seed: int = 0,
+    reason: str = "",
+) -> ReplayRequest:
     """Create the queued job (committed), then send it to the workers. A broker outage does
     not lose the job: it stays queued and the answer says it was not dispatched. Every row
     of the trace is checked first (outside the cluster lock: a big trace takes a while)."""
     _check_trace_rows(cluster_id, trace)
-    job = _create_job(actor, cluster_id, trace=trace, policies=policies, rate_scale=rate_scale,
-                      max_requests=max_requests, seed=seed, reason=reason)
+    job = _create_job(
+        actor,
+        cluster_id,
+        trace=trace,
+        policies=policies,
+        rate_scale=rate_scale,
+        max_requests=max_requests,
+        seed=seed,
+        reason=reason,
+    )
     return _dispatch(job)
 
 
-def request_uploaded_replay(actor: Actor, cluster_id: int, *, filename: str,
-                            chunks: Iterable[bytes], **options: Any) -> ReplayRequest:
+def request_uploaded_replay(
+    actor: Actor, cluster_id: int, *, filename: str, chunks: Iterable[bytes], **options: Any
+) -> ReplayRequest:
     """Store an operator's trace file and request a replay of it; the file is deleted again
     when it or the request is refused, so refused uploads do not pile up on disk."""
     trace = traces.store_upload(filename, chunks)
@@ -76,26 +95,37 @@ def _check_trace_rows(cluster_id: int, trace: str) -> None:
 def prune_uploads() -> int:
     """Delete uploaded traces older than the retention period that no waiting or running
     job still needs (refused uploads are deleted at once; this catches the rest)."""
-    pending = ReplayJob.objects.filter(state__in=[ReplayJob.State.QUEUED,
-                                                  ReplayJob.State.RUNNING])
+    pending = ReplayJob.objects.filter(state__in=[ReplayJob.State.QUEUED, ReplayJob.State.RUNNING])
     keep = {str(job.inputs.get("trace")) for job in pending.only("inputs")}
     return traces.prune_uploads(settings.SWITCHYARD_UPLOAD_RETENTION_DAYS * 86400, keep)
 
 
 @transaction.atomic
-def _create_job(actor: Actor, cluster_id: int, *, trace: str, policies: list[dict[str, Any]],
-                rate_scale: float, max_requests: int | None, seed: int,
-                reason: str) -> ReplayJob:
+def _create_job(
+    actor: Actor,
+    cluster_id: int,
+    *,
+    trace: str,
+    policies: list[dict[str, Any]],
+    rate_scale: float,
+    max_requests: int | None,
+    seed: int,
+    reason: str,
+) -> ReplayJob:
     cluster = locked_cluster(cluster_id)
-    inputs = {"trace": _validated_trace(trace),
-              "policies": _validated_policies(policies, cluster),
-              "rate_scale": _positive(rate_scale, "rate_scale"),
-              "max_requests": max_requests if max_requests is None
-              else int(_positive(max_requests, "max_requests")),
-              "seed": seed}
+    inputs = {
+        "trace": _validated_trace(trace),
+        "policies": _validated_policies(policies, cluster),
+        "rate_scale": _positive(rate_scale, "rate_scale"),
+        "max_requests": max_requests
+        if max_requests is None
+        else int(_positive(max_requests, "max_requests")),
+        "seed": seed,
+    }
     job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.user)
-    audit.record(actor, "replay.create", job, after=replay_snapshot(job), reason=reason,
-                 cluster=cluster)
+    audit.record(
+        actor, "replay.create", job, after=replay_snapshot(job), reason=reason, cluster=cluster
+    )
     return job
 
 
@@ -110,8 +140,7 @@ def _validated_trace(trace: str) -> str:
     return trace
 
 
-def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster
-                        ) -> list[dict[str, Any]]:
+def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster) -> list[dict[str, Any]]:
     """Each spec validated by its policy's class; unset cost coefficients derived from the
     cluster's GPU and model (the replay runs on those)."""
     if not isinstance(policies, list) or not 1 <= len(policies) <= MAX_POLICIES:
@@ -122,10 +151,12 @@ def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster
         kind = str(spec.get("kind"))
         try:
             params = policy_defaults.complete_params(
-                kind, normalised_params(kind, spec.get("params")), cluster)
+                kind, normalised_params(kind, spec.get("params")), cluster
+            )
         except ServiceError as error:
-            raise ServiceError(f"policies.{index}: {error.message}",
-                               f"policies.{index}.{error.field}") from None
+            raise ServiceError(
+                f"policies.{index}: {error.message}", f"policies.{index}.{error.field}"
+            ) from None
         validated.append({"kind": kind, "params": params})
     return validated
 
@@ -143,9 +174,13 @@ def _dispatch(job: ReplayJob) -> ReplayRequest:
         app.send_task(REPLAY_TASK, args=[job.pk], retry=False)
     except Exception as error:  # kombu raises several unrelated types for a broker outage
         log.warning("replay %s not dispatched: %s", job.pk, error)
-        return ReplayRequest(job, False, f"replay {job.pk} is saved as queued, but the task "
-                             f"broker is unreachable ({type(error).__name__}); it will be "
-                             "sent to a worker when the broker is back")
+        return ReplayRequest(
+            job,
+            False,
+            f"replay {job.pk} is saved as queued, but the task "
+            f"broker is unreachable ({type(error).__name__}); it will be "
+            "sent to a worker when the broker is back",
+        )
     return ReplayRequest(job, True, f"replay {job.pk} queued")
 
 
@@ -165,26 +200,36 @@ def fail_abandoned(older_than_s: float = ABANDONED_AFTER_S) -> int:
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
     abandoned = ReplayJob.objects.filter(silent, state=ReplayJob.State.RUNNING)
-    return abandoned.update(state=ReplayJob.State.FAILED, error=ABANDONED_ERROR,
-                            finished_at=timezone.now(), progress=0.0)
+    return abandoned.update(
+        state=ReplayJob.State.FAILED,
+        error=ABANDONED_ERROR,
+        finished_at=timezone.now(),
+        progress=0.0,
+    )
 
 
 def claim(job_id: int) -> ReplayJob | None:
     """Move a queued job to running; None when it is unknown or another worker has it."""
     claimed = ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.QUEUED).update(
-        state=ReplayJob.State.RUNNING, progress=0.0, heartbeat_at=timezone.now())
+        state=ReplayJob.State.RUNNING, progress=0.0, heartbeat_at=timezone.now()
+    )
     return ReplayJob.objects.select_related("cluster").get(pk=job_id) if claimed else None
 
 
 def record_progress(job_id: int, fraction: float) -> None:
     ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).update(
-        progress=min(max(fraction, 0.0), 0.99), heartbeat_at=timezone.now())
+        progress=min(max(fraction, 0.0), 0.99), heartbeat_at=timezone.now()
+    )
 
 
 def finish(job_id: int, *, results: dict[str, Any] | None = None, error: str = "") -> str:
     """Store the outcome of a run: results on success, the error message on failure."""
     state = ReplayJob.State.FAILED if error else ReplayJob.State.SUCCEEDED
     ReplayJob.objects.filter(pk=job_id).update(
-        state=state, results=results, error=error, finished_at=timezone.now(),
-        progress=1.0 if not error else 0.0)
+        state=state,
+        results=results,
+        error=error,
+        finished_at=timezone.now(),
+        progress=1.0 if not error else 0.0,
+    )
     return state

@@ -48,16 +48,19 @@ def fold(cluster: Cluster, record: MetricsRecord) -> None:
     rng = random.Random(record.id)
     for arm, metrics in record.arms.items():
         row, _ = ArmMetricRollup.objects.select_for_update().get_or_create(
-            cluster=cluster, arm=arm, minute=minute)
+            cluster=cluster, arm=arm, minute=minute
+        )
         _add_common(row, metrics, rng)
         row.hotspot_fallbacks += metrics.hotspot_fallbacks
         row.save()
     for name, metrics in record.instances.items():
         row, _ = InstanceMetricRollup.objects.select_for_update().get_or_create(
-            cluster=cluster, instance=name, minute=minute)
+            cluster=cluster, instance=name, minute=minute
+        )
         _add_common(row, metrics, rng)
-        row.pending_prefill_tokens_max = max(row.pending_prefill_tokens_max,
-                                             int(metrics.pending_prefill_tokens_max))
+        row.pending_prefill_tokens_max = max(
+            row.pending_prefill_tokens_max, int(metrics.pending_prefill_tokens_max)
+        )
         row.batch_size_max = max(row.batch_size_max, int(metrics.batch_size_max))
         row.kv_usage_max = max(row.kv_usage_max, metrics.kv_usage_max)
         row.save()
@@ -73,6 +76,7 @@ def prune(retention_days: int = 7) -> dict[str, int]:
         "router_events": RouterEvent.objects.filter(at__lt=cutoff).delete()[0],
         "ingested_records": IngestedRecord.objects.filter(at__lt=cutoff).delete()[0],
         "hotspot_events": HotspotEvent.objects.filter(
-            at__lt=cutoff - timedelta(days=retention_days)).delete()[0],
+            at__lt=cutoff - timedelta(days=retention_days)
+        ).delete()[0],
     }
     return deleted

@@ -23,30 +23,43 @@ MAX_PORT = 65535
 
 
 def router_snapshot(router: RouterDeployment) -> dict[str, Any]:
-    return {"name": router.name, "host": router.host, "port": router.port,
-            "desired_state": router.desired_state}
+    return {
+        "name": router.name,
+        "host": router.host,
+        "port": router.port,
+        "desired_state": router.desired_state,
+    }
 
 
 @transaction.atomic
-def create_router_deployment(actor: Actor, cluster_id: int, *, name: str, host: str, port: int,
-                             reason: str = "") -> tuple[str, RouterDeployment]:
+def create_router_deployment(
+    actor: Actor, cluster_id: int, *, name: str, host: str, port: int, reason: str = ""
+) -> tuple[str, RouterDeployment]:
     """Create a deployment; return its router token (shown once) and the row."""
     cluster = locked_cluster(cluster_id)
     if not 1 <= port <= MAX_PORT:
         raise ServiceError(f"port must be in 1..{MAX_PORT}", "port")
     plaintext = new_router_token()
-    router = RouterDeployment(cluster=cluster, name=name, host=host, port=port,
-                              token_hash=sha256_hex(plaintext))
+    router = RouterDeployment(
+        cluster=cluster, name=name, host=host, port=port, token_hash=sha256_hex(plaintext)
+    )
     _full_clean(router, ("name", "host"))
     _require_slug(router)
     try:
         with transaction.atomic():
             router.save()
     except IntegrityError:
-        raise Conflict(f"a router named {name!r} in {cluster.name} or on {host}:{port} "
-                       "already exists", "name") from None
-    audit.record(actor, "router.create", router, after=router_snapshot(router), reason=reason,
-                 cluster=cluster)
+        raise Conflict(
+            f"a router named {name!r} in {cluster.name} or on {host}:{port} already exists", "name"
+        ) from None
+    audit.record(
+        actor,
+        "router.create",
+        router,
+        after=router_snapshot(router),
+        reason=reason,
+        cluster=cluster,
+    )
     return plaintext, router
 
 
@@ -65,13 +78,16 @@ def router_for_token(router_id: int, plaintext: str) -> RouterDeployment | None:
     return router
 
 
-def record_heartbeat(router: RouterDeployment, *, applied_version: int | None,
-                     state: dict[str, Any]) -> RouterDeployment:
+def record_heartbeat(
+    router: RouterDeployment, *, applied_version: int | None, state: dict[str, Any]
+) -> RouterDeployment:
     latest = latest_version(router.cluster)
     newest = latest.number if latest else 0
     if applied_version is not None and not 0 <= applied_version <= newest:
-        raise ServiceError(f"applied_version {applied_version} does not exist "
-                           f"(latest is {newest})", "applied_version")
+        raise ServiceError(
+            f"applied_version {applied_version} does not exist (latest is {newest})",
+            "applied_version",
+        )
     router.applied_version = applied_version
     router.heartbeat = state
     router.last_heartbeat = timezone.now()

@@ -28,9 +28,20 @@ def record_router_exit(router_id: int, *, exit_code: int | None, restarting: boo
     if restarting:
         RouterDeployment.objects.filter(pk=router_id).update(restarts=F("restarts") + 1)
         router.refresh_from_db(fields=["restarts"])
-    event = WireEvent.new(router.cluster.name, router.name, "router_restarted",
-                          timezone.now().timestamp(), exit_code=exit_code,
-                          restarts=router.restarts, restarting=restarting)
+    event = WireEvent.new(
+        router.cluster.name,
+        router.name,
+        "router_restarted",
+        timezone.now().timestamp(),
+        exit_code=exit_code,
+        restarts=router.restarts,
+        restarting=restarting,
+    )
     return RouterEvent.objects.create(
-        event_id=event.id, cluster=router.cluster, router=router.name,
-        at=timezone.now(), kind=event.kind, payload=event.payload)
+        event_id=event.id,
+        cluster=router.cluster,
+        router=router.name,
+        at=timezone.now(),
+        kind=event.kind,
+        payload=event.payload,
+    )

@@ -27,29 +27,48 @@ MAX_VALID_DAYS = 365
 
 
 def token_snapshot(token: ApiToken) -> dict:
-    return {"user": token.user.get_username(), "name": token.name, "prefix": token.prefix,
-            "expires_at": token.expires_at.isoformat(), "revoked": token.revoked}
+    return {
+        "user": token.user.get_username(),
+        "name": token.name,
+        "prefix": token.prefix,
+        "expires_at": token.expires_at.isoformat(),
+        "revoked": token.revoked,
+    }
 
 
 @transaction.atomic
-def create_api_token(actor: Actor, user: AbstractBaseUser, name: str,
-                     valid_days: int = DEFAULT_VALID_DAYS, reason: str = ""
-                     ) -> tuple[str, ApiToken]:
+def create_api_token(
+    actor: Actor,
+    user: AbstractBaseUser,
+    name: str,
+    valid_days: int = DEFAULT_VALID_DAYS,
+    reason: str = "",
+) -> tuple[str, ApiToken]:
     """Create a token for `user`; return its plaintext (never stored) and the row."""
     name = (name or "").strip()
     if not name or len(name) > ApiToken._meta.get_field("name").max_length:
         raise ServiceError("name must be 1-64 characters", "name")
-    if isinstance(valid_days, bool) or not isinstance(valid_days, int) \
-            or not 1 <= valid_days <= MAX_VALID_DAYS:
-        raise ServiceError(f"valid_days must be a whole number of days, 1-{MAX_VALID_DAYS}",
-                           "valid_days")
+    if (
+        isinstance(valid_days, bool)
+        or not isinstance(valid_days, int)
+        or not 1 <= valid_days <= MAX_VALID_DAYS
+    ):
+        raise ServiceError(
+            f"valid_days must be a whole number of days, 1-{MAX_VALID_DAYS}", "valid_days"
+        )
     prefix = secrets.token_hex(PREFIX_LENGTH // 2)
     plaintext = f"{TOKEN_PREFIX}_{prefix}_{new_secret()}"
     expires_at = timezone.now() + datetime.timedelta(days=valid_days)
-    token = ApiToken.objects.create(user=user, name=name, prefix=prefix,
-                                    token_hash=sha256_hex(plaintext), expires_at=expires_at)
-    audit.record(actor, "api_token.create", token, after=token_snapshot(token),
-                 reason=reason.strip() or f"API token {name!r} for {user.get_username()}")
+    token = ApiToken.objects.create(
+        user=user, name=name, prefix=prefix, token_hash=sha256_hex(plaintext), expires_at=expires_at
+    )
+    audit.record(
+        actor,
+        "api_token.create",
+        token,
+        after=token_snapshot(token),
+        reason=reason.strip() or f"API token {name!r} for {user.get_username()}",
+    )
     return plaintext, token
 
 
@@ -64,8 +83,7 @@ def visible_tokens(user: AbstractBaseUser) -> list[ApiToken]:
 @transaction.atomic
 def revoke_api_token(actor: Actor, token_id: int, reason: str = "") -> ApiToken:
     """Revoke a token of the actor's own, or anyone's when the actor is an admin."""
-    token = (ApiToken.objects.select_for_update().select_related("user")
-             .filter(pk=token_id).first())
+    token = ApiToken.objects.select_for_update().select_related("user").filter(pk=token_id).first()
     if token is None:
         raise NotFound(f"API token {token_id} does not exist")
     own = actor.user is not None and token.user_id == actor.user.pk
@@ -76,9 +94,14 @@ def revoke_api_token(actor: Actor, token_id: int, reason: str = "") -> ApiToken:
     before = token_snapshot(token)
     token.revoked, token.revoked_at = True, timezone.now()
     token.save(update_fields=["revoked", "revoked_at"])
-    audit.record(actor, "api_token.revoke", token, before=before, after=token_snapshot(token),
-                 reason=reason.strip() or f"API token {token.name!r} of "
-                                          f"{token.user.get_username()} revoked")
+    audit.record(
+        actor,
+        "api_token.revoke",
+        token,
+        before=before,
+        after=token_snapshot(token),
+        reason=reason.strip() or f"API token {token.name!r} of {token.user.get_username()} revoked",
+    )
     return token
 
 
@@ -86,9 +109,11 @@ def user_for_api_token(plaintext: str) -> AbstractBaseUser | None:
     """The active user a valid, unexpired, unrevoked token belongs to; marks it as used."""
     if not plaintext.startswith(f"{TOKEN_PREFIX}_"):
         return None
-    token = (ApiToken.objects.select_related("user")
-             .filter(token_hash=sha256_hex(plaintext), revoked=False,
-                     expires_at__gt=timezone.now()).first())
+    token = (
+        ApiToken.objects.select_related("user")
+        .filter(token_hash=sha256_hex(plaintext), revoked=False, expires_at__gt=timezone.now())
+        .first()
+    )
     if token is None or not token.user.is_active:
         return None
     # Usage bookkeeping, not a change of state: no audit row.

@@ -63,8 +63,7 @@ def store_upload(filename: str, chunks: Iterable[bytes]) -> str:
     suffix = Path(filename or "").suffix.lower()
     limit = int(settings.SWITCHYARD_MAX_TRACE_UPLOAD_BYTES)
     if suffix not in TRACE_SUFFIXES:
-        raise ServiceError(f"upload a .jsonl or .csv trace of at most {limit >> 20} MiB",
-                           "upload")
+        raise ServiceError(f"upload a .jsonl or .csv trace of at most {limit >> 20} MiB", "upload")
     uploads_dir().mkdir(parents=True, exist_ok=True)
     trace = f"upload:{uuid.uuid4().hex}{suffix}"
     path = resolve_trace(trace)
@@ -83,8 +82,9 @@ def _write_bounded(path: Path, chunks: Iterable[bytes], limit: int) -> None:
         for chunk in chunks:
             written += len(chunk)
             if written > limit:
-                raise ServiceError(f"upload a .jsonl or .csv trace of at most {limit >> 20} MiB",
-                                   "upload")
+                raise ServiceError(
+                    f"upload a .jsonl or .csv trace of at most {limit >> 20} MiB", "upload"
+                )
             out.write(chunk)
 
 
@@ -120,8 +120,7 @@ def trace_format(path: Path) -> str:
     try:
         return detect_format(path)
     except (TraceFormatError, UnicodeDecodeError, ValueError) as error:
-        raise ServiceError(f"{UNSUPPORTED}: {_without_path(str(error), path)}",
-                           "upload") from None
+        raise ServiceError(f"{UNSUPPORTED}: {_without_path(str(error), path)}", "upload") from None
 
 
 def model_context(model: str) -> int:
@@ -148,8 +147,9 @@ def check_trace(path: Path, model: str) -> int:
     with its line number, before a replay would synthesise its prompt."""
     fmt = trace_format(path)
     context = model_context(model)
-    bound = Bound(LENGTH_FACTOR * context,
-                  f"{LENGTH_FACTOR} × the {context}-token context of {model}")
+    bound = Bound(
+        LENGTH_FACTOR * context, f"{LENGTH_FACTOR} × the {context}-token context of {model}"
+    )
     rows = 0
     try:
         for number, row in _csv_rows(path) if fmt == "azure" else _json_rows(path):
@@ -172,8 +172,7 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
             try:
                 yield number, json.loads(line)
             except ValueError as error:
-                raise ServiceError(f"trace row {number}: not JSON ({error})",
-                                   "trace") from None
+                raise ServiceError(f"trace row {number}: not JSON ({error})", "trace") from None
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -191,10 +190,15 @@ class Bound:
 
 def _row_problem(fmt: str, row: Any, bound: Bound) -> str | None:
     if fmt == "azure":
-        return (_length(row, "ContextTokens", bound, text=True)
-                or _length(row, "GeneratedTokens", bound, text=True)
-                or (None if _iso_time(row.get("TIMESTAMP")) else
-                    f"TIMESTAMP {row.get('TIMESTAMP')!r} is not a date and time"))
+        return (
+            _length(row, "ContextTokens", bound, text=True)
+            or _length(row, "GeneratedTokens", bound, text=True)
+            or (
+                None
+                if _iso_time(row.get("TIMESTAMP"))
+                else f"TIMESTAMP {row.get('TIMESTAMP')!r} is not a date and time"
+            )
+        )
     if not isinstance(row, dict):
         return "not a JSON object"
     timestamp = row.get("timestamp")
@@ -202,8 +206,11 @@ def _row_problem(fmt: str, row: Any, bound: Bound) -> str | None:
         return f"timestamp {timestamp!r} is not a time (a number, 0 or more)"
     if fmt == "bailian" and not isinstance(row.get("chat_id"), int | str):
         return f"chat_id {row.get('chat_id')!r} is not an id"
-    return (_length(row, "input_length", bound) or _length(row, "output_length", bound)
-            or _hash_ids(row.get("hash_ids", []), bound.tokens // HASH_BLOCK[fmt] + 1))
+    return (
+        _length(row, "input_length", bound)
+        or _length(row, "output_length", bound)
+        or _hash_ids(row.get("hash_ids", []), bound.tokens // HASH_BLOCK[fmt] + 1)
+    )
 
 
 def _length(row: dict[str, Any], field: str, bound: Bound, text: bool = False) -> str | None:

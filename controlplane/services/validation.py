@@ -42,8 +42,13 @@ def normalised_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any
     try:
         validated = policy_class.Params.model_validate(params or {})
     except ValidationError as error:
-        raise InvalidParams([
-            {"field": ".".join(filter(None, ("params", problem.path))),
-             "message": problem.message}
-            for problem in param_problems(kind, policy_class.Params, error)]) from None
+        raise InvalidParams(
+            [
+                {
+                    "field": ".".join(filter(None, ("params", problem.path))),
+                    "message": problem.message,
+                }
+                for problem in param_problems(kind, policy_class.Params, error)
+            ]
+        ) from None
     return validated.model_dump(mode="json")

@@ -23,8 +23,10 @@ from engine_interface import percentile
 
 log = logging.getLogger(__name__)
 ENGINE_UNAVAILABLE = "replay engine unavailable"
-OUT_OF_MEMORY = ("the replay ran out of memory on its worker; choose fewer requests "
-                 "(max requests) or a smaller trace")
+OUT_OF_MEMORY = (
+    "the replay ran out of memory on its worker; choose fewer requests "
+    "(max requests) or a smaller trace"
+)
 TIME_LIMIT = "the replay ran past its one-hour limit; choose fewer requests or policies"
 PROGRESS_EVERY_S = 0.5
 TTFT_PERCENTILES = list(range(1, 100))
@@ -47,8 +49,9 @@ def simulator_model(cluster: Cluster) -> str:
     for key, spec in MODELS.items():
         if wanted in (key, spec.served_name.lower()):
             return key
-    raise ReplayFailed(f"enginesim has no cost model for {cluster.model!r}; "
-                       f"known: {sorted(MODELS)}")
+    raise ReplayFailed(
+        f"enginesim has no cost model for {cluster.model!r}; known: {sorted(MODELS)}"
+    )
 
 
 def simulator_gpu(cluster: Cluster) -> str:
@@ -59,8 +62,7 @@ def simulator_gpu(cluster: Cluster) -> str:
     return cluster.gpu_type.lower()
 
 
-def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
-                 ) -> dict[str, Any]:
+def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Replay the job's trace once per policy; the results object stored on the job."""
     try:
         from enginesim.replay.metrics import lower_bound_summary, summarize, ttfts
@@ -70,17 +72,22 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
     path = resolve_trace(inputs["trace"])
     check_trace(path, cluster.model)  # again: the file or the cluster's model may have changed
-    records = load_trace(path, rate_scale=inputs["rate_scale"],
-                         max_requests=inputs.get("max_requests"))
+    records = load_trace(
+        path, rate_scale=inputs["rate_scale"], max_requests=inputs.get("max_requests")
+    )
     if not records:
         raise ReplayFailed("the trace selection holds no request")
     instances = max(cluster.instances.exclude(state="down").count(), 1)
     specs = inputs["policies"]
     outcomes = []
     for index, spec in enumerate(specs):
-        config = SimConfig(instances=instances, gpu=simulator_gpu(cluster),
-                           model=simulator_model(cluster), seed=int(inputs.get("seed", 0)),
-                           policy_params={spec["kind"]: spec.get("params", {})})
+        config = SimConfig(
+            instances=instances,
+            gpu=simulator_gpu(cluster),
+            model=simulator_model(cluster),
+            seed=int(inputs.get("seed", 0)),
+            policy_params={spec["kind"]: spec.get("params", {})},
+        )
 
         def step(done: int, total: int, now: float, index: int = index) -> None:
             progress((index + done / max(total, 1)) / len(specs))
@@ -89,14 +96,24 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress
         result = Simulator(records, spec["kind"], config, step).run()
         result.wall_s = time.perf_counter() - started
         done = [r for r in result.requests if r.status == "ok"]
-        outcomes.append({"kind": spec["kind"], "params": spec.get("params", {}),
-                         "summary": _json_safe(summarize(result)),
-                         "ttft_percentiles": _percentiles(ttfts(done))})
-    engine = SimConfig(gpu=simulator_gpu(cluster), model=simulator_model(cluster)) \
-        .engine_config(None)
-    return {"policies": outcomes, "instances": instances, "requests": len(records),
-            "percentiles": TTFT_PERCENTILES,
-            "lower_bound": _json_safe(lower_bound_summary(records, engine)[0])}
+        outcomes.append(
+            {
+                "kind": spec["kind"],
+                "params": spec.get("params", {}),
+                "summary": _json_safe(summarize(result)),
+                "ttft_percentiles": _percentiles(ttfts(done)),
+            }
+        )
+    engine = SimConfig(gpu=simulator_gpu(cluster), model=simulator_model(cluster)).engine_config(
+        None
+    )
+    return {
+        "policies": outcomes,
+        "instances": instances,
+        "requests": len(records),
+        "percentiles": TTFT_PERCENTILES,
+        "lower_bound": _json_safe(lower_bound_summary(records, engine)[0]),
+    }
 
 
 def _percentiles(values: np.ndarray) -> list[float] | None:

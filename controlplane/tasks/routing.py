@@ -54,8 +54,9 @@ def ingest_metrics() -> dict[str, int]:
 @shared_task(name="switchyard.judge_canaries")
 def judge_canaries() -> dict[int, str | None]:
     verdicts = {}
-    for canary_id in CanarySplit.objects.filter(
-            state=CanarySplit.State.PROGRESSING).values_list("pk", flat=True):
+    for canary_id in CanarySplit.objects.filter(state=CanarySplit.State.PROGRESSING).values_list(
+        "pk", flat=True
+    ):
         judgement = judge.judge_canary(canary_id)
         verdicts[canary_id] = judgement.verdict if judgement else None
     return verdicts

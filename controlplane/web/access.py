@@ -50,5 +50,8 @@ def actor(request: HttpRequest) -> Actor:
 
 def role_context(request: HttpRequest) -> dict[str, Any]:
     """Template context processor-like helper: the user's role and whether to show controls."""
-    return {"role": role_of(request.user), "can_operate": can_operate(request),
-            "can_administer": has_role(request.user, "admin")}
+    return {
+        "role": role_of(request.user),
+        "can_operate": can_operate(request),
+        "can_administer": has_role(request.user, "admin"),
+    }

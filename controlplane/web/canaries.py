@@ -29,34 +29,47 @@ ACTIONS = ("start", "pause", "resume", "promote", "abort")
 COMPARISON_WINDOW = timedelta(minutes=10)
 
 
-def _context(cluster: Cluster, form: QueryDict | None = None,
-             error: ServiceError | None = None) -> dict[str, Any]:
+def _context(
+    cluster: Cluster, form: QueryDict | None = None, error: ServiceError | None = None
+) -> dict[str, Any]:
     """The page; after a refused create (``form``, ``error``) the form keeps every value the
     operator entered and shows the message next to its field."""
-    canaries = list(reads.canaries(cluster.pk).select_related(
-        "baseline_policy", "candidate_policy").prefetch_related("judgements")[:20])
+    canaries = list(
+        reads.canaries(cluster.pk)
+        .select_related("baseline_policy", "candidate_policy")
+        .prefetch_related("judgements")[:20]
+    )
     current = next((c for c in canaries if c.state in CanarySplit.ACTIVE_STATES), None)
     policies = list(reads.policies(cluster.pk))
     instances = list(reads.instances(cluster.pk))
     default_candidate = next((p.pk for p in policies if p.pk != cluster.active_policy_id), None)
     baseline = _chosen(form, "baseline_policy", cluster.active_policy_id)
     candidate = _chosen(form, "candidate_policy", default_candidate)
-    return {"cluster": cluster, "tab": "canary", "canaries": canaries, "current": current,
-            "policies": policies, "policy_params": _policy_params(policies),
-            "kinds": policy_kinds(),
-            "baseline_choice": baseline, "candidate_choice": candidate,
-            "arms": [("baseline", baseline), ("candidate", candidate)],
-            "instances": [(i, _arm(form, i.name, index)) for index, i in enumerate(instances)],
-            "guardrails": _guardrails(form, field_errors(error) if error else {}),
-            "actions": {c.pk: _allowed_actions(c) for c in canaries}}
+    return {
+        "cluster": cluster,
+        "tab": "canary",
+        "canaries": canaries,
+        "current": current,
+        "policies": policies,
+        "policy_params": _policy_params(policies),
+        "kinds": policy_kinds(),
+        "baseline_choice": baseline,
+        "candidate_choice": candidate,
+        "arms": [("baseline", baseline), ("candidate", candidate)],
+        "instances": [(i, _arm(form, i.name, index)) for index, i in enumerate(instances)],
+        "guardrails": _guardrails(form, field_errors(error) if error else {}),
+        "actions": {c.pk: _allowed_actions(c) for c in canaries},
+    }
 
 
 def _policy_params(policies: list) -> dict[int, list]:
     """Each policy's stored parameters with their descriptions, for the arm summaries."""
     kinds = policy_kinds()
-    return {p.pk: with_values(param_fields(kinds[p.kind]["schema"]), p.params or {},
-                              f"policy{p.pk}")
-            for p in policies if p.kind in kinds}
+    return {
+        p.pk: with_values(param_fields(kinds[p.kind]["schema"]), p.params or {}, f"policy{p.pk}")
+        for p in policies
+        if p.kind in kinds
+    }
 
 
 def _chosen(form: QueryDict | None, key: str, default: int | None) -> str:
@@ -70,11 +83,16 @@ def _arm(form: QueryDict | None, name: str, index: int) -> str:
 
 
 def _guardrails(form: QueryDict | None, errors: dict[str, str]) -> list[dict[str, Any]]:
-    return [{"key": key, "default": default,
-             "value": form.get(f"guard.{key}", "") if form is not None else default,
-             "help": canary_service.GUARDRAIL_HELP.get(key, ""),
-             "error": errors.get(f"guardrails.{key}", "")}
-            for key, default in canary_service.DEFAULT_GUARDRAILS.items()]
+    return [
+        {
+            "key": key,
+            "default": default,
+            "value": form.get(f"guard.{key}", "") if form is not None else default,
+            "help": canary_service.GUARDRAIL_HELP.get(key, ""),
+            "error": errors.get(f"guardrails.{key}", ""),
+        }
+        for key, default in canary_service.DEFAULT_GUARDRAILS.items()
+    ]
 
 
 def _allowed_actions(canary: CanarySplit) -> list[str]:
@@ -94,25 +112,35 @@ def canary_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
     try:
         canary_service.create_canary(actor(request), cluster.pk, **_create_args(request.POST))
     except ServiceError as error:
-        return service_error_response(request, error, TEMPLATE,
-                                      **_context(cluster, request.POST, error),
-                                      form=request.POST, field_errors=field_errors(error))
+        return service_error_response(
+            request,
+            error,
+            TEMPLATE,
+            **_context(cluster, request.POST, error),
+            form=request.POST,
+            field_errors=field_errors(error),
+        )
     return redirect(reverse("web:canary", args=[cluster.pk]))
 
 
 def _create_args(data: QueryDict) -> dict[str, Any]:
-    split = {key[len("arm."):]: value for key, value in data.items() if key.startswith("arm.")}
+    split = {key[len("arm.") :]: value for key, value in data.items() if key.startswith("arm.")}
     return {
         "name": data.get("name", "").strip(),
         "baseline_policy_id": _int(data.get("baseline_policy"), "baseline_policy_id"),
         "candidate_policy_id": _int(data.get("candidate_policy"), "candidate_policy_id"),
         "baseline_instances": sorted(n for n, arm in split.items() if arm == "baseline"),
         "candidate_instances": sorted(n for n, arm in split.items() if arm == "candidate"),
-        "weight_steps": [_number(s, "weight_steps") for s in
-                         data.get("weight_steps", "").replace(" ", "").split(",") if s],
-        "guardrails": {key: _number(data[f"guard.{key}"], f"guardrails.{key}")
-                       for key in canary_service.DEFAULT_GUARDRAILS
-                       if data.get(f"guard.{key}", "").strip()},
+        "weight_steps": [
+            _number(s, "weight_steps")
+            for s in data.get("weight_steps", "").replace(" ", "").split(",")
+            if s
+        ],
+        "guardrails": {
+            key: _number(data[f"guard.{key}"], f"guardrails.{key}")
+            for key in canary_service.DEFAULT_GUARDRAILS
+            if data.get(f"guard.{key}", "").strip()
+        },
         "assignment_key": data.get("assignment_key", "session"),
         "reason": data.get("reason", ""),
     }
@@ -134,18 +162,22 @@ def _number(value: str, field: str) -> float:
 
 @operator_required
 @require_POST
-def canary_action(request: HttpRequest, cluster_id: int, canary_id: int,
-                  action: str) -> HttpResponse:
+def canary_action(
+    request: HttpRequest, cluster_id: int, canary_id: int, action: str
+) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     if action not in ACTIONS:
         return HttpResponse(status=404)
     try:
-        canary_service.transition(actor(request), _own_canary(cluster, canary_id).pk, action,
-                                  reason=request.POST.get("reason", ""),
-                                  expected_revision=expected_revision(request.POST))
+        canary_service.transition(
+            actor(request),
+            _own_canary(cluster, canary_id).pk,
+            action,
+            reason=request.POST.get("reason", ""),
+            expected_revision=expected_revision(request.POST),
+        )
     except ServiceError as error:  # re-read: the forms show the current revision
-        return service_error_response(request, error, TEMPLATE,
-                                      **_context(get_cluster(cluster.pk)))
+        return service_error_response(request, error, TEMPLATE, **_context(get_cluster(cluster.pk)))
     return redirect(reverse("web:canary", args=[cluster.pk]))
 
 
@@ -165,19 +197,26 @@ def canary_comparison(request: HttpRequest, cluster_id: int, canary_id: int) -> 
         canary = _own_canary(cluster, canary_id)
     except ServiceError as error:
         raise Http404(error.message) from None
-    return page(request, "web/partials/canary_comparison.html", canary=canary,
-                arms=arm_comparison(cluster, canary),
-                judgements=canary.judgements.order_by("-at")[:50])
+    return page(
+        request,
+        "web/partials/canary_comparison.html",
+        canary=canary,
+        arms=arm_comparison(cluster, canary),
+        judgements=canary.judgements.order_by("-at")[:50],
+    )
 
 
 def arm_comparison(cluster: Cluster, canary: CanarySplit) -> dict[str, dict[str, Any]]:
     since = canary.step_started_at or (timezone.now() - COMPARISON_WINDOW)
     rollups = reads.arm_rollups(cluster.pk, since=since.replace(second=0, microsecond=0))
-    arms: dict[str, dict[str, list[float]]] = {"baseline": {"ttft": [], "tpot": []},
-                                               "candidate": {"ttft": [], "tpot": []}}
+    arms: dict[str, dict[str, list[float]]] = {
+        "baseline": {"ttft": [], "tpot": []},
+        "candidate": {"ttft": [], "tpot": []},
+    }
     for rollup in rollups:
         samples = arms.setdefault(rollup.arm, {"ttft": [], "tpot": []})
         samples["ttft"] += rollup.ttft_samples
         samples["tpot"] += rollup.tpot_samples
-    return {arm: {"ttft": describe(s["ttft"]), "tpot": describe(s["tpot"])}
-            for arm, s in arms.items()}
+    return {
+        arm: {"ttft": describe(s["ttft"]), "tpot": describe(s["tpot"])} for arm, s in arms.items()
+    }

@@ -18,11 +18,21 @@ from .pages import is_htmx, page
 
 # Enough for hours of a halted canary judged every 10 s; older rows stay in the API.
 TIMELINE_ROWS = 500
-FINAL_STATES = (CanarySplit.State.PROMOTED, CanarySplit.State.ROLLED_BACK,
-                CanarySplit.State.ABORTED)
+FINAL_STATES = (
+    CanarySplit.State.PROMOTED,
+    CanarySplit.State.ROLLED_BACK,
+    CanarySplit.State.ABORTED,
+)
 METRICS = ("ttft", "tpot")
-TEST_FIELDS = ("n_baseline", "n_candidate", "median_baseline", "median_candidate", "effect",
-               "p_value", "outcome")
+TEST_FIELDS = (
+    "n_baseline",
+    "n_candidate",
+    "median_baseline",
+    "median_candidate",
+    "effect",
+    "p_value",
+    "outcome",
+)
 
 
 @viewer_required
@@ -35,19 +45,22 @@ def canary_detail(request: HttpRequest, cluster_id: int, canary_id: int) -> Http
         raise Http404(error.message) from None
     if canary.cluster_id != cluster.pk:
         raise Http404("canary is not on this cluster")
-    template = "web/partials/canary_timeline.html" if is_htmx(request) \
-        else "web/canary_detail.html"
-    return page(request, template, cluster=cluster, tab="canary", canary=canary,
-                **timeline_context(canary))
+    template = "web/partials/canary_timeline.html" if is_htmx(request) else "web/canary_detail.html"
+    return page(
+        request, template, cluster=cluster, tab="canary", canary=canary, **timeline_context(canary)
+    )
 
 
 def timeline_context(canary: CanarySplit) -> dict[str, Any]:
     newest = list(reads.judgements(canary.pk).reverse()[:TIMELINE_ROWS])
     rows = [judgement_row(j) for j in newest]
-    return {"rows": rows, "chart": chart_series(rows[::-1]),
-            "truncated": len(newest) == TIMELINE_ROWS,
-            "lifecycle": reads.canary_audit(canary),
-            "polling": canary.state not in FINAL_STATES}
+    return {
+        "rows": rows,
+        "chart": chart_series(rows[::-1]),
+        "truncated": len(newest) == TIMELINE_ROWS,
+        "lifecycle": reads.canary_audit(canary),
+        "polling": canary.state not in FINAL_STATES,
+    }
 
 
 def judgement_row(judgement: CanaryJudgement) -> dict[str, Any]:
@@ -55,13 +68,19 @@ def judgement_row(judgement: CanaryJudgement) -> dict[str, Any]:
     evidence = judgement.evidence if isinstance(judgement.evidence, dict) else {}
     tests = {t.get("metric"): t for t in evidence.get("tests", []) if isinstance(t, dict)}
     arms = evidence.get("arms") or {}
-    return {"judgement": judgement, "weight": evidence.get("candidate_weight"),
-            "requests": " / ".join(_number((arms.get(arm) or {}).get("requests"))
-                                   for arm in ("baseline", "candidate")),
-            "tests": [{"metric": metric, **{key: (tests.get(metric) or {}).get(key)
-                                            for key in TEST_FIELDS}} for metric in METRICS],
-            "guards": [guard_view(g) for g in _guards(evidence.get("guards"))],
-            "reasons": evidence.get("reasons") or []}
+    return {
+        "judgement": judgement,
+        "weight": evidence.get("candidate_weight"),
+        "requests": " / ".join(
+            _number((arms.get(arm) or {}).get("requests")) for arm in ("baseline", "candidate")
+        ),
+        "tests": [
+            {"metric": metric, **{key: (tests.get(metric) or {}).get(key) for key in TEST_FIELDS}}
+            for metric in METRICS
+        ],
+        "guards": [guard_view(g) for g in _guards(evidence.get("guards"))],
+        "reasons": evidence.get("reasons") or [],
+    }
 
 
 def _guards(guards: Any) -> list[dict[str, Any]]:

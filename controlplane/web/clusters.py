@@ -45,12 +45,21 @@ def cluster_live(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     at = request.GET.get("at", "")
     snapshot_url = reverse("web:snapshot", args=[cluster.pk])
-    live_config = {"clusterId": cluster.pk, "clusterName": cluster.name,
-                   "snapshotUrl": f"{snapshot_url}?{urlencode({'at': at})}" if at
-                   else snapshot_url,
-                   "wsPath": f"/ws/clusters/{cluster.pk}/", "history": bool(at)}
-    return page(request, "web/cluster_live.html", cluster=cluster, tab="live", at=at,
-                live_config=live_config)
+    live_config = {
+        "clusterId": cluster.pk,
+        "clusterName": cluster.name,
+        "snapshotUrl": f"{snapshot_url}?{urlencode({'at': at})}" if at else snapshot_url,
+        "wsPath": f"/ws/clusters/{cluster.pk}/",
+        "history": bool(at),
+    }
+    return page(
+        request,
+        "web/cluster_live.html",
+        cluster=cluster,
+        tab="live",
+        at=at,
+        live_config=live_config,
+    )
 
 
 @viewer_required

@@ -28,8 +28,12 @@ TOKENS_TEMPLATE = "web/tokens.html"
 
 def _keys_context(cluster: Cluster) -> dict[str, Any]:
     keys = list(access_selectors.client_keys(cluster.pk))
-    return {"cluster": cluster, "tab": "keys", "keys": keys,
-            "active_keys": sum(1 for key in keys if key.revoked_at is None)}
+    return {
+        "cluster": cluster,
+        "tab": "keys",
+        "keys": keys,
+        "active_keys": sum(1 for key in keys if key.revoked_at is None),
+    }
 
 
 @viewer_required
@@ -44,13 +48,26 @@ def client_key_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     try:
         secret, key = key_service.create_client_key(
-            actor(request), cluster.pk, name=request.POST.get("name", ""),
-            debug=request.POST.get("debug") == "on", reason=request.POST.get("reason", ""))
+            actor(request),
+            cluster.pk,
+            name=request.POST.get("name", ""),
+            debug=request.POST.get("debug") == "on",
+            reason=request.POST.get("reason", ""),
+        )
     except ServiceError as error:
-        return service_error_response(request, error, KEYS_TEMPLATE, **_keys_context(cluster),
-                                      form=request.POST)
-    return _showing_secret_once(page(request, KEYS_TEMPLATE, status=201, new_secret=secret,
-                                     new_key=key, **_keys_context(cluster)))
+        return service_error_response(
+            request, error, KEYS_TEMPLATE, **_keys_context(cluster), form=request.POST
+        )
+    return _showing_secret_once(
+        page(
+            request,
+            KEYS_TEMPLATE,
+            status=201,
+            new_secret=secret,
+            new_key=key,
+            **_keys_context(cluster),
+        )
+    )
 
 
 @admin_required
@@ -58,8 +75,9 @@ def client_key_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
 def client_key_revoke(request: HttpRequest, cluster_id: int, key_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     try:
-        key_service.revoke_client_key(actor(request), cluster.pk, key_id,
-                                      reason=request.POST.get("reason", ""))
+        key_service.revoke_client_key(
+            actor(request), cluster.pk, key_id, reason=request.POST.get("reason", "")
+        )
     except ServiceError as error:
         return service_error_response(request, error, KEYS_TEMPLATE, **_keys_context(cluster))
     return redirect(reverse("web:client_keys", args=[cluster.pk]))
@@ -71,18 +89,24 @@ def client_auth_set(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     try:
         key_service.set_client_keys_required(
-            actor(request), cluster.pk, request.POST.get("required") == "on",
-            reason=request.POST.get("reason", ""))
+            actor(request),
+            cluster.pk,
+            request.POST.get("required") == "on",
+            reason=request.POST.get("reason", ""),
+        )
     except ServiceError as error:
         return service_error_response(request, error, KEYS_TEMPLATE, **_keys_context(cluster))
     return redirect(reverse("web:client_keys", args=[cluster.pk]))
 
 
 def _tokens_context(request: HttpRequest) -> dict[str, Any]:
-    return {"tab": "tokens", "tokens": token_service.visible_tokens(request.user),
-            "now": timezone.now(),
-            "default_days": token_service.DEFAULT_VALID_DAYS,
-            "max_days": token_service.MAX_VALID_DAYS}
+    return {
+        "tab": "tokens",
+        "tokens": token_service.visible_tokens(request.user),
+        "now": timezone.now(),
+        "default_days": token_service.DEFAULT_VALID_DAYS,
+        "max_days": token_service.MAX_VALID_DAYS,
+    }
 
 
 @viewer_required
@@ -97,12 +121,22 @@ def token_create(request: HttpRequest) -> HttpResponse:
     try:
         days = _days(request.POST.get("valid_days", ""))
         secret, token = token_service.create_api_token(
-            actor(request), request.user, request.POST.get("name", ""), days)
+            actor(request), request.user, request.POST.get("name", ""), days
+        )
     except ServiceError as error:
-        return service_error_response(request, error, TOKENS_TEMPLATE,
-                                      **_tokens_context(request), form=request.POST)
-    return _showing_secret_once(page(request, TOKENS_TEMPLATE, status=201, new_secret=secret,
-                                     new_token=token, **_tokens_context(request)))
+        return service_error_response(
+            request, error, TOKENS_TEMPLATE, **_tokens_context(request), form=request.POST
+        )
+    return _showing_secret_once(
+        page(
+            request,
+            TOKENS_TEMPLATE,
+            status=201,
+            new_secret=secret,
+            new_token=token,
+            **_tokens_context(request),
+        )
+    )
 
 
 def _showing_secret_once(response: HttpResponse) -> HttpResponse:
@@ -118,8 +152,7 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
     try:
         token_service.revoke_api_token(actor(request), token_id)
     except ServiceError as error:
-        return service_error_response(request, error, TOKENS_TEMPLATE,
-                                      **_tokens_context(request))
+        return service_error_response(request, error, TOKENS_TEMPLATE, **_tokens_context(request))
     return redirect(reverse("web:tokens"))
 
 
@@ -127,5 +160,6 @@ def _days(value: str) -> int:
     try:
         return int(value.strip() or token_service.DEFAULT_VALID_DAYS)
     except ValueError:
-        raise ServiceError(f"valid_days: {value!r} is not a whole number of days",
-                           "valid_days") from None
+        raise ServiceError(
+            f"valid_days: {value!r} is not a whole number of days", "valid_days"
+        ) from None

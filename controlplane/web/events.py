@@ -39,34 +39,52 @@ def _cluster_id(data: QueryDict) -> int | None:
 
 
 def _common_filters(data: QueryDict) -> dict[str, Any]:
-    return {"cluster_id": _cluster_id(data), "since": _time(data.get("since")),
-            "until": _time(data.get("until"))}
+    return {
+        "cluster_id": _cluster_id(data),
+        "since": _time(data.get("since")),
+        "until": _time(data.get("until")),
+    }
 
 
 @viewer_required
 @require_GET
-
 def hotspot_log(request: HttpRequest) -> HttpResponse:
     events = reads.hotspot_events(
-        **_common_filters(request.GET), prefix_class=request.GET.get("prefix_class") or None,
-        transition=request.GET.get("transition") or None).select_related("cluster")
-    return page(request, "web/hotspots.html", events=events[:PAGE_ROWS],
-                clusters=reads.clusters(), transitions=TRANSITIONS, filters=request.GET,
-                classes=_distinct(HotspotEvent, "prefix_class"), tab="hotspots",
-                quarantine=_quarantine(0))
+        **_common_filters(request.GET),
+        prefix_class=request.GET.get("prefix_class") or None,
+        transition=request.GET.get("transition") or None,
+    ).select_related("cluster")
+    return page(
+        request,
+        "web/hotspots.html",
+        events=events[:PAGE_ROWS],
+        clusters=reads.clusters(),
+        transitions=TRANSITIONS,
+        filters=request.GET,
+        classes=_distinct(HotspotEvent, "prefix_class"),
+        tab="hotspots",
+        quarantine=_quarantine(0),
+    )
 
 
 @viewer_required
 @require_GET
-
 def audit_log(request: HttpRequest) -> HttpResponse:
     events = reads.audit_events(
-        **_common_filters(request.GET), action=request.GET.get("action") or None,
-        actor=request.GET.get("actor") or None).select_related("cluster")
-    return page(request, "web/audit.html", events=events[:PAGE_ROWS],
-                clusters=reads.clusters(), filters=request.GET,
-                actions=_distinct(AuditEvent, "action"),
-                actors=_distinct(AuditEvent, "actor_name"), tab="audit")
+        **_common_filters(request.GET),
+        action=request.GET.get("action") or None,
+        actor=request.GET.get("actor") or None,
+    ).select_related("cluster")
+    return page(
+        request,
+        "web/audit.html",
+        events=events[:PAGE_ROWS],
+        clusters=reads.clusters(),
+        filters=request.GET,
+        actions=_distinct(AuditEvent, "action"),
+        actors=_distinct(AuditEvent, "actor_name"),
+        tab="audit",
+    )
 
 
 def _distinct(model, field: str) -> list[str]:
@@ -78,8 +96,14 @@ def _distinct(model, field: str) -> list[str]:
 def telemetry_quarantine(request: HttpRequest) -> HttpResponse:
     summary = _quarantine(QUARANTINE_ROWS)
     error = None if summary is not None else "Redis is unreachable: quarantine unknown."
-    return page(request, "web/quarantine.html", summary=summary, error=error,
-                rows=QUARANTINE_ROWS, tab="hotspots")
+    return page(
+        request,
+        "web/quarantine.html",
+        summary=summary,
+        error=error,
+        rows=QUARANTINE_ROWS,
+        tab="hotspots",
+    )
 
 
 def _quarantine(rows: int) -> ingest.QuarantineSummary | None:

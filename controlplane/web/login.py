@@ -11,8 +11,9 @@ from django.core.exceptions import ValidationError
 
 from controlplane.services import login_throttle
 
-THROTTLED_MESSAGE = ("Too many failed login attempts for this account from your address; "
-                     "try again in a few minutes.")
+THROTTLED_MESSAGE = (
+    "Too many failed login attempts for this account from your address; try again in a few minutes."
+)
 
 
 class ThrottleMixin:

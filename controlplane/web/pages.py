@@ -12,16 +12,22 @@ from controlplane.services.errors import ServiceError
 from .access import role_context
 
 
-def page(request: HttpRequest, template: str, status: int = 200, **context: Any
-         ) -> HttpResponse:
+def page(request: HttpRequest, template: str, status: int = 200, **context: Any) -> HttpResponse:
     return render(request, template, {**role_context(request), **context}, status=status)
 
 
-def service_error_response(request: HttpRequest, error: ServiceError, template: str,
-                           **context: Any) -> HttpResponse:
+def service_error_response(
+    request: HttpRequest, error: ServiceError, template: str, **context: Any
+) -> HttpResponse:
     """Re-render a form with the service's message (and field) at the service's status."""
-    return page(request, template, status=error.status, error=error.message,
-                error_field=error.field, **context)
+    return page(
+        request,
+        template,
+        status=error.status,
+        error=error.message,
+        error_field=error.field,
+        **context,
+    )
 
 
 def field_errors(error: ServiceError) -> dict[str, str]:
@@ -41,8 +47,9 @@ def expected_revision(data: QueryDict) -> int | None:
     try:
         return int(value)
     except ValueError:
-        raise ServiceError("expected_revision: reload the page and submit again",
-                           "expected_revision") from None
+        raise ServiceError(
+            "expected_revision: reload the page and submit again", "expected_revision"
+        ) from None
 
 
 def is_htmx(request: HttpRequest) -> bool:

@@ -32,13 +32,17 @@ def _kind_fields(kind: str) -> list:
     return param_fields(kinds[kind]["schema"]) if kind in kinds else []
 
 
-def _context(cluster: Cluster, kind: str | None = None,
-             refused: tuple[QueryDict, ServiceError] | None = None) -> dict[str, Any]:
+def _context(
+    cluster: Cluster, kind: str | None = None, refused: tuple[QueryDict, ServiceError] | None = None
+) -> dict[str, Any]:
     """The page; after a refused submit (``refused``: the posted form and the error) the
     new-policy inputs keep what the operator typed, each with its own message."""
     kinds = policy_kinds()
-    kind = kind if kind in kinds else (cluster.active_policy.kind if cluster.active_policy
-                                       else next(iter(kinds)))
+    kind = (
+        kind
+        if kind in kinds
+        else (cluster.active_policy.kind if cluster.active_policy else next(iter(kinds)))
+    )
     fields = _kind_fields(kind)
     errors: dict[str, str] = {}
     if refused is not None:
@@ -47,21 +51,37 @@ def _context(cluster: Cluster, kind: str | None = None,
             fields = bind(fields, refused[0], errors)
     latest = config_service.latest_version(cluster)
     policies = list(reads.policies(cluster.pk))
-    return {"cluster": cluster, "tab": "policy", "policies": policies,
-            "policy_params": {p.pk: with_values(param_fields(kinds[p.kind]["schema"]),
-                                                p.params or {}, f"policy{p.pk}")
-                              for p in policies if p.kind in kinds},
-            "kinds": kinds, "kind": kind, "fields": fields, "field_errors": errors,
-            "canary": config_service.active_canary(cluster),
-            "target_version": latest.number if latest else None}
+    return {
+        "cluster": cluster,
+        "tab": "policy",
+        "policies": policies,
+        "policy_params": {
+            p.pk: with_values(
+                param_fields(kinds[p.kind]["schema"]), p.params or {}, f"policy{p.pk}"
+            )
+            for p in policies
+            if p.kind in kinds
+        },
+        "kinds": kinds,
+        "kind": kind,
+        "fields": fields,
+        "field_errors": errors,
+        "canary": config_service.active_canary(cluster),
+        "target_version": latest.number if latest else None,
+    }
 
 
 @viewer_required
 @require_GET
 def policy_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
-    return page(request, TEMPLATE, **_context(cluster, request.GET.get("kind")),
-                applied=request.GET.get("applied"), applied_version=request.GET.get("version"))
+    return page(
+        request,
+        TEMPLATE,
+        **_context(cluster, request.GET.get("kind")),
+        applied=request.GET.get("applied"),
+        applied_version=request.GET.get("version"),
+    )
 
 
 @viewer_required
@@ -70,8 +90,13 @@ def policy_params(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """The parameter inputs of one policy kind (swapped in by htmx when the kind changes)."""
     get_cluster(cluster_id)
     kind = request.GET.get("kind", "")
-    return page(request, "web/partials/policy_params.html", fields=_kind_fields(kind),
-                kind=kind, kinds=policy_kinds())
+    return page(
+        request,
+        "web/partials/policy_params.html",
+        fields=_kind_fields(kind),
+        kind=kind,
+        kinds=policy_kinds(),
+    )
 
 
 @operator_required
@@ -82,11 +107,13 @@ def policy_apply(request: HttpRequest, cluster_id: int) -> HttpResponse:
         _require_confirmation(request)
         policy = _apply(request, cluster)
     except ServiceError as error:  # re-read: the form shows the current revision
-        return service_error_response(request, error, TEMPLATE,
-                                      **_context(get_cluster(cluster.pk),
-                                                 request.POST.get("kind"),
-                                                 (request.POST, error)),
-                                      form=request.POST)
+        return service_error_response(
+            request,
+            error,
+            TEMPLATE,
+            **_context(get_cluster(cluster.pk), request.POST.get("kind"), (request.POST, error)),
+            form=request.POST,
+        )
     version = config_service.latest_version(cluster)
     query = urlencode({"applied": policy.name, "version": version.number if version else ""})
     return redirect(f"{reverse('web:policy', args=[cluster.pk])}?{query}")
@@ -106,16 +133,22 @@ def _apply(request: HttpRequest, cluster: Cluster) -> Policy:
     if choice == "new":
         kind = request.POST.get("kind", "")
         policy = policy_service.create_policy(
-            who, cluster.pk, name=request.POST.get("name", "").strip(), kind=kind,
+            who,
+            cluster.pk,
+            name=request.POST.get("name", "").strip(),
+            kind=kind,
             params=params_from_form(_kind_fields(kind), request.POST),
-            description=request.POST.get("description", ""), reason=reason)
+            description=request.POST.get("description", ""),
+            reason=reason,
+        )
     else:
         try:
             policy = reads.policies(cluster.pk).get(pk=int(choice))
         except (ValueError, Policy.DoesNotExist):
             raise ServiceError("choose a policy of this cluster", "policy") from None
-    return policy_service.activate_policy(who, cluster.pk, policy.pk, reason=reason,
-                                          expected_revision=expected_revision(request.POST))
+    return policy_service.activate_policy(
+        who, cluster.pk, policy.pk, reason=reason, expected_revision=expected_revision(request.POST)
+    )
 
 
 @viewer_required
@@ -125,6 +158,9 @@ def router_versions(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     latest = config_service.latest_version(cluster)
     live = dashboard.live_state(cluster)
-    return page(request, "web/partials/router_versions.html",
-                routers=dashboard.router_rows(cluster, live),
-                target_version=latest.number if latest else None)
+    return page(
+        request,
+        "web/partials/router_versions.html",
+        routers=dashboard.router_rows(cluster, live),
+        target_version=latest.number if latest else None,
+    )

@@ -13,6 +13,20 @@ from controlplane.selectors.metrics import arm_rollups
 from controlplane.selectors.replays import replay, replays
 from controlplane.selectors.router_deployments import routers
 
-__all__ = ["arm_rollups", "audit_events", "canaries", "canary", "canary_audit",
-           "canary_with_policies", "cluster", "clusters", "hotspot_events", "instances",
-           "judgements", "policies", "replay", "replays", "routers"]
+__all__ = [
+    "arm_rollups",
+    "audit_events",
+    "canaries",
+    "canary",
+    "canary_audit",
+    "canary_with_policies",
+    "cluster",
+    "clusters",
+    "hotspot_events",
+    "instances",
+    "judgements",
+    "policies",
+    "replay",
+    "replays",
+    "routers",
+]

@@ -25,10 +25,15 @@ TEMPLATE = "web/replays.html"
 
 def _context(cluster: Cluster) -> dict[str, Any]:
     live = dashboard.live_state(cluster)
-    return {"cluster": cluster, "tab": "replays", "traces": shared_traces(),
-            "policies": reads.policies(cluster.pk),
-            "jobs": reads.replays(cluster.pk)[:20], "live_window": live["window"],
-            "live_policy": cluster.active_policy}
+    return {
+        "cluster": cluster,
+        "tab": "replays",
+        "traces": shared_traces(),
+        "policies": reads.policies(cluster.pk),
+        "jobs": reads.replays(cluster.pk)[:20],
+        "live_window": live["window"],
+        "live_policy": cluster.active_policy,
+    }
 
 
 @viewer_required
@@ -50,11 +55,16 @@ def replay_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
         options = _replay_args(request, cluster)
         if upload is not None:
             outcome = replay_service.request_uploaded_replay(
-                actor(request), cluster.pk, filename=upload.name or "", chunks=upload.chunks(),
-                **options)
+                actor(request),
+                cluster.pk,
+                filename=upload.name or "",
+                chunks=upload.chunks(),
+                **options,
+            )
         else:
-            outcome = replay_service.request_replay(actor(request), cluster.pk,
-                                                    trace=_shared_trace(request), **options)
+            outcome = replay_service.request_replay(
+                actor(request), cluster.pk, trace=_shared_trace(request), **options
+            )
     except ServiceError as error:
         return service_error_response(request, error, TEMPLATE, **_context(cluster))
     url = reverse("web:replay_detail", args=[cluster.pk, outcome.job.pk])
@@ -65,12 +75,15 @@ def _replay_args(request: HttpRequest, cluster: Cluster) -> dict[str, Any]:
     data = request.POST
     chosen = {int(pk) for pk in data.getlist("policies") if pk.isdigit()}
     specs = [p.spec() for p in reads.policies(cluster.pk) if p.pk in chosen]
-    return {"policies": specs,
-            "rate_scale": _float(data.get("rate_scale") or "1", "rate_scale"),
-            "max_requests": int(_float(data["max_requests"], "max_requests"))
-            if data.get("max_requests") else None,
-            "seed": int(_float(data.get("seed") or "0", "seed")),
-            "reason": data.get("reason", "")}
+    return {
+        "policies": specs,
+        "rate_scale": _float(data.get("rate_scale") or "1", "rate_scale"),
+        "max_requests": int(_float(data["max_requests"], "max_requests"))
+        if data.get("max_requests")
+        else None,
+        "seed": int(_float(data.get("seed") or "0", "seed")),
+        "reason": data.get("reason", ""),
+    }
 
 
 def _shared_trace(request: HttpRequest) -> str:
@@ -98,6 +111,12 @@ def replay_detail(request: HttpRequest, cluster_id: int, job_id: int) -> HttpRes
     if job.cluster_id != cluster.pk:
         raise Http404("replay is not on this cluster")
     template = "web/partials/replay_job.html" if is_htmx(request) else "web/replay_detail.html"
-    return page(request, template, cluster=cluster, job=job, tab="replays",
-                live_window=dashboard.live_state(cluster)["window"],
-                undispatched=request.GET.get("undispatched"))
+    return page(
+        request,
+        template,
+        cluster=cluster,
+        job=job,
+        tab="replays",
+        live_window=dashboard.live_state(cluster)["window"],
+        undispatched=request.GET.get("undispatched"),
+    )

@@ -73,10 +73,16 @@ class ParamField:
     @property
     def bounds(self) -> str:
         """The allowed range as the schema states it: "≥ 0", "> 0", "0 – 1", "> 0, ≤ 1"."""
-        low = None if self.minimum is None else _bound(">" if self.exclusive_minimum else "≥",
-                                                       self.minimum)
-        high = None if self.maximum is None else _bound("<" if self.exclusive_maximum else "≤",
-                                                        self.maximum)
+        low = (
+            None
+            if self.minimum is None
+            else _bound(">" if self.exclusive_minimum else "≥", self.minimum)
+        )
+        high = (
+            None
+            if self.maximum is None
+            else _bound("<" if self.exclusive_maximum else "≤", self.maximum)
+        )
         if low and high and not (self.exclusive_minimum or self.exclusive_maximum):
             return f"{_num(self.minimum)} – {_num(self.maximum)}"
         return ", ".join(part for part in (low, high) if part)
@@ -109,8 +115,10 @@ def _walk(schema: dict[str, Any], defs: dict[str, Any], prefix: str):
 
 def _resolve(prop: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
     if "$ref" in prop:
-        return {**defs[prop["$ref"].rsplit("/", 1)[-1]], **{k: v for k, v in prop.items()
-                                                           if k != "$ref"}}
+        return {
+            **defs[prop["$ref"].rsplit("/", 1)[-1]],
+            **{k: v for k, v in prop.items() if k != "$ref"},
+        }
     options = [o for o in prop.get("anyOf", []) if o.get("type") != "null"]
     if options:
         return {**prop, **_resolve(options[0], defs), "nullable": True}
@@ -118,11 +126,17 @@ def _resolve(prop: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _field(name: str, prop: dict[str, Any], resolved: dict[str, Any]) -> ParamField:
-    kind = "choice" if "enum" in resolved else {
-        "boolean": "boolean", "integer": "integer", "number": "number"}.get(
-            resolved.get("type", ""), "text")
+    kind = (
+        "choice"
+        if "enum" in resolved
+        else {"boolean": "boolean", "integer": "integer", "number": "number"}.get(
+            resolved.get("type", ""), "text"
+        )
+    )
     return ParamField(
-        name=name, label=resolved.get("title") or name, kind=kind,
+        name=name,
+        label=resolved.get("title") or name,
+        kind=kind,
         default=prop.get("default", resolved.get("default")),
         description=prop.get("description") or resolved.get("description", ""),
         minimum=resolved.get("minimum", resolved.get("exclusiveMinimum")),
@@ -134,17 +148,24 @@ def _field(name: str, prop: dict[str, Any], resolved: dict[str, Any]) -> ParamFi
     )
 
 
-def bind(fields: list[ParamField], data: Mapping[str, Any],
-         errors: Mapping[str, str]) -> list[ParamField]:
+def bind(
+    fields: list[ParamField], data: Mapping[str, Any], errors: Mapping[str, str]
+) -> list[ParamField]:
     """The fields as the operator submitted them, each with its own error (``errors`` keyed
     by the service's field path, ``params.<name>``), so a refused form loses nothing."""
-    return [replace(field, posted=str(data.get(field.input_name, "")),
-                    error=errors.get(f"params.{field.name}", ""))
-            for field in fields]
+    return [
+        replace(
+            field,
+            posted=str(data.get(field.input_name, "")),
+            error=errors.get(f"params.{field.name}", ""),
+        )
+        for field in fields
+    ]
 
 
-def with_values(fields: list[ParamField], params: Mapping[str, Any],
-                id_prefix: str) -> list[ParamField]:
+def with_values(
+    fields: list[ParamField], params: Mapping[str, Any], id_prefix: str
+) -> list[ParamField]:
     """The fields showing a stored policy's values (read-only summaries)."""
     shown = []
     for field in fields:

@@ -119,37 +119,58 @@ def _classify(row: dict) -> tuple[str, str, float, str, str]:
     if row["model_key"] == "Llama-3-70B" or row["tensor_parallel"] != "1":
         return _unused(row, "70B / tensor parallel: not a modelled single-GPU setup")
     if "sglang" in row["engine"]:
-        return ("speed1", "cross-check", float(row["throughput_total_tok_s"]), "tok/s",
-                "SGLang, not vLLM; README: decode ~3x below roofline, loose")
+        return (
+            "speed1",
+            "cross-check",
+            float(row["throughput_total_tok_s"]),
+            "tok/s",
+            "SGLang, not vLLM; README: decode ~3x below roofline, loose",
+        )
     if "silybench" in source:
         return _classify_silybench(row, conc, in_len, out_len)
     if "speed_benchmark" in source:
         return ("speed1", "fit", float(row["throughput_out_tok_s"]), "tok/s", "")
     if "TechBroMoho" in source:
         if conc == 1:
-            return ("decode", "fit", float(row["tpot_ms"]), "ms",
-                    "TPOT p50 at c=1; the only L40S source, so it fits the Ada efficiencies")
+            return (
+                "decode",
+                "fit",
+                float(row["tpot_ms"]),
+                "ms",
+                "TPOT p50 at c=1; the only L40S source, so it fits the Ada efficiencies",
+            )
         return ("loop_tpot", "holdout", float(row["tpot_ms"]), "ms", "TPOT p50, closed loop")
     if "gpustack" in source:
         return _classify_gpustack(row, conc, in_len, out_len)
     if "tenstorrent" in source:
-        return ("decode", "fit", float(row["tpot_ms"]), "ms",
-                "MoE TPOT mean at c=1, the only in-file MoE rows (TTFT suspect: prefix hits)")
+        return (
+            "decode",
+            "fit",
+            float(row["tpot_ms"]),
+            "ms",
+            "MoE TPOT mean at c=1, the only in-file MoE rows (TTFT suspect: prefix hits)",
+        )
     if "buildkite" in source and in_len == 32:
         latency = re.search(r"latency mean ([\d.]+) ms", row["note"])
         if latency and row["model_key"] == "Llama-3.1-8B":
             return ("e2e", "holdout", float(latency.group(1)), "ms", "batch-8 latency test")
     if "prompt_10/" in source:
-        return ("decode", "fit", float(row["tpot_ms"]), "ms",
-                "median TPOT at c=10 (multi-step run: median only); the one V0 row on a GPU "
-                "whose eta_memory other rows pin, so it separates V0's t_fixed from A100's "
-                "eta_memory")
+        return (
+            "decode",
+            "fit",
+            float(row["tpot_ms"]),
+            "ms",
+            "median TPOT at c=10 (multi-step run: median only); the one V0 row on a GPU "
+            "whose eta_memory other rows pin, so it separates V0's t_fixed from A100's "
+            "eta_memory",
+        )
     return _unused(row, "ShareGPT saturation / multi-step / throughput-only: no step statistic")
 
 
 def _classify_silybench(row, conc, in_len, out_len):
-    kv_limited = (in_len == 2048 and conc >= 128) or (in_len == 8192 and conc >= 32
-                                                      and _dtype(row) == "bf16")
+    kv_limited = (in_len == 2048 and conc >= 128) or (
+        in_len == 8192 and conc >= 32 and _dtype(row) == "bf16"
+    )
     if kv_limited:
         return _unused(row, "KV-capacity-limited (README): batch size unknown")
     return ("decode", "fit", float(row["itl_ms"]), "ms", "ITL median")
@@ -161,11 +182,21 @@ def _classify_gpustack(row, conc, in_len, out_len):
     if conc is not None:  # the latency file, c = 1..8
         if conc == 1:
             return ("decode", "holdout", float(row["itl_ms"]), "ms", "ITL median, ShareGPT")
-        return ("loop_tpot", "holdout", float(row["tpot_ms"]), "ms",
-                "TPOT mean, ShareGPT mean lengths")
+        return (
+            "loop_tpot",
+            "holdout",
+            float(row["tpot_ms"]),
+            "ms",
+            "TPOT mean, ShareGPT mean lengths",
+        )
     if row["dtype"].startswith("bf16"):
-        return ("saturation", "holdout", float(row["throughput_total_tok_s"]), "tok/s",
-                "all prompts at once; simulated with the engine core")
+        return (
+            "saturation",
+            "holdout",
+            float(row["throughput_total_tok_s"]),
+            "tok/s",
+            "all prompts at once; simulated with the engine core",
+        )
     return _unused(row, "FP8 weight-only on A100 with ShareGPT lengths")
 
 
@@ -176,15 +207,29 @@ def load_points(path: Path = DEFAULT_CSV) -> list[Point]:
     for i, row in enumerate(rows):
         kind, role, observed, unit, reason = _classify(row)
         conc = _num(row["concurrency"]) or 1
-        points.append(Point(
-            row=i, kind=kind, role=role, observed=observed, unit=unit,
-            gpu=GPU_KEYS[row["gpu_family"]], model=row["model_key"].lower(), dtype=_dtype(row),
-            era=_era(row["vllm_version"]), input_len=_num(row["input_len"]) or 0.0,
-            output_len=_num(row["output_len"]) or 0.0, concurrency=int(conc),
-            source=row["source"].split(" (")[0], quality=row["quality"],
-            label=f"{row['gpu_family']} {row['model_key']} {_dtype(row)} "
-                  f"{row['input_len']}/{row['output_len']} c={row['concurrency'] or '-'}",
-            reason=reason, csv_name=Path(path).name, stat=_stat(row, kind)))
+        points.append(
+            Point(
+                row=i,
+                kind=kind,
+                role=role,
+                observed=observed,
+                unit=unit,
+                gpu=GPU_KEYS[row["gpu_family"]],
+                model=row["model_key"].lower(),
+                dtype=_dtype(row),
+                era=_era(row["vllm_version"]),
+                input_len=_num(row["input_len"]) or 0.0,
+                output_len=_num(row["output_len"]) or 0.0,
+                concurrency=int(conc),
+                source=row["source"].split(" (")[0],
+                quality=row["quality"],
+                label=f"{row['gpu_family']} {row['model_key']} {_dtype(row)} "
+                f"{row['input_len']}/{row['output_len']} c={row['concurrency'] or '-'}",
+                reason=reason,
+                csv_name=Path(path).name,
+                stat=_stat(row, kind),
+            )
+        )
     return points
 
 
@@ -200,22 +245,24 @@ BOUND_PCT = 15.0  # every fit and hold-out point, except OUT_OF_BOUND, within th
 # (csv line, kind) -> why a physically sensible model misses it by more than BOUND_PCT
 OUT_OF_BOUND: dict[tuple[int, str], str] = {
     (30, "loop_tpot"): "L40S at c=128: KV reads of 128 contexts cost more than the Ada "
-                       "memory efficiency fitted at c=1 (weights only) implies; no other "
-                       "Ada row could fit a separate KV-read efficiency",
+    "memory efficiency fitted at c=1 (weights only) implies; no other "
+    "Ada row could fit a separate KV-read efficiency",
     (31, "loop_tpot"): "L40S at c=256 wants ~196k KV tokens against ~175k: preemption-bound "
-                       "(throughput falls from c=128), set by vLLM's exact KV capacity",
+    "(throughput falls from c=128), set by vLLM's exact KV capacity",
     (48, "saturation"): "A100 V1 (0.11) prefill runs faster than the A100 compute efficiency "
-                        "fitted on the V0-era (0.4-0.6) long-context rows; these saturation "
-                        "rows are the only V1 A100 prefill evidence",
+    "fitted on the V0-era (0.4-0.6) long-context rows; these saturation "
+    "rows are the only V1 A100 prefill evidence",
     (49, "saturation"): "as line 48: V1 A100 prefill vs the V0-era fitted efficiency",
-    **{(line, "saturation"): "H100 Qwen3-32B saturation runs at ~1.5x the same source's "
-                             "A100 rows where the datasheets give 3.2x the compute, far below "
-                             "the grade-A H100 prefill rows (silybench); with ~34k KV tokens "
-                             "the long prompts run 1-8 at a time"
-       for line in (59, 60, 61, 62)},
+    **{
+        (line, "saturation"): "H100 Qwen3-32B saturation runs at ~1.5x the same source's "
+        "A100 rows where the datasheets give 3.2x the compute, far below "
+        "the grade-A H100 prefill rows (silybench); with ~34k KV tokens "
+        "the long prompts run 1-8 at a time"
+        for line in (59, 60, 61, 62)
+    },
     (63, "ttft1"): "GPUStack ShareGPT TTFT at c=1 is 59 ms where silybench measures 14 ms for "
-                   "a 128-token prompt on the same GPU, model and V1 engine: ~45 ms of "
-                   "client/endpoint latency that no engine parameter explains",
+    "a 128-token prompt on the same GPU, model and V1 engine: ~45 ms of "
+    "client/endpoint latency that no engine parameter explains",
 }
 
 
@@ -268,8 +315,7 @@ def _e2e_ms(p: Point, cm: CostModel) -> float:
 def _engine(p: Point, cm: CostModel):
     from enginesim.engine.core import EngineCore  # the core is only needed by simulated kinds
 
-    config = EngineConfig.for_hardware(p.gpu, p.model, dtype=p.dtype,
-                                       calibration=cm.calibration)
+    config = EngineConfig.for_hardware(p.gpu, p.model, dtype=p.dtype, calibration=cm.calibration)
     return EngineCore(config)
 
 
@@ -279,8 +325,9 @@ def _saturation(p: Point, cm: CostModel) -> float:
     engine = _engine(p, cm)
     rng = np.random.default_rng(p.row)
     for i in range(n):
-        engine.add_request(f"r{i}", rng.integers(0, 150_000, int(p.input_len)),
-                           int(p.output_len), now=0.0)
+        engine.add_request(
+            f"r{i}", rng.integers(0, 150_000, int(p.input_len)), int(p.output_len), now=0.0
+        )
     end = 0.0
     while (t := engine.next_event_time()) is not None:
         engine.advance_to(t)
@@ -324,8 +371,12 @@ def _loop_tpot_ms(p: Point, cm: CostModel) -> float:
 
 
 PREDICTORS: dict[str, Callable[[Point, CostModel], float]] = {
-    "decode": _decode_ms, "ttft1": _ttft_ms, "speed1": _speed1, "e2e": _e2e_ms,
-    "loop_tpot": _loop_tpot_ms, "saturation": _saturation,
+    "decode": _decode_ms,
+    "ttft1": _ttft_ms,
+    "speed1": _speed1,
+    "e2e": _e2e_ms,
+    "loop_tpot": _loop_tpot_ms,
+    "saturation": _saturation,
 }
 
 
@@ -344,8 +395,14 @@ def ttft_points(points: list[Point], path: Path = DEFAULT_CSV) -> list[Point]:
             continue
         if "tenstorrent" in row["source"]:
             continue  # README: TTFTs below the compute floor (prefix-cache hits)
-        extra.append(replace(p, kind="ttft1", observed=float(row["ttft_ms"]),
-                             reason=f"TTFT {row['ttft_stat']} at c=1"))
+        extra.append(
+            replace(
+                p,
+                kind="ttft1",
+                observed=float(row["ttft_ms"]),
+                reason=f"TTFT {row['ttft_stat']} at c=1",
+            )
+        )
     return extra
 
 
@@ -353,9 +410,16 @@ def ttft_points(points: list[Point], path: Path = DEFAULT_CSV) -> list[Point]:
 
 ARCHS = ("hopper", "ampere", "ada")
 FP8_ARCHS = ("hopper",)  # the only architecture with fp8 (W8A8) measurements
-PARAMS = (*(f"eta_compute_{a}" for a in ARCHS), *(f"eta_memory_{a}" for a in ARCHS),
-          *(f"eta_compute_fp8_{a}" for a in FP8_ARCHS),
-          "t_fixed_v1", "t_fixed_v0", "t_per_seq", "t_request", "eta_moe")
+PARAMS = (
+    *(f"eta_compute_{a}" for a in ARCHS),
+    *(f"eta_memory_{a}" for a in ARCHS),
+    *(f"eta_compute_fp8_{a}" for a in FP8_ARCHS),
+    "t_fixed_v1",
+    "t_fixed_v0",
+    "t_per_seq",
+    "t_request",
+    "eta_moe",
+)
 START = (0.6,) * 3 + (0.8,) * 3 + (0.5,) + (0.002, 0.004, 1e-5, 0.005, 0.8)
 LOWER = (0.1,) * 3 + (0.3,) * 3 + (0.1,) + (0.0, 0.0, 0.0, 0.0, 0.1)
 UPPER = (1.0,) * 3 + (1.0,) * 3 + (1.0,) + (0.02, 0.02, 1e-4, 0.05, 1.0)
@@ -363,12 +427,24 @@ UPPER = (1.0,) * 3 + (1.0,) * 3 + (1.0,) + (0.02, 0.02, 1e-4, 0.05, 1.0)
 
 def calibrations_from(theta: np.ndarray) -> dict[str, Calibration]:
     values = dict(zip(PARAMS, (float(x) for x in theta), strict=True))
-    gpus = {a: GPUEfficiency(values[f"eta_compute_{a}"], values[f"eta_memory_{a}"],
-                             values.get(f"eta_compute_fp8_{a}")) for a in ARCHS}
-    shared: dict[str, Any] = {"gpus": gpus, "t_per_seq": values["t_per_seq"],
-                              "eta_moe": values["eta_moe"], "t_request": values["t_request"]}
-    return {era: Calibration(t_fixed=values[f"t_fixed_{era}"], era=era, **shared)
-            for era in ("v1", "v0")}
+    gpus = {
+        a: GPUEfficiency(
+            values[f"eta_compute_{a}"],
+            values[f"eta_memory_{a}"],
+            values.get(f"eta_compute_fp8_{a}"),
+        )
+        for a in ARCHS
+    }
+    shared: dict[str, Any] = {
+        "gpus": gpus,
+        "t_per_seq": values["t_per_seq"],
+        "eta_moe": values["eta_moe"],
+        "t_request": values["t_request"],
+    }
+    return {
+        era: Calibration(t_fixed=values[f"t_fixed_{era}"], era=era, **shared)
+        for era in ("v1", "v0")
+    }
 
 
 def fit(points: list[Point]) -> dict[str, Calibration]:
@@ -382,19 +458,25 @@ def fit(points: list[Point]) -> dict[str, Calibration]:
     return calibrations_from(result.x)
 
 
-def write_calibration(cals: dict[str, Calibration], table: list[dict],
-                      path: Path = CALIBRATION_FILE) -> None:
+def write_calibration(
+    cals: dict[str, Calibration], table: list[dict], path: Path = CALIBRATION_FILE
+) -> None:
     fitted = [r for r in table if r["role"] == "fit"]
     data = {
         "comment": "Written by python -m enginesim.engine.calibrate --write; do not edit.",
-        "eras": {era: {"gpus": {a: asdict(e) for a, e in c.gpus.items()},
-                       "t_fixed": c.t_fixed, "t_per_seq": c.t_per_seq,
-                       "t_request": c.t_request, "eta_moe": c.eta_moe}
-                 for era, c in cals.items()},
+        "eras": {
+            era: {
+                "gpus": {a: asdict(e) for a, e in c.gpus.items()},
+                "t_fixed": c.t_fixed,
+                "t_per_seq": c.t_per_seq,
+                "t_request": c.t_request,
+                "eta_moe": c.eta_moe,
+            }
+            for era, c in cals.items()
+        },
         "fit_rows": len(fitted),
         "fit_median_abs_error_pct": _median_abs(fitted),
-        "holdout_median_abs_error_pct": _median_abs(
-            [r for r in table if r["role"] == "holdout"]),
+        "holdout_median_abs_error_pct": _median_abs([r for r in table if r["role"] == "holdout"]),
     }
     path.write_text(json.dumps(data, indent=2) + "\n")
 
@@ -415,43 +497,62 @@ def error_table(points: list[Point], cals: dict[str, Calibration]) -> list[dict]
             predicted = predict(p, cals)
             error = 100.0 * (predicted / p.observed - 1.0)
         note = OUT_OF_BOUND.get((p.row + 2, p.kind), p.reason)
-        table.append({"row": p.row, "role": p.role, "kind": p.kind, "label": p.label,
-                      "bounded": in_bound(p),
-                      "observed": p.observed, "predicted": predicted, "unit": p.unit,
-                      "error_pct": error, "quality": p.quality, "source": p.source,
-                      "note": note, "csv": p.csv_name})
+        table.append(
+            {
+                "row": p.row,
+                "role": p.role,
+                "kind": p.kind,
+                "label": p.label,
+                "bounded": in_bound(p),
+                "observed": p.observed,
+                "predicted": predicted,
+                "unit": p.unit,
+                "error_pct": error,
+                "quality": p.quality,
+                "source": p.source,
+                "note": note,
+                "csv": p.csv_name,
+            }
+        )
     return table
 
 
 def format_table(table: list[dict]) -> str:
-    lines = [f"{'csv line':>4} {'role':<11} {'kind':<11} {'point':<44} {'observed':>10} "
-             f"{'model':>10} {'unit':<5} {'err%':>7} q  source / note"]
+    lines = [
+        f"{'csv line':>4} {'role':<11} {'kind':<11} {'point':<44} {'observed':>10} "
+        f"{'model':>10} {'unit':<5} {'err%':>7} q  source / note"
+    ]
     for r in table:
         obs = "" if math.isnan(r["observed"]) else f"{r['observed']:.2f}"
         pred = "" if r["predicted"] is None else f"{r['predicted']:.2f}"
         err = "" if r["error_pct"] is None else f"{r['error_pct']:+.1f}"
-        lines.append(f"{r['row'] + 2:>4} {r['role']:<11} {r['kind']:<11} {r['label'][:44]:<44} "
-                     f"{obs:>10} {pred:>10} {r['unit']:<5} {err:>7} {r['quality']}  "
-                     f"{r['source'][:40]}; {r['note']}")
+        lines.append(
+            f"{r['row'] + 2:>4} {r['role']:<11} {r['kind']:<11} {r['label'][:44]:<44} "
+            f"{obs:>10} {pred:>10} {r['unit']:<5} {err:>7} {r['quality']}  "
+            f"{r['source'][:40]}; {r['note']}"
+        )
     return "\n".join(lines)
 
 
 def summary(table: list[dict]) -> str:
     bounded = [abs(r["error_pct"]) for r in table if r["bounded"]]
-    lines = [f"bounded n={len(bounded):>3}  within +-{BOUND_PCT:.0f}%: "
-             f"{sum(e <= BOUND_PCT for e in bounded)}  max |err| {max(bounded):5.1f}%  "
-             f"(out of bound by design: {len(OUT_OF_BOUND)}, see OUT_OF_BOUND)"]
+    lines = [
+        f"bounded n={len(bounded):>3}  within +-{BOUND_PCT:.0f}%: "
+        f"{sum(e <= BOUND_PCT for e in bounded)}  max |err| {max(bounded):5.1f}%  "
+        f"(out of bound by design: {len(OUT_OF_BOUND)}, see OUT_OF_BOUND)"
+    ]
     for role in ("fit", "holdout", "cross-check"):
         rows = [r for r in table if r["role"] == role]
         errors = np.array([abs(r["error_pct"]) for r in rows])
         if len(errors):
-            lines.append(f"{role:<11} n={len(rows):>3}  median |err| {np.median(errors):5.1f}%  "
-                         f"mean |err| {errors.mean():5.1f}%  max |err| {errors.max():5.1f}%")
+            lines.append(
+                f"{role:<11} n={len(rows):>3}  median |err| {np.median(errors):5.1f}%  "
+                f"mean |err| {errors.mean():5.1f}%  max |err| {errors.max():5.1f}%"
+            )
     return "\n".join(lines)
 
 
-def markdown_table(table: list[dict], before: dict[tuple[int, str], float] | None = None
-                   ) -> str:
+def markdown_table(table: list[dict], before: dict[tuple[int, str], float] | None = None) -> str:
     """Measured vs model per point; ``before``: (row, kind) -> an earlier model's err%."""
     head = "| csv line | role | kind | point | measured | model | unit | err % |"
     rule = "|---:|---|---|---|---:|---:|---|---:|"
@@ -462,8 +563,16 @@ def markdown_table(table: list[dict], before: dict[tuple[int, str], float] | Non
         if r["predicted"] is None:
             continue
         bound = "in" if r["bounded"] else "out" if r["role"] != "cross-check" else "-"
-        cells = [str(r["row"] + 2), r["role"], r["kind"], r["label"], f"{r['observed']:.2f}",
-                 f"{r['predicted']:.2f}", r["unit"], f"{r['error_pct']:+.1f}"]
+        cells = [
+            str(r["row"] + 2),
+            r["role"],
+            r["kind"],
+            r["label"],
+            f"{r['observed']:.2f}",
+            f"{r['predicted']:.2f}",
+            r["unit"],
+            f"{r['error_pct']:+.1f}",
+        ]
         if before is not None:
             old = before.get((r["row"], r["kind"]))
             cells.append("" if old is None else f"{old:+.1f}")
@@ -475,10 +584,14 @@ def markdown_table(table: list[dict], before: dict[tuple[int, str], float] | Non
 def describe(cals: dict[str, Calibration]) -> str:
     lines = []
     for era, c in cals.items():
-        effs = " ".join(f"{a}: eta_compute={e.eta_compute:.3f} eta_memory={e.eta_memory:.3f};"
-                        for a, e in c.gpus.items())
-        lines.append(f"{era}: {effs} eta_moe={c.eta_moe:.3f} t_fixed={1e3 * c.t_fixed:.3f} ms "
-                     f"t_per_seq={1e6 * c.t_per_seq:.1f} us t_request={1e3 * c.t_request:.2f} ms")
+        effs = " ".join(
+            f"{a}: eta_compute={e.eta_compute:.3f} eta_memory={e.eta_memory:.3f};"
+            for a, e in c.gpus.items()
+        )
+        lines.append(
+            f"{era}: {effs} eta_moe={c.eta_moe:.3f} t_fixed={1e3 * c.t_fixed:.3f} ms "
+            f"t_per_seq={1e6 * c.t_per_seq:.1f} us t_request={1e3 * c.t_request:.2f} ms"
+        )
     return "\n".join(lines)
 
 
@@ -495,8 +608,12 @@ def all_points(csv_path: Path, holdout_path: Path | None) -> list[Point]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", type=Path, default=DEFAULT_CSV)
-    parser.add_argument("--holdout", type=Path, default=None,
-                        help="set-aside validation rows (same columns); scored, never fitted")
+    parser.add_argument(
+        "--holdout",
+        type=Path,
+        default=None,
+        help="set-aside validation rows (same columns); scored, never fitted",
+    )
     parser.add_argument("--write", action="store_true", help=f"write {CALIBRATION_FILE.name}")
     args = parser.parse_args(argv)
     points = all_points(args.csv, args.holdout)

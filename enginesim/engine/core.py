@@ -114,15 +114,22 @@ class _Request:
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig,
-                 kv_event_sink: Callable[[list[KVEvent]], None] | None = None,
-                 fast_forward: bool = True, tier_link: int = 0) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        kv_event_sink: Callable[[list[KVEvent]], None] | None = None,
+        fast_forward: bool = True,
+        tier_link: int = 0,
+    ) -> None:
         """``tier_link``: the global tier link this engine reads over (see GlobalKVTier)."""
         self.config = config
         self.cost_model = config.cost_model()
         self.block_size = config.block_size
-        self.pool = BlockPool(config.num_gpu_blocks, config.enable_prefix_caching,
-                              record_events=kv_event_sink is not None)
+        self.pool = BlockPool(
+            config.num_gpu_blocks,
+            config.enable_prefix_caching,
+            record_events=kv_event_sink is not None,
+        )
         self.tier = config.global_tier
         self.tier_link = tier_link
         self._tier_bytes = 0
@@ -141,7 +148,8 @@ class EngineCore:
         self._free_at = 0.0  # end of the last committed step
         self._last_t = 0.0
         self._counters = dict.fromkeys(
-            ("queries", "hits", "external", "preemptions", "prompt", "generation", "finished"), 0)
+            ("queries", "hits", "external", "preemptions", "prompt", "generation", "finished"), 0
+        )
         self._busy_time = 0.0
         self._preempted_this_step = False
         # Bumped by every change of the scheduler's state; keys the memo of the decode plan
@@ -151,9 +159,15 @@ class EngineCore:
 
     # ----------------------------------------------------------------- public API
 
-    def add_request(self, req_id: str, prompt_token_ids: Sequence[int] | np.ndarray,
-                    max_tokens: int, now: float, ignore_eos: bool = True,
-                    output_token_ids: Sequence[int] | np.ndarray | None = None) -> None:
+    def add_request(
+        self,
+        req_id: str,
+        prompt_token_ids: Sequence[int] | np.ndarray,
+        max_tokens: int,
+        now: float,
+        ignore_eos: bool = True,
+        output_token_ids: Sequence[int] | np.ndarray | None = None,
+    ) -> None:
         """Queue a request arriving at ``now``; it generates exactly ``max_tokens`` tokens.
 
         ``output_token_ids`` (``max_tokens`` of them): the tokens it will generate, when the
@@ -167,15 +181,24 @@ class EngineCore:
         if output_token_ids is not None:
             output = np.asarray(output_token_ids, dtype=np.int64)
             if len(output) != max_tokens:
-                raise EngineRequestError(f"output_token_ids holds {len(output)} ids; "
-                                         f"max_tokens is {max_tokens}")
+                raise EngineRequestError(
+                    f"output_token_ids holds {len(output)} ids; max_tokens is {max_tokens}"
+                )
             tokens = np.concatenate([prompt, output])
         now = self._run_until(now)
         ready = now + self._t_request
         if not self.running and not self.waiting:
             self._free_at = max(self._free_at, ready)
-        req = _Request(req_id, prompt, max_tokens, now, ready,
-                       block_hashes(tokens, self.block_size), tokens, self.pool.root)
+        req = _Request(
+            req_id,
+            prompt,
+            max_tokens,
+            now,
+            ready,
+            block_hashes(tokens, self.block_size),
+            tokens,
+            self.pool.root,
+        )
         self.requests[req_id] = req
         self.waiting.append(req)
         self._version += 1
@@ -196,8 +219,9 @@ class EngineCore:
         self._version += 1
         return True
 
-    def advance_to(self, t: float, per_token: bool = False,
-                   events_only: bool = False) -> list[RequestOutput]:
+    def advance_to(
+        self, t: float, per_token: bool = False, events_only: bool = False
+    ) -> list[RequestOutput]:
         """Simulate every step that starts by ``t``; return outputs of steps ending by ``t``.
 
         ``events_only``: report only requests that got their first token or finished (their
@@ -238,8 +262,7 @@ class EngineCore:
 
     def unscheduled_ids(self) -> set[str]:
         """Requests waiting that the scheduler has never given a token (abort is free)."""
-        return {req.req_id for req in self.waiting
-                if req.num_output == 0 and req.num_computed == 0}
+        return {req.req_id for req in self.waiting if req.num_output == 0 and req.num_computed == 0}
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running or self.waiting)
@@ -254,15 +277,25 @@ class EngineCore:
     def stats(self) -> EngineStats:
         c = self._counters
         return EngineStats(
-            num_running=len(self.running), num_waiting=len(self.waiting),
-            kv_usage=self.pool.usage, prefix_cache_queries=c["queries"],
-            prefix_cache_hits=c["hits"], external_cache_hits=c["external"],
-            num_preemptions=c["preemptions"], num_gpu_blocks=self.pool.num_blocks,
-            block_size=self.block_size, prompt_tokens=c["prompt"],
-            generation_tokens=c["generation"], num_steps=self._num_steps,
-            busy_time=self._busy_time, num_finished=c["finished"],
-            has_tier=self.tier is not None, tier_bytes_read=self._tier_bytes,
-            tier_read_time=self._tier_time, tier_read_wait=self._tier_wait)
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            kv_usage=self.pool.usage,
+            prefix_cache_queries=c["queries"],
+            prefix_cache_hits=c["hits"],
+            external_cache_hits=c["external"],
+            num_preemptions=c["preemptions"],
+            num_gpu_blocks=self.pool.num_blocks,
+            block_size=self.block_size,
+            prompt_tokens=c["prompt"],
+            generation_tokens=c["generation"],
+            num_steps=self._num_steps,
+            busy_time=self._busy_time,
+            num_finished=c["finished"],
+            has_tier=self.tier is not None,
+            tier_bytes_read=self._tier_bytes,
+            tier_read_time=self._tier_time,
+            tier_read_wait=self._tier_wait,
+        )
 
     # ----------------------------------------------------------------- validation
 
@@ -279,11 +312,13 @@ class EngineCore:
             raise EngineRequestError(
                 f"This model's maximum context length is {cfg.max_model_len} tokens. However, "
                 f"you requested {total} tokens ({len(prompt)} in the messages, "
-                f"{max_tokens} in the completion).")
+                f"{max_tokens} in the completion)."
+            )
         if -(-total // self.block_size) > cfg.num_gpu_blocks:
             raise EngineRequestError(
                 f"request needs {total} tokens of KV cache; the engine holds "
-                f"{cfg.kv_capacity_tokens}")
+                f"{cfg.kv_capacity_tokens}"
+            )
 
     # ----------------------------------------------------------------- main loop
 
@@ -361,8 +396,9 @@ class EngineCore:
         req.num_private += need
         return True
 
-    def _admit(self, scheduled: list[tuple[_Request, int, int]], budget: int,
-               start: float) -> float:
+    def _admit(
+        self, scheduled: list[tuple[_Request, int, int]], budget: int, start: float
+    ) -> float:
         tier_blocks = 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             req = self.waiting[0]
@@ -402,8 +438,7 @@ class EngineCore:
     def _can_admit_head(self, free_budget: int) -> bool:
         """Read-only: could the head of the waiting queue be admitted now? (Ready or not:
         a decode stretch must not be fast-forwarded past the step it becomes ready for.)"""
-        if (not self.waiting or free_budget <= 0
-                or len(self.running) >= self.config.max_num_seqs):
+        if not self.waiting or free_budget <= 0 or len(self.running) >= self.config.max_num_seqs:
             return False
         req = self.waiting[0]
         local, unreferenced, external = self._lookup(req)
@@ -413,7 +448,7 @@ class EngineCore:
         return need + unreferenced <= self.pool.num_free
 
     def _load_from_tier(self, req: _Request, local: int, external: int) -> None:
-        hashes = req.hashes[local:local + external]
+        hashes = req.hashes[local : local + external]
         assert self.tier is not None, "external blocks come only from a tier"
         self.tier.touch(hashes)
         self._cache_blocks(req, local + external)
@@ -461,7 +496,7 @@ class EngineCore:
     def _cache_blocks(self, req: _Request, upto: int) -> None:
         """Enter prompt blocks [num_checked_blocks, upto) into the prefix cache."""
         if self.tier is not None:
-            for h in req.hashes[req.num_checked_blocks:upto]:
+            for h in req.hashes[req.num_checked_blocks : upto]:
                 self.tier.store(h)
         req.num_checked_blocks = upto
         req.tip, duplicates, stored = self.pool.extend(req.tip, req.hashes, upto)
@@ -472,7 +507,7 @@ class EngineCore:
     def _emit_stored(self, req: _Request, first: int, upto: int, stored: list[int]) -> None:
         bs = self.block_size
         parent = req.hashes[first - 1] if first > 0 else None
-        tokens = req.tokens[first * bs:upto * bs].tolist()
+        tokens = req.tokens[first * bs : upto * bs].tolist()
         self.pool.events.append(BlockStored(stored, parent, tokens, bs))
 
     def _flush_events(self) -> None:
@@ -493,8 +528,13 @@ class EngineCore:
                 return None
         if self._can_admit_head(self.config.max_num_batched_tokens - n):
             return None
-        columns = np.array([(r.num_computed, r.max_tokens - r.num_output,
-                             r.num_held + r.num_private) for r in running], dtype=np.int64)
+        columns = np.array(
+            [
+                (r.num_computed, r.max_tokens - r.num_output, r.num_held + r.num_private)
+                for r in running
+            ],
+            dtype=np.int64,
+        )
         computed, remaining, blocks = columns.T
         return computed, remaining, blocks
 
@@ -610,21 +650,21 @@ class EngineCore:
 
     def _last_step_has_event(self) -> bool:
         end = self._free_at
-        return any((r.finish_time == end and not r.finish_reported)
-                   or (r.first_token_time == end and r.delivered == 0)
-                   for r in self._eventful.values())
+        return any(
+            (r.finish_time == end and not r.finish_reported)
+            or (r.first_token_time == end and r.delivered == 0)
+            for r in self._eventful.values()
+        )
 
     def _has_event_by(self, req: _Request, t: float) -> bool:
         if req.finish_time is not None and req.finish_time <= t:
             return True
-        return req.delivered == 0 and req.first_token_time is not None \
-            and req.first_token_time <= t
+        return req.delivered == 0 and req.first_token_time is not None and req.first_token_time <= t
 
     def _token_count_by(self, req: _Request, t: float) -> int:
         """Tokens of ``req`` whose step ended by ``t`` (only the last step can end later)."""
         last = self._num_steps - 1
-        if (req.runs and req.runs[-1][0] + req.runs[-1][1] - 1 == last
-                and self._step_ends[last] > t):
+        if req.runs and req.runs[-1][0] + req.runs[-1][1] - 1 == last and self._step_ends[last] > t:
             return req.num_output - 1
         return req.num_output
 
@@ -662,9 +702,17 @@ class EngineCore:
         req.finish_reported = finished
         first = req.first_token_time if count else None
         return RequestOutput(
-            req_id=req.req_id, new_token_count=max(new, 0), num_output_tokens=count,
-            first_token_time=first, finished=finished,
+            req_id=req.req_id,
+            new_token_count=max(new, 0),
+            num_output_tokens=count,
+            first_token_time=first,
+            finished=finished,
             finish_reason=req.finish_reason if finished else None,
-            num_cached_tokens=max(req.num_cached_tokens, 0), arrival_time=req.arrival,
-            prompt_tokens=req.prompt_len, finish_time=req.finish_time if finished else None,
-            last_token_time=last_time, token_times=times, num_tier_tokens=req.num_tier_tokens)
+            num_cached_tokens=max(req.num_cached_tokens, 0),
+            arrival_time=req.arrival,
+            prompt_tokens=req.prompt_len,
+            finish_time=req.finish_time if finished else None,
+            last_token_time=last_time,
+            token_times=times,
+            num_tier_tokens=req.num_tier_tokens,
+        )

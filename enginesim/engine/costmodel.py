@@ -82,9 +82,11 @@ class Calibration:
         try:
             return self.gpus[gpu.arch]
         except KeyError:
-            raise KeyError(f"calibration era {self.era!r} has no efficiencies for "
-                           f"architecture {gpu.arch!r} (GPU {gpu.key!r}); "
-                           f"known: {sorted(self.gpus)}") from None
+            raise KeyError(
+                f"calibration era {self.era!r} has no efficiencies for "
+                f"architecture {gpu.arch!r} (GPU {gpu.key!r}); "
+                f"known: {sorted(self.gpus)}"
+            ) from None
 
 
 def load_calibration(era: str = "v1", path: Path = CALIBRATION_FILE) -> Calibration:
@@ -112,11 +114,17 @@ class StepBatch:
     transfer_time: Amount = 0.0  # s spent loading KV blocks from the global tier
 
     @classmethod
-    def from_requests(cls, new_tokens: list[int], contexts: list[int], num_sampled: int,
-                      transfer_time: float = 0.0) -> StepBatch:
+    def from_requests(
+        cls,
+        new_tokens: list[int],
+        contexts: list[int],
+        num_sampled: int,
+        transfer_time: float = 0.0,
+    ) -> StepBatch:
         pairs = sum(n * c + n * (n + 1) / 2 for n, c in zip(new_tokens, contexts, strict=True))
-        return cls(sum(new_tokens), len(new_tokens), num_sampled, pairs, sum(contexts),
-                   transfer_time)
+        return cls(
+            sum(new_tokens), len(new_tokens), num_sampled, pairs, sum(contexts), transfer_time
+        )
 
     @classmethod
     def prefill(cls, num_tokens: int, context: int = 0, sampled: bool = True) -> StepBatch:
@@ -139,9 +147,14 @@ class StepCost:
 
 
 class CostModel:
-    def __init__(self, gpu: GPUSpec | str, model: ModelSpec | str,
-                 calibration: Calibration | None = None, dtype: str = "bf16",
-                 kv_dtype: str = "bf16") -> None:
+    def __init__(
+        self,
+        gpu: GPUSpec | str,
+        model: ModelSpec | str,
+        calibration: Calibration | None = None,
+        dtype: str = "bf16",
+        kv_dtype: str = "bf16",
+    ) -> None:
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
         self.model = get_model(model) if isinstance(model, str) else model
         self.calibration = calibration or load_calibration()
@@ -151,13 +164,15 @@ class CostModel:
         self._flops_per_sample = 2.0 * m.lm_head_params
         self._flops_per_pair = 4.0 * m.num_layers * m.num_heads * m.head_dim
         self._kv_bytes = float(m.kv_bytes_per_token(kv_dtype))
-        self._dense_weight_bytes = bpp * (m.num_layers * m.dense_params_per_layer
-                                          + m.lm_head_params)
+        self._dense_weight_bytes = bpp * (
+            m.num_layers * m.dense_params_per_layer + m.lm_head_params
+        )
         self._expert_layer_bytes = bpp * m.num_layers * m.expert_params
         eff = self.calibration.efficiency(self.gpu)
         fp8_cores = dtype == "fp8" and self.gpu.fp8_flops is not None
         self._compute_rate = self.gpu.peak_flops(dtype) * eff.compute_efficiency(
-            "fp8" if fp8_cores else "bf16")
+            "fp8" if fp8_cores else "bf16"
+        )
         self._attention_rate = self.gpu.bf16_flops * eff.eta_compute
         self._memory_rate = self.gpu.hbm_bandwidth * eff.eta_memory
 
@@ -173,8 +188,9 @@ class CostModel:
     def cost(self, batch: StepBatch) -> StepCost:
         """The step's cost; plain arithmetic, so a batch of floats is priced without numpy's
         per-call overhead (a step of the simulator) and a batch of arrays elementwise."""
-        gemm_flops = (self._flops_per_token * batch.num_tokens
-                      + self._flops_per_sample * batch.num_sampled)
+        gemm_flops = (
+            self._flops_per_token * batch.num_tokens + self._flops_per_sample * batch.num_sampled
+        )
         attention_flops = self._flops_per_pair * batch.attention_pairs
         flops = gemm_flops + attention_flops
         weights = self.weight_bytes(batch.num_tokens)
@@ -186,8 +202,11 @@ class CostModel:
         moe_penalty = expert_bytes * (1.0 / self.calibration.eta_moe - 1.0)
         memory_time = (nbytes + moe_penalty) / self._memory_rate
         cal = self.calibration
-        slower = (np.maximum(compute_time, memory_time) if isinstance(compute_time, np.ndarray)
-                  else max(compute_time, memory_time))
+        slower = (
+            np.maximum(compute_time, memory_time)
+            if isinstance(compute_time, np.ndarray)
+            else max(compute_time, memory_time)
+        )
         time = cal.t_fixed + cal.t_per_seq * batch.num_seqs + slower + batch.transfer_time
         return StepCost(flops, nbytes, weights, compute_time, memory_time, time)
 

@@ -54,16 +54,53 @@ class GPUSpec:
 
 
 GPUS: dict[str, GPUSpec] = {
-    "h20": GPUSpec("h20", "NVIDIA H20 96GB", 97871 * MIB, 4.0e12, 148e12, 296e12,
-                   "NVIDIA HGX H20 product brief"),
-    "h100": GPUSpec("h100", "NVIDIA H100 SXM5 80GB", 81559 * MIB, 3.35e12, 989e12, 1979e12,
-                    "NVIDIA H100 Tensor Core GPU datasheet, SXM column"),
-    "h200": GPUSpec("h200", "NVIDIA H200 SXM 141GB", 143771 * MIB, 4.8e12, 989e12, 1979e12,
-                    "NVIDIA H200 Tensor Core GPU datasheet, SXM column"),
-    "a100": GPUSpec("a100", "NVIDIA A100 SXM4 80GB", 81251 * MIB, 2.039e12, 312e12, None,
-                    "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column", "ampere"),
-    "l40s": GPUSpec("l40s", "NVIDIA L40S 48GB", 46068 * MIB, 0.864e12, 362e12, 733e12,
-                    "NVIDIA L40S datasheet (dense, without sparsity)", "ada"),
+    "h20": GPUSpec(
+        "h20",
+        "NVIDIA H20 96GB",
+        97871 * MIB,
+        4.0e12,
+        148e12,
+        296e12,
+        "NVIDIA HGX H20 product brief",
+    ),
+    "h100": GPUSpec(
+        "h100",
+        "NVIDIA H100 SXM5 80GB",
+        81559 * MIB,
+        3.35e12,
+        989e12,
+        1979e12,
+        "NVIDIA H100 Tensor Core GPU datasheet, SXM column",
+    ),
+    "h200": GPUSpec(
+        "h200",
+        "NVIDIA H200 SXM 141GB",
+        143771 * MIB,
+        4.8e12,
+        989e12,
+        1979e12,
+        "NVIDIA H200 Tensor Core GPU datasheet, SXM column",
+    ),
+    "a100": GPUSpec(
+        "a100",
+        "NVIDIA A100 SXM4 80GB",
+        81251 * MIB,
+        2.039e12,
+        312e12,
+        None,
+        "NVIDIA A100 Tensor Core GPU datasheet, 80GB SXM column",
+        "ampere",
+    ),
+    "l40s": GPUSpec(
+        "l40s",
+        "NVIDIA L40S 48GB",
+        46068 * MIB,
+        0.864e12,
+        362e12,
+        733e12,
+        "NVIDIA L40S datasheet (dense, without sparsity)",
+        "ada",
+    ),
 }
 
 

@@ -55,7 +55,6 @@ def block_hashes(token_ids: Sequence[int] | np.ndarray, block_size: int = 16) ->
         return []
     with np.errstate(over="ignore"):
         blocks = tokens[: n * block_size].reshape(n, block_size)
-        content = _splitmix64((blocks * _lane_multipliers(block_size)).sum(axis=1,
-                                                                          dtype=np.uint64))
+        content = _splitmix64((blocks * _lane_multipliers(block_size)).sum(axis=1, dtype=np.uint64))
         chained = np.cumsum(content * _chain_powers(n), dtype=np.uint64)
         return (_splitmix64(chained) & _MASK63).tolist()

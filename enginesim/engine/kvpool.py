@@ -50,8 +50,9 @@ class PrefixNode:
 
     __slots__ = ("children", "depth", "entry", "hashes", "parent", "refs")
 
-    def __init__(self, hashes: list[int], parent: PrefixNode | None, depth: int,
-                 refs: int = 0) -> None:
+    def __init__(
+        self, hashes: list[int], parent: PrefixNode | None, depth: int, refs: int = 0
+    ) -> None:
         self.hashes = hashes
         self.parent = parent
         self.children: dict[int, PrefixNode] = {}
@@ -83,8 +84,9 @@ def _common_run(hashes: Sequence[int], start: int, run: list[int], limit: int) -
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int, enable_caching: bool = True,
-                 record_events: bool = True) -> None:
+    def __init__(
+        self, num_blocks: int, enable_caching: bool = True, record_events: bool = True
+    ) -> None:
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
         self.record_events = record_events  # False: nobody reads KV events (no publisher)
@@ -136,8 +138,9 @@ class BlockPool:
 
     # ----------------------------------------------------------------- caching
 
-    def extend(self, tip: PrefixNode, hashes: Sequence[int], stop: int
-               ) -> tuple[PrefixNode, int, list[int]]:
+    def extend(
+        self, tip: PrefixNode, hashes: Sequence[int], stop: int
+    ) -> tuple[PrefixNode, int, list[int]]:
         """A request referencing the path to ``tip`` computed blocks
         ``hashes[tip.end:stop]``: enter them into the cache under its reference.
 
@@ -243,8 +246,9 @@ class BlockPool:
 
     # ----------------------------------------------------------------- tree upkeep
 
-    def _reference_path(self, node: PrefixNode, hashes: Sequence[int], i: int, stop: int
-                        ) -> tuple[PrefixNode, int]:
+    def _reference_path(
+        self, node: PrefixNode, hashes: Sequence[int], i: int, stop: int
+    ) -> tuple[PrefixNode, int]:
         """Reference the cached runs below ``node`` that continue with ``hashes[i:stop]``,
         as far as they go (splitting the last one where the match ends); returns the
         deepest node referenced (``node`` if none) and the block index reached."""

@@ -43,13 +43,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add = parser.add_argument
     add("--trace", required=True, type=Path)
     add("--format", default="auto", choices=FORMATS)
-    add("--target", required=True, action="append",
+    add(
+        "--target",
+        required=True,
+        action="append",
         help="base URL, e.g. http://127.0.0.1:8080; repeat it to spread requests "
-             "round-robin over several targets (routers behind a load balancer)")
+        "round-robin over several targets (routers behind a load balancer)",
+    )
     add("--model", default=None, help="model name (default: the target's first /v1/models)")
-    add("--max-model-len", type=int, default=None,
+    add(
+        "--max-model-len",
+        type=int,
+        default=None,
         help="skip records whose prompt + output exceed this many tokens (default: the "
-             "target's max_model_len from /v1/models, as vLLM would refuse them)")
+        "target's max_model_len from /v1/models, as vLLM would refuse them)",
+    )
     add("--rate-scale", type=float, default=1.0, help="X: send X times faster than the trace")
     add("--start", type=float, default=0.0, help="trace window start, seconds")
     add("--end", type=float, default=None, help="trace window end, seconds")
@@ -66,11 +74,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--burst-prefix-tokens", type=int, default=defaults.prefix_tokens)
     add("--burst-suffix-tokens", type=float, default=defaults.suffix_tokens)
     add("--burst-output-tokens", type=float, default=defaults.output_tokens)
-    add("--burst-ramp", type=float, default=defaults.ramp_s,
-        help="seconds over which the burst's rate grows from 0 (0 = a step)")
-    add("--spread-ties", action="store_true",
+    add(
+        "--burst-ramp",
+        type=float,
+        default=defaults.ramp_s,
+        help="seconds over which the burst's rate grows from 0 (0 = a step)",
+    )
+    add(
+        "--spread-ties",
+        action="store_true",
         help="spread arrivals that share a timestamp over their bucket (the conversation "
-             "trace's 3 s buckets), as the replay benches do (seeded by --seed)")
+        "trace's 3 s buckets), as the replay benches do (seeded by --seed)",
+    )
     add("--seed", type=int, default=0)
     add("--out", type=Path, default=None, help="write one JSON line per request here")
     add("--no-progress", action="store_true")
@@ -79,11 +94,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _burst(args: argparse.Namespace) -> BurstSettings | None:
     if not args.hotspot_burst:
         return None
-    params = HotspotParams(duration_s=args.burst_duration, burst_rate=args.burst_rate,
-                           prefix_tokens=args.burst_prefix_tokens,
-                           suffix_tokens=args.burst_suffix_tokens,
-                           output_tokens=args.burst_output_tokens, ramp_s=args.burst_ramp,
-                           seed=args.seed)
+    params = HotspotParams(
+        duration_s=args.burst_duration,
+        burst_rate=args.burst_rate,
+        prefix_tokens=args.burst_prefix_tokens,
+        suffix_tokens=args.burst_suffix_tokens,
+        output_tokens=args.burst_output_tokens,
+        ramp_s=args.burst_ramp,
+        seed=args.seed,
+    )
     return BurstSettings(params, args.burst_at)
 
 
@@ -115,9 +134,14 @@ class ProgressLine:
     def __call__(self, generator: LoadGenerator) -> None:
         done = [o for o in generator.outcomes if o.status != "pending"]
         errors = sum(o.status == "error" for o in done)
-        self._bar.update(self._task, completed=len(done), now=(
-            f"sent {len(generator.outcomes)} errors {errors} in flight "
-            f"{len(generator.in_flight)} bursts {generator.bursts} t={generator.elapsed():.0f}s"))
+        self._bar.update(
+            self._task,
+            completed=len(done),
+            now=(
+                f"sent {len(generator.outcomes)} errors {errors} in flight "
+                f"{len(generator.in_flight)} bursts {generator.bursts} t={generator.elapsed():.0f}s"
+            ),
+        )
 
     def close(self) -> None:
         self._bar.stop()
@@ -136,22 +160,29 @@ def summarize(outcomes: list[Outcome], elapsed: float) -> dict[str, Any]:
         return float(values.mean()) if len(values) else None
 
     return {
-        "sent": len(outcomes), "ok": len(ok),
+        "sent": len(outcomes),
+        "ok": len(ok),
         "errors": sum(o.status == "error" for o in outcomes),
         "cancelled": sum(o.status in ("cancelled", "pending") for o in outcomes),
         "late_1s": sum(o.sent_s - o.scheduled_s > 1.0 for o in outcomes),
-        "ttft_mean_s": stat(ttft), "ttft_p50_s": stat(ttft, 50), "ttft_p90_s": stat(ttft, 90),
-        "ttft_p99_s": stat(ttft, 99), "tpot_mean_s": stat(tpot), "tpot_p99_s": stat(tpot, 99),
+        "ttft_mean_s": stat(ttft),
+        "ttft_p50_s": stat(ttft, 50),
+        "ttft_p90_s": stat(ttft, 90),
+        "ttft_p99_s": stat(ttft, 99),
+        "tpot_mean_s": stat(tpot),
+        "tpot_p99_s": stat(tpot, 99),
         "output_tok_s": sum(o.output_tokens for o in ok) / max(elapsed, 1e-9),
-        "cached_ratio": cached / prompt if prompt else None, "elapsed_s": elapsed,
+        "cached_ratio": cached / prompt if prompt else None,
+        "elapsed_s": elapsed,
     }
 
 
 def format_summary(summary: dict[str, Any]) -> str:
     lines = ["", f"{'metric':<14} {'value':>12}"]
     for key, value in summary.items():
-        text = "-" if value is None else (f"{value:.4f}" if isinstance(value, float)
-                                          else str(value))
+        text = (
+            "-" if value is None else (f"{value:.4f}" if isinstance(value, float) else str(value))
+        )
         lines.append(f"{key:<14} {text:>12}")
     return "\n".join(lines)
 
@@ -178,28 +209,40 @@ async def _run(args: argparse.Namespace, generator: LoadGenerator) -> list[Outco
 
 
 def main(args: argparse.Namespace) -> int:
-    records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
-                         start_s=args.start, end_s=args.end)
+    records = load_trace(
+        args.trace, args.format, rate_scale=args.rate_scale, start_s=args.start, end_s=args.end
+    )
     if args.spread_ties:
         records = spread_ties(records, seed=args.seed)
     model, max_model_len = (args.model, None) if args.model else discover_model(args.target[0])
     limit = args.max_model_len or max_model_len
     served = fitting(records, limit)
     if len(served) < len(records):
-        print(f"# skipping {len(records) - len(served)} of {len(records)} records longer "
-              f"than the target's context of {limit} tokens")
+        print(
+            f"# skipping {len(records) - len(served)} of {len(records)} records longer "
+            f"than the target's context of {limit} tokens"
+        )
     records = served
     show = not args.no_progress and sys.stderr.isatty()
     bounded = not (args.loop or args.duration)
     total = min(len(records), args.max_requests or len(records)) if bounded else None
     progress = ProgressLine(total) if show else None
     generator = LoadGenerator(
-        records, args.target, model, concurrency_limit=args.concurrency_limit,
-        timeout_s=args.timeout, loop=args.loop, max_requests=args.max_requests,
-        duration_s=args.duration, burst=_burst(args),
-        on_progress=progress)
-    print(f"# {args.trace.name}: {len(records)} requests → {', '.join(args.target)} ({model}), "
-          f"rate scale {args.rate_scale}, concurrency ≤ {args.concurrency_limit}")
+        records,
+        args.target,
+        model,
+        concurrency_limit=args.concurrency_limit,
+        timeout_s=args.timeout,
+        loop=args.loop,
+        max_requests=args.max_requests,
+        duration_s=args.duration,
+        burst=_burst(args),
+        on_progress=progress,
+    )
+    print(
+        f"# {args.trace.name}: {len(records)} requests → {', '.join(args.target)} ({model}), "
+        f"rate scale {args.rate_scale}, concurrency ≤ {args.concurrency_limit}"
+    )
     outcomes = asyncio.run(_run(args, generator))
     if progress is not None:
         progress.close()

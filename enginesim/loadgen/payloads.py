@@ -27,8 +27,24 @@ import numpy as np
 from enginesim.replay.traces import TraceRecord, synthesize_tokens
 
 MAX_SESSIONS = 50_000  # remembered sessions (oldest forgotten first)
-_SYLLABLES = ("ka", "lo", "mi", "ne", "su", "ta", "ri", "vo", "de", "po", "ga", "zu",
-              "be", "fi", "ho", "ju")
+_SYLLABLES = (
+    "ka",
+    "lo",
+    "mi",
+    "ne",
+    "su",
+    "ta",
+    "ri",
+    "vo",
+    "de",
+    "po",
+    "ga",
+    "zu",
+    "be",
+    "fi",
+    "ho",
+    "ju",
+)
 
 
 def _word(token: int) -> str:
@@ -56,9 +72,14 @@ class PayloadBuilder:
 
     def build(self, record: TraceRecord) -> tuple[str, dict[str, Any]]:
         """``(path, body)`` for one record."""
-        common = {"model": self.model, "max_tokens": max(record.output_tokens, 1),
-                  "ignore_eos": True, "temperature": 0.0, "stream": True,
-                  "stream_options": {"include_usage": True}}
+        common = {
+            "model": self.model,
+            "max_tokens": max(record.output_tokens, 1),
+            "ignore_eos": True,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         tokens = synthesize_tokens(record)
         if record.session_id is None:
             return "/v1/completions", {**common, "prompt": tokens.tolist()}
@@ -72,10 +93,12 @@ class PayloadBuilder:
         if previous is None or record.turn == 0 or cut >= len(tokens):
             messages = [{"role": "user", "content": tokens_to_text(tokens)}]
         else:
-            reply = tokens[previous.prompt_tokens:cut]
-            messages = [*previous.messages,
-                        {"role": "assistant", "content": tokens_to_text(reply)},
-                        {"role": "user", "content": tokens_to_text(tokens[cut:])}]
+            reply = tokens[previous.prompt_tokens : cut]
+            messages = [
+                *previous.messages,
+                {"role": "assistant", "content": tokens_to_text(reply)},
+                {"role": "user", "content": tokens_to_text(tokens[cut:])},
+            ]
         key = record.session_id or ""
         self._sessions.pop(key, None)
         self._sessions[key] = _Turn(record.input_tokens, record.output_tokens, messages)

@@ -62,12 +62,20 @@ class _Stream:
 
 
 class LoadGenerator:
-    def __init__(self, records: Sequence[TraceRecord], target: str | Sequence[str], model: str,
-                 *,
-                 concurrency_limit: int = 256, timeout_s: float = 600.0, loop: bool = False,
-                 max_requests: int | None = None, duration_s: float | None = None,
-                 burst: BurstSettings | None = None,
-                 on_progress: Callable[[LoadGenerator], None] | None = None) -> None:
+    def __init__(
+        self,
+        records: Sequence[TraceRecord],
+        target: str | Sequence[str],
+        model: str,
+        *,
+        concurrency_limit: int = 256,
+        timeout_s: float = 600.0,
+        loop: bool = False,
+        max_requests: int | None = None,
+        duration_s: float | None = None,
+        burst: BurstSettings | None = None,
+        on_progress: Callable[[LoadGenerator], None] | None = None,
+    ) -> None:
         if concurrency_limit < 1:
             raise ValueError("concurrency_limit must be >= 1")
         if loop and not records:
@@ -106,8 +114,9 @@ class LoadGenerator:
         """Send everything (or until stopped/bounded); returns one outcome per send."""
         self.start = time.monotonic()
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-        async with httpx.AsyncClient(timeout=httpx.Timeout(self.timeout_s, connect=10.0),
-                                     limits=limits) as client:
+        async with httpx.AsyncClient(
+            timeout=httpx.Timeout(self.timeout_s, connect=10.0), limits=limits
+        ) as client:
             helpers = [asyncio.create_task(self._progress_loop())]
             if self.burst is not None:
                 helpers.append(asyncio.create_task(self._burst_loop(client)))
@@ -129,14 +138,17 @@ class LoadGenerator:
         repeat = 0
         while True:
             for record in self.records:
-                yield repeat * span + record.arrival_s, replace(
-                    record, session_id=_looped(record.session_id, repeat))
+                yield (
+                    repeat * span + record.arrival_s,
+                    replace(record, session_id=_looped(record.session_id, repeat)),
+                )
             repeat += 1
             if not self.loop:
                 return
 
-    async def _schedule(self, client: httpx.AsyncClient,
-                        schedule: Iterator[tuple[float, TraceRecord]], kind: str) -> None:
+    async def _schedule(
+        self, client: httpx.AsyncClient, schedule: Iterator[tuple[float, TraceRecord]], kind: str
+    ) -> None:
         for offset, record in schedule:
             if not await self._wait_until(offset) or self._bounded():
                 return
@@ -144,8 +156,13 @@ class LoadGenerator:
             if self.stopping.is_set():
                 self.limit.release()
                 return
-            outcome = Outcome(f"{kind}-{len(self.outcomes)}", kind, offset, self.elapsed(),
-                              target=self.targets[len(self.outcomes) % len(self.targets)])
+            outcome = Outcome(
+                f"{kind}-{len(self.outcomes)}",
+                kind,
+                offset,
+                self.elapsed(),
+                target=self.targets[len(self.outcomes) % len(self.targets)],
+            )
             self.outcomes.append(outcome)
             task = asyncio.create_task(self._send(client, record, outcome))
             self.in_flight.add(task)
@@ -172,8 +189,9 @@ class LoadGenerator:
         """Wait for burst schedules and in-flight requests, or for a stop."""
         while (self.in_flight or self.schedulers) and not self.stopping.is_set():
             stop = asyncio.create_task(self.stopping.wait())
-            await asyncio.wait({*self.in_flight, *self.schedulers, stop},
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                {*self.in_flight, *self.schedulers, stop}, return_when=asyncio.FIRST_COMPLETED
+            )
             stop.cancel()
 
     async def _cancel_in_flight(self) -> None:
@@ -190,8 +208,7 @@ class LoadGenerator:
             await self.burst_trigger.wait()
             self.burst_trigger.clear()
             now = self.elapsed()
-            params = replace(self.burst.params, at_s=now, seed=self.burst.params.seed
-                             + self.bursts)
+            params = replace(self.burst.params, at_s=now, seed=self.burst.params.seed + self.bursts)
             self.bursts += 1
             burst = hotspot_burst(self.records, params)
             mine = [(r.arrival_s, r) for r in burst if r.kind == "hotspot"]
@@ -206,8 +223,7 @@ class LoadGenerator:
 
     # ----------------------------------------------------------------- one request
 
-    async def _send(self, client: httpx.AsyncClient, record: TraceRecord,
-                    outcome: Outcome) -> None:
+    async def _send(self, client: httpx.AsyncClient, record: TraceRecord, outcome: Outcome) -> None:
         path, body = self.payloads.build(record)
         sent = time.monotonic()
         stream = _Stream()

@@ -32,14 +32,23 @@ from enginesim.replay.traces import FORMATS, TraceRecord, load_trace
 from router_worker.routing import REGISTRY
 
 # (summary key, title, width, format spec)
-COLUMNS = (("policy", "policy", 12, "<"), ("requests", "reqs", 6, ""),
-           ("completed", "done", 6, ""), ("ttft_mean_s", "TTFT mean", 9, ".3f"),
-           ("ttft_p50_s", "p50", 8, ".3f"), ("ttft_p90_s", "p90", 8, ".3f"),
-           ("ttft_p99_s", "p99", 8, ".3f"), ("tpot_mean_s", "TPOT mean", 9, ".4f"),
-           ("tpot_p99_s", "p99", 7, ".4f"), ("throughput_tok_s", "out tok/s", 9, ".0f"),
-           ("hit_ratio", "hit", 6, ".3f"), ("load_cv", "load CV", 7, ".2f"),
-           ("hotspot_events", "hot", 4, ""), ("busy_fraction", "busy", 5, ".2f"),
-           ("wall_s", "wall s", 7, ".1f"))
+COLUMNS = (
+    ("policy", "policy", 12, "<"),
+    ("requests", "reqs", 6, ""),
+    ("completed", "done", 6, ""),
+    ("ttft_mean_s", "TTFT mean", 9, ".3f"),
+    ("ttft_p50_s", "p50", 8, ".3f"),
+    ("ttft_p90_s", "p90", 8, ".3f"),
+    ("ttft_p99_s", "p99", 8, ".3f"),
+    ("tpot_mean_s", "TPOT mean", 9, ".4f"),
+    ("tpot_p99_s", "p99", 7, ".4f"),
+    ("throughput_tok_s", "out tok/s", 9, ".0f"),
+    ("hit_ratio", "hit", 6, ".3f"),
+    ("load_cv", "load CV", 7, ".2f"),
+    ("hotspot_events", "hot", 4, ""),
+    ("busy_fraction", "busy", 5, ".2f"),
+    ("wall_s", "wall s", 7, ".1f"),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,54 +58,90 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--instances", type=int, default=16)
     add("--gpu", default="h20", choices=sorted(GPUS))
     add("--model", default="qwen2-7b", choices=sorted(MODELS))
-    add("--max-model-len", type=int, default=0,
-        help="context limit (0 = the model's); longer requests are rejected and counted")
-    add("--policy", action="append", default=[],
-        help=f"repeatable, or 'all': {', '.join(REGISTRY)}")
-    add("--policy-params", default="{}",
-        help='JSON {"kind": {params}}, validated by the policies\' own classes')
+    add(
+        "--max-model-len",
+        type=int,
+        default=0,
+        help="context limit (0 = the model's); longer requests are rejected and counted",
+    )
+    add(
+        "--policy", action="append", default=[], help=f"repeatable, or 'all': {', '.join(REGISTRY)}"
+    )
+    add(
+        "--policy-params",
+        default="{}",
+        help='JSON {"kind": {params}}, validated by the policies\' own classes',
+    )
     add("--rate-scale", type=float, default=1.0, help="X: replay X times faster")
     add("--start", type=float, default=0.0, help="window start, trace seconds")
     add("--end", type=float, default=None, help="window end, trace seconds")
     add("--max-requests", type=int, default=None)
     add("--seed", type=int, default=0)
-    add("--telemetry-delay", type=float, default=0.0,
-        help="seconds by which first-token/finish/scrape/KV updates reach the router")
+    add(
+        "--telemetry-delay",
+        type=float,
+        default=0.0,
+        help="seconds by which first-token/finish/scrape/KV updates reach the router",
+    )
     add("--scrape-interval", type=float, default=1.0, help="0 disables /metrics scrapes")
     add("--kv-events", action="store_true", help="feed engine KV events to the router's index")
     add("--router-block-size", type=int, default=16)
     add("--global-tier-blocks", type=int, default=0, help="shared KV tier size (0 = none)")
     add("--global-tier-bandwidth", type=float, default=25e9, help="tier bytes/s per link")
-    add("--global-tier-link-instances", type=int, default=0,
-        help="instances sharing one tier link (0 = one link for the whole cluster)")
+    add(
+        "--global-tier-link-instances",
+        type=int,
+        default=0,
+        help="instances sharing one tier link (0 = one link for the whole cluster)",
+    )
     for action in ("fail", "drain", "restore"):
-        add(f"--{action}", action="append", default=[], metavar="INSTANCE@SECONDS",
-            help=f"{action} an instance at a virtual time (repeatable)")
+        add(
+            f"--{action}",
+            action="append",
+            default=[],
+            metavar="INSTANCE@SECONDS",
+            help=f"{action} an instance at a virtual time (repeatable)",
+        )
     add("--out", required=True, type=Path)
     add("--no-plots", action="store_true")
     add("--no-progress", action="store_true")
-    add("--jobs", type=int, default=1,
+    add(
+        "--jobs",
+        type=int,
+        default=1,
         help="policies simulated at once, one process each (a policy's run stays serial and "
-             "deterministic; with more than one job there is no progress bar)")
+        "deterministic; with more than one job there is no progress bar)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> SimConfig:
-    faults = tuple(Fault.parse(action, spec) for action in ("fail", "drain", "restore")
-                   for spec in getattr(args, action))
+    faults = tuple(
+        Fault.parse(action, spec)
+        for action in ("fail", "drain", "restore")
+        for spec in getattr(args, action)
+    )
     return SimConfig(
-        instances=args.instances, gpu=args.gpu, model=args.model,
-        max_model_len=args.max_model_len, router_block_size=args.router_block_size,
-        telemetry_delay_s=args.telemetry_delay, scrape_interval_s=args.scrape_interval,
-        kv_events=args.kv_events, global_tier_blocks=args.global_tier_blocks,
+        instances=args.instances,
+        gpu=args.gpu,
+        model=args.model,
+        max_model_len=args.max_model_len,
+        router_block_size=args.router_block_size,
+        telemetry_delay_s=args.telemetry_delay,
+        scrape_interval_s=args.scrape_interval,
+        kv_events=args.kv_events,
+        global_tier_blocks=args.global_tier_blocks,
         global_tier_bandwidth=args.global_tier_bandwidth,
-        global_tier_link_instances=args.global_tier_link_instances, faults=faults, seed=args.seed,
-        policy_params=json.loads(args.policy_params))
+        global_tier_link_instances=args.global_tier_link_instances,
+        faults=faults,
+        seed=args.seed,
+        policy_params=json.loads(args.policy_params),
+    )
 
 
 def policies_from_args(names: Sequence[str]) -> list[str]:
     chosen: list[str] = []
     for name in names or ["all"]:
-        for kind in (REGISTRY if name == "all" else [name]):
+        for kind in REGISTRY if name == "all" else [name]:
             if kind not in REGISTRY:
                 raise SystemExit(f"unknown policy {kind!r}; known: {', '.join(REGISTRY)}")
             if kind not in chosen:
@@ -125,24 +170,25 @@ class ProgressBar:
             self._bar.stop()
 
 
-def run_policy(records: list[TraceRecord], policy: str, config: SimConfig,
-               progress: bool = True) -> SimResult:
+def run_policy(
+    records: list[TraceRecord], policy: str, config: SimConfig, progress: bool = True
+) -> SimResult:
     started = time.perf_counter()
     result = Simulator(records, policy, config, ProgressBar(policy, progress)).run()
     result.wall_s = time.perf_counter() - started
     return result
 
 
-def run_policies(records: list[TraceRecord], policies: list[str], config: SimConfig,
-                 jobs: int, progress: bool) -> Iterator[SimResult]:
+def run_policies(
+    records: list[TraceRecord], policies: list[str], config: SimConfig, jobs: int, progress: bool
+) -> Iterator[SimResult]:
     """Each policy's result, in the order given; ``jobs`` > 1 runs them in parallel processes."""
     if jobs == 1 or len(policies) == 1:
         for policy in policies:
             yield run_policy(records, policy, config, progress)
         return
     with ProcessPoolExecutor(max_workers=min(jobs, len(policies))) as pool:
-        yield from pool.map(run_policy, repeat(records), policies, repeat(config),
-                            repeat(False))
+        yield from pool.map(run_policy, repeat(records), policies, repeat(config), repeat(False))
 
 
 def format_row(summary: dict[str, Any]) -> str:
@@ -156,12 +202,20 @@ def format_row(summary: dict[str, Any]) -> str:
 
 
 def header() -> str:
-    return " ".join(format(title, f"{'<' if spec == '<' else '>'}{width}")
-                    for _, title, width, spec in COLUMNS)
+    return " ".join(
+        format(title, f"{'<' if spec == '<' else '>'}{width}") for _, title, width, spec in COLUMNS
+    )
 
 
-def write_outputs(out: Path, results: list[SimResult], summaries: list[dict[str, Any]],
-                  lower: dict[str, Any], bound: Any, plot: bool, title: str) -> None:
+def write_outputs(
+    out: Path,
+    results: list[SimResult],
+    summaries: list[dict[str, Any]],
+    lower: dict[str, Any],
+    bound: Any,
+    plot: bool,
+    title: str,
+) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(summaries, indent=1) + "\n")
     (out / "lower_bound.json").write_text(json.dumps(lower, indent=1) + "\n")
@@ -172,8 +226,11 @@ def write_outputs(out: Path, results: list[SimResult], summaries: list[dict[str,
             for request in result.requests:
                 handle.write(json.dumps(request.to_json()) + "\n")
         if plot:
-            plots.pending_over_time(result, policy_dir / "pending.png",
-                                    f"{title} — {result.policy}: pending prefill per instance")
+            plots.pending_over_time(
+                result,
+                policy_dir / "pending.png",
+                f"{title} — {result.policy}: pending prefill per instance",
+            )
     if plot:
         plots.ttft_cdf(results, out / "ttft_cdf.png", f"{title} — TTFT CDF", bound)
 
@@ -183,10 +240,18 @@ def main(args: argparse.Namespace) -> int:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
     config = config_from_args(args)
     policies = policies_from_args(args.policy)
-    records = load_trace(args.trace, args.format, rate_scale=args.rate_scale,
-                         start_s=args.start, end_s=args.end, max_requests=args.max_requests)
-    print(f"# {Path(args.trace).name}: {len(records)} requests, {config.instances}× "
-          f"{config.gpu} {config.model}, rate scale {args.rate_scale}, seed {config.seed}")
+    records = load_trace(
+        args.trace,
+        args.format,
+        rate_scale=args.rate_scale,
+        start_s=args.start,
+        end_s=args.end,
+        max_requests=args.max_requests,
+    )
+    print(
+        f"# {Path(args.trace).name}: {len(records)} requests, {config.instances}× "
+        f"{config.gpu} {config.model}, rate scale {args.rate_scale}, seed {config.seed}"
+    )
     print(header())
     results, summaries = [], []
     progress = not args.no_progress and sys.stderr.isatty() and args.jobs == 1
@@ -198,7 +263,8 @@ def main(args: argparse.Namespace) -> int:
     engine_config = config.engine_config(None)
     lower, bound = metrics.lower_bound_summary(records, engine_config)
     print(format_row(lower) + "   (zero-queue, infinite-cache physical limit)")
-    write_outputs(args.out, results, summaries, lower, bound, not args.no_plots,
-                  Path(args.trace).name)
+    write_outputs(
+        args.out, results, summaries, lower, bound, not args.no_plots, Path(args.trace).name
+    )
     print(f"# wrote {args.out}/results.json")
     return 0

@@ -36,9 +36,23 @@ from enginesim.engine import EngineConfig
 from enginesim.replay.simulator import RequestResult, SimResult
 from enginesim.replay.traces import TraceRecord
 
-SUMMARY_KEYS = ("policy", "requests", "completed", "ttft_mean_s", "ttft_p50_s", "ttft_p90_s",
-                "ttft_p99_s", "tpot_mean_s", "tpot_p99_s", "throughput_tok_s", "hit_ratio",
-                "load_cv", "hotspot_events", "busy_fraction", "wall_s")
+SUMMARY_KEYS = (
+    "policy",
+    "requests",
+    "completed",
+    "ttft_mean_s",
+    "ttft_p50_s",
+    "ttft_p90_s",
+    "ttft_p99_s",
+    "tpot_mean_s",
+    "tpot_p99_s",
+    "throughput_tok_s",
+    "hit_ratio",
+    "load_cv",
+    "hotspot_events",
+    "busy_fraction",
+    "wall_s",
+)
 
 
 def ttfts(requests: Sequence[RequestResult]) -> np.ndarray:
@@ -46,16 +60,25 @@ def ttfts(requests: Sequence[RequestResult]) -> np.ndarray:
 
 
 def _tpots(done: Sequence[RequestResult]) -> np.ndarray:
-    return np.array([(r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-                     for r in done if r.output_tokens > 1])
+    return np.array(
+        [
+            (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
+            for r in done
+            if r.output_tokens > 1
+        ]
+    )
 
 
 def slo_met(done: Sequence[RequestResult], ttft_s: float, tpot_s: float) -> int:
     """Completed requests whose TTFT and TPOT (if they have one) both meet the SLO."""
-    return sum(1 for r in done
-               if r.first_token_s - r.arrival_s <= ttft_s
-               and (r.output_tokens <= 1
-                    or (r.finish_s - r.first_token_s) / (r.output_tokens - 1) <= tpot_s))
+    return sum(
+        1
+        for r in done
+        if r.first_token_s - r.arrival_s <= ttft_s
+        and (
+            r.output_tokens <= 1 or (r.finish_s - r.first_token_s) / (r.output_tokens - 1) <= tpot_s
+        )
+    )
 
 
 def _stat(values: np.ndarray, q: float | None = None) -> float | None:
@@ -78,9 +101,12 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "policy": result.policy,
         "requests": len(result.requests),
         "completed": len(done),
-        "ttft_mean_s": _stat(ttft), "ttft_p50_s": _stat(ttft, 50),
-        "ttft_p90_s": _stat(ttft, 90), "ttft_p99_s": _stat(ttft, 99),
-        "tpot_mean_s": _stat(tpot), "tpot_p99_s": _stat(tpot, 99),
+        "ttft_mean_s": _stat(ttft),
+        "ttft_p50_s": _stat(ttft, 50),
+        "ttft_p90_s": _stat(ttft, 90),
+        "ttft_p99_s": _stat(ttft, 99),
+        "tpot_mean_s": _stat(tpot),
+        "tpot_p99_s": _stat(tpot, 99),
         "throughput_tok_s": sum(r.output_tokens for r in done) / span,
         "hit_ratio": sum(r.cached_tokens for r in done) / prompt if prompt else None,
         "load_cv": mean_load_cv(result.pending_samples),
@@ -91,19 +117,22 @@ def summarize(result: SimResult) -> dict[str, Any]:
     summary.update(
         rejected=sum(r.status == "rejected" for r in result.requests),
         failed=sum(r.status == "failed" for r in result.requests),
-        makespan_s=span, hotspot_transitions=result.hotspot_events,
-        decision_reasons=result.decision_reasons)
+        makespan_s=span,
+        hotspot_transitions=result.hotspot_events,
+        decision_reasons=result.decision_reasons,
+    )
     if result.tier is not None:
         summary["tier"] = tier_summary(result, done, prompt)
     return summary
 
 
-def tier_summary(result: SimResult, done: Sequence[RequestResult], prompt: int
-                 ) -> dict[str, Any]:
+def tier_summary(result: SimResult, done: Sequence[RequestResult], prompt: int) -> dict[str, Any]:
     tier_tokens = sum(r.tier_tokens or 0 for r in done)
-    return {**result.tier.to_json(),
-            "hit_ratio": tier_tokens / prompt if prompt else None,
-            "per_instance": {k: v.to_json() for k, v in result.tier_by_instance.items()}}
+    return {
+        **result.tier.to_json(),
+        "hit_ratio": tier_tokens / prompt if prompt else None,
+        "per_instance": {k: v.to_json() for k, v in result.tier_by_instance.items()},
+    }
 
 
 # ----------------------------------------------------------------- lower bound
@@ -139,8 +168,9 @@ def infinite_cache_hits(records: Sequence[TraceRecord]) -> np.ndarray:
     return hits
 
 
-def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig,
-                     hits: np.ndarray | None = None) -> np.ndarray:
+def ttft_lower_bound(
+    records: Sequence[TraceRecord], config: EngineConfig, hits: np.ndarray | None = None
+) -> np.ndarray:
     """Per request: the per-request overhead plus the chunked prefill time of its tokens no
     earlier request prefilled, alone on an idle engine (the engine's own cost model,
     calibration, chunk and block size).
@@ -157,8 +187,10 @@ def ttft_lower_bound(records: Sequence[TraceRecord], config: EngineConfig,
         usable = min(int(hits[i]) // block, (record.input_tokens - 1) // block) * block
         key = (record.input_tokens - usable, usable)
         if key not in memo:
-            memo[key] = (model.prefill_time(key[0], chunk=chunk, context=usable)
-                         + model.calibration.t_request)
+            memo[key] = (
+                model.prefill_time(key[0], chunk=chunk, context=usable)
+                + model.calibration.t_request
+            )
         bounds[i] = memo[key]
     return bounds
 
@@ -167,20 +199,28 @@ def servable(records: Sequence[TraceRecord], config: EngineConfig) -> list[Trace
     """The records an engine of ``config`` accepts as the simulator sends them (the prompt
     and at least one output token within the context window and the KV cache)."""
     limit = min(config.max_model_len, config.kv_capacity_tokens)
-    return [r for r in records
-            if r.input_tokens > 0 and r.input_tokens + max(r.output_tokens, 1) <= limit]
+    return [
+        r
+        for r in records
+        if r.input_tokens > 0 and r.input_tokens + max(r.output_tokens, 1) <= limit
+    ]
 
 
-def lower_bound_summary(records: Sequence[TraceRecord], config: EngineConfig
-                        ) -> tuple[dict[str, Any], np.ndarray]:
+def lower_bound_summary(
+    records: Sequence[TraceRecord], config: EngineConfig
+) -> tuple[dict[str, Any], np.ndarray]:
     """The lower bound's table row, and the per-request bounds of the servable records."""
     accepted = servable(records, config)
     hits = infinite_cache_hits(accepted)
     bounds = ttft_lower_bound(accepted, config, hits)
     prompt = sum(r.input_tokens for r in accepted)
     return {
-        "policy": "lower_bound", "requests": len(records), "completed": len(accepted),
-        "ttft_mean_s": _stat(bounds), "ttft_p50_s": _stat(bounds, 50),
-        "ttft_p90_s": _stat(bounds, 90), "ttft_p99_s": _stat(bounds, 99),
+        "policy": "lower_bound",
+        "requests": len(records),
+        "completed": len(accepted),
+        "ttft_mean_s": _stat(bounds),
+        "ttft_p50_s": _stat(bounds, 50),
+        "ttft_p90_s": _stat(bounds, 90),
+        "ttft_p99_s": _stat(bounds, 99),
         "hit_ratio": float(hits.sum() / prompt) if prompt else None,
     }, bounds

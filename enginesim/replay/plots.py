@@ -17,8 +17,9 @@ from enginesim.replay.simulator import SimResult
 DPI = 72
 
 
-def ttft_cdf(results: Sequence[SimResult], path: Path, title: str = "",
-             lower_bound: np.ndarray | None = None) -> Path:
+def ttft_cdf(
+    results: Sequence[SimResult], path: Path, title: str = "", lower_bound: np.ndarray | None = None
+) -> Path:
     """One TTFT CDF per policy (log x axis), the lower bound dashed."""
     fig, ax = plt.subplots(figsize=(7, 4.2))
     curves = [(r.policy, ttfts(r.requests), "-") for r in results]
@@ -62,10 +63,12 @@ def pending_grid(results: Sequence[SimResult], path: Path, title: str = "") -> P
     """Every policy's per-instance pending prefill tokens over time, one panel each."""
     columns = 2
     rows = -(-len(results) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(9, 1.7 * rows + 0.6), sharex=True,
-                             squeeze=False)
-    top = max((float(r.pending_samples.max()) for r in results if r.pending_samples.size),
-              default=1.0)
+    fig, axes = plt.subplots(
+        rows, columns, figsize=(9, 1.7 * rows + 0.6), sharex=True, squeeze=False
+    )
+    top = max(
+        (float(r.pending_samples.max()) for r in results if r.pending_samples.size), default=1.0
+    )
     for ax, result in zip(axes.flat, results, strict=False):
         samples = result.pending_samples
         for column in range(samples.shape[1] if samples.ndim == 2 else 0):
@@ -73,7 +76,7 @@ def pending_grid(results: Sequence[SimResult], path: Path, title: str = "") -> P
         ax.set_ylim(0, top * 1.05)
         ax.set_title(result.policy, fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in axes.flat[len(results):]:
+    for ax in axes.flat[len(results) :]:
         ax.set_visible(False)
     fig.suptitle(title or "pending prefill tokens per instance", fontsize=9)
     fig.supxlabel("virtual time (s)", fontsize=8)

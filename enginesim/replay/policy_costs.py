@@ -30,8 +30,9 @@ def unset_fields(kind: str, params: dict[str, Any]) -> list[str]:
     return [name for name in COST_MODEL_FIELDS.get(kind, ()) if params.get(name) is None]
 
 
-def fill_coefficients(kind: str, params: dict[str, Any], gpu_type: str, model: str
-                      ) -> dict[str, Any]:
+def fill_coefficients(
+    kind: str, params: dict[str, Any], gpu_type: str, model: str
+) -> dict[str, Any]:
     """``params`` with every unset cost coefficient of ``kind`` derived for the hardware;
     ``params`` itself for kinds without coefficients or with all of them set.
     Raises UnknownHardwareError when enginesim does not know the hardware."""
@@ -58,14 +59,16 @@ def derive_coefficients(gpu_type: str, model: str) -> dict[str, float | int]:
 def _engine_keys(gpu_type: str, model: str) -> tuple[str, str]:
     gpu = gpu_type.strip().lower()
     if gpu not in GPUS:
-        raise UnknownHardwareError(f"enginesim knows no GPU {gpu_type!r} "
-                                   f"(known: {', '.join(sorted(GPUS))})")
+        raise UnknownHardwareError(
+            f"enginesim knows no GPU {gpu_type!r} (known: {', '.join(sorted(GPUS))})"
+        )
     wanted = _model_names(model)
     for key, spec in MODELS.items():
         if wanted & (_model_names(key) | _model_names(spec.served_name)):
             return gpu, key
-    raise UnknownHardwareError(f"enginesim knows no model {model!r} "
-                               f"(known: {', '.join(sorted(MODELS))})")
+    raise UnknownHardwareError(
+        f"enginesim knows no model {model!r} (known: {', '.join(sorted(MODELS))})"
+    )
 
 
 def _model_names(name: str) -> set[str]:

@@ -118,17 +118,21 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.global_tier_link_instances < 0:
-            raise ValueError("global_tier_link_instances must be >= 0 (0: one shared link), "
-                             f"not {self.global_tier_link_instances}")
+            raise ValueError(
+                "global_tier_link_instances must be >= 0 (0: one shared link), "
+                f"not {self.global_tier_link_instances}"
+            )
         if self.routers < 1:
             raise ValueError(f"routers must be at least 1, not {self.routers}")
         if self.router_spread not in ROUTER_SPREADS:
-            raise ValueError(f"router_spread {self.router_spread!r} is not one of "
-                             f"{', '.join(ROUTER_SPREADS)}")
+            raise ValueError(
+                f"router_spread {self.router_spread!r} is not one of {', '.join(ROUTER_SPREADS)}"
+            )
 
     def engine_config(self, tier: GlobalKVTier | None) -> EngineConfig:
-        return EngineConfig.for_hardware(self.gpu, self.model, max_model_len=self.max_model_len,
-                                         global_tier=tier)
+        return EngineConfig.for_hardware(
+            self.gpu, self.model, max_model_len=self.max_model_len, global_tier=tier
+        )
 
 
 @dataclass
@@ -149,8 +153,18 @@ class RequestResult:
     tier_tokens: int | None = None  # of cached_tokens, loaded from the global tier (if any)
 
     def to_json(self) -> dict[str, Any]:
-        keys = ("id", "arrival_s", "instance", "prompt_tokens", "cached_tokens",
-                "output_tokens", "first_token_s", "finish_s", "status", "attempts")
+        keys = (
+            "id",
+            "arrival_s",
+            "instance",
+            "prompt_tokens",
+            "cached_tokens",
+            "output_tokens",
+            "first_token_s",
+            "finish_s",
+            "status",
+            "attempts",
+        )
         out = {key: getattr(self, key) for key in keys}
         if self.tier_tokens is not None:
             out["tier_tokens"] = self.tier_tokens
@@ -174,8 +188,12 @@ class TierTraffic:
         self.read_wait_s += stats.tier_read_wait
 
     def to_json(self) -> dict[str, Any]:
-        return {"bytes_read": self.bytes_read, "hit_tokens": self.hit_tokens,
-                "read_time_s": self.read_time_s, "read_wait_s": self.read_wait_s}
+        return {
+            "bytes_read": self.bytes_read,
+            "hit_tokens": self.hit_tokens,
+            "read_time_s": self.read_time_s,
+            "read_wait_s": self.read_wait_s,
+        }
 
 
 @dataclass
@@ -230,25 +248,35 @@ class _Instance:
 class Simulator:
     """Replay ``records`` through one policy. ``run()`` once per instance of this class."""
 
-    def __init__(self, records: list[TraceRecord], policy: str, config: SimConfig,
-                 progress: Callable[[int, int, float], None] | None = None) -> None:
+    def __init__(
+        self,
+        records: list[TraceRecord],
+        policy: str,
+        config: SimConfig,
+        progress: Callable[[int, int, float], None] | None = None,
+    ) -> None:
         self.records = records
         self.config = config
         self.policy_kind = policy
         # a policy that takes cost coefficients gets this cluster's where none were set
-        params = fill_coefficients(policy, dict(config.policy_params.get(policy) or {}),
-                                   config.gpu, config.model)
+        params = fill_coefficients(
+            policy, dict(config.policy_params.get(policy) or {}), config.gpu, config.model
+        )
         self.progress = progress
         self.heap: list[tuple[float, int, int, Any]] = []
         self.seq = 0
         self.now = 0.0
-        self.tier = (GlobalKVTier(config.global_tier_blocks, config.global_tier_bandwidth)
-                     if config.global_tier_blocks else None)
+        self.tier = (
+            GlobalKVTier(config.global_tier_blocks, config.global_tier_bandwidth)
+            if config.global_tier_blocks
+            else None
+        )
         self.engine_config = config.engine_config(self.tier)
         self.ids = [f"i{k}" for k in range(config.instances)]
-        self.routers = [_Router(self._new_state(),
-                                make_policy(policy, params, seed=config.seed + k))
-                        for k in range(config.routers)]
+        self.routers = [
+            _Router(self._new_state(), make_policy(policy, params, seed=config.seed + k))
+            for k in range(config.routers)
+        ]
         self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
         self.flights: dict[str, _Flight] = {}
@@ -285,11 +313,14 @@ class Simulator:
     def _new_engine(self, slot: int) -> EngineCore:
         sink = None
         if self.config.kv_events:
+
             def sink(events: list[Any], slot: int = slot) -> None:
                 self.instances[slot].kv_buffer.extend(events)
+
         per_link = self.config.global_tier_link_instances
-        return EngineCore(self.engine_config, kv_event_sink=sink,
-                          tier_link=slot // per_link if per_link else 0)
+        return EngineCore(
+            self.engine_config, kv_event_sink=sink, tier_link=slot // per_link if per_link else 0
+        )
 
     # ----------------------------------------------------------------- main loop
 
@@ -300,9 +331,13 @@ class Simulator:
         self._push_next_arrival()
         if self.config.scrape_interval_s > 0:
             self._push(0.0, SCRAPE, None)
-        handlers = {ARRIVAL: self._on_arrival, ENGINE: self._on_engine_wake,
-                    TELEMETRY: self._on_telemetry, SCRAPE: self._on_scrape,
-                    FAULT: self._on_fault}
+        handlers = {
+            ARRIVAL: self._on_arrival,
+            ENGINE: self._on_engine_wake,
+            TELEMETRY: self._on_telemetry,
+            SCRAPE: self._on_scrape,
+            FAULT: self._on_fault,
+        }
         while self.heap:
             time, _, kind, payload = heapq.heappop(self.heap)
             self.now = max(self.now, time)
@@ -327,17 +362,24 @@ class Simulator:
     def _on_arrival(self, record: TraceRecord) -> None:
         self._push_next_arrival()
         request_id = f"r{record.index}"
-        result = RequestResult(request_id, record.arrival_s, record.input_tokens,
-                               max(record.output_tokens, 1))
+        result = RequestResult(
+            request_id, record.arrival_s, record.input_tokens, max(record.output_tokens, 1)
+        )
         self.results.append(result)
         tokens = synthesize_tokens(record)
         features = build_features(
-            request_id, tokens, record.arrival_s, block_size=self.config.router_block_size,
-            session_key=record.session_id, turn_index=record.turn)
+            request_id,
+            tokens,
+            record.arrival_s,
+            block_size=self.config.router_block_size,
+            session_key=record.session_id,
+            turn_index=record.turn,
+        )
         index = self._balance(record)
         router = self.routers[index]
-        life = RequestLifecycle(features, router.policy, router.state,
-                                max_attempts=self.config.max_attempts)
+        life = RequestLifecycle(
+            features, router.policy, router.state, max_attempts=self.config.max_attempts
+        )
         self._dispatch(_Flight(record, life, result, router=index), tokens)
         if self.progress is not None:
             self.progress(len(self.results), len(self.records), self.now)
@@ -399,8 +441,13 @@ class Simulator:
             self._end(flight, "rejected")
             return False
         self.true_pending[slot] += uncached
-        self._to_peers(flight, self._apply_peer_dispatch, flight, instance_id,
-                       flight.life.features.prompt_tokens - uncached)
+        self._to_peers(
+            flight,
+            self._apply_peer_dispatch,
+            flight,
+            instance_id,
+            flight.life.features.prompt_tokens - uncached,
+        )
         self._engine_touched(slot)
         return True
 
@@ -415,10 +462,18 @@ class Simulator:
         for slot in slots:
             if self.instances[slot].engine is not None:
                 movable |= self.instances[slot].engine.unscheduled_ids()
-        queued = [QueuedRequest(f.life.features, self.ids[f.slot], f.dispatch_s,
-                                f.estimated_uncached, f.candidates, f.result.id in movable)
-                  for f in self.flights.values() if f.slot in slots
-                  and f.router == router_index and f.result.first_token_s is None]
+        queued = [
+            QueuedRequest(
+                f.life.features,
+                self.ids[f.slot],
+                f.dispatch_s,
+                f.estimated_uncached,
+                f.candidates,
+                f.result.id in movable,
+            )
+            for f in self.flights.values()
+            if f.slot in slots and f.router == router_index and f.result.first_token_s is None
+        ]
         for move in router.policy.migrations(router.state.view(), queued, self.now):
             moved = self.flights.get(move.request_id)
             engine = None if moved is None else self.instances[moved.slot].engine
@@ -489,8 +544,7 @@ class Simulator:
             result.finish_s = output.finish_time
             result.status = "ok" if output.finish_reason == "length" else "failed"
             del self.flights[result.id]
-            self._telemetry(output.finish_time, self._apply_finish, flight,
-                            flight.life.current)
+            self._telemetry(output.finish_time, self._apply_finish, flight, flight.life.current)
             self._to_peers(flight, self._apply_peer_end, flight, True)
 
     def _on_first_token(self, flight: _Flight, output: Any) -> None:
@@ -500,8 +554,9 @@ class Simulator:
         if self.tier is not None:
             result.tier_tokens = output.num_tier_tokens
         self.true_pending[flight.slot] -= flight.estimated_uncached
-        self._telemetry(output.first_token_time, self._apply_first_token, flight,
-                        flight.life.current)
+        self._telemetry(
+            output.first_token_time, self._apply_first_token, flight, flight.life.current
+        )
         self._to_peers(flight, self._apply_peer_end, flight, False)
 
     # ----------------------------------------------------------------- telemetry
@@ -536,14 +591,16 @@ class Simulator:
     def _peers(self, flight: _Flight) -> list[_Router]:
         return [r for k, r in enumerate(self.routers) if k != flight.router]
 
-    def _apply_peer_dispatch(self, now: float, flight: _Flight, instance_id: str,
-                             cached_tokens: int) -> None:
+    def _apply_peer_dispatch(
+        self, now: float, flight: _Flight, instance_id: str, cached_tokens: int
+    ) -> None:
         if not self._is_up(self.ids.index(instance_id)):
             return
         for router in self._peers(flight):
             if not router.state.is_in_flight(flight.result.id):
-                router.state.on_dispatch(flight.life.features, instance_id, now,
-                                         cached_tokens=cached_tokens)
+                router.state.on_dispatch(
+                    flight.life.features, instance_id, now, cached_tokens=cached_tokens
+                )
 
     def _apply_peer_end(self, now: float, flight: _Flight, finished: bool) -> None:
         """A peer's request started decoding (``finished`` False) or ended."""
@@ -561,19 +618,22 @@ class Simulator:
         generation = self.instances[slot].generation
         self._telemetry(self.now, self._apply_kv_batch, slot, generation, batch)
 
-    def _apply_kv_batch(self, now: float, slot: int, generation: int,
-                        batch: router_events.KVEventBatch) -> None:
+    def _apply_kv_batch(
+        self, now: float, slot: int, generation: int, batch: router_events.KVEventBatch
+    ) -> None:
         if generation == self.instances[slot].generation and self._is_up(slot):
             for router in self.routers:
                 router.state.on_kv_event_batch(self.ids[slot], batch, now)
 
-    def _apply_scrape(self, now: float, slot: int, generation: int,
-                      stats: tuple[int, int, float]) -> None:
+    def _apply_scrape(
+        self, now: float, slot: int, generation: int, stats: tuple[int, int, float]
+    ) -> None:
         if generation == self.instances[slot].generation and self._is_up(slot):
             running, waiting, usage = stats
             for router in self.routers:
-                router.state.on_scrape(self.ids[slot], now, running=running, waiting=waiting,
-                                       kv_usage=usage)
+                router.state.on_scrape(
+                    self.ids[slot], now, running=running, waiting=waiting, kv_usage=usage
+                )
 
     def _is_up(self, slot: int) -> bool:
         return int(self.state.view().health[slot]) != Health.DOWN
@@ -588,8 +648,13 @@ class Simulator:
             # including every possible admission) an engine's running and waiting counts
             # cannot change, so the lazily advanced engine already reads as of now.
             stats = instance.engine.stats()
-            self._telemetry(self.now, self._apply_scrape, slot, instance.generation,
-                            (stats.num_running, stats.num_waiting, stats.kv_usage))
+            self._telemetry(
+                self.now,
+                self._apply_scrape,
+                slot,
+                instance.generation,
+                (stats.num_running, stats.num_waiting, stats.kv_usage),
+            )
         self.sample_times.append(self.now)
         self.samples.append(self.true_pending.copy())
         if self._work_left():
@@ -626,8 +691,9 @@ class Simulator:
             view = self.routers[flight.router].state.view()
             # the lifecycle's retry rule: decide again without this instance, before the
             # first token only (the engine's, not yet the delayed telemetry's)
-            verdict = flight.life.fail(view, self.now, "instance_down",
-                                       first_byte=result.first_token_s is not None)
+            verdict = flight.life.fail(
+                view, self.now, "instance_down", first_byte=result.first_token_s is not None
+            )
             self._to_peers(flight, self._apply_peer_end, flight, True)
             if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
@@ -649,14 +715,23 @@ class Simulator:
     # ----------------------------------------------------------------- result
 
     def _result(self) -> SimResult:
-        busy = sum(i.busy_before + (i.engine.stats().busy_time if i.engine else 0.0)
-                   for i in self.instances)
-        samples = (np.array(self.samples) if self.samples
-                   else np.zeros((0, len(self.ids))))
-        result = SimResult(self.policy_kind, self.results, list(self.ids),
-                           np.array(self.sample_times), samples, busy,
-                           dict(self.hotspot_events), dict(self.reasons),
-                           hotspot_log=self.hotspot_log, migrations=self.migrations)
+        busy = sum(
+            i.busy_before + (i.engine.stats().busy_time if i.engine else 0.0)
+            for i in self.instances
+        )
+        samples = np.array(self.samples) if self.samples else np.zeros((0, len(self.ids)))
+        result = SimResult(
+            self.policy_kind,
+            self.results,
+            list(self.ids),
+            np.array(self.sample_times),
+            samples,
+            busy,
+            dict(self.hotspot_events),
+            dict(self.reasons),
+            hotspot_log=self.hotspot_log,
+            migrations=self.migrations,
+        )
         if self.tier is not None:
             self._tier_result(result)
         return result
@@ -676,8 +751,13 @@ class Simulator:
 def _to_router_event(event: Any) -> Any:
     """enginesim's KV event → the router's decoded form (what the msgpack path yields)."""
     if isinstance(event, engine_events.BlockStored):
-        return router_events.BlockStored(tuple(event.block_hashes), event.parent_block_hash,
-                                         tuple(event.token_ids), event.block_size, event.lora_id)
+        return router_events.BlockStored(
+            tuple(event.block_hashes),
+            event.parent_block_hash,
+            tuple(event.token_ids),
+            event.block_size,
+            event.lora_id,
+        )
     if isinstance(event, engine_events.BlockRemoved):
         return router_events.BlockRemoved(tuple(event.block_hashes))
     return router_events.AllBlocksCleared()

@@ -124,24 +124,34 @@ def agentic_sessions(params: AgenticParams) -> list[dict]:
     start = 0.0
     for session in range(params.sessions):
         start += rng.exponential(1.0 / params.session_rate)
-        choice = (rng.choice(params.system_prompts, p=popularity) if params.system_zipf
-                  else rng.integers(params.system_prompts))  # (the uniform draw of old)
+        choice = (
+            rng.choice(params.system_prompts, p=popularity)
+            if params.system_zipf
+            else rng.integers(params.system_prompts)
+        )  # (the uniform draw of old)
         system = systems[int(choice)]
         rows.extend(_session_rows(rng, ids, params, session, start, system))
     rows.sort(key=lambda row: (row["timestamp"], row["chat_id"]))
     return rows
 
 
-def _session_rows(rng: np.random.Generator, ids: _IdSource, params: AgenticParams,
-                  session: int, start: float, system: list[int]) -> list[dict]:
+def _session_rows(
+    rng: np.random.Generator,
+    ids: _IdSource,
+    params: AgenticParams,
+    session: int,
+    start: float,
+    system: list[int],
+) -> list[dict]:
     turns = min(int(rng.geometric(1.0 / params.mean_turns)), params.max_turns)
     stream = list(system)  # block ids along the session's token stream
     length = len(system) * BAILIAN_BLOCK
     now, parent, rows = start, -1, []
     for turn in range(1, turns + 1):
         tool = turn > 1 and rng.random() < params.tool_turn_prob
-        message = _lognormal(rng, params.tool_tokens if tool else params.user_tokens,
-                             params.length_sigma)
+        message = _lognormal(
+            rng, params.tool_tokens if tool else params.user_tokens, params.length_sigma
+        )
         if turn > 1:
             now += rng.exponential(params.tool_gap_s if tool else params.think_gap_s)
         length += message
@@ -153,10 +163,18 @@ def _session_rows(rng: np.random.Generator, ids: _IdSource, params: AgenticParam
         # block is the head of the same block, completed, in the next turn.
         stream.extend(ids.take(max(0, blocks - len(stream))))
         chat_id = session * 1000 + turn
-        rows.append({"chat_id": chat_id, "parent_chat_id": parent, "timestamp": round(now, 3),
-                     "input_length": length, "output_length": reply,
-                     "type": "tool" if tool else "text", "turn": turn,
-                     "hash_ids": stream[:blocks]})
+        rows.append(
+            {
+                "chat_id": chat_id,
+                "parent_chat_id": parent,
+                "timestamp": round(now, 3),
+                "input_length": length,
+                "output_length": reply,
+                "type": "tool" if tool else "text",
+                "turn": turn,
+                "hash_ids": stream[:blocks],
+            }
+        )
         parent = chat_id
         length += reply
     return rows
@@ -165,8 +183,7 @@ def _session_rows(rng: np.random.Generator, ids: _IdSource, params: AgenticParam
 # ----------------------------------------------------------------- hotspot burst
 
 
-def hotspot_burst(background: Sequence[TraceRecord], params: HotspotParams) -> list[
-        TraceRecord]:
+def hotspot_burst(background: Sequence[TraceRecord], params: HotspotParams) -> list[TraceRecord]:
     """``background`` plus a burst of requests sharing one long prefix; sorted by time."""
     rng = np.random.default_rng(params.seed)
     top = max((max(r.hash_ids, default=0) for r in background), default=0)
@@ -186,16 +203,31 @@ def hotspot_burst(background: Sequence[TraceRecord], params: HotspotParams) -> l
         suffix = _lognormal(rng, params.suffix_tokens, params.length_sigma)
         length = prefix_blocks * MOONCAKE_BLOCK + suffix
         blocks = prefix + ids.take(-(-length // MOONCAKE_BLOCK) - prefix_blocks)
-        burst.append(TraceRecord(0, now, length,
-                                 _lognormal(rng, params.output_tokens, params.length_sigma),
-                                 tuple(blocks), MOONCAKE_BLOCK, kind="hotspot"))
+        burst.append(
+            TraceRecord(
+                0,
+                now,
+                length,
+                _lognormal(rng, params.output_tokens, params.length_sigma),
+                tuple(blocks),
+                MOONCAKE_BLOCK,
+                kind="hotspot",
+            )
+        )
     merged = sorted([*background, *burst], key=lambda r: r.arrival_s)
     return [replace(r, index=i) for i, r in enumerate(merged)]
 
 
 def mooncake_rows(records: Sequence[TraceRecord]) -> list[dict]:
-    return [{"timestamp": round(r.arrival_s * 1000), "input_length": r.input_tokens,
-             "output_length": r.output_tokens, "hash_ids": list(r.hash_ids)} for r in records]
+    return [
+        {
+            "timestamp": round(r.arrival_s * 1000),
+            "input_length": r.input_tokens,
+            "output_length": r.output_tokens,
+            "hash_ids": list(r.hash_ids),
+        }
+        for r in records
+    ]
 
 
 # ----------------------------------------------------------------- command line
@@ -210,8 +242,9 @@ def write_jsonl(rows: Sequence[dict], path: Path) -> None:
 
 def _add_params(parser: argparse.ArgumentParser, params_class: type) -> None:
     for item in fields(params_class):
-        parser.add_argument(f"--{item.name.replace('_', '-')}", type=type(item.default),
-                            default=item.default)
+        parser.add_argument(
+            f"--{item.name.replace('_', '-')}", type=type(item.default), default=item.default
+        )
 
 
 def _params(args: argparse.Namespace, params_class: type) -> object:
@@ -232,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "agentic":
         rows = agentic_sessions(_params(args, AgenticParams))  # type: ignore[arg-type]
     else:
-        records = hotspot_burst(read_trace(args.background),
-                                _params(args, HotspotParams))  # type: ignore[arg-type]
+        records = hotspot_burst(read_trace(args.background), _params(args, HotspotParams))  # type: ignore[arg-type]
         rows = mooncake_rows(records)
     write_jsonl(rows, args.out)
     print(f"wrote {len(rows)} requests to {args.out}")

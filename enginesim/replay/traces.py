@@ -109,10 +109,16 @@ def read_mooncake(path: str | Path) -> list[TraceRecord]:
     records = []
     for number, row in _json_lines(path):
         try:
-            records.append(TraceRecord(
-                index=len(records), arrival_s=row["timestamp"] / 1000.0,
-                input_tokens=int(row["input_length"]), output_tokens=int(row["output_length"]),
-                hash_ids=tuple(row["hash_ids"]), hash_block_size=MOONCAKE_BLOCK))
+            records.append(
+                TraceRecord(
+                    index=len(records),
+                    arrival_s=row["timestamp"] / 1000.0,
+                    input_tokens=int(row["input_length"]),
+                    output_tokens=int(row["output_length"]),
+                    hash_ids=tuple(row["hash_ids"]),
+                    hash_block_size=MOONCAKE_BLOCK,
+                )
+            )
         except KeyError as exc:
             raise TraceFormatError(f"{path}:{number}: missing field {exc}") from None
     return records
@@ -128,12 +134,19 @@ def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
     records = []
     for row in rows:
         turn = row.get("turn")
-        records.append(TraceRecord(
-            index=len(records), arrival_s=float(row["timestamp"]),
-            input_tokens=int(row["input_length"]), output_tokens=int(row["output_length"]),
-            hash_ids=tuple(row.get("hash_ids", ())), hash_block_size=BAILIAN_BLOCK,
-            session_id=f"chat-{_session_root(row['chat_id'], parent)}",
-            turn=None if turn is None else int(turn) - 1, kind=row.get("type")))
+        records.append(
+            TraceRecord(
+                index=len(records),
+                arrival_s=float(row["timestamp"]),
+                input_tokens=int(row["input_length"]),
+                output_tokens=int(row["output_length"]),
+                hash_ids=tuple(row.get("hash_ids", ())),
+                hash_block_size=BAILIAN_BLOCK,
+                session_id=f"chat-{_session_root(row['chat_id'], parent)}",
+                turn=None if turn is None else int(turn) - 1,
+                kind=row.get("type"),
+            )
+        )
     return records
 
 
@@ -156,10 +169,14 @@ def read_azure(path: str | Path) -> list[TraceRecord]:
     records: list[TraceRecord] = []
     with open(path, encoding="utf-8", newline="") as handle:
         for row in csv.DictReader(handle):
-            records.append(TraceRecord(
-                index=len(records), arrival_s=_azure_seconds(row["TIMESTAMP"]),
-                input_tokens=int(row["ContextTokens"]),
-                output_tokens=int(row["GeneratedTokens"])))
+            records.append(
+                TraceRecord(
+                    index=len(records),
+                    arrival_s=_azure_seconds(row["TIMESTAMP"]),
+                    input_tokens=int(row["ContextTokens"]),
+                    output_tokens=int(row["GeneratedTokens"]),
+                )
+            )
     if records:
         start = records[0].arrival_s
         records = [replace(r, arrival_s=r.arrival_s - start) for r in records]
@@ -193,12 +210,15 @@ def select(
     """
     if rate_scale <= 0:
         raise ValueError(f"rate_scale must be positive, got {rate_scale}")
-    chosen = [r for r in records
-              if r.arrival_s >= start_s and (end_s is None or r.arrival_s < end_s)]
+    chosen = [
+        r for r in records if r.arrival_s >= start_s and (end_s is None or r.arrival_s < end_s)
+    ]
     if max_requests is not None:
         chosen = chosen[:max_requests]
-    return [replace(r, index=i, arrival_s=(r.arrival_s - start_s) / rate_scale)
-            for i, r in enumerate(chosen)]
+    return [
+        replace(r, index=i, arrival_s=(r.arrival_s - start_s) / rate_scale)
+        for i, r in enumerate(chosen)
+    ]
 
 
 def spread_ties(records: list[TraceRecord], seed: int = 0) -> list[TraceRecord]:
@@ -217,13 +237,16 @@ def spread_ties(records: list[TraceRecord], seed: int = 0) -> list[TraceRecord]:
     next_time = dict(zip(times, [*times[1:], times[-1] + width], strict=True))
     rng = np.random.default_rng(seed)
     offsets = rng.random(len(records))
-    moved = sorted((r.arrival_s + float(u) * (next_time[r.arrival_s] - r.arrival_s), r.index, r)
-                   for u, r in zip(offsets, records, strict=True))
+    moved = sorted(
+        (r.arrival_s + float(u) * (next_time[r.arrival_s] - r.arrival_s), r.index, r)
+        for u, r in zip(offsets, records, strict=True)
+    )
     return [replace(r, index=i, arrival_s=t) for i, (t, _, r) in enumerate(moved)]
 
 
-def load_trace(path: str | Path, fmt: str = "auto", **window: float | int | None) -> list[
-        TraceRecord]:
+def load_trace(
+    path: str | Path, fmt: str = "auto", **window: float | int | None
+) -> list[TraceRecord]:
     """:func:`read_trace` then :func:`select` (``rate_scale``, ``start_s``, ``end_s``,
     ``max_requests``)."""
     return select(read_trace(path, fmt), **window)  # type: ignore[arg-type]
@@ -249,8 +272,9 @@ def block_token_ids(block_ids: Iterable[int] | np.ndarray, block_size: int) -> n
     different ids give equal blocks only if all lanes agree, which does not happen in
     practice (the tests check 200k ids).
     """
-    ids = np.asarray(list(block_ids) if not isinstance(block_ids, np.ndarray) else block_ids,
-                     dtype=np.uint64)
+    ids = np.asarray(
+        list(block_ids) if not isinstance(block_ids, np.ndarray) else block_ids, dtype=np.uint64
+    )
     with np.errstate(over="ignore"):
         keys = _splitmix(ids * _GOLDEN + np.uint64(1))
         mixed = keys[:, None] * _lanes(block_size)[None, :]

@@ -54,8 +54,9 @@ class InstanceAPI:
 
     async def chat_completions(self, request: Request) -> Any:
         template = self.instance.chat_template
-        return await self._generate(request, functools.partial(openai_api.parse_chat,
-                                                               template=template))
+        return await self._generate(
+            request, functools.partial(openai_api.parse_chat, template=template)
+        )
 
     async def _generate(self, request: Request, parse: Parser) -> Any:
         inst = self.instance
@@ -79,20 +80,26 @@ class InstanceAPI:
         driver = inst.driver
         try:
             answer = tokenizer.SyntheticText(gen.seed).token_id_array(0, gen.max_tokens)
-            stream = driver.submit(f"{req_id}-{unique}" if given else req_id,
-                                   gen.prompt_token_ids, gen.max_tokens, gen.natural_stop,
-                                   output_token_ids=answer)
+            stream = driver.submit(
+                f"{req_id}-{unique}" if given else req_id,
+                gen.prompt_token_ids,
+                gen.max_tokens,
+                gen.natural_stop,
+                output_token_ids=answer,
+            )
         except EngineRequestError as exc:
             return error_response(400, str(exc))
         created = int(time.time())
 
-        timing = RequestTiming(req_id, inst.settings.index, gen.stream, arrival,
-                               prompt_tokens=stream.prompt_len)
+        timing = RequestTiming(
+            req_id, inst.settings.index, gen.stream, arrival, prompt_tokens=stream.prompt_len
+        )
 
         def on_disconnect() -> None:
             driver.abort(stream)
             if not gen.stream:  # a stream's record is written as its chunk generator closes
                 self._log(timing, stream, completed=False)
+
         if gen.stream:
             renderer = ChunkRenderer(gen.kind, req_id, created, inst.served_name)
             chunks = self._sse_chunks(gen, stream, renderer, timing)
@@ -265,8 +272,9 @@ class FaultGate:
             if faults.mode == "poison" and scope["path"].startswith("/v1/"):
                 body = await _read_body(receive)
                 if faults.poisoned_by(body):
-                    await _send_500(send, "Injected fault: poison (the engine failed on "
-                                          "this request)")
+                    await _send_500(
+                        send, "Injected fault: poison (the engine failed on this request)"
+                    )
                     return
                 receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -293,16 +301,17 @@ def _replay(body: bytes, receive: Any) -> Any:
 
 async def _send_html(send: Any) -> None:
     body = b"<html><body><h1>Welcome</h1><p>Injected fault: wrong_content_type</p></body></html>"
-    headers = [(b"content-type", b"text/html; charset=utf-8"),
-               (b"content-length", str(len(body)).encode())]
+    headers = [
+        (b"content-type", b"text/html; charset=utf-8"),
+        (b"content-length", str(len(body)).encode()),
+    ]
     await send({"type": "http.response.start", "status": 200, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
 async def _send_500(send: Any, message: str) -> None:
     body = openai_api.dumps(openai_api.error_body(500, message)).encode()
-    headers = [(b"content-type", b"application/json"),
-               (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 500, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

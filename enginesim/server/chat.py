@@ -31,8 +31,11 @@ def model_template(model_key: str, spec: str | None = None) -> ChatTemplate:
     return load_chat_template(spec or MODEL_TEMPLATES.get(model_key, DEFAULT_TEMPLATE))
 
 
-def render_chat(messages: Sequence[Any], add_generation_prompt: bool = True,
-                template: ChatTemplate | None = None) -> str:
+def render_chat(
+    messages: Sequence[Any],
+    add_generation_prompt: bool = True,
+    template: ChatTemplate | None = None,
+) -> str:
     """The prompt text for a list of OpenAI chat messages (raises ChatTemplateError)."""
     chosen = template or load_chat_template(DEFAULT_TEMPLATE)
     return chosen.render(messages, add_generation_prompt=add_generation_prompt)

@@ -75,13 +75,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "times (CLOCK_MONOTONIC) and token counts, keyed by the request id (X-Request-Id)",
     )
     parser.add_argument(
-        "--global-tier-blocks", type=int, default=0,
+        "--global-tier-blocks",
+        type=int,
+        default=0,
         help="blocks of a global KV tier shared by this process's instances (0 = none)",
     )
-    parser.add_argument("--global-tier-bandwidth", type=float, default=25e9,
-                        help="tier read bytes/s per link")
-    parser.add_argument("--global-tier-link-instances", type=int, default=0,
-                        help="instances per tier link (0 = one link for all)")
+    parser.add_argument(
+        "--global-tier-bandwidth", type=float, default=25e9, help="tier read bytes/s per link"
+    )
+    parser.add_argument(
+        "--global-tier-link-instances",
+        type=int,
+        default=0,
+        help="instances per tier link (0 = one link for all)",
+    )
     parser.add_argument(
         "--fault",
         action="append",
@@ -92,16 +99,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _engine_parts(gpu: str, model: str, max_model_len: int = 0, tier_blocks: int = 0,
-                  tier_bandwidth: float = 25e9) -> tuple[Any, Any]:
+def _engine_parts(
+    gpu: str, model: str, max_model_len: int = 0, tier_blocks: int = 0, tier_bandwidth: float = 25e9
+) -> tuple[Any, Any]:
     """The engine config and ``factory(tier_link) -> (kv_sink -> EngineCore)``."""
     from enginesim.engine.config import EngineConfig
     from enginesim.engine.core import EngineCore
     from enginesim.engine.kvpool import GlobalKVTier
 
     tier = GlobalKVTier(tier_blocks, tier_bandwidth) if tier_blocks else None
-    config = EngineConfig.for_hardware(gpu, model, max_model_len=max_model_len,
-                                       global_tier=tier)
+    config = EngineConfig.for_hardware(gpu, model, max_model_len=max_model_len, global_tier=tier)
 
     def factory(tier_link: int) -> Any:
         return lambda sink: EngineCore(config, kv_event_sink=sink, tier_link=tier_link)
@@ -119,8 +126,13 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
     per_link = args.global_tier_link_instances
     if per_link < 0:
         raise SystemExit("--global-tier-link-instances must be >= 0 (0: one link for all)")
-    config, factory = _engine_parts(args.gpu, args.model, args.max_model_len,
-                                    args.global_tier_blocks, args.global_tier_bandwidth)
+    config, factory = _engine_parts(
+        args.gpu,
+        args.model,
+        args.max_model_len,
+        args.global_tier_blocks,
+        args.global_tier_bandwidth,
+    )
     try:
         template = model_template(config.model.key, args.chat_template)
     except TemplateLoadError as exc:

@@ -146,8 +146,9 @@ class EngineDriver:
         ``output_token_ids``: the answer's token ids, so its blocks get cached."""
         now = self.clock.now()
         self._step(now)
-        self.engine.add_request(req_id, list(prompt_token_ids), max_tokens, now,
-                                output_token_ids=output_token_ids)
+        self.engine.add_request(
+            req_id, list(prompt_token_ids), max_tokens, now, output_token_ids=output_token_ids
+        )
         stream = RequestStream(req_id, len(prompt_token_ids), max_tokens, natural_stop, now)
         self._streams[req_id] = stream
         self.wake()

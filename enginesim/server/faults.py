@@ -31,8 +31,18 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
-FAULT_MODES = ("kill", "hang", "slow", "error5xx", "poison", "drop_midstream", "garbage",
-               "wrong_content_type", "drip", "recover")
+FAULT_MODES = (
+    "kill",
+    "hang",
+    "slow",
+    "error5xx",
+    "poison",
+    "drop_midstream",
+    "garbage",
+    "wrong_content_type",
+    "drip",
+    "recover",
+)
 # A data line an SSE client would hand to its JSON parser, then binary noise.
 GARBAGE = b"data: <html><body><h1>502 Bad Gateway</h1></body></html>\n\n\x00\xff garbled\n\n"
 
@@ -68,8 +78,9 @@ class FaultRequest:
         period = body.get("period", 0.5)
         if isinstance(period, bool) or not isinstance(period, int | float) or not 0 < period <= 600:
             raise FaultError("period must be a number of seconds in (0, 600]")
-        return cls(mode, float(factor), after_chunks, match if mode == "poison" else "",
-                   float(period))
+        return cls(
+            mode, float(factor), after_chunks, match if mode == "poison" else "", float(period)
+        )
 
     @classmethod
     def from_cli(cls, spec: str) -> tuple[int, FaultRequest]:
@@ -145,5 +156,10 @@ class FaultState:
             await self._not_hung.wait()
 
     def as_json(self) -> dict[str, Any]:
-        return {"mode": self.mode, "factor": self.factor, "after_chunks": self.after_chunks,
-                "match": self.match.decode(), "period": self.period}
+        return {
+            "mode": self.mode,
+            "factor": self.factor,
+            "after_chunks": self.after_chunks,
+            "match": self.match.decode(),
+            "period": self.period,
+        }

@@ -173,7 +173,6 @@ class _EngineStateCollector:
             value=self._time_scale_fn(),
         )
 
-
     def _tier(self, stats: Any) -> Iterator[Metric]:
         yield self._counter(
             ei.EXTERNAL_PREFIX_QUERIES.name,
@@ -188,7 +187,8 @@ class _EngineStateCollector:
             stats.external_cache_hits,
         )
         yield self._counter(
-            ei.TIER_READ_BYTES.name, "Bytes of KV cache loaded from the global tier.",
+            ei.TIER_READ_BYTES.name,
+            "Bytes of KV cache loaded from the global tier.",
             stats.tier_bytes_read,
         )
         yield self._counter(

@@ -73,8 +73,10 @@ def _completion_prompt(prompt: Any) -> list[int]:
         prompt = prompt[0]
     if isinstance(prompt, str):
         return tokenizer.encode(prompt)
-    if isinstance(prompt, list) and prompt and all(
-        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt
+    if (
+        isinstance(prompt, list)
+        and prompt
+        and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in prompt)
     ):
         largest = max(prompt)
         if largest > tokenizer.MAX_TOKEN_ID:  # vLLM's check and message

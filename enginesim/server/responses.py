@@ -120,5 +120,10 @@ async def _drip(send: Send, body: bytes, period: float) -> None:
     """The body in 16-byte pieces, ``period`` seconds apart."""
     for start in range(0, len(body), 16):
         await asyncio.sleep(period)
-        await send({"type": "http.response.body", "body": body[start:start + 16],
-                    "more_body": start + 16 < len(body)})
+        await send(
+            {
+                "type": "http.response.body",
+                "body": body[start : start + 16],
+                "more_body": start + 16 < len(body),
+            }
+        )

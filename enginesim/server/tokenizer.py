@@ -132,8 +132,7 @@ class SyntheticText:
         """:meth:`token_ids` computed with numpy (a whole answer at submission)."""
         j = np.arange(start, max(stop, start), dtype=np.uint64)
         low = np.uint64(0xFFFFFFFF)
-        mixed = (np.uint64(self._seed) * np.uint64(0x9E3779B1)
-                 + j * np.uint64(0x85EBCA77)) & low
+        mixed = (np.uint64(self._seed) * np.uint64(0x9E3779B1) + j * np.uint64(0x85EBCA77)) & low
         mixed ^= mixed >> np.uint64(15)
         mixed = (mixed * np.uint64(0x2C1B3C6D)) & low
         mixed ^= mixed >> np.uint64(12)

@@ -52,8 +52,9 @@ class HotspotParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     enabled: bool = Field(
-        True, description="run the hotspot detector; off = always route by the policy's score, "
-        "never the load-only fallback"
+        True,
+        description="run the hotspot detector; off = always route by the policy's score, "
+        "never the load-only fallback",
     )
     window_s: float = Field(30.0, gt=0, description="sliding window of requests, seconds")
     min_class_blocks: int = Field(

@@ -137,9 +137,22 @@ class InstanceState:
     external_running: float = 0.0  # what the view adds to batch_size now (0 once expired)
 
 
-_ARRAYS = ("pending", "decoding", "in_flight", "context", "decode_blocks", "running", "waiting",
-           "kv_usage", "tps", "last_scrape", "external", "external_until", "scrape_interval",
-           "waiting_cap")
+_ARRAYS = (
+    "pending",
+    "decoding",
+    "in_flight",
+    "context",
+    "decode_blocks",
+    "running",
+    "waiting",
+    "kv_usage",
+    "tps",
+    "last_scrape",
+    "external",
+    "external_until",
+    "scrape_interval",
+    "waiting_cap",
+)
 
 _FALLBACK_SCRAPE_INTERVAL_S = 1.0  # the live router's default router.scrape_interval_s
 _SCRAPE_INTERVAL_ALPHA = 0.3
@@ -476,7 +489,11 @@ class ClusterView:
         self.health = _readonly(state.health)
         empty = np.zeros(0, dtype=np.int64)
         self._memo: tuple[RequestFeatures | None, int, np.ndarray, np.ndarray] = (
-            None, -1, empty, empty)
+            None,
+            -1,
+            empty,
+            empty,
+        )
 
     @property
     def size(self) -> int:

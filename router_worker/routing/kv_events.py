@@ -77,8 +77,14 @@ class KVEventBatch:
     skipped_events: int = 0
 
 
-_STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size",
-                  "lora_id", "medium")
+_STORED_FIELDS = (
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+)
 _REMOVED_FIELDS = ("block_hashes", "medium")
 
 
@@ -205,8 +211,7 @@ def _hash_key(value: Any) -> EngineBlockHash:
         value = bytes(value)
     if _is_int(value) or isinstance(value, bytes):
         return value
-    if isinstance(value, list | tuple) and all(_is_int(p) or isinstance(p, bytes)
-                                               for p in value):
+    if isinstance(value, list | tuple) and all(_is_int(p) or isinstance(p, bytes) for p in value):
         return tuple(value)  # type: ignore[return-value]
     raise KVEventDecodeError(f"block hash: expected an int or bytes, got {value!r:.40}")
 
@@ -224,8 +229,14 @@ def encode_kv_event_batch(batch: KVEventBatch, *, positional: bool = True) -> by
 def _encode_event(event: KVEvent, positional: bool) -> Any:
     tag = type(event).__name__
     if isinstance(event, BlockStored):
-        values = [list(event.block_hashes), event.parent_block_hash, list(event.token_ids),
-                  event.block_size, event.lora_id, event.medium]
+        values = [
+            list(event.block_hashes),
+            event.parent_block_hash,
+            list(event.token_ids),
+            event.block_size,
+            event.lora_id,
+            event.medium,
+        ]
         names: tuple[str, ...] = _STORED_FIELDS
     elif isinstance(event, BlockRemoved):
         values, names = [list(event.block_hashes), event.medium], _REMOVED_FIELDS

@@ -243,8 +243,13 @@ class KVIndex:
             return
         self._to_blocks()
         parents = [parent, *block_hashes[:-1]]
-        self._insert(slot, lru, block_hashes, parent,
-                     zip(reversed(block_hashes), reversed(parents), strict=True))
+        self._insert(
+            slot,
+            lru,
+            block_hashes,
+            parent,
+            zip(reversed(block_hashes), reversed(parents), strict=True),
+        )
 
     def _insert(
         self,
@@ -255,8 +260,9 @@ class KVIndex:
         touch_order: Iterable[tuple[int, int | None]],
     ) -> None:
         """Touch ``(block, parent)`` pairs in order; ``block_hashes``: the chain from ``parent``."""
-        if (parent is None or self._closed.get(parent, 0) >> slot & 1) \
-                and not self._loose_count[slot]:
+        if (parent is None or self._closed.get(parent, 0) >> slot & 1) and not self._loose_count[
+            slot
+        ]:
             # The usual case: the whole chain becomes usable for the slot and it
             # holds nothing loose that could become usable with it.
             self._touch_usable(slot, lru, touch_order)
@@ -264,8 +270,12 @@ class KVIndex:
             self._insert_general(slot, lru, block_hashes, parent, touch_order)
         self._evict_over_capacity(slot)
 
-    def _touch_usable(self, slot: int, lru: OrderedDict[int, int | None],
-                      touch_order: Iterable[tuple[int, int | None]]) -> None:
+    def _touch_usable(
+        self,
+        slot: int,
+        lru: OrderedDict[int, int | None],
+        touch_order: Iterable[tuple[int, int | None]],
+    ) -> None:
         """Touch blocks that become usable, linking those new to the index."""
         bit, closed, loose, children = 1 << slot, self._closed, self._loose, self._children
         for block_hash, block_parent in touch_order:
@@ -457,8 +467,9 @@ class KVIndex:
         """Children of a block the slot lost: its usable ones, and theirs, become loose."""
         self._move_below(slot, bit, children, to_closed=False)
 
-    def _move_below(self, slot: int, bit: int, children: int | set[int], *,
-                    to_closed: bool) -> None:
+    def _move_below(
+        self, slot: int, bit: int, children: int | set[int], *, to_closed: bool
+    ) -> None:
         source, all_children = (self._loose if to_closed else self._closed), self._children
         stack = list(children) if isinstance(children, set) else [children]
         while stack:
@@ -502,15 +513,23 @@ class KVIndex:
             return
         blocks = router_hashes[: engine_blocks * per_engine_block]
         # each engine block maps to its last router block; earlier ones share its fate
-        engine_map.update(zip(event.block_hashes[:engine_blocks],
-                              blocks[per_engine_block - 1 :: per_engine_block], strict=True))
+        engine_map.update(
+            zip(
+                event.block_hashes[:engine_blocks],
+                blocks[per_engine_block - 1 :: per_engine_block],
+                strict=True,
+            )
+        )
         # The LRU order of inserting engine block by engine block (each one's
         # router blocks last to first); evicting once at the end leaves the
         # same LRU contents as evicting after each.
         pairs = list(zip(blocks, [parent, *blocks[:-1]], strict=True))
         if per_engine_block > 1:
-            pairs = [pair for start in range(0, len(pairs), per_engine_block)
-                     for pair in reversed(pairs[start : start + per_engine_block])]
+            pairs = [
+                pair
+                for start in range(0, len(pairs), per_engine_block)
+                for pair in reversed(pairs[start : start + per_engine_block])
+            ]
         lru = self._lru[slot]
         assert lru is not None
         self._insert(slot, lru, blocks, parent, pairs)

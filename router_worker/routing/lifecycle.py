@@ -156,8 +156,9 @@ class RequestLifecycle:
         """The current attempt was sent: account it; returns its uncached prompt tokens."""
         attempt = self._expect(Phase.ROUTED, "dispatch")
         cached = attempt.decision.cached_tokens if attempt.decision is not None else None
-        attempt.uncached_tokens = self.state.on_dispatch(self.features, attempt.instance, now,
-                                                         cached_tokens=cached)
+        attempt.uncached_tokens = self.state.on_dispatch(
+            self.features, attempt.instance, now, cached_tokens=cached
+        )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
         return attempt.uncached_tokens
 
@@ -168,16 +169,18 @@ class RequestLifecycle:
         if not attempt.open:
             return False
         if attempt.phase is not Phase.DISPATCHED:
-            raise IllegalTransition(f"request {self.request_id}: first token while "
-                                    f"{attempt.phase.value}")
+            raise IllegalTransition(
+                f"request {self.request_id}: first token while {attempt.phase.value}"
+            )
         attempt.phase, attempt.first_token_at = Phase.FIRST_TOKEN, now
         if self.state.is_in_flight(self.request_id):
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
         return True
 
-    def finish(self, now: float, output_tokens: int, *, ok: bool = True,
-               attempt: Attempt | None = None) -> bool:
+    def finish(
+        self, now: float, output_tokens: int, *, ok: bool = True, attempt: Attempt | None = None
+    ) -> bool:
         """``attempt`` (default: the current one) ended with an answer; ``ok`` False for an
         answer that is no success (no feedback then). False: it had already ended."""
         attempt = attempt or self.current
@@ -194,8 +197,9 @@ class RequestLifecycle:
         """The client went away: the current attempt is given up (engine aborts it)."""
         attempt = self.current
         if not attempt.open:
-            raise IllegalTransition(f"request {self.request_id}: abandoned while "
-                                    f"{attempt.phase.value}")
+            raise IllegalTransition(
+                f"request {self.request_id}: abandoned while {attempt.phase.value}"
+            )
         self._close(attempt, Phase.ABANDONED, now, error=True)
 
     def reject(self, now: float) -> None:
@@ -212,16 +216,24 @@ class RequestLifecycle:
         self.attempts.append(new)
         return new
 
-    def fail(self, view: ClusterView, now: float, kind: str, *, final: bool = False,
-             first_byte: bool = False) -> RetryVerdict:
+    def fail(
+        self,
+        view: ClusterView,
+        now: float,
+        kind: str,
+        *,
+        final: bool = False,
+        first_byte: bool = False,
+    ) -> RetryVerdict:
         """The current attempt failed (``kind``: connect, timeout, http_5xx, ...). Applies
         the retry rule (module docstring); on a retry the new attempt is routed.
         ``first_byte``: the driver knows a byte went out even if the indicators have not
         heard of it yet (the simulator's telemetry delay)."""
         attempt = self.current
         if not attempt.open:
-            raise IllegalTransition(f"request {self.request_id}: failed while "
-                                    f"{attempt.phase.value}")
+            raise IllegalTransition(
+                f"request {self.request_id}: failed while {attempt.phase.value}"
+            )
         streamed = first_byte or attempt.phase is Phase.FIRST_TOKEN
         self._close(attempt, Phase.FAILED, now, error=True)
         attempt.error = kind
@@ -254,8 +266,9 @@ class RequestLifecycle:
     def _expect(self, phase: Phase, what: str) -> Attempt:
         attempt = self.current
         if attempt.phase is not phase:
-            raise IllegalTransition(f"request {self.request_id}: cannot {what} while "
-                                    f"{attempt.phase.value}")
+            raise IllegalTransition(
+                f"request {self.request_id}: cannot {what} while {attempt.phase.value}"
+            )
         return attempt
 
     def _close(self, attempt: Attempt, phase: Phase, now: float, *, error: bool) -> None:

@@ -25,9 +25,7 @@ def turn_index_from_messages(messages: Iterable[Mapping[str, Any]]) -> int:
     return sum(1 for message in messages if message.get("role") == "assistant")
 
 
-def session_key_from_request(
-    headers: Mapping[str, str], body: Mapping[str, Any]
-) -> str | None:
+def session_key_from_request(headers: Mapping[str, str], body: Mapping[str, Any]) -> str | None:
     """``X-Session-ID`` header if present, else body ``user`` (non-empty string), else None."""
     for name, value in headers.items():
         if name.lower() == "x-session-id" and value:

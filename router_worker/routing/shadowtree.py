@@ -83,8 +83,12 @@ class ShadowTree:
         return self._held[slot]
 
     # ----- lookup -------------------------------------------------------------
-    def longest_prefixes(self, result: np.ndarray, hashes: Sequence[int],
-                         assign_bits: Callable[[np.ndarray, int, int], None]) -> None:
+    def longest_prefixes(
+        self,
+        result: np.ndarray,
+        hashes: Sequence[int],
+        assign_bits: Callable[[np.ndarray, int, int], None],
+    ) -> None:
         """``result[slot]`` = leading blocks of the chain ``hashes`` the slot holds."""
         alive = (1 << len(self._heaps)) - 1
         node, i, end = self.root, 0, len(hashes)
@@ -168,8 +172,7 @@ class ShadowTree:
 
     def lru_items(self, slot: int) -> Iterator[tuple[int, int | None]]:
         """The slot's (block, parent block) pairs, least recently used first."""
-        live = sorted(entry for entry in self._heaps[slot]
-                      if entry[3].entries.get(slot) is entry)
+        live = sorted(entry for entry in self._heaps[slot] if entry[3].entries.get(slot) is entry)
         for entry in live:
             node = entry[3]
             before = node.parent.hashes[-1] if node.parent.hashes else None

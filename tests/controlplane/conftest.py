@@ -56,21 +56,36 @@ class World:
 
 def make_cluster(name: str, instance_names: list[str]) -> tuple[Cluster, dict]:
     cluster = clusters.create_cluster(SYSTEM, name=name, model="Qwen/Qwen2-7B", gpu_type="h20")
-    made = {n: clusters.add_instance(SYSTEM, cluster.pk, name=n, url=f"http://127.0.0.1:91{i:02}",
-                                     reason="setup")
-            for i, n in enumerate(instance_names)}
+    made = {
+        n: clusters.add_instance(
+            SYSTEM, cluster.pk, name=n, url=f"http://127.0.0.1:91{i:02}", reason="setup"
+        )
+        for i, n in enumerate(instance_names)
+    }
     lm = policies.create_policy(SYSTEM, cluster.pk, name="lm", kind="lmetric")
     rr = policies.create_policy(SYSTEM, cluster.pk, name="rr", kind="round_robin")
     policies.activate_policy(SYSTEM, cluster.pk, lm.pk, reason="setup")
     return cluster, {"instances": made, "lm": lm, "rr": rr}
 
 
-def make_canary(cluster: Cluster, parts: dict, baseline: list[str], candidate: list[str],
-                actions: tuple[str, ...] = ()) -> CanarySplit:
+def make_canary(
+    cluster: Cluster,
+    parts: dict,
+    baseline: list[str],
+    candidate: list[str],
+    actions: tuple[str, ...] = (),
+) -> CanarySplit:
     canary = canaries.create_canary(
-        SYSTEM, cluster.pk, name=f"{cluster.name}-canary", baseline_policy_id=parts["lm"].pk,
-        candidate_policy_id=parts["rr"].pk, baseline_instances=baseline,
-        candidate_instances=candidate, weight_steps=[10, 50], reason="setup")
+        SYSTEM,
+        cluster.pk,
+        name=f"{cluster.name}-canary",
+        baseline_policy_id=parts["lm"].pk,
+        candidate_policy_id=parts["rr"].pk,
+        baseline_instances=baseline,
+        candidate_instances=candidate,
+        weight_steps=[10, 50],
+        reason="setup",
+    )
     for action in actions:
         canary = canaries.transition(SYSTEM, canary.pk, action, reason="setup")
     return canary
@@ -86,23 +101,42 @@ def build_world() -> World:
     running = make_canary(beta, b, ["b0"], ["b1"], ("start",))
     paused = make_canary(gamma, g, ["g0"], ["g1"], ("start", "pause"))
     token, router = router_deployments.create_router_deployment(
-        SYSTEM, alpha.pk, name="r1", host="127.0.0.1", port=8100)
+        SYSTEM, alpha.pk, name="r1", host="127.0.0.1", port=8100
+    )
     replay = ReplayJob.objects.create(cluster=alpha, inputs={"trace": "t"})
-    client_key = ClientKey.objects.create(cluster=alpha, name="world-key", prefix="w0rld000",
-                                          key_hash="0" * 64, created_by="system:tests")
+    client_key = ClientKey.objects.create(
+        cluster=alpha,
+        name="world-key",
+        prefix="w0rld000",
+        key_hash="0" * 64,
+        created_by="system:tests",
+    )
     _, api_token = tokens.create_api_token(SYSTEM, make_user("viewer", "token-owner"), "world")
     hotspot = HotspotEventFactory(cluster=alpha)
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
     ArmMetricRollup.objects.create(cluster=alpha, arm="baseline", minute=minute, requests=5)
     InstanceMetricRollup.objects.create(cluster=alpha, instance="i0", minute=minute, requests=5)
-    world = World({
-        "alpha": alpha.pk, "beta": beta.pk, "gamma": gamma.pk,
-        "i0": a["instances"]["i0"].pk, "i3": a["instances"]["i3"].pk,
-        "spare": a["instances"]["spare"].pk, "lm": a["lm"].pk, "rr": a["rr"].pk, "ll": ll.pk,
-        "draft": draft.pk, "running": running.pk, "paused": paused.pk,
-        "router": router.pk, "replay": replay.pk, "hotspot": hotspot.pk,
-        "client_key": client_key.pk, "api_token": api_token.pk,
-    })
+    world = World(
+        {
+            "alpha": alpha.pk,
+            "beta": beta.pk,
+            "gamma": gamma.pk,
+            "i0": a["instances"]["i0"].pk,
+            "i3": a["instances"]["i3"].pk,
+            "spare": a["instances"]["spare"].pk,
+            "lm": a["lm"].pk,
+            "rr": a["rr"].pk,
+            "ll": ll.pk,
+            "draft": draft.pk,
+            "running": running.pk,
+            "paused": paused.pk,
+            "router": router.pk,
+            "replay": replay.pk,
+            "hotspot": hotspot.pk,
+            "client_key": client_key.pk,
+            "api_token": api_token.pk,
+        }
+    )
     world.router_token = token  # type: ignore[attr-defined]
     return world
 

@@ -40,16 +40,23 @@ def test_changelist_renders_without_an_add_button(superuser_client, model) -> No
 
 def _cluster_form(cluster: models.Cluster, **changes: str) -> dict[str, str]:
     """What the admin's change form posts for a cluster (a valid form before this fix)."""
-    return {"name": cluster.name, "model": cluster.model, "gpu_type": cluster.gpu_type,
-            "block_size": str(cluster.block_size),
-            "active_policy": str(cluster.active_policy_id or ""), **changes}
+    return {
+        "name": cluster.name,
+        "model": cluster.model,
+        "gpu_type": cluster.gpu_type,
+        "block_size": str(cluster.block_size),
+        "active_policy": str(cluster.active_policy_id or ""),
+        **changes,
+    }
 
 
 def test_an_admin_post_cannot_change_a_cluster(superuser_client, world) -> None:
     cluster = models.Cluster.objects.get(pk=world["alpha"])
     audit_rows = models.AuditEvent.objects.count()
-    response = superuser_client.post(admin_url(models.Cluster, f"{cluster.pk}/change/"),
-                                     _cluster_form(cluster, block_size="64", gpu_type="a100"))
+    response = superuser_client.post(
+        admin_url(models.Cluster, f"{cluster.pk}/change/"),
+        _cluster_form(cluster, block_size="64", gpu_type="a100"),
+    )
     assert response.status_code == 403
     cluster.refresh_from_db()
     assert (cluster.block_size, cluster.gpu_type) == (16, "h20")
@@ -58,13 +65,16 @@ def test_an_admin_post_cannot_change_a_cluster(superuser_client, world) -> None:
 
 def test_an_admin_post_cannot_add_or_delete(superuser_client, world) -> None:
     cluster = models.Cluster.objects.get(pk=world["alpha"])
-    added = superuser_client.post(admin_url(models.Cluster, "add/"),
-                                  _cluster_form(cluster, name="sneaky"))
-    deleted = superuser_client.post(admin_url(models.Cluster, f"{cluster.pk}/delete/"),
-                                    {"post": "yes"})
-    bulk = superuser_client.post(admin_url(models.Instance, ""), {
-        "action": "delete_selected", "post": "yes",
-        "_selected_action": [str(world["i0"])]})
+    added = superuser_client.post(
+        admin_url(models.Cluster, "add/"), _cluster_form(cluster, name="sneaky")
+    )
+    deleted = superuser_client.post(
+        admin_url(models.Cluster, f"{cluster.pk}/delete/"), {"post": "yes"}
+    )
+    bulk = superuser_client.post(
+        admin_url(models.Instance, ""),
+        {"action": "delete_selected", "post": "yes", "_selected_action": [str(world["i0"])]},
+    )
     assert (added.status_code, deleted.status_code) == (403, 403)
     assert not models.Cluster.objects.filter(name="sneaky").exists()
     assert models.Cluster.objects.filter(pk=cluster.pk).exists()
@@ -72,9 +82,18 @@ def test_an_admin_post_cannot_add_or_delete(superuser_client, world) -> None:
     assert models.Instance.objects.filter(pk=world["i0"]).exists()
 
 
-@pytest.mark.parametrize("model", [models.Policy, models.CanarySplit, models.RouterDeployment,
-                                   models.ConfigVersion, models.AuditEvent, models.ReplayJob],
-                         ids=lambda m: m.__name__)
+@pytest.mark.parametrize(
+    "model",
+    [
+        models.Policy,
+        models.CanarySplit,
+        models.RouterDeployment,
+        models.ConfigVersion,
+        models.AuditEvent,
+        models.ReplayJob,
+    ],
+    ids=lambda m: m.__name__,
+)
 def test_no_service_owned_change_form_accepts_a_post(superuser_client, world, model) -> None:
     row = model.objects.first() or pytest.fail(f"the world has no {model.__name__}")
     response = superuser_client.post(admin_url(model, f"{row.pk}/change/"), {"name": "x"})
@@ -83,8 +102,9 @@ def test_no_service_owned_change_form_accepts_a_post(superuser_client, world, mo
 
 def test_an_admin_drain_goes_through_the_service(superuser_client, world) -> None:
     versions = models.ConfigVersion.objects.filter(cluster_id=world["alpha"]).count()
-    response = superuser_client.post(admin_url(models.Instance, ""), {
-        "action": "drain", "_selected_action": [str(world["i0"])]})
+    response = superuser_client.post(
+        admin_url(models.Instance, ""), {"action": "drain", "_selected_action": [str(world["i0"])]}
+    )
     assert response.status_code == 302
     assert models.Instance.objects.get(pk=world["i0"]).state == "draining"
     audit = models.AuditEvent.objects.filter(target_id=str(world["i0"])).latest("at")

@@ -15,11 +15,11 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.mark.parametrize("endpoint", WRITES, ids=lambda e: e.id)
-def test_mutation_writes_exactly_one_audit_row(world, users, replay_dispatches,
-                                               endpoint) -> None:
+def test_mutation_writes_exactly_one_audit_row(world, users, replay_dispatches, endpoint) -> None:
     newest_before = AuditEvent.objects.order_by("-id").values_list("id", flat=True).first()
-    response = call(session_client(users["admin"]), endpoint, world.ids,
-                    **{"X-Request-ID": "req-123"})
+    response = call(
+        session_client(users["admin"]), endpoint, world.ids, **{"X-Request-ID": "req-123"}
+    )
     assert response.status_code == endpoint.success, response.content
     rows = list(AuditEvent.objects.filter(id__gt=newest_before))
     assert len(rows) == 1, [row.action for row in rows]
@@ -35,8 +35,9 @@ def test_mutation_writes_exactly_one_audit_row(world, users, replay_dispatches,
         assert row.before is None
 
 
-@pytest.mark.parametrize("endpoint", [e for e in WRITES if e.min_role != "viewer"],
-                         ids=lambda e: e.id)
+@pytest.mark.parametrize(
+    "endpoint", [e for e in WRITES if e.min_role != "viewer"], ids=lambda e: e.id
+)
 def test_refused_mutation_writes_no_audit_row(world, users, endpoint) -> None:
     count = AuditEvent.objects.count()
     response = call(session_client(users["viewer"]), endpoint, world.ids)
@@ -54,14 +55,20 @@ def test_reads_and_heartbeats_write_no_audit_row(world, users) -> None:
     assert AuditEvent.objects.count() == count
 
 
-@pytest.mark.parametrize("path", ["/api/v1/instances/{i0}/drain",
-                                  "/api/v1/clusters/{alpha}/policies/{ll}/activate",
-                                  "/api/v1/canaries/{draft}/start"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/instances/{i0}/drain",
+        "/api/v1/clusters/{alpha}/policies/{ll}/activate",
+        "/api/v1/canaries/{draft}/start",
+    ],
+)
 @pytest.mark.parametrize("reason", ["", "   "])
 def test_routing_changes_need_a_reason(world, users, path: str, reason: str) -> None:
     count = AuditEvent.objects.count()
     response = session_client(users["admin"]).post(
-        path.format(**world.ids), {"reason": reason}, content_type="application/json")
+        path.format(**world.ids), {"reason": reason}, content_type="application/json"
+    )
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "reason"
     assert AuditEvent.objects.count() == count
@@ -69,8 +76,10 @@ def test_routing_changes_need_a_reason(world, users, path: str, reason: str) -> 
 
 def test_delete_takes_the_reason_from_a_json_body(world, users) -> None:
     response = session_client(users["admin"]).delete(
-        f"/api/v1/instances/{world['spare']}", {"reason": "decommissioned"},
-        content_type="application/json")
+        f"/api/v1/instances/{world['spare']}",
+        {"reason": "decommissioned"},
+        content_type="application/json",
+    )
     assert response.status_code == 204
     row = AuditEvent.objects.order_by("-id").first()
     assert (row.action, row.reason) == ("instance.remove", "decommissioned")
@@ -78,8 +87,7 @@ def test_delete_takes_the_reason_from_a_json_body(world, users) -> None:
 
 def test_audit_events_endpoint_filters_by_action_and_actor(world, users) -> None:
     client = session_client(users["admin"])
-    client.post(f"/api/v1/instances/{world['i0']}/drain", REASON,
-                content_type="application/json")
+    client.post(f"/api/v1/instances/{world['i0']}/drain", REASON, content_type="application/json")
     page = client.get("/api/v1/audit-events", {"actor": users["admin"].username}).json()
     assert page["count"] == 1
     assert page["items"][0]["action"] == "instance.drain"

@@ -18,13 +18,20 @@ def judge_step(canary_id: int, candidate_ttft: float, n: int) -> None:
     """A step that ran long enough, with n samples per arm, judged by the real judge."""
     canary = CanarySplit.objects.get(pk=canary_id)
     CanarySplit.objects.filter(pk=canary_id).update(
-        step_started_at=timezone.now() - timedelta(minutes=2))
+        step_started_at=timezone.now() - timedelta(minutes=2)
+    )
     minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
     for arm, ttft in (("baseline", 0.5), ("candidate", candidate_ttft)):
         ArmMetricRollup.objects.update_or_create(
-            cluster_id=canary.cluster_id, arm=arm, minute=minute, defaults={
-                "requests": n, "ttft_samples": [ttft + 0.001 * (k % 10) for k in range(n)],
-                "tpot_samples": [0.02] * n})
+            cluster_id=canary.cluster_id,
+            arm=arm,
+            minute=minute,
+            defaults={
+                "requests": n,
+                "ttft_samples": [ttft + 0.001 * (k % 10) for k in range(n)],
+                "tpot_samples": [0.02] * n,
+            },
+        )
     assert judge_canary(canary_id) is not None
 
 
@@ -39,18 +46,25 @@ def test_judgements_accumulate_oldest_first_with_their_evidence(world, as_role) 
     halted, advanced = body["items"]
     assert (halted["verdict"], halted["action"]) == ("halt", "wait")
     assert (advanced["verdict"], advanced["action"], advanced["step_index"]) == (
-        "pass", "advance", 0)
+        "pass",
+        "advance",
+        0,
+    )
     evidence = advanced["evidence"]
     assert evidence["candidate_weight"] == 10
-    assert evidence["arms"]["baseline"]["requests"] == evidence["arms"]["candidate"][
-        "requests"] == 100
+    assert (
+        evidence["arms"]["baseline"]["requests"] == evidence["arms"]["candidate"]["requests"] == 100
+    )
     ttft = next(t for t in evidence["tests"] if t["metric"] == "ttft")
     assert ttft["median_baseline"] == pytest.approx(0.5045)
     assert ttft["median_candidate"] == pytest.approx(0.4545)
     assert ttft["effect"] == pytest.approx(0.4545 / 0.5045 - 1)
     assert 0 <= ttft["p_value"] <= 1 and ttft["outcome"] == "pass"
     assert [(g["name"], g["passed"]) for g in evidence["guards"]] == [
-        ("min_samples", True), ("error_rate", True), ("hotspot_fallback_rate", True)]
+        ("min_samples", True),
+        ("error_rate", True),
+        ("hotspot_fallback_rate", True),
+    ]
     assert evidence["reasons"] == ["no regression beyond tolerance"]
 
 
@@ -65,4 +79,6 @@ def test_judgements_page_and_refuse_unknown_canaries(world, as_role) -> None:
     assert missing.status_code == 404
     assert "canary 999999 does not exist" in missing.json()["error"]["message"]
     assert client.get(f"/api/v1/canaries/{world['draft']}/judgements").json() == {
-        "items": [], "count": 0}
+        "items": [],
+        "count": 0,
+    }

@@ -24,8 +24,7 @@ def expected_status(endpoint, caller: str | None) -> int:
 
 @pytest.mark.parametrize("caller", CALLERS, ids=lambda c: c or "anonymous")
 @pytest.mark.parametrize("endpoint", ENDPOINTS, ids=lambda e: e.id)
-def test_session_permission_matrix(world, as_role, replay_dispatches, endpoint,
-                                   caller) -> None:
+def test_session_permission_matrix(world, as_role, replay_dispatches, endpoint, caller) -> None:
     response = call(as_role(caller), endpoint, world.ids)
     assert response.status_code == expected_status(endpoint, caller), response.content
     if response.status_code in (401, 403):
@@ -34,8 +33,7 @@ def test_session_permission_matrix(world, as_role, replay_dispatches, endpoint,
 
 @pytest.mark.parametrize("role", ROLES)
 @pytest.mark.parametrize("endpoint", [WRITES[0], WRITES[2], ENDPOINTS[1]], ids=lambda e: e.id)
-def test_api_tokens_carry_their_users_role(world, users, replay_dispatches, endpoint,
-                                           role) -> None:
+def test_api_tokens_carry_their_users_role(world, users, replay_dispatches, endpoint, role) -> None:
     response = call(token_client(users[role]), endpoint, world.ids)
     assert response.status_code == expected_status(endpoint, role), response.content
 
@@ -81,8 +79,9 @@ def test_session_writes_need_the_csrf_token(world, users) -> None:
     assert "CSRF" in refused.json()["error"]["message"]
     client.get("/admin/login/")  # sets the csrftoken cookie
     token = client.cookies["csrftoken"].value
-    accepted = client.post("/api/v1/clusters", body, content_type="application/json",
-                           headers={"X-CSRFToken": token})
+    accepted = client.post(
+        "/api/v1/clusters", body, content_type="application/json", headers={"X-CSRFToken": token}
+    )
     assert accepted.status_code == 201, accepted.content
 
 
@@ -98,8 +97,9 @@ def test_router_endpoints_accept_only_their_own_routers_token(world, endpoint) -
 
     from .conftest import SYSTEM
 
-    other_token, _ = create_router_deployment(SYSTEM, world["beta"], name="other",
-                                              host="127.0.0.1", port=8300)
+    other_token, _ = create_router_deployment(
+        SYSTEM, world["beta"], name="other", host="127.0.0.1", port=8300
+    )
     own = Client(headers={"Authorization": f"Bearer {world.router_token}"})
     other = Client(headers={"Authorization": f"Bearer {other_token}"})
     assert call(own, endpoint, world.ids).status_code == 200
@@ -121,8 +121,10 @@ def shape(path: str) -> str:
 def test_the_matrix_covers_every_operation_in_the_schema() -> None:
     from controlplane.api.api import api
 
-    operations = {(method.upper(), shape(path))
-                  for path, methods in api.get_openapi_schema()["paths"].items()
-                  for method in methods}
+    operations = {
+        (method.upper(), shape(path))
+        for path, methods in api.get_openapi_schema()["paths"].items()
+        for method in methods
+    }
     tabled = {(e.method, shape(e.path)) for e in ENDPOINTS + ROUTER_AGENT}
     assert operations == tabled

@@ -35,8 +35,7 @@ class Exchange:
             await asyncio.sleep(3600)
         chunk = min(CHUNK, self.size - self.pulled)
         self.pulled += chunk
-        return {"type": "http.request", "body": b"x" * chunk,
-                "more_body": self.pulled < self.size}
+        return {"type": "http.request", "body": b"x" * chunk, "more_body": self.pulled < self.size}
 
     async def send(self, message: dict[str, Any]) -> None:
         self.messages.append(message)
@@ -48,8 +47,9 @@ class Exchange:
 
     @property
     def text(self) -> str:
-        return b"".join(m.get("body", b"") for m in self.messages
-                        if m["type"] == "http.response.body").decode()
+        return b"".join(
+            m.get("body", b"") for m in self.messages if m["type"] == "http.response.body"
+        ).decode()
 
 
 def post(path: str, size: int, *, declare: bool = True, cookie: str = "") -> Exchange:
@@ -58,10 +58,20 @@ def post(path: str, size: int, *, declare: bool = True, cookie: str = "") -> Exc
         headers.append((b"content-length", str(size).encode()))
     if cookie:
         headers.append((b"cookie", cookie.encode()))
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
-             "method": "POST", "scheme": "http", "path": path, "raw_path": path.encode(),
-             "query_string": b"", "root_path": "", "headers": headers,
-             "client": ("127.0.0.1", 50000), "server": ("127.0.0.1", 8080)}
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8080),
+    }
     exchange = Exchange(size)
     async_to_sync(application)(scope, exchange.receive, exchange.send)
     return exchange
@@ -119,8 +129,9 @@ def test_an_operator_may_upload_up_to_the_upload_limit(world, users) -> None:
     cookie = session_of(users["operator"])
     within = post(upload_path(world), 10 * MIB, cookie=cookie)
     assert within.status != 413 and within.pulled == 10 * MIB  # Django read it (then 403: CSRF)
-    over = post(upload_path(world), settings.SWITCHYARD_MAX_TRACE_UPLOAD_BYTES + 2 * MIB,
-                cookie=cookie)
+    over = post(
+        upload_path(world), settings.SWITCHYARD_MAX_TRACE_UPLOAD_BYTES + 2 * MIB, cookie=cookie
+    )
     assert (over.status, over.pulled) == (413, 0)
     assert "65.0 MiB" in over.text  # 64 MiB of trace plus the form's other fields
 

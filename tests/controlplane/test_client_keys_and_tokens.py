@@ -30,9 +30,11 @@ def _document(cluster_id: int) -> dict:
 
 def test_a_client_key_is_shown_once_stored_hashed_and_published_as_a_hash(world, users):
     admin = session_client(users["admin"])
-    created = admin.post(f"/api/v1/clusters/{world['alpha']}/client-keys",
-                         {"name": "batch-jobs", "debug": True},
-                         content_type="application/json")
+    created = admin.post(
+        f"/api/v1/clusters/{world['alpha']}/client-keys",
+        {"name": "batch-jobs", "debug": True},
+        content_type="application/json",
+    )
     assert created.status_code == 201, created.content
     secret = created.json()["secret"]
     assert secret.startswith("syk_") and len(secret) > 40
@@ -53,12 +55,14 @@ def test_a_client_key_is_shown_once_stored_hashed_and_published_as_a_hash(world,
 def test_revoking_a_key_publishes_a_version_without_it(world, users):
     admin = session_client(users["admin"])
     path = f"/api/v1/clusters/{world['alpha']}/client-keys"
-    secret = admin.post(path, {"name": "to-revoke"}, content_type="application/json"
-                        ).json()["secret"]
+    secret = admin.post(path, {"name": "to-revoke"}, content_type="application/json").json()[
+        "secret"
+    ]
     key = ClientKey.objects.get(key_hash=_sha(secret))
     before = _document(world["alpha"])["version"]
-    revoked = admin.post(f"{path}/{key.pk}/revoke", {"reason": "leaked in a log"},
-                         content_type="application/json")
+    revoked = admin.post(
+        f"{path}/{key.pk}/revoke", {"reason": "leaked in a log"}, content_type="application/json"
+    )
     assert revoked.status_code == 200 and revoked.json()["revoked_at"]
     document = _document(world["alpha"])
     assert document["version"] == before + 1
@@ -66,30 +70,34 @@ def test_revoking_a_key_publishes_a_version_without_it(world, users):
     again = admin.post(f"{path}/{key.pk}/revoke", {}, content_type="application/json")
     assert again.status_code == 409
     # The name is free again once the old key is revoked.
-    assert admin.post(path, {"name": "to-revoke"}, content_type="application/json"
-                      ).status_code == 201
+    assert (
+        admin.post(path, {"name": "to-revoke"}, content_type="application/json").status_code == 201
+    )
 
 
 def test_requiring_keys_is_published_audited_and_needs_a_reason(world, users):
     admin = session_client(users["admin"])
     path = f"/api/v1/clusters/{world['alpha']}/client-auth"
-    refused = admin.put(path, {"required": True, "reason": " "},
-                        content_type="application/json")
+    refused = admin.put(path, {"required": True, "reason": " "}, content_type="application/json")
     assert refused.status_code == 400 and refused.json()["error"]["field"] == "reason"
-    switched = admin.put(path, {"required": True, "reason": "public endpoint"},
-                         content_type="application/json")
+    switched = admin.put(
+        path, {"required": True, "reason": "public endpoint"}, content_type="application/json"
+    )
     assert switched.status_code == 200 and switched.json()["required"] is True
     assert _document(world["alpha"])["client_auth"]["required"] is True
     operator = session_client(users["operator"])
-    assert operator.put(path, {"required": False, "reason": "x"},
-                        content_type="application/json").status_code == 403
+    assert (
+        operator.put(
+            path, {"required": False, "reason": "x"}, content_type="application/json"
+        ).status_code
+        == 403
+    )
 
 
 def test_duplicate_active_key_names_are_refused_clearly(world, users):
     admin = session_client(users["admin"])
     path = f"/api/v1/clusters/{world['alpha']}/client-keys"
-    assert admin.post(path, {"name": "dup"}, content_type="application/json"
-                      ).status_code == 201
+    assert admin.post(path, {"name": "dup"}, content_type="application/json").status_code == 201
     second = admin.post(path, {"name": "dup"}, content_type="application/json")
     assert second.status_code == 409 and second.json()["error"]["field"] == "name"
 
@@ -103,7 +111,8 @@ def test_api_tokens_expire(world, users):
     assert token.expires_at - timezone.now() <= datetime.timedelta(days=1)
     assert _bearer(secret).get("/api/v1/me").status_code == 200
     ApiToken.objects.filter(pk=token.pk).update(
-        expires_at=timezone.now() - datetime.timedelta(seconds=1))
+        expires_at=timezone.now() - datetime.timedelta(seconds=1)
+    )
     assert _bearer(secret).get("/api/v1/me").status_code == 401
     with pytest.raises(tokens.ServiceError):
         tokens.create_api_token(SYSTEM, users["operator"], "forever", valid_days=10_000)
@@ -111,8 +120,9 @@ def test_api_tokens_expire(world, users):
 
 def test_tokens_are_created_listed_and_revoked_through_the_api(world, users):
     viewer = session_client(users["viewer"])
-    created = viewer.post("/api/v1/tokens", {"name": "laptop", "valid_days": 7},
-                          content_type="application/json")
+    created = viewer.post(
+        "/api/v1/tokens", {"name": "laptop", "valid_days": 7}, content_type="application/json"
+    )
     assert created.status_code == 201, created.content
     secret, token_id = created.json()["secret"], created.json()["token"]["id"]
     assert _bearer(secret).get("/api/v1/me").json()["role"] == "viewer"
@@ -126,8 +136,9 @@ def test_tokens_are_created_listed_and_revoked_through_the_api(world, users):
     revoked = _bearer(secret).post(revoke, {}, content_type="application/json")
     assert revoked.status_code == 200 and revoked.json()["revoked"] is True
     assert _bearer(secret).get("/api/v1/me").status_code == 401
-    assert AuditEvent.objects.filter(action="api_token.revoke",
-                                     target_id=str(token_id)).count() == 1
+    assert (
+        AuditEvent.objects.filter(action="api_token.revoke", target_id=str(token_id)).count() == 1
+    )
 
 
 def test_an_admin_sees_and_revokes_anyones_token(world, users):
@@ -135,6 +146,12 @@ def test_an_admin_sees_and_revokes_anyones_token(world, users):
     secret, token = tokens.create_api_token(SYSTEM, owner, "ci")
     admin = session_client(users["admin"])
     assert token.pk in [t["id"] for t in admin.get("/api/v1/tokens").json()]
-    assert admin.post(f"/api/v1/tokens/{token.pk}/revoke", {"reason": "left the team"},
-                      content_type="application/json").status_code == 200
+    assert (
+        admin.post(
+            f"/api/v1/tokens/{token.pk}/revoke",
+            {"reason": "left the team"},
+            content_type="application/json",
+        ).status_code
+        == 200
+    )
     assert _bearer(secret).get("/api/v1/me").status_code == 401

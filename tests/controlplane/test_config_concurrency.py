@@ -35,5 +35,8 @@ def test_concurrent_changes_get_distinct_consecutive_numbers() -> None:
     for thread in threads:
         thread.join(timeout=30)
     assert errors == []
-    assert list(ConfigVersion.objects.filter(cluster=cluster).order_by("number")
-                .values_list("number", flat=True)) == list(range(1, 1 + 1 + len(threads)))
+    assert list(
+        ConfigVersion.objects.filter(cluster=cluster)
+        .order_by("number")
+        .values_list("number", flat=True)
+    ) == list(range(1, 1 + 1 + len(threads)))

@@ -19,8 +19,11 @@ from .endpoints import REASON
 
 
 def versions_of(cluster_id: int) -> list[int]:
-    return list(ConfigVersion.objects.filter(cluster_id=cluster_id)
-                .order_by("number").values_list("number", flat=True))
+    return list(
+        ConfigVersion.objects.filter(cluster_id=cluster_id)
+        .order_by("number")
+        .values_list("number", flat=True)
+    )
 
 
 @pytest.mark.django_db
@@ -28,8 +31,11 @@ def test_each_routing_change_adds_the_next_number(world, users) -> None:
     client = session_client(users["admin"])
     before = versions_of(world["alpha"])
     assert before == list(range(1, len(before) + 1))
-    for path in ("/api/v1/instances/{i0}/drain", "/api/v1/instances/{i0}/enable",
-                 "/api/v1/clusters/{alpha}/policies/{ll}/activate"):
+    for path in (
+        "/api/v1/instances/{i0}/drain",
+        "/api/v1/instances/{i0}/enable",
+        "/api/v1/clusters/{alpha}/policies/{ll}/activate",
+    ):
         response = client.post(path.format(**world.ids), REASON, content_type="application/json")
         assert response.status_code == 200, response.content
     after = versions_of(world["alpha"])
@@ -48,7 +54,8 @@ def test_changes_that_do_not_affect_routing_add_no_version(world, users) -> None
     response = session_client(users["admin"]).post(
         f"/api/v1/clusters/{world['alpha']}/policies",
         {"name": "spare-policy", "kind": "round_robin", "reason": "later"},
-        content_type="application/json")
+        content_type="application/json",
+    )
     assert response.status_code == 201
     assert versions_of(world["alpha"]) == before
 
@@ -67,14 +74,16 @@ def test_old_versions_are_immutable(world) -> None:
 @pytest.mark.django_db
 def test_unknown_version_number_is_404(world, users) -> None:
     response = session_client(users["viewer"]).get(
-        f"/api/v1/clusters/{world['alpha']}/config-versions/999")
+        f"/api/v1/clusters/{world['alpha']}/config-versions/999"
+    )
     assert response.status_code == 404
     assert "no config version 999" in response.json()["error"]["message"]
 
 
 @pytest.mark.django_db
 def test_activation_publishes_the_new_number_on_redis_after_commit(
-        world, users, django_capture_on_commit_callbacks) -> None:
+    world, users, django_capture_on_commit_callbacks
+) -> None:
     subscriber = redis.Redis.from_url(settings.REDIS_URL)
     pubsub = subscriber.pubsub(ignore_subscribe_messages=True)
     pubsub.subscribe(CONFIG_CHANNEL)
@@ -82,8 +91,10 @@ def test_activation_publishes_the_new_number_on_redis_after_commit(
         newest = versions_of(world["alpha"])[-1]
         with django_capture_on_commit_callbacks(execute=False) as callbacks:
             response = session_client(users["operator"]).post(
-                f"/api/v1/clusters/{world['alpha']}/policies/{world['ll']}/activate", REASON,
-                content_type="application/json")
+                f"/api/v1/clusters/{world['alpha']}/policies/{world['ll']}/activate",
+                REASON,
+                content_type="application/json",
+            )
             assert response.status_code == 200
         assert pubsub.get_message(timeout=0.2) is None  # nothing before the commit
         for callback in callbacks:
@@ -103,15 +114,21 @@ def test_router_fetches_the_current_document_and_reports_it_applied(world, users
     config = router.get(f"/api/v1/routers/{world['router']}/config")
     assert config.status_code == 200
     assert config.json() == {"version": newest.number, "document": newest.document}
-    unchanged = router.get(f"/api/v1/routers/{world['router']}/config",
-                           headers={"If-None-Match": config["ETag"]})
+    unchanged = router.get(
+        f"/api/v1/routers/{world['router']}/config", headers={"If-None-Match": config["ETag"]}
+    )
     assert unchanged.status_code == 304
 
-    beat = router.post(f"/api/v1/routers/{world['router']}/heartbeat",
-                       {"applied_version": newest.number, "state": {"inflight": 3}},
-                       content_type="application/json")
-    assert beat.json() == {"applied_version": newest.number,
-                           "current_version": newest.number, "is_current": True}
+    beat = router.post(
+        f"/api/v1/routers/{world['router']}/heartbeat",
+        {"applied_version": newest.number, "state": {"inflight": 3}},
+        content_type="application/json",
+    )
+    assert beat.json() == {
+        "applied_version": newest.number,
+        "current_version": newest.number,
+        "is_current": True,
+    }
     policies.activate_policy(SYSTEM, world["alpha"], world["ll"], reason="newer")
     listed = session_client(users["viewer"]).get(f"/api/v1/routers/{world['router']}").json()
     assert listed["applied_version"] == newest.number
@@ -122,7 +139,10 @@ def test_router_fetches_the_current_document_and_reports_it_applied(world, users
 @pytest.mark.django_db
 def test_heartbeat_with_a_version_that_does_not_exist_is_refused(world) -> None:
     router = Client(headers={"Authorization": f"Bearer {world.router_token}"})
-    response = router.post(f"/api/v1/routers/{world['router']}/heartbeat",
-                           {"applied_version": 999}, content_type="application/json")
+    response = router.post(
+        f"/api/v1/routers/{world['router']}/heartbeat",
+        {"applied_version": 999},
+        content_type="application/json",
+    )
     assert response.status_code == 400
     assert response.json()["error"]["field"] == "applied_version"

@@ -9,7 +9,11 @@ def test_percent_encoded_password_reaches_postgres_decoded() -> None:
     config = database_from_url("postgres://sw:p%40ss%2Fw%3Ard@db.example:6543/fleet")
     assert config["PASSWORD"] == "p@ss/w:rd"
     assert (config["USER"], config["HOST"], config["PORT"], config["NAME"]) == (
-        "sw", "db.example", "6543", "fleet")
+        "sw",
+        "db.example",
+        "6543",
+        "fleet",
+    )
     assert config["TEST"] == {"NAME": "test_fleet"}
     assert config["ENGINE"] == "django.db.backends.postgresql"
 
@@ -17,7 +21,11 @@ def test_percent_encoded_password_reaches_postgres_decoded() -> None:
 def test_unset_parts_take_the_local_defaults() -> None:
     config = database_from_url("postgresql://127.0.0.1")
     assert (config["USER"], config["PASSWORD"], config["PORT"], config["NAME"]) == (
-        "postgres", "", "5432", "switchyard")
+        "postgres",
+        "",
+        "5432",
+        "switchyard",
+    )
     assert config["CONN_MAX_AGE"] == 60 and config["CONN_HEALTH_CHECKS"] is True
     assert config["OPTIONS"]["connect_timeout"] == 3
 

@@ -22,15 +22,13 @@ def engine() -> Iterator[SimServer]:
 
 
 def _cluster_on(url: str):
-    cluster = clusters.create_cluster(SYSTEM, name="scraped", model="Qwen/Qwen2-7B",
-                                      gpu_type="h20")
+    cluster = clusters.create_cluster(SYSTEM, name="scraped", model="Qwen/Qwen2-7B", gpu_type="h20")
     clusters.add_instance(SYSTEM, cluster.pk, name="i0", url=url, reason="setup")
     return cluster
 
 
 def test_a_live_engine_is_scraped_into_last_scrape(db, engine):
-    body = {"model": "Qwen/Qwen2-7B-Instruct", "prompt": list(range(3000, 3064)),
-            "max_tokens": 2}
+    body = {"model": "Qwen/Qwen2-7B-Instruct", "prompt": list(range(3000, 3064)), "max_tokens": 2}
     httpx.post(engine.url(0) + "/v1/completions", json=body, timeout=10).raise_for_status()
     cluster = _cluster_on(engine.url(0))
     assert instance_health.scrape_cluster(cluster) == {"i0": True}
@@ -42,8 +40,10 @@ def test_a_live_engine_is_scraped_into_last_scrape(db, engine):
 
 def _vllm(text: str) -> httpx.Client:
     """A vLLM server enginesim cannot be (two data-parallel engines, or an older release)."""
+
     def answer(request: httpx.Request) -> httpx.Response:
         return httpx.Response(200, text=text if request.url.path == "/metrics" else "")
+
     return httpx.Client(transport=httpx.MockTransport(answer))
 
 
@@ -51,12 +51,21 @@ def test_kv_usage_is_the_mean_over_engines_as_the_router_reads_it(db):
     instance = _cluster_on("http://vllm:8000").instances.get()
     healthy, scraped = instance_health.scrape_instance(_vllm(CURRENT), instance)
     assert healthy
-    assert scraped == {"running": 5.0, "waiting": 1.0, "kv_usage": 0.5,
-                       "prefix_queries": 150.0, "prefix_hits": 50.0}
+    assert scraped == {
+        "running": 5.0,
+        "waiting": 1.0,
+        "kv_usage": 0.5,
+        "prefix_queries": 150.0,
+        "prefix_hits": 50.0,
+    }
 
 
 def test_an_older_vllm_is_read_by_its_older_names(db):
     instance = _cluster_on("http://vllm:8000").instances.get()
     _, scraped = instance_health.scrape_instance(_vllm(OLDER), instance)
-    assert scraped == {"running": 4.0, "kv_usage": 0.5, "prefix_queries": 200.0,
-                       "prefix_hits": 120.0}
+    assert scraped == {
+        "running": 4.0,
+        "kv_usage": 0.5,
+        "prefix_queries": 200.0,
+        "prefix_hits": 120.0,
+    }

@@ -42,25 +42,29 @@ def test_coefficients_follow_the_gpu_and_the_model() -> None:
     assert set(h20) == set(COEFFICIENT_FIELDS)
 
 
-@pytest.mark.parametrize("name", ["qwen2-7b", "Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct",
-                                  "Qwen2-7B-Instruct", " QWEN/QWEN2-7B "])
+@pytest.mark.parametrize(
+    "name",
+    ["qwen2-7b", "Qwen/Qwen2-7B", "Qwen/Qwen2-7B-Instruct", "Qwen2-7B-Instruct", " QWEN/QWEN2-7B "],
+)
 def test_model_spellings_of_one_model_resolve_alike(name: str) -> None:
     assert derive_coefficients("H20", name) == derive_coefficients("h20", "qwen2-7b")
 
 
-@pytest.mark.parametrize(("gpu", "model", "words"), [
-    ("b200", "qwen2-7b", ("GPU 'b200'", "h20")),
-    ("h20", "gpt-oss-120b", ("model 'gpt-oss-120b'", "qwen2-7b")),
-    ("l40s", "qwen3-32b", ("does not fit",)),
-])
+@pytest.mark.parametrize(
+    ("gpu", "model", "words"),
+    [
+        ("b200", "qwen2-7b", ("GPU 'b200'", "h20")),
+        ("h20", "gpt-oss-120b", ("model 'gpt-oss-120b'", "qwen2-7b")),
+        ("l40s", "qwen3-32b", ("does not fit",)),
+    ],
+)
 def test_unknown_hardware_is_an_error_not_another_gpus_numbers(gpu, model, words) -> None:
     with pytest.raises(UnknownHardwareError) as info:
         derive_coefficients(gpu, model)
     assert all(word in str(info.value) for word in words)
 
 
-def test_created_policy_gets_the_clusters_coefficients_and_the_audit_row_shows_them(
-        world) -> None:
+def test_created_policy_gets_the_clusters_coefficients_and_the_audit_row_shows_them(world) -> None:
     policy = policies.create_policy(SYSTEM, world["alpha"], name="pt", kind="predicted_ttft")
     expected = {**FALLBACK_COEFFICIENTS, "use_measured_prefill_tps": False}  # alpha: h20
     assert policy.params == expected
@@ -70,10 +74,15 @@ def test_created_policy_gets_the_clusters_coefficients_and_the_audit_row_shows_t
 
 
 def test_coefficients_the_operator_set_are_kept(world) -> None:
-    set_by_hand = {"prefill_tps": 1234.5, "chunk_tokens": 4096, "decode_seq_s": 0.0,
-                   "use_measured_prefill_tps": True}
-    policy = policies.create_policy(SYSTEM, world["alpha"], name="pt", kind="predicted_ttft",
-                                    params=set_by_hand)
+    set_by_hand = {
+        "prefill_tps": 1234.5,
+        "chunk_tokens": 4096,
+        "decode_seq_s": 0.0,
+        "use_measured_prefill_tps": True,
+    }
+    policy = policies.create_policy(
+        SYSTEM, world["alpha"], name="pt", kind="predicted_ttft", params=set_by_hand
+    )
     assert policy.params == {**FALLBACK_COEFFICIENTS, **set_by_hand}
 
 
@@ -90,10 +99,14 @@ def post(client, path: str, body: Any):
 
 
 def test_api_fills_from_another_clusters_hardware(users) -> None:
-    cluster = clusters.create_cluster(SYSTEM, name="hopper", model="meta-llama/Llama-3.1-8B",
-                                      gpu_type="h100")
-    response = post(session_client(users["operator"]), f"/api/v1/clusters/{cluster.pk}/policies",
-                    {"name": "pt", "kind": "predicted_ttft", "params": {"min_step_s": None}})
+    cluster = clusters.create_cluster(
+        SYSTEM, name="hopper", model="meta-llama/Llama-3.1-8B", gpu_type="h100"
+    )
+    response = post(
+        session_client(users["operator"]),
+        f"/api/v1/clusters/{cluster.pk}/policies",
+        {"name": "pt", "kind": "predicted_ttft", "params": {"min_step_s": None}},
+    )
     assert response.status_code == 201, response.content
     derived = derive_coefficients("h100", "llama-3.1-8b")
     assert response.json()["params"] == {**derived, "use_measured_prefill_tps": False}
@@ -101,69 +114,108 @@ def test_api_fills_from_another_clusters_hardware(users) -> None:
 
 
 def test_unknown_hardware_is_refused_naming_the_first_unset_field(users) -> None:
-    cluster = clusters.create_cluster(SYSTEM, name="blackwell", model="Qwen/Qwen2-7B",
-                                      gpu_type="b200")
+    cluster = clusters.create_cluster(
+        SYSTEM, name="blackwell", model="Qwen/Qwen2-7B", gpu_type="b200"
+    )
     operator = session_client(users["operator"])
     path = f"/api/v1/clusters/{cluster.pk}/policies"
-    response = post(operator, path, {"name": "pt", "kind": "predicted_ttft",
-                                     "params": {"prefill_tps": 20000.0}})
+    response = post(
+        operator, path, {"name": "pt", "kind": "predicted_ttft", "params": {"prefill_tps": 20000.0}}
+    )
     assert response.status_code == 400, response.content
     error = response.json()["error"]
     assert error["field"] == "params.step_overhead_s"
     assert "b200" in error["message"] and "params.chunk_tokens" in error["message"]
     assert not Policy.objects.filter(cluster=cluster).exists()
     # every coefficient set by hand: nothing to derive, so the hardware does not matter
-    response = post(operator, path, {"name": "pt", "kind": "predicted_ttft",
-                                     "params": {**FALLBACK_COEFFICIENTS, "prefill_tps": 2e4}})
+    response = post(
+        operator,
+        path,
+        {
+            "name": "pt",
+            "kind": "predicted_ttft",
+            "params": {**FALLBACK_COEFFICIENTS, "prefill_tps": 2e4},
+        },
+    )
     assert response.status_code == 201, response.content
     assert response.json()["params"]["prefill_tps"] == 2e4
 
 
 def test_service_error_for_unknown_hardware_names_the_field(world) -> None:
-    cluster = clusters.create_cluster(SYSTEM, name="mystery", model="Qwen/Qwen2-7B",
-                                      gpu_type="mi300x")
+    cluster = clusters.create_cluster(
+        SYSTEM, name="mystery", model="Qwen/Qwen2-7B", gpu_type="mi300x"
+    )
     with pytest.raises(ServiceError) as info:
         complete_params("predicted_ttft", {"prefill_tps": None}, cluster)
     assert info.value.field == "params.prefill_tps"
 
 
-def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
-                                                                          users) -> None:
+def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world, users) -> None:
     viewer = session_client(users["viewer"])
-    form = viewer.get(reverse("web:policy_params", args=[world["alpha"]]),
-                      {"kind": "predicted_ttft"}).content.decode()
+    form = viewer.get(
+        reverse("web:policy_params", args=[world["alpha"]]), {"kind": "predicted_ttft"}
+    ).content.decode()
     for name in COEFFICIENT_FIELDS:
         assert f'name="param.{name}"' in form
-        assert f'name="param.{name}" step="{"1" if name == "chunk_tokens" else "any"}" ' \
-               f'value=""' in form  # blank: not the H20 values, which would then be posted
+        assert (
+            f'name="param.{name}" step="{"1" if name == "chunk_tokens" else "any"}" '
+            f'value=""' in form
+        )  # blank: not the H20 values, which would then be posted
     assert "derived from the cluster" in form
     blank = {f"param.{name}": "" for name in COEFFICIENT_FIELDS}
     response = session_client(users["operator"]).post(
         reverse("web:policy_apply", args=[world["alpha"]]),
-        {"policy": "new", "name": "pt-web", "kind": "predicted_ttft", "reason": REASON,
-         "confirm": "yes", **blank, "param.chunk_tokens": "4096"})
+        {
+            "policy": "new",
+            "name": "pt-web",
+            "kind": "predicted_ttft",
+            "reason": REASON,
+            "confirm": "yes",
+            **blank,
+            "param.chunk_tokens": "4096",
+        },
+    )
     assert response.status_code == 302, response.content.decode()[:2000]
     policy = Policy.objects.get(cluster_id=world["alpha"], name="pt-web")
-    assert policy.params == {**FALLBACK_COEFFICIENTS, "chunk_tokens": 4096,
-                             "use_measured_prefill_tps": False}
+    assert policy.params == {
+        **FALLBACK_COEFFICIENTS,
+        "chunk_tokens": 4096,
+        "use_measured_prefill_tps": False,
+    }
 
 
 def test_replay_specs_get_the_clusters_coefficients(world, users, replay_dispatches) -> None:
-    response = post(session_client(users["operator"]), f"/api/v1/clusters/{world['alpha']}/replays",
-                    {"trace": "shared:mooncake_synthetic_trace.jsonl", "reason": REASON,
-                     "policies": [{"kind": "predicted_ttft", "params": {"prefill_tps": 3000}},
-                                  {"kind": "lmetric"}]})
+    response = post(
+        session_client(users["operator"]),
+        f"/api/v1/clusters/{world['alpha']}/replays",
+        {
+            "trace": "shared:mooncake_synthetic_trace.jsonl",
+            "reason": REASON,
+            "policies": [
+                {"kind": "predicted_ttft", "params": {"prefill_tps": 3000}},
+                {"kind": "lmetric"},
+            ],
+        },
+    )
     assert response.status_code == 202, response.content
     job = ReplayJob.objects.get(pk=response.json()["replay"]["id"])
-    assert job.inputs["policies"][0]["params"] == {**FALLBACK_COEFFICIENTS, "prefill_tps": 3000,
-                                                   "use_measured_prefill_tps": False}
+    assert job.inputs["policies"][0]["params"] == {
+        **FALLBACK_COEFFICIENTS,
+        "prefill_tps": 3000,
+        "use_measured_prefill_tps": False,
+    }
 
 
 def test_replay_on_unknown_hardware_names_the_spec_and_field(users, replay_dispatches) -> None:
-    cluster = clusters.create_cluster(SYSTEM, name="future", model="Qwen/Qwen2-7B",
-                                      gpu_type="b200")
-    response = post(session_client(users["operator"]), f"/api/v1/clusters/{cluster.pk}/replays",
-                    {"trace": "shared:mooncake_synthetic_trace.jsonl", "reason": REASON,
-                     "policies": [{"kind": "lmetric"}, {"kind": "predicted_ttft"}]})
+    cluster = clusters.create_cluster(SYSTEM, name="future", model="Qwen/Qwen2-7B", gpu_type="b200")
+    response = post(
+        session_client(users["operator"]),
+        f"/api/v1/clusters/{cluster.pk}/replays",
+        {
+            "trace": "shared:mooncake_synthetic_trace.jsonl",
+            "reason": REASON,
+            "policies": [{"kind": "lmetric"}, {"kind": "predicted_ttft"}],
+        },
+    )
     assert response.status_code == 400, response.content
     assert response.json()["error"]["field"] == "policies.1.params.prefill_tps"

@@ -20,17 +20,21 @@ from controlplane.services.replays import REPLAY_TASK
 from .conftest import session_client
 
 pytestmark = pytest.mark.django_db
-REPLAY = {"trace": "shared:mooncake_synthetic_trace.jsonl", "policies": [{"kind": "lmetric"}],
-          "rate_scale": 2.0, "reason": "what if"}
+REPLAY = {
+    "trace": "shared:mooncake_synthetic_trace.jsonl",
+    "policies": [{"kind": "lmetric"}],
+    "rate_scale": 2.0,
+    "reason": "what if",
+}
 
 
 def request_replay(client, world):
-    return client.post(f"/api/v1/clusters/{world['alpha']}/replays", REPLAY,
-                       content_type="application/json")
+    return client.post(
+        f"/api/v1/clusters/{world['alpha']}/replays", REPLAY, content_type="application/json"
+    )
 
 
-def test_replay_is_created_queued_and_sent_by_task_name(world, users,
-                                                        replay_dispatches) -> None:
+def test_replay_is_created_queued_and_sent_by_task_name(world, users, replay_dispatches) -> None:
     response = request_replay(session_client(users["operator"]), world)
     assert response.status_code == 202
     body = response.json()
@@ -61,8 +65,11 @@ def test_replay_task_message_lands_in_the_real_broker(world, users) -> None:
     job_id = response.json()["replay"]["id"]
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
-        queued = [m for m in client.lrange("replays", 0, -1)
-                  if json.loads(m)["headers"].get("task") == REPLAY_TASK]
+        queued = [
+            m
+            for m in client.lrange("replays", 0, -1)
+            if json.loads(m)["headers"].get("task") == REPLAY_TASK
+        ]
         for message in queued:  # leave nothing for a worker of another test to pick up
             client.lrem("replays", 0, message)
     finally:
@@ -103,7 +110,8 @@ def test_router_creation_returns_a_token_once_and_stores_only_its_hash(world, us
     response = session_client(users["admin"]).post(
         f"/api/v1/clusters/{world['alpha']}/routers",
         {"name": "r7", "host": "10.0.0.7", "port": 8107, "reason": "new host"},
-        content_type="application/json")
+        content_type="application/json",
+    )
     assert response.status_code == 201
     token = response.json()["token"]
     router_id = response.json()["router"]["id"]
@@ -111,5 +119,6 @@ def test_router_creation_returns_a_token_once_and_stores_only_its_hash(world, us
     fetched = session_client(users["admin"]).get(f"/api/v1/routers/{router_id}").json()
     assert "token" not in fetched and "token_hash" not in fetched
     config = Client(headers={"Authorization": f"Bearer {token}"}).get(
-        f"/api/v1/routers/{router_id}/config")
+        f"/api/v1/routers/{router_id}/config"
+    )
     assert config.status_code == 200 and config.json()["document"]["cluster"] == "alpha"

@@ -44,11 +44,12 @@ class InTransactionWSGI:
 
 # Coverage phase (boundary and invalid values of every parameter) plus fuzzing; of the
 # "wrong method" probes only PATCH, since every method is routed the same way.
-CONFIG = schemathesis.Config.from_dict({
-    "phases": {"coverage": {"unexpected-methods": ["patch"]}, "stateful": {"enabled": False}},
-})
-schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", InTransactionWSGI(),
-                                        config=CONFIG)
+CONFIG = schemathesis.Config.from_dict(
+    {
+        "phases": {"coverage": {"unexpected-methods": ["patch"]}, "stateful": {"enabled": False}},
+    }
+)
+schema = schemathesis.openapi.from_wsgi("/api/v1/openapi.json", InTransactionWSGI(), config=CONFIG)
 
 
 @pytest.fixture
@@ -59,8 +60,8 @@ def admin_token(world, users) -> str:
 
 @pytest.mark.django_db
 @schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None,
-          suppress_health_check=list(HealthCheck))
+@settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 def test_no_input_makes_the_api_fail_with_a_5xx(case, admin_token, replay_dispatches) -> None:
-    case.call_and_validate(headers={"Authorization": f"Bearer {admin_token}"},
-                           checks=[not_a_server_error])
+    case.call_and_validate(
+        headers={"Authorization": f"Bearer {admin_token}"}, checks=[not_a_server_error]
+    )

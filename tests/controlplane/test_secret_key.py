@@ -7,14 +7,19 @@ import os
 import subprocess
 import sys
 
-SETUP = ("import django; django.setup(); from django.conf import settings; "
-         "print(settings.SECRET_KEY)")
+SETUP = (
+    "import django; django.setup(); from django.conf import settings; print(settings.SECRET_KEY)"
+)
 
 
 def _start(**env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if k != "SWITCHYARD_SECRET_KEY"}
-    return subprocess.run([sys.executable, "-c", SETUP], capture_output=True, text=True,
-                          env={**base, "DJANGO_SETTINGS_MODULE": "controlplane.settings", **env})
+    return subprocess.run(
+        [sys.executable, "-c", SETUP],
+        capture_output=True,
+        text=True,
+        env={**base, "DJANGO_SETTINGS_MODULE": "controlplane.settings", **env},
+    )
 
 
 def test_start_fails_with_a_clear_message_without_a_secret_key() -> None:

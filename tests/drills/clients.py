@@ -53,8 +53,9 @@ def body(tag: str, stream: bool, max_tokens: int = 24) -> dict:
     return {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
 
 
-async def one(client: httpx.AsyncClient, url: str, payload: dict,
-              transport: str = "lost") -> tuple[str, str]:
+async def one(
+    client: httpx.AsyncClient, url: str, payload: dict, transport: str = "lost"
+) -> tuple[str, str]:
     """(verdict, detail) of one request; a refused or cut connection counts as ``transport``
     (a clear failure where the router itself is the thing being killed)."""
     try:
@@ -81,14 +82,19 @@ class Load:
     pause_s: float = 0.0
     transport: str = "lost"
 
-    async def run(self, count: int | None = None, until: Callable[[], bool] | None = None,
-                  ) -> Outcome:
+    async def run(
+        self,
+        count: int | None = None,
+        until: Callable[[], bool] | None = None,
+    ) -> Outcome:
         outcome = Outcome()
         counter = iter(range(10**9))
         limits = httpx.Limits(max_connections=self.concurrency * 2)
 
-        async with httpx.AsyncClient(timeout=self.timeout_s, limits=limits,
-                                     trust_env=False) as client:
+        async with httpx.AsyncClient(
+            timeout=self.timeout_s, limits=limits, trust_env=False
+        ) as client:
+
             async def worker() -> None:
                 while True:
                     k = next(counter)
@@ -111,13 +117,20 @@ def run_for(url: str, seconds: float, **options: float) -> Outcome:
     return asyncio.run(load.run(until=lambda: time.monotonic() >= deadline))
 
 
-async def steady(url: str, rate: float, seconds: float, max_tokens: int = 32,
-                 timeout_s: float = 30.0, prompts: int | None = None) -> Outcome:
+async def steady(
+    url: str,
+    rate: float,
+    seconds: float,
+    max_tokens: int = 32,
+    timeout_s: float = 30.0,
+    prompts: int | None = None,
+) -> Outcome:
     """Open-loop load: one request every ``1/rate`` s for ``seconds``, stream and not;
     cycling through ``prompts`` distinct prompts when given (else all unique)."""
     outcome = Outcome()
     limits = httpx.Limits(max_connections=256)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits, trust_env=False) as client:
+
         async def send(k: int) -> None:
             tag = k if prompts is None else k % prompts
             payload = body(f"soak{tag}-", stream=k % 2 == 0, max_tokens=max_tokens)

@@ -52,13 +52,19 @@ class Outcome:
             self.clear_kinds[kind] = self.clear_kinds.get(kind, 0) + count
 
 
-def record(scenario: str, outcome: Outcome, recovery_s: float | None, notes: str = "",
-           **extra: Any) -> None:
+def record(
+    scenario: str, outcome: Outcome, recovery_s: float | None, notes: str = "", **extra: Any
+) -> None:
     """Merge one drill's row into the results file (safe for concurrent writers)."""
     RESULTS.parent.mkdir(exist_ok=True)
-    row = {"scenario": scenario, **asdict(outcome),
-           "recovery_s": None if recovery_s is None else round(recovery_s, 2),
-           "notes": notes, "at": time.strftime("%Y-%m-%d %H:%M:%S"), **extra}
+    row = {
+        "scenario": scenario,
+        **asdict(outcome),
+        "recovery_s": None if recovery_s is None else round(recovery_s, 2),
+        "notes": notes,
+        "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        **extra,
+    }
     with open(RESULTS.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         rows = load()

@@ -52,8 +52,9 @@ print("SEED" + json.dumps({{"cluster": cluster.pk, "deployment": deployment.pk,
 
 def _as_postgres(*args: str, cwd: str = "/") -> subprocess.CompletedProcess[str]:
     prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    return subprocess.run([*prefix, *args], check=True, capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+    return subprocess.run(
+        [*prefix, *args], check=True, capture_output=True, text=True, cwd=cwd, timeout=120
+    )
 
 
 @dataclass
@@ -72,16 +73,40 @@ class PrivatePostgres:
     def init(self) -> None:
         if os.geteuid() == 0:
             shutil.chown(self.root, "postgres", "postgres")
-        _as_postgres(str(PG_BIN / "initdb"), "-D", str(self.data), "-U", "postgres",
-                     "--auth=trust", "-E", "UTF8")
+        _as_postgres(
+            str(PG_BIN / "initdb"),
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "-E",
+            "UTF8",
+        )
         self.start()
-        _as_postgres(str(PG_BIN / "createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-                     "-U", "postgres", "switchyard")
+        _as_postgres(
+            str(PG_BIN / "createdb"),
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "switchyard",
+        )
 
     def start(self) -> None:
-        _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-l",
-                     str(self.root / "pg.log"), "-w", "-o",
-                     f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1", "start")
+        _as_postgres(
+            str(PG_BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.root / "pg.log"),
+            "-w",
+            "-o",
+            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1",
+            "start",
+        )
 
     def stop(self) -> None:
         _as_postgres(str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
@@ -119,8 +144,14 @@ class Stack:
         return self.root / f"{name}.log"
 
     def manage(self, *args: str) -> str:
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=REPO, env=self.env,
-                              capture_output=True, text=True, timeout=180)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=REPO,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         if done.returncode:
             raise RuntimeError(f"manage.py {args[0]} failed: {done.stderr[-2000:]}")
         return done.stdout
@@ -131,22 +162,52 @@ class Stack:
         return process
 
     def start_web(self) -> None:
-        process = self.spawn("web", [str(BIN / "uvicorn"), "controlplane.asgi:application",
-                                     "--host", "127.0.0.1", "--port", str(self.cp_port),
-                                     "--no-access-log"])
-        wait_until(lambda: httpx.get(self.cp_url + "/healthz", timeout=2).status_code < 500,
-                   60, "control plane", process)
+        process = self.spawn(
+            "web",
+            [
+                str(BIN / "uvicorn"),
+                "controlplane.asgi:application",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.cp_port),
+                "--no-access-log",
+            ],
+        )
+        wait_until(
+            lambda: httpx.get(self.cp_url + "/healthz", timeout=2).status_code < 500,
+            60,
+            "control plane",
+            process,
+        )
 
     def stop_web(self) -> None:
         stop_process(self.processes.pop("web"))
 
     def start_routers_worker(self) -> None:
-        self.spawn("routers-worker", [
-            str(BIN / "celery"), "-A", "controlplane", "worker", "-Q",
-            f"routers,routers.{ROUTER_HOST}", "-P", "solo", "-n", "drill-routers@%h",
-            "--supervise-routers", "--loglevel", "INFO"])
-        wait_until(lambda: httpx.get(self.router_url + "/health", timeout=1).status_code == 200,
-                   60, "supervised router to serve")
+        self.spawn(
+            "routers-worker",
+            [
+                str(BIN / "celery"),
+                "-A",
+                "controlplane",
+                "worker",
+                "-Q",
+                f"routers,routers.{ROUTER_HOST}",
+                "-P",
+                "solo",
+                "-n",
+                "drill-routers@%h",
+                "--supervise-routers",
+                "--loglevel",
+                "INFO",
+            ],
+        )
+        wait_until(
+            lambda: httpx.get(self.router_url + "/health", timeout=1).status_code == 200,
+            60,
+            "supervised router to serve",
+        )
 
     def start_publisher(self) -> None:
         self.spawn("publisher", [sys.executable, str(REPO / "manage.py"), "run_publisher"])
@@ -174,21 +235,33 @@ def build_stack(engine_urls: list[str]) -> Stack:
     redis = PrivateRedis(free_ports(1), str(root))
     cp_port, router_port = free_ports(1), free_ports(1)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    env.update({
-        "DJANGO_SETTINGS_MODULE": "controlplane.settings", "PYTHONPATH": str(REPO),
-        "PYTHONUNBUFFERED": "1", "SWITCHYARD_DATABASE_URL": postgres.url,
-        "SWITCHYARD_REDIS_URL": redis.url, "SWITCHYARD_SECRET_KEY": SECRET_KEY,
-        "SWITCHYARD_CONTROL_PLANE_URL": f"http://127.0.0.1:{cp_port}",
-        "SWITCHYARD_ROUTER_HOST": ROUTER_HOST, "SWITCHYARD_VAR_DIR": str(root / "var"),
-        "SWITCHYARD_CHANNEL_PREFIX": "drill:asgi",
-    })
+    env.update(
+        {
+            "DJANGO_SETTINGS_MODULE": "controlplane.settings",
+            "PYTHONPATH": str(REPO),
+            "PYTHONUNBUFFERED": "1",
+            "SWITCHYARD_DATABASE_URL": postgres.url,
+            "SWITCHYARD_REDIS_URL": redis.url,
+            "SWITCHYARD_SECRET_KEY": SECRET_KEY,
+            "SWITCHYARD_CONTROL_PLANE_URL": f"http://127.0.0.1:{cp_port}",
+            "SWITCHYARD_ROUTER_HOST": ROUTER_HOST,
+            "SWITCHYARD_VAR_DIR": str(root / "var"),
+            "SWITCHYARD_CHANNEL_PREFIX": "drill:asgi",
+        }
+    )
     stack = Stack(root, postgres, redis, cp_port, router_port, env)
     try:
         postgres.init()
         redis.start()
         stack.manage("migrate", "--noinput")
-        spec = json.dumps({"model": "Qwen/Qwen2-7B-Instruct", "urls": engine_urls,
-                           "router_port": router_port, "password": OPERATOR_PASSWORD})
+        spec = json.dumps(
+            {
+                "model": "Qwen/Qwen2-7B-Instruct",
+                "urls": engine_urls,
+                "router_port": router_port,
+                "password": OPERATOR_PASSWORD,
+            }
+        )
         out = stack.manage("shell", "-c", SEED.format(spec=spec, host=ROUTER_HOST))
         stack.seed = json.loads(out.split("SEED", 1)[1])
         stack.start_web()

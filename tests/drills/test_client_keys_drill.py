@@ -47,8 +47,11 @@ def stack(drill_fleet: Fleet) -> Iterator[Stack]:
 class Admin:
     def __init__(self, stack: Stack) -> None:
         token = stack.manage("shell", "-c", ADMIN_SEED).split("TOKEN", 1)[1].strip()
-        self.client = httpx.Client(base_url=stack.cp_url + "/api/v1", timeout=10,
-                                   headers={"Authorization": f"Bearer {token}"})
+        self.client = httpx.Client(
+            base_url=stack.cp_url + "/api/v1",
+            timeout=10,
+            headers={"Authorization": f"Bearer {token}"},
+        )
         self.cluster = stack.seed["cluster"]
 
     def call(self, method: str, path: str, payload: dict) -> dict:
@@ -74,8 +77,12 @@ def _send(stack: Stack, key: str | None, debug: bool = False) -> httpx.Response:
     headers = {"x-switchyard-debug": "1"} if debug else {}
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
-    return httpx.post(stack.router_url + "/v1/completions", json=body("keys", False, 4),
-                      headers=headers, timeout=30)
+    return httpx.post(
+        stack.router_url + "/v1/completions",
+        json=body("keys", False, 4),
+        headers=headers,
+        timeout=30,
+    )
 
 
 def _judge(outcome: Outcome, response: httpx.Response, want: int, label: str) -> None:
@@ -83,8 +90,9 @@ def _judge(outcome: Outcome, response: httpx.Response, want: int, label: str) ->
     verdict = judge_whole(response.status_code, response.text)
     expected = "ok" if want == 200 else "clear"
     right = response.status_code == want and verdict == expected
-    outcome.add(verdict if right else "lost", f"{label}: {response.status_code} "
-                                              f"{response.text[:120]}")
+    outcome.add(
+        verdict if right else "lost", f"{label}: {response.status_code} {response.text[:120]}"
+    )
 
 
 def _router_environment(pid: int) -> str:
@@ -94,10 +102,14 @@ def _router_environment(pid: int) -> str:
 def test_client_keys_are_enforced_and_revocation_reaches_the_running_router(stack):
     admin = Admin(stack)
     plain = admin.call("POST", "/clusters/{cluster}/client-keys", {"name": "svc"})["secret"]
-    debug = admin.call("POST", "/clusters/{cluster}/client-keys",
-                       {"name": "dbg", "debug": True})["secret"]
-    admin.call("PUT", "/clusters/{cluster}/client-auth",
-               {"required": True, "reason": "drill: keys required"})
+    debug = admin.call("POST", "/clusters/{cluster}/client-keys", {"name": "dbg", "debug": True})[
+        "secret"
+    ]
+    admin.call(
+        "PUT",
+        "/clusters/{cluster}/client-auth",
+        {"required": True, "reason": "drill: keys required"},
+    )
     version = admin.current_version()
     wait_until(lambda: (_applied(stack) or 0) >= version, 20, "router to apply the keys")
     outcome = Outcome()
@@ -112,11 +124,15 @@ def test_client_keys_are_enforced_and_revocation_reaches_the_running_router(stac
         _judge(outcome, answer, 200, "debug key")
         if "x-switchyard-scores" not in answer.headers:
             outcome.add("lost", "debug key got no scores")
-    key_id = next(k["id"] for k in admin.client.get(
-        f"/clusters/{admin.cluster}/client-keys").json() if k["name"] == "svc")
+    key_id = next(
+        k["id"]
+        for k in admin.client.get(f"/clusters/{admin.cluster}/client-keys").json()
+        if k["name"] == "svc"
+    )
     revoked_at = time.monotonic()
-    admin.call("POST", f"/clusters/{{cluster}}/client-keys/{key_id}/revoke",
-               {"reason": "drill: leaked"})
+    admin.call(
+        "POST", f"/clusters/{{cluster}}/client-keys/{key_id}/revoke", {"reason": "drill: leaked"}
+    )
     recovery = None
     while time.monotonic() - revoked_at < REVOCATION_BOUND_S:
         _judge(outcome, _send(stack, debug), 200, "debug key during revocation")
@@ -129,13 +145,24 @@ def test_client_keys_are_enforced_and_revocation_reaches_the_running_router(stac
         time.sleep(0.1)
     heartbeat = admin.client.get(f"/routers/{stack.seed['deployment']}").json()["heartbeat"]
     environment = _router_environment(int(heartbeat["pid"]))
-    leaked = [secret for secret in (SECRET_KEY, stack.postgres.url,
-                                    "SWITCHYARD_DATABASE_URL", "SWITCHYARD_SECRET_KEY")
-              if secret in environment]
-    record("client keys: required, debug right, revocation", outcome, recovery,
-           notes="anonymous/wrong key -> 401, plain key served without internals, debug key "
-                 "gets scores; recovery_s = revoke API call -> first 401 for the revoked key "
-                 f"(bound {REVOCATION_BOUND_S:.0f} s); router env holds no worker secret")
+    leaked = [
+        secret
+        for secret in (
+            SECRET_KEY,
+            stack.postgres.url,
+            "SWITCHYARD_DATABASE_URL",
+            "SWITCHYARD_SECRET_KEY",
+        )
+        if secret in environment
+    ]
+    record(
+        "client keys: required, debug right, revocation",
+        outcome,
+        recovery,
+        notes="anonymous/wrong key -> 401, plain key served without internals, debug key "
+        "gets scores; recovery_s = revoke API call -> first 401 for the revoked key "
+        f"(bound {REVOCATION_BOUND_S:.0f} s); router env holds no worker secret",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert recovery is not None, "the revoked key was still accepted"
     assert leaked == []

@@ -26,18 +26,22 @@ def _arms(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
 
 
 CASES = [
-    ("policy w out of range", {"policy": {"kind": "linear", "params": {"w": 7}}},
-     ".w: "),
-    ("policy param wrong type", {"policy": {"kind": "smetric",
-                                            "params": {"slo_ttft_s": "fast"}}}, "slo_ttft_s"),
-    ("policy unknown param", {"policy": {"kind": "cache_aware", "params": {"bogus": 1}}},
-     "bogus"),
+    ("policy w out of range", {"policy": {"kind": "linear", "params": {"w": 7}}}, ".w: "),
+    (
+        "policy param wrong type",
+        {"policy": {"kind": "smetric", "params": {"slo_ttft_s": "fast"}}},
+        "slo_ttft_s",
+    ),
+    ("policy unknown param", {"policy": {"kind": "cache_aware", "params": {"bogus": 1}}}, "bogus"),
     ("policy unknown kind", {"policy": {"kind": "fastest"}}, "unknown policy kind"),
     ("weights sum to 90", {"canary": _arms({"weight": 40}, {})}, "weight must sum to 100"),
     ("weights sum to 110", {"canary": _arms({"weight": 60}, {})}, "weight must sum to 100"),
     ("negative weight", {"canary": _arms({"weight": -10}, {"weight": 110})}, "weight"),
-    ("overlapping subsets", {"canary": _arms({}, {"instances": ["i1", "i2"]})},
-     "arms.instances overlap"),
+    (
+        "overlapping subsets",
+        {"canary": _arms({}, {"instances": ["i1", "i2"]})},
+        "arms.instances overlap",
+    ),
     ("empty subset", {"canary": _arms({}, {"instances": []})}, "instances"),
     ("unknown instance in arm", {"canary": _arms({}, {"instances": ["i9"]})}, "i9"),
     ("duplicate arm names", {"canary": _arms({}, {"name": "baseline"})}, "arms.name"),
@@ -63,10 +67,17 @@ def test_router_refuses_invalid_configs_naming_the_field(router, drill_fleet):
         refused = response.status_code == 400 and named in message
         outcome.add("clear" if refused else "lost", f"{label}: {response.status_code} {message}")
     applied = httpx.get(url, headers=router.admin_headers, timeout=10).json()
-    routed = httpx.post(router.url + "/v1/completions", timeout=30,
-                        json={"model": MODEL, "prompt": "still routing", "max_tokens": 2})
-    record("invalid policy/canary config to router", outcome, None,
-           notes="each refused 400 naming the field; old config v5 kept")
+    routed = httpx.post(
+        router.url + "/v1/completions",
+        timeout=30,
+        json={"model": MODEL, "prompt": "still routing", "max_tokens": 2},
+    )
+    record(
+        "invalid policy/canary config to router",
+        outcome,
+        None,
+        notes="each refused 400 naming the field; old config v5 kept",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert applied["version"] == 5 and applied["canary"] is None
     assert routed.status_code == 200

@@ -42,8 +42,9 @@ def busy_on(router: Router, name: str, timeout: float) -> None:
         time.sleep(0.01)
 
 
-def fault_under_load(fleet: Fleet, router: Router, index: int, mode: str
-                     ) -> tuple[Outcome, float | None]:
+def fault_under_load(
+    fleet: Fleet, router: Router, index: int, mode: str
+) -> tuple[Outcome, float | None]:
     """Load the router, inject the fault, keep loading briefly after it is marked down."""
     stop = threading.Event()
     load = Load(router.url + "/v1/completions", concurrency=8, max_tokens=1500)
@@ -74,10 +75,14 @@ def test_engine_fault_under_load(drill_fleet, router_factory, mode):
     back_s = wait_health(router, f"i{index}", "healthy", timeout=30)
     after = asyncio.run(Load(router.url + "/v1/completions", concurrency=4).run(count=40))
     outcome.merge(after)
-    record(f"engine {mode} under load", outcome, back_s,
-           notes=f"marked down after {down_s if down_s is None else round(down_s, 2)} s "
-                 f"(bound {MARK_DOWN_BOUND_S} s); recovery = recover -> healthy",
-           mark_down_s=down_s)
+    record(
+        f"engine {mode} under load",
+        outcome,
+        back_s,
+        notes=f"marked down after {down_s if down_s is None else round(down_s, 2)} s "
+        f"(bound {MARK_DOWN_BOUND_S} s); recovery = recover -> healthy",
+        mark_down_s=down_s,
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert down_s is not None and down_s <= MARK_DOWN_BOUND_S, down_s
     assert back_s is not None, "instance never came back"

@@ -30,8 +30,12 @@ from tests.router.test_kv_malformed import WRONG_TYPES
 BLOCK = 16
 PROMPT_TOKENS = 256
 ROUNDS = 3  # of garbage per publisher
-GARBAGE = [b"\xc1\xc1 not msgpack", b"", msgpack.packb("a string, not a batch"),
-           *WRONG_TYPES.values()]
+GARBAGE = [
+    b"\xc1\xc1 not msgpack",
+    b"",
+    msgpack.packb("a string, not a batch"),
+    *WRONG_TYPES.values(),
+]
 
 
 class Publishers:
@@ -55,8 +59,9 @@ class Publishers:
 def announce(tokens: list[int], first_hash: int) -> bytes:
     """A vLLM BlockStored batch (positional encoding) for the full blocks of ``tokens``."""
     hashes = list(range(first_hash, first_hash + len(tokens) // BLOCK))
-    return msgpack.packb([time.time(), [["BlockStored", hashes, None, tokens, BLOCK, None,
-                                         "GPU"]], 0])
+    return msgpack.packb(
+        [time.time(), [["BlockStored", hashes, None, tokens, BLOCK, None, "GPU"]], 0]
+    )
 
 
 def prompt_tokens(k: int) -> list[int]:
@@ -69,6 +74,7 @@ def kv_stats(router: Router) -> dict[str, dict]:
 
 def subscribed(router: Router, pubs: Publishers, names: list[str]) -> None:
     """ZMQ drops what is published before a SUB connects: probe until each one answers."""
+
     def all_received() -> bool:
         stats = kv_stats(router)
         for index, name in enumerate(names):
@@ -96,8 +102,10 @@ def route_checks(router: Router, names: list[str], first: int) -> tuple[Outcome,
     outcome, chosen = Outcome(), []
     with httpx.Client(timeout=30, trust_env=False) as client:
         for k in range(len(names)):
-            response = client.post(router.url + "/v1/completions", json={
-                "model": MODEL, "prompt": prompt_tokens(first + k), "max_tokens": 4})
+            response = client.post(
+                router.url + "/v1/completions",
+                json={"model": MODEL, "prompt": prompt_tokens(first + k), "max_tokens": 4},
+            )
             outcome.add(judge_whole(response.status_code, response.text), response.text[:200])
             chosen.append(response.headers.get("x-switchyard-instance", ""))
     return outcome, chosen
@@ -107,13 +115,16 @@ def malformed_metric(router: Router) -> float:
     return scrape_total(router.url, "switchyard_router_kv_events_malformed_total")
 
 
-def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(drill_fleet,
-                                                                        router_factory):
+def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(
+    drill_fleet, router_factory
+):
     context = zmq.Context()
     pubs = Publishers(context, drill_fleet.size)
     try:
-        instances = [{**spec, "kv_events": f"tcp://127.0.0.1:{port}"}
-                     for spec, port in zip(drill_fleet.instances(), pubs.ports, strict=True)]
+        instances = [
+            {**spec, "kv_events": f"tcp://127.0.0.1:{port}"}
+            for spec, port in zip(drill_fleet.instances(), pubs.ports, strict=True)
+        ]
         config = drill_config(drill_fleet, "lmetric", kv_events=True)
         config["instances"] = instances
         router = router_factory(config)
@@ -122,8 +133,9 @@ def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(drill
 
         stop, box = threading.Event(), []
         load = Load(router.url + "/v1/completions", concurrency=4, max_tokens=8, pause_s=0.05)
-        loader = threading.Thread(target=lambda: box.append(asyncio.run(load.run(
-            until=stop.is_set))), daemon=True)
+        loader = threading.Thread(
+            target=lambda: box.append(asyncio.run(load.run(until=stop.is_set))), daemon=True
+        )
         loader.start()
         time.sleep(0.5)
         batches_before = {name: s["batches"] for name, s in kv_stats(router).items()}
@@ -131,9 +143,13 @@ def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(drill
         bad = send_garbage(pubs, len(names))
         for index in range(len(names)):
             pubs.send(index, announce(prompt_tokens(100 + index), 10_000 * (index + 1)))
-        wait_until(lambda: all(s["batches"] > batches_before[name]
-                               for name, s in kv_stats(router).items()), 20,
-                   "the announcements applied")
+        wait_until(
+            lambda: all(
+                s["batches"] > batches_before[name] for name, s in kv_stats(router).items()
+            ),
+            20,
+            "the announcements applied",
+        )
         applied_s = time.monotonic() - started
         time.sleep(1.5)  # one subscriber reconcile pass: a dead task would be respawned
         stop.set()
@@ -150,13 +166,19 @@ def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(drill
     outcome.merge(checks)
     skipped = sum(s["decode_errors"] for s in stats.values())
     crashes = sum(s["crashes"] for s in stats.values())
-    record("malformed ZMQ KV events", outcome, applied_s,
-           notes=f"{bad} malformed messages to 4 subscribers (garbage, wrong types, short "
-                 f"frames): {skipped} skipped and counted, {crashes} subscriber restarts; "
-                 f"{sum(c == n for c, n in zip(chosen, names, strict=True))}/{len(names)} "
-                 "announced prefixes steered routing; recovery = garbage sent -> good "
-                 "batches applied",
-           malformed_sent=bad, malformed_counted=skipped, subscriber_crashes=crashes)
+    record(
+        "malformed ZMQ KV events",
+        outcome,
+        applied_s,
+        notes=f"{bad} malformed messages to 4 subscribers (garbage, wrong types, short "
+        f"frames): {skipped} skipped and counted, {crashes} subscriber restarts; "
+        f"{sum(c == n for c, n in zip(chosen, names, strict=True))}/{len(names)} "
+        "announced prefixes steered routing; recovery = garbage sent -> good "
+        "batches applied",
+        malformed_sent=bad,
+        malformed_counted=skipped,
+        subscriber_crashes=crashes,
+    )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
     assert (skipped, metric, crashes) == (bad, bad, 0), stats
     assert {e["payload"]["instance"] for e in events} == set(names)

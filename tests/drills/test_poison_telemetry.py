@@ -40,21 +40,40 @@ WAVES = 3
 
 
 def event(**overrides: Any) -> dict[str, Any]:
-    base = {"id": uuid.uuid4().hex, "cluster": CLUSTER, "router": "poison", "kind": "health",
-            "at": time.time(), "payload": {}}
+    base = {
+        "id": uuid.uuid4().hex,
+        "cluster": CLUSTER,
+        "router": "poison",
+        "kind": "health",
+        "at": time.time(),
+        "payload": {},
+    }
     return {**base, **overrides}
 
 
 def hotspot(**payload: Any) -> dict[str, Any]:
-    numbers = {"transition": "confirmed", "prefix_class": "c", "prefix_hash": "h", "x": 1.0,
-               "x_bar": 1.0, "m": 1, "m_bar": 3, "window": 30.0}
+    numbers = {
+        "transition": "confirmed",
+        "prefix_class": "c",
+        "prefix_hash": "h",
+        "x": 1.0,
+        "x_bar": 1.0,
+        "m": 1,
+        "m_bar": 3,
+        "window": 30.0,
+    }
     return event(kind="hotspot", payload={**numbers, **payload})
 
 
 def metrics(**overrides: Any) -> dict[str, Any]:
-    base = {"id": uuid.uuid4().hex, "cluster": CLUSTER, "router": "poison",
-            "start": time.time(), "end": time.time() + 1,
-            "arms": {"poison": {"policy": "lmetric", "requests": 1}}}
+    base = {
+        "id": uuid.uuid4().hex,
+        "cluster": CLUSTER,
+        "router": "poison",
+        "start": time.time(),
+        "end": time.time() + 1,
+        "arms": {"poison": {"policy": "lmetric", "requests": 1}},
+    }
     return {**base, **overrides}
 
 
@@ -90,8 +109,9 @@ def ingest_round(client: redis.Redis) -> None:
 
 
 def stored_ids() -> set[str]:
-    return (set(RouterEvent.objects.values_list("event_id", flat=True))
-            | set(HotspotEvent.objects.values_list("event_id", flat=True)))
+    return set(RouterEvent.objects.values_list("event_id", flat=True)) | set(
+        HotspotEvent.objects.values_list("event_id", flat=True)
+    )
 
 
 def rollup_requests() -> int:
@@ -104,8 +124,9 @@ def flushed(router: Router) -> bool:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_poison_entries_are_quarantined_and_no_valid_entry_is_lost(drill_fleet, router_factory,
-                                                                   drill_redis):
+def test_poison_entries_are_quarantined_and_no_valid_entry_is_lost(
+    drill_fleet, router_factory, drill_redis
+):
     Cluster.objects.create(name=CLUSTER, model=MODEL, gpu_type="h20")
     router = router_factory(drill_config(drill_fleet, "lmetric"), redis_url=drill_redis.url)
     client = redis.Redis.from_url(drill_redis.url)
@@ -142,16 +163,21 @@ def test_poison_entries_are_quarantined_and_no_valid_entry_is_lost(drill_fleet, 
     missing = [e for e in ours if e["id"] not in stored_ids()]
     counts = {k.decode(): int(v) for k, v in client.hgetall(ingest.QUARANTINE_COUNTS).items()}
     quarantined = sum(counts.values())
-    pending = [client.xpending(s, ingest.GROUP)["pending"] for s in (EVENTS_STREAM,
-                                                                    METRICS_STREAM)]
+    pending = [client.xpending(s, ingest.GROUP)["pending"] for s in (EVENTS_STREAM, METRICS_STREAM)]
     client.close()
-    record("poison entries in the telemetry streams", outcome, recovery_s,
-           notes=f"{poison} poison entries in {WAVES} waves between the router's own; "
-                 f"{quarantined} quarantined; {len(ours) - len(missing)}/{len(ours)} router "
-                 f"events in Postgres; {rollup_requests()}/{outcome.sent} requests in the "
-                 "rollups; recovery = last poison -> ingest caught up",
-           poison_sent=poison, quarantined=quarantined,
-           events_produced=len(ours), events_in_postgres=len(ours) - len(missing))
+    record(
+        "poison entries in the telemetry streams",
+        outcome,
+        recovery_s,
+        notes=f"{poison} poison entries in {WAVES} waves between the router's own; "
+        f"{quarantined} quarantined; {len(ours) - len(missing)}/{len(ours)} router "
+        f"events in Postgres; {rollup_requests()}/{outcome.sent} requests in the "
+        "rollups; recovery = last poison -> ingest caught up",
+        poison_sent=poison,
+        quarantined=quarantined,
+        events_produced=len(ours),
+        events_in_postgres=len(ours) - len(missing),
+    )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
     assert not missing, missing[:3]
     assert sum(e["kind"] == "health" for e in ours) >= 2 * WAVES

@@ -35,13 +35,19 @@ def hot_burst(router: Router, count: int = 60) -> Outcome:
     async def run() -> None:
         gate = asyncio.Semaphore(2)
         async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
+
             async def one(k: int) -> None:
                 async with gate:
-                    body = {"model": MODEL, "prompt": f"{HOT_PREFIX} question {k}",
-                            "max_tokens": 30}
+                    body = {
+                        "model": MODEL,
+                        "prompt": f"{HOT_PREFIX} question {k}",
+                        "max_tokens": 30,
+                    }
                     response = await client.post(router.url + "/v1/completions", json=body)
-                    outcome.add("ok" if response.status_code == 200 else "lost",
-                                response.text[:200])
+                    outcome.add(
+                        "ok" if response.status_code == 200 else "lost", response.text[:200]
+                    )
+
             await asyncio.gather(*(one(k) for k in range(count)))
 
     asyncio.run(run())
@@ -50,16 +56,18 @@ def hot_burst(router: Router, count: int = 60) -> Outcome:
 
 def background_load(router: Router, stop: threading.Event, box: list[Outcome]) -> threading.Thread:
     load = Load(router.url + "/v1/completions", concurrency=1, max_tokens=8, pause_s=0.1)
-    thread = threading.Thread(target=lambda: box.append(asyncio.run(load.run(until=stop.is_set))),
-                              daemon=True)
+    thread = threading.Thread(
+        target=lambda: box.append(asyncio.run(load.run(until=stop.is_set))), daemon=True
+    )
     thread.start()
     return thread
 
 
 def drain(router: Router, name: str, on: bool) -> None:
     action = "drain" if on else "undrain"
-    httpx.post(f"{router.url}/admin/instances/{name}/{action}", headers=router.admin_headers,
-               timeout=5).raise_for_status()
+    httpx.post(
+        f"{router.url}/admin/instances/{name}/{action}", headers=router.admin_headers, timeout=5
+    ).raise_for_status()
 
 
 def ingest_all(client: redis.Redis) -> None:
@@ -68,8 +76,9 @@ def ingest_all(client: redis.Redis) -> None:
 
 
 def stored_ids() -> set[str]:
-    return (set(RouterEvent.objects.values_list("event_id", flat=True))
-            | set(HotspotEvent.objects.values_list("event_id", flat=True)))
+    return set(RouterEvent.objects.values_list("event_id", flat=True)) | set(
+        HotspotEvent.objects.values_list("event_id", flat=True)
+    )
 
 
 @pytest.mark.django_db(transaction=True)
@@ -94,8 +103,14 @@ def test_redis_outage_loses_no_events(drill_fleet, router_factory, drill_redis):
     buffered = router.state()["telemetry"]["buffered_events"]
     drill_redis.start()
     back = time.monotonic()
-    wait_until(lambda: router.state()["telemetry"]["buffered_events"] == 0
-               and router.state()["telemetry"]["redis"], 30, "buffer flushed")
+    wait_until(
+        lambda: (
+            router.state()["telemetry"]["buffered_events"] == 0
+            and router.state()["telemetry"]["redis"]
+        ),
+        30,
+        "buffer flushed",
+    )
     flushed_s = time.monotonic() - back
     ingest_all(client)
     stop.set()
@@ -105,13 +120,22 @@ def test_redis_outage_loses_no_events(drill_fleet, router_factory, drill_redis):
     outcome.merge(burst)
     ids = stored_ids()
     missing = [e for e in produced if e["id"] not in ids]
-    kinds = sorted({e["kind"] + (f":{e['payload'].get('transition')}" if e["kind"] == "hotspot"
-                                  else "") for e in produced})
-    record("redis stopped 10 s", outcome, flushed_s,
-           notes=f"{len(produced)} events during outage ({', '.join(kinds)}), "
-                 f"{buffered} buffered, {len(produced) - len(missing)} in Postgres after; "
-                 f"recovery = redis back -> buffer flushed; hot burst took {burst_s:.1f} s",
-           events_during_outage=len(produced), events_in_postgres=len(produced) - len(missing))
+    kinds = sorted(
+        {
+            e["kind"] + (f":{e['payload'].get('transition')}" if e["kind"] == "hotspot" else "")
+            for e in produced
+        }
+    )
+    record(
+        "redis stopped 10 s",
+        outcome,
+        flushed_s,
+        notes=f"{len(produced)} events during outage ({', '.join(kinds)}), "
+        f"{buffered} buffered, {len(produced) - len(missing)} in Postgres after; "
+        f"recovery = redis back -> buffer flushed; hot burst took {burst_s:.1f} s",
+        events_during_outage=len(produced),
+        events_in_postgres=len(produced) - len(missing),
+    )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
     assert any(e["kind"] == "health" for e in produced)
     assert not missing, missing[:3]

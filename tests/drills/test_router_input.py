@@ -25,8 +25,20 @@ from tests.router.conftest import launch_router
 MAX_BODY = 8 * 1024 * 1024  # the router's default limit
 DEPTHS = (1, 10, 100, 199, 200, 201, 1000, 10_000, 100_000, 1_000_000)
 TOKEN_IDS = (
-    [2**63], [2**64 - 1], [2**64], [2**64 + 1], [2**100], [-1], [-(2**64)], [1, 2, 2**64],
-    [[2**64]], [[1, 2], [2**70]], [10**300], [True, 1], [1.0, 2], [float("inf")],
+    [2**63],
+    [2**64 - 1],
+    [2**64],
+    [2**64 + 1],
+    [2**100],
+    [-1],
+    [-(2**64)],
+    [1, 2, 2**64],
+    [[2**64]],
+    [[1, 2], [2**70]],
+    [10**300],
+    [True, 1],
+    [1.0, 2],
+    [float("inf")],
 )
 
 
@@ -50,8 +62,11 @@ def _indicators(router) -> dict[str, float]:
 def _settled(router) -> None:
     assert router.proc.poll() is None, "the router died"
     wait_until(lambda: not any(_indicators(router).values()), 15, "indicators back to zero")
-    ok = httpx.post(router.url + "/v1/completions", timeout=30,
-                    json={"model": MODEL, "prompt": "still here", "max_tokens": 2})
+    ok = httpx.post(
+        router.url + "/v1/completions",
+        timeout=30,
+        json={"model": MODEL, "prompt": "still here", "max_tokens": 2},
+    )
     assert ok.status_code == 200
     assert "Traceback" not in router.log()
 
@@ -63,10 +78,20 @@ def _verdict(response: httpx.Response) -> str:
 
 
 def _nested(depth: int, kind: str, field: str) -> bytes:
-    value = (b"[" * depth + b"1" + b"]" * depth if kind == "array"
-             else b'{"a":' * depth + b"1" + b"}" * depth)
-    return (b'{"model": "' + MODEL.encode() + b'", "max_tokens": 2, "prompt": "hello", "'
-            + field.encode() + b'": ' + value + b"}")
+    value = (
+        b"[" * depth + b"1" + b"]" * depth
+        if kind == "array"
+        else b'{"a":' * depth + b"1" + b"}" * depth
+    )
+    return (
+        b'{"model": "'
+        + MODEL.encode()
+        + b'", "max_tokens": 2, "prompt": "hello", "'
+        + field.encode()
+        + b'": '
+        + value
+        + b"}"
+    )
 
 
 def test_drill_nested_json(router):
@@ -76,14 +101,23 @@ def test_drill_nested_json(router):
             for kind in ("array", "object"):
                 for field in ("metadata", "prompt", "messages"):
                     path = "/v1/chat/completions" if field == "messages" else "/v1/completions"
-                    response = client.post(router.url + path, content=_nested(depth, kind, field),
-                                           headers={"content-type": "application/json"})
+                    response = client.post(
+                        router.url + path,
+                        content=_nested(depth, kind, field),
+                        headers={"content-type": "application/json"},
+                    )
                     statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                    outcome.add(_verdict(response), f"{depth} {kind} {field} -> "
-                                f"{response.status_code} {response.text[:160]}")
-    record("nested JSON bodies (depth 1..10^6)", outcome, None,
-           notes=f"statuses {dict(sorted(statuses.items()))}; nesting deeper than 200 is "
-                 "refused with 400, shallower nesting in an unread field is forwarded")
+                    outcome.add(
+                        _verdict(response),
+                        f"{depth} {kind} {field} -> {response.status_code} {response.text[:160]}",
+                    )
+    record(
+        "nested JSON bodies (depth 1..10^6)",
+        outcome,
+        None,
+        notes=f"statuses {dict(sorted(statuses.items()))}; nesting deeper than 200 is "
+        "refused with 400, shallower nesting in an unread field is forwarded",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     _settled(router)
 
@@ -93,18 +127,30 @@ def test_drill_huge_token_ids(router):
     with httpx.Client(timeout=60, trust_env=False) as client:
         for ids in TOKEN_IDS:
             for stream in (False, True):
-                raw = json.dumps({"model": MODEL, "prompt": ids, "max_tokens": 2,
-                                  "stream": stream}).encode()
-                response = client.post(router.url + "/v1/completions", content=raw,
-                                       headers={"content-type": "application/json"})
+                raw = json.dumps(
+                    {"model": MODEL, "prompt": ids, "max_tokens": 2, "stream": stream}
+                ).encode()
+                response = client.post(
+                    router.url + "/v1/completions",
+                    content=raw,
+                    headers={"content-type": "application/json"},
+                )
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                verdict = (judge_stream(response.status_code, response.text) if stream
-                           and response.status_code == 200 else _verdict(response))
-                outcome.add(verdict, f"{str(ids)[:60]} -> {response.status_code} "
-                                     f"{response.text[:160]}")
-    record("huge and negative token ids", outcome, None,
-           notes=f"statuses {dict(sorted(statuses.items()))}; ids outside [0, 2**64) get "
-                 "400 from the router, in-range ids beyond the vocabulary the engine's 400")
+                verdict = (
+                    judge_stream(response.status_code, response.text)
+                    if stream and response.status_code == 200
+                    else _verdict(response)
+                )
+                outcome.add(
+                    verdict, f"{str(ids)[:60]} -> {response.status_code} {response.text[:160]}"
+                )
+    record(
+        "huge and negative token ids",
+        outcome,
+        None,
+        notes=f"statuses {dict(sorted(statuses.items()))}; ids outside [0, 2**64) get "
+        "400 from the router, in-range ids beyond the vocabulary the engine's 400",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     _settled(router)
 
@@ -114,17 +160,28 @@ def _max_size_bodies() -> list[tuple[str, str, bytes]]:
     room = MAX_BODY - 200
     text = ("lorem ipsum dolor " * (room // 18 + 1))[:room]
     ids = ",".join(["7"] * (room // 2 - 8))
-    chat = {"model": MODEL, "max_tokens": 2,
-            "messages": [{"role": "user", "content": text}]}
+    chat = {"model": MODEL, "max_tokens": 2, "messages": [{"role": "user", "content": text}]}
     return [
-        ("text", "/v1/completions", json.dumps(
-            {"model": MODEL, "max_tokens": 2, "prompt": text}).encode()),
-        ("token ids", "/v1/completions",
-         b'{"model": "' + MODEL.encode() + b'", "max_tokens": 2, "prompt": [' + ids.encode()
-         + b"]}"),
+        (
+            "text",
+            "/v1/completions",
+            json.dumps({"model": MODEL, "max_tokens": 2, "prompt": text}).encode(),
+        ),
+        (
+            "token ids",
+            "/v1/completions",
+            b'{"model": "'
+            + MODEL.encode()
+            + b'", "max_tokens": 2, "prompt": ['
+            + ids.encode()
+            + b"]}",
+        ),
         ("chat", "/v1/chat/completions", json.dumps(chat).encode()),
-        ("over the limit", "/v1/completions", json.dumps(
-            {"model": MODEL, "max_tokens": 2, "prompt": text + "x" * 400}).encode()),
+        (
+            "over the limit",
+            "/v1/completions",
+            json.dumps({"model": MODEL, "max_tokens": 2, "prompt": text + "x" * 400}).encode(),
+        ),
     ]
 
 
@@ -150,12 +207,15 @@ async def _big_ones(url: str, rounds: int, outcome: Outcome, statuses: dict[int,
     async with httpx.AsyncClient(timeout=120, trust_env=False) as client:
         for _ in range(rounds):
             for name, path, raw in bodies:
-                response = await client.post(url + path, content=raw,
-                                             headers={"content-type": "application/json"})
+                response = await client.post(
+                    url + path, content=raw, headers={"content-type": "application/json"}
+                )
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                 verdict = judge_whole(response.status_code, response.text)
-                outcome.add("lost" if response.status_code >= 500 else verdict,
-                            f"{name} -> {response.status_code} {response.text[:160]}")
+                outcome.add(
+                    "lost" if response.status_code >= 500 else verdict,
+                    f"{name} -> {response.status_code} {response.text[:160]}",
+                )
 
 
 def test_drill_max_size_prompts_beside_streams(router):
@@ -175,10 +235,14 @@ def test_drill_max_size_prompts_beside_streams(router):
     total.merge(streams)
     total.merge(big)
     worst = max(gaps) if gaps else 0.0
-    record("max-size prompts beside streams", total, None,
-           notes=f"{big.sent} bodies of ~8 MiB (text, token ids, chat, one over the limit: "
-                 f"statuses {dict(sorted(statuses.items()))}) while {streams.sent} streams "
-                 f"ran; largest inter-chunk gap {worst * 1000:.0f} ms (not asserted)")
+    record(
+        "max-size prompts beside streams",
+        total,
+        None,
+        notes=f"{big.sent} bodies of ~8 MiB (text, token ids, chat, one over the limit: "
+        f"statuses {dict(sorted(statuses.items()))}) while {streams.sent} streams "
+        f"ran; largest inter-chunk gap {worst * 1000:.0f} ms (not asserted)",
+    )
     assert total.lost == 0, total.lost_examples
     assert streams.succeeded == streams.sent > 0
     assert statuses.get(413) == 3

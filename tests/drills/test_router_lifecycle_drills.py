@@ -86,16 +86,22 @@ def _hold_outage(stop: Callable[[], None], start: Callable[[], None]) -> float:
     return time.monotonic()
 
 
-def _no_restart_row(scenario: str, stack: Stack, before: dict, outcome: Outcome,
-                    back_s: float, what: str) -> None:
+def _no_restart_row(
+    scenario: str, stack: Stack, before: dict, outcome: Outcome, back_s: float, what: str
+) -> None:
     info = _router_info(stack)
     same = info["heartbeat"].get("pid") == before["heartbeat"]["pid"] and _alive(
-        before["heartbeat"]["pid"])
-    record(scenario, outcome, back_s,
-           notes=f"{what}; router pid {'unchanged' if same else 'CHANGED'}, restarts "
-                 f"{before['restarts']}->{info['restarts']} over the outage and "
-                 f"{SETTLE_S:g} s after; recovery = outage over -> heartbeats recorded again",
-           router_restarted=not same)
+        before["heartbeat"]["pid"]
+    )
+    record(
+        scenario,
+        outcome,
+        back_s,
+        notes=f"{what}; router pid {'unchanged' if same else 'CHANGED'}, restarts "
+        f"{before['restarts']}->{info['restarts']} over the outage and "
+        f"{SETTLE_S:g} s after; recovery = outage over -> heartbeats recorded again",
+        router_restarted=not same,
+    )
     assert outcome.lost == 0 and outcome.succeeded == outcome.sent, outcome.lost_examples
     assert same, (before["heartbeat"], info["heartbeat"])
     assert info["restarts"] == before["restarts"]
@@ -105,28 +111,40 @@ def test_control_plane_down_with_beat_restarts_no_healthy_router(stack):
     before = _settled_router(stack)
     load = BackgroundLoad(stack.router_url, max_tokens=400)
     back = _hold_outage(stack.stop_web, stack.start_web)
-    wait_until(lambda: _heartbeats_after(stack, before["last_heartbeat"]), 30,
-               "heartbeats recorded again")
+    wait_until(
+        lambda: _heartbeats_after(stack, before["last_heartbeat"]), 30, "heartbeats recorded again"
+    )
     back_s = time.monotonic() - back
     time.sleep(max(0.0, SETTLE_S - back_s))
-    _no_restart_row(f"control plane down {OUTAGE_S:g} s, beat + reconcile running", stack,
-                    before, load.finish(), back_s,
-                    "reconcile probed /healthz, saw the control plane deaf and restarted "
-                    "nobody; streams of up to 400 tokens ran throughout")
+    _no_restart_row(
+        f"control plane down {OUTAGE_S:g} s, beat + reconcile running",
+        stack,
+        before,
+        load.finish(),
+        back_s,
+        "reconcile probed /healthz, saw the control plane deaf and restarted "
+        "nobody; streams of up to 400 tokens ran throughout",
+    )
 
 
 def test_postgres_down_with_reconcile_restarts_no_router(stack):
     before = _settled_router(stack)
     load = BackgroundLoad(stack.router_url, max_tokens=400)
     back = _hold_outage(stack.postgres.stop, stack.postgres.start)
-    wait_until(lambda: _heartbeats_after(stack, before["last_heartbeat"]), 60,
-               "heartbeats recorded again")
+    wait_until(
+        lambda: _heartbeats_after(stack, before["last_heartbeat"]), 60, "heartbeats recorded again"
+    )
     back_s = time.monotonic() - back
     time.sleep(max(0.0, SETTLE_S - back_s))
-    _no_restart_row(f"postgres down {OUTAGE_S:g} s, reconcile running (private cluster)",
-                    stack, before, load.finish(), back_s,
-                    "the stack's own Postgres was stopped (pg_ctl), never the machine's; "
-                    "after it returned the router had a whole heartbeat timeout to report")
+    _no_restart_row(
+        f"postgres down {OUTAGE_S:g} s, reconcile running (private cluster)",
+        stack,
+        before,
+        load.finish(),
+        back_s,
+        "the stack's own Postgres was stopped (pg_ctl), never the machine's; "
+        "after it returned the router had a whole heartbeat timeout to report",
+    )
 
 
 def test_routers_worker_sigkill_leaves_no_orphan(stack):
@@ -145,16 +163,23 @@ def test_routers_worker_sigkill_leaves_no_orphan(stack):
     outcome = load.finish()
     after = asyncio.run(Load(stack.router_url + "/v1/completions", concurrency=4).run(count=40))
     outcome.merge(after)
-    wait_until(lambda: _router_info(stack)["heartbeat"].get("pid") not in (None, router_pid),
-               60, "the new router heartbeating")
+    wait_until(
+        lambda: _router_info(stack)["heartbeat"].get("pid") not in (None, router_pid),
+        60,
+        "the new router heartbeating",
+    )
     info = _router_info(stack)
-    record("routers worker SIGKILL (router must not outlive it)", outcome, recovery_s,
-           notes=f"router pid {router_pid} exited {orphan_s:.1f} s after its worker was "
-                 f"killed (parent-death signal + watchdog); new worker started router pid "
-                 f"{info['heartbeat'].get('pid')}; client errors {outcome.clear_kinds} "
-                 "(refused while no router); recovery = kill -> new router serving "
-                 "(includes starting the new worker)",
-           orphan_exit_s=round(orphan_s, 2))
+    record(
+        "routers worker SIGKILL (router must not outlive it)",
+        outcome,
+        recovery_s,
+        notes=f"router pid {router_pid} exited {orphan_s:.1f} s after its worker was "
+        f"killed (parent-death signal + watchdog); new worker started router pid "
+        f"{info['heartbeat'].get('pid')}; client errors {outcome.clear_kinds} "
+        "(refused while no router); recovery = kill -> new router serving "
+        "(includes starting the new worker)",
+        orphan_exit_s=round(orphan_s, 2),
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert after.succeeded == after.sent
     assert info["heartbeat"].get("pid") != router_pid
@@ -171,13 +196,17 @@ def _instances(stack: Stack) -> dict[str, dict]:
     return {i["name"]: i for i in response.json()}
 
 
-def _toggle(stack: Stack, headers: dict, instance: dict, revision: int, tag: str,
-            barrier: threading.Barrier) -> httpx.Response:
+def _toggle(
+    stack: Stack, headers: dict, instance: dict, revision: int, tag: str, barrier: threading.Barrier
+) -> httpx.Response:
     action = "enable" if instance["state"] == "draining" else "drain"
     barrier.wait()
-    return httpx.post(f"{stack.cp_url}/api/v1/instances/{instance['id']}/{action}",
-                      json={"reason": tag, "expected_revision": revision}, headers=headers,
-                      timeout=10)
+    return httpx.post(
+        f"{stack.cp_url}/api/v1/instances/{instance['id']}/{action}",
+        json={"reason": tag, "expected_revision": revision},
+        headers=headers,
+        timeout=10,
+    )
 
 
 def _race_round(stack: Stack, operators: list[dict], round_no: int) -> dict[str, httpx.Response]:
@@ -187,8 +216,9 @@ def _race_round(stack: Stack, operators: list[dict], round_no: int) -> dict[str,
 
     def edit(k: int) -> None:
         tag = f"race-drill round {round_no} operator {k}"
-        answers[tag] = _toggle(stack, operators[k], instances[f"i{k}"], cluster["revision"],
-                               tag, barrier)
+        answers[tag] = _toggle(
+            stack, operators[k], instances[f"i{k}"], cluster["revision"], tag, barrier
+        )
 
     threads = [threading.Thread(target=edit, args=(k,)) for k in range(2)]
     for thread in threads:
@@ -201,8 +231,7 @@ def _race_round(stack: Stack, operators: list[dict], round_no: int) -> dict[str,
 def _audited_tags(stack: Stack) -> list[str]:
     response = stack.api(f"/audit-events?cluster={stack.seed['cluster']}&limit=1000")
     response.raise_for_status()
-    return [e["reason"] for e in response.json()["items"]
-            if e["reason"].startswith("race-drill")]
+    return [e["reason"] for e in response.json()["items"] if e["reason"].startswith("race-drill")]
 
 
 def test_two_operators_racing_a_config_edit(stack):
@@ -222,14 +251,20 @@ def test_two_operators_racing_a_config_edit(stack):
     routed = load.finish()
     audited = _audited_tags(stack)
     missing = sorted(set(accepted) - set(audited))
-    record("two operators racing config edits (revision check)", edits, None,
-           notes=f"{RACE_ROUNDS} rounds of two concurrent drain/enable edits made against "
-                 f"the same revision: {len(accepted)} applied, {stale_ok} refused with 409 "
-                 f"and the current revision; audit rows for accepted edits "
-                 f"{len(accepted) - len(missing)}/{len(accepted)}; routing meanwhile "
-                 f"{routed.succeeded}/{routed.sent} ok",
-           audit_expected=len(accepted), audit_lost=len(missing),
-           routing_sent=routed.sent, routing_lost=routed.lost)
+    record(
+        "two operators racing config edits (revision check)",
+        edits,
+        None,
+        notes=f"{RACE_ROUNDS} rounds of two concurrent drain/enable edits made against "
+        f"the same revision: {len(accepted)} applied, {stale_ok} refused with 409 "
+        f"and the current revision; audit rows for accepted edits "
+        f"{len(accepted) - len(missing)}/{len(accepted)}; routing meanwhile "
+        f"{routed.succeeded}/{routed.sent} ok",
+        audit_expected=len(accepted),
+        audit_lost=len(missing),
+        routing_sent=routed.sent,
+        routing_lost=routed.lost,
+    )
     assert edits.lost == 0, edits.lost_examples
     assert len(accepted) == RACE_ROUNDS and stale_ok == RACE_ROUNDS  # one winner per round
     assert missing == [] and len(audited) == len(accepted)

@@ -73,12 +73,18 @@ async def one_strict(client: httpx.AsyncClient, url: str, payload: dict) -> tupl
         return "lost", f"no complete answer in {ANSWER_BOUND_S} s"
     except httpx.HTTPError as error:
         return "lost", f"{type(error).__name__}: {error}"
-    return strict_verdict(stream, response.status_code, text), f"{response.status_code} " \
-                                                               f"{text[-200:]}"
+    return strict_verdict(
+        stream, response.status_code, text
+    ), f"{response.status_code} {text[-200:]}"
 
 
-async def strict_load(client: httpx.AsyncClient, url: str, concurrency: int,
-                      until: Callable[[], bool], max_tokens: int = 24) -> Outcome:
+async def strict_load(
+    client: httpx.AsyncClient,
+    url: str,
+    concurrency: int,
+    until: Callable[[], bool],
+    max_tokens: int = 24,
+) -> Outcome:
     """``concurrency`` workers alternating stream and not, until ``until()``."""
     outcome = Outcome()
     counter = iter(range(10**9))
@@ -86,8 +92,9 @@ async def strict_load(client: httpx.AsyncClient, url: str, concurrency: int,
     async def worker() -> None:
         while not until():
             k = next(counter)
-            verdict, detail = await one_strict(client, url, body(f"lim{k}-", k % 2 == 0,
-                                                                 max_tokens))
+            verdict, detail = await one_strict(
+                client, url, body(f"lim{k}-", k % 2 == 0, max_tokens)
+            )
             outcome.add(verdict, detail)
             if verdict != "ok":
                 await asyncio.sleep(0.05)
@@ -96,22 +103,35 @@ async def strict_load(client: httpx.AsyncClient, url: str, concurrency: int,
     return outcome
 
 
-def load_while(router: Router, concurrency: int, seconds: float, max_tokens: int = 24,
-               ) -> Outcome:
+def load_while(
+    router: Router,
+    concurrency: int,
+    seconds: float,
+    max_tokens: int = 24,
+) -> Outcome:
     async def run() -> Outcome:
         deadline = time.monotonic() + seconds
         async with httpx.AsyncClient(timeout=ANSWER_BOUND_S, trust_env=False) as client:
-            return await strict_load(client, router.url + "/v1/completions", concurrency,
-                                     lambda: time.monotonic() >= deadline, max_tokens)
+            return await strict_load(
+                client,
+                router.url + "/v1/completions",
+                concurrency,
+                lambda: time.monotonic() >= deadline,
+                max_tokens,
+            )
 
     return asyncio.run(run())
 
 
 def limit_hits(router: Router) -> dict[str, float]:
-    samples, _ = read_samples(httpx.get(router.url + "/metrics", timeout=5).text,
-                              ["switchyard_router_limit_hits_total"])
-    return {s.labels["limit"]: s.value for s in samples
-            if s.name == "switchyard_router_limit_hits_total"}
+    samples, _ = read_samples(
+        httpx.get(router.url + "/metrics", timeout=5).text, ["switchyard_router_limit_hits_total"]
+    )
+    return {
+        s.labels["limit"]: s.value
+        for s in samples
+        if s.name == "switchyard_router_limit_hits_total"
+    }
 
 
 def marked_down(router: Router) -> list[str]:
@@ -134,8 +154,10 @@ async def slow_client(port: int, part: str, drip_s: float = 0.1) -> SlowResult:
     if part == "head":
         opening, drip = b"POST /v1/completions HTTP/1.1\r\nhost: x\r\nx-slow: ", b"a"
     else:
-        opening = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
-                   b"application/json\r\ncontent-length: 1000000\r\n\r\n{\"prompt\": \"")
+        opening = (
+            b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: "
+            b'application/json\r\ncontent-length: 1000000\r\n\r\n{"prompt": "'
+        )
         drip = b"b"
     started = time.monotonic()
     received = bytearray()
@@ -156,8 +178,9 @@ async def slow_client(port: int, part: str, drip_s: float = 0.1) -> SlowResult:
     head, _, payload = bytes(received).partition(b"\r\n\r\n")
     text = payload.decode(errors="replace")
     clear = head.startswith(b"HTTP/1.1 408") and is_error_body(text) and reading.done()
-    return SlowResult("clear" if clear else "lost",
-                      f"{part}: {bytes(received)[:200]!r} after {held:.1f} s", held)
+    return SlowResult(
+        "clear" if clear else "lost", f"{part}: {bytes(received)[:200]!r} after {held:.1f} s", held
+    )
 
 
 async def _read_until_closed(reader: asyncio.StreamReader, into: bytearray) -> None:
@@ -168,15 +191,16 @@ async def _read_until_closed(reader: asyncio.StreamReader, into: bytearray) -> N
         pass
 
 
-def test_slowloris_heads_and_bodies_get_408_while_traffic_is_served(drill_fleet,
-                                                                     router_factory):
+def test_slowloris_heads_and_bodies_get_408_while_traffic_is_served(drill_fleet, router_factory):
     router = router_factory(drill_config(drill_fleet, "round_robin", **LIMITS))
     slow: list[SlowResult] = []
 
     def attack() -> None:
         async def run() -> list[SlowResult]:
-            return await asyncio.gather(*(slow_client(router.port, part)
-                                          for part in ("head", "body") for _ in range(25)))
+            return await asyncio.gather(
+                *(slow_client(router.port, part) for part in ("head", "body") for _ in range(25))
+            )
+
         slow.extend(asyncio.run(run()))
 
     attacker = threading.Thread(target=attack)
@@ -188,11 +212,14 @@ def test_slowloris_heads_and_bodies_get_408_while_traffic_is_served(drill_fleet,
         slow_outcome.add(result.verdict, result.detail)
     outcome.merge(slow_outcome)
     hits = limit_hits(router)
-    record("slowloris (25 dripped heads + 25 dripped bodies) under load", outcome,
-           max(r.held_s for r in slow),
-           notes=f"head deadline {HEAD_TIMEOUT_S} s, body deadline {BODY_TIMEOUT_S} s; "
-                 f"failed_clear = the slow clients' 408s; recovery = longest a slow client "
-                 f"held a connection; limit hits {hits}")
+    record(
+        "slowloris (25 dripped heads + 25 dripped bodies) under load",
+        outcome,
+        max(r.held_s for r in slow),
+        notes=f"head deadline {HEAD_TIMEOUT_S} s, body deadline {BODY_TIMEOUT_S} s; "
+        f"failed_clear = the slow clients' 408s; recovery = longest a slow client "
+        f"held a connection; limit hits {hits}",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert slow_outcome.failed_clear == 50
     assert outcome.succeeded == outcome.sent - 50
@@ -214,14 +241,16 @@ async def flood(port: int, count: int) -> tuple[int, int, float]:
 
     answers = await asyncio.gather(*(idle() for _ in range(count)), return_exceptions=True)
     statuses = [a[:12] for a in answers if isinstance(a, bytes)]
-    return (statuses.count(b"HTTP/1.1 408"), statuses.count(b"HTTP/1.1 503"),
-            time.monotonic() - started)
+    return (
+        statuses.count(b"HTTP/1.1 408"),
+        statuses.count(b"HTTP/1.1 503"),
+        time.monotonic() - started,
+    )
 
 
 def test_connection_flood_is_shed_and_traffic_keeps_going(drill_fleet, router_factory):
     cap, flooders = 64, 400
-    router = router_factory(drill_config(drill_fleet, "round_robin", max_connections=cap,
-                                         **LIMITS))
+    router = router_factory(drill_config(drill_fleet, "round_robin", max_connections=cap, **LIMITS))
     shed: list[tuple[int, int, float]] = []
 
     def attack() -> None:
@@ -238,11 +267,15 @@ def test_connection_flood_is_shed_and_traffic_keeps_going(drill_fleet, router_fa
     outcome.merge(during)
     outcome.merge(after)
     hits = limit_hits(router)
-    record("connection flood (400 idle connections, cap 64) under load", outcome, shed_s,
-           notes=f"flood answered: {got_408} x 408 (head deadline), {got_503} x 503 (over "
-                 f"the cap); failed_clear = load requests refused 503 while the flood held "
-                 f"the cap; recovery = until the router had closed every flood connection; "
-                 f"limit hits {hits}")
+    record(
+        "connection flood (400 idle connections, cap 64) under load",
+        outcome,
+        shed_s,
+        notes=f"flood answered: {got_408} x 408 (head deadline), {got_503} x 503 (over "
+        f"the cap); failed_clear = load requests refused 503 while the flood held "
+        f"the cap; recovery = until the router had closed every flood connection; "
+        f"limit hits {hits}",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert got_408 + got_503 == flooders, (got_408, got_503)
     assert after.succeeded == after.sent
@@ -250,13 +283,15 @@ def test_connection_flood_is_shed_and_traffic_keeps_going(drill_fleet, router_fa
 
 
 # ----- engines answering badly ---------------------------------------------------------------
-@pytest.mark.parametrize(("mode", "extra", "scenario"), [
-    ("garbage", {"after_chunks": 2}, "engine sends garbage mid-stream / garbage JSON"),
-    ("garbage", {"after_chunks": 0}, "engine sends garbage as its first SSE event"),
-    ("wrong_content_type", {}, "engine answers text/html (wrong content type)"),
-])
-def test_engine_garbage_never_reaches_a_client(drill_fleet, router_factory, mode, extra,
-                                               scenario):
+@pytest.mark.parametrize(
+    ("mode", "extra", "scenario"),
+    [
+        ("garbage", {"after_chunks": 2}, "engine sends garbage mid-stream / garbage JSON"),
+        ("garbage", {"after_chunks": 0}, "engine sends garbage as its first SSE event"),
+        ("wrong_content_type", {}, "engine answers text/html (wrong content type)"),
+    ],
+)
+def test_engine_garbage_never_reaches_a_client(drill_fleet, router_factory, mode, extra, scenario):
     router = router_factory(drill_config(drill_fleet, "round_robin"))
     drill_fleet.fault(1, mode, **extra)
     try:
@@ -264,33 +299,41 @@ def test_engine_garbage_never_reaches_a_client(drill_fleet, router_factory, mode
     finally:
         drill_fleet.fault(1, "recover")
     hits = limit_hits(router)
-    record(scenario, outcome, None,
-           notes=f"instance i1 faulty of 4 (round robin); before the first byte: retried "
-                 f"elsewhere; after it: SSE error event + [DONE]; limit hits {hits}")
+    record(
+        scenario,
+        outcome,
+        None,
+        notes=f"instance i1 faulty of 4 (round robin); before the first byte: retried "
+        f"elsewhere; after it: SSE error event + [DONE]; limit hits {hits}",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert hits.get("bad_response", 0) > 0
     assert outcome.succeeded > 0
 
 
 # ----- an engine dripping tokens -------------------------------------------------------------
-def test_engine_dripping_under_the_read_timeout_is_cut_at_the_deadline(drill_fleet,
-                                                                      router_factory):
+def test_engine_dripping_under_the_read_timeout_is_cut_at_the_deadline(drill_fleet, router_factory):
     # The period is under the drill's 1 s first_byte_timeout_s, so only the total deadline
     # can cut i1's streams. The engine coalesces the tokens made while a chunk waits, so a
     # dripped 200-token stream is only 2-3 chunks long: the deadline is under 2 periods.
     deadline_s, period_s = 1.4, 0.8
-    router = router_factory(drill_config(drill_fleet, "round_robin",
-                                         response_deadline_s=deadline_s))
+    router = router_factory(
+        drill_config(drill_fleet, "round_robin", response_deadline_s=deadline_s)
+    )
     drill_fleet.fault(1, "drip", period=period_s)
     try:
         outcome = load_while(router, concurrency=4, seconds=5.0, max_tokens=200)
     finally:
         drill_fleet.fault(1, "recover")
     hits = limit_hits(router)
-    record("engine drips tokens just under the read timeout", outcome, None,
-           notes=f"i1 sends a chunk every {period_s} s (read timeout 1 s), 200 tokens a "
-                 f"request; total deadline {deadline_s} s (router.response_deadline_s) -> "
-                 f"504 JSON or SSE error event; limit hits {hits}")
+    record(
+        "engine drips tokens just under the read timeout",
+        outcome,
+        None,
+        notes=f"i1 sends a chunk every {period_s} s (read timeout 1 s), 200 tokens a "
+        f"request; total deadline {deadline_s} s (router.response_deadline_s) -> "
+        f"504 JSON or SSE error event; limit hits {hits}",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert outcome.failed_clear > 0 and outcome.succeeded > 0
     assert hits.get("response_deadline", 0) == outcome.failed_clear
@@ -306,16 +349,17 @@ def lowest_free_fd(pid: int) -> int:
 async def warm_client(url: str, connections: int) -> httpx.AsyncClient:
     """A client whose ``connections`` keep-alive connections are open before the limit
     falls (a new one could not be accepted then: that is not what this drill is about)."""
-    client = httpx.AsyncClient(timeout=ANSWER_BOUND_S, trust_env=False,
-                               limits=httpx.Limits(max_connections=connections,
-                                                   max_keepalive_connections=connections))
+    client = httpx.AsyncClient(
+        timeout=ANSWER_BOUND_S,
+        trust_env=False,
+        limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections),
+    )
     pending = [client.get(url + "/v1/models") for _ in range(connections)]
     assert all(r.status_code == 200 for r in await asyncio.gather(*pending))
     return client
 
 
-def test_fd_exhaustion_gets_clear_503s_and_marks_no_engine_down(drill_fleet: Fleet,
-                                                                 router_factory):
+def test_fd_exhaustion_gets_clear_503s_and_marks_no_engine_down(drill_fleet: Fleet, router_factory):
     router = router_factory(drill_config(drill_fleet, "round_robin"))
     pid = router.proc.pid
     _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
@@ -326,8 +370,9 @@ def test_fd_exhaustion_gets_clear_503s_and_marks_no_engine_down(drill_fleet: Fle
         try:
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free_fd(pid), hard))
             deadline = time.monotonic() + 3.0
-            starved = await strict_load(client, url, 16, lambda: time.monotonic() >= deadline,
-                                        max_tokens=32)
+            starved = await strict_load(
+                client, url, 16, lambda: time.monotonic() >= deadline, max_tokens=32
+            )
             resource.prlimit(pid, resource.RLIMIT_NOFILE, (hard, hard))
             restored = time.monotonic()
             count = iter(range(40))
@@ -342,11 +387,14 @@ def test_fd_exhaustion_gets_clear_503s_and_marks_no_engine_down(drill_fleet: Fle
     outcome = Outcome()
     outcome.merge(starved)
     outcome.merge(after)
-    record("router out of file descriptors (RLIMIT_NOFILE lowered) under load", outcome,
-           recovery_s,
-           notes=f"limit = the router's lowest free fd for 3 s, 16 kept-alive clients; "
-                 f"engines marked down: {len(down)}; recovery = limit restored -> 40 more "
-                 f"requests answered; limit hits {hits}")
+    record(
+        "router out of file descriptors (RLIMIT_NOFILE lowered) under load",
+        outcome,
+        recovery_s,
+        notes=f"limit = the router's lowest free fd for 3 s, 16 kept-alive clients; "
+        f"engines marked down: {len(down)}; recovery = limit restored -> 40 more "
+        f"requests answered; limit hits {hits}",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert not down, down
     assert hits.get("fd_exhausted", 0) > 0

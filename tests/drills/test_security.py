@@ -26,15 +26,25 @@ from tests.drills.report import Outcome, record
 from tests.router.conftest import ADMIN_TOKEN, PYTHON, REPO
 
 VIEWER_PAGES = [
-    "/", "/clusters/{alpha}/", "/clusters/{alpha}/snapshot.json", "/clusters/{alpha}/policy/",
-    "/clusters/{alpha}/policy/params/?kind=linear", "/clusters/{alpha}/routers/",
-    "/clusters/{alpha}/canary/", "/clusters/{alpha}/canary/{draft}/",
+    "/",
+    "/clusters/{alpha}/",
+    "/clusters/{alpha}/snapshot.json",
+    "/clusters/{alpha}/policy/",
+    "/clusters/{alpha}/policy/params/?kind=linear",
+    "/clusters/{alpha}/routers/",
+    "/clusters/{alpha}/canary/",
+    "/clusters/{alpha}/canary/{draft}/",
     "/clusters/{alpha}/canary/{draft}/comparison/",
-    "/clusters/{alpha}/replays/", "/clusters/{alpha}/replays/{replay}/", "/hotspots/", "/audit/",
+    "/clusters/{alpha}/replays/",
+    "/clusters/{alpha}/replays/{replay}/",
+    "/hotspots/",
+    "/audit/",
 ]
 OPERATOR_POSTS = [
-    "/clusters/{alpha}/policy/apply/", "/clusters/{alpha}/canary/create/",
-    "/clusters/{alpha}/canary/{draft}/start/", "/clusters/{alpha}/replays/create/",
+    "/clusters/{alpha}/policy/apply/",
+    "/clusters/{alpha}/canary/create/",
+    "/clusters/{alpha}/canary/{draft}/start/",
+    "/clusters/{alpha}/replays/create/",
 ]
 
 
@@ -57,8 +67,12 @@ def _verdict(response) -> str:
 @pytest.mark.django_db
 def test_ui_views_authorization_matrix():
     world = build_world()
-    people = {None: None, "none": make_user(None, "no-role"),
-              "viewer": make_user("viewer"), "operator": make_user("operator")}
+    people = {
+        None: None,
+        "none": make_user(None, "no-role"),
+        "viewer": make_user("viewer"),
+        "operator": make_user("operator"),
+    }
     outcome, wrong = Outcome(), []
     for role, user in people.items():
         client = session_client(user)
@@ -70,8 +84,12 @@ def test_ui_views_authorization_matrix():
                 outcome.add("clear" if got == want else "lost", f"{role} {method} {path}")
                 if got != want:
                     wrong.append((role, method, path, got, want))
-    record("authz matrix: UI views", outcome, None,
-           notes="anonymous->login, no role->403, viewer POST->403, operator allowed")
+    record(
+        "authz matrix: UI views",
+        outcome,
+        None,
+        notes="anonymous->login, no role->403, viewer POST->403, operator allowed",
+    )
     assert not wrong
 
 
@@ -100,16 +118,23 @@ async def test_websocket_needs_session_role_and_allowed_origin():
     nobody_cookie = await sync_to_async(_session_cookie)(nobody)
     path = f"/ws/clusters/{world['alpha']}/"
     good, evil = b"http://127.0.0.1", b"http://evil.example"
-    cases = [("no session", None, good, False), ("no role", nobody_cookie, good, False),
-             ("foreign origin", viewer_cookie, evil, False),
-             ("no origin header", viewer_cookie, b"", False),
-             ("viewer, allowed origin", viewer_cookie, good, True)]
+    cases = [
+        ("no session", None, good, False),
+        ("no role", nobody_cookie, good, False),
+        ("foreign origin", viewer_cookie, evil, False),
+        ("no origin header", viewer_cookie, b"", False),
+        ("viewer, allowed origin", viewer_cookie, good, True),
+    ]
     outcome = Outcome()
     for label, cookie, origin, expected in cases:
         accepted = await _ws_accepted(path, cookie, origin)
         outcome.add("clear" if accepted == expected else "lost", label)
-    await sync_to_async(record)("authz matrix: websockets", outcome, None,
-                                notes="refused without session/role or with foreign Origin")
+    await sync_to_async(record)(
+        "authz matrix: websockets",
+        outcome,
+        None,
+        notes="refused without session/role or with foreign Origin",
+    )
     assert outcome.lost == 0, outcome.lost_examples
 
 
@@ -149,15 +174,24 @@ def test_tokens_never_in_api_responses_or_logs(caplog):
     operator = make_user("operator")
     api_token, _ = tokens.create_api_token(SYSTEM, operator, "drill")
     router_token, deployment = router_deployments.create_router_deployment(
-        SYSTEM, world["alpha"], name="secret-r", host="127.0.0.1", port=8199)
+        SYSTEM, world["alpha"], name="secret-r", host="127.0.0.1", port=8199
+    )
     client = Client(headers={"Authorization": f"Bearer {api_token}"})
-    bodies = [client.get(path).content for path in (
-        "/api/v1/routers", f"/api/v1/routers/{deployment.pk}", "/api/v1/audit-events",
-        "/api/v1/me", f"/api/v1/clusters/{world['alpha']}")]
+    bodies = [
+        client.get(path).content
+        for path in (
+            "/api/v1/routers",
+            f"/api/v1/routers/{deployment.pk}",
+            "/api/v1/audit-events",
+            "/api/v1/me",
+            f"/api/v1/clusters/{world['alpha']}",
+        )
+    ]
     router_client = Client(headers={"Authorization": f"Bearer {router_token}"})
     bodies.append(router_client.get(f"/api/v1/routers/{deployment.pk}/config").content)
-    bodies.append(Client(headers={"Authorization": "Bearer not-a-token"})
-                  .get("/api/v1/routers").content)
+    bodies.append(
+        Client(headers={"Authorization": "Bearer not-a-token"}).get("/api/v1/routers").content
+    )
     for secret in (api_token, router_token):
         assert all(secret.encode() not in body for body in bodies)
         assert secret not in caplog.text
@@ -168,45 +202,85 @@ def router_log_dir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _start_router(directory: Path, args: list[str], env: dict[str, str]
-                  ) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_router(
+    directory: Path, args: list[str], env: dict[str, str]
+) -> tuple[subprocess.Popen[bytes], Path]:
     log_path = directory / f"router-{uuid.uuid4().hex[:6]}.log"
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    proc = start_process([PYTHON, "-m", "router_worker", *args], cwd=REPO, log=log_path,
-                         env={**clean, **env}, stdin=None)
+    proc = start_process(
+        [PYTHON, "-m", "router_worker", *args],
+        cwd=REPO,
+        log=log_path,
+        env={**clean, **env},
+        stdin=None,
+    )
     return proc, log_path
 
 
-ADMIN_CALLS = [("GET", "/admin/state"), ("GET", "/admin/config"), ("POST", "/admin/config"),
-               ("POST", "/admin/instances/i0/drain"), ("POST", "/admin/instances/i0/undrain")]
+ADMIN_CALLS = [
+    ("GET", "/admin/state"),
+    ("GET", "/admin/config"),
+    ("POST", "/admin/config"),
+    ("POST", "/admin/instances/i0/drain"),
+    ("POST", "/admin/instances/i0/undrain"),
+]
 
 
 def _admin_status(url: str, method: str, path: str, headers: dict[str, str]) -> int:
     return httpx.request(method, url + path, headers=headers, json={}, timeout=5).status_code
 
 
-def test_router_admin_endpoints_need_the_token_and_tokens_stay_out_of_logs(drill_fleet,
-                                                                          tmp_path):
+def test_router_admin_endpoints_need_the_token_and_tokens_stay_out_of_logs(drill_fleet, tmp_path):
     port, managed_port = free_ports(1), free_ports(1)
     config = tmp_path / "router.json"
     config.write_text(__import__("json").dumps(drill_config(drill_fleet)))
     router_secret = f"router-secret-{uuid.uuid4().hex}"
-    proc, log_path = _start_router(tmp_path, [
-        "--config", str(config), "--port", str(port), "--redis-url", "none",
-        "--log-level", "DEBUG"], {"SWITCHYARD_ROUTER_ADMIN_TOKEN": ADMIN_TOKEN})
-    managed, managed_log = _start_router(tmp_path, [
-        "--control-plane", "http://127.0.0.1:9", "--deployment", "1", "--port",
-        str(managed_port), "--redis-url", "none", "--state-dir", str(tmp_path / "state"),
-        "--poll-interval", "0.2", "--log-level", "DEBUG"],
-        {"SWITCHYARD_ROUTER_TOKEN": router_secret})
+    proc, log_path = _start_router(
+        tmp_path,
+        [
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--redis-url",
+            "none",
+            "--log-level",
+            "DEBUG",
+        ],
+        {"SWITCHYARD_ROUTER_ADMIN_TOKEN": ADMIN_TOKEN},
+    )
+    managed, managed_log = _start_router(
+        tmp_path,
+        [
+            "--control-plane",
+            "http://127.0.0.1:9",
+            "--deployment",
+            "1",
+            "--port",
+            str(managed_port),
+            "--redis-url",
+            "none",
+            "--state-dir",
+            str(tmp_path / "state"),
+            "--poll-interval",
+            "0.2",
+            "--log-level",
+            "DEBUG",
+        ],
+        {"SWITCHYARD_ROUTER_TOKEN": router_secret},
+    )
     url = f"http://127.0.0.1:{port}"
     outcome = Outcome()
     try:
-        wait_until(lambda: httpx.get(url + "/health", timeout=1).status_code == 200, 30,
-                   "router", proc)
-        variants = {"none": {}, "wrong": {"Authorization": "Bearer wrong-token"},
-                    "empty bearer": {"Authorization": "Bearer"},
-                    "router token": {"Authorization": f"Bearer {router_secret}"}}
+        wait_until(
+            lambda: httpx.get(url + "/health", timeout=1).status_code == 200, 30, "router", proc
+        )
+        variants = {
+            "none": {},
+            "wrong": {"Authorization": "Bearer wrong-token"},
+            "empty bearer": {"Authorization": "Bearer"},
+            "router token": {"Authorization": f"Bearer {router_secret}"},
+        }
         for method, path in ADMIN_CALLS:
             for label, headers in variants.items():
                 status = _admin_status(url, method, path, headers)
@@ -215,18 +289,32 @@ def test_router_admin_endpoints_need_the_token_and_tokens_stay_out_of_logs(drill
             outcome.add("ok" if ok != 401 else "lost", f"token {method} {path} -> {ok}")
         # Managed without an admin token: /admin is closed whatever is sent.
         managed_url = f"http://127.0.0.1:{managed_port}"
-        wait_until(lambda: httpx.get(managed_url + "/health", timeout=1).status_code == 503,
-                   30, "managed router", managed)
+        wait_until(
+            lambda: httpx.get(managed_url + "/health", timeout=1).status_code == 503,
+            30,
+            "managed router",
+            managed,
+        )
         for method, path in ADMIN_CALLS:
             status = _admin_status(managed_url, method, path, {"Authorization": "Bearer x"})
             outcome.add("clear" if status == 401 else "lost", f"no admin token {path}")
-        wait_until(lambda: "control plane" in managed_log.read_text().lower()
-                   or managed_log.stat().st_size > 200, 10, "managed router to log its fetches")
+        wait_until(
+            lambda: (
+                "control plane" in managed_log.read_text().lower()
+                or managed_log.stat().st_size > 200
+            ),
+            10,
+            "managed router to log its fetches",
+        )
     finally:
         stop_process(proc)
         stop_process(managed)
     logs = log_path.read_text(errors="replace") + managed_log.read_text(errors="replace")
-    record("authz matrix: router admin", outcome, None,
-           notes="no/wrong token -> 401 on every /admin endpoint; tokens absent from logs")
+    record(
+        "authz matrix: router admin",
+        outcome,
+        None,
+        notes="no/wrong token -> 401 on every /admin endpoint; tokens absent from logs",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert ADMIN_TOKEN not in logs and router_secret not in logs

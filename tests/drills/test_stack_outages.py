@@ -42,11 +42,17 @@ class BackgroundLoad:
     def __init__(self, url: str, transport: str = "lost", max_tokens: int = 16) -> None:
         self.stop = threading.Event()
         self.box: list[Outcome] = []
-        load = Load(url + "/v1/completions", concurrency=3, max_tokens=max_tokens,
-                    pause_s=0.02, transport=transport)
+        load = Load(
+            url + "/v1/completions",
+            concurrency=3,
+            max_tokens=max_tokens,
+            pause_s=0.02,
+            transport=transport,
+        )
         self.thread = threading.Thread(
             target=lambda: self.box.append(asyncio.run(load.run(until=self.stop.is_set))),
-            daemon=True)
+            daemon=True,
+        )
         self.thread.start()
 
     def finish(self) -> Outcome:
@@ -92,15 +98,22 @@ def test_router_killed_is_restarted_by_the_supervisor(stack):
     time.sleep(1.0)
     outcome = load.finish()
     after = asyncio.run(Load(stack.router_url + "/v1/completions", concurrency=4).run(count=40))
-    wait_until(lambda: _restart_reported(stack, before["restarts"] + 1, pid), 20,
-               "restart recorded and the new process heartbeating")
+    wait_until(
+        lambda: _restart_reported(stack, before["restarts"] + 1, pid),
+        20,
+        "restart recorded and the new process heartbeating",
+    )
     info = _router_info(stack)
     outcome.merge(after)
-    record("router process SIGKILL (celery supervisor)", outcome, restart_s,
-           notes=f"restart recorded (restarts {before['restarts']}->{info['restarts']}, "
-                 f"new pid {info['heartbeat'].get('pid')}); client errors "
-                 f"{outcome.clear_kinds} (ConnectError: refused while down, others: "
-                 "in-flight cut); recovery = kill -> serving (bound 10 s)")
+    record(
+        "router process SIGKILL (celery supervisor)",
+        outcome,
+        restart_s,
+        notes=f"restart recorded (restarts {before['restarts']}->{info['restarts']}, "
+        f"new pid {info['heartbeat'].get('pid')}); client errors "
+        f"{outcome.clear_kinds} (ConnectError: refused while down, others: "
+        "in-flight cut); recovery = kill -> serving (bound 10 s)",
+    )
     assert outcome.lost == 0, outcome.lost_examples
     assert after.succeeded == after.sent
     assert restart_s <= RESTART_BOUND_S, restart_s
@@ -139,11 +152,15 @@ def test_postgres_outage_routing_continues_api_says_503(stack):
     beat = _router_info(stack)["last_heartbeat"]
     wait_until(lambda: _router_info(stack)["last_heartbeat"] != beat, 30, "heartbeats resume")
     outcome = load.finish()
-    record("postgres stopped (private cluster)", outcome, api_back_s,
-           notes=f"during outage: API {status} {_message(text)!r}, /healthz {healthz}, "
-                 f"router kept config "
-                 f"v{router_during['config_version']}; recovery = postgres back -> API 200",
-           api_status_during=status)
+    record(
+        "postgres stopped (private cluster)",
+        outcome,
+        api_back_s,
+        notes=f"during outage: API {status} {_message(text)!r}, /healthz {healthz}, "
+        f"router kept config "
+        f"v{router_during['config_version']}; recovery = postgres back -> API 200",
+        api_status_during=status,
+    )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
     assert status == 503, text
     assert "database" in text.lower(), text
@@ -185,17 +202,20 @@ def test_django_restart_dashboards_reconnect_and_resume(stack, browser):
             page.wait_for_selector("#conn[data-state=live]", timeout=60_000)
         reconnect_s = time.monotonic() - restarted
         for page, count in zip(pages, seen, strict=True):
-            page.wait_for_function(f"window.switchyardLive.messages > {count + 2}",
-                                   timeout=30_000)
+            page.wait_for_function(f"window.switchyardLive.messages > {count + 2}", timeout=30_000)
     finally:
         for page in pages:
             page.context.close()
     outcome = load.finish()
     dashboards = Outcome(sent=len(pages), succeeded=len(pages))
     outcome.merge(dashboards)
-    record("django restarted, 2 dashboards open", outcome, reconnect_s,
-           notes="both dashboards went stale, reconnected and resumed receiving deltas; "
-                 "recovery = uvicorn started -> both live (includes app start-up)")
+    record(
+        "django restarted, 2 dashboards open",
+        outcome,
+        reconnect_s,
+        notes="both dashboards went stale, reconnected and resumed receiving deltas; "
+        "recovery = uvicorn started -> both live (includes app start-up)",
+    )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
 
 
@@ -221,11 +241,26 @@ def start_ingest(stack: Stack) -> None:
     """The general worker and beat: ingest of the router streams runs as in production."""
     celery = [str(BIN / "celery"), "-A", "controlplane"]
     if "worker" not in stack.processes:
-        stack.spawn("worker", [*celery, "worker", "-Q", "default", "-c", "1",
-                               "-n", "drill-default@%h", "--loglevel", "WARNING"])
+        stack.spawn(
+            "worker",
+            [
+                *celery,
+                "worker",
+                "-Q",
+                "default",
+                "-c",
+                "1",
+                "-n",
+                "drill-default@%h",
+                "--loglevel",
+                "WARNING",
+            ],
+        )
     if "beat" not in stack.processes:
-        stack.spawn("beat", [*celery, "beat", "--loglevel", "WARNING",
-                             "-s", str(stack.root / "beat-schedule")])
+        stack.spawn(
+            "beat",
+            [*celery, "beat", "--loglevel", "WARNING", "-s", str(stack.root / "beat-schedule")],
+        )
 
 
 def _rss_kib(pid: int) -> int:
@@ -239,8 +274,14 @@ def _sample(stack: Stack, pid: int, stop: threading.Event, rows: list[tuple]) ->
     client = redis.Redis.from_url(stack.redis.url)
     started = time.monotonic()
     while not stop.wait(2.0):
-        rows.append((time.monotonic() - started, _rss_kib(pid), client.xlen(EVENTS_STREAM),
-                     client.xlen(METRICS_STREAM)))
+        rows.append(
+            (
+                time.monotonic() - started,
+                _rss_kib(pid),
+                client.xlen(EVENTS_STREAM),
+                client.xlen(METRICS_STREAM),
+            )
+        )
     client.close()
 
 
@@ -257,9 +298,16 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
     sampler = threading.Thread(target=_sample, args=(stack, pid, stop, rows), daemon=True)
     sampler.start()
     try:
-        outcome = _in_thread(lambda: asyncio.run(
-            steady(stack.router_url + "/v1/completions", SOAK_RATE, SOAK_S,
-                   prompts=SOAK_PROMPTS or None)))
+        outcome = _in_thread(
+            lambda: asyncio.run(
+                steady(
+                    stack.router_url + "/v1/completions",
+                    SOAK_RATE,
+                    SOAK_S,
+                    prompts=SOAK_PROMPTS or None,
+                )
+            )
+        )
         live = all(p.get_attribute("#conn", "data-state") == "live" for p in pages)
     finally:
         stop.set()
@@ -271,13 +319,18 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
     drift = (rss[-1] - rss[0]) / rss[0]
     spread = (max(rss) - min(rss)) / rss[0]
     streams = max(r[2] for r in rows), max(r[3] for r in rows)
-    record(f"soak {SOAK_S:g} s at {SOAK_RATE:g} req/s, 2 dashboards, "
-           f"{SOAK_PROMPTS or 'unique'} prompts", outcome, None,
-           notes=f"router RSS after warm-up {rss[0] // 1024}->{rss[-1] // 1024} MiB "
-                 f"(drift {drift:+.1%}, spread {spread:.1%}); max XLEN events {streams[0]}, "
-                 f"metrics {streams[1]}; dashboards live at end: {live}",
-           rss_kib=[r[1] for r in rows], xlen_metrics=[r[3] for r in rows],
-           router_restarted=_router_info(stack)["heartbeat"]["pid"] != pid)
+    record(
+        f"soak {SOAK_S:g} s at {SOAK_RATE:g} req/s, 2 dashboards, "
+        f"{SOAK_PROMPTS or 'unique'} prompts",
+        outcome,
+        None,
+        notes=f"router RSS after warm-up {rss[0] // 1024}->{rss[-1] // 1024} MiB "
+        f"(drift {drift:+.1%}, spread {spread:.1%}); max XLEN events {streams[0]}, "
+        f"metrics {streams[1]}; dashboards live at end: {live}",
+        rss_kib=[r[1] for r in rows],
+        xlen_metrics=[r[3] for r in rows],
+        router_restarted=_router_info(stack)["heartbeat"]["pid"] != pid,
+    )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
     assert live
     if SOAK_S >= 120:  # too short a run says nothing about memory

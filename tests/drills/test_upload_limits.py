@@ -60,8 +60,9 @@ def session_cookie(user) -> str:
     return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}"
 
 
-def throw(server: Server, path: str, *, chunked: bool, cookie: str = "",
-          expect_continue: bool = False) -> Attempt:
+def throw(
+    server: Server, path: str, *, chunked: bool, cookie: str = "", expect_continue: bool = False
+) -> Attempt:
     """POST an 80 MiB body over a raw socket, stopping as soon as the server answers."""
     port = int(server.url.rsplit(":", 1)[1])
     before = written_bytes(server.process.pid)
@@ -75,9 +76,12 @@ def throw(server: Server, path: str, *, chunked: bool, cookie: str = "",
 
 
 def _head(path: str, chunked: bool, cookie: str, expect_continue: bool) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1",
-             "Content-Type: multipart/form-data; boundary=drill",
-             "Transfer-Encoding: chunked" if chunked else f"Content-Length: {OVERSIZED}"]
+    lines = [
+        f"POST {path} HTTP/1.1",
+        "Host: 127.0.0.1",
+        "Content-Type: multipart/form-data; boundary=drill",
+        "Transfer-Encoding: chunked" if chunked else f"Content-Length: {OVERSIZED}",
+    ]
     lines += [f"Cookie: {cookie}"] if cookie else []
     lines += ["Expect: 100-continue"] if expect_continue else []
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
@@ -122,23 +126,33 @@ def _read_answer(sock: socket.socket) -> bytes:
 
 def verdict(attempt: Attempt) -> tuple[str, str]:
     clear = attempt.status == 413 and "request body too large" in attempt.body
-    return ("clear" if clear else "lost",
-            f"413 body too large: {attempt.sent} B sent, {attempt.disk} B written"
-            if clear else f"status {attempt.status}: {attempt.body[:200]!r}")
+    return (
+        "clear" if clear else "lost",
+        f"413 body too large: {attempt.sent} B sent, {attempt.disk} B written"
+        if clear
+        else f"status {attempt.status}: {attempt.body[:200]!r}",
+    )
 
 
 def upload_real_trace(server: Server, cookie: str, cluster_id: int) -> httpx.Response:
     """An operator's ordinary 2 MiB trace upload through the same server (CSRF included)."""
-    rows = "".join(json.dumps({"timestamp": k, "input_length": 900, "output_length": 20,
-                               "hash_ids": [k, k + 1]}) + "\n" for k in range(25_000))
+    rows = "".join(
+        json.dumps(
+            {"timestamp": k, "input_length": 900, "output_length": 20, "hash_ids": [k, k + 1]}
+        )
+        + "\n"
+        for k in range(25_000)
+    )
     name, value = cookie.split("=", 1)
     with httpx.Client(base_url=server.url, cookies={name: value}, timeout=60) as client:
         client.get(f"/clusters/{cluster_id}/replays/")
         policy = Policy.objects.filter(cluster_id=cluster_id).first()
-        return client.post(f"/clusters/{cluster_id}/replays/create/",
-                           headers={"X-CSRFToken": client.cookies["csrftoken"]},
-                           data={"policies": str(policy.pk), "max_requests": "10"},
-                           files={"upload": ("real.jsonl", rows.encode())})
+        return client.post(
+            f"/clusters/{cluster_id}/replays/create/",
+            headers={"X-CSRFToken": client.cookies["csrftoken"]},
+            data={"policies": str(policy.pk), "max_requests": "10"},
+            files={"upload": ("real.jsonl", rows.encode())},
+        )
 
 
 def test_oversized_uploads_are_refused_before_reaching_the_disk(upload_server) -> None:
@@ -148,11 +162,12 @@ def test_oversized_uploads_are_refused_before_reaching_the_disk(upload_server) -
     viewer = session_cookie(make_user("viewer", "drill-viewer"))
     cases = {
         "anonymous, Content-Length": {"chunked": False},
-        "anonymous, Content-Length, Expect: 100-continue": {"chunked": False,
-                                                            "expect_continue": True},
+        "anonymous, Content-Length, Expect: 100-continue": {
+            "chunked": False,
+            "expect_continue": True,
+        },
         "anonymous, chunked": {"chunked": True},
-        "forged session cookie, Content-Length": {"chunked": False,
-                                                  "cookie": "sessionid=forged"},
+        "forged session cookie, Content-Length": {"chunked": False, "cookie": "sessionid=forged"},
         "viewer, Content-Length": {"chunked": False, "cookie": viewer},
         "operator, Content-Length over 64 MiB": {"chunked": False, "cookie": operator},
         "operator, chunked": {"chunked": True, "cookie": operator},
@@ -164,11 +179,15 @@ def test_oversized_uploads_are_refused_before_reaching_the_disk(upload_server) -
     real = upload_real_trace(upload_server, operator, cluster.pk)
     outcome.add("ok" if real.status_code == 302 else "lost", f"real upload: {real.status_code}")
     most_written = max(a.disk for a in attempts.values())
-    record("oversized uploads (80 MiB, anonymous and signed-in)", outcome, None,
-           notes=f"{len(cases)} refusals (413) + 1 real 2 MiB upload accepted; most bytes "
-                 f"written to disk by the server before a refusal: {most_written}",
-           disk_bytes_max=most_written,
-           client_bytes_sent_max=max(a.sent for a in attempts.values()))
+    record(
+        "oversized uploads (80 MiB, anonymous and signed-in)",
+        outcome,
+        None,
+        notes=f"{len(cases)} refusals (413) + 1 real 2 MiB upload accepted; most bytes "
+        f"written to disk by the server before a refusal: {most_written}",
+        disk_bytes_max=most_written,
+        client_bytes_sent_max=max(a.sent for a in attempts.values()),
+    )
     assert outcome.lost == 0, {n: a for n, a in attempts.items() if verdict(a)[0] != "clear"}
     assert most_written <= DISK_SLACK, {n: a.disk for n, a in attempts.items()}
     assert attempts["anonymous, Content-Length, Expect: 100-continue"].sent == 0

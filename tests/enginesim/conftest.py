@@ -55,12 +55,22 @@ def start_server(instances: int = 1, kv_events: bool = True, *extra: str) -> Sim
     ]  # fmt: skip
     if kv_base is not None:
         args += ["--kv-events", f"tcp://127.0.0.1:{kv_base}"]
-    proc = start_process(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                         stdin=None, stdout=None, stderr=None)
+    proc = start_process(
+        args,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdin=None,
+        stdout=None,
+        stderr=None,
+    )
     server = SimServer(base + 1, instances, base, kv_base, proc)
     try:
-        wait_http(server.url(0) + "/health", STARTUP_TIMEOUT, process=proc,
-                  ok=lambda status: status == 200)
+        wait_http(
+            server.url(0) + "/health",
+            STARTUP_TIMEOUT,
+            process=proc,
+            ok=lambda status: status == 200,
+        )
     except Exception:
         stop_server(server)
         raise

@@ -29,15 +29,19 @@ def scored():
 
 def test_every_bounded_calibration_point_is_within_the_bound(scored):
     bounded = [(p, err) for p, err in scored if in_bound(p)]
-    misses = [f"line {p.row + 2} {p.kind} {p.label}: {err:+.1f}%" for p, err in bounded
-              if abs(err) > BOUND_PCT]
+    misses = [
+        f"line {p.row + 2} {p.kind} {p.label}: {err:+.1f}%"
+        for p, err in bounded
+        if abs(err) > BOUND_PCT
+    ]
     assert len(bounded) >= 50
     assert not misses, "\n".join(misses)
 
 
 def test_short_prompt_ttfts_are_bounded(scored):
-    short = [(p, err) for p, err in scored if p.kind == "ttft1" and p.input_len <= 512
-             and in_bound(p)]
+    short = [
+        (p, err) for p, err in scored if p.kind == "ttft1" and p.input_len <= 512 and in_bound(p)
+    ]
     assert len(short) >= 4  # H100 bf16 and fp8 128-token prompts, L40S 512
     assert all(abs(err) <= BOUND_PCT for _, err in short)
 
@@ -53,8 +57,9 @@ def test_points_out_of_bound_exist_and_really_miss_it(scored):
 # ----------------------------------------------------------------- per-request overhead
 
 
-def engine(t_request: float | None = None, gpu: str = "h100",
-           model: str = "qwen3-8b") -> EngineCore:
+def engine(
+    t_request: float | None = None, gpu: str = "h100", model: str = "qwen3-8b"
+) -> EngineCore:
     calibration = load_calibration()
     if t_request is not None:
         calibration = replace(calibration, t_request=t_request)
@@ -113,8 +118,12 @@ def test_a_request_arriving_mid_decode_joins_no_step_before_its_overhead_passed(
 
 
 def test_fast_forward_and_step_by_step_agree_with_the_overhead():
-    arrivals = [(0.0, "a", 1500, 300), (0.2031, "b", 700, 40), (0.2032, "c", 90, 200),
-                (1.0, "d", 3000, 10)]
+    arrivals = [
+        (0.0, "a", 1500, 300),
+        (0.2031, "b", 700, 40),
+        (0.2032, "c", 90, 200),
+        (1.0, "d", 3000, 10),
+    ]
     fast = run(engine(), arrivals)
     slow_core = EngineCore(engine().config, fast_forward=False)
     slow = run(slow_core, arrivals)

@@ -18,8 +18,11 @@ from enginesim.engine import (
 
 
 def make_engine(gpu="h20", model="qwen2-7b", sink=None, fast_forward=True, **overrides):
-    return EngineCore(EngineConfig.for_hardware(gpu, model, **overrides), kv_event_sink=sink,
-                      fast_forward=fast_forward)
+    return EngineCore(
+        EngineConfig.for_hardware(gpu, model, **overrides),
+        kv_event_sink=sink,
+        fast_forward=fast_forward,
+    )
 
 
 def run(engine, arrivals, per_token=False, events_only=False):
@@ -140,8 +143,10 @@ def test_lru_eviction_at_capacity_removes_the_tail_of_the_oldest_prompt():
 
 def test_preemption_recomputes_the_newest_request_under_memory_pressure():
     rng = np.random.default_rng(4)
-    arrivals = [(0.0, "old", rng.integers(0, 150_000, 160), 300),
-                (0.001, "new", rng.integers(0, 150_000, 160), 300)]
+    arrivals = [
+        (0.0, "old", rng.integers(0, 150_000, 160), 300),
+        (0.001, "new", rng.integers(0, 150_000, 160), 300),
+    ]
     engine = make_engine(num_gpu_blocks=40)
     outputs, _ = run(engine, arrivals)
     assert engine.stats().num_preemptions >= 1
@@ -233,8 +238,11 @@ def test_concurrent_tier_reads_share_the_link():
     assert stats[0].tier_read_wait == 0.0
     assert stats[1].tier_read_wait == pytest.approx(transfer, rel=1e-9)
     assert stats[1].tier_read_time == pytest.approx(2 * transfer, rel=1e-9)
-    assert stats[0].tier_bytes_read == stats[1].tier_bytes_read == 8176 * (
-        engines[0].config.model.kv_bytes_per_token())
+    assert (
+        stats[0].tier_bytes_read
+        == stats[1].tier_bytes_read
+        == 8176 * (engines[0].config.model.kv_bytes_per_token())
+    )
     assert stats[0].has_tier and stats[1].external_cache_hits == 8176
 
 
@@ -268,8 +276,13 @@ def test_stats_report_vllm_style_counters():
 def test_small_gpus_get_vllm_small_defaults():
     cfg = EngineConfig.for_hardware("l40s", "qwen3-8b")
     assert (cfg.max_num_batched_tokens, cfg.max_num_seqs) == (2048, 256)
-    big = replace(cfg, gpu=EngineConfig.for_hardware("h100", "qwen3-8b").gpu,
-                  max_num_batched_tokens=0, max_num_seqs=0, num_gpu_blocks=0)
+    big = replace(
+        cfg,
+        gpu=EngineConfig.for_hardware("h100", "qwen3-8b").gpu,
+        max_num_batched_tokens=0,
+        max_num_seqs=0,
+        num_gpu_blocks=0,
+    )
     assert (big.max_num_batched_tokens, big.max_num_seqs) == (8192, 1024)
 
 
@@ -282,8 +295,7 @@ def test_known_output_blocks_are_cached_for_the_next_turn():
     hits = {}
     for known in (True, False):
         engine = make_engine()
-        engine.add_request("a", prompt, 64, now=0.0,
-                           output_token_ids=answer if known else None)
+        engine.add_request("a", prompt, 64, now=0.0, output_token_ids=answer if known else None)
         engine.advance_to(100.0)
         engine.add_request("b", follow_up, 1, now=100.0)
         outputs = engine.advance_to(200.0)

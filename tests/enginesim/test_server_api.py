@@ -154,13 +154,19 @@ def test_request_log_times_each_request_under_the_clients_request_id(sim_factory
     server = sim_factory("--request-log", str(log), kv_events=False)
     client = openai.OpenAI(base_url=server.url(0) + "/v1", api_key="x", max_retries=0)
     sent = time.monotonic()
-    stream = client.completions.create(model=MODEL, prompt=_long_text("theta"), max_tokens=6,
-                                       stream=True, extra_headers={"X-Request-Id": "bench-1"})
+    stream = client.completions.create(
+        model=MODEL,
+        prompt=_long_text("theta"),
+        max_tokens=6,
+        stream=True,
+        extra_headers={"X-Request-Id": "bench-1"},
+    )
     chunks = list(stream)
     received = time.monotonic()
     assert chunks[0].id == "cmpl-bench-1"  # vLLM's id: the client's X-Request-Id
     reply = client.chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "iota"}], max_tokens=3)
+        model=MODEL, messages=[{"role": "user", "content": "iota"}], max_tokens=3
+    )
     assert reply.id.startswith("chatcmpl-") and reply.id != "chatcmpl-bench-1"
 
     for _ in range(50):  # the stream's record is written as its generator closes
@@ -183,11 +189,18 @@ def test_request_log_times_each_request_under_the_clients_request_id(sim_factory
 def test_one_x_request_id_on_concurrent_requests_serves_both(sim):
     """Clients may reuse an id (a retry, a load tool); the engine must not refuse the
     second request as a duplicate while the first still runs."""
+
     async def both() -> list[openai.types.Completion]:
         client = openai.AsyncOpenAI(base_url=sim.url(0) + "/v1", api_key="x", max_retries=0)
-        ask = [client.completions.create(model=MODEL, prompt=_long_text(f"kappa{k}"),
-                                         max_tokens=24, extra_headers={"X-Request-Id": "same"})
-               for k in range(2)]
+        ask = [
+            client.completions.create(
+                model=MODEL,
+                prompt=_long_text(f"kappa{k}"),
+                max_tokens=24,
+                extra_headers={"X-Request-Id": "same"},
+            )
+            for k in range(2)
+        ]
         return await asyncio.gather(*ask)
 
     replies = asyncio.run(both())
@@ -200,8 +213,12 @@ def test_request_log_records_an_abandoned_request_as_not_completed(sim_factory, 
     server = sim_factory("--request-log", str(log), kv_events=False)
     body = {"model": MODEL, "prompt": _long_text("lambda"), "max_tokens": 4000}
     with pytest.raises(httpx.ReadTimeout):  # the client gives up long before the answer
-        httpx.post(server.url(0) + "/v1/completions", json=body, timeout=0.3,
-                   headers={"X-Request-Id": "gone-1"})
+        httpx.post(
+            server.url(0) + "/v1/completions",
+            json=body,
+            timeout=0.3,
+            headers={"X-Request-Id": "gone-1"},
+        )
     for _ in range(50):
         lines = log.read_text().splitlines() if log.exists() else []
         if lines:

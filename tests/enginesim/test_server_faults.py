@@ -44,20 +44,31 @@ def test_error5xx_answers_openai_errors_until_recovered(url):
 
 def test_poison_fails_only_requests_carrying_the_match(url):
     assert set_fault(url, mode="poison", match="BAD-INPUT")["match"] == "BAD-INPUT"
-    bad = httpx.post(url + "/v1/completions",
-                     json={"model": MODEL, "prompt": "a BAD-INPUT b", "max_tokens": 1})
+    bad = httpx.post(
+        url + "/v1/completions", json={"model": MODEL, "prompt": "a BAD-INPUT b", "max_tokens": 1}
+    )
     assert bad.status_code == 500
     assert "poison" in bad.json()["error"]["message"]
-    chat = httpx.post(url + "/v1/chat/completions", json={
-        "model": MODEL, "max_tokens": 2,
-        "messages": [{"role": "user", "content": "a fine question"}]})
+    chat = httpx.post(
+        url + "/v1/chat/completions",
+        json={
+            "model": MODEL,
+            "max_tokens": 2,
+            "messages": [{"role": "user", "content": "a fine question"}],
+        },
+    )
     assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 2
     assert httpx.get(url + "/health").status_code == 200
     refused = httpx.post(url + "/admin/fault", json={"mode": "poison"})
     assert refused.status_code == 400 and "match" in refused.text
     set_fault(url, mode="recover")
-    assert httpx.post(url + "/v1/completions", json={
-        "model": MODEL, "prompt": "a BAD-INPUT b", "max_tokens": 1}).status_code == 200
+    assert (
+        httpx.post(
+            url + "/v1/completions",
+            json={"model": MODEL, "prompt": "a BAD-INPUT b", "max_tokens": 1},
+        ).status_code
+        == 200
+    )
 
 
 def test_hang_accepts_but_never_answers(url):
@@ -172,8 +183,9 @@ def test_cli_fault_applies_from_startup(sim_factory):
 
 def test_wrong_content_type_answers_html_but_health_is_served(url):
     set_fault(url, mode="wrong_content_type")
-    reply = httpx.post(url + "/v1/completions", json={"model": MODEL, "prompt": "x",
-                                                      "max_tokens": 1})
+    reply = httpx.post(
+        url + "/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}
+    )
     assert reply.status_code == 200
     assert reply.headers["content-type"].startswith("text/html")
     assert httpx.get(url + "/health").status_code == 200

@@ -50,8 +50,11 @@ def test_roles_are_the_templates_to_judge():
 def test_each_model_renders_its_own_family_by_default():
     user = [{"role": "user", "content": "hi"}]
     assert chat.model_template("qwen2-7b").render(user).startswith("<|im_start|>user")
-    assert chat.model_template("llama-3.1-8b").render(user).startswith(
-        "<|begin_of_text|><|start_header_id|>user")
+    assert (
+        chat.model_template("llama-3.1-8b")
+        .render(user)
+        .startswith("<|begin_of_text|><|start_header_id|>user")
+    )
 
 
 def test_block_stored_array_encoding_follows_vllm_field_order():

@@ -13,8 +13,9 @@ from controlplane.tasks import ping
 def celery_worker_on_redis():
     import celery.contrib.testing.tasks  # noqa: F401  registers celery.ping for the ready check
 
-    with start_worker(app, pool="solo", concurrency=1, perform_ping_check=True,
-                      shutdown_timeout=10) as worker:
+    with start_worker(
+        app, pool="solo", concurrency=1, perform_ping_check=True, shutdown_timeout=10
+    ) as worker:
         yield worker
 
 

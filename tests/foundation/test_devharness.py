@@ -67,8 +67,9 @@ def test_wait_until_other_errors_are_not_swallowed() -> None:
 
 def test_a_dead_process_ends_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
     log = tmp_path / "dead.log"
-    with ManagedProcess([sys.executable, "-c", "print('boom'); raise SystemExit(3)"],
-                        log=log) as dead:
+    with ManagedProcess(
+        [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log=log
+    ) as dead:
         started = time.monotonic()
         with pytest.raises(ProcessExited, match=r"exited with 3\nboom"):
             wait_http("http://127.0.0.1:9/", 30, process=dead.process, log=log)
@@ -83,9 +84,11 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path
 
 def test_a_process_set_stops_each_group_with_its_children(tmp_path: Path) -> None:
     pid_file = tmp_path / "child.pid"
-    spawner = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c',"
-               f" {IGNORES_TERM!r}]); open({str(pid_file)!r}, 'w').write(str(child.pid));"
-               " time.sleep(60)")
+    spawner = (
+        "import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c',"
+        f" {IGNORES_TERM!r}]); open({str(pid_file)!r}, 'w').write(str(child.pid));"
+        " time.sleep(60)"
+    )
     with ProcessSet(grace=0.5) as stack:
         parent = stack.start([sys.executable, "-c", spawner])
         child = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 10, "pid"))
@@ -100,8 +103,13 @@ def test_nothing_deployed_imports_the_harness() -> None:
     for package in deployed:
         for path in (ROOT / package).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                         [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
                 if any(n.split(".")[0] == "devharness" for n in names):
                     offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []

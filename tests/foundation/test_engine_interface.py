@@ -89,11 +89,19 @@ def test_current_names_across_two_engines():
     ttft = parsed.histogram("ttft")
     assert ttft == Histogram(((0.1, 1.0), (1.0, 5.0), (math.inf, 6.0)), 9.0, 6.0)
     assert ttft.mean == pytest.approx(1.5)
-    assert (ttft.quantile_bound(10), ttft.quantile_bound(50), ttft.quantile_bound(99)) \
-        == (0.1, 1.0, math.inf)
+    assert (ttft.quantile_bound(10), ttft.quantile_bound(50), ttft.quantile_bound(99)) == (
+        0.1,
+        1.0,
+        math.inf,
+    )
     assert parsed.skipped == 0
-    assert parsed.summary() == {"running": 5.0, "waiting": 1.0, "kv_usage": 0.5,
-                                "prefix_queries": 150.0, "prefix_hits": 50.0}
+    assert parsed.summary() == {
+        "running": 5.0,
+        "waiting": 1.0,
+        "kv_usage": 0.5,
+        "prefix_queries": 150.0,
+        "prefix_hits": 50.0,
+    }
 
 
 def test_older_names_are_read_when_the_current_ones_are_absent():
@@ -110,8 +118,9 @@ def test_the_current_name_wins_over_the_older_one():
 
 
 def test_without_engine_label_and_without_type_lines():
-    parsed = parse_metrics('vllm:num_requests_running{model_name="m"} 2\n'
-                           "vllm:prefix_cache_hits_total 7\n")
+    parsed = parse_metrics(
+        'vllm:num_requests_running{model_name="m"} 2\nvllm:prefix_cache_hits_total 7\n'
+    )
     assert list(parsed.engines) == ["0"]
     assert (parsed.running, parsed.prefix_hits) == (2.0, 7.0)
 
@@ -121,12 +130,15 @@ def test_histograms_can_be_left_out():
     assert parsed.histogram("ttft") is None and parsed.running == 5.0
 
 
-@pytest.mark.parametrize("bad_line", [
-    'vllm:num_requests_waiting{engine="0",model_name="m} 9',  # unterminated label value
-    "vllm:num_requests_waiting not-a-number",
-    'vllm:num_requests_waiting{engine=0} 9',  # unquoted label value
-    "vllm:num_requests_waiting NaN",
-])
+@pytest.mark.parametrize(
+    "bad_line",
+    [
+        'vllm:num_requests_waiting{engine="0",model_name="m} 9',  # unterminated label value
+        "vllm:num_requests_waiting not-a-number",
+        "vllm:num_requests_waiting{engine=0} 9",  # unquoted label value
+        "vllm:num_requests_waiting NaN",
+    ],
+)
 def test_a_bad_line_is_skipped_and_counted_the_rest_still_read(bad_line):
     parsed = parse_metrics(CURRENT + bad_line + "\n")
     assert parsed.skipped == 1
@@ -134,15 +146,17 @@ def test_a_bad_line_is_skipped_and_counted_the_rest_still_read(bad_line):
 
 
 def test_a_bad_bucket_bound_drops_that_histogram_only():
-    text = CURRENT.replace('le="1.0",model_name="Qwen/Qwen2-7B"} 2.0',
-                           'le="soon",model_name="Qwen/Qwen2-7B"} 2.0')
+    text = CURRENT.replace(
+        'le="1.0",model_name="Qwen/Qwen2-7B"} 2.0', 'le="soon",model_name="Qwen/Qwen2-7B"} 2.0'
+    )
     parsed = parse_metrics(text)
     assert parsed.skipped == 1
     assert parsed.engines["1"].ttft is None and parsed.engines["0"].ttft is not None
 
 
-@pytest.mark.parametrize("text", ["", "\x00\x01\x02", "<html>502 Bad Gateway</html>",
-                                  "vllm:num_requests_running{"])
+@pytest.mark.parametrize(
+    "text", ["", "\x00\x01\x02", "<html>502 Bad Gateway</html>", "vllm:num_requests_running{"]
+)
 def test_garbage_never_raises(text):
     parsed = parse_metrics(text)
     assert parsed.running is None and parsed.kv_usage is None

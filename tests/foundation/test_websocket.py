@@ -29,9 +29,7 @@ async def test_logged_in_round_trip() -> None:
     from asgiref.sync import sync_to_async
 
     cookie = await sync_to_async(session_cookie)()
-    communicator, connected = await connect(
-        [(b"cookie", cookie), (b"origin", b"http://127.0.0.1")]
-    )
+    communicator, connected = await connect([(b"cookie", cookie), (b"origin", b"http://127.0.0.1")])
     assert connected
     await communicator.send_json_to({"hello": "switchyard"})
     assert await communicator.receive_json_from(timeout=5) == {"echo": {"hello": "switchyard"}}

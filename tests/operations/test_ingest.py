@@ -26,15 +26,35 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def hotspot_event(cluster: str = "ops-test", transition: str = "confirmed") -> WireEvent:
-    return WireEvent.new(cluster, "r0", "hotspot", time.time(), transition=transition,
-                         prefix_class="c1", prefix_hash="abc", x=9.0, x_bar=1.0, m=2,
-                         m_bar=14, window=30.0, instances=["i0", "i1"])
+    return WireEvent.new(
+        cluster,
+        "r0",
+        "hotspot",
+        time.time(),
+        transition=transition,
+        prefix_class="c1",
+        prefix_hash="abc",
+        x=9.0,
+        x_bar=1.0,
+        m=2,
+        m_bar=14,
+        window=30.0,
+        instances=["i0", "i1"],
+    )
 
 
 def test_events_become_rows_and_a_redelivered_event_is_stored_once(redis_client, cluster):
     first = hotspot_event()
-    health = WireEvent.new("ops-test", "r0", "health", time.time(), instance="i3",
-                           before="healthy", after="down", cause="connect error")
+    health = WireEvent.new(
+        "ops-test",
+        "r0",
+        "health",
+        time.time(),
+        instance="i3",
+        before="healthy",
+        after="down",
+        cause="connect error",
+    )
     for event in (first, health, first):  # `first` delivered twice
         redis_client.xadd(EVENTS_STREAM, event.to_stream_fields())
     result = ingest.ingest_events(redis_client)
@@ -57,12 +77,23 @@ def test_events_read_while_postgres_is_down_arrive_after_it_returns(redis_client
     for event in events:
         redis_client.xadd(EVENTS_STREAM, event.to_stream_fields())
     # An ingest process whose database is unreachable reads the entries but must not ack.
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
-           "SWITCHYARD_DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/x"}
-    script = ("import django; django.setup(); from controlplane.services import ingest, notify;"
-              "ingest.ingest_events(notify.redis_client())")
-    failed = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env,
-                            capture_output=True, text=True, timeout=60)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+        "SWITCHYARD_DATABASE_URL": f"postgres://postgres@127.0.0.1:{free_port()}/x",
+    }
+    script = (
+        "import django; django.setup(); from controlplane.services import ingest, notify;"
+        "ingest.ingest_events(notify.redis_client())"
+    )
+    failed = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert failed.returncode != 0 and "OperationalError" in failed.stderr
     assert HotspotEvent.objects.count() == 0
     # Database back (our own connection): the pending entries are delivered again.
@@ -74,9 +105,22 @@ def test_events_read_while_postgres_is_down_arrive_after_it_returns(redis_client
 def test_metrics_fold_into_minute_rollups_once(redis_client, cluster):
     start = 1_800_000_000.0  # a minute boundary
     record = MetricsRecord(
-        id="m-1", cluster="ops-test", router="r0", start=start, end=start + 1,
-        arms={"baseline": ArmMetrics(policy="lmetric", requests=3, errors=1, output_tokens=30,
-                                     ttft_s=[0.1, 0.2, 0.3], tpot_s=[0.01, 0.02])})
+        id="m-1",
+        cluster="ops-test",
+        router="r0",
+        start=start,
+        end=start + 1,
+        arms={
+            "baseline": ArmMetrics(
+                policy="lmetric",
+                requests=3,
+                errors=1,
+                output_tokens=30,
+                ttft_s=[0.1, 0.2, 0.3],
+                tpot_s=[0.01, 0.02],
+            )
+        },
+    )
     second = record.model_copy(update={"id": "m-2", "start": start + 1, "end": start + 2})
     for entry in (record, record, second):
         redis_client.xadd(METRICS_STREAM, entry.to_stream_fields())

@@ -38,14 +38,29 @@ def streams(redis_client: redis.Redis) -> Iterator[redis.Redis]:
 
 
 def hotspot(**payload: Any) -> dict[str, Any]:
-    fields = {"transition": "confirmed", "prefix_class": "c1", "prefix_hash": "abc", "x": 9.0,
-              "x_bar": 1.0, "m": 2, "m_bar": 14, "window": 30.0, "instances": ["i0"]}
+    fields = {
+        "transition": "confirmed",
+        "prefix_class": "c1",
+        "prefix_hash": "abc",
+        "x": 9.0,
+        "x_bar": 1.0,
+        "m": 2,
+        "m_bar": 14,
+        "window": 30.0,
+        "instances": ["i0"],
+    }
     return {**fields, **payload}
 
 
 def wire(kind: str = "hotspot", **overrides: Any) -> dict[str, Any]:
-    event = {"id": uuid.uuid4().hex, "cluster": CLUSTER, "router": "r0", "kind": kind,
-             "at": time.time(), "payload": hotspot() if kind == "hotspot" else {}}
+    event = {
+        "id": uuid.uuid4().hex,
+        "cluster": CLUSTER,
+        "router": "r0",
+        "kind": kind,
+        "at": time.time(),
+        "payload": hotspot() if kind == "hotspot" else {},
+    }
     return {**event, **overrides}
 
 
@@ -55,8 +70,9 @@ def add_raw(client: redis.Redis, stream: str, document: Any) -> None:
 
 
 def stored_event_ids() -> set[str]:
-    return (set(HotspotEvent.objects.values_list("event_id", flat=True))
-            | set(RouterEvent.objects.values_list("event_id", flat=True)))
+    return set(HotspotEvent.objects.values_list("event_id", flat=True)) | set(
+        RouterEvent.objects.values_list("event_id", flat=True)
+    )
 
 
 def quarantined(client: redis.Redis) -> list[dict[bytes, bytes]]:
@@ -101,18 +117,27 @@ def test_a_poison_event_is_quarantined_and_the_rest_of_its_batch_lands(streams, 
 
 def metrics_record(record_id: str, start: float, requests: int = 3) -> dict[str, Any]:
     record = MetricsRecord(
-        id=record_id, cluster=CLUSTER, router="r0", start=start, end=start + 1,
-        arms={"baseline": ArmMetrics(policy="lmetric", requests=requests, ttft_s=[0.1])})
+        id=record_id,
+        cluster=CLUSTER,
+        router="r0",
+        start=start,
+        end=start + 1,
+        arms={"baseline": ArmMetrics(policy="lmetric", requests=requests, ttft_s=[0.1])},
+    )
     return record.model_dump()
 
 
 POISON_METRICS = {
     "start beyond year 9999": metrics_record("bad-1", 1e20),
-    "NaN sample": {**metrics_record("bad-2", 1_800_000_000.0),
-                   "arms": {"baseline": {"policy": "lmetric", "ttft_s": [math.nan]}}},
+    "NaN sample": {
+        **metrics_record("bad-2", 1_800_000_000.0),
+        "arms": {"baseline": {"policy": "lmetric", "ttft_s": [math.nan]}},
+    },
     "request count beyond an int column": metrics_record("bad-3", 1_800_000_000.0, 2**40),
-    "arm name over 64 chars": {**metrics_record("bad-4", 1_800_000_000.0),
-                               "arms": {"a" * 65: {"policy": "lmetric", "requests": 1}}},
+    "arm name over 64 chars": {
+        **metrics_record("bad-4", 1_800_000_000.0),
+        "arms": {"a" * 65: {"policy": "lmetric", "requests": 1}},
+    },
 }
 
 
@@ -132,34 +157,42 @@ def test_a_poison_metrics_record_is_quarantined_and_the_others_fold(streams, clu
 
 # ----- property: whatever the routers (or anyone with Redis access) write -----------------
 
-json_scalars = (st.none() | st.booleans() | st.integers() | st.floats()
-                | st.text(max_size=70))
-json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=8), inner, max_size=3),
-                           max_leaves=6)
+json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=70)
+json_values = st.recursive(
+    json_scalars,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
 
 
-def maybe(valid: st.SearchStrategy, hostile: st.SearchStrategy = json_values
-          ) -> st.SearchStrategy:
+def maybe(valid: st.SearchStrategy, hostile: st.SearchStrategy = json_values) -> st.SearchStrategy:
     return st.one_of(valid, valid, hostile)
 
 
-hostile_payloads = st.fixed_dictionaries({
-    key: maybe(st.just(value)) for key, value in hotspot().items()})
-hostile_events = st.fixed_dictionaries({
-    "id": maybe(st.uuids().map(lambda u: u.hex), st.text(max_size=80)),
-    "cluster": maybe(st.just(CLUSTER)),
-    "router": maybe(st.just("r0"), st.text(max_size=80)),
-    "kind": maybe(st.sampled_from(["hotspot", "health", "config_applied"]), st.text(max_size=8)),
-    "at": maybe(st.floats(0, 4e9), st.floats() | st.integers()),
-    "payload": maybe(hostile_payloads, json_values),
-})
+hostile_payloads = st.fixed_dictionaries(
+    {key: maybe(st.just(value)) for key, value in hotspot().items()}
+)
+hostile_events = st.fixed_dictionaries(
+    {
+        "id": maybe(st.uuids().map(lambda u: u.hex), st.text(max_size=80)),
+        "cluster": maybe(st.just(CLUSTER)),
+        "router": maybe(st.just("r0"), st.text(max_size=80)),
+        "kind": maybe(
+            st.sampled_from(["hotspot", "health", "config_applied"]), st.text(max_size=8)
+        ),
+        "at": maybe(st.floats(0, 4e9), st.floats() | st.integers()),
+        "payload": maybe(hostile_payloads, json_values),
+    }
+)
 hostile_entries = st.one_of(hostile_events, json_values, st.text(max_size=40))
 
 
 @given(poison=st.lists(hostile_entries, min_size=1, max_size=6))
-@hypothesis_settings(max_examples=60, deadline=None,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@hypothesis_settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 def test_no_entry_stops_ingest_or_takes_a_valid_neighbour_with_it(streams, cluster, poison):
     streams.delete(*STREAM_KEYS)
     valid = [wire(), wire(kind="health", payload={"instance": "i1"})]

@@ -21,10 +21,13 @@ def lognormal(median: float, n: int) -> list[float]:
     return list(np.exp(RNG.normal(np.log(median), 0.3, n)))
 
 
-def arm(ttft_median: float, n: int = 200, errors: int = 0,
-        tpot_median: float = 0.02) -> ArmSample:
-    return ArmSample(requests=n, errors=errors, ttft_s=lognormal(ttft_median, n),
-                     tpot_s=lognormal(tpot_median, n))
+def arm(ttft_median: float, n: int = 200, errors: int = 0, tpot_median: float = 0.02) -> ArmSample:
+    return ArmSample(
+        requests=n,
+        errors=errors,
+        ttft_s=lognormal(ttft_median, n),
+        tpot_s=lognormal(tpot_median, n),
+    )
 
 
 def test_clear_regression_fails_with_evidence():
@@ -41,14 +44,12 @@ def test_no_difference_passes():
 
 
 def test_too_little_data_halts_never_passes():
-    verdict = judge({"baseline": arm(0.5, n=10), "candidate": arm(0.5, n=10)},
-                    DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": arm(0.5, n=10), "candidate": arm(0.5, n=10)}, DEFAULT_GUARDRAILS)
     assert verdict.verdict == "halt"
 
 
 def test_error_rate_guard_fails_even_when_latency_is_fine():
-    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5, errors=20)},
-                    DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5, errors=20)}, DEFAULT_GUARDRAILS)
     assert verdict.verdict == "fail"
     assert any("error rate" in reason for reason in verdict.reasons)
 
@@ -65,28 +66,48 @@ def running_canary(db):
     admin = Actor.system("test")
     cluster = clusters.create_cluster(admin, name="judge", model="m", gpu_type="h20")
     for i in range(4):
-        clusters.add_instance(admin, cluster.pk, name=f"i{i}", url=f"http://127.0.0.1:{9100+i}",
-                              reason="setup")
+        clusters.add_instance(
+            admin, cluster.pk, name=f"i{i}", url=f"http://127.0.0.1:{9100 + i}", reason="setup"
+        )
     base = policies.create_policy(admin, cluster.pk, name="rr", kind="round_robin")
     cand = policies.create_policy(admin, cluster.pk, name="lm", kind="lmetric")
     policies.activate_policy(admin, cluster.pk, base.pk, reason="setup")
     canary = canaries.create_canary(
-        admin, cluster.pk, name="c", baseline_policy_id=base.pk, candidate_policy_id=cand.pk,
-        baseline_instances=["i0", "i1"], candidate_instances=["i2", "i3"],
-        weight_steps=[10, 50], guardrails={"max_failures": 0}, reason="try lmetric")
+        admin,
+        cluster.pk,
+        name="c",
+        baseline_policy_id=base.pk,
+        candidate_policy_id=cand.pk,
+        baseline_instances=["i0", "i1"],
+        candidate_instances=["i2", "i3"],
+        weight_steps=[10, 50],
+        guardrails={"max_failures": 0},
+        reason="try lmetric",
+    )
     canaries.transition(admin, canary.pk, "start", reason="go")
     return canary
 
 
-def feed(canary: CanarySplit, baseline: ArmSample, candidate: ArmSample,
-         step_age: timedelta = timedelta(minutes=2)) -> None:
+def feed(
+    canary: CanarySplit,
+    baseline: ArmSample,
+    candidate: ArmSample,
+    step_age: timedelta = timedelta(minutes=2),
+) -> None:
     CanarySplit.objects.filter(pk=canary.pk).update(step_started_at=timezone.now() - step_age)
     minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
     for name, sample in (("baseline", baseline), ("candidate", candidate)):
         ArmMetricRollup.objects.update_or_create(
-            cluster=canary.cluster, arm=name, minute=minute,
-            defaults={"requests": sample.requests, "errors": sample.errors,
-                      "ttft_samples": sample.ttft_s, "tpot_samples": sample.tpot_s})
+            cluster=canary.cluster,
+            arm=name,
+            minute=minute,
+            defaults={
+                "requests": sample.requests,
+                "errors": sample.errors,
+                "ttft_samples": sample.ttft_s,
+                "tpot_samples": sample.tpot_s,
+            },
+        )
 
 
 @pytest.mark.django_db
@@ -152,16 +173,29 @@ def test_every_judgement_is_kept_with_its_evidence(running_canary):
 
     rows = list(running_canary.judgements.order_by("at", "id"))
     assert [(j.verdict, j.action, j.step_index) for j in rows] == [
-        ("halt", "wait", 0), ("pass", "advance", 0), ("pass", "promote", 1)]
+        ("halt", "wait", 0),
+        ("pass", "advance", 0),
+        ("pass", "promote", 1),
+    ]
     assert [j.evidence["candidate_weight"] for j in rows] == [10, 10, 50]
     halted, advanced, promoted = (j.evidence for j in rows)
     assert halted["arms"]["candidate"]["requests"] == 10
     assert {g["name"]: g["passed"] for g in halted["guards"]} == {
-        "min_samples": False, "error_rate": True, "hotspot_fallback_rate": True}
+        "min_samples": False,
+        "error_rate": True,
+        "hotspot_fallback_rate": True,
+    }
     assert halted["tests"][0]["p_value"] is None  # too few samples: no test was run
-    assert advanced["arms"] == {arm_name: {
-        "requests": 200, "errors": errors, "hotspot_fallbacks": 0, "ttft_samples": 200,
-        "tpot_samples": 200} for arm_name, errors in (("baseline", 0), ("candidate", 1))}
+    assert advanced["arms"] == {
+        arm_name: {
+            "requests": 200,
+            "errors": errors,
+            "hotspot_fallbacks": 0,
+            "ttft_samples": 200,
+            "tpot_samples": 200,
+        }
+        for arm_name, errors in (("baseline", 0), ("candidate", 1))
+    }
     error_guard = next(g for g in advanced["guards"] if g["name"] == "error_rate")
     assert error_guard == {"name": "error_rate", "value": 0.005, "limit": 0.02, "passed": True}
     ttft = next(t for t in promoted["tests"] if t["metric"] == "ttft")

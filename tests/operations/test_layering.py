@@ -27,7 +27,11 @@ def lint_imports(root: Path) -> tuple[int, str]:
     env = {**os.environ, "PYTHONPATH": str(root), "COLUMNS": "400", "NO_COLOR": "1"}
     done = subprocess.run(
         [str(LINT_IMPORTS), str(root / "pyproject.toml"), "--no-cache"],
-        cwd=root, env=env, capture_output=True, text=True, timeout=120,
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     return done.returncode, " ".join((done.stdout + done.stderr).split())
 
@@ -68,21 +72,30 @@ VIOLATIONS = [
     ("router_worker/routing/policies/linear.py", "import httpx", "policies-pure"),
     ("router_worker/routing/policies/lmetric.py", "import time", "policies-pure"),
     ("router_worker/routing/indicators.py", "import asyncio", "policies-pure"),
-    ("router_worker/routing/hotspot.py", "from router_worker import decisions",
-     "routing-self-contained"),
-    ("enginesim/engine/core.py", "from router_worker.routing import features",
-     "engine-server-no-router replay-only-routing"),
+    (
+        "router_worker/routing/hotspot.py",
+        "from router_worker import decisions",
+        "routing-self-contained",
+    ),
+    (
+        "enginesim/engine/core.py",
+        "from router_worker.routing import features",
+        "engine-server-no-router replay-only-routing",
+    ),
     ("enginesim/server/app.py", "import router_worker.metrics", "engine-server-no-router"),
-    ("enginesim/replay/simulator.py", "from router_worker import decisions",
-     "replay-only-routing"),
+    ("enginesim/replay/simulator.py", "from router_worker import decisions", "replay-only-routing"),
     ("enginesim/engine/kvpool.py", "from enginesim.server import faults", "engine-knows-no-clock"),
-    ("chat_templates/renderer.py", "import router_worker.routing",
-     "chat-templates-neutral engine-server-no-router"),
+    (
+        "chat_templates/renderer.py",
+        "import router_worker.routing",
+        "chat-templates-neutral engine-server-no-router",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("path", "line", "contracts"), VIOLATIONS,
-                         ids=[f"{c.split()[0]}:{p}" for p, _, c in VIOLATIONS])
+@pytest.mark.parametrize(
+    ("path", "line", "contracts"), VIOLATIONS, ids=[f"{c.split()[0]}:{p}" for p, _, c in VIOLATIONS]
+)
 def test_a_forbidden_import_breaks_its_contract(
     repo_copy: Path, path: str, line: str, contracts: str
 ) -> None:

@@ -27,11 +27,18 @@ def routed_cluster(db):
     return cluster
 
 
-def router(cluster, name: str, port: int, heartbeat_age_s: float | None,
-           applied: int | None) -> RouterDeployment:
+def router(
+    cluster, name: str, port: int, heartbeat_age_s: float | None, applied: int | None
+) -> RouterDeployment:
     beat = None if heartbeat_age_s is None else timezone.now() - timedelta(seconds=heartbeat_age_s)
-    return RouterDeployment.objects.create(cluster=cluster, name=name, host="host-a", port=port,
-                                           last_heartbeat=beat, applied_version=applied)
+    return RouterDeployment.objects.create(
+        cluster=cluster,
+        name=name,
+        host="host-a",
+        port=port,
+        last_heartbeat=beat,
+        applied_version=applied,
+    )
 
 
 def test_silent_router_is_restarted_once(routed_cluster, redis_client):
@@ -61,8 +68,9 @@ def test_a_held_lock_skips_the_run(routed_cluster, redis_client):
     lock = redis_client.lock(f"switchyard:reconcile-lock:{routed_cluster.pk}", timeout=5)
     assert lock.acquire(blocking=False)
     try:
-        result = reconcile.reconcile_cluster(routed_cluster, redis_client,
-                                             listening=time.time() - 60)
+        result = reconcile.reconcile_cluster(
+            routed_cluster, redis_client, listening=time.time() - 60
+        )
     finally:
         lock.release()
     assert result.actions == [] and result.skipped

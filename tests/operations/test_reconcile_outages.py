@@ -28,7 +28,7 @@ def actions(cluster) -> list[str]:
     return reconcile_all()[cluster.name]
 
 
-def test_web_tier_down_restarts_nobody(routed_cluster, redis_client, settings):  # noqa: F811
+def test_web_tier_down_restarts_nobody(routed_cluster, redis_client, settings):
     settings.SWITCHYARD_CONTROL_PLANE_URL = f"http://127.0.0.1:{free_port()}"
     router(routed_cluster, "r-silent", 8101, heartbeat_age_s=120, applied=1)
     assert actions(routed_cluster) == []
@@ -36,7 +36,8 @@ def test_web_tier_down_restarts_nobody(routed_cluster, redis_client, settings): 
 
 
 def test_after_an_outage_routers_get_a_whole_timeout_to_report(
-        routed_cluster, redis_client, short_timeout, live_server):  # noqa: F811
+    routed_cluster, redis_client, short_timeout, live_server
+):
     short_timeout.SWITCHYARD_CONTROL_PLANE_URL = live_server.url
     router(routed_cluster, "r-quiet", 8102, heartbeat_age_s=120, applied=1)
     assert actions(routed_cluster) == []  # the control plane just started listening
@@ -45,7 +46,8 @@ def test_after_an_outage_routers_get_a_whole_timeout_to_report(
 
 
 def test_a_gap_between_reconcile_runs_starts_the_window_again(
-        routed_cluster, redis_client, short_timeout, live_server):  # noqa: F811
+    routed_cluster, redis_client, short_timeout, live_server
+):
     short_timeout.SWITCHYARD_CONTROL_PLANE_URL = live_server.url
     short_timeout.ROUTER_LISTEN_GAP_S = TIMEOUT_S
     router(routed_cluster, "r-gap", 8103, heartbeat_age_s=120, applied=1)
@@ -60,8 +62,12 @@ def test_a_gap_between_reconcile_runs_starts_the_window_again(
     assert taken == ["restart r-gap"]
 
 
-def test_restart_requests_expire(routed_cluster, redis_client, short_timeout,  # noqa: F811
-                                 live_server):
+def test_restart_requests_expire(
+    routed_cluster,
+    redis_client,
+    short_timeout,
+    live_server,
+):
     """A request queued while the host's worker is away must not replay when it returns."""
     short_timeout.SWITCHYARD_CONTROL_PLANE_URL = live_server.url
     redis_client.delete("routers.host-a")

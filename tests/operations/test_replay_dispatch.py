@@ -20,8 +20,11 @@ QUEUE = "replays"  # not "default": a replay must not hold up ingest or the cana
 
 
 def queued_replay_messages(client: redis.Redis) -> list[bytes]:
-    return [m for m in client.lrange(QUEUE, 0, -1)
-            if json.loads(m)["headers"].get("task") == replays.REPLAY_TASK]
+    return [
+        m
+        for m in client.lrange(QUEUE, 0, -1)
+        if json.loads(m)["headers"].get("task") == replays.REPLAY_TASK
+    ]
 
 
 def test_stale_queued_jobs_are_dispatched_again_and_claimed_once(cluster):
@@ -45,16 +48,19 @@ def test_stale_queued_jobs_are_dispatched_again_and_claimed_once(cluster):
 
 
 def test_running_jobs_whose_worker_went_silent_are_failed_with_a_reason(cluster):
-    silent, alive, queued, legacy = (ReplayJob.objects.create(cluster=cluster, inputs={})
-                                     for _ in range(4))
+    silent, alive, queued, legacy = (
+        ReplayJob.objects.create(cluster=cluster, inputs={}) for _ in range(4)
+    )
     for job in (silent, alive):
         assert replays.claim(job.pk) is not None
     # claimed before heartbeats existed: no heartbeat, created long ago
     ReplayJob.objects.filter(pk=legacy.pk).update(
-        state="running", created_at=timezone.now() - timedelta(hours=2))
+        state="running", created_at=timezone.now() - timedelta(hours=2)
+    )
     replays.record_progress(alive.pk, 0.4)
     ReplayJob.objects.filter(pk=silent.pk).update(
-        heartbeat_at=timezone.now() - timedelta(minutes=10))
+        heartbeat_at=timezone.now() - timedelta(minutes=10)
+    )
     ReplayJob.objects.filter(pk=queued.pk).update(created_at=timezone.now() - timedelta(hours=1))
 
     assert replays.fail_abandoned(older_than_s=300) == 2

@@ -31,10 +31,12 @@ def test_router_process_environment_is_an_allowlist(monkeypatch, tmp_path: Path)
     monkeypatch.setenv("SWITCHYARD_LOG_LEVEL", "DEBUG")
     cluster = Cluster.objects.create(name="env-test", model="m", gpu_type="h20")
     port = free_port()
-    deployment = RouterDeployment.objects.create(cluster=cluster, name="r-env",
-                                                 host="env-host", port=port)
-    supervisor = RouterSupervisor(host="env-host", control_plane_url="http://127.0.0.1:9",
-                                  log_dir=tmp_path, poll_s=0.2)
+    deployment = RouterDeployment.objects.create(
+        cluster=cluster, name="r-env", host="env-host", port=port
+    )
+    supervisor = RouterSupervisor(
+        host="env-host", control_plane_url="http://127.0.0.1:9", log_dir=tmp_path, poll_s=0.2
+    )
     supervisor.start()
     try:
         running = wait_until(lambda: supervisor.processes.get(deployment.pk), 20, "router process")
@@ -43,9 +45,12 @@ def test_router_process_environment_is_an_allowlist(monkeypatch, tmp_path: Path)
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 503
     finally:
         supervisor.stop()
-    leaked = [name for name, value in environment.items()
-              if "must-not-leak" in value or name in {"SWITCHYARD_DATABASE_URL", "PGPASSWORD",
-                                                      "SWITCHYARD_SECRET_KEY"}]
+    leaked = [
+        name
+        for name, value in environment.items()
+        if "must-not-leak" in value
+        or name in {"SWITCHYARD_DATABASE_URL", "PGPASSWORD", "SWITCHYARD_SECRET_KEY"}
+    ]
     assert leaked == []
     assert environment["SWITCHYARD_ROUTER_TOKEN"].startswith("syr_")
     assert environment["SWITCHYARD_LOG_LEVEL"] == "DEBUG"  # the router's own settings pass

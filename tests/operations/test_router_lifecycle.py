@@ -25,8 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def supervisor(tmp_path: Path):
-    running = RouterSupervisor(host="life-host", control_plane_url="http://127.0.0.1:9",
-                               log_dir=tmp_path / "log", pid_dir=tmp_path / "run", poll_s=0.2)
+    running = RouterSupervisor(
+        host="life-host",
+        control_plane_url="http://127.0.0.1:9",
+        log_dir=tmp_path / "log",
+        pid_dir=tmp_path / "run",
+        poll_s=0.2,
+    )
     running.start()
     supervisor_module.install(running)
     yield running
@@ -36,8 +41,7 @@ def supervisor(tmp_path: Path):
 
 def deployment(port: int) -> RouterDeployment:
     cluster = Cluster.objects.create(name="life", model="m", gpu_type="h20")
-    return RouterDeployment.objects.create(cluster=cluster, name="r0", host="life-host",
-                                           port=port)
+    return RouterDeployment.objects.create(cluster=cluster, name="r0", host="life-host", port=port)
 
 
 def started(supervisor: RouterSupervisor, router: RouterDeployment):
@@ -64,8 +68,13 @@ def test_a_hung_router_is_restarted(supervisor):
         if first.process.poll() is None:
             os.kill(first.process.pid, signal.SIGCONT)
     assert first.process.poll() is not None
-    second = wait_until(lambda: (p := supervisor.processes.get(router.pk))
-                        and p.process.pid != first.process.pid and p, 20, "router process")
+    second = wait_until(
+        lambda: (
+            (p := supervisor.processes.get(router.pk)) and p.process.pid != first.process.pid and p
+        ),
+        20,
+        "router process",
+    )
     wait_until(lambda: router_answers(router.port), 20, "router up")
     assert second.alive()
 
@@ -82,9 +91,16 @@ def _spawn_parent(port: int, tmp_path: Path) -> tuple[subprocess.Popen, int]:
         "child = subprocess.Popen(argv, stdout=subprocess.DEVNULL,"
         " stderr=open(os.path.join(" + repr(str(tmp_path)) + ", 'router.log'), 'ab'))\n"
         "print(child.pid, flush=True)\n"
-        "time.sleep(600)\n")
-    parent = start_process([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE,
-                           stderr=None, stdin=None, env={**os.environ, "PYTHONPATH": str(REPO)})
+        "time.sleep(600)\n"
+    )
+    parent = start_process(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=None,
+        stdin=None,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     return parent, int(parent.stdout.readline())
 
 
@@ -113,11 +129,22 @@ def test_router_exits_when_its_supervisor_is_killed(tmp_path):
 
 def _leftover(router: RouterDeployment, tmp_path: Path) -> subprocess.Popen:
     """A router of this deployment that no supervisor owns (a previous one died)."""
-    argv = [sys.executable, "-m", "router_worker", "--control-plane", "http://127.0.0.1:9",
-            "--deployment", str(router.pk), "--token", "old", "--port", str(router.port),
-            "--state-dir", str(tmp_path)]
-    process = start_process(argv, cwd=REPO, stdin=None,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    argv = [
+        sys.executable,
+        "-m",
+        "router_worker",
+        "--control-plane",
+        "http://127.0.0.1:9",
+        "--deployment",
+        str(router.pk),
+        "--token",
+        "old",
+        "--port",
+        str(router.port),
+        "--state-dir",
+        str(tmp_path),
+    ]
+    process = start_process(argv, cwd=REPO, stdin=None, env={**os.environ, "PYTHONPATH": str(REPO)})
     (tmp_path / "run").mkdir(exist_ok=True)
     (tmp_path / "run" / f"router-{router.pk}.pid").write_text(f"{process.pid}\n")
     return process
@@ -127,8 +154,13 @@ def test_a_leftover_router_is_stopped_before_the_router_starts_again(tmp_path):
     router = deployment(free_port())
     RouterDeployment.objects.filter(pk=router.pk).update(desired_state="stopped")
     leftover = _leftover(router, tmp_path)
-    running = RouterSupervisor(host="life-host", control_plane_url="http://127.0.0.1:9",
-                               log_dir=tmp_path / "log", pid_dir=tmp_path / "run", poll_s=0.2)
+    running = RouterSupervisor(
+        host="life-host",
+        control_plane_url="http://127.0.0.1:9",
+        log_dir=tmp_path / "log",
+        pid_dir=tmp_path / "run",
+        poll_s=0.2,
+    )
     try:
         wait_until(lambda: router_answers(router.port), 20, "router up")
         running.start()

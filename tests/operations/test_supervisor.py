@@ -28,8 +28,9 @@ def router_answers(port: int) -> bool:
 
 @pytest.fixture
 def supervisor(tmp_path: Path):
-    running = RouterSupervisor(host="test-host", control_plane_url="http://127.0.0.1:9",
-                               log_dir=tmp_path, poll_s=0.2)
+    running = RouterSupervisor(
+        host="test-host", control_plane_url="http://127.0.0.1:9", log_dir=tmp_path, poll_s=0.2
+    )
     running.start()
     yield running
     running.stop()
@@ -38,18 +39,27 @@ def supervisor(tmp_path: Path):
 def test_router_is_started_restarted_after_a_crash_and_stopped_when_unwanted(supervisor):
     cluster = Cluster.objects.create(name="sup", model="m", gpu_type="h20")
     port = free_port()
-    deployment = RouterDeployment.objects.create(cluster=cluster, name="r0", host="test-host",
-                                                 port=port)
-    RouterDeployment.objects.create(cluster=cluster, name="elsewhere", host="other-host",
-                                    port=free_port())
+    deployment = RouterDeployment.objects.create(
+        cluster=cluster, name="r0", host="test-host", port=port
+    )
+    RouterDeployment.objects.create(
+        cluster=cluster, name="elsewhere", host="other-host", port=free_port()
+    )
     first = wait_until(lambda: supervisor.processes.get(deployment.pk), 20, "router process")
     wait_until(lambda: router_answers(port), 20, "router up")
     assert set(supervisor.processes) == {deployment.pk}  # only this host's deployments
     assert deployment.pk and RouterDeployment.objects.get(pk=deployment.pk).token_hash
 
     os.kill(first.process.pid, signal.SIGKILL)
-    second = wait_until(lambda: (p := supervisor.processes.get(deployment.pk))
-                        and p.process.pid != first.process.pid and p, 20, "router process")
+    second = wait_until(
+        lambda: (
+            (p := supervisor.processes.get(deployment.pk))
+            and p.process.pid != first.process.pid
+            and p
+        ),
+        20,
+        "router process",
+    )
     wait_until(lambda: router_answers(port), 20, "router up")
     event = RouterEvent.objects.get(kind="router_restarted")
     assert event.payload["exit_code"] == -signal.SIGKILL

@@ -14,9 +14,11 @@ def mypy(tmp_path: Path, source: str) -> tuple[int, str]:
     snippet = tmp_path / "snippet.py"
     snippet.write_text(source)
     done = subprocess.run(
-        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"),
-         str(snippet)],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), str(snippet)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     return done.returncode, done.stdout + done.stderr
 
@@ -28,15 +30,19 @@ metrics = RouterMetrics()
 
 
 def test_a_metric_child_keeps_its_family_type(tmp_path: Path) -> None:
-    code, output = mypy(tmp_path, METRICS
-                        + 'metrics.child(metrics.requests, "p", "a", "r", "s").inc()\n'
-                        + 'metrics.child(metrics.ttft, "arm").observe(0.1)\n')
+    code, output = mypy(
+        tmp_path,
+        METRICS
+        + 'metrics.child(metrics.requests, "p", "a", "r", "s").inc()\n'
+        + 'metrics.child(metrics.ttft, "arm").observe(0.1)\n',
+    )
     assert code == 0, output
 
 
 def test_observing_a_counter_fails(tmp_path: Path) -> None:
-    code, output = mypy(tmp_path, METRICS + 'metrics.child(metrics.requests, "p", "a", "r", "s")'
-                        '.observe(1.0)\n')
+    code, output = mypy(
+        tmp_path, METRICS + 'metrics.child(metrics.requests, "p", "a", "r", "s").observe(1.0)\n'
+    )
     assert code == 1, output
     assert '"Counter" has no attribute "observe"' in output, output
 
@@ -48,8 +54,9 @@ state = ClusterState()
 
 
 def test_cluster_state_arrays_are_declared(tmp_path: Path) -> None:
-    code, output = mypy(tmp_path,
-                        STATE + "total = float(state.pending.sum() + state.kv_usage[0])\n")
+    code, output = mypy(
+        tmp_path, STATE + "total = float(state.pending.sum() + state.kv_usage[0])\n"
+    )
     assert code == 0, output
     code, output = mypy(tmp_path, STATE + "total = float(state.pendin.sum())\n")
     assert code == 1, output

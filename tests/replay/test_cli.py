@@ -13,16 +13,44 @@ from enginesim.__main__ import main
 from enginesim.replay.metrics import SUMMARY_KEYS
 from tests.replay.conftest import CONVERSATION
 
-REQUEST_KEYS = {"id", "arrival_s", "instance", "prompt_tokens", "cached_tokens",
-                "output_tokens", "first_token_s", "finish_s"}
+REQUEST_KEYS = {
+    "id",
+    "arrival_s",
+    "instance",
+    "prompt_tokens",
+    "cached_tokens",
+    "output_tokens",
+    "first_token_s",
+    "finish_s",
+}
 
 
 def test_replay_cli_writes_results_requests_and_plots(tmp_path, capsys):
     out = tmp_path / "out"
-    code = main(["replay", "--trace", str(CONVERSATION), "--instances", "4",
-                 "--max-requests", "60", "--max-model-len", "131072", "--policy", "lmetric",
-                 "--policy", "round_robin", "--rate-scale", "2", "--seed", "5",
-                 "--no-progress", "--out", str(out)])
+    code = main(
+        [
+            "replay",
+            "--trace",
+            str(CONVERSATION),
+            "--instances",
+            "4",
+            "--max-requests",
+            "60",
+            "--max-model-len",
+            "131072",
+            "--policy",
+            "lmetric",
+            "--policy",
+            "round_robin",
+            "--rate-scale",
+            "2",
+            "--seed",
+            "5",
+            "--no-progress",
+            "--out",
+            str(out),
+        ]
+    )
     assert code == 0
     summaries = json.loads((out / "results.json").read_text())
     assert [s["policy"] for s in summaries] == ["lmetric", "round_robin"]
@@ -54,14 +82,38 @@ def test_same_seed_same_files_across_processes(tmp_path):
     outputs = []
     for hash_seed, jobs in (("1", "1"), ("2", "2")):
         out = tmp_path / f"run{hash_seed}"
-        subprocess.run([sys.executable, "-m", "enginesim", "replay", "--trace",
-                        str(CONVERSATION), "--instances", "4", "--max-requests", "80",
-                        "--max-model-len", "131072", "--policy", "dualmap", "--policy",
-                        "smetric", "--seed", "11", "--jobs", jobs, "--no-plots",
-                        "--no-progress", "--out", str(out)], check=True, capture_output=True,
-                       env={**os.environ, "PYTHONHASHSEED": hash_seed})
-        outputs.append([(out / p / "requests.jsonl").read_text() for p in ("dualmap",
-                                                                          "smetric")])
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "enginesim",
+                "replay",
+                "--trace",
+                str(CONVERSATION),
+                "--instances",
+                "4",
+                "--max-requests",
+                "80",
+                "--max-model-len",
+                "131072",
+                "--policy",
+                "dualmap",
+                "--policy",
+                "smetric",
+                "--seed",
+                "11",
+                "--jobs",
+                jobs,
+                "--no-plots",
+                "--no-progress",
+                "--out",
+                str(out),
+            ],
+            check=True,
+            capture_output=True,
+            env={**os.environ, "PYTHONHASHSEED": hash_seed},
+        )
+        outputs.append([(out / p / "requests.jsonl").read_text() for p in ("dualmap", "smetric")])
     assert outputs[0] == outputs[1]
 
 

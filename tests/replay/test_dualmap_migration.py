@@ -11,14 +11,18 @@ from enginesim.replay.traces import TraceRecord
 
 def hotspot(count: int = 60, rate: float = 4.0) -> list[TraceRecord]:
     """Prompts of 6000 tokens that share their first 4096 (8 blocks of 512): a hot prefix."""
-    return [TraceRecord(k, k / rate, 6000, 20,
-                        (*range(8), *(1000 + 10 * k + b for b in range(4))), 512)
-            for k in range(count)]
+    return [
+        TraceRecord(k, k / rate, 6000, 20, (*range(8), *(1000 + 10 * k + b for b in range(4))), 512)
+        for k in range(count)
+    ]
 
 
 def replay(migrate: bool) -> tuple[Simulator, object]:
-    config = SimConfig(instances=4, scrape_interval_s=0.5,
-                       policy_params={"dualmap": {"slo_ttft_s": 1.0, "migrate_queued": migrate}})
+    config = SimConfig(
+        instances=4,
+        scrape_interval_s=0.5,
+        policy_params={"dualmap": {"slo_ttft_s": 1.0, "migrate_queued": migrate}},
+    )
     sim = Simulator(hotspot(), "dualmap", config)
     return sim, sim.run()
 

@@ -15,8 +15,16 @@ from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord
 
-BURST = HotspotParams(at_s=10.0, duration_s=20.0, burst_rate=6.0, prefix_tokens=4096,
-                      suffix_tokens=32, output_tokens=300, ramp_s=10.0, seed=1)
+BURST = HotspotParams(
+    at_s=10.0,
+    duration_s=20.0,
+    burst_rate=6.0,
+    prefix_tokens=4096,
+    suffix_tokens=32,
+    output_tokens=300,
+    ramp_s=10.0,
+    seed=1,
+)
 DETECTOR = {"hotspot": {"window_s": 10.0, "min_class_requests": 4}}
 
 
@@ -41,8 +49,11 @@ def test_the_detector_suspects_confirms_falls_back_and_clears_in_order():
     times = [e.time for e in result.hotspot_log]
     assert times == sorted(times) and BURST.at_s < times[0] < BURST.at_s + BURST.duration_s
     # each confirmation needed 2·|M| placements on M by the product
-    assert [(e.confirmations, e.confirmations_needed) for e in result.hotspot_log
-            if e.kind == "confirmed"] == [(2, 2), (4, 4)]
+    assert [
+        (e.confirmations, e.confirmations_needed)
+        for e in result.hotspot_log
+        if e.kind == "confirmed"
+    ] == [(2, 2), (4, 4)]
     assert result.decision_reasons["hotspot_fallback"] == 2
 
 

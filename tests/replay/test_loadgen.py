@@ -33,9 +33,24 @@ def target() -> Iterator[str]:
     """One simulated H20 at 20x speed (the engine's schedule is unchanged)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    with ManagedProcess([sys.executable, "-m", "enginesim", "serve", "--instances", "1",
-                         "--base-port", str(port), "--time-scale", "0.05"], cwd=REPO,
-                        stdin=None, stdout=None, stderr=None) as engine:
+    with ManagedProcess(
+        [
+            sys.executable,
+            "-m",
+            "enginesim",
+            "serve",
+            "--instances",
+            "1",
+            "--base-port",
+            str(port),
+            "--time-scale",
+            "0.05",
+        ],
+        cwd=REPO,
+        stdin=None,
+        stdout=None,
+        stderr=None,
+    ) as engine:
         wait_http(url + "/health", 30, process=engine.process, ok=lambda status: status == 200)
         yield url
 
@@ -62,12 +77,15 @@ def test_session_records_become_growing_chat_histories(tmp_path):
     for history in sent.values():
         for earlier, later in pairwise(history):
             assert later[: len(earlier)] == earlier  # earlier turns resent verbatim
-            assert [m["role"] for m in later[len(earlier):]] == ["assistant", "user"]
+            assert [m["role"] for m in later[len(earlier) :]] == ["assistant", "user"]
 
 
 async def test_replays_a_real_trace_slice_and_measures_at_the_client(target):
-    records = [r for r in load_trace(CONVERSATION, max_requests=14, rate_scale=10.0)
-               if r.input_tokens + r.output_tokens < 32768]  # the served model's context
+    records = [
+        r
+        for r in load_trace(CONVERSATION, max_requests=14, rate_scale=10.0)
+        if r.input_tokens + r.output_tokens < 32768
+    ]  # the served model's context
     assert len(records) == 13
     outcomes = await LoadGenerator(records, target, MODEL).run()
     assert [o.status for o in outcomes] == ["ok"] * 13
@@ -83,8 +101,10 @@ async def test_concurrency_limit_bounds_in_flight_requests(target):
     records = [TraceRecord(i, 0.0, 600, 40, (900_000 + i,), 512) for i in range(8)]
     outcomes = await LoadGenerator(records, target, MODEL, concurrency_limit=2).run()
     assert all(o.status == "ok" for o in outcomes)
-    edges = sorted([(o.sent_s, 1) for o in outcomes] + [(o.end_s, -1) for o in outcomes],
-                   key=lambda e: (e[0], e[1]))
+    edges = sorted(
+        [(o.sent_s, 1) for o in outcomes] + [(o.end_s, -1) for o in outcomes],
+        key=lambda e: (e[0], e[1]),
+    )
     assert max(np.cumsum([d for _, d in edges])) <= 2
 
 
@@ -101,8 +121,9 @@ async def test_stop_closes_streams_and_returns_promptly(target):
 
 async def test_on_demand_burst_shares_one_prefix(target):
     records = [TraceRecord(0, 0.0, 100, 2, (1,), 512), TraceRecord(1, 1.5, 100, 2, (2,), 512)]
-    params = HotspotParams(duration_s=0.5, burst_rate=20.0, prefix_tokens=2048,
-                           suffix_tokens=50, output_tokens=2)
+    params = HotspotParams(
+        duration_s=0.5, burst_rate=20.0, prefix_tokens=2048, suffix_tokens=50, output_tokens=2
+    )
     generator = LoadGenerator(records, target, MODEL, burst=BurstSettings(params))
     asyncio.get_running_loop().call_later(0.2, generator.trigger_burst)
     outcomes = await generator.run()
@@ -114,10 +135,28 @@ async def test_on_demand_burst_shares_one_prefix(target):
 def test_ctrl_c_stops_the_command_cleanly(target, tmp_path):
     out = tmp_path / "requests.jsonl"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "enginesim", "loadgen", "--trace", str(CONVERSATION),
-         "--target", target, "--model", MODEL, "--loop", "--rate-scale", "5",
-         "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "enginesim",
+            "loadgen",
+            "--trace",
+            str(CONVERSATION),
+            "--target",
+            target,
+            "--model",
+            MODEL,
+            "--loop",
+            "--rate-scale",
+            "5",
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("# ")  # started: its first line is out
     time.sleep(2.0)
@@ -132,8 +171,10 @@ def test_records_the_target_cannot_serve_are_skipped_and_reported(target):
 
     model, max_model_len = discover_model(target)
     assert (model, max_model_len) == (MODEL, 32768)
-    records = [TraceRecord(index=i, arrival_s=0.0, input_tokens=n, output_tokens=100)
-               for i, n in enumerate((1000, 32668, 32669, 120_000))]
+    records = [
+        TraceRecord(index=i, arrival_s=0.0, input_tokens=n, output_tokens=100)
+        for i, n in enumerate((1000, 32668, 32669, 120_000))
+    ]
     assert [r.index for r in fitting(records, max_model_len)] == [0, 1]
     assert fitting(records, None) == records
 
@@ -144,10 +185,32 @@ def test_several_targets_share_the_requests_round_robin(target, tmp_path):
     other = target.replace("127.0.0.1", "localhost")
     out = tmp_path / "requests.jsonl"
     done = subprocess.run(
-        [sys.executable, "-m", "enginesim", "loadgen", "--trace", str(CONVERSATION),
-         "--target", target, "--target", other, "--model", MODEL, "--rate-scale", "10",
-         "--max-requests", "6", "--out", str(out), "--no-progress"],
-        cwd=REPO, capture_output=True, text=True, timeout=60)
+        [
+            sys.executable,
+            "-m",
+            "enginesim",
+            "loadgen",
+            "--trace",
+            str(CONVERSATION),
+            "--target",
+            target,
+            "--target",
+            other,
+            "--model",
+            MODEL,
+            "--rate-scale",
+            "10",
+            "--max-requests",
+            "6",
+            "--out",
+            str(out),
+            "--no-progress",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert [row["target"] for row in rows] == [target, other] * 3

@@ -13,8 +13,9 @@ from enginesim.replay.traces import TraceRecord, spread_ties
 def _private(index: int, arrival: float, tokens: int = 8000) -> TraceRecord:
     """A prompt shared with no other request (its own hash ids)."""
     blocks = tokens // 512
-    return TraceRecord(index, arrival, tokens, 20, tuple(range(index * 100, index * 100 + blocks)),
-                       512)
+    return TraceRecord(
+        index, arrival, tokens, 20, tuple(range(index * 100, index * 100 + blocks)), 512
+    )
 
 
 def _instances(config: SimConfig, records: list[TraceRecord]) -> list[str | None]:
@@ -29,8 +30,10 @@ def test_two_routers_without_sync_herd_and_with_sync_spread():
     base = SimConfig(instances=2, routers=2, scrape_interval_s=0, seed=1)
     one = _instances(SimConfig(instances=2, scrape_interval_s=0, seed=1), records)
     blind = _instances(base, records)
-    synced = _instances(SimConfig(**{**base.__dict__, "replica_sync": True,
-                                     "replica_sync_delay_s": 0.0001}), records)
+    synced = _instances(
+        SimConfig(**{**base.__dict__, "replica_sync": True, "replica_sync_delay_s": 0.0001}),
+        records,
+    )
     assert one[0] != one[1]
     assert blind[0] == blind[1]
     assert synced[0] != synced[1]
@@ -49,11 +52,13 @@ def test_peer_requests_leave_the_peers_view_when_they_end():
 
 
 def test_balancer_spreads_round_robin_and_by_session():
-    records = [TraceRecord(k, k * 0.5, 600, 5, (k,), 512, session_id=f"s{k % 3}")
-               for k in range(12)]
+    records = [
+        TraceRecord(k, k * 0.5, 600, 5, (k,), 512, session_id=f"s{k % 3}") for k in range(12)
+    ]
     for spread in ("round_robin", "session", "random"):
-        sim = Simulator(records, "round_robin",
-                        SimConfig(instances=2, routers=3, router_spread=spread, seed=4))
+        sim = Simulator(
+            records, "round_robin", SimConfig(instances=2, routers=3, router_spread=spread, seed=4)
+        )
         routed = []
         original = sim._dispatch
 
@@ -66,8 +71,9 @@ def test_balancer_spreads_round_robin_and_by_session():
         if spread == "round_robin":
             assert [router for _, router in routed] == [k % 3 for k in range(12)]
         elif spread == "session":  # sticky: one router per session
-            assert all(len({r for s, r in routed if s == session}) == 1
-                       for session in ("s0", "s1", "s2"))
+            assert all(
+                len({r for s, r in routed if s == session}) == 1 for session in ("s0", "s1", "s2")
+            )
         else:
             assert len({router for _, router in routed}) > 1
 

@@ -23,8 +23,9 @@ def conversation_slice():
 
 @pytest.fixture(scope="module")
 def lmetric_run(conversation_slice):
-    return Simulator(conversation_slice, "lmetric", SimConfig(instances=4, max_model_len=LONG)
-                     ).run()
+    return Simulator(
+        conversation_slice, "lmetric", SimConfig(instances=4, max_model_len=LONG)
+    ).run()
 
 
 def test_conservation_and_causality(conversation_slice, lmetric_run):
@@ -32,8 +33,7 @@ def test_conservation_and_causality(conversation_slice, lmetric_run):
     assert [r.id for r in results] == [f"r{i}" for i in range(len(conversation_slice))]
     for record, result in zip(conversation_slice, results, strict=True):
         assert result.status == "ok"
-        assert result.output_tokens == result.output_tokens_asked == max(
-            record.output_tokens, 1)
+        assert result.output_tokens == result.output_tokens_asked == max(record.output_tokens, 1)
         assert result.prompt_tokens == record.input_tokens
         assert 0 <= result.arrival_s < result.first_token_s <= result.finish_s
         assert 0 <= result.cached_tokens < result.prompt_tokens
@@ -56,7 +56,8 @@ def test_exact_ttft_of_a_tiny_scenario():
     assert ra.first_token_s == pytest.approx(overhead + step1, rel=1e-12)
     assert rb.cached_tokens == 2048
     assert rb.first_token_s - rb.arrival_s == pytest.approx(
-        overhead + step1 + step2 - 0.01, rel=1e-12)
+        overhead + step1 + step2 - 0.01, rel=1e-12
+    )
 
 
 def test_same_seed_same_results(conversation_slice):
@@ -76,8 +77,10 @@ def test_cache_aware_policy_beats_round_robin_on_hits():
     ideal = metrics.lower_bound_summary(records, SimConfig().engine_config(None))[0]["hit_ratio"]
     assert ideal > 0.3
     config = SimConfig(instances=8, max_model_len=LONG)
-    hit = {p: metrics.summarize(Simulator(records, p, config).run())["hit_ratio"]
-           for p in ("round_robin", "cache_aware", "lmetric")}
+    hit = {
+        p: metrics.summarize(Simulator(records, p, config).run())["hit_ratio"]
+        for p in ("round_robin", "cache_aware", "lmetric")
+    }
     assert hit["cache_aware"] > hit["round_robin"] + 0.05
     assert hit["lmetric"] > hit["round_robin"]
 
@@ -91,10 +94,12 @@ def test_no_request_beats_the_lower_bound(conversation_slice, lmetric_run):
 
 
 def test_infinite_cache_hits_by_hand():
-    records = [TraceRecord(0, 0.0, 1000, 1, (1, 2), 512),  # block 2 holds 488 tokens
-               TraceRecord(1, 1.0, 1024, 1, (1, 2), 512),  # 512 + 488 cached
-               TraceRecord(2, 2.0, 1536, 1, (1, 2, 3), 512),  # 1024 cached
-               TraceRecord(3, 3.0, 700, 1, (9, 2), 512)]  # other parent: nothing
+    records = [
+        TraceRecord(0, 0.0, 1000, 1, (1, 2), 512),  # block 2 holds 488 tokens
+        TraceRecord(1, 1.0, 1024, 1, (1, 2), 512),  # 512 + 488 cached
+        TraceRecord(2, 2.0, 1536, 1, (1, 2, 3), 512),  # 1024 cached
+        TraceRecord(3, 3.0, 700, 1, (9, 2), 512),
+    ]  # other parent: nothing
     assert metrics.infinite_cache_hits(records).tolist() == [0, 1000, 1024, 0]
 
 
@@ -138,8 +143,7 @@ def test_stale_telemetry_changes_decisions_not_conservation(conversation_slice):
     records = conversation_slice[:150]
     config = SimConfig(instances=4, max_model_len=LONG, telemetry_delay_s=5.0)
     stale = Simulator(records, "lmetric", config).run().requests
-    fresh = Simulator(records, "lmetric", SimConfig(instances=4, max_model_len=LONG)
-                      ).run().requests
+    fresh = Simulator(records, "lmetric", SimConfig(instances=4, max_model_len=LONG)).run().requests
     assert all(r.status == "ok" and r.output_tokens == r.output_tokens_asked for r in stale)
     assert [r.instance for r in stale] != [r.instance for r in fresh]
 
@@ -153,8 +157,7 @@ def test_too_long_requests_are_rejected_and_counted():
 
 def test_kv_events_and_global_tier_run_cleanly(conversation_slice):
     records = conversation_slice[:100]
-    config = SimConfig(instances=4, max_model_len=LONG, kv_events=True,
-                       global_tier_blocks=200_000)
+    config = SimConfig(instances=4, max_model_len=LONG, kv_events=True, global_tier_blocks=200_000)
     result = Simulator(records, "smetric", config).run()
     assert all(r.status == "ok" for r in result.requests)
     assert metrics.summarize(result)["hit_ratio"] > 0
@@ -173,8 +176,9 @@ def test_tier_traffic_is_reported_per_run_instance_and_request(conversation_slic
     assert tier["hit_tokens"] > 0 and tier["bytes_read"] == tier["hit_tokens"] * kv_bytes
     per_request = sum(r.tier_tokens for r in result.requests if r.status == "ok")
     assert 0 < per_request <= tier["hit_tokens"]
-    assert tier["hit_ratio"] == per_request / sum(r.prompt_tokens for r in result.requests
-                                                  if r.status == "ok")
+    assert tier["hit_ratio"] == per_request / sum(
+        r.prompt_tokens for r in result.requests if r.status == "ok"
+    )
     assert sum(i["bytes_read"] for i in tier["per_instance"].values()) == tier["bytes_read"]
     assert all(r.cached_tokens >= r.tier_tokens for r in result.requests)
     assert "tier_tokens" in result.requests[0].to_json()
@@ -183,8 +187,9 @@ def test_tier_traffic_is_reported_per_run_instance_and_request(conversation_slic
 
 def test_tier_reads_wait_on_a_shared_link_and_not_on_private_ones(conversation_slice):
     shared = _tier_run(conversation_slice, global_tier_bandwidth=2e9).tier
-    private = _tier_run(conversation_slice, global_tier_bandwidth=2e9,
-                        global_tier_link_instances=1).tier
+    private = _tier_run(
+        conversation_slice, global_tier_bandwidth=2e9, global_tier_link_instances=1
+    ).tier
     assert shared.read_wait_s > 0 and private.read_wait_s == 0.0
     assert private.read_time_s > 0
 
@@ -200,10 +205,10 @@ def test_a_policy_with_cost_coefficients_gets_the_simulated_clusters():
 
     record = TraceRecord(0, 0.0, 100, 2)
     h100 = Simulator([record], "predicted_ttft", SimConfig(instances=1, gpu="h100"))
-    assert h100.policy.params.prefill_tps == derive_coefficients("h100", "qwen2-7b")[
-        "prefill_tps"]
-    chosen = SimConfig(instances=1, gpu="h100",
-                       policy_params={"predicted_ttft": {"prefill_tps": 1234.0}})
+    assert h100.policy.params.prefill_tps == derive_coefficients("h100", "qwen2-7b")["prefill_tps"]
+    chosen = SimConfig(
+        instances=1, gpu="h100", policy_params={"predicted_ttft": {"prefill_tps": 1234.0}}
+    )
     kept = Simulator([record], "predicted_ttft", chosen)
     assert kept.policy.params.prefill_tps == 1234.0  # what was set is kept
     assert kept.policy.params.min_step_s == h100.policy.params.min_step_s

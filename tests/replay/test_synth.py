@@ -52,8 +52,17 @@ def test_agentic_sessions_are_prefix_heavy_and_deterministic():
 def read_trace_rows(rows):
     from enginesim.replay.traces import TraceRecord
 
-    return [TraceRecord(i, row["timestamp"], row["input_length"], row["output_length"],
-                        tuple(row["hash_ids"]), 16) for i, row in enumerate(rows)]
+    return [
+        TraceRecord(
+            i,
+            row["timestamp"],
+            row["input_length"],
+            row["output_length"],
+            tuple(row["hash_ids"]),
+            16,
+        )
+        for i, row in enumerate(rows)
+    ]
 
 
 def test_hotspot_burst_overlays_one_long_prefix_on_a_real_background():
@@ -84,7 +93,8 @@ def test_a_ramped_burst_starts_thin_and_reaches_its_rate():
     # the first 20 s of a 100 s ramp carry ~10% of the full rate; past the ramp, all of it
     assert arrivals(ramped, 0, 20) < 0.2 * arrivals(step, 0, 20)
     assert abs(arrivals(ramped, 100, 200) - arrivals(step, 100, 200)) <= 0.1 * arrivals(
-        step, 100, 200)
+        step, 100, 200
+    )
 
 
 def test_agentic_system_prompts_follow_a_zipf_popularity():

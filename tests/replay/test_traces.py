@@ -44,8 +44,11 @@ def test_azure_reader_on_real_lines(trace_head):
     path = trace_head(AZURE_CODE, 4, ".csv")  # header + 3 rows
     records = read_trace(path)
     assert detect_format(path) == "azure"
-    assert [(r.input_tokens, r.output_tokens) for r in records] == [(4808, 10), (3180, 8),
-                                                                    (110, 27)]
+    assert [(r.input_tokens, r.output_tokens) for r in records] == [
+        (4808, 10),
+        (3180, 8),
+        (110, 27),
+    ]
     # 18:17:03.9799600 → .0319600 → .0781490: relative seconds, sub-ms precision kept
     assert records[1].arrival_s == pytest.approx(0.052, abs=1e-6)
     assert records[2].arrival_s == pytest.approx(0.098189, abs=1e-6)
@@ -55,12 +58,36 @@ def test_azure_reader_on_real_lines(trace_head):
 def test_bailian_reader_follows_parent_chain(tmp_path):
     # The Bailian files are Git LFS objects we could not fetch; lines follow its README schema.
     rows = [
-        {"chat_id": 7, "parent_chat_id": -1, "timestamp": 0.5, "input_length": 40,
-         "output_length": 9, "type": "text", "turn": 1, "hash_ids": [1, 2, 3]},
-        {"chat_id": 9, "parent_chat_id": -1, "timestamp": 1.0, "input_length": 20,
-         "output_length": 3, "type": "search", "turn": 1, "hash_ids": [4, 5]},
-        {"chat_id": 8, "parent_chat_id": 7, "timestamp": 2.25, "input_length": 70,
-         "output_length": 5, "type": "text", "turn": 2, "hash_ids": [1, 2, 3, 6, 7]},
+        {
+            "chat_id": 7,
+            "parent_chat_id": -1,
+            "timestamp": 0.5,
+            "input_length": 40,
+            "output_length": 9,
+            "type": "text",
+            "turn": 1,
+            "hash_ids": [1, 2, 3],
+        },
+        {
+            "chat_id": 9,
+            "parent_chat_id": -1,
+            "timestamp": 1.0,
+            "input_length": 20,
+            "output_length": 3,
+            "type": "search",
+            "turn": 1,
+            "hash_ids": [4, 5],
+        },
+        {
+            "chat_id": 8,
+            "parent_chat_id": 7,
+            "timestamp": 2.25,
+            "input_length": 70,
+            "output_length": 5,
+            "type": "text",
+            "turn": 2,
+            "hash_ids": [1, 2, 3, 6, 7],
+        },
     ]
     path = tmp_path / "bailian.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -94,7 +121,7 @@ def test_synthesis_preserves_trace_prefix_sharing_exactly():
     ta, tb = synthesize_tokens(a), synthesize_tokens(b)
     assert len(ta) == a.input_tokens and len(tb) == b.input_tokens
     assert np.array_equal(ta[: 3 * 512], tb[: 3 * 512])
-    assert not np.array_equal(ta[3 * 512: 3 * 512 + 100], tb[3 * 512: 3 * 512 + 100])
+    assert not np.array_equal(ta[3 * 512 : 3 * 512 + 100], tb[3 * 512 : 3 * 512 + 100])
     ha, hb = hash_blocks(ta, 16), hash_blocks(tb, 16)
     shared = sum(1 for x, y in zip(ha, hb, strict=False) if x == y)
     assert shared == 3 * 512 // 16  # exactly the trace's three shared blocks

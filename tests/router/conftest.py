@@ -28,8 +28,6 @@ TIME_SCALE = 0.05
 STARTUP_TIMEOUT = 30.0
 
 
-
-
 def scrape_total(url: str, name: str, **labels: str) -> float:
     """Sum of the samples ``name`` (with ``labels`` among theirs) on ``url``/metrics."""
     samples, skipped = read_samples(httpx.get(url + "/metrics", timeout=5).text)
@@ -59,8 +57,11 @@ class Fleet:
         return out
 
     def fault(self, index: int, mode: str, **extra: Any) -> None:
-        response = httpx.post(f"http://127.0.0.1:{self.admin_port}/admin/fault",
-                              json={"instance": index, "mode": mode, **extra}, timeout=5)
+        response = httpx.post(
+            f"http://127.0.0.1:{self.admin_port}/admin/fault",
+            json={"instance": index, "mode": mode, **extra},
+            timeout=5,
+        )
         response.raise_for_status()
 
     def engine_metric(self, index: int, name: str, **labels: str) -> float:
@@ -70,17 +71,41 @@ class Fleet:
 def start_fleet(size: int, *extra: str) -> Fleet:
     base = free_ports(size + 1)
     kv_base = free_ports(size, gap=100)
-    args = [PYTHON, "-m", "enginesim", "serve", "--instances", str(size),
-            "--base-port", str(base + 1), "--admin-port", str(base), "--gpu", "h20",
-            "--model", "qwen2-7b", "--time-scale", str(TIME_SCALE),
-            "--kv-events", f"tcp://127.0.0.1:{kv_base}", "--kv-encoding", "array", *extra]
-    proc = start_process(args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                         stdin=None, stderr=None)
+    args = [
+        PYTHON,
+        "-m",
+        "enginesim",
+        "serve",
+        "--instances",
+        str(size),
+        "--base-port",
+        str(base + 1),
+        "--admin-port",
+        str(base),
+        "--gpu",
+        "h20",
+        "--model",
+        "qwen2-7b",
+        "--time-scale",
+        str(TIME_SCALE),
+        "--kv-events",
+        f"tcp://127.0.0.1:{kv_base}",
+        "--kv-encoding",
+        "array",
+        *extra,
+    ]
+    proc = start_process(
+        args, cwd=REPO, env={**os.environ, "PYTHONUNBUFFERED": "1"}, stdin=None, stderr=None
+    )
     fleet = Fleet(base + 1, size, base, kv_base, proc)
     try:
         for k in range(size):
-            wait_until(lambda k=k: httpx.get(fleet.url(k) + "/health", timeout=1)
-                       .status_code == 200, STARTUP_TIMEOUT, "enginesim", proc)
+            wait_until(
+                lambda k=k: httpx.get(fleet.url(k) + "/health", timeout=1).status_code == 200,
+                STARTUP_TIMEOUT,
+                "enginesim",
+                proc,
+            )
     except BaseException:
         stop_process(proc)
         raise
@@ -124,38 +149,68 @@ class Router:
         return self.log_path.read_text(errors="replace")
 
 
-def router_config(fleet: Fleet, kind: str = "lmetric", params: dict[str, Any] | None = None,
-                  **extra: Any) -> dict[str, Any]:
+def router_config(
+    fleet: Fleet, kind: str = "lmetric", params: dict[str, Any] | None = None, **extra: Any
+) -> dict[str, Any]:
     document: dict[str, Any] = {
-        "cluster": "test", "model": MODEL, "instances": fleet.instances(),
+        "cluster": "test",
+        "model": MODEL,
+        "instances": fleet.instances(),
         "policy": {"kind": kind, "params": params or {}},
-        "router": {"scrape_interval_s": 0.2, "health_interval_s": 0.2,
-                   "breaker_open_s": 0.5, "kv_events": False},
+        "router": {
+            "scrape_interval_s": 0.2,
+            "health_interval_s": 0.2,
+            "breaker_open_s": 0.5,
+            "kv_events": False,
+        },
     }
     document.update(extra)
     return document
 
 
-def launch_router(directory: Path, document: dict[str, Any] | None = None, *extra: str,
-                  redis_url: str = "none", wait: bool = True) -> Router:
+def launch_router(
+    directory: Path,
+    document: dict[str, Any] | None = None,
+    *extra: str,
+    redis_url: str = "none",
+    wait: bool = True,
+) -> Router:
     """Start ``python -m router_worker`` (standalone when ``document`` is given)."""
     port = free_ports(1)
     config_path = directory / f"router-{port}.json"
     log_path = directory / f"router-{port}.log"
-    args = [PYTHON, "-m", "router_worker", "--port", str(port), "--name", f"r{port}",
-            "--admin-token", ADMIN_TOKEN, "--redis-url", redis_url, "--log-level", "INFO",
-            *extra]
+    args = [
+        PYTHON,
+        "-m",
+        "router_worker",
+        "--port",
+        str(port),
+        "--name",
+        f"r{port}",
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--redis-url",
+        redis_url,
+        "--log-level",
+        "INFO",
+        *extra,
+    ]
     if document is not None:
         config_path.write_text(json.dumps(document))
         args += ["--config", str(config_path)]
     env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    proc = start_process(args, cwd=REPO, log=log_path, env={**env, "PYTHONUNBUFFERED": "1"},
-                         stdin=None)
+    proc = start_process(
+        args, cwd=REPO, log=log_path, env={**env, "PYTHONUNBUFFERED": "1"}, stdin=None
+    )
     router = Router(port, proc, config_path, log_path, list(extra))
     if wait:
         try:
-            wait_until(lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200,
-                       STARTUP_TIMEOUT, "router", proc)
+            wait_until(
+                lambda: httpx.get(router.url + "/health", timeout=1).status_code == 200,
+                STARTUP_TIMEOUT,
+                "router",
+                proc,
+            )
         except BaseException:
             stop_process(proc)
             raise
@@ -189,8 +244,21 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.proc = start_process(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", self.directory], stdin=None)
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self.directory,
+            ],
+            stdin=None,
+        )
         import redis
 
         client = redis.Redis(port=self.port)

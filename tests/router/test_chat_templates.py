@@ -33,20 +33,43 @@ SYSTEM = {"role": "system", "content": "You are terse."}
 CONVERSATIONS: list[dict[str, Any]] = [
     {"messages": [{"role": "user", "content": "Hello there"}]},
     {"messages": [SYSTEM, {"role": "user", "content": "  Why is the sky blue?  "}]},
-    {"messages": [SYSTEM, {"role": "user", "content": "Name a prime."},
-                  {"role": "assistant", "content": " seven"},
-                  {"role": "user", "content": "Another, please: héllo, naïve 数字"}]},
-    {"messages": [{"role": "user", "content": [
-        {"type": "text", "text": "first part"}, "a bare string part",
-        {"type": "text", "text": "third, after a newline"}]},
-        {"role": "assistant", "content": None},
-        {"role": "tool", "content": [{"type": "text", "text": "42"}]}]},
-    {"messages": [{"role": "user", "content": "Finish my sentence"},
-                  {"role": "assistant", "content": "The cache is"}],
-     "add_generation_prompt": False},
-    {"messages": [{"role": "user", "content": "Finish my sentence"},
-                  {"role": "assistant", "content": "The cache is"}],
-     "add_generation_prompt": False, "continue_final_message": True},
+    {
+        "messages": [
+            SYSTEM,
+            {"role": "user", "content": "Name a prime."},
+            {"role": "assistant", "content": " seven"},
+            {"role": "user", "content": "Another, please: héllo, naïve 数字"},
+        ]
+    },
+    {
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "first part"},
+                    "a bare string part",
+                    {"type": "text", "text": "third, after a newline"},
+                ],
+            },
+            {"role": "assistant", "content": None},
+            {"role": "tool", "content": [{"type": "text", "text": "42"}]},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Finish my sentence"},
+            {"role": "assistant", "content": "The cache is"},
+        ],
+        "add_generation_prompt": False,
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "Finish my sentence"},
+            {"role": "assistant", "content": "The cache is"},
+        ],
+        "add_generation_prompt": False,
+        "continue_final_message": True,
+    },
 ]
 IMAGE = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
 INVALID: list[dict[str, Any]] = [
@@ -66,10 +89,16 @@ def tokenizer_config(directory: Path, name: str) -> Path:
     """A model's tokenizer_config.json holding one of our templates (bos as an added-token
     object, the way Llama's config gives it)."""
     path = directory / f"{name}-tokenizer_config.json"
-    path.write_text(json.dumps({
-        "chat_template": (BUILTIN_DIR / f"{name}.jinja").read_text(),
-        "bos_token": {"content": "<|begin_of_text|>", "special": True},
-        "eos_token": "<|eot_id|>", "model_max_length": 131072}))
+    path.write_text(
+        json.dumps(
+            {
+                "chat_template": (BUILTIN_DIR / f"{name}.jinja").read_text(),
+                "bos_token": {"content": "<|begin_of_text|>", "special": True},
+                "eos_token": "<|eot_id|>",
+                "model_max_length": 131072,
+            }
+        )
+    )
     return path
 
 
@@ -78,12 +107,16 @@ def engine_equivalent_tokenizer(directory: Path, texts: list[str]) -> str:
     from tokenizers import Regex, models, pre_tokenizers
     from tokenizers import Tokenizer as HFTokenizer
 
-    vocab = {piece: engine_tokenizer.piece_id(piece)
-             for text in texts for piece in engine_tokenizer.split_pieces(text)}
+    vocab = {
+        piece: engine_tokenizer.piece_id(piece)
+        for text in texts
+        for piece in engine_tokenizer.split_pieces(text)
+    }
     vocab["[UNK]"] = engine_tokenizer.VOCAB_SIZE + 100
     hf = HFTokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    hf.pre_tokenizer = pre_tokenizers.Split(Regex(engine_tokenizer._PIECE_RE.pattern),
-                                            behavior="isolated")
+    hf.pre_tokenizer = pre_tokenizers.Split(
+        Regex(engine_tokenizer._PIECE_RE.pattern), behavior="isolated"
+    )
     path = directory / "tokenizer.json"
     hf.save(str(path))
     return str(path)
@@ -94,32 +127,47 @@ def setups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     """template name → (engine, the router's chat_template setting); one engine each."""
     directory = tmp_path_factory.mktemp("templates")
     plain_config = str(tokenizer_config(directory, "plain"))
-    specs = {"chatml": ("chatml", ()), "llama3": ("llama3", ("--chat-template", "llama3")),
-             "plain": (plain_config, ("--chat-template", plain_config))}
-    texts = [Tokenizer(None, spec).render(body) for spec, _ in specs.values()
-             for body in CONVERSATIONS]
+    specs = {
+        "chatml": ("chatml", ()),
+        "llama3": ("llama3", ("--chat-template", "llama3")),
+        "plain": (plain_config, ("--chat-template", plain_config)),
+    }
+    texts = [
+        Tokenizer(None, spec).render(body) for spec, _ in specs.values() for body in CONVERSATIONS
+    ]
     tokenizer_path = engine_equivalent_tokenizer(directory, texts)
     engines: dict[str, SimServer] = {}
     try:
         for name, (_, flags) in specs.items():
             engines[name] = start_server(1, False, *flags)
         yield {name: (engines[name], spec) for name, (spec, _) in specs.items()} | {
-            "tokenizer_path": tokenizer_path}
+            "tokenizer_path": tokenizer_path
+        }
     finally:
         for engine in engines.values():
             stop_server(engine)
 
 
 def router_document(url: str, chat_template: str, tokenizer_path: str) -> dict[str, Any]:
-    return {"cluster": "tpl", "model": MODEL, "instances": [{"name": "i0", "url": url}],
-            "policy": {"kind": "round_robin", "params": {}},
-            "router": {"scrape_interval_s": 0.5, "health_interval_s": 0.5, "kv_events": False,
-                       "tokenizer_path": tokenizer_path, "chat_template": chat_template}}
+    return {
+        "cluster": "tpl",
+        "model": MODEL,
+        "instances": [{"name": "i0", "url": url}],
+        "policy": {"kind": "round_robin", "params": {}},
+        "router": {
+            "scrape_interval_s": 0.5,
+            "health_interval_s": 0.5,
+            "kv_events": False,
+            "tokenizer_path": tokenizer_path,
+            "chat_template": chat_template,
+        },
+    }
 
 
 def engine_tokenize(engine: SimServer, body: dict[str, Any]) -> tuple[str, list[int]]:
-    response = httpx.post(engine.url(0) + "/tokenize",
-                          json={**body, "return_token_strs": True}, timeout=10)
+    response = httpx.post(
+        engine.url(0) + "/tokenize", json={**body, "return_token_strs": True}, timeout=10
+    )
     assert response.status_code == 200, response.text
     answer = response.json()
     return "".join(answer["token_strs"]), answer["tokens"]
@@ -135,28 +183,35 @@ def test_router_and_engine_render_the_same_bytes_and_token_ids(setups, router_fa
         assert router_tokenizer.render(body).encode() == engine_text.encode(), body
         ids, tier = router_tokenizer.encode_chat_body(body)
         assert tier == "exact" and [int(i) for i in ids] == engine_ids, body
-        response = httpx.post(router.url + "/v1/chat/completions", timeout=30,
-                              json={"model": MODEL, "max_tokens": 1, **body})
+        response = httpx.post(
+            router.url + "/v1/chat/completions",
+            timeout=30,
+            json={"model": MODEL, "max_tokens": 1, **body},
+        )
         assert response.status_code == 200, response.text
         routed = router.state()["recent_decisions"][-1]
         assert routed["tier"] == "exact"
-        assert routed["prompt_tokens"] == response.json()["usage"]["prompt_tokens"] == len(
-            engine_ids), body
+        assert (
+            routed["prompt_tokens"] == response.json()["usage"]["prompt_tokens"] == len(engine_ids)
+        ), body
 
 
 def test_templates_differ_where_the_formats_do(setups):
     """Guards the parity test from passing on three copies of one format."""
     body = CONVERSATIONS[1]
-    texts = {name: engine_tokenize(setups[name][0], body)[0] for name in ("chatml", "llama3",
-                                                                         "plain")}
-    assert texts["chatml"] == ("<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>"
-                               "user\n  Why is the sky blue?  <|im_end|>\n<|im_start|>assistant\n")
+    texts = {
+        name: engine_tokenize(setups[name][0], body)[0] for name in ("chatml", "llama3", "plain")
+    }
+    assert texts["chatml"] == (
+        "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>"
+        "user\n  Why is the sky blue?  <|im_end|>\n<|im_start|>assistant\n"
+    )
     assert texts["llama3"] == (
         "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nYou are terse."
         "<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhy is the sky blue?<|eot_id|>"
-        "<|start_header_id|>assistant<|end_header_id|>\n\n")
-    assert texts["plain"] == ("system: You are terse.\nuser:   Why is the sky blue?  \n"
-                              "assistant: ")
+        "<|start_header_id|>assistant<|end_header_id|>\n\n"
+    )
+    assert texts["plain"] == ("system: You are terse.\nuser:   Why is the sky blue?  \nassistant: ")
 
 
 @pytest.mark.parametrize("name", ["chatml", "plain"])
@@ -170,51 +225,70 @@ def test_invalid_bodies_get_the_same_400_from_router_and_engine(setups, router_f
     for body in cases:
         document = {"model": MODEL, "max_tokens": 1, **body}
         from_router = httpx.post(router.url + "/v1/chat/completions", json=document, timeout=10)
-        from_engine = httpx.post(engine.url(0) + "/v1/chat/completions", json=document,
-                                 timeout=10)
+        from_engine = httpx.post(engine.url(0) + "/v1/chat/completions", json=document, timeout=10)
         assert from_router.status_code == from_engine.status_code == 400, body
         assert from_router.json() == from_engine.json(), body
         assert from_router.json()["error"]["param"] is not None
     if name == "chatml":  # the template takes any role: the router lets it through
         document = {"model": MODEL, "max_tokens": 1, **WIZARD}
-        assert httpx.post(engine.url(0) + "/v1/chat/completions", json=document,
-                          timeout=10).status_code == 200
-        assert httpx.post(router.url + "/v1/chat/completions", json=document,
-                          timeout=10).status_code in (502, 503)
+        assert (
+            httpx.post(
+                engine.url(0) + "/v1/chat/completions", json=document, timeout=10
+            ).status_code
+            == 200
+        )
+        assert httpx.post(
+            router.url + "/v1/chat/completions", json=document, timeout=10
+        ).status_code in (502, 503)
 
 
 # ----- loading (no processes) --------------------------------------------------------------
 
+
 def test_a_tokenizer_config_renders_like_the_builtin_with_its_special_tokens(tmp_path):
     from_config = load_chat_template(str(tokenizer_config(tmp_path, "llama3")))
     for body in CONVERSATIONS:
-        assert from_config.render_request(body) == load_chat_template("llama3").render_request(
-            body)
+        assert from_config.render_request(body) == load_chat_template("llama3").render_request(body)
     named = tmp_path / "named.json"
-    named.write_text(json.dumps({"chat_template": [
-        {"name": "tool_use", "template": "{{ raise_exception('not this one') }}"},
-        {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}"}],
-        "bos_token": "<s>"}))
+    named.write_text(
+        json.dumps(
+            {
+                "chat_template": [
+                    {"name": "tool_use", "template": "{{ raise_exception('not this one') }}"},
+                    {"name": "default", "template": "{{ bos_token }}{{ messages[0]['content'] }}"},
+                ],
+                "bos_token": "<s>",
+            }
+        )
+    )
     assert load_chat_template(str(named)).render([{"role": "user", "content": "x"}]) == "<s>x"
 
 
 def test_content_format_follows_the_template_like_vllms_auto_mode():
-    looping = ChatTemplate.compile("t", "{% for m in messages %}{% for p in m['content'] "
-                                        "| selectattr('type', 'equalto', 'text') %}"
-                                        "[{{ p['text'] }}]{% endfor %}{% endfor %}")
+    looping = ChatTemplate.compile(
+        "t",
+        "{% for m in messages %}{% for p in m['content'] "
+        "| selectattr('type', 'equalto', 'text') %}"
+        "[{{ p['text'] }}]{% endfor %}{% endfor %}",
+    )
     assert looping.content_format == "openai"
     assert load_chat_template("chatml").content_format == "string"
-    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
-             {"role": "user", "content": "c"}]
+    parts = [
+        {"role": "user", "content": [{"type": "text", "text": "a"}, "b"]},
+        {"role": "user", "content": "c"},
+    ]
     assert looping.render(parts) == "[a][b][c]"
     assert load_chat_template("plain").render(parts) == "user: a\nb\nuser: c\nassistant: "
 
 
 def test_bad_template_settings_are_refused_with_the_field_named(tmp_path):
-    document = {"cluster": "c", "model": MODEL,
-                "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
-                "policy": {"kind": "round_robin", "params": {}},
-                "router": {"chat_template": "chatlm"}}
+    document = {
+        "cluster": "c",
+        "model": MODEL,
+        "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
+        "policy": {"kind": "round_robin", "params": {}},
+        "router": {"chat_template": "chatlm"},
+    }
     with pytest.raises(ConfigError, match="chat_template"):
         parse_config(document)
     document["router"]["chat_template"] = "llama3"
@@ -223,8 +297,11 @@ def test_bad_template_settings_are_refused_with_the_field_named(tmp_path):
     broken.write_text("{% for m in messages %}")
     no_template = tmp_path / "tokenizer_config.json"
     no_template.write_text(json.dumps({"bos_token": "<s>"}))
-    for spec, why in [(str(tmp_path / "missing.json"), "readable"), (str(broken), "line 1"),
-                      (str(no_template), "no `chat_template`")]:
+    for spec, why in [
+        (str(tmp_path / "missing.json"), "readable"),
+        (str(broken), "line 1"),
+        (str(no_template), "no `chat_template`"),
+    ]:
         with pytest.raises(TemplateLoadError, match=why):
             Tokenizer(None, spec)
 
@@ -235,8 +312,9 @@ def test_template_errors_reach_the_router_as_prompt_errors_naming_the_field():
         tokenizer.render({"messages": [{"role": "user", "content": [IMAGE]}]})
     assert caught.value.param == "messages" and "image_url" in str(caught.value)
     with pytest.raises(PromptError) as caught:
-        tokenizer.render({"messages": [{"role": "user", "content": "x"}],
-                          "chat_template_kwargs": [1]})
+        tokenizer.render(
+            {"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": [1]}
+        )
     assert caught.value.param == "chat_template_kwargs"
 
 
@@ -246,9 +324,16 @@ def test_the_shared_renderer_imports_neither_side():
     import subprocess
     import sys
 
-    code = ("import sys, chat_templates; chat_templates.load_chat_template('llama3'); "
-            "print(sorted({m.split('.')[0] for m in sys.modules} & "
-            "{'router_worker', 'enginesim', 'django', 'controlplane'}))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         cwd=Path(__file__).resolve().parents[2], check=True).stdout
+    code = (
+        "import sys, chat_templates; chat_templates.load_chat_template('llama3'); "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & "
+        "{'router_worker', 'enginesim', 'django', 'controlplane'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).resolve().parents[2],
+        check=True,
+    ).stdout
     assert out.strip() == "[]"

@@ -13,13 +13,16 @@ import pytest
 from tests.router.client_keys import DEBUG_KEY, PLAIN_KEY, client_auth
 from tests.router.conftest import MODEL, router_config
 
-ROUTE_HEADERS = ("x-switchyard-instance", "x-switchyard-arm", "x-switchyard-policy",
-                 "x-switchyard-reason")
+ROUTE_HEADERS = (
+    "x-switchyard-instance",
+    "x-switchyard-arm",
+    "x-switchyard-policy",
+    "x-switchyard-reason",
+)
 DEBUG_HEADERS = ("x-switchyard-scores", "x-switchyard-cached-tokens")
 
 
-def _post(router, key: str | None = None, debug: bool = False, **headers: str
-          ) -> httpx.Response:
+def _post(router, key: str | None = None, debug: bool = False, **headers: str) -> httpx.Response:
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     if debug:
@@ -44,19 +47,24 @@ def locked_router(fleet, router_factory):
 def test_required_keys_refuse_anonymous_and_wrong_keys_in_openai_shape(locked_router):
     _assert_401(_post(locked_router), "didn't provide an API key")
     _assert_401(_post(locked_router, "syk_guess_" + "x" * 40), "Incorrect API key")
-    _assert_401(_post(locked_router, None, Authorization="Basic dXNlcjpwdw=="),
-                "Send it as `Authorization: Bearer <key>`")
-    _assert_401(httpx.get(locked_router.url + "/v1/models", timeout=5),
-                "didn't provide an API key")
-    models = httpx.get(locked_router.url + "/v1/models", timeout=5,
-                       headers={"Authorization": f"Bearer {PLAIN_KEY}"})
+    _assert_401(
+        _post(locked_router, None, Authorization="Basic dXNlcjpwdw=="),
+        "Send it as `Authorization: Bearer <key>`",
+    )
+    _assert_401(httpx.get(locked_router.url + "/v1/models", timeout=5), "didn't provide an API key")
+    models = httpx.get(
+        locked_router.url + "/v1/models",
+        timeout=5,
+        headers={"Authorization": f"Bearer {PLAIN_KEY}"},
+    )
     assert models.status_code == 200 and models.json()["data"][0]["id"] == MODEL
     # The openai SDK sends its api_key as the bearer token.
     sdk = openai.OpenAI(base_url=locked_router.url + "/v1", api_key=PLAIN_KEY, max_retries=0)
     assert sdk.completions.create(model=MODEL, prompt="hello", max_tokens=2).choices[0].text
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=locked_router.url + "/v1", api_key="wrong",
-                      max_retries=0).completions.create(model=MODEL, prompt="x", max_tokens=1)
+        openai.OpenAI(
+            base_url=locked_router.url + "/v1", api_key="wrong", max_retries=0
+        ).completions.create(model=MODEL, prompt="x", max_tokens=1)
     rejected = httpx.get(locked_router.url + "/metrics", timeout=5).text
     assert 'switchyard_router_rejected_total{status="401"}' in rejected
 
@@ -77,16 +85,21 @@ def test_a_revoked_key_is_refused_after_the_next_config_version(locked_router):
     assert _post(locked_router, PLAIN_KEY).status_code == 200
     document = router_config_of(locked_router)
     document.update(version=2, client_auth=client_auth(True, plain=False))
-    applied = httpx.post(locked_router.url + "/admin/config", json=document,
-                         headers=locked_router.admin_headers, timeout=5)
+    applied = httpx.post(
+        locked_router.url + "/admin/config",
+        json=document,
+        headers=locked_router.admin_headers,
+        timeout=5,
+    )
     assert applied.status_code == 200, applied.text
     _assert_401(_post(locked_router, PLAIN_KEY), "Incorrect API key")
     assert _post(locked_router, DEBUG_KEY).status_code == 200
 
 
 def test_an_open_cluster_serves_anyone_but_debugs_only_for_debug_keys(fleet, router_factory):
-    router = router_factory(router_config(fleet, "lmetric",
-                                          client_auth=client_auth(False, plain=False)))
+    router = router_factory(
+        router_config(fleet, "lmetric", client_auth=client_auth(False, plain=False))
+    )
     anonymous = _post(router, debug=True)
     assert anonymous.status_code == 200
     assert all(name in anonymous.headers for name in ROUTE_HEADERS)
@@ -101,8 +114,12 @@ def test_a_key_in_plain_text_is_refused_by_the_config_schema(fleet, router_facto
     document = router_config(fleet, "lmetric")
     document["client_auth"] = {"keys": [{"sha256": PLAIN_KEY}]}
     router = router_factory(router_config(fleet, "lmetric"))
-    refused = httpx.post(router.url + "/admin/config", json={**document, "version": 5},
-                         headers=router.admin_headers, timeout=5)
+    refused = httpx.post(
+        router.url + "/admin/config",
+        json={**document, "version": 5},
+        headers=router.admin_headers,
+        timeout=5,
+    )
     assert refused.status_code == 400 and "client_auth.keys.0.sha256" in refused.text
 
 

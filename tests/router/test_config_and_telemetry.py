@@ -26,8 +26,12 @@ async def _stream_load(url: str, stop_after: float, concurrency: int) -> list[tu
                 text = (await response.aread()).decode()
                 ok = response.status_code == 200 and '"error"' not in text
                 ok = ok and text.rstrip().endswith("[DONE]")
-                results.append((200 if ok else response.status_code,
-                                response.headers.get("x-switchyard-policy", "")))
+                results.append(
+                    (
+                        200 if ok else response.status_code,
+                        response.headers.get("x-switchyard-policy", ""),
+                    )
+                )
 
     async with httpx.AsyncClient(timeout=30) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
@@ -42,8 +46,9 @@ def test_config_hot_swap_under_load_drops_nothing(fleet, router_factory):
         load = asyncio.create_task(_stream_load(router.url + "/v1/completions", 2.0, 6))
         await asyncio.sleep(0.7)
         async with httpx.AsyncClient() as client:
-            response = await client.post(router.url + "/admin/config", json=new,
-                                         headers=router.admin_headers)
+            response = await client.post(
+                router.url + "/admin/config", json=new, headers=router.admin_headers
+            )
         assert response.status_code == 200 and response.json() == {"applied_version": 2}
         return await load
 
@@ -64,8 +69,9 @@ def test_invalid_config_refused_and_old_one_kept(fleet, router_factory):
     bad = router_config(fleet, "linear", params={"w": 7}, version=4)
     refused = httpx.post(url, json=bad, headers=router.admin_headers)
     assert refused.status_code == 400 and "w" in refused.json()["error"]["message"]
-    older = httpx.post(url, json=router_config(fleet, "round_robin", version=2),
-                       headers=router.admin_headers)
+    older = httpx.post(
+        url, json=router_config(fleet, "round_robin", version=2), headers=router.admin_headers
+    )
     assert older.status_code == 409
     applied = httpx.get(url, headers=router.admin_headers).json()
     assert applied["version"] == 3 and applied["policy"]["kind"] == "lmetric"
@@ -75,23 +81,40 @@ def test_invalid_config_refused_and_old_one_kept(fleet, router_factory):
 
 def test_canary_arms_split_by_session_and_restrict_instances(fleet, router_factory):
     instances = fleet.instances()
-    canary = {"arms": [
-        {"name": "baseline", "weight": 50, "instances": ["i0", "i1"],
-         "policy": {"kind": "round_robin"}},
-        {"name": "candidate", "weight": 50, "instances": ["i2", "i3"],
-         "policy": {"kind": "lmetric"}}]}
+    canary = {
+        "arms": [
+            {
+                "name": "baseline",
+                "weight": 50,
+                "instances": ["i0", "i1"],
+                "policy": {"kind": "round_robin"},
+            },
+            {
+                "name": "candidate",
+                "weight": 50,
+                "instances": ["i2", "i3"],
+                "policy": {"kind": "lmetric"},
+            },
+        ]
+    }
     router = router_factory(router_config(fleet, canary=canary, instances=instances))
     arms: dict[str, set[str]] = {}
     for k in range(16):
         session = f"session-{k}"
         seen = set()
         for _ in range(2):
-            response = httpx.post(router.url + "/v1/completions", headers={
-                "x-session-id": session}, json={"model": MODEL, "prompt": "x y z",
-                                                "max_tokens": 1})
-            seen.add((response.headers["x-switchyard-arm"],
-                      response.headers["x-switchyard-instance"],
-                      response.headers["x-switchyard-policy"]))
+            response = httpx.post(
+                router.url + "/v1/completions",
+                headers={"x-session-id": session},
+                json={"model": MODEL, "prompt": "x y z", "max_tokens": 1},
+            )
+            seen.add(
+                (
+                    response.headers["x-switchyard-arm"],
+                    response.headers["x-switchyard-instance"],
+                    response.headers["x-switchyard-policy"],
+                )
+            )
         assert len({arm for arm, _, _ in seen}) == 1  # a session stays in its arm
         for arm, instance, policy in seen:
             arms.setdefault(arm, set()).add(instance)
@@ -104,12 +127,20 @@ def test_drain_stops_new_requests_to_the_instance(fleet, router_factory):
     router = router_factory(router_config(fleet, "round_robin"))
     drained = httpx.post(router.url + "/admin/instances/i2/drain", headers=router.admin_headers)
     assert drained.json() == {"instance": "i2", "health": "draining"}
-    seen = {httpx.post(router.url + "/v1/completions", json={
-        "model": MODEL, "prompt": "drain me", "max_tokens": 1}).headers["x-switchyard-instance"]
-        for _ in range(9)}
+    seen = {
+        httpx.post(
+            router.url + "/v1/completions",
+            json={"model": MODEL, "prompt": "drain me", "max_tokens": 1},
+        ).headers["x-switchyard-instance"]
+        for _ in range(9)
+    }
     assert seen == {"i0", "i1", "i3"}
-    assert httpx.post(router.url + "/admin/instances/zz/drain",
-                      headers=router.admin_headers).status_code == 404
+    assert (
+        httpx.post(
+            router.url + "/admin/instances/zz/drain", headers=router.admin_headers
+        ).status_code
+        == 404
+    )
     assert httpx.get(router.url + "/admin/state").status_code == 401
 
 
@@ -118,8 +149,7 @@ def _events(client: redis.Redis) -> list[contract.RouterEvent]:
     return [contract.RouterEvent.from_stream_fields(fields) for _, fields in entries]
 
 
-def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factory,
-                                                            private_redis):
+def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factory, private_redis):
     router = router_factory(router_config(fleet, "lmetric"), redis_url=private_redis.url)
     name = f"r{router.port}"
     client = redis.Redis(port=private_redis.port)
@@ -132,8 +162,10 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     with httpx.stream("POST", router.url + "/v1/completions", json=body) as response:
         response.read()
     wait_until(lambda: client.xlen(contract.METRICS_STREAM) > 0, 10, "metrics record")
-    records = [contract.MetricsRecord.from_stream_fields(f)
-               for _, f in client.xrange(contract.METRICS_STREAM)]
+    records = [
+        contract.MetricsRecord.from_stream_fields(f)
+        for _, f in client.xrange(contract.METRICS_STREAM)
+    ]
     arms = [r.arms["default"] for r in records if "default" in r.arms]
     assert sum(a.requests for a in arms) == 1 and arms[0].policy == "lmetric"
     assert any(a.ttft_s for a in arms)
@@ -143,8 +175,10 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     private_redis.stop()
     client.close()
     for k in range(5):  # routing continues without Redis
-        response = httpx.post(router.url + "/v1/completions", json={
-            "model": MODEL, "prompt": f"no redis {k}", "max_tokens": 2})
+        response = httpx.post(
+            router.url + "/v1/completions",
+            json={"model": MODEL, "prompt": f"no redis {k}", "max_tokens": 2},
+        )
         assert response.status_code == 200
     httpx.post(router.url + "/admin/instances/i3/drain", headers=router.admin_headers)
     wait_until(lambda: router.state()["telemetry"]["redis"] is False, 5, "outage noticed")
@@ -152,8 +186,11 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
 
     private_redis.start()  # empty: nothing was saved
     client = redis.Redis(port=private_redis.port)
-    wait_until(lambda: any(e.kind == "health" and e.payload["instance"] == "i3"
-                           for e in _events(client)), 10, "buffered events flushed")
+    wait_until(
+        lambda: any(e.kind == "health" and e.payload["instance"] == "i3" for e in _events(client)),
+        10,
+        "buffered events flushed",
+    )
     ids = [e.id for e in _events(client)]
     assert len(ids) == len(set(ids))
     assert router.state()["telemetry"]["dropped_total"] == 0
@@ -162,12 +199,18 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
 
 def test_router_metrics_endpoint(fleet, router_factory):
     router = router_factory(router_config(fleet, "lmetric"))
-    httpx.post(router.url + "/v1/completions", json={"model": MODEL, "prompt": "m " * 50,
-                                                     "max_tokens": 2, "stream": True})
+    httpx.post(
+        router.url + "/v1/completions",
+        json={"model": MODEL, "prompt": "m " * 50, "max_tokens": 2, "stream": True},
+    )
     text = httpx.get(router.url + "/metrics").text
-    for name in ("switchyard_router_requests_total", "switchyard_router_decision_seconds",
-                 "switchyard_router_hashing_seconds", "switchyard_router_ttft_seconds",
-                 "switchyard_router_tokenize_seconds"):
+    for name in (
+        "switchyard_router_requests_total",
+        "switchyard_router_decision_seconds",
+        "switchyard_router_hashing_seconds",
+        "switchyard_router_ttft_seconds",
+        "switchyard_router_tokenize_seconds",
+    ):
         assert name in text
     assert 'policy="lmetric"' in text and 'tier="approx"' in text
     # the router's own share of the streamed request's first chunk, observed once

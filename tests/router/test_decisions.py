@@ -28,12 +28,21 @@ from tests.router.conftest import router_config
 MODEL = "Qwen/Qwen2-7B-Instruct"
 
 
-def make_core(instances: int = 3, canary: dict | None = None,
-              sampler: DecisionSampler | None = None, policy: str = "lmetric") -> RouterCore:
-    document = {"cluster": "unit", "model": MODEL, "version": 4,
-                "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{1 + k}"}
-                              for k in range(instances)],
-                "policy": {"kind": policy, "params": {}}}
+def make_core(
+    instances: int = 3,
+    canary: dict | None = None,
+    sampler: DecisionSampler | None = None,
+    policy: str = "lmetric",
+) -> RouterCore:
+    document = {
+        "cluster": "unit",
+        "model": MODEL,
+        "version": 4,
+        "instances": [
+            {"name": f"i{k}", "url": f"http://127.0.0.1:{1 + k}"} for k in range(instances)
+        ],
+        "policy": {"kind": policy, "params": {}},
+    }
     if canary is not None:
         document["canary"] = canary
     core = RouterCore("r-unit", Telemetry("r-unit", None), RouterMetrics())
@@ -51,8 +60,9 @@ def _intake(core: RouterCore, prompt: str) -> Intake:
     return take_in(body, "completions", runtime.tokenizer, runtime.config.block_size)
 
 
-def route(core: RouterCore, prompt: str, *, session: str | None = None,
-          fail_first: bool = False) -> Plan:
+def route(
+    core: RouterCore, prompt: str, *, session: str | None = None, fail_first: bool = False
+) -> Plan:
     """Plan, dispatch and finish one request the way the proxy drives the core."""
     assert core.runtime is not None
     headers = {"x-session-id": session} if session else {}
@@ -64,8 +74,9 @@ def route(core: RouterCore, prompt: str, *, session: str | None = None,
     core.begin_attempt(plan)
     core.account_dispatch(plan)
     core.first_token(plan)
-    core.finish_request(plan, status=200, ok=True, output_tokens=4, last_token_at=None,
-                        cached_tokens=None)
+    core.finish_request(
+        plan, status=200, ok=True, output_tokens=4, last_token_at=None, cached_tokens=None
+    )
     return plan
 
 
@@ -108,8 +119,12 @@ def test_sampled_records_carry_scores_and_indicators_and_round_trip() -> None:
     records = shipped(core)
     assert [r.request_id for r in records] == [p.request_id for p in plans[:3]]
     last = records[-1]
-    assert (last.cluster, last.router, last.arm, last.policy) == ("unit", "r-unit",
-                                                                 "default", "lmetric")
+    assert (last.cluster, last.router, last.arm, last.policy) == (
+        "unit",
+        "r-unit",
+        "default",
+        "lmetric",
+    )
     assert last.instance == plans[2].instance and last.reason == "score"
     assert last.status == 200 and last.ttft_s is not None and last.canary is None
     assert last.candidates_total == 3 and len(last.candidates) == 3
@@ -166,23 +181,36 @@ def test_a_retry_is_decided_again_without_the_instance_that_failed() -> None:
 def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> None:
     core = make_core(sampler=DecisionSampler(routine=(0.0, 0.0)))
     assert core.runtime is not None
-    plan = core.plan(core.runtime, _intake(core, "doomed"), {},
-                     time.perf_counter())
+    plan = core.plan(core.runtime, _intake(core, "doomed"), {}, time.perf_counter())
     core.begin_attempt(plan)
     core.account_dispatch(plan)
     core.fail_attempt(plan, "http_5xx", final=True)
-    core.finish_request(plan, status=502, ok=False, output_tokens=0, last_token_at=None,
-                        cached_tokens=0)
+    core.finish_request(
+        plan, status=502, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0
+    )
     (record,) = shipped(core)
     assert (record.status, record.attempts, record.priority) == (502, 1, True)
 
 
 def test_canary_records_name_the_arm_and_only_its_instances() -> None:
-    canary = {"id": 7, "assignment_key": "session", "arms": [
-        {"name": "baseline", "weight": 50, "instances": ["i0", "i1"],
-         "policy": {"kind": "round_robin"}},
-        {"name": "candidate", "weight": 50, "instances": ["i2", "i3"],
-         "policy": {"kind": "lmetric"}}]}
+    canary = {
+        "id": 7,
+        "assignment_key": "session",
+        "arms": [
+            {
+                "name": "baseline",
+                "weight": 50,
+                "instances": ["i0", "i1"],
+                "policy": {"kind": "round_robin"},
+            },
+            {
+                "name": "candidate",
+                "weight": 50,
+                "instances": ["i2", "i3"],
+                "policy": {"kind": "lmetric"},
+            },
+        ],
+    }
     core = make_core(4, canary, DecisionSampler(routine=(0.0, 100.0)))
     for n in range(12):
         route(core, f"canary request {n}", session=f"s{n}")
@@ -214,25 +242,29 @@ def test_the_unsent_buffer_is_bounded_and_keeps_the_newest() -> None:
     assert records[-1].request_id == plans[-1].request_id
 
 
-def test_a_router_ships_its_decisions_to_the_clusters_stream(fleet, router_factory,
-                                                             private_redis) -> None:
+def test_a_router_ships_its_decisions_to_the_clusters_stream(
+    fleet, router_factory, private_redis
+) -> None:
     """Through a real router process and Redis: what the debug header tells one client
     is what the stream tells the live view."""
-    router = router_factory(router_config(fleet, "lmetric", client_auth=debug_key_only()),
-                            redis_url=private_redis.url)
+    router = router_factory(
+        router_config(fleet, "lmetric", client_auth=debug_key_only()), redis_url=private_redis.url
+    )
     client = redis.Redis(port=private_redis.port)
     try:
         headers = {"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"}
         answers = []
         for n in range(3):  # within the routine burst: all three are sampled
-            response = httpx.post(router.url + "/v1/completions", headers=headers, json={
-                "model": MODEL, "prompt": f"decision stream {n} " * 30, "max_tokens": 2})
+            response = httpx.post(
+                router.url + "/v1/completions",
+                headers=headers,
+                json={"model": MODEL, "prompt": f"decision stream {n} " * 30, "max_tokens": 2},
+            )
             assert response.status_code == 200
             answers.append(response.headers)
         stream = contract.decisions_stream("test")
         wait_until(lambda: client.xlen(stream) >= 3, 10, "decisions in Redis")
-        records = [DecisionRecord.from_stream_fields(fields)
-                   for _, fields in client.xrange(stream)]
+        records = [DecisionRecord.from_stream_fields(fields) for _, fields in client.xrange(stream)]
         assert 0 < client.ttl(stream) <= contract.DECISIONS_STREAM_TTL_S
     finally:
         client.close()
@@ -242,25 +274,32 @@ def test_a_router_ships_its_decisions_to_the_clusters_stream(fleet, router_facto
         assert record.instance == sent["x-switchyard-instance"]
         assert record.reason == sent["x-switchyard-reason"]
         assert record.cached_tokens == int(sent["x-switchyard-cached-tokens"])
-        assert {c.instance: c.score for c in record.candidates} == \
-            json.loads(sent["x-switchyard-scores"])
+        assert {c.instance: c.score for c in record.candidates} == json.loads(
+            sent["x-switchyard-scores"]
+        )
         assert all(c.batch_size is not None for c in record.candidates)
     kept = router.state()["telemetry"]["decisions"]["kept"]
     assert kept["routine"] == 3
 
 
-def test_decisions_made_while_redis_is_down_arrive_after_it_returns(fleet, router_factory,
-                                                                    private_redis) -> None:
+def test_decisions_made_while_redis_is_down_arrive_after_it_returns(
+    fleet, router_factory, private_redis
+) -> None:
     router = router_factory(router_config(fleet, "lmetric"), redis_url=private_redis.url)
     client = redis.Redis(port=private_redis.port)
-    wait_until(lambda: client.get(contract.state_key("test", f"r{router.port}")) is not None,
-               10, "the router writing to Redis")
+    wait_until(
+        lambda: client.get(contract.state_key("test", f"r{router.port}")) is not None,
+        10,
+        "the router writing to Redis",
+    )
     client.close()
     private_redis.stop()
     sent = []
     for n in range(3):
-        response = httpx.post(router.url + "/v1/completions", json={
-            "model": MODEL, "prompt": f"during the outage {n}", "max_tokens": 2})
+        response = httpx.post(
+            router.url + "/v1/completions",
+            json={"model": MODEL, "prompt": f"during the outage {n}", "max_tokens": 2},
+        )
         assert response.status_code == 200
         sent.append(response.headers["x-switchyard-request-id"])
     wait_until(lambda: router.state()["telemetry"]["redis"] is False, 5, "outage noticed")

@@ -35,13 +35,16 @@ async def _one(client: httpx.AsyncClient, url: str, body: dict) -> tuple[int, st
     return response.status_code, response.headers.get("x-switchyard-instance", ""), response.text
 
 
-async def _load(url: str, count: int, concurrency: int, stream: bool,
-                max_tokens: int = 8) -> list[tuple]:
+async def _load(
+    url: str, count: int, concurrency: int, stream: bool, max_tokens: int = 8
+) -> list[tuple]:
     gate = asyncio.Semaphore(concurrency)
     async with httpx.AsyncClient(timeout=30) as client:
+
         async def run(k: int) -> tuple:
             async with gate:
                 return await _one(client, url, _body(f"load{k}-", stream, max_tokens))
+
         return await asyncio.gather(*(run(k) for k in range(count)))
 
 
@@ -71,8 +74,12 @@ def test_killed_instance_requests_retried_marked_down_and_back(fleet, router_fac
         after = asyncio.run(_load(url, 12, 4, stream=False))
         assert all(r[0] == 200 and r[1] != "i1" for r in after)
         events = router.state()["recent_events"]
-        assert any(e["kind"] == "health" and e["payload"]["instance"] == "i1"
-                   and e["payload"]["after"] == "down" for e in events)
+        assert any(
+            e["kind"] == "health"
+            and e["payload"]["instance"] == "i1"
+            and e["payload"]["after"] == "down"
+            for e in events
+        )
     finally:
         fleet.fault(1, "recover")
     wait_until(lambda: router.health_of("i1") == "healthy", 20, "i1 back")
@@ -91,7 +98,7 @@ def test_5xx_before_first_byte_is_retried_elsewhere(fleet, router_factory):
         fleet.fault(2, "recover")
     assert all(r[0] == 200 and r[1] != "i2" for r in results)
     metrics = httpx.get(router.url + "/metrics").text
-    assert 'switchyard_router_retries_total{instance=' in metrics
+    assert "switchyard_router_retries_total{instance=" in metrics
     assert 'kind="http_5xx"' in metrics
 
 
@@ -99,7 +106,8 @@ POISON = "POISON-7f3a"  # the input the poisoned engines fail on
 
 
 def test_request_failing_alike_on_two_instances_is_not_retried_nor_held_against_them(
-        fleet, router_factory):
+    fleet, router_factory
+):
     document = router_config(fleet, "round_robin")
     document["router"] |= {"breaker_failures": 1, "max_attempts": 4}
     router = router_factory(document)
@@ -107,8 +115,11 @@ def test_request_failing_alike_on_two_instances_is_not_retried_nor_held_against_
     for index in range(len(names)):
         fleet.fault(index, "poison", match=POISON)
     try:
-        poisoned = httpx.post(router.url + "/v1/completions", timeout=30,
-                              json=_body("bad") | {"prompt": f"tell me {POISON} now"})
+        poisoned = httpx.post(
+            router.url + "/v1/completions",
+            timeout=30,
+            json=_body("bad") | {"prompt": f"tell me {POISON} now"},
+        )
         fine = asyncio.run(_load(router.url + "/v1/completions", 4, 2, stream=False))
         healths = {name: router.health_of(name) for name in names}
     finally:
@@ -129,8 +140,7 @@ def test_request_failing_alike_on_two_instances_is_not_retried_nor_held_against_
     assert not [e for e in events if e["kind"] == "health"]
 
 
-def test_5xx_is_held_against_the_instance_once_another_serves_the_request(
-        fleet, router_factory):
+def test_5xx_is_held_against_the_instance_once_another_serves_the_request(fleet, router_factory):
     # i2 fails the marked requests while its /health stays good: only the passive strike,
     # charged when i3 serves the retry, can open its breaker.
     document = router_config(fleet, "round_robin", instances=fleet.instances()[2:4])
@@ -138,17 +148,23 @@ def test_5xx_is_held_against_the_instance_once_another_serves_the_request(
     router = router_factory(document)
     fleet.fault(2, "poison", match=POISON)
     try:
-        answers = [httpx.post(router.url + "/v1/completions", timeout=30,
-                              json=_body(f"odd{k}") | {"prompt": f"{POISON} {k}"})
-                   for k in range(2)]
+        answers = [
+            httpx.post(
+                router.url + "/v1/completions",
+                timeout=30,
+                json=_body(f"odd{k}") | {"prompt": f"{POISON} {k}"},
+            )
+            for k in range(2)
+        ]
     finally:
         fleet.fault(2, "recover")
     assert [a.status_code for a in answers] == [200, 200]
     assert {a.headers["x-switchyard-instance"] for a in answers} == {"i3"}
     assert "retry" in {a.headers["x-switchyard-reason"] for a in answers}
     health = [e["payload"] for e in router.state()["recent_events"] if e["kind"] == "health"]
-    assert any(p["instance"] == "i2" and p["after"] == "down" and p["cause"] == "http_5xx"
-               for p in health), health
+    assert any(
+        p["instance"] == "i2" and p["after"] == "down" and p["cause"] == "http_5xx" for p in health
+    ), health
 
 
 def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
@@ -156,9 +172,13 @@ def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
     router = router_factory(document)
     fleet.fault(3, "drop_midstream", after_chunks=3)
     try:
-        status, _, text = asyncio.run(_one(httpx.AsyncClient(timeout=30),
-                                           router.url + "/v1/completions",
-                                           _body("mid", stream=True, max_tokens=20)))
+        status, _, text = asyncio.run(
+            _one(
+                httpx.AsyncClient(timeout=30),
+                router.url + "/v1/completions",
+                _body("mid", stream=True, max_tokens=20),
+            )
+        )
     finally:
         fleet.fault(3, "recover")
     assert status == 200
@@ -169,8 +189,11 @@ def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
     assert len(events) == 3 + 2  # three relayed chunks, the error, [DONE]
     # A serving-side failure counts against the arm's error rate (the canary judge's guard);
     # a client's bad request (the engine's 400 for a prompt over its context) does not.
-    too_long = httpx.post(router.url + "/v1/completions", timeout=30,
-                          json=_body("long", max_tokens=1) | {"prompt": [7] * 200_000})
+    too_long = httpx.post(
+        router.url + "/v1/completions",
+        timeout=30,
+        json=_body("long", max_tokens=1) | {"prompt": [7] * 200_000},
+    )
     assert too_long.status_code == 400
     window = router.state()["snapshot"]["window"]
     assert (window["requests"], window["errors"]) == (2, 1)
@@ -181,23 +204,39 @@ def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
     [
         ("/v1/chat/completions", b"{not json", 400, None),
         ("/v1/chat/completions", b"[1, 2]", 400, None),
-        ("/v1/chat/completions", json.dumps({"model": MODEL, "messages": "hi"}).encode(),
-         400, "messages"),
-        ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "stream": "yes"})
-         .encode(), 400, "stream"),
-        ("/v1/completions", json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"})
-         .encode(), 400, "max_tokens"),
-        ("/v1/completions", json.dumps({"model": MODEL, "prompt": [1.5, 2]}).encode(),
-         400, "prompt"),
-        ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), 404,
-         "model"),
+        (
+            "/v1/chat/completions",
+            json.dumps({"model": MODEL, "messages": "hi"}).encode(),
+            400,
+            "messages",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": MODEL, "prompt": "x", "stream": "yes"}).encode(),
+            400,
+            "stream",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": MODEL, "prompt": "x", "max_tokens": "5"}).encode(),
+            400,
+            "max_tokens",
+        ),
+        (
+            "/v1/completions",
+            json.dumps({"model": MODEL, "prompt": [1.5, 2]}).encode(),
+            400,
+            "prompt",
+        ),
+        ("/v1/completions", json.dumps({"model": "nope", "prompt": "x"}).encode(), 404, "model"),
         ("/v1/completions", json.dumps({"prompt": "x"}).encode(), 400, "model"),
     ],
 )
 def test_malformed_input_gets_openai_error_body(small_body_router, path, body, status, param):
     router = small_body_router
-    response = httpx.post(router.url + path, content=body,
-                          headers={"content-type": "application/json"})
+    response = httpx.post(
+        router.url + path, content=body, headers={"content-type": "application/json"}
+    )
     assert response.status_code == status
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"}
@@ -217,8 +256,11 @@ def test_oversized_body_is_refused_with_413(small_body_router):
             yield b"y" * 1000
         yield b'"}'
 
-    chunked = httpx.post(router.url + "/v1/completions", content=chunks(),
-                         headers={"content-type": "application/json"})
+    chunked = httpx.post(
+        router.url + "/v1/completions",
+        content=chunks(),
+        headers={"content-type": "application/json"},
+    )
     assert chunked.status_code == 413
 
 
@@ -231,11 +273,19 @@ def test_client_disconnect_aborts_the_engine_request(fleet, router_factory):
         for line in resp.iter_lines():
             if '"text"' in line:
                 break  # one token seen: the request is running; now hang up
-    wait_until(lambda: fleet.engine_metric(0, "vllm:request_success_total",
-                                           finished_reason="abort") >= before + 1,
-               10, "enginesim to record the abort")
-    wait_until(lambda: router.state()["snapshot"]["instances"][0]["in_flight"] == 0, 5,
-               "router accounting to drop the request")
+    wait_until(
+        lambda: (
+            fleet.engine_metric(0, "vllm:request_success_total", finished_reason="abort")
+            >= before + 1
+        ),
+        10,
+        "enginesim to record the abort",
+    )
+    wait_until(
+        lambda: router.state()["snapshot"]["instances"][0]["in_flight"] == 0,
+        5,
+        "router accounting to drop the request",
+    )
 
 
 def test_hung_instance_times_out_before_first_byte_and_is_retried(fleet, router_factory):
@@ -248,8 +298,7 @@ def test_hung_instance_times_out_before_first_byte_and_is_retried(fleet, router_
     finally:
         fleet.fault(0, "recover")
     assert all(r[0] == 200 and r[1] != "i0" for r in results)
-    assert all(r[2].rstrip().endswith("data: [DONE]") and '"error"' not in r[2]
-               for r in results)
+    assert all(r[2].rstrip().endswith("data: [DONE]") and '"error"' not in r[2] for r in results)
     assert 'kind="timeout"' in httpx.get(router.url + "/metrics").text
 
 
@@ -257,8 +306,7 @@ def test_overload_is_refused_with_429(fleet, router_factory):
     document = router_config(fleet, "round_robin")
     document["router"].update(max_concurrency=1, max_queue=0)
     router = router_factory(document)
-    results = asyncio.run(_load(router.url + "/v1/completions", 6, 6, stream=True,
-                                max_tokens=200))
+    results = asyncio.run(_load(router.url + "/v1/completions", 6, 6, stream=True, max_tokens=200))
     statuses = sorted(r[0] for r in results)
     assert statuses[0] == 200 and statuses[-1] == 429
     refused = next(r for r in results if r[0] == 429)
@@ -269,8 +317,11 @@ def test_kv_events_are_received_from_the_engines(fleet, router_factory):
     document = router_config(fleet, "lmetric", instances=fleet.instances(kv=True))
     document["router"]["kv_events"] = True
     router = router_factory(document)
-    wait_until(lambda: set(router.state()["kv_events"]) == {"i0", "i1", "i2", "i3"}, 10,
-               "subscribers running")
+    wait_until(
+        lambda: set(router.state()["kv_events"]) == {"i0", "i1", "i2", "i3"},
+        10,
+        "subscribers running",
+    )
 
     def stored_somewhere() -> bool:
         # ZMQ drops messages sent before a subscription is live: keep sending.
@@ -291,10 +342,14 @@ def test_hung_instance_is_marked_down_by_probes_with_the_default_settings(fleet,
     router = router_factory(document)
     fleet.fault(1, "hang")
     try:
-        wait_until(lambda: router.state()["breakers"][fleet.instances()[1]["name"]]["breaker"]
-                   == "open", 5, "the hung instance's circuit to open")
+        wait_until(
+            lambda: router.state()["breakers"][fleet.instances()[1]["name"]]["breaker"] == "open",
+            5,
+            "the hung instance's circuit to open",
+        )
         breakers = router.state()["breakers"]
     finally:
         fleet.fault(1, "recover")
-    assert [name for name, b in breakers.items() if b["breaker"] != "closed"] == \
-        [fleet.instances()[1]["name"]]
+    assert [name for name, b in breakers.items() if b["breaker"] != "closed"] == [
+        fleet.instances()[1]["name"]
+    ]

@@ -39,23 +39,39 @@ def _workers(pid: int) -> list[int]:
 def test_worker_intake_routes_and_refuses_like_inline(offload_router):
     url = offload_router.url
     prompt = " ".join(f"shared{i}" for i in range(200))
-    first = httpx.post(url + "/v1/completions", timeout=60,
-                       json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
-                       headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
-    again = httpx.post(url + "/v1/completions", timeout=60,
-                       json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
-                       headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
+    first = httpx.post(
+        url + "/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
+        headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
+    )
+    again = httpx.post(
+        url + "/v1/completions",
+        timeout=60,
+        json={"model": MODEL, "prompt": prompt, "max_tokens": 2},
+        headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
+    )
     assert first.status_code == again.status_code == 200
     # The hashes computed in the worker are the ones the KV index learned: a cache hit.
     assert again.headers["x-switchyard-instance"] == first.headers["x-switchyard-instance"]
     assert int(again.headers["x-switchyard-cached-tokens"]) > 0
-    chat = httpx.post(url + "/v1/chat/completions", timeout=60, json={
-        "model": MODEL, "max_tokens": 2, "stream": True,
-        "messages": [{"role": "user", "content": "hi"}]})
+    chat = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=60,
+        json={
+            "model": MODEL,
+            "max_tokens": 2,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        },
+    )
     assert chat.status_code == 200 and chat.text.rstrip().endswith("data: [DONE]")
     # An APIError raised in the worker comes back whole: status, message and param.
-    bad = httpx.post(url + "/v1/completions", timeout=60,
-                     content=json.dumps({"model": MODEL, "prompt": [1, 2**64]}))
+    bad = httpx.post(
+        url + "/v1/completions",
+        timeout=60,
+        content=json.dumps({"model": MODEL, "prompt": [1, 2**64]}),
+    )
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
     assert httpx.post(url + "/v1/completions", timeout=60, content=b"[" * 500).status_code == 400
     state = offload_router.state()
@@ -77,18 +93,25 @@ def test_a_killed_worker_fails_only_its_request_and_a_new_pool_starts(offload_ro
         if response.status_code != 200:
             assert response.status_code == 503 and response.json()["error"]["message"]
     assert statuses[-1] == 200 and statuses.count(503) <= 1, statuses
-    wait_until(lambda: bool(set(_workers(offload_router.proc.pid)) - set(workers)), 10,
-               "a new intake worker")
+    wait_until(
+        lambda: bool(set(_workers(offload_router.proc.pid)) - set(workers)),
+        10,
+        "a new intake worker",
+    )
     assert offload_router.proc.poll() is None
 
 
 def test_workers_die_with_a_killed_router(offload_router):
     body = {"model": MODEL, "prompt": "hello there", "max_tokens": 2}
-    assert httpx.post(offload_router.url + "/v1/completions", json=body,
-                      timeout=60).status_code == 200
+    assert (
+        httpx.post(offload_router.url + "/v1/completions", json=body, timeout=60).status_code == 200
+    )
     workers = _workers(offload_router.proc.pid)
     assert workers
     offload_router.proc.kill()
     offload_router.proc.wait()
-    wait_until(lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers), 10,
-               "the intake workers to exit")
+    wait_until(
+        lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers),
+        10,
+        "the intake workers to exit",
+    )

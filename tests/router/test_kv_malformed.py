@@ -32,8 +32,14 @@ TOKENS = list(range(1000, 1064))  # four blocks
 SEQ = 8
 
 
-def stored(hashes: list[Any], tokens: list[Any], parent: Any = None, size: Any = BLOCK,
-           lora: Any = None, medium: Any = "GPU") -> list[Any]:
+def stored(
+    hashes: list[Any],
+    tokens: list[Any],
+    parent: Any = None,
+    size: Any = BLOCK,
+    lora: Any = None,
+    medium: Any = "GPU",
+) -> list[Any]:
     return ["BlockStored", hashes, parent, tokens, size, lora, medium]
 
 
@@ -53,8 +59,9 @@ WRONG_TYPES = {
     "block hash is a map": msgpack.packb([1.0, [stored([{"h": 1}], TOKENS[:16])]]),
     "parent hash is a map": msgpack.packb([1.0, [stored([1], TOKENS[:16], parent={"p": 1})]]),
     "removed hashes is a number": msgpack.packb([1.0, [["BlockRemoved", 5, "GPU"]]]),
-    "removed hash is a map": msgpack.packb({"ts": 1.0, "events": [
-        {"type": "BlockRemoved", "block_hashes": [{"x": 1}]}]}),
+    "removed hash is a map": msgpack.packb(
+        {"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [{"x": 1}]}]}
+    ),
     "medium is a list": msgpack.packb([1.0, [stored([1], TOKENS[:16], medium=["GPU"])]]),
 }
 
@@ -66,11 +73,17 @@ def test_wrong_types_are_refused_with_the_decode_error(payload):
 
 
 msgpack_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats()
-    | st.text(max_size=8) | st.binary(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner,
-                                                                 max_size=4),
-    max_leaves=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.binary(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
 
 
 def hostile(valid: st.SearchStrategy) -> st.SearchStrategy:
@@ -84,14 +97,21 @@ hostile_stored = st.tuples(
     hostile(st.lists(st.integers(0, 2**32), min_size=16, max_size=64)),
     hostile(st.sampled_from([16, 32])),
     hostile(st.none()),
-    hostile(st.sampled_from([None, "GPU", "CPU"]))).map(list)
-hostile_removed = st.tuples(st.just("BlockRemoved"),
-                            hostile(st.lists(st.integers(0, 2**64 - 1), max_size=4)),
-                            hostile(st.just("GPU"))).map(list)
-hostile_batches = st.tuples(
-    hostile(st.floats(0, 2e9)),
-    hostile(st.lists(st.one_of(hostile_stored, hostile_removed, msgpack_values), max_size=5)),
-    hostile(st.none() | st.just(0))).map(list) | msgpack_values
+    hostile(st.sampled_from([None, "GPU", "CPU"])),
+).map(list)
+hostile_removed = st.tuples(
+    st.just("BlockRemoved"),
+    hostile(st.lists(st.integers(0, 2**64 - 1), max_size=4)),
+    hostile(st.just("GPU")),
+).map(list)
+hostile_batches = (
+    st.tuples(
+        hostile(st.floats(0, 2e9)),
+        hostile(st.lists(st.one_of(hostile_stored, hostile_removed, msgpack_values), max_size=5)),
+        hostile(st.none() | st.just(0)),
+    ).map(list)
+    | msgpack_values
+)
 
 
 @given(batch=hostile_batches, positional=st.booleans())
@@ -109,6 +129,7 @@ def test_any_payload_is_decoded_and_applied_or_refused_with_the_decode_error(bat
 
 
 # ----- the live subscribers: real ZMQ sockets in front of a real RouterCore ----------------
+
 
 class Publishers:
     """One ZMQ PUB socket per instance, sending vLLM's frames [topic, seq, payload]."""
@@ -131,11 +152,23 @@ class Publishers:
 
 def make_core(ports: list[int]) -> RouterCore:
     core = RouterCore("r-test", Telemetry("r-test", None), RouterMetrics())
-    core.apply_config(parse_config({
-        "cluster": "kv", "instances": [
-            {"name": f"i{k}", "url": f"http://127.0.0.1:{9 + k}",
-             "kv_events": f"tcp://127.0.0.1:{port}"} for k, port in enumerate(ports)],
-        "policy": {"kind": "lmetric", "params": {}}, "router": {"kv_events": True}}))
+    core.apply_config(
+        parse_config(
+            {
+                "cluster": "kv",
+                "instances": [
+                    {
+                        "name": f"i{k}",
+                        "url": f"http://127.0.0.1:{9 + k}",
+                        "kv_events": f"tcp://127.0.0.1:{port}",
+                    }
+                    for k, port in enumerate(ports)
+                ],
+                "policy": {"kind": "lmetric", "params": {}},
+                "router": {"kv_events": True},
+            }
+        )
+    )
     return core
 
 
@@ -195,8 +228,10 @@ def test_bad_messages_are_skipped_and_counted_and_good_ones_still_update_the_ind
     assert stats["decode_errors"] == len(WRONG_TYPES) + 2 and stats["crashes"] == 0
     assert stats["malformed"] == {"decode": len(WRONG_TYPES), "frames": 1, "sequence": 1}
     metrics = core.metrics.render().decode()
-    assert ('switchyard_router_kv_events_malformed_total{instance="i0",reason="decode"} '
-            f'{float(len(WRONG_TYPES))}') in metrics
+    assert (
+        'switchyard_router_kv_events_malformed_total{instance="i0",reason="decode"} '
+        f"{float(len(WRONG_TYPES))}"
+    ) in metrics
     [event] = [e for e in core.telemetry.recent_events if e["kind"] == "kv_events_malformed"]
     assert event["payload"]["instance"] == "i0" and event["payload"]["count"] >= 1
 

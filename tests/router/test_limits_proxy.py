@@ -57,8 +57,14 @@ class BadEngine:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 writer.write(self._answer(head.split(b" ", 2)[:2]))
                 await writer.drain()
@@ -106,11 +112,20 @@ def bad_engine():
 
 
 def _router(router_factory, fleet: Fleet, bad: BadEngine) -> Router:
-    return router_factory({
-        "model": MODEL, "policy": {"kind": "round_robin"},
-        "instances": [{"name": "bad", "url": bad.url}, {"name": "good", "url": fleet.url(0)}],
-        "router": {"kv_events": False, "health_interval_s": 0.2, "scrape_interval_s": 0.2,
-                   "max_response_bytes": 100_000, "max_response_header_bytes": 16_384}})
+    return router_factory(
+        {
+            "model": MODEL,
+            "policy": {"kind": "round_robin"},
+            "instances": [{"name": "bad", "url": bad.url}, {"name": "good", "url": fleet.url(0)}],
+            "router": {
+                "kv_events": False,
+                "health_interval_s": 0.2,
+                "scrape_interval_s": 0.2,
+                "max_response_bytes": 100_000,
+                "max_response_header_bytes": 16_384,
+            },
+        }
+    )
 
 
 def _limit_hits(router: Router, limit: str) -> float:
@@ -121,21 +136,24 @@ def test_an_engine_head_over_the_limit_is_retried_elsewhere(fleet, router_factor
     bad = bad_engine(huge_head())
     router = _router(router_factory, fleet, bad)
     payload = {"model": MODEL, "prompt": "hello", "max_tokens": 4}
-    answers = [httpx.post(router.url + "/v1/completions", json=payload, timeout=30)
-               for _ in range(6)]
+    answers = [
+        httpx.post(router.url + "/v1/completions", json=payload, timeout=30) for _ in range(6)
+    ]
     assert [a.status_code for a in answers] == [200] * 6
     assert {a.headers["x-switchyard-instance"] for a in answers} == {"good"}
     assert bad.posts > 0
     assert _limit_hits(router, "response_headers_too_large") == bad.posts
 
 
-def test_an_engine_body_over_the_limit_is_a_clear_502_not_retried(fleet, router_factory,
-                                                                  bad_engine):
+def test_an_engine_body_over_the_limit_is_a_clear_502_not_retried(
+    fleet, router_factory, bad_engine
+):
     bad = bad_engine(huge_body())
     router = _router(router_factory, fleet, bad)
     payload = {"model": MODEL, "prompt": "hello", "max_tokens": 4}
-    answers = [httpx.post(router.url + "/v1/completions", json=payload, timeout=30)
-               for _ in range(4)]
+    answers = [
+        httpx.post(router.url + "/v1/completions", json=payload, timeout=30) for _ in range(4)
+    ]
     refused = [a for a in answers if a.status_code != 200]
     assert len(refused) == bad.posts > 0  # each answer of the bad engine, none retried
     for answer in refused:
@@ -147,19 +165,23 @@ def test_an_engine_body_over_the_limit_is_a_clear_502_not_retried(fleet, router_
 
 def html_413() -> bytes:
     page = b"<html><body><h1>413 Request Entity Too Large</h1>nginx</body></html>"
-    return (b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-type: text/html\r\n"
-            b"content-length: %d\r\n\r\n%s" % (len(page), page))
+    return (
+        b"HTTP/1.1 413 Request Entity Too Large\r\ncontent-type: text/html\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(page), page)
+    )
 
 
-def test_a_foreign_error_page_becomes_an_openai_error_with_its_status(fleet, router_factory,
-                                                                     bad_engine):
+def test_a_foreign_error_page_becomes_an_openai_error_with_its_status(
+    fleet, router_factory, bad_engine
+):
     """A proxy's HTML error page in front of an engine says something about the request:
     the client gets that status as an OpenAI-style error, and no breaker counts it."""
     bad = bad_engine(html_413())
     router = _router(router_factory, fleet, bad)
     payload = {"model": MODEL, "prompt": "hello", "max_tokens": 4, "stream": True}
-    answers = [httpx.post(router.url + "/v1/completions", json=payload, timeout=30)
-               for _ in range(8)]
+    answers = [
+        httpx.post(router.url + "/v1/completions", json=payload, timeout=30) for _ in range(8)
+    ]
     refused = [a for a in answers if a.status_code != 200]
     assert len(refused) == bad.posts > 0
     for answer in refused:
@@ -176,8 +198,14 @@ def _read_answer(sock: socket.socket) -> bytes:
             break
         received += chunk
     head, _, rest = received.partition(b"\r\n\r\n")
-    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                   if line.lower().startswith(b"content-length")), 0)
+    length = next(
+        (
+            int(line.split(b":")[1])
+            for line in head.split(b"\r\n")
+            if line.lower().startswith(b"content-length")
+        ),
+        0,
+    )
     while len(rest) < length:
         chunk = sock.recv(65536)
         if not chunk:
@@ -186,8 +214,7 @@ def _read_answer(sock: socket.socket) -> bytes:
     return head + b"\r\n\r\n" + rest
 
 
-def test_a_kept_alive_connection_has_the_head_deadline_for_every_request(fleet,
-                                                                        router_factory):
+def test_a_kept_alive_connection_has_the_head_deadline_for_every_request(fleet, router_factory):
     document = router_config(fleet)
     document["router"]["header_timeout_s"] = 0.5
     router = router_factory(document)

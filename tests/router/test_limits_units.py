@@ -23,8 +23,10 @@ from router_worker.upstream import (
 )
 
 EVENT = b'data: {"choices":[{"text":" a"}]}\n\n'
-MINIMAL = {"instances": [{"name": "i0", "url": "http://127.0.0.1:9"}],
-           "policy": {"kind": "round_robin"}}
+MINIMAL = {
+    "instances": [{"name": "i0", "url": "http://127.0.0.1:9"}],
+    "policy": {"kind": "round_robin"},
+}
 
 
 # ----- SSE -----------------------------------------------------------------------------
@@ -39,12 +41,15 @@ def test_whole_events_pass_and_a_partial_event_waits_for_its_end():
     assert framer.finish() == b"data: [DONE]\n\n"
 
 
-@pytest.mark.parametrize("garbage", [
-    b"<html><body>502 Bad Gateway</body></html>\n\n",
-    b"data: not json\n\n",
-    b'data: {"choices": [\n\n',
-    b"\x00\xff\xfe\n\n",
-])
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"<html><body>502 Bad Gateway</body></html>\n\n",
+        b"data: not json\n\n",
+        b'data: {"choices": [\n\n',
+        b"\x00\xff\xfe\n\n",
+    ],
+)
 def test_garbage_is_refused(garbage):
     framer = SseFramer(1024)
     assert framer.feed(EVENT) == EVENT
@@ -73,8 +78,11 @@ class RawServer:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             head = await reader.readuntil(b"\r\n\r\n")
-            length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                          if line.lower().startswith(b"content-length"))
+            length = next(
+                int(line.split(b":")[1])
+                for line in head.split(b"\r\n")
+                if line.lower().startswith(b"content-length")
+            )
             await reader.readexactly(length)
             await self.respond(writer)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -102,14 +110,17 @@ async def _huge_head(writer: asyncio.StreamWriter) -> None:
 
 async def _big_body(writer: asyncio.StreamWriter) -> None:
     body = b"{" + b" " * 200_000 + b"}"
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                 b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n%s" % (len(body), body)
+    )
     await writer.drain()
 
 
 async def _chunked_big_body(writer: asyncio.StreamWriter) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                 b"transfer-encoding: chunked\r\n\r\n")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
     for _ in range(50):
         writer.write(b"1000\r\n" + b" " * 4096 + b"\r\n")
         await writer.drain()
@@ -118,8 +129,9 @@ async def _chunked_big_body(writer: asyncio.StreamWriter) -> None:
 
 
 async def _drip_forever(writer: asyncio.StreamWriter) -> None:
-    writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                 b"transfer-encoding: chunked\r\n\r\n")
+    writer.write(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    )
     for _ in range(10_000):
         writer.write(b"%x\r\n%s\r\n" % (len(EVENT), EVENT))
         await writer.drain()
@@ -162,6 +174,7 @@ def test_a_body_over_the_limit_is_refused(respond):
 
 def test_a_dripping_stream_ends_at_its_total_deadline():
     """Chunks every 20 ms never trip the 1 s read timeout; the 0.3 s deadline ends it."""
+
     async def scenario() -> int:
         transport = FastTransport()
         chunks = 0
@@ -209,15 +222,18 @@ def test_limit_defaults_suit_long_llm_streams():
     assert settings.max_connections >= settings.max_concurrency
 
 
-@pytest.mark.parametrize(("router", "named"), [
-    ({"response_deadline_s": 10, "first_byte_timeout_s": 30}, "first_byte_timeout_s"),
-    ({"header_timeout_s": 0}, "router.header_timeout_s"),
-    ({"body_timeout_s": -1}, "router.body_timeout_s"),
-    ({"max_connections": 0}, "router.max_connections"),
-    ({"max_response_bytes": 10}, "router.max_response_bytes"),
-    ({"max_response_header_bytes": 10}, "router.max_response_header_bytes"),
-    ({"max_event_bytes": 10}, "router.max_event_bytes"),
-])
+@pytest.mark.parametrize(
+    ("router", "named"),
+    [
+        ({"response_deadline_s": 10, "first_byte_timeout_s": 30}, "first_byte_timeout_s"),
+        ({"header_timeout_s": 0}, "router.header_timeout_s"),
+        ({"body_timeout_s": -1}, "router.body_timeout_s"),
+        ({"max_connections": 0}, "router.max_connections"),
+        ({"max_response_bytes": 10}, "router.max_response_bytes"),
+        ({"max_response_header_bytes": 10}, "router.max_response_header_bytes"),
+        ({"max_event_bytes": 10}, "router.max_event_bytes"),
+    ],
+)
 def test_limits_are_validated_naming_the_field(router, named):
     with pytest.raises(ConfigError) as refused:
         parse_config({**MINIMAL, "router": router})

@@ -75,34 +75,56 @@ def control_plane() -> Iterator[FakeControlPlane]:
 
 
 def _policy(router) -> str:
-    response = httpx.post(router.url + "/v1/completions",
-                          json={"model": MODEL, "prompt": "managed", "max_tokens": 1})
+    response = httpx.post(
+        router.url + "/v1/completions", json={"model": MODEL, "prompt": "managed", "max_tokens": 1}
+    )
     assert response.status_code == 200
     return response.headers["x-switchyard-policy"]
 
 
-def test_managed_router_follows_the_control_plane(fleet, control_plane, private_redis,
-                                                  tmp_path):
+def test_managed_router_follows_the_control_plane(fleet, control_plane, private_redis, tmp_path):
     control_plane.document = router_config(fleet, "lmetric")
-    args = ("--control-plane", control_plane.url, "--deployment", "dep-1", "--token", TOKEN,
-            "--state-dir", str(tmp_path / "state"), "--poll-interval", "30",
-            "--heartbeat-interval", "0.2")
+    args = (
+        "--control-plane",
+        control_plane.url,
+        "--deployment",
+        "dep-1",
+        "--token",
+        TOKEN,
+        "--state-dir",
+        str(tmp_path / "state"),
+        "--poll-interval",
+        "30",
+        "--heartbeat-interval",
+        "0.2",
+    )
     router = launch_router(tmp_path, None, *args, redis_url=private_redis.url)
     try:
         assert _policy(router) == "lmetric"
-        wait_until(lambda: any(h["applied_version"] == 1 for h in control_plane.heartbeats),
-                   10, "heartbeat with the applied version")
+        wait_until(
+            lambda: any(h["applied_version"] == 1 for h in control_plane.heartbeats),
+            10,
+            "heartbeat with the applied version",
+        )
         assert control_plane.unauthorised == 0
         # A new version announced on pub/sub is fetched at once (the poll is 30 s away).
         control_plane.document = router_config(fleet, "round_robin")
         control_plane.version = 2
         publisher = redis.Redis(port=private_redis.port)
-        wait_until(lambda: publisher.publish(CONFIG_CHANNEL, json.dumps(
-            {"cluster": "test", "version": 2})) > 0 and _policy(router) == "round_robin",
-                   10, "version 2 applied")
+        wait_until(
+            lambda: (
+                publisher.publish(CONFIG_CHANNEL, json.dumps({"cluster": "test", "version": 2})) > 0
+                and _policy(router) == "round_robin"
+            ),
+            10,
+            "version 2 applied",
+        )
         publisher.close()
-        wait_until(lambda: control_plane.heartbeats[-1]["applied_version"] == 2, 10,
-                   "heartbeat reports version 2")
+        wait_until(
+            lambda: control_plane.heartbeats[-1]["applied_version"] == 2,
+            10,
+            "heartbeat reports version 2",
+        )
         state = control_plane.heartbeats[-1]["state"]
         assert set(state["instances"]) == {"i0", "i1", "i2", "i3"}
     finally:
@@ -119,14 +141,24 @@ def test_managed_router_follows_the_control_plane(fleet, control_plane, private_
 
 
 def test_managed_router_without_any_config_answers_503(control_plane, tmp_path):
-    args = ("--control-plane", control_plane.url, "--deployment", "dep-1", "--token", TOKEN,
-            "--state-dir", str(tmp_path / "empty"))
+    args = (
+        "--control-plane",
+        control_plane.url,
+        "--deployment",
+        "dep-1",
+        "--token",
+        TOKEN,
+        "--state-dir",
+        str(tmp_path / "empty"),
+    )
     router = launch_router(tmp_path, None, *args, wait=False)
     try:
-        wait_until(lambda: httpx.get(router.url + "/health").status_code == 503, 20,
-                   "router up without config")
-        response = httpx.post(router.url + "/v1/completions",
-                              json={"model": MODEL, "prompt": "x"})
+        wait_until(
+            lambda: httpx.get(router.url + "/health").status_code == 503,
+            20,
+            "router up without config",
+        )
+        response = httpx.post(router.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
         assert response.status_code == 503 and response.json()["error"]["code"] == 503
     finally:
         stop_process(router.proc)

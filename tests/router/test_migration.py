@@ -26,8 +26,11 @@ async def stream(client: httpx.AsyncClient, url: str, ids: list[int]) -> tuple[i
 
 def migrations(router) -> float:
     text = httpx.get(router.url + "/metrics", timeout=5).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("switchyard_router_migrations_total"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("switchyard_router_migrations_total")
+    )
 
 
 def tokens_in(text: str) -> int:
@@ -51,8 +54,9 @@ def run_scenario(fleet, router, base: int) -> tuple[list[tuple[int, str, str]], 
             second = asyncio.create_task(stream(client, url, b))
             await asyncio.sleep(0.4)
             third = asyncio.create_task(stream(client, url, c))
-            await asyncio.to_thread(wait_until, lambda: migrations(router) >= 1, 3,
-                                    "a migration", None)
+            await asyncio.to_thread(
+                wait_until, lambda: migrations(router) >= 1, 3, "a migration", None
+            )
             for index in (0, 1):
                 await asyncio.to_thread(fleet.fault, index, "recover")
             return [await first, await second, await third]
@@ -70,10 +74,10 @@ def aborts(fleet, index: int) -> float:
     return fleet.engine_metric(index, "vllm:request_success_total", finished_reason="abort")
 
 
-def test_a_queued_request_migrates_and_its_client_gets_one_complete_response(fleet,
-                                                                            router_factory):
-    document = router_config(fleet, "dualmap", {"slo_ttft_s": 1.0},
-                             instances=fleet.instances()[0:2])
+def test_a_queued_request_migrates_and_its_client_gets_one_complete_response(fleet, router_factory):
+    document = router_config(
+        fleet, "dualmap", {"slo_ttft_s": 1.0}, instances=fleet.instances()[0:2]
+    )
     router = router_factory(document)
     before = [aborts(fleet, 0), aborts(fleet, 1)]
     (a, b, c), moved = run_scenario(fleet, router, 10_000)
@@ -85,22 +89,33 @@ def test_a_queued_request_migrates_and_its_client_gets_one_complete_response(fle
         assert tokens_in(text) == MAX_TOKENS  # one complete answer, no duplicate tokens
     assert b[1] != a[1]  # B left A's instance for its alternative
     source = int(a[1][1:])
-    wait_until(lambda: aborts(fleet, source) >= before[source] + 1, 5,
-               "the source engine to record the abort of the moved request")
+    wait_until(
+        lambda: aborts(fleet, source) >= before[source] + 1,
+        5,
+        "the source engine to record the abort of the moved request",
+    )
     assert router.state()["snapshot"]["instances"][source]["in_flight"] == 0
 
 
 def test_without_migration_the_queued_request_waits_on_its_instance(fleet, router_factory):
-    document = router_config(fleet, "dualmap", {"slo_ttft_s": 1.0, "migrate_queued": False},
-                             instances=fleet.instances()[0:2])
+    document = router_config(
+        fleet,
+        "dualmap",
+        {"slo_ttft_s": 1.0, "migrate_queued": False},
+        instances=fleet.instances()[0:2],
+    )
     router = router_factory(document)
     a = list(range(20_000, 29_000))
     b = a[:256] + list(range(70_000, 70_744))
 
     async def scenario() -> list[tuple[int, str, str]]:
         async with httpx.AsyncClient(timeout=60) as client:
-            return list(await asyncio.gather(stream(client, router.url + "/v1/completions", a),
-                                             stream(client, router.url + "/v1/completions", b)))
+            return list(
+                await asyncio.gather(
+                    stream(client, router.url + "/v1/completions", a),
+                    stream(client, router.url + "/v1/completions", b),
+                )
+            )
 
     (a_res, b_res) = asyncio.run(scenario())
     assert a_res[1] == b_res[1] and migrations(router) == 0

@@ -46,8 +46,11 @@ def _metric(router: Router, name: str, **labels: str) -> float:
 def _hear_each_other(*routers: Router) -> None:
     for router in routers:
         others = {f"r{r.port}" for r in routers if r is not router}
-        wait_until(lambda router=router, others=others:
-                   others <= set(router.state()["peers"]["peers"]), 15, "peers heard")
+        wait_until(
+            lambda router=router, others=others: others <= set(router.state()["peers"]["peers"]),
+            15,
+            "peers heard",
+        )
 
 
 @pytest.fixture
@@ -72,11 +75,16 @@ class LongRequest(threading.Thread):
         self.error: Exception | None = None
 
     def run(self) -> None:
-        body = {"model": MODEL, "prompt": "a long document about peers " * 600,
-                "max_tokens": 4, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": "a long document about peers " * 600,
+            "max_tokens": 4,
+            "stream": True,
+        }
         try:
-            with httpx.stream("POST", self.router.url + "/v1/completions", json=body,
-                              timeout=120) as response:
+            with httpx.stream(
+                "POST", self.router.url + "/v1/completions", json=body, timeout=120
+            ) as response:
                 response.read()
                 self.status = response.status_code
         except httpx.HTTPError as error:
@@ -95,7 +103,8 @@ def _peers_with_a_long_request(slow_fleet, router_factory):
 
 
 def test_a_request_sent_to_one_router_is_pending_at_its_peer_until_it_ends(
-        slow_fleet, router_factory):
+    slow_fleet, router_factory
+):
     first, second, request = _peers_with_a_long_request(slow_fleet, router_factory)
     wait_until(lambda: len(_busy(first)) == 1, 20, "the request in flight at its router")
     (instance,) = _busy(first)
@@ -138,18 +147,37 @@ def test_malformed_peer_messages_are_counted_and_ignored(fleet, router_factory):
     document = _document(fleet)
     router = router_factory(document, redis_url=REDIS_URL)
     channel = f"switchyard:peers:{document['cluster']}"
-    ghost = {"kind": "dispatch", "id": "ghost/x-1", "instance": "i2", "prompt_tokens": 3000,
-             "cached_tokens": 0, "block_size": 16, "block_hashes": ""}
+    ghost = {
+        "kind": "dispatch",
+        "id": "ghost/x-1",
+        "instance": "i2",
+        "prompt_tokens": 3000,
+        "cached_tokens": 0,
+        "block_size": 16,
+        "block_hashes": "",
+    }
     envelope = {"v": 1, "router": "ghost", "nonce": "n", "at": 1.0}
     client = redis.Redis.from_url(REDIS_URL)
     try:
         wait_until(lambda: client.pubsub_numsub(channel)[0][1] >= 1, 10, "subscribed")
         client.publish(channel, b"\x00 not json")
         client.publish(channel, json.dumps({**envelope, "v": 99, "msgs": []}))
-        client.publish(channel, json.dumps({**envelope, "msgs": [
-            {**ghost, "id": "x-1"}, {**ghost, "prompt_tokens": -5}, "junk"]}))
-        wait_until(lambda: sum(v for k, v in _peer_counts(router).items()
-                               if k.startswith("malformed:")) == 5, 10, "malformed counted")
+        client.publish(
+            channel,
+            json.dumps(
+                {
+                    **envelope,
+                    "msgs": [{**ghost, "id": "x-1"}, {**ghost, "prompt_tokens": -5}, "junk"],
+                }
+            ),
+        )
+        wait_until(
+            lambda: (
+                sum(v for k, v in _peer_counts(router).items() if k.startswith("malformed:")) == 5
+            ),
+            10,
+            "malformed counted",
+        )
         assert _metric(router, "switchyard_router_peer_malformed_total", reason="json") == 1
         assert _metric(router, "switchyard_router_peer_malformed_total", reason="version") == 1
         assert not _busy(router)

@@ -25,8 +25,9 @@ from router_worker.routing import ClusterState, RequestFeatures, build_features
 BIG = (1 << 64) - 1  # block hashes use the whole uint64 range
 
 
-def _dispatch(request_id: str = "ra/sy-1", instance: str = "i0", prompt: int = 64,
-              cached: int | None = 16) -> PeerDispatch:
+def _dispatch(
+    request_id: str = "ra/sy-1", instance: str = "i0", prompt: int = 64, cached: int | None = 16
+) -> PeerDispatch:
     return PeerDispatch(request_id, instance, prompt, cached, 16, (1, BIG, 3, 4))
 
 
@@ -35,8 +36,12 @@ def _batch(messages: list[Any], router: str = "ra", nonce: str = "n1") -> bytes:
 
 
 def test_messages_round_trip():
-    sent = [_dispatch(), _dispatch("ra/sy-2", cached=None), PeerFirstToken("ra/sy-1"),
-            PeerEnd("ra/sy-1", False)]
+    sent = [
+        _dispatch(),
+        _dispatch("ra/sy-2", cached=None),
+        PeerFirstToken("ra/sy-1"),
+        PeerEnd("ra/sy-1", False),
+    ]
     batch = decode_batch(_batch([encode_message(m) for m in sent]))
     assert batch == PeerBatch("ra", "n1", 1.5, tuple(sent))
 
@@ -48,24 +53,27 @@ def _one(item: dict[str, Any]) -> bytes:
 DISPATCH = encode_message(_dispatch())
 
 
-@pytest.mark.parametrize(("item", "reason"), [
-    ({**DISPATCH, "kind": "explode"}, "kind"),
-    ({**DISPATCH, "id": "sy-1"}, "id"),  # not namespaced by its sender
-    ({**DISPATCH, "id": "rb/sy-1"}, "id"),  # another router's namespace
-    ({**DISPATCH, "id": 7}, "id"),
-    ({**DISPATCH, "prompt_tokens": -1}, "prompt_tokens"),
-    ({**DISPATCH, "prompt_tokens": True}, "prompt_tokens"),
-    ({**DISPATCH, "cached_tokens": "16"}, "cached_tokens"),
-    ({**DISPATCH, "block_size": 0}, "block_size"),
-    ({**DISPATCH, "block_hashes": "%%%"}, "block_hashes"),
-    ({**DISPATCH, "block_hashes": "AAAA"}, "block_hashes"),  # 3 bytes: not a uint64
-    ({**DISPATCH, "block_hashes": [1, 2]}, "block_hashes"),
-    ({**DISPATCH, "prompt_tokens": 20}, "tokens"),  # 4 blocks of 16 need 64 tokens
-    ({**DISPATCH, "cached_tokens": 65}, "tokens"),
-    ({**DISPATCH, "instance": ""}, "instance"),
-    ({"kind": "end", "id": "ra/sy-1", "ok": "yes"}, "ok"),
-    ("dispatch", "message"),
-])
+@pytest.mark.parametrize(
+    ("item", "reason"),
+    [
+        ({**DISPATCH, "kind": "explode"}, "kind"),
+        ({**DISPATCH, "id": "sy-1"}, "id"),  # not namespaced by its sender
+        ({**DISPATCH, "id": "rb/sy-1"}, "id"),  # another router's namespace
+        ({**DISPATCH, "id": 7}, "id"),
+        ({**DISPATCH, "prompt_tokens": -1}, "prompt_tokens"),
+        ({**DISPATCH, "prompt_tokens": True}, "prompt_tokens"),
+        ({**DISPATCH, "cached_tokens": "16"}, "cached_tokens"),
+        ({**DISPATCH, "block_size": 0}, "block_size"),
+        ({**DISPATCH, "block_hashes": "%%%"}, "block_hashes"),
+        ({**DISPATCH, "block_hashes": "AAAA"}, "block_hashes"),  # 3 bytes: not a uint64
+        ({**DISPATCH, "block_hashes": [1, 2]}, "block_hashes"),
+        ({**DISPATCH, "prompt_tokens": 20}, "tokens"),  # 4 blocks of 16 need 64 tokens
+        ({**DISPATCH, "cached_tokens": 65}, "tokens"),
+        ({**DISPATCH, "instance": ""}, "instance"),
+        ({"kind": "end", "id": "ra/sy-1", "ok": "yes"}, "ok"),
+        ("dispatch", "message"),
+    ],
+)
 def test_a_malformed_message_is_skipped_with_its_reason(item, reason):
     good = encode_message(PeerFirstToken("ra/sy-9"))
     batch = decode_batch(_batch([item, good]))
@@ -73,15 +81,18 @@ def test_a_malformed_message_is_skipped_with_its_reason(item, reason):
     assert batch.messages == (PeerFirstToken("ra/sy-9"),)
 
 
-@pytest.mark.parametrize(("payload", "reason"), [
-    (b"not json", "json"),
-    (b"\xff\xfe", "json"),
-    (b"[1, 2]", "envelope"),
-    (json.dumps({"v": 2, "router": "ra", "nonce": "n", "at": 1, "msgs": []}), "version"),
-    (json.dumps({"v": 1, "nonce": "n", "at": 1, "msgs": []}), "router"),
-    (json.dumps({"v": 1, "router": "ra", "nonce": "n", "at": "x", "msgs": []}), "at"),
-    (json.dumps({"v": 1, "router": "ra", "nonce": "n", "at": 1, "msgs": {}}), "msgs"),
-])
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"not json", "json"),
+        (b"\xff\xfe", "json"),
+        (b"[1, 2]", "envelope"),
+        (json.dumps({"v": 2, "router": "ra", "nonce": "n", "at": 1, "msgs": []}), "version"),
+        (json.dumps({"v": 1, "nonce": "n", "at": 1, "msgs": []}), "router"),
+        (json.dumps({"v": 1, "router": "ra", "nonce": "n", "at": "x", "msgs": []}), "at"),
+        (json.dumps({"v": 1, "router": "ra", "nonce": "n", "at": 1, "msgs": {}}), "msgs"),
+    ],
+)
 def test_an_unusable_envelope_raises_with_its_reason(payload, reason):
     with pytest.raises(PeerMessageError) as caught:
         decode_batch(payload)
@@ -104,8 +115,14 @@ def _state() -> ClusterState:
     return state
 
 
-def _apply(book: PeerBook, messages: list[Any], now: float, counts: Counts,
-           router: str = "ra", nonce: str = "n1") -> None:
+def _apply(
+    book: PeerBook,
+    messages: list[Any],
+    now: float,
+    counts: Counts,
+    router: str = "ra",
+    nonce: str = "n1",
+) -> None:
     book.apply(PeerBatch(router, nonce, now, tuple(messages)), now, counts)
 
 
@@ -127,12 +144,26 @@ def test_a_peers_request_goes_through_the_state_like_our_own():
 def test_inapplicable_messages_are_skipped_and_counted():
     state, counts = _state(), Counts()
     book = PeerBook(state)
-    _apply(book, [_dispatch(), _dispatch(), _dispatch("ra/sy-2", instance="i9"),
-                  PeerDispatch("ra/sy-3", "i0", 64, None, 32, (1, 2)),
-                  PeerFirstToken("ra/sy-8"), PeerEnd("ra/sy-8", True)], 1.0, counts)
-    assert counts == {"applied:dispatch": 1, "skipped:duplicate": 1,
-                      "skipped:unknown_instance": 1, "skipped:block_size": 1,
-                      "skipped:unknown_id": 2}
+    _apply(
+        book,
+        [
+            _dispatch(),
+            _dispatch(),
+            _dispatch("ra/sy-2", instance="i9"),
+            PeerDispatch("ra/sy-3", "i0", 64, None, 32, (1, 2)),
+            PeerFirstToken("ra/sy-8"),
+            PeerEnd("ra/sy-8", True),
+        ],
+        1.0,
+        counts,
+    )
+    assert counts == {
+        "applied:dispatch": 1,
+        "skipped:duplicate": 1,
+        "skipped:unknown_instance": 1,
+        "skipped:block_size": 1,
+        "skipped:unknown_id": 2,
+    }
     assert state.in_flight.sum() == 1
 
 
@@ -165,8 +196,11 @@ def _sync(state: ClusterState, name: str = "rb") -> PeerSync:
     from router_worker.config import parse_config
 
     sync = PeerSync(name, "redis://127.0.0.1:1/0", RouterMetrics(), lambda: state)
-    sync.configure(parse_config({"instances": [{"name": "i0", "url": "http://h:1"}],
-                                 "policy": {"kind": "round_robin"}}))
+    sync.configure(
+        parse_config(
+            {"instances": [{"name": "i0", "url": "http://h:1"}], "policy": {"kind": "round_robin"}}
+        )
+    )
     return sync
 
 

@@ -34,8 +34,9 @@ def _text(tag: str, words: int = 60) -> str:
 def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
     client = _client(lmetric_router)
     messages = [{"role": "user", "content": _text("alpha")}]
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=messages,
-                                                           max_tokens=5)
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=messages, max_tokens=5
+    )
     reply = raw.parse()
     assert reply.choices[0].message.content and reply.usage.completion_tokens == 5
     assert raw.headers["x-switchyard-policy"] == "lmetric"
@@ -43,16 +44,26 @@ def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
     assert raw.headers["x-switchyard-instance"] in {"i0", "i1", "i2", "i3"}
     assert raw.headers["x-switchyard-reason"] == "score"
 
-    chunks = list(client.chat.completions.create(
-        model=MODEL, messages=messages, max_tokens=7, stream=True,
-        stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=7,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
     assert len(content) == 7 and chunks[-1].usage.completion_tokens == 7
 
     completion = client.completions.create(model=MODEL, prompt=_text("beta"), max_tokens=4)
     assert completion.usage.completion_tokens == 4 and completion.choices[0].text
-    pieces = [c.choices[0].text for c in client.completions.create(
-        model=MODEL, prompt=[1, 2, 3, 4] * 10, max_tokens=6, stream=True)]
+    pieces = [
+        c.choices[0].text
+        for c in client.completions.create(
+            model=MODEL, prompt=[1, 2, 3, 4] * 10, max_tokens=6, stream=True
+        )
+    ]
     assert len([p for p in pieces if p]) == 6
     assert [m.id for m in client.models.list().data] == [MODEL]
     # The engines' context length is passed on, so clients can skip what cannot be served.
@@ -63,10 +74,18 @@ def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
 def test_debug_header_returns_per_candidate_scores(lmetric_router):
     body = {"model": MODEL, "prompt": _text("gamma"), "max_tokens": 2}
     plain = httpx.post(lmetric_router.url + "/v1/completions", json=body, timeout=10)
-    anonymous = httpx.post(lmetric_router.url + "/v1/completions", json=body, timeout=10,
-                           headers={"x-switchyard-debug": "1"})
-    debug = httpx.post(lmetric_router.url + "/v1/completions", json=body, timeout=10,
-                       headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
+    anonymous = httpx.post(
+        lmetric_router.url + "/v1/completions",
+        json=body,
+        timeout=10,
+        headers={"x-switchyard-debug": "1"},
+    )
+    debug = httpx.post(
+        lmetric_router.url + "/v1/completions",
+        json=body,
+        timeout=10,
+        headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
+    )
     assert "x-switchyard-scores" not in plain.headers
     assert "x-switchyard-scores" not in anonymous.headers  # the debug right is the key's
     scores = httpx.Response(200, content=debug.headers["x-switchyard-scores"]).json()
@@ -80,19 +99,25 @@ def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(lmetric_router
     homes = Counter()
     for turn in range(8):
         raw = client.chat.completions.with_raw_response.create(
-            model=MODEL, max_tokens=2,
-            messages=[system, {"role": "user", "content": f"question {turn}"}])
+            model=MODEL,
+            max_tokens=2,
+            messages=[system, {"role": "user", "content": f"question {turn}"}],
+        )
         homes[raw.headers["x-switchyard-instance"]] += 1
     # Sequential requests leave no load behind: the holder of the prefix always wins.
     assert len(homes) == 1, homes
     holder = next(iter(homes))
     other = client.chat.completions.with_raw_response.create(
-        model=MODEL, max_tokens=2, messages=[{"role": "user", "content": _text("fresh", 300)}],
-        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
+        model=MODEL,
+        max_tokens=2,
+        messages=[{"role": "user", "content": _text("fresh", 300)}],
+        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
+    )
     assert int(other.headers["x-switchyard-cached-tokens"]) == 0
     assert holder  # and the engine agrees that the shared prefix was cached
     last = client.chat.completions.create(
-        model=MODEL, max_tokens=2, messages=[system, {"role": "user", "content": "again"}])
+        model=MODEL, max_tokens=2, messages=[system, {"role": "user", "content": "again"}]
+    )
     assert last.usage.prompt_tokens_details.cached_tokens >= 300
 
 
@@ -102,7 +127,8 @@ def test_round_robin_spreads_load(fleet, router_factory):
     seen = Counter()
     for _ in range(12):
         raw = client.completions.with_raw_response.create(
-            model=MODEL, prompt=_text("same", 100), max_tokens=1)
+            model=MODEL, prompt=_text("same", 100), max_tokens=1
+        )
         assert raw.headers["x-switchyard-policy"] == "round_robin"
         seen[raw.headers["x-switchyard-instance"]] += 1
     assert seen == {"i0": 3, "i1": 3, "i2": 3, "i3": 3}
@@ -115,12 +141,16 @@ def test_preble_prices_decode_from_the_output_lengths_the_router_saw(fleet, rout
     router = router_factory(router_config(fleet, "preble", client_auth=debug_key_only()))
     client = _client(router)
     first = client.completions.with_raw_response.create(
-        model=MODEL, prompt=list(range(1000, 1100)), max_tokens=50)
+        model=MODEL, prompt=list(range(1000, 1100)), max_tokens=50
+    )
     assert first.parse().usage.completion_tokens == 50
     wait_until(lambda: router.state()["recent_decisions"], 10, "the first request's finish")
     second = client.completions.with_raw_response.create(
-        model=MODEL, prompt=list(range(5000, 5100)), max_tokens=1,
-        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"})
+        model=MODEL,
+        prompt=list(range(5000, 5100)),
+        max_tokens=1,
+        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
+    )
     scores = httpx.Response(200, content=second.headers["x-switchyard-scores"]).json()
     served = first.headers["x-switchyard-instance"]
     # 100 uncached prompt tokens of the first + its decode (50 × 1.3) + 100 new tokens

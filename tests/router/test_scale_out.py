@@ -18,8 +18,12 @@ async def _traffic(urls: list[str], count: int, concurrency: int) -> list[tuple[
 
     async def one(client: httpx.AsyncClient, k: int) -> tuple[str, str]:
         url = urls[k % len(urls)]
-        body = {"model": MODEL, "prompt": f"user {k} asks " + "about things " * 40,
-                "max_tokens": 40, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": f"user {k} asks " + "about things " * 40,
+            "max_tokens": 40,
+            "stream": True,
+        }
         async with gate, client.stream("POST", url + "/v1/completions", json=body) as resp:
             await resp.aread()
             assert resp.status_code == 200

@@ -29,22 +29,26 @@ def _snapshot(router) -> StateSnapshot:
 
 def _send_twice(router) -> None:
     for _ in range(2):  # round robin: the second goes to the other instance, a tier hit
-        response = httpx.post(router.url + "/v1/completions", timeout=10,
-                              json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2})
+        response = httpx.post(
+            router.url + "/v1/completions",
+            timeout=10,
+            json={"model": MODEL, "prompt": PROMPT, "max_tokens": 2},
+        )
         assert response.status_code == 200
 
 
 def test_tier_hits_and_bytes_reach_the_cluster_snapshot(tier_fleet, router_factory):
     router = router_factory(router_config(tier_fleet, "round_robin"))
     _send_twice(router)
-    hits = sum(tier_fleet.engine_metric(k, "vllm:external_prefix_cache_hits_total")
-               for k in range(2))
-    read = sum(tier_fleet.engine_metric(k, "enginesim:kv_tier_read_bytes_total")
-               for k in range(2))
+    hits = sum(
+        tier_fleet.engine_metric(k, "vllm:external_prefix_cache_hits_total") for k in range(2)
+    )
+    read = sum(tier_fleet.engine_metric(k, "enginesim:kv_tier_read_bytes_total") for k in range(2))
     assert hits > 0 and read > 0
 
     def reported() -> bool:
         return sum(i.tier_hit_tokens or 0 for i in _snapshot(router).instances) == hits
+
     wait_until(reported, 10, "tier hits in the router's snapshot")
     merged = merge_cluster("test", [_snapshot(router)])
     assert merged["tier"] == {"hit_tokens": hits, "bytes_read": read}
@@ -54,9 +58,11 @@ def test_tier_hits_and_bytes_reach_the_cluster_snapshot(tier_fleet, router_facto
 def test_a_cluster_without_a_tier_reports_none(fleet, router_factory):
     router = router_factory(router_config(fleet, "round_robin"))
     _send_twice(router)
-    wait_until(lambda: all(i.kv_usage is not None for i in _snapshot(router).instances),
-               10, "a scrape of every instance")
+    wait_until(
+        lambda: all(i.kv_usage is not None for i in _snapshot(router).instances),
+        10,
+        "a scrape of every instance",
+    )
     snapshot = _snapshot(router)
-    assert all(i.tier_hit_tokens is None and i.tier_bytes_read is None
-               for i in snapshot.instances)
+    assert all(i.tier_hit_tokens is None and i.tier_bytes_read is None for i in snapshot.instances)
     assert merge_cluster("test", [snapshot])["tier"] is None

@@ -27,8 +27,11 @@ def test_approx_chunker_is_prefix_stable_and_four_bytes_per_token():
 
 def test_chat_template_turns_extend_each_other():
     first = [{"role": "user", "content": "hi"}]
-    second = [*first, {"role": "assistant", "content": "hello"},
-              {"role": "user", "content": "more"}]
+    second = [
+        *first,
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "more"},
+    ]
     one, two = render_chat(first), render_chat(second)
     assert two.startswith(one + "hello<|im_end|>\n")
     with pytest.raises(PromptError):
@@ -68,8 +71,11 @@ def test_arm_assignment_is_stable_and_follows_weights():
 
 def test_circuit_breaker_opens_half_opens_and_closes():
     changes: list[tuple[str, str, str]] = []
-    book = HealthBook(lambda name, before, after, cause: changes.append((name, before, after)),
-                      failures_to_open=2, open_s=1.0)
+    book = HealthBook(
+        lambda name, before, after, cause: changes.append((name, before, after)),
+        failures_to_open=2,
+        open_s=1.0,
+    )
     book.configure({"a": "enabled", "b": "draining"}, 2, 1.0)
     assert book.effective("b") == "draining"
     book.record_failure("a", 0.0, "http_5xx")
@@ -87,8 +93,11 @@ def test_circuit_breaker_opens_half_opens_and_closes():
     assert book.instances["a"].breaker == "closed"
     book.record_failure("a", 11.0, "connect", fatal=True)
     assert book.effective("a") == "down"
-    assert changes[:3] == [("b", "healthy", "draining"), ("a", "healthy", "down"),
-                           ("a", "down", "healthy")]
+    assert changes[:3] == [
+        ("b", "healthy", "draining"),
+        ("a", "healthy", "down"),
+        ("a", "down", "healthy"),
+    ]
 
 
 def test_limiter_queues_then_refuses():
@@ -143,10 +152,8 @@ def test_kv_subscriber_recovers_a_sequence_gap_through_replay():
         async def serve() -> None:
             client, _, start = await replay.recv_multipart()
             for seq in range(int.from_bytes(start, "big"), 4):
-                await replay.send_multipart([client, b"", seq.to_bytes(8, "big"),
-                                             history[seq]])
-            await replay.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True),
-                                         b""])
+                await replay.send_multipart([client, b"", seq.to_bytes(8, "big"), history[seq]])
+            await replay.send_multipart([client, b"", (-1).to_bytes(8, "big", signed=True), b""])
 
         server = asyncio.create_task(serve())
         core = _FakeCore()

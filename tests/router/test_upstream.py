@@ -23,11 +23,18 @@ class TinyServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
+                length = int(
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
+                )
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
                 for piece in (b"data: 1\n\n", b"data: 2\n\n", b"data: [DONE]\n\n"):
                     writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
                     await writer.drain()
@@ -91,8 +98,9 @@ def test_connect_refused_and_read_timeout_are_httpx_errors():
             server = await asyncio.start_server(silent, "127.0.0.1", 0)
             port = server.sockets[0].getsockname()[1]
             with pytest.raises(httpx.ReadTimeout):
-                await client.post(f"http://127.0.0.1:{port}/", content=b"{}",
-                                  timeout=httpx.Timeout(1.0, read=0.2))
+                await client.post(
+                    f"http://127.0.0.1:{port}/", content=b"{}", timeout=httpx.Timeout(1.0, read=0.2)
+                )
             server.close()
 
     asyncio.run(scenario())
@@ -111,11 +119,18 @@ class DripServer:
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
-                                  if line.lower().startswith(b"content-length")))
+                length = int(
+                    next(
+                        line.split(b":")[1]
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length")
+                    )
+                )
                 await reader.readexactly(length)
-                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-                             b"transfer-encoding: chunked\r\n\r\n")
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
+                    b"transfer-encoding: chunked\r\n\r\n"
+                )
                 for k in range(self.pieces):
                     if self.stall_after is not None and k == self.stall_after:
                         await asyncio.sleep(5)

@@ -27,8 +27,12 @@ def features(
     block_size: int = 16,
 ) -> RequestFeatures:
     return build_features(
-        request_id or f"r{next(_ids)}", token_ids, now,
-        block_size=block_size, session_key=session_key, turn_index=turn_index,
+        request_id or f"r{next(_ids)}",
+        token_ids,
+        now,
+        block_size=block_size,
+        session_key=session_key,
+        turn_index=turn_index,
     )
 
 
@@ -60,11 +64,14 @@ def add_decoding(state: ClusterState, instance_id: str, count: int) -> list[str]
 
 def warm(state: ClusterState, instance_id: str, token_ids: np.ndarray) -> None:
     """Make ``instance_id`` hold the full blocks of ``token_ids`` (via a KV event)."""
-    engine_hashes = tuple(f"{instance_id}-{next(_ids)}-{k}".encode()
-                          for k in range(len(token_ids) // state.block_size))
+    engine_hashes = tuple(
+        f"{instance_id}-{next(_ids)}-{k}".encode()
+        for k in range(len(token_ids) // state.block_size)
+    )
     full = len(engine_hashes) * state.block_size
-    event = BlockStored(engine_hashes, None, tuple(int(t) for t in token_ids[:full]),
-                        state.block_size)
+    event = BlockStored(
+        engine_hashes, None, tuple(int(t) for t in token_ids[:full]), state.block_size
+    )
     state.on_kv_event(instance_id, event, 0.0)
 
 

@@ -9,10 +9,11 @@ def test_round_robin_cycles_over_healthy_instances():
     state = cluster(4)
     state.set_health("i2", Health.DRAINING)
     policy = make_policy("round_robin", seed=0)
-    picks = [policy.decide(features(tokens(0, 20)), state.view(), 0.0).instance_id
-             for _ in range(6)]
+    picks = [
+        policy.decide(features(tokens(0, 20)), state.view(), 0.0).instance_id for _ in range(6)
+    ]
     start = picks.index("i0")
-    assert picks[start:start + 3] == ["i0", "i1", "i3"]
+    assert picks[start : start + 3] == ["i0", "i1", "i3"]
     assert picks[:3] == picks[3:]
 
 
@@ -28,8 +29,8 @@ def test_least_load_prefers_fewer_in_flight_then_less_pending():
 
 def test_linear_weighted_sum_normalises_both_indicators():
     state = cluster(2)
-    add_pending(state, "i0", 900)   # P0 = 1000, BS0 = 1 (the 900-token prefill is running)
-    add_decoding(state, "i1", 4)    # P1 = 100,  BS1 = 4
+    add_pending(state, "i0", 900)  # P0 = 1000, BS0 = 1 (the 900-token prefill is running)
+    add_decoding(state, "i1", 4)  # P1 = 100,  BS1 = 4
     request = features(tokens(0, 100))
     chat = make_policy("linear", {"w": 0.7}).decide(request, state.view(), 0.0)
     assert chat.score_table() == pytest.approx({"i0": 0.7 + 0.3 * 0.25, "i1": 0.7 * 0.1 + 0.3})
@@ -54,7 +55,8 @@ def test_linear_dynamo_variant_counts_blocks():
     warm(state, "i0", prompt)
     add_decoding(state, "i0", 3)  # three 1-token contexts: 3 decode blocks
     decision = make_policy("linear", {"variant": "dynamo", "prefill_weight": 2.0}).decide(
-        features(prompt), state.view(), 0.0)
+        features(prompt), state.view(), 0.0
+    )
     assert decision.score_table() == {"i0": 2 * 1 + 3, "i1": 2 * 20}
     assert decision.instance_id == "i0"
 

@@ -42,7 +42,8 @@ def test_affinity_is_kept_within_slo_and_rebalanced_beyond_it():
 
     add_pending(state, second, 20_000)  # 2 s queue on the affinity candidate
     decision = make_policy("dualmap", {"slo_ttft_s": 0.5}).decide(
-        features(prompt), state.view(), 0.0)
+        features(prompt), state.view(), 0.0
+    )
     assert (decision.instance_id, decision.reason) == (first, "hotspot_rebalance")
 
 
@@ -75,6 +76,7 @@ def test_short_prompt_is_keyed_by_request_id():
 
 # ----- queued-request migration (seed 003 §2.3) ---------------------------------------
 
+
 def queue_on(state, instance_id, sizes, alternatives, now=0.0, waited=None):
     """Dispatch one request per size to ``instance_id``; each names (source, alternative)."""
     queued = []
@@ -82,8 +84,11 @@ def queue_on(state, instance_id, sizes, alternatives, now=0.0, waited=None):
         arrival = now - (waited[k] if waited else 0.0)
         request = features(tokens(20_000_000 + 100_000 * k, size), now=arrival)
         uncached = state.on_dispatch(request, instance_id, arrival + 1e-3 * k, cached_tokens=0)
-        queued.append(QueuedRequest(request, instance_id, arrival + 1e-3 * k, uncached,
-                                    (instance_id, alternative)))
+        queued.append(
+            QueuedRequest(
+                request, instance_id, arrival + 1e-3 * k, uncached, (instance_id, alternative)
+            )
+        )
     return queued
 
 
@@ -107,7 +112,9 @@ def test_moves_onto_one_target_count_its_growing_queue():
     ids_ = [q.features.request_id for q in queued]
     # the second move would wait 0.8 s on i1 (< 1 s), a third 1.2 s: not allowed
     assert moved(make_policy("dualmap", {"slo_ttft_s": 1.0}), state, queued) == [
-        (ids_[4], "i1"), (ids_[3], "i1")]
+        (ids_[4], "i1"),
+        (ids_[3], "i1"),
+    ]
 
 
 def test_no_migration_when_the_queue_meets_the_slo():

@@ -41,8 +41,9 @@ def _burst_on_holder(state: ClusterState, count: int) -> None:
 # (1) a single router whose scrape matches its own accounting sees no extra load
 
 
-@pytest.mark.parametrize("running, waiting, chosen",
-                         [(4, 0, "i1"), (3, 1, "i1"), (2, 2, "i1"), (1, 3, "i0")])
+@pytest.mark.parametrize(
+    "running, waiting, chosen", [(4, 0, "i1"), (3, 1, "i1"), (2, 2, "i1"), (1, 3, "i0")]
+)
 def test_own_requests_in_the_scrape_are_not_counted_twice(running, waiting, chosen):
     state = cluster(2)
     _burst_on_holder(state, 3)  # i0: 1 decoding + 3 dispatched, not started

@@ -12,8 +12,14 @@ from router_worker.routing import make_policy
 from .helpers import add_decoding, cluster, features, tokens, warm
 
 PREFIX = tokens(0, 64)
-PARAMS = {"hotspot": {"window_s": 10.0, "min_class_blocks": 2, "min_class_requests": 2,
-                      "max_hit_fraction": 0.5}}
+PARAMS = {
+    "hotspot": {
+        "window_s": 10.0,
+        "min_class_blocks": 2,
+        "min_class_requests": 2,
+        "max_hit_fraction": 0.5,
+    }
+}
 
 
 def setup():

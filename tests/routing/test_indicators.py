@@ -106,18 +106,29 @@ def test_view_arrays_are_read_only():
 def test_kv_events_from_an_engine_with_its_own_hashes_land_on_router_keys():
     state = cluster(2)
     prompt = tokens(500, 64)
-    payload = encode_kv_event_batch(KVEventBatch(0.0, (
-        BlockStored(tuple(f"sha-{k}".encode() for k in range(4)), None,
-                    tuple(int(t) for t in prompt), 16),
-    )))
+    payload = encode_kv_event_batch(
+        KVEventBatch(
+            0.0,
+            (
+                BlockStored(
+                    tuple(f"sha-{k}".encode() for k in range(4)),
+                    None,
+                    tuple(int(t) for t in prompt),
+                    16,
+                ),
+            ),
+        )
+    )
     state.on_kv_event_batch("i1", decode_kv_event_batch(payload), 0.0)
     assert state.view().cached_blocks(features(prompt)).tolist() == [0, 4]
 
 
 lifecycles = st.lists(
-    st.tuples(st.integers(0, 2), st.integers(1, 200), st.sampled_from(["finish", "error"]),
-              st.booleans()),
-    min_size=1, max_size=30,
+    st.tuples(
+        st.integers(0, 2), st.integers(1, 200), st.sampled_from(["finish", "error"]), st.booleans()
+    ),
+    min_size=1,
+    max_size=30,
 )
 
 
@@ -138,8 +149,13 @@ def test_state_returns_to_zero_after_every_request_ends(requests, rnd):
         if starts:
             state.on_first_token(request_id, 1.0)
         getattr(state, f"on_{ending}")(request_id, 2.0)
-    for array in (view.pending_prefill, view.batch_size, view.in_flight,
-                  view.decode_context_tokens, view.decode_blocks):
+    for array in (
+        view.pending_prefill,
+        view.batch_size,
+        view.in_flight,
+        view.decode_context_tokens,
+        view.decode_blocks,
+    ):
         assert array.tolist() == [0, 0, 0]
 
 
@@ -150,7 +166,8 @@ steps = st.lists(
         st.tuples(st.just("finish"), st.integers(0, 40), st.integers(0, 0)),
         st.tuples(st.just("scrape"), st.integers(0, 12), st.integers(0, 12)),
     ),
-    min_size=1, max_size=40,
+    min_size=1,
+    max_size=40,
 )
 
 

@@ -53,6 +53,8 @@ def _int_chain(seq):
         parent = hash((parent, content))
         hashes.append(parent)
     return hashes
+
+
 operations = st.lists(
     st.tuples(st.sampled_from(["insert", "remove", "clear"]), st.integers(0, 4), block_seqs),
     max_size=40,
@@ -204,8 +206,11 @@ chain_ops = st.lists(
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.integers(2, 12), min_size=1, max_size=4), chain_ops,
-       st.lists(paths, min_size=1, max_size=6))
+@given(
+    st.lists(st.integers(2, 12), min_size=1, max_size=4),
+    chain_ops,
+    st.lists(paths, min_size=1, max_size=6),
+)
 def test_chain_lookup_agrees_with_naive_reference(capacities, ops, query_paths):
     index, naive = KVIndex(16), NaiveIndex(list(capacities))
     for capacity in capacities:
@@ -223,8 +228,8 @@ def test_chain_lookup_agrees_with_naive_reference(capacities, ops, query_paths):
             index.insert(slot, blocks[cut:], parent)
             naive.insert(slot, blocks[cut:])
         elif kind == "remove":  # any block, middle ones included
-            index.remove(slot, blocks[cut:cut + 1])
-            naive.remove(slot, blocks[cut:cut + 1])
+            index.remove(slot, blocks[cut : cut + 1])
+            naive.remove(slot, blocks[cut : cut + 1])
         elif kind == "clear":
             index.clear(slot)
             naive.lru[slot].clear()
@@ -268,8 +273,12 @@ def _assert_consistent(index, naive, chains):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.integers(2, 12), min_size=1, max_size=3), chain_ops,
-       st.lists(paths, min_size=1, max_size=6), st.sampled_from([16, 32]))
+@given(
+    st.lists(st.integers(2, 12), min_size=1, max_size=3),
+    chain_ops,
+    st.lists(paths, min_size=1, max_size=6),
+    st.sampled_from([16, 32]),
+)
 def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_paths, engine_bs):
     """Stored events (chained by parent engine hash) vs the naive index fed per engine block."""
     index, naive = KVIndex(16), NaiveIndex(list(capacities))
@@ -286,11 +295,11 @@ def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_pa
             parent = f"e{blocks[cut - 1]}" if cut else None
             mine = blocks[cut:]
             engine = [f"e{mine[i + per - 1]}" for i in range(0, len(mine) - per + 1, per)]
-            index.apply_event(slot, stored(engine, parent, token_ids[cut * 16:], engine_bs))
+            index.apply_event(slot, stored(engine, parent, token_ids[cut * 16 :], engine_bs))
             if parent is not None and parent not in engine_maps[slot]:
                 continue  # unresolved: not applied
             for i, engine_hash in enumerate(engine):
-                naive.insert(slot, mine[i * per:(i + 1) * per])
+                naive.insert(slot, mine[i * per : (i + 1) * per])
                 engine_maps[slot][engine_hash] = mine[(i + 1) * per - 1]
         elif kind == "remove":
             engine_hash = f"e{blocks[cut]}" if cut < len(blocks) else "none"
@@ -304,8 +313,9 @@ def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_pa
         for query in (_chain(path) for path in query_paths):
             expected = naive.longest_prefixes(query)
             assert index.longest_prefixes(query, chain=True).tolist() == expected
-        for held, lru in zip((index.held_count(s) for s in range(len(capacities))), naive.lru,
-                             strict=True):
+        for held, lru in zip(
+            (index.held_count(s) for s in range(len(capacities))), naive.lru, strict=True
+        ):
             assert held == len(lru)
 
 
@@ -333,15 +343,22 @@ def test_many_slots_with_distinct_hit_lengths():
     assert index.longest_prefixes(blocks).tolist() == expected
 
 
-whole_prompt_ops = st.lists(st.tuples(st.integers(0, 3), paths, st.integers(1, 12)),
-                            min_size=1, max_size=30)
+whole_prompt_ops = st.lists(
+    st.tuples(st.integers(0, 3), paths, st.integers(1, 12)), min_size=1, max_size=30
+)
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.integers(2, 12), min_size=1, max_size=4), whole_prompt_ops,
-       st.integers(0, 30), st.integers(0, 4), st.lists(paths, min_size=1, max_size=6))
-def test_children_links_built_late_agree_with_the_reference(capacities, ops, switch_at, cut,
-                                                            query_paths):
+@given(
+    st.lists(st.integers(2, 12), min_size=1, max_size=4),
+    whole_prompt_ops,
+    st.integers(0, 30),
+    st.integers(0, 4),
+    st.lists(paths, min_size=1, max_size=6),
+)
+def test_children_links_built_late_agree_with_the_reference(
+    capacities, ops, switch_at, cut, query_paths
+):
     """Whole-prompt inserts run without children links; a ``remove`` midway builds them
     from the LRUs, and everything after must agree with the reference as before."""
     index, naive = KVIndex(16), NaiveIndex(list(capacities))
@@ -356,8 +373,8 @@ def test_children_links_built_late_agree_with_the_reference(capacities, ops, swi
         blocks = _chain(path)
         if step == switch_at:  # the previous prompt loses a block; those below turn loose
             slot, blocks = previous
-            index.remove(slot, blocks[cut:cut + 1])
-            naive.remove(slot, blocks[cut:cut + 1])
+            index.remove(slot, blocks[cut : cut + 1])
+            naive.remove(slot, blocks[cut : cut + 1])
         else:
             if step % 5 == 4:
                 index.set_capacity(slot, capacity)
@@ -368,8 +385,9 @@ def test_children_links_built_late_agree_with_the_reference(capacities, ops, swi
         previous = slot, blocks
         assert (index._tree is None) == (step >= switch_at)
         for query in queries:
-            assert index.longest_prefixes(query, chain=True).tolist() == \
-                naive.longest_prefixes(query)
+            assert index.longest_prefixes(query, chain=True).tolist() == naive.longest_prefixes(
+                query
+            )
         inserted.append(blocks)
         _assert_consistent(index, naive, [*queries, *inserted])
     for slot in range(len(capacities)):
@@ -394,8 +412,7 @@ def test_run_length_form_over_many_slots_and_removed_slots():
     naive.lru[66].clear()
     assert index._tree is not None  # nothing here needed the per-block form
     for prompt in (*prompts, _chain([0, 1, 2, 0, 1])):
-        assert index.longest_prefixes(prompt, chain=True).tolist() == \
-            naive.longest_prefixes(prompt)
+        assert index.longest_prefixes(prompt, chain=True).tolist() == naive.longest_prefixes(prompt)
     for slot in range(70):
         assert index.held_count(slot) == len(naive.lru[slot])
     _assert_consistent(index, naive, prompts)

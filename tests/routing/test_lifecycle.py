@@ -29,17 +29,22 @@ class CountingPolicy(LeastLoadPolicy):
         self.decided += 1
         return super().decide(request, view, now)
 
-    def observe_first_token(self, request: RequestFeatures, instance_id: str, ttft: float,
-                            now: float) -> None:
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
         self.first_tokens.append((request.request_id, instance_id, ttft))
 
-    def observe_finish(self, request: RequestFeatures, instance_id: str, output_tokens: int,
-                       now: float) -> None:
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
         self.finishes.append((request.request_id, instance_id, output_tokens))
 
 
-def _life(state: ClusterState, max_attempts: int = 3, prompt: int = 64,
-          ) -> tuple[RequestLifecycle, CountingPolicy]:
+def _life(
+    state: ClusterState,
+    max_attempts: int = 3,
+    prompt: int = 64,
+) -> tuple[RequestLifecycle, CountingPolicy]:
     policy = CountingPolicy()
     request = features(tokens(1000, prompt))
     return RequestLifecycle(request, policy, state, max_attempts=max_attempts), policy
@@ -70,7 +75,9 @@ def test_each_transition_accounts_once_and_feeds_back_once() -> None:
     assert not life.first_token(4.0, ttft=3.0)
     assert len(policy.finishes) == len(policy.first_tokens) == 1
     assert attempt.phase is Phase.FINISHED and (attempt.dispatched_at, attempt.ended_at) == (
-        1.0, 3.0)
+        1.0,
+        3.0,
+    )
 
 
 def test_an_answer_that_is_no_success_is_accounted_without_feedback() -> None:
@@ -124,7 +131,11 @@ def test_the_attempt_cap_counts_migrations() -> None:
     life.dispatch(3.0)
     verdict = life.fail(state.view(), 4.0, "timeout")
     assert (verdict.retry, verdict.why, len(life.attempts), life.decisions) == (
-        False, "exhausted", 3, 2)
+        False,
+        "exhausted",
+        3,
+        2,
+    )
     assert state.in_flight.sum() == 0
 
 
@@ -169,7 +180,11 @@ def test_migration_moves_the_accounting_to_the_target() -> None:
     assert life.attempts[0].phase is Phase.MIGRATED and state.error_count == 0
     assert state.in_flight.sum() == 0  # taken back: a finish, not an error
     assert (new.instance, new.decision, new.reason, new.phase) == (
-        target, None, "migration", Phase.ROUTED)
+        target,
+        None,
+        "migration",
+        Phase.ROUTED,
+    )
     life.dispatch(2.0)
     assert state.in_flight[state.slot_of(target)] == 1 and policy.decided == 1
     life.first_token(3.0, ttft=2.0)
@@ -191,20 +206,23 @@ def test_abandon_and_reject_end_the_attempt_as_errors() -> None:
     assert state.in_flight.sum() == 0
 
 
-@pytest.mark.parametrize("steps, illegal", [
-    ([], "dispatch"),  # nothing routed
-    (["route"], "route"),  # routed twice
-    (["route"], "first_token"),  # before it was sent
-    (["route"], "finish"),
-    (["route"], "migrate"),
-    (["route", "dispatch"], "dispatch"),  # sent twice
-    (["route", "dispatch", "first_token"], "first_token"),
-    (["route", "dispatch", "first_token"], "migrate"),  # bytes went out
-    (["route", "dispatch", "finish"], "abandon"),
-    (["route", "dispatch", "finish"], "fail"),
-    (["route", "dispatch", "finish"], "migrate"),
-    (["route", "dispatch", "abandon"], "reject"),
-])
+@pytest.mark.parametrize(
+    "steps, illegal",
+    [
+        ([], "dispatch"),  # nothing routed
+        (["route"], "route"),  # routed twice
+        (["route"], "first_token"),  # before it was sent
+        (["route"], "finish"),
+        (["route"], "migrate"),
+        (["route", "dispatch"], "dispatch"),  # sent twice
+        (["route", "dispatch", "first_token"], "first_token"),
+        (["route", "dispatch", "first_token"], "migrate"),  # bytes went out
+        (["route", "dispatch", "finish"], "abandon"),
+        (["route", "dispatch", "finish"], "fail"),
+        (["route", "dispatch", "finish"], "migrate"),
+        (["route", "dispatch", "abandon"], "reject"),
+    ],
+)
 def test_illegal_transitions_raise(steps: list[str], illegal: str) -> None:
     state = cluster(2)
     life, _ = _life(state)

@@ -104,13 +104,16 @@ class StubView:
         return np.zeros(self.size, dtype=int)
 
 
-indicators = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 64)), min_size=1,
-                      max_size=12)
+indicators = st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 64)), min_size=1, max_size=12)
 
 
 @settings(max_examples=80, deadline=None)
-@given(indicators, st.sampled_from([0.001, 0.5, 3.0, 1000.0]),
-       st.sampled_from([0.01, 1.0, 7.0, 64.0]), st.integers(0, 2**16))
+@given(
+    indicators,
+    st.sampled_from([0.001, 0.5, 3.0, 1000.0]),
+    st.sampled_from([0.01, 1.0, 7.0, 64.0]),
+    st.integers(0, 2**16),
+)
 def test_choice_is_invariant_under_positive_scaling_of_either_indicator(
     values, p_scale, bs_scale, seed
 ):

@@ -19,8 +19,17 @@ KINDS = sorted(REGISTRY)
 
 
 def test_registry_lists_the_nine_policies_with_descriptions():
-    assert set(KINDS) == {"round_robin", "least_load", "linear", "cache_aware", "preble",
-                          "dualmap", "lmetric", "smetric", "predicted_ttft"}
+    assert set(KINDS) == {
+        "round_robin",
+        "least_load",
+        "linear",
+        "cache_aware",
+        "preble",
+        "dualmap",
+        "lmetric",
+        "smetric",
+        "predicted_ttft",
+    }
     assert all(DESCRIPTIONS[kind] for kind in KINDS)
 
 
@@ -54,14 +63,27 @@ def test_invalid_params_name_the_field(kind, params, field):
     [
         ("lmetric", {"batch_offset": -1}, "lmetric.batch_offset: must be ≥ 0 (got -1)"),
         ("lmetric", {"hotspot": {"window_s": 0}}, "lmetric.hotspot.window_s: must be > 0 (got 0)"),
-        ("lmetric", {"hotspot": {"enabled": "maybe"}},
-         "lmetric.hotspot.enabled: must be true or false (got 'maybe')"),
-        ("lmetric", {"hotspot": {"wndow_s": 1}}, "lmetric.hotspot.wndow_s: unknown parameter "
-         "(known: enabled, max_hit_fraction, min_class_blocks, min_class_requests, window_s)"),
-        ("linear", {"variant": "x"}, "linear.variant: must be one of 'weighted_sum' or 'dynamo' "
-         "(got 'x')"),
-        ("predicted_ttft", {"chunk_tokens": 1.5},
-         "predicted_ttft.chunk_tokens: must be a whole number (got 1.5)"),
+        (
+            "lmetric",
+            {"hotspot": {"enabled": "maybe"}},
+            "lmetric.hotspot.enabled: must be true or false (got 'maybe')",
+        ),
+        (
+            "lmetric",
+            {"hotspot": {"wndow_s": 1}},
+            "lmetric.hotspot.wndow_s: unknown parameter "
+            "(known: enabled, max_hit_fraction, min_class_blocks, min_class_requests, window_s)",
+        ),
+        (
+            "linear",
+            {"variant": "x"},
+            "linear.variant: must be one of 'weighted_sum' or 'dynamo' (got 'x')",
+        ),
+        (
+            "predicted_ttft",
+            {"chunk_tokens": 1.5},
+            "predicted_ttft.chunk_tokens: must be a whole number (got 1.5)",
+        ),
     ],
 )
 def test_invalid_params_say_what_is_allowed_and_what_was_given(kind, params, message):
@@ -127,14 +149,17 @@ def test_decision_explains_itself(kind):
     assert isinstance(explained["reason"], str) and explained["reason"]
 
 
-@pytest.mark.parametrize("kind", ["least_load", "linear", "lmetric", "smetric", "cache_aware",
-                                  "predicted_ttft"])
+@pytest.mark.parametrize(
+    "kind", ["least_load", "linear", "lmetric", "smetric", "cache_aware", "predicted_ttft"]
+)
 def test_exact_ties_are_broken_by_seeded_random_not_list_order(kind):
     state = cluster(4)
     request = features(tokens(0, 64))
-    chosen = {make_policy(kind, seed=s).decide(request, state.view(), 0.0).instance_id
-              for s in range(40)}
+    chosen = {
+        make_policy(kind, seed=s).decide(request, state.view(), 0.0).instance_id for s in range(40)
+    }
     assert chosen == {"i0", "i1", "i2", "i3"}
-    again = [make_policy(kind, seed=9).decide(request, state.view(), 0.0).instance_id
-             for _ in range(3)]
+    again = [
+        make_policy(kind, seed=9).decide(request, state.view(), 0.0).instance_id for _ in range(3)
+    ]
     assert len(set(again)) == 1  # same seed, same choice

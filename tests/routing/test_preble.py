@@ -29,8 +29,9 @@ def test_explore_by_load_cost_when_new_tokens_dominate():
     state = cluster(3)
     warm(state, "i0", PREFIX[:256])
     policy = make_policy("preble", seed=2)
-    decision = policy.decide(features(np.concatenate([PREFIX[:256], tokens(9, 2048)])),
-                             state.view(), 0.0)
+    decision = policy.decide(
+        features(np.concatenate([PREFIX[:256], tokens(9, 2048)])), state.view(), 0.0
+    )
     assert decision.reason == "explore"
     assert decision.instance_id == "i0"  # lowest cost: 2048 new tokens vs 2304 elsewhere
     assert decision.score_table() == {"i0": 2048, "i1": 2304, "i2": 2304}
@@ -52,8 +53,9 @@ def test_rebalance_when_the_chosen_cost_reaches_th_bal_times_the_minimum():
 def test_window_forgets_old_load():
     state = cluster(2)
     warm(state, "i0", PREFIX)
-    policy = make_policy("preble", {"window_s": 1.0, "min_cost_floor_tokens": 100,
-                                    "decode_cost_tokens": 0})
+    policy = make_policy(
+        "preble", {"window_s": 1.0, "min_cost_floor_tokens": 100, "decode_cost_tokens": 0}
+    )
     for k in range(2):
         policy.decide(with_suffix(k), state.view(), 0.0)
     assert policy.decide(with_suffix(2), state.view(), 5.0).reason == "exploit"
@@ -71,8 +73,9 @@ def unique(count):
 
 def test_decode_cost_follows_the_mean_observed_output_length():
     state = cluster(2)
-    policy = make_policy("preble", {**ISOLATED, "decode_cost_tokens": 0,
-                                    "decode_token_weight": 1.0}, seed=1)
+    policy = make_policy(
+        "preble", {**ISOLATED, "decode_cost_tokens": 0, "decode_token_weight": 1.0}, seed=1
+    )
     first = policy.decide(unique(1000), state.view(), 0.0).instance_id
     others = [policy.decide(unique(300), state.view(), 0.1 * k) for k in range(1, 4)]
     other = others[0].instance_id
@@ -132,8 +135,9 @@ def test_eviction_term_is_zero_while_the_request_fits():
 def _pd_scenario(decode_cost_tokens):
     state = cluster(3)
     warm(state, "i0", PREFIX)
-    policy = make_policy("preble", {"min_cost_floor_tokens": 1e9,
-                                    "decode_cost_tokens": decode_cost_tokens})
+    policy = make_policy(
+        "preble", {"min_cost_floor_tokens": 1e9, "decode_cost_tokens": decode_cost_tokens}
+    )
     for k in range(3):  # cache hits: i0's window load is mostly decode
         assert policy.decide(with_suffix(k), state.view(), 0.1 * k).reason == "exploit"
     return state, policy
@@ -165,8 +169,9 @@ def _replay_prefix(policy, state, ttfts):
 def test_hot_prefix_is_replicated_when_its_ttft_doubles_over_an_adaptive_baseline():
     state = cluster(3)
     warm(state, "i0", PREFIX)
-    policy = make_policy("preble", {"min_samples": 4, "window_s": 10.0,
-                                    "min_cost_floor_tokens": 1e9})
+    policy = make_policy(
+        "preble", {"min_samples": 4, "window_s": 10.0, "min_cost_floor_tokens": 1e9}
+    )
     # a slow cold start (0.5 s), 20 s at 0.1 s, then 0.25 s: 2.5 × the best sub-window
     # mean but half the cold-start level (a baseline frozen on the first samples misses it)
     ttfts = [0.5] * 10 + [0.1] * 20 + [0.25] * 12
@@ -182,8 +187,9 @@ def test_hot_prefix_is_replicated_when_its_ttft_doubles_over_an_adaptive_baselin
 def test_no_replication_while_ttft_stays_near_its_baseline_in_a_long_run():
     state = cluster(3)
     warm(state, "i0", PREFIX)
-    policy = make_policy("preble", {"min_samples": 4, "window_s": 10.0,
-                                    "min_cost_floor_tokens": 1e9})
+    policy = make_policy(
+        "preble", {"min_samples": 4, "window_s": 10.0, "min_cost_floor_tokens": 1e9}
+    )
     # 200 s of noisy but steady TTFTs, then a shift to 1.7 × (below the factor of 2)
     ttfts = [0.1 if k % 2 else 0.18 for k in range(200)] + [0.24] * 60
     decisions = _replay_prefix(policy, state, ttfts)

@@ -14,8 +14,14 @@ from router_worker.routing.policies.predicted_ttft import (
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
 # Round numbers so every prediction below can be checked by hand.
-SIMPLE = {"prefill_tps": 1000.0, "step_overhead_s": 0.01, "decode_seq_s": 0.001,
-          "attention_pair_s": 0.0, "min_step_s": 0.0, "chunk_tokens": 512}
+SIMPLE = {
+    "prefill_tps": 1000.0,
+    "step_overhead_s": 0.01,
+    "decode_seq_s": 0.001,
+    "attention_pair_s": 0.0,
+    "min_step_s": 0.0,
+    "chunk_tokens": 512,
+}
 
 
 def policy(seed: int = 0, **params) -> PredictedTTFTPolicy:
@@ -155,8 +161,7 @@ def test_unset_coefficients_fall_back_to_the_h20_qwen2_7b_values():
     assert validate_params("predicted_ttft", {}).prefill_tps is None  # None = "derive it"
     assert set(COEFFICIENT_FIELDS) == set(FALLBACK_COEFFICIENTS)
     defaults = policy().coefficients
-    assert {name: getattr(defaults, name) for name in COEFFICIENT_FIELDS} \
-        == FALLBACK_COEFFICIENTS
+    assert {name: getattr(defaults, name) for name in COEFFICIENT_FIELDS} == FALLBACK_COEFFICIENTS
     partial = policy(prefill_tps=1234.0, chunk_tokens=2048).coefficients
     assert (partial.prefill_tps, partial.chunk_tokens) == (1234.0, 2048)
     assert partial.step_overhead_s == FALLBACK_COEFFICIENTS["step_overhead_s"]
@@ -168,18 +173,21 @@ def test_every_parameter_is_described_for_operators():
     assert set(COEFFICIENT_FIELDS) | {"use_measured_prefill_tps"} == set(schema["properties"])
 
 
-@pytest.mark.parametrize(("params", "field"), [
-    ({"prefill_tps": 0}, "prefill_tps"),
-    ({"prefill_tps": "fast"}, "prefill_tps"),
-    ({"step_overhead_s": -0.001}, "step_overhead_s"),
-    ({"decode_seq_s": -1}, "decode_seq_s"),
-    ({"attention_pair_s": -1e-9}, "attention_pair_s"),
-    ({"min_step_s": -1}, "min_step_s"),
-    ({"chunk_tokens": 0}, "chunk_tokens"),
-    ({"chunk_tokens": 81.5}, "chunk_tokens"),
-    ({"use_measured_prefill_tps": "sometimes"}, "use_measured_prefill_tps"),
-    ({"batch_offset": 1}, "batch_offset"),  # unknown parameters are refused
-])
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"prefill_tps": 0}, "prefill_tps"),
+        ({"prefill_tps": "fast"}, "prefill_tps"),
+        ({"step_overhead_s": -0.001}, "step_overhead_s"),
+        ({"decode_seq_s": -1}, "decode_seq_s"),
+        ({"attention_pair_s": -1e-9}, "attention_pair_s"),
+        ({"min_step_s": -1}, "min_step_s"),
+        ({"chunk_tokens": 0}, "chunk_tokens"),
+        ({"chunk_tokens": 81.5}, "chunk_tokens"),
+        ({"use_measured_prefill_tps": "sometimes"}, "use_measured_prefill_tps"),
+        ({"batch_offset": 1}, "batch_offset"),  # unknown parameters are refused
+    ],
+)
 def test_invalid_params_name_the_field(params, field):
     with pytest.raises(PolicyConfigError) as info:
         make_policy("predicted_ttft", params)

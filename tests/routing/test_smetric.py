@@ -54,8 +54,9 @@ def test_global_tier_hits_are_cheaper_than_recompute():
         warm(state, "i0", HISTORY[:256])
         if tier is not None:
             tier.insert(features(HISTORY).block_hashes)
-        policy = make_policy("smetric", {"slo_ttft_s": 1.0, "slo_ttft_per_1k_prompt_s": 0,
-                                         "tier_token_cost": 0.1})
+        policy = make_policy(
+            "smetric", {"slo_ttft_s": 1.0, "slo_ttft_per_1k_prompt_s": 0, "tier_token_cost": 0.1}
+        )
         return policy.decide(follow_up(turn_index=1), state.view(), 0.0)
 
     # recompute: (2112 − 256) tokens / 1000 tok/s = 1.86 s > SLO, but i1 (2.11 s) is
@@ -75,8 +76,9 @@ def test_without_turn_or_session_a_strong_local_hit_marks_a_follow_up():
     strong = policy.decide(follow_up(), state.view(), 0.0)
     assert (strong.instance_id, strong.reason) == ("i1", "session_stick")
     assert strong.details["turn_basis"] == "local_hit"
-    weak = policy.decide(features(np.concatenate([HISTORY[:256], tokens(70_000, 2048)])),
-                         state.view(), 0.0)
+    weak = policy.decide(
+        features(np.concatenate([HISTORY[:256], tokens(70_000, 2048)])), state.view(), 0.0
+    )
     assert weak.reason == "first_turn_balance" and weak.instance_id != "i1"
 
 

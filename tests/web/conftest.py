@@ -54,8 +54,11 @@ def as_role(users):
     return client
 
 
-def make_cluster(instance_urls: list[str] | None = None, name: str | None = None,
-                 model: str = "Qwen/Qwen2-7B-Instruct") -> Cluster:
+def make_cluster(
+    instance_urls: list[str] | None = None,
+    name: str | None = None,
+    model: str = "Qwen/Qwen2-7B-Instruct",
+) -> Cluster:
     """A cluster with instances i0.. and policies lm (active) and rr, via the services."""
     name = name or f"web-{uuid.uuid4().hex[:8]}"
     cluster = clusters.create_cluster(SYSTEM, name=name, model=model, gpu_type="h20")
@@ -89,10 +92,15 @@ def subprocess_env() -> dict[str, str]:
     """The environment of a server process that shares this test run's database and Redis."""
     db = settings.DATABASES["default"]
     url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    return {**os.environ, "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
-            "SWITCHYARD_DATABASE_URL": url, "SWITCHYARD_REDIS_URL": settings.REDIS_URL,
-            "SWITCHYARD_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
-            "SWITCHYARD_SERVE_STATIC": "1", "PYTHONUNBUFFERED": "1"}
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+        "SWITCHYARD_DATABASE_URL": url,
+        "SWITCHYARD_REDIS_URL": settings.REDIS_URL,
+        "SWITCHYARD_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+        "SWITCHYARD_SERVE_STATIC": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
 
 
 @dataclass
@@ -109,9 +117,21 @@ def start_process(args: list[str], log: Path) -> subprocess.Popen:
 
 def start_asgi(port: int, log: Path) -> Server:
     """The full ASGI application (HTTP + websockets) under uvicorn, on the test database."""
-    process = start_process([sys.executable, "-m", "uvicorn", "controlplane.asgi:application",
-                             "--host", "127.0.0.1", "--port", str(port), "--log-level",
-                             "warning"], log)
+    process = start_process(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        log,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", 30, process=process, log=log)
     except BaseException:

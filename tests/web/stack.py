@@ -69,14 +69,36 @@ def start_fleet(size: int, log: Path, attempts: int = 3) -> Fleet:
 def _try_fleet(size: int, log: Path) -> Fleet:
     base = free_ports(size)
     process = harness_start(
-        [sys.executable, "-m", "enginesim", "serve", "--instances", str(size),
-         "--base-port", str(base), "--gpu", "h20", "--model", "qwen2-7b",
-         "--time-scale", str(TIME_SCALE)], cwd=ROOT, log=log, stdin=None)
+        [
+            sys.executable,
+            "-m",
+            "enginesim",
+            "serve",
+            "--instances",
+            str(size),
+            "--base-port",
+            str(base),
+            "--gpu",
+            "h20",
+            "--model",
+            "qwen2-7b",
+            "--time-scale",
+            str(TIME_SCALE),
+        ],
+        cwd=ROOT,
+        log=log,
+        stdin=None,
+    )
     fleet = Fleet(process, base, size)
     try:
         for k in range(size):
-            wait_http(fleet.url(k) + "/health", 30, process=process, log=log,
-                      ok=lambda status: 200 <= status < 300)
+            wait_http(
+                fleet.url(k) + "/health",
+                30,
+                process=process,
+                log=log,
+                ok=lambda status: 200 <= status < 300,
+            )
     except BaseException:
         stop_process(process)
         raise
@@ -95,26 +117,48 @@ class RouterProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def admin_state(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}/admin/state", timeout=5,
-                             headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        response = httpx.get(
+            f"{self.url}/admin/state", timeout=5, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        )
         response.raise_for_status()
         return response.json()
 
 
-def start_router(cluster: Cluster, name: str, control_plane: str, directory: Path
-                 ) -> RouterProcess:
+def start_router(cluster: Cluster, name: str, control_plane: str, directory: Path) -> RouterProcess:
     """A router in managed mode: configuration from the control plane's API, versions
     announced on Redis pub/sub, heartbeats back."""
     port = free_port()
     token, deployment = router_service.create_router_deployment(
-        SYSTEM, cluster.pk, name=name, host="127.0.0.1", port=port)
+        SYSTEM, cluster.pk, name=name, host="127.0.0.1", port=port
+    )
     log = directory / f"router-{name}.log"
-    args = [sys.executable, "-m", "router_worker", "--port", str(port), "--name", name,
-            "--admin-token", ADMIN_TOKEN, "--redis-url", settings.REDIS_URL,
-            "--log-level", "WARNING", "--control-plane", control_plane,
-            "--deployment", str(deployment.pk), "--token", token,
-            "--state-dir", str(directory / f"state-{name}"), "--poll-interval", "2",
-            "--heartbeat-interval", "1"]
+    args = [
+        sys.executable,
+        "-m",
+        "router_worker",
+        "--port",
+        str(port),
+        "--name",
+        name,
+        "--admin-token",
+        ADMIN_TOKEN,
+        "--redis-url",
+        settings.REDIS_URL,
+        "--log-level",
+        "WARNING",
+        "--control-plane",
+        control_plane,
+        "--deployment",
+        str(deployment.pk),
+        "--token",
+        token,
+        "--state-dir",
+        str(directory / f"state-{name}"),
+        "--poll-interval",
+        "2",
+        "--heartbeat-interval",
+        "1",
+    ]
     return RouterProcess(name, port, start_process(args, log), log)
 
 
@@ -134,25 +178,35 @@ class Stack:
 
     def wait_reporting(self, version: int, timeout: float = 30) -> None:
         try:
-            wait_for(lambda: set(self.reported_versions().values()) == {version}, timeout,
-                     f"every router to report config v{version}")
+            wait_for(
+                lambda: set(self.reported_versions().values()) == {version},
+                timeout,
+                f"every router to report config v{version}",
+            )
         except AssertionError as error:
-            raise AssertionError(f"{error}: {self.reported_versions()}\n"
-                                 f"{describe_logs(self)}") from None
+            raise AssertionError(
+                f"{error}: {self.reported_versions()}\n{describe_logs(self)}"
+            ) from None
 
     def close(self) -> None:
         for process in [r.process for r in self.routers] + self.processes:
             stop_process(process)
 
 
-def chat(router_url: str, text: str, max_tokens: int = 8, timeout: float = 30,
-         stream: bool = False) -> httpx.Response:
+def chat(
+    router_url: str, text: str, max_tokens: int = 8, timeout: float = 30, stream: bool = False
+) -> httpx.Response:
     """One chat completion through a router; streamed ones are read to the end (the router
     measures TTFT and TPOT on streams)."""
-    body = {"model": MODEL, "max_tokens": max_tokens, "stream": stream,
-            "messages": [{"role": "user", "content": text}]}
-    with httpx.stream("POST", f"{router_url}/v1/chat/completions", json=body,
-                      timeout=timeout) as response:
+    body = {
+        "model": MODEL,
+        "max_tokens": max_tokens,
+        "stream": stream,
+        "messages": [{"role": "user", "content": text}],
+    }
+    with httpx.stream(
+        "POST", f"{router_url}/v1/chat/completions", json=body, timeout=timeout
+    ) as response:
         response.read()
     response.raise_for_status()
     return response
@@ -163,6 +217,6 @@ def publisher_args() -> list[str]:
 
 
 def describe_logs(stack: Stack) -> str:
-    return "\n".join(f"--- {r.name}\n{r.log.read_text(errors='replace')[-2000:]}"
-                     for r in stack.routers)
-
+    return "\n".join(
+        f"--- {r.name}\n{r.log.read_text(errors='replace')[-2000:]}" for r in stack.routers
+    )

@@ -21,8 +21,11 @@ from .conftest import SYSTEM, clear_state, make_cluster, start_asgi
 from .helpers import instance, snapshot, window, write_state
 from .test_e2e_browser import login, page_snapshot
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+]
 
 
 class Feeder:
@@ -40,13 +43,36 @@ class Feeder:
         tick = 0
         while not self.stopped.wait(0.25):
             tick += 1
-            instances = [instance(f"i{k}", pending=self.pending * (k + 1), batch=4 + k,
-                                  pending_max=self.pending * (k + 1) + tick % 7, in_flight=k,
-                                  kv_usage=0.2 * (k + 1), hit_ratio=0.6, **self._tier(k))
-                         for k in range(3)]
-            write_state(self.client, snapshot(self.cluster.name, "r1", instances, window=window(
-                120, ttft_p50_s=0.042, ttft_p99_s=0.180 + 0.01 * (tick % 5), tpot_p50_s=0.011,
-                tpot_p99_s=0.030, hit_ratio=0.62, load_cv=0.4)))
+            instances = [
+                instance(
+                    f"i{k}",
+                    pending=self.pending * (k + 1),
+                    batch=4 + k,
+                    pending_max=self.pending * (k + 1) + tick % 7,
+                    in_flight=k,
+                    kv_usage=0.2 * (k + 1),
+                    hit_ratio=0.6,
+                    **self._tier(k),
+                )
+                for k in range(3)
+            ]
+            write_state(
+                self.client,
+                snapshot(
+                    self.cluster.name,
+                    "r1",
+                    instances,
+                    window=window(
+                        120,
+                        ttft_p50_s=0.042,
+                        ttft_p99_s=0.180 + 0.01 * (tick % 5),
+                        tpot_p50_s=0.011,
+                        tpot_p99_s=0.030,
+                        hit_ratio=0.62,
+                        load_cv=0.4,
+                    ),
+                ),
+            )
 
     def _tier(self, k: int) -> dict[str, float]:
         if not self.tier:
@@ -88,7 +114,8 @@ def test_viewer_sees_no_controls_and_a_forged_post_is_refused(browser, asgi_serv
         response = page.request.post(
             f"{asgi_server.url}/clusters/{cluster.pk}/policy/apply/",
             form={"policy": str(rr.pk), "reason": "forged", "confirm": "yes"},
-            headers={"X-CSRFToken": token, "Referer": f"{asgi_server.url}/"})
+            headers={"X-CSRFToken": token, "Referer": f"{asgi_server.url}/"},
+        )
         assert response.status == 403
     finally:
         page.context.close()
@@ -97,7 +124,8 @@ def test_viewer_sees_no_controls_and_a_forged_post_is_refused(browser, asgi_serv
 
 
 def test_live_view_goes_stale_when_disconnected_and_reconnects(
-        browser, live_cluster, feeder, own_asgi_server, tmp_path) -> None:
+    browser, live_cluster, feeder, own_asgi_server, tmp_path
+) -> None:
     asgi_server = own_asgi_server
     page = login(browser, asgi_server.url, "viewer")
     try:
@@ -106,8 +134,10 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
         page.wait_for_function("window.switchyardLive.messages > 2")
         shown = page_snapshot(page)
         assert [i["pending_prefill_tokens"] for i in shown["instances"]] == [1234, 2468, 3702]
-        assert page.locator("tr[data-instance=i1] [data-field=pending_prefill_tokens]") \
-            .inner_text() == "2,468"
+        assert (
+            page.locator("tr[data-instance=i1] [data-field=pending_prefill_tokens]").inner_text()
+            == "2,468"
+        )
         port = int(asgi_server.url.rsplit(":", 1)[1])
         stop_process(asgi_server.process)
         page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)
@@ -116,7 +146,8 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
         page.wait_for_selector("#conn[data-state=live]", timeout=30_000)
         page.wait_for_function(
             "window.switchyardLive.state.snapshot.instances[0].pending_prefill_tokens === 99",
-            timeout=10_000)
+            timeout=10_000,
+        )
     finally:
         page.context.close()
 
@@ -129,14 +160,16 @@ def test_sorting_the_instance_table(browser, live_cluster, feeder, asgi_server) 
         page.click("th[data-sort=pending_prefill_tokens]")
         page.click("th[data-sort=pending_prefill_tokens]")  # second click: descending
         names = page.locator("#instances tbody tr").evaluate_all(
-            "rows => rows.map(r => r.dataset.instance)")
+            "rows => rows.map(r => r.dataset.instance)"
+        )
         assert names == ["i2", "i1", "i0"]
     finally:
         page.context.close()
 
 
-def test_tier_traffic_shows_only_when_the_cluster_has_a_tier(browser, live_cluster, feeder,
-                                                            asgi_server) -> None:
+def test_tier_traffic_shows_only_when_the_cluster_has_a_tier(
+    browser, live_cluster, feeder, asgi_server
+) -> None:
     page = login(browser, asgi_server.url, "viewer")
     try:
         page.goto(f"{asgi_server.url}/clusters/{live_cluster.pk}/")
@@ -158,34 +191,63 @@ def test_tier_traffic_shows_only_when_the_cluster_has_a_tier(browser, live_clust
 def seed_pages(cluster: Cluster) -> None:
     """A running canary with judgements and samples, a finished replay, audit rows."""
     canary = canaries.create_canary(
-        SYSTEM, cluster.pk, name="lm-vs-rr", baseline_policy_id=cluster.active_policy_id,
-        candidate_policy_id=cluster.policies.get(name="rr").pk, baseline_instances=["i0", "i1"],
-        candidate_instances=["i2"], weight_steps=[10, 25, 50], reason="compare rr")
+        SYSTEM,
+        cluster.pk,
+        name="lm-vs-rr",
+        baseline_policy_id=cluster.active_policy_id,
+        candidate_policy_id=cluster.policies.get(name="rr").pk,
+        baseline_instances=["i0", "i1"],
+        candidate_instances=["i2"],
+        weight_steps=[10, 25, 50],
+        reason="compare rr",
+    )
     canaries.transition(SYSTEM, canary.pk, "start", reason="go")
     minute = timezone.now().replace(second=0, microsecond=0)
     for arm, scale in (("baseline", 1.0), ("candidate", 1.3)):
         ArmMetricRollup.objects.create(
-            cluster=cluster, arm=arm, minute=minute, requests=200,
+            cluster=cluster,
+            arm=arm,
+            minute=minute,
+            requests=200,
             ttft_samples=[scale * (0.03 + 0.001 * (n % 40)) for n in range(200)],
-            tpot_samples=[scale * (0.010 + 0.0001 * (n % 30)) for n in range(200)])
-    CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="inconclusive",
-                                   action="wait", evidence={"n": [120, 14], "p": 0.21})
-    job = ReplayJob.objects.create(cluster=cluster, inputs={
-        "trace": "shared:mooncake_synthetic_trace.jsonl", "rate_scale": 1.0,
-        "max_requests": 150, "seed": 0,
-        "policies": [{"kind": "lmetric", "params": {}}, {"kind": "round_robin", "params": {}},
-                     {"kind": "cache_aware", "params": {}}]})
+            tpot_samples=[scale * (0.010 + 0.0001 * (n % 30)) for n in range(200)],
+        )
+    CanaryJudgement.objects.create(
+        canary=canary,
+        step_index=0,
+        verdict="inconclusive",
+        action="wait",
+        evidence={"n": [120, 14], "p": 0.21},
+    )
+    job = ReplayJob.objects.create(
+        cluster=cluster,
+        inputs={
+            "trace": "shared:mooncake_synthetic_trace.jsonl",
+            "rate_scale": 1.0,
+            "max_requests": 150,
+            "seed": 0,
+            "policies": [
+                {"kind": "lmetric", "params": {}},
+                {"kind": "round_robin", "params": {}},
+                {"kind": "cache_aware", "params": {}},
+            ],
+        },
+    )
     assert run_replay(job.pk) == "succeeded"
 
 
-def test_screenshots_of_the_main_pages(browser, live_cluster, feeder, asgi_server,
-                                       artifacts_dir) -> None:
+def test_screenshots_of_the_main_pages(
+    browser, live_cluster, feeder, asgi_server, artifacts_dir
+) -> None:
     seed_pages(live_cluster)
     page = login(browser, asgi_server.url, "operator")
     base = f"{asgi_server.url}/clusters/{live_cluster.pk}"
-    shots = {"clusters": f"{asgi_server.url}/", "canary": f"{base}/canary/",
-             "replays": f"{base}/replays/",
-             "audit-log": f"{asgi_server.url}/audit/"}
+    shots = {
+        "clusters": f"{asgi_server.url}/",
+        "canary": f"{base}/canary/",
+        "replays": f"{base}/replays/",
+        "audit-log": f"{asgi_server.url}/audit/",
+    }
     try:
         for name, url in shots.items():
             page.goto(url)

@@ -15,38 +15,60 @@ from controlplane.services.judge import judge_canary
 from .conftest import SYSTEM, make_cluster
 from .test_e2e_browser import login
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+]
 
 
 def judge_step(canary_id: int, candidate_ttft: float, n: int) -> str:
     """A step that has run long enough with n samples per arm, judged by the real judge."""
     canary = CanarySplit.objects.get(pk=canary_id)
     CanarySplit.objects.filter(pk=canary_id).update(
-        step_started_at=timezone.now() - timedelta(minutes=2))
+        step_started_at=timezone.now() - timedelta(minutes=2)
+    )
     minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
     for arm, ttft in (("baseline", 0.5), ("candidate", candidate_ttft)):
         ArmMetricRollup.objects.update_or_create(
-            cluster_id=canary.cluster_id, arm=arm, minute=minute, defaults={
-                "requests": n, "ttft_samples": [ttft + 0.001 * (k % 10) for k in range(n)],
-                "tpot_samples": [0.02] * n})
+            cluster_id=canary.cluster_id,
+            arm=arm,
+            minute=minute,
+            defaults={
+                "requests": n,
+                "ttft_samples": [ttft + 0.001 * (k % 10) for k in range(n)],
+                "tpot_samples": [0.02] * n,
+            },
+        )
     return judge_canary(canary_id).action
 
 
 def test_canary_page_shows_every_judgement_during_and_after_the_canary(
-        browser, asgi_server, artifacts_dir) -> None:
+    browser, asgi_server, artifacts_dir
+) -> None:
     cluster = make_cluster()
     canary = canaries.create_canary(
-        SYSTEM, cluster.pk, name="rr-trial", baseline_policy_id=cluster.active_policy_id,
-        candidate_policy_id=cluster.policies.get(name="rr").pk, baseline_instances=["i0", "i1"],
-        candidate_instances=["i2"], weight_steps=[10, 50], reason="try rr")
+        SYSTEM,
+        cluster.pk,
+        name="rr-trial",
+        baseline_policy_id=cluster.active_policy_id,
+        candidate_policy_id=cluster.policies.get(name="rr").pk,
+        baseline_instances=["i0", "i1"],
+        candidate_instances=["i2"],
+        weight_steps=[10, 50],
+        reason="try rr",
+    )
     canaries.transition(SYSTEM, canary.pk, "start", reason="go")
     assert judge_step(canary.pk, candidate_ttft=0.5, n=5) == "wait"
 
     page = login(browser, asgi_server.url, "viewer", bypass_csp=False)
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     try:
         page.goto(f"{asgi_server.url}/clusters/{cluster.pk}/canary/")
         page.click("[data-testid=canary-link]")
@@ -64,8 +86,10 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         assert advanced.locator("[data-field=step]").inner_text() == "1 · 10%"
         assert advanced.locator("[data-field=requests]").inner_text() == "100 / 100"
         # One-sided test (is the candidate slower?): a faster candidate has p ≈ 1.
-        assert advanced.locator("[data-field=ttft]").inner_text() == \
-            "504 ms → 454 ms (-9.9%, p=1; n 100/100) pass"
+        assert (
+            advanced.locator("[data-field=ttft]").inner_text()
+            == "504 ms → 454 ms (-9.9%, p=1; n 100/100) pass"
+        )
         assert advanced.locator("[data-passed=true]").count() == 3
         page.wait_for_selector("#canary-chart[data-points='2'] canvas")
 
@@ -74,8 +98,7 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         page.wait_for_selector("#canary-timeline[data-state=promoted]")
         assert page.locator("#canary-timeline").get_attribute("hx-trigger") is None
         assert page.locator("[data-testid=judgements] tr[data-judgement]").count() == 3
-        assert page.locator("tr[data-action=promote] [data-field=step]").inner_text() == \
-            "2 · 50%"
+        assert page.locator("tr[data-action=promote] [data-field=step]").inner_text() == "2 · 50%"
 
         # After the end the page is reached from the audit row of the promotion.
         page.goto(f"{asgi_server.url}/audit/?cluster={cluster.pk}")
@@ -83,9 +106,14 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         page.wait_for_url(f"**/clusters/{cluster.pk}/canary/{canary.pk}/")
         rows = page.locator("[data-testid=judgements] tr[data-judgement]")
         assert [rows.nth(i).get_attribute("data-action") for i in range(3)] == [
-            "promote", "advance", "wait"]
-        assert page.locator("[data-testid=canary-lifecycle] tr[data-action='canary.promote']"
-                            ).count() == 1
+            "promote",
+            "advance",
+            "wait",
+        ]
+        assert (
+            page.locator("[data-testid=canary-lifecycle] tr[data-action='canary.promote']").count()
+            == 1
+        )
         page.wait_for_selector("#canary-chart[data-points='3'] canvas")
         page.screenshot(path=str(artifacts_dir / "canary-detail.png"), full_page=True)
         assert page.js_errors == [] and refused == []

@@ -35,8 +35,7 @@ def test_client_key_forms_need_the_admin_role(as_role) -> None:
     for role in ("viewer", "operator"):
         client: Client = as_role(role)
         assert client.post(keys + "create/", {"name": "k"}).status_code == 403
-        assert client.post(keys + "required/", {"required": "on", "reason": "r"}
-                           ).status_code == 403
+        assert client.post(keys + "required/", {"required": "on", "reason": "r"}).status_code == 403
         assert b"client-key-controls" not in client.get(keys).content
     assert not ClientKey.objects.exists()
     answer = as_role("admin").post(keys + "create/", {"name": "k", "debug": "on"})
@@ -52,8 +51,12 @@ def test_admin_creates_shows_once_and_revokes_a_client_key(browser, asgi_server)
     dialogs: list[str] = []
     page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     keys_url = f"{asgi_server.url}/clusters/{cluster.pk}/keys/"
     try:
         page.goto(keys_url)
@@ -65,8 +68,9 @@ def test_admin_creates_shows_once_and_revokes_a_client_key(browser, asgi_server)
         assert secret.startswith("syk_") and key.key_hash == _sha(secret) and key.can_debug
         assert _sha(secret) in _published(cluster) and secret not in _published(cluster)
         page.goto(keys_url)  # shown once: a later visit has the name, not the secret
-        assert secret not in page.content() and page.locator("[data-testid=new-secret]"
-                                                             ).count() == 0
+        assert (
+            secret not in page.content() and page.locator("[data-testid=new-secret]").count() == 0
+        )
         page.fill("[data-testid=client-keys] input[name=reason]", "rotated")
         page.click("button[data-action=revoke]")
         assert dialogs and dialogs[0].startswith(f"Revoke client key {HOSTILE[:64]}?")
@@ -92,8 +96,12 @@ def test_a_user_creates_and_revokes_an_api_token_in_the_ui(browser, asgi_server)
     page = login(browser, asgi_server.url, "operator", bypass_csp=False)
     page.on("dialog", lambda dialog: dialog.accept())
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     me = f"{asgi_server.url}/api/v1/me"
     try:
         page.click("nav.mainnav >> text=API tokens")
@@ -106,8 +114,9 @@ def test_a_user_creates_and_revokes_an_api_token_in_the_ui(browser, asgi_server)
         bearer = {"Authorization": f"Bearer {secret}"}
         assert httpx.get(me, headers=bearer, timeout=5).json()["role"] == "operator"
         page.click("tr[data-token=laptop] button[data-action=revoke]")
-        page.wait_for_selector("tr[data-token=laptop] [data-testid=token-state]:has-text("
-                               "'revoked')")
+        page.wait_for_selector(
+            "tr[data-token=laptop] [data-testid=token-state]:has-text('revoked')"
+        )
         assert httpx.get(me, headers=bearer, timeout=5).status_code == 401
         # A hostile token name is shown as text, in the table and in the revoke question.
         page.fill("[data-testid=token-controls] input[name=name]", HOSTILE[:64])

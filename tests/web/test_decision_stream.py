@@ -21,13 +21,27 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def decision(cluster: str, request_id: str, **extra) -> DecisionRecord:
-    candidates = [CandidateScore(instance="i1", score=120.0, cached_tokens=64,
-                                 pending_prefill_tokens=40, batch_size=3),
-                  CandidateScore(instance="i0", score=900.0, cached_tokens=0,
-                                 pending_prefill_tokens=300, batch_size=3)]
-    fields = {"cluster": cluster, "router": "r1", "request_id": request_id, "at": time.time(),
-              "arm": "default", "policy": "lmetric", "instance": "i1", "reason": "score",
-              "candidates": candidates, "candidates_total": 2, **extra}
+    candidates = [
+        CandidateScore(
+            instance="i1", score=120.0, cached_tokens=64, pending_prefill_tokens=40, batch_size=3
+        ),
+        CandidateScore(
+            instance="i0", score=900.0, cached_tokens=0, pending_prefill_tokens=300, batch_size=3
+        ),
+    ]
+    fields = {
+        "cluster": cluster,
+        "router": "r1",
+        "request_id": request_id,
+        "at": time.time(),
+        "arm": "default",
+        "policy": "lmetric",
+        "instance": "i1",
+        "reason": "score",
+        "candidates": candidates,
+        "candidates_total": 2,
+        **extra,
+    }
     return DecisionRecord(**fields)
 
 
@@ -48,8 +62,12 @@ async def feed(redis_client):
     name, other = (f"dec-{uuid.uuid4().hex[:8]}" for _ in range(2))
     client = aioredis.from_url(settings.REDIS_URL)
     sent = Collector()
-    publisher = Publisher(client, sent, PublisherSettings(interval_s=0.25, poll_s=0.01),
-                          load_clusters=lambda: {name: 42, other: 43})
+    publisher = Publisher(
+        client,
+        sent,
+        PublisherSettings(interval_s=0.25, poll_s=0.01),
+        load_clusters=lambda: {name: 42, other: 43},
+    )
     await publisher.refresh_clusters()
     yield name, other, publisher, sent, redis_client
     redis_client.delete(decisions_stream(name), decisions_stream(other))
@@ -64,8 +82,9 @@ async def test_new_decisions_are_forwarded_per_cluster_newest_first(feed) -> Non
     for n in range(3):
         write_decision(client, decision(name, f"new-{n}"))
     client.xadd(decisions_stream(name), {"data": "{not json"})
-    write_decision(client, decision(other, "elsewhere", hot_class="00ab",
-                                    reason="hotspot_fallback"))
+    write_decision(
+        client, decision(other, "elsewhere", hot_class="00ab", reason="hotspot_fallback")
+    )
     await publisher.forward_decisions(block_ms=50)
     by_group = dict(sent.messages)
     assert set(by_group) == {group_name(42), group_name(43)}
@@ -73,8 +92,12 @@ async def test_new_decisions_are_forwarded_per_cluster_newest_first(feed) -> Non
     assert (mine["type"], mine["cluster_id"]) == ("decisions", 42)
     assert [d["request_id"] for d in mine["decisions"]] == ["new-2", "new-1", "new-0"]
     assert mine["decisions"][0]["candidates"][0] == {
-        "instance": "i1", "score": 120.0, "cached_tokens": 64,
-        "pending_prefill_tokens": 40.0, "batch_size": 3.0}
+        "instance": "i1",
+        "score": 120.0,
+        "cached_tokens": 64,
+        "pending_prefill_tokens": 40.0,
+        "batch_size": 3.0,
+    }
     theirs = by_group[group_name(43)]["decisions"]
     assert [(d["request_id"], d["hot_class"]) for d in theirs] == [("elsewhere", "00ab")]
     sent.messages.clear()

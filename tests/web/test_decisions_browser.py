@@ -17,8 +17,11 @@ from .conftest import make_cluster, start_process
 from .stack import MODEL, Stack, publisher_args, start_fleet, start_router, wait_for
 from .test_e2e_browser import login
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(180),
+]
 
 HOSTILE = '"><img src=x onerror="window.__pwned=1">'
 
@@ -49,8 +52,11 @@ def one_router(decisions_fleet, asgi_server, tmp_path) -> Iterator[Stack]:
 
 def routed(stack: Stack, text: str) -> httpx.Headers:
     """One request through the router; its routing headers (request id, instance, ...)."""
-    response = httpx.post(f"{stack.routers[0].url}/v1/chat/completions", timeout=30, json={
-        "model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": text}]})
+    response = httpx.post(
+        f"{stack.routers[0].url}/v1/chat/completions",
+        timeout=30,
+        json={"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": text}]},
+    )
     response.raise_for_status()
     return response.headers
 
@@ -61,16 +67,21 @@ def row(page, headers: httpx.Headers):
 
 def shown_request_ids(page) -> list[str]:
     return page.locator("#decisions tbody tr[data-request]").evaluate_all(
-        "rows => rows.map(r => r.dataset.request)")
+        "rows => rows.map(r => r.dataset.request)"
+    )
 
 
-def test_the_decision_stream_renders_and_follows_new_requests(browser, asgi_server,
-                                                              one_router, artifacts_dir) -> None:
+def test_the_decision_stream_renders_and_follows_new_requests(
+    browser, asgi_server, one_router, artifacts_dir
+) -> None:
     stack = one_router
     prompt = "Explain the switchyard's routing of long shared prompts. " * 12
     earlier = [routed(stack, f"{prompt} question {n}") for n in range(2)]
-    wait_for(lambda: stack.redis.xlen(decisions_stream(stack.cluster.name)) >= 2, 15,
-             "the router to ship its first decisions")
+    wait_for(
+        lambda: stack.redis.xlen(decisions_stream(stack.cluster.name)) >= 2,
+        15,
+        "the router to ship its first decisions",
+    )
     page = login(browser, asgi_server.url, "viewer", bypass_csp=False)
     try:
         page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/")
@@ -113,10 +124,21 @@ def hostile_record_renders_as_text(page, stack: Stack) -> None:
     """Names in records are operator-controlled (router, arm, instance names) and anything
     that can write to Redis can write records: the page shows them as plain text."""
     record = DecisionRecord(
-        cluster=stack.cluster.name, router=HOSTILE, request_id="hostile-1", at=9e9,
-        arm=HOSTILE, policy=HOSTILE, instance=HOSTILE, reason=HOSTILE, hot_class=HOSTILE,
-        details={"note": HOSTILE}, tried=[HOSTILE], attempts=2,
-        candidates=[CandidateScore(instance=HOSTILE, score=1.0)], candidates_total=1)
+        cluster=stack.cluster.name,
+        router=HOSTILE,
+        request_id="hostile-1",
+        at=9e9,
+        arm=HOSTILE,
+        policy=HOSTILE,
+        instance=HOSTILE,
+        reason=HOSTILE,
+        hot_class=HOSTILE,
+        details={"note": HOSTILE},
+        tried=[HOSTILE],
+        attempts=2,
+        candidates=[CandidateScore(instance=HOSTILE, score=1.0)],
+        candidates_total=1,
+    )
     stack.redis.xadd(decisions_stream(stack.cluster.name), record.to_stream_fields())
     hostile = page.locator("#decisions tbody tr[data-request='hostile-1']")
     hostile.wait_for(timeout=15_000)

@@ -18,8 +18,11 @@ from router_worker.telemetry_contract import StateSnapshot
 from .conftest import PASSWORD, make_cluster, make_user, start_process
 from .stack import Stack, chat, publisher_args, start_fleet, start_router, wait_for
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(180)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(180),
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,9 @@ def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
     client = redis.Redis.from_url(settings.REDIS_URL)
     stack = Stack(cluster, [], client)
     try:
-        stack.routers = [start_router(cluster, name, asgi_server.url, tmp_path)
-                         for name in ("r1", "r2")]
+        stack.routers = [
+            start_router(cluster, name, asgi_server.url, tmp_path) for name in ("r1", "r2")
+        ]
         stack.processes.append(start_process(publisher_args(), tmp_path / "publisher.log"))
         stack.wait_reporting(1)
         yield stack
@@ -50,8 +54,7 @@ def login(browser, base_url: str, role: str, *, bypass_csp: bool = True):
     are evaluated in the page, which our CSP forbids; the hostile-input test keeps the CSP
     and checks that our own pages raise no violation."""
     user = make_user(role, f"e2e-{role}")
-    context = browser.new_context(viewport={"width": 1440, "height": 1000},
-                                  bypass_csp=bypass_csp)
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, bypass_csp=bypass_csp)
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -72,8 +75,12 @@ def send_traffic(stack: Stack, requests: int) -> threading.Thread:
     def run() -> None:
         for n in range(requests):
             router = stack.routers[n % len(stack.routers)]
-            chat(router.url, f"request {n}: " + "tell me about switchyards " * (5 + n % 7),
-                 max_tokens=16, stream=True)
+            chat(
+                router.url,
+                f"request {n}: " + "tell me about switchyards " * (5 + n % 7),
+                max_tokens=16,
+                stream=True,
+            )
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
@@ -81,7 +88,8 @@ def send_traffic(stack: Stack, requests: int) -> threading.Thread:
 
 
 def test_live_view_follows_the_routers_and_raises_hotspot_alerts(
-        browser, asgi_server, stack, artifacts_dir) -> None:
+    browser, asgi_server, stack, artifacts_dir
+) -> None:
     page = login(browser, asgi_server.url, "viewer")
     try:
         page.goto(f"{asgi_server.url}/clusters/{stack.cluster.pk}/")
@@ -89,25 +97,31 @@ def test_live_view_follows_the_routers_and_raises_hotspot_alerts(
         page.wait_for_selector("[data-router=r1]")
         assert (page_snapshot(page) or {}).get("window", {}).get("requests", 0) == 0
         traffic = send_traffic(stack, 24)
-        wait_for(lambda: page_snapshot(page)["window"]["requests"] > 0, 30,
-                 "the page to show requests while traffic flows")
+        wait_for(
+            lambda: page_snapshot(page)["window"]["requests"] > 0,
+            30,
+            "the page to show requests while traffic flows",
+        )
         traffic.join(timeout=60)
         assert not traffic.is_alive()
-        expected = wait_for(lambda: _settled(stack, page), 15,
-                            "the page to match the routers' /admin/state")
+        expected = wait_for(
+            lambda: _settled(stack, page), 15, "the page to match the routers' /admin/state"
+        )
         assert expected["window"]["requests"] == 24, expected
         metric = page.locator("[data-metric=ttft_p50_s]").inner_text()
         assert metric.endswith("ms"), json.dumps(expected["window"])
         page.screenshot(path=str(artifacts_dir / "cluster-live.png"), full_page=True)
-        hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_server,
-                                                                  artifacts_dir)
+        hotspot_burst_raises_the_banner_and_reaches_the_audit_log(
+            page, stack, asgi_server, artifacts_dir
+        )
         assert page.js_errors == []
     finally:
         page.context.close()
 
 
-def hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_server,
-                                                              artifacts_dir) -> None:
+def hotspot_burst_raises_the_banner_and_reaches_the_audit_log(
+    page, stack, asgi_server, artifacts_dir
+) -> None:
     from controlplane.services import ingest
 
     _hotspot_burst(stack)
@@ -115,9 +129,14 @@ def hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_
     banner.wait_for(state="visible", timeout=30_000)
     assert "Hotspot confirmed" in banner.inner_text() and "x/x̄" in banner.inner_text()
     page.screenshot(path=str(artifacts_dir / "hotspot-alert.png"), full_page=True)
-    wait_for(lambda: ingest.ingest_events(stack.redis) and
-             stack.cluster.hotspots.filter(transition="confirmed").exists(), 15,
-             "the confirmed hotspot to be ingested")
+    wait_for(
+        lambda: (
+            ingest.ingest_events(stack.redis)
+            and stack.cluster.hotspots.filter(transition="confirmed").exists()
+        ),
+        15,
+        "the confirmed hotspot to be ingested",
+    )
     page.goto(f"{asgi_server.url}/hotspots/?cluster={stack.cluster.pk}")
     assert page.locator("tr[data-transition=confirmed]").count() >= 1
     page.screenshot(path=str(artifacts_dir / "hotspot-log.png"), full_page=True)
@@ -125,15 +144,18 @@ def hotspot_burst_raises_the_banner_and_reaches_the_audit_log(page, stack, asgi_
 
 def _settled(stack: Stack, page) -> dict | None:
     """The routers' own state merged, when the page shows the same numbers."""
-    snapshots = [StateSnapshot.model_validate(r.admin_state()["snapshot"])
-                 for r in stack.routers]
+    snapshots = [StateSnapshot.model_validate(r.admin_state()["snapshot"]) for r in stack.routers]
     expected = merge_cluster(stack.cluster.name, snapshots)
     shown = page_snapshot(page)
     keys = ("requests", "errors", "output_tokens_per_s", "ttft_p99_s", "tpot_p99_s")
-    same_window = all(shown["window"][k] == pytest.approx(expected["window"][k])
-                      for k in keys if expected["window"][k] is not None)
-    same_instances = [(i["name"], i["health"]) for i in shown["instances"]] == \
-        [(i["name"], i["health"]) for i in expected["instances"]]
+    same_window = all(
+        shown["window"][k] == pytest.approx(expected["window"][k])
+        for k in keys
+        if expected["window"][k] is not None
+    )
+    same_instances = [(i["name"], i["health"]) for i in shown["instances"]] == [
+        (i["name"], i["health"]) for i in expected["instances"]
+    ]
     return expected if same_window and same_instances else None
 
 

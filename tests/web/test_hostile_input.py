@@ -24,8 +24,11 @@ from tests.drills.report import Outcome, record
 from .conftest import SYSTEM
 from .test_e2e_browser import login
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+]
 
 PAYLOADS = (
     "'+(window.__pwned=1)+'",  # breaks out of a JS string in an attribute
@@ -38,35 +41,71 @@ PAYLOADS = (
 def seed(payload_index: int) -> Cluster:
     """A cluster whose every free-text field holds a payload (names cut to their limits)."""
     hostile = PAYLOADS[payload_index]
-    cluster = clusters.create_cluster(SYSTEM, name=f"hostile-{payload_index}",
-                                      model=hostile[:128], gpu_type=hostile[:32],
-                                      reason=hostile)
+    cluster = clusters.create_cluster(
+        SYSTEM,
+        name=f"hostile-{payload_index}",
+        model=hostile[:128],
+        gpu_type=hostile[:32],
+        reason=hostile,
+    )
     for index in range(3):
-        clusters.add_instance(SYSTEM, cluster.pk, name=f"i{index}",
-                              url=f"http://127.0.0.1:{9400 + index}", kv_events=hostile,
-                              reason=hostile)
-    base = policies.create_policy(SYSTEM, cluster.pk, name="rr", kind="round_robin",
-                                  description=hostile)
-    candidate = policies.create_policy(SYSTEM, cluster.pk, name="lm", kind="lmetric",
-                                       description=hostile)
+        clusters.add_instance(
+            SYSTEM,
+            cluster.pk,
+            name=f"i{index}",
+            url=f"http://127.0.0.1:{9400 + index}",
+            kv_events=hostile,
+            reason=hostile,
+        )
+    base = policies.create_policy(
+        SYSTEM, cluster.pk, name="rr", kind="round_robin", description=hostile
+    )
+    candidate = policies.create_policy(
+        SYSTEM, cluster.pk, name="lm", kind="lmetric", description=hostile
+    )
     policies.activate_policy(SYSTEM, cluster.pk, base.pk, reason=hostile)
     canaries.create_canary(
-        SYSTEM, cluster.pk, name=hostile[:64], baseline_policy_id=base.pk,
-        candidate_policy_id=candidate.pk, baseline_instances=["i0", "i1"],
-        candidate_instances=["i2"], weight_steps=[10, 50], reason=hostile)
-    ReplayJob.objects.create(cluster=cluster, state="failed", error=hostile, inputs={
-        "trace": "shared:mooncake_synthetic_trace.jsonl", "rate_scale": 1.0, "seed": 0,
-        "max_requests": 10, "policies": [{"kind": "lmetric", "params": {}}]})
+        SYSTEM,
+        cluster.pk,
+        name=hostile[:64],
+        baseline_policy_id=base.pk,
+        candidate_policy_id=candidate.pk,
+        baseline_instances=["i0", "i1"],
+        candidate_instances=["i2"],
+        weight_steps=[10, 50],
+        reason=hostile,
+    )
+    ReplayJob.objects.create(
+        cluster=cluster,
+        state="failed",
+        error=hostile,
+        inputs={
+            "trace": "shared:mooncake_synthetic_trace.jsonl",
+            "rate_scale": 1.0,
+            "seed": 0,
+            "max_requests": 10,
+            "policies": [{"kind": "lmetric", "params": {}}],
+        },
+    )
     return Cluster.objects.get(pk=cluster.pk)
 
 
 def pages(base_url: str, cluster: Cluster) -> list[str]:
     at = f"{base_url}/clusters/{cluster.pk}"
     job = cluster.replays.get()
-    return [f"{base_url}/", f"{at}/", f"{at}/policy/", f"{at}/canary/", f"{at}/replays/",
-            f"{at}/canary/{cluster.canaries.get().pk}/", f"{at}/replays/{job.pk}/",
-            f"{base_url}/hotspots/", f"{base_url}/audit/",
-            f"{base_url}/audit/?cluster={cluster.pk}", f"{base_url}/api/v1/docs"]
+    return [
+        f"{base_url}/",
+        f"{at}/",
+        f"{at}/policy/",
+        f"{at}/canary/",
+        f"{at}/replays/",
+        f"{at}/canary/{cluster.canaries.get().pk}/",
+        f"{at}/replays/{job.pk}/",
+        f"{base_url}/hotspots/",
+        f"{base_url}/audit/",
+        f"{base_url}/audit/?cluster={cluster.pk}",
+        f"{base_url}/api/v1/docs",
+    ]
 
 
 @pytest.mark.parametrize("name", ["'+alert(1)+'", "<b>x</b>", "a b"])
@@ -75,8 +114,7 @@ def test_slug_names_refuse_hostile_strings(transactional_db, name) -> None:
         clusters.create_cluster(SYSTEM, name=name, model="m", gpu_type="h20")
     cluster = clusters.create_cluster(SYSTEM, name="plain", model="m", gpu_type="h20")
     with pytest.raises(ServiceError):
-        clusters.add_instance(SYSTEM, cluster.pk, name=name, url="http://127.0.0.1:1",
-                              reason="r")
+        clusters.add_instance(SYSTEM, cluster.pk, name=name, url="http://127.0.0.1:1", reason="r")
     with pytest.raises(ServiceError):
         policies.create_policy(SYSTEM, cluster.pk, name=name, kind="round_robin")
 
@@ -92,18 +130,26 @@ def test_hostile_strings_run_on_no_page(browser, asgi_server) -> None:
 
     page.on("dialog", on_dialog)
     refused: list[str] = []  # CSP violations: our own pages must need no exception
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     outcome = Outcome()  # one page visit per (payload, page): "lost" = anything ran
     try:
         for cluster in seeded:
             for url in pages(asgi_server.url, cluster):
                 problem = _visit(page, url, dialogs)
                 outcome.add("lost" if problem else "ok", f"{url}: {problem}")
-        record("hostile strings in every UI field (chromium, CSP enforced)", outcome, None,
-               f"{len(PAYLOADS)} payloads stored in every free-text field, "
-               f"{outcome.sent} page visits; lost = a visit where script ran, a dialog "
-               "opened, an inline handler appeared or the page failed")
+        record(
+            "hostile strings in every UI field (chromium, CSP enforced)",
+            outcome,
+            None,
+            f"{len(PAYLOADS)} payloads stored in every free-text field, "
+            f"{outcome.sent} page visits; lost = a visit where script ran, a dialog "
+            "opened, an inline handler appeared or the page failed",
+        )
         assert outcome.lost == 0, outcome.lost_examples
         assert refused == []
         # The canary's action buttons ask first, showing the name as plain text; dismissing
@@ -125,8 +171,10 @@ def _visit(page, url: str, dialogs: list[str]) -> str:
     if response is None or not response.ok:
         return f"status {None if response is None else response.status}"
     csp = response.headers.get("content-security-policy", "")
-    if "script-src 'self'" not in csp or "unsafe-inline'" in csp.split("script-src")[1].split(
-            ";")[0]:
+    if (
+        "script-src 'self'" not in csp
+        or "unsafe-inline'" in csp.split("script-src")[1].split(";")[0]
+    ):
         return f"CSP {csp!r}"
     page.wait_for_load_state("networkidle")
     if page.evaluate("window.__pwned") is not None:
@@ -139,15 +187,21 @@ def _visit(page, url: str, dialogs: list[str]) -> str:
 def test_the_admin_shows_hostile_strings_inert_under_the_csp(browser, asgi_server) -> None:
     cluster = seed(1)
     page = login(browser, asgi_server.url, "admin", bypass_csp=False)
-    get_user_model().objects.filter(username="e2e-admin").update(is_staff=True,
-                                                                 is_superuser=True)
+    get_user_model().objects.filter(username="e2e-admin").update(is_staff=True, is_superuser=True)
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     try:
-        for path in ("/admin/", "/admin/controlplane/cluster/",
-                     f"/admin/controlplane/cluster/{cluster.pk}/change/",
-                     "/admin/controlplane/canarysplit/"):
+        for path in (
+            "/admin/",
+            "/admin/controlplane/cluster/",
+            f"/admin/controlplane/cluster/{cluster.pk}/change/",
+            "/admin/controlplane/canarysplit/",
+        ):
             response = page.goto(asgi_server.url + path)
             assert response is not None and response.ok, path
             assert "script-src 'self'" in response.headers["content-security-policy"]

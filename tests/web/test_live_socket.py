@@ -33,8 +33,9 @@ async def _connect(path: str, headers: list) -> tuple[WebsocketCommunicator, boo
 
 async def test_viewer_receives_what_the_publisher_sends() -> None:
     cluster_id, cookie = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(f"/ws/clusters/{cluster_id}/",
-                                       [(b"cookie", cookie), ALLOWED_ORIGIN])
+    socket, connected = await _connect(
+        f"/ws/clusters/{cluster_id}/", [(b"cookie", cookie), ALLOWED_ORIGIN]
+    )
     assert connected
     await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "ts": 1.0})
     assert await socket.receive_json_from(timeout=5) == {"type": "snapshot", "ts": 1.0}
@@ -52,23 +53,26 @@ async def test_refused_without_a_session() -> None:
 
 async def test_refused_from_a_foreign_origin() -> None:
     cluster_id, cookie = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(f"/ws/clusters/{cluster_id}/",
-                                       [(b"cookie", cookie), (b"origin", b"http://evil.example")])
+    socket, connected = await _connect(
+        f"/ws/clusters/{cluster_id}/", [(b"cookie", cookie), (b"origin", b"http://evil.example")]
+    )
     assert not connected
     await socket.disconnect()
 
 
 async def test_refused_for_a_user_without_a_role() -> None:
     cluster_id, cookie = await sync_to_async(_login)(None)
-    socket, connected = await _connect(f"/ws/clusters/{cluster_id}/",
-                                       [(b"cookie", cookie), ALLOWED_ORIGIN])
+    socket, connected = await _connect(
+        f"/ws/clusters/{cluster_id}/", [(b"cookie", cookie), ALLOWED_ORIGIN]
+    )
     assert not connected
     await socket.disconnect()
 
 
 async def test_refused_for_an_unknown_cluster() -> None:
     cluster_id, cookie = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(f"/ws/clusters/{cluster_id + 1000}/",
-                                       [(b"cookie", cookie), ALLOWED_ORIGIN])
+    socket, connected = await _connect(
+        f"/ws/clusters/{cluster_id + 1000}/", [(b"cookie", cookie), ALLOWED_ORIGIN]
+    )
     assert not connected
     await socket.disconnect()

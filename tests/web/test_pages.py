@@ -13,10 +13,16 @@ pytestmark = pytest.mark.django_db
 
 
 def page_urls(cluster) -> list[str]:
-    return [reverse("web:clusters"), reverse("web:cluster", args=[cluster.pk]),
-            reverse("web:policy", args=[cluster.pk]), reverse("web:canary", args=[cluster.pk]),
-            reverse("web:replays", args=[cluster.pk]), reverse("web:hotspots"),
-            reverse("web:audit"), reverse("web:quarantine")]
+    return [
+        reverse("web:clusters"),
+        reverse("web:cluster", args=[cluster.pk]),
+        reverse("web:policy", args=[cluster.pk]),
+        reverse("web:canary", args=[cluster.pk]),
+        reverse("web:replays", args=[cluster.pk]),
+        reverse("web:hotspots"),
+        reverse("web:audit"),
+        reverse("web:quarantine"),
+    ]
 
 
 def test_anonymous_is_sent_to_the_login_page(as_role, cluster) -> None:
@@ -54,15 +60,24 @@ def test_operator_sees_the_controls(as_role, cluster) -> None:
 
 def forged_posts(cluster) -> list[tuple[str, dict]]:
     rr = cluster.policies.get(name="rr")
-    canary = CanarySplit.objects.create(cluster=cluster, name="c", baseline_policy=rr,
-                                        candidate_policy=cluster.active_policy,
-                                        baseline_instances=["i0"], candidate_instances=["i1"],
-                                        weight_steps=[10])
+    canary = CanarySplit.objects.create(
+        cluster=cluster,
+        name="c",
+        baseline_policy=rr,
+        candidate_policy=cluster.active_policy,
+        baseline_instances=["i0"],
+        candidate_instances=["i1"],
+        weight_steps=[10],
+    )
     return [
-        (reverse("web:policy_apply", args=[cluster.pk]),
-         {"policy": rr.pk, "reason": "forged", "confirm": "yes"}),
-        (reverse("web:canary_create", args=[cluster.pk]),
-         {"name": "x", "baseline_policy": rr.pk, "candidate_policy": rr.pk, "reason": "r"}),
+        (
+            reverse("web:policy_apply", args=[cluster.pk]),
+            {"policy": rr.pk, "reason": "forged", "confirm": "yes"},
+        ),
+        (
+            reverse("web:canary_create", args=[cluster.pk]),
+            {"name": "x", "baseline_policy": rr.pk, "candidate_policy": rr.pk, "reason": "r"},
+        ),
         (reverse("web:canary_action", args=[cluster.pk, canary.pk, "start"]), {"reason": "r"}),
         (reverse("web:replay_create", args=[cluster.pk]), {"policies": rr.pk, "reason": "r"}),
     ]
@@ -81,22 +96,36 @@ def test_forged_posts_from_a_viewer_are_refused(as_role, cluster) -> None:
 
 def test_operator_switches_to_an_existing_policy(as_role, cluster) -> None:
     rr = cluster.policies.get(name="rr")
-    response = as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]),
-                                        {"policy": rr.pk, "reason": "try rr", "confirm": "yes"})
+    response = as_role("operator").post(
+        reverse("web:policy_apply", args=[cluster.pk]),
+        {"policy": rr.pk, "reason": "try rr", "confirm": "yes"},
+    )
     assert response.status_code == 302
     assert "applied=rr" in response["Location"] and "version=2" in response["Location"]
     cluster.refresh_from_db()
     assert cluster.active_policy == rr
     audit = AuditEvent.objects.filter(action="policy.activate").latest("at")
-    assert (audit.actor_name, audit.reason, audit.after["config_version"]) \
-        == ("web-operator", "try rr", 2)
+    assert (audit.actor_name, audit.reason, audit.after["config_version"]) == (
+        "web-operator",
+        "try rr",
+        2,
+    )
 
 
 def test_operator_creates_a_policy_from_the_generated_form(as_role, cluster) -> None:
-    response = as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]), {
-        "policy": "new", "name": "lm-short", "kind": "lmetric", "reason": "shorter window",
-        "confirm": "yes", "param.hotspot.window_s": "12.5", "param.hotspot.enabled": "on",
-        "param.hotspot.min_class_blocks": "4"})
+    response = as_role("operator").post(
+        reverse("web:policy_apply", args=[cluster.pk]),
+        {
+            "policy": "new",
+            "name": "lm-short",
+            "kind": "lmetric",
+            "reason": "shorter window",
+            "confirm": "yes",
+            "param.hotspot.window_s": "12.5",
+            "param.hotspot.enabled": "on",
+            "param.hotspot.min_class_blocks": "4",
+        },
+    )
     assert response.status_code == 302
     policy = Policy.objects.get(cluster=cluster, name="lm-short")
     assert policy.params["hotspot"]["window_s"] == 12.5
@@ -105,17 +134,31 @@ def test_operator_creates_a_policy_from_the_generated_form(as_role, cluster) -> 
     assert cluster.active_policy == policy
 
 
-@pytest.mark.parametrize("data, message", [
-    ({"reason": "", "confirm": "yes"}, "reason is required"),
-    ({"reason": "why", "confirm": ""}, "confirm"),
-    ({"reason": "why", "confirm": "yes", "policy": "new", "name": "bad", "kind": "lmetric",
-      "param.hotspot.window_s": "-1"}, "window_s"),
-])
-def test_refused_changes_show_the_reason_and_change_nothing(as_role, cluster, data,
-                                                            message) -> None:
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"reason": "", "confirm": "yes"}, "reason is required"),
+        ({"reason": "why", "confirm": ""}, "confirm"),
+        (
+            {
+                "reason": "why",
+                "confirm": "yes",
+                "policy": "new",
+                "name": "bad",
+                "kind": "lmetric",
+                "param.hotspot.window_s": "-1",
+            },
+            "window_s",
+        ),
+    ],
+)
+def test_refused_changes_show_the_reason_and_change_nothing(
+    as_role, cluster, data, message
+) -> None:
     rr = cluster.policies.get(name="rr")
-    response = as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]),
-                                        {"policy": rr.pk, **data})
+    response = as_role("operator").post(
+        reverse("web:policy_apply", args=[cluster.pk]), {"policy": rr.pk, **data}
+    )
     assert response.status_code == 400
     assert message in response.content.decode()
     cluster.refresh_from_db()
@@ -137,11 +180,21 @@ def test_snapshot_json_merges_live_state(as_role, cluster, redis_client) -> None
 def test_canary_lifecycle_through_the_pages(as_role, cluster) -> None:
     client = as_role("operator")
     rr, lm = cluster.policies.get(name="rr"), cluster.policies.get(name="lm")
-    response = client.post(reverse("web:canary_create", args=[cluster.pk]), {
-        "name": "try-rr", "baseline_policy": lm.pk, "candidate_policy": rr.pk,
-        "arm.i0": "baseline", "arm.i1": "baseline", "arm.i2": "candidate",
-        "weight_steps": "10, 50", "guard.min_samples": "20", "assignment_key": "session",
-        "reason": "compare"})
+    response = client.post(
+        reverse("web:canary_create", args=[cluster.pk]),
+        {
+            "name": "try-rr",
+            "baseline_policy": lm.pk,
+            "candidate_policy": rr.pk,
+            "arm.i0": "baseline",
+            "arm.i1": "baseline",
+            "arm.i2": "candidate",
+            "weight_steps": "10, 50",
+            "guard.min_samples": "20",
+            "assignment_key": "session",
+            "reason": "compare",
+        },
+    )
     assert response.status_code == 302
     canary = CanarySplit.objects.get(name="try-rr")
     assert (canary.baseline_instances, canary.candidate_instances) == (["i0", "i1"], ["i2"])
@@ -159,54 +212,87 @@ def test_hotspot_log_filters_and_links_to_the_cluster_then(as_role, cluster) -> 
     from django.utils import timezone
 
     for n, transition in enumerate(("suspected", "confirmed")):
-        HotspotEvent.objects.create(event_id=f"e{n}", cluster=cluster, at=timezone.now(),
-                                    transition=transition, prefix_class="c9", prefix_hash="ff",
-                                    x=5, x_bar=1, m=1, m_bar=2, window=30, instances=["i0"])
-    body = as_role("viewer").get(reverse("web:hotspots"), {"transition": "confirmed"}) \
-        .content.decode()
+        HotspotEvent.objects.create(
+            event_id=f"e{n}",
+            cluster=cluster,
+            at=timezone.now(),
+            transition=transition,
+            prefix_class="c9",
+            prefix_hash="ff",
+            x=5,
+            x_bar=1,
+            m=1,
+            m_bar=2,
+            window=30,
+            instances=["i0"],
+        )
+    body = (
+        as_role("viewer").get(reverse("web:hotspots"), {"transition": "confirmed"}).content.decode()
+    )
     assert 'data-transition="confirmed"' in body and 'data-transition="suspected"' not in body
     assert f"/clusters/{cluster.pk}/?at=" in body
 
 
 def test_audit_log_shows_who_what_and_why(as_role, cluster) -> None:
-    body = as_role("viewer").get(reverse("web:audit"), {"action": "policy.activate"}) \
-        .content.decode()
+    body = (
+        as_role("viewer").get(reverse("web:audit"), {"action": "policy.activate"}).content.decode()
+    )
     assert 'data-action="policy.activate"' in body and "system:web-tests" in body
     assert 'data-action="cluster.create"' not in body
 
 
-def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role,
-                                                                         cluster) -> None:
+def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role, cluster) -> None:
     from controlplane.models import CanaryJudgement
 
     from .conftest import make_cluster
 
     lm, rr = cluster.policies.get(name="lm"), cluster.policies.get(name="rr")
-    canary = CanarySplit.objects.create(cluster=cluster, name="c", baseline_policy=lm,
-                                        candidate_policy=rr, baseline_instances=["i0"],
-                                        candidate_instances=["i1"], weight_steps=[10],
-                                        guardrails={"step_seconds": 60}, state="rolled_back")
+    canary = CanarySplit.objects.create(
+        cluster=cluster,
+        name="c",
+        baseline_policy=lm,
+        candidate_policy=rr,
+        baseline_instances=["i0"],
+        candidate_instances=["i1"],
+        weight_steps=[10],
+        guardrails={"step_seconds": 60},
+        state="rolled_back",
+    )
     # Evidence as the judge wrote it before guards carried limits, and none at all.
-    CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="fail",
-                                   action="rollback", evidence={
-                                       "verdict": "fail", "reasons": ["error rate 0.100 > 0.02"],
-                                       "guards": {"candidate_error_rate": 0.1},
-                                       "tests": [{"metric": "ttft", "median_baseline": 0.05,
-                                                  "median_candidate": 0.06, "effect": 0.2,
-                                                  "p_value": 0.01, "outcome": "fail"}]})
+    CanaryJudgement.objects.create(
+        canary=canary,
+        step_index=0,
+        verdict="fail",
+        action="rollback",
+        evidence={
+            "verdict": "fail",
+            "reasons": ["error rate 0.100 > 0.02"],
+            "guards": {"candidate_error_rate": 0.1},
+            "tests": [
+                {
+                    "metric": "ttft",
+                    "median_baseline": 0.05,
+                    "median_candidate": 0.06,
+                    "effect": 0.2,
+                    "p_value": 0.01,
+                    "outcome": "fail",
+                }
+            ],
+        },
+    )
     CanaryJudgement.objects.create(canary=canary, step_index=0, verdict="halt", action="wait")
     client = as_role("viewer")
     url = reverse("web:canary_detail", args=[cluster.pk, canary.pk])
     body = client.get(url).content.decode()
     assert 'data-verdict="fail"' in body and 'data-verdict="halt"' in body
     assert "50.0 ms → 60.0 ms" in body and "+20.0%" in body
-    assert 'data-guard="candidate_error_rate" data-passed="unknown">candidate_error_rate 10.0%<' \
+    assert (
+        'data-guard="candidate_error_rate" data-passed="unknown">candidate_error_rate 10.0%<'
         in body
+    )
     partial = client.get(url, headers={"HX-Request": "true"}).content.decode()
     assert partial.startswith('<div id="canary-timeline" data-state="rolled_back"')
     assert "hx-trigger" not in partial  # ended: the page stops refreshing
     other = make_cluster()
-    assert client.get(reverse("web:canary_detail", args=[other.pk, canary.pk])) \
-        .status_code == 404
-    assert client.get(reverse("web:canary_detail", args=[cluster.pk, 999999])) \
-        .status_code == 404
+    assert client.get(reverse("web:canary_detail", args=[other.pk, canary.pk])).status_code == 404
+    assert client.get(reverse("web:canary_detail", args=[cluster.pk, 999999])).status_code == 404

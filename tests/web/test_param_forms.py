@@ -28,7 +28,8 @@ class Element:
         found = []
         for child in self.children:
             if (tag is None or child.tag == tag) and all(
-                    child.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items()):
+                child.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items()
+            ):
                 found.append(child)
             found += child.find_all(tag, **attrs)
         return found
@@ -86,8 +87,9 @@ def test_every_parameter_of_every_policy_has_a_description() -> None:
 
 @pytest.mark.parametrize("kind", sorted(REGISTRY))
 def test_policy_form_links_each_input_to_its_description(as_role, cluster, kind) -> None:
-    response = as_role("operator").get(reverse("web:policy_params", args=[cluster.pk]),
-                                       {"kind": kind})
+    response = as_role("operator").get(
+        reverse("web:policy_params", args=[cluster.pk]), {"kind": kind}
+    )
     root = parse(response)
     fields = param_fields(policy_kinds()[kind]["schema"])
     for field in fields:
@@ -100,12 +102,14 @@ def test_policy_form_links_each_input_to_its_description(as_role, cluster, kind)
 
 
 def test_policy_form_shows_lmetric_bounds_defaults_and_the_boolean_help(as_role, cluster):
-    root = parse(as_role("operator").get(reverse("web:policy_params", args=[cluster.pk]),
-                                         {"kind": "lmetric"}))
+    root = parse(
+        as_role("operator").get(
+            reverse("web:policy_params", args=[cluster.pk]), {"kind": "lmetric"}
+        )
+    )
     enabled = root.find("input", name="param.hotspot.enabled")
     assert enabled.attrs["type"] == "checkbox" and "checked" in enabled.attrs
-    assert described(root, enabled).startswith(
-        HotspotParams.model_fields["enabled"].description)
+    assert described(root, enabled).startswith(HotspotParams.model_fields["enabled"].description)
     assert "default on" in described(root, enabled)
     assert "default 48.0; ≥ 0" in described(root, root.find(name="param.batch_offset"))
     window = described(root, root.find(name="param.hotspot.window_s"))
@@ -114,15 +118,28 @@ def test_policy_form_shows_lmetric_bounds_defaults_and_the_boolean_help(as_role,
 
 
 def refused_policy_post(as_role, cluster, **params: str):
-    data = {"policy": "new", "name": "lm-bad", "kind": "lmetric", "reason": "try a new lm",
-            "confirm": "yes", "param.prefill_term": "miss_ratio", **params}
+    data = {
+        "policy": "new",
+        "name": "lm-bad",
+        "kind": "lmetric",
+        "reason": "try a new lm",
+        "confirm": "yes",
+        "param.prefill_term": "miss_ratio",
+        **params,
+    }
     return as_role("operator").post(reverse("web:policy_apply", args=[cluster.pk]), data)
 
 
 def test_refused_policy_form_names_each_field_and_keeps_what_was_typed(as_role, cluster):
-    response = refused_policy_post(as_role, cluster, **{
-        "param.batch_offset": "-1", "param.hotspot.window_s": "soon",
-        "param.hotspot.min_class_blocks": "3"})  # hotspot.enabled left unchecked
+    response = refused_policy_post(
+        as_role,
+        cluster,
+        **{
+            "param.batch_offset": "-1",
+            "param.hotspot.window_s": "soon",
+            "param.hotspot.min_class_blocks": "3",
+        },
+    )  # hotspot.enabled left unchecked
     assert response.status_code == 400
     root = parse(response)
     offset = root.find("input", name="param.batch_offset")
@@ -142,18 +159,29 @@ def test_refused_policy_form_names_each_field_and_keeps_what_was_typed(as_role, 
 
 
 def test_accepted_values_raise_no_field_error(as_role, cluster) -> None:
-    response = refused_policy_post(as_role, cluster, **{"param.batch_offset": "0",
-                                                        "param.hotspot.window_s": "5"})
+    response = refused_policy_post(
+        as_role, cluster, **{"param.batch_offset": "0", "param.hotspot.window_s": "5"}
+    )
     assert response.status_code == 302
     assert Policy.objects.get(name="lm-bad").params["batch_offset"] == 0
 
 
 def canary_form(cluster, **changes: str) -> dict[str, str]:
     lm, rr = cluster.policies.get(name="lm"), cluster.policies.get(name="rr")
-    return {"name": "try-rr", "baseline_policy": str(rr.pk), "candidate_policy": str(lm.pk),
-            "arm.i0": "candidate", "arm.i1": "", "arm.i2": "baseline",
-            "weight_steps": "5, 20", "guard.min_samples": "30", "guard.p_value": "-0.5",
-            "assignment_key": "random", "reason": "compare lm and rr", **changes}
+    return {
+        "name": "try-rr",
+        "baseline_policy": str(rr.pk),
+        "candidate_policy": str(lm.pk),
+        "arm.i0": "candidate",
+        "arm.i1": "",
+        "arm.i2": "baseline",
+        "weight_steps": "5, 20",
+        "guard.min_samples": "30",
+        "guard.p_value": "-0.5",
+        "assignment_key": "random",
+        "reason": "compare lm and rr",
+        **changes,
+    }
 
 
 def test_canary_form_shows_the_chosen_policies_parameters_with_their_help(as_role, cluster):
@@ -173,32 +201,43 @@ def test_canary_form_shows_the_chosen_policies_parameters_with_their_help(as_rol
 
 
 def test_refused_canary_form_names_the_field_and_keeps_what_was_typed(as_role, cluster):
-    response = as_role("operator").post(reverse("web:canary_create", args=[cluster.pk]),
-                                        canary_form(cluster))
+    response = as_role("operator").post(
+        reverse("web:canary_create", args=[cluster.pk]), canary_form(cluster)
+    )
     assert response.status_code == 400
     root = parse(response)
     p_value = root.find("input", name="guard.p_value")
     assert p_value.attrs["value"] == "-0.5" and p_value.attrs["aria-invalid"] == "true"
-    assert "guardrails.p_value: must be a finite number ≥ 0 (got -0.5)" in described(
-        root, p_value)
+    assert "guardrails.p_value: must be a finite number ≥ 0 (got -0.5)" in described(root, p_value)
     assert root.find("input", name="guard.min_samples").attrs["value"] == "30"
     assert root.find("input", name="weight_steps").attrs["value"] == "5, 20"
     assert root.find("input", name="name").attrs["value"] == "try-rr"
     assert root.find("textarea", name="reason").text == "compare lm and rr"
     for select, policy in (("baseline_policy", "rr"), ("candidate_policy", "lm")):
-        chosen = [o.attrs["value"] for o in root.find("select", name=select).find_all("option")
-                  if "selected" in o.attrs]
+        chosen = [
+            o.attrs["value"]
+            for o in root.find("select", name=select).find_all("option")
+            if "selected" in o.attrs
+        ]
         assert chosen == [str(cluster.policies.get(name=policy).pk)], select
-    arms = {i.attrs["name"]: i.attrs["value"] for i in root.find_all("input", type="radio")
-            if "checked" in i.attrs}
+    arms = {
+        i.attrs["name"]: i.attrs["value"]
+        for i in root.find_all("input", type="radio")
+        if "checked" in i.attrs
+    }
     assert arms == {"arm.i0": "candidate", "arm.i1": "", "arm.i2": "baseline"}
-    assert [o.text for o in root.find("select", name="assignment_key").find_all("option")
-            if "selected" in o.attrs] == ["random"]
+    assert [
+        o.text
+        for o in root.find("select", name="assignment_key").find_all("option")
+        if "selected" in o.attrs
+    ] == ["random"]
     assert not CanarySplit.objects.exists()
 
 
 def test_canary_form_accepts_the_corrected_value(as_role, cluster) -> None:
-    response = as_role("operator").post(reverse("web:canary_create", args=[cluster.pk]),
-                                        canary_form(cluster, **{"guard.p_value": "0.01"}))
+    response = as_role("operator").post(
+        reverse("web:canary_create", args=[cluster.pk]),
+        canary_form(cluster, **{"guard.p_value": "0.01"}),
+    )
     assert response.status_code == 302
     assert CanarySplit.objects.get(name="try-rr").guardrails["p_value"] == 0.01

@@ -16,8 +16,11 @@ from router_worker.routing.policies import REGISTRY
 from .conftest import make_cluster
 from .test_e2e_browser import login
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True),
-              pytest.mark.timeout(120)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(120),
+]
 
 
 def description(kind: str, name: str) -> str:
@@ -31,13 +34,18 @@ def starts_with(text: str) -> re.Pattern:
 
 def csp_watch(page) -> list[str]:
     refused: list[str] = []
-    page.on("console", lambda message: refused.append(message.text)
-            if "Content Security Policy" in message.text else None)
+    page.on(
+        "console",
+        lambda message: (
+            refused.append(message.text) if "Content Security Policy" in message.text else None
+        ),
+    )
     return refused
 
 
 def test_policy_form_describes_every_knob_and_names_a_refused_value(
-        browser, asgi_server, artifacts_dir) -> None:
+    browser, asgi_server, artifacts_dir
+) -> None:
     cluster = make_cluster()
     page = login(browser, asgi_server.url, "operator", bypass_csp=False)
     refused = csp_watch(page)
@@ -46,18 +54,21 @@ def test_policy_form_describes_every_knob_and_names_a_refused_value(
         page.select_option("[data-testid=policy-choice]", "new")
         page.select_option("[data-testid=policy-kind]", "smetric")
         slo = page.get_by_label("slo_ttft_s", exact=True)
-        expect(slo).to_have_accessible_description(starts_with(description("smetric",
-                                                                           "slo_ttft_s")))
+        expect(slo).to_have_accessible_description(
+            starts_with(description("smetric", "slo_ttft_s"))
+        )
         expect(slo).to_have_accessible_description(re.compile(r"default 2\.0; > 0$"))
 
         page.select_option("[data-testid=policy-kind]", "lmetric")
         enabled = page.get_by_label("hotspot.enabled", exact=True)
         expect(enabled).to_be_checked()
         expect(enabled).to_have_accessible_description(
-            starts_with(HotspotParams.model_fields["enabled"].description or ""))
+            starts_with(HotspotParams.model_fields["enabled"].description or "")
+        )
         offset = page.get_by_label("batch_offset", exact=True)
-        expect(offset).to_have_accessible_description(starts_with(description(
-            "lmetric", "batch_offset")))
+        expect(offset).to_have_accessible_description(
+            starts_with(description("lmetric", "batch_offset"))
+        )
 
         page.get_by_test_id("policy-name").fill("lm-typo")
         offset.fill("-1")
@@ -72,7 +83,8 @@ def test_policy_form_describes_every_knob_and_names_a_refused_value(
         expect(offset).to_have_value("-1")
         expect(offset).to_have_attribute("aria-invalid", "true")
         expect(offset).to_have_accessible_description(
-            re.compile(r"lmetric\.batch_offset: must be ≥ 0 \(got -1\)$"))
+            re.compile(r"lmetric\.batch_offset: must be ≥ 0 \(got -1\)$")
+        )
         expect(page.get_by_label("hotspot.enabled", exact=True)).not_to_be_checked()
         expect(page.get_by_test_id("policy-name")).to_have_value("lm-typo")
         expect(page.get_by_test_id("reason")).to_have_value("a smaller offset")
@@ -91,8 +103,9 @@ def test_policy_form_describes_every_knob_and_names_a_refused_value(
         page.context.close()
 
 
-def test_canary_form_describes_the_chosen_policies_parameters(browser, asgi_server,
-                                                              artifacts_dir) -> None:
+def test_canary_form_describes_the_chosen_policies_parameters(
+    browser, asgi_server, artifacts_dir
+) -> None:
     cluster = make_cluster()
     lm = cluster.policies.get(name="lm")
     page = login(browser, asgi_server.url, "operator", bypass_csp=False)
@@ -110,10 +123,12 @@ def test_canary_form_describes_the_chosen_policies_parameters(browser, asgi_serv
         candidate.select_option(str(lm.pk))  # the script shows lm's knobs under the candidate
         expect(candidate_lm).to_be_visible()
         expect(candidate_lm).to_contain_text("hotspot.enabled = true")
-        expect(candidate).to_have_accessible_description(re.compile(
-            re.escape(" ".join(description("lmetric", "batch_offset").split()[:8]))))
+        expect(candidate).to_have_accessible_description(
+            re.compile(re.escape(" ".join(description("lmetric", "batch_offset").split()[:8])))
+        )
         expect(page.get_by_label("max_failures", exact=True)).to_have_accessible_description(
-            re.compile("failed steps tolerated before automatic rollback"))
+            re.compile("failed steps tolerated before automatic rollback")
+        )
         page.screenshot(path=str(artifacts_dir / "canary-form-knobs.png"), full_page=True)
         assert page.js_errors == [] and refused == []
     finally:

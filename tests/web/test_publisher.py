@@ -36,8 +36,12 @@ async def setup(redis_client):
     name = f"pub-{uuid.uuid4().hex[:8]}"
     client = aioredis.from_url(settings.REDIS_URL)
     sent = Collector()
-    publisher = Publisher(client, sent, PublisherSettings(interval_s=0.25, poll_s=0.01),
-                          load_clusters=lambda: {name: 42})
+    publisher = Publisher(
+        client,
+        sent,
+        PublisherSettings(interval_s=0.25, poll_s=0.01),
+        load_clusters=lambda: {name: 42},
+    )
     await publisher.refresh_clusters()
     yield name, publisher, sent, redis_client
     for key in redis_client.scan_iter(match=f"switchyard:state:{name}:*"):
@@ -77,8 +81,7 @@ async def test_a_held_change_goes_out_within_two_ticks(setup) -> None:
     assert len(sent.of_type("snapshot")) == 1
     await asyncio.sleep(0.25)
     await publisher.publish_snapshots()  # two ticks: sent anyway
-    assert [m["instances"][0]["pending_prefill_tokens"] for m in sent.of_type("snapshot")] \
-        == [1, 2]
+    assert [m["instances"][0]["pending_prefill_tokens"] for m in sent.of_type("snapshot")] == [1, 2]
 
 
 async def test_unchanged_state_is_not_resent(setup) -> None:

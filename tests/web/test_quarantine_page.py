@@ -26,8 +26,14 @@ def streams(redis_client: redis.Redis) -> Iterator[redis.Redis]:
 
 def test_hotspot_log_counts_and_the_quarantine_page_shows_each_entry(streams, cluster, as_role):
     hostile_router = "<script>alert(1)</script>" * 4  # over 64 characters, and hostile
-    event = {"id": uuid.uuid4().hex, "cluster": cluster.name, "router": hostile_router,
-             "kind": "health", "at": time.time(), "payload": {}}
+    event = {
+        "id": uuid.uuid4().hex,
+        "cluster": cluster.name,
+        "router": hostile_router,
+        "kind": "health",
+        "at": time.time(),
+        "payload": {},
+    }
     streams.xadd(EVENTS_STREAM, {"data": json.dumps(event)})
     streams.xadd(EVENTS_STREAM, {"data": "{not json"})
     assert ingest.ingest_events(streams).quarantined == 2
@@ -39,7 +45,6 @@ def test_hotspot_log_counts_and_the_quarantine_page_shows_each_entry(streams, cl
     assert response.status_code == 200
     assert "{not json" in body and "router: String should have at most 64 characters" in body
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in body and "<script>alert" not in body
-
 
 
 def test_the_api_lists_the_quarantine_newest_first(streams, cluster, as_role):

@@ -32,8 +32,15 @@ TRILLION = 10**12
 
 
 def mooncake(*lengths: int) -> bytes:
-    rows = [{"timestamp": 100 * k, "input_length": n, "output_length": 8,
-             "hash_ids": [k * 10 + b for b in range(3)]} for k, n in enumerate(lengths)]
+    rows = [
+        {
+            "timestamp": 100 * k,
+            "input_length": n,
+            "output_length": 8,
+            "hash_ids": [k * 10 + b for b in range(3)],
+        }
+        for k, n in enumerate(lengths)
+    ]
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
@@ -47,10 +54,10 @@ def stored_uploads() -> list[str]:
 
 
 def test_a_row_asking_for_a_trillion_tokens_is_refused_with_its_row_number(
-        as_role, cluster, traces, dispatched) -> None:  # noqa: F811
+    as_role, cluster, traces, dispatched
+) -> None:
     upload = SimpleUploadedFile("huge.jsonl", mooncake(1000, 2000, TRILLION, 500))
-    response = create(as_role("operator"), cluster, upload=upload,
-                      policies=policy_ids(cluster)[:1])
+    response = create(as_role("operator"), cluster, upload=upload, policies=policy_ids(cluster)[:1])
     assert response.status_code == 400
     text = response.content.decode()
     assert "trace row 3: input_length 1000000000000 is over 524288 tokens" in text
@@ -59,43 +66,66 @@ def test_a_row_asking_for_a_trillion_tokens_is_refused_with_its_row_number(
     assert stored_uploads() == []  # the refused file is not kept
 
 
-@pytest.mark.parametrize(("row", "says"), [
-    ({"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []},
-     "input_length -5 is not a token count"),
-    ({"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]},
-     "hash_ids holds -1"),
-    ({"timestamp": "soon", "input_length": 10, "output_length": 1, "hash_ids": []},
-     "timestamp 'soon' is not a time"),
-])
-def test_malformed_rows_are_refused_by_line(as_role, cluster, traces, dispatched, row,  # noqa: F811
-                                            says) -> None:
+@pytest.mark.parametrize(
+    ("row", "says"),
+    [
+        (
+            {"timestamp": 0, "input_length": -5, "output_length": 1, "hash_ids": []},
+            "input_length -5 is not a token count",
+        ),
+        (
+            {"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [-1]},
+            "hash_ids holds -1",
+        ),
+        (
+            {"timestamp": "soon", "input_length": 10, "output_length": 1, "hash_ids": []},
+            "timestamp 'soon' is not a time",
+        ),
+    ],
+)
+def test_malformed_rows_are_refused_by_line(
+    as_role,
+    cluster,
+    traces,
+    dispatched,
+    row,
+    says,
+) -> None:
     body = mooncake(10) + (json.dumps(row) + "\n").encode()
-    response = create(as_role("operator"), cluster, policies=policy_ids(cluster)[:1],
-                      upload=SimpleUploadedFile("bad.jsonl", body))
+    response = create(
+        as_role("operator"),
+        cluster,
+        policies=policy_ids(cluster)[:1],
+        upload=SimpleUploadedFile("bad.jsonl", body),
+    )
     assert response.status_code == 400
     assert f"trace row 2: {says}" in html.unescape(response.content.decode())
     assert stored_uploads() == []
 
 
 def test_an_upload_refused_for_another_reason_is_deleted_too(
-        as_role, cluster, traces, dispatched) -> None:  # noqa: F811
+    as_role, cluster, traces, dispatched
+) -> None:
     upload = SimpleUploadedFile("fine.jsonl", mooncake(1000, 2000))
     response = create(as_role("operator"), cluster, upload=upload)  # no policy chosen
     assert response.status_code == 400 and b"policies must list" in response.content
     assert stored_uploads() == []
 
 
-def test_an_accepted_upload_is_kept_for_its_job(as_role, cluster, traces, dispatched) -> None:  # noqa: F811
+def test_an_accepted_upload_is_kept_for_its_job(as_role, cluster, traces, dispatched) -> None:
     upload = SimpleUploadedFile("fine.jsonl", mooncake(1000, 2000))
-    response = create(as_role("operator"), cluster, upload=upload,
-                      policies=policy_ids(cluster)[:1])
+    response = create(as_role("operator"), cluster, upload=upload, policies=policy_ids(cluster)[:1])
     assert response.status_code == 302
     assert [f"upload:{name}" for name in stored_uploads()] == [
-        ReplayJob.objects.get().inputs["trace"]]
+        ReplayJob.objects.get().inputs["trace"]
+    ]
 
 
-def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(cluster, traces,  # noqa: F811
-                                                                settings) -> None:
+def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(
+    cluster,
+    traces,
+    settings,
+) -> None:
     uploads_dir().mkdir(parents=True)
     for name in ("old.jsonl", "old-pending.jsonl", "fresh.jsonl"):
         (uploads_dir() / name).write_bytes(mooncake(10))
@@ -130,22 +160,37 @@ print("STATE", run_replay(int(sys.argv[1])))
 
 
 def run_capped(job: ReplayJob, headroom: int) -> subprocess.CompletedProcess[str]:
-    env = {**subprocess_env(), "SWITCHYARD_VAR_DIR": os.environ.get("SWITCHYARD_VAR_DIR", ""),
-           "SWITCHYARD_TRACES_DIR": os.environ["SWITCHYARD_TRACES_DIR"]}
-    return subprocess.run([sys.executable, "-c", RUN_CAPPED, str(job.pk), str(headroom)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    env = {
+        **subprocess_env(),
+        "SWITCHYARD_VAR_DIR": os.environ.get("SWITCHYARD_VAR_DIR", ""),
+        "SWITCHYARD_TRACES_DIR": os.environ["SWITCHYARD_TRACES_DIR"],
+    }
+    return subprocess.run(
+        [sys.executable, "-c", RUN_CAPPED, str(job.pk), str(headroom)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
-def shared_job(cluster, traces: Path, body: bytes) -> ReplayJob:  # noqa: F811
+def shared_job(cluster, traces: Path, body: bytes) -> ReplayJob:
     (traces / "edited.jsonl").write_bytes(body)
     policy = cluster.policies.get(name="rr")
-    return ReplayJob.objects.create(cluster=cluster, inputs={
-        "trace": "shared:edited.jsonl", "rate_scale": 1.0, "seed": 0,
-        "policies": [{"kind": policy.kind, "params": policy.params}]})
+    return ReplayJob.objects.create(
+        cluster=cluster,
+        inputs={
+            "trace": "shared:edited.jsonl",
+            "rate_scale": 1.0,
+            "seed": 0,
+            "policies": [{"kind": policy.kind, "params": policy.params}],
+        },
+    )
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_trace_broken_after_the_job_was_made_fails_the_job_by_row(cluster, traces) -> None:  # noqa: F811
+def test_a_trace_broken_after_the_job_was_made_fails_the_job_by_row(cluster, traces) -> None:
     job = shared_job(cluster, traces, mooncake(1000, TRILLION))
     done = run_capped(job, 512 * 1024 * 1024)
     assert "STATE failed" in done.stdout, done.stderr[-3000:]
@@ -154,10 +199,13 @@ def test_a_trace_broken_after_the_job_was_made_fails_the_job_by_row(cluster, tra
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_replay_out_of_memory_fails_its_job_and_the_worker_lives_on(cluster, traces) -> None:  # noqa: F811
+def test_a_replay_out_of_memory_fails_its_job_and_the_worker_lives_on(cluster, traces) -> None:
     job = shared_job(cluster, traces, mooncake(500_000))  # within bounds, ~12 MB of tokens
     done = run_capped(job, 4 * 1024 * 1024)
     assert done.returncode == 0 and "STATE failed" in done.stdout, done.stderr[-3000:]
     job.refresh_from_db()
-    assert (job.state, job.error) == ("failed", "the replay ran out of memory on its worker; "
-                                      "choose fewer requests (max requests) or a smaller trace")
+    assert (job.state, job.error) == (
+        "failed",
+        "the replay ran out of memory on its worker; "
+        "choose fewer requests (max requests) or a smaller trace",
+    )

@@ -43,9 +43,17 @@ def policy_ids(cluster) -> list[str]:
 
 def test_shared_trace_replay_runs_every_policy(as_role, cluster, traces, dispatched) -> None:
     client = as_role("operator")
-    response = client.post(reverse("web:replay_create", args=[cluster.pk]), {
-        "trace": TRACE, "policies": policy_ids(cluster), "rate_scale": "2",
-        "max_requests": "60", "seed": "1", "reason": "what if rr"})
+    response = client.post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {
+            "trace": TRACE,
+            "policies": policy_ids(cluster),
+            "rate_scale": "2",
+            "max_requests": "60",
+            "seed": "1",
+            "reason": "what if rr",
+        },
+    )
     job = ReplayJob.objects.get()
     assert response.status_code == 302
     assert dispatched == [("switchyard.run_replay", {"args": [job.pk], "retry": False})]
@@ -63,8 +71,10 @@ def test_shared_trace_replay_runs_every_policy(as_role, cluster, traces, dispatc
 
 def test_uploaded_trace_is_stored_and_replayed(as_role, cluster, traces, dispatched) -> None:
     upload = SimpleUploadedFile("mine.jsonl", (traces / TRACE).read_bytes()[:20_000])
-    response = as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), {
-        "upload": upload, "policies": policy_ids(cluster)[:1], "max_requests": "20"})
+    response = as_role("operator").post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {"upload": upload, "policies": policy_ids(cluster)[:1], "max_requests": "20"},
+    )
     assert response.status_code == 302
     job = ReplayJob.objects.get()
     assert job.inputs["trace"].startswith("upload:")
@@ -73,19 +83,24 @@ def test_uploaded_trace_is_stored_and_replayed(as_role, cluster, traces, dispatc
 
 def test_an_unreadable_upload_is_refused(as_role, cluster, traces, dispatched) -> None:
     upload = SimpleUploadedFile("bad.csv", b"not,a,trace\n1,2,3\n")
-    response = as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), {
-        "upload": upload, "policies": policy_ids(cluster)[:1]})
+    response = as_role("operator").post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {"upload": upload, "policies": policy_ids(cluster)[:1]},
+    )
     assert response.status_code == 400
     assert b"not a supported trace" in response.content
     assert not ReplayJob.objects.exists() and not dispatched
 
 
 def test_a_model_enginesim_cannot_simulate_fails_the_job_with_its_reason(
-        as_role, cluster, traces, dispatched) -> None:
+    as_role, cluster, traces, dispatched
+) -> None:
     cluster.model = "acme/unknown-model"
     cluster.save()
-    as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), {
-        "trace": TRACE, "policies": policy_ids(cluster)[:1], "max_requests": "10"})
+    as_role("operator").post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {"trace": TRACE, "policies": policy_ids(cluster)[:1], "max_requests": "10"},
+    )
     job = ReplayJob.objects.get()
     assert run_replay(job.pk) == "failed"
     job.refresh_from_db()
@@ -97,15 +112,14 @@ def test_a_replay_no_worker_takes_says_which_worker_is_missing(as_role, cluster)
 
     from django.utils import timezone
 
-    waiting, fresh = (ReplayJob.objects.create(cluster=cluster, inputs={"trace": TRACE})
-                      for _ in range(2))
-    ReplayJob.objects.filter(pk=waiting.pk).update(
-        created_at=timezone.now() - timedelta(minutes=5))
+    waiting, fresh = (
+        ReplayJob.objects.create(cluster=cluster, inputs={"trace": TRACE}) for _ in range(2)
+    )
+    ReplayJob.objects.filter(pk=waiting.pk).update(created_at=timezone.now() - timedelta(minutes=5))
     client = as_role("viewer")
 
     def page(job: ReplayJob) -> str:
-        return client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])
-                          ).content.decode()
+        return client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
 
     assert 'data-testid="replay-unclaimed"' in page(waiting)
     assert "-Q replays" in page(waiting)

@@ -16,23 +16,29 @@ def test_router_local_counts_and_their_maxima_are_summed() -> None:
     b = snapshot("c", "r2", [instance("i0", pending=50, pending_max=60, in_flight=1)])
     merged = merge_cluster("c", [a, b])
     (i0,) = merged["instances"]
-    assert (i0["pending_prefill_tokens"], i0["pending_prefill_tokens_max"], i0["in_flight"]) \
-        == (150, 960, 3)
+    assert (i0["pending_prefill_tokens"], i0["pending_prefill_tokens_max"], i0["in_flight"]) == (
+        150,
+        960,
+        3,
+    )
 
 
 def test_a_spike_seen_by_one_router_survives() -> None:
     quiet = snapshot("c", "r1", [instance("i0", pending=0, pending_max=0)])
     spiky = snapshot("c", "r2", [instance("i0", pending=0, pending_max=5000)])
-    assert merge_cluster("c", [quiet, spiky])["instances"][0]["pending_prefill_tokens_max"] \
-        == 5000
+    assert merge_cluster("c", [quiet, spiky])["instances"][0]["pending_prefill_tokens_max"] == 5000
 
 
 def test_scrape_corrected_and_engine_values_take_the_maximum() -> None:
     a = snapshot("c", "r1", [instance("i0", batch=8, batch_max=9, kv_usage=0.5, waiting=2)])
     b = snapshot("c", "r2", [instance("i0", batch=6, batch_max=12, kv_usage=0.7, waiting=None)])
     i0 = merge_cluster("c", [a, b])["instances"][0]
-    assert (i0["batch_size"], i0["batch_size_max"], i0["kv_usage"], i0["waiting"]) \
-        == (8, 12, 0.7, 2)
+    assert (i0["batch_size"], i0["batch_size_max"], i0["kv_usage"], i0["waiting"]) == (
+        8,
+        12,
+        0.7,
+        2,
+    )
 
 
 def test_worst_health_and_any_hotspot_win() -> None:
@@ -49,10 +55,12 @@ def test_instances_seen_by_one_router_only_are_kept_and_sorted() -> None:
 
 
 def test_window_counts_sum_p50_weighted_and_p99_worst() -> None:
-    a = snapshot("c", "r1", [], window=window(30, ttft_p50_s=0.1, ttft_p99_s=0.5,
-                                              output_tokens_per_s=100))
-    b = snapshot("c", "r2", [], window=window(10, ttft_p50_s=0.5, ttft_p99_s=0.9,
-                                              output_tokens_per_s=50))
+    a = snapshot(
+        "c", "r1", [], window=window(30, ttft_p50_s=0.1, ttft_p99_s=0.5, output_tokens_per_s=100)
+    )
+    b = snapshot(
+        "c", "r2", [], window=window(10, ttft_p50_s=0.5, ttft_p99_s=0.9, output_tokens_per_s=50)
+    )
     merged = merge_cluster("c", [a, b])["window"]
     assert merged["requests"] == 40
     assert merged["output_tokens_per_s"] == 150
@@ -69,8 +77,15 @@ def test_load_cv_is_recomputed_over_merged_pending_tokens() -> None:
 
 
 def test_load_cv_counts_only_healthy_instances_as_the_router_does() -> None:
-    a = snapshot("c", "r1", [instance("i0", pending=100), instance("i1", pending=100),
-                             instance("i2", health="draining", pending=1000)])
+    a = snapshot(
+        "c",
+        "r1",
+        [
+            instance("i0", pending=100),
+            instance("i1", pending=100),
+            instance("i2", health="draining", pending=1000),
+        ],
+    )
     assert merge_cluster("c", [a])["window"]["load_cv"] == pytest.approx(0.0)
 
 
@@ -84,16 +99,19 @@ def test_arms_merge_per_arm() -> None:
 def test_hotspots_deduplicated_per_class_keeping_the_most_skewed() -> None:
     mild = HotspotPayload(**{**hotspot_payload(), "x": 2.0})
     strong = HotspotPayload(**{**hotspot_payload(), "x": 6.0})
-    merged = merge_cluster("c", [snapshot("c", "r1", [], hotspots=[mild]),
-                                 snapshot("c", "r2", [], hotspots=[strong])])
+    merged = merge_cluster(
+        "c", [snapshot("c", "r1", [], hotspots=[mild]), snapshot("c", "r2", [], hotspots=[strong])]
+    )
     assert [h["x"] for h in merged["hotspots"]] == [6.0]
 
 
 def test_routers_listed_with_versions_and_newest_timestamp() -> None:
-    merged = merge_cluster("c", [snapshot("c", "r2", [], ts=20.0, version=4),
-                                 snapshot("c", "r1", [], ts=10.0, version=3)], cluster_id=7)
-    assert [(r["router"], r["config_version"]) for r in merged["routers"]] \
-        == [("r1", 3), ("r2", 4)]
+    merged = merge_cluster(
+        "c",
+        [snapshot("c", "r2", [], ts=20.0, version=4), snapshot("c", "r1", [], ts=10.0, version=3)],
+        cluster_id=7,
+    )
+    assert [(r["router"], r["config_version"]) for r in merged["routers"]] == [("r1", 3), ("r2", 4)]
     assert (merged["ts"], merged["cluster_id"], merged["type"]) == (20.0, 7, "snapshot")
 
 
@@ -103,8 +121,14 @@ def test_no_router_gives_an_empty_snapshot() -> None:
 
 
 def test_tier_traffic_is_summed_over_instances_and_absent_without_a_tier() -> None:
-    a = snapshot("c", "r1", [instance("i0", tier_hit_tokens=96, tier_bytes_read=1000),
-                             instance("i1", tier_hit_tokens=0, tier_bytes_read=0)])
+    a = snapshot(
+        "c",
+        "r1",
+        [
+            instance("i0", tier_hit_tokens=96, tier_bytes_read=1000),
+            instance("i1", tier_hit_tokens=0, tier_bytes_read=0),
+        ],
+    )
     b = snapshot("c", "r2", [instance("i0", tier_hit_tokens=160, tier_bytes_read=2000)])
     merged = merge_cluster("c", [a, b])
     # the same engine's counters seen by two routers: the newer (larger) one, not the sum

@@ -20,10 +20,18 @@ class Command(BaseCommand):
     help = "Publish routers' live state, events and config changes to dashboards (Channels)."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--interval", type=float, default=0.25,
-                            help="minimum seconds between two snapshots of a cluster")
-        parser.add_argument("--poll", type=float, default=0.025,
-                            help="seconds between two reads of the routers' state")
+        parser.add_argument(
+            "--interval",
+            type=float,
+            default=0.25,
+            help="minimum seconds between two snapshots of a cluster",
+        )
+        parser.add_argument(
+            "--poll",
+            type=float,
+            default=0.025,
+            help="seconds between two reads of the routers' state",
+        )
 
     def handle(self, *args, **options) -> None:
         tuning = PublisherSettings(interval_s=options["interval"], poll_s=options["poll"])

@@ -18,10 +18,13 @@ class Command(BaseCommand):
         parser.add_argument("--router-port", type=int, default=8000)
 
     def handle(self, *args, **options) -> None:
-        spec = DemoSpec(instances=options["instances"],
-                        engine_base_port=options["engine_base_port"],
-                        kv_events_base_port=options["kv_events_base_port"] or None,
-                        router_host=options["router_host"], router_port=options["router_port"])
+        spec = DemoSpec(
+            instances=options["instances"],
+            engine_base_port=options["engine_base_port"],
+            kv_events_base_port=options["kv_events_base_port"] or None,
+            router_host=options["router_host"],
+            router_port=options["router_port"],
+        )
         cluster = seed(spec)
         operator = reset_login("operator", "operator")
         admin = reset_login("admin", "admin", superuser=True)

@@ -37,12 +37,16 @@ class CacheAwareParams(PolicyParams):
         0.3, ge=0.0, le=1.0, description="min matched fraction of the prompt to follow the cache"
     )
     balance_abs_threshold: float = Field(
-        64, ge=0, description="load imbalance when max − min in-flight requests exceeds this "
-        "(and the relative test below holds): then route to the least-loaded instance"
+        64,
+        ge=0,
+        description="load imbalance when max − min in-flight requests exceeds this "
+        "(and the relative test below holds): then route to the least-loaded instance",
     )
     balance_rel_threshold: float = Field(
-        1.5, ge=1.0, description="load imbalance also needs max in-flight requests above "
-        "this × min (with the absolute test above)"
+        1.5,
+        ge=1.0,
+        description="load imbalance also needs max in-flight requests above "
+        "this × min (with the absolute test above)",
     )
 
 
@@ -66,10 +70,13 @@ class CacheAwarePolicy(Policy):
                 view, request, slot, "cache_hit", -match_ratio, allowed, match_ratio=best_ratio
             )
         slot = self.pick_min((load, view.pending_prefill), allowed)
-        return self.decision(view, request, slot, "low_match", load, allowed,
-                             match_ratio=best_ratio)
+        return self.decision(
+            view, request, slot, "low_match", load, allowed, match_ratio=best_ratio
+        )
 
     def _imbalanced(self, load: np.ndarray) -> bool:
         high, low = float(load.max()), float(load.min())
-        return (high - low > self.params.balance_abs_threshold
-                and high > self.params.balance_rel_threshold * low)
+        return (
+            high - low > self.params.balance_abs_threshold
+            and high > self.params.balance_rel_threshold * low
+        )

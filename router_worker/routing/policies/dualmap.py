@@ -84,13 +84,17 @@ _MASK64 = (1 << 64) - 1
 
 class DualMapParams(PolicyParams):
     slo_ttft_s: float = Field(
-        2.0, gt=0, description="TTFT SLO for keeping cache affinity and for migrating "
-        "queued requests, s (default from bench/dualmap_slo.md)")
+        2.0,
+        gt=0,
+        description="TTFT SLO for keeping cache affinity and for migrating "
+        "queued requests, s (default from bench/dualmap_slo.md)",
+    )
     window_s: float = Field(60.0, gt=0, description="hotness window, seconds")
     min_key_blocks: int = Field(4, ge=1, description="shortest hash key, in blocks")
     virtual_nodes: int = Field(64, ge=1, le=4096, description="ring points per instance")
     migrate_queued: bool = Field(
-        True, description="move queued requests off an instance that would miss the SLO")
+        True, description="move queued requests off an instance that would miss the SLO"
+    )
 
 
 def _mix64(x: int) -> int:
@@ -226,8 +230,16 @@ class DualMapPolicy(Policy):
             slot, reason = affinity, "affinity_slo_miss"
         shown = np.zeros(view.size, dtype=bool)
         shown[[c1, c2]] = True
-        return self.decision(view, request, slot, reason, ttft, shown,
-                             key_blocks=key_blocks, candidates=[first, second])
+        return self.decision(
+            view,
+            request,
+            slot,
+            reason,
+            ttft,
+            shown,
+            key_blocks=key_blocks,
+            candidates=[first, second],
+        )
 
     def migrations(
         self, view: ClusterView, queued: Sequence[QueuedRequest], now: float
@@ -245,8 +257,15 @@ class DualMapPolicy(Policy):
                 moves += self._relieve(view, slot_of, source, line, now, added)
         return moves
 
-    def _relieve(self, view: ClusterView, slot_of: dict[str, int], source: str,
-                 line: list[QueuedRequest], now: float, added: np.ndarray) -> list[Migration]:
+    def _relieve(
+        self,
+        view: ClusterView,
+        slot_of: dict[str, int],
+        source: str,
+        line: list[QueuedRequest],
+        now: float,
+        added: np.ndarray,
+    ) -> list[Migration]:
         """Move the largest-benefit request until the source's queue meets the SLO.
 
         A queued request's TTFT on the source is its wait so far plus the work queued up
@@ -268,8 +287,9 @@ class DualMapPolicy(Policy):
                 if option is None:
                     continue
                 target, work = option
-                there = waited[k] + (view.pending_prefill[target] + added[target] + work) / tps[
-                    target]
+                there = (
+                    waited[k] + (view.pending_prefill[target] + added[target] + work) / tps[target]
+                )
                 benefit = float(here[k] - there)
                 if benefit > 0 and there < slo and (best is None or benefit > best[0]):
                     best = (benefit, k, target, work)
@@ -277,14 +297,14 @@ class DualMapPolicy(Policy):
                 break
             benefit, k, target, work = best
             added[target] += work
-            moves.append(Migration(line[k].features.request_id, source, view.ids[target],
-                                   benefit))
+            moves.append(Migration(line[k].features.request_id, source, view.ids[target], benefit))
             del line[k], options[k]
         return moves
 
     @staticmethod
-    def _option(view: ClusterView, slot_of: dict[str, int], source: str,
-                request: QueuedRequest) -> tuple[int, float] | None:
+    def _option(
+        view: ClusterView, slot_of: dict[str, int], source: str, request: QueuedRequest
+    ) -> tuple[int, float] | None:
         """(alternative slot, its prefill work there) for a movable request, else None."""
         if not request.movable:
             return None
@@ -297,6 +317,9 @@ class DualMapPolicy(Policy):
     def _rings_for(self, healthy_ids: tuple[str, ...]) -> tuple[HashRing, HashRing]:
         if self._rings is None or self._rings[0] != healthy_ids:
             vnodes = self.params.virtual_nodes
-            self._rings = (healthy_ids, HashRing(healthy_ids, 1, vnodes),
-                           HashRing(healthy_ids, 2, vnodes))
+            self._rings = (
+                healthy_ids,
+                HashRing(healthy_ids, 1, vnodes),
+                HashRing(healthy_ids, 2, vnodes),
+            )
         return self._rings[1], self._rings[2]

@@ -34,7 +34,9 @@ class LinearParams(PolicyParams):
         "weighted_sum", description="weighted_sum (normalised P-token/BS) or dynamo (blocks)"
     )
     w: float = Field(
-        0.7, ge=0.0, le=1.0,
+        0.7,
+        ge=0.0,
+        le=1.0,
         description="weighted_sum: weight of P-token (0.7 chat, 0.55 API per LMetric's paper)",
     )
     prefill_weight: float = Field(

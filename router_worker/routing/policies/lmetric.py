@@ -91,16 +91,22 @@ class LMetricPolicy(Policy):
             return self.decision(view, request, slot, "score", scores, allowed)
         cached = view.cached_blocks(request)
         prefix_class = self.detector.classify(request, cached, allowed)
-        fallback, events = self.detector.update(
-            request, prefix_class, slot, allowed, view.ids, now
-        )
+        fallback, events = self.detector.update(request, prefix_class, slot, allowed, view.ids, now)
         if fallback and prefix_class is not None:
             allowed = allowed & ~prefix_class.members
             blind_p = view.pending_prefill + request.prompt_tokens
             scores = blind_p * load
             slot = self.pick_min((scores, blind_p, batch), allowed)
-            return self.decision(view, request, slot, "hotspot_fallback", scores, allowed,
-                                 events=events, hot_class=f"{prefix_class.class_id:016x}")
+            return self.decision(
+                view,
+                request,
+                slot,
+                "hotspot_fallback",
+                scores,
+                allowed,
+                events=events,
+                hot_class=f"{prefix_class.class_id:016x}",
+            )
         return self.decision(view, request, slot, "score", scores, allowed, events=events)
 
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
@@ -108,8 +114,9 @@ class LMetricPolicy(Policy):
             return view.new_tokens(request) / max(request.prompt_tokens, 1)
         return view.p_tokens(request)
 
-    def _load_term(self, request: RequestFeatures, view: ClusterView, batch: np.ndarray
-                   ) -> np.ndarray:
+    def _load_term(
+        self, request: RequestFeatures, view: ClusterView, batch: np.ndarray
+    ) -> np.ndarray:
         offset = self.params.batch_offset
         if self.params.load_term == "total_tokens":
             batch_tokens = view.decode_context_tokens + view.pending_prefill

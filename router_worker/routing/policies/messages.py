@@ -42,14 +42,16 @@ class ParamProblem:
     message: str  # "<kind>.<path>: <what is wrong> (got <value>)"
 
 
-def param_problems(kind: str, params_class: type[BaseModel],
-                   error: ValidationError) -> list[ParamProblem]:
+def param_problems(
+    kind: str, params_class: type[BaseModel], error: ValidationError
+) -> list[ParamProblem]:
     """Every problem of ``error`` (raised validating ``params_class``), field named."""
     problems = []
     for item in error.errors():
         path = ".".join(str(part) for part in item["loc"])
-        problems.append(ParamProblem(path, f"{kind}.{path or 'params'}: "
-                                           f"{_phrase(item, params_class, path)}"))
+        problems.append(
+            ParamProblem(path, f"{kind}.{path or 'params'}: {_phrase(item, params_class, path)}")
+        )
     return problems
 
 

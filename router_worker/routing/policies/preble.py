@@ -86,60 +86,82 @@ _MAX_TRACKED_REQUESTS = 100_000
 
 class PrebleParams(PolicyParams):
     window_s: float = Field(
-        180.0, gt=0, le=86_400,
+        180.0,
+        gt=0,
+        le=86_400,
         description="Preble's history window H in seconds: the load of an instance sums the "
         "requests assigned to it in the last H seconds; also the TTFT window of replication.",
     )
     th_bal: float = Field(
-        1.5, ge=1.0, le=100,
+        1.5,
+        ge=1.0,
+        le=100,
         description="Rebalance: if the chosen instance's windowed load is at least th_bal × "
         "the smallest windowed load, send the request to the least-loaded instance instead.",
     )
     decode_cost_tokens: float = Field(
-        128.0, ge=0, le=1e7,
+        128.0,
+        ge=0,
+        le=1e7,
         description="Prior decode cost of one request, in prefill-token equivalents, used "
         "until the first finished request reports its output length.",
     )
     decode_token_weight: float = Field(
-        1.3, ge=0, le=100,
+        1.3,
+        ge=0,
+        le=100,
         description="GPU time of one decode token ÷ that of one prefill token (model- and "
         "GPU-specific). Decode cost of a request = mean output tokens × this. Default: "
         "Qwen2-7B on H20 at decode batches of 32-64 (decode step time per sequence ÷ "
         "prefill time per token: 1.2-1.5 in enginesim's roofline model).",
     )
     eviction_weight: float = Field(
-        1.0, ge=0, le=100,
+        1.0,
+        ge=0,
+        le=100,
         description="Scale of the eviction term (recompute cost of the cached tokens a "
         "request would evict × the share of recent requests that used them); 0 disables it.",
     )
     pd_ratio_threshold: float = Field(
-        0.8, gt=0, le=1.0,
+        0.8,
+        gt=0,
+        le=1.0,
         description="Prefill/decode balancing: when exploring, if some instance's decode "
         "share of its windowed load exceeds this, send the request to the instance with the "
         "largest share. 1 disables the rule.",
     )
     min_cost_floor_tokens: float = Field(
-        2048.0, ge=0, le=1e9,
+        2048.0,
+        ge=0,
+        le=1e9,
         description="Floor of the smallest windowed load in the rebalance test, in tokens, "
         "so a nearly idle cluster does not bounce requests on noise.",
     )
     replicate_ttft_factor: float = Field(
-        2.0, gt=1.0, le=100,
+        2.0,
+        gt=1.0,
+        le=100,
         description="Replicate a hot prefix when its mean TTFT over the window reaches this "
         "× its baseline (the best recent sub-window mean).",
     )
     min_samples: int = Field(
-        8, ge=1, le=100_000,
+        8,
+        ge=1,
+        le=100_000,
         description="TTFTs a prefix needs in a sub-window for it to set the baseline, and in "
         "the current window before it may be replicated.",
     )
     baseline_windows: int = Field(
-        8, ge=1, le=1000,
+        8,
+        ge=1,
+        le=1000,
         description="Past sub-windows (each window_s long) whose best mean TTFT is a "
         "prefix's baseline.",
     )
     prefix_key_blocks: int = Field(
-        32, ge=1, le=1_000_000,
+        32,
+        ge=1,
+        le=1_000_000,
         description="Blocks of the longest match (from its start) that name a prefix for "
         "TTFT tracking and replication.",
     )

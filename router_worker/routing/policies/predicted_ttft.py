@@ -103,39 +103,46 @@ FALLBACK_COEFFICIENTS: dict[str, float | int] = {
 # The parameters the control plane derives from the cluster's GPU and model when left None.
 COEFFICIENT_FIELDS: tuple[str, ...] = tuple(FALLBACK_COEFFICIENTS)
 
-_DERIVED = ("blank = derived from the cluster's GPU and model by the control plane "
-            "(H20 + Qwen2-7B: {})")
+_DERIVED = (
+    "blank = derived from the cluster's GPU and model by the control plane (H20 + Qwen2-7B: {})"
+)
 
 
 class PredictedTTFTParams(PolicyParams):
     prefill_tps: float | None = Field(
-        None, gt=0,
+        None,
+        gt=0,
         description="prefill throughput of an idle instance, tokens/s (GEMM work only; "
         "attention is charged by attention_pair_s); " + _DERIVED.format("7239"),
     )
     step_overhead_s: float | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="fixed cost of every engine step, s (launch, scheduling, sampling); "
         + _DERIVED.format("0.002258"),
     )
     decode_seq_s: float | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="decode interference: cost each running request adds to every step, s "
         "(its one token, its sampling, its slot); " + _DERIVED.format("0.0001619"),
     )
     attention_pair_s: float | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="attention cost of one query token against one cached token, s: running "
         "requests add their context tokens to every step, the request's own prefill "
         "n·cached + n²/2; " + _DERIVED.format("4.249e-9"),
     )
     min_step_s: float | None = Field(
-        None, ge=0,
+        None,
+        ge=0,
         description="shortest possible step, s (reading the weights once: the memory floor "
         "of small steps); " + _DERIVED.format("0.005957"),
     )
     chunk_tokens: int | None = Field(
-        None, ge=1,
+        None,
+        ge=1,
         description="token budget of one step, the engine's max_num_batched_tokens; "
         + _DERIVED.format("8192"),
     )
@@ -170,8 +177,10 @@ class Coefficients:
 
 class PredictedTTFTPolicy(Policy):
     kind = "predicted_ttft"
-    description = ("Minimum predicted TTFT: queued + uncached prefill over chunked steps "
-                   "slowed by the running batch (cost-model coefficients).")
+    description = (
+        "Minimum predicted TTFT: queued + uncached prefill over chunked steps "
+        "slowed by the running batch (cost-model coefficients)."
+    )
     Params = PredictedTTFTParams
     params: PredictedTTFTParams
 
@@ -184,8 +193,15 @@ class PredictedTTFTPolicy(Policy):
         predicted = self.predict(request, view)
         p_tokens = view.p_tokens(request)
         slot = self.pick_min((predicted, p_tokens, view.batch_size), allowed)
-        return self.decision(view, request, slot, "predicted_ttft", predicted, allowed,
-                             predicted_ttft_s=float(predicted[slot]))
+        return self.decision(
+            view,
+            request,
+            slot,
+            "predicted_ttft",
+            predicted,
+            allowed,
+            predicted_ttft_s=float(predicted[slot]),
+        )
 
     def predict(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         """Predicted seconds to ``request``'s first token on every slot (see module doc)."""
@@ -196,8 +212,11 @@ class PredictedTTFTPolicy(Policy):
         batch = view.batch_size
         budget = np.maximum(k.chunk_tokens - batch, 1.0)
         steps = np.maximum(np.ceil(work / budget), 1.0)
-        step = (k.step_overhead_s + batch * k.decode_seq_s
-                + view.decode_context_tokens * k.attention_pair_s)
+        step = (
+            k.step_overhead_s
+            + batch * k.decode_seq_s
+            + view.decode_context_tokens * k.attention_pair_s
+        )
         wait = np.where(batch > 0, 0.5 * np.maximum(step, k.min_step_s), 0.0)
         rate = view.prefill_tps if self.params.use_measured_prefill_tps else k.prefill_tps
         attention = k.attention_pair_s * (new * cached + 0.5 * new * new)

@@ -96,22 +96,27 @@ from router_worker.routing.sessions import SessionTable
 
 class SMetricParams(PolicyParams):
     slo_ttft_s: float = Field(
-        0.5, gt=0,
+        0.5,
+        gt=0,
         description="TTFT SLO a sticky follow-up must meet: fixed part (the queueing its "
         "cache is worth), s",
     )
     slo_ttft_per_1k_prompt_s: float = Field(
-        0.15, ge=0,
+        0.15,
+        ge=0,
         description="TTFT SLO: seconds added per 1000 prompt tokens the stick instance does "
         "not hold (the follow-up's own prefill there)",
     )
     migrate_margin: float = Field(
-        0.0, ge=0, lt=1,
+        0.0,
+        ge=0,
+        lt=1,
         description="migrate a follow-up over its SLO only if the target's estimated TTFT is "
         "at least this fraction below sticking",
     )
     migrate_max_queue_s: float = Field(
-        2.0, ge=0,
+        2.0,
+        ge=0,
         description="migrate only to an instance with at most this much queued prefill, s "
         "(past it the cluster is saturated and a migration only adds its recompute)",
     )
@@ -161,8 +166,11 @@ class SMetricPolicy(Policy):
         if request.session_key is not None:
             return self.sessions.get(request.session_key) is not None, "session_key"
         best = float(hit[allowed].max())
-        strong = (best >= self.params.followup_hit_ratio * request.prompt_tokens
-                  and best >= self.params.followup_min_hit_tokens and best > 0)
+        strong = (
+            best >= self.params.followup_hit_ratio * request.prompt_tokens
+            and best >= self.params.followup_min_hit_tokens
+            and best > 0
+        )
         return strong, "local_hit"
 
     def _least_loaded(
@@ -189,18 +197,43 @@ class SMetricPolicy(Policy):
         estimate = float(ttft[slot])
         slo = self.slo_for(request, float(hit[slot]))
         if estimate <= slo:
-            return self.decision(view, request, slot, "session_stick", ttft, allowed,
-                                 estimated_ttft_s=estimate, slo_s=slo)
+            return self.decision(
+                view,
+                request,
+                slot,
+                "session_stick",
+                ttft,
+                allowed,
+                estimated_ttft_s=estimate,
+                slo_s=slo,
+            )
         spare = allowed & (load <= self.params.migrate_max_queue_s)
         spare[slot] = True  # sticking is always a candidate: no spare instance → stay
         target = self.pick_min((ttft, load), spare)
         if float(ttft[target]) < (1.0 - self.params.migrate_margin) * estimate:
-            return self.decision(view, request, target, "session_migrate", ttft, allowed,
-                                 estimated_ttft_s=float(ttft[target]), slo_s=slo,
-                                 stick_candidate=view.ids[slot], stick_ttft_s=estimate)
-        return self.decision(view, request, slot, "session_stick_over_slo", ttft, allowed,
-                             estimated_ttft_s=estimate, slo_s=slo,
-                             best_alternative_ttft_s=float(ttft[target]))
+            return self.decision(
+                view,
+                request,
+                target,
+                "session_migrate",
+                ttft,
+                allowed,
+                estimated_ttft_s=float(ttft[target]),
+                slo_s=slo,
+                stick_candidate=view.ids[slot],
+                stick_ttft_s=estimate,
+            )
+        return self.decision(
+            view,
+            request,
+            slot,
+            "session_stick_over_slo",
+            ttft,
+            allowed,
+            estimated_ttft_s=estimate,
+            slo_s=slo,
+            best_alternative_ttft_s=float(ttft[target]),
+        )
 
     def slo_for(self, request: RequestFeatures, cached_tokens: float = 0.0) -> float:
         """The request's TTFT SLO in seconds on an instance holding ``cached_tokens`` of

@@ -47,6 +47,7 @@ from typing import Any
 import numpy as np
 from scipy.optimize import least_squares
 
+from engine_interface import percentile
 from enginesim.engine.config import EngineConfig
 from enginesim.engine.costmodel import (
     CALIBRATION_FILE,
@@ -362,7 +363,8 @@ def closed_loop(p: Point, cm: CostModel, num_requests: int) -> tuple[np.ndarray,
 def _statistic(values: np.ndarray, stat: str) -> float:
     if stat == "mean":
         return float(values.mean())
-    return float(np.percentile(values, {"p95": 95, "p99": 99}.get(stat, 50)))
+    found = percentile(values, {"p95": 95, "p99": 99}.get(stat, 50))
+    return float("nan") if found is None else found
 
 
 def _loop_tpot_ms(p: Point, cm: CostModel) -> float:

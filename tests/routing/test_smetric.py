@@ -175,3 +175,39 @@ def test_the_slo_grows_with_the_prompt_the_instance_lacks():
     policy = make_policy("smetric", {"slo_ttft_s": 1.0, "slo_ttft_per_1k_prompt_s": 0.5})
     assert policy.slo_for(features(tokens(0, 4000))) == 1.0 + 0.5 * 4
     assert policy.slo_for(features(tokens(0, 4000)), 3000) == 1.0 + 0.5 * 1
+
+
+def _tiered_cluster(tier_holds_history: bool) -> ClusterState:
+    """i0 holds the session locally behind 0.1 s of queued prefill; i1 is idle."""
+    tier = GlobalTier()
+    state = ClusterState(default_prefill_tps=10_000, global_tier=tier)
+    for iid in ("i0", "i1"):
+        state.add_instance(iid)
+    warm(state, "i0", HISTORY)
+    add_pending(state, "i0", 1_000)
+    if tier_holds_history:
+        tier.insert(features(HISTORY).block_hashes)
+    return state
+
+
+def test_with_a_global_tier_a_follow_up_goes_where_it_starts_first():
+    # i0: (1000 queued + 64 new) / 10k tok/s = 0.106 s, well within a 5 s SLO; i1: 2048
+    # tokens from the tier at 0.1 + 64 new = 0.027 s. With a tier SMetric moves anyway.
+    state = _tiered_cluster(tier_holds_history=True)
+    decision = make_policy("smetric", {"slo_ttft_s": 5.0}).decide(
+        follow_up(turn_index=2), state.view(), 0.0
+    )
+    assert (decision.instance_id, decision.reason) == ("i1", "session_tier_rebalance")
+    assert decision.details["stick_candidate"] == "i0"
+
+
+def test_the_tier_rule_stays_quiet_when_sticking_is_fastest_or_it_is_off():
+    # without the history in the tier, i1 recomputes 2112 tokens: 0.211 s > 0.106 s
+    state = _tiered_cluster(tier_holds_history=False)
+    policy = make_policy("smetric", {"slo_ttft_s": 5.0})
+    decision = policy.decide(follow_up(turn_index=2), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i0", "session_stick")
+    state = _tiered_cluster(tier_holds_history=True)
+    off = make_policy("smetric", {"slo_ttft_s": 5.0, "tier_rebalance": False})
+    decision = off.decide(follow_up(turn_index=2), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i0", "session_stick")

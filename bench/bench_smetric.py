@@ -46,7 +46,7 @@ from enginesim.replay.simulator import Simulator
 from enginesim.replay.traces import select
 
 POLICIES = ("smetric", "lmetric", "cache_aware", "least_load")
-SCALES = (1.0, 2.0, 3.0, 4.0, 5.0, 6.0)
+SCALES = (1.0, 2.0, 4.0, 6.0, 7.0, 8.0, 10.0)
 TIER_BYTES = 1 << 40  # 1 TiB of CPU DRAM shared by the 16 instances
 ATTAINMENT = 0.9
 WORKLOAD = WORKLOAD_BY_NAME["agentic"]

@@ -89,10 +89,13 @@ def _wrong_type(path: str) -> st.SearchStrategy[bytes]:
         "n": st.one_of(st.text(max_size=3), st.floats(0.1, 9.9), st.integers(max_value=0)),
         "max_completion_tokens": st.one_of(st.text(max_size=3), st.integers(max_value=0)),
     }
+    # max_completion_tokens is a chat field: vLLM's completions API ignores it (any value)
+    chat_only = () if "chat" in path else ("max_completion_tokens",)
     fields = [
         f
         for f in FIELDS
-        if f not in ("prompt", "messages") or f == ("messages" if "chat" in path else "prompt")
+        if (f not in ("prompt", "messages") or f == ("messages" if "chat" in path else "prompt"))
+        and f not in chat_only
     ]
     return st.sampled_from(fields).flatmap(lambda f: wrong[f].map(lambda v: build(f, v)))
 

@@ -57,7 +57,10 @@ def test_policy_form_describes_every_knob_and_names_a_refused_value(
         expect(slo).to_have_accessible_description(
             starts_with(description("smetric", "slo_ttft_s"))
         )
-        expect(slo).to_have_accessible_description(re.compile(r"default 2\.0; > 0$"))
+        default = REGISTRY["smetric"].Params.model_fields["slo_ttft_s"].default
+        expect(slo).to_have_accessible_description(
+            re.compile(rf"default {re.escape(str(default))}; > 0$")
+        )
 
         page.select_option("[data-testid=policy-kind]", "lmetric")
         enabled = page.get_by_label("hotspot.enabled", exact=True)

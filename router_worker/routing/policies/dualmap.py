@@ -51,7 +51,9 @@ geometric mean over the cells: 1.050, 1.015, **1.006**, 1.077, 1.028, 1.179 (wor
 1.072, 1.032, **1.018**, 1.118, 1.032, 1.195). 2 s leaves affinity on 30–37% of decisions
 (1 s: 31–39%); past 8 s the key's instance is kept while its queue grows (16 s: +18%).
 A check on conversation/50 and agentic/70 (short prompts): 1 s 1.007, 2 s 1.008, 8 s
-1.414 (agentic +86%): 1–2 s are equal there, large SLOs are ruled out.
+1.414 (agentic +86%): 1–2 s are equal there, large SLOs are ruled out. Rerun on the
+refitted engine: 1.010 / 1.017 / 1.042 / 1.085 at 1 / 2 / 4 / 8 s — 1 and 2 s still within
+one seed's noise of each other.
 Between 1 and 8 s the differences are a few percent and not monotone: the SLO is not
 what limits DualMap on these traces (its two-candidate choice is); migration moves few
 requests (10–34 per cell at 1–2 s) because a request must still be able to make the SLO

@@ -2,7 +2,7 @@ import numpy as np
 
 from router_worker.routing import ClusterState, GlobalTier, make_policy
 
-from .helpers import add_pending, cluster, features, tokens, warm
+from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
 HISTORY = tokens(0, 2048)  # a session's earlier turns
 
@@ -211,3 +211,19 @@ def test_the_tier_rule_stays_quiet_when_sticking_is_fastest_or_it_is_off():
     off = make_policy("smetric", {"slo_ttft_s": 5.0, "tier_rebalance": False})
     decision = off.decide(follow_up(turn_index=2), state.view(), 0.0)
     assert (decision.instance_id, decision.reason) == ("i0", "session_stick")
+
+
+def test_with_a_tier_the_follow_up_takes_the_least_busy_of_the_instances_no_slower():
+    # i1 starts soonest (idle prefill queue) but runs 3 requests; i2 starts a little later
+    # (a short queue) with 1 in flight; i0 holds the session behind a long queue.
+    tier = GlobalTier()
+    state = ClusterState(default_prefill_tps=10_000, global_tier=tier)
+    for iid in ("i0", "i1", "i2"):
+        state.add_instance(iid)
+    warm(state, "i0", HISTORY)
+    tier.insert(features(HISTORY).block_hashes)
+    add_pending(state, "i0", 5_000)
+    add_decoding(state, "i1", 3)
+    add_pending(state, "i2", 100)
+    decision = make_policy("smetric").decide(follow_up(turn_index=2), state.view(), 0.0)
+    assert (decision.instance_id, decision.reason) == ("i2", "session_tier_rebalance")

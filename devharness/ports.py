@@ -5,15 +5,28 @@ from __future__ import annotations
 
 import random
 import socket
+from pathlib import Path
 
-LOW, HIGH = 20_000, 55_000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def _listen_range() -> tuple[int, int]:
+    """Ports to hand out: below the kernel's ephemeral range, which every outgoing
+    connection (Redis, Postgres, httpx) draws from, so a port found free is not taken
+    by a client socket before the server binds it."""
+    try:
+        ephemeral_low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral_low = 32_768  # Linux's default
+    return 10_000, max(ephemeral_low - 1, 20_000)
+
+
+LOW, HIGH = _listen_range()
 
 
 def free_port() -> int:
-    """A port the kernel just handed out and nobody listens on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nobody listens on, outside the ephemeral range."""
+    return free_ports(1)
 
 
 def ports_free(ports: list[int]) -> bool:
@@ -30,7 +43,7 @@ def free_ports(count: int, gap: int = 0) -> int:
     """First of ``count`` consecutive free ports (and ``count`` more ``gap`` above them, for
     servers that derive a second port per instance)."""
     for _ in range(500):
-        base = random.randint(LOW, HIGH)
+        base = random.randint(LOW, HIGH - gap - count)
         ports = list(range(base, base + count))
         if gap:
             ports += list(range(base + gap, base + gap + count))

@@ -210,6 +210,7 @@ def launch_router(
                 STARTUP_TIMEOUT,
                 "router",
                 proc,
+                log=log_path,
             )
         except BaseException:
             stop_process(proc)

@@ -10,7 +10,8 @@ from enginesim.engine.hardware import GIB, GPUSpec, get_gpu
 from enginesim.engine.kvpool import GlobalKVTier
 from enginesim.engine.models import DTYPE_BYTES, ModelSpec, get_model
 
-# vLLM's defaults for the OpenAI server: 8192 tokens / 1024 seqs on GPUs with >= 70 GiB.
+# vLLM's defaults for the OpenAI server: 8192 tokens / 1024 seqs on GPUs with >= 70 GiB,
+# except the A100 (vLLM matches "a100" in the device name), 2048 / 256 elsewhere.
 LARGE_GPU_BYTES = 70 * GIB
 NON_TORCH_RESERVE = 1 * GIB  # CUDA context, NCCL, CUDA graphs
 
@@ -37,7 +38,7 @@ class EngineConfig:
             self.gpu = get_gpu(self.gpu)
         if isinstance(self.model, str):
             self.model = get_model(self.model)
-        large = self.gpu.memory_bytes >= LARGE_GPU_BYTES
+        large = self.gpu.memory_bytes >= LARGE_GPU_BYTES and "a100" not in self.gpu.name.lower()
         self.max_num_batched_tokens = self.max_num_batched_tokens or (8192 if large else 2048)
         self.max_num_seqs = self.max_num_seqs or (1024 if large else 256)
         self.max_model_len = self.max_model_len or self.model.max_model_len

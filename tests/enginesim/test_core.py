@@ -286,6 +286,14 @@ def test_small_gpus_get_vllm_small_defaults():
     assert (big.max_num_batched_tokens, big.max_num_seqs) == (8192, 1024)
 
 
+def test_the_a100_gets_the_small_defaults_despite_its_80_gb():
+    """vLLM (since PR 17885) keeps 2048 tokens / 256 seqs on the A100: larger chunks
+    slowed it down."""
+    cfg = EngineConfig.for_hardware("a100", "qwen3-32b")
+    assert cfg.gpu.memory_bytes >= 70 * 2**30
+    assert (cfg.max_num_batched_tokens, cfg.max_num_seqs) == (2048, 256)
+
+
 def test_known_output_blocks_are_cached_for_the_next_turn():
     """With the answer's token ids given, its full blocks enter the prefix cache as they
     are computed (vLLM caches decode blocks too); without them only the prompt's do."""

@@ -268,15 +268,18 @@ OUT_OF_BOUND: dict[tuple[int, str], str] = {
     "(line 48) ~55%: the one V1 Ampere compute efficiency fitted on both leaves them at "
     "+14%/-15.5%; no other V1 A100 row could tell attention from GEMM efficiency",
     **{
-        (line, "saturation"): "H100 Qwen3-32B saturation runs at ~1.5x the same source's "
-        "A100 rows where the datasheets give 3.2x the compute, far below "
-        "the grade-A H100 prefill rows (silybench); with ~34k KV tokens "
-        "the long prompts run 1-8 at a time"
+        (line, "saturation"): "this 'H100' is not the H100 SXM of the other H100 rows: its "
+        "32k decode steps (ITL median 43.3 ms, 32B weights + 32k KV) read 1.7 TB/s, 51% of "
+        "the SXM's HBM where silybench's H100 reaches 96%, and its prefill is ~1.5x the same "
+        "source's A100 where the datasheets give 3.2x; the source says only 'NVIDIA H100 "
+        "GPUs' (its Qwen3-8B page names an SXM); fitting it would break the grade-A H100 rows"
         for line in (59, 60, 61, 62)
     },
-    (63, "ttft1"): "GPUStack ShareGPT TTFT at c=1 is 59 ms where silybench measures 14 ms for "
-    "a 128-token prompt on the same GPU, model and V1 engine: ~45 ms of "
-    "client/endpoint latency that no engine parameter explains",
+    (63, "ttft1"): "GPUStack's ShareGPT TTFT at c=1 is 59 ms where silybench measures 14 ms "
+    "for a 128-token prompt on the same GPU, model and V1 engine; the run used the chat "
+    "endpoint, and at c=4 on the same machine and client vLLM measured 64 ms and SGLang "
+    "27.7 ms: ~35 ms of vLLM 0.11 chat front-end plus ~20 ms of client latency, not engine "
+    "time (its TPOT rows fit)",
 }
 
 

@@ -46,6 +46,16 @@ def test_short_prompt_ttfts_are_bounded(scored):
     assert all(abs(err) <= BOUND_PCT for _, err in short)
 
 
+def test_saturation_runs_are_simulated_with_the_tokens_they_generated():
+    """GPUStack ran without --ignore-eos: its 32k-prompt runs generated 7,699 (A100) and
+    7,681 (H100) of the 10,000 tokens asked for (the csv's 3-digit output tok/s: +-0.3 each); the
+    short-prompt runs all 4 per request."""
+    saturation = {p.row + 2: p for p in all_points(DEFAULT_CSV, None) if p.kind == "saturation"}
+    assert saturation[49].output_len == pytest.approx(76.99, abs=0.3)
+    assert saturation[61].output_len == pytest.approx(76.81, abs=0.3)
+    assert saturation[48].output_len == pytest.approx(4.0, abs=0.01)
+
+
 def test_points_out_of_bound_exist_and_really_miss_it(scored):
     """The exclusions are reasons for real misses, not a place to park passing points."""
     errors = {(p.row + 2, p.kind): err for p, err in scored}

@@ -255,9 +255,9 @@ def _generated_len(row: dict) -> float:
     nominal = _num(row["output_len"]) or 0.0
     out_tps, total_tps = _num(row["throughput_out_tok_s"]), _num(row["throughput_total_tok_s"])
     in_len = _num(row["input_len"])
-    if not out_tps or not total_tps or not in_len or total_tps <= out_tps:
+    if not (nominal and in_len and out_tps and total_tps and total_tps > out_tps):
         return nominal
-    return min(nominal, in_len * out_tps / (total_tps - out_tps)) if nominal else nominal
+    return min(nominal, in_len * out_tps / (total_tps - out_tps))
 
 
 def _stat(row: dict, kind: str) -> str:
@@ -353,15 +353,14 @@ def _saturation(p: Point, cm: CostModel) -> float:
     n = 100 if p.input_len > 10_000 else 400
     engine = _engine(p, cm)
     rng = np.random.default_rng(p.row)
+    output = round(p.output_len)  # a mean where a run stopped early; see _generated_len
     for i in range(n):
-        engine.add_request(
-            f"r{i}", rng.integers(0, 150_000, int(p.input_len)), round(p.output_len), now=0.0
-        )
+        engine.add_request(f"r{i}", rng.integers(0, 150_000, int(p.input_len)), output, now=0.0)
     end = 0.0
     while (t := engine.next_event_time()) is not None:
         engine.advance_to(t)
         end = t
-    return n * (p.input_len + round(p.output_len)) / end
+    return n * (p.input_len + output) / end
 
 
 def closed_loop(p: Point, cm: CostModel, num_requests: int) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,179 @@
+"""The cost rows of bench/bench_router.py: non-streamed throughput through the router
+against enginesim direct, process CPU per request and per SSE chunk, and the in-process hot
+path (tokenize, hash, decide)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import time
+
+import numpy as np
+
+from bench.lib.cpu import cpu_seconds
+from bench.lib.loadclient import Run, closed_loop, run_async, run_loop
+from bench.lib.stats import bucket_quantile, router_histograms
+
+
+def hot_path_rows() -> None:
+    """Tokenize + hash + decide in-process (CPU time, no network): the stable figure."""
+    from router_worker.routing import ClusterState, build_features, make_policy
+    from router_worker.tokenization import Tokenizer
+
+    print(
+        "\nHot path in-process, lmetric over 16 instances with a warm KV index (CPU µs per request)"
+    )
+    print(f"{'prompt chars':>12} {'tokenize':>9} {'hash':>7} {'decide':>7} {'total':>7}")
+    tokenizer = Tokenizer()
+    for chars in (400, 4000, 32000):
+        state = ClusterState(block_size=16)
+        for k in range(16):
+            state.add_instance(f"i{k}")
+        policy = make_policy("lmetric", {}, 0)
+        view = state.view()
+        shared = "system prompt " * (chars // 28)
+        timings = np.zeros(3)
+        rounds = 2000
+        for n in range(rounds):
+            t0 = time.process_time()
+            ids, _ = tokenizer.encode_chat(
+                [
+                    {"role": "system", "content": shared},
+                    {"role": "user", "content": f"question {n}"},
+                ]
+            )
+            t1 = time.process_time()
+            features = build_features(f"r{n}", ids, n * 0.01)
+            t2 = time.process_time()
+            decision = policy.decide(features, view, n * 0.01)
+            t3 = time.process_time()
+            state.on_dispatch(
+                features, decision.instance_id, n * 0.01, cached_tokens=decision.cached_tokens
+            )
+            state.on_finish(features.request_id, n * 0.01)
+            timings += (t1 - t0, t2 - t1, t3 - t2)
+        tok, hashing, decide = timings / rounds * 1e6
+        print(
+            f"{chars:>12} {tok:>9.1f} {hashing:>7.1f} {decide:>7.1f} {tok + hashing + decide:>7.1f}"
+        )
+
+
+def measure_cpu(
+    ports: list[int], pid: int, concurrency: int, duration: float, stream: bool, max_tokens: int
+) -> tuple[Run, float]:
+    """A closed-loop run and the CPU seconds process ``pid`` spent during it."""
+    cpu0 = cpu_seconds(pid)
+    run = run_async(run_loop(ports, concurrency, duration, stream, max_tokens))
+    return run, cpu_seconds(pid) - cpu0
+
+
+def cpu_rows(
+    ports: list[int],
+    router_port: int,
+    router: subprocess.Popen[bytes],
+    engines: subprocess.Popen[bytes],
+    args: argparse.Namespace,
+) -> None:
+    """CPU time per request and per streamed chunk: the robust figure on a shared machine.
+
+    Per chunk: the slope between streams of ``SHORT`` and ``LONG`` tokens (CPU per request
+    against SSE events per request), so the fixed per-request part drops out; per stream:
+    the intercept. Router rows: the router process only (enginesim's CPU is not in them);
+    direct rows: the enginesim process serving the same requests without the router.
+    """
+    short, long_, concurrency = 4, 64, 32
+    print(
+        f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
+        f"{concurrency} in flight, load average {os.getloadavg()[0]:.1f}"
+    )
+    header = (
+        f"{'process':>20} {'non-stream/req':>14} {f'stream {short} tok/req':>16} "
+        f"{f'stream {long_} tok/req':>17} {'per stream':>10} {'per chunk':>9}"
+    )
+    print(header)
+    print("-" * len(header))
+    rows = {}
+    for label, targets, pid in (
+        ("enginesim (direct)", ports, engines.pid),
+        ("router", [router_port], router.pid),
+    ):
+        whole, whole_cpu = measure_cpu(targets, pid, concurrency, args.duration, False, short)
+        values = [whole_cpu / max(len(whole.samples), 1)]
+        points = []
+        for tokens in (short, long_):
+            run, cpu = measure_cpu(targets, pid, concurrency, args.duration, True, tokens)
+            count = max(len(run.samples), 1)
+            points.append((run.events / count, cpu / count))
+            values.append(cpu / count)
+        (e0, c0), (e1, c1) = points
+        per_chunk = (c1 - c0) / (e1 - e0) if e1 > e0 else float("nan")
+        values += [c0 - per_chunk * e0, per_chunk]
+        rows[label] = values
+        print(
+            f"{label:>20} "
+            + " ".join(
+                f"{v * 1e6:>{w}.0f}" for v, w in zip(values, (14, 16, 17, 10, 9), strict=True)
+            ),
+            flush=True,
+        )
+    ratio = [
+        r / d if d else float("nan")
+        for r, d in zip(rows["router"], rows["enginesim (direct)"], strict=True)
+    ]
+    print(
+        f"{'router / direct':>20} "
+        + " ".join(f"{v:>{w}.2f}" for v, w in zip(ratio, (14, 16, 17, 10, 9), strict=True))
+    )
+
+
+def throughput_rows(
+    ports: list[int],
+    router_port: int,
+    router: subprocess.Popen[bytes],
+    engines: subprocess.Popen[bytes],
+    args: argparse.Namespace,
+) -> None:
+    concurrency = 64
+    engine0 = cpu_seconds(engines.pid)
+    direct, _, elapsed_d = run_async(closed_loop(ports, concurrency, args.duration, False, 4))
+    engine_per_request = (cpu_seconds(engines.pid) - engine0) / max(len(direct), 1)
+    before = router_histograms(router_port)
+    cpu0 = cpu_seconds(router.pid)
+    routed, _, elapsed_r = run_async(
+        closed_loop([router_port], concurrency, args.duration, False, 4)
+    )
+    router_cpu = cpu_seconds(router.pid) - cpu0
+    after = router_histograms(router_port)
+    rps_d, rps_r = len(direct) / elapsed_d, len(routed) / elapsed_r
+    per_request = router_cpu / max(len(routed), 1)
+    print(f"\nThroughput, non-streamed max_tokens=4, {concurrency} in flight")
+    print(
+        f"{'direct req/s':>12} {'router req/s':>12} {'ratio':>6} {'engine CPU/req':>14} "
+        f"{'router CPU/req':>14} {'router req/CPU-s':>16}"
+    )
+    print(
+        f"{rps_d:>12.0f} {rps_r:>12.0f} {rps_r / rps_d:>6.2f} "
+        f"{engine_per_request * 1e6:>12.0f}µs {per_request * 1e6:>12.0f}µs "
+        f"{1 / per_request:>16.0f}"
+    )
+    count = after["decision"].count - before["decision"].count
+    print(
+        "\nRouter hot path per request (its own histograms, wall clock): median bucket, "
+        "mean, and the mean's share of the router's CPU time per request"
+    )
+    for name, label in (
+        ("tokenize", "tokenize"),
+        ("hashing", "hash blocks"),
+        ("decision", "policy decision"),
+    ):
+        mean = (after[name].sum - before[name].sum) / max(count, 1)
+        median = f"≤ {bucket_quantile(before, after, name) * 1e6:.0f} µs"
+        print(
+            f"{label:>16}: median {median:>9}, mean "
+            f"{mean * 1e6:6.1f} µs ({mean / per_request:6.1%})"
+        )
+    print(
+        f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
+        "competes for the same CPUs)"
+    )

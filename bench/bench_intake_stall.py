@@ -15,10 +15,11 @@ with the big prompts forwarded to the engines (``engines``) or naming an unknown
 that the router refuses them with a 404 once taken in (``router only``: the engines' own
 handling of 8 MiB prompts, which stalls enginesim's streams too, is out of the figures);
 each with the approximate tokenizer (the default) and an exact one (a HF ``tokenizers``
-WordLevel tokenizer.json written by the bench, whitespace pre-tokenizer: about 2 MB/s).
+WordLevel tokenizer.json written by the bench, whitespace pre-tokenizer; its speed on the
+measured machine is in bench/intake_stall.md).
 The engines (enginesim, 2 instances at 20x speed) tokenize the big prompts too, in a
 thread; that load is the same in every row. The first big prompt of each ``worker`` row
-also starts the worker process (spawn, ~1 s), which the rows include.
+also starts the worker process (a spawn), which the rows include.
 
     .venv/bin/python bench/bench_intake_stall.py [--big 3] [--mib 8]
 """

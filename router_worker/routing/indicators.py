@@ -69,8 +69,8 @@ Definitions
     stretch it; 1 s until two scrapes were seen).
   - With ``use_scraped_load`` off, the view reports ``in_flight`` (decoding +
     all not-started requests), never anything scraped.
-  - :meth:`ClusterState.snapshot`'s ``batch_size`` is ``decoding`` only (the
-    router-local decode batch, for dashboards); the policies' BS is the view's.
+  - :meth:`ClusterState.snapshot` reports ``decoding`` (the router-local decode
+    batch) beside ``in_flight``; the policies' BS is the view's ``batch_size``.
 
   Scraped ``waiting`` only serves the attribution above: external waiting
   requests are not added to ``pending_prefill`` (their prompt sizes are
@@ -125,7 +125,7 @@ class InstanceState:
     slot: int
     health: Health
     pending_prefill_tokens: float
-    batch_size: float
+    decoding: float  # this router's requests past their first token (not the view's BS)
     in_flight: float
     decode_context_tokens: float
     scraped_running: float | None
@@ -399,7 +399,7 @@ class ClusterState:
             slot=slot,
             health=Health(int(self.health[slot])),
             pending_prefill_tokens=float(self.pending[slot]),
-            batch_size=float(self.decoding[slot]),
+            decoding=float(self.decoding[slot]),
             in_flight=float(self.in_flight[slot]),
             decode_context_tokens=float(self.context[slot]),
             scraped_running=_optional(self.running[slot]),

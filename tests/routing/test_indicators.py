@@ -21,16 +21,16 @@ def test_lifecycle_moves_tokens_from_pending_to_batch_and_out():
     uncached = state.on_dispatch(request, "i0", 1.0)
     assert uncached == 100 - 64
     snap = state.snapshot("i0")
-    assert (snap.pending_prefill_tokens, snap.batch_size, snap.in_flight) == (36, 0, 1)
+    assert (snap.pending_prefill_tokens, snap.decoding, snap.in_flight) == (36, 0, 1)
     # The view's BS is the engine's running batch: the prefilling request is in it.
     assert state.view().batch_size.tolist() == [1, 0]
     state.on_first_token(request.request_id, 1.5)
     snap = state.snapshot("i0")
-    assert (snap.pending_prefill_tokens, snap.batch_size, snap.decode_context_tokens) == (0, 1, 100)
+    assert (snap.pending_prefill_tokens, snap.decoding, snap.decode_context_tokens) == (0, 1, 100)
     assert state.view().batch_size.tolist() == [1, 0]
     state.on_finish(request.request_id, 3.0)
     snap = state.snapshot("i0")
-    assert (snap.batch_size, snap.in_flight, snap.decode_context_tokens) == (0, 0, 0)
+    assert (snap.decoding, snap.in_flight, snap.decode_context_tokens) == (0, 0, 0)
     assert state.view().batch_size.tolist() == [0, 0]
 
 
@@ -191,7 +191,7 @@ def test_batch_size_stays_between_decoding_and_in_flight_plus_external(ops):
             state.on_finish(live.pop(x % len(live)), now)
         elif op == "scrape":
             state.on_scrape("a", now, running=x, waiting=y)
-        decoding = state.snapshot("a").batch_size
+        decoding = state.snapshot("a").decoding
         in_flight = float(view.in_flight[0])
         ours = float(view.batch_size[0] - view.external_running[0])
         assert 0 <= view.ours_waiting[0] <= in_flight - decoding

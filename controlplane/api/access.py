@@ -18,7 +18,7 @@ from controlplane.services import tokens as token_services
 from .auth import actor_of, role
 from .schemas import Id, Name, Reason
 
-router = Router(tags=["access"])
+routes = Router(tags=["access"])
 
 
 class TokenIn(Schema):
@@ -127,13 +127,13 @@ def key_out(key: ClientKey) -> dict:
     }
 
 
-@router.get("/tokens", response=list[TokenOut])
+@routes.get("/tokens", response=list[TokenOut])
 def list_tokens(request: HttpRequest):
     """Your API tokens (an admin sees everyone's)."""
     return [token_out(t) for t in token_services.visible_tokens(request.auth)]
 
 
-@router.post("/tokens", response={201: TokenCreatedOut})
+@routes.post("/tokens", response={201: TokenCreatedOut})
 def create_token(request: HttpRequest, payload: TokenIn):
     """A token acting as you, with your role."""
     secret, token = token_services.create_api_token(
@@ -142,19 +142,19 @@ def create_token(request: HttpRequest, payload: TokenIn):
     return Status(201, {"token": token_out(token), "secret": secret})
 
 
-@router.post("/tokens/{token_id}/revoke", response=TokenOut)
+@routes.post("/tokens/{token_id}/revoke", response=TokenOut)
 def revoke_token(request: HttpRequest, token_id: Id, payload: RevokeIn):
     """Revoke one of your tokens (an admin: anyone's). It is refused from now on. The body
     is a JSON object, `{}` or `{"reason": "..."}`."""
     return token_out(token_services.revoke_api_token(actor_of(request), token_id, payload.reason))
 
 
-@router.get("/clusters/{cluster_id}/client-keys", response=list[ClientKeyOut])
+@routes.get("/clusters/{cluster_id}/client-keys", response=list[ClientKeyOut])
 def list_client_keys(request: HttpRequest, cluster_id: Id):
     return [key_out(k) for k in access_selectors.client_keys(cluster_id)]
 
 
-@router.post(
+@routes.post(
     "/clusters/{cluster_id}/client-keys", response={201: ClientKeyCreatedOut}, auth=role("admin")
 )
 def create_client_key(request: HttpRequest, cluster_id: Id, payload: ClientKeyIn):
@@ -162,7 +162,7 @@ def create_client_key(request: HttpRequest, cluster_id: Id, payload: ClientKeyIn
     return Status(201, {"key": key_out(key), "secret": secret})
 
 
-@router.post(
+@routes.post(
     "/clusters/{cluster_id}/client-keys/{key_id}/revoke", response=ClientKeyOut, auth=role("admin")
 )
 def revoke_client_key(request: HttpRequest, cluster_id: Id, key_id: Id, payload: RevokeIn):
@@ -173,12 +173,12 @@ def revoke_client_key(request: HttpRequest, cluster_id: Id, key_id: Id, payload:
     )
 
 
-@router.get("/clusters/{cluster_id}/client-auth", response=ClientAuthOut)
+@routes.get("/clusters/{cluster_id}/client-auth", response=ClientAuthOut)
 def get_client_auth(request: HttpRequest, cluster_id: Id):
     return _client_auth_out(cluster_id)
 
 
-@router.put("/clusters/{cluster_id}/client-auth", response=ClientAuthOut, auth=role("admin"))
+@routes.put("/clusters/{cluster_id}/client-auth", response=ClientAuthOut, auth=role("admin"))
 def set_client_auth(request: HttpRequest, cluster_id: Id, payload: ClientAuthIn):
     """Whether the cluster's routers refuse requests without a valid client key."""
     key_services.set_client_keys_required(

@@ -41,4 +41,4 @@ for module in (
     replays,
     access,
 ):
-    api.add_router("", module.router)
+    api.add_router("", module.routes)

@@ -14,28 +14,28 @@ from .pagination import Pages
 from .revisions import expected_revision
 from .schemas import CanaryDetailOut, CanaryIn, CanaryOut, Id, JudgementOut, ReasonIn
 
-router = Router(tags=["canaries"])
+routes = Router(tags=["canaries"])
 CanaryState = Literal["draft", "progressing", "paused", "promoted", "rolled_back", "aborted"]
 
 
-@router.get("/clusters/{cluster_id}/canaries", response=list[CanaryOut])
+@routes.get("/clusters/{cluster_id}/canaries", response=list[CanaryOut])
 def list_canaries(request: HttpRequest, cluster_id: Id, state: CanaryState | None = None):
     return canary_selectors.canaries(cluster_id, state)
 
 
-@router.get("/canaries/{canary_id}", response=CanaryDetailOut)
+@routes.get("/canaries/{canary_id}", response=CanaryDetailOut)
 def get_canary(request: HttpRequest, canary_id: Id):
     return canary_selectors.canary(canary_id)
 
 
-@router.get("/canaries/{canary_id}/judgements", response=list[JudgementOut])
+@routes.get("/canaries/{canary_id}/judgements", response=list[JudgementOut])
 @paginate(Pages)
 def list_judgements(request: HttpRequest, canary_id: Id):
     """Every judgement of the canary judge on this canary, oldest first, with its evidence."""
     return canary_selectors.judgements(canary_id)
 
 
-@router.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut}, auth=role("operator"))
+@routes.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut}, auth=role("operator"))
 def create_canary(request: HttpRequest, cluster_id: Id, payload: CanaryIn):
     canary = canary_services.create_canary(actor_of(request), cluster_id, **payload.dict())
     return Status(201, canary)
@@ -52,7 +52,7 @@ def _transition_endpoint(action: str) -> None:
         )
 
     transition.__name__ = f"{action}_canary"
-    router.post(
+    routes.post(
         f"/canaries/{{canary_id}}/{action}",
         response=CanaryOut,
         auth=role("operator"),

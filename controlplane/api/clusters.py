@@ -13,38 +13,38 @@ from .auth import actor_of, role
 from .revisions import etag, expected_revision
 from .schemas import ClusterIn, ClusterOut, Id, InstanceIn, InstanceOut, MeOut, Reason, ReasonIn
 
-router = Router(tags=["clusters"])
+routes = Router(tags=["clusters"])
 
 
-@router.get("/me", response=MeOut, tags=["auth"])
+@routes.get("/me", response=MeOut, tags=["auth"])
 def me(request: HttpRequest) -> dict:
     return {"username": request.auth.get_username(), "role": role_of(request.auth)}
 
 
-@router.get("/clusters", response=list[ClusterOut])
+@routes.get("/clusters", response=list[ClusterOut])
 def list_clusters(request: HttpRequest):
     return cluster_selectors.clusters()
 
 
-@router.get("/clusters/{cluster_id}", response=ClusterOut)
+@routes.get("/clusters/{cluster_id}", response=ClusterOut)
 def get_cluster(request: HttpRequest, cluster_id: Id, response: HttpResponse):
     cluster = cluster_selectors.cluster(cluster_id)
     response["ETag"] = etag(cluster)
     return cluster
 
 
-@router.post("/clusters", response={201: ClusterOut}, auth=role("admin"))
+@routes.post("/clusters", response={201: ClusterOut}, auth=role("admin"))
 def create_cluster(request: HttpRequest, payload: ClusterIn):
     cluster = cluster_services.create_cluster(actor_of(request), **payload.dict())
     return Status(201, cluster)
 
 
-@router.get("/clusters/{cluster_id}/instances", response=list[InstanceOut], tags=["instances"])
+@routes.get("/clusters/{cluster_id}/instances", response=list[InstanceOut], tags=["instances"])
 def list_instances(request: HttpRequest, cluster_id: Id):
     return cluster_selectors.instances(cluster_id)
 
 
-@router.post(
+@routes.post(
     "/clusters/{cluster_id}/instances",
     response={201: InstanceOut},
     auth=role("admin"),
@@ -62,7 +62,7 @@ def add_instance(request: HttpRequest, cluster_id: Id, payload: InstanceIn):
     return Status(201, instance)
 
 
-@router.post(
+@routes.post(
     "/instances/{instance_id}/drain",
     response=InstanceOut,
     auth=role("operator"),
@@ -78,7 +78,7 @@ def drain_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
     )
 
 
-@router.post(
+@routes.post(
     "/instances/{instance_id}/enable",
     response=InstanceOut,
     auth=role("operator"),
@@ -94,7 +94,7 @@ def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
     )
 
 
-@router.delete(
+@routes.delete(
     "/instances/{instance_id}", response={204: None}, auth=role("admin"), tags=["instances"]
 )
 def remove_instance(request: HttpRequest, instance_id: Id, reason: Reason | None = None):

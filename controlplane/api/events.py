@@ -20,10 +20,10 @@ from .schemas import (
     QuarantineOut,
 )
 
-router = Router(tags=["events"])
+routes = Router(tags=["events"])
 
 
-@router.get("/hotspot-events", response=list[HotspotEventOut])
+@routes.get("/hotspot-events", response=list[HotspotEventOut])
 @paginate(Pages)
 def list_hotspot_events(request: HttpRequest, filters: Query[HotspotFilters]):
     return event_selectors.hotspot_events(
@@ -35,7 +35,7 @@ def list_hotspot_events(request: HttpRequest, filters: Query[HotspotFilters]):
     )
 
 
-@router.get("/audit-events", response=list[AuditEventOut])
+@routes.get("/audit-events", response=list[AuditEventOut])
 @paginate(Pages)
 def list_audit_events(request: HttpRequest, filters: Query[AuditFilters]):
     return event_selectors.audit_events(
@@ -47,7 +47,7 @@ def list_audit_events(request: HttpRequest, filters: Query[AuditFilters]):
     )
 
 
-@router.get("/telemetry-quarantine", response=QuarantineOut)
+@routes.get("/telemetry-quarantine", response=QuarantineOut)
 def telemetry_quarantine(request: HttpRequest, filters: Query[QuarantineFilters]):
     """Router events and metrics records ingest could not store, with the reason."""
     try:

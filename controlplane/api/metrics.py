@@ -9,10 +9,10 @@ from controlplane.selectors import metrics as metric_selectors
 from .pagination import Pages
 from .schemas import ArmRollupFilters, ArmRollupOut, Id, InstanceRollupFilters, InstanceRollupOut
 
-router = Router(tags=["metrics"])
+routes = Router(tags=["metrics"])
 
 
-@router.get("/clusters/{cluster_id}/rollups/arms", response=list[ArmRollupOut])
+@routes.get("/clusters/{cluster_id}/rollups/arms", response=list[ArmRollupOut])
 @paginate(Pages)
 def list_arm_rollups(request: HttpRequest, cluster_id: Id, filters: Query[ArmRollupFilters]):
     return metric_selectors.arm_rollups(
@@ -20,7 +20,7 @@ def list_arm_rollups(request: HttpRequest, cluster_id: Id, filters: Query[ArmRol
     )
 
 
-@router.get("/clusters/{cluster_id}/rollups/instances", response=list[InstanceRollupOut])
+@routes.get("/clusters/{cluster_id}/rollups/instances", response=list[InstanceRollupOut])
 @paginate(Pages)
 def list_instance_rollups(
     request: HttpRequest, cluster_id: Id, filters: Query[InstanceRollupFilters]

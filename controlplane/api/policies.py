@@ -12,7 +12,7 @@ from .auth import actor_of, role
 from .revisions import expected_revision
 from .schemas import Id, PolicyIn, PolicyKindOut, PolicyOut, ReasonIn
 
-router = Router(tags=["policies"])
+routes = Router(tags=["policies"])
 
 
 def _out(policy: Policy, active_policy_id: int | None) -> dict:
@@ -25,7 +25,7 @@ def _out(policy: Policy, active_policy_id: int | None) -> dict:
     }
 
 
-@router.get("/policy-kinds", response=list[PolicyKindOut])
+@routes.get("/policy-kinds", response=list[PolicyKindOut])
 def list_policy_kinds(request: HttpRequest):
     return [
         {"kind": kind, "description": info["description"], "params_schema": info["schema"]}
@@ -33,19 +33,19 @@ def list_policy_kinds(request: HttpRequest):
     ]
 
 
-@router.get("/clusters/{cluster_id}/policies", response=list[PolicyOut])
+@routes.get("/clusters/{cluster_id}/policies", response=list[PolicyOut])
 def list_policies(request: HttpRequest, cluster_id: Id):
     active = cluster_selectors.cluster(cluster_id).active_policy_id
     return [_out(policy, active) for policy in cluster_selectors.policies(cluster_id)]
 
 
-@router.post("/clusters/{cluster_id}/policies", response={201: PolicyOut}, auth=role("operator"))
+@routes.post("/clusters/{cluster_id}/policies", response={201: PolicyOut}, auth=role("operator"))
 def create_policy(request: HttpRequest, cluster_id: Id, payload: PolicyIn):
     policy = policy_services.create_policy(actor_of(request), cluster_id, **payload.dict())
     return Status(201, _out(policy, policy.cluster.active_policy_id))
 
 
-@router.post(
+@routes.post(
     "/clusters/{cluster_id}/policies/{policy_id}/activate",
     response=PolicyOut,
     auth=role("operator"),

@@ -11,21 +11,21 @@ from controlplane.services import replays as replay_services
 from .auth import actor_of, role
 from .schemas import Id, ReplayCreatedOut, ReplayIn, ReplayOut
 
-router = Router(tags=["replays"])
+routes = Router(tags=["replays"])
 ReplayState = Literal["queued", "running", "succeeded", "failed"]
 
 
-@router.get("/replays", response=list[ReplayOut])
+@routes.get("/replays", response=list[ReplayOut])
 def list_replays(request: HttpRequest, cluster: Id | None = None, state: ReplayState | None = None):
     return replay_selectors.replays(cluster, state)
 
 
-@router.get("/replays/{replay_id}", response=ReplayOut)
+@routes.get("/replays/{replay_id}", response=ReplayOut)
 def get_replay(request: HttpRequest, replay_id: Id):
     return replay_selectors.replay(replay_id)
 
 
-@router.post(
+@routes.post(
     "/clusters/{cluster_id}/replays", response={202: ReplayCreatedOut}, auth=role("operator")
 )
 def create_replay(request: HttpRequest, cluster_id: Id, payload: ReplayIn):

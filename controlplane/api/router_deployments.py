@@ -11,20 +11,20 @@ from controlplane.services import router_deployments as router_services
 from .auth import RouterTokenAuth, actor_of, role
 from .schemas import HeartbeatIn, HeartbeatOut, Id, RouterCreatedOut, RouterIn, RouterOut
 
-router = Router(tags=["routers"])
+routes = Router(tags=["routers"])
 
 
-@router.get("/routers", response=list[RouterOut])
+@routes.get("/routers", response=list[RouterOut])
 def list_routers(request: HttpRequest, cluster: Id | None = None):
     return router_selectors.routers(cluster)
 
 
-@router.get("/routers/{router_id}", response=RouterOut)
+@routes.get("/routers/{router_id}", response=RouterOut)
 def get_router(request: HttpRequest, router_id: Id):
     return router_selectors.router(router_id)
 
 
-@router.post("/clusters/{cluster_id}/routers", response={201: RouterCreatedOut}, auth=role("admin"))
+@routes.post("/clusters/{cluster_id}/routers", response={201: RouterCreatedOut}, auth=role("admin"))
 def create_router(request: HttpRequest, cluster_id: Id, payload: RouterIn):
     token, created = router_services.create_router_deployment(
         actor_of(request), cluster_id, **payload.dict()
@@ -32,7 +32,7 @@ def create_router(request: HttpRequest, cluster_id: Id, payload: RouterIn):
     return Status(201, {"router": router_selectors.router(created.pk), "token": token})
 
 
-@router.get(
+@routes.get(
     "/routers/{router_id}/config",
     auth=RouterTokenAuth(),
     tags=["router agent"],
@@ -50,7 +50,7 @@ def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
     )
 
 
-@router.post(
+@routes.post(
     "/routers/{router_id}/heartbeat",
     auth=RouterTokenAuth(),
     response=HeartbeatOut,

@@ -31,8 +31,17 @@ def database_from_url(url: str) -> dict:
     ``/`` is written ``%40``/``%2F``); unset parts fall back to the local defaults.
     """
     if urlparse(url).scheme not in {"postgres", "postgresql"}:
-        raise ValueError(f"SWITCHYARD_DATABASE_URL must be a postgres:// URL, got {url!r}")
-    config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+        raise ValueError(
+            f"SWITCHYARD_DATABASE_URL must be a postgres:// URL, got {redacted(url)!r}"
+        )
+    try:
+        config = dj_database_url.parse(url, conn_max_age=60, conn_health_checks=True)
+    except ValueError:
+        # from None: the parser's own error may quote a piece of the password
+        raise ValueError(
+            "SWITCHYARD_DATABASE_URL is not a valid URL (percent-encode each part), "
+            f"got {redacted(url)!r}"
+        ) from None
     name = config.get("NAME") or "switchyard"
     config.update(
         NAME=name,
@@ -44,6 +53,20 @@ def database_from_url(url: str) -> dict:
         TEST={"NAME": f"test_{name}"},
     )
     return config
+
+
+def redacted(url: str) -> str:
+    """``url`` for an error message, its password shown as ``***``: everything between the
+    user name and the last ``@``, however malformed the URL (a password may hold ``@``,
+    ``/`` or ``://`` unencoded)."""
+    credentials, at, location = url.rpartition("@")
+    if not at:
+        return url
+    scheme, separator, userinfo = credentials.partition("://")
+    if not separator:
+        scheme, userinfo = "", credentials
+    user, colon, _password = userinfo.partition(":")
+    return f"{scheme}{separator}{user}{':***' if colon else ''}@{location}"
 
 
 def required_secret_key() -> str:

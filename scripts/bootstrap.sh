@@ -22,12 +22,14 @@ fi
 py_stamp=".venv/.installed-$(stamp_of pyproject.toml requirements.lock)"
 if [ ! -f "$py_stamp" ]; then
   echo "Installing Python packages (hashed lock requirements.lock) ..."
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --upgrade pip
-  # Every third-party package, each checked against its hash; then the project itself, editable,
-  # with nothing more (the lock already holds all of its extras).
+  # Nothing unhashed is downloaded: the venv's own pip installs every third-party package
+  # against its hash, wheels only (an sdist would fetch its build tools unchecked), the build
+  # backend (setuptools) included; then the project itself, editable, built with that
+  # setuptools and from no index (the lock already holds all of its extras).
   .venv/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes \
-    -r requirements.lock
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+    --only-binary :all: -r requirements.lock
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check --no-index --no-deps \
+    --no-build-isolation -e .
   rm -f .venv/.installed-*
   touch "$py_stamp"
 fi

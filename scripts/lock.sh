@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Regenerates requirements.lock, the hashed lock `make test` and `make demo` install from:
-# every extra of pyproject.toml, each pin with its PyPI hashes. Versions already in the lock
-# are kept; pass --upgrade-package NAME (or --upgrade) to move one. Needs network to PyPI.
+# every extra of pyproject.toml (build-backend's setuptools too: --allow-unsafe), each pin with
+# its PyPI hashes. Versions already in the lock are kept; pass --upgrade-package NAME (or
+# --upgrade) to move one. Needs network to PyPI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tools=$(mktemp -d)

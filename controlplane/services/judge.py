@@ -22,12 +22,11 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 from django.db import transaction
 from django.utils import timezone
-from scipy.stats import mannwhitneyu
 
 from controlplane.models import ArmMetricRollup, CanaryJudgement, CanarySplit
+from engine_interface import percentile
 
 from . import canaries
 from .audit import Actor
@@ -90,10 +89,15 @@ class Verdict:
 def compare(
     metric: str, baseline: list[float], candidate: list[float], guardrails: dict[str, float]
 ) -> MetricTest:
+    # Imported here: a router host's `routers` worker loads this module (with every task
+    # module) but never judges, and installs no scipy (pyproject's `supervisor` extra).
+    from scipy.stats import mannwhitneyu
+
     n_b, n_c = len(baseline), len(candidate)
-    if min(n_b, n_c) < guardrails["min_samples"]:
+    # an empty arm (min_samples 0) has no median to compare
+    if min(n_b, n_c) < max(guardrails["min_samples"], 1):
         return MetricTest(metric, n_b, n_c, None, None, None, None, "no_data")
-    med_b, med_c = float(np.median(baseline)), float(np.median(candidate))
+    med_b, med_c = percentile(baseline, 50), percentile(candidate, 50)
     effect = (med_c - med_b) / med_b if med_b > 0 else 0.0
     p_value = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
     worse = effect > guardrails["effect_tolerance"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 import numpy as np
@@ -59,6 +60,15 @@ def test_worse_but_not_significant_is_inconclusive():
     baseline = ArmSample(requests=3, ttft_s=[0.5, 0.9, 0.4], tpot_s=[0.02] * 3)
     candidate = ArmSample(requests=3, ttft_s=[0.6, 0.3, 1.0], tpot_s=[0.02] * 3)
     assert judge({"baseline": baseline, "candidate": candidate}, few).verdict == "inconclusive"
+
+
+def test_an_empty_arm_is_no_data_even_when_no_samples_are_required():
+    none_required = {**DEFAULT_GUARDRAILS, "min_samples": 0}
+    candidate = ArmSample(requests=3, ttft_s=[0.5, 0.6, 0.7])  # one-token answers: no TPOT
+    verdict = judge({"baseline": arm(0.5), "candidate": candidate}, none_required)
+    tpot = next(t for t in verdict.tests if t.metric == "tpot")
+    assert (tpot.outcome, tpot.median_candidate, tpot.p_value) == ("no_data", None, None)
+    json.dumps(verdict.evidence(), allow_nan=False)  # stored as JSON: no NaN
 
 
 @pytest.fixture

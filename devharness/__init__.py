@@ -11,8 +11,9 @@ from devharness.processes import (
     ProcessSet,
     start_process,
     stop_process,
+    stop_together,
 )
-from devharness.waits import TRANSIENT, WaitTimeout, wait_http, wait_until
+from devharness.waits import TRANSIENT, WaitTimeout, wait_http, wait_until, wait_until_async
 
 __all__ = [
     "TRANSIENT",
@@ -25,6 +26,8 @@ __all__ = [
     "ports_free",
     "start_process",
     "stop_process",
+    "stop_together",
     "wait_http",
     "wait_until",
+    "wait_until_async",
 ]

@@ -6,6 +6,8 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -125,15 +127,7 @@ class ManagedProcess:
         self.process.wait()
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.new_session:
-            self.signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=self.grace)
-            self.kill_group()
-        else:
-            stop_process(self.process, self.grace)
+        stop_together([self], self.grace)
 
     def tail(self, chars: int = 3000) -> str:
         if self.log is None:
@@ -185,8 +179,8 @@ class ProcessSet:
             self.running.remove(managed)
 
     def stop_all(self) -> None:
-        while self.running:
-            self.running.pop().stop()
+        stop_together(self.running, self.grace)
+        self.running.clear()
 
     def __enter__(self) -> Self:
         return self
@@ -198,3 +192,17 @@ class ProcessSet:
         traceback: TracebackType | None,
     ) -> None:
         self.stop_all()
+
+
+def stop_together(processes: Sequence[ManagedProcess], grace: float) -> None:
+    """Stop ``processes`` (in the order they were started) as one stack: SIGTERM to each,
+    newest first, ``grace`` seconds for all of them together, then SIGKILL to what is left
+    of each (its whole group with ``new_session``, even after the leader has exited)."""
+    for managed in reversed(processes):
+        managed.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for managed in processes:
+        if managed.process is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                managed.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        managed.kill_group()

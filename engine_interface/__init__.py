@@ -17,6 +17,8 @@
   cluster-wide KV usage is likewise the mean of per-instance fractions.
 * :func:`load_cv` / :func:`mean_load_cv` and :func:`percentile`: the load balance and
   latency statistics every report (router, control plane, replay, benches) computes.
+* :mod:`engine_interface.kv_events`: constants of vLLM's KV-event ZMQ protocol (a module of
+  its own, free of the parser's dependencies, so that the pure routing code may import it).
 
 A package of its own, importing neither side (DESIGN.md: enginesim's server imports nothing
 of router_worker, and the router nothing of enginesim): the router, the control plane,
@@ -28,7 +30,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -47,6 +49,11 @@ class MetricName:
     @property
     def names(self) -> tuple[str, ...]:
         return (self.name, *self.older)
+
+    @property
+    def total(self) -> str:
+        """A counter's sample name (the exposition appends ``_total``)."""
+        return self.name + "_total"
 
 
 RUNNING = MetricName("vllm:num_requests_running")
@@ -389,12 +396,28 @@ def _check_q(q: float) -> None:
         raise ValueError(f"percentile q must be in [0, 100], got {q!r}")
 
 
-def percentile(values: ArrayLike, q: float) -> float | None:
+@overload
+def percentile(values: ArrayLike, q: float, *, axis: None = None) -> float | None: ...
+
+
+@overload
+def percentile(values: ArrayLike, q: float, *, axis: int) -> np.ndarray: ...
+
+
+def percentile(
+    values: ArrayLike, q: float, *, axis: int | None = None
+) -> float | np.ndarray | None:
     """The ``q``-th percentile, **q in [0, 100]** as in numpy, with numpy's default
-    linear interpolation between order statistics; None for no values."""
+    linear interpolation between order statistics (``q=50``: the median); None for no
+    values. With ``axis``: the percentile of each slice along that axis, as an array (a
+    bootstrap's resamples); the slices must not be empty."""
     _check_q(q)
     array = np.asarray(values, dtype=float)
-    return float(np.percentile(array, q)) if array.size else None
+    if axis is None:
+        return float(np.percentile(array, q)) if array.size else None
+    if not array.size:
+        raise ValueError("percentile along an axis of no values")
+    return np.asarray(np.percentile(array, q, axis=axis))
 
 
 def _row_cvs(rows: np.ndarray) -> np.ndarray:

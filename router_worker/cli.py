@@ -30,6 +30,7 @@ from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
 from router_worker.connections import guarded_protocol
 from router_worker.service import ConfigRefused, Service, ServiceOptions
+from router_worker.telemetry_contract import REDIS_URL_ENV, ROUTER_TOKEN_ENV
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -44,17 +45,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--deployment", help="managed: RouterDeployment id")
     parser.add_argument(
         "--token",
-        default=os.environ.get("SWITCHYARD_ROUTER_TOKEN"),
-        help="managed: router token (env SWITCHYARD_ROUTER_TOKEN)",
+        default=os.environ.get(ROUTER_TOKEN_ENV),
+        help=f"managed: router token (env {ROUTER_TOKEN_ENV})",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--name", help="router name in telemetry (default hostname:port)")
     parser.add_argument(
         "--redis-url",
-        default=os.environ.get("SWITCHYARD_REDIS_URL"),
+        default=os.environ.get(REDIS_URL_ENV),
         help="telemetry and config notices; 'none' disables (default: env "
-        f"SWITCHYARD_REDIS_URL; managed mode falls back to {DEFAULT_REDIS})",
+        f"{REDIS_URL_ENV}; managed mode falls back to {DEFAULT_REDIS})",
     )
     parser.add_argument(
         "--admin-token",

@@ -35,6 +35,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from engine_interface.kv_events import END_SEQ, SEQ_BYTES
 from router_worker.config import RouterConfig
 from router_worker.routing import (
     AllBlocksCleared,
@@ -45,8 +46,6 @@ from router_worker.routing import (
 
 log = logging.getLogger("router_worker.kv")
 
-END_SEQ = -1
-SEQ_BYTES = 8
 REPLAY_TIMEOUT_S = 1.0
 RECONCILE_S = 1.0
 REPORT_INTERVAL_S = 10.0
@@ -142,7 +141,7 @@ class Subscriber:
         socket.setsockopt(zmq.LINGER, 0)
         socket.connect(self.replay)
         try:
-            await socket.send_multipart([b"", start.to_bytes(8, "big")])
+            await socket.send_multipart([b"", start.to_bytes(SEQ_BYTES, "big")])
             got = await asyncio.wait_for(self._collect(socket, stop), REPLAY_TIMEOUT_S)
         except (TimeoutError, zmq.ZMQError):
             got = -1

@@ -36,6 +36,10 @@ METRICS_INTERVAL_S = 1.0
 # Pub/sub channel on which the control plane announces a new config version
 # ({"cluster", "version"}); routers also poll, so a lost message only delays them.
 CONFIG_CHANNEL = "switchyard:config"
+# Environment variables a managed router reads (`python -m router_worker`) and the control
+# plane's router launcher sets: the router's bearer token and the Redis it reports to.
+ROUTER_TOKEN_ENV = "SWITCHYARD_ROUTER_TOKEN"
+REDIS_URL_ENV = "SWITCHYARD_REDIS_URL"
 EVENTS_STREAM = "switchyard:events"
 METRICS_STREAM = "switchyard:metrics"
 STREAM_MAXLEN = 100_000

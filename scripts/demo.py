@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devharness import ManagedProcess, WaitTimeout, wait_until
+from devharness import ManagedProcess, WaitTimeout, stop_together, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -107,15 +107,6 @@ class Service:
 
     def exited(self) -> int | None:
         return None if self.managed is None else self.managed.poll()
-
-    def signal_group(self, signum: int) -> None:
-        if self.managed is not None:
-            self.managed.signal(signum)
-
-    def kill_group(self) -> None:
-        """SIGKILL whatever is left of the group, even after its leader has exited."""
-        if self.managed is not None:
-            self.managed.kill_group()
 
     def tail(self, lines: int = 15) -> str:
         text = "" if self.managed is None else self.managed.tail(chars=20_000)
@@ -327,13 +318,7 @@ class StackFailed(Exception):
 
 
 def stop_all(running: list[Service]) -> None:
-    for service in reversed(running):
-        service.signal_group(signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    for service in running:
-        while service.exited() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        service.kill_group()
+    stop_together([s.managed for s in running if s.managed is not None], STOP_GRACE_S)
 
 
 def supervise(running: list[Service]) -> None:

@@ -9,14 +9,22 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.lib.loadclient import MODEL, Run, closed_loop, run_async
-from devharness import ManagedProcess, free_port, free_ports, start_process, stop_process, wait_http
+from devharness import (
+    ManagedProcess,
+    WaitTimeout,
+    free_port,
+    free_ports,
+    start_process,
+    stop_process,
+    wait_http,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 INSTANCES = 4
@@ -39,17 +47,17 @@ class EngineLog:
         """The engine's own TTFT (handler start → first content chunk) of each of ``run``'s
         streams, by request id; waits for records still being written."""
         wanted = {o.request_id for o in run.outcomes if o.first is not None}
-        deadline = time.monotonic() + wait
-        while True:
-            self._read()
-            found = {
-                rid: rec["first_token"] - rec["arrival"]
-                for rid in wanted
-                if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]
-            }
-            if len(found) == len(wanted) or time.monotonic() > deadline:
-                return found
-            time.sleep(0.05)
+        with contextlib.suppress(WaitTimeout):  # then what has been written
+            wait_until(lambda: self._ttft(wanted).keys() == wanted, wait, "the engine's records")
+        return self._ttft(wanted)
+
+    def _ttft(self, wanted: set[str]) -> dict[str, float]:
+        self._read()
+        return {
+            rid: rec["first_token"] - rec["arrival"]
+            for rid in wanted
+            if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]
+        }
 
     def _read(self) -> None:
         if not self.path.exists():

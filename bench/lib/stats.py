@@ -37,7 +37,7 @@ def added_interval(moved: list[float], base: list[float], q: float) -> str:
         return "n/a"
 
     def difference(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
-        return np.percentile(a, q, axis=axis) - np.percentile(b, q, axis=axis)
+        return percentile(a, q, axis=axis) - percentile(b, q, axis=axis)
 
     result = scipy.stats.bootstrap(
         (np.asarray(moved), np.asarray(base)),

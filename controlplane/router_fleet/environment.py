@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import os
 
+from router_worker.telemetry_contract import REDIS_URL_ENV, ROUTER_TOKEN_ENV
+
 # Process basics (finding Python and our code, locale, time zone, scratch space) and the
 # router's own settings (see router_worker/cli.py for what it reads).
 PASSED_THROUGH = (
@@ -31,8 +33,8 @@ def router_environment(token: str, redis_url: str) -> dict[str, str]:
     env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
     env.update(
         {
-            "SWITCHYARD_ROUTER_TOKEN": token,
-            "SWITCHYARD_REDIS_URL": redis_url,
+            ROUTER_TOKEN_ENV: token,
+            REDIS_URL_ENV: redis_url,
             "PYTHONUNBUFFERED": "1",
         }
     )

@@ -38,11 +38,12 @@ import msgpack
 import zmq
 import zmq.asyncio
 
+from engine_interface.kv_events import END_SEQ, MEDIUM_GPU, SEQ_BYTES
+
 log = logging.getLogger(__name__)
 
 REPLAY_PORT_OFFSET = 100
-END_SEQ = (-1).to_bytes(8, "big", signed=True)
-MEDIUM_GPU = "GPU"
+END_SEQ_FRAME = END_SEQ.to_bytes(SEQ_BYTES, "big", signed=True)
 ENCODINGS = ("map", "array")
 
 
@@ -123,7 +124,7 @@ class KVEventPublisher:
         self._next_seq += 1
         self._buffer.append((seq, payload))
         # PUB never blocks: with no subscriber or a full queue ZMQ drops, as vLLM's does.
-        self._pub.send_multipart([self._topic, seq.to_bytes(8, "big"), payload])
+        self._pub.send_multipart([self._topic, seq.to_bytes(SEQ_BYTES, "big"), payload])
 
     async def _serve_replay(self) -> None:
         while True:
@@ -136,9 +137,9 @@ class KVEventPublisher:
             for seq, payload in list(self._buffer):
                 if seq >= start_seq:
                     await self._replay.send_multipart(
-                        [client_id, b"", seq.to_bytes(8, "big"), payload]
+                        [client_id, b"", seq.to_bytes(SEQ_BYTES, "big"), payload]
                     )
-            await self._replay.send_multipart([client_id, b"", END_SEQ, b""])
+            await self._replay.send_multipart([client_id, b"", END_SEQ_FRAME, b""])
 
     async def close(self) -> None:
         if self._replay_task is not None:

@@ -102,11 +102,12 @@ from typing import Final
 
 import numpy as np
 
+from engine_interface.kv_events import MEDIUM_GPU
 from router_worker.routing.features import extend_chain
 from router_worker.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from router_worker.routing.shadowtree import ShadowTree
 
-GPU_MEDIA = (None, "GPU", "gpu")
+GPU_MEDIA = (None, MEDIUM_GPU, MEDIUM_GPU.lower())
 
 # Chain lookups bisect for this many distinct hit lengths, then scan the rest.
 _BISECT_RUNS = 6

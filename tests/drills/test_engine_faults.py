@@ -8,11 +8,13 @@ health probe passes. Nothing is lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 
 import pytest
 
+from devharness import WaitTimeout, wait_until
 from tests.drills.clients import Load
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
@@ -25,21 +27,25 @@ POST_FAULT_LOAD_S = 1.5
 def wait_health(router: Router, name: str, wanted: str, timeout: float) -> float | None:
     """Seconds until the router reports ``wanted`` for ``name`` (None on timeout)."""
     start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if router.health_of(name) == wanted:
-            return time.monotonic() - start
-        time.sleep(0.02)
-    return None
+    try:
+        wait_until(
+            lambda: router.health_of(name) == wanted, timeout, f"{name} {wanted}", interval=0.02
+        )
+    except WaitTimeout:
+        return None
+    return time.monotonic() - start
 
 
 def busy_on(router: Router, name: str, timeout: float) -> None:
-    """Wait until ``name`` has a stream past its first token, so the fault cuts one."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """Wait until ``name`` has a stream past its first token, so the fault cuts one (if
+    none starts within ``timeout``, the fault comes all the same)."""
+
+    def busy() -> bool:
         instances = router.state()["snapshot"]["instances"]
-        if next(i["batch_size"] for i in instances if i["name"] == name) >= 1:
-            return
-        time.sleep(0.01)
+        return next(i["batch_size"] for i in instances if i["name"] == name) >= 1
+
+    with contextlib.suppress(WaitTimeout):
+        wait_until(busy, timeout, f"a stream on {name}", interval=0.01)
 
 
 def fault_under_load(

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from pathlib import Path
 
 import httpx
 import openai
 import pytest
 
+from devharness import wait_until
 from enginesim.server import tokenizer
 from enginesim.server.chat import render_chat
 
@@ -24,6 +26,12 @@ def client(sim) -> openai.OpenAI:
 
 def _long_text(tag: str, words: int = 80) -> str:
     return " ".join(f"{tag}{i}" for i in range(words))
+
+
+def _log_lines(log: Path, at_least: int) -> list[str]:
+    """The request log's lines once it holds ``at_least`` of them ([] before)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return lines if len(lines) >= at_least else []
 
 
 def test_chat_non_stream_shape_and_usage(client):
@@ -169,11 +177,8 @@ def test_request_log_times_each_request_under_the_clients_request_id(sim_factory
     )
     assert reply.id.startswith("chatcmpl-") and reply.id != "chatcmpl-bench-1"
 
-    for _ in range(50):  # the stream's record is written as its generator closes
-        lines = log.read_text().splitlines() if log.exists() else []
-        if len(lines) == 2:
-            break
-        time.sleep(0.05)
+    # the stream's record is written as its generator closes
+    lines = wait_until(lambda: _log_lines(log, 2), 5, "both requests in the request log")
     records = {r["request_id"]: r for r in map(json.loads, lines)}
     streamed = records["cmpl-bench-1"]
     assert streamed["stream"] and streamed["completed"] and streamed["instance"] == 0
@@ -219,11 +224,7 @@ def test_request_log_records_an_abandoned_request_as_not_completed(sim_factory, 
             timeout=0.3,
             headers={"X-Request-Id": "gone-1"},
         )
-    for _ in range(50):
-        lines = log.read_text().splitlines() if log.exists() else []
-        if lines:
-            break
-        time.sleep(0.05)
+    lines = wait_until(lambda: _log_lines(log, 1), 5, "the request in the request log")
     [record] = map(json.loads, lines)
     assert record["request_id"] == "cmpl-gone-1" and not record["stream"]
     assert not record["completed"] and record["output_tokens"] < 4000

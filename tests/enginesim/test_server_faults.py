@@ -8,6 +8,7 @@ import openai
 import pytest
 import zmq
 
+import engine_interface as ei
 from devharness import wait_until
 from engine_interface import sample_total
 from tests.enginesim.test_server_metrics import scrape, value
@@ -92,8 +93,8 @@ def test_drop_midstream_cuts_the_stream_and_aborts_the_request(url):
     with pytest.raises(httpx.RemoteProtocolError):
         httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
     after = scrape(url)
-    aborts = value(after, "vllm:request_success_total", finished_reason="abort") - value(
-        before, "vllm:request_success_total", finished_reason="abort"
+    aborts = value(after, ei.REQUEST_SUCCESS.total, finished_reason="abort") - value(
+        before, ei.REQUEST_SUCCESS.total, finished_reason="abort"
     )
     assert aborts == 1  # the non-streamed one had finished before its body was cut
 
@@ -118,9 +119,9 @@ def test_client_disconnect_aborts_the_engine_request(url):
     def aborted() -> bool:
         now = scrape(url)
         return (
-            value(now, "vllm:request_success_total", finished_reason="abort")
-            - value(before, "vllm:request_success_total", finished_reason="abort")
-        ) == 1 and value(now, "vllm:num_requests_running") == 0
+            value(now, ei.REQUEST_SUCCESS.total, finished_reason="abort")
+            - value(before, ei.REQUEST_SUCCESS.total, finished_reason="abort")
+        ) == 1 and value(now, ei.RUNNING.name) == 0
 
     wait_until(aborted, 10, "the stream to be aborted", ignore=())
 
@@ -152,7 +153,7 @@ def test_kill_closes_the_port_and_recover_restarts_with_empty_cache(url, sim):
         _, _, payload = sub.recv_multipart()
         cleared = {"type": "AllBlocksCleared"} in msgpack.unpackb(payload)[1]
     sub.close()
-    assert value(scrape(url), "vllm:request_success_total", finished_reason="length") == 0
+    assert value(scrape(url), ei.REQUEST_SUCCESS.total, finished_reason="length") == 0
 
 
 def test_kill_through_the_instance_port_answers_then_closes(url, sim):

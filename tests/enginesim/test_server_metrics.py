@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 from prometheus_client.samples import Sample
 
+import engine_interface as ei
 from engine_interface import parse_metrics, read_samples, sample_total
 from enginesim.engine.config import EngineConfig
 from enginesim.server.metrics import TTFT_BUCKETS
@@ -36,36 +37,36 @@ def test_counters_and_histograms_follow_the_requests(sim):
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert delta("vllm:request_success_total", finished_reason="length") == 3
-    assert delta("vllm:generation_tokens_total") == 17
-    assert delta("vllm:prompt_tokens_total") == 300
-    assert delta("vllm:prefix_cache_queries_total") == 300
+    assert delta(ei.REQUEST_SUCCESS.total, finished_reason="length") == 3
+    assert delta(ei.GENERATION_TOKENS.total) == 17
+    assert delta(ei.PROMPT_TOKENS.total) == 300
+    assert delta(ei.PREFIX_QUERIES.total) == 300
     cached = sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     assert cached == 2 * 96
-    assert delta("vllm:prefix_cache_hits_total") == cached
-    assert delta("vllm:time_to_first_token_seconds_count") == 3
-    assert delta("vllm:inter_token_latency_seconds_count") == 17 - 3
-    assert delta("vllm:e2e_request_latency_seconds_count") == 3
-    assert delta("vllm:request_prompt_tokens_sum") == 300
-    assert delta("vllm:request_generation_tokens_sum") == 17
-    inf_bucket = delta("vllm:time_to_first_token_seconds_bucket", le="+Inf")
+    assert delta(ei.PREFIX_HITS.total) == cached
+    assert delta(ei.TTFT.name + "_count") == 3
+    assert delta(ei.ITL.name + "_count") == 17 - 3
+    assert delta(ei.E2E_LATENCY.name + "_count") == 3
+    assert delta(ei.REQUEST_PROMPT_TOKENS.name + "_sum") == 300
+    assert delta(ei.REQUEST_GENERATION_TOKENS.name + "_sum") == 17
+    inf_bucket = delta(ei.TTFT.name + "_bucket", le="+Inf")
     assert inf_bucket == 3
-    assert value(after, "vllm:num_requests_running") == 0
-    assert value(after, "vllm:num_requests_waiting") == 0
+    assert value(after, ei.RUNNING.name) == 0
+    assert value(after, ei.WAITING.name) == 0
 
 
 def test_vllm_bucket_layout_and_cache_config_info(sim):
     samples = scrape(sim.url(INSTANCE))
-    bucket = "vllm:time_to_first_token_seconds_bucket"
+    bucket = ei.TTFT.name + "_bucket"
     ttft_les = sorted(float(s.labels["le"]) for s in samples if s.name == bucket)
     assert ttft_les == [*TTFT_BUCKETS, float("inf")]
     config = EngineConfig.for_hardware("h20", "qwen2-7b")
-    info = [s.labels for s in samples if s.name == "vllm:cache_config_info"]
+    info = [s.labels for s in samples if s.name == ei.CACHE_CONFIG_INFO.name]
     assert len(info) == 1
     assert info[0]["block_size"] == str(config.block_size)
     assert info[0]["num_gpu_blocks"] == str(config.num_gpu_blocks)
     assert info[0]["engine"] == "0"
-    assert 0.0 <= value(samples, "vllm:kv_cache_usage_perc") <= 1.0
+    assert 0.0 <= value(samples, ei.KV_USAGE.name) <= 1.0
 
 
 def test_a_shared_tier_serves_a_peer_instance_and_is_exported(sim, sim_factory):
@@ -76,13 +77,13 @@ def test_a_shared_tier_serves_a_peer_instance_and_is_exported(sim, sim_factory):
         usage = httpx.post(server.url(index) + "/v1/completions", json=body).json()["usage"]
     assert usage["prompt_tokens_details"]["cached_tokens"] == 96
     first, second = scrape(server.url(0)), scrape(server.url(1))
-    assert value(first, "vllm:external_prefix_cache_hits_total") == 0
-    assert value(first, "vllm:external_prefix_cache_queries_total") == 100
-    assert value(second, "vllm:external_prefix_cache_hits_total") == 96
+    assert value(first, ei.EXTERNAL_PREFIX_HITS.total) == 0
+    assert value(first, ei.EXTERNAL_PREFIX_QUERIES.total) == 100
+    assert value(second, ei.EXTERNAL_PREFIX_HITS.total) == 96
     kv_bytes = EngineConfig.for_hardware("h20", "qwen2-7b").model.kv_bytes_per_token()
-    assert value(second, "enginesim:kv_tier_read_bytes_total") == 96 * kv_bytes
-    assert value(second, "enginesim:kv_tier_read_seconds_total") > 0
-    assert value(second, "enginesim:kv_tier_read_wait_seconds_total") == 0
+    assert value(second, ei.TIER_READ_BYTES.total) == 96 * kv_bytes
+    assert value(second, ei.TIER_READ_SECONDS.total) > 0
+    assert value(second, ei.TIER_READ_WAIT_SECONDS.total) == 0
     parsed = parse_metrics(httpx.get(server.url(1) + "/metrics").text)
     assert (parsed.tier_hit_tokens, parsed.tier_bytes_read) == (96, 96 * kv_bytes)
     # without a tier (the shared server), no external counters, as vLLM without a connector

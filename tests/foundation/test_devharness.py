@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import os
 import signal
 import socket
@@ -18,8 +19,10 @@ from devharness import (
     ProcessSet,
     WaitTimeout,
     free_ports,
+    stop_together,
     wait_http,
     wait_until,
+    wait_until_async,
 )
 from devharness.ports import EPHEMERAL_RANGE
 
@@ -67,6 +70,32 @@ def test_wait_until_other_errors_are_not_swallowed() -> None:
         wait_until(lambda: {}["x"], 5, "a key")
 
 
+async def test_wait_until_async_lets_the_loop_bring_the_condition_about() -> None:
+    done: list[str] = []
+
+    async def finish() -> None:
+        await asyncio.sleep(0.05)
+        done.append("ready")
+
+    task = asyncio.create_task(finish())
+    assert await wait_until_async(lambda: done and done[0], 5, "the task", interval=0.01) == (
+        "ready"
+    )
+    await task
+
+
+async def test_wait_until_async_times_out_and_ends_at_a_dead_process_like_wait_until() -> None:
+    started = time.monotonic()
+    with pytest.raises(WaitTimeout, match=r"timed out after 0\.3 s waiting for the impossible"):
+        await wait_until_async(lambda: False, 0.3, "the impossible", interval=0.01)
+    assert 0.3 <= time.monotonic() - started < 2
+    with (
+        ManagedProcess([sys.executable, "-c", "raise SystemExit(3)"]) as dead,
+        pytest.raises(ProcessExited, match="the server: process exited with 3"),
+    ):
+        await wait_until_async(lambda: False, 30, "the server", dead.process)
+
+
 def test_a_dead_process_ends_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
     log = tmp_path / "dead.log"
     with ManagedProcess(
@@ -97,6 +126,15 @@ def test_a_process_set_stops_each_group_with_its_children(tmp_path: Path) -> Non
         assert _alive(child)
     assert parent.poll() is not None
     wait_until(lambda: not _alive(child), 5, "the grandchild to be gone")
+
+
+def test_processes_stopped_together_share_one_grace() -> None:
+    stubborn = [ManagedProcess([sys.executable, "-c", IGNORES_TERM]).start() for _ in range(3)]
+    time.sleep(0.5)  # their handlers are installed
+    started = time.monotonic()
+    stop_together(stubborn, grace=0.5)
+    assert time.monotonic() - started < 1.4  # one after the other would take 1.5 s
+    assert [p.poll() for p in stubborn] == [-signal.SIGKILL] * 3
 
 
 def test_nothing_deployed_imports_the_harness() -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from engine_interface import (
+    PREFIX_QUERIES,
     Histogram,
     load_cv,
     mean_load_cv,
@@ -168,6 +169,7 @@ def test_read_samples_and_sample_total():
     assert sample_total(samples, "vllm:num_requests_running") == 5.0
     assert sample_total(samples, "vllm:num_requests_running", engine="1") == 2.0
     assert sample_total(samples, "vllm:no_such_metric") == 0.0
+    assert sample_total(samples, PREFIX_QUERIES.total) == 150.0  # a counter's sample name
 
 
 def test_histogram_since_an_earlier_scrape():
@@ -185,6 +187,17 @@ def test_percentile_is_numpy_with_q_in_0_100():
     assert percentile([], 50) is None and percentile(np.array([]), 50) is None
     with pytest.raises(ValueError, match=r"q must be in \[0, 100\], got 100.5"):
         percentile(values, 100.5)
+
+
+def test_percentile_along_an_axis_is_the_percentile_of_each_slice():
+    rows = np.array([[4.0, 1.0, 3.0, 2.0], [10.0, 30.0, 20.0, 40.0]])
+    assert percentile(rows, 50, axis=-1).tolist() == [2.5, 25.0]
+    assert percentile(rows, 100, axis=0).tolist() == [10.0, 30.0, 20.0, 40.0]
+    assert percentile(rows[0], 50, axis=0) == percentile(rows[0], 50)
+    with pytest.raises(ValueError, match="no values"):
+        percentile(np.empty((3, 0)), 50, axis=-1)
+    with pytest.raises(ValueError, match=r"q must be in \[0, 100\]"):
+        percentile(rows, -1, axis=-1)
 
 
 def test_load_cv_edge_cases():

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from controlplane.tasks.routing import reconcile_all
-from devharness import free_port
+from devharness import free_port, wait_until
 from tests.operations.test_reconcile import routed_cluster, router  # noqa: F401  fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -54,11 +54,9 @@ def test_a_gap_between_reconcile_runs_starts_the_window_again(
     assert actions(routed_cluster) == []
     time.sleep(TIMEOUT_S * 2)  # no run for longer than the gap: beat or Postgres was down
     assert actions(routed_cluster) == []
-    taken: list[str] = []
-    deadline = time.monotonic() + 20
-    while not taken and time.monotonic() < deadline:  # runs close together: the window grows
-        time.sleep(TIMEOUT_S / 5)
-        taken = actions(routed_cluster)
+    taken = wait_until(  # runs close together: the window grows
+        lambda: actions(routed_cluster), 20, "reconcile to act", interval=TIMEOUT_S / 5
+    )
     assert taken == ["restart r-gap"]
 
 

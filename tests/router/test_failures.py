@@ -8,6 +8,7 @@ import json
 import httpx
 import pytest
 
+import engine_interface as ei
 from devharness import stop_process, wait_until
 from tests.router.conftest import MODEL, launch_router, router_config, scrape_total
 
@@ -267,7 +268,7 @@ def test_oversized_body_is_refused_with_413(small_body_router):
 def test_client_disconnect_aborts_the_engine_request(fleet, router_factory):
     document = router_config(fleet, "round_robin", instances=fleet.instances()[0:1])
     router = router_factory(document)
-    before = fleet.engine_metric(0, "vllm:request_success_total", finished_reason="abort")
+    before = fleet.engine_metric(0, ei.REQUEST_SUCCESS.total, finished_reason="abort")
     body = _body("gone", stream=True, max_tokens=5000)
     with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=30) as resp:
         for line in resp.iter_lines():
@@ -275,8 +276,7 @@ def test_client_disconnect_aborts_the_engine_request(fleet, router_factory):
                 break  # one token seen: the request is running; now hang up
     wait_until(
         lambda: (
-            fleet.engine_metric(0, "vllm:request_success_total", finished_reason="abort")
-            >= before + 1
+            fleet.engine_metric(0, ei.REQUEST_SUCCESS.total, finished_reason="abort") >= before + 1
         ),
         10,
         "enginesim to record the abort",

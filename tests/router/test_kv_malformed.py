@@ -5,7 +5,6 @@ while the good ones around them still update the KV index."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -15,6 +14,7 @@ import zmq.asyncio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from devharness import wait_until_async
 from router_worker.config import parse_config
 from router_worker.core import RouterCore
 from router_worker.kv_subscriber import KVSubscribers
@@ -172,14 +172,6 @@ def make_core(ports: list[int]) -> RouterCore:
     return core
 
 
-async def wait_for(check: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def cached_blocks(core: RouterCore, tokens: list[int]) -> list[int]:
     return core.state.kv.longest_prefixes(hash_blocks(tokens, BLOCK)).tolist()
 
@@ -214,7 +206,9 @@ def test_bad_messages_are_skipped_and_counted_and_good_ones_still_update_the_ind
             await pubs.send(0, b"", frames=[b"kv", b"\x01", good_batch()])  # 1-byte seq
             await pubs.send(0, good_batch())
             await pubs.send(1, good_batch(TOKENS[:32], first_hash=900))
-            await wait_for(lambda: cached_blocks(core, TOKENS) == [4, 2], "the good batches")
+            await wait_until_async(
+                lambda: cached_blocks(core, TOKENS) == [4, 2], 10, "the good batches"
+            )
             await asyncio.sleep(1.5)  # a reconcile pass: a dead task would show by now
             assert subs.running["i0"][2] is task_before and not task_before.done()
             return core, subs.stats()["i0"]

@@ -8,8 +8,9 @@ import asyncio
 
 import httpx
 
+import engine_interface as ei
 from devharness import wait_until
-from tests.router.conftest import MODEL, router_config
+from tests.router.conftest import MODEL, router_config, scrape_total
 
 MAX_TOKENS = 12
 
@@ -25,12 +26,7 @@ async def stream(client: httpx.AsyncClient, url: str, ids: list[int]) -> tuple[i
 
 
 def migrations(router) -> float:
-    text = httpx.get(router.url + "/metrics", timeout=5).text
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in text.splitlines()
-        if line.startswith("switchyard_router_migrations_total")
-    )
+    return scrape_total(router.url, "switchyard_router_migrations_total")
 
 
 def tokens_in(text: str) -> int:
@@ -71,7 +67,7 @@ def run_scenario(fleet, router, base: int) -> tuple[list[tuple[int, str, str]], 
 
 
 def aborts(fleet, index: int) -> float:
-    return fleet.engine_metric(index, "vllm:request_success_total", finished_reason="abort")
+    return fleet.engine_metric(index, ei.REQUEST_SUCCESS.total, finished_reason="abort")
 
 
 def test_a_queued_request_migrates_and_its_client_gets_one_complete_response(fleet, router_factory):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+import engine_interface as ei
 from controlplane.realtime.snapshot import merge_cluster
 from devharness import stop_process, wait_until
 from router_worker.telemetry_contract import StateSnapshot
@@ -40,10 +41,8 @@ def _send_twice(router) -> None:
 def test_tier_hits_and_bytes_reach_the_cluster_snapshot(tier_fleet, router_factory):
     router = router_factory(router_config(tier_fleet, "round_robin"))
     _send_twice(router)
-    hits = sum(
-        tier_fleet.engine_metric(k, "vllm:external_prefix_cache_hits_total") for k in range(2)
-    )
-    read = sum(tier_fleet.engine_metric(k, "enginesim:kv_tier_read_bytes_total") for k in range(2))
+    hits = sum(tier_fleet.engine_metric(k, ei.EXTERNAL_PREFIX_HITS.total) for k in range(2))
+    read = sum(tier_fleet.engine_metric(k, ei.TIER_READ_BYTES.total) for k in range(2))
     assert hits > 0 and read > 0
 
     def reported() -> bool:

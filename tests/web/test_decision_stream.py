@@ -15,6 +15,7 @@ from django.urls import reverse
 
 from controlplane.realtime.publisher import Publisher, PublisherSettings
 from controlplane.realtime.state import DECISIONS_SHOWN, group_name
+from devharness import wait_until_async
 from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
 
 pytestmark = pytest.mark.timeout(60)
@@ -122,9 +123,11 @@ async def test_the_publisher_loop_sends_decisions_within_a_tick(feed) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(publisher._forever(stop, publisher.forward_decisions, 0.25))
     try:
-        await _until(lambda: publisher.feeds[name].decisions_cursor is not None)
+        await wait_until_async(
+            lambda: publisher.feeds[name].decisions_cursor is not None, 5, "the decisions cursor"
+        )
         write_decision(client, decision(name, "live-1"))
-        await _until(lambda: sent.messages)
+        await wait_until_async(lambda: sent.messages, 5, "a decisions message sent")
     finally:
         stop.set()
         await asyncio.wait_for(task, 5)
@@ -141,11 +144,3 @@ def test_the_first_paint_carries_the_newest_decisions(as_role, cluster, redis_cl
     ids = [d["request_id"] for d in body["decisions"]]
     assert len(ids) == DECISIONS_SHOWN
     assert ids[0] == f"req-{DECISIONS_SHOWN + 4}" and ids[-1] == "req-5"
-
-
-async def _until(condition, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)

@@ -13,6 +13,7 @@ from django.conf import settings
 
 from controlplane.realtime.publisher import Publisher, PublisherSettings
 from controlplane.realtime.state import group_name
+from devharness import wait_until_async
 from router_worker.telemetry_contract import CONFIG_CHANNEL
 
 from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
@@ -98,12 +99,12 @@ async def test_events_are_forwarded_each_and_at_once(setup) -> None:
     name, publisher, sent, client = setup
     task = asyncio.create_task(publisher._events_loop())
     try:
-        await _until(lambda: publisher.cursor is not None)
+        await wait_until_async(lambda: publisher.cursor is not None, 5, "the events cursor")
         write_event(client, name, "hotspot", **hotspot_payload("suspected"))
         write_event(client, name, "hotspot", **hotspot_payload("confirmed"))
         write_event(client, name, "events_dropped", count=3)  # ingest-only: not forwarded
         write_event(client, "some-other-cluster", "hotspot", **hotspot_payload())
-        await _until(lambda: len(sent.of_type("event")) >= 2)
+        await wait_until_async(lambda: len(sent.of_type("event")) >= 2, 5, "two events sent")
     finally:
         task.cancel()
     transitions = [m["event"]["payload"]["transition"] for m in sent.of_type("event")]
@@ -115,9 +116,11 @@ async def test_config_notifications_are_forwarded(setup) -> None:
     name, publisher, sent, client = setup
     task = asyncio.create_task(publisher._config_loop())
     try:
-        await _until(lambda: client.pubsub_numsub(CONFIG_CHANNEL)[0][1] > 0)
+        await wait_until_async(
+            lambda: client.pubsub_numsub(CONFIG_CHANNEL)[0][1] > 0, 5, "a config subscriber"
+        )
         client.publish(CONFIG_CHANNEL, json.dumps({"cluster": name, "version": 9}))
-        await _until(lambda: sent.of_type("config"))
+        await wait_until_async(lambda: sent.of_type("config"), 5, "a config message sent")
     finally:
         task.cancel()
     (message,) = sent.of_type("config")
@@ -132,11 +135,3 @@ async def test_malformed_state_is_skipped(setup) -> None:
     await publisher.publish_snapshots()
     (message,) = sent.of_type("snapshot")
     assert [r["router"] for r in message["routers"]] == ["r1"]
-
-
-async def _until(condition, timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)

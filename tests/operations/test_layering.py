@@ -62,9 +62,10 @@ def test_the_tree_keeps_every_contract() -> None:
     assert verdicts(output) == dict.fromkeys(CONTRACTS, "KEPT"), output
 
 
-# (file to edit, line appended, the contract that must break — and only it, unless the
-# import also reaches them indirectly: replay imports the engine core and the server imports
-# chat_templates, so a router import there breaks those contracts too)
+# (file to edit, line appended, the contracts that must break — and only them). An import
+# also breaks the contracts of every module that reaches it: replay-only-routing covers all
+# of enginesim, the loadgen imports progress, the server imports chat_templates, and the
+# router and routing import engine_interface.
 VIOLATIONS = [
     ("router_worker/proxy.py", "import django", "router-no-django"),
     ("router_worker/config.py", "from enginesim.engine import costmodel", "router-no-django"),
@@ -82,13 +83,24 @@ VIOLATIONS = [
         "from router_worker.routing import features",
         "engine-server-no-router replay-only-routing",
     ),
-    ("enginesim/server/app.py", "import router_worker.metrics", "engine-server-no-router"),
+    (
+        "enginesim/server/app.py",
+        "import router_worker.metrics",
+        "engine-server-no-router replay-only-routing",
+    ),
     ("enginesim/replay/simulator.py", "from router_worker import decisions", "replay-only-routing"),
     ("enginesim/engine/kvpool.py", "from enginesim.server import faults", "engine-knows-no-clock"),
     (
+        "enginesim/progress.py",
+        "import router_worker.routing",
+        "replay-only-routing engine-server-no-router",
+    ),
+    ("engine_interface/kv_events.py", "import httpx", "engine-interface-neutral policies-pure"),
+    ("engine_interface/__init__.py", "import django", "engine-interface-neutral router-no-django"),
+    (
         "chat_templates/renderer.py",
         "import router_worker.routing",
-        "chat-templates-neutral engine-server-no-router",
+        "chat-templates-neutral engine-server-no-router replay-only-routing",
     ),
 ]
 

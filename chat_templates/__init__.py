@@ -11,6 +11,10 @@ prompt to hash its blocks) and enginesim (the vLLM stand-in) render identical by
   that does not HTML-escape; variables: ``messages``, ``tools``, ``documents``,
   ``add_generation_prompt``, the special tokens of the tokenizer config (``bos_token``,
   ``eos_token``, ...) and the request's ``chat_template_kwargs``;
+  the sandbox keeps Python's internals (``__class__``, ``__globals__``...) and mutating
+  methods (``append``, ``update``...) out of reach: such an attribute reads as undefined
+  (empty, as in transformers), and using it (``''.__class__.__mro__``, ``x.append(1)``)
+  fails with :class:`ChatTemplateError` before anything is reached or changed;
 - content as vLLM resolves it: a template that loops over ``message['content']`` gets a list
   of ``{"type": "text", "text": ...}`` parts ("openai" format), any other gets one string
   ("string" format) in which the text parts are joined with ``"\\n"``; ``null`` content is
@@ -20,6 +24,10 @@ prompt to hash its blocks) and enginesim (the vLLM stand-in) render identical by
 - roles are the template's to judge: ChatML and Llama 3 render any role, a template may
   refuse one with ``raise_exception`` (the ``plain`` template does), which is a 400.
 
+Which built-in a model speaks when none is configured comes from its name
+(:func:`template_for_model`, see :mod:`chat_templates.families`): Llama 3 models get
+``llama3``, Qwen and every other model ChatML. The router and enginesim both use it.
+
 Every request-level problem raises :class:`ChatTemplateError` carrying the OpenAI ``param``;
 both sides answer it as the same 400. Loading problems raise :class:`TemplateLoadError`.
 
@@ -27,6 +35,7 @@ Layering: this package imports neither ``router_worker``, ``enginesim`` nor Djan
 the router and the engine server may import it (DESIGN.md: they may not import each other).
 """
 
+from chat_templates.families import DEFAULT_TEMPLATE, template_for_model
 from chat_templates.renderer import (
     BUILTIN_TEMPLATES,
     ChatTemplate,
@@ -38,9 +47,11 @@ from chat_templates.renderer import (
 
 __all__ = [
     "BUILTIN_TEMPLATES",
+    "DEFAULT_TEMPLATE",
     "ChatTemplate",
     "ChatTemplateError",
     "TemplateLoadError",
     "is_builtin",
     "load_chat_template",
+    "template_for_model",
 ]

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from chat_templates import BUILTIN_TEMPLATES, is_builtin
+from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
 
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WEIGHT_TOTAL = 100
@@ -200,13 +200,16 @@ class RouterSettings(_Strict):
         default=None, description="Local tokenizer.json (HF tokenizers) for exact tokenization."
     )
     chat_template: str = Field(
-        default="chatml",
+        default=DEFAULT_TEMPLATE,
         min_length=1,
         max_length=4096,
-        description="The model's chat template: a built-in (chatml: Qwen's, the default; "
-        "llama3; plain) or the path, on the router host, of the model's "
-        "tokenizer_config.json (its chat_template and special tokens) or of a "
-        ".jinja file. Chat requests are rendered with it exactly as vLLM does.",
+        description="The model's chat template: a built-in (chatml: Qwen's; llama3; plain) "
+        "or the path, on the router host, of the model's tokenizer_config.json (its "
+        "chat_template and special tokens) or of a .jinja file. Chat requests are "
+        "rendered with it exactly as vLLM does. Unset (or null): the built-in of the "
+        "config's `model` family (llama3 for Llama 3 models such as "
+        "meta-llama/Llama-3.1-8B-Instruct, chatml for Qwen's), chatml for any other "
+        "model or without one. A value set here always wins.",
     )
     kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
     # Replica sync (router_worker/peers.py): several routers on one fleet share their
@@ -289,6 +292,22 @@ class RouterConfig(_Strict):
     canary: CanarySpec | None = None
     router: RouterSettings = Field(default_factory=RouterSettings)
     client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _chat_template_from_model(cls, data: Any) -> Any:
+        """An unset router.chat_template is the template of the model's family."""
+        if not isinstance(data, dict):
+            return data
+        router = data.get("router")
+        if isinstance(router, RouterSettings):
+            router = router.model_dump(exclude_unset=True)
+        router = {} if router is None else router
+        if not isinstance(router, dict) or router.get("chat_template") is not None:
+            return data
+        model = data.get("model")
+        derived = template_for_model(model if isinstance(model, str) else None)
+        return {**data, "router": {**router, "chat_template": derived}}
 
     @model_validator(mode="after")
     def _names_resolve(self) -> RouterConfig:

@@ -15,7 +15,8 @@ exception escaping to the server: strict JSON (RFC 8259: no ``NaN``/``Infinity``
 number that overflows to infinity, no lone surrogate, valid UTF-8), at most
 ``MAX_JSON_DEPTH`` levels of nesting, and strict types for every field the router reads
 (``model``, ``prompt``, ``stream``, ``max_tokens``, ``max_completion_tokens``, ``n``,
-``user``). Chat ``messages`` and the template options are judged by the chat-template
+``user``, ``add_special_tokens``; the last defaults as in vLLM: true for completions, false
+for chat). Chat ``messages`` and the template options are judged by the chat-template
 renderer the engine uses too (:mod:`chat_templates`), so a body the engine would refuse gets
 the engine's own 400 here. Token ids must lie in ``[0, 2**64)``: the
 router hashes them as uint64; the engine refuses ids beyond its vocabulary itself (vLLM:
@@ -50,6 +51,9 @@ Endpoint = Literal["chat", "completions"]
 # pydantic-core's JSON parser refuses nesting deeper than this; no OpenAI request body
 # comes near it (a JSON schema in `tools` or `response_format` is a few dozen deep).
 MAX_JSON_DEPTH = 200
+# vLLM's defaults: a completions prompt gets the tokenizer's special tokens (Llama 3's BOS);
+# a chat prompt does not, its template writes them.
+ADD_SPECIAL_TOKENS: dict[Endpoint, bool] = {"chat": False, "completions": True}
 WORKER_NICENESS = 10
 ORPHAN_CHECK_S = 0.5
 PROMPT_SHAPE = (
@@ -74,6 +78,7 @@ class _Common(TypedDict, total=False):
     max_completion_tokens: StrictInt | None
     n: StrictInt | None
     user: StrictStr | None
+    add_special_tokens: StrictBool  # vLLM's field is a bool, not optional: null is a 400
 
 
 class _ChatFields(_Common):
@@ -180,14 +185,15 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
     fields = check_fields(body, endpoint)
     t0 = time.perf_counter()
     turn_index: int | None = None
+    special = fields.get("add_special_tokens", ADD_SPECIAL_TOKENS[endpoint])
     if endpoint == "chat":
         try:  # the body itself: the template may read any message key and template option
-            token_ids, tier = tokenizer.encode_chat_body(body)
+            token_ids, tier = tokenizer.encode_chat_body(body, add_special_tokens=special)
         except PromptError as error:
             raise APIError(400, str(error), error.param) from None
         turn_index = sum(1 for message in body["messages"] if message["role"] == "assistant")
     else:
-        token_ids, tier = _encode_prompt(tokenizer, fields["prompt"])
+        token_ids, tier = _encode_prompt(tokenizer, fields["prompt"], special)
     t1 = time.perf_counter()
     hashes = tuple(hash_blocks(token_ids, block_size))
     return Intake(
@@ -203,13 +209,13 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
     )
 
 
-def _encode_prompt(tokenizer: Tokenizer, prompt: Any) -> tuple[Any, Tier]:
+def _encode_prompt(tokenizer: Tokenizer, prompt: Any, special: bool) -> tuple[Any, Tier]:
     """A checked completions prompt; a batch is routed by its first item."""
     if isinstance(prompt, str):
-        return tokenizer.encode_text(prompt)
+        return tokenizer.encode_text(prompt, add_special_tokens=special)
     first = prompt[0]
     if isinstance(first, str):
-        return tokenizer.encode_text(first)
+        return tokenizer.encode_text(first, add_special_tokens=special)
     return token_id_array(first if isinstance(first, list) else prompt), "ids"
 
 

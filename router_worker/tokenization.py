@@ -12,13 +12,19 @@
    few µs for a long prompt (one ``numpy.frombuffer``).
 
 Chat templates (:mod:`chat_templates`, shared with enginesim): ``router.chat_template``
-names a built-in (``chatml``, Qwen's format and the default; ``llama3``; ``plain``) or the
-path of the model's ``tokenizer_config.json`` (its ``chat_template`` and special tokens) or
-of a ``.jinja`` file, and chat requests are rendered with it exactly as vLLM renders them
+names a built-in (``chatml``, Qwen's format; ``llama3``; ``plain``; when unset, the one of
+the config's ``model`` family, else ``chatml``) or the path of the model's
+``tokenizer_config.json`` (its ``chat_template`` and special tokens) or of a ``.jinja``
+file, and chat requests are rendered with it exactly as vLLM renders them
 (``add_generation_prompt``, ``continue_final_message``, ``tools``, ``documents`` and
 ``chat_template_kwargs`` included). Messages the template cannot render are a 400 naming the
 field, the same 400 the engine gives. The exact tier is exact for any model whose
 ``tokenizer.json`` and template are configured.
+
+Special tokens, as vLLM's ``add_special_tokens`` (completions: true by default, chat: false,
+since the template writes them): the exact tier lets the ``tokenizer.json`` add what it adds
+(its post-processor: Llama 3's puts ``<|begin_of_text|>`` first, Qwen's adds nothing). The
+approx tier has no vocabulary and adds nothing; token ids are used as given.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from chat_templates import ChatTemplateError, load_chat_template
+from chat_templates import DEFAULT_TEMPLATE, ChatTemplateError, load_chat_template
 
 BYTES_PER_TOKEN = 4
 Tier = Literal["ids", "exact", "approx"]
@@ -42,7 +48,7 @@ class PromptError(ValueError):
         self.param = param
 
 
-def render_chat(messages: Sequence[Any], template: str = "chatml") -> str:
+def render_chat(messages: Sequence[Any], template: str = DEFAULT_TEMPLATE) -> str:
     """The prompt text of chat ``messages`` under a template (see the module docstring)."""
     try:
         return load_chat_template(template).render(messages)
@@ -62,7 +68,9 @@ def approx_token_ids(text: str) -> np.ndarray:
 class Tokenizer:
     """Chooses the tier and produces token ids for completions prompts and chat messages."""
 
-    def __init__(self, tokenizer_path: str | None = None, chat_template: str = "chatml") -> None:
+    def __init__(
+        self, tokenizer_path: str | None = None, chat_template: str = DEFAULT_TEMPLATE
+    ) -> None:
         self.path = tokenizer_path
         self.chat_template = chat_template
         self.template = load_chat_template(chat_template)
@@ -76,9 +84,9 @@ class Tokenizer:
     def text_tier(self) -> Tier:
         return "exact" if self._exact is not None else "approx"
 
-    def encode_text(self, text: str) -> tuple[Any, Tier]:
+    def encode_text(self, text: str, *, add_special_tokens: bool) -> tuple[Any, Tier]:
         if self._exact is not None:
-            ids = self._exact.encode(text, add_special_tokens=False).ids
+            ids = self._exact.encode(text, add_special_tokens=add_special_tokens).ids
             return np.asarray(ids, dtype=np.uint64), "exact"
         return approx_token_ids(text), "approx"
 
@@ -89,8 +97,10 @@ class Tokenizer:
         except ChatTemplateError as error:
             raise PromptError(error.message, error.param) from None
 
-    def encode_chat_body(self, body: Mapping[str, Any]) -> tuple[Any, Tier]:
-        return self.encode_text(self.render(body))
+    def encode_chat_body(
+        self, body: Mapping[str, Any], *, add_special_tokens: bool = False
+    ) -> tuple[Any, Tier]:
+        return self.encode_text(self.render(body), add_special_tokens=add_special_tokens)
 
     def encode_chat(self, messages: Sequence[Any]) -> tuple[Any, Tier]:
         return self.encode_chat_body({"messages": messages})
@@ -98,13 +108,13 @@ class Tokenizer:
     def encode_prompt(self, prompt: Any) -> tuple[Any, Tier]:
         """A completions ``prompt``: text, token ids, or a batch (routed by its first item)."""
         if isinstance(prompt, str):
-            return self.encode_text(prompt)
+            return self.encode_text(prompt, add_special_tokens=True)
         if isinstance(prompt, list) and prompt:
             first = prompt[0]
             if _is_int(first):
                 return _token_ids(prompt), "ids"
             if isinstance(first, str) and all(isinstance(p, str) for p in prompt):
-                return self.encode_text(first)
+                return self.encode_text(first, add_special_tokens=True)
             if isinstance(first, list) and all(isinstance(p, list) for p in prompt):
                 return _token_ids(first), "ids"
         raise PromptError(

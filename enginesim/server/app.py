@@ -45,17 +45,20 @@ class InstanceAPI:
 
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
+        self.bos = tokenizer.added_bos(instance.engine_config.model.key)
         self._kill_task: asyncio.Future[None] | None = None
 
     # -- generation -----------------------------------------------------------
 
     async def completions(self, request: Request) -> Any:
-        return await self._generate(request, openai_api.parse_completion)
+        return await self._generate(
+            request, functools.partial(openai_api.parse_completion, bos=self.bos)
+        )
 
     async def chat_completions(self, request: Request) -> Any:
         template = self.instance.chat_template
         return await self._generate(
-            request, functools.partial(openai_api.parse_chat, template=template)
+            request, functools.partial(openai_api.parse_chat, template=template, bos=self.bos)
         )
 
     async def _generate(self, request: Request, parse: Parser) -> Any:
@@ -192,10 +195,14 @@ class InstanceAPI:
             if not isinstance(body, dict):
                 raise APIError(400, "request body must be a JSON object")
             text = self._tokenize_text(body, self.instance.chat_template)
+            # vLLM's defaults: a prompt gets the special tokens, messages do not
+            prefix = openai_api.special_prefix(body, self.bos, default="messages" not in body)
         except APIError as exc:
             return JSONResponse(exc.body(), status_code=exc.status)
-        tokens = tokenizer.encode(text)
-        strs = tokenizer.split_pieces(text) if body.get("return_token_strs") else None
+        tokens = tokenizer.encode(prefix) + tokenizer.encode(text)
+        strs = None
+        if body.get("return_token_strs"):
+            strs = tokenizer.split_pieces(prefix) + tokenizer.split_pieces(text)
         return JSONResponse(
             {
                 "count": len(tokens),

@@ -4,8 +4,9 @@ Rendering is :mod:`chat_templates`, the module the router renders with too, so b
 the same bytes and the same 400 for messages a template cannot render (roles are the
 template's to judge; non-text content parts are refused). ``--chat-template`` picks a
 built-in (``chatml``, ``llama3``, ``plain``) or a ``tokenizer_config.json`` / ``.jinja``
-path, as vLLM's option does; by default each model gets its own family's format: ChatML for
-Qwen models, Llama 3's for Llama.
+path, as vLLM's option does; by default each model gets its own family's format, from the
+map the router derives its template from too (:func:`chat_templates.template_for_model`):
+Llama 3's for ``llama-3.1-8b``, ChatML for the Qwen models.
 
 The built-in ChatML has no implicit system message. Because every message ends with a
 newline and generated text starts with a space, turn N+1's prompt starts with turn N's
@@ -17,18 +18,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from chat_templates import ChatTemplate, ChatTemplateError, load_chat_template
+from chat_templates import (
+    DEFAULT_TEMPLATE,
+    ChatTemplate,
+    ChatTemplateError,
+    load_chat_template,
+    template_for_model,
+)
 
 __all__ = ["ChatTemplate", "ChatTemplateError", "model_template", "render_chat"]
-
-DEFAULT_TEMPLATE = "chatml"
-# Model keys (enginesim.engine.models) whose tokenizer ships another template family.
-MODEL_TEMPLATES = {"llama-3.1-8b": "llama3"}
 
 
 def model_template(model_key: str, spec: str | None = None) -> ChatTemplate:
     """The template an instance serving ``model_key`` renders with (``spec`` overrides)."""
-    return load_chat_template(spec or MODEL_TEMPLATES.get(model_key, DEFAULT_TEMPLATE))
+    return load_chat_template(spec or template_for_model(model_key))
 
 
 def render_chat(

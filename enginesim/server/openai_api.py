@@ -5,6 +5,10 @@ exactly that many tokens are generated and ``finish_reason`` is ``"length"``, as
 with vLLM's ``ignore_eos``; completions default to 16 as in vLLM. Chat requests
 without a limit get a synthetic answer length of 16..256 tokens derived from the
 prompt, ending with ``finish_reason`` ``"stop"``.
+
+``add_special_tokens`` as vLLM reads it (a boolean; completions default to true, chat to
+false): when true, a text prompt starts with the BOS the model's tokenizer adds
+(:func:`tokenizer.added_bos`; token-id prompts are used as given).
 """
 
 from __future__ import annotations
@@ -68,11 +72,19 @@ def _positive_int(body: dict[str, Any], *names: str) -> int | None:
     return None
 
 
-def _completion_prompt(prompt: Any) -> list[int]:
+def special_prefix(body: dict[str, Any], bos: str, default: bool) -> str:
+    """The text the tokenizer adds before the prompt: ``bos`` if ``add_special_tokens``."""
+    add = body.get("add_special_tokens", default)
+    if not isinstance(add, bool):
+        raise APIError(400, "add_special_tokens must be a boolean", "add_special_tokens")
+    return bos if add else ""
+
+
+def _completion_prompt(prompt: Any, prefix: str) -> list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]
     if isinstance(prompt, str):
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prefix) + tokenizer.encode(prompt)
     if (
         isinstance(prompt, list)
         and prompt
@@ -128,14 +140,16 @@ def _fit_length(
     return max_tokens, False
 
 
-def parse_completion(body: Any, served_name: str, max_model_len: int) -> GenerationRequest:
+def parse_completion(
+    body: Any, served_name: str, max_model_len: int, bos: str = ""
+) -> GenerationRequest:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     _check_model(body, served_name)
     _check_n(body)
     if "prompt" not in body:
         raise APIError(400, "prompt is required", "prompt")
-    prompt_ids = _completion_prompt(body["prompt"])
+    prompt_ids = _completion_prompt(body["prompt"], special_prefix(body, bos, default=True))
     limit = _positive_int(body, "max_tokens")
     max_tokens, natural = _fit_length(
         prompt_ids, limit or COMPLETIONS_DEFAULT_MAX_TOKENS, max_model_len
@@ -148,14 +162,19 @@ def parse_completion(body: Any, served_name: str, max_model_len: int) -> Generat
 
 
 def parse_chat(
-    body: Any, served_name: str, max_model_len: int, template: chat.ChatTemplate | None = None
+    body: Any,
+    served_name: str,
+    max_model_len: int,
+    template: chat.ChatTemplate | None = None,
+    bos: str = "",
 ) -> GenerationRequest:
     if not isinstance(body, dict):
         raise APIError(400, "request body must be a JSON object")
     _check_model(body, served_name)
     _check_n(body)
     text = render_chat_request(body, template)
-    prompt_ids = tokenizer.encode(text)
+    prefix = special_prefix(body, bos, default=False)
+    prompt_ids = tokenizer.encode(prefix) + tokenizer.encode(text)
     limit = _positive_int(body, "max_completion_tokens", "max_tokens")
     max_tokens, natural = _fit_length(prompt_ids, limit, max_model_len)
     stream, include_usage = _stream_flags(body)

@@ -17,6 +17,13 @@ belongs to exactly one piece, and cutting text at a piece boundary (before a
 space, a newline or a special token) tokenizes each side independently. That
 is what makes chat prefixes stable across turns.
 
+Special tokens added to a prompt (vLLM's ``add_special_tokens``: completions by
+default, chat only on request): a model of the Llama 3 family gets its BOS,
+``<|begin_of_text|>``, before the prompt, as Llama 3's tokenizer adds it; other
+models get nothing, as Qwen's tokenizer adds nothing. The BOS is tokenized as
+text, like the one the llama3 chat template writes, so both give the same ids
+(on a real Llama 3 both are the one token 128000).
+
 Generated text is a stream of pieces ``" " + word`` from a fixed word list,
 chosen by a hash of (request seed, position): sending a generated answer back
 in a later prompt tokenizes to exactly the token ids the engine generated.
@@ -29,6 +36,8 @@ import zlib
 from collections.abc import Sequence
 
 import numpy as np
+
+from chat_templates import template_for_model
 
 VOCAB_SIZE = 151643
 SPECIAL_TOKENS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645}
@@ -64,6 +73,15 @@ def piece_id(piece: str) -> int:
     if special is not None:
         return special
     return zlib.crc32(piece.encode("utf-8")) % VOCAB_SIZE
+
+
+# What each template family's tokenizer puts before a prompt when it adds special tokens.
+ADDED_BOS = {"llama3": "<|begin_of_text|>"}
+
+
+def added_bos(model: str) -> str:
+    """The BOS text ``model``'s tokenizer adds to a prompt ("" for none; see above)."""
+    return ADDED_BOS.get(template_for_model(model), "")
 
 
 def split_pieces(text: str) -> list[str]:

@@ -6,7 +6,9 @@ import asyncio
 
 import pytest
 
+from chat_templates import template_for_model
 from enginesim.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
+from enginesim.engine.models import MODELS
 from enginesim.server import chat, tokenizer
 from enginesim.server.driver import VirtualClock
 from enginesim.server.faults import FaultError, FaultRequest
@@ -55,6 +57,41 @@ def test_each_model_renders_its_own_family_by_default():
         .render(user)
         .startswith("<|begin_of_text|><|start_header_id|>user")
     )
+
+
+def test_a_model_key_and_its_served_name_make_one_template_family():
+    """enginesim picks the template from the model key, a router from the served name."""
+    for key, spec in MODELS.items():
+        assert template_for_model(key) == template_for_model(spec.served_name), key
+    assert template_for_model("llama-3.1-8b") == "llama3"
+
+
+def test_add_special_tokens_puts_the_models_bos_before_a_text_prompt():
+    """As vLLM with Llama 3's tokenizer: completions get the BOS unless told not to, chat
+    only when asked (its template wrote one), token ids never; Qwen adds nothing."""
+    bos = tokenizer.added_bos("llama-3.1-8b")
+    assert bos == "<|begin_of_text|>" and tokenizer.added_bos("qwen2-7b") == ""
+    bos_ids, text_ids = tokenizer.encode(bos), tokenizer.encode("a b")
+
+    def completion(**body):
+        return parse_completion(body, "m", 100, bos=bos).prompt_token_ids
+
+    assert completion(prompt="a b") == completion(prompt="a b", add_special_tokens=True)
+    assert completion(prompt="a b") == bos_ids + text_ids
+    assert completion(prompt="a b", add_special_tokens=False) == text_ids
+    assert completion(prompt=[1, 2], add_special_tokens=True) == [1, 2]
+    assert parse_completion({"prompt": "a b"}, "m", 100).prompt_token_ids == text_ids
+    user = {"messages": [{"role": "user", "content": "hi"}]}
+    llama = chat.model_template("llama-3.1-8b")
+    rendered = tokenizer.encode(llama.render_request(user))
+    assert rendered[: len(bos_ids)] == bos_ids  # the template's own BOS: the same ids
+    assert parse_chat(user, "m", 1000, llama, bos).prompt_token_ids == rendered
+    with_bos = parse_chat({**user, "add_special_tokens": True}, "m", 1000, llama, bos)
+    assert with_bos.prompt_token_ids == bos_ids + rendered
+    for bad in ("yes", None, 1):
+        with pytest.raises(APIError) as caught:
+            completion(prompt="a", add_special_tokens=bad)
+        assert caught.value.status == 400 and caught.value.param == "add_special_tokens"
 
 
 def test_block_stored_array_encoding_follows_vllm_field_order():

@@ -9,7 +9,7 @@ aggregates. The ASGI layer (:mod:`router_worker.proxy`) calls, per request::
     core.begin_attempt(plan)                              # the attempt's instance, reason
     core.account_dispatch(plan)                           # lifecycle.dispatch (once sent)
     core.first_token(plan)                                # lifecycle.first_token
-    core.finish_request(plan, ...)                        # lifecycle.finish, metrics
+    core.finish_request(plan, ...)                        # lifecycle.finish | reject, metrics
     core.fail_attempt(plan, kind) -> RetryVerdict         # lifecycle.fail: the retry rule
     core.abandon(plan) / core.migrated(plan)              # client gone / moved
 
@@ -33,7 +33,7 @@ import os
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -64,7 +64,7 @@ from router_worker.routing import (
     RetryVerdict,
     session_key_from_request,
 )
-from router_worker.routing.lifecycle import Phase
+from router_worker.routing.lifecycle import Phase, engine_refused
 from router_worker.runtime import Arm, Runtime, build_runtime
 from router_worker.telemetry import RequestSample, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
@@ -89,10 +89,7 @@ class Plan:
     sent_at: float = 0.0  # perf_counter when the last attempt's request went upstream
     instance: str = ""
     reason: str = ""
-    # Instances that answered with a 5xx: held against them (circuit breaker) only once
-    # another instance serves the request, never when it fails everywhere alike.
-    answered_5xx: list[str] = field(default_factory=list)
-    first_token_at: float | None = None
+    first_token_at: float | None = None  # perf_counter at the first token (TTFT, TPOT)
     timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
     sampled: CapturedDecision | None = None  # kept for the live view's decision stream
     # Migration (see the module docstring): set by the proxy while the attempt can be
@@ -106,7 +103,8 @@ class Plan:
 
     @property
     def attempts(self) -> int:
-        return len(self.life.attempts)
+        """Attempts made, migrations included (the lifecycle's ``attempt_count``)."""
+        return self.life.attempt_count
 
     @property
     def tried(self) -> list[str]:
@@ -284,7 +282,7 @@ class RouterCore:
                 p.life.current.dispatched_at or now,
                 p.life.current.uncached_tokens,
                 tuple(p.decision.details.get("candidates", ())),
-                p.mover is not None and p.life.can_send_again,
+                p.mover is not None and p.life.movable,
             )
             for p in self._queued.values()
             if p.arm is arm and p.instance in names
@@ -360,14 +358,22 @@ class RouterCore:
         if self.peers is not None:
             self.peers.ended(plan.request_id, True)
 
-    def _finish_attempt(self, plan: Plan, ok: bool, output_tokens: int) -> None:
+    def _finish_attempt(self, plan: Plan, status: int, ok: bool, output_tokens: int) -> None:
         self._queued.pop(plan.request_id, None)
-        attempt = plan.life.current
+        life = plan.life
+        attempt = life.current
         if attempt.phase not in (Phase.DISPATCHED, Phase.FIRST_TOKEN):
             return  # already ended (failed mid-stream, abandoned) or never sent
-        plan.life.finish(time.time(), output_tokens, ok=ok and bool(plan.instance))
+        now = time.time()
+        # An open attempt's status is the engine's answer: a 4xx refused the request
+        # before any token, the simulator's EngineRequestError (lifecycle.reject there too).
+        refused = engine_refused(status) and attempt.phase is Phase.DISPATCHED
+        if refused:
+            life.reject(now)
+        else:
+            life.finish(now, output_tokens, ok=ok and bool(plan.instance))
         if self.peers is not None:
-            self.peers.ended(plan.request_id, True)
+            self.peers.ended(plan.request_id, not refused)
 
     def finish_request(
         self,
@@ -379,7 +385,11 @@ class RouterCore:
         last_token_at: float | None,
         cached_tokens: int | None,
     ) -> None:
-        """Metrics and telemetry of a request that got an answer (or gave up)."""
+        """Metrics and telemetry of a request that got an answer (or gave up), and the end
+        of its attempt if still open: ``status`` is then the engine's answer, and a 4xx
+        (the engine refused the request) rejects the attempt rather than finishing it.
+        Either way a 4xx counts as a request served, not a serving error (the client's
+        bad request): ``requests_total{status}`` and the telemetry sample say so."""
         metrics = self.metrics
         arm = plan.arm
         ttft = tpot = None
@@ -390,7 +400,7 @@ class RouterCore:
                 tpot = (last_token_at - plan.first_token_at) / (output_tokens - 1)
                 metrics.child(metrics.tpot, arm.name).observe(tpot)
         metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason, str(status)).inc()
-        self._finish_attempt(plan, ok, output_tokens)
+        self._finish_attempt(plan, status, ok, output_tokens)
         self.telemetry.record(
             RequestSample(
                 at=time.time(),

@@ -6,7 +6,8 @@ pending prefill of the requests router A has just sent, and both herd onto the s
 instance until the next scrape. With replica sync each router publishes, on the Redis
 pub/sub channel ``switchyard:peers:{cluster}``, what its requests do, and applies what
 the *other* routers publish to its own state through the same ``on_dispatch`` /
-``on_first_token`` / ``on_finish`` calls as its own requests.
+``on_first_token`` / ``on_finish`` calls as its own requests, made by
+:mod:`router_worker.routing.peer_accounting` (which the simulator's replica sync calls too).
 
 Wire format: one JSON object per publish (a batch, flushed every ``FLUSH_INTERVAL_S``),
 plus an empty batch every ``HEARTBEAT_INTERVAL_S`` as a heartbeat::
@@ -53,6 +54,11 @@ import numpy as np
 from router_worker.config import RouterConfig
 from router_worker.metrics import RouterMetrics
 from router_worker.routing import ClusterState, RequestFeatures
+from router_worker.routing.peer_accounting import (
+    apply_peer_dispatch,
+    apply_peer_end,
+    apply_peer_first_token,
+)
 
 log = logging.getLogger("router_worker.peers")
 
@@ -280,13 +286,6 @@ class PeerBook:
         return peer
 
     def _dispatch(self, peer: _Peer, message: PeerDispatch, now: float) -> tuple[str, str]:
-        state = self.state
-        if message.instance not in state.ids:
-            return "skipped", "unknown_instance"
-        if message.block_size != state.block_size:
-            return "skipped", "block_size"
-        if state.is_in_flight(message.id):
-            return "skipped", "duplicate"
         features = RequestFeatures(
             message.id,
             message.prompt_tokens,
@@ -296,21 +295,25 @@ class PeerBook:
             None,
             now,
         )
-        state.on_dispatch(features, message.instance, now, cached_tokens=message.cached_tokens)
+        skipped = apply_peer_dispatch(
+            self.state, features, message.instance, now, message.cached_tokens
+        )
+        if skipped is not None:
+            return "skipped", skipped
         peer.records[message.id] = now
         return "applied", "dispatch"
 
     def _first_token(self, peer: _Peer, message: PeerFirstToken, now: float) -> tuple[str, str]:
-        if message.id not in peer.records or not self.state.is_in_flight(message.id):
+        if message.id not in peer.records:
             return "skipped", "unknown_id"
-        self.state.on_first_token(message.id, now)
-        return "applied", "first_token"
+        skipped = apply_peer_first_token(self.state, message.id, now)
+        return ("skipped", skipped) if skipped is not None else ("applied", "first_token")
 
     def _end(self, peer: _Peer, message: PeerEnd, now: float) -> tuple[str, str]:
-        if peer.records.pop(message.id, None) is None or not self.state.is_in_flight(message.id):
+        if peer.records.pop(message.id, None) is None:
             return "skipped", "unknown_id"
-        self.state.on_finish(message.id, now)
-        return "applied", "end"
+        skipped = apply_peer_end(self.state, message.id, now)
+        return ("skipped", skipped) if skipped is not None else ("applied", "end")
 
     def sweep(
         self, now: float, timeout_s: float, max_age_s: float, count: Callable[[str, str], None]
@@ -341,8 +344,7 @@ class PeerBook:
 
     def _forget(self, peer: _Peer, request_id: str, now: float) -> None:
         peer.records.pop(request_id, None)
-        if self.state.is_in_flight(request_id):
-            self.state.on_finish(request_id, now)
+        apply_peer_end(self.state, request_id, now)
 
     def stats(self, now: float) -> dict[str, Any]:
         return {

@@ -320,9 +320,9 @@ class Proxy:
                 core.migrated(plan)
                 continue
             self._count_failure(plan, failure)
-            if failure.kind == "http_5xx":
-                plan.answered_5xx.append(plan.instance)
-            elif not failure.final:
+            # A 5xx is noted by the lifecycle (its answered_5xx) and held against the
+            # instance only later (_settle_5xx); other failures strike at once.
+            if failure.kind != "http_5xx" and not failure.final:
                 self._strike([plan.instance], failure.kind, fatal=failure.fatal)
             verdict = core.fail_attempt(plan, failure.kind, final=failure.final)
             if verdict.attempt is None:
@@ -337,7 +337,7 @@ class Proxy:
             status, message = failure.status, failure.message
         elif poison:
             message = (
-                f"The request failed on {len(plan.answered_5xx)} instances alike and was "
+                f"The request failed on {len(plan.life.answered_5xx)} instances alike and was "
                 f"not retried further; last: {failure.message}"
             )
         else:
@@ -373,8 +373,10 @@ class Proxy:
         self._settle_5xx(plan)
 
     def _settle_5xx(self, plan: Plan) -> None:
-        self._strike(plan.answered_5xx, "http_5xx")
-        plan.answered_5xx.clear()
+        """Strike the instances that answered this request with a 5xx (the lifecycle's
+        ``answered_5xx``). Once per request at most: either an attempt was served
+        (``_served``) or the request was given up, never both."""
+        self._strike(plan.life.answered_5xx, "http_5xx")
 
     def _give_up(self, plan: Plan, failure: UpstreamFailure, poison: bool) -> None:
         self.core.telemetry.event(
@@ -596,7 +598,7 @@ class Proxy:
     async def _forward(
         self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send, more: bool
     ) -> None:
-        first = meter.feed(chunk) and plan.first_token_at is None
+        first = meter.feed(chunk) and plan.life.awaiting_first_token
         await send({"type": "http.response.body", "body": chunk, "more_body": more})
         if first:  # accounted once the token is on its way to the client
             self.core.first_token(plan)

@@ -69,6 +69,11 @@ from router_worker.routing import (
 )
 from router_worker.routing import kv_events as router_events
 from router_worker.routing.lifecycle import Attempt
+from router_worker.routing.peer_accounting import (
+    apply_peer_dispatch,
+    apply_peer_end,
+    apply_peer_first_token,
+)
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
 FAULT_ACTIONS = ("fail", "drain", "restore")
@@ -149,7 +154,7 @@ class RequestResult:
     first_token_s: float | None = None
     finish_s: float | None = None
     status: str = "pending"  # ok | rejected | failed
-    attempts: int = 0
+    attempts: int = 0  # the lifecycle's attempt_count: first try, retries, migrations
     tier_tokens: int | None = None  # of cached_tokens, loaded from the global tier (if any)
 
     def to_json(self) -> dict[str, Any]:
@@ -398,7 +403,6 @@ class Simulator:
 
     def _dispatch(self, flight: _Flight, tokens: np.ndarray) -> None:
         """Route, account and start a request's first attempt."""
-        flight.result.attempts += 1
         router = self.routers[flight.router]
         try:
             attempt = flight.life.route(router.state.view(), self.now)
@@ -424,6 +428,7 @@ class Simulator:
         result = flight.result
         instance_id = flight.life.current.instance
         slot = self.ids.index(instance_id)
+        result.attempts = flight.life.attempt_count
         uncached = flight.life.dispatch(self.now)
         flight.slot, flight.estimated_uncached = slot, uncached
         flight.dispatch_s = self.now
@@ -469,7 +474,7 @@ class Simulator:
                 f.dispatch_s,
                 f.estimated_uncached,
                 f.candidates,
-                f.result.id in movable,
+                f.result.id in movable and f.life.movable,
             )
             for f in self.flights.values()
             if f.slot in slots and f.router == router_index and f.result.first_token_s is None
@@ -489,7 +494,7 @@ class Simulator:
         self._advance(source)  # takes the abort's output (ignored: not in flight) and re-arms
         flight.life.migrate(self.ids[target], self.now)
         self.true_pending[source] -= flight.estimated_uncached
-        self._to_peers(flight, self._apply_peer_end, flight, True)
+        self._to_peers(flight, self._apply_peer_end, flight)
         self.migrations += 1
         self.reasons["migration"] = self.reasons.get("migration", 0) + 1
         self._send(flight, None)
@@ -545,7 +550,7 @@ class Simulator:
             result.status = "ok" if output.finish_reason == "length" else "failed"
             del self.flights[result.id]
             self._telemetry(output.finish_time, self._apply_finish, flight, flight.life.current)
-            self._to_peers(flight, self._apply_peer_end, flight, True)
+            self._to_peers(flight, self._apply_peer_end, flight)
 
     def _on_first_token(self, flight: _Flight, output: Any) -> None:
         result = flight.result
@@ -557,7 +562,7 @@ class Simulator:
         self._telemetry(
             output.first_token_time, self._apply_first_token, flight, flight.life.current
         )
-        self._to_peers(flight, self._apply_peer_end, flight, False)
+        self._to_peers(flight, self._apply_peer_first_token, flight)
 
     # ----------------------------------------------------------------- telemetry
 
@@ -594,24 +599,21 @@ class Simulator:
     def _apply_peer_dispatch(
         self, now: float, flight: _Flight, instance_id: str, cached_tokens: int
     ) -> None:
+        # A report delayed past the instance's death is dropped (as delayed scrapes and KV
+        # events are): the death already cleared the slot in every router's view.
         if not self._is_up(self.ids.index(instance_id)):
             return
         for router in self._peers(flight):
-            if not router.state.is_in_flight(flight.result.id):
-                router.state.on_dispatch(
-                    flight.life.features, instance_id, now, cached_tokens=cached_tokens
-                )
+            apply_peer_dispatch(router.state, flight.life.features, instance_id, now, cached_tokens)
 
-    def _apply_peer_end(self, now: float, flight: _Flight, finished: bool) -> None:
-        """A peer's request started decoding (``finished`` False) or ended."""
+    def _apply_peer_first_token(self, now: float, flight: _Flight) -> None:
         for router in self._peers(flight):
-            state = router.state
-            if not state.is_in_flight(flight.result.id):
-                continue
-            if finished:
-                state.on_finish(flight.result.id, now)
-            else:
-                state.on_first_token(flight.result.id, now)
+            apply_peer_first_token(router.state, flight.result.id, now)
+
+    def _apply_peer_end(self, now: float, flight: _Flight) -> None:
+        """A peer's request ended (finished, failed or moved)."""
+        for router in self._peers(flight):
+            apply_peer_end(router.state, flight.result.id, now)
 
     def _forward_kv_events(self, slot: int, events: list[Any]) -> None:
         batch = router_events.KVEventBatch(self.now, tuple(_to_router_event(e) for e in events))
@@ -694,11 +696,9 @@ class Simulator:
             verdict = flight.life.fail(
                 view, self.now, "instance_down", first_byte=result.first_token_s is not None
             )
-            self._to_peers(flight, self._apply_peer_end, flight, True)
+            self._to_peers(flight, self._apply_peer_end, flight)
             if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
-            if verdict.decided:
-                result.attempts += 1
             if verdict.attempt is not None:
                 self._start(flight, verdict.attempt, None)
                 continue

@@ -6,7 +6,9 @@ Pure (no I/O, no clock: every method takes ``now``), so the live router
 
 An attempt goes ``routed → dispatched → first_token`` and ends ``finished``, ``failed``,
 ``abandoned`` (the client went away), ``migrated`` (taken back to move the request) or
-``rejected`` (the engine refused it outright). Each transition does its
+``rejected`` (the engine refused it outright: an answer with a 4xx status, before any
+token — see :func:`engine_refused`; the simulator's engine raises ``EngineRequestError``
+where vLLM answers 400). Each transition does its
 :class:`ClusterState` accounting and policy feedback exactly once; a transition that makes
 no sense for the attempt's phase raises :class:`IllegalTransition`. Late reports about an
 attempt that has already ended (a first token still in the telemetry pipe when the instance
@@ -21,6 +23,9 @@ request excluded, finds an instance. Deciding again rather than walking the firs
 decision's scores: the failure changed the indicators (the attempt's load is gone, the
 instance may be down), and the policy's own rules (session tables, hotspot routing) see
 the retry.
+
+``attempt_count`` is what both drivers report as a request's attempts: every attempt
+routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
 """
 
 from __future__ import annotations
@@ -38,6 +43,14 @@ from router_worker.routing.policies.base import Decision, NoEligibleInstanceErro
 # A request answered with a 5xx by this many instances is taken for the cause (an input
 # that trips an engine bug): no more retries.
 POISON_AFTER_5XX = 2
+
+
+def engine_refused(status: int) -> bool:
+    """An engine that answers with ``status`` refused the request outright: a 4xx comes
+    before any token (vLLM's 400 for a prompt over its context or a bad parameter, 404 for
+    a model it does not serve). Its attempt is rejected (:meth:`RequestLifecycle.reject`),
+    not finished, and not retried: another instance would refuse it alike."""
+    return 400 <= status < 500
 
 
 class IllegalTransition(RuntimeError):
@@ -142,8 +155,29 @@ class RequestLifecycle:
         return sum(1 for a in self.attempts if a.decision is not None)
 
     @property
+    def attempt_count(self) -> int:
+        """Attempts made: the first try, each retry and each migration (every attempt
+        routed, sent or not). What ``max_attempts`` caps, and what the live router's
+        decision records and the simulator's request results call ``attempts``."""
+        return len(self.attempts)
+
+    @property
     def can_send_again(self) -> bool:
-        return len(self.attempts) < self.max_attempts
+        return self.attempt_count < self.max_attempts
+
+    @property
+    def awaiting_first_token(self) -> bool:
+        """The current attempt was sent and has no first token yet: the next token the
+        driver sees is its first."""
+        return bool(self.attempts) and self.current.phase is Phase.DISPATCHED
+
+    @property
+    def movable(self) -> bool:
+        """The current attempt may still be taken back and the request sent elsewhere
+        (:meth:`migrate`): sent, no first token yet, and an attempt left under
+        ``max_attempts``. Drivers add what only they know (the engine has not admitted
+        it, no byte came back) and tell the policy in ``QueuedRequest.movable``."""
+        return self.awaiting_first_token and self.can_send_again
 
     # ----- transitions ----------------------------------------------------------------
     def route(self, view: ClusterView, now: float) -> Attempt:
@@ -203,14 +237,20 @@ class RequestLifecycle:
         self._close(attempt, Phase.ABANDONED, now, error=True)
 
     def reject(self, now: float) -> None:
-        """The engine refused the dispatched attempt outright (vLLM's 400): no retry."""
+        """The engine refused the dispatched attempt outright (vLLM's 400, see
+        :func:`engine_refused`): an error for the indicators, no feedback, no retry."""
         attempt = self._expect(Phase.DISPATCHED, "reject")
         self._close(attempt, Phase.REJECTED, now, error=True)
 
     def migrate(self, target: str, now: float) -> Attempt:
         """Take the current attempt back before its first token and open one on ``target``
-        (to be dispatched)."""
+        (to be dispatched). Only while :attr:`movable`: a migration is an attempt."""
         attempt = self._expect(Phase.DISPATCHED, "migrate")
+        if not self.can_send_again:
+            raise IllegalTransition(
+                f"request {self.request_id}: cannot migrate, {self.attempt_count} of "
+                f"{self.max_attempts} attempts made"
+            )
         self._close(attempt, Phase.MIGRATED, now, error=False)
         new = Attempt(target, None, "migration", now)
         self.attempts.append(new)

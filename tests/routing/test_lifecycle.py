@@ -12,6 +12,7 @@ from router_worker.routing import (
     RequestFeatures,
     RequestLifecycle,
 )
+from router_worker.routing.lifecycle import engine_refused
 from router_worker.routing.policies.least_load import LeastLoadPolicy
 from tests.routing.helpers import add_pending, cluster, features, tokens
 
@@ -204,6 +205,83 @@ def test_abandon_and_reject_end_the_attempt_as_errors() -> None:
     rejected.reject(2.0)
     assert rejected.current.phase is Phase.REJECTED and state.error_count == 2
     assert state.in_flight.sum() == 0
+
+
+@pytest.mark.parametrize(
+    "status, refused",
+    [
+        (200, False),
+        (201, False),
+        (302, False),
+        (400, True),
+        (404, True),
+        (422, True),
+        (429, True),
+        (500, False),
+        (503, False),
+    ],
+)
+def test_an_engines_4xx_is_a_refusal(status: int, refused: bool) -> None:
+    assert engine_refused(status) is refused
+
+
+def test_a_refused_attempt_is_rejected_not_finished() -> None:
+    """What the live router does with an engine's 4xx and the simulator with its engine's
+    refusal: the attempt is REJECTED, an error for the indicators, no feedback, and the
+    request is over (nothing left to finish, fail or retry)."""
+    state = cluster(3)
+    life, policy = _life(state)
+    _sent(life, state)
+    life.reject(2.0)
+    assert [a.phase for a in life.attempts] == [Phase.REJECTED]
+    assert (state.in_flight.sum(), state.pending.sum(), state.error_count) == (0, 0, 1)
+    assert policy.finishes == [] and policy.first_tokens == []
+    assert not life.finish(3.0, output_tokens=0, ok=False)  # a late report: ignored
+    assert life.current.phase is Phase.REJECTED and state.error_count == 1
+    with pytest.raises(IllegalTransition):
+        life.fail(state.view(), 3.0, "http_5xx")
+    assert (life.attempt_count, policy.decided) == (1, 1)
+
+
+def test_attempt_count_is_every_attempt_routed() -> None:
+    """The one definition of a request's attempts both drivers report: first try, retries
+    and migrations; a retry the policy found no instance for adds none."""
+    state = cluster(3)
+    life, policy = _life(state, max_attempts=5)
+    assert life.attempt_count == 0
+    life.route(state.view(), 1.0)
+    assert life.attempt_count == 1  # routed, not sent yet: an attempt all the same
+    assert life.fail(state.view(), 1.5, "connect").retry  # e.g. refused before sending
+    assert life.attempt_count == 2
+    life.dispatch(2.0)
+    taken = {*life.failed_instances, life.current.instance}
+    life.migrate(next(i for i in state.ids if i not in taken), 2.5)
+    assert (life.attempt_count, life.decisions) == (3, 2)
+    life.dispatch(2.5)
+    assert life.fail(state.view(), 3.0, "connect").retry
+    life.dispatch(3.0)
+    verdict = life.fail(state.view(), 4.0, "connect")  # all three instances failed it
+    assert (verdict.why, verdict.decided) == ("no_instance", True)
+    assert (life.attempt_count, policy.decided) == (4, 4)  # asked 4 times, 4 attempts
+
+
+def test_a_migration_needs_an_attempt_left() -> None:
+    state = cluster(3)
+    life, _ = _life(state, max_attempts=2)
+    assert not life.awaiting_first_token and not life.movable  # nothing routed
+    life.route(state.view(), 1.0)
+    assert not life.awaiting_first_token and not life.movable  # not sent
+    life.dispatch(1.0)
+    assert life.awaiting_first_token and life.movable
+    life.migrate("i2" if life.current.instance != "i2" else "i1", 2.0)
+    life.dispatch(2.0)
+    assert life.awaiting_first_token and not life.movable  # 2 of 2 attempts made
+    in_flight = state.in_flight.sum()
+    with pytest.raises(IllegalTransition):
+        life.migrate("i0", 3.0)
+    assert (life.attempt_count, state.in_flight.sum()) == (2, in_flight)
+    life.first_token(3.0, ttft=2.0)
+    assert not life.awaiting_first_token and not life.movable
 
 
 @pytest.mark.parametrize(

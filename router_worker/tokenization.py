@@ -48,14 +48,6 @@ class PromptError(ValueError):
         self.param = param
 
 
-def render_chat(messages: Sequence[Any], template: str = DEFAULT_TEMPLATE) -> str:
-    """The prompt text of chat ``messages`` under a template (see the module docstring)."""
-    try:
-        return load_chat_template(template).render(messages)
-    except ChatTemplateError as error:
-        raise PromptError(error.message, error.param) from None
-
-
 def approx_token_ids(text: str) -> np.ndarray:
     """Tier 3: 4-byte chunks of the UTF-8 text as uint32 ids (see module docstring)."""
     data = text.encode("utf-8", "surrogatepass")

@@ -15,7 +15,7 @@ from router_worker.arms import pick_arm, session_point
 from router_worker.errors import APIError
 from router_worker.health import HealthBook
 from router_worker.limits import Limiter
-from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids, render_chat
+from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids
 
 
 def test_approx_chunker_is_prefix_stable_and_four_bytes_per_token():
@@ -32,10 +32,11 @@ def test_chat_template_turns_extend_each_other():
         {"role": "assistant", "content": "hello"},
         {"role": "user", "content": "more"},
     ]
-    one, two = render_chat(first), render_chat(second)
+    tokenizer = Tokenizer(None, "chatml")
+    one, two = (tokenizer.render({"messages": m}) for m in (first, second))
     assert two.startswith(one + "hello<|im_end|>\n")
     with pytest.raises(PromptError):
-        render_chat([{"content": "no role"}])
+        tokenizer.render({"messages": [{"content": "no role"}]})
 
 
 def test_exact_tier_uses_a_local_tokenizer_json(tmp_path):

@@ -183,9 +183,16 @@ async def connected(subs: KVSubscribers, pubs: Publishers, index: int) -> None:
     def got() -> bool:
         return subs.stats().get(name, {}).get("batches", 0) > 0
 
-    while not got():
-        await pubs.send(index, msgpack.packb([0.0, [], 0]))
-        await asyncio.sleep(0.05)
+    async def probe() -> None:
+        while True:
+            await pubs.send(index, msgpack.packb([0.0, [], 0]))
+            await asyncio.sleep(0.05)
+
+    prober = asyncio.create_task(probe())
+    try:
+        await wait_until_async(got, 10.0, f"the KV subscriber of {name} receiving")
+    finally:
+        prober.cancel()
 
 
 def test_bad_messages_are_skipped_and_counted_and_good_ones_still_update_the_index():

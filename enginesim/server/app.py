@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -38,6 +38,8 @@ async def _json_body(request: Request) -> Any:
         return await request.json()
     except (ValueError, UnicodeDecodeError) as exc:
         raise APIError(400, f"Invalid JSON body: {exc}") from exc
+    except ClientDisconnect:  # gone before its body arrived (a router gave up on a hung engine)
+        raise APIError(400, "The client disconnected before sending the whole body") from None
 
 
 class InstanceAPI:

@@ -228,3 +228,26 @@ def test_request_log_records_an_abandoned_request_as_not_completed(sim_factory, 
     [record] = map(json.loads, lines)
     assert record["request_id"] == "cmpl-gone-1" and not record["stream"]
     assert not record["completed"] and record["output_tokens"] < 4000
+
+
+def test_a_client_gone_before_its_body_arrived_is_no_server_error(sim_factory, capfd):
+    """A router that gives up on a hung engine closes the connection with the body unsent;
+    the engine drops that request quietly (no traceback) and goes on serving."""
+    import socket
+    from urllib.parse import urlsplit
+
+    server = sim_factory()
+    port = urlsplit(server.url(0)).port
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        sock.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 1000\r\n\r\n" + b'{"model": "'
+        )
+    answer = httpx.post(
+        server.url(0) + "/v1/completions",
+        json={"model": MODEL, "prompt": "still serving", "max_tokens": 2},
+        timeout=30,
+    )
+    assert answer.status_code == 200
+    captured = capfd.readouterr()
+    assert "Traceback" not in captured.err, captured.err

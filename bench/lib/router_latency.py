@@ -8,6 +8,7 @@ import argparse
 import asyncio
 import itertools
 import multiprocessing
+import subprocess
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
@@ -49,6 +50,30 @@ class ArmResult:
         return transit(run, self.engine_ttft)
 
 
+def router_meter(proc: subprocess.Popen[bytes], port: int) -> Callable[[float], dict[str, Any]]:
+    """Start measuring the router ``proc`` (serving on ``port``) over a row; the function
+    returned, given the row's wall time, reads the row's router side: its CPU share
+    (``cpu``), runnable-without-CPU share (``cpu_wait``), its histograms' overhead and loop
+    lag p50/p99 (``side``) and the share of the machine's CPU the hypervisor took (``steal``)."""
+    cpu0, wait0 = cpu_seconds(proc.pid), runnable_wait_seconds(proc.pid)
+    before, ticks = router_histograms(port), cpu_ticks()
+
+    def read(wall: float) -> dict[str, Any]:
+        after = router_histograms(port)
+        return {
+            "cpu": (cpu_seconds(proc.pid) - cpu0) / wall,
+            "cpu_wait": (runnable_wait_seconds(proc.pid) - wait0) / wall,
+            "side": [
+                bucket_quantile(before, after, name, q)
+                for name in ("overhead", "loop_lag")
+                for q in (50, 99)
+            ],
+            "steal": steal_share(ticks, cpu_ticks()),
+        }
+
+    return read
+
+
 def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Namespace) -> ArmResult:
     """``concurrency`` streams through the ``policy`` router and, at the same time, a
     quarter as many straight to the engines (the baseline: the same engines, client and
@@ -71,28 +96,11 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Names
     async def both() -> list[Run]:
         return await asyncio.gather(loop([port], concurrency), loop(setup.ports, probes))
 
-    cpu0, wait0, before = (
-        cpu_seconds(proc.pid),
-        runnable_wait_seconds(proc.pid),
-        router_histograms(port),
-    )
-    ticks = cpu_ticks()
+    meter = router_meter(proc, port)
     routed, direct = run_async(both())
-    after = router_histograms(port)
+    measured = meter(routed.wall)
     engine = setup.engine_log.engine_ttft(routed) | setup.engine_log.engine_ttft(direct)
-    return ArmResult(
-        routed,
-        direct,
-        engine,
-        cpu=(cpu_seconds(proc.pid) - cpu0) / routed.wall,
-        cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / routed.wall,
-        side=[
-            bucket_quantile(before, after, name, q)
-            for name in ("overhead", "loop_lag")
-            for q in (50, 99)
-        ],
-        steal=steal_share(ticks, cpu_ticks()),
-    )
+    return ArmResult(routed, direct, engine, **measured)
 
 
 def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
@@ -198,12 +206,7 @@ def probe_arm(
     process.start()
     if args.router_nice:  # else a prioritised router would delay the prober's direct probes
         renice(process.pid, args.router_nice)  # (allowed: the routers' renice was)
-    cpu0, wait0, before = (
-        cpu_seconds(proc.pid),
-        runnable_wait_seconds(proc.pid),
-        router_histograms(port),
-    )
-    ticks = cpu_ticks()
+    meter = router_meter(proc, port)
     load = run_async(
         run_loop(
             [port],
@@ -219,19 +222,7 @@ def probe_arm(
     )
     results = receiver.recv()
     process.join()
-    after = router_histograms(port)
-    return ProbeResult(
-        load,
-        *probe_transits(results, probe),
-        cpu=(cpu_seconds(proc.pid) - cpu0) / load.wall,
-        cpu_wait=(runnable_wait_seconds(proc.pid) - wait0) / load.wall,
-        side=[
-            bucket_quantile(before, after, name, q)
-            for name in ("overhead", "loop_lag")
-            for q in (50, 99)
-        ],
-        steal=steal_share(ticks, cpu_ticks()),
-    )
+    return ProbeResult(load, *probe_transits(results, probe), **meter(load.wall))
 
 
 def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -> None:

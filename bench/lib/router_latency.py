@@ -74,6 +74,24 @@ def router_meter(proc: subprocess.Popen[bytes], port: int) -> Callable[[float], 
     return read
 
 
+def row_streams(
+    args: argparse.Namespace, ports: list[int], streams: int, sessions: list[str] | None = None
+) -> Coroutine[Any, Any, Run]:
+    """A latency row's closed loop of ``streams`` streams to ``ports``, shaped by the
+    bench's options (prompt, shared prefix, answer length, ramp, duration)."""
+    return run_loop(
+        ports,
+        streams,
+        args.ttft_duration,
+        True,
+        args.max_tokens,
+        args.prompt_tokens,
+        args.ttft_warmup,
+        args.shared_prefix_tokens,
+        sessions,
+    )
+
+
 def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Namespace) -> ArmResult:
     """``concurrency`` streams through the ``policy`` router and, at the same time, a
     quarter as many straight to the engines (the baseline: the same engines, client and
@@ -81,20 +99,10 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Names
     port, proc = setup.routers[policy]
     probes = max(1, round(concurrency * args.probe_share))
 
-    def loop(ports: list[int], streams: int) -> Coroutine[Any, Any, Run]:
-        return run_loop(
-            ports,
-            streams,
-            args.ttft_duration,
-            True,
-            args.max_tokens,
-            args.prompt_tokens,
-            args.ttft_warmup,
-            args.shared_prefix_tokens,
-        )
-
     async def both() -> list[Run]:
-        return await asyncio.gather(loop([port], concurrency), loop(setup.ports, probes))
+        return await asyncio.gather(
+            row_streams(args, [port], concurrency), row_streams(args, setup.ports, probes)
+        )
 
     meter = router_meter(proc, port)
     routed, direct = run_async(both())
@@ -207,19 +215,7 @@ def probe_arm(
     if args.router_nice:  # else a prioritised router would delay the prober's direct probes
         renice(process.pid, args.router_nice)  # (allowed: the routers' renice was)
     meter = router_meter(proc, port)
-    load = run_async(
-        run_loop(
-            [port],
-            concurrency,
-            args.ttft_duration,
-            True,
-            args.max_tokens,
-            args.prompt_tokens,
-            args.ttft_warmup,
-            args.shared_prefix_tokens,
-            load_sessions,
-        )
-    )
+    load = run_async(row_streams(args, [port], concurrency, load_sessions))
     results = receiver.recv()
     process.join()
     return ProbeResult(load, *probe_transits(results, probe), **meter(load.wall))

@@ -44,20 +44,11 @@ Migration — hotspot-aware rebalancing of queued requests (seed 003 §2.3)
     the live router closes the upstream stream of a streamed request that has sent the
     client nothing yet (vLLM aborts it) and re-sends it to ``j`` as a new attempt.
 
-The SLO default, 2 s, is measured (``bench/bench_dualmap_slo.py``, table in
-``bench/dualmap_slo.md``): replays of conversation/70, synthetic/70 and burst/70 at
-``slo_ttft_s`` ∈ {0.5, 1, 2, 4, 8, 16} with migration. Mean TTFT ÷ each cell's best,
-geometric mean over the cells: 1.050, 1.015, **1.006**, 1.077, 1.028, 1.179 (worst cell
-1.072, 1.032, **1.018**, 1.118, 1.032, 1.195). 2 s leaves affinity on 30–37% of decisions
-(1 s: 31–39%); past 8 s the key's instance is kept while its queue grows (16 s: +18%).
-A check on conversation/50 and agentic/70 (short prompts): 1 s 1.007, 2 s 1.008, 8 s
-1.414 (agentic +86%): 1–2 s are equal there, large SLOs are ruled out. Rerun on the
-refitted engine: 1.010 / 1.017 / 1.042 / 1.085 at 1 / 2 / 4 / 8 s — 1 and 2 s still within
-one seed's noise of each other.
-Between 1 and 8 s the differences are a few percent and not monotone: the SLO is not
-what limits DualMap on these traces (its two-candidate choice is); migration moves few
-requests (10–34 per cell at 1–2 s) because a request must still be able to make the SLO
-on its alternative, counting the time it has already waited.
+The SLO default, 1 s, is measured: ``bench/bench_dualmap_slo.py`` replays three matrix
+cells at ``slo_ttft_s`` from 0.5 to 16 s and two more at 1, 2 and 8 s;
+``bench/dualmap_slo.md`` has the tables and the reading (large SLOs keep a hot key on its
+instance while its queue grows; migration moves few requests, since one must still be
+able to make the SLO on its alternative, counting the time it has already waited).
 """
 
 from __future__ import annotations
@@ -86,7 +77,7 @@ _MASK64 = (1 << 64) - 1
 
 class DualMapParams(PolicyParams):
     slo_ttft_s: float = Field(
-        2.0,
+        1.0,
         gt=0,
         description="TTFT SLO for keeping cache affinity and for migrating "
         "queued requests, s (default from bench/dualmap_slo.md)",

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -128,12 +129,24 @@ def test_a_process_set_stops_each_group_with_its_children(tmp_path: Path) -> Non
     wait_until(lambda: not _alive(child), 5, "the grandchild to be gone")
 
 
-def test_processes_stopped_together_share_one_grace() -> None:
-    stubborn = [ManagedProcess([sys.executable, "-c", IGNORES_TERM]).start() for _ in range(3)]
-    time.sleep(0.5)  # their handlers are installed
-    started = time.monotonic()
-    stop_together(stubborn, grace=0.5)
-    assert time.monotonic() - started < 1.4  # one after the other would take 1.5 s
+def test_processes_stopped_together_share_one_grace(tmp_path: Path) -> None:
+    """Every process gets its SIGTERM before any grace runs out: one after the other, the
+    second would get it only when the first's grace (3 s) had passed."""
+    notes_term = (
+        "import os, signal, sys, time; "
+        "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'w').close()); "
+        "open(sys.argv[1] + '.ready', 'w').close(); time.sleep(60)"
+    )
+    marks = [tmp_path / f"term{k}" for k in range(3)]
+    stubborn = [
+        ManagedProcess([sys.executable, "-c", notes_term, str(mark)]).start() for mark in marks
+    ]
+    wait_until(lambda: all(Path(f"{m}.ready").exists() for m in marks), 10, "handlers")
+    stopping = threading.Thread(target=stop_together, args=(stubborn,), kwargs={"grace": 3.0})
+    stopping.start()
+    wait_until(lambda: all(m.exists() for m in marks), 2.5, "every process's SIGTERM")
+    assert all(p.poll() is None for p in stubborn)  # none killed yet: one shared grace
+    stopping.join()
     assert [p.poll() for p in stubborn] == [-signal.SIGKILL] * 3
 
 

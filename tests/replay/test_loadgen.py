@@ -112,11 +112,10 @@ async def test_stop_closes_streams_and_returns_promptly(target):
     records = [TraceRecord(0, 0.0, 600, 8000, (800_000,), 512)]  # ~3 s of decode
     generator = LoadGenerator(records, target, MODEL, loop=True)
     asyncio.get_running_loop().call_later(1.0, generator.stop)
-    started = time.monotonic()
     outcomes = await generator.run()
-    assert time.monotonic() - started < 5.0
     assert outcomes and all(o.status in ("cancelled", "ok") for o in outcomes)
-    assert any(o.status == "cancelled" for o in outcomes)
+    cancelled = [o for o in outcomes if o.status == "cancelled"]
+    assert cancelled and all(o.output_tokens < 8000 for o in cancelled)  # cut, not waited out
 
 
 async def test_on_demand_burst_shares_one_prefix(target):

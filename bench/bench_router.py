@@ -203,11 +203,10 @@ def main() -> None:
                     probe_rows(slow, probe, args, Path(tmp))
         if sections & {"throughput", "cpu"}:
             with cluster(args.time_scale, Path(tmp)) as fast:
-                router_port, router = fast.routers["lmetric"]
                 if "throughput" in sections:
-                    throughput_rows(fast.ports, router_port, router, fast.engines, args)
+                    throughput_rows(fast, args)
                 if "cpu" in sections:
-                    cpu_rows(fast.ports, router_port, router, fast.engines, args)
+                    cpu_rows(fast, args)
     if "hot-path" in sections:
         hot_path_rows()
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import time
 
 import numpy as np
 
 from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import Run, closed_loop, run_async, run_loop
+from bench.lib.processes import Cluster
 from bench.lib.stats import bucket_quantile, router_histograms
 
 
@@ -68,13 +68,7 @@ def measure_cpu(
     return run, cpu_seconds(pid) - cpu0
 
 
-def cpu_rows(
-    ports: list[int],
-    router_port: int,
-    router: subprocess.Popen[bytes],
-    engines: subprocess.Popen[bytes],
-    args: argparse.Namespace,
-) -> None:
+def cpu_rows(setup: Cluster, args: argparse.Namespace) -> None:
     """CPU time per request and per streamed chunk: the robust figure on a shared machine.
 
     Per chunk: the slope between streams of ``SHORT`` and ``LONG`` tokens (CPU per request
@@ -82,6 +76,7 @@ def cpu_rows(
     the intercept. Router rows: the router process only (enginesim's CPU is not in them);
     direct rows: the enginesim process serving the same requests without the router.
     """
+    ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
     short, long_, concurrency = 4, 64, 32
     print(
         f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
@@ -127,13 +122,8 @@ def cpu_rows(
     )
 
 
-def throughput_rows(
-    ports: list[int],
-    router_port: int,
-    router: subprocess.Popen[bytes],
-    engines: subprocess.Popen[bytes],
-    args: argparse.Namespace,
-) -> None:
+def throughput_rows(setup: Cluster, args: argparse.Namespace) -> None:
+    ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
     concurrency = 64
     engine0 = cpu_seconds(engines.pid)
     direct, _, elapsed_d = run_async(closed_loop(ports, concurrency, args.duration, False, 4))

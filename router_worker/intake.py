@@ -43,7 +43,7 @@ from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
 from router_worker.errors import APIError
 from router_worker.routing.features import hash_blocks
-from router_worker.tokenization import PromptError, Tier, Tokenizer, token_id_array
+from router_worker.tokenization import PromptError, Tokenizer
 
 log = logging.getLogger("router_worker.intake")
 
@@ -193,7 +193,7 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
             raise APIError(400, str(error), error.param) from None
         turn_index = sum(1 for message in body["messages"] if message["role"] == "assistant")
     else:
-        token_ids, tier = _encode_prompt(tokenizer, fields["prompt"], special)
+        token_ids, tier = tokenizer.encode_prompt(fields["prompt"], add_special_tokens=special)
     t1 = time.perf_counter()
     hashes = tuple(hash_blocks(token_ids, block_size))
     return Intake(
@@ -207,16 +207,6 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
         tokenize_s=t1 - t0,
         hash_s=time.perf_counter() - t1,
     )
-
-
-def _encode_prompt(tokenizer: Tokenizer, prompt: Any, special: bool) -> tuple[Any, Tier]:
-    """A checked completions prompt; a batch is routed by its first item."""
-    if isinstance(prompt, str):
-        return tokenizer.encode_text(prompt, add_special_tokens=special)
-    first = prompt[0]
-    if isinstance(first, str):
-        return tokenizer.encode_text(first, add_special_tokens=special)
-    return token_id_array(first if isinstance(first, list) else prompt), "ids"
 
 
 # ----- the worker process side ------------------------------------------------------------

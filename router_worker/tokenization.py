@@ -97,34 +97,15 @@ class Tokenizer:
     def encode_chat(self, messages: Sequence[Any]) -> tuple[Any, Tier]:
         return self.encode_chat_body({"messages": messages})
 
-    def encode_prompt(self, prompt: Any) -> tuple[Any, Tier]:
-        """A completions ``prompt``: text, token ids, or a batch (routed by its first item)."""
+    def encode_prompt(self, prompt: Any, *, add_special_tokens: bool) -> tuple[Any, Tier]:
+        """A completions ``prompt`` the intake has checked (text, token ids, or a batch of
+        either); a batch is routed by its first item."""
         if isinstance(prompt, str):
-            return self.encode_text(prompt, add_special_tokens=True)
-        if isinstance(prompt, list) and prompt:
-            first = prompt[0]
-            if _is_int(first):
-                return _token_ids(prompt), "ids"
-            if isinstance(first, str) and all(isinstance(p, str) for p in prompt):
-                return self.encode_text(first, add_special_tokens=True)
-            if isinstance(first, list) and all(isinstance(p, list) for p in prompt):
-                return _token_ids(first), "ids"
-        raise PromptError(
-            "prompt must be a string, a list of strings, or a list of token ids", "prompt"
-        )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-MAX_TOKEN_ID = 2**64 - 1  # ids are hashed as uint64; larger ones cannot be any vocabulary's
-
-
-def _token_ids(values: list[Any]) -> np.ndarray:
-    if not values or not all(_is_int(v) and 0 <= v <= MAX_TOKEN_ID for v in values):
-        raise PromptError("token ids must be integers in [0, 2**64)", "prompt")
-    return token_id_array(values)
+            return self.encode_text(prompt, add_special_tokens=add_special_tokens)
+        first = prompt[0]
+        if isinstance(first, str):
+            return self.encode_text(first, add_special_tokens=add_special_tokens)
+        return token_id_array(first if isinstance(first, list) else prompt), "ids"
 
 
 def token_id_array(values: Sequence[int]) -> np.ndarray:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 
 import msgpack
@@ -14,6 +15,7 @@ import zmq.asyncio
 from router_worker.arms import pick_arm, session_point
 from router_worker.errors import APIError
 from router_worker.health import HealthBook
+from router_worker.intake import take_in
 from router_worker.limits import Limiter
 from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids
 
@@ -49,15 +51,23 @@ def test_exact_tier_uses_a_local_tokenizer_json(tmp_path):
     path = tmp_path / "tokenizer.json"
     tiny.save(str(path))
     tokenizer = Tokenizer(str(path), chat_template="plain")
-    ids, tier = tokenizer.encode_prompt("hello world again")
+    ids, tier = tokenizer.encode_prompt("hello world again", add_special_tokens=True)
     assert tier == "exact" and list(ids) == [1, 2, 3]
     _, chat_tier = tokenizer.encode_chat([{"role": "user", "content": "hello"}])
     assert chat_tier == "exact"
-    token_ids, ids_tier = tokenizer.encode_prompt([5, 6, 7])
+    token_ids, ids_tier = tokenizer.encode_prompt([5, 6, 7], add_special_tokens=True)
     assert ids_tier == "ids" and list(token_ids) == [5, 6, 7]
-    assert Tokenizer().encode_prompt("hello")[1] == "approx"
-    with pytest.raises(PromptError):
-        tokenizer.encode_prompt([1, -2])
+    batch_ids, _ = tokenizer.encode_prompt([[8, 9], [1]], add_special_tokens=True)
+    assert list(batch_ids) == [8, 9]  # a batch is routed by its first prompt
+    assert Tokenizer().encode_prompt("hello", add_special_tokens=True)[1] == "approx"
+
+
+@pytest.mark.parametrize("prompt", [[1, -2], [2**64], [], [[]], [1, "2"], [True]])
+def test_intake_refuses_token_ids_the_router_cannot_hash(prompt):
+    body = json.dumps({"model": "m", "prompt": prompt}).encode()
+    with pytest.raises(APIError) as refused:
+        take_in(body, "completions", Tokenizer(), block_size=16)
+    assert refused.value.status == 400 and refused.value.param == "prompt"
 
 
 def test_arm_assignment_is_stable_and_follows_weights():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,7 +19,7 @@ from controlplane.models import Cluster, ReplayJob
 from . import audit, policy_defaults, traces
 from .audit import Actor
 from .clusters import locked_cluster
-from .errors import NotFound, ServiceError
+from .errors import NotFound, Problems, ServiceError
 from .validation import normalised_params
 
 log = logging.getLogger(__name__)
@@ -56,20 +57,18 @@ def request_replay(
     reason: str = "",
 ) -> ReplayRequest:
     """Create the queued job (committed), then send it to the workers. A broker outage does
-    not lose the job: it stays queued and the answer says it was not dispatched. Every row
-    of the trace is checked first (outside the cluster lock: a big trace takes a while)."""
-    _check_trace_rows(cluster_id, trace)
-    job = _create_job(
-        actor,
+    not lose the job: it stays queued and the answer says it was not dispatched. Every
+    input, every row of the trace included, is checked first and every problem refused
+    together (outside the cluster lock: a big trace takes a while)."""
+    inputs = _checked_inputs(
         cluster_id,
         trace=trace,
         policies=policies,
         rate_scale=rate_scale,
         max_requests=max_requests,
         seed=seed,
-        reason=reason,
     )
-    return _dispatch(job)
+    return _dispatch(_create_job(actor, cluster_id, inputs, reason=reason))
 
 
 def request_uploaded_replay(
@@ -85,11 +84,34 @@ def request_uploaded_replay(
         raise
 
 
-def _check_trace_rows(cluster_id: int, trace: str) -> None:
-    model = Cluster.objects.filter(pk=cluster_id).values_list("model", flat=True).first()
-    if model is None:
+def _checked_inputs(
+    cluster_id: int,
+    *,
+    trace: str,
+    policies: list[dict[str, Any]],
+    rate_scale: float,
+    max_requests: int | None,
+    seed: int,
+) -> dict[str, Any]:
+    cluster = Cluster.objects.filter(pk=cluster_id).first()
+    if cluster is None:
         raise NotFound(f"cluster {cluster_id} does not exist")
-    traces.check_trace(traces.resolve_trace(_validated_trace(trace)), model)
+    problems = Problems()
+    trace = problems.check(_validated_trace, trace) or ""
+    if trace:
+        problems.check(traces.check_trace, traces.resolve_trace(trace), cluster.model)
+    problems.check(_validated_policies, policies, cluster)
+    inputs = {
+        "trace": trace,
+        "policies": policies,  # completed under the lock, in _create_job
+        "rate_scale": problems.check(_positive, rate_scale, "rate_scale"),
+        "max_requests": None
+        if max_requests is None
+        else problems.check(_positive_int, max_requests, "max_requests"),
+        "seed": seed,
+    }
+    problems.raise_any()
+    return inputs
 
 
 def prune_uploads() -> int:
@@ -101,27 +123,11 @@ def prune_uploads() -> int:
 
 
 @transaction.atomic
-def _create_job(
-    actor: Actor,
-    cluster_id: int,
-    *,
-    trace: str,
-    policies: list[dict[str, Any]],
-    rate_scale: float,
-    max_requests: int | None,
-    seed: int,
-    reason: str,
-) -> ReplayJob:
+def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason: str) -> ReplayJob:
     cluster = locked_cluster(cluster_id)
-    inputs = {
-        "trace": _validated_trace(trace),
-        "policies": _validated_policies(policies, cluster),
-        "rate_scale": _positive(rate_scale, "rate_scale"),
-        "max_requests": max_requests
-        if max_requests is None
-        else int(_positive(max_requests, "max_requests")),
-        "seed": seed,
-    }
+    # the cost coefficients are derived under the lock, from the GPU and model the
+    # cluster has now
+    inputs = {**inputs, "policies": _validated_policies(inputs["policies"], cluster)}
     job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.user)
     audit.record(
         actor, "replay.create", job, after=replay_snapshot(job), reason=reason, cluster=cluster
@@ -142,29 +148,36 @@ def _validated_trace(trace: str) -> str:
 
 def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster) -> list[dict[str, Any]]:
     """Each spec validated by its policy's class; unset cost coefficients derived from the
-    cluster's GPU and model (the replay runs on those)."""
+    cluster's GPU and model (the replay runs on those). Every spec's problems are refused
+    together, each under ``policies.<index>``."""
     if not isinstance(policies, list) or not 1 <= len(policies) <= MAX_POLICIES:
         raise ServiceError(f"policies must list 1-{MAX_POLICIES} policies", "policies")
-    validated = []
-    for index, spec in enumerate(policies):
-        spec = spec if isinstance(spec, dict) else {}
-        kind = str(spec.get("kind"))
-        try:
-            params = policy_defaults.complete_params(
-                kind, normalised_params(kind, spec.get("params")), cluster
-            )
-        except ServiceError as error:
-            raise ServiceError(
-                f"policies.{index}: {error.message}", f"policies.{index}.{error.field}"
-            ) from None
-        validated.append({"kind": kind, "params": params})
-    return validated
+    problems = Problems()
+    validated = [
+        problems.check(_validated_policy, spec, cluster, prefix=f"policies.{index}")
+        for index, spec in enumerate(policies)
+    ]
+    problems.raise_any()
+    return [spec for spec in validated if spec is not None]
+
+
+def _validated_policy(spec: Any, cluster: Cluster) -> dict[str, Any]:
+    spec = spec if isinstance(spec, dict) else {}
+    kind = str(spec.get("kind"))
+    params = normalised_params(kind, spec.get("params"))
+    return {"kind": kind, "params": policy_defaults.complete_params(kind, params, cluster)}
 
 
 def _positive(value: float, field: str) -> float:
-    if not isinstance(value, int | float) or value <= 0:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not 0 < value < math.inf:
         raise ServiceError(f"{field} must be a positive number", field)
     return float(value)
+
+
+def _positive_int(value: int, field: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ServiceError(f"{field} must be a positive whole number", field)
+    return value
 
 
 def _dispatch(job: ReplayJob) -> ReplayRequest:

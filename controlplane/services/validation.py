@@ -8,20 +8,7 @@ from pydantic import ValidationError
 
 from router_worker.routing.policies import REGISTRY, param_problems
 
-from .errors import ServiceError
-
-
-class InvalidParams(ServiceError):
-    """Policy parameters refused by the policy's class: every problem, each field named.
-
-    ``field``/``message`` are the first problem's; ``details["problems"]`` lists all of
-    them as ``{"field": "params.<path>", "message": ...}`` (the API returns it as is, the
-    forms put each message next to its input).
-    """
-
-    def __init__(self, problems: list[dict[str, str]]) -> None:
-        super().__init__("; ".join(p["message"] for p in problems), problems[0]["field"])
-        self.details = {"problems": problems}
+from .errors import Invalid, ServiceError
 
 
 def policy_kinds() -> dict[str, dict[str, Any]]:
@@ -42,7 +29,7 @@ def normalised_params(kind: str, params: dict[str, Any] | None) -> dict[str, Any
     try:
         validated = policy_class.Params.model_validate(params or {})
     except ValidationError as error:
-        raise InvalidParams(
+        raise Invalid(
             [
                 {
                     "field": ".".join(filter(None, ("params", problem.path))),

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import Cluster
 from controlplane.services import replays as replay_service
-from controlplane.services.errors import NotFound, ServiceError
+from controlplane.services.errors import NotFound, Problems, ServiceError
 from controlplane.services.traces import shared_traces
 
 from . import dashboard, reads
@@ -52,7 +52,7 @@ def replay_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     upload = request.FILES.get("upload")
     try:
-        options = _replay_args(request, cluster)
+        options = _replay_args(request, cluster, shared_trace=upload is None)
         if upload is not None:
             outcome = replay_service.request_uploaded_replay(
                 actor(request),
@@ -62,42 +62,53 @@ def replay_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
                 **options,
             )
         else:
-            outcome = replay_service.request_replay(
-                actor(request), cluster.pk, trace=_shared_trace(request), **options
-            )
+            outcome = replay_service.request_replay(actor(request), cluster.pk, **options)
     except ServiceError as error:
         return service_error_response(request, error, TEMPLATE, **_context(cluster))
     url = reverse("web:replay_detail", args=[cluster.pk, outcome.job.pk])
     return redirect(url if outcome.dispatched else f"{url}?undispatched=1")
 
 
-def _replay_args(request: HttpRequest, cluster: Cluster) -> dict[str, Any]:
+def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) -> dict[str, Any]:
+    """The form's options (with the chosen shared trace unless a file was uploaded); every
+    unreadable value is refused together."""
     data = request.POST
     chosen = {int(pk) for pk in data.getlist("policies") if pk.isdigit()}
-    specs = [p.spec() for p in reads.policies(cluster.pk) if p.pk in chosen]
-    return {
-        "policies": specs,
-        "rate_scale": _float(data.get("rate_scale") or "1", "rate_scale"),
-        "max_requests": int(_float(data["max_requests"], "max_requests"))
-        if data.get("max_requests")
+    problems = Problems()
+    max_requests = data.get("max_requests", "").strip()
+    options = {
+        "policies": [p.spec() for p in reads.policies(cluster.pk) if p.pk in chosen],
+        "rate_scale": problems.check(_number, data.get("rate_scale") or "1", "rate_scale"),
+        "max_requests": problems.check(_whole, max_requests, "max_requests")
+        if max_requests
         else None,
-        "seed": int(_float(data.get("seed") or "0", "seed")),
+        "seed": problems.check(_whole, data.get("seed") or "0", "seed"),
         "reason": data.get("reason", ""),
     }
+    if shared_trace:
+        options["trace"] = problems.check(_shared_trace, data.get("trace", ""))
+    problems.raise_any()
+    return options
 
 
-def _shared_trace(request: HttpRequest) -> str:
-    name = request.POST.get("trace", "")
+def _shared_trace(name: str) -> str:
     if name not in shared_traces():
         raise ServiceError("choose a shared trace or upload a file", "trace")
     return f"shared:{name}"
 
 
-def _float(value: str, field: str) -> float:
+def _number(value: str, field: str) -> float:
     try:
         return float(value)
     except ValueError:
         raise ServiceError(f"{field}: {value!r} is not a number", field) from None
+
+
+def _whole(value: str, field: str) -> int:
+    number = _number(value, field)
+    if not number.is_integer():
+        raise ServiceError(f"{field}: {value!r} is not a whole number", field)
+    return int(number)
 
 
 @viewer_required

@@ -45,6 +45,31 @@ def test_replay_is_created_queued_and_sent_by_task_name(world, users, replay_dis
     assert replay_dispatches == [(REPLAY_TASK, {"args": [job.pk], "retry": False})]
 
 
+def test_a_replay_request_is_refused_with_every_problem_at_once(
+    world, users, replay_dispatches
+) -> None:
+    body = {
+        **REPLAY,
+        "trace": "shared:no-such-trace.jsonl",
+        "policies": [
+            {"kind": "lmetric"},
+            {"kind": "no_such_policy"},
+            {"kind": "linear", "params": {"w": 7, "cost_p": -1}},
+        ],
+    }
+    jobs_before = ReplayJob.objects.count()
+    response = session_client(users["operator"]).post(
+        f"/api/v1/clusters/{world['alpha']}/replays", body, content_type="application/json"
+    )
+    assert response.status_code == 400
+    error = response.json()["error"]
+    fields = [problem["field"] for problem in error["problems"]]
+    assert fields[:2] == ["trace", "policies.1.kind"]
+    assert "policies.2.params.w" in fields and len(fields) >= 3
+    assert error["field"] == "trace" and "no-such-trace" in error["message"]
+    assert ReplayJob.objects.count() == jobs_before and replay_dispatches == []
+
+
 def test_replay_survives_a_broker_outage_and_says_so(world, users, monkeypatch) -> None:
     from controlplane.celery import app
 

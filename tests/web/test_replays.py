@@ -92,6 +92,17 @@ def test_an_unreadable_upload_is_refused(as_role, cluster, traces, dispatched) -
     assert not ReplayJob.objects.exists() and not dispatched
 
 
+def test_the_form_names_every_unreadable_value_at_once(as_role, cluster, traces, dispatched):
+    response = as_role("operator").post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {"trace": "", "rate_scale": "fast", "seed": "1.5", "policies": policy_ids(cluster)[:1]},
+    )
+    assert response.status_code == 400
+    for message in (b"is not a number", b"is not a whole number", b"choose a shared trace"):
+        assert message in response.content
+    assert not ReplayJob.objects.exists() and not dispatched
+
+
 def test_a_model_enginesim_cannot_simulate_fails_the_job_with_its_reason(
     as_role, cluster, traces, dispatched
 ) -> None:

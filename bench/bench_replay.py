@@ -191,13 +191,17 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {kind: (kind, {}) for kind in 
 # What LMetric is measured against: the seven policies of the seeds and production routers.
 BASELINES = ("round_robin", "least_load", "linear", "cache_aware", "preble", "dualmap", "smetric")
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
-    "lmetric[paper]": ("lmetric", {"batch_offset": 0.0}),
+    "lmetric[paper]": ("lmetric", {"batch_offset": 0.0, "tier_token_cost": None}),
     **{f"lmetric[c={c}]": ("lmetric", {"batch_offset": float(c)}) for c in (1, 16, 32, 64)},
     "lmetric[miss_ratio]": ("lmetric", {"prefill_term": "miss_ratio"}),
     "lmetric[total_tokens]": ("lmetric", {"load_term": "total_tokens"}),
     "lmetric[no_hotspot]": ("lmetric", {"hotspot": {"enabled": False}}),
 }
-ALL_POLICIES = {**POLICIES, **ABLATIONS}
+# Run only where the cluster has a global KV tier (elsewhere they are LMetric itself).
+TIER_ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
+    "lmetric[no_tier]": ("lmetric", {"tier_token_cost": None}),
+}
+ALL_POLICIES = {**POLICIES, **ABLATIONS, **TIER_ABLATIONS}
 
 
 @dataclass(frozen=True)
@@ -639,6 +643,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cell in cells:
             scale = scale_for(fits[f"{cell.workload}@{cell.model}"], cell.load)
             extra = list(ABLATIONS) if cell.key in ablation_cells else []
+            if extra and WORKLOAD_BY_NAME[cell.workload].sim.get("global_tier_blocks"):
+                extra += list(TIER_ABLATIONS)
             jobs += [(cell, policy, scale, limit) for policy in [*policies, *extra]]
         results: dict[str, dict[str, SimResult]] = {}
         for key, policy, result in pool.map(_job, jobs):

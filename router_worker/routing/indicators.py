@@ -569,8 +569,27 @@ class ClusterView:
         """Prompt tokens each instance would have to prefill."""
         return features.prompt_tokens - self.cached_tokens(features)
 
-    def p_tokens(self, features: RequestFeatures) -> np.ndarray:
-        return self.pending_prefill + self.new_tokens(features)
+    def p_tokens(
+        self, features: RequestFeatures, *, tier_token_cost: float | None = None
+    ) -> np.ndarray:
+        """P-token: the prefill work ahead of r's first token on each instance, in tokens
+        recomputed — the pending prefill plus r's tokens not cached locally.
+
+        With ``tier_token_cost`` (the cost of loading one token from the global tier
+        relative to recomputing it) and a global tier, the tier-held tokens beyond the
+        local hit are charged at that fraction instead of a full token each.
+        """
+        work = self.pending_prefill + self.new_tokens(features)
+        if tier_token_cost is not None and self.has_global_tier:
+            work = work - self.tier_load_tokens(features) * (1.0 - tier_token_cost)
+        return work
+
+    def tier_load_tokens(self, features: RequestFeatures) -> np.ndarray:
+        """Per slot, r's prompt tokens the global tier holds beyond the local hit: what the
+        instance loads from the tier instead of prefilling (zeros without a tier)."""
+        if not self.has_global_tier:
+            return np.zeros(self.size)
+        return np.maximum(self.global_tier_tokens(features) - self.cached_tokens(features), 0)
 
     def global_tier_tokens(self, features: RequestFeatures) -> int:
         """Leading prompt tokens held by the global tier (0 without a tier)."""
@@ -583,16 +602,6 @@ class ClusterView:
     def estimated_ttft(
         self, features: RequestFeatures, *, tier_token_cost: float | None = None
     ) -> np.ndarray:
-        """Seconds until r's first token on each instance: P-token / prefill throughput.
-
-        With ``tier_token_cost`` (cost of loading one token from the global
-        tier relative to recomputing it) tier-held tokens beyond the local hit
-        are charged at that fraction instead of full recompute.
-        """
-        work = self.p_tokens(features)
-        if tier_token_cost is not None and self.has_global_tier:
-            from_tier = np.maximum(
-                self.global_tier_tokens(features) - self.cached_tokens(features), 0
-            )
-            work = work - from_tier * (1.0 - tier_token_cost)
-        return work / self.prefill_tps
+        """Seconds until r's first token on each instance: P-token / prefill throughput
+        (``tier_token_cost`` as in :meth:`p_tokens`)."""
+        return self.p_tokens(features, tier_token_cost=tier_token_cost) / self.prefill_tps

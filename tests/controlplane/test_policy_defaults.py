@@ -26,6 +26,8 @@ from .conftest import SYSTEM, session_client
 
 pytestmark = pytest.mark.django_db
 REASON = "ticket OPS-20"
+# predicted_ttft's parameters that are not cost coefficients, at their defaults
+OTHER_DEFAULTS = {"use_measured_prefill_tps": False, "tier_token_cost": 0.1}
 
 
 def test_the_policys_fallback_values_are_the_cost_models_h20_qwen2_7b_values() -> None:
@@ -66,7 +68,7 @@ def test_unknown_hardware_is_an_error_not_another_gpus_numbers(gpu, model, words
 
 def test_created_policy_gets_the_clusters_coefficients_and_the_audit_row_shows_them(world) -> None:
     policy = policies.create_policy(SYSTEM, world["alpha"], name="pt", kind="predicted_ttft")
-    expected = {**FALLBACK_COEFFICIENTS, "use_measured_prefill_tps": False}  # alpha: h20
+    expected = {**FALLBACK_COEFFICIENTS, **OTHER_DEFAULTS}  # alpha: h20
     assert policy.params == expected
     assert Policy.objects.get(pk=policy.pk).params == expected
     audit = AuditEvent.objects.filter(action="policy.create").latest("at")
@@ -83,7 +85,7 @@ def test_coefficients_the_operator_set_are_kept(world) -> None:
     policy = policies.create_policy(
         SYSTEM, world["alpha"], name="pt", kind="predicted_ttft", params=set_by_hand
     )
-    assert policy.params == {**FALLBACK_COEFFICIENTS, **set_by_hand}
+    assert policy.params == {**FALLBACK_COEFFICIENTS, **OTHER_DEFAULTS, **set_by_hand}
 
 
 def test_other_kinds_are_left_alone(world) -> None:
@@ -109,7 +111,7 @@ def test_api_fills_from_another_clusters_hardware(users) -> None:
     )
     assert response.status_code == 201, response.content
     derived = derive_coefficients("h100", "llama-3.1-8b")
-    assert response.json()["params"] == {**derived, "use_measured_prefill_tps": False}
+    assert response.json()["params"] == {**derived, **OTHER_DEFAULTS}
     assert derived["prefill_tps"] != FALLBACK_COEFFICIENTS["prefill_tps"]
 
 
@@ -179,8 +181,8 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
     policy = Policy.objects.get(cluster_id=world["alpha"], name="pt-web")
     assert policy.params == {
         **FALLBACK_COEFFICIENTS,
+        **OTHER_DEFAULTS,
         "chunk_tokens": 4096,
-        "use_measured_prefill_tps": False,
     }
 
 
@@ -201,8 +203,8 @@ def test_replay_specs_get_the_clusters_coefficients(world, users, replay_dispatc
     job = ReplayJob.objects.get(pk=response.json()["replay"]["id"])
     assert job.inputs["policies"][0]["params"] == {
         **FALLBACK_COEFFICIENTS,
+        **OTHER_DEFAULTS,
         "prefill_tps": 3000,
-        "use_measured_prefill_tps": False,
     }
 
 

@@ -1,13 +1,14 @@
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router_worker.routing import make_policy
+from router_worker.routing import ClusterState, GlobalTier, make_policy
 
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
 # The paper's exact score, P-token × BS: these tests pin what BS counts.
-PAPER = {"batch_offset": 0.0}
+PAPER = {"batch_offset": 0.0, "tier_token_cost": None}
 
 
 def test_minimum_product_of_p_token_and_batch_size():
@@ -94,7 +95,7 @@ class StubView:
         self.ids = tuple(f"i{k}" for k in range(self.size))
         self.eligible = np.ones(self.size, dtype=bool)
 
-    def p_tokens(self, _request):
+    def p_tokens(self, _request, *, tier_token_cost=None):
         return self._p
 
     def cached_blocks(self, _request):
@@ -167,3 +168,25 @@ def test_the_papers_ablations_compute_what_they_say():
     context = view.decode_context_tokens
     scores = total.decide(features(prompt), view, 0.0).score_table()
     assert scores == {"i0": 200 * (context[0] + 0 + 1000), "i1": 1300 * (300 + 1000)}
+
+
+def test_with_a_global_tier_the_tokens_it_holds_cost_a_load_not_a_prefill():
+    """The holder of r's prefix has 3,000 tokens of prefill queued; an idle instance can
+    load the prefix from the tier for 0.1 of a token each. Without the tier term (the
+    paper's P-token) the idle instance is charged a full prefill and loses."""
+    tier = GlobalTier()
+    state = ClusterState(default_prefill_tps=10_000, global_tier=tier)
+    for iid in ("i0", "i1"):
+        state.add_instance(iid)
+    prompt = tokens(0, 4096)
+    warm(state, "i0", prompt)
+    tier.insert(features(prompt).block_hashes)
+    add_pending(state, "i0", 3_000)
+    request = features(prompt)
+    aware = make_policy("lmetric").decide(request, state.view(), 0.0)
+    # i0: (3000 pending + 1 uncached) × (1 + 48); i1: 4096 − 4095 tier-held × 0.9 = 410.5
+    assert aware.score_table() == pytest.approx({"i0": 3001 * 49, "i1": 410.5 * 48})
+    assert aware.instance_id == "i1"
+    blind = make_policy("lmetric", {"tier_token_cost": None}).decide(request, state.view(), 0.0)
+    assert blind.score_table() == {"i0": 3001 * 49, "i1": 4096 * 48}
+    assert blind.instance_id == "i0"

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from router_worker.routing import REGISTRY, PolicyConfigError, make_policy, validate_params
+from router_worker.routing import (
+    REGISTRY,
+    ClusterState,
+    GlobalTier,
+    PolicyConfigError,
+    make_policy,
+    validate_params,
+)
 from router_worker.routing.policies.predicted_ttft import (
     COEFFICIENT_FIELDS,
     FALLBACK_COEFFICIENTS,
@@ -49,6 +56,27 @@ def test_hand_computed_predictions():
     assert predicted[1] == pytest.approx(0.5 * 0.011 + 3 * 0.011 + 1.024)
     # i2: 640 tokens, budget 509 → 2 steps of 10 + 3 ms, plus half a step's wait
     assert predicted[2] == pytest.approx(0.5 * 0.013 + 2 * 0.013 + 0.640)
+
+
+def test_hand_computed_with_a_global_tier():
+    """Tokens the tier holds beyond the local hit load at tier_token_cost of a prefilled
+    token and then count as cached for attention."""
+    tier = GlobalTier()
+    state = ClusterState(default_prefill_tps=1000.0, global_tier=tier)
+    state.add_instance("i0")
+    prompt = tokens(0, 640)
+    tier.insert(features(prompt[:320]).block_hashes)  # 20 blocks in the tier
+    request = features(prompt)
+    params = {**SIMPLE, "attention_pair_s": 1e-6, "tier_token_cost": 0.1}
+    # 320 loaded (work 32) + 320 prefilled after 320 "cached": 352 tokens in one step
+    attention = 1e-6 * (320 * 320 + 0.5 * 320 * 320)
+    assert policy(**params).predict(request, state.view())[0] == pytest.approx(
+        0.01 + 0.352 + attention
+    )
+    blind = {**params, "tier_token_cost": None}
+    assert policy(**blind).predict(request, state.view())[0] == pytest.approx(
+        2 * 0.01 + 0.640 + 1e-6 * 0.5 * 640 * 640
+    )
 
 
 def test_hand_computed_attention_and_memory_floor():
@@ -170,7 +198,9 @@ def test_unset_coefficients_fall_back_to_the_h20_qwen2_7b_values():
 def test_every_parameter_is_described_for_operators():
     schema = PredictedTTFTPolicy.Params.model_json_schema()
     assert all(prop.get("description") for prop in schema["properties"].values())
-    assert set(COEFFICIENT_FIELDS) | {"use_measured_prefill_tps"} == set(schema["properties"])
+    assert set(COEFFICIENT_FIELDS) | {"use_measured_prefill_tps", "tier_token_cost"} == set(
+        schema["properties"]
+    )
 
 
 @pytest.mark.parametrize(

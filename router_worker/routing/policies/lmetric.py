@@ -10,6 +10,10 @@ Score = prefill term × load term (DESIGN.md §3, seed 000 §5):
   decodes; see :mod:`router_worker.routing.indicators`). ``total_tokens`` (the paper's
   ablation): the tokens of that batch, the decoding requests' contexts plus the pending
   prefill (its offset is c × r's prompt tokens).
+* global KV tier: a prompt's blocks the tier holds load onto any instance instead of
+  being prefilled there, so with a tier the prefill term charges them
+  ``tier_token_cost`` of a token each (SMetric's estimate does the same). The paper has
+  no tier; without one, or with ``tier_token_cost`` null, the term is its P-token.
 * ``batch_offset`` c: the load term is ``BS + c``. The seed calls BS "the current
   batch size" and leaves open whether the routed request counts; c = 0 is the paper's
   exact form, c = 1 counts the routed request. With c = 0 an idle instance (BS = 0)
@@ -65,6 +69,14 @@ class LMetricParams(PolicyParams):
         description="batch_size: requests in the running batch (the paper's); "
         "total_tokens: context tokens of the batch (the paper's ablation)",
     )
+    tier_token_cost: float | None = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="with a global KV tier, what a token loaded from it costs in P-token "
+        "relative to a recomputed one (the engine loads it instead of prefilling it); "
+        "null = ignore the tier, as the paper does",
+    )
     hotspot: HotspotParams = Field(
         default_factory=HotspotParams, description="hotspot detector settings"
     )
@@ -112,7 +124,7 @@ class LMetricPolicy(Policy):
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         if self.params.prefill_term == "miss_ratio":
             return view.new_tokens(request) / max(request.prompt_tokens, 1)
-        return view.p_tokens(request)
+        return view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
 
     def _load_term(
         self, request: RequestFeatures, view: ClusterView, batch: np.ndarray

@@ -20,6 +20,10 @@ requests first, then FCFS admission, one token budget per step, chunked prefill)
     TTFT_i = wait_i + max(S · min_step_s,
                           S · step_i + W / prefill_tps + attention_pair_s · (n_i·c_i + n_i²/2))
 
+With a global KV tier (replays) the tokens it holds beyond the local hit, l_i, are loaded
+rather than prefilled: n_i = prompt − c_i − l_i, W gains ``tier_token_cost`` · l_i, and the
+loaded tokens count as cached for attention (c_i + l_i). Without a tier l_i = 0.
+
 ``BS_i`` is the view's ``batch_size`` (requests in the engine's running batch, decoding or
 prefilling, including load other senders put there; a queued prefill is charged one
 decode token's worth per step too, a small overcount) and ``ctx_i`` its
@@ -146,6 +150,13 @@ class PredictedTTFTParams(PolicyParams):
         description="token budget of one step, the engine's max_num_batched_tokens; "
         + _DERIVED.format("8192"),
     )
+    tier_token_cost: float | None = Field(
+        0.1,
+        ge=0.0,
+        le=1.0,
+        description="with a global KV tier, what loading a token from it costs relative to "
+        "prefilling it (the loaded tokens then count as cached); null = ignore the tier",
+    )
     use_measured_prefill_tps: bool = Field(
         False,
         description="use the router's measured prefill throughput per instance instead of "
@@ -191,7 +202,7 @@ class PredictedTTFTPolicy(Policy):
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
         predicted = self.predict(request, view)
-        p_tokens = view.p_tokens(request)
+        p_tokens = view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
         slot = self.pick_min((predicted, p_tokens, view.batch_size), allowed)
         return self.decision(
             view,
@@ -207,8 +218,11 @@ class PredictedTTFTPolicy(Policy):
         """Predicted seconds to ``request``'s first token on every slot (see module doc)."""
         k = self.coefficients
         cached = view.cached_tokens(request)
-        new = request.prompt_tokens - cached
-        work = view.pending_prefill + new
+        tier_cost = self.params.tier_token_cost
+        loaded = view.tier_load_tokens(request) if tier_cost is not None else 0.0
+        new = request.prompt_tokens - cached - loaded
+        work = view.pending_prefill + new + loaded * (tier_cost or 0.0)
+        cached = cached + loaded
         batch = view.batch_size
         budget = np.maximum(k.chunk_tokens - batch, 1.0)
         steps = np.maximum(np.ceil(work / budget), 1.0)

@@ -408,7 +408,7 @@ def variant_summary(cells: dict[str, dict[str, Any]]) -> list[str]:
     """Each LMetric variant over the whole matrix: how it stands against the best of the
     seven baselines (geometric mean of the mean-TTFT ratio; cells missing the goal:
     mean more than 5% or p99 more than 10% behind)."""
-    variants = ["lmetric", *ABLATIONS]
+    variants = ["lmetric", *ABLATIONS, *TIER_ABLATIONS]  # the tier ones: tier cells only
     lines = [
         "| variant | cells | mean TTFT ÷ best other, up to 70% busy (geo. mean) | "
         "cells missing the goal | at 90% busy (geo. mean) | missing at 90% |",

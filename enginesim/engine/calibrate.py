@@ -551,7 +551,8 @@ def write_calibration(
 
 def _median_abs(rows: list[dict]) -> float | None:
     errors = [abs(r["error_pct"]) for r in rows if r["error_pct"] is not None]
-    return round(float(np.median(errors)), 1) if errors else None
+    median = percentile(errors, 50)
+    return None if median is None else round(median, 1)
 
 
 def error_table(points: list[Point], cals: dict[str, Calibration]) -> list[dict]:
@@ -611,7 +612,7 @@ def summary(table: list[dict]) -> str:
         errors = np.array([abs(r["error_pct"]) for r in rows])
         if len(errors):
             lines.append(
-                f"{role:<11} n={len(rows):>3}  median |err| {np.median(errors):5.1f}%  "
+                f"{role:<11} n={len(rows):>3}  median |err| {percentile(errors, 50):5.1f}%  "
                 f"mean |err| {errors.mean():5.1f}%  max |err| {errors.max():5.1f}%"
             )
     return "\n".join(lines)

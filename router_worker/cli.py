@@ -7,6 +7,10 @@ Standalone::
 Managed (configuration from the control plane)::
 
     python -m router_worker --control-plane http://cp:8080 --deployment 7 --token T
+
+Replica sync (``router.peer_sync``) signs and verifies with the cluster's key, read from
+the environment only (``SWITCHYARD_PEER_KEY``, older keys in
+``SWITCHYARD_PEER_KEY_PREVIOUS``); a router without one serves alone, unsynced.
 """
 
 from __future__ import annotations
@@ -29,8 +33,14 @@ from router_worker import lifeline
 from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
 from router_worker.connections import guarded_protocol
+from router_worker.peers import PeerKeys
 from router_worker.service import ConfigRefused, Service, ServiceOptions
-from router_worker.telemetry_contract import REDIS_URL_ENV, ROUTER_TOKEN_ENV
+from router_worker.telemetry_contract import (
+    PEER_KEY_ENV,
+    PEER_KEY_PREVIOUS_ENV,
+    REDIS_URL_ENV,
+    ROUTER_TOKEN_ENV,
+)
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 
@@ -129,8 +139,20 @@ def main(argv: list[str] | None = None) -> int:
     if args.supervisor_pid is not None:
         lifeline.bind_to_parent(args.supervisor_pid)
     name = args.name or f"{socket.gethostname()}:{args.port}"
+    try:
+        peer_keys = PeerKeys.from_environment(
+            os.environ.get(PEER_KEY_ENV), os.environ.get(PEER_KEY_PREVIOUS_ENV)
+        )
+    except ValueError as error:
+        print(f"router_worker: {PEER_KEY_ENV}: {error}", file=sys.stderr)
+        return 2
     service = Service(
-        ServiceOptions(name=name, redis_url=_redis_url(args), admin_token=args.admin_token or None)
+        ServiceOptions(
+            name=name,
+            redis_url=_redis_url(args),
+            admin_token=args.admin_token or None,
+            peer_keys=peer_keys,
+        )
     )
     if args.config is not None:
         try:

@@ -9,10 +9,12 @@ the *other* routers publish to its own state through the same ``on_dispatch`` /
 ``on_first_token`` / ``on_finish`` calls as its own requests, made by
 :mod:`router_worker.routing.peer_accounting` (which the simulator's replica sync calls too).
 
-Wire format: one JSON object per publish (a batch, flushed every ``FLUSH_INTERVAL_S``),
-plus an empty batch every ``HEARTBEAT_INTERVAL_S`` as a heartbeat::
+Wire format: one signed JSON object per publish (a batch, flushed every
+``FLUSH_INTERVAL_S``), plus an empty batch every ``HEARTBEAT_INTERVAL_S`` as a heartbeat.
+Each publish is a header line, ``sy-peers-v2 <key id> <hex HMAC-SHA256>``, then the JSON
+body; the MAC covers the channel and the body, so a batch is good for one cluster only::
 
-    {"v": 1, "router": "r1", "nonce": "9f2c...", "at": 1764600000.12,
+    {"v": 2, "router": "r1", "nonce": "9f2c...", "seq": 41, "at": 1764600000.12,
      "msgs": [
        {"kind": "dispatch", "id": "r1/sy-3f-17", "instance": "i4", "prompt_tokens": 5210,
         "cached_tokens": 4096, "block_size": 16, "block_hashes": "<base64 uint64 LE>"},
@@ -20,8 +22,21 @@ plus an empty batch every ``HEARTBEAT_INTERVAL_S`` as a heartbeat::
        {"kind": "end", "id": "r1/sy-3f-17", "ok": true}]}
 
 ``cached_tokens`` is the sender's estimate (null on a retry: the receiver then uses its
-own view). Request ids are namespaced by the sender's name, so they never collide with
-the receiver's own. ``nonce`` is per process: a router restarted under the same name is
+own view).
+
+Only the cluster's routers hold the signing key (the control plane hands it to the routers
+it starts, in the environment, with their token: ``SWITCHYARD_PEER_KEY``; an older key in
+``SWITCHYARD_PEER_KEY_PREVIOUS`` is still accepted while keys rotate). A router without a
+key does not sync. A payload is refused before it is parsed when it is larger than
+``MAX_PAYLOAD_BYTES``, unsigned, signed with an unknown key or badly; a batch older than
+``MAX_SKEW_S`` or not newer than the sender's last (``seq``) is a replay. Values are
+bounded (``MAX_PROMPT_TOKENS``, ``MAX_BLOCKS``), and so are the peers a router holds
+(``MAX_PEERS``) and the records per peer (``MAX_RECORDS_PER_PEER``). Every refused payload
+or message is counted (``switchyard_router_peer_malformed_total{reason}``) and skipped on
+its own: it never stops the subscriber nor touches other peers' records.
+
+Request ids are namespaced by the sender's name, so they never collide with the
+receiver's own. ``nonce`` is per process: a router restarted under the same name is
 a new peer (its predecessor's records are dropped).
 
 The request path only appends a tuple to a bounded queue (``PeerSync.dispatched``,
@@ -39,6 +54,8 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -62,16 +79,24 @@ from router_worker.routing.peer_accounting import (
 
 log = logging.getLogger("router_worker.peers")
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
+SIGNED_PREFIX = b"sy-peers-v2 "
 CHANNEL_PREFIX = "switchyard:peers:"
 FLUSH_INTERVAL_S = 0.01
 HEARTBEAT_INTERVAL_S = 1.0
 QUEUE_LIMIT = 20_000
 BATCH_LIMIT = 2_000  # messages per publish
-MAX_PAYLOAD_BYTES = 16 * 1024 * 1024
+MAX_PAYLOAD_BYTES = 256 * 1024  # refused unread above this; senders split their batches
+MAX_HEADER_BYTES = 128
 MAX_ID_CHARS = 256
 MAX_NAME_CHARS = 256
-MAX_BLOCKS = 1_000_000
+MAX_BLOCKS = 16_384  # a longer prompt is published with its first MAX_BLOCKS block hashes
+MAX_PROMPT_TOKENS = 1 << 24  # beyond any model's context
+MAX_BLOCK_SIZE = 4_096
+MAX_PEERS = 64
+MAX_RECORDS_PER_PEER = 10_000
+MAX_SKEW_S = 60.0  # a batch stamped further from our clock is stale (or replayed)
+MIN_KEY_CHARS = 16
 RESTART_DELAY_S = 0.5
 RESTART_DELAY_MAX_S = 5.0
 SWEEP_INTERVAL_S = 0.5
@@ -125,6 +150,58 @@ class PeerBatch:
     at: float
     messages: tuple[PeerMessage, ...]
     malformed: tuple[str, ...] = ()  # reasons of the messages skipped while decoding
+    seq: int = 0  # strictly increasing per (router, nonce): an older one is a replay
+
+
+class PeerKeys:
+    """The cluster's signing key (signs and verifies) and the keys still accepted while
+    they rotate (verify only). Each key is known by an id derived from it."""
+
+    def __init__(self, current: str, previous: tuple[str, ...] = ()) -> None:
+        for key in (current, *previous):
+            if len(key) < MIN_KEY_CHARS:
+                raise ValueError(f"a peer key must have at least {MIN_KEY_CHARS} characters")
+        self._current = current.encode()
+        self.key_id = key_id(current)
+        self._accepted = {key_id(k): k.encode() for k in (current, *previous)}
+
+    @classmethod
+    def from_environment(cls, current: str | None, previous: str | None) -> PeerKeys | None:
+        if not current:
+            return None
+        return cls(current, tuple(k for k in (previous or "").split(",") if k))
+
+    def sign(self, channel: str, body: bytes) -> bytes:
+        mac = _mac(self._current, channel, body)
+        return SIGNED_PREFIX + f"{self.key_id} {mac}\n".encode() + body
+
+    def verify(self, channel: str, payload: bytes) -> bytes:
+        """The body of a signed payload; raises PeerMessageError unless its MAC is good."""
+        if not payload.startswith(SIGNED_PREFIX):
+            raise PeerMessageError("unsigned", "no signature header")
+        header, newline, body = payload[: MAX_HEADER_BYTES + len(SIGNED_PREFIX)].partition(b"\n")
+        if not newline:
+            raise PeerMessageError("unsigned", "no signature header")
+        body = payload[len(header) + 1 :]
+        try:
+            kid, mac = header[len(SIGNED_PREFIX) :].decode("ascii").split(" ")
+        except (UnicodeDecodeError, ValueError):
+            raise PeerMessageError("unsigned", "unreadable signature header") from None
+        key = self._accepted.get(kid)
+        if key is None:
+            raise PeerMessageError("unknown_key", f"key id {kid[:16]!r}")
+        if not hmac.compare_digest(mac, _mac(key, channel, body)):
+            raise PeerMessageError("bad_signature")
+        return body
+
+
+def key_id(key: str) -> str:
+    """A short public name for a key (reveals nothing about it)."""
+    return hashlib.sha256(b"switchyard peer key id\0" + key.encode()).hexdigest()[:12]
+
+
+def _mac(key: bytes, channel: str, body: bytes) -> str:
+    return hmac.new(key, channel.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
 def encode_hashes(hashes: tuple[int, ...] | list[int]) -> str:
@@ -159,11 +236,20 @@ def encode_message(message: PeerMessage) -> dict[str, Any]:
     return {"kind": "end", "id": message.id, "ok": message.ok}
 
 
-def encode_batch(router: str, nonce: str, at: float, messages: list[dict[str, Any]]) -> bytes:
-    return json.dumps(
-        {"v": WIRE_VERSION, "router": router, "nonce": nonce, "at": at, "msgs": messages},
-        separators=(",", ":"),
-    ).encode()
+def encode_batch(
+    router: str, nonce: str, at: float, messages: list[dict[str, Any]], seq: int = 0
+) -> bytes:
+    return join_batch(router, nonce, at, [_compact(m) for m in messages], seq)
+
+
+def join_batch(router: str, nonce: str, at: float, parts: list[bytes], seq: int) -> bytes:
+    """A batch body from messages already encoded one by one (see ``_compact``)."""
+    head = _compact({"v": WIRE_VERSION, "router": router, "nonce": nonce, "seq": seq, "at": at})
+    return head[:-1] + b',"msgs":[' + b",".join(parts) + b"]}"
+
+
+def _compact(document: dict[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":")).encode()
 
 
 def _text(item: dict[str, Any], key: str, limit: int) -> str:
@@ -173,12 +259,14 @@ def _text(item: dict[str, Any], key: str, limit: int) -> str:
     return value
 
 
-def _count(item: dict[str, Any], key: str, *, nullable: bool = False) -> int | None:
+def _count(
+    item: dict[str, Any], key: str, limit: int = MAX_PROMPT_TOKENS, *, nullable: bool = False
+) -> int | None:
     value = item.get(key)
     if value is None and nullable:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise PeerMessageError(key, f"{key} must be a non-negative integer")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise PeerMessageError(key, f"{key} must be an integer in 0..{limit}")
     return value
 
 
@@ -201,7 +289,7 @@ def decode_message(item: Any, router: str) -> PeerMessage:
         return PeerEnd(request_id, ok)
     prompt = _count(item, "prompt_tokens")
     cached = _count(item, "cached_tokens", nullable=True)
-    block_size = _count(item, "block_size")
+    block_size = _count(item, "block_size", MAX_BLOCK_SIZE)
     hashes = item.get("block_hashes")
     if not isinstance(hashes, str):
         raise PeerMessageError("block_hashes", "block_hashes must be a base64 string")
@@ -221,7 +309,7 @@ def decode_batch(payload: bytes | str) -> PeerBatch:
         raise PeerMessageError("too_large")
     try:
         document = json.loads(payload)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         raise PeerMessageError("json", "not JSON") from None
     if not isinstance(document, dict):
         raise PeerMessageError("envelope", "not an object")
@@ -229,6 +317,8 @@ def decode_batch(payload: bytes | str) -> PeerBatch:
         raise PeerMessageError("version", f"unsupported version {document.get('v')!r}")
     router = _text(document, "router", MAX_NAME_CHARS)
     nonce = _text(document, "nonce", 64)
+    seq = _count(document, "seq", 2**63)
+    assert seq is not None
     at = document.get("at")
     if isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at):
         raise PeerMessageError("at", "at must be a finite number")
@@ -242,7 +332,9 @@ def decode_batch(payload: bytes | str) -> PeerBatch:
             messages.append(decode_message(item, router))
         except PeerMessageError as error:
             malformed.append(error.reason)
-    return PeerBatch(router, nonce, float(at), tuple(messages), tuple(malformed))
+        except Exception:  # anything else a crafted message could raise: skipped alone
+            malformed.append("message")
+    return PeerBatch(router, nonce, float(at), tuple(messages), tuple(malformed), seq)
 
 
 # ----------------------------------------------------------------- what peers hold
@@ -253,6 +345,7 @@ class _Peer:
     nonce: str
     last_seen: float
     records: dict[str, float] = field(default_factory=dict)  # namespaced id -> applied at
+    seq: int = -1  # the last batch's
 
 
 class PeerBook:
@@ -264,28 +357,48 @@ class PeerBook:
 
     def apply(self, batch: PeerBatch, now: float, count: Callable[[str, str], None]) -> None:
         """Apply a batch; ``count(outcome, label)`` is told of each message's fate
-        (``applied``/kind or ``skipped``/reason)."""
+        (``applied``/kind, ``skipped``/reason or ``malformed``/reason). A message the
+        state refuses is counted and skipped alone."""
         peer = self._peer(batch, now, count)
+        if peer is None:
+            return
         for message in batch.messages:
-            if isinstance(message, PeerDispatch):
-                outcome = self._dispatch(peer, message, now)
-            elif isinstance(message, PeerFirstToken):
-                outcome = self._first_token(peer, message, now)
-            else:
-                outcome = self._end(peer, message, now)
-            count(*outcome)
+            try:
+                count(*self._one(peer, message, now))
+            except Exception as error:  # valid on the wire, refused by the state
+                count("malformed", "apply")
+                log.debug("peer message %s not applied: %r", message.id, error)
 
-    def _peer(self, batch: PeerBatch, now: float, count: Callable[[str, str], None]) -> _Peer:
+    def _one(self, peer: _Peer, message: PeerMessage, now: float) -> tuple[str, str]:
+        if isinstance(message, PeerDispatch):
+            return self._dispatch(peer, message, now)
+        if isinstance(message, PeerFirstToken):
+            return self._first_token(peer, message, now)
+        return self._end(peer, message, now)
+
+    def _peer(
+        self, batch: PeerBatch, now: float, count: Callable[[str, str], None]
+    ) -> _Peer | None:
+        """The batch's sender, None (counted) when the batch is a replay or one peer too
+        many."""
         peer = self.peers.get(batch.router)
+        if peer is not None and peer.nonce == batch.nonce and batch.seq <= peer.seq:
+            count("malformed", "replayed")
+            return None
         if peer is not None and peer.nonce != batch.nonce:  # restarted under the same name
             self.drop_peer(batch.router, now, count, "peer_restarted")
             peer = None
         if peer is None:
+            if len(self.peers) >= MAX_PEERS:
+                count("malformed", "too_many_peers")
+                return None
             peer = self.peers[batch.router] = _Peer(batch.nonce, now)
-        peer.last_seen = now
+        peer.last_seen, peer.seq = now, batch.seq
         return peer
 
     def _dispatch(self, peer: _Peer, message: PeerDispatch, now: float) -> tuple[str, str]:
+        if len(peer.records) >= MAX_RECORDS_PER_PEER:
+            return "skipped", "peer_full"
         features = RequestFeatures(
             message.id,
             message.prompt_tokens,
@@ -368,13 +481,17 @@ class PeerSync:
         redis_url: str | None,
         metrics: RouterMetrics,
         state_source: Callable[[], ClusterState | None],
+        keys: PeerKeys | None = None,
     ) -> None:
         self.name = name
         self.nonce = os.urandom(8).hex()
         self.redis_url = redis_url
         self.metrics = metrics
+        self.keys = keys
         self._state_source = state_source
-        self.enabled = False  # config says peer_sync and there is a Redis URL
+        self._seq = 0
+        self.enabled = False  # config says peer_sync, and there are a Redis URL and a key
+        self.disabled_reason: str | None = None
         self.cluster = "default"
         self.timeout_s = 5.0
         self.max_age_s = 900.0
@@ -387,7 +504,16 @@ class PeerSync:
     # ----- configuration -------------------------------------------------------------
     def configure(self, config: RouterConfig) -> None:
         settings = config.router
-        enabled = settings.peer_sync and self.redis_url is not None
+        reason = None
+        if not settings.peer_sync:
+            reason = "off"
+        elif self.redis_url is None:
+            reason = "no_redis"
+        elif self.keys is None:
+            reason = "no_key"
+            if self.disabled_reason != reason:
+                log.warning("peer sync is on but this router has no peer key: not syncing")
+        enabled, self.disabled_reason = reason is None, reason
         if not enabled or config.cluster != self.cluster:
             self._queue.clear()
             if self._book is not None:
@@ -452,22 +578,51 @@ class PeerSync:
                 next_heartbeat = now + HEARTBEAT_INTERVAL_S
 
     async def _publish(self, now: float) -> None:
+        """Publish what is queued (a heartbeat if nothing is), split into signed batches
+        no larger than peers accept."""
+        assert self.keys is not None, "enabled only with a key"
         items = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH_LIMIT))]
-        payload = encode_batch(self.name, self.nonce, now, [self._wire(i) for i in items])
-        try:
-            await self._client().publish(channel_for(self.cluster), payload)
-        except Exception as error:  # Redis down: drop and count, never block requests
-            self._set_connected(False, error)
-            self._count("dropped", "publish_failed", len(items))
-            return
-        self._set_connected(True)
+        channel = channel_for(self.cluster)
+        chunks = self._chunks(items)
+        for index, chunk in enumerate(chunks):
+            self._seq += 1
+            body = join_batch(self.name, self.nonce, now, [part for _, part in chunk], self._seq)
+            try:
+                await self._client().publish(channel, self.keys.sign(channel, body))
+            except Exception as error:  # Redis down: drop and count, never block requests
+                self._set_connected(False, error)
+                self._count("dropped", "publish_failed", sum(len(c) for c in chunks[index:]))
+                return
+            self._set_connected(True)
+            for kind, _ in chunk:
+                self._count("sent", kind)
+
+    def _chunks(self, items: list[_Outgoing]) -> list[list[tuple[str, bytes]]]:
+        budget = MAX_PAYLOAD_BYTES - 1024  # the header and the envelope
+        chunks: list[list[tuple[str, bytes]]] = [[]]
+        size = 0
         for item in items:
-            self._count("sent", _KIND_OF[item[0]])
+            part = _compact(self._wire(item))
+            if len(part) > budget:
+                self._count("dropped", "too_large")
+                continue
+            if size + len(part) + 1 > budget:
+                chunks.append([])
+                size = 0
+            chunks[-1].append((_KIND_OF[item[0]], part))
+            size += len(part) + 1
+        return chunks
 
     def _wire(self, item: _Outgoing) -> dict[str, Any]:
         tag, request_id = item[0], f"{self.name}/{item[1]}"
         if tag == "d":
-            return encode_message(PeerDispatch(request_id, *item[2:]))
+            _, _, instance, prompt, cached, block_size, hashes = item
+            prompt = min(prompt, MAX_PROMPT_TOKENS)
+            cached = None if cached is None else min(cached, prompt)
+            hashes = tuple(hashes[:MAX_BLOCKS])  # the prefix: where caches are shared
+            return encode_message(
+                PeerDispatch(request_id, instance, prompt, cached, block_size, hashes)
+            )
         if tag == "f":
             return encode_message(PeerFirstToken(request_id))
         return encode_message(PeerEnd(request_id, item[2]))
@@ -519,27 +674,38 @@ class PeerSync:
         return self._book
 
     def receive(self, payload: bytes | str, now: float) -> None:
-        """One published batch: validated, then applied unless it is our own."""
+        """One published batch: authenticated, validated, then applied unless it is our
+        own. Whatever it holds, it is counted and never raises (the subscriber lives on)."""
         if not self.enabled or self._state_source() is None:
             return
         try:
-            batch = decode_batch(payload)
+            self._receive(payload.encode() if isinstance(payload, str) else payload, now)
+        except Exception:  # a bug, not the peer's fault; still never the subscriber's end
+            self._count("malformed", "internal")
+            log.exception("peer payload not handled")
+
+    def _receive(self, payload: bytes, now: float) -> None:
+        assert self.keys is not None, "enabled only with a key"
+        if len(payload) > MAX_PAYLOAD_BYTES:  # refused before it is even verified
+            self._count("malformed", "too_large")
+            return
+        try:
+            batch = decode_batch(self.keys.verify(channel_for(self.cluster), payload))
         except PeerMessageError as error:
             self._count("malformed", error.reason)
             log.debug("peer message skipped: %s", error)
             return
         if batch.router == self.name and batch.nonce == self.nonce:
             return
+        if abs(now - batch.at) > MAX_SKEW_S:
+            self._count("malformed", "stale")
+            return
         for reason in batch.malformed:
             self._count("malformed", reason)
         if batch.router == self.name:  # another process under our name: ids could clash
             self._count("malformed", "same_name")
             return
-        try:
-            self.book().apply(batch, now, self._count)
-        except (ValueError, KeyError) as error:  # valid on the wire, refused by the state
-            self._count("malformed", "apply")
-            log.debug("peer batch from %s not applied: %s", batch.router, error)
+        self.book().apply(batch, now, self._count)
 
     def sweep(self, now: float) -> None:
         if self._state_source() is not None:
@@ -580,6 +746,8 @@ class PeerSync:
     def stats(self, now: float) -> dict[str, Any]:
         return {
             "enabled": self.enabled,
+            "disabled": self.disabled_reason,
+            "key_id": self.keys.key_id if self.keys else None,
             "channel": channel_for(self.cluster),
             "nonce": self.nonce,
             "redis": self.connected,

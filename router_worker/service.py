@@ -21,7 +21,7 @@ from router_worker.kv_subscriber import KVSubscribers
 from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
 from router_worker.monitor import Monitor
-from router_worker.peers import PeerSync
+from router_worker.peers import PeerKeys, PeerSync
 from router_worker.proxy import Proxy
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport
@@ -34,6 +34,7 @@ class ServiceOptions:
     name: str
     redis_url: str | None = None
     admin_token: str | None = None
+    peer_keys: PeerKeys | None = None  # replica sync signs and verifies with these
     max_idle_per_origin: int = 1024
 
 
@@ -67,7 +68,11 @@ class Service:
         self.monitor = Monitor(self.core, self.client)
         self.kv = KVSubscribers(self.core)
         self.peers = PeerSync(
-            self.options.name, self.options.redis_url, self.metrics, lambda: self.core.state
+            self.options.name,
+            self.options.redis_url,
+            self.metrics,
+            lambda: self.core.state,
+            self.options.peer_keys,
         )
         self.core.peers = self.peers
         self.started_at = time.time()

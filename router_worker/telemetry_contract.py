@@ -40,6 +40,11 @@ CONFIG_CHANNEL = "switchyard:config"
 # plane's router launcher sets: the router's bearer token and the Redis it reports to.
 ROUTER_TOKEN_ENV = "SWITCHYARD_ROUTER_TOKEN"
 REDIS_URL_ENV = "SWITCHYARD_REDIS_URL"
+# The cluster's key for signing replica-sync batches (router_worker/peers.py), and older
+# keys still accepted while it rotates (comma-separated). Secrets, like the token: passed
+# only in the environment, never on the command line nor in any page or API.
+PEER_KEY_ENV = "SWITCHYARD_PEER_KEY"
+PEER_KEY_PREVIOUS_ENV = "SWITCHYARD_PEER_KEY_PREVIOUS"
 EVENTS_STREAM = "switchyard:events"
 METRICS_STREAM = "switchyard:metrics"
 STREAM_MAXLEN = 100_000

@@ -18,6 +18,7 @@ from tests.drills.clients import Load
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
 from tests.router.conftest import Router
+from tests.router.test_peers import PEER_ENV
 
 OUTAGE_S = 5.0
 
@@ -45,8 +46,8 @@ def _applied(router: Router) -> int:
 
 def test_peer_sync_survives_a_redis_outage(drill_fleet, router_factory, drill_redis):
     document = drill_config(drill_fleet, "lmetric", peer_timeout_s=1.0)
-    first = router_factory(document, redis_url=drill_redis.url)
-    second = router_factory(document, redis_url=drill_redis.url)
+    first = router_factory(document, redis_url=drill_redis.url, env=PEER_ENV)
+    second = router_factory(document, redis_url=drill_redis.url, env=PEER_ENV)
     wait_until(lambda: _hears(first, second) and _hears(second, first), 15, "peers heard")
     stop, boxes = threading.Event(), [[], []]
     loaders = [_load(router, stop, box) for router, box in zip((first, second), boxes, strict=True)]

@@ -174,6 +174,7 @@ def launch_router(
     *extra: str,
     redis_url: str = "none",
     wait: bool = True,
+    env: dict[str, str] | None = None,
 ) -> Router:
     """Start ``python -m router_worker`` (standalone when ``document`` is given)."""
     port = free_ports(1)
@@ -198,9 +199,13 @@ def launch_router(
     if document is not None:
         config_path.write_text(json.dumps(document))
         args += ["--config", str(config_path)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
+    inherited = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
     proc = start_process(
-        args, cwd=REPO, log=log_path, env={**env, "PYTHONUNBUFFERED": "1"}, stdin=None
+        args,
+        cwd=REPO,
+        log=log_path,
+        env={**inherited, **(env or {}), "PYTHONUNBUFFERED": "1"},
+        stdin=None,
     )
     router = Router(port, proc, config_path, log_path, list(extra))
     if wait:

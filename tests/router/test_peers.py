@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,9 +15,13 @@ import pytest
 import redis
 
 from devharness import wait_until
+from router_worker.peers import PeerKeys, channel_for
+from router_worker.telemetry_contract import PEER_KEY_ENV
 from tests.router.conftest import MODEL, Router, router_config, scrape_total
 
 REDIS_URL = os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/10")
+PEER_KEY = "test-cluster-peer-key-0123456789"
+PEER_ENV = {PEER_KEY_ENV: PEER_KEY}
 # A slow fault this strong keeps a long prompt in prefill for many wall seconds.
 SLOW = 20_000.0
 
@@ -94,8 +99,8 @@ class LongRequest(threading.Thread):
 def _peers_with_a_long_request(slow_fleet, router_factory):
     """Two synced routers on the slow fleet, a long request on its way through the first."""
     document = _document(slow_fleet)
-    first = router_factory(document, redis_url=REDIS_URL)
-    second = router_factory(document, redis_url=REDIS_URL)
+    first = router_factory(document, redis_url=REDIS_URL, env=PEER_ENV)
+    second = router_factory(document, redis_url=REDIS_URL, env=PEER_ENV)
     _hear_each_other(first, second)
     request = LongRequest(first)
     request.start()
@@ -126,8 +131,8 @@ def test_a_request_sent_to_one_router_is_pending_at_its_peer_until_it_ends(
 
 def test_without_peer_sync_a_peers_request_stays_invisible(slow_fleet, router_factory):
     document = _document(slow_fleet, peer_sync=False)
-    first = router_factory(document, redis_url=REDIS_URL)
-    second = router_factory(document, redis_url=REDIS_URL)
+    first = router_factory(document, redis_url=REDIS_URL, env=PEER_ENV)
+    second = router_factory(document, redis_url=REDIS_URL, env=PEER_ENV)
     request = LongRequest(first)
     request.start()
     wait_until(lambda: len(_busy(first)) == 1, 20, "the request in flight at its router")
@@ -145,7 +150,7 @@ def test_without_peer_sync_a_peers_request_stays_invisible(slow_fleet, router_fa
 
 def test_malformed_peer_messages_are_counted_and_ignored(fleet, router_factory):
     document = _document(fleet)
-    router = router_factory(document, redis_url=REDIS_URL)
+    router = router_factory(document, redis_url=REDIS_URL, env=PEER_ENV)
     channel = f"switchyard:peers:{document['cluster']}"
     ghost = {
         "kind": "dispatch",
@@ -156,33 +161,43 @@ def test_malformed_peer_messages_are_counted_and_ignored(fleet, router_factory):
         "block_size": 16,
         "block_hashes": "",
     }
-    envelope = {"v": 1, "router": "ghost", "nonce": "n", "at": 1.0}
+    envelope = {"v": 2, "router": "ghost", "nonce": "n", "seq": 1}
+    keys = PeerKeys(PEER_KEY)
+    assert channel == channel_for(document["cluster"])
+
+    def signed(document: dict[str, Any] | bytes) -> bytes:
+        body = document if isinstance(document, bytes) else json.dumps(document).encode()
+        return keys.sign(channel, body)
+
     client = redis.Redis.from_url(REDIS_URL)
     try:
         wait_until(lambda: client.pubsub_numsub(channel)[0][1] >= 1, 10, "subscribed")
-        client.publish(channel, b"\x00 not json")
-        client.publish(channel, json.dumps({**envelope, "v": 99, "msgs": []}))
+        client.publish(channel, signed(b"\x00 not json"))
+        client.publish(channel, signed({**envelope, "at": time.time(), "v": 99, "msgs": []}))
+        client.publish(channel, json.dumps({**envelope, "at": time.time(), "msgs": [ghost]}))
         client.publish(
             channel,
-            json.dumps(
+            signed(
                 {
                     **envelope,
+                    "at": time.time(),
                     "msgs": [{**ghost, "id": "x-1"}, {**ghost, "prompt_tokens": -5}, "junk"],
                 }
             ),
         )
         wait_until(
             lambda: (
-                sum(v for k, v in _peer_counts(router).items() if k.startswith("malformed:")) == 5
+                sum(v for k, v in _peer_counts(router).items() if k.startswith("malformed:")) == 6
             ),
             10,
             "malformed counted",
         )
         assert _metric(router, "switchyard_router_peer_malformed_total", reason="json") == 1
         assert _metric(router, "switchyard_router_peer_malformed_total", reason="version") == 1
+        assert _metric(router, "switchyard_router_peer_malformed_total", reason="unsigned") == 1
         assert not _busy(router)
         # the subscriber is still alive: a well-formed message is applied after them
-        client.publish(channel, json.dumps({**envelope, "msgs": [ghost]}))
+        client.publish(channel, signed({**envelope, "seq": 2, "at": time.time(), "msgs": [ghost]}))
         wait_until(lambda: "i2" in _busy(router), 10, "the valid message applied")
         assert _instances(router)["i2"]["pending_prefill_tokens"] == 3000
         # the ghost sends no heartbeat: dropped after peer_timeout_s

@@ -19,30 +19,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
+from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from redis.exceptions import RedisError
 
+from controlplane.services import ingest
 from router_worker.telemetry_contract import (
     CONFIG_CHANNEL,
     EVENTS_STREAM,
     RouterEvent,
     decisions_stream,
+    state_pattern,
 )
 
+from . import records
 from .snapshot import merge_cluster
 from .state import (
     DECISIONS_SHOWN,
+    RawState,
+    Rejected,
     group_name,
     parse_decisions,
-    parse_snapshots,
+    parse_state,
+    queue_state_reads,
     scan_state_keys,
 )
 
@@ -69,6 +75,9 @@ class ClusterFeed:
     polled: tuple[tuple[str, float], ...] = ()  # router timestamps at the last poll
     last_sent: float = 0.0
     decisions_cursor: bytes | str | None = None  # last decision-stream entry forwarded
+    # state key -> hash of the malformed value last counted there: a bad value is counted
+    # (and parsed) once, not at every poll while it stays
+    rejected: dict[bytes, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -123,6 +132,8 @@ class Publisher:
         self.load_clusters = load_clusters
         self.feeds: dict[str, ClusterFeed] = {}
         self.cursor: bytes | str | None = None  # last events-stream entry forwarded
+        self.loop_errors = 0  # unexpected errors a loop survived (each logged)
+        self.rejected = 0  # malformed records counted in the quarantine
 
     async def run(self, stop: asyncio.Event) -> None:
         loops = [
@@ -146,6 +157,11 @@ class Publisher:
                 log.warning("%s: %s; retrying", step.__name__, error)
                 await _sleep_or_stop(stop, RETRY_S)
                 continue
+            except Exception:  # a bug must not end the loop for every cluster
+                self.loop_errors += 1
+                log.exception("%s failed; retrying", step.__name__)
+                await _sleep_or_stop(stop, RETRY_S)
+                continue
             if period:
                 await _sleep_or_stop(stop, period)
 
@@ -167,13 +183,38 @@ class Publisher:
             return
         async with self.client.pipeline(transaction=False) as pipe:
             for feed in feeds:
-                pipe.mget(feed.keys) if feed.keys else pipe.echo(b"")
-            results = await pipe.execute()
-        for feed, raws in zip(feeds, results, strict=True):
-            await self._maybe_send(feed, raws if isinstance(raws, list) else [])
+                queue_state_reads(pipe, feed.keys)
+            results = await pipe.execute(raise_on_error=False)
+        start = 0
+        for feed in feeds:
+            raws = results[start : start + len(feed.keys)]
+            start += len(feed.keys)
+            await self._maybe_send(feed, raws)
 
-    async def _maybe_send(self, feed: ClusterFeed, raws: list[bytes | None]) -> None:
-        snapshots = parse_snapshots(raws)
+    async def _parse_states(self, feed: ClusterFeed, raws: list[RawState]) -> list:
+        """The feed's valid snapshots; a malformed value is quarantined once per value."""
+        snapshots, rejected = [], []
+        for key, raw in zip(feed.keys, raws, strict=True):
+            digest = hash(raw if isinstance(raw, bytes | str | None) else str(raw))
+            if feed.rejected.get(key) == digest:
+                continue
+            try:
+                snapshot = parse_state(raw)
+            except records.BadRecord as error:
+                feed.rejected[key] = digest
+                data = raw if isinstance(raw, bytes) else b""
+                rejected.append(Rejected(state_pattern(feed.name), _text(key), data, str(error)))
+                continue
+            feed.rejected.pop(key, None)
+            if snapshot is not None:
+                snapshots.append(snapshot)
+        for key in set(feed.rejected) - set(feed.keys):
+            del feed.rejected[key]
+        await self.quarantine(rejected)
+        return snapshots
+
+    async def _maybe_send(self, feed: ClusterFeed, raws: list[RawState]) -> None:
+        snapshots = await self._parse_states(feed, raws)
         seen = tuple(sorted((s.router, s.ts) for s in snapshots))
         fresh, feed.polled = seen != feed.polled, seen  # a router wrote since the last poll
         now = time.time()
@@ -222,16 +263,18 @@ class Publisher:
             name = stream.decode() if isinstance(stream, bytes) else stream
             feed = feeds[name]
             feed.decisions_cursor = entries[-1][0]
-            decisions = parse_decisions(list(reversed(entries)))
+            rejected: list[Rejected] = []
+            decisions = parse_decisions(list(reversed(entries)), rejected, name)
+            await self.quarantine(rejected)
             if decisions:
                 await self.send(
                     group_name(feed.cluster_id), decisions_message(decisions, feed.cluster_id)
                 )
 
     async def forward_event(self, fields: dict) -> None:
-        try:
-            event = RouterEvent.from_stream_fields(fields)
-        except ValueError as error:
+        try:  # ingest quarantines and counts what is malformed: only skipped here
+            event = records.parse(RouterEvent, records.stream_data(fields))
+        except records.BadRecord as error:
             log.warning("skipping malformed router event: %s", error)
             return
         feed = self.feeds.get(event.cluster)
@@ -247,16 +290,45 @@ class Publisher:
 
     async def forward_config(self, data: bytes | str) -> None:
         try:
-            payload = json.loads(data)
-        except ValueError:
-            log.warning("skipping malformed config notification %r", data)
+            payload = ConfigNotice.model_validate(records.load_object(data))
+        except (records.BadRecord, ValidationError) as error:
+            raw = data if isinstance(data, bytes) else str(data).encode(errors="replace")
+            reason = records.reason(error)
+            await self.quarantine([Rejected(CONFIG_CHANNEL, "", raw, reason)])
             return
-        feed = self.feeds.get(str(payload.get("cluster")))
+        feed = self.feeds.get(payload.cluster)
         if feed is None:  # a cluster created since the last refresh
             await self.refresh_clusters()
-            feed = self.feeds.get(str(payload.get("cluster")))
+            feed = self.feeds.get(payload.cluster)
         if feed is not None:
-            await self.send(group_name(feed.cluster_id), config_message(payload, feed.cluster_id))
+            await self.send(
+                group_name(feed.cluster_id), config_message(payload.model_dump(), feed.cluster_id)
+            )
+
+    async def quarantine(self, rejected: list[Rejected]) -> None:
+        """Count and keep malformed records as ingest does (the quarantine page shows them);
+        a Redis error here is the loop's (it retries)."""
+        if not rejected:
+            return
+        self.rejected += len(rejected)
+        for item in rejected:
+            log.warning("%s %s quarantined: %s", item.source, item.entry_id, item.reason)
+        async with self.client.pipeline(transaction=True) as pipe:
+            for item in rejected:
+                ingest.queue_quarantine(pipe, item.source, item.entry_id, item.data, item.reason)
+            await pipe.execute()
+
+
+class ConfigNotice(BaseModel):
+    """What the control plane publishes on the config channel."""
+
+    model_config = ConfigDict(extra="ignore")
+    cluster: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) else v)]
+    version: int | None = None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
 def channel_layer_sender() -> Send:

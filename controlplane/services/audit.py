@@ -12,6 +12,8 @@ from controlplane.models import AuditEvent, Cluster
 
 from .errors import ServiceError
 
+REQUEST_ID_CHARS = AuditEvent._meta.get_field("request_id").max_length
+
 
 @dataclass(frozen=True)
 class Actor:
@@ -23,7 +25,8 @@ class Actor:
 
     @classmethod
     def of(cls, user: AbstractBaseUser, request_id: str = "") -> Actor:
-        return cls(name=user.get_username(), user=user, request_id=request_id)
+        """A user's change; a client-sent request id is cut to what the audit row holds."""
+        return cls(name=user.get_username(), user=user, request_id=request_id[:REQUEST_ID_CHARS])
 
     @classmethod
     def system(cls, component: str) -> Actor:

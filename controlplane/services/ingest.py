@@ -36,6 +36,8 @@ from router_worker.telemetry_contract import (
     METRICS_STREAM,
     HotspotPayload,
     MetricsRecord,
+    events_stream,
+    metrics_stream,
 )
 from router_worker.telemetry_contract import RouterEvent as WireEvent
 
@@ -53,6 +55,7 @@ QUARANTINED_DATA_BYTES = 16_384
 REASON_CHARS = 500
 LATEST_UNIX = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 INT_COLUMN = 2**31 - 1  # models.IntegerField in Postgres
+MAX_EVENT_BYTES = 1024 * 1024  # a router's events are a few hundred bytes
 
 
 class PoisonEntry(ValueError):
@@ -152,6 +155,9 @@ def require_storable(value: Any, path: str = "") -> None:
 
 
 def parse_event(fields: dict) -> WireEvent:
+    size = len(_raw_data(fields))
+    if size > MAX_EVENT_BYTES:
+        raise PoisonEntry(f"{size} bytes, more than {MAX_EVENT_BYTES}")
     event = StorableEvent.from_stream_fields(fields)
     if event.kind == "hotspot":
         StorableHotspot.model_validate(event.payload)
@@ -221,7 +227,7 @@ def store_metrics(record: MetricsRecord, clusters: dict[str, Cluster]) -> bool:
 # What an entry's content can raise while parsed or stored (pydantic's ValidationError is a
 # ValueError; DataError: a value Postgres refuses). Anything else, OperationalError above
 # all, is a fault of the system, not of the entry: the batch stays pending.
-ENTRY_FAULTS = (ValueError, ArithmeticError, DataError)
+ENTRY_FAULTS = (ValueError, ArithmeticError, RecursionError, DataError)
 
 
 def _reason(error: Exception) -> str:
@@ -260,16 +266,28 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
-def _quarantine_fields(source: str, entry_id: bytes, fields: dict, reason: str) -> dict:
-    data = _raw_data(fields)
+def _quarantine_fields(source: str, entry_id: bytes | str, data: bytes, reason: str) -> dict:
     return {
         "source": source,
         "entry_id": entry_id,
-        "reason": reason,
+        "reason": reason[:REASON_CHARS],
         "data": data[:QUARANTINED_DATA_BYTES],
         "data_bytes": len(data),
         "at": f"{time.time():.3f}",
     }
+
+
+def queue_quarantine(pipe: Any, source: str, entry_id: str, data: bytes, reason: str) -> None:
+    """Queue, on a (sync or async) Redis pipeline, what quarantining one record takes: its
+    copy in the dead-letter stream and its count. For the records the live view reads
+    (state keys, sampled decisions, config notifications), which nothing ingests."""
+    pipe.xadd(
+        QUARANTINE_STREAM,
+        _quarantine_fields(source, entry_id, data, reason),
+        maxlen=QUARANTINE_MAXLEN,
+        approximate=True,
+    )
+    pipe.hincrby(QUARANTINE_COUNTS, source, 1)
 
 
 def _settle(
@@ -284,7 +302,7 @@ def _settle(
     for entry_id, fields, reason in poisoned:
         pipe.xadd(
             QUARANTINE_STREAM,
-            _quarantine_fields(stream, entry_id, fields, reason),
+            _quarantine_fields(stream, entry_id, _raw_data(fields), reason),
             maxlen=QUARANTINE_MAXLEN,
             approximate=True,
         )
@@ -303,15 +321,17 @@ def _ingest(
     store: Callable[[Any, dict[str, Cluster]], bool],
     *,
     delete_acknowledged: bool = False,
+    only: str | None = None,
 ) -> IngestResult:
     """One batch: store every entry (each in its own savepoint) in one transaction, then
     quarantine the refused ones and acknowledge (and, for a stream nobody else reads,
-    delete) them all."""
+    delete) them all. From a cluster's own stream (``only``: its name), an entry of any
+    other cluster is quarantined: the routers writing there may speak for theirs only."""
     entries = read_batch(client, stream)
     result = IngestResult(read=len(entries))
     if not entries:
         return result
-    clusters = {c.name: c for c in Cluster.objects.all()}
+    clusters = {c.name: c for c in Cluster.objects.all() if only is None or c.name == only}
     poisoned: list[tuple[bytes, dict, str]] = []
     with transaction.atomic():
         for entry_id, fields in entries:
@@ -329,35 +349,88 @@ def _ingest(
     return result
 
 
+def _ingest_streams(
+    client: redis.Redis,
+    shared: str,
+    own: Callable[[str], str],
+    parse: Callable[[dict], Any],
+    store: Callable[[Any, dict[str, Cluster]], bool],
+    **options: Any,
+) -> IngestResult:
+    """A batch of the stream shared by every cluster (written by routers without a Redis
+    identity of their own), then one of each cluster's own stream."""
+    total = _ingest(client, shared, parse, store, **options)
+    for name in Cluster.objects.values_list("name", flat=True):
+        result = _ingest(client, own(name), parse, store, only=name, **options)
+        for counter in ("read", "stored", "duplicates", "quarantined"):
+            setattr(total, counter, getattr(total, counter) + getattr(result, counter))
+    return total
+
+
 def ingest_events(client: redis.Redis) -> IngestResult:
-    return _ingest(client, EVENTS_STREAM, parse_event, store_event)
+    return _ingest_streams(client, EVENTS_STREAM, events_stream, parse_event, store_event)
 
 
 def ingest_metrics(client: redis.Redis) -> IngestResult:
     # Only ingest reads the metrics stream, so folded entries are deleted and the stream
     # holds only what is not ingested yet. (The events stream is also tailed by the
     # dashboard's publisher and stays capped by MAXLEN.)
-    return _ingest(client, METRICS_STREAM, parse_metrics, store_metrics, delete_acknowledged=True)
+    return _ingest_streams(
+        client,
+        METRICS_STREAM,
+        metrics_stream,
+        parse_metrics,
+        store_metrics,
+        delete_acknowledged=True,
+    )
 
 
 def quarantine_summary(client: redis.Redis, limit: int = 50) -> QuarantineSummary:
-    """Entries quarantined so far, per source stream, and the newest ``limit`` of them."""
-    counts = {_text(k): int(v) for k, v in client.hgetall(QUARANTINE_COUNTS).items()}
+    """Entries quarantined so far, per source stream, and the newest ``limit`` of them.
+    Anything can write to Redis, so both are read as untrusted: an unreadable count reads
+    as 0, a field that is not what ingest writes falls back to what can be known."""
+    counts: dict[str, int] = {}
+    for key, value in client.hscan_iter(QUARANTINE_COUNTS, count=100):
+        source = _text(key[:SOURCE_CHARS])
+        counts[source] = counts.get(source, 0) + _count(value)
     newest = client.xrevrange(QUARANTINE_STREAM, count=limit) if limit > 0 else []
     entries = [_quarantined_entry(entry_id, fields) for entry_id, fields in newest]
     return QuarantineSummary(counts, entries)
 
 
-def _quarantined_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> QuarantinedEntry:
-    def get(name: str) -> str:
-        return _text(fields.get(name.encode(), b""))
+SOURCE_CHARS = 200
 
+
+def _count(value: bytes) -> int:
+    try:
+        return max(0, min(int(value), 2**63 - 1))
+    except ValueError:
+        return 0
+
+
+def _quarantined_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> QuarantinedEntry:
+    def get(name: str, limit: int = SOURCE_CHARS) -> str:
+        return _text(fields.get(name.encode(), b"")[:limit])
+
+    data = get("data", QUARANTINED_DATA_BYTES)
     return QuarantinedEntry(
         id=_text(entry_id),
         source=get("source"),
         entry_id=get("entry_id"),
-        reason=get("reason"),
-        data=get("data"),
-        data_bytes=int(get("data_bytes") or 0),
-        at=to_datetime(float(get("at") or 0)),
+        reason=get("reason", REASON_CHARS),
+        data=data,
+        data_bytes=_count(fields.get(b"data_bytes", b"")) or len(data),
+        at=_entry_time(get("at"), _text(entry_id)),
     )
+
+
+def _entry_time(at: str, entry_id: str) -> datetime:
+    """The recorded time; else the stream id's (milliseconds since the epoch)."""
+    for value, scale in ((at, 1.0), (entry_id.split("-", 1)[0], 1000.0)):
+        try:
+            seconds = float(value) / scale
+            if 0 <= seconds <= LATEST_UNIX:
+                return to_datetime(seconds)
+        except ValueError:
+            continue
+    return to_datetime(0)

@@ -215,7 +215,7 @@ def _row_problem(fmt: str, row: Any, bound: Bound) -> str | None:
 
 def _length(row: dict[str, Any], field: str, bound: Bound, text: bool = False) -> str | None:
     value = row.get(field)
-    if text and isinstance(value, str) and value.strip().isdigit():
+    if text and isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         return f"{field} {value!r} is not a token count (a whole number, 0 or more)"

@@ -8,7 +8,12 @@ from functools import wraps
 from typing import Any
 
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBadRequest,
+    HttpResponseForbidden,
+)
 
 from controlplane.services.audit import Actor
 from controlplane.services.roles import has_role, role_of
@@ -23,9 +28,21 @@ def _require(minimum: str, view: View) -> View:
             return redirect_to_login(request.get_full_path())
         if not has_role(request.user, minimum):
             return HttpResponseForbidden(f"this needs the {minimum} role")
+        if has_nul(request):
+            return HttpResponseBadRequest("form and query values cannot contain NUL characters")
         return view(request, *args, **kwargs)
 
     return wrapped
+
+
+def has_nul(request: HttpRequest) -> bool:
+    """Whether a query or form value (or name) holds a NUL character, which no Postgres
+    text can store or be compared with."""
+    return any(
+        "\x00" in key or any("\x00" in value for value in values)
+        for data in (request.GET, request.POST)
+        for key, values in data.lists()
+    )
 
 
 def viewer_required(view: View) -> View:

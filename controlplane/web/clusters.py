@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from urllib.parse import urlencode
 
+from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
@@ -24,14 +25,27 @@ def get_cluster(cluster_id: int) -> Cluster:
         raise Http404(error.message) from None
 
 
+# A moment the history around it (half an hour either side) can still be computed for.
+EARLIEST = datetime(1970, 1, 2, tzinfo=UTC)
+LATEST = datetime(9999, 12, 30, tzinfo=UTC)
+
+
 def parse_at(value: str | None) -> datetime | None:
-    """`?at=` as ISO 8601 or unix seconds; None when absent or unreadable."""
+    """`?at=` as ISO 8601 (naive: UTC) or unix seconds; None when absent; BadRequest (400)
+    when unreadable or out of range."""
     if not value:
         return None
     try:
-        return datetime.fromtimestamp(float(value), tz=UTC)
-    except ValueError:
-        return parse_datetime(value)
+        at = parse_datetime(value)
+        if at is None:
+            at = datetime.fromtimestamp(float(value), tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        at = None
+    if at is not None and at.tzinfo is None:
+        at = at.replace(tzinfo=UTC)
+    if at is None or not EARLIEST <= at <= LATEST:
+        raise BadRequest("at: an ISO 8601 time or unix seconds between 1970 and 9999")
+    return at
 
 
 @viewer_required
@@ -44,6 +58,7 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
 def cluster_live(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     at = request.GET.get("at", "")
+    parse_at(at)  # refused here rather than by the snapshot the page loads
     snapshot_url = reverse("web:snapshot", args=[cluster.pk])
     live_config = {
         "clusterId": cluster.pk,

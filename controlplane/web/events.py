@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from django.core.exceptions import BadRequest
 from django.http import HttpRequest, HttpResponse, QueryDict
 from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
@@ -21,28 +22,38 @@ from .pages import page
 PAGE_ROWS = 200
 QUARANTINE_ROWS = 100
 TRANSITIONS = ("suspected", "confirmed", "cleared")
+INT_MAX = 2**31 - 1  # Postgres integer ids
 
 
-def _time(value: str | None) -> datetime | None:
-    """A datetime-local or ISO 8601 input; naive values are taken as UTC."""
+def _time(data: QueryDict, name: str) -> datetime | None:
+    """A datetime-local or ISO 8601 input (naive values are taken as UTC); BadRequest (400)
+    for anything else, such as month 13."""
+    value = data.get(name)
     if not value:
         return None
-    parsed = parse_datetime(value)
-    if parsed is not None and parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=UTC)
-    return parsed
+    try:
+        parsed = parse_datetime(value)
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise BadRequest(f"{name}: not a valid date and time")
+    return parsed.replace(tzinfo=UTC) if parsed.tzinfo is None else parsed
 
 
 def _cluster_id(data: QueryDict) -> int | None:
     value = data.get("cluster", "")
-    return int(value) if value.isdigit() else None
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and int(value) <= INT_MAX):
+        raise BadRequest("cluster: a cluster id")
+    return int(value)
 
 
 def _common_filters(data: QueryDict) -> dict[str, Any]:
     return {
         "cluster_id": _cluster_id(data),
-        "since": _time(data.get("since")),
-        "until": _time(data.get("until")),
+        "since": _time(data, "since"),
+        "until": _time(data, "until"),
     }
 
 

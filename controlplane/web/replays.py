@@ -73,7 +73,7 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
     """The form's options (with the chosen shared trace unless a file was uploaded); every
     unreadable value is refused together."""
     data = request.POST
-    chosen = {int(pk) for pk in data.getlist("policies") if pk.isdigit()}
+    chosen = {int(pk) for pk in data.getlist("policies") if pk.isascii() and pk.isdigit()}
     problems = Problems()
     max_requests = data.get("max_requests", "").strip()
     options = {

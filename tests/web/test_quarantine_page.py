@@ -58,3 +58,19 @@ def test_the_api_lists_the_quarantine_newest_first(streams, cluster, as_role):
     [entry] = body["entries"]
     assert entry["source"] == EVENTS_STREAM and entry["data"].startswith('{"id": "x"')
     assert "router: Field required" in entry["reason"]
+
+
+def test_forged_quarantine_entries_and_counts_leave_the_pages_up(streams, as_role):
+    streams.hset(ingest.QUARANTINE_COUNTS, mapping={EVENTS_STREAM: 2, "forged": "lots"})
+    streams.xadd(ingest.QUARANTINE_STREAM, {"at": "inf", "data_bytes": "many", "data": "a"})
+    streams.xadd(ingest.QUARANTINE_STREAM, {"at": "1e30", "reason": "r" * 100_000})
+    streams.xadd(ingest.QUARANTINE_STREAM, {"junk": "\xff", "data": "d" * 1_000_000})
+    viewer = as_role("viewer")
+    assert "2 telemetry entries quarantined" in viewer.get("/hotspots/").content.decode()
+    page = viewer.get("/telemetry/quarantine/")
+    assert page.status_code == 200 and len(page.content) < 200_000
+    response = viewer.get("/api/v1/telemetry-quarantine")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["counts"] == {EVENTS_STREAM: 2, "forged": 0} and len(body["entries"]) == 3
+    assert body["entries"][0]["data_bytes"] == ingest.QUARANTINED_DATA_BYTES

@@ -190,6 +190,21 @@ class RouterSettings(_Strict):
         description="Bodies this large or larger are parsed and tokenized in a worker "
         "process, off the event loop (0: every body).",
     )
+    max_intake_queue: int = Field(
+        default=1024,
+        ge=1,
+        le=100_000,
+        description="Bodies of at least offload_body_bytes waiting for (or in) a worker "
+        "process; one more is answered 429 at once.",
+    )
+    max_intake_queue_bytes: int = Field(
+        default=128 * 1024 * 1024,
+        ge=0,
+        le=64 * 1024**3,
+        description="Total size of those bodies; a body that would take it past this is "
+        "answered 429 at once (a body is always taken when none waits). Bodies of clients "
+        "that went away are dropped from the queue unread.",
+    )
     breaker_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that open the circuit."
     )

@@ -26,23 +26,30 @@ router hashes them as uint64; the engine refuses ids beyond its vocabulary itsel
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import multiprocessing
 import os
 import threading
 import time
+from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
+from functools import partial
 from typing import Annotated, Any, Literal, NotRequired, Required
 
 import pydantic_core
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
+from router_worker.config import RouterSettings
 from router_worker.errors import APIError
+from router_worker.metrics import RouterMetrics
 from router_worker.routing.features import hash_blocks
+from router_worker.routing.sessions import compact_key
 from router_worker.tokenization import PromptError, Tokenizer
 
 log = logging.getLogger("router_worker.intake")
@@ -112,7 +119,7 @@ class Intake:
 
     model: str
     stream: bool
-    user: str | None
+    user: str | None  # a long one replaced by its digest (routing.sessions.compact_key)
     turn_index: int | None
     prompt_tokens: int
     block_hashes: tuple[int, ...]
@@ -199,7 +206,7 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
     return Intake(
         model=fields["model"],
         stream=bool(fields.get("stream")),
-        user=fields.get("user") or None,
+        user=compact_key(fields["user"]) if fields.get("user") else None,
         turn_index=turn_index,
         prompt_tokens=len(token_ids),
         block_hashes=hashes,
@@ -242,12 +249,27 @@ def _exit_when_orphaned(router_pid: int) -> None:
 class IntakeRunner:
     """Takes small bodies in inline and big ones in a process pool (started on first use).
 
+    At most one body per worker process is in the pool; the others wait here, in arrival
+    order, bounded in count and in bytes (``router.max_intake_queue`` and
+    ``max_intake_queue_bytes``; a body is always let in when nothing waits). A waiting
+    body whose client has gone (its task cancelled) is dropped there, unparsed, and its
+    memory released with it; one already in a worker finishes there.
+
     A worker that dies (killed, out of memory) fails only the requests it held, each
     with a 503; the next big body starts a new pool."""
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = 2, metrics: RouterMetrics | None = None) -> None:
         self.workers = workers
+        self.metrics = metrics
         self._pool: ProcessPoolExecutor | None = None
+        self._busy = 0  # bodies in worker processes
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.queued = 0  # bodies waiting or in a worker
+        self.queued_bytes = 0
+        self.dropped = 0  # bodies whose client went away before a worker took them
+        if metrics is not None:  # read at scrape time
+            metrics.intake_queued.set_function(lambda: self.queued)
+            metrics.intake_queued_bytes.set_function(lambda: self.queued_bytes)
 
     async def take_in(
         self,
@@ -255,15 +277,80 @@ class IntakeRunner:
         endpoint: Endpoint,
         tokenizer: Tokenizer,
         block_size: int,
-        offload_bytes: int,
+        settings: RouterSettings,
     ) -> Intake:
-        if len(raw) < offload_bytes:
+        if len(raw) < settings.offload_body_bytes:
             return take_in(raw, endpoint, tokenizer, block_size)
+        self._admit(len(raw), settings)
+        self.queued += 1
+        self.queued_bytes += len(raw)
+        try:
+            await self._turn()
+            return await self._run(raw, endpoint, tokenizer, block_size)
+        finally:
+            self.queued -= 1
+            self.queued_bytes -= len(raw)
+
+    def _admit(self, size: int, settings: RouterSettings) -> None:
+        if not self.queued:
+            return
+        if (
+            self.queued >= settings.max_intake_queue
+            or self.queued_bytes + size > settings.max_intake_queue_bytes
+        ):
+            if self.metrics is not None:
+                self.metrics.limit_hit("intake_queue")
+            raise APIError(
+                429,
+                "The router is overloaded: too many large request bodies are waiting to be "
+                "read; retry later.",
+            )
+
+    async def _turn(self) -> None:
+        """Wait for a free worker (FIFO); a cancelled wait leaves the queue at once."""
+        if self._busy < self.workers and not self._waiters:
+            self._busy += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._next()  # the turn was handed over just as the client left: pass it on
+            else:
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            self.dropped += 1
+            if self.metrics is not None:
+                self.metrics.intake_dropped.inc()
+            raise
+
+    def _next(self) -> None:
+        """A worker is free: hand it to the oldest waiter, else mark it free."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._busy -= 1
+
+    async def _run(
+        self, raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: int
+    ) -> Intake:
+        """The body in a worker; the turn passes on once the worker is done with it (a
+        client that leaves meanwhile does not free the worker any sooner)."""
         settings = IntakeSettings(tokenizer.path, tokenizer.chat_template, block_size)
         pool = self._ensure_pool()
         loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(pool, take_in_with, raw, endpoint, settings)
+            try:
+                future = pool.submit(take_in_with, raw, endpoint, settings)
+            except BaseException:  # a broken pool refuses work: the turn was not used
+                self._next()
+                raise
+            future.add_done_callback(partial(_call_soon, loop, self._next))
+            return await asyncio.wrap_future(future)
         except BrokenProcessPool:
             log.warning("an intake worker process died; starting a new pool")
             self._discard(pool)
@@ -291,3 +378,8 @@ class IntakeRunner:
     def close(self) -> None:
         if self._pool is not None:
             self._discard(self._pool)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None], _: object) -> None:
+    with contextlib.suppress(RuntimeError):  # the loop is closed: the router is stopping
+        loop.call_soon_threadsafe(callback)

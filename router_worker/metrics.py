@@ -177,12 +177,27 @@ class RouterMetrics:
         )
         self.limit_hits = Counter(
             "switchyard_router_limit_hits",
-            "Resource limits hit: header_timeout, "
+            "Resource limits hit: header_timeout, intake_queue, "
             "body_timeout, connections, response_deadline, response_too_large, "
             "response_headers_too_large, event_too_large, bad_response (wrong content type "
             "or malformed body/SSE), fd_exhausted (the router out of file descriptors or "
             "local ports; never counted against an engine).",
             ["limit"],
+            registry=r,
+        )
+        self.intake_queued = Gauge(
+            "switchyard_router_intake_queued",
+            "Request bodies waiting for an intake worker process or in one.",
+            registry=r,
+        )
+        self.intake_queued_bytes = Gauge(
+            "switchyard_router_intake_queued_bytes",
+            "Total size of the request bodies waiting for an intake worker process or in one.",
+            registry=r,
+        )
+        self.intake_dropped = Counter(
+            "switchyard_router_intake_dropped",
+            "Request bodies dropped unparsed from the intake queue: their client went away.",
             registry=r,
         )
         self.connections = Gauge(

@@ -103,9 +103,13 @@ class ClientGone(Exception):
     """The client disconnected."""
 
 
-async def read_body(receive: Receive, limit: int, declared: int | None) -> bytes:
-    if declared is not None and declared > limit:
+def check_declared(declared: str | None, limit: int) -> None:
+    """A ``content-length`` over the limit is refused before anything else is done."""
+    if declared and declared.isdigit() and int(declared) > limit:
         raise APIError(413, f"Request body too large: {declared} bytes (limit {limit}).")
+
+
+async def read_body(receive: Receive, limit: int) -> bytes:
     chunks, size = [], 0
     while True:
         message = await receive()
@@ -164,7 +168,7 @@ class Proxy:
         self.core = core
         self.transport = transport
         self.limiter = limiter
-        self.intake = intake or IntakeRunner()
+        self.intake = intake or IntakeRunner(metrics=core.metrics)
 
     # ----- entry points -----------------------------------------------------------------
     async def models(self, scope: Scope, send: Send) -> None:
@@ -187,6 +191,9 @@ class Proxy:
     async def generate(
         self, scope: Scope, receive: Receive, send: Send, endpoint: Endpoint
     ) -> None:
+        """Admission first (key, size, concurrency): a request waits for its slot before its
+        body is read, so a refused or queued request holds no body, and every body read or
+        taken in is bounded by the slots."""
         started = time.perf_counter()
         # Only the headers the router reads (names arrive lower-cased from the server).
         headers = {
@@ -204,31 +211,72 @@ class Proxy:
             if rights is not None:  # the router's own key is not passed on to the engines
                 del headers["authorization"]
             detail = detail_for(runtime, rights, DEBUG_HEADER in headers)
-            declared = headers.get("content-length")
-            raw = await read_body(
-                receive,
-                runtime.config.router.max_body_bytes,
-                int(declared) if declared and declared.isdigit() else None,
-            )
-            intake = await self._take_in(raw, endpoint, runtime)
-        except ClientGone:
-            return
+            check_declared(headers.get("content-length"), runtime.config.router.max_body_bytes)
+            await self.limiter.acquire()
         except APIError as error:
             core.metrics.child(core.metrics.rejected, str(error.status)).inc()
             await send_error(send, error)
             return
-        await self._guarded(scope, receive, send, runtime, intake, raw, headers, started, detail)
+        try:
+            await self._admitted(scope, receive, send, endpoint, runtime, headers, started, detail)
+        finally:
+            self.limiter.release()
+
+    async def _admitted(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        endpoint: Endpoint,
+        runtime: Runtime,
+        headers: dict[str, str],
+        started: float,
+        detail: Detail,
+    ) -> None:
+        """Body, intake, then routing; from the body's end a disconnect watcher cancels us
+        at once (a body waiting for an intake worker is dropped unread)."""
+        task = asyncio.current_task()
+        assert task is not None
+        watch = DisconnectWatch(receive, task)
+        core = self.core
+        core.metrics.in_flight_count += 1
+        plan: Plan | None = None
+        try:
+            raw = await read_body(receive, runtime.config.router.max_body_bytes)
+            watch.start()
+            intake = await self._take_in(raw, endpoint, runtime)
+            plan = core.plan(runtime, intake, headers, started)
+            await self._dispatch(
+                plan, scope["path"], raw, intake.stream, headers, send, watch, detail
+            )
+        except ClientGone:
+            pass
+        except APIError as error:
+            if plan is None:
+                core.metrics.child(core.metrics.rejected, str(error.status)).inc()
+            await send_error(send, error)
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            task.uncancel()
+            if plan is not None:  # 499: nginx's code for "client closed the request"
+                core.finish_request(
+                    plan,
+                    status=499,
+                    ok=False,
+                    output_tokens=0,
+                    last_token_at=None,
+                    cached_tokens=None,
+                )
+        finally:
+            watch.stop()
+            core.metrics.in_flight_count -= 1
 
     async def _take_in(self, raw: bytes, endpoint: Endpoint, runtime: Runtime) -> Intake:
         """The body checked, tokenized and hashed (off the loop when big), or APIError."""
-        settings = runtime.config.router
         try:
             intake = await self.intake.take_in(
-                raw,
-                endpoint,
-                runtime.tokenizer,
-                runtime.config.block_size,
-                settings.offload_body_bytes,
+                raw, endpoint, runtime.tokenizer, runtime.config.block_size, runtime.config.router
             )
         except APIError:
             raise
@@ -239,55 +287,6 @@ class Proxy:
         if models is not None and intake.model not in models:
             raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
         return intake
-
-    async def _guarded(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        runtime: Runtime,
-        intake: Intake,
-        raw: bytes,
-        headers: dict[str, str],
-        started: float,
-        detail: Detail,
-    ) -> None:
-        """Admission, then routing with a disconnect watcher that cancels us at once."""
-        try:
-            await self.limiter.acquire()
-        except APIError as error:
-            self.core.metrics.child(self.core.metrics.rejected, str(error.status)).inc()
-            await send_error(send, error)
-            return
-        task = asyncio.current_task()
-        assert task is not None
-        watch = DisconnectWatch(receive, task)
-        self.core.metrics.in_flight_count += 1
-        plan: Plan | None = None
-        try:
-            plan = self.core.plan(runtime, intake, headers, started)
-            await self._dispatch(
-                plan, scope["path"], raw, intake.stream, headers, send, watch, detail
-            )
-        except APIError as error:
-            await send_error(send, error)
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-            task.uncancel()
-            if plan is not None:  # 499: nginx's code for "client closed the request"
-                self.core.finish_request(
-                    plan,
-                    status=499,
-                    ok=False,
-                    output_tokens=0,
-                    last_token_at=None,
-                    cached_tokens=None,
-                )
-        finally:
-            watch.stop()
-            self.core.metrics.in_flight_count -= 1
-            self.limiter.release()
 
     # ----- dispatch with retries --------------------------------------------------------
     async def _dispatch(

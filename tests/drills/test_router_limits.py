@@ -26,15 +26,17 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 
+from devharness import wait_until
 from engine_interface import read_samples
-from tests.drills.clients import body, is_error_body, judge_stream, judge_whole
+from tests.drills.clients import MODEL, body, is_error_body, judge_stream, judge_whole
 from tests.drills.conftest import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Fleet, Router
+from tests.router.conftest import Fleet, Router, scrape_total
 
 HEAD_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5
@@ -400,3 +402,94 @@ def test_fd_exhaustion_gets_clear_503s_and_marks_no_engine_down(drill_fleet: Fle
     assert hits.get("fd_exhausted", 0) > 0
     assert starved.failed_clear > 0
     assert after.succeeded == after.sent
+
+
+# ----- bodies of clients that went away --------------------------------------------------------
+GONE_BODIES = 24
+GONE_BODY_BYTES = int(7.3 * 1024 * 1024)  # just under the default 8 MiB limit
+
+
+def gone_body(k: int) -> bytes:
+    words = f"gone{k} lorem ipsum dolor sit amet consectetur "
+    prompt = (words * (GONE_BODY_BYTES // len(words) + 1))[: GONE_BODY_BYTES - 100]
+    return json.dumps({"model": MODEL, "prompt": prompt, "max_tokens": 1}).encode()
+
+
+async def send_and_close(port: int, payload: bytes) -> None:
+    """One big request, sent whole, then the connection closed without reading the answer."""
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(payload)
+    )
+    writer.write(payload)
+    await writer.drain()
+    writer.close()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def test_bodies_of_clients_that_went_away_are_dropped_unparsed(drill_fleet, router_factory):
+    """Max-size bodies sent and closed at once: the router drops the ones still waiting for
+    an intake worker instead of parsing and routing them, and the bytes it held for them
+    go back to zero. RSS before, at its peak and after is measured for the notes."""
+    # Every body through the intake workers: the warm-up's small one starts them.
+    router = router_factory(drill_config(drill_fleet, "round_robin", offload_body_bytes=0))
+    pid = router.proc.pid
+    url = router.url
+    warm = {"model": MODEL, "prompt": "warm up", "max_tokens": 1}
+    httpx.post(url + "/v1/completions", json=warm, timeout=60).raise_for_status()
+    tokenized_before = scrape_total(url, "switchyard_router_tokenization_total")
+    baseline = rss_mib(pid)
+    payloads = [gone_body(k) for k in range(GONE_BODIES)]
+    peak = [baseline]
+    sending = threading.Event()
+
+    def sample_rss() -> None:
+        while sending.is_set():
+            peak.append(rss_mib(pid))
+            time.sleep(0.05)
+
+    sending.set()
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
+
+    async def send_all() -> None:
+        await asyncio.gather(*(send_and_close(router.port, p) for p in payloads))
+
+    asyncio.run(send_all())
+    closed = time.monotonic()
+    wait_until(
+        lambda: (
+            scrape_total(url, "switchyard_router_intake_queued_bytes") == 0
+            and scrape_total(url, "switchyard_router_intake_queued") == 0
+            and router.state()["limiter"]["active"] == 0
+        ),
+        30,
+        "intake queue empty",
+    )
+    released_s = time.monotonic() - closed
+    sending.clear()
+    sampler.join()
+    after = rss_mib(pid)
+    dropped = scrape_total(url, "switchyard_router_intake_dropped_total")
+    routed = scrape_total(url, "switchyard_router_tokenization_total") - tokenized_before
+    # A gone client's body is dropped before routing: only the bodies already in a worker
+    # (or taken in) when their client's close was seen get that far.
+    assert dropped >= GONE_BODIES / 2, f"{dropped} of {GONE_BODIES} bodies dropped unparsed"
+    assert routed < GONE_BODIES / 2, f"{routed} of {GONE_BODIES} bodies of gone clients routed"
+    assert httpx.get(url + "/health", timeout=5).status_code == 200
+    record(
+        "router_bodies_of_gone_clients",
+        Outcome(sent=GONE_BODIES),  # no client stays for an answer: none to judge
+        released_s,
+        f"{GONE_BODIES} bodies of {GONE_BODY_BYTES / 2**20:.1f} MiB sent and closed at once; "
+        f"{dropped:.0f} dropped unparsed from the intake queue, {routed:.0f} routed; the "
+        f"queued-bytes gauge back at 0 {released_s:.1f} s after the last close (recovery_s); "
+        f"router RSS {baseline:.0f} MiB before, {max(peak):.0f} MiB peak, {after:.0f} MiB after",
+    )

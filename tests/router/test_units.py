@@ -17,6 +17,7 @@ from router_worker.errors import APIError
 from router_worker.health import HealthBook
 from router_worker.intake import take_in
 from router_worker.limits import Limiter
+from router_worker.routing import session_key_from_request
 from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids
 
 
@@ -185,3 +186,17 @@ def test_kv_subscriber_recovers_a_sequence_gap_through_replay():
 def test_tokens_are_hashed_from_numpy_arrays():
     ids = approx_token_ids("x" * 64)
     assert isinstance(ids, np.ndarray) and ids.dtype == np.dtype("<u4")
+
+
+def test_a_long_session_value_is_kept_as_a_digest_a_normal_one_as_is():
+    def user_of(value: str) -> str | None:
+        body = json.dumps({"model": "m", "prompt": "hi", "user": value}).encode()
+        return take_in(body, "completions", Tokenizer(), block_size=16).user
+
+    assert user_of("alice@example.com") == "alice@example.com"
+    long_a, long_b = user_of("a" * 4_000_000), user_of("b" * 4_000_000)
+    assert long_a is not None and len(long_a) < 100
+    assert long_a == user_of("a" * 4_000_000) != long_b  # still one session per value
+    header = session_key_from_request({"X-Session-ID": "s" * 1_000_000}, {})
+    assert header is not None and len(header) < 100
+    assert session_key_from_request({"X-Session-ID": "conv-42"}, {}) == "hdr:conv-42"

@@ -227,3 +227,29 @@ def test_with_a_tier_the_follow_up_takes_the_least_busy_of_the_instances_no_slow
     add_pending(state, "i2", 100)
     decision = make_policy("smetric").decide(follow_up(turn_index=2), state.view(), 0.0)
     assert (decision.instance_id, decision.reason) == ("i2", "session_tier_rebalance")
+
+
+def test_the_session_table_keeps_a_digest_not_the_client_string():
+    """A session key may be megabytes (a client's ``user``): the table's memory must not
+    grow with it, yet a session still sticks."""
+    import tracemalloc
+
+    state = cluster(3)
+    policy = make_policy("smetric", seed=4)
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for k in range(20):
+            key = f"{k}-" + "u" * (1 << 20)
+            policy.decide(features(HISTORY, session_key=key), state.view(), 0.0)
+            del key
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(policy.sessions) == 20
+    # 20 MiB when the table keeps the keys; the latest request may still be referenced.
+    assert held < 4 << 20, f"{held} bytes kept for 20 session keys"
+    first = policy.decide(features(HISTORY, session_key="s-long" * 100_000), state.view(), 1.0)
+    state.on_dispatch(features(HISTORY), first.instance_id, 1.0)
+    again = policy.decide(follow_up(session_key="s-long" * 100_000), state.view(), 2.0)
+    assert (again.reason, again.instance_id) == ("session_stick", first.instance_id)

@@ -200,6 +200,17 @@ ROUTER_HEARTBEAT_TIMEOUT_S = float(env("SWITCHYARD_ROUTER_HEARTBEAT_TIMEOUT", "1
 # Reconcile runs every 5 s; a longer gap between runs (beat, workers or Postgres down) means
 # the control plane may not have been listening, and heartbeat silence starts counting anew.
 ROUTER_LISTEN_GAP_S = float(env("SWITCHYARD_ROUTER_LISTEN_GAP", "12"))
+# Managed routers get a Redis user of their own (made by the routers worker with ACL
+# SETUSER), allowed only their cluster's keys and channels: see router_fleet/identity.py.
+# "off" for a Redis without ACLs (before 7.0) or that the control plane may not administer:
+# routers then connect with the control plane's URL. Users are named <prefix>router-<id>.
+ROUTER_REDIS_ACL = env("SWITCHYARD_ROUTER_REDIS_ACL", "on").lower() != "off"
+ROUTER_REDIS_ACL_PREFIX = env("SWITCHYARD_ROUTER_REDIS_ACL_PREFIX", "switchyard-")
+
+# This deployment's canary defaults (the form's and the API's): a JSON object with any
+# guardrail (e.g. {"min_samples": 30}) and "weight_steps" (e.g. [25, 50]); validated at
+# start-up by the canary service, so a bad value stops the process naming the variable.
+SWITCHYARD_CANARY_DEFAULTS = env("SWITCHYARD_CANARY_DEFAULTS", "")
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

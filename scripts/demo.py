@@ -74,6 +74,7 @@ TRACE = Path(
 # policy decides how long they get, without the overload of the trace's own rate.
 RATE = positive_env("SWITCHYARD_DEMO_RATE", "0.68")
 MAX_MODEL_LEN = 131072
+DEMO_CANARY_DEFAULTS = '{"weight_steps": [25, 50], "min_samples": 30, "step_seconds": 30}'
 
 
 def tier_blocks_env(name: str = "SWITCHYARD_DEMO_TIER_BLOCKS") -> int:
@@ -129,6 +130,9 @@ def stack_env() -> dict[str, str]:
     env.setdefault("SWITCHYARD_CONTROL_PLANE_URL", f"http://{HOST}:{PORT}")
     env["SWITCHYARD_ROUTER_HOST"] = ROUTER_HOST_NAME
     env["PYTHONUNBUFFERED"] = "1"
+    # The demo serves about one request a second: canaries with the form's defaults get
+    # their 30 samples per arm at 25% and reach a verdict in minutes, not hours.
+    env.setdefault("SWITCHYARD_CANARY_DEFAULTS", DEMO_CANARY_DEFAULTS)
     return env
 
 

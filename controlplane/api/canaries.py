@@ -12,7 +12,16 @@ from controlplane.services import canaries as canary_services
 from .auth import actor_of, role
 from .pagination import Pages
 from .revisions import expected_revision
-from .schemas import CanaryDetailOut, CanaryIn, CanaryOut, Id, JudgementOut, ReasonIn
+from .schemas import (
+    CanaryDefaultsOut,
+    CanaryDetailOut,
+    CanaryIn,
+    CanaryOut,
+    Id,
+    JudgementOut,
+    ReasonIn,
+    TimelineRowOut,
+)
 
 routes = Router(tags=["canaries"])
 CanaryState = Literal["draft", "progressing", "paused", "promoted", "rolled_back", "aborted"]
@@ -21,6 +30,24 @@ CanaryState = Literal["draft", "progressing", "paused", "promoted", "rolled_back
 @routes.get("/clusters/{cluster_id}/canaries", response=list[CanaryOut])
 def list_canaries(request: HttpRequest, cluster_id: Id, state: CanaryState | None = None):
     return canary_selectors.canaries(cluster_id, state)
+
+
+@routes.get("/canary-defaults", response=CanaryDefaultsOut)
+def canary_defaults(request: HttpRequest):
+    """What a canary created without weight steps or some guardrails gets, on this deployment
+    (``SWITCHYARD_CANARY_DEFAULTS`` overrides the built-in values)."""
+    defaults = canary_services.site_defaults()
+    return {
+        "weight_steps": defaults.weight_steps,
+        "guardrails": {
+            key: {
+                "default": value,
+                "limit": canary_services.GUARDRAIL_LIMITS[key],
+                "help": canary_services.GUARDRAIL_HELP[key],
+            }
+            for key, value in defaults.guardrails.items()
+        },
+    }
 
 
 @routes.get("/canaries/{canary_id}", response=CanaryDetailOut)
@@ -33,6 +60,27 @@ def get_canary(request: HttpRequest, canary_id: Id):
 def list_judgements(request: HttpRequest, canary_id: Id):
     """Every judgement of the canary judge on this canary, oldest first, with its evidence."""
     return canary_selectors.judgements(canary_id)
+
+
+@routes.get("/canaries/{canary_id}/timeline", response=list[TimelineRowOut])
+@paginate(Pages)
+def canary_timeline(request: HttpRequest, canary_id: Id):
+    """The judgements oldest first, with each run of repeats (a step halted while samples
+    accumulate) collapsed into one row with its count and time span."""
+    return [
+        {
+            "first_id": row.first.pk,
+            "last_id": row.last.pk,
+            "first_at": row.first.at,
+            "last_at": row.last.at,
+            "count": row.count,
+            "step_index": row.last.step_index,
+            "verdict": row.last.verdict,
+            "action": row.last.action,
+            "evidence": row.last.evidence,
+        }
+        for row in canary_selectors.timeline(canary_selectors.judgements(canary_id))
+    ]
 
 
 @routes.post("/clusters/{cluster_id}/canaries", response={201: CanaryOut}, auth=role("operator"))

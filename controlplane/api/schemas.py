@@ -166,11 +166,17 @@ class CanaryIn(Schema):
     candidate_policy_id: Id
     baseline_instances: list[Name] = Field(description="Instance names of the baseline arm.")
     candidate_instances: list[Name] = Field(description="Instance names of the candidate arm.")
-    weight_steps: list[float] = Field(
+    weight_steps: list[float] | None = Field(
+        None,
         description="Candidate traffic share per step, percent, increasing, in (0, 100]; the "
-        "baseline gets the rest, so each step's weights sum to 100."
+        "baseline gets the rest, so each step's weights sum to 100. Omitted: this "
+        "deployment's default (GET /canary-defaults).",
     )
-    guardrails: dict[str, float] | None = None
+    guardrails: dict[str, float] | None = Field(
+        None,
+        description="Any of the guardrails (GET /canary-defaults lists each with its default, "
+        "limit and meaning); the others take the deployment's defaults.",
+    )
     assignment_key: Literal["session", "random"] = "session"
     reason: Reason
 
@@ -179,16 +185,44 @@ class JudgementOut(Schema):
     id: int
     at: datetime
     step_index: int
-    verdict: str = Field(description="pass | fail | inconclusive | halt")
-    action: str = Field(description="advance | promote | retry | rollback | wait | pause")
+    verdict: str = Field(description="pass | fail | inconclusive | halt | error")
+    action: str = Field(
+        description="advance | promote | retry | rollback | wait | pause | skipped (error: the "
+        "judge could not judge this canary; the reason is in evidence.reasons)"
+    )
     evidence: dict[str, Any] = Field(
         description=(
             "What the verdict rests on: step_index, candidate_weight (percent of traffic) and "
             "step_started_at of the judged step; arms (per arm: requests, errors, "
             "hotspot_fallbacks, ttft_samples, tpot_samples); tests (per metric: n per arm, "
             "median per arm in seconds, effect = relative change of the candidate's median, "
-            "Mann-Whitney p_value, outcome); guards (name, value, limit, passed); reasons."
+            "Mann-Whitney p_value, outcome); guards (name, value, limit, passed); reasons; for a "
+            "halt, patience (step_age_s, max_wait_s, usable samples and sample rates per arm, "
+            "expected_in_s: when min_samples is expected at those rates, null when an arm "
+            "has none)."
         )
+    )
+
+
+class TimelineRowOut(Schema):
+    first_id: int
+    last_id: int
+    first_at: datetime
+    last_at: datetime
+    count: int = Field(
+        description="Judgements in this row: consecutive ones of one step that changed nothing "
+        "(action wait or skipped) are one row; every other judgement is a row of its own."
+    )
+    step_index: int
+    verdict: str
+    action: str
+    evidence: dict[str, Any] = Field(description="The newest judgement's evidence.")
+
+
+class CanaryDefaultsOut(Schema):
+    weight_steps: list[float]
+    guardrails: dict[str, dict[str, Any]] = Field(
+        description="Per guardrail: default, limit (largest accepted value) and help."
     )
 
 

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from collections.abc import Iterable
+from dataclasses import dataclass
+
 from django.db.models import QuerySet
 
 from controlplane.models import AuditEvent, CanaryJudgement, CanarySplit
@@ -29,6 +32,39 @@ def judgements(canary_id: int) -> QuerySet[CanaryJudgement]:
     return get_or_404(CanarySplit.objects.all(), canary_id, "canary").judgements.order_by(
         "at", "id"
     )
+
+
+# Actions that leave the canary as it was: a run of them on one step reads as one row.
+REPEATING_ACTIONS = ("wait", "skipped")
+
+
+@dataclass
+class TimelineRow:
+    """Consecutive judgements of one step that changed nothing (halts waiting for samples,
+    canaries the judge could not judge), shown once with their count and time span; every
+    other judgement is a row of its own. ``last`` carries the newest evidence."""
+
+    first: CanaryJudgement
+    last: CanaryJudgement
+    count: int = 1
+
+    def extends(self, judgement: CanaryJudgement) -> bool:
+        return judgement.action in REPEATING_ACTIONS and (
+            judgement.step_index,
+            judgement.verdict,
+            judgement.action,
+        ) == (self.last.step_index, self.last.verdict, self.last.action)
+
+
+def timeline(judgements_oldest_first: Iterable[CanaryJudgement]) -> list[TimelineRow]:
+    """The judgements with each run of repeats collapsed, oldest first."""
+    rows: list[TimelineRow] = []
+    for judgement in judgements_oldest_first:
+        if rows and rows[-1].extends(judgement):
+            rows[-1].last, rows[-1].count = judgement, rows[-1].count + 1
+        else:
+            rows.append(TimelineRow(judgement, judgement))
+    return rows
 
 
 def canary_audit(canary: CanarySplit) -> QuerySet[AuditEvent]:

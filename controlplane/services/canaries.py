@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 import math
+from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
@@ -24,6 +29,19 @@ DEFAULT_GUARDRAILS: dict[str, float] = {
     "effect_tolerance": 0.10,  # accepted relative worsening of the candidate's median
     "max_failures": 2,  # failed steps tolerated before automatic rollback
     "step_seconds": 60,  # minimum time at a step before it is judged
+    "max_wait_seconds": 600,  # longest a step waits for min_samples at the measured rates
+}
+# Upper bounds: beyond them a value is a typo, and some (step_seconds 1e14) overflow the
+# judge's date arithmetic.
+GUARDRAIL_LIMITS: dict[str, float] = {
+    "max_error_rate": 1,
+    "max_hotspot_fallback_rate": 1,
+    "min_samples": 100_000,
+    "p_value": 1,
+    "effect_tolerance": 100,
+    "max_failures": 1_000,
+    "step_seconds": 86_400,
+    "max_wait_seconds": 7 * 86_400,
 }
 GUARDRAIL_HELP: dict[str, str] = {
     "max_error_rate": "hard guard: highest share of the candidate's requests that may fail "
@@ -37,6 +55,9 @@ GUARDRAIL_HELP: dict[str, str] = {
     "(0.10 = 10%)",
     "max_failures": "failed steps tolerated before automatic rollback",
     "step_seconds": "minimum time at a weight step before it is judged, seconds",
+    "max_wait_seconds": "longest a step may wait for min_samples, seconds from its start: "
+    "while the arms' measured sample rates say min_samples arrives within it the judge waits; "
+    "past it the canary pauses for the operator",
 }
 TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
     # action: (states it may start from, resulting state)
@@ -95,8 +116,43 @@ def _validate_steps(steps: list[float]) -> list[float]:
     return [float(s) for s in steps]
 
 
-def _validate_guardrails(guardrails: dict[str, Any] | None) -> dict[str, float]:
-    merged = dict(DEFAULT_GUARDRAILS)
+DEFAULT_WEIGHT_STEPS: list[float] = [10, 25, 50]
+DEFAULTS_SETTING = "SWITCHYARD_CANARY_DEFAULTS"
+
+
+@dataclass(frozen=True)
+class CanaryDefaults:
+    """What a canary gets for what its creator leaves out: the built-in values, overridden
+    by this deployment's ``SWITCHYARD_CANARY_DEFAULTS`` (a demo serving one request a
+    second needs fewer samples per step than a production fleet)."""
+
+    guardrails: dict[str, float]
+    weight_steps: list[float]
+
+
+@functools.cache
+def site_defaults() -> CanaryDefaults:
+    raw = getattr(settings, DEFAULTS_SETTING, "") or "{}"
+    try:
+        given = json.loads(raw)
+    except ValueError as error:
+        raise ImproperlyConfigured(f"{DEFAULTS_SETTING} is not JSON: {error}") from None
+    if not isinstance(given, dict):
+        raise ImproperlyConfigured(f"{DEFAULTS_SETTING} must be a JSON object, got {raw!r}")
+    steps = given.pop("weight_steps", DEFAULT_WEIGHT_STEPS)
+    try:
+        return CanaryDefaults(
+            guardrails=_validate_guardrails(given, DEFAULT_GUARDRAILS),
+            weight_steps=_validate_steps(steps),
+        )
+    except ServiceError as error:
+        raise ImproperlyConfigured(f"{DEFAULTS_SETTING}: {error.message}") from None
+
+
+def _validate_guardrails(
+    guardrails: dict[str, Any] | None, base: dict[str, float] | None = None
+) -> dict[str, float]:
+    merged = dict(site_defaults().guardrails if base is None else base)
     for key, value in (guardrails or {}).items():
         if key not in DEFAULT_GUARDRAILS:
             raise ServiceError(
@@ -113,8 +169,26 @@ def _validate_guardrails(guardrails: dict[str, Any] | None) -> dict[str, float]:
                 f"guardrails.{key}: must be a finite number ≥ 0 (got {value!r})",
                 f"guardrails.{key}",
             )
+        if value > GUARDRAIL_LIMITS[key]:
+            raise ServiceError(
+                f"guardrails.{key}: must be at most {GUARDRAIL_LIMITS[key]:g} (got {value!r})",
+                f"guardrails.{key}",
+            )
         merged[key] = value
+    if merged["max_wait_seconds"] < merged["step_seconds"]:
+        raise ServiceError(
+            "guardrails.max_wait_seconds: must be at least step_seconds "
+            f"({merged['step_seconds']:g}): a step is never judged before step_seconds",
+            "guardrails.max_wait_seconds",
+        )
     return merged
+
+
+def guardrails_of(canary: CanarySplit) -> dict[str, float]:
+    """The canary's guardrails, with the built-in defaults for any it was created without
+    (``max_wait_seconds`` came later)."""
+    stored = canary.guardrails if isinstance(canary.guardrails, dict) else {}
+    return {**DEFAULT_GUARDRAILS, **stored}
 
 
 @transaction.atomic
@@ -127,7 +201,7 @@ def create_canary(
     candidate_policy_id: int,
     baseline_instances: list[str],
     candidate_instances: list[str],
-    weight_steps: list[float],
+    weight_steps: list[float] | None = None,
     guardrails: dict[str, Any] | None = None,
     assignment_key: str = "session",
     reason: str,
@@ -157,7 +231,9 @@ def create_canary(
         candidate_policy=policies[candidate_policy_id],
         baseline_instances=baseline_instances,
         candidate_instances=candidate_instances,
-        weight_steps=_validate_steps(weight_steps),
+        weight_steps=_validate_steps(
+            site_defaults().weight_steps if weight_steps is None else weight_steps
+        ),
         guardrails=_validate_guardrails(guardrails),
         assignment_key=assignment_key,
     )

@@ -108,8 +108,6 @@ def _seed_canary(cluster: Cluster, by_kind: dict, spec: DemoSpec) -> None:
         candidate_policy_id=by_kind["lmetric"].pk,
         baseline_instances=names[:half],
         candidate_instances=names[half:],
-        weight_steps=[25, 50],
-        guardrails={"step_seconds": 60, "min_samples": 30},
         reason=REASON,
     )
     assert cluster.canaries.filter(state=CanarySplit.State.DRAFT).exists()

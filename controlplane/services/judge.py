@@ -11,13 +11,18 @@ size tolerance on the relative change of medians:
 
 Pass advances the weight step (promotes after the last); fail counts against
 `max_failures` and rolls back past it; inconclusive pauses for the operator. Halt (too few
-samples) waits at the current weight while samples accumulate, and pauses for the operator
-once the step has run `HALT_PATIENCE` times its length without enough data. Every
-judgement is stored with its evidence; every action that changes the canary is audited.
+samples) waits at the current weight while the arms' measured sample rates say
+`min_samples` arrives within `max_wait_seconds` of the step's start, and pauses for the
+operator, with the rates and the projection, once they say it cannot. Every judgement is
+stored with its evidence; every action that changes the canary is audited. One canary the
+judge cannot judge (a service error, a record it cannot read) is reported and skipped; the
+others are still judged.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -31,10 +36,12 @@ from engine_interface import percentile
 from . import canaries
 from .audit import Actor
 
+log = logging.getLogger(__name__)
 JUDGE = Actor.system("canary-judge")
-# Steps without enough samples wait this many step lengths before pausing for a human.
-HALT_PATIENCE = 3
 ARMS = ("baseline", "candidate")
+# The smallest median the relative effect divides by: a baseline median of 0 (or below,
+# from a bad record) must not make every candidate look unchanged.
+MEDIAN_FLOOR_S = 1e-3
 
 
 @dataclass
@@ -98,7 +105,7 @@ def compare(
     if min(n_b, n_c) < max(guardrails["min_samples"], 1):
         return MetricTest(metric, n_b, n_c, None, None, None, None, "no_data")
     med_b, med_c = percentile(baseline, 50), percentile(candidate, 50)
-    effect = (med_c - med_b) / med_b if med_b > 0 else 0.0
+    effect = (med_c - med_b) / max(med_b, MEDIAN_FLOOR_S)
     p_value = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
     worse = effect > guardrails["effect_tolerance"]
     if worse and p_value < guardrails["p_value"]:
@@ -113,10 +120,15 @@ def compare(
 GUARD_LABELS = {"error_rate": "error rate", "hotspot_fallback_rate": "hotspot fallback rate"}
 
 
+def usable_samples(sample: ArmSample) -> int:
+    """Samples an arm has for both tests (a request with one output token has no TPOT)."""
+    return min(len(sample.ttft_s), len(sample.tpot_s))
+
+
 def guards_of(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> list[Guard]:
     """The step's hard guards, each with its value, its limit and whether it held."""
     candidate = samples["candidate"]
-    fewest = min(min(len(s.ttft_s), len(s.tpot_s)) for s in samples.values())
+    fewest = min(usable_samples(s) for s in samples.values())
     guards = [
         Guard(
             "min_samples",
@@ -201,12 +213,121 @@ def step_samples(canary: CanarySplit) -> dict[str, ArmSample]:
     return samples
 
 
+@dataclass
+class Patience:
+    """When a halted step is expected to have ``min_samples`` per arm, at the sample rates
+    each arm has shown since the step started."""
+
+    step_age_s: float
+    max_wait_s: float
+    samples: dict[str, int]
+    rates_per_s: dict[str, float]
+    expected_in_s: float | None  # None: an arm short of samples has none, so no rate
+
+    @property
+    def wait(self) -> bool:
+        return (
+            self.expected_in_s is not None
+            and self.step_age_s + self.expected_in_s <= self.max_wait_s
+        )
+
+    def explain(self, min_samples: float) -> str:
+        counts = ", ".join(
+            f"{arm} {n} ({self.rates_per_s[arm]:.2f}/s)" for arm, n in self.samples.items()
+        )
+        seen = f"after {self.step_age_s:.0f} s: {counts}"
+        if self.expected_in_s is None:
+            empty = [arm for arm, n in self.samples.items() if n == 0]
+            return f"{seen}; no samples on the {' and '.join(empty)} arm, so none expected"
+        when = f"{min_samples:g} per arm expected in about {self.expected_in_s:.0f} s"
+        if self.wait:
+            return f"{seen}; {when} at these rates"
+        return (
+            f"{seen}; at these rates {when}, past max_wait_seconds {self.max_wait_s:g} "
+            "from the step's start"
+        )
+
+
+def patience(
+    samples: dict[str, ArmSample], step_age_s: float, guardrails: dict[str, float]
+) -> Patience:
+    """Project, from each arm's samples so far, when every arm reaches ``min_samples``."""
+    counts = {arm: usable_samples(s) for arm, s in samples.items()}
+    age = max(step_age_s, 1e-9)
+    rates = {arm: n / age for arm, n in counts.items()}
+    need = guardrails["min_samples"]
+    etas = [
+        0.0 if n >= need else (need - n) / rates[arm] if n else math.inf
+        for arm, n in counts.items()
+    ]
+    expected = max(etas)
+    return Patience(
+        step_age_s=step_age_s,
+        max_wait_s=guardrails["max_wait_seconds"],
+        samples=counts,
+        rates_per_s=rates,
+        expected_in_s=expected if math.isfinite(expected) else None,
+    )
+
+
 def step_age(canary: CanarySplit) -> timedelta:
     return timezone.now() - (canary.step_started_at or canary.created_at)
 
 
 def due(canary: CanarySplit) -> bool:
-    return step_age(canary) >= timedelta(seconds=canary.guardrails["step_seconds"])
+    # Compared in float seconds: a timedelta of a stored huge step_seconds would overflow.
+    return step_age(canary).total_seconds() >= canaries.guardrails_of(canary)["step_seconds"]
+
+
+def expected_verdict(canary: CanarySplit) -> Patience | None:
+    """For a progressing canary's page: when its current step can be judged, at the
+    measured rates (None when the canary is not progressing)."""
+    if canary.state != CanarySplit.State.PROGRESSING:
+        return None
+    guardrails = canaries.guardrails_of(canary)
+    return patience(step_samples(canary), step_age(canary).total_seconds(), guardrails)
+
+
+@dataclass
+class JudgeRun:
+    """What one pass of the judge did: each progressing canary's verdict (None: not due),
+    and the canaries it could not judge, with why."""
+
+    verdicts: dict[int, str | None] = field(default_factory=dict)
+    skipped: dict[int, str] = field(default_factory=dict)
+
+
+def judge_progressing() -> JudgeRun:
+    """Judge every progressing canary, each on its own: one that raises is logged, recorded
+    as an ``error`` judgement on its timeline and skipped, and the others are still judged."""
+    run = JudgeRun()
+    ids = CanarySplit.objects.filter(state=CanarySplit.State.PROGRESSING).values_list(
+        "pk", flat=True
+    )
+    for canary_id in list(ids):
+        try:
+            judgement = judge_canary(canary_id)
+        except Exception as error:  # one canary must not stop the others
+            log.exception("canary %s could not be judged", canary_id)
+            run.skipped[canary_id] = f"{type(error).__name__}: {error}"[:500]
+            _record_error(canary_id, run.skipped[canary_id])
+            continue
+        run.verdicts[canary_id] = judgement.verdict if judgement else None
+    return run
+
+
+def _record_error(canary_id: int, reason: str) -> None:
+    try:
+        canary = CanarySplit.objects.get(pk=canary_id)
+        CanaryJudgement.objects.create(
+            canary=canary,
+            step_index=canary.step_index,
+            verdict="error",
+            action="skipped",
+            evidence={"verdict": "error", "reasons": [f"not judged: {reason}"]},
+        )
+    except Exception:  # already logged above; the run goes on
+        log.exception("could not record the judge's error on canary %s", canary_id)
 
 
 def judge_canary(canary_id: int) -> CanaryJudgement | None:
@@ -218,7 +339,12 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
         canary = canaries._locked_canary(canary_id)
         if canary.state != CanarySplit.State.PROGRESSING or not due(canary):
             return None
-        verdict = judge(step_samples(canary), canary.guardrails)
+        guardrails = canaries.guardrails_of(canary)
+        samples = step_samples(canary)
+        verdict = judge(samples, guardrails)
+        waiting = patience(samples, step_age(canary).total_seconds(), guardrails)
+        if verdict.verdict == "halt":
+            verdict.reasons.append(waiting.explain(guardrails["min_samples"]))
         # The step as it was judged: _act may move the canary to the next one.
         evidence = {
             **verdict.evidence(),
@@ -226,7 +352,9 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
             "candidate_weight": canary.candidate_weight,
             "step_started_at": (canary.step_started_at or canary.created_at).isoformat(),
         }
-        action = _act(canary, verdict, evidence)
+        if verdict.verdict == "halt":
+            evidence["patience"] = asdict(waiting)
+        action = _act(canary, verdict, evidence, waiting, guardrails)
         return CanaryJudgement.objects.create(
             canary=canary,
             step_index=evidence["step_index"],
@@ -236,7 +364,13 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
         )
 
 
-def _act(canary: CanarySplit, verdict: Verdict, evidence: dict[str, Any]) -> str:
+def _act(
+    canary: CanarySplit,
+    verdict: Verdict,
+    evidence: dict[str, Any],
+    waiting: Patience,
+    guardrails: dict[str, float],
+) -> str:
     reason = f"canary judge: {verdict.verdict}: {'; '.join(verdict.reasons)}"
     if verdict.verdict == "pass":
         if canary.step_index + 1 < len(canary.weight_steps):
@@ -246,12 +380,11 @@ def _act(canary: CanarySplit, verdict: Verdict, evidence: dict[str, Any]) -> str
         return "promote"
     if verdict.verdict == "fail":
         failures = canaries.count_failure(JUDGE, canary.pk, reason=reason, evidence=evidence)
-        if failures > canary.guardrails["max_failures"]:
+        if failures > guardrails["max_failures"]:
             canaries.transition(JUDGE, canary.pk, "rollback", reason=reason, evidence=evidence)
             return "rollback"
         return "retry"
-    patience = timedelta(seconds=HALT_PATIENCE * canary.guardrails["step_seconds"])
-    if verdict.verdict == "halt" and step_age(canary) < patience:
+    if verdict.verdict == "halt" and waiting.wait:
         return "wait"
     canaries.transition(JUDGE, canary.pk, "pause", reason=reason, evidence=evidence)
     return "pause"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from controlplane.models import CanarySplit, Cluster
+from controlplane.models import Cluster
 from controlplane.router_fleet import supervisor
 from controlplane.services import (
     ingest,
@@ -52,14 +52,9 @@ def ingest_metrics() -> dict[str, int]:
 
 
 @shared_task(name="switchyard.judge_canaries")
-def judge_canaries() -> dict[int, str | None]:
-    verdicts = {}
-    for canary_id in CanarySplit.objects.filter(state=CanarySplit.State.PROGRESSING).values_list(
-        "pk", flat=True
-    ):
-        judgement = judge.judge_canary(canary_id)
-        verdicts[canary_id] = judgement.verdict if judgement else None
-    return verdicts
+def judge_canaries() -> dict[str, dict]:
+    run = judge.judge_progressing()
+    return {"verdicts": run.verdicts, "skipped": run.skipped}
 
 
 @shared_task(name="switchyard.prune", **IDEMPOTENT)

@@ -58,6 +58,9 @@ def _context(
         "arms": [("baseline", baseline), ("candidate", candidate)],
         "instances": [(i, _arm(form, i.name, index)) for index, i in enumerate(instances)],
         "guardrails": _guardrails(form, field_errors(error) if error else {}),
+        "default_weight_steps": ", ".join(
+            f"{s:g}" for s in canary_service.site_defaults().weight_steps
+        ),
         "actions": {c.pk: _allowed_actions(c) for c in canaries},
     }
 
@@ -89,9 +92,10 @@ def _guardrails(form: QueryDict | None, errors: dict[str, str]) -> list[dict[str
             "default": default,
             "value": form.get(f"guard.{key}", "") if form is not None else default,
             "help": canary_service.GUARDRAIL_HELP.get(key, ""),
+            "limit": canary_service.GUARDRAIL_LIMITS[key],
             "error": errors.get(f"guardrails.{key}", ""),
         }
-        for key, default in canary_service.DEFAULT_GUARDRAILS.items()
+        for key, default in canary_service.site_defaults().guardrails.items()
     ]
 
 

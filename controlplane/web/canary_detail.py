@@ -8,7 +8,10 @@ from typing import Any
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 
-from controlplane.models import CanaryJudgement, CanarySplit
+from controlplane.models import CanarySplit
+from controlplane.selectors.canaries import TimelineRow
+from controlplane.services import canaries as canary_service
+from controlplane.services import judge
 from controlplane.services.errors import NotFound
 
 from . import reads
@@ -53,23 +56,47 @@ def canary_detail(request: HttpRequest, cluster_id: int, canary_id: int) -> Http
 
 def timeline_context(canary: CanarySplit) -> dict[str, Any]:
     newest = list(reads.judgements(canary.pk).reverse()[:TIMELINE_ROWS])
-    rows = [judgement_row(j) for j in newest]
+    rows = [judgement_row(r) for r in reversed(reads.timeline(reversed(newest)))]
     return {
         "rows": rows,
         "chart": chart_series(rows[::-1]),
         "truncated": len(newest) == TIMELINE_ROWS,
         "lifecycle": reads.canary_audit(canary),
         "polling": canary.state not in FINAL_STATES,
+        "expected": expected_view(canary),
     }
 
 
-def judgement_row(judgement: CanaryJudgement) -> dict[str, Any]:
-    """A judgement's evidence flattened for the table (tolerates older, thinner evidence)."""
+def expected_view(canary: CanarySplit) -> dict[str, Any] | None:
+    """When the current step's verdict is expected, at the arms' measured sample rates."""
+    waiting = judge.expected_verdict(canary)
+    if waiting is None:
+        return None
+    guardrails = canary_service.guardrails_of(canary)
+    until_due = max(0.0, guardrails["step_seconds"] - waiting.step_age_s)
+    rates = ", ".join(f"{arm} {rate:.2f}/s" for arm, rate in waiting.rates_per_s.items())
+    samples = ", ".join(f"{arm} {n}" for arm, n in waiting.samples.items())
+    return {
+        "in_s": None if waiting.expected_in_s is None else max(until_due, waiting.expected_in_s),
+        "reachable": waiting.wait or waiting.expected_in_s == 0,
+        "rates": rates,
+        "samples": samples,
+        "min_samples": guardrails["min_samples"],
+        "max_wait_s": guardrails["max_wait_seconds"],
+    }
+
+
+def judgement_row(row: TimelineRow) -> dict[str, Any]:
+    """A timeline row's newest evidence flattened for the table (tolerates older, thinner
+    evidence)."""
+    judgement = row.last
     evidence = judgement.evidence if isinstance(judgement.evidence, dict) else {}
     tests = {t.get("metric"): t for t in evidence.get("tests", []) if isinstance(t, dict)}
     arms = evidence.get("arms") or {}
     return {
         "judgement": judgement,
+        "first_at": row.first.at,
+        "count": row.count,
         "weight": evidence.get("candidate_weight"),
         "requests": " / ".join(
             _number((arms.get(arm) or {}).get("requests")) for arm in ("baseline", "candidate")

@@ -6,6 +6,7 @@ from controlplane.selectors.canaries import (
     canary_audit,
     canary_with_policies,
     judgements,
+    timeline,
 )
 from controlplane.selectors.clusters import cluster, clusters, instances, policies
 from controlplane.selectors.events import audit_events, hotspot_events
@@ -29,4 +30,5 @@ __all__ = [
     "replay",
     "replays",
     "routers",
+    "timeline",
 ]

@@ -37,7 +37,7 @@ def judge_step(canary_id: int, candidate_ttft: float, n: int) -> None:
 
 def test_judgements_accumulate_oldest_first_with_their_evidence(world, as_role) -> None:
     running = world["running"]
-    judge_step(running, candidate_ttft=0.5, n=5)  # too few samples: halt, wait
+    judge_step(running, candidate_ttft=0.5, n=30)  # too few samples: halt, wait
     judge_step(running, candidate_ttft=0.45, n=100)  # pass: advance to 50%
     response = as_role("viewer").get(f"/api/v1/canaries/{running}/judgements")
     assert response.status_code == 200, response.content
@@ -71,7 +71,7 @@ def test_judgements_accumulate_oldest_first_with_their_evidence(world, as_role) 
 def test_judgements_page_and_refuse_unknown_canaries(world, as_role) -> None:
     running = world["running"]
     for _ in range(3):
-        judge_step(running, candidate_ttft=0.5, n=5)
+        judge_step(running, candidate_ttft=0.5, n=30)
     client = as_role("viewer")
     page = client.get(f"/api/v1/canaries/{running}/judgements?limit=2&offset=2").json()
     assert page["count"] == 3 and len(page["items"]) == 1
@@ -82,3 +82,28 @@ def test_judgements_page_and_refuse_unknown_canaries(world, as_role) -> None:
         "items": [],
         "count": 0,
     }
+
+
+def test_the_timeline_collapses_a_run_of_halts_into_one_row(world, as_role) -> None:
+    """Three halts of step 1 while samples accumulate read as one row (count 3, its time
+    span); the pass that follows is a row of its own; /judgements still lists all four."""
+    running = world["running"]
+    for _ in range(3):
+        judge_step(running, candidate_ttft=0.5, n=30)
+    judge_step(running, candidate_ttft=0.45, n=100)
+    viewer = as_role("viewer")
+    assert viewer.get(f"/api/v1/canaries/{running}/judgements").json()["count"] == 4
+    response = viewer.get(f"/api/v1/canaries/{running}/timeline")
+    assert response.status_code == 200, response.content
+    halts, advanced = response.json()["items"]
+    assert (halts["verdict"], halts["action"], halts["count"]) == ("halt", "wait", 3)
+    assert halts["first_at"] < halts["last_at"] and halts["first_id"] < halts["last_id"]
+    assert halts["evidence"]["patience"]["samples"] == {"baseline": 30, "candidate": 30}
+    assert (advanced["action"], advanced["count"]) == ("advance", 1)
+
+
+def test_canary_defaults_are_served_with_their_limits(world, as_role) -> None:
+    body = as_role("viewer").get("/api/v1/canary-defaults").json()
+    assert body["weight_steps"] == [10, 25, 50]
+    assert body["guardrails"]["max_wait_seconds"]["default"] == 600
+    assert body["guardrails"]["step_seconds"]["limit"] == 86_400

@@ -147,7 +147,7 @@ def test_regression_past_the_failure_limit_rolls_back(running_canary):
 
 @pytest.mark.django_db
 def test_too_little_data_waits_at_the_current_weight(running_canary):
-    feed(running_canary, arm(0.5, n=10), arm(0.5, n=10))
+    feed(running_canary, arm(0.5, n=25), arm(0.5, n=25))
     judgement = judge_canary(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("halt", "wait")
@@ -171,7 +171,7 @@ def test_not_judged_before_the_step_has_run(running_canary):
 @pytest.mark.django_db
 def test_every_judgement_is_kept_with_its_evidence(running_canary):
     """Wait, advance, promote: three rows, none overwritten, each with what it rested on."""
-    feed(running_canary, arm(0.5, n=10), arm(0.5, n=10))
+    feed(running_canary, arm(0.5, n=25), arm(0.5, n=25))
     judge_canary(running_canary.pk)
     faster = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
     feed(running_canary, arm(0.5), arm(errors=1, **faster))
@@ -189,7 +189,7 @@ def test_every_judgement_is_kept_with_its_evidence(running_canary):
     ]
     assert [j.evidence["candidate_weight"] for j in rows] == [10, 10, 50]
     halted, advanced, promoted = (j.evidence for j in rows)
-    assert halted["arms"]["candidate"]["requests"] == 10
+    assert halted["arms"]["candidate"]["requests"] == 25
     assert {g["name"]: g["passed"] for g in halted["guards"]} == {
         "min_samples": False,
         "error_rate": True,
@@ -213,3 +213,142 @@ def test_every_judgement_is_kept_with_its_evidence(running_canary):
     assert 0.4 < ttft["median_baseline"] < 0.6 and 0.3 < ttft["median_candidate"] < 0.5
     assert ttft["effect"] < 0 and 0 <= ttft["p_value"] <= 1
     assert promoted["reasons"] == ["no regression beyond tolerance"]
+
+
+@pytest.mark.django_db
+def test_a_slow_arm_that_will_get_there_is_waited_for_then_promoted(running_canary):
+    """The demo's case: 42 candidate samples after 190 s of a 60 s step (3.2 step lengths),
+    50 needed. The measured rate (0.22/s) brings the rest in about 36 s, well inside
+    max_wait_seconds, so the judge waits (a fixed three step lengths paused here), and
+    promotes once the samples are in."""
+    CanarySplit.objects.filter(pk=running_canary.pk).update(weight_steps=[25])
+    feed(running_canary, arm(0.5, n=130), arm(0.5, n=42), step_age=timedelta(seconds=190))
+    judgement = judge_canary(running_canary.pk)
+    assert (judgement.verdict, judgement.action) == ("halt", "wait")
+    waiting = judgement.evidence["patience"]
+    assert waiting["samples"] == {"baseline": 130, "candidate": 42}
+    assert 30 < waiting["expected_in_s"] < 40  # 8 more at 42 / 190 s
+    assert "expected in about 36 s" in judgement.evidence["reasons"][-1]
+
+    faster = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
+    feed(running_canary, arm(0.5, n=140), arm(n=52, **faster), step_age=timedelta(seconds=230))
+    assert judge_canary(running_canary.pk).action == "promote"
+    running_canary.refresh_from_db()
+    assert running_canary.state == "promoted"
+
+
+@pytest.mark.django_db
+def test_an_arm_too_slow_to_get_there_pauses_with_the_numbers(running_canary):
+    """5 samples in 190 s: 45 more would take about 1,700 s, past max_wait_seconds (600)."""
+    feed(running_canary, arm(0.5, n=130), arm(0.5, n=5), step_age=timedelta(seconds=190))
+    judgement = judge_canary(running_canary.pk)
+    assert (judgement.verdict, judgement.action) == ("halt", "pause")
+    reason = judgement.evidence["reasons"][-1]
+    assert "candidate 5 (0.03/s)" in reason and "past max_wait_seconds 600" in reason
+    running_canary.refresh_from_db()
+    assert running_canary.state == "paused"
+    pause = AuditEvent.objects.get(action="canary.pause")
+    assert "past max_wait_seconds 600" in pause.reason
+
+
+@pytest.mark.django_db
+def test_a_baseline_median_of_zero_does_not_hide_a_slow_candidate(running_canary):
+    """A zero baseline median made the effect 0, so a 30 s candidate passed."""
+    zero = ArmSample(requests=200, ttft_s=[0.0] * 200, tpot_s=[0.0] * 200)
+    slow = ArmSample(requests=200, ttft_s=[30.0] * 200, tpot_s=[0.02] * 200)
+    verdict = judge({"baseline": zero, "candidate": slow}, DEFAULT_GUARDRAILS)
+    assert verdict.verdict == "fail"
+    assert next(t for t in verdict.tests if t.metric == "ttft").effect > 1000
+
+
+@pytest.mark.django_db
+def test_one_canary_the_judge_cannot_judge_does_not_stop_the_others(running_canary):
+    """A step_seconds stored before it was bounded (1e14) overflowed the judge's date
+    arithmetic, and any error stopped the pass: the canaries after it were never judged.
+    The judge now reads such a step as not due, and records any other error on the canary's
+    own timeline and goes on."""
+    from controlplane.services.judge import judge_progressing
+
+    admin = Actor.system("test")
+    other = clusters.create_cluster(admin, name="judge-2", model="m", gpu_type="h20")
+    for i in range(2):
+        clusters.add_instance(
+            admin, other.pk, name=f"i{i}", url=f"http://127.0.0.1:{9200 + i}", reason="setup"
+        )
+    base = policies.create_policy(admin, other.pk, name="rr", kind="round_robin")
+    cand = policies.create_policy(admin, other.pk, name="lm", kind="lmetric")
+    policies.activate_policy(admin, other.pk, base.pk, reason="setup")
+    broken = canaries.create_canary(
+        admin,
+        other.pk,
+        name="broken",
+        baseline_policy_id=base.pk,
+        candidate_policy_id=cand.pk,
+        baseline_instances=["i0"],
+        candidate_instances=["i1"],
+        weight_steps=[10],
+        reason="setup",
+    )
+    canaries.transition(admin, broken.pk, "start", reason="go")
+    # Guardrails as an older release or a hand edit left them: a step_seconds of 1e14
+    # (overflowed the step's timedelta) and a min_samples that is not a number (raises
+    # inside the judgement).
+    CanarySplit.objects.filter(pk=broken.pk).update(
+        guardrails={**broken.guardrails, "step_seconds": 1e14},
+        step_started_at=timezone.now() - timedelta(days=400_000),
+    )
+    feed(running_canary, arm(0.5), arm(0.5))
+    assert judge_progressing().verdicts == {running_canary.pk: "pass", broken.pk: None}
+
+    CanarySplit.objects.filter(pk=broken.pk).update(
+        guardrails={**broken.guardrails, "min_samples": "lots"}
+    )
+    CanarySplit.objects.filter(pk=running_canary.pk).update(step_index=0)
+    feed(running_canary, arm(0.5), arm(0.5))
+    run = judge_progressing()
+    assert run.verdicts == {running_canary.pk: "pass"}
+    assert list(run.skipped) == [broken.pk]
+    error = broken.judgements.get()
+    assert (error.verdict, error.action) == ("error", "skipped")
+    assert "not judged" in error.evidence["reasons"][0]
+
+
+@pytest.mark.django_db
+def test_guardrails_beyond_their_limits_are_refused(running_canary):
+    from controlplane.services.errors import ServiceError
+
+    for key, value in (
+        ("step_seconds", 1e14),
+        ("max_wait_seconds", 1e9),
+        ("p_value", 2),
+        ("max_error_rate", 1.5),
+        ("max_wait_seconds", 30),  # below step_seconds (60): never judged before it
+    ):
+        with pytest.raises(ServiceError) as refused:
+            canaries._validate_guardrails({key: value})
+        assert refused.value.field == f"guardrails.{key}"
+
+
+def test_consecutive_halts_of_a_step_collapse_into_one_timeline_row():
+    from controlplane.models import CanaryJudgement
+    from controlplane.selectors.canaries import timeline
+
+    def j(step: int, verdict: str, action: str) -> CanaryJudgement:
+        return CanaryJudgement(step_index=step, verdict=verdict, action=action)
+
+    rows = timeline(
+        [j(0, "halt", "wait")] * 12
+        + [j(0, "halt", "pause")]
+        + [j(0, "halt", "wait")] * 2
+        + [j(0, "pass", "advance"), j(1, "halt", "wait"), j(1, "fail", "retry")]
+        + [j(1, "fail", "retry")]
+    )
+    assert [(r.last.verdict, r.last.action, r.count) for r in rows] == [
+        ("halt", "wait", 12),
+        ("halt", "pause", 1),
+        ("halt", "wait", 2),
+        ("pass", "advance", 1),
+        ("halt", "wait", 1),
+        ("fail", "retry", 1),
+        ("fail", "retry", 1),
+    ]

@@ -3,6 +3,7 @@ its evidence, appearing while the canary runs and still there after it ended."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -59,7 +60,9 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         reason="try rr",
     )
     canaries.transition(SYSTEM, canary.pk, "start", reason="go")
-    assert judge_step(canary.pk, candidate_ttft=0.5, n=5) == "wait"
+    # Two halts while samples accumulate: one row, counted.
+    assert judge_step(canary.pk, candidate_ttft=0.5, n=30) == "wait"
+    assert judge_step(canary.pk, candidate_ttft=0.5, n=30) == "wait"
 
     page = login(browser, asgi_server.url, "viewer", bypass_csp=False)
     refused: list[str] = []
@@ -74,7 +77,14 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         page.click("[data-testid=canary-link]")
         page.wait_for_url(f"**/clusters/{cluster.pk}/canary/{canary.pk}/")
         halted = page.locator("tr[data-verdict=halt]")
-        assert halted.locator("[data-field=requests]").inner_text() == "5 / 5"
+        assert halted.get_attribute("data-count") == "2"
+        assert "× 2" in halted.locator("[data-field=time]").inner_text()
+        assert halted.locator("[data-field=requests]").inner_text() == "30 / 30"
+        # 30 of 50 samples per arm in 120 s: 20 more in about 80 s at that rate.
+        expected = page.locator("[data-testid=verdict-expected]")
+        assert expected.get_attribute("data-reachable") == "true"
+        shown = re.search(r"Verdict expected in about (\d+) s", expected.inner_text())
+        assert shown and 80 <= int(shown[1]) <= 100, expected.inner_text()  # page a bit later
         assert halted.locator("[data-guard=min_samples]").get_attribute("data-passed") == "false"
         assert "too few samples" in halted.locator("[data-field=reason]").inner_text()
         assert page.locator("[data-testid=canary-state]").inner_text() == "progressing"
@@ -98,6 +108,7 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         page.wait_for_selector("#canary-timeline[data-state=promoted]")
         assert page.locator("#canary-timeline").get_attribute("hx-trigger") is None
         assert page.locator("[data-testid=judgements] tr[data-judgement]").count() == 3
+        assert page.locator("[data-testid=verdict-expected]").count() == 0
         assert page.locator("tr[data-action=promote] [data-field=step]").inner_text() == "2 · 50%"
 
         # After the end the page is reached from the audit row of the promotion.

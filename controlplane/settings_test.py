@@ -7,6 +7,9 @@ os.environ.setdefault("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/9")
 os.environ.setdefault("SWITCHYARD_CHANNEL_PREFIX", "switchyard-test:asgi")
 # A fixed key for tests only (production settings refuse to start without one).
 os.environ.setdefault("SWITCHYARD_SECRET_KEY", "switchyard-test-only-secret-key-never-deploy")
+# The machine's Redis is shared: supervised routers in tests get no ACL users there (the
+# drills, on their own redis-server, run with them).
+os.environ.setdefault("SWITCHYARD_ROUTER_REDIS_ACL", "off")
 
 from .settings import *  # noqa: F403
 

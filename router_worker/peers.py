@@ -76,6 +76,7 @@ from router_worker.routing.peer_accounting import (
     apply_peer_end,
     apply_peer_first_token,
 )
+from router_worker.telemetry_contract import peers_channel
 
 log = logging.getLogger("router_worker.peers")
 
@@ -105,7 +106,7 @@ KINDS = ("dispatch", "first_token", "end")
 
 
 def channel_for(cluster: str) -> str:
-    return CHANNEL_PREFIX + cluster
+    return peers_channel(cluster)
 
 
 class PeerMessageError(ValueError):

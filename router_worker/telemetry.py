@@ -286,17 +286,23 @@ class Telemetry:
         if self._dropped_unreported:
             count, self._dropped_unreported = self._dropped_unreported, 0
             self.event("events_dropped", count=count)
-        await self._flush_queue(redis, self._events, contract.EVENTS_STREAM)
-        await self._flush_queue(redis, self._records, contract.METRICS_STREAM)
+        await self._flush_queue(redis, self._events, contract.events_stream)
+        await self._flush_queue(redis, self._records, contract.metrics_stream)
         await self._flush_decisions(redis)
 
-    async def _flush_queue(self, redis: Any, queue: deque[Any], stream: str) -> None:
+    async def _flush_queue(
+        self, redis: Any, queue: deque[Any], stream_of: Callable[[str], str]
+    ) -> None:
+        """Each item to its cluster's stream (the only one this router may write)."""
         while queue:
             batch = [queue[i] for i in range(min(FLUSH_BATCH, len(queue)))]
             pipe = redis.pipeline(transaction=False)
             for item in batch:
                 pipe.xadd(
-                    stream, item.to_stream_fields(), maxlen=contract.STREAM_MAXLEN, approximate=True
+                    stream_of(item.cluster),
+                    item.to_stream_fields(),
+                    maxlen=contract.STREAM_MAXLEN,
+                    approximate=True,
                 )
             await pipe.execute()
             for _ in batch:  # only what Redis accepted leaves the buffer

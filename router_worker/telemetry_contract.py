@@ -10,12 +10,20 @@ Keys
 * ``state_key(cluster, router)``: the router's latest state snapshot (a JSON string,
   `StateSnapshot`), rewritten every `STATE_INTERVAL_S` with a TTL of `STATE_TTL_S`, so a dead
   router's state disappears by itself.
-* ``EVENTS_STREAM``: one Redis stream for every cluster; each entry has one field ``data``
-  holding a `RouterEvent` as JSON. Events carry a unique ``id`` assigned by the router, so
-  ingest is idempotent however often an entry is delivered.
-* ``METRICS_STREAM``: per-router request metrics every `METRICS_INTERVAL_S`
+* ``events_stream(cluster)``: the cluster's Redis stream of events; each entry has one
+  field ``data`` holding a `RouterEvent` as JSON. Events carry a unique ``id`` assigned by
+  the router, so ingest is idempotent however often an entry is delivered.
+* ``metrics_stream(cluster)``: per-router request metrics every `METRICS_INTERVAL_S`
   (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
+* ``EVENTS_STREAM``, ``METRICS_STREAM``: the same for every cluster at once, as routers
+  wrote them before each cluster had its own. The control plane still reads them; a router
+  with its own Redis identity (below) cannot write them.
 * ``CONFIG_CHANNEL``: pub/sub, control plane → routers: a cluster has a new config version.
+* ``peers_channel(cluster)``: pub/sub between the cluster's routers (router_worker/peers.py).
+
+Every key and channel a router writes is its cluster's, so a Redis ACL confines it:
+`router_acl_rules` is what a router of one cluster may do (its own state key, its cluster's
+streams and peer channel; listening, never publishing, on ``CONFIG_CHANNEL``).
 * ``decisions_stream(cluster)``: a sample of the cluster's recent routing decisions
   (`DecisionRecord`, field ``data``), for the live view. Capped at
   `DECISIONS_STREAM_MAXLEN` entries and expiring `DECISIONS_STREAM_TTL_S` after the last
@@ -79,6 +87,51 @@ def state_pattern(cluster: str) -> str:
 
 def decisions_stream(cluster: str) -> str:
     return f"switchyard:decisions:{cluster}"
+
+
+def events_stream(cluster: str) -> str:
+    return f"{EVENTS_STREAM}:{cluster}"
+
+
+def metrics_stream(cluster: str) -> str:
+    return f"{METRICS_STREAM}:{cluster}"
+
+
+def peers_channel(cluster: str) -> str:
+    return f"switchyard:peers:{cluster}"
+
+
+# What a router may run: write its telemetry, publish to and listen on its peers.
+ROUTER_COMMANDS = (
+    "+ping",
+    "+select",
+    "+client|setname",
+    "+set",
+    "+expire",
+    "+xadd",
+    "+publish",
+    "+subscribe",
+    "+unsubscribe",
+)
+
+
+def router_acl_rules(cluster: str, router: str) -> list[str]:
+    """ACL SETUSER rules (after the user's password) for a router of ``cluster`` named
+    ``router``. Names are slugs, so they hold no glob characters. The selector in
+    parentheses lets it subscribe to the config notices without being able to publish
+    them (a channel pattern alone would allow both)."""
+    return [
+        "resetkeys",
+        "resetchannels",
+        "-@all",
+        *ROUTER_COMMANDS,
+        f"~{state_key(cluster, router)}",
+        f"~{events_stream(cluster)}",
+        f"~{metrics_stream(cluster)}",
+        f"~{decisions_stream(cluster)}",
+        f"&{peers_channel(cluster)}",
+        f"(+subscribe +unsubscribe &{CONFIG_CHANNEL})",
+    ]
 
 
 class _Record(BaseModel):

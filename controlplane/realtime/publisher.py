@@ -9,10 +9,11 @@ the last send, so browsers get at most one snapshot per tick. Once a tick has pa
 goes out at the first poll that sees a fresh router write (or after two ticks at most):
 sends lock onto writes, so what is sent is at most one poll old. Keys are rediscovered
 with SCAN every `scan_s`.
-Events: XREAD on the events stream with the publisher's own cursor (not the ingest consumer
-group). Config: the `switchyard:config` pub/sub channel. Sampled routing decisions: XREAD
-on every cluster's decision stream, at most once per tick, so each cluster's dashboards get
-at most one `decisions` message per tick (newest first, at most `DECISIONS_SHOWN`).
+Events: XREAD on the events streams (each cluster's, and the one shared by all) with the
+publisher's own cursors (not the ingest consumer group). Config: the `switchyard:config`
+pub/sub channel. Sampled routing decisions: XREAD on every cluster's decision stream, at
+most once per tick, so each cluster's dashboards get at most one `decisions` message per
+tick (newest first, at most `DECISIONS_SHOWN`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     RouterEvent,
     decisions_stream,
+    events_stream,
     state_pattern,
 )
 
@@ -75,6 +77,7 @@ class ClusterFeed:
     polled: tuple[tuple[str, float], ...] = ()  # router timestamps at the last poll
     last_sent: float = 0.0
     decisions_cursor: bytes | str | None = None  # last decision-stream entry forwarded
+    events_cursor: bytes | str | None = None  # last entry forwarded of its events stream
     # state key -> hash of the malformed value last counted there: a bad value is counted
     # (and parsed) once, not at every poll while it stays
     rejected: dict[bytes, int] = field(default_factory=dict)
@@ -233,14 +236,26 @@ class Publisher:
         return fresh or since_last >= 2 * self.settings.interval_s
 
     async def _events_loop(self) -> None:
+        """The stream shared by every cluster and each cluster's own (where an event of
+        another cluster is skipped: routers writing there speak for theirs only)."""
         if self.cursor is None:
             self.cursor = await self._stream_tail()
         while True:
-            batches = await self.client.xread({EVENTS_STREAM: self.cursor}, count=200, block=1000)
-            for _stream, entries in batches or []:
+            feeds = {events_stream(feed.name): feed for feed in list(self.feeds.values())}
+            for stream, feed in feeds.items():
+                if feed.events_cursor is None:
+                    feed.events_cursor = await self._stream_tail(stream)
+            cursors = {EVENTS_STREAM: self.cursor}
+            cursors.update({stream: feed.events_cursor for stream, feed in feeds.items()})
+            batches = await self.client.xread(cursors, count=200, block=1000)
+            for stream, entries in batches or []:
+                own = feeds.get(stream.decode() if isinstance(stream, bytes) else stream)
                 for entry_id, fields in entries:
-                    self.cursor = entry_id
-                    await self.forward_event(fields)
+                    if own is None:
+                        self.cursor = entry_id
+                    else:
+                        own.events_cursor = entry_id
+                    await self.forward_event(fields, None if own is None else own.name)
 
     async def _stream_tail(self, stream: str = EVENTS_STREAM) -> bytes | str:
         last = await self.client.xrevrange(stream, count=1)
@@ -271,14 +286,16 @@ class Publisher:
                     group_name(feed.cluster_id), decisions_message(decisions, feed.cluster_id)
                 )
 
-    async def forward_event(self, fields: dict) -> None:
+    async def forward_event(self, fields: dict, only: str | None = None) -> None:
         try:  # ingest quarantines and counts what is malformed: only skipped here
             event = records.parse(RouterEvent, records.stream_data(fields))
         except records.BadRecord as error:
             log.warning("skipping malformed router event: %s", error)
             return
         feed = self.feeds.get(event.cluster)
-        if feed is not None and event.kind in FORWARDED_EVENTS:
+        if only is not None and event.cluster != only:
+            log.warning("skipping an event of %r in the stream of %r", event.cluster[:80], only)
+        elif feed is not None and event.kind in FORWARDED_EVENTS:
             await self.send(group_name(feed.cluster_id), event_message(event, feed.cluster_id))
 
     async def _config_loop(self) -> None:

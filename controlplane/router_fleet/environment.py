@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import os
 
-from router_worker.telemetry_contract import REDIS_URL_ENV, ROUTER_TOKEN_ENV
+from router_worker.telemetry_contract import (
+    PEER_KEY_ENV,
+    PEER_KEY_PREVIOUS_ENV,
+    REDIS_URL_ENV,
+    ROUTER_TOKEN_ENV,
+)
 
 # Process basics (finding Python and our code, locale, time zone, scratch space) and the
 # router's own settings (see router_worker/cli.py for what it reads).
@@ -28,8 +33,12 @@ PASSED_THROUGH = (
 )
 
 
-def router_environment(token: str, redis_url: str) -> dict[str, str]:
-    """The whole environment of a router spawned with `token`, reporting to `redis_url`."""
+def router_environment(
+    token: str, redis_url: str, peer_keys: tuple[str, tuple[str, ...]] | None = None
+) -> dict[str, str]:
+    """The whole environment of a router spawned with `token`, reporting to `redis_url`
+    (with its own credentials when it has a Redis identity), signing replica sync with
+    the first of `peer_keys` and accepting the others."""
     env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
     env.update(
         {
@@ -38,4 +47,9 @@ def router_environment(token: str, redis_url: str) -> dict[str, str]:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    if peer_keys is not None:
+        current, previous = peer_keys
+        env[PEER_KEY_ENV] = current
+        if previous:
+            env[PEER_KEY_PREVIOUS_ENV] = ",".join(previous)
     return env

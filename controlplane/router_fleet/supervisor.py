@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import redis
 from django.conf import settings
 from django.db import close_old_connections, connections
 
 from controlplane.models import RouterDeployment
+from controlplane.router_fleet import identity
 from controlplane.router_fleet.environment import router_environment
 from controlplane.services import supervision
 
@@ -39,6 +41,8 @@ BACKOFF_MAX_S = 30.0
 STABLE_AFTER_S = 60.0
 # A router that answers no HTTP request on its port within this long is hung.
 RESPONSIVE_TIMEOUT_S = 3.0
+# How often the routers' Redis users are checked (and made again if Redis lost them).
+REDIS_USERS_CHECK_S = 5.0
 
 
 @dataclass
@@ -48,6 +52,7 @@ class RouterProcess:
     started_at: float
     log_path: Path
     port: int = 0
+    redis_identity: identity.RedisIdentity | None = None
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -102,6 +107,8 @@ class RouterSupervisor:
     _stop: threading.Event = field(default_factory=threading.Event)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
+    _redis: redis.Redis | None = None
+    _users_checked: float = 0.0
 
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -117,9 +124,10 @@ class RouterSupervisor:
             self._thread.join(timeout=10)
         with self._lock:
             for running in self.processes.values():
-                running.stop()
-                self._pidfile(running.router_id).unlink(missing_ok=True)
+                self._stop_process(running)
             self.processes.clear()
+        if self._redis is not None:
+            self._redis.close()
 
     def restart(self, router_id: int) -> bool:
         """Stop a router so the next pass starts it again (used for hung routers)."""
@@ -127,7 +135,7 @@ class RouterSupervisor:
             running = self.processes.pop(router_id, None)
         if running is None:
             return False
-        running.stop()
+        self._stop_process(running)
         supervision.record_router_exit(
             router_id, exit_code=running.process.returncode, restarting=True
         )
@@ -164,15 +172,37 @@ class RouterSupervisor:
             router.pk: router
             for router in RouterDeployment.objects.filter(
                 host=self.host, desired_state=RouterDeployment.Desired.RUNNING
-            )
+            ).select_related("cluster")
         }
         with self._lock:
             for router_id in [r for r in self.processes if r not in wanted]:
-                self.processes[router_id].stop()
+                self._stop_process(self.processes[router_id])
                 del self.processes[router_id]  # only once it has really stopped
-                self._pidfile(router_id).unlink(missing_ok=True)
             for router in wanted.values():
                 self._ensure_running(router)
+            self._check_redis_users()
+
+    def _stop_process(self, running: RouterProcess) -> None:
+        running.stop()
+        self._pidfile(running.router_id).unlink(missing_ok=True)
+        if running.redis_identity is not None:
+            identity.delete_user(self._redis_client(), running.redis_identity)
+
+    def _redis_client(self) -> redis.Redis:
+        if self._redis is None:
+            self._redis = redis.Redis.from_url(
+                settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0
+            )
+        return self._redis
+
+    def _check_redis_users(self) -> None:
+        now = time.monotonic()
+        if now - self._users_checked < REDIS_USERS_CHECK_S:
+            return
+        self._users_checked = now
+        identities = [p.redis_identity for p in self.processes.values() if p.redis_identity]
+        if identities:
+            identity.ensure_users(self._redis_client(), identities)
 
     def _ensure_running(self, router: RouterDeployment) -> None:
         now = time.monotonic()
@@ -182,6 +212,8 @@ class RouterSupervisor:
         backoff = self.backoff.setdefault(router.pk, Backoff())
         if running is not None:  # crashed
             del self.processes[router.pk]
+            if running.redis_identity is not None:
+                identity.delete_user(self._redis_client(), running.redis_identity)
             backoff.failed(now, now - running.started_at)
             supervision.record_router_exit(
                 router.pk, exit_code=running.process.returncode, restarting=True
@@ -198,7 +230,12 @@ class RouterSupervisor:
 
     def _spawn(self, router: RouterDeployment) -> RouterProcess:
         token = supervision.issue_router_token(router.pk)
-        env = router_environment(token, settings.REDIS_URL)
+        redis_url, redis_identity = settings.REDIS_URL, None
+        if settings.ROUTER_REDIS_ACL:
+            redis_identity = identity.new_identity(router.pk, router.cluster.name, router.name)
+            identity.ensure_user(self._redis_client(), redis_identity)
+            redis_url = redis_identity.url(settings.REDIS_URL)
+        env = router_environment(token, redis_url, identity.peer_keys(router.cluster_id))
         argv = [
             sys.executable,
             "-m",
@@ -223,7 +260,9 @@ class RouterSupervisor:
             )
         self._pidfile(router.pk).write_text(f"{process.pid}\n")
         log.info("started router %s (pid %d) on port %d", router, process.pid, router.port)
-        return RouterProcess(router.pk, process, time.monotonic(), log_path, router.port)
+        return RouterProcess(
+            router.pk, process, time.monotonic(), log_path, router.port, redis_identity
+        )
 
     def _pidfile(self, router_id: int) -> Path:
         return (self.pid_dir or self.log_dir) / f"router-{router_id}.pid"

@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from devharness import wait_until
-from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM, STREAM_MAXLEN
+from router_worker.telemetry_contract import STREAM_MAXLEN, events_stream, metrics_stream
 from tests.drills.clients import Load, steady
 from tests.drills.report import Outcome, record
 from tests.drills.stack import BIN, OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
@@ -277,8 +277,8 @@ def _sample(stack: Stack, pid: int, stop: threading.Event, rows: list[tuple]) ->
             (
                 time.monotonic() - started,
                 _rss_kib(pid),
-                client.xlen(EVENTS_STREAM),
-                client.xlen(METRICS_STREAM),
+                client.xlen(events_stream("drillcp")),  # the stack's cluster
+                client.xlen(metrics_stream("drillcp")),
             )
         )
     client.close()

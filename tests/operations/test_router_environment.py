@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
+from controlplane.router_fleet import identity
 from controlplane.router_fleet.supervisor import RouterSupervisor
 from devharness import free_port, wait_until
 from tests.operations.test_supervisor import router_answers
@@ -55,3 +56,6 @@ def test_router_process_environment_is_an_allowlist(monkeypatch, tmp_path: Path)
     assert environment["SWITCHYARD_ROUTER_TOKEN"].startswith("syr_")
     assert environment["SWITCHYARD_LOG_LEVEL"] == "DEBUG"  # the router's own settings pass
     assert environment["SWITCHYARD_REDIS_URL"]
+    # the cluster's replica-sync key, derived per cluster (never the secret key itself)
+    current, _ = identity.peer_keys(cluster.pk)
+    assert environment["SWITCHYARD_PEER_KEY"] == current != identity.peer_keys(cluster.pk + 1)[0]

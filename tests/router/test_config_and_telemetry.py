@@ -145,7 +145,7 @@ def test_drain_stops_new_requests_to_the_instance(fleet, router_factory):
 
 
 def _events(client: redis.Redis) -> list[contract.RouterEvent]:
-    entries = client.xrange(contract.EVENTS_STREAM)
+    entries = client.xrange(contract.events_stream("test"))
     return [contract.RouterEvent.from_stream_fields(fields) for _, fields in entries]
 
 
@@ -161,10 +161,10 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     body = {"model": MODEL, "prompt": "telemetry " * 40, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", router.url + "/v1/completions", json=body) as response:
         response.read()
-    wait_until(lambda: client.xlen(contract.METRICS_STREAM) > 0, 10, "metrics record")
+    wait_until(lambda: client.xlen(contract.metrics_stream("test")) > 0, 10, "metrics record")
     records = [
         contract.MetricsRecord.from_stream_fields(f)
-        for _, f in client.xrange(contract.METRICS_STREAM)
+        for _, f in client.xrange(contract.metrics_stream("test"))
     ]
     arms = [r.arms["default"] for r in records if "default" in r.arms]
     assert sum(a.requests for a in arms) == 1 and arms[0].policy == "lmetric"

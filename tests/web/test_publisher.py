@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 import uuid
 
 import pytest
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from controlplane.realtime.publisher import Publisher, PublisherSettings
+from controlplane.realtime.publisher import ClusterFeed, Publisher, PublisherSettings
 from controlplane.realtime.state import group_name
 from devharness import wait_until_async
-from router_worker.telemetry_contract import CONFIG_CHANNEL
+from router_worker.telemetry_contract import CONFIG_CHANNEL, RouterEvent, events_stream
 
 from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
 
@@ -135,3 +136,33 @@ async def test_malformed_state_is_skipped(setup) -> None:
     await publisher.publish_snapshots()
     (message,) = sent.of_type("snapshot")
     assert [r["router"] for r in message["routers"]] == ["r1"]
+
+
+async def test_events_of_a_clusters_own_stream_are_forwarded_for_that_cluster_only(setup) -> None:
+    """What routers with their own Redis identity write: the cluster's stream, where an
+    event naming another cluster is skipped."""
+    name, publisher, sent, client = setup
+    stream = events_stream(name)
+    publisher.feeds["elsewhere"] = ClusterFeed(43, "elsewhere")  # a cluster it also serves
+    task = asyncio.create_task(publisher._events_loop())
+    try:
+        feed = publisher.feeds[name]
+        await wait_until_async(lambda: feed.events_cursor is not None, 5, "its events cursor")
+        for cluster, transition in ((name, "suspected"), ("elsewhere", "confirmed")):
+            event = RouterEvent.new(
+                cluster, "r1", "hotspot", time.time(), **hotspot_payload(transition)
+            )
+            client.xadd(stream, event.to_stream_fields())
+        client.xadd(
+            stream,
+            RouterEvent.new(
+                name, "r1", "hotspot", time.time(), **hotspot_payload("cleared")
+            ).to_stream_fields(),
+        )
+        await wait_until_async(lambda: len(sent.of_type("event")) >= 2, 5, "events sent")
+    finally:
+        task.cancel()
+        client.delete(stream)
+    transitions = [m["event"]["payload"]["transition"] for m in sent.of_type("event")]
+    assert transitions == ["suspected", "cleared"]
+    assert all(group == group_name(42) for group, _ in sent.messages)

@@ -3,8 +3,9 @@
 Every model here is owned by a service (controlplane.services), which validates a change,
 writes its audit row and publishes the new configuration to the routers in one go. A raw
 admin save would skip all three, so the admin can look but not add, change or delete;
-changes go through the UI, the API or `manage.py` commands. Users and groups (Django's own
-admin, registered by django.contrib.auth) stay editable: roles are group memberships.
+changes go through the UI, the API or `manage.py` commands. Users and groups stay editable
+(roles are group memberships), and every change of a user's access made here (groups,
+superuser, staff, active; created, deleted) or of a role group is audited.
 The few admin actions that change state (drain or enable instances) call the services, as
 the UI and the API do.
 """
@@ -14,11 +15,15 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.db.models import QuerySet
+from django.forms import ModelForm
 from django.http import HttpRequest
 
 from controlplane import models
-from controlplane.services import clusters
+from controlplane.services import accounts, clusters
 from controlplane.services.audit import Actor
 from controlplane.services.errors import ServiceError
 from controlplane.services.roles import has_role
@@ -169,3 +174,52 @@ class ClientKeyAdmin(ServiceOwnedAdmin):
     list_display = ("name", "cluster", "prefix", "can_debug", "created_at", "revoked_at")
     list_filter = ("cluster", "can_debug")
     exclude = ("key_hash",)
+
+
+class AuditedUserAdmin(UserAdmin):
+    """Django's user admin, with an audit row for each change of a user's access."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: ModelForm, change: bool) -> None:
+        # groups are saved after the user (save_related): compare once both are stored
+        form.access_before = accounts.stored_access(obj.pk) if change else None
+        super().save_model(request, obj, form, change)
+
+    def save_related(
+        self, request: HttpRequest, form: ModelForm, formsets: Any, change: bool
+    ) -> None:
+        super().save_related(request, form, formsets, change)
+        before = getattr(form, "access_before", None)
+        accounts.record_user_change(Actor.of(request.user), form.instance, before)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        accounts.record_user_deleted(Actor.of(request.user), obj)
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for user in queryset:
+            accounts.record_user_deleted(Actor.of(request.user), user)
+        super().delete_queryset(request, queryset)
+
+
+class AuditedGroupAdmin(GroupAdmin):
+    """Renaming, creating or deleting a group named like a role changes its members' role."""
+
+    def save_model(self, request: HttpRequest, obj: Any, form: ModelForm, change: bool) -> None:
+        before = Group.objects.filter(pk=obj.pk).values_list("name", flat=True).first()
+        super().save_model(request, obj, form, change)
+        accounts.record_group_change(Actor.of(request.user), obj, before)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        accounts.record_group_change(Actor.of(request.user), obj, obj.name, deleted=True)
+        super().delete_model(request, obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet) -> None:
+        for group in queryset:
+            accounts.record_group_change(Actor.of(request.user), group, group.name, deleted=True)
+        super().delete_queryset(request, queryset)
+
+
+for _model, _admin in ((get_user_model(), AuditedUserAdmin), (Group, AuditedGroupAdmin)):
+    if admin.site.is_registered(_model):
+        admin.site.unregister(_model)
+    admin.site.register(_model, _admin)

@@ -116,3 +116,43 @@ def test_users_and_groups_stay_editable(superuser_client, world) -> None:
     response = superuser_client.post("/admin/auth/group/add/", {"name": "auditors"})
     assert response.status_code == 302
     assert Group.objects.filter(name="auditors").exists()
+
+
+def _user_form(user, groups: list[Group], **flags: bool) -> dict:
+    """What the admin's user change form posts."""
+    form = {
+        "username": user.username,
+        "groups": [str(g.pk) for g in groups],
+        "date_joined_0": "2024-01-01",
+        "date_joined_1": "00:00:00",
+    }
+    return {**form, **{name: "on" for name, on in flags.items() if on}}
+
+
+def test_role_grants_and_superuser_changes_in_the_admin_are_audited(superuser_client) -> None:
+    viewer, operator = (Group.objects.get_or_create(name=n)[0] for n in ("viewer", "operator"))
+    alice = get_user_model().objects.create_user("alice", password=None)
+    alice.groups.add(viewer)
+    url = f"/admin/auth/user/{alice.pk}/change/"
+    grant = _user_form(alice, [operator], is_active=True, is_superuser=True)
+    assert superuser_client.post(url, grant).status_code == 302
+    event = models.AuditEvent.objects.get(target_type="user", target_id=str(alice.pk))
+    assert (event.action, event.actor_name) == ("user.access", "root")
+    assert (event.before["role"], event.before["groups"]) == ("viewer", ["viewer"])
+    assert (event.after["role"], event.after["is_superuser"]) == ("admin", True)
+    assert superuser_client.post(url, grant).status_code == 302  # no change, no row
+    revoke = _user_form(alice, [operator], is_active=False)
+    assert superuser_client.post(url, revoke).status_code == 302
+    rows = models.AuditEvent.objects.filter(target_id=str(alice.pk)).order_by("id")
+    assert [(e.action, e.after["role"]) for e in rows] == [
+        ("user.access", "admin"),
+        ("user.access", None),
+    ]
+
+
+def test_renaming_a_role_group_in_the_admin_is_audited(superuser_client) -> None:
+    group = Group.objects.get_or_create(name="operator")[0]
+    response = superuser_client.post(f"/admin/auth/group/{group.pk}/change/", {"name": "ops"})
+    assert response.status_code == 302
+    event = models.AuditEvent.objects.get(target_type="group")
+    assert (event.before["name"], event.after["name"]) == ("operator", "ops")

@@ -5,7 +5,8 @@
     .venv/bin/python bench/drills.py --table       # print the last recorded table only
 
 Each drill records its row (scenario, sent, succeeded, failed with a clear error, lost,
-recovery time and what "recovery" measured) into test-artifacts/drills.json; this script
+audit events lost and canary judgements skipped where the drill measures them ("-"
+elsewhere), recovery time and what "recovery" measured) into test-artifacts/drills.json; this script
 runs pytest on tests/drills and prints the rows written by that run. It uses its own test
 database (SWITCHYARD_TEST_DB, default test_switchyard_drills) so it can run beside other
 test runs, and never stops the machine's shared Postgres or Redis: outage drills start
@@ -26,8 +27,26 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "test-artifacts" / "drills.json"
-COLUMNS = ("scenario", "sent", "succeeded", "failed_clear", "lost", "recovery_s")
-HEADERS = ("scenario", "sent", "succeeded", "failed (clear error)", "lost", "recovery (s)")
+COLUMNS = (
+    "scenario",
+    "sent",
+    "succeeded",
+    "failed_clear",
+    "lost",
+    "audit_events_lost",
+    "judgements_skipped",
+    "recovery_s",
+)
+HEADERS = (
+    "scenario",
+    "sent",
+    "succeeded",
+    "failed (clear error)",
+    "requests lost",
+    "audit events lost",
+    "judgements skipped",
+    "recovery (s)",
+)
 
 
 def run_pytest(soak_s: float | None, extra: list[str]) -> int:
@@ -63,7 +82,7 @@ def cell(value: Any) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cells = [HEADERS, *[[cell(r[c]) for c in COLUMNS] for r in rows]]
+    cells = [HEADERS, *[[cell(r.get(c)) for c in COLUMNS] for r in rows]]
     widths = [max(len(line[i]) for line in cells) for i in range(len(HEADERS))]
     lines = []
     for n, line in enumerate(cells):

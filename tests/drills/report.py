@@ -4,7 +4,10 @@ Each drill counts what its clients saw: ``sent`` requests, ``succeeded`` ones, o
 ``failed_clear`` (an OpenAI-style error body, or a stream ended by an SSE error event and
 ``[DONE]``) and ``lost`` ones (anything else: a cut connection, a hung or truncated stream,
 an unparseable answer). ``recovery_s`` is the scenario's own recovery measure (named in
-``notes``). ``bench/drills.py`` prints the table.
+``notes``). ``audit_events_lost`` (audit rows or router events that never reached Postgres)
+and ``judgements_skipped`` (canary judgements the judge could not make) are None where a
+drill does not measure them (the table shows "-"); the goal is 0 wherever they are measured.
+``bench/drills.py`` prints the table.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class Outcome:
     lost: int = 0
     lost_examples: list[str] = field(default_factory=list)
     clear_kinds: dict[str, int] = field(default_factory=dict)
+    audit_events_lost: int | None = None  # None: not measured by this drill
+    judgements_skipped: int | None = None
 
     def add(self, verdict: str, detail: str = "") -> None:
         self.sent += 1
@@ -50,6 +55,12 @@ class Outcome:
         self.lost_examples += other.lost_examples
         for kind, count in other.clear_kinds.items():
             self.clear_kinds[kind] = self.clear_kinds.get(kind, 0) + count
+        self.audit_events_lost = _sum(self.audit_events_lost, other.audit_events_lost)
+        self.judgements_skipped = _sum(self.judgements_skipped, other.judgements_skipped)
+
+
+def _sum(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else a + b
 
 
 def record(

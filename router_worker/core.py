@@ -397,7 +397,9 @@ class RouterCore:
             ttft = plan.first_token_at - plan.started
             metrics.child(metrics.ttft, arm.name).observe(ttft)
             if last_token_at is not None and output_tokens > 1:
-                tpot = (last_token_at - plan.first_token_at) / (output_tokens - 1)
+                # Tokens read in the same chunk as the first one are stamped before it is
+                # relayed: clamp, or a one-chunk answer has a negative TPOT.
+                tpot = max(0.0, last_token_at - plan.first_token_at) / (output_tokens - 1)
                 metrics.child(metrics.tpot, arm.name).observe(tpot)
         metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason, str(status)).inc()
         self._finish_attempt(plan, status, ok, output_tokens)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import redis
 from django.db import DataError, models, transaction
@@ -34,7 +34,9 @@ from controlplane.models import Cluster, HotspotEvent, IngestedRecord, RouterEve
 from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     METRICS_STREAM,
+    ArmMetrics,
     HotspotPayload,
+    InstanceMetrics,
     MetricsRecord,
     events_stream,
     metrics_stream,
@@ -81,8 +83,34 @@ class StorableHotspot(HotspotPayload):
     m_bar: int = Field(ge=-INT_COLUMN, le=INT_COLUMN)
 
 
+# A TTFT or TPOT beyond an hour is no measurement; a negative one (or NaN) never is, and a
+# baseline median at or below zero would blind the canary judge.
+LATENCY_BOUND_S = 3600.0
+Latency = Annotated[float, Field(ge=0, le=LATENCY_BOUND_S)]
+Count = Annotated[int, Field(ge=0, le=INT_COLUMN)]
+
+
+class StorableArmMetrics(ArmMetrics):
+    requests: Count = 0
+    errors: Count = 0
+    output_tokens: Count = 0
+    hotspot_fallbacks: Count = 0
+    ttft_s: list[Latency] = Field(default_factory=list)
+    tpot_s: list[Latency] = Field(default_factory=list)
+
+
+class StorableInstanceMetrics(InstanceMetrics):
+    requests: Count = 0
+    errors: Count = 0
+    output_tokens: Count = 0
+    ttft_s: list[Latency] = Field(default_factory=list)
+    tpot_s: list[Latency] = Field(default_factory=list)
+
+
 class StorableMetrics(MetricsRecord):
     id: str = Field(min_length=1, max_length=_max_length(IngestedRecord, "record_id"))
+    arms: dict[str, StorableArmMetrics] = Field(default_factory=dict)
+    instances: dict[str, StorableInstanceMetrics] = Field(default_factory=dict)
     start: float = Field(ge=0, le=LATEST_UNIX)
     end: float = Field(ge=0, le=LATEST_UNIX)
 
@@ -218,6 +246,9 @@ def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
 def store_metrics(record: MetricsRecord, clusters: dict[str, Cluster]) -> bool:
     """Fold one metrics record into the rollups; False when already folded."""
     cluster = _cluster_of(record.cluster, clusters)
+    if not cluster.routers.filter(name=record.router).exists():
+        # Only the cluster's own routers speak for its arms (the canary judge reads them).
+        raise PoisonEntry(f"unknown router {record.router[:80]!r} of cluster {cluster.name!r}")
     _, created = IngestedRecord.objects.get_or_create(record_id=record.id)
     if created:
         rollups.fold(cluster, record)

@@ -25,7 +25,13 @@ import pytest
 import redis
 from django.db.models import Sum
 
-from controlplane.models import ArmMetricRollup, Cluster, HotspotEvent, RouterEvent
+from controlplane.models import (
+    ArmMetricRollup,
+    Cluster,
+    HotspotEvent,
+    RouterDeployment,
+    RouterEvent,
+)
 from controlplane.services import ingest
 from devharness import wait_until
 from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
@@ -127,8 +133,12 @@ def flushed(router: Router) -> bool:
 def test_poison_entries_are_quarantined_and_no_valid_entry_is_lost(
     drill_fleet, router_factory, drill_redis
 ):
-    Cluster.objects.create(name=CLUSTER, model=MODEL, gpu_type="h20")
+    cluster = Cluster.objects.create(name=CLUSTER, model=MODEL, gpu_type="h20")
     router = router_factory(drill_config(drill_fleet, "lmetric"), redis_url=drill_redis.url)
+    # Only a cluster's own routers' metrics are ingested.
+    RouterDeployment.objects.create(
+        cluster=cluster, name=f"r{router.port}", host="127.0.0.1", port=router.port
+    )
     client = redis.Redis.from_url(drill_redis.url)
     wait_until(lambda: router.state()["telemetry"]["redis"], 10, "telemetry connected")
     stop, box = threading.Event(), []

@@ -4,7 +4,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from controlplane.models import Cluster
+from controlplane.models import Cluster, RouterDeployment
 from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
 
 
@@ -22,3 +22,9 @@ def redis_client():
 @pytest.fixture
 def cluster(db) -> Cluster:
     return Cluster.objects.create(name="ops-test", model="Qwen/Qwen2-7B-Instruct", gpu_type="h20")
+
+
+@pytest.fixture
+def cluster_router(cluster) -> RouterDeployment:
+    """Router r0 of the cluster: only a cluster's own routers' metrics are ingested."""
+    return RouterDeployment.objects.create(cluster=cluster, name="r0", host="ops", port=1)

@@ -102,7 +102,7 @@ def test_events_read_while_postgres_is_down_arrive_after_it_returns(redis_client
     assert set(HotspotEvent.objects.values_list("event_id", flat=True)) == {e.id for e in events}
 
 
-def test_metrics_fold_into_minute_rollups_once(redis_client, cluster):
+def test_metrics_fold_into_minute_rollups_once(redis_client, cluster, cluster_router):
     start = 1_800_000_000.0  # a minute boundary
     record = MetricsRecord(
         id="m-1",

@@ -134,6 +134,19 @@ POISON_METRICS = {
         "arms": {"baseline": {"policy": "lmetric", "ttft_s": [math.nan]}},
     },
     "request count beyond an int column": metrics_record("bad-3", 1_800_000_000.0, 2**40),
+    "negative TTFT sample": {
+        **metrics_record("bad-5", 1_800_000_000.0),
+        "arms": {"baseline": {"policy": "lmetric", "requests": 1, "ttft_s": [-5.0]}},
+    },
+    "TTFT sample beyond an hour": {
+        **metrics_record("bad-6", 1_800_000_000.0),
+        "arms": {"baseline": {"policy": "lmetric", "requests": 1, "ttft_s": [1e9]}},
+    },
+    "negative request count": metrics_record("bad-7", 1_800_000_000.0, -3),
+    "a router the cluster does not have": {
+        **metrics_record("bad-8", 1_800_000_000.0),
+        "router": "forged",
+    },
     "arm name over 64 chars": {
         **metrics_record("bad-4", 1_800_000_000.0),
         "arms": {"a" * 65: {"policy": "lmetric", "requests": 1}},
@@ -142,7 +155,9 @@ POISON_METRICS = {
 
 
 @pytest.mark.parametrize("poison", POISON_METRICS.values(), ids=POISON_METRICS.keys())
-def test_a_poison_metrics_record_is_quarantined_and_the_others_fold(streams, cluster, poison):
+def test_a_poison_metrics_record_is_quarantined_and_the_others_fold(
+    streams, cluster, cluster_router, poison
+):
     start = 1_800_000_000.0
     add_raw(streams, METRICS_STREAM, metrics_record("ok-1", start))
     add_raw(streams, METRICS_STREAM, poison)
@@ -193,7 +208,9 @@ hostile_entries = st.one_of(hostile_events, json_values, st.text(max_size=40))
 @hypothesis_settings(
     max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-def test_no_entry_stops_ingest_or_takes_a_valid_neighbour_with_it(streams, cluster, poison):
+def test_no_entry_stops_ingest_or_takes_a_valid_neighbour_with_it(
+    streams, cluster, cluster_router, poison
+):
     streams.delete(*STREAM_KEYS)
     valid = [wire(), wire(kind="health", payload={"instance": "i1"})]
     for document in [valid[0], *poison, valid[1]]:
@@ -207,7 +224,9 @@ def test_no_entry_stops_ingest_or_takes_a_valid_neighbour_with_it(streams, clust
     assert pending == 0 and ingest.ingest_events(streams).read == 0
 
 
-def test_quarantine_summary_counts_and_lists_the_newest_entries_first(streams, cluster):
+def test_quarantine_summary_counts_and_lists_the_newest_entries_first(
+    streams, cluster, cluster_router
+):
     far_future = json.dumps(wire(at=1e20))
     add_raw(streams, EVENTS_STREAM, far_future)
     add_raw(streams, EVENTS_STREAM, "{not json")

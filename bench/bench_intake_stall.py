@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from devharness import stop_process
 from engine_interface import percentile, read_histogram, read_samples
-from tests.router.conftest import MODEL, launch_router, router_config, start_fleet
+from tests.router.conftest import ADMIN_HEADERS, MODEL, launch_router, router_config, start_fleet
 
 WORDS = [f"w{i}" for i in range(5000)]
 
@@ -67,7 +67,8 @@ def big_body(mib: int, model: str = MODEL) -> bytes:
 def loop_lag(url: str) -> dict[float, float]:
     """Cumulative bucket counts of the router's loop-lag histogram: {le: count}."""
     name = "switchyard_router_loop_lag_seconds"
-    samples, _ = read_samples(httpx.get(url + "/metrics", timeout=10).text, [name])
+    text = httpx.get(url + "/metrics", timeout=10, headers=ADMIN_HEADERS).text
+    samples, _ = read_samples(text, [name])
     histogram = read_histogram(samples, name)
     return dict(histogram.buckets) if histogram is not None else {}
 

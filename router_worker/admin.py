@@ -1,4 +1,4 @@
-"""Token-protected admin endpoints, plus the router's own /health and /metrics.
+"""Token-protected admin endpoints and the router's own /metrics, plus its open /health.
 
 * ``GET /admin/state``: indicator snapshot per instance, health and breaker state, KV
   subscriber stats, replica-sync (peer routers) stats, telemetry status and the most
@@ -10,9 +10,11 @@
 * ``POST /admin/instances/{name}/drain`` and ``/undrain``: stop (resume) sending new
   requests to an instance; in-flight ones finish.
 
-Every ``/admin`` call needs ``Authorization: Bearer <token>`` (or ``X-Admin-Token``)
-matching ``--admin-token`` / ``SWITCHYARD_ROUTER_ADMIN_TOKEN``; with no token configured
-the admin endpoints are disabled (401).
+Every ``/admin`` call, and ``/metrics`` (it tells who is sending what, how much, and
+where: not for the clients sharing the port), needs ``Authorization: Bearer <token>`` (or
+``X-Admin-Token``) matching ``--admin-token`` / ``SWITCHYARD_ROUTER_ADMIN_TOKEN``; with no
+token configured they are disabled (401). Prometheus sends the token with
+``authorization: {credentials: ...}`` in its scrape config.
 """
 
 from __future__ import annotations
@@ -111,7 +113,7 @@ def build_admin_app(service: Service, lifespan: Any = None) -> Starlette:
 
     routes = [
         Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/metrics", guarded(metrics), methods=["GET"]),
         Route("/admin/state", guarded(state), methods=["GET"]),
         Route("/admin/config", guarded(get_config), methods=["GET"]),
         Route("/admin/config", guarded(post_config), methods=["POST"]),

@@ -8,6 +8,7 @@ import numpy as np
 import scipy.stats
 
 from bench.lib.loadclient import Run
+from bench.lib.processes import ROUTER_ADMIN_TOKEN
 from engine_interface import Histogram, percentile, read_histogram, read_samples
 
 
@@ -56,9 +57,11 @@ HOT_PATH = ("tokenize", "hashing", "decision", "overhead", "loop_lag")
 def router_histograms(port: int) -> dict[str, Histogram]:
     """The router's hot-path histograms (every label set merged), by short name."""
     names = {short: f"switchyard_router_{short}_seconds" for short in HOT_PATH}
-    samples, _ = read_samples(
-        httpx.get(f"http://127.0.0.1:{port}/metrics").text, list(names.values())
-    )
+    text = httpx.get(
+        f"http://127.0.0.1:{port}/metrics",
+        headers={"Authorization": f"Bearer {ROUTER_ADMIN_TOKEN}"},
+    ).text
+    samples, _ = read_samples(text, list(names.values()))
     return {short: read_histogram(samples, name) or Histogram() for short, name in names.items()}
 
 

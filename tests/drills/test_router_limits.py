@@ -126,9 +126,7 @@ def load_while(
 
 
 def limit_hits(router: Router) -> dict[str, float]:
-    samples, _ = read_samples(
-        httpx.get(router.url + "/metrics", timeout=5).text, ["switchyard_router_limit_hits_total"]
-    )
+    samples, _ = read_samples(router.metrics(), ["switchyard_router_limit_hits_total"])
     return {
         s.labels["limit"]: s.value
         for s in samples

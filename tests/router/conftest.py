@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 PYTHON = sys.executable
 MODEL = "Qwen/Qwen2-7B-Instruct"
 ADMIN_TOKEN = "test-admin-token"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 # 20x faster than a simulated H20: requests take milliseconds.
 TIME_SCALE = 0.05
 STARTUP_TIMEOUT = 30.0
@@ -30,7 +31,9 @@ STARTUP_TIMEOUT = 30.0
 
 def scrape_total(url: str, name: str, **labels: str) -> float:
     """Sum of the samples ``name`` (with ``labels`` among theirs) on ``url``/metrics."""
-    samples, skipped = read_samples(httpx.get(url + "/metrics", timeout=5).text)
+    # The admin token: a router's /metrics needs it (an engine ignores it).
+    text = httpx.get(url + "/metrics", timeout=5, headers=ADMIN_HEADERS).text
+    samples, skipped = read_samples(text)
     assert skipped == 0, f"{url}/metrics: {skipped} unreadable lines"
     return sample_total(samples, name, **labels)
 
@@ -134,7 +137,7 @@ class Router:
 
     @property
     def admin_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        return ADMIN_HEADERS
 
     def state(self) -> dict[str, Any]:
         response = httpx.get(self.url + "/admin/state", headers=self.admin_headers, timeout=5)
@@ -147,6 +150,11 @@ class Router:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def metrics(self) -> str:
+        response = httpx.get(self.url + "/metrics", headers=ADMIN_HEADERS, timeout=5)
+        response.raise_for_status()
+        return response.text
 
 
 def router_config(

@@ -65,8 +65,11 @@ def test_required_keys_refuse_anonymous_and_wrong_keys_in_openai_shape(locked_ro
         openai.OpenAI(
             base_url=locked_router.url + "/v1", api_key="wrong", max_retries=0
         ).completions.create(model=MODEL, prompt="x", max_tokens=1)
-    rejected = httpx.get(locked_router.url + "/metrics", timeout=5).text
-    assert 'switchyard_router_rejected_total{status="401"}' in rejected
+    # /metrics is the operator's, not the clients': the admin token, not a client key.
+    for headers in ({}, {"Authorization": f"Bearer {PLAIN_KEY}"}):
+        closed = httpx.get(locked_router.url + "/metrics", timeout=5, headers=headers)
+        assert closed.status_code == 401 and "switchyard_router" not in closed.text
+    assert 'switchyard_router_rejected_total{status="401"}' in locked_router.metrics()
 
 
 def test_only_a_debug_key_sees_how_the_router_decided(locked_router):

@@ -203,7 +203,7 @@ def test_router_metrics_endpoint(fleet, router_factory):
         router.url + "/v1/completions",
         json={"model": MODEL, "prompt": "m " * 50, "max_tokens": 2, "stream": True},
     )
-    text = httpx.get(router.url + "/metrics").text
+    text = router.metrics()
     for name in (
         "switchyard_router_requests_total",
         "switchyard_router_decision_seconds",

@@ -544,7 +544,7 @@ class Proxy:
                 {
                     "type": "http.response.body",
                     "more_body": False,
-                    "body": sse_error_event(status, _mid_stream_message(plan, error)),
+                    "body": sse_error_event(status, _mid_stream_message(plan, error, detail)),
                 }
             )
         else:
@@ -684,10 +684,13 @@ async def _first_events(response: Upstream, framer: SseFramer) -> bytes | None:
             return out
 
 
-def _mid_stream_message(plan: Plan, error: Exception) -> str:
+def _mid_stream_message(plan: Plan, error: Exception, detail: Detail) -> str:
+    """The error event's text; it names the instance only to a debug client (the route
+    headers, which name it too, may be withheld from this client)."""
+    engine = f"The engine {plan.instance}" if detail >= Detail.DEBUG else "The engine"
     if isinstance(error, ResponseDeadline | MalformedStream):
-        return f"The engine {plan.instance}'s stream was cut: {error}"
-    return f"The engine {plan.instance} failed mid-stream: {type(error).__name__}"
+        return f"{engine}'s stream was cut: {error}"
+    return f"{engine} failed mid-stream: {type(error).__name__}"
 
 
 def _json_object_shaped(data: bytes) -> bool:

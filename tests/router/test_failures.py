@@ -10,6 +10,7 @@ import pytest
 
 import engine_interface as ei
 from devharness import stop_process, wait_until
+from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.conftest import MODEL, launch_router, router_config, scrape_total
 
 
@@ -98,7 +99,7 @@ def test_5xx_before_first_byte_is_retried_elsewhere(fleet, router_factory):
     finally:
         fleet.fault(2, "recover")
     assert all(r[0] == 200 and r[1] != "i2" for r in results)
-    metrics = httpx.get(router.url + "/metrics").text
+    metrics = router.metrics()
     assert "switchyard_router_retries_total{instance=" in metrics
     assert 'kind="http_5xx"' in metrics
 
@@ -168,26 +169,36 @@ def test_5xx_is_held_against_the_instance_once_another_serves_the_request(fleet,
     ), health
 
 
-def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
-    document = router_config(fleet, "round_robin", instances=fleet.instances()[3:4])
-    router = router_factory(document)
+def _broken_stream(router, fleet, headers: dict[str, str]) -> list[str]:
     fleet.fault(3, "drop_midstream", after_chunks=3)
     try:
-        status, _, text = asyncio.run(
-            _one(
-                httpx.AsyncClient(timeout=30),
+        with httpx.Client(timeout=30) as client:
+            response = client.post(
                 router.url + "/v1/completions",
-                _body("mid", stream=True, max_tokens=20),
+                json=_body("mid", stream=True, max_tokens=20),
+                headers=headers,
             )
-        )
     finally:
         fleet.fault(3, "recover")
-    assert status == 200
-    events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    assert response.status_code == 200
+    return [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+
+
+def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
+    document = router_config(
+        fleet, "round_robin", instances=fleet.instances()[3:4], client_auth=debug_key_only()
+    )
+    router = router_factory(document)
+    events = _broken_stream(router, fleet, {})
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == 502
     assert len(events) == 3 + 2  # three relayed chunks, the error, [DONE]
+    # The error names the instance only to a debug client.
+    assert "i3" not in error["message"] and "failed mid-stream" in error["message"]
+    debug = {"Authorization": f"Bearer {DEBUG_KEY}", "x-switchyard-debug": "1"}
+    debugged = json.loads(_broken_stream(router, fleet, debug)[-2])["error"]["message"]
+    assert debugged.startswith("The engine i3 failed mid-stream")
     # A serving-side failure counts against the arm's error rate (the canary judge's guard);
     # a client's bad request (the engine's 400 for a prompt over its context) does not.
     too_long = httpx.post(
@@ -197,7 +208,7 @@ def test_mid_stream_failure_ends_with_an_sse_error_event(fleet, router_factory):
     )
     assert too_long.status_code == 400
     window = router.state()["snapshot"]["window"]
-    assert (window["requests"], window["errors"]) == (2, 1)
+    assert (window["requests"], window["errors"]) == (3, 2)
 
 
 @pytest.mark.parametrize(
@@ -299,7 +310,7 @@ def test_hung_instance_times_out_before_first_byte_and_is_retried(fleet, router_
         fleet.fault(0, "recover")
     assert all(r[0] == 200 and r[1] != "i0" for r in results)
     assert all(r[2].rstrip().endswith("data: [DONE]") and '"error"' not in r[2] for r in results)
-    assert 'kind="timeout"' in httpx.get(router.url + "/metrics").text
+    assert 'kind="timeout"' in router.metrics()
 
 
 def test_overload_is_refused_with_429(fleet, router_factory):

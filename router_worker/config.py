@@ -86,6 +86,14 @@ class CanarySpec(_Strict):
     id: int | None = None
     arms: list[ArmSpec] = Field(min_length=2, max_length=2)
     assignment_key: Literal["session", "random"] = "session"
+    salt: str = Field(
+        default="",
+        max_length=256,
+        description="Secret mixed into the session hash that picks a session's arm, so a "
+        "client cannot pick its arm by picking its session key. The control plane sets "
+        "one per canary; empty: a random one per router process (routers sharing a fleet "
+        "then assign sessions differently).",
+    )
 
     @model_validator(mode="after")
     def _arms_consistent(self) -> CanarySpec:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from router_worker.arms import pick_arm
+from router_worker.arms import arm_salt, pick_arm
 from router_worker.config import PolicySpec, RouterConfig
 from router_worker.routing import ClusterState, ClusterView, Health, Policy, make_policy
 from router_worker.tokenization import Tokenizer
@@ -66,6 +66,7 @@ class Runtime:
     # sha256 of each valid client key -> its rights (see router_worker/access.py)
     client_keys: dict[str, frozenset[str]] = field(default_factory=dict)
     rng: random.Random = field(default_factory=random.Random)
+    salt: bytes = field(default_factory=lambda: arm_salt(""))  # the canary's (arms.py)
     upstream_cache: dict[tuple[str, str], Any] = field(default_factory=dict)
 
     @property
@@ -74,7 +75,7 @@ class Runtime:
 
     def arm_for(self, session_key: str | None) -> Arm:
         key = None if self.random_arms else session_key
-        return self.arms[pick_arm(self.cumulative_weights, key, self.rng)]
+        return self.arms[pick_arm(self.cumulative_weights, key, self.rng, self.salt)]
 
     def arm_of_instance(self) -> dict[str, str]:
         return {name: arm.name for arm in self.arms for name in arm.instances}
@@ -126,6 +127,7 @@ def build_runtime(
     client_keys: dict[str, frozenset[str]] = {
         key.sha256: frozenset(key.rights) for key in config.client_auth.keys
     }
+    salt = arm_salt(config.canary.salt if config.canary is not None else "")
     return Runtime(
-        config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms, client_keys
+        config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms, client_keys, salt=salt
     )

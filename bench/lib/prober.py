@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench.lib.loadclient import MODEL, Client, Outcome, Run, make_prompt, run_async, system_prompt
-from bench.lib.processes import STARTUP_S, EngineLog, is_200, start_engines
+from bench.lib.processes import PROBE_CANARY_SALT, STARTUP_S, EngineLog, is_200, start_engines
 from bench.lib.stats import transit
 from devharness import stop_process, wait_http
 
@@ -51,11 +51,13 @@ def probe_engine(workdir: Path) -> Iterator[ProbeEngine]:
 
 def sessions_in_arm(prefix: str, low: float, high: float) -> Iterator[str]:
     """Session keys the router assigns to the canary arm owning points [low, high)."""
-    from router_worker.arms import session_point
+    from router_worker.arms import arm_salt, session_point
     from router_worker.routing import session_key_from_request
 
+    salt = arm_salt(PROBE_CANARY_SALT)
+
     def point(key: str) -> float:  # as the router derives it from the header
-        return session_point(session_key_from_request({"x-session-id": key}, {}) or "")
+        return session_point(session_key_from_request({"x-session-id": key}, {}) or "", salt)
 
     return (key for key in (f"{prefix}-{k}" for k in itertools.count()) if low <= point(key) < high)
 

@@ -28,6 +28,10 @@ from devharness import (
 
 REPO = Path(__file__).resolve().parents[2]
 INSTANCES = 4
+# The routers' admin token: their /metrics needs it (bench.lib.stats sends it).
+ROUTER_ADMIN_TOKEN = "bench-admin-token"
+# The probe canary's salt: the prober knows it, so it can pick session keys in the probe arm.
+PROBE_CANARY_SALT = "bench-probe-salt"
 STARTUP_S = 30.0
 
 
@@ -148,6 +152,7 @@ def start_router(
     if probe_url:
         config["instances"] = [*instances, {"name": "probe", "url": probe_url}]
         config["canary"] = {
+            "salt": PROBE_CANARY_SALT,
             "arms": [
                 {
                     "name": "load",
@@ -156,7 +161,7 @@ def start_router(
                     "instances": [i["name"] for i in instances],
                 },
                 {"name": "probe", "policy": spec, "weight": 1, "instances": ["probe"]},
-            ]
+            ],
         }
     path = workdir / f"router-{policy}.json"
     path.write_text(json.dumps(config))
@@ -172,6 +177,8 @@ def start_router(
             str(router_port),
             "--redis-url",
             "none",
+            "--admin-token",
+            ROUTER_ADMIN_TOKEN,
             "--log-level",
             "WARNING",
         ],

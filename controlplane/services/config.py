@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.utils.crypto import salted_hmac
+
 from controlplane.models import CanarySplit, Cluster, ConfigVersion
 from router_worker.config import ConfigError, parse_config
 
@@ -16,11 +18,19 @@ def active_canary(cluster: Cluster) -> CanarySplit | None:
     return cluster.canaries.filter(state__in=CanarySplit.ACTIVE_STATES).first()
 
 
+def canary_salt(canary: CanarySplit) -> str:
+    """The canary's secret for its routers' session → arm hash (router_worker/arms.py):
+    derived from SECRET_KEY, so a client cannot compute its session's arm, and fixed for
+    the canary's life, so a session stays in its arm across versions and routers."""
+    return salted_hmac("switchyard.canary-arm", str(canary.pk)).hexdigest()[:32]
+
+
 def canary_document(canary: CanarySplit) -> dict[str, Any]:
     weight = canary.candidate_weight
     return {
         "id": canary.pk,
         "assignment_key": canary.assignment_key,
+        "salt": canary_salt(canary),
         "arms": [
             {
                 "name": "baseline",

@@ -188,6 +188,9 @@ def test_every_published_canary_step_splits_exactly_100_percent(world, users) ->
     arms = newest["document"]["canary"]["arms"]
     assert [arm["weight"] for arm in arms] == [90.0, 10.0]
     assert sum(arm["weight"] for arm in arms) == 100
+    # The routers hash session keys with the canary's secret salt: clients cannot pick arms.
+    salt = newest["document"]["canary"]["salt"]
+    assert len(salt) == 32 and int(salt, 16) != world["draft"]
 
 
 @pytest.mark.parametrize(

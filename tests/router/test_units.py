@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 
@@ -12,12 +13,14 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from router_worker.arms import pick_arm, session_point
+from router_worker.arms import arm_salt, pick_arm, session_point
+from router_worker.config import parse_config
 from router_worker.errors import APIError
 from router_worker.health import HealthBook
 from router_worker.intake import take_in
 from router_worker.limits import Limiter
-from router_worker.routing import session_key_from_request
+from router_worker.routing import ClusterState, session_key_from_request
+from router_worker.runtime import Runtime, build_runtime
 from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids
 
 
@@ -78,7 +81,48 @@ def test_arm_assignment_is_stable_and_follows_weights():
     assert pick_arm(cumulative, "user-7", rng) == pick_arm(cumulative, "user-7", rng)
     picks = [pick_arm(cumulative, f"user-{k}", rng) for k in range(4000)]
     assert 0.26 < picks.count(0) / len(picks) < 0.34
-    assert 0 <= session_point("x") < 100
+    assert 0 <= session_point("x", arm_salt("canary secret")) < 100
+
+
+def _canary_runtime(salt: str | None) -> Runtime:
+    arm = {"policy": {"kind": "round_robin"}}
+    canary: dict = {
+        "arms": [
+            {**arm, "name": "baseline", "weight": 90, "instances": ["i0"]},
+            {**arm, "name": "candidate", "weight": 10, "instances": ["i1"]},
+        ]
+    }
+    if salt is not None:
+        canary["salt"] = salt
+    config = parse_config(
+        {
+            "instances": [{"name": f"i{k}", "url": f"http://127.0.0.1:{1 + k}"} for k in (0, 1)],
+            "policy": {"kind": "round_robin"},
+            "canary": canary,
+        }
+    )
+    state = ClusterState()
+    for name in ("i0", "i1"):
+        state.add_instance(name)
+    return build_runtime(config, state, Tokenizer(), None)
+
+
+@pytest.mark.parametrize("salt", ["per-canary secret", None])
+def test_a_client_cannot_pick_its_canary_arm_by_picking_its_session_key(salt):
+    """Keys a client chose with the public hash to land in the 10% arm land there about
+    10% of the time; each session still keeps its arm, on every router with the salt."""
+
+    def public_point(key: str) -> float:
+        digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big") * 100.0 / (1 << 64)
+
+    chosen = [k for k in (f"hdr:s{n}" for n in range(5000)) if public_point(k) >= 90][:200]
+    runtime, other_router = _canary_runtime(salt), _canary_runtime(salt)
+    arms = [runtime.arm_for(key).name for key in chosen]
+    assert arms.count("candidate") < len(chosen) / 3, arms.count("candidate")
+    assert [runtime.arm_for(key).name for key in chosen] == arms
+    if salt is not None:
+        assert [other_router.arm_for(key).name for key in chosen] == arms
 
 
 def test_circuit_breaker_opens_half_opens_and_closes():

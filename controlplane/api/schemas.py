@@ -256,10 +256,21 @@ class ConfigVersionOut(Schema):
     id: int
     cluster_id: int
     number: int
-    document: dict[str, Any]
+    document: dict[str, Any] = Field(
+        description="The document routers apply, less the canary's arm-assignment salt "
+        "(routers read it with their token; a client who knew it could pick its arm)."
+    )
     created_at: datetime
     created_by: str
     reason: str
+
+    @staticmethod
+    def resolve_document(version: Any) -> dict[str, Any]:
+        document = dict(version.document)
+        canary = document.get("canary")
+        if isinstance(canary, dict) and "salt" in canary:
+            document["canary"] = {**canary, "salt": "(hidden)"}
+        return document
 
 
 class RouterIn(Schema):

@@ -110,12 +110,15 @@ class Server:
     log: Path
 
 
-def start_process(args: list[str], log: Path) -> subprocess.Popen:
-    """A server process on this test run's database and Redis, output in ``log``."""
-    return harness_start(args, cwd=ROOT, env=subprocess_env(), log=log, stdin=None)
+def start_process(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """A server process on this test run's database and Redis (or ``env``), output in
+    ``log``."""
+    return harness_start(args, cwd=ROOT, env=env or subprocess_env(), log=log, stdin=None)
 
 
-def start_asgi(port: int, log: Path) -> Server:
+def start_asgi(port: int, log: Path, env: dict[str, str] | None = None) -> Server:
     """The full ASGI application (HTTP + websockets) under uvicorn, on the test database."""
     process = start_process(
         [
@@ -131,6 +134,7 @@ def start_asgi(port: int, log: Path) -> Server:
             "warning",
         ],
         log,
+        env,
     )
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", 30, process=process, log=log)

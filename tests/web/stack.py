@@ -54,19 +54,19 @@ class Fleet:
         return f"http://127.0.0.1:{self.base_port + index}"
 
 
-def start_fleet(size: int, log: Path, attempts: int = 3) -> Fleet:
+def start_fleet(size: int, log: Path, attempts: int = 3, time_scale: float = TIME_SCALE) -> Fleet:
     """enginesim instances on consecutive free ports (retried: other suites on this machine
     pick ports too)."""
     for attempt in range(attempts):
         try:
-            return _try_fleet(size, log)
+            return _try_fleet(size, log, time_scale)
         except (WaitTimeout, ProcessExited):
             if attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
 
 
-def _try_fleet(size: int, log: Path) -> Fleet:
+def _try_fleet(size: int, log: Path, time_scale: float) -> Fleet:
     base = free_ports(size)
     process = harness_start(
         [
@@ -83,7 +83,7 @@ def _try_fleet(size: int, log: Path) -> Fleet:
             "--model",
             "qwen2-7b",
             "--time-scale",
-            str(TIME_SCALE),
+            str(time_scale),
         ],
         cwd=ROOT,
         log=log,

@@ -184,20 +184,24 @@ class Publisher:
         feeds = [f for f in self.feeds.values() if f.keys or f.seen]
         if not feeds:
             return
+        # refresh_keys may replace a feed's keys while this poll awaits Redis
+        keys = [list(feed.keys) for feed in feeds]
         async with self.client.pipeline(transaction=False) as pipe:
-            for feed in feeds:
-                queue_state_reads(pipe, feed.keys)
+            for feed_keys in keys:
+                queue_state_reads(pipe, feed_keys)
             results = await pipe.execute(raise_on_error=False)
         start = 0
-        for feed in feeds:
-            raws = results[start : start + len(feed.keys)]
-            start += len(feed.keys)
-            await self._maybe_send(feed, raws)
+        for feed, feed_keys in zip(feeds, keys, strict=True):
+            raws = results[start : start + len(feed_keys)]
+            start += len(feed_keys)
+            await self._maybe_send(feed, feed_keys, raws)
 
-    async def _parse_states(self, feed: ClusterFeed, raws: list[RawState]) -> list:
+    async def _parse_states(
+        self, feed: ClusterFeed, keys: list[bytes], raws: list[RawState]
+    ) -> list:
         """The feed's valid snapshots; a malformed value is quarantined once per value."""
         snapshots, rejected = [], []
-        for key, raw in zip(feed.keys, raws, strict=True):
+        for key, raw in zip(keys, raws, strict=True):
             digest = hash(raw if isinstance(raw, bytes | str | None) else str(raw))
             if feed.rejected.get(key) == digest:
                 continue
@@ -211,13 +215,13 @@ class Publisher:
             feed.rejected.pop(key, None)
             if snapshot is not None:
                 snapshots.append(snapshot)
-        for key in set(feed.rejected) - set(feed.keys):
+        for key in set(feed.rejected) - set(keys):
             del feed.rejected[key]
         await self.quarantine(rejected)
         return snapshots
 
-    async def _maybe_send(self, feed: ClusterFeed, raws: list[RawState]) -> None:
-        snapshots = await self._parse_states(feed, raws)
+    async def _maybe_send(self, feed: ClusterFeed, keys: list[bytes], raws: list[RawState]) -> None:
+        snapshots = await self._parse_states(feed, keys, raws)
         seen = tuple(sorted((s.router, s.ts) for s in snapshots))
         fresh, feed.polled = seen != feed.polled, seen  # a router wrote since the last poll
         now = time.time()
@@ -341,7 +345,7 @@ class ConfigNotice(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
     cluster: Annotated[str, BeforeValidator(lambda v: str(v) if isinstance(v, int) else v)]
-    version: int | None = None
+    version: int
 
 
 def _text(value: bytes | str) -> str:

@@ -58,6 +58,8 @@ REASON_CHARS = 500
 LATEST_UNIX = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
 INT_COLUMN = 2**31 - 1  # models.IntegerField in Postgres
 MAX_EVENT_BYTES = 1024 * 1024  # a router's events are a few hundred bytes
+# A metrics record carries at most two samples per request it covers (a second's worth).
+MAX_METRICS_BYTES = 8 * 1024 * 1024
 
 
 class PoisonEntry(ValueError):
@@ -194,6 +196,9 @@ def parse_event(fields: dict) -> WireEvent:
 
 
 def parse_metrics(fields: dict) -> MetricsRecord:
+    size = len(_raw_data(fields))
+    if size > MAX_METRICS_BYTES:
+        raise PoisonEntry(f"{size} bytes, more than {MAX_METRICS_BYTES}")
     record = StorableMetrics.from_stream_fields(fields)
     require_storable(record.model_dump())
     return record

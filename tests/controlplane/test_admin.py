@@ -143,7 +143,8 @@ def test_role_grants_and_superuser_changes_in_the_admin_are_audited(superuser_cl
     assert superuser_client.post(url, grant).status_code == 302  # no change, no row
     revoke = _user_form(alice, [operator], is_active=False)
     assert superuser_client.post(url, revoke).status_code == 302
-    rows = models.AuditEvent.objects.filter(target_id=str(alice.pk)).order_by("id")
+    rows = models.AuditEvent.objects.filter(target_type="user", target_id=str(alice.pk))
+    rows = rows.order_by("id")
     assert [(e.action, e.after["role"]) for e in rows] == [
         ("user.access", "admin"),
         ("user.access", None),

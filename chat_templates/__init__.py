@@ -32,7 +32,8 @@ Every request-level problem raises :class:`ChatTemplateError` carrying the OpenA
 both sides answer it as the same 400. Loading problems raise :class:`TemplateLoadError`.
 
 Layering: this package imports neither ``router_worker``, ``enginesim`` nor Django, so both
-the router and the engine server may import it (DESIGN.md: they may not import each other).
+the router and the engine server may import it (they may not import each other:
+docs/architecture.md, "Layers and their rules").
 """
 
 from chat_templates.families import DEFAULT_TEMPLATE, template_for_model

@@ -20,8 +20,9 @@
 * :mod:`engine_interface.kv_events`: constants of vLLM's KV-event ZMQ protocol (a module of
   its own, free of the parser's dependencies, so that the pure routing code may import it).
 
-A package of its own, importing neither side (DESIGN.md: enginesim's server imports nothing
-of router_worker, and the router nothing of enginesim): the router, the control plane,
+A package of its own, importing neither side (enginesim's server imports nothing of
+router_worker, and the router nothing of enginesim: docs/architecture.md, "Layers and
+their rules"): the router, the control plane,
 enginesim and the benches import it. No Django, no I/O.
 """
 

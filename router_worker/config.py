@@ -135,7 +135,7 @@ class RouterSettings(_Strict):
     max_queue: int = Field(default=1024, ge=0, le=100_000)
     queue_timeout_s: float = Field(default=10.0, gt=0, le=600)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, le=1024**3)
-    # Resource limits (issue 21): each hit is answered with an OpenAI-style error (or ends a
+    # Resource limits: each hit is answered with an OpenAI-style error (or ends a
     # stream with an SSE error event and [DONE]) and counted in
     # switchyard_router_limit_hits_total{limit}.
     header_timeout_s: float = Field(

@@ -1,4 +1,4 @@
-"""Replica sync: routers on one fleet tell each other what they dispatched (issue 20 item 3).
+"""Replica sync: routers on one fleet tell each other what they dispatched.
 
 Several router processes behind a load balancer each keep their own
 :class:`ClusterState` and account only their own dispatches: router B cannot see the

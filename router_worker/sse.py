@@ -1,4 +1,4 @@
-"""An engine's SSE stream, checked before it reaches the client (issue 21).
+"""An engine's SSE stream, checked before it reaches the client.
 
 The router relays an engine's stream chunk by chunk; an engine (or something between it
 and the router) that sends garbage would otherwise hand the client a stream its SDK

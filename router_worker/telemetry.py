@@ -1,4 +1,6 @@
-"""Telemetry out (DESIGN.md §2): state snapshots, per-arm metrics and events to Redis.
+"""Telemetry out: state snapshots, per-arm metrics and events to Redis.
+
+Where each lands and for how long: docs/architecture.md, "Where state lives".
 
 Follows :mod:`router_worker.telemetry_contract` exactly. Routing never waits on Redis:
 requests only append to in-memory aggregates and a bounded event buffer; one background

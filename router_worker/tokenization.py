@@ -1,4 +1,4 @@
-"""Prompt → token ids, in three tiers (DESIGN.md §3), plus the chat template.
+"""Prompt → token ids, in three tokenization modes, plus the chat template.
 
 1. ``ids``: a completions ``prompt`` given as token ids is used as it is.
 2. ``exact``: a local HF ``tokenizer.json`` (``tokenizers`` package) configured with

@@ -1,4 +1,4 @@
-"""The canary judge (DESIGN.md §5, after Flagger, Argo Rollouts and Kayenta).
+"""The canary judge (after Flagger, Argo Rollouts and Kayenta).
 
 Each step: hard guards first (candidate error rate, hotspot-fallback rate; too few samples
 halts — no data is never a pass), then a one-sided Mann–Whitney U test per latency metric

@@ -1,9 +1,9 @@
 """Per-policy summaries and the trace's TTFT lower bound.
 
-Definitions (DESIGN.md §3): TTFT = first token − arrival; TPOT = (finish − first token) /
-(output tokens − 1) over requests with more than one output token; hit ratio = prompt
-tokens the engines did not prefill (engine-reported) / prompt tokens, over completed
-requests; load CV = the router's load CV (``engine_interface.load_cv``:
+Definitions (docs/architecture.md, glossary): TTFT = first token − arrival; TPOT =
+(finish − first token) / (output tokens − 1) over requests with more than one output
+token; hit ratio = prompt tokens the engines did not prefill (engine-reported) / prompt
+tokens, over completed requests; load CV = the router's load CV (``engine_interface.load_cv``:
 stddev / mean across instances) of the true pending prefill tokens, averaged over the
 scrape ticks where the mean is positive; busy fraction = engine step
 time summed over instances / (instances × makespan); makespan = first arrival → last

@@ -1,4 +1,4 @@
-"""LMetric's KV hotspot detector (DESIGN.md §3, seed 000 §5.2).
+"""LMetric's KV hotspot detector (docs/algorithms.md, "lmetric's hotspot detector").
 
 Prefix class
 ------------

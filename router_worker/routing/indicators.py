@@ -4,7 +4,7 @@ The live router (wall clock) and the replay simulator (virtual clock) call the
 *same* methods of :class:`ClusterState`, always passing ``now`` (float
 seconds) explicitly; nothing here reads a clock or does I/O.
 
-Request lifecycle (router-local accounting, DESIGN.md §3)::
+A request's accounting (router-local; driven by :mod:`router_worker.routing.lifecycle`)::
 
     state.on_dispatch(features, instance_id, now)   # pending_prefill += uncached tokens,
                                                     # in_flight += 1 (in batch_size from
@@ -30,8 +30,8 @@ Definitions
   engine counts it — vLLM v1 schedules a request whose (chunked) prefill is in
   progress in the same batch as the decoding ones (it holds a sequence slot and
   a share of every step); only requests in the engine's waiting queue are not
-  in it. DESIGN.md §3 ("requests past their first token ... plus
-  admitted-not-started ones") with the admitted ones estimated as below::
+  in it: requests past their first token plus admitted-not-started ones, the
+  admitted ones estimated as below::
 
       batch_size = decoding + admitted + external
       decoding   = this router's requests on i past their first token, not finished

@@ -1,4 +1,4 @@
-"""Session features derived statelessly from a request (SMetric, DESIGN.md §3).
+"""Session features derived statelessly from a request (SMetric: docs/algorithms.md).
 
 * ``turn_index_from_messages``: in a chat request, the number of earlier
   assistant messages; 0 means a first turn.

@@ -9,8 +9,8 @@ Load = in-flight requests (SGLang counts running requests per worker).
    of the prompt → the instance with that match (reason ``cache_hit``; ties by
    lower load, then random).
 3. Else → least-loaded instance (reason ``low_match``).
-   (SGLang sends misses to the worker with the smallest radix tree; DESIGN.md
-   §3 specifies least-loaded, which we follow.)
+   (SGLang sends misses to the worker with the smallest radix tree; why this one
+   does not: docs/algorithms.md, "cache_aware".)
 
 Defaults are SGLang's current ones (``cache_threshold=0.3``,
 ``balance_abs_threshold=64``, ``balance_rel_threshold=1.5``; older releases

@@ -1,4 +1,4 @@
-"""``dualmap``: two hash candidates over an adaptive prefix key (seed 003 §2).
+"""``dualmap``: two hash candidates over an adaptive prefix key (docs/algorithms.md, "dualmap").
 
 Hash key — prefix hotness tree
     A node is a prompt prefix of ``d`` blocks, ``d`` in
@@ -31,7 +31,7 @@ Choice — SLO-aware with hotspot rebalance
     else affinity anyway (``affinity_slo_miss``). Scores: estimated TTFT of
     the two candidates (others filtered).
 
-Migration — hotspot-aware rebalancing of queued requests (seed 003 §2.3)
+Migration — hotspot-aware rebalancing of queued requests (DualMap's)
     After each dispatch the driver hands ``migrations`` the requests queued (no first
     token) on the instances the decision named. For a source instance ``i`` a queued
     request's TTFT is its wait so far plus the prefill work queued on ``i`` up to and
@@ -237,7 +237,7 @@ class DualMapPolicy(Policy):
     def migrations(
         self, view: ClusterView, queued: Sequence[QueuedRequest], now: float
     ) -> list[Migration]:
-        """Hotspot-aware rebalancing of queued requests (seed 003 §2.3), per source instance."""
+        """Hotspot-aware rebalancing of queued requests, per source instance."""
         lines: dict[str, list[QueuedRequest]] = {}
         for request in queued:
             lines.setdefault(request.instance_id, []).append(request)

@@ -1,6 +1,7 @@
 """``lmetric``: minimum of ``P-token_i(r) × BS_i``, plus the hotspot detector.
 
-Score = prefill term × load term (DESIGN.md §3, seed 000 §5):
+Score = prefill term × load term (the paper, and where this departs from it:
+docs/algorithms.md, "lmetric"):
 
 * prefill term ``p_token`` (default, the paper's): pending prefill tokens on i + r's
   prompt tokens not cached on i. ``miss_ratio`` (the paper's ablation): 1 − r's local
@@ -14,7 +15,7 @@ Score = prefill term × load term (DESIGN.md §3, seed 000 §5):
   being prefilled there, so with a tier the prefill term charges them
   ``tier_token_cost`` of a token each (SMetric's estimate does the same). The paper has
   no tier; without one, or with ``tier_token_cost`` null, the term is its P-token.
-* ``batch_offset`` c: the load term is ``BS + c``. The seed calls BS "the current
+* ``batch_offset`` c: the load term is ``BS + c``. The paper calls BS "the current
   batch size" and leaves open whether the routed request counts; c = 0 is the paper's
   exact form, c = 1 counts the routed request. With c = 0 an idle instance (BS = 0)
   scores 0 whatever its cache, so at partial load any idle instance beats the one holding

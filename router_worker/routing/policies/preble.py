@@ -1,4 +1,4 @@
-"""``preble``: Preble's E2 global scheduling rule (seed 003 §1.2).
+"""``preble``: Preble's E2 global scheduling rule (docs/algorithms.md, "preble").
 
 Per request, with ``matched`` = the longest local prefix hit over healthy
 instances and ``new = prompt − matched``:
@@ -14,10 +14,10 @@ Load cost of instance i (in prefill-token equivalents) =
 * ``window_i``, the history term: over the requests assigned to i in the last
   ``window_s`` seconds (Preble's H), Σ their uncached prompt tokens plus their
   count × ``decode_cost``. ``decode_cost`` prices one request's decode phase
-  from the historical mean response length (the seed's "历史平均 response token
-  数量"): the running mean of the output tokens reported through
-  ``observe_finish`` × ``decode_token_weight`` (GPU time of one decode token
-  over that of one prefill token; Preble fits both with per-model/GPU
+  from the historical mean response length (as Preble does): the running mean
+  of the output tokens reported through ``observe_finish`` ×
+  ``decode_token_weight`` (GPU time of one decode token over that of one
+  prefill token; Preble fits both with per-model/GPU
   regressions, which a router cannot run, so the ratio is a parameter). Until a
   finish has been observed, ``decode_cost_tokens`` is the prior. The current
   ``decode_cost`` prices every request in the window (not the value at its

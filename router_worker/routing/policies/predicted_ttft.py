@@ -1,9 +1,9 @@
 """``predicted_ttft``: per instance, predict this request's TTFT from a step-cost model; min.
 
 Like llm-d's latency predictor, but the predictor is not learned: it is enginesim's
-calibrated roofline cost model (DESIGN.md §4) reduced to a handful of coefficients that
-reach the policy as validated parameters. The router never imports ``enginesim``; the
-control plane fills the coefficients from the cluster's GPU and model
+calibrated roofline cost model (:mod:`enginesim.engine.costmodel`) reduced to a handful of
+coefficients that reach the policy as validated parameters. The router never imports
+``enginesim``; the control plane fills the coefficients from the cluster's GPU and model
 (``controlplane.services.policy_defaults``), and an operator may set any of them.
 
 Model, per instance i, all inputs from the indicator view (vLLM v1 scheduling: running

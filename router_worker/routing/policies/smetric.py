@@ -1,4 +1,4 @@
-"""``smetric``: session-centric scheduling (seed 004).
+"""``smetric``: session-centric scheduling (docs/algorithms.md, "smetric").
 
 Is the request a follow-up? Decided statelessly, first rule that applies:
 
@@ -13,7 +13,9 @@ Is the request a follow-up? Decided statelessly, first rule that applies:
 First turns → least-loaded instance (``first_turn_balance``): load = pending
 prefill tokens / prefill throughput (seconds of queued prefill), ties by lower
 BS (the view's ``batch_size``: running requests, prefilling or decoding), then
-seeded random.
+seeded random. A first turn places a whole session, so it is placed by the queue
+balance alone: drawing first turns to the instances holding their shared system
+prompt piles sessions up there.
 
 Follow-ups → the instance with the highest local hit (ties: lower estimated
 TTFT, then random). If its estimated TTFT meets the request's SLO → stick
@@ -23,66 +25,38 @@ among those with at most ``migrate_max_queue_s`` of queued prefill, if that beat
 sticking by ``migrate_margin`` (``session_migrate``); its cache then holds the session
 for later turns. If no instance does, the follow-up sticks above its SLO
 (``session_stick_over_slo``): moving would be slower still, and would throw the
-session's cache away. (The first version migrated to the least-loaded instance whenever
-the SLO broke; under load every estimate broke it, every follow-up moved, and the hit
-ratio collapsed — 0.09 on the synthetic Mooncake trace at ~80%.) A follow-up with no
-local hit anywhere goes least-loaded (``followup_no_hit``).
+session's cache away. (Migrating to the least-loaded instance whenever the SLO breaks,
+the paper's rule, collapses under load: every estimate breaks the SLO, every follow-up
+moves, and the hit ratio with it.) A follow-up with no local hit anywhere goes
+least-loaded (``followup_no_hit``).
 
 The SLO is per request: ``slo_ttft_s + slo_ttft_per_1k_prompt_s × u / 1000`` where u is
-the prompt tokens the stick instance does *not* hold (its own prefill there). The seed
+the prompt tokens the stick instance does *not* hold (its own prefill there). The paper
 leaves open whether the SLO is a fixed TTFT, one that grows with the prompt, or one per
-output token. A fixed TTFT cannot hold for long prompts (a 100k-token prompt needs ~14 s
-of prefill on an idle H20 with a 7B model); the length term makes the SLO a bound on the
-*queueing* a sticky follow-up may suffer on top of its own prefill, ``slo_ttft_s``.
-Per-output-token SLOs concern TPOT, which the router does not steer with this decision.
+output token. A fixed TTFT cannot hold for long prompts; the length term makes the SLO a
+bound on the *queueing* a sticky follow-up may suffer on top of its own prefill,
+``slo_ttft_s``. Per-output-token SLOs concern TPOT, which the router does not steer with
+this decision.
 
-Why these values (bench/bench_replay.py cells, 16× H20 Qwen2-7B; mean TTFT, averaged
-over simulator seeds 1-3 because a single seed moves a cell by up to ±10%; issue #19):
+Why the parameters are what they are:
 
-* u, not the whole prompt. The first version's length term counted every prompt token,
-  so a 30k-token agent follow-up holding 28k of them was allowed 6.5 s — it could queue
-  for 6 s before the rule looked elsewhere, and sticking won 99% of the time (agentic at
-  70% busy: 3668 sticks, 19 migrations, mean 0.780 s against lmetric's 0.620 s).
-* ``slo_ttft_s`` 0.3 s (was 2 s): the queueing a session's cache is worth. With the
-  workload's own 2 s, agentic stayed 14-25% behind lmetric (seed 1); at 0.5 s, chosen on
-  the engine before its refit (issue #22), it was within 3% at 50/70/90% busy. That worth
-  is prefill time: the refitted engine prefills 7,239 tok/s where it had 4,976 (H20,
-  Qwen2-7B), so the same worth is 0.5 × 4,976 / 7,239 ≈ 0.34 s. Measured on the refitted
-  engine (seed 1, mean TTFT, 0.5 → 0.3 s): agentic 30/50/70/90% 0.240/0.294/0.405/0.530
-  → 0.244/0.300/0.389/0.484 s (lmetric 0.252/0.302/0.393/0.484: at 0.5 s agentic/90 was
-  9.5% behind it); conversation/90 2.167 → 2.210, burst/90 1.697 → 1.793, synthetic
-  70/90 unchanged; 0.25 s was no better anywhere.
-* ``migrate_max_queue_s`` 2 s: a migration recomputes the history the target lacks, and
-  that work lands on a cluster that is either imbalanced (some instance has little
-  queued: moving helps) or saturated (every instance queues seconds: moving only adds
-  the recompute). Without the bound the tight SLO above took the Mooncake synthetic
-  trace at 90% from 9.0 s to 16.3 s (seed 1); with it, 8.4 s (3 seeds), while the
-  agentic cells keep their gain (0.444 / 0.636 / 1.004 s at 50/70/90% against
-  lmetric's 0.444 / 0.620 / 0.980). 1 s and 0.5 s starved agentic at 90% of targets
-  (1.19 s, 1.07 s).
-* ``migrate_margin`` 0 (was 0.2): with the queue bound, any faster target is taken. It
-  is the trade-off knob between agent sessions and the Mooncake traces: at 0.1 (3
-  seeds) agentic is 4% / 8% / 5% behind lmetric at 50/70/90% while conversation at 90%
-  costs +4% instead of +6% and synthetic at 70% nothing; at 0.2 (seed 1) agentic at 70%
-  is 15% behind and conversation at 90% is back at its old 3.45 s.
-* The price, same three seeds, before → after: Mooncake conversation at 90% 3.44 →
-  3.64 s (+6%), synthetic at 70% 2.56 → 2.70 s (+6%), burst at 90% 2.99 → 3.05 s
-  (+2%): on traces without turn information more follow-ups (strong local hits) now
-  move. Still far below least_load (8.25 / 65.1 / 7.81 s). Unchanged at seed 1:
-  conversation 70% (2.95 s), azure_code 90% (no prefix information: every request is a
-  first turn); better: agentic 30% (0.349 → 0.342 s) and agentic on Qwen3-30B-A3B at
-  50% (0.323 → 0.297 s).
+* u, not the whole prompt: counting every prompt token gives a long follow-up that holds
+  nearly all of its prompt a large allowance, so it queues for seconds before the rule
+  looks elsewhere.
+* ``slo_ttft_s`` is the queueing a session's cache is worth, i.e. prefill time: it scales
+  with the engine's prefill throughput, not with the workload's own TTFT target.
+* ``migrate_max_queue_s``: a migration recomputes the history the target lacks, and that
+  work lands on a cluster that is either imbalanced (some instance has little queued:
+  moving helps) or saturated (every instance queues seconds: moving only adds the
+  recompute). The bound keeps the tight SLO from moving sessions on a saturated cluster.
+* ``migrate_margin`` trades agent sessions (which gain from moving) against traces
+  without turn information, where strong local hits stand in for follow-ups and more of
+  them move.
 
-Measured and rejected (seed 1, before the rules above). First turns by the least
-estimated TTFT counting the shared system-prompt hit: a first turn places a whole
-session, and drawing sessions to the instances that hold their system prompt piled them
-up there (agentic 50/70/90%: 0.60 / 1.00 / 1.53 s against 0.52 / 0.74 / 1.36 s). By
-lmetric's (pending + prompt) × (BS + 48): identical choices; by BS first: mixed (0.52 /
-0.78 / 1.27 s). So first turns stay on the queue balance. Decode interference in the
-estimate (× (BS + 48) / 48, lmetric's step-time reading): 0.46 / 0.76 / 1.14 s, but BS
-averages 4 at the stick instance on the agentic trace, so the factor is ≤ 1.2 and its
-effect was only that the SLO broke a little more often — which the tighter SLO above
-does directly, so the estimate stays P-token / throughput.
+The defaults were chosen on the whole evaluation matrix (``bench/bench_replay.py``); the
+runs behind them, and the alternatives measured and rejected (first turns by estimated
+TTFT, decode interference in the estimate), are in bench/replay_report/ (NOTES.md,
+"SMetric's parameters").
 
 Estimated TTFT = P-token / prefill throughput; with a global KV tier
 configured, tokens the tier holds beyond the local hit are charged
@@ -94,14 +68,8 @@ load, which the estimate above already charges. Among the instances where it wou
 no later than where it is cached, it goes to the one with the fewest requests in flight
 (the batch it joins, not only the prefill queue), then the earliest start, then the most
 local hit (``session_stick`` when that is where it was, ``session_tier_rebalance``
-otherwise). This is the seed's first insight — with a global tier, balancing load no
-longer gives up KV reuse. Measured on bench_replay's ``agentic_tier`` (seed 1, one
-25 GB/s tier link per 8-GPU host), mean TTFT at 30/50/70/90% busy: 0.201 / 0.202 /
-0.205 / 0.209 s, against least_load's 0.204 / 0.208 / 0.212 / 0.218 (the best other
-policy there) and lmetric's 0.235–0.388; Qwen3-30B-A3B at 50%: 0.173 against 0.183.
-Going to the earliest start alone (no in-flight key) gave 0.210–0.214 s, 0.8–3% above
-least_load; sticking until the SLO broke (the rule off) was further behind. Without a
-tier nothing changes.
+otherwise). This is the paper's first insight — with a global tier, balancing load no
+longer gives up KV reuse. Without a tier nothing changes.
 """
 
 from __future__ import annotations
@@ -153,8 +121,9 @@ class SMetricParams(PolicyParams):
     tier_rebalance: bool = Field(
         True,
         description="with a global KV tier, send each follow-up to the instance with the "
-        "lowest estimated TTFT (its history loads from the tier) instead of sticking "
-        "until the SLO breaks",
+        "fewest requests in flight among those where it would start no later than where "
+        "it is cached (its history loads from the tier), instead of sticking until the "
+        "SLO breaks",
     )
     session_table_size: int = Field(100_000, ge=1, description="sessions remembered (LRU)")
 

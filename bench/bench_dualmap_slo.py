@@ -3,9 +3,9 @@
     .venv/bin/python bench/bench_dualmap_slo.py [--jobs 2] [--slo 0.5 --slo 1 ...]
         [--cell conversation/70 --cell synthetic/70 ...]
 
-The SLO decides when DualMap gives up cache affinity (seed 003 §2.2: the affinity
-candidate's estimated TTFT above it → the other candidate) and when it migrates queued
-requests off an instance (§2.3). Each cell (workload/load of ``bench_replay.py``, rate
+The SLO decides when DualMap gives up cache affinity (the affinity candidate's estimated
+TTFT above it → the other candidate) and when it migrates queued requests off an instance
+(docs/algorithms.md, "dualmap"). Each cell (workload/load of ``bench_replay.py``, rate
 scale from the committed calibration fit in ``bench/replay_report/matrix.json``) is
 replayed at every SLO with migration on, plus once at the old default (1 s) with migration
 off. Printed per run: mean, p99 TTFT, the share of decisions that leave the affinity

@@ -2,12 +2,13 @@
 
     .venv/bin/python bench/bench_hotspot.py [--quick] [--jobs 2] [--out DIR]
 
-The paper's failure mode (seed 000 §5.2): one prefix class takes a large share of the
-traffic while few instances cache it; its P-token there stays near zero, so the product
-keeps sending the class to them while their batches fill and requests queue. This sweep
-overlays a shared-prefix burst (enginesim's hotspot generator) on a window of the real
-Mooncake conversation trace and varies prefix length, suffix length, output length, the
-burst's share of arrivals and the background load. Per point it replays
+The LMetric paper's failure mode (docs/algorithms.md, "lmetric's hotspot detector"): one
+prefix class takes a large share of the traffic while few instances cache it; its P-token
+there stays near zero, so the product keeps sending the class to them while their batches
+fill and requests queue. This sweep overlays a shared-prefix burst (enginesim's hotspot
+generator) on a window of the real Mooncake conversation trace and varies prefix length,
+suffix length, output length, the burst's share of arrivals and the background load. Per
+point it replays
 
 * ``lmetric`` with the detector (the default policy),
 * ``lmetric[no_hotspot]``: the plain product,

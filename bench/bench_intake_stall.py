@@ -8,7 +8,7 @@ router's event-loop lag (its ``switchyard_router_loop_lag_seconds`` histogram: h
 10 ms timer fired) while the big prompts were being taken in, for:
 
 - ``inline``: ``router.offload_body_bytes`` set above the body limit, so every body is
-  parsed, tokenized and hashed on the event loop (the router before issue #21);
+  parsed, tokenized and hashed on the event loop (the router before the intake worker processes);
 - ``worker``: the default (bodies from 64 KiB go to a worker process, router/intake.py);
 
 with the big prompts forwarded to the engines (``engines``) or naming an unknown model, so

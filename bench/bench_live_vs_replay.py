@@ -1,6 +1,6 @@
-"""Live vs replay agreement (issues 6, 22): one trace slice, three policies, two stacks.
+"""Live vs replay agreement: one trace slice, three policies, two stacks.
 
-The default slice is the heavy one of issue 22: the Mooncake conversation trace's
+The default slice is the heavy one: the Mooncake conversation trace's
 [1700, 1900) s at rate scale 1.25, 723 requests (678 within Qwen2-7B's context), about 75%
 busy in the replay; the report checks the goals (replay busy >= 0.70, >= 600 requests
 served, live mean and p99 TTFT within 10% of the replay's, the same ranking).
@@ -416,11 +416,11 @@ def report(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any
     return "\n".join(lines)
 
 
-TOLERANCE = 0.10  # live mean and p99 TTFT within this of the replay's (issue 22)
+TOLERANCE = 0.10  # live mean and p99 TTFT within this of the replay's
 
 
 def verdict(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any]) -> list[str]:
-    """The issue's goals, each checked on this run's numbers."""
+    """The goals above, each checked on this run's numbers."""
     busy = min(replay[p]["busy"] for p in args.policies)
     served = min(replay[p]["ok"] for p in args.policies)
     worst = max(

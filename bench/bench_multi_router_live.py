@@ -1,4 +1,4 @@
-"""Several routers on one live fleet (issue 20 item 3): how much does replica sync recover?
+"""Several routers on one live fleet: how much does replica sync recover?
 
 For each policy (``lmetric``, ``predicted_ttft``) and each variant (1 router; 2 routers
 with replica sync; 2 routers without), a fresh ``python -m enginesim serve`` fleet (16 x

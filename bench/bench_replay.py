@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_replay.py [--quick] [--jobs 2] [--out DIR]
     .venv/bin/python bench/bench_replay.py --workload agentic --load 50 --policy lmetric
 
-Every routing claim Switchyard makes is a number from this table (DESIGN.md, "Evaluation").
+Every routing claim Switchyard makes is a number from this table (docs/algorithms.md).
 Each cell is one workload at one offered load on one cluster; each policy (every one of
 the registry, plus LMetric's ablations) replays the cell's requests through the very
 policy and indicator code the live router runs. Writes ``README.md`` (tables and the

@@ -1,4 +1,4 @@
-"""SMetric's own experiment: goodput of agentic sessions against offered rate (#19 item 2).
+"""SMetric's own experiment: goodput of agentic sessions against offered rate.
 
     .venv/bin/python bench/bench_smetric.py [--jobs 2] [--out bench/smetric_report]
 

@@ -22,7 +22,7 @@ construction, header normalisation and the ``aiter_raw`` generator layers cost m
 per request than the rest of the exchange. Read timeouts are one lazily re-armed timer
 per connection instead of an ``asyncio.timeout`` scope per wait (per SSE chunk).
 
-Limits (issue 21): a response head larger than ``max_header_bytes`` fails with
+Limits: a response head larger than ``max_header_bytes`` fails with
 :class:`ResponseTooLarge` (so does a body over ``max_body_bytes`` read whole with
 ``read()``); a request given a ``deadline_s`` fails with :class:`ResponseDeadline` once
 that much time has passed since it was sent, however steadily the engine drips bytes (the

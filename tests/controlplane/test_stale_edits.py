@@ -1,6 +1,6 @@
-"""Concurrent edits (issue 21, item 12): an edit carries the cluster revision it was prepared
-against (API: `expected_revision` or `If-Match`; forms: a hidden field); a stale one is
-refused with 409 and the current revision, and leaves no audit row and no config version."""
+"""Concurrent edits: an edit carries the cluster revision it was prepared against (API:
+`expected_revision` or `If-Match`; forms: a hidden field); a stale one is refused with 409
+and the current revision, and leaves no audit row and no config version."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Drills: hostile request bodies on the router's data path (issue #21, item 2).
+"""Drills: hostile request bodies on the router's data path.
 
 Nested JSON at every depth, token ids at and beyond 64 bits, and prompts at the size
 limit while other clients stream. Every request either succeeds or fails with a clear

@@ -1,7 +1,7 @@
-"""Drills for the router lifecycle and concurrent edits (issue 21, items 8, 10 and 12), on
-a private control-plane stack (tests/drills/stack.py: its own Postgres cluster, redis-server,
-uvicorn, a Celery `routers` worker supervising one router, and here also the general worker
-and beat, so reconcile runs every 5 s as in production).
+"""Drills for router supervision and concurrent edits, on a private control-plane stack
+(tests/drills/stack.py: its own Postgres cluster, redis-server, uvicorn, a Celery `routers`
+worker supervising one router, and here also the general worker and beat, so reconcile runs
+every 5 s as in production).
 
 * control plane (uvicorn) down 35 s with beat running: no healthy router restarted, no
   stream cut;

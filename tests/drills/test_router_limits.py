@@ -1,4 +1,4 @@
-"""Drills: the router's resource limits (issue 21, item 4), each under real load.
+"""Drills: the router's resource limits, each under real load.
 
 * slowloris: clients that drip a request head or body byte by byte get a 408 and lose
   their connection at the deadline, while normal traffic is served;

@@ -1,5 +1,5 @@
-"""Two (here four) canary judges at once (issue 21, item 12): one acts on the step, the
-others find it already acted on; no step is skipped and no failure counted twice."""
+"""Two (here four) canary judges at once: one acts on the step, the others find it already
+acted on; no step is skipped and no failure counted twice."""
 
 from __future__ import annotations
 

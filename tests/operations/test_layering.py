@@ -1,6 +1,7 @@
-"""DESIGN.md's layering rules are import-linter contracts (pyproject `[tool.importlinter]`,
-run by `make test`). These tests prove each contract bites: a copy of the repo's packages with
-one forbidden import injected must fail `lint-imports`, naming exactly that contract."""
+"""The layering rules (docs/architecture.md, "Layers and their rules") are import-linter
+contracts (pyproject `[tool.importlinter]`, run by `make test`). These tests prove each
+contract bites: a copy of the repo's packages with one forbidden import injected must fail
+`lint-imports`, naming exactly that contract."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
-"""Reconcile restarts a router for heartbeat silence only while the control plane could hear
-it (issue 21, item 8): not while the web tier is down, not right after an outage, not
-after a gap in reconcile's own runs. The control plane is a real server (pytest-django's
-live_server, /healthz on the test database and Redis)."""
+"""Reconcile restarts a router for heartbeat silence only while the control plane could
+hear it: not while the web tier is down, not right after an outage, not after a gap in
+reconcile's own runs. The control plane is a real server (pytest-django's live_server,
+/healthz on the test database and Redis)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""Router lifecycle under faults (issue 21, items 8 and 10): a router that is silent to the
-control plane but still answers is not restarted; a hung one is; routers exit with their
-supervisor; a leftover from a dead supervisor is stopped before the router starts again."""
+"""Router supervision under faults: a router that is silent to the control plane but still
+answers is not restarted; a hung one is; routers exit with their supervisor; a leftover
+from a dead supervisor is stopped before the router starts again."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""DESIGN.md §2: control-plane writes go through services — one transaction, one audit row,
-then the live broadcast on commit. So no module of the control plane outside
-``controlplane/services/`` (and its migrations) writes through the ORM: views, API handlers,
-Celery tasks, the realtime layer and management commands call a service instead. The check
-reads the source (an AST walk), so a write on a path no test exercises is caught too."""
+"""Control-plane writes go through services — one transaction, one audit row, then the live
+broadcast on commit. So no module of the control plane outside ``controlplane/services/``
+(and its migrations) writes through the ORM: views, API handlers, Celery tasks, the
+realtime layer and management commands call a service instead. The check reads the source
+(an AST walk), so a write on a path no test exercises is caught too."""
 
 from __future__ import annotations
 

@@ -469,7 +469,7 @@ def test_template_errors_reach_the_router_as_prompt_errors_naming_the_field():
 
 
 def test_the_shared_renderer_imports_neither_side():
-    """DESIGN.md: router_worker and enginesim's server may not import each other; both may
+    """router_worker and enginesim's server may not import each other; both may
     import chat_templates only because it imports neither (nor Django)."""
     import subprocess
     import sys

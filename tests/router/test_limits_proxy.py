@@ -1,5 +1,5 @@
-"""Engine answers over the router's limits, through a live router (issue 21, item 4); and
-the head deadline on a kept-alive client connection.
+"""Engine answers over the router's limits, through a live router; and the head deadline on
+a kept-alive client connection.
 
 One instance is a misbehaving engine on loopback (this file's ``BadEngine``), the other
 a real enginesim instance. A response head over ``max_response_header_bytes`` is the

@@ -1,5 +1,5 @@
-"""Resource limits of the router's data path, unit by unit (issue 21, item 4): the SSE
-check, the upstream transport's size and time limits, fd exhaustion, the config knobs."""
+"""Resource limits of the router's data path, unit by unit: the SSE check, the upstream
+transport's size and time limits, fd exhaustion, the config knobs."""
 
 from __future__ import annotations
 

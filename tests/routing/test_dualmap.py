@@ -74,7 +74,7 @@ def test_short_prompt_is_keyed_by_request_id():
     assert a[1] == b[1] == 0 and a[0] != b[0]
 
 
-# ----- queued-request migration (seed 003 §2.3) ---------------------------------------
+# ----- queued-request migration ------------------------------------------------------
 
 
 def queue_on(state, instance_id, sizes, alternatives, now=0.0, waited=None):

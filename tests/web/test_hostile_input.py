@@ -1,4 +1,4 @@
-"""Hostile strings in every free-text field an operator can set run nowhere (issue #21.1).
+"""Hostile strings in every free-text field an operator can set run nowhere.
 
 Stored through the services as an operator would through the forms and the API: the
 cluster's model and GPU names, an instance's KV-events endpoint, policy names and

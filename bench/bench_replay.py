@@ -188,7 +188,8 @@ WORKLOAD_BY_NAME = {w.name: w for w in WORKLOADS}
 # name → (registry kind, params). LMetric's ablations: its batch offset c (0 = the paper's
 # exact score), and the paper's two indicator ablations and the detector, at the default c.
 POLICIES: dict[str, tuple[str, dict[str, Any]]] = {kind: (kind, {}) for kind in REGISTRY}
-# What LMetric is measured against: the seven policies of the seeds and production routers.
+# What LMetric is measured against: the seven policies of its papers and production routers
+# (docs/algorithms.md).
 BASELINES = ("round_robin", "least_load", "linear", "cache_aware", "preble", "dualmap", "smetric")
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "lmetric[paper]": ("lmetric", {"batch_offset": 0.0, "tier_token_cost": None}),

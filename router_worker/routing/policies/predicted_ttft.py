@@ -52,22 +52,20 @@ v1) for the reference cluster, 16 × H20 serving Qwen2-7B (the coefficients are 
 instance), exactly as ``controlplane.services.policy_defaults.derive_coefficients("h20",
 "qwen2-7b")`` derives them, at a full prefill step of ``chunk`` tokens:
 
-* ``prefill_tps`` = chunk / the step's compute time: 7,239 tok/s;
-* ``step_overhead_s`` = t_fixed + t_per_seq: 2.258 ms;
-* ``decode_seq_s`` = t_per_seq + the compute one more sampled token adds: 0.162 ms (an
-  H20 runs a 7B model compute-bound beyond ~37 tokens a step, so a running request costs
-  about what one more prefill token does);
-* ``attention_pair_s`` = attention compute of one (query, key) pair: 4.25 ns;
-* ``min_step_s`` = the time of a one-token step, mostly the 15 GB weight read: 5.96 ms;
-* ``chunk_tokens`` = vLLM's ``max_num_batched_tokens`` on a ≥ 70 GiB GPU: 8192.
+* ``prefill_tps`` = chunk / the step's compute time;
+* ``step_overhead_s`` = t_fixed + t_per_seq;
+* ``decode_seq_s`` = t_per_seq + the compute one more sampled token adds (on a GPU that
+  runs the model compute-bound, a running request costs about what one more prefill
+  token does);
+* ``attention_pair_s`` = attention compute of one (query, key) pair;
+* ``min_step_s`` = the time of a one-token step, mostly the weight read;
+* ``chunk_tokens`` = vLLM's ``max_num_batched_tokens`` for the GPU's memory.
 
-Checked against enginesim's engine (H20, Qwen2-7B): a prompt on an idle instance is
-predicted within 0.1 % (256 to 12k tokens) of its engine time — the engine's fixed
-per-request overhead (about 9 ms, the same on every instance) is left out, as it cannot
-change a choice; under a running batch or behind a queue the
-prediction is low by 2-30 % in the engine's worst case (the request arriving just as a
-step starts, where ``wait_i`` is a whole step, not half), and by the queued prompts' own
-attention (about 20 % for a 20k-token prompt ahead).
+Against enginesim's engine, a prompt on an idle instance is predicted close to its engine
+time less the engine's fixed per-request overhead (the same on every instance, so it
+cannot change a choice); under a running batch or behind a queue the prediction runs low:
+a request arriving just as a step starts waits a whole step, not half, and the queued
+prompts' own attention is not charged.
 
 Measured throughput. ``use_measured_prefill_tps`` (off by default) replaces
 ``prefill_tps`` by the view's ``prefill_tps``, the router's EWMA of (prefill work ahead

@@ -73,7 +73,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.lib.cpu import PLACEMENTS, placed, prioritised
 from bench.lib.prober import probe_engine
-from bench.lib.processes import INSTANCES, cluster
+from bench.lib.processes import INSTANCES, bench_stack
 from bench.lib.router_cost import cpu_rows, hot_path_rows, throughput_rows
 from bench.lib.router_latency import probe_rows, ttft_rows
 
@@ -176,7 +176,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         if "ttft" in sections:
-            with cluster(args.ttft_time_scale, Path(tmp)) as slow:
+            with bench_stack(args.ttft_time_scale, Path(tmp)) as slow:
                 engines = slow.engines
                 routers = [proc for _, proc in slow.routers.values()]
                 with (
@@ -188,7 +188,7 @@ def main() -> None:
         if "probe" in sections:
             with (
                 probe_engine(Path(tmp)) as probe,
-                cluster(args.ttft_time_scale, Path(tmp), probe.url) as slow,
+                bench_stack(args.ttft_time_scale, Path(tmp), probe.url) as slow,
             ):
                 routers = [proc for _, proc in slow.routers.values()]
                 with (
@@ -202,7 +202,7 @@ def main() -> None:
                     )
                     probe_rows(slow, probe, args, Path(tmp))
         if sections & {"throughput", "cpu"}:
-            with cluster(args.time_scale, Path(tmp)) as fast:
+            with bench_stack(args.time_scale, Path(tmp)) as fast:
                 if "throughput" in sections:
                     throughput_rows(fast, args)
                 if "cpu" in sections:

@@ -7,10 +7,10 @@
   releases renamed ``vllm:time_per_output_token_seconds`` →
   ``vllm:inter_token_latency_seconds``). enginesim exposes the current names; readers
   fall back to an older name only when the current one is absent for that engine.
-* :func:`parse_metrics`: one scrape → :class:`InstanceMetrics`, one
+* :func:`parse_metrics`: one scrape → :class:`ScrapedMetrics`, one
   :class:`EngineMetrics` per vLLM engine core (the ``engine`` label: data-parallel ranks
   behind one API server). Built on ``prometheus_client``'s text parser; lines it cannot
-  read are skipped and counted (``InstanceMetrics.skipped``), never raised.
+  read are skipped and counted (``ScrapedMetrics.skipped``), never raised.
 * Aggregation, decided here once: running/waiting requests, prefix-cache counters and KV
   blocks are summed over an instance's engines; KV usage is the *mean* of the engines'
   fractions (each engine's cache is the same size, so this is the instance's fraction). A
@@ -224,7 +224,7 @@ class EngineMetrics:
 
 
 @dataclass
-class InstanceMetrics:
+class ScrapedMetrics:
     """One scrape of an instance's ``/metrics``: its engines, keyed by ``engine`` label."""
 
     engines: dict[str, EngineMetrics] = field(default_factory=dict)
@@ -307,7 +307,7 @@ _COUNTERS = {
 _HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "e2e": E2E_LATENCY}
 
 
-def parse_metrics(text: str, *, histograms: bool = True) -> InstanceMetrics:
+def parse_metrics(text: str, *, histograms: bool = True) -> ScrapedMetrics:
     """The metrics Switchyard uses from one vLLM ``/metrics`` exposition (without the
     latency histograms if ``histograms`` is false: the router's scrape, several times a
     second, needs none). Never raises on bad input: unreadable lines of those metrics, and
@@ -319,7 +319,7 @@ def parse_metrics(text: str, *, histograms: bool = True) -> InstanceMetrics:
     histogram_names = [n for metric in _HISTOGRAMS.values() for n in metric.names]
     scalars: dict[str, dict[str, float]] = {}  # engine -> sample name -> value
     builders: dict[str, dict[str, _HistogramBuilder]] = {}
-    out = InstanceMetrics(skipped=skipped)
+    out = ScrapedMetrics(skipped=skipped)
     for sample in samples:
         engine = sample.labels.get(ENGINE_LABEL) or DEFAULT_ENGINE
         if sample.name == CACHE_CONFIG_INFO.name:

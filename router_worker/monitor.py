@@ -24,7 +24,7 @@ import time
 
 import httpx
 
-from engine_interface import InstanceMetrics, parse_metrics
+from engine_interface import ScrapedMetrics, parse_metrics
 from router_worker.core import RouterCore
 from router_worker.upstream import is_local_exhaustion
 
@@ -85,7 +85,7 @@ class Monitor:
             return
         self.apply(name, parsed)
 
-    def apply(self, name: str, parsed: InstanceMetrics) -> None:
+    def apply(self, name: str, parsed: ScrapedMetrics) -> None:
         core = self.core
         state = core.state
         if state is None or name not in state.ids:

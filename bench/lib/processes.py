@@ -77,7 +77,7 @@ class EngineLog:
 
 
 @dataclass
-class Cluster:
+class BenchStack:
     """enginesim (``INSTANCES`` instances, one process) and two routers in front of it."""
 
     ports: list[int]
@@ -91,11 +91,13 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def cluster(time_scale: float, workdir: Path, probe_url: str | None = None) -> Iterator[Cluster]:
+def bench_stack(
+    time_scale: float, workdir: Path, probe_url: str | None = None
+) -> Iterator[BenchStack]:
     """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin
     (with ``probe_url``, each with a probe arm over that engine: see ``start_router``)."""
     ports, engines, log = start_engines(INSTANCES, time_scale, workdir)
-    started = Cluster(ports, engines, {}, log)
+    started = BenchStack(ports, engines, {}, log)
     try:
         for port in ports:
             wait_http(f"http://127.0.0.1:{port}/health", STARTUP_S, process=engines, ok=is_200)

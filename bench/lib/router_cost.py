@@ -12,7 +12,7 @@ import numpy as np
 
 from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import Run, closed_loop, run_async, run_loop
-from bench.lib.processes import Cluster
+from bench.lib.processes import BenchStack
 from bench.lib.stats import bucket_quantile, router_histograms
 
 
@@ -68,7 +68,7 @@ def measure_cpu(
     return run, cpu_seconds(pid) - cpu0
 
 
-def cpu_rows(setup: Cluster, args: argparse.Namespace) -> None:
+def cpu_rows(setup: BenchStack, args: argparse.Namespace) -> None:
     """CPU time per request and per streamed chunk: the robust figure on a shared machine.
 
     Per chunk: the slope between streams of ``SHORT`` and ``LONG`` tokens (CPU per request
@@ -122,7 +122,7 @@ def cpu_rows(setup: Cluster, args: argparse.Namespace) -> None:
     )
 
 
-def throughput_rows(setup: Cluster, args: argparse.Namespace) -> None:
+def throughput_rows(setup: BenchStack, args: argparse.Namespace) -> None:
     ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
     concurrency = 64
     engine0 = cpu_seconds(engines.pid)

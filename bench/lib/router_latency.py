@@ -28,7 +28,7 @@ from bench.lib.prober import (
     prober,
     sessions_in_arm,
 )
-from bench.lib.processes import Cluster, nginx_in_front, paused
+from bench.lib.processes import BenchStack, nginx_in_front, paused
 from bench.lib.stats import added_interval, bucket_quantile, pct, router_histograms, transit
 
 
@@ -92,7 +92,9 @@ def row_streams(
     )
 
 
-def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Namespace) -> ArmResult:
+def ttft_arm(
+    setup: BenchStack, policy: str, concurrency: int, args: argparse.Namespace
+) -> ArmResult:
     """``concurrency`` streams through the ``policy`` router and, at the same time, a
     quarter as many straight to the engines (the baseline: the same engines, client and
     moment, so what the machine does to both cancels out)."""
@@ -111,7 +113,7 @@ def ttft_arm(setup: Cluster, policy: str, concurrency: int, args: argparse.Names
     return ArmResult(routed, direct, engine, **measured)
 
 
-def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
+def ttft_rows(setup: BenchStack, args: argparse.Namespace) -> None:
     """Added TTFT at 1, 50 and 200 concurrent streams through the round-robin and the
     lmetric router, each against direct probe streams run at the same time.
 
@@ -151,7 +153,7 @@ def ttft_rows(setup: Cluster, args: argparse.Namespace) -> None:
 
 
 def each_row(
-    setup: Cluster, args: argparse.Namespace, header: str, row: Callable[[int, str], str]
+    setup: BenchStack, args: argparse.Namespace, header: str, row: Callable[[int, str], str]
 ) -> None:
     """Print ``header`` and a row per stream count and router, the other router paused."""
     print(header)
@@ -192,7 +194,7 @@ def reference_hop(probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -
 
 
 def probe_arm(
-    setup: Cluster, probe: ProbeEngine, policy: str, concurrency: int, args: argparse.Namespace
+    setup: BenchStack, probe: ProbeEngine, policy: str, concurrency: int, args: argparse.Namespace
 ) -> ProbeResult:
     """``concurrency`` load streams through the ``policy`` router's load arm while a
     separate prober process times probes through its probe arm and direct."""
@@ -221,7 +223,9 @@ def probe_arm(
     return ProbeResult(load, *probe_transits(results, probe), **meter(load.wall))
 
 
-def probe_rows(setup: Cluster, probe: ProbeEngine, args: argparse.Namespace, workdir: Path) -> None:
+def probe_rows(
+    setup: BenchStack, probe: ProbeEngine, args: argparse.Namespace, workdir: Path
+) -> None:
     """Added TTFT as a prober sees it while the router carries 1, 50 or 200 streams.
 
     The TTFT rows' direct baseline goes to the loaded engines, whose event loop (4

@@ -9,23 +9,32 @@ from controlplane.selectors import router_deployments as router_selectors
 from controlplane.services import router_deployments as router_services
 
 from .auth import RouterTokenAuth, actor_of, role
-from .schemas import HeartbeatIn, HeartbeatOut, Id, RouterCreatedOut, RouterIn, RouterOut
+from .schemas import (
+    HeartbeatIn,
+    HeartbeatOut,
+    Id,
+    RouterDeploymentCreatedOut,
+    RouterDeploymentIn,
+    RouterDeploymentOut,
+)
 
 routes = Router(tags=["routers"])
 
 
-@routes.get("/routers", response=list[RouterOut])
+@routes.get("/routers", response=list[RouterDeploymentOut])
 def list_routers(request: HttpRequest, cluster: Id | None = None):
     return router_selectors.routers(cluster)
 
 
-@routes.get("/routers/{router_id}", response=RouterOut)
+@routes.get("/routers/{router_id}", response=RouterDeploymentOut)
 def get_router(request: HttpRequest, router_id: Id):
     return router_selectors.router(router_id)
 
 
-@routes.post("/clusters/{cluster_id}/routers", response={201: RouterCreatedOut}, auth=role("admin"))
-def create_router(request: HttpRequest, cluster_id: Id, payload: RouterIn):
+@routes.post(
+    "/clusters/{cluster_id}/routers", response={201: RouterDeploymentCreatedOut}, auth=role("admin")
+)
+def create_router(request: HttpRequest, cluster_id: Id, payload: RouterDeploymentIn):
     token, created = router_services.create_router_deployment(
         actor_of(request), cluster_id, **payload.dict()
     )

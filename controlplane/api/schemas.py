@@ -273,14 +273,14 @@ class ConfigVersionOut(Schema):
         return document
 
 
-class RouterIn(Schema):
+class RouterDeploymentIn(Schema):
     name: Name
     host: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
     port: int = Field(ge=1, le=65535)
     reason: Reason = ""
 
 
-class RouterOut(Schema):
+class RouterDeploymentOut(Schema):
     id: int
     cluster_id: int
     name: str
@@ -302,8 +302,8 @@ class RouterOut(Schema):
         return current is not None and router.applied_version == current
 
 
-class RouterCreatedOut(Schema):
-    router: RouterOut
+class RouterDeploymentCreatedOut(Schema):
+    router: RouterDeploymentOut
     token: str = Field(description="The router's bearer token. Shown only this once.")
 
 

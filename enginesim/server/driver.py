@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from enginesim.server.metrics import InstanceMetrics
+from enginesim.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,7 @@ class RequestStream:
 class EngineDriver:
     """Owns the real-time loop around one engine core."""
 
-    def __init__(self, engine: Any, clock: VirtualClock, metrics: InstanceMetrics) -> None:
+    def __init__(self, engine: Any, clock: VirtualClock, metrics: ServerMetrics) -> None:
         self.engine = engine
         self.clock = clock
         self.metrics = metrics

@@ -15,7 +15,7 @@ from enginesim.server.chat import ChatTemplate, model_template
 from enginesim.server.driver import EngineDriver, VirtualClock
 from enginesim.server.faults import FaultRequest, FaultState
 from enginesim.server.kv_events import KVEventPublisher
-from enginesim.server.metrics import InstanceMetrics
+from enginesim.server.metrics import ServerMetrics
 from enginesim.server.request_log import RequestLog
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Instance:
         return self.driver.engine
 
     @property
-    def metrics(self) -> InstanceMetrics:
+    def metrics(self) -> ServerMetrics:
         return self.driver.metrics
 
     def cache_info(self) -> dict[str, str]:
@@ -97,7 +97,7 @@ class Instance:
     def _boot(self) -> EngineDriver:
         sink = self.kv_publisher.publish if self.kv_publisher is not None else None
         engine = self._engine_factory(sink)
-        metrics = InstanceMetrics(
+        metrics = ServerMetrics(
             self.served_name,
             self.max_model_len,
             self.cache_info(),

@@ -203,7 +203,7 @@ class _EngineStateCollector:
         )
 
 
-class InstanceMetrics:
+class ServerMetrics:
     """Everything behind one instance's ``/metrics``."""
 
     def __init__(
@@ -308,7 +308,7 @@ class InstanceMetrics:
 class _ServerCollector:
     """Counters and histograms the server feeds."""
 
-    def __init__(self, metrics: InstanceMetrics) -> None:
+    def __init__(self, metrics: ServerMetrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:

@@ -29,7 +29,7 @@ from typing import Annotated, Any
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from controlplane.services import ingest
 from router_worker.telemetry_contract import (
@@ -137,6 +137,7 @@ class Publisher:
         self.cursor: bytes | str | None = None  # last events-stream entry forwarded
         self.loop_errors = 0  # unexpected errors a loop survived (each logged)
         self.rejected = 0  # malformed records counted in the quarantine
+        self.unreadable_streams: dict[str, str] = {}  # stream -> Redis's refusal (WRONGTYPE)
 
     async def run(self, stop: asyncio.Event) -> None:
         loops = [
@@ -251,7 +252,7 @@ class Publisher:
                     feed.events_cursor = await self._stream_tail(stream)
             cursors = {EVENTS_STREAM: self.cursor}
             cursors.update({stream: feed.events_cursor for stream, feed in feeds.items()})
-            batches = await self.client.xread(cursors, count=200, block=1000)
+            batches = await self._xread(cursors, count=200, block=1000)
             for stream, entries in batches or []:
                 own = feeds.get(stream.decode() if isinstance(stream, bytes) else stream)
                 for entry_id, fields in entries:
@@ -261,8 +262,33 @@ class Publisher:
                         own.events_cursor = entry_id
                     await self.forward_event(fields, None if own is None else own.name)
 
+    async def _xread(self, cursors: dict[str, Any], count: int, block: int) -> list[Any]:
+        """One XREAD of every stream; when a key of another type sits where a stream belongs
+        (WRONGTYPE fails the whole read), each stream is read on its own and the unreadable
+        ones are skipped (counted in ``unreadable_streams``), so every other cluster's
+        records still flow."""
+        try:
+            return await self.client.xread(cursors, count=count, block=block) or []
+        except ResponseError as error:
+            if "WRONGTYPE" not in str(error):
+                raise
+        batches = []
+        for stream, cursor in cursors.items():
+            try:
+                batches += await self.client.xread({stream: cursor}, count=count) or []
+            except ResponseError as error:
+                self.unreadable_streams[stream] = str(error)[:200]
+                log.warning("cannot read %s: %s", stream, error)
+        if not batches:  # nothing readable arrived: pace the retry as the blocking read did
+            await asyncio.sleep(block / 1000)
+        return batches
+
     async def _stream_tail(self, stream: str = EVENTS_STREAM) -> bytes | str:
-        last = await self.client.xrevrange(stream, count=1)
+        try:
+            last = await self.client.xrevrange(stream, count=1)
+        except ResponseError as error:  # not a stream: _xread skips it while it is not
+            self.unreadable_streams[stream] = str(error)[:200]
+            return "0-0"
         return last[0][0] if last else "0-0"
 
     async def forward_decisions(self, block_ms: int = 1000) -> None:
@@ -273,7 +299,7 @@ class Publisher:
         for stream, feed in feeds.items():
             if feed.decisions_cursor is None:  # a dashboard's first paint shows the past
                 feed.decisions_cursor = await self._stream_tail(stream)
-        batches = await self.client.xread(
+        batches = await self._xread(
             {stream: feed.decisions_cursor for stream, feed in feeds.items()},
             count=DECISIONS_SHOWN,
             block=block_ms,
@@ -334,10 +360,22 @@ class Publisher:
         self.rejected += len(rejected)
         for item in rejected:
             log.warning("%s %s quarantined: %s", item.source, item.entry_id, item.reason)
+        for source in {item.source for item in rejected}:
+            await self._repair_count(source)
         async with self.client.pipeline(transaction=True) as pipe:
             for item in rejected:
                 ingest.queue_quarantine(pipe, item.source, item.entry_id, item.data, item.reason)
             await pipe.execute()
+
+    async def _repair_count(self, source: str) -> None:
+        """As ingest.repair_count: a forged count must not stop the counting."""
+        try:
+            raw = await self.client.hget(ingest.QUARANTINE_COUNTS, source)
+            command = ingest.count_repair(source, raw, False)
+        except ResponseError:  # WRONGTYPE
+            command = ingest.count_repair(source, None, True)
+        if command:
+            await self.client.execute_command(*command)
 
 
 class ConfigNotice(BaseModel):

@@ -123,6 +123,7 @@ class IngestResult:
     stored: int = 0
     duplicates: int = 0
     quarantined: int = 0
+    unreadable: list[str] = field(default_factory=list)  # streams Redis would not read
 
 
 @dataclass(frozen=True)
@@ -326,6 +327,39 @@ def queue_quarantine(pipe: Any, source: str, entry_id: str, data: bytes, reason:
     pipe.hincrby(QUARANTINE_COUNTS, source, 1)
 
 
+def countable(raw: bytes | str | None) -> bool:
+    """Whether a quarantine count as stored can be incremented (HINCRBY fails on anything
+    but an integer, which a forged value would make of every later count)."""
+    if raw is None:
+        return True
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return text.lstrip("-").isdigit() and text.isascii()
+
+
+def count_repair(source: str, raw: bytes | str | None, wrong_type: bool) -> tuple | None:
+    """The Redis command that makes ``source``'s quarantine count incrementable again, given
+    what HGET returned (``wrong_type``: it failed, the counts key is not a hash), or None.
+    A forged, non-integer count starts again from 0; a counts key of another type is
+    renamed aside (kept for inspection)."""
+    if wrong_type:
+        aside = f"{QUARANTINE_COUNTS}:unreadable:{int(time.time())}"
+        log.warning("%s is not a hash; renaming it to %s", QUARANTINE_COUNTS, aside)
+        return ("RENAME", QUARANTINE_COUNTS, aside)
+    if countable(raw):
+        return None
+    log.warning("quarantine count of %s was %r, not a number; counting from 0", source, raw)
+    return ("HSET", QUARANTINE_COUNTS, source, 0)
+
+
+def repair_count(client: redis.Redis, source: str) -> None:
+    try:
+        command = count_repair(source, client.hget(QUARANTINE_COUNTS, source), False)
+    except redis.ResponseError:  # WRONGTYPE
+        command = count_repair(source, None, True)
+    if command:
+        client.execute_command(*command)
+
+
 def _settle(
     client: redis.Redis,
     stream: str,
@@ -334,6 +368,8 @@ def _settle(
     delete_acknowledged: bool,
 ) -> None:
     """Quarantine, count and acknowledge in one MULTI: all of it happens, or none."""
+    if poisoned:
+        repair_count(client, stream)
     pipe = client.pipeline(transaction=True)
     for entry_id, fields, reason in poisoned:
         pipe.xadd(
@@ -395,9 +431,19 @@ def _ingest_streams(
 ) -> IngestResult:
     """A batch of the stream shared by every cluster (written by routers without a Redis
     identity of their own), then one of each cluster's own stream."""
-    total = _ingest(client, shared, parse, store, **options)
-    for name in Cluster.objects.values_list("name", flat=True):
-        result = _ingest(client, own(name), parse, store, only=name, **options)
+    total = IngestResult()
+    streams = [(shared, None)] + [
+        (own(name), name) for name in Cluster.objects.values_list("name", flat=True)
+    ]
+    for stream, only in streams:
+        try:
+            result = _ingest(client, stream, parse, store, only=only, **options)
+        except redis.ResponseError as error:
+            # A key of another type where a stream belongs (WRONGTYPE): that stream cannot
+            # be read, and must not keep the other clusters' streams from being read.
+            log.warning("cannot ingest %s: %s", stream, error)
+            total.unreadable.append(stream)
+            continue
         for counter in ("read", "stored", "duplicates", "quarantined"):
             setattr(total, counter, getattr(total, counter) + getattr(result, counter))
     return total

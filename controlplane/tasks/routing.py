@@ -40,13 +40,13 @@ def scrape_instances() -> dict[str, dict[str, bool]]:
 
 
 @shared_task(name="switchyard.ingest_events", **IDEMPOTENT)
-def ingest_events() -> dict[str, int]:
+def ingest_events() -> dict[str, object]:
     with notify.redis_client() as client:
         return vars(ingest.ingest_events(client))
 
 
 @shared_task(name="switchyard.ingest_metrics", **IDEMPOTENT)
-def ingest_metrics() -> dict[str, int]:
+def ingest_metrics() -> dict[str, object]:
     with notify.redis_client() as client:
         return vars(ingest.ingest_metrics(client))
 

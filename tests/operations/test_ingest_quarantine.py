@@ -235,3 +235,25 @@ def test_quarantine_summary_counts_and_lists_the_newest_entries_first(
     assert (summary.counts, summary.total) == ({EVENTS_STREAM: 2}, 2)
     assert [e.data for e in summary.entries] == ["{not json", far_future]
     assert all(e.reason and e.source == EVENTS_STREAM for e in summary.entries)
+
+
+def test_a_forged_count_or_a_wrong_typed_stream_stops_no_ingest(streams, cluster, cluster_router):
+    """A non-integer count made HINCRBY fail the batch's settlement (its count stopped), and
+    a string where a cluster's stream belongs failed the read of every stream after it."""
+    from controlplane.models import Cluster
+    from router_worker.telemetry_contract import metrics_stream
+
+    squatter = Cluster.objects.create(name="aaa-squatted", model="m", gpu_type="h20")
+    streams.set(metrics_stream(squatter.name), "not a stream")
+    streams.hset(ingest.QUARANTINE_COUNTS, METRICS_STREAM, "lots")
+    start = 1_800_000_000.0
+    add_raw(streams, METRICS_STREAM, metrics_record("ok-1", start))
+    add_raw(streams, METRICS_STREAM, POISON_METRICS["negative TTFT sample"])
+    add_raw(streams, metrics_stream(CLUSTER), metrics_record("ok-2", start + 1))
+    try:
+        result = ingest.ingest_metrics(streams)
+        assert (result.stored, result.quarantined) == (2, 1)
+        assert result.unreadable == [metrics_stream(squatter.name)]
+        assert int(streams.hget(ingest.QUARANTINE_COUNTS, METRICS_STREAM)) == 1
+    finally:
+        streams.delete(metrics_stream(squatter.name), metrics_stream(CLUSTER))

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from controlplane.realtime.publisher import Publisher
+from controlplane.realtime.publisher import ClusterFeed, Publisher
 from controlplane.services import ingest
 from router_worker.telemetry_contract import (
     CONFIG_CHANNEL,
@@ -102,3 +102,36 @@ async def test_a_loop_survives_any_error_of_its_step(setup) -> None:
     publisher_run = Publisher._forever(publisher, stop, step, 0)
     await asyncio.wait_for(publisher_run, 10)
     assert len(calls) == 2 and publisher.loop_errors == 1
+
+
+async def test_a_forged_count_or_a_wrong_typed_stream_stops_no_cluster(setup) -> None:
+    """A non-integer quarantine count made every later HINCRBY fail (the decisions of that
+    tick were lost), and a string where a cluster's decisions stream belongs failed the one
+    XREAD of every cluster's streams, for ever."""
+    name, publisher, sent, client = setup
+    stream, squatted = decisions_stream(name), decisions_stream(f"{name}-squatted")
+    client.delete(stream)
+    client.hset(ingest.QUARANTINE_COUNTS, stream, "lots")
+    client.set(squatted, "not a stream", ex=30)
+    publisher.feeds[f"{name}-squatted"] = ClusterFeed(999_999, f"{name}-squatted")
+    await publisher.forward_decisions(block_ms=10)  # cursors start at the tails
+    good = {
+        "cluster": name,
+        "router": "r1",
+        "request_id": "ok",
+        "at": time.time(),
+        "arm": "a",
+        "policy": "lmetric",
+        "instance": "i0",
+        "reason": "score",
+    }
+    client.xadd(stream, {"nodata": "1"})
+    client.xadd(stream, {"data": json.dumps(good)})
+    await publisher.forward_decisions(block_ms=10)
+    (message,) = sent.of_type("decisions")
+    assert [d["request_id"] for d in message["decisions"]] == ["ok"]
+    assert counted(client, stream) == 1  # the forged count restarted from 0
+    assert squatted in publisher.unreadable_streams
+    del publisher.feeds[f"{name}-squatted"]
+    client.delete(stream, squatted)
+    client.hdel(ingest.QUARANTINE_COUNTS, stream)

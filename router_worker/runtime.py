@@ -22,7 +22,7 @@ import numpy as np
 
 from router_worker.arms import arm_salt, pick_arm
 from router_worker.config import PolicySpec, RouterConfig
-from router_worker.routing import ClusterState, ClusterView, Health, Policy, make_policy
+from router_worker.routing import ClusterState, ClusterView, Health, RoutingPolicy, make_policy
 from router_worker.tokenization import Tokenizer
 
 DEFAULT_ARM = "default"
@@ -45,7 +45,7 @@ class ArmView(ClusterView):
 class Arm:
     name: str
     spec: PolicySpec
-    policy: Policy
+    policy: RoutingPolicy
     instances: tuple[str, ...]
     weight: float
     view: ArmView

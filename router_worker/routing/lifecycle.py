@@ -38,7 +38,7 @@ import numpy as np
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterState, ClusterView
-from router_worker.routing.policies.base import Decision, NoEligibleInstanceError, Policy
+from router_worker.routing.policies.base import Decision, NoEligibleInstanceError, RoutingPolicy
 
 # A request answered with a 5xx by this many instances is taken for the cause (an input
 # that trips an engine bug): no more retries.
@@ -128,7 +128,7 @@ class RequestLifecycle:
     """A request's attempts and the transitions between them (see the module docstring)."""
 
     features: RequestFeatures
-    policy: Policy
+    policy: RoutingPolicy
     state: ClusterState
     max_attempts: int = 3
     attempts: list[Attempt] = field(default_factory=list)

@@ -1,6 +1,6 @@
 """Routing policies behind one interface, and the registry the control plane uses.
 
-``REGISTRY[kind]`` is the policy class; ``Policy.Params`` its pydantic v2
+``REGISTRY[kind]`` is the policy class; ``RoutingPolicy.Params`` its pydantic v2
 parameter model (``Params.model_json_schema()`` for operator forms);
 ``DESCRIPTIONS[kind]`` a one-line description. ``make_policy(kind, params,
 seed)`` validates and builds, raising :class:`PolicyConfigError` that names the
@@ -18,9 +18,9 @@ from router_worker.routing.policies.base import (
     Decision,
     Migration,
     NoEligibleInstanceError,
-    Policy,
     PolicyParams,
     QueuedRequest,
+    RoutingPolicy,
 )
 from router_worker.routing.policies.cache_aware import CacheAwarePolicy
 from router_worker.routing.policies.dualmap import DualMapPolicy
@@ -33,7 +33,7 @@ from router_worker.routing.policies.predicted_ttft import PredictedTTFTPolicy
 from router_worker.routing.policies.round_robin import RoundRobinPolicy
 from router_worker.routing.policies.smetric import SMetricPolicy
 
-REGISTRY: dict[str, type[Policy]] = {
+REGISTRY: dict[str, type[RoutingPolicy]] = {
     cls.kind: cls
     for cls in (
         RoundRobinPolicy,
@@ -71,7 +71,7 @@ def validate_params(kind: str, params: Mapping[str, Any] | None) -> PolicyParams
         raise PolicyConfigError(first.message, first.path or "params") from exc
 
 
-def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int = 0) -> Policy:
+def make_policy(kind: str, params: Mapping[str, Any] | None = None, seed: int = 0) -> RoutingPolicy:
     """Build a validated policy instance."""
     return REGISTRY[kind](validate_params(kind, params), seed)
 
@@ -83,10 +83,10 @@ __all__ = [
     "Migration",
     "NoEligibleInstanceError",
     "ParamProblem",
-    "Policy",
     "PolicyConfigError",
     "PolicyParams",
     "QueuedRequest",
+    "RoutingPolicy",
     "make_policy",
     "param_problems",
     "validate_params",

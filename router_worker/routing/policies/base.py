@@ -113,7 +113,7 @@ class Migration:
     benefit_s: float  # estimated TTFT saved
 
 
-class Policy(ABC):
+class RoutingPolicy(ABC):
     """One routing policy. Subclasses set ``kind``, ``description`` and ``Params``."""
 
     kind: ClassVar[str]

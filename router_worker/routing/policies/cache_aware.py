@@ -29,7 +29,7 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 
 class CacheAwareParams(PolicyParams):
@@ -50,7 +50,7 @@ class CacheAwareParams(PolicyParams):
     )
 
 
-class CacheAwarePolicy(Policy):
+class CacheAwarePolicy(RoutingPolicy):
     kind = "cache_aware"
     description = "SGLang router: longest prefix match unless load is imbalanced or match is low."
     Params = CacheAwareParams

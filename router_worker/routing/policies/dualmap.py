@@ -67,9 +67,9 @@ from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import (
     Decision,
     Migration,
-    Policy,
     PolicyParams,
     QueuedRequest,
+    RoutingPolicy,
 )
 
 _MASK64 = (1 << 64) - 1
@@ -184,7 +184,7 @@ class PrefixHotnessTree:
                     del self.nodes[node_key]
 
 
-class DualMapPolicy(Policy):
+class DualMapPolicy(RoutingPolicy):
     kind = "dualmap"
     description = "DualMap: two consistent-hash candidates on an adaptive prefix key, SLO-aware."
     Params = DualMapParams

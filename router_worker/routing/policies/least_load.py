@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 
 class LeastLoadParams(PolicyParams):
     """No parameters."""
 
 
-class LeastLoadPolicy(Policy):
+class LeastLoadPolicy(RoutingPolicy):
     kind = "least_load"
     description = "Fewest in-flight requests; ignores the KV cache (baseline)."
     Params = LeastLoadParams

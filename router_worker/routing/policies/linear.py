@@ -26,7 +26,7 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 
 class LinearParams(PolicyParams):
@@ -44,7 +44,7 @@ class LinearParams(PolicyParams):
     )
 
 
-class LinearPolicy(Policy):
+class LinearPolicy(RoutingPolicy):
     kind = "linear"
     description = "Weighted sum of pending prefill and decode load (BAILIAN / Dynamo style)."
     Params = LinearParams

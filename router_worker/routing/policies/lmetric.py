@@ -49,7 +49,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotDetector, HotspotParams
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 
 class LMetricParams(PolicyParams):
@@ -83,7 +83,7 @@ class LMetricParams(PolicyParams):
     )
 
 
-class LMetricPolicy(Policy):
+class LMetricPolicy(RoutingPolicy):
     kind = "lmetric"
     description = "Minimum P-token × batch size, with KV hotspot detection and fallback."
     Params = LMetricParams

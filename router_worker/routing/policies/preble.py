@@ -79,7 +79,7 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 _MAX_TRACKED_REQUESTS = 100_000
 
@@ -201,7 +201,7 @@ class _PrefixTTFT:
         return mean >= p.replicate_ttft_factor * min(self.past)
 
 
-class PreblePolicy(Policy):
+class PreblePolicy(RoutingPolicy):
     kind = "preble"
     description = (
         "Preble: exploit the longest prefix or explore by windowed load (prefill, decode, "

@@ -91,7 +91,7 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
 FALLBACK_COEFFICIENTS: dict[str, float | int] = {
@@ -184,7 +184,7 @@ class Coefficients:
         return cls(**values)
 
 
-class PredictedTTFTPolicy(Policy):
+class PredictedTTFTPolicy(RoutingPolicy):
     kind = "predicted_ttft"
     description = (
         "Minimum predicted TTFT: queued + uncached prefill over chunked steps "

@@ -12,14 +12,14 @@ import numpy as np
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 
 
 class RoundRobinParams(PolicyParams):
     """No parameters."""
 
 
-class RoundRobinPolicy(Policy):
+class RoundRobinPolicy(RoutingPolicy):
     kind = "round_robin"
     description = "Cyclic over healthy instances; ignores load and KV cache (baseline)."
     Params = RoundRobinParams

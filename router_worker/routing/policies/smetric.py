@@ -79,7 +79,7 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import Decision, Policy, PolicyParams
+from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.sessions import SessionTable
 
 
@@ -128,7 +128,7 @@ class SMetricParams(PolicyParams):
     session_table_size: int = Field(100_000, ge=1, description="sessions remembered (LRU)")
 
 
-class SMetricPolicy(Policy):
+class SMetricPolicy(RoutingPolicy):
     kind = "smetric"
     description = "First turns to the least-loaded instance; follow-ups stick unless SLO breaks."
     Params = SMetricParams

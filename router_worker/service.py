@@ -135,7 +135,7 @@ class Service:
             hook(config, document)
         return config
 
-    # ----- lifecycle -----------------------------------------------------------------
+    # ----- start and stop --------------------------------------------------------------
     async def start(self) -> None:
         self.telemetry.event(
             "router_started",

@@ -1,4 +1,4 @@
-"""Canary splits and their lifecycle."""
+"""Canary splits and their rollout."""
 
 from typing import Literal
 

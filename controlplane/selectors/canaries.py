@@ -68,7 +68,7 @@ def timeline(judgements_oldest_first: Iterable[CanaryJudgement]) -> list[Timelin
 
 
 def canary_audit(canary: CanarySplit) -> QuerySet[AuditEvent]:
-    """The canary's lifecycle as the audit trail has it (create, start, steps, end)."""
+    """The canary's rollout as the audit trail has it (create, start, steps, end)."""
     return AuditEvent.objects.filter(target_type="canarysplit", target_id=str(canary.pk)).order_by(
         "at", "id"
     )

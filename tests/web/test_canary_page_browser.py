@@ -122,7 +122,7 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
             "wait",
         ]
         assert (
-            page.locator("[data-testid=canary-lifecycle] tr[data-action='canary.promote']").count()
+            page.locator("[data-testid=canary-rollout] tr[data-action='canary.promote']").count()
             == 1
         )
         page.wait_for_selector("#canary-chart[data-points='3'] canvas")

@@ -18,13 +18,13 @@ the config's ``model`` family, else ``chatml``) or the path of the model's
 file, and chat requests are rendered with it exactly as vLLM renders them
 (``add_generation_prompt``, ``continue_final_message``, ``tools``, ``documents`` and
 ``chat_template_kwargs`` included). Messages the template cannot render are a 400 naming the
-field, the same 400 the engine gives. The exact tier is exact for any model whose
+field, the same 400 the engine gives. The exact mode is exact for any model whose
 ``tokenizer.json`` and template are configured.
 
 Special tokens, as vLLM's ``add_special_tokens`` (completions: true by default, chat: false,
-since the template writes them): the exact tier lets the ``tokenizer.json`` add what it adds
+since the template writes them): the exact mode lets the ``tokenizer.json`` add what it adds
 (its post-processor: Llama 3's puts ``<|begin_of_text|>`` first, Qwen's adds nothing). The
-approx tier has no vocabulary and adds nothing; token ids are used as given.
+approx mode has no vocabulary and adds nothing; token ids are used as given.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import numpy as np
 from chat_templates import DEFAULT_TEMPLATE, ChatTemplateError, load_chat_template
 
 BYTES_PER_TOKEN = 4
-Tier = Literal["ids", "exact", "approx"]
+TokenizationMode = Literal["ids", "exact", "approx"]
 
 
 class PromptError(ValueError):
@@ -49,7 +49,7 @@ class PromptError(ValueError):
 
 
 def approx_token_ids(text: str) -> np.ndarray:
-    """Tier 3: 4-byte chunks of the UTF-8 text as uint32 ids (see module docstring)."""
+    """Mode 3 (``approx``): 4-byte chunks of the UTF-8 text as uint32 ids (see module docstring)."""
     data = text.encode("utf-8", "surrogatepass")
     pad = -len(data) % BYTES_PER_TOKEN
     if pad:
@@ -58,7 +58,8 @@ def approx_token_ids(text: str) -> np.ndarray:
 
 
 class Tokenizer:
-    """Chooses the tier and produces token ids for completions prompts and chat messages."""
+    """Chooses the tokenization mode and produces token ids for completions prompts and chat
+    messages."""
 
     def __init__(
         self, tokenizer_path: str | None = None, chat_template: str = DEFAULT_TEMPLATE
@@ -73,10 +74,10 @@ class Tokenizer:
             self._exact = HFTokenizer.from_file(tokenizer_path)
 
     @property
-    def text_tier(self) -> Tier:
+    def text_mode(self) -> TokenizationMode:
         return "exact" if self._exact is not None else "approx"
 
-    def encode_text(self, text: str, *, add_special_tokens: bool) -> tuple[Any, Tier]:
+    def encode_text(self, text: str, *, add_special_tokens: bool) -> tuple[Any, TokenizationMode]:
         if self._exact is not None:
             ids = self._exact.encode(text, add_special_tokens=add_special_tokens).ids
             return np.asarray(ids, dtype=np.uint64), "exact"
@@ -91,13 +92,15 @@ class Tokenizer:
 
     def encode_chat_body(
         self, body: Mapping[str, Any], *, add_special_tokens: bool = False
-    ) -> tuple[Any, Tier]:
+    ) -> tuple[Any, TokenizationMode]:
         return self.encode_text(self.render(body), add_special_tokens=add_special_tokens)
 
-    def encode_chat(self, messages: Sequence[Any]) -> tuple[Any, Tier]:
+    def encode_chat(self, messages: Sequence[Any]) -> tuple[Any, TokenizationMode]:
         return self.encode_chat_body({"messages": messages})
 
-    def encode_prompt(self, prompt: Any, *, add_special_tokens: bool) -> tuple[Any, Tier]:
+    def encode_prompt(
+        self, prompt: Any, *, add_special_tokens: bool
+    ) -> tuple[Any, TokenizationMode]:
         """A completions ``prompt`` the intake has checked (text, token ids, or a batch of
         either); a batch is routed by its first item."""
         if isinstance(prompt, str):

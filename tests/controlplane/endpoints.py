@@ -45,6 +45,8 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/canaries", "viewer"),
     Endpoint("GET", "/api/v1/canaries/{running}", "viewer"),
     Endpoint("GET", "/api/v1/canaries/{running}/judgements", "viewer"),
+    Endpoint("GET", "/api/v1/canaries/{running}/timeline", "viewer"),
+    Endpoint("GET", "/api/v1/canary-defaults", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/config-versions", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/config-versions/1", "viewer"),
     Endpoint("GET", "/api/v1/routers", "viewer"),

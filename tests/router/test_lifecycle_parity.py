@@ -43,7 +43,9 @@ from router_worker.peers import (
     PeerDispatch,
     PeerEnd,
     PeerFirstToken,
+    PeerKeys,
     PeerSync,
+    channel_for,
     encode_batch,
 )
 from router_worker.proxy import DisconnectWatch, Proxy
@@ -253,9 +255,11 @@ def listening_peers(core: RouterCore) -> PeerSync:
     """The real PeerSync, with another router heard from (a heartbeat): it publishes this
     router's requests from now on (not sent here: no Redis loop runs)."""
     assert core.runtime is not None
-    sync = PeerSync(core.name, "redis://unused", core.metrics, lambda: core.state)
+    keys = PeerKeys("parity-test-peer-key-0123456789")
+    sync = PeerSync(core.name, "redis://unused", core.metrics, lambda: core.state, keys=keys)
     sync.configure(core.runtime.config)
-    sync.receive(encode_batch("r-peer", "n", time.time(), []), time.time())
+    heartbeat = encode_batch("r-peer", "n", time.time(), [], seq=1)
+    sync.receive(keys.sign(channel_for(core.runtime.config.cluster), heartbeat), time.time())
     assert sync.publishing
     return sync
 
@@ -527,8 +531,9 @@ def test_both_drivers_apply_peers_requests_through_one_helper(monkeypatch):
         PeerFirstToken("ra/1"),
         PeerEnd("ra/1", True),
     )
-    for message in messages:
-        book.apply(PeerBatch("ra", "n", 1.0, (message,)), 1.0, lambda *c: counts.append(c))
+    for seq, message in enumerate(messages, start=1):
+        batch = PeerBatch("ra", "n", 1.0, (message,), seq=seq)
+        book.apply(batch, 1.0, lambda *c: counts.append(c))
     assert counts == [("applied", "dispatch"), ("applied", "first_token"), ("applied", "end")]
     # replay: two synced routers, one request each way
     records = [TraceRecord(0, 0.0, 800, 4), TraceRecord(1, 0.001, 800, 4)]

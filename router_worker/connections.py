@@ -25,13 +25,25 @@ protocol which
 Cost on the hot path: no timer per request. One timer per connection, armed lazily; it
 fires at most every ``min(header_timeout_s, body_timeout_s)``, acts if the current phase
 is overdue, else re-arms (the read-timeout scheme of ``upstream._Connection``).
+
+Two more things the protocol does for the data path's latency:
+
+* uvicorn writes a response head on its own and the first body bytes with a second
+  ``write``: two segments, two wake-ups for the client. :class:`HeadWithBody` holds the head
+  back until the first body bytes and writes both at once (``http.response.start`` and the
+  first ``http.response.body`` come back to back in every answer of the router);
+* a handler that wants to hear of its client going away adds a callback to the
+  :class:`Disconnects` in ``scope["extensions"][DISCONNECT]`` (and discards it when done)
+  instead of running a task that waits on ``receive()``; ``connection_lost`` calls it
+  (``proxy.DisconnectWatch``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import resource
-from typing import Any
+from collections.abc import Callable
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -39,6 +51,7 @@ from router_worker.errors import error_bytes
 from router_worker.metrics import RouterMetrics
 
 REFUSED_LINGER_S = 1.0
+DISCONNECT = "switchyard.on_disconnect"
 _TIMEOUTS = {"head": ("header_timeout", "request head"), "body": ("body_timeout", "request body")}
 _STATUS_LINES = {
     408: b"HTTP/1.1 408 Request Timeout\r\n",
@@ -93,6 +106,77 @@ def raw_error(status: int, message: str) -> bytes:
     )
 
 
+class Disconnects:
+    """A connection's disconnect callbacks (``scope["extensions"][DISCONNECT]``): ``add`` one
+    (called at once if the client has already gone), ``discard`` it when done.
+
+    ``add`` also resumes reading from the client, as uvicorn's ``receive()`` does: a big
+    body pauses reading, and a paused connection would never see its client close."""
+
+    __slots__ = ("callbacks", "lost", "resume")
+
+    def __init__(self, resume: Callable[[], None]) -> None:
+        self.callbacks: list[Callable[[], None]] = []
+        self.lost = False
+        self.resume = resume
+
+    def add(self, callback: Callable[[], None]) -> None:
+        if self.lost:
+            callback()
+            return
+        if callback not in self.callbacks:
+            self.callbacks.append(callback)
+        self.resume()
+
+    def discard(self, callback: Callable[[], None]) -> None:
+        if callback in self.callbacks:
+            self.callbacks.remove(callback)
+
+    def fire(self) -> None:
+        self.lost = True
+        callbacks, self.callbacks = self.callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+class HeadWithBody:
+    """A response cycle's transport that holds the response head back until the first body
+    bytes, then writes both in one ``write``. Writes before the response starts (``100
+    Continue``) pass straight through; ``close`` sends a held head first."""
+
+    __slots__ = ("cycle", "head", "passing", "transport")
+
+    def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
+        self.transport = transport
+        self.cycle = cycle
+        self.head: bytes | None = None
+        self.passing = False
+
+    def write(self, data: bytes) -> None:
+        if self.passing:
+            self.transport.write(data)
+        elif self.head is not None:
+            self.passing = True
+            self.transport.write(self.head + data)
+            self.head = None
+        elif self.cycle.response_started:  # uvicorn writes the head alone, first
+            self.head = data
+        else:
+            self.transport.write(data)
+
+    def close(self) -> None:
+        if self.head is not None:
+            self.transport.write(self.head)
+            self.head = None
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)
+
+
 def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
     """uvicorn's httptools protocol with the guard's cap and deadlines."""
 
@@ -104,6 +188,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            self.on_disconnect = Disconnects(self.flow.resume_reading)
             guard.open.add(self)
             cap = guard.cap()
             if len(guard.open) > cap:
@@ -118,6 +203,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
                 self.timer.cancel()
                 self.timer = None
             super().connection_lost(exc)
+            self.on_disconnect.fire()
 
         def data_received(self, data: bytes) -> None:
             if not self.refused:
@@ -134,7 +220,13 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
                 self._enter("head")
 
         def on_headers_complete(self) -> None:
+            # One per connection: pipelined requests' handlers each add theirs.
+            extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
+            extensions[DISCONNECT] = self.on_disconnect
             super().on_headers_complete()
+            cycle = self.cycle
+            if cycle is not None and cycle.scope is self.scope:  # else an upgrade
+                cycle.transport = cast(asyncio.Transport, HeadWithBody(self.transport, cycle))
             self._enter("body")
 
         def on_message_complete(self) -> None:

@@ -66,6 +66,7 @@ from router_worker.routing import (
 )
 from router_worker.routing.lifecycle import Phase, engine_refused
 from router_worker.runtime import Arm, Runtime, build_runtime
+from router_worker.stages import StageClock
 from router_worker.telemetry import RequestSample, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
 from router_worker.tokenization import Tokenizer
@@ -92,6 +93,7 @@ class Plan:
     first_token_at: float | None = None  # perf_counter at the first token (TTFT, TPOT)
     timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
     sampled: CapturedDecision | None = None  # kept for the live view's decision stream
+    clock: StageClock | None = None  # the per-stage stamps (router_worker.stages)
     # Migration (see the module docstring): set by the proxy while the attempt can be
     # taken back; the core sets migrate_to and calls it.
     mover: Callable[[], Any] | None = None

@@ -8,6 +8,8 @@ from typing import TypeVar, cast
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics import MetricWrapperBase
 
+from router_worker.stages import StageTimes
+
 Family = TypeVar("Family", bound=MetricWrapperBase)
 
 FAST_BUCKETS = (
@@ -265,6 +267,8 @@ class RouterMetrics:
         self.config_version = Gauge(
             "switchyard_router_config_version", "Applied configuration version.", registry=r
         )
+        self.stages = StageTimes()
+        r.register(self.stages)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
 
     async def sample_loop_lag(self, interval: float = LAG_INTERVAL_S) -> None:

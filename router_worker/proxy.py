@@ -34,12 +34,14 @@ from typing import Any
 import httpx
 
 from router_worker.access import Detail, client_rights, detail_for
+from router_worker.connections import DISCONNECT, Disconnects
 from router_worker.core import Plan, RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
 from router_worker.intake import Endpoint, Intake, IntakeRunner
 from router_worker.limits import Limiter
 from router_worker.runtime import Runtime
 from router_worker.sse import MalformedStream, SseFramer
+from router_worker.stages import StageClock
 from router_worker.upstream import (
     FastTransport,
     LocalExhaustion,
@@ -237,15 +239,20 @@ class Proxy:
         at once (a body waiting for an intake worker is dropped unread)."""
         task = asyncio.current_task()
         assert task is not None
-        watch = DisconnectWatch(receive, task)
+        watch = DisconnectWatch(receive, task, scope.get("extensions", {}).get(DISCONNECT))
         core = self.core
         core.metrics.in_flight_count += 1
         plan: Plan | None = None
+        clock = StageClock(started)
         try:
             raw = await read_body(receive, runtime.config.router.max_body_bytes)
+            clock.body = time.perf_counter()
             watch.start()
             intake = await self._take_in(raw, endpoint, runtime)
+            clock.intake = time.perf_counter()
             plan = core.plan(runtime, intake, headers, started)
+            plan.clock = clock
+            clock.decided = time.perf_counter()
             await self._dispatch(
                 plan, scope["path"], raw, intake.stream, headers, send, watch, detail
             )
@@ -433,7 +440,7 @@ class Proxy:
             # Straight to the shared transport, without httpx.Request/Response objects:
             # the client's layers and httpx's models cost more CPU than the exchange.
             response = await self.transport.post(
-                target, up_headers, raw, partial(self._sent, plan, watch)
+                target, up_headers, raw, partial(self._sent, plan, watch), plan.clock
             )
         except LocalExhaustion as error:
             return _out_of_resources(error)
@@ -479,6 +486,8 @@ class Proxy:
             return UpstreamFailure(error.limit, f"{error} (router.max_response_bytes)", final=True)
         except httpx.TransportError as error:
             return UpstreamFailure("transport", str(error) or type(error).__name__)
+        if plan.clock is not None:
+            plan.clock.event = time.perf_counter()
         if not _json_object_shaped(data):
             return await _bad_response(response, "a body that is not a JSON object", data)
         core = self.core
@@ -497,6 +506,8 @@ class Proxy:
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )
         await send({"type": "http.response.body", "body": data})
+        if plan.clock is not None:
+            core.metrics.stages.observe(plan.clock)
         core.finish_request(
             plan,
             status=response.status_code,
@@ -525,6 +536,8 @@ class Proxy:
             return UpstreamFailure(error.limit, str(error))
         plan.mover = None  # bytes go to the client from here on: no migration any more
         received = time.perf_counter()
+        if plan.clock is not None:
+            plan.clock.event = received
         core = self.core
         self._served(plan)
         headers = [
@@ -582,6 +595,8 @@ class Proxy:
                     relay = time.perf_counter() - received
                     self.core.metrics.overhead.observe(plan.sent_at - plan.started + relay)
                     received = 0.0
+                    if plan.clock is not None:
+                        self.core.metrics.stages.observe(plan.clock)
             if last:
                 return
             chunk = await response.next_chunk()
@@ -642,33 +657,50 @@ class Proxy:
 
 class DisconnectWatch:
     """Cancels a request's task the moment its client goes away, unless ``done`` (the
-    answer is complete); ``gone`` tells the task why it was cancelled."""
+    answer is complete); ``gone`` tells the task why it was cancelled.
 
-    __slots__ = ("_receive", "_task", "_watcher", "done", "gone")
+    Under the router's own server protocol (``connections.guarded_protocol``) the scope
+    carries a list of callbacks its ``connection_lost`` calls: the watch adds itself there
+    and costs nothing more. Elsewhere it runs a task that waits on ``receive()``."""
 
-    def __init__(self, receive: Receive, task: asyncio.Task[Any]) -> None:
+    __slots__ = ("_hooks", "_receive", "_task", "_watcher", "done", "gone")
+
+    def __init__(
+        self,
+        receive: Receive,
+        task: asyncio.Task[Any],
+        hooks: Disconnects | None = None,
+    ) -> None:
         self._receive = receive
         self._task = task
+        self._hooks = hooks
         self._watcher: asyncio.Future[None] | None = None
         self.done = False
         self.gone = False
 
     def start(self) -> None:
-        if self._watcher is None:
+        if self._hooks is not None:
+            self._hooks.add(self._gone)
+        elif self._watcher is None:
             self._watcher = asyncio.ensure_future(self._watch())
 
     def stop(self) -> None:
         self.done = True
+        if self._hooks is not None:
+            self._hooks.discard(self._gone)
         if self._watcher is not None:
             self._watcher.cancel()
+
+    def _gone(self) -> None:
+        if not self.done and not self.gone:
+            self.gone = True
+            self._task.cancel()
 
     async def _watch(self) -> None:
         while True:
             message = await self._receive()
             if message["type"] == "http.disconnect":
-                if not self.done:
-                    self.gone = True
-                    self._task.cancel()
+                self._gone()
                 return
 
 

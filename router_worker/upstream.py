@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import math
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -43,6 +44,8 @@ from typing import Any
 
 import httptools
 import httpx
+
+from router_worker.stages import StageClock
 
 MAX_IDLE_PER_ORIGIN = 1024
 PAUSE_CHUNKS = 256  # stop reading from the engine when the client lags this far behind
@@ -513,10 +516,11 @@ class FastTransport(httpx.AsyncBaseTransport):
         headers: Sequence[tuple[bytes, bytes]],
         body: bytes,
         on_sent: Callable[[], None] | None = None,
+        clock: StageClock | None = None,
     ) -> Upstream:
         """POST ``body`` to ``target`` with its fixed headers plus ``headers``; returns once
-        the response head is in (httpx exceptions on failure, as ``open``). ``on_sent``:
-        see ``open``."""
+        the response head is in (httpx exceptions on failure, as ``open``). ``on_sent``
+        and ``clock``: see ``open``."""
         if target.url.scheme != "http":
             return await self._post_fallback(target, headers, body, on_sent)
         head = b"".join(
@@ -534,6 +538,7 @@ class FastTransport(httpx.AsyncBaseTransport):
             target.read_timeout,
             on_sent,
             target.deadline_s,
+            clock,
         )
 
     async def _post_fallback(
@@ -584,6 +589,7 @@ class FastTransport(httpx.AsyncBaseTransport):
         read_timeout: float | None,
         on_sent: Callable[[], None] | None = None,
         deadline_s: float | None = None,
+        clock: StageClock | None = None,
     ) -> UpstreamResponse:
         """Send ``head`` + ``body`` (a complete HTTP/1.1 request, Content-Length included)
         to ``key`` = (host, port) on a pooled connection; return once the response head is
@@ -593,7 +599,10 @@ class FastTransport(httpx.AsyncBaseTransport):
         ``on_sent`` is called once, with no await before it: right after the request is
         written to an idle pooled connection, or before waiting for a new connection. A
         caller's bookkeeping there is off the request's way to the engine yet done before
-        any other task runs."""
+        any other task runs.
+
+        ``clock``, when given, is stamped when the connection is in hand, when the request
+        is written and when the response head is in (``stages``)."""
         notify = on_sent or _nothing
         conn = self._idle(key)
         reused = conn is not None
@@ -602,14 +611,14 @@ class FastTransport(httpx.AsyncBaseTransport):
             notify = _nothing
             conn = await self._connect(key, connect_timeout)
         try:
-            await self._send(conn, head, body, read_timeout, notify, deadline_s)
+            await self._send(conn, head, body, read_timeout, notify, deadline_s, clock)
         except httpx.RemoteProtocolError as error:
             if isinstance(error, ResponseTooLarge) or not (reused and conn.received == 0):
                 raise
             # The server closed an idle keep-alive connection as we reused it: the request
             # never reached it, so one retry on a fresh connection is safe.
             conn = await self._connect(key, connect_timeout)
-            await self._send(conn, head, body, read_timeout, _nothing, deadline_s)
+            await self._send(conn, head, body, read_timeout, _nothing, deadline_s, clock)
         return UpstreamResponse(self, key, conn, read_timeout)
 
     async def _send(
@@ -620,18 +629,25 @@ class FastTransport(httpx.AsyncBaseTransport):
         read_timeout: float | None,
         on_sent: Callable[[], None],
         deadline_s: float | None,
+        clock: StageClock | None = None,
     ) -> None:
+        if clock is not None:
+            clock.connected = time.perf_counter()
         conn.start_request(self.max_header_bytes, deadline_s)
         assert conn.transport is not None
         conn.transport.write(head + body if len(body) < 65536 else head)
         if len(body) >= 65536:
             conn.transport.write(body)
+        if clock is not None:
+            clock.sent = time.perf_counter()
         on_sent()
         try:
             await conn.wait_head(read_timeout)
         except BaseException:
             conn.close()
             raise
+        if clock is not None:
+            clock.head = time.perf_counter()
 
     def _idle(self, key: tuple[str, int]) -> _Connection | None:
         stack = self.idle.get(key)

@@ -11,6 +11,7 @@ import redis
 
 from devharness import wait_until
 from router_worker import telemetry_contract as contract
+from router_worker.stages import STAGES
 from tests.router.conftest import MODEL, router_config
 
 
@@ -217,3 +218,21 @@ def test_router_metrics_endpoint(fleet, router_factory):
     assert "switchyard_router_overhead_seconds_count 1.0" in text
     lag = re.search(r"^switchyard_router_loop_lag_seconds_count (\S+)$", text, re.M)
     assert lag and float(lag.group(1)) > 0  # sampled every 10 ms since the router started
+    # Where the router's time goes, stage by stage: one observation per answered request
+    # (streamed or not), each stage in its own series.
+    httpx.post(
+        router.url + "/v1/completions",
+        json={"model": MODEL, "prompt": "n " * 50, "max_tokens": 2},
+    ).raise_for_status()
+    text = router.metrics()
+    for stage in STAGES:
+        count = re.search(
+            rf'^switchyard_router_stage_seconds_count{{stage="{stage}"}} (\S+)$', text, re.M
+        )
+        total = re.search(
+            rf'^switchyard_router_stage_seconds_sum{{stage="{stage}"}} (\S+)$', text, re.M
+        )
+        assert count and float(count.group(1)) == 2.0, stage
+        assert total and float(total.group(1)) >= 0.0, stage
+    engine = re.search(r'^switchyard_router_stage_seconds_sum{stage="engine"} (\S+)$', text, re.M)
+    assert engine and float(engine.group(1)) > 0.0

@@ -50,6 +50,7 @@ from router_worker.peers import (
 )
 from router_worker.proxy import DisconnectWatch, Proxy
 from router_worker.routing import Phase, RequestLifecycle, RetryVerdict, peer_accounting
+from router_worker.stages import StageClock
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport, Target, Upstream
 from tests.replay.test_dualmap_migration import hotspot
@@ -165,13 +166,14 @@ class Wire(FastTransport):
         headers: Any,
         body: bytes,
         on_sent: Callable[[], None] | None = None,
+        clock: StageClock | None = None,
     ) -> Upstream:
         def sent() -> None:
             self.sent.append(self.names[target.key])
             if on_sent is not None:
                 on_sent()
 
-        return await super().post(target, headers, body, sent)
+        return await super().post(target, headers, body, sent, clock)
 
 
 @dataclass

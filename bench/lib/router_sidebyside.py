@@ -1,0 +1,509 @@
+"""The side-by-side rows of bench/bench_router.py: what Switchyard and vllm-router each add to
+a request, every router running alone in front of the same enginesim fleet.
+
+Each row is a closed loop of ``streams`` workers. Every request picks, at random and
+independently, its path (straight to one of the engines, or through the router under test)
+and its kind (non-streamed, or streamed), so both paths see the same engines, client and
+moment; prompts are 2–200 words and unique from their first word, so no path profits from a
+prefix the other cached. Added = percentile of routed latency − the same percentile of
+direct latency, for: the whole answer (non-streamed), the response headers and the first
+text chunk (streamed)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httptools
+import httpx
+
+from bench.lib.loadclient import MODEL, run_async
+from bench.lib.processes import REPO, ROUTER_ADMIN_TOKEN, is_200
+from devharness import free_port, free_ports, start_process, stop_process, wait_http
+from engine_interface import percentile, read_histogram, read_samples
+from router_worker.stages import STAGES
+
+VLLM_ROUTER_VERSION = "0.1.17"
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
+# metric: (non-streamed whole answer, streamed headers, streamed first text chunk)
+METRICS = ("whole", "headers", "first")
+
+
+@dataclass
+class Samples:
+    """Latencies (s) of one row by path (direct | routed) and metric."""
+
+    values: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    failures: int = 0
+    unmatched: int = 0  # answered, but the engine's log has no record of it
+
+    def add(self, path: str, metric: str, value: float) -> None:
+        self.values.setdefault((path, metric), []).append(value)
+
+    def get(self, path: str, metric: str) -> list[float]:
+        return self.values.get((path, metric), [])
+
+    def added(self, metric: str, q: float) -> float:
+        """Routed − direct percentile ``q``, ms (nan without samples)."""
+        routed, direct = (
+            percentile(self.get("routed", metric), q),
+            percentile(self.get("direct", metric), q),
+        )
+        if routed is None or direct is None:
+            return float("nan")
+        return (routed - direct) * 1000
+
+
+class _Exchange:
+    """httptools callbacks of one response: when its head and its first text arrived."""
+
+    def __init__(self) -> None:
+        self.head: float | None = None
+        self.first: float | None = None
+        self.complete = False
+        self.done = 0.0
+        self.keep_alive = False
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_headers_complete(self) -> None:
+        self.head = time.monotonic()
+        self.keep_alive = self.parser.should_keep_alive()
+
+    def on_body(self, body: bytes) -> None:
+        if self.first is None and b'"text":"' in body:
+            self.first = time.monotonic()
+
+    def on_message_complete(self) -> None:
+        self.complete = True
+        self.done = time.monotonic()
+
+
+class _Connections:
+    """One keep-alive connection per port, opened on first use (not timed)."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]] = {}
+
+    async def exchange(self, port: int, request: bytes) -> tuple[float, _Exchange] | None:
+        if port not in self.open or self.open[port][0].at_eof():
+            self.open[port] = await asyncio.open_connection("127.0.0.1", port)
+        reader, writer = self.open[port]
+        answer = _Exchange()
+        sent = time.monotonic()
+        writer.write(request)
+        try:
+            while not answer.complete:
+                data = await reader.read(65536)
+                if not data:
+                    raise ConnectionError("closed")
+                answer.parser.feed_data(data)
+        except (ConnectionError, httptools.HttpParserError):
+            writer.close()
+            del self.open[port]
+            return None
+        if not answer.keep_alive:
+            writer.close()
+            del self.open[port]
+        if answer.parser.get_status_code() != 200:
+            return None
+        return sent, answer
+
+    def close(self) -> None:
+        for _, writer in self.open.values():
+            writer.close()
+
+
+def _request(prompt: str, stream: bool, max_tokens: int, request_id: str) -> bytes:
+    body = json.dumps(
+        {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "stream": stream}
+    ).encode()
+    return (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nX-Request-Id: %s\r\n"
+        b"Content-Length: %d\r\n\r\n%s" % (request_id.encode(), len(body), body)
+    )
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One answered request, client side (monotonic s, the engines' log clock)."""
+
+    request_id: str
+    routed: bool
+    stream: bool
+    sent: float
+    head: float
+    first: float | None
+    done: float
+
+
+async def interleaved(
+    router: int, engines: list[int], streams: int, duration: float, max_words: int, seed: int
+) -> tuple[list[Outcome], int]:
+    """``streams`` workers for ``duration`` s; each request's path and kind at random.
+    Returns the answered requests and the number that failed."""
+    outcomes: list[Outcome] = []
+    failures = 0
+    deadline = time.monotonic() + duration
+    nonce = time.monotonic_ns()
+
+    async def worker(n: int) -> None:
+        nonlocal failures
+        rng = random.Random(seed * 1000 + n)
+        conns = _Connections()
+        k = 0
+        while time.monotonic() < deadline:
+            routed = rng.random() < 0.5
+            stream = rng.random() < 0.5
+            words = rng.randint(2, max_words)
+            # Unique from the first word: no prefix shared with any other request.
+            request_id = f"u{nonce}x{seed}x{n}x{k}"
+            prompt = " ".join([request_id, *(rng.choice(WORDS) for _ in range(words - 1))])
+            port = router if routed else rng.choice(engines)
+            got = await conns.exchange(port, _request(prompt, stream, 2, request_id))
+            k += 1
+            if got is None:
+                failures += 1
+                continue
+            sent, answer = got
+            assert answer.head is not None
+            outcomes.append(
+                Outcome(request_id, routed, stream, sent, answer.head, answer.first, answer.done)
+            )
+        conns.close()
+
+    await asyncio.gather(*(worker(n) for n in range(streams)))
+    return outcomes, failures
+
+
+class EngineRecords:
+    """The engines' ``--request-log``, read incrementally: request id → its record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.records: dict[str, dict[str, Any]] = {}
+
+    def read(self) -> None:
+        if not self.path.exists():
+            return
+        with self.path.open("rb") as handle:
+            handle.seek(self.offset)
+            data = handle.read()
+        complete = data.rfind(b"\n") + 1
+        self.offset += complete
+        for line in data[:complete].splitlines():
+            record = json.loads(line)
+            self.records[record["request_id"].removeprefix("cmpl-")] = record
+
+    def of(self, wanted: set[str], wait: float = 5.0) -> dict[str, dict[str, Any]]:
+        """The records of ``wanted`` ids, waiting up to ``wait`` s for late ones."""
+        give_up = time.monotonic() + wait
+        while True:
+            self.read()
+            if wanted <= self.records.keys() or time.monotonic() > give_up:
+                return {rid: self.records[rid] for rid in wanted if rid in self.records}
+            time.sleep(0.1)
+
+
+def transits(outcomes: list[Outcome], failures: int, log: EngineRecords) -> Samples:
+    """Per request: client time minus the engine's own time for it (handler start → first
+    token for a stream's first chunk, → last byte for a whole answer), so the engines'
+    queueing and prefill, which the router's policy changes, drop out; the response head
+    is left as the client saw it."""
+    engine = log.of({o.request_id for o in outcomes})
+    samples = Samples(failures=failures)
+    for o in outcomes:
+        path = "routed" if o.routed else "direct"
+        record = engine.get(o.request_id)
+        if o.stream:
+            samples.add(path, "headers", o.head - o.sent)
+        if record is None:
+            samples.unmatched += 1
+            continue
+        arrival = record["arrival"]
+        if o.stream and o.first is not None and record.get("first_token"):
+            samples.add(path, "first", o.first - o.sent - (record["first_token"] - arrival))
+        elif not o.stream and record.get("finished"):
+            samples.add(path, "whole", o.done - o.sent - (record["finished"] - arrival))
+    return samples
+
+
+# ----- the routers under test ----------------------------------------------------------------
+def vllm_router_binary() -> str | None:
+    """The ``vllm-router`` launcher of this venv (the ``bench`` extra), or None."""
+    found = Path(sys.executable).with_name("vllm-router")
+    if found.exists():
+        return str(found)
+    return shutil.which("vllm-router")
+
+
+@contextlib.contextmanager
+def router_alone(
+    kind: str, policy: str, engines: list[int], workdir: Path, tree: Path | None = None
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
+    """Start one router over ``engines``: ``switchyard`` (from the checkout ``tree``, this
+    one by default) or ``vllm-router``; yield its port and process."""
+    if kind == "switchyard":
+        port, proc = _start_switchyard(policy, engines, workdir, tree or REPO)
+    else:
+        port, proc = _start_vllm_router(policy, engines, workdir)
+    try:
+        yield port, proc
+    finally:
+        stop_process(proc)
+
+
+def _start_switchyard(
+    policy: str, engines: list[int], workdir: Path, tree: Path
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """``python -m router_worker`` run from the root of ``tree`` (so its code is used)."""
+    port = free_port()
+    config = workdir / f"switchyard-{port}.json"
+    instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(engines)]
+    config.write_text(
+        json.dumps(
+            {
+                "model": MODEL,
+                "policy": {"kind": policy, "params": {}},
+                "instances": instances,
+                "router": {"max_concurrency": 4096},
+            }
+        )
+    )
+    proc = start_process(
+        [
+            sys.executable,
+            "-m",
+            "router_worker",
+            "--config",
+            str(config),
+            "--port",
+            str(port),
+            "--redis-url",
+            "none",
+            "--admin-token",
+            ROUTER_ADMIN_TOKEN,
+            "--log-level",
+            "WARNING",
+        ],
+        cwd=tree,
+        stdin=None,
+        stderr=None,
+    )
+    wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=proc, ok=is_200)
+    return port, proc
+
+
+def _start_vllm_router(
+    policy: str, engines: list[int], workdir: Path
+) -> tuple[int, subprocess.Popen[bytes]]:
+    binary = vllm_router_binary()
+    if binary is None:
+        raise SystemExit(
+            "vllm-router is not installed: .venv/bin/pip install -e '.[bench]' "
+            f"(or .venv/bin/pip install vllm-router=={VLLM_ROUTER_VERSION})"
+        )
+    port = free_port()
+    proc = start_process(
+        [
+            binary,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *(f"http://127.0.0.1:{p}" for p in engines),
+            "--policy",
+            policy,
+            "--prometheus-port",
+            str(free_port()),
+            "--log-level",
+            "warning",
+            "--log-dir",
+            str(workdir / f"vllm-router-{port}"),
+        ],
+        stdin=None,
+        stderr=None,
+    )
+    wait_http(f"http://127.0.0.1:{port}/health", 60.0, process=proc, ok=is_200)
+    return port, proc
+
+
+def stage_means(port: int) -> dict[str, tuple[float, float]]:
+    """The Switchyard router's ``switchyard_router_stage_seconds``: stage → (sum s, count)."""
+    name = "switchyard_router_stage_seconds"
+    try:
+        text = httpx.get(
+            f"http://127.0.0.1:{port}/metrics",
+            headers={"Authorization": f"Bearer {ROUTER_ADMIN_TOKEN}"},
+        ).text
+    except httpx.HTTPError:
+        return {}
+    found, _ = read_samples(text, [name])
+    out = {}
+    for stage in STAGES:
+        histogram = read_histogram(found, name, stage=stage)
+        if histogram is not None:
+            out[stage] = (histogram.sum, histogram.count)
+    return out
+
+
+@dataclass
+class Row:
+    router: str
+    streams: int
+    samples: Samples
+    load: float
+    stages: dict[str, float]  # stage → mean µs over the row (Switchyard only)
+
+
+@dataclass(frozen=True)
+class Contender:
+    """A router under test: its label in the tables, kind, policy and (Switchyard) checkout."""
+
+    label: str
+    kind: str  # switchyard | vllm-router
+    policy: str
+    tree: Path | None = None
+
+
+def side_by_side_rows(
+    engines: list[int],
+    log: EngineRecords,
+    contenders: list[Contender],
+    concurrencies: list[int],
+    duration: float,
+    rounds: int,
+    max_words: int,
+    workdir: Path,
+) -> list[Row]:
+    """Every contender alone, ``rounds`` times in shuffled order; each run covers every
+    concurrency. Returns one Row per run and concurrency."""
+    rows: list[Row] = []
+    order = [c for _ in range(rounds) for c in contenders]
+    random.Random(7).shuffle(order)
+    for run, who in enumerate(order):
+        with router_alone(who.kind, who.policy, engines, workdir, who.tree) as (port, _):
+            for streams in concurrencies:
+                # Not measured: fills both paths' connection pools at this concurrency.
+                run_async(interleaved(port, engines, streams, 1.0, max_words, seed=-1 - run))
+                before = stage_means(port) if who.kind == "switchyard" else {}
+                load = os.getloadavg()[0]
+                outcomes, failures = run_async(
+                    interleaved(port, engines, streams, duration, max_words, seed=run)
+                )
+                samples = transits(outcomes, failures, log)
+                after = stage_means(port) if who.kind == "switchyard" else {}
+                stages = {
+                    s: (after[s][0] - before[s][0]) / (after[s][1] - before[s][1]) * 1e6
+                    for s in after
+                    if s in before and after[s][1] > before[s][1]
+                }
+                rows.append(Row(who.label, streams, samples, load, stages))
+                print(
+                    f"  {who.label} streams {streams}: added p50 whole "
+                    f"{samples.added('whole', 50):+.2f} first chunk "
+                    f"{samples.added('first', 50):+.2f} ms (load {load:.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return rows
+
+
+def summarise(rows: list[Row]) -> list[str]:
+    """Markdown table: per router and concurrency, medians over runs of the added p50/p99."""
+    lines = [
+        "| router | streams | runs | n routed/direct | failed | direct p50 whole / headers / first "
+        "| added p50 whole | p99 | added p50 headers | p99 | added p50 first chunk | p99 "
+        "| load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = sorted({(r.router, r.streams) for r in rows}, key=lambda k: (k[1], k[0]))
+    for router, streams in keys:
+        runs = [r for r in rows if r.router == router and r.streams == streams]
+
+        def med(metric: str, q: float, runs: list[Row] = runs) -> str:
+            values = [r.samples.added(metric, q) for r in runs]
+            return f"{statistics.median(values):+.2f}"
+
+        def direct(metric: str, runs: list[Row] = runs) -> str:
+            values = [percentile(r.samples.get("direct", metric), 50) or 0.0 for r in runs]
+            return f"{statistics.median(values) * 1000:.2f}"
+
+        n_routed = sum(len(r.samples.get("routed", m)) for r in runs for m in ("whole", "first"))
+        n_direct = sum(len(r.samples.get("direct", m)) for r in runs for m in ("whole", "first"))
+        lines.append(
+            f"| {router} | {streams} | {len(runs)} | {n_routed}/{n_direct} | "
+            f"{sum(r.samples.failures + r.samples.unmatched for r in runs)} | "
+            f"{direct('whole')} / {direct('headers')} / {direct('first')} | "
+            f"{med('whole', 50)} | {med('whole', 99)} | {med('headers', 50)} | "
+            f"{med('headers', 99)} | {med('first', 50)} | {med('first', 99)} | "
+            f"{statistics.median(r.load for r in runs):.1f} |"
+        )
+    return lines
+
+
+def stage_table(rows: list[Row]) -> list[str]:
+    """Markdown table of the Switchyard routers' per-stage mean times (µs)."""
+    lines = [
+        "| router | streams | " + " | ".join(STAGES) + " |",
+        "|---|---:|" + "---:|" * len(STAGES),
+    ]
+    keys = sorted({(r.router, r.streams) for r in rows if r.stages}, key=lambda k: (k[1], k[0]))
+    for router, streams in keys:
+        runs = [r for r in rows if r.router == router and r.streams == streams and r.stages]
+        cells = []
+        for stage in STAGES:
+            values = [r.stages[stage] for r in runs if stage in r.stages]
+            cells.append(f"{statistics.median(values):.0f}" if values else "–")
+        lines.append(f"| {router} | {streams} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def engine_fleet(
+    count: int, time_scale: float, workdir: Path
+) -> tuple[list[int], subprocess.Popen[bytes], EngineRecords]:
+    """enginesim: ``count`` H20 / Qwen2-7B instances at ``time_scale``, with its request
+    log."""
+    base = free_ports(count)
+    log = workdir / f"engine-requests-{base}.jsonl"
+    proc = start_process(
+        [
+            sys.executable,
+            "-m",
+            "enginesim",
+            "serve",
+            "--instances",
+            str(count),
+            "--base-port",
+            str(base),
+            "--gpu",
+            "h20",
+            "--model",
+            "qwen2-7b",
+            "--time-scale",
+            str(time_scale),
+            "--request-log",
+            str(log),
+        ],
+        cwd=REPO,
+        stdin=None,
+        stderr=None,
+    )
+    ports = [base + k for k in range(count)]
+    for port in ports:
+        wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=proc, ok=is_200)
+    return ports, proc, EngineRecords(log)

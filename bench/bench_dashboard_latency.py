@@ -21,11 +21,15 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from devharness import ProcessSet, free_port, wait_http
 from engine_interface import percentile
+
+if TYPE_CHECKING:
+    from controlplane.models import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/8")
@@ -92,7 +96,7 @@ class Database:
         self.connection.creation.destroy_test_db(original, verbosity=0)
 
 
-def seed() -> tuple[object, str]:
+def seed() -> tuple[Cluster, str]:
     """A cluster and a viewer's session cookie."""
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Group

@@ -72,6 +72,7 @@ def drive(engine: EngineCore, arrivals: list[tuple]) -> int:
             t, req_id, prompt, max_tokens = pending.pop(0)
             engine.add_request(req_id, prompt, max_tokens, now=t)
         else:
+            assert next_engine is not None  # else nothing is pending: returned above
             engine.advance_to(next_engine, events_only=True)
 
 

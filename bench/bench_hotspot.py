@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from engine_interface import percentile
+from enginesim.replay.metrics import tpot_of, ttft_of
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import read_trace, select
@@ -111,12 +112,8 @@ def run(args: tuple[Point, str]) -> tuple[Point, str, dict[str, Any]]:
         for r in result.requests
         if r.status == "ok" and BURST_AT_S <= r.arrival_s < BURST_AT_S + BURST_S
     ]
-    ttft = np.array([r.first_token_s - r.arrival_s for r in in_burst])
-    burst_tpot = [
-        (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-        for r in in_burst
-        if r.output_tokens > 1
-    ]
+    ttft = np.array([ttft_of(r) for r in in_burst])
+    burst_tpot = [tpot_of(r) for r in in_burst if r.output_tokens > 1]
     confirmed = [e.time for e in events if e.kind == "confirmed"]
     hot = [
         r
@@ -124,14 +121,12 @@ def run(args: tuple[Point, str]) -> tuple[Point, str, dict[str, Any]]:
         if record.kind == "hotspot" and r.status == "ok"
     ]
     served = np.unique([r.instance for r in hot], return_counts=True)[1]
-    tpot = [
-        (r.finish_s - r.first_token_s) / (r.output_tokens - 1) for r in hot if r.output_tokens > 1
-    ]
+    tpot = [tpot_of(r) for r in hot if r.output_tokens > 1]
     return (
         point,
         policy,
         {
-            "class_ttft_mean_s": float(np.mean([r.first_token_s - r.arrival_s for r in hot])),
+            "class_ttft_mean_s": float(np.mean([ttft_of(r) for r in hot])),
             "class_tpot_mean_s": float(np.mean(tpot)) if tpot else None,
             "class_instances": int((served >= 0.05 * len(hot)).sum()),
             "burst_ttft_mean_s": float(ttft.mean()) if len(ttft) else None,

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -115,7 +116,7 @@ async def send_big(url: str, raw: bytes, rounds: int) -> list[int]:
     return statuses
 
 
-async def measure(url: str, raw: bytes, rounds: int) -> dict[str, object]:
+async def measure(url: str, raw: bytes, rounds: int) -> dict[str, Any]:
     gaps: list[float] = []
     done = asyncio.Event()
     streamer = asyncio.create_task(stream_until(url, done, gaps))

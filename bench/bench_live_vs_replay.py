@@ -77,7 +77,7 @@ def _on_signal(signum: int, _frame: Any) -> None:
 # ----------------------------------------------------------------- statistics
 
 
-def stats(values: list[float]) -> dict[str, float]:
+def stats(values: list[float]) -> dict[str, float | None]:
     arr = np.asarray(values, dtype=float)
     return {
         "n": len(arr),

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -111,6 +112,10 @@ def router_document(
     }
 
 
+def _healthy(target: str) -> bool:
+    return httpx.get(target + "/health", timeout=2).status_code == 200
+
+
 def start_routers(
     document: dict[str, Any], count: int, port: int, work: Path, tag: str, redis: str
 ) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
@@ -143,7 +148,7 @@ def start_routers(
         targets.append(f"http://127.0.0.1:{port + k}")
     for proc, target in zip(procs, targets, strict=True):
         wait_until(
-            lambda t=target: httpx.get(t + "/health", timeout=2).status_code == 200,
+            functools.partial(_healthy, target),
             60,
             "router",
             proc,

@@ -393,7 +393,8 @@ def smetric_table(cells: dict[str, dict[str, Any]]) -> list[str]:
         mean = rows["smetric"]["ttft_mean_s"]
         floor_ok = mean <= rows["least_load"]["ttft_mean_s"]
         best = against_best(rows, "smetric", list(POLICIES))
-        gap = mean / best[0]["ttft_mean_s"] - 1 if best else 0.0
+        assert best is not None  # POLICIES is not empty
+        gap = mean / best[0]["ttft_mean_s"] - 1
         sessions = cell["workload"].startswith("agentic")
         met = floor_ok and (not sessions or gap <= 0.05)
         lines.append(
@@ -627,7 +628,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         here = Path(__file__).parent
         args.out = here / "out" if args.quick else here / "replay_report"
     if args.assemble:
-        data = json.loads((args.out / "matrix.json").read_text())
+        data: dict[str, Any] = json.loads((args.out / "matrix.json").read_text())
         report(args.out, data, header_lines(data))
         return 0
     limit = 900 if args.quick else None
@@ -656,7 +657,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 flush=True,
             )
     args.out.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {
+    data = {
         "quick": args.quick,
         "machine": machine(),
         "calibration": fits,

@@ -51,7 +51,7 @@ def percentiles(samples_ns: list[int]) -> tuple[float, float]:
 
 def warm(state: ClusterState, instance_id: str, token_ids: np.ndarray, tag: str) -> None:
     blocks = len(token_ids) // state.block_size
-    engine_hashes = tuple(f"{tag}-{k}" for k in range(blocks))
+    engine_hashes = tuple(f"{tag}-{k}".encode() for k in range(blocks))
     event = BlockStored(engine_hashes, None, tuple(token_ids[: blocks * 16].tolist()), 16)
     state.on_kv_event(instance_id, event, 0.0)
 

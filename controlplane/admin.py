@@ -181,7 +181,7 @@ class AuditedUserAdmin(UserAdmin):
 
     def save_model(self, request: HttpRequest, obj: Any, form: ModelForm, change: bool) -> None:
         # groups are saved after the user (save_related): compare once both are stored
-        form.access_before = accounts.stored_access(obj.pk) if change else None
+        form.access_before = accounts.stored_access(obj.pk) if change else None  # type: ignore[attr-defined]  # read back in save_related
         super().save_model(request, obj, form, change)
 
     def save_related(

@@ -24,8 +24,9 @@ def _http_app():
     if os.environ.get("SWITCHYARD_SERVE_STATIC", "1") == "1":
         from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 
-        return BodySizeLimit(ASGIStaticFilesHandler(django_http))
-    return BodySizeLimit(django_http)
+        # django-stubs types a handler's scope as dict and its messages as Mapping
+        return BodySizeLimit(ASGIStaticFilesHandler(django_http))  # type: ignore[arg-type]
+    return BodySizeLimit(django_http)  # type: ignore[arg-type]
 
 
 application = ProtocolTypeRouter(

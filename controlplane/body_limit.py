@@ -162,7 +162,8 @@ def session_has_role(session_key: str, role: str) -> bool:
     and auth-hash checks, as its middleware would make them for the request)."""
     store = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
     try:
-        return has_role(get_user(SimpleNamespace(session=store)), role)
+        # get_user reads only the session (django-stubs asks for a whole request)
+        return has_role(get_user(SimpleNamespace(session=store)), role)  # type: ignore[arg-type]
     finally:
         close_old_connections()
 

@@ -43,16 +43,16 @@ def database_from_url(url: str) -> dict:
             f"got {redacted(url)!r}"
         ) from None
     name = config.get("NAME") or "switchyard"
-    config.update(
-        NAME=name,
-        USER=config.get("USER") or "postgres",
-        PASSWORD=config.get("PASSWORD") or "",
-        HOST=config.get("HOST") or "127.0.0.1",
-        PORT=str(config.get("PORT") or 5432),
-        OPTIONS={**config.get("OPTIONS", {}), "connect_timeout": 3},
-        TEST={"NAME": f"test_{name}"},
-    )
-    return config
+    return {
+        **config,
+        "NAME": name,
+        "USER": config.get("USER") or "postgres",
+        "PASSWORD": config.get("PASSWORD") or "",
+        "HOST": config.get("HOST") or "127.0.0.1",
+        "PORT": str(config.get("PORT") or 5432),
+        "OPTIONS": {**config.get("OPTIONS", {}), "connect_timeout": 3},
+        "TEST": {"NAME": f"test_{name}"},
+    }
 
 
 def redacted(url: str) -> str:
@@ -224,7 +224,7 @@ USE_TZ = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-STATICFILES_DIRS = [BASE_DIR / "frontend" / "static"]
+STATICFILES_DIRS: list[str | Path | tuple[str, str | Path]] = [BASE_DIR / "frontend" / "static"]
 # Third-party JS (uPlot, htmx) is installed by npm into frontend/node_modules and served from
 # there under /static/vendor/ — never copied into the repository.
 NODE_MODULES_DIR = BASE_DIR / "frontend" / "node_modules"

@@ -101,7 +101,7 @@ def ttft_arm(
     port, proc = setup.routers[policy]
     probes = max(1, round(concurrency * args.probe_share))
 
-    async def both() -> list[Run]:
+    async def both() -> tuple[Run, Run]:
         return await asyncio.gather(
             row_streams(args, [port], concurrency), row_streams(args, setup.ports, probes)
         )
@@ -214,6 +214,7 @@ def probe_arm(
     receiver, sender = context.Pipe(duplex=False)
     process = context.Process(target=prober, args=(plan, sender))
     process.start()
+    assert process.pid is not None  # started
     if args.router_nice:  # else a prioritised router would delay the prober's direct probes
         renice(process.pid, args.router_nice)  # (allowed: the routers' renice was)
     meter = router_meter(proc, port)

@@ -15,7 +15,7 @@ from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import client_keys as key_services
 from controlplane.services import tokens as token_services
 
-from .auth import actor_of, role
+from .auth import actor_of, auth_user, role
 from .schemas import Id, Name, Reason
 
 routes = Router(tags=["access"])
@@ -130,14 +130,14 @@ def key_out(key: ClientKey) -> dict:
 @routes.get("/tokens", response=list[TokenOut])
 def list_tokens(request: HttpRequest):
     """Your API tokens (an admin sees everyone's)."""
-    return [token_out(t) for t in token_services.visible_tokens(request.auth)]
+    return [token_out(t) for t in token_services.visible_tokens(auth_user(request))]
 
 
 @routes.post("/tokens", response={201: TokenCreatedOut})
 def create_token(request: HttpRequest, payload: TokenIn):
     """A token acting as you, with your role."""
     secret, token = token_services.create_api_token(
-        actor_of(request), request.auth, payload.name, payload.valid_days, payload.reason
+        actor_of(request), auth_user(request), payload.name, payload.valid_days, payload.reason
     )
     return Status(201, {"token": token_out(token), "secret": secret})
 

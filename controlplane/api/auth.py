@@ -10,7 +10,7 @@ import uuid
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.http import HttpRequest
 from ninja.errors import AuthorizationError, HttpError
 from ninja.security import APIKeyCookie, HttpBearer
@@ -25,7 +25,7 @@ from controlplane.services.tokens import user_for_api_token
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
 
 
-def _authorised(user: AbstractBaseUser, minimum: str) -> AbstractBaseUser:
+def _authorised(user: User, minimum: str) -> User:
     if not has_role(user, minimum):
         held = role_of(user)
         raise AuthorizationError(
@@ -41,7 +41,7 @@ class ApiTokenAuth(HttpBearer):
         super().__init__()
         self.minimum_role = minimum_role
 
-    def authenticate(self, request: HttpRequest, token: str) -> AbstractBaseUser | None:
+    def authenticate(self, request: HttpRequest, token: str) -> User | None:
         user = user_for_api_token(token)
         return _authorised(user, self.minimum_role) if user is not None else None
 
@@ -55,7 +55,7 @@ class SessionRoleAuth(APIKeyCookie):
         super().__init__(csrf=False)  # checked below, only once a session is present
         self.minimum_role = minimum_role
 
-    def authenticate(self, request: HttpRequest, key: str | None) -> AbstractBaseUser | None:
+    def authenticate(self, request: HttpRequest, key: str | None) -> User | None:
         user = request.user
         if not user.is_authenticated:
             return None
@@ -71,8 +71,11 @@ class RouterTokenAuth(HttpBearer):
     """`Authorization: Bearer syr_<secret>`: only the token of the router in the path."""
 
     def authenticate(self, request: HttpRequest, token: str) -> RouterDeployment | None:
+        match = request.resolver_match
+        if match is None:
+            return None
         try:
-            router_id = int(request.resolver_match.kwargs["router_id"])
+            router_id = int(match.kwargs["router_id"])
         except (AttributeError, KeyError, TypeError, ValueError):
             return None
         return router_for_token(router_id, token)
@@ -82,6 +85,20 @@ def role(minimum: str) -> list[Any]:
     return [ApiTokenAuth(minimum), SessionRoleAuth(minimum)]
 
 
+def auth_user(request: HttpRequest) -> User:
+    """The user an endpoint's ``role(...)`` auth let through."""
+    user = request.auth  # type: ignore[attr-defined]  # set by django-ninja; not in the stubs
+    assert isinstance(user, User), "only behind role(...)"
+    return user
+
+
+def auth_router(request: HttpRequest) -> RouterDeployment:
+    """The router a ``RouterTokenAuth`` endpoint let through."""
+    router = request.auth  # type: ignore[attr-defined]  # set by django-ninja; not in the stubs
+    assert isinstance(router, RouterDeployment), "only behind RouterTokenAuth"
+    return router
+
+
 def actor_of(request: HttpRequest) -> Actor:
     request_id = request.headers.get("X-Request-ID", "")[:64] or uuid.uuid4().hex
-    return Actor.of(request.auth, request_id=request_id)
+    return Actor.of(auth_user(request), request_id=request_id)

@@ -9,7 +9,7 @@ from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import clusters as cluster_services
 from controlplane.services.roles import role_of
 
-from .auth import actor_of, role
+from .auth import actor_of, auth_user, role
 from .revisions import etag, expected_revision
 from .schemas import ClusterIn, ClusterOut, Id, InstanceIn, InstanceOut, MeOut, Reason, ReasonIn
 
@@ -18,7 +18,8 @@ routes = Router(tags=["clusters"])
 
 @routes.get("/me", response=MeOut, tags=["auth"])
 def me(request: HttpRequest) -> dict:
-    return {"username": request.auth.get_username(), "role": role_of(request.auth)}
+    user = auth_user(request)
+    return {"username": user.get_username(), "role": role_of(user)}
 
 
 @routes.get("/clusters", response=list[ClusterOut])

@@ -8,7 +8,7 @@ from controlplane.selectors import clusters as cluster_selectors
 from controlplane.selectors import router_deployments as router_selectors
 from controlplane.services import router_deployments as router_services
 
-from .auth import RouterTokenAuth, actor_of, role
+from .auth import RouterTokenAuth, actor_of, auth_router, role
 from .schemas import (
     HeartbeatIn,
     HeartbeatOut,
@@ -50,7 +50,7 @@ def create_router(request: HttpRequest, cluster_id: Id, payload: RouterDeploymen
 def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
     """The cluster's current ConfigVersion as `{"version": N, "document": {...}}`. Send
     `If-None-Match` with the last ETag to get 304 when nothing changed."""
-    version = cluster_selectors.current_config(request.auth.cluster)
+    version = cluster_selectors.current_config(auth_router(request).cluster)
     etag = f'"v{version.number}"'
     if request.headers.get("If-None-Match") == etag:
         return HttpResponse(status=304, headers={"ETag": etag})
@@ -67,12 +67,12 @@ def router_config(request: HttpRequest, router_id: Id) -> HttpResponse:
 )
 def router_heartbeat(request: HttpRequest, router_id: Id, payload: HeartbeatIn):
     router_services.record_heartbeat(
-        request.auth, applied_version=payload.applied_version, state=payload.state
+        auth_router(request), applied_version=payload.applied_version, state=payload.state
     )
     fresh = router_selectors.router(router_id)
+    current = fresh.current_version  # type: ignore[attr-defined]  # the selector's annotation
     return {
         "applied_version": fresh.applied_version,
-        "current_version": fresh.current_version,
-        "is_current": fresh.current_version is not None
-        and fresh.applied_version == fresh.current_version,
+        "current_version": current,
+        "is_current": current is not None and fresh.applied_version == current,
     }

@@ -6,7 +6,7 @@ from django.db import models
 class _Rollup(models.Model):
     """Per-minute aggregates of router request metrics."""
 
-    cluster = models.ForeignKey("Cluster", on_delete=models.CASCADE, related_name="+")
+    cluster = models.ForeignKey("controlplane.Cluster", on_delete=models.CASCADE, related_name="+")
     minute = models.DateTimeField(db_index=True)
     requests = models.IntegerField(default=0)
     errors = models.IntegerField(default=0)

@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
@@ -47,6 +47,7 @@ from .state import (
     DECISIONS_SHOWN,
     RawState,
     Rejected,
+    StreamEntry,
     group_name,
     parse_decisions,
     parse_state,
@@ -247,11 +248,11 @@ class Publisher:
             self.cursor = await self._stream_tail()
         while True:
             feeds = {events_stream(feed.name): feed for feed in list(self.feeds.values())}
+            cursors = {EVENTS_STREAM: self.cursor}
             for stream, feed in feeds.items():
                 if feed.events_cursor is None:
                     feed.events_cursor = await self._stream_tail(stream)
-            cursors = {EVENTS_STREAM: self.cursor}
-            cursors.update({stream: feed.events_cursor for stream, feed in feeds.items()})
+                cursors[stream] = feed.events_cursor
             batches = await self._xread(cursors, count=200, block=1000)
             for stream, entries in batches or []:
                 own = feeds.get(stream.decode() if isinstance(stream, bytes) else stream)
@@ -268,11 +269,14 @@ class Publisher:
         ones are skipped (counted in ``unreadable_streams``), so every other cluster's
         records still flow."""
         try:
-            return await self.client.xread(cursors, count=count, block=block) or []
+            # redis-py asks for an invariant dict[KeyT, StreamIdT] (a str key is one); the
+            # reply is RESP2's [[stream, entries], ...] (its type also admits RESP3's)
+            reply = await self.client.xread(cursors, count=count, block=block)  # type: ignore[arg-type]
+            return cast("list[Any]", reply or [])
         except ResponseError as error:
             if "WRONGTYPE" not in str(error):
                 raise
-        batches = []
+        batches: list[Any] = []
         for stream, cursor in cursors.items():
             try:
                 batches += await self.client.xread({stream: cursor}, count=count) or []
@@ -285,7 +289,7 @@ class Publisher:
 
     async def _stream_tail(self, stream: str = EVENTS_STREAM) -> bytes | str:
         try:
-            last = await self.client.xrevrange(stream, count=1)
+            last = cast("list[StreamEntry]", await self.client.xrevrange(stream, count=1))
         except ResponseError as error:  # not a stream: _xread skips it while it is not
             self.unreadable_streams[stream] = str(error)[:200]
             return "0-0"

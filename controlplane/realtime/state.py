@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
@@ -124,7 +124,9 @@ def read_decisions(
     client: redis.Redis, cluster: str, count: int = DECISIONS_SHOWN
 ) -> list[dict[str, Any]]:
     """The cluster's most recent sampled decisions, newest first (for the first paint)."""
-    return parse_decisions(client.xrevrange(decisions_stream(cluster), count=count))
+    # XREVRANGE gives an id and fields for each entry (redis-py's type admits None for both)
+    entries = cast("list[StreamEntry]", client.xrevrange(decisions_stream(cluster), count=count))
+    return parse_decisions(entries)
 
 
 def _text(value: bytes | str) -> str:

@@ -10,8 +10,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from celery import bootsteps
+
+if TYPE_CHECKING:
+    from .supervisor import RouterSupervisor
 
 
 def router_host() -> str:
@@ -28,7 +32,7 @@ class RouterSupervisorStep(bootsteps.StartStopStep):
     def __init__(self, worker, supervise_routers: bool = False, **options) -> None:
         super().__init__(worker, **options)
         self.enabled = bool(supervise_routers)
-        self.supervisor = None
+        self.supervisor: RouterSupervisor | None = None
 
     def start(self, worker) -> None:
         # Imported here: this module is loaded with the Celery app, before Django's apps.

@@ -3,6 +3,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TypeVar
 
+from django.core.exceptions import ObjectDoesNotExist
 from django.db.models import Model, QuerySet
 
 from controlplane.services.errors import NotFound
@@ -13,7 +14,7 @@ M = TypeVar("M", bound=Model)
 def get_or_404(queryset: QuerySet[M], pk: int, what: str) -> M:
     try:
         return queryset.get(pk=pk)
-    except queryset.model.DoesNotExist:
+    except ObjectDoesNotExist:  # the model's own DoesNotExist: get() raises no other
         raise NotFound(f"{what} {pk} does not exist") from None
 
 

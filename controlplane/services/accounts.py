@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, Group
+from django.contrib.auth.models import Group, User
 
 from controlplane.models import AuditEvent
 
@@ -35,7 +35,7 @@ def stored_access(user_pk: Any) -> dict[str, Any] | None:
 
 
 def record_user_change(
-    actor: Actor, user: AbstractBaseUser, before: dict[str, Any] | None
+    actor: Actor, user: User, before: dict[str, Any] | None
 ) -> AuditEvent | None:
     """One audit row when the user was created or their access changed; none otherwise."""
     after = access_of(user)
@@ -45,7 +45,7 @@ def record_user_change(
     return record(actor, action, user, before=before, after=after, reason=ADMIN_REASON)
 
 
-def record_user_deleted(actor: Actor, user: AbstractBaseUser) -> AuditEvent:
+def record_user_deleted(actor: Actor, user: User) -> AuditEvent:
     """Call before the delete (the row's id and access are read from it)."""
     return record(actor, "user.delete", user, before=access_of(user), reason=ADMIN_REASON)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import AnonymousUser, User
 from django.db import models
 
 from controlplane.models import AuditEvent, Cluster
@@ -20,13 +20,18 @@ class Actor:
     """Who is making a change: a user (browser or API token) or a system component."""
 
     name: str
-    user: AbstractBaseUser | None = None
+    user: User | AnonymousUser | None = None
     request_id: str = ""
 
     @classmethod
-    def of(cls, user: AbstractBaseUser, request_id: str = "") -> Actor:
+    def of(cls, user: User | AnonymousUser, request_id: str = "") -> Actor:
         """A user's change; a client-sent request id is cut to what the audit row holds."""
         return cls(name=user.get_username(), user=user, request_id=request_id[:REQUEST_ID_CHARS])
+
+    @property
+    def account(self) -> User | None:
+        """The stored user making the change: None for a system component (or no one)."""
+        return self.user if isinstance(self.user, User) and self.user.pk else None
 
     @classmethod
     def system(cls, component: str) -> Actor:
@@ -51,7 +56,7 @@ def record(
     cluster: Cluster | None = None,
 ) -> AuditEvent:
     return AuditEvent.objects.create(
-        actor=actor.user if actor.user is not None and actor.user.pk else None,
+        actor=actor.account,
         actor_name=actor.name,
         request_id=actor.request_id,
         action=action,

@@ -18,6 +18,7 @@ from .audit import Actor
 from .bearer import new_secret, sha256_hex
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, ServiceError
+from .fields import max_length
 
 KEY_PREFIX = "syk"
 PREFIX_LENGTH = 8
@@ -39,7 +40,7 @@ def create_client_key(
     """Create a key; return its plaintext (never stored) and the row."""
     cluster = locked_cluster(cluster_id)
     name = (name or "").strip()
-    if not name or len(name) > ClientKey._meta.get_field("name").max_length:
+    if not name or len(name) > max_length(ClientKey, "name"):
         raise ServiceError("name must be 1-64 characters", "name")
     prefix = secrets.token_hex(PREFIX_LENGTH // 2)
     plaintext = f"{KEY_PREFIX}_{prefix}_{new_secret()}"

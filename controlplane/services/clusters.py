@@ -12,6 +12,7 @@ from router_worker.config import InstanceSpec
 from . import audit, config
 from .audit import Actor
 from .errors import Conflict, NotFound, ServiceError, StaleEdit
+from .fields import max_length
 
 MIN_BLOCK_SIZE = 1
 MAX_BLOCK_SIZE = 4096
@@ -189,7 +190,7 @@ def remove_instance(
 def _router_url(url: str) -> str:
     """The router's own URL rule (any http(s) host, e.g. `http://engine-0:8000`), not
     Django's URLValidator, which refuses single-label hosts."""
-    if len(url) > Instance._meta.get_field("url").max_length:
+    if len(url) > max_length(Instance, "url"):
         raise ServiceError("url: at most 256 characters", "url")
     try:
         return InstanceSpec(name="probe", url=url).url

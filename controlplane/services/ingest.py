@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 import redis
-from django.db import DataError, models, transaction
+from django.db import DataError, transaction
 from pydantic import Field, ValidationError
 
 from controlplane.models import Cluster, HotspotEvent, IngestedRecord, RouterEvent
@@ -44,6 +44,7 @@ from router_worker.telemetry_contract import (
 from router_worker.telemetry_contract import RouterEvent as WireEvent
 
 from . import rollups
+from .fields import max_length
 
 log = logging.getLogger(__name__)
 GROUP = "controlplane-ingest"
@@ -66,21 +67,17 @@ class PoisonEntry(ValueError):
     """A stream entry that cannot be stored, whatever the retries: it is quarantined."""
 
 
-def _max_length(model: type[models.Model], name: str) -> int:
-    return model._meta.get_field(name).max_length
-
-
 class StorableEvent(WireEvent):
     """The contract's event narrowed to what the Postgres rows can hold."""
 
-    id: str = Field(min_length=1, max_length=_max_length(RouterEvent, "event_id"))
-    router: str = Field(max_length=_max_length(RouterEvent, "router"))
+    id: str = Field(min_length=1, max_length=max_length(RouterEvent, "event_id"))
+    router: str = Field(max_length=max_length(RouterEvent, "router"))
     at: float = Field(ge=0, le=LATEST_UNIX)
 
 
 class StorableHotspot(HotspotPayload):
-    prefix_class: str = Field(max_length=_max_length(HotspotEvent, "prefix_class"))
-    prefix_hash: str = Field(max_length=_max_length(HotspotEvent, "prefix_hash"))
+    prefix_class: str = Field(max_length=max_length(HotspotEvent, "prefix_class"))
+    prefix_hash: str = Field(max_length=max_length(HotspotEvent, "prefix_hash"))
     m: int = Field(ge=-INT_COLUMN, le=INT_COLUMN)
     m_bar: int = Field(ge=-INT_COLUMN, le=INT_COLUMN)
 
@@ -110,9 +107,10 @@ class StorableInstanceMetrics(InstanceMetrics):
 
 
 class StorableMetrics(MetricsRecord):
-    id: str = Field(min_length=1, max_length=_max_length(IngestedRecord, "record_id"))
-    arms: dict[str, StorableArmMetrics] = Field(default_factory=dict)
-    instances: dict[str, StorableInstanceMetrics] = Field(default_factory=dict)
+    id: str = Field(min_length=1, max_length=max_length(IngestedRecord, "record_id"))
+    # pydantic re-validates a field re-declared narrower; mypy sees the dict as invariant
+    arms: dict[str, StorableArmMetrics] = Field(default_factory=dict)  # type: ignore[assignment]
+    instances: dict[str, StorableInstanceMetrics] = Field(default_factory=dict)  # type: ignore[assignment]
     start: float = Field(ge=0, le=LATEST_UNIX)
     end: float = Field(ge=0, le=LATEST_UNIX)
 
@@ -159,7 +157,10 @@ def read_batch(client: redis.Redis, stream: str) -> list[tuple[bytes, dict]]:
     """Own pending entries first (left unacknowledged by a failed run), then new ones."""
     ensure_group(client, stream)
     for start in ("0", ">"):
-        response = client.xreadgroup(GROUP, CONSUMER, {stream: start}, count=BATCH)
+        # a RESP2 reply, [[stream, entries]] (redis-py's type also admits RESP3's dict)
+        response = cast(
+            "list[list[Any]]", client.xreadgroup(GROUP, CONSUMER, {stream: start}, count=BATCH)
+        )
         entries = response[0][1] if response else []
         if entries:
             return entries
@@ -475,7 +476,11 @@ def quarantine_summary(client: redis.Redis, limit: int = 50) -> QuarantineSummar
     for key, value in client.hscan_iter(QUARANTINE_COUNTS, count=100):
         source = _text(key[:SOURCE_CHARS])
         counts[source] = counts.get(source, 0) + _count(value)
-    newest = client.xrevrange(QUARANTINE_STREAM, count=limit) if limit > 0 else []
+    # XREVRANGE gives an id and fields for each entry (redis-py's type admits None for both)
+    newest = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]",
+        client.xrevrange(QUARANTINE_STREAM, count=limit) if limit > 0 else [],
+    )
     entries = [_quarantined_entry(entry_id, fields) for entry_id, fields in newest]
     return QuarantineSummary(counts, entries)
 

@@ -105,6 +105,7 @@ def compare(
     if min(n_b, n_c) < max(guardrails["min_samples"], 1):
         return MetricTest(metric, n_b, n_c, None, None, None, None, "no_data")
     med_b, med_c = percentile(baseline, 50), percentile(candidate, 50)
+    assert med_b is not None and med_c is not None  # each arm holds a sample
     effect = (med_c - med_b) / max(med_b, MEDIAN_FLOOR_S)
     p_value = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
     worse = effect > guardrails["effect_tolerance"]

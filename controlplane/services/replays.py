@@ -128,7 +128,7 @@ def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason
     # the cost coefficients are derived under the lock, from the GPU and model the
     # cluster has now
     inputs = {**inputs, "policies": _validated_policies(inputs["policies"], cluster)}
-    job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.user)
+    job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.account)
     audit.record(
         actor, "replay.create", job, after=replay_snapshot(job), reason=reason, cluster=cluster
     )

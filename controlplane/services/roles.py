@@ -3,12 +3,12 @@ clusters, instances). Each role includes the ones before it; a superuser is an a
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser, User
 
 ROLES: tuple[str, ...] = ("viewer", "operator", "admin")
 
 
-def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
+def role_of(user: User | AnonymousUser | None) -> str | None:
     """The highest role the user holds, or None (no access at all)."""
     if user is None or not user.is_authenticated or not user.is_active:
         return None
@@ -19,7 +19,7 @@ def role_of(user: AbstractBaseUser | AnonymousUser | None) -> str | None:
     return held[-1] if held else None
 
 
-def has_role(user: AbstractBaseUser | AnonymousUser | None, minimum: str) -> bool:
+def has_role(user: User | AnonymousUser | None, minimum: str) -> bool:
     """Whether the user's role is `minimum` or a higher one."""
     if minimum not in ROLES:
         raise ValueError(f"unknown role {minimum!r}; known: {ROLES}")

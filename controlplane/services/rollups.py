@@ -53,17 +53,17 @@ def fold(cluster: Cluster, record: MetricsRecord) -> None:
         _add_common(row, metrics, rng)
         row.hotspot_fallbacks += metrics.hotspot_fallbacks
         row.save()
-    for name, metrics in record.instances.items():
-        row, _ = InstanceMetricRollup.objects.select_for_update().get_or_create(
+    for name, instance in record.instances.items():
+        instance_row, _ = InstanceMetricRollup.objects.select_for_update().get_or_create(
             cluster=cluster, instance=name, minute=minute
         )
-        _add_common(row, metrics, rng)
-        row.pending_prefill_tokens_max = max(
-            row.pending_prefill_tokens_max, int(metrics.pending_prefill_tokens_max)
+        _add_common(instance_row, instance, rng)
+        instance_row.pending_prefill_tokens_max = max(
+            instance_row.pending_prefill_tokens_max, int(instance.pending_prefill_tokens_max)
         )
-        row.batch_size_max = max(row.batch_size_max, int(metrics.batch_size_max))
-        row.kv_usage_max = max(row.kv_usage_max, metrics.kv_usage_max)
-        row.save()
+        instance_row.batch_size_max = max(instance_row.batch_size_max, int(instance.batch_size_max))
+        instance_row.kv_usage_max = max(instance_row.kv_usage_max, instance.kv_usage_max)
+        instance_row.save()
 
 
 def prune(retention_days: int = 7) -> dict[str, int]:

@@ -8,7 +8,7 @@ import datetime
 import secrets
 
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -18,6 +18,7 @@ from . import audit
 from .audit import Actor
 from .bearer import new_secret, sha256_hex
 from .errors import Conflict, Forbidden, NotFound, ServiceError
+from .fields import max_length
 from .roles import has_role
 
 TOKEN_PREFIX = "sy"
@@ -39,14 +40,14 @@ def token_snapshot(token: ApiToken) -> dict:
 @transaction.atomic
 def create_api_token(
     actor: Actor,
-    user: AbstractBaseUser,
+    user: User,
     name: str,
     valid_days: int = DEFAULT_VALID_DAYS,
     reason: str = "",
 ) -> tuple[str, ApiToken]:
     """Create a token for `user`; return its plaintext (never stored) and the row."""
     name = (name or "").strip()
-    if not name or len(name) > ApiToken._meta.get_field("name").max_length:
+    if not name or len(name) > max_length(ApiToken, "name"):
         raise ServiceError("name must be 1-64 characters", "name")
     if (
         isinstance(valid_days, bool)
@@ -72,7 +73,7 @@ def create_api_token(
     return plaintext, token
 
 
-def visible_tokens(user: AbstractBaseUser) -> list[ApiToken]:
+def visible_tokens(user: User) -> list[ApiToken]:
     """The tokens a user may see and revoke: their own; an admin's are everyone's."""
     tokens = ApiToken.objects.select_related("user")
     if not has_role(user, "admin"):
@@ -105,7 +106,7 @@ def revoke_api_token(actor: Actor, token_id: int, reason: str = "") -> ApiToken:
     return token
 
 
-def user_for_api_token(plaintext: str) -> AbstractBaseUser | None:
+def user_for_api_token(plaintext: str) -> User | None:
     """The active user a valid, unexpired, unrevoked token belongs to; marks it as used."""
     if not plaintext.startswith(f"{TOKEN_PREFIX}_"):
         return None
@@ -121,7 +122,7 @@ def user_for_api_token(plaintext: str) -> AbstractBaseUser | None:
     return token.user
 
 
-def user_named(username: str) -> AbstractBaseUser:
+def user_named(username: str) -> User:
     try:
         return get_user_model().objects.get(username=username)
     except get_user_model().DoesNotExist:

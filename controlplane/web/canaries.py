@@ -141,7 +141,7 @@ def _create_args(data: QueryDict) -> dict[str, Any]:
             if s
         ],
         "guardrails": {
-            key: _number(data[f"guard.{key}"], f"guardrails.{key}")
+            key: _number(data.get(f"guard.{key}", ""), f"guardrails.{key}")
             for key in canary_service.DEFAULT_GUARDRAILS
             if data.get(f"guard.{key}", "").strip()
         },

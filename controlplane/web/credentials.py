@@ -18,7 +18,7 @@ from controlplane.services import client_keys as key_service
 from controlplane.services import tokens as token_service
 from controlplane.services.errors import ServiceError
 
-from .access import actor, admin_required, viewer_required
+from .access import actor, admin_required, signed_in_user, viewer_required
 from .clusters import get_cluster
 from .pages import page, service_error_response
 
@@ -102,7 +102,7 @@ def client_auth_set(request: HttpRequest, cluster_id: int) -> HttpResponse:
 def _tokens_context(request: HttpRequest) -> dict[str, Any]:
     return {
         "tab": "tokens",
-        "tokens": token_service.visible_tokens(request.user),
+        "tokens": token_service.visible_tokens(signed_in_user(request)),
         "now": timezone.now(),
         "default_days": token_service.DEFAULT_VALID_DAYS,
         "max_days": token_service.MAX_VALID_DAYS,
@@ -121,7 +121,7 @@ def token_create(request: HttpRequest) -> HttpResponse:
     try:
         days = _days(request.POST.get("valid_days", ""))
         secret, token = token_service.create_api_token(
-            actor(request), request.user, request.POST.get("name", ""), days
+            actor(request), signed_in_user(request), request.POST.get("name", ""), days
         )
     except ServiceError as error:
         return service_error_response(

@@ -132,7 +132,7 @@ def overview() -> list[dict[str, Any]]:
     return [cluster_row(c) for c in reads.clusters().prefetch_related("instances")]
 
 
-def annotations(cluster: Cluster, since: datetime, until: datetime) -> list[dict[str, Any]]:
+def chart_annotations(cluster: Cluster, since: datetime, until: datetime) -> list[dict[str, Any]]:
     """Config changes and hotspot transitions in [since, until], oldest first."""
     versions = [
         {
@@ -186,7 +186,7 @@ def first_paint(cluster: Cluster, at: datetime | None = None) -> dict[str, Any]:
         "at": at.timestamp() if at else None,
         "live": None if at else live_state(cluster),
         "decisions": [] if at else recent_decisions(cluster),
-        "annotations": annotations(cluster, since, until),
+        "annotations": chart_annotations(cluster, since, until),
         "history": arm_history(cluster, since, until),
         "server_time": timezone.now().timestamp(),
     }

@@ -83,7 +83,11 @@ class ParamField:
             if self.maximum is None
             else _bound("<" if self.exclusive_maximum else "≤", self.maximum)
         )
-        if low and high and not (self.exclusive_minimum or self.exclusive_maximum):
+        if (
+            self.minimum is not None
+            and self.maximum is not None
+            and not (self.exclusive_minimum or self.exclusive_maximum)
+        ):
             return f"{_num(self.minimum)} – {_num(self.maximum)}"
         return ", ".join(part for part in (low, high) if part)
 

@@ -55,29 +55,30 @@ SUMMARY_KEYS = (
 )
 
 
+def ttft_of(done: RequestResult) -> float:
+    """The time to first token of a completed request."""
+    assert done.first_token_s is not None, done.id  # a completed request
+    return done.first_token_s - done.arrival_s
+
+
+def tpot_of(done: RequestResult) -> float:
+    """Of a completed request with more than one output token."""
+    assert done.first_token_s is not None and done.finish_s is not None, done.id
+    return (done.finish_s - done.first_token_s) / (done.output_tokens - 1)
+
+
 def ttfts(requests: Sequence[RequestResult]) -> np.ndarray:
-    return np.array([r.first_token_s - r.arrival_s for r in requests if r.status == "ok"])
+    return np.array([ttft_of(r) for r in requests if r.status == "ok"])
 
 
 def _tpots(done: Sequence[RequestResult]) -> np.ndarray:
-    return np.array(
-        [
-            (r.finish_s - r.first_token_s) / (r.output_tokens - 1)
-            for r in done
-            if r.output_tokens > 1
-        ]
-    )
+    return np.array([tpot_of(r) for r in done if r.output_tokens > 1])
 
 
 def slo_met(done: Sequence[RequestResult], ttft_s: float, tpot_s: float) -> int:
     """Completed requests whose TTFT and TPOT (if they have one) both meet the SLO."""
     return sum(
-        1
-        for r in done
-        if r.first_token_s - r.arrival_s <= ttft_s
-        and (
-            r.output_tokens <= 1 or (r.finish_s - r.first_token_s) / (r.output_tokens - 1) <= tpot_s
-        )
+        ttft_of(r) <= ttft_s and (r.output_tokens <= 1 or tpot_of(r) <= tpot_s) for r in done
     )
 
 
@@ -127,6 +128,7 @@ def summarize(result: SimResult) -> dict[str, Any]:
 
 
 def tier_summary(result: SimResult, done: Sequence[RequestResult], prompt: int) -> dict[str, Any]:
+    assert result.tier is not None  # summarize asks only of a cluster with a global tier
     tier_tokens = sum(r.tier_tokens or 0 for r in done)
     return {
         **result.tier.to_json(),

@@ -88,10 +88,11 @@ def _derive(gpu: str, model: str) -> tuple[tuple[str, float | int], ...]:
     calibration = cost.calibration
     chunk = config.max_num_batched_tokens
     pairs = chunk * chunk / 2.0
-    full = cost.cost(StepBatch(chunk, 1, 0, 0, 0)).compute_time
-    with_attention = cost.cost(StepBatch(chunk, 1, 0, pairs, 0)).compute_time
+    # a batch of scalars is priced as floats
+    full = float(cost.cost(StepBatch(chunk, 1, 0, 0, 0)).compute_time)
+    with_attention = float(cost.cost(StepBatch(chunk, 1, 0, pairs, 0)).compute_time)
     # one more running request in that step: its token, sampled
-    with_decode = cost.cost(StepBatch(chunk + 1, 2, 1, 0, 0)).compute_time
+    with_decode = float(cost.cost(StepBatch(chunk + 1, 2, 1, 0, 0)).compute_time)
     values: dict[str, float | int] = {
         "prefill_tps": chunk / full,
         "step_overhead_s": calibration.t_fixed + calibration.t_per_seq,

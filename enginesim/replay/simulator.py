@@ -336,7 +336,7 @@ class Simulator:
         self._push_next_arrival()
         if self.config.scrape_interval_s > 0:
             self._push(0.0, SCRAPE, None)
-        handlers = {
+        handlers: dict[int, Callable[[Any], None]] = {
             ARRIVAL: self._on_arrival,
             ENGINE: self._on_engine_wake,
             TELEMETRY: self._on_telemetry,
@@ -465,8 +465,9 @@ class Simulator:
         slots = {flight.slot, *(self.ids.index(c) for c in flight.candidates)}
         movable: set[str] = set()
         for slot in slots:
-            if self.instances[slot].engine is not None:
-                movable |= self.instances[slot].engine.unscheduled_ids()
+            engine = self.instances[slot].engine
+            if engine is not None:
+                movable |= engine.unscheduled_ids()
         queued = [
             QueuedRequest(
                 f.life.features,
@@ -481,7 +482,9 @@ class Simulator:
         ]
         for move in router.policy.migrations(router.state.view(), queued, self.now):
             moved = self.flights.get(move.request_id)
-            engine = None if moved is None else self.instances[moved.slot].engine
+            if moved is None:
+                continue
+            engine = self.instances[moved.slot].engine
             # an abort may let the engine start a step now: ask again before each move
             if engine is not None and move.request_id in engine.unscheduled_ids():
                 self._migrate(moved, self.ids.index(move.target))
@@ -489,7 +492,9 @@ class Simulator:
     def _migrate(self, flight: _Flight, target: int) -> None:
         """Abort a request still waiting in its engine and send it to ``target``."""
         source, request_id = flight.slot, flight.result.id
-        self.instances[source].engine.abort(request_id, self.now)
+        engine = self.instances[source].engine
+        assert engine is not None  # the request waits in it
+        engine.abort(request_id, self.now)
         del self.flights[request_id]
         self._advance(source)  # takes the abort's output (ignored: not in flight) and re-arms
         flight.life.migrate(self.ids[target], self.now)
@@ -582,6 +587,7 @@ class Simulator:
 
     def _apply_first_token(self, now: float, flight: _Flight, attempt: Attempt) -> None:
         # ignored if the attempt failed over in the meantime
+        assert flight.result.first_token_s is not None  # set before this was scheduled
         ttft = flight.result.first_token_s - flight.life.features.arrival_time
         flight.life.first_token(now, ttft, attempt)
 
@@ -679,6 +685,7 @@ class Simulator:
     def _fail(self, slot: int) -> None:
         self._advance(slot)  # deliver everything that completed by now first
         instance = self.instances[slot]
+        assert instance.engine is not None  # called for a live instance only
         stats = instance.engine.stats()
         instance.busy_before += stats.busy_time
         instance.tier_before.add(stats)

@@ -106,7 +106,7 @@ def _json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 
 def read_mooncake(path: str | Path) -> list[TraceRecord]:
-    records = []
+    records: list[TraceRecord] = []
     for number, row in _json_lines(path):
         try:
             records.append(
@@ -131,7 +131,7 @@ def read_bailian(path: str | Path) -> list[TraceRecord]:
 def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
     """Bailian rows (dicts, as in the JSONL) → records in row order, sessions resolved."""
     parent = {row["chat_id"]: row.get("parent_chat_id", -1) for row in rows}
-    records = []
+    records: list[TraceRecord] = []
     for row in rows:
         turn = row.get("turn")
         records.append(

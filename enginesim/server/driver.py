@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from enginesim.server.metrics import ServerMetrics
 
 log = logging.getLogger(__name__)
@@ -140,7 +142,7 @@ class EngineDriver:
         prompt_token_ids: Sequence[int],
         max_tokens: int,
         natural_stop: bool = False,
-        output_token_ids: Sequence[int] | None = None,
+        output_token_ids: Sequence[int] | np.ndarray | None = None,
     ) -> RequestStream:
         """Add a request to the engine now; raises the engine's request error.
         ``output_token_ids``: the answer's token ids, so its blocks get cached."""
@@ -227,6 +229,7 @@ class EngineDriver:
             new_tokens -= 1
         if new_tokens > 0:
             # Tokens delivered together are spread evenly over the time they took.
+            assert stream.last_token_time is not None  # set with the first token
             interval = last - stream.last_token_time
             self.metrics.observe_decode(interval, new_tokens)
             if interval > 0:

@@ -120,7 +120,8 @@ class Instance:
             ws="none",
             log_level="warning",
             access_log=False,
-            timeout_graceful_shutdown=KILL_GRACE_SECONDS,
+            # uvicorn waits with asyncio, any float; its annotation says int
+            timeout_graceful_shutdown=KILL_GRACE_SECONDS,  # type: ignore[arg-type]
         )
         server = QuietServer(config)
         sock = config.bind_socket()

@@ -210,7 +210,7 @@ def full_response(
 ) -> dict[str, Any]:
     """The non-streaming body of a chat or text completion."""
     if kind == "chat":
-        message = {
+        message: dict[str, Any] = {
             "role": "assistant",
             "content": text,
             "refusal": None,

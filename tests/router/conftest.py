@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -71,6 +72,10 @@ class Fleet:
         return scrape_total(self.url(index), name, **labels)
 
 
+def _healthy(url: str) -> bool:
+    return httpx.get(url + "/health", timeout=1).status_code == 200
+
+
 def start_fleet(size: int, *extra: str) -> Fleet:
     base = free_ports(size + 1)
     kv_base = free_ports(size, gap=100)
@@ -104,7 +109,7 @@ def start_fleet(size: int, *extra: str) -> Fleet:
     try:
         for k in range(size):
             wait_until(
-                lambda k=k: httpx.get(fleet.url(k) + "/health", timeout=1).status_code == 200,
+                functools.partial(_healthy, fleet.url(k)),
                 STARTUP_TIMEOUT,
                 "enginesim",
                 proc,

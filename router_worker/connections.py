@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import resource
+import time
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -52,6 +53,7 @@ from router_worker.metrics import RouterMetrics
 
 REFUSED_LINGER_S = 1.0
 DISCONNECT = "switchyard.on_disconnect"
+ARRIVED = "switchyard.arrived"  # perf_counter when the request's head was parsed
 _TIMEOUTS = {"head": ("header_timeout", "request head"), "body": ("body_timeout", "request body")}
 _STATUS_LINES = {
     408: b"HTTP/1.1 408 Request Timeout\r\n",
@@ -223,6 +225,7 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             # One per connection: pipelined requests' handlers each add theirs.
             extensions = cast(dict[str, Any], self.scope.setdefault("extensions", {}))
             extensions[DISCONNECT] = self.on_disconnect
+            extensions[ARRIVED] = time.perf_counter()
             super().on_headers_complete()
             cycle = self.cycle
             if cycle is not None and cycle.scope is self.scope:  # else an upgrade

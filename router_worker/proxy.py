@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from router_worker.access import Detail, client_rights, detail_for
-from router_worker.connections import DISCONNECT, Disconnects
+from router_worker.connections import ARRIVED, DISCONNECT, Disconnects
 from router_worker.core import Plan, RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
 from router_worker.intake import Endpoint, Intake, IntakeRunner
@@ -243,7 +243,7 @@ class Proxy:
         core = self.core
         core.metrics.in_flight_count += 1
         plan: Plan | None = None
-        clock = StageClock(started)
+        clock = StageClock(scope.get("extensions", {}).get(ARRIVED, started))
         try:
             raw = await read_body(receive, runtime.config.router.max_body_bytes)
             clock.body = time.perf_counter()

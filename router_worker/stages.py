@@ -5,7 +5,8 @@ A :class:`StageClock` rides along with each request and is stamped with
 to the client, :meth:`StageTimes.observe` turns the stamps into one observation per stage:
 
 ``body``
-    handler start (admitted) → request body read
+    request head parsed by the server → request body read by the handler (the wait for
+    the event loop to start the handler, admission, and the body's own arrival)
 ``intake``
     → body parsed, checked, tokenized and hashed
 ``decide``

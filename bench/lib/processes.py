@@ -1,22 +1,19 @@
-"""The processes under test: one enginesim (with its request log), routers in front of it,
-and nginx as a reference hop; started and stopped with devharness."""
+"""The processes under test: one enginesim (with its request log) and routers in front of
+it, started and stopped with devharness."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import shutil
-import signal
 import subprocess
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.lib.loadclient import MODEL, Run, closed_loop, run_async
 from devharness import (
-    ManagedProcess,
     WaitTimeout,
     free_port,
     free_ports,
@@ -30,8 +27,6 @@ REPO = Path(__file__).resolve().parents[2]
 INSTANCES = 4
 # The routers' admin token: their /metrics needs it (bench.lib.stats sends it).
 ROUTER_ADMIN_TOKEN = "bench-admin-token"
-# The probe canary's salt: the prober knows it, so it can pick session keys in the probe arm.
-PROBE_CANARY_SALT = "bench-probe-salt"
 STARTUP_S = 30.0
 
 
@@ -91,18 +86,15 @@ class BenchStack:
 
 
 @contextlib.contextmanager
-def bench_stack(
-    time_scale: float, workdir: Path, probe_url: str | None = None
-) -> Iterator[BenchStack]:
-    """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin
-    (with ``probe_url``, each with a probe arm over that engine: see ``start_router``)."""
+def bench_stack(time_scale: float, workdir: Path) -> Iterator[BenchStack]:
+    """enginesim at ``time_scale``, then routers in front of it: lmetric and round_robin."""
     ports, engines, log = start_engines(INSTANCES, time_scale, workdir)
     started = BenchStack(ports, engines, {}, log)
     try:
         for port in ports:
             wait_http(f"http://127.0.0.1:{port}/health", STARTUP_S, process=engines, ok=is_200)
         for policy in ("lmetric", "round_robin"):
-            started.routers[policy] = start_router(ports, policy, workdir, probe_url)
+            started.routers[policy] = start_router(ports, policy, workdir)
         run_async(closed_loop([started.routers["lmetric"][0]], 8, 1.0, True, 4))  # warm-up
         yield started
     finally:
@@ -137,12 +129,8 @@ def start_engines(
     return [base + k for k in range(count)], engines, EngineLog(log)
 
 
-def start_router(
-    ports: list[int], policy: str, workdir: Path, probe_url: str | None = None
-) -> tuple[int, Any]:
-    """A router over ``ports``. With ``probe_url``: a canary config whose ``load`` arm
-    (weight 99) holds the engines and whose ``probe`` arm (weight 1) holds only the probe
-    engine, both under ``policy``; requests pick their arm by ``X-Session-ID``."""
+def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any]:
+    """A router over ``ports`` under ``policy``."""
     spec = {"kind": policy, "params": {}}
     instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(ports)]
     config: dict[str, Any] = {
@@ -151,20 +139,6 @@ def start_router(
         "instances": instances,
         "router": {"max_concurrency": 4096},
     }
-    if probe_url:
-        config["instances"] = [*instances, {"name": "probe", "url": probe_url}]
-        config["canary"] = {
-            "salt": PROBE_CANARY_SALT,
-            "arms": [
-                {
-                    "name": "load",
-                    "policy": spec,
-                    "weight": 99,
-                    "instances": [i["name"] for i in instances],
-                },
-                {"name": "probe", "policy": spec, "weight": 1, "instances": ["probe"]},
-            ],
-        }
     path = workdir / f"router-{policy}.json"
     path.write_text(json.dumps(config))
     router_port = free_port()
@@ -190,50 +164,3 @@ def start_router(
     )
     wait_http(f"http://127.0.0.1:{router_port}/health", STARTUP_S, process=router, ok=is_200)
     return router_port, router
-
-
-@contextlib.contextmanager
-def nginx_in_front(upstream: int, workdir: Path) -> Iterator[int | None]:
-    """nginx as a streaming reverse proxy to port ``upstream`` (keep-alive upstream, no
-    buffering); yields its port, or None when nginx is not installed."""
-    binary = shutil.which("nginx") or shutil.which("nginx", path="/usr/sbin")
-    if binary is None:
-        yield None
-        return
-    port = free_port()
-    conf = workdir / f"nginx-{port}.conf"
-    conf.write_text(NGINX_CONF.format(workdir=workdir, port=port, upstream=upstream))
-    with ManagedProcess([binary, "-c", str(conf), "-p", str(workdir)]) as nginx:
-        wait_http(f"http://127.0.0.1:{port}/health", STARTUP_S, process=nginx.process, ok=is_200)
-        yield port
-
-
-NGINX_CONF = """worker_processes 1; daemon off; pid {workdir}/nginx.pid;
-error_log {workdir}/nginx-error.log;
-events {{ worker_connections 1024; }}
-http {{
-  access_log off;
-  upstream engine {{ server 127.0.0.1:{upstream}; keepalive 64; }}
-  server {{
-    listen 127.0.0.1:{port};
-    location / {{
-      proxy_pass http://engine; proxy_http_version 1.1; proxy_set_header Connection "";
-      proxy_buffering off; proxy_request_buffering off;
-    }}
-  }}
-}}
-"""
-
-
-@contextlib.contextmanager
-def paused(routers: Iterable[tuple[int, subprocess.Popen[bytes]]]) -> Iterator[None]:
-    """Stop the routers not under test (SIGSTOP): their scrapes and health probes would
-    stall the engines' event loop in the other arms' runs."""
-    stopped = [proc for _, proc in routers]
-    for proc in stopped:
-        proc.send_signal(signal.SIGSTOP)
-    try:
-        yield
-    finally:
-        for proc in stopped:
-            proc.send_signal(signal.SIGCONT)

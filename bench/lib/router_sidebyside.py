@@ -1,25 +1,31 @@
 """The side-by-side rows of bench/bench_router.py: what Switchyard and vllm-router each add to
-a request, every router running alone in front of the same enginesim fleet.
+a request, every router running alone in front of the same enginesim fleet; they write
+``bench/router_sidebyside.md`` whole.
 
 Each row is a closed loop of ``streams`` workers. Every request picks, at random and
 independently, its path (straight to one of the engines, or through the router under test)
 and its kind (non-streamed, or streamed), so both paths see the same engines, client and
 moment; prompts are 2–200 words and unique from their first word, so no path profits from a
-prefix the other cached. Added = percentile of routed latency − the same percentile of
-direct latency, for: the whole answer (non-streamed), the response headers and the first
-text chunk (streamed)."""
+prefix the other cached. A request's transit is its client time minus the engine's own time
+for it (the engine's request log), and added = routed − direct transit per percentile, for
+the whole answer (non-streamed) and the first text chunk (streamed); a stream's response
+head is compared as the client saw it."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import datetime
 import json
 import os
+import platform
 import random
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -29,6 +35,7 @@ from typing import Any
 import httptools
 import httpx
 
+from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import MODEL, run_async
 from bench.lib.processes import REPO, ROUTER_ADMIN_TOKEN, is_200
 from devharness import free_port, free_ports, start_process, stop_process, wait_http
@@ -36,6 +43,7 @@ from engine_interface import percentile, read_histogram, read_samples
 from router_worker.stages import STAGES
 
 VLLM_ROUTER_VERSION = "0.1.17"
+REPORT = Path(__file__).resolve().parents[1] / "router_sidebyside.md"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
 # metric: (non-streamed whole answer, streamed headers, streamed first text chunk)
 METRICS = ("whole", "headers", "first")
@@ -368,6 +376,7 @@ class Row:
     samples: Samples
     load: float
     stages: dict[str, float]  # stage → mean µs over the row (Switchyard only)
+    cpu_us: float  # the router process's CPU time per routed request, µs
 
 
 @dataclass(frozen=True)
@@ -396,15 +405,18 @@ def side_by_side_rows(
     order = [c for _ in range(rounds) for c in contenders]
     random.Random(7).shuffle(order)
     for run, who in enumerate(order):
-        with router_alone(who.kind, who.policy, engines, workdir, who.tree) as (port, _):
+        with router_alone(who.kind, who.policy, engines, workdir, who.tree) as (port, proc):
             for streams in concurrencies:
                 # Not measured: fills both paths' connection pools at this concurrency.
                 run_async(interleaved(port, engines, streams, 1.0, max_words, seed=-1 - run))
                 before = stage_means(port) if who.kind == "switchyard" else {}
                 load = os.getloadavg()[0]
+                cpu = cpu_seconds(proc.pid)
                 outcomes, failures = run_async(
                     interleaved(port, engines, streams, duration, max_words, seed=run)
                 )
+                routed = sum(o.routed for o in outcomes) or 1
+                cpu_us = (cpu_seconds(proc.pid) - cpu) / routed * 1e6
                 samples = transits(outcomes, failures, log)
                 after = stage_means(port) if who.kind == "switchyard" else {}
                 stages = {
@@ -412,7 +424,7 @@ def side_by_side_rows(
                     for s in after
                     if s in before and after[s][1] > before[s][1]
                 }
-                rows.append(Row(who.label, streams, samples, load, stages))
+                rows.append(Row(who.label, streams, samples, load, stages, cpu_us))
                 print(
                     f"  {who.label} streams {streams}: added p50 whole "
                     f"{samples.added('whole', 50):+.2f} first chunk "
@@ -428,8 +440,8 @@ def summarise(rows: list[Row]) -> list[str]:
     lines = [
         "| router | streams | runs | n routed/direct | failed | direct p50 whole / headers / first "
         "| added p50 whole | p99 | added p50 headers | p99 | added p50 first chunk | p99 "
-        "| load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| CPU µs/req | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     keys = sorted({(r.router, r.streams) for r in rows}, key=lambda k: (k[1], k[0]))
     for router, streams in keys:
@@ -451,6 +463,7 @@ def summarise(rows: list[Row]) -> list[str]:
             f"{direct('whole')} / {direct('headers')} / {direct('first')} | "
             f"{med('whole', 50)} | {med('whole', 99)} | {med('headers', 50)} | "
             f"{med('headers', 99)} | {med('first', 50)} | {med('first', 99)} | "
+            f"{statistics.median(r.cpu_us for r in runs):.0f} | "
             f"{statistics.median(r.load for r in runs):.1f} |"
         )
     return lines
@@ -507,3 +520,97 @@ def engine_fleet(
     for port in ports:
         wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=proc, ok=is_200)
     return ports, proc, EngineRecords(log)
+
+
+def side_by_side(args: argparse.Namespace) -> None:
+    """Run the rows for bench_router.py's options and write the report (``args.report``)."""
+    contenders = [
+        Contender("switchyard round_robin", "switchyard", "round_robin"),
+        Contender("switchyard lmetric", "switchyard", "lmetric"),
+        Contender("vllm-router round_robin", "vllm-router", "round_robin"),
+        Contender("vllm-router cache_aware", "vllm-router", "cache_aware"),
+    ]
+    if args.before is not None:
+        contenders += [
+            Contender("before: switchyard round_robin", "switchyard", "round_robin", args.before),
+            Contender("before: switchyard lmetric", "switchyard", "lmetric", args.before),
+        ]
+    if args.router:
+        contenders = [c for c in contenders if c.kind in args.router]
+    if any(c.kind == "vllm-router" for c in contenders) and vllm_router_binary() is None:
+        raise SystemExit(
+            "vllm-router is not installed: .venv/bin/pip install -e '.[bench]' "
+            f"(vllm-router=={VLLM_ROUTER_VERSION}), or pass --router switchyard"
+        )
+    concurrencies = args.concurrency or [1, 8, 64, 200]
+    load_start = os.getloadavg()
+    with tempfile.TemporaryDirectory() as tmp:
+        ports, fleet, log = engine_fleet(2, 0.02, Path(tmp))
+        try:
+            rows = side_by_side_rows(
+                ports,
+                log,
+                contenders,
+                concurrencies,
+                args.row_duration,
+                args.rounds,
+                args.max_words,
+                Path(tmp),
+            )
+        finally:
+            stop_process(fleet)
+    text = "\n".join(report(rows, args, load_start, os.getloadavg()))
+    args.report.write_text(text)
+    print(text)
+
+
+def report(
+    rows: list[Row],
+    args: argparse.Namespace,
+    load_start: tuple[float, float, float],
+    load_end: tuple[float, float, float],
+) -> list[str]:
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
+    return [
+        "# Router overhead: Switchyard beside vllm-router",
+        "",
+        f"Made by `bench/bench_router.py --only side-by-side` on {datetime.date.today()} "
+        f"({machine}); vllm-router {VLLM_ROUTER_VERSION}; load average {load_start[0]:.1f} at "
+        f"start, {load_end[0]:.1f} at the end. The machine is shared: a row's `load` is the "
+        "1-minute load average as it started; rows well above 2 ran beside other work, and "
+        "every process of the bench (client, engines, router) then waits for a CPU.",
+        "",
+        "Fleet: enginesim, 2 instances, H20 / Qwen2-7B, time scale 0.02. Each router alone "
+        f"in front of it, {args.rounds} run(s) each in shuffled order; per run and row "
+        f"{args.row_duration:g} s of closed-loop workers (`streams`) after 1 s not measured, "
+        f"`/v1/completions` with `max_tokens` 2 and prompts of 2–{args.max_words} words "
+        "unique from their first word; each request at random direct (one of the engines) "
+        "or through the router, non-streamed or streamed.",
+        "",
+        "Added = routed − direct percentile, ms, median over the runs. `whole` (a "
+        "non-streamed answer) and `first chunk` (a stream's first text event) are transits: "
+        "the client's time minus the engine's own time for that request (its "
+        "`--request-log`, joined on `X-Request-Id`: handler start → last byte, or → first "
+        "token), so the engines' queueing, which the policies change, drops out; what is "
+        "left is the path: loopback hops, the client's, the router's and the engine's "
+        "socket handling, and the wait for a CPU. `headers` (a stream's response head) is "
+        "as the client saw it. `direct p50` = the direct path's own p50s (ms); failed = "
+        "errors plus answers the engine's log does not have; CPU = the router process's CPU "
+        "time per routed request (all its threads).",
+        "",
+        *summarise(rows),
+        "",
+        "## Switchyard's own time per stage",
+        "",
+        "Mean µs per request from `switchyard_router_stage_seconds` over each row (median "
+        "over the runs): body = from the server parsing the request head to the handler "
+        "having the body (the wait for the event loop included); intake = parse, check, "
+        "tokenize, hash; decide = the policy's decision and the plan; connect = the "
+        "upstream connection (idle pool or new); send = writing the request; engine = to "
+        "the engine's response head; first_event = to its first event (streams) or whole "
+        "answer; relay = writing that to the client, head included. engine and first_event "
+        "are mostly the engine's own time.",
+        "",
+        *stage_table(rows),
+        "",
+    ]

@@ -1,55 +1,11 @@
-"""What the runs measured: transit times, percentiles with bootstrap intervals, and the
-router's own histograms from its Prometheus ``/metrics``."""
+"""The router's own histograms from its Prometheus ``/metrics``, read between two scrapes."""
 
 from __future__ import annotations
 
 import httpx
-import numpy as np
-import scipy.stats
 
-from bench.lib.loadclient import Run
 from bench.lib.processes import ROUTER_ADMIN_TOKEN
-from engine_interface import Histogram, percentile, read_histogram, read_samples
-
-
-def transit(run: Run, engine_ttft: dict[str, float]) -> list[float]:
-    """Per stream: client-observed TTFT minus the engine's own TTFT (s). What the path
-    between client and engine costs — loopback, the client's and the engine's socket
-    handling, and in routed runs everything the router adds (its CPU, its event loop's
-    queue) — without the engine's queueing and prefill, which vary with load and
-    placement and would swamp a millisecond."""
-    return [
-        o.first - o.sent - engine_ttft[o.request_id]
-        for o in run.outcomes
-        if o.first is not None and o.request_id in engine_ttft
-    ]
-
-
-def pct(values: list[float], q: float) -> float:
-    """Percentile ``q`` (0..100) in ms; nan without values."""
-    found = percentile(values, q)
-    return found * 1000 if found is not None else float("nan")
-
-
-def added_interval(moved: list[float], base: list[float], q: float) -> str:
-    """95% bootstrap interval (ms) of percentile ``q`` of routed transit minus that of
-    direct transit: how well the run pins the added latency down."""
-    if len(moved) < 2 or len(base) < 2:
-        return "n/a"
-
-    def difference(a: np.ndarray, b: np.ndarray, axis: int) -> np.ndarray:
-        return percentile(a, q, axis=axis) - percentile(b, q, axis=axis)
-
-    result = scipy.stats.bootstrap(
-        (np.asarray(moved), np.asarray(base)),
-        difference,
-        n_resamples=2000,
-        method="percentile",
-        random_state=np.random.default_rng(0),
-    )
-    low, high = result.confidence_interval
-    return f"[{low * 1000:.1f}, {high * 1000:.1f}]"
-
+from engine_interface import Histogram, read_histogram, read_samples
 
 HOT_PATH = ("tokenize", "hashing", "decision", "overhead", "loop_lag")
 

@@ -93,6 +93,10 @@ class Plan:
     first_token_at: float | None = None  # perf_counter at the first token (TTFT, TPOT)
     timings: tuple[float, float, float] = (0.0, 0.0, 0.0)  # tokenize, hash, decide (s)
     sampled: CapturedDecision | None = None  # kept for the live view's decision stream
+    # Admitted by the sampler at decision time; captured once the request is on its way
+    # (account_dispatch), from the same indicators: nothing runs in between (a migrating
+    # policy's decisions are captured at once).
+    capture_due: bool | None = None  # None: not admitted; else whether it is a priority
     clock: StageClock | None = None  # the per-stage stamps (router_worker.stages)
     # Migration (see the module docstring): set by the proxy while the attempt can be
     # taken back; the core sets migrate_to and calls it.
@@ -218,11 +222,12 @@ class RouterCore:
         if decision.events:
             self._hotspot_events(decision.events)
         priority = is_priority(decision)
-        sampled = (
-            capture(decision, arm.view, features, priority)
-            if self.sampler.admit(priority, t3)
-            else None
-        )
+        due = priority if self.sampler.admit(priority, t3) else None
+        sampled = None
+        if due is not None and arm.policy.migrates:
+            # Its attempt may run as a task of its own (proxy._movable_attempt), sent after
+            # other requests were decided: capture now.
+            sampled, due = capture(decision, arm.view, features, due), None
         return Plan(
             request_id,
             runtime,
@@ -235,6 +240,7 @@ class RouterCore:
             reason=decision.reason,
             timings=(intake.tokenize_s, intake.hash_s, t3 - t2),
             sampled=sampled,
+            capture_due=due,
         )
 
     def begin_attempt(self, plan: Plan) -> None:
@@ -249,8 +255,14 @@ class RouterCore:
 
         Called once the request is on its way upstream, before any other request is
         decided (the transport's ``on_sent``): the accounting no longer delays the
-        request's arrival at the engine, and no decision misses it."""
+        request's arrival at the engine, and no decision misses it. A decision the sampler
+        admitted is captured here, before the dispatch is accounted: the indicators are
+        still those it was made from (no await since), and the copy is off the request's
+        way to the engine."""
         state = plan.life.state
+        if plan.capture_due is not None:
+            plan.sampled = capture(plan.decision, plan.arm.view, plan.features, plan.capture_due)
+            plan.capture_due = None
         now = time.time()
         plan.life.dispatch(now)
         if self.peers is not None:

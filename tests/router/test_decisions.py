@@ -141,6 +141,29 @@ def test_sampled_records_carry_scores_and_indicators_and_round_trip() -> None:
     assert DecisionRecord.from_stream_fields(last.to_stream_fields()) == last
 
 
+def test_a_sampled_decision_is_copied_once_sent_from_the_indicators_it_was_made_on() -> None:
+    """Copying a sampled decision's indicators (a few per second, up to ~0.1 ms each) is
+    not on the request's way to the engine: it happens once the request is sent, before
+    the dispatch is accounted, so the copy shows what the policy saw."""
+    core = make_core(sampler=DecisionSampler(routine=(0.0, 3.0)))
+    route(core, "shared prefix " * 40 + "warm")  # its prefix cached where it went
+    assert core.runtime is not None
+    intake = _intake(core, "shared prefix " * 40 + "question")
+    plan = core.plan(core.runtime, intake, {}, time.perf_counter())
+    seen = plan.arm.view
+    pending = np.array(seen.pending_prefill, dtype=float)
+    cached = seen.cached_tokens(plan.features).copy()
+    assert plan.sampled is None  # nothing copied before the request is on its way
+    core.begin_attempt(plan)
+    core.account_dispatch(plan)
+    assert plan.sampled is not None and plan.sampled.indicators is not None
+    indicators = plan.sampled.indicators
+    assert np.array_equal(indicators.pending_prefill_tokens, pending)
+    assert np.array_equal(indicators.cached_tokens, cached) and cached.max() > 0
+    slot = seen.ids.index(plan.instance)
+    assert float(seen.pending_prefill[slot]) > pending[slot]  # the dispatch, accounted after
+
+
 def test_a_retry_is_shipped_even_when_routine_sampling_is_exhausted() -> None:
     core = make_core(sampler=DecisionSampler(routine=(0.0, 0.0)))
     route(core, "plain request")

@@ -228,7 +228,9 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             extensions[ARRIVED] = time.perf_counter()
             super().on_headers_complete()
             cycle = self.cycle
-            if cycle is not None and cycle.scope is self.scope:  # else an upgrade
+            # POST only: the data path's answers, which always carry a body message (a HEAD
+            # answer writes no body: its head must not wait for one). Not an upgrade either.
+            if cycle is not None and cycle.scope is self.scope and self.scope["method"] == "POST":
                 cycle.transport = cast(asyncio.Transport, HeadWithBody(self.transport, cycle))
             self._enter("body")
 

@@ -83,6 +83,26 @@ def test_an_answers_head_goes_out_with_its_first_body_bytes_in_one_write():
     assert b"data: [DONE]" in writes[1] and len(writes) == 2
 
 
+def test_an_answer_without_body_bytes_still_gets_its_head():
+    """A HEAD request's answer has no body to carry its head: the head goes out alone."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await receive()
+        headers = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def main() -> list[bytes]:
+        protocol, transport = serve(app)
+        protocol.data_received(b"HEAD /health HTTP/1.1\r\nhost: x\r\n\r\n")
+        await asyncio.sleep(0.05)
+        protocol.connection_lost(None)
+        return transport.writes
+
+    writes = asyncio.run(main())
+    assert writes and writes[0].startswith(b"HTTP/1.1 200 OK\r\n"), writes
+
+
 def test_a_handler_hears_of_its_client_going_away_without_a_watcher_task():
     """The watch registers with the connection: a client that goes away cancels the
     handler, also when it went away before the watch started; no task waits on receive()."""

@@ -614,6 +614,9 @@ class Proxy:
     ) -> None:
         first = meter.feed(chunk) and plan.life.awaiting_first_token
         await send({"type": "http.response.body", "body": chunk, "more_body": more})
+        clock = plan.clock
+        if clock is not None and not clock.relayed:
+            clock.relayed = time.perf_counter()
         if first:  # accounted once the token is on its way to the client
             self.core.first_token(plan)
 

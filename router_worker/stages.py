@@ -104,8 +104,10 @@ class StageTimes(Collector):
         self.sums = [0.0] * len(STAGES)
 
     def observe(self, clock: StageClock) -> None:
-        """Record a request whose first byte went to the client just now."""
-        clock.relayed = time.perf_counter()
+        """Record a request whose first bytes went to the client (at ``clock.relayed``, or
+        just now when that is not stamped)."""
+        if not clock.relayed:
+            clock.relayed = time.perf_counter()
         if not clock.head:  # not through the fast transport (https): no upstream split
             return
         bounds, counts, sums = self.bounds, self.counts, self.sums

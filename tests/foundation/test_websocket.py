@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 from django.test import Client
 
 from controlplane.asgi import application
@@ -13,7 +14,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def session_cookie() -> bytes:
-    get_user_model().objects.create_user("ws-user", password="ws-password-123")
+    """A logged-in viewer's session (a socket needs a role, as every page does)."""
+    user = get_user_model().objects.create_user("ws-user", password="ws-password-123")
+    user.groups.add(Group.objects.get_or_create(name="viewer")[0])
     client = Client()
     assert client.login(username="ws-user", password="ws-password-123")
     return f"sessionid={client.cookies['sessionid'].value}".encode()

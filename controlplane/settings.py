@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import dj_database_url
@@ -176,7 +177,7 @@ REDIS_URL = env("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Seconds a health probe or a request-path Redis call may wait before calling Redis down.
 REDIS_SOCKET_TIMEOUT = float(env("SWITCHYARD_REDIS_TIMEOUT", "1.0"))
 
-CHANNEL_LAYERS = {
+CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {

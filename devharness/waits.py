@@ -32,7 +32,7 @@ def _tail(log: Path | None, chars: int = 3000) -> str:
 
 
 def _poller(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float,
     what: str,
     process: subprocess.Popen[Any] | None,
@@ -59,7 +59,7 @@ def _poller(
 
 
 def wait_until(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float,
     what: str,
     process: subprocess.Popen[Any] | None = None,
@@ -78,7 +78,7 @@ def wait_until(
 
 
 async def wait_until_async(
-    predicate: Callable[[], T],
+    predicate: Callable[[], T | None],
     timeout: float,
     what: str,
     process: subprocess.Popen[Any] | None = None,

@@ -31,7 +31,7 @@ ROLES = ("viewer", "operator", "admin")
 SYSTEM = Actor.system("tests")
 
 
-class HotspotEventFactory(factory.django.DjangoModelFactory):
+class HotspotEventFactory(factory.django.DjangoModelFactory[HotspotEvent]):
     class Meta:
         model = HotspotEvent
 
@@ -112,7 +112,7 @@ def build_world() -> World:
         created_by="system:tests",
     )
     _, api_token = tokens.create_api_token(SYSTEM, make_user("viewer", "token-owner"), "world")
-    hotspot = HotspotEventFactory(cluster=alpha)
+    hotspot = HotspotEventFactory.create(cluster=alpha)
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
     ArmMetricRollup.objects.create(cluster=alpha, arm="baseline", minute=minute, requests=5)
     InstanceMetricRollup.objects.create(cluster=alpha, instance="i0", minute=minute, requests=5)

@@ -81,7 +81,7 @@ def test_delete_takes_the_reason_from_a_json_body(world, users) -> None:
         content_type="application/json",
     )
     assert response.status_code == 204
-    row = AuditEvent.objects.order_by("-id").first()
+    row = AuditEvent.objects.latest("id")
     assert (row.action, row.reason) == ("instance.remove", "decommissioned")
 
 

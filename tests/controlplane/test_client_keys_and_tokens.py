@@ -25,7 +25,7 @@ def _sha(secret: str) -> str:
 
 
 def _document(cluster_id: int) -> dict:
-    return Cluster.objects.get(pk=cluster_id).versions.order_by("-number").first().document
+    return Cluster.objects.get(pk=cluster_id).versions.latest("number").document
 
 
 def test_a_client_key_is_shown_once_stored_hashed_and_published_as_a_hash(world, users):
@@ -49,6 +49,7 @@ def test_a_client_key_is_shown_once_stored_hashed_and_published_as_a_hash(world,
     listed = admin.get(f"/api/v1/clusters/{world['alpha']}/client-keys").content.decode()
     assert secret not in listed and key.key_hash not in listed and "batch-jobs" in listed
     audit = AuditEvent.objects.get(action="client_key.create", target_id=str(key.pk))
+    assert audit.after is not None
     assert secret not in json.dumps(audit.after) and audit.after["config_version"]
 
 

@@ -110,7 +110,7 @@ def test_activation_publishes_the_new_number_on_redis_after_commit(
 @pytest.mark.django_db
 def test_router_fetches_the_current_document_and_reports_it_applied(world, users) -> None:
     router = Client(headers={"Authorization": f"Bearer {world.router_token}"})
-    newest = ConfigVersion.objects.filter(cluster_id=world["alpha"]).order_by("-number").first()
+    newest = ConfigVersion.objects.filter(cluster_id=world["alpha"]).latest("number")
     config = router.get(f"/api/v1/routers/{world['router']}/config")
     assert config.status_code == 200
     assert config.json() == {"version": newest.number, "document": newest.document}

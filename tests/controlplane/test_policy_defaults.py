@@ -72,7 +72,7 @@ def test_created_policy_gets_the_clusters_coefficients_and_the_audit_row_shows_t
     assert policy.params == expected
     assert Policy.objects.get(pk=policy.pk).params == expected
     audit = AuditEvent.objects.filter(action="policy.create").latest("at")
-    assert audit.after["params"] == expected
+    assert audit.after is not None and audit.after["params"] == expected
 
 
 def test_coefficients_the_operator_set_are_kept(world) -> None:

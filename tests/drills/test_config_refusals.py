@@ -25,7 +25,7 @@ def _arms(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     return {"arms": [{**base, **first}, {**cand, **second}]}
 
 
-CASES = [
+CASES: list[tuple[str, dict[str, Any], str]] = [
     ("policy w out of range", {"policy": {"kind": "linear", "params": {"w": 7}}}, ".w: "),
     (
         "policy param wrong type",

@@ -148,7 +148,7 @@ def hostile(place: str, rng: random.Random, serial: list[int]) -> list[tuple[str
         name = f"{place}-{serial[0]}"
         return name, build(name)
 
-    def dump(document: dict[str, Any]) -> bytes:
+    def dump(document: Any) -> bytes:
         return json.dumps(document, allow_nan=True).encode()
 
     out = []
@@ -207,6 +207,11 @@ class PublisherThread:
         self.thread = threading.Thread(target=self._main, args=(url, cluster_id), daemon=True)
         self.thread.start()
         wait_until(lambda: self.publisher is not None, 10, "the publisher started")
+
+    @property
+    def running(self) -> Publisher:
+        assert self.publisher is not None  # __init__ waited for it
+        return self.publisher
 
     def _main(self, url: str, cluster_id: int) -> None:
         async def main() -> None:
@@ -297,7 +302,7 @@ def test_hostile_documents_in_every_key_and_stream(drill_redis, settings):
     try:
         wait_until(lambda: client.pubsub_numsub(CONFIG_CHANNEL)[0][1] == 1, 10, "subscribed")
         wait_until(
-            lambda: publisher.publisher.feeds[CLUSTER].decisions_cursor is not None,
+            lambda: publisher.running.feeds[CLUSTER].decisions_cursor is not None,
             10,
             "the publisher's decision cursor",
         )
@@ -338,7 +343,7 @@ def test_hostile_documents_in_every_key_and_stream(drill_redis, settings):
         wait_until(caught_up, 30, "every valid record used and every hostile one counted")
         recovery_s = time.monotonic() - started
         alive = publisher.thread.is_alive() and publisher.failure is None
-        loop_errors = publisher.publisher.loop_errors
+        loop_errors = publisher.running.loop_errors
         snapshot = json.loads(
             viewer.get(f"/clusters/{cluster.pk}/snapshot.json").content,
             parse_constant=lambda name: pytest.fail(f"{name} in snapshot.json"),

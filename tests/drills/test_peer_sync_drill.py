@@ -49,7 +49,7 @@ def test_peer_sync_survives_a_redis_outage(drill_fleet, router_factory, drill_re
     first = router_factory(document, redis_url=drill_redis.url, env=PEER_ENV)
     second = router_factory(document, redis_url=drill_redis.url, env=PEER_ENV)
     wait_until(lambda: _hears(first, second) and _hears(second, first), 15, "peers heard")
-    stop, boxes = threading.Event(), [[], []]
+    stop, boxes = threading.Event(), [list[Outcome](), list[Outcome]()]
     loaders = [_load(router, stop, box) for router, box in zip((first, second), boxes, strict=True)]
     wait_until(lambda: _applied(first) > 0 and _applied(second) > 0, 15, "peers applied")
     drill_redis.stop()

@@ -19,7 +19,7 @@ import math
 import threading
 import time
 import uuid
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -141,7 +141,7 @@ def test_poison_entries_are_quarantined_and_no_valid_entry_is_lost(
     )
     client = redis.Redis.from_url(drill_redis.url)
     wait_until(lambda: router.state()["telemetry"]["redis"], 10, "telemetry connected")
-    stop, box = threading.Event(), []
+    stop, box = threading.Event(), list[Outcome]()
     loader = background_load(router, stop, box)
     poison, burst = 0, Outcome()
     for number in range(WAVES):
@@ -171,7 +171,8 @@ def test_poison_entries_are_quarantined_and_no_valid_entry_is_lost(
     produced = router.state()["recent_events"]
     ours = [e for e in produced if e["cluster"] == CLUSTER]
     missing = [e for e in ours if e["id"] not in stored_ids()]
-    counts = {k.decode(): int(v) for k, v in client.hgetall(ingest.QUARANTINE_COUNTS).items()}
+    raw_counts = cast("dict[bytes, bytes]", client.hgetall(ingest.QUARANTINE_COUNTS))
+    counts = {k.decode(): int(v) for k, v in raw_counts.items()}
     quarantined = sum(counts.values())
     pending = [client.xpending(s, ingest.GROUP)["pending"] for s in (EVENTS_STREAM, METRICS_STREAM)]
     client.close()

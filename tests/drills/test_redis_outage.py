@@ -87,7 +87,7 @@ def test_redis_outage_loses_no_events(drill_fleet, router_factory, drill_redis):
     router = router_factory(drill_config(drill_fleet, "lmetric"), redis_url=drill_redis.url)
     client = redis.Redis.from_url(drill_redis.url)
     wait_until(lambda: router.state()["telemetry"]["redis"], 10, "telemetry connected")
-    stop, box = threading.Event(), []
+    stop, box = threading.Event(), list[Outcome]()
     loader = background_load(router, stop, box)
     time.sleep(1.0)
     drill_redis.stop()

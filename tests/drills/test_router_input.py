@@ -95,7 +95,7 @@ def _nested(depth: int, kind: str, field: str) -> bytes:
 
 
 def test_drill_nested_json(router):
-    outcome, statuses = Outcome(), {}
+    outcome, statuses = Outcome(), dict[int, int]()
     with httpx.Client(timeout=60, trust_env=False) as client:
         for depth in DEPTHS:
             for kind in ("array", "object"):
@@ -123,7 +123,7 @@ def test_drill_nested_json(router):
 
 
 def test_drill_huge_token_ids(router):
-    outcome, statuses = Outcome(), {}
+    outcome, statuses = Outcome(), dict[int, int]()
     with httpx.Client(timeout=60, trust_env=False) as client:
         for ids in TOKEN_IDS:
             for stream in (False, True):
@@ -219,7 +219,7 @@ async def _big_ones(url: str, rounds: int, outcome: Outcome, statuses: dict[int,
 
 
 def test_drill_max_size_prompts_beside_streams(router):
-    streams, big, gaps, statuses = Outcome(), Outcome(), [], {}
+    streams, big, gaps, statuses = Outcome(), Outcome(), list[float](), dict[int, int]()
 
     async def drill() -> None:
         done = asyncio.Event()

@@ -293,7 +293,7 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
     start_ingest(stack)
     pages = [_open_dashboard(browser, stack) for _ in range(2)]
     pid = _router_info(stack)["heartbeat"]["pid"]
-    stop, rows = threading.Event(), []
+    stop, rows = threading.Event(), list[tuple]()
     sampler = threading.Thread(target=_sample, args=(stack, pid, stop, rows), daemon=True)
     sampler.start()
     try:

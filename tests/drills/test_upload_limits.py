@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -51,7 +52,9 @@ def upload_server(transactional_db, tmp_path, monkeypatch) -> Iterator[Server]:
 
 def written_bytes(pid: int) -> int:
     stats = Path(f"/proc/{pid}/io").read_text()
-    return int(re.search(r"^wchar: (\d+)$", stats, re.M).group(1))
+    found = re.search(r"^wchar: (\d+)$", stats, re.M)
+    assert found is not None
+    return int(found.group(1))
 
 
 def session_cookie(user) -> str:
@@ -147,6 +150,7 @@ def upload_real_trace(server: Server, cookie: str, cluster_id: int) -> httpx.Res
     with httpx.Client(base_url=server.url, cookies={name: value}, timeout=60) as client:
         client.get(f"/clusters/{cluster_id}/replays/")
         policy = Policy.objects.filter(cluster_id=cluster_id).first()
+        assert policy is not None
         return client.post(
             f"/clusters/{cluster_id}/replays/create/",
             headers={"X-CSRFToken": client.cookies["csrftoken"]},
@@ -160,7 +164,7 @@ def test_oversized_uploads_are_refused_before_reaching_the_disk(upload_server) -
     path = f"/clusters/{cluster.pk}/replays/create/"
     operator = session_cookie(make_user("operator", "drill-uploader"))
     viewer = session_cookie(make_user("viewer", "drill-viewer"))
-    cases = {
+    cases: dict[str, dict[str, Any]] = {
         "anonymous, Content-Length": {"chunked": False},
         "anonymous, Content-Length, Expect: 100-continue": {
             "chunked": False,

@@ -86,6 +86,7 @@ def run(core: EngineCore, arrivals: list[tuple[float, str, int, int]]) -> dict:
             at, req_id, prompt_len, max_tokens = pending.pop(0)
             core.add_request(req_id, rng.integers(0, 150_000, prompt_len), max_tokens, at)
             continue
+        assert t is not None  # else the loop ended: nothing pending, no engine event
         for out in core.advance_to(t):
             if out.finished:
                 done[out.req_id] = out

@@ -13,6 +13,7 @@ from enginesim.engine import (
     EngineCore,
     EngineRequestError,
     GlobalKVTier,
+    KVEvent,
     StepBatch,
 )
 
@@ -127,7 +128,7 @@ def test_prefix_hit_lowers_ttft_by_the_prefill_it_skips():
 
 
 def test_lru_eviction_at_capacity_removes_the_tail_of_the_oldest_prompt():
-    events = []
+    events: list[KVEvent] = []
     engine = make_engine(sink=events.extend, num_gpu_blocks=64)
     rng = np.random.default_rng(3)
     prompt_a, prompt_b = rng.integers(0, 150_000, 512), rng.integers(0, 150_000, 768)
@@ -254,7 +255,7 @@ def test_tier_reads_over_separate_links_do_not_wait():
 
 
 def test_reset_prefix_cache_emits_all_blocks_cleared():
-    events = []
+    events: list[KVEvent] = []
     engine = make_engine(sink=events.extend)
     run(engine, [(0.0, "a", np.arange(64), 2)])
     assert engine.reset_prefix_cache()

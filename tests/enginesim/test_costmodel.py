@@ -37,7 +37,7 @@ def test_prefill_is_compute_bound_and_decode_memory_bound(h20_qwen2):
 
 def test_moe_reads_more_weight_bytes_as_the_batch_grows():
     moe = CostModel("h100", "qwen3-30b-a3b")
-    weights = [moe.cost(StepBatch.decode(b, 512)).weight_bytes for b in (1, 2, 8, 32, 128)]
+    weights = [float(moe.cost(StepBatch.decode(b, 512)).weight_bytes) for b in (1, 2, 8, 32, 128)]
     assert np.all(np.diff(weights) > 0)
     moe_spec = MODELS["qwen3-30b-a3b"]
     all_experts = moe_spec.weight_bytes() - 2 * moe_spec.lm_head_params  # minus embedding

@@ -44,7 +44,7 @@ class ReferencePool:
             self._reference(h)
 
     def extend(self, hashes: list[int], start: int, stop: int) -> tuple[int, list[int]]:
-        duplicates, stored = 0, []
+        duplicates, stored = 0, list[int]()
         for h in hashes[start:stop]:
             if h in self.refcount and not stored:
                 self._reference(h)

@@ -210,7 +210,7 @@ def test_one_x_request_id_on_concurrent_requests_serves_both(sim):
 
     replies = asyncio.run(both())
     assert [r.id for r in replies] == ["cmpl-same", "cmpl-same"]
-    assert [r.usage.completion_tokens for r in replies] == [24, 24]
+    assert [r.usage and r.usage.completion_tokens for r in replies] == [24, 24]
 
 
 def test_request_log_records_an_abandoned_request_as_not_completed(sim_factory, tmp_path):

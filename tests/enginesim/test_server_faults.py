@@ -83,7 +83,7 @@ def test_hang_accepts_but_never_answers(url):
 def test_drop_midstream_cuts_the_stream_and_aborts_the_request(url):
     before = scrape(url)
     set_fault(url, mode="drop_midstream", after_chunks=3)
-    events = []
+    events: list[str] = []
     with (
         pytest.raises(httpx.RemoteProtocolError),
         httpx.stream("POST", url + "/v1/completions", json=LONG) as reply,
@@ -128,7 +128,7 @@ def test_client_disconnect_aborts_the_engine_request(url):
 
 def test_kill_closes_the_port_and_recover_restarts_with_empty_cache(url, sim):
     admin = sim.admin_url + "/admin/fault"
-    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sub.setsockopt(zmq.SUBSCRIBE, b"")
     sub.setsockopt(zmq.RCVTIMEO, 5000)
     sub.connect(sim.kv_endpoint(INSTANCE))

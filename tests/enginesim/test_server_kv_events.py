@@ -17,7 +17,7 @@ BLOCK = 16
 
 
 def _subscribe(endpoint: str) -> zmq.Socket:
-    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
     sock.setsockopt(zmq.RCVTIMEO, 5000)
     sock.connect(endpoint)
@@ -27,7 +27,7 @@ def _subscribe(endpoint: str) -> zmq.Socket:
 
 def _receive_until(sock: zmq.Socket, done) -> list[tuple[int, list]]:
     """(seq, batch) messages until ``done(batches)``; fails on timeout."""
-    batches = []
+    batches: list[tuple[int, list]] = []
     while not done(batches):
         topic, seq, payload = sock.recv_multipart()
         assert topic == b""
@@ -72,7 +72,7 @@ def test_block_stored_events_match_the_prompt_blocks(sim):
 def test_replay_returns_buffered_batches_then_the_end_marker(sim):
     body = {"model": MODEL, "prompt": list(range(7000, 7040)), "max_tokens": 2}
     httpx.post(sim.url(INSTANCE) + "/v1/completions", json=body).raise_for_status()
-    dealer = zmq.Context.instance().socket(zmq.DEALER)
+    dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.RCVTIMEO, 5000)
     dealer.connect(sim.kv_replay_endpoint(INSTANCE))
     dealer.send_multipart([b"", (0).to_bytes(8, "big")])

@@ -68,7 +68,7 @@ def test_wait_until_times_out_naming_what_it_waited_for() -> None:
 
 def test_wait_until_other_errors_are_not_swallowed() -> None:
     with pytest.raises(KeyError):
-        wait_until(lambda: {}["x"], 5, "a key")
+        wait_until(lambda: dict[str, int]()["x"], 5, "a key")
 
 
 async def test_wait_until_async_lets_the_loop_bring_the_condition_about() -> None:
@@ -123,7 +123,9 @@ def test_a_process_set_stops_each_group_with_its_children(tmp_path: Path) -> Non
     )
     with ProcessSet(grace=0.5) as stack:
         parent = stack.start([sys.executable, "-c", spawner])
-        child = int(wait_until(lambda: pid_file.exists() and pid_file.read_text(), 10, "pid"))
+        child = int(
+            wait_until(lambda: pid_file.read_text() if pid_file.exists() else None, 10, "pid")
+        )
         assert _alive(child)
     assert parent.poll() is not None
     wait_until(lambda: not _alive(child), 5, "the grandchild to be gone")

@@ -221,5 +221,6 @@ def test_read_histogram_merges_label_sets_and_filters():
     samples, _ = read_samples(CURRENT)
     name = "vllm:time_to_first_token_seconds"
     assert read_histogram(samples, name) == parse_metrics(CURRENT).histogram("ttft")
-    assert read_histogram(samples, name, engine="1").count == 2.0
+    merged = read_histogram(samples, name, engine="1")
+    assert merged is not None and merged.count == 2.0
     assert read_histogram(samples, "vllm:no_such_histogram") is None

@@ -40,7 +40,7 @@ def test_a_clusters_own_streams_are_ingested_and_speak_for_it_only():
     try:
         good, forged = _health(mine.name), _health(other.name)  # forged: in mine's stream
         for event in (good, forged):
-            client.xadd(events_stream(mine.name), event.to_stream_fields())
+            client.xadd(events_stream(mine.name), event.to_stream_fields())  # type: ignore[arg-type]  # stub: invariant dict
         record = MetricsRecord(
             id=uuid.uuid4().hex,
             cluster=other.name,
@@ -49,7 +49,7 @@ def test_a_clusters_own_streams_are_ingested_and_speak_for_it_only():
             end=time.time(),
             arms={"default": ArmMetrics(policy="lmetric", requests=1)},
         )
-        client.xadd(metrics_stream(mine.name), record.to_stream_fields())
+        client.xadd(metrics_stream(mine.name), record.to_stream_fields())  # type: ignore[arg-type]  # stub: invariant dict
         ingest.ingest_events(client)  # (the shared streams may hold other tests' entries)
         ingest.ingest_metrics(client)
         stored = RouterEvent.objects.filter(cluster__name__in=names)

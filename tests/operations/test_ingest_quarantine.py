@@ -8,7 +8,7 @@ import math
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis
@@ -76,7 +76,10 @@ def stored_event_ids() -> set[str]:
 
 
 def quarantined(client: redis.Redis) -> list[dict[bytes, bytes]]:
-    return [fields for _, fields in client.xrange(ingest.QUARANTINE_STREAM)]
+    entries = cast(
+        "list[tuple[bytes, dict[bytes, bytes]]]", client.xrange(ingest.QUARANTINE_STREAM)
+    )
+    return [fields for _, fields in entries]
 
 
 POISON_EVENTS = {

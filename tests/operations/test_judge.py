@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import pytest
 from django.utils import timezone
 
-from controlplane.models import ArmMetricRollup, AuditEvent, CanarySplit, ConfigVersion
+from controlplane.models import (
+    ArmMetricRollup,
+    AuditEvent,
+    CanaryJudgement,
+    CanarySplit,
+    ConfigVersion,
+)
 from controlplane.services import canaries, clusters, policies
 from controlplane.services.audit import Actor
 from controlplane.services.canaries import DEFAULT_GUARDRAILS
@@ -31,10 +38,18 @@ def arm(ttft_median: float, n: int = 200, errors: int = 0, tpot_median: float = 
     )
 
 
+def judged(canary_id: int) -> CanaryJudgement:
+    """The judgement of a canary that has one to make."""
+    judgement = judge_canary(canary_id)
+    assert judgement is not None
+    return judgement
+
+
 def test_clear_regression_fails_with_evidence():
     verdict = judge({"baseline": arm(0.5), "candidate": arm(0.9)}, DEFAULT_GUARDRAILS)
     assert verdict.verdict == "fail"
     ttft = next(t for t in verdict.tests if t.metric == "ttft")
+    assert ttft.p_value is not None and ttft.effect is not None
     assert ttft.outcome == "fail" and ttft.p_value < 1e-6 and ttft.effect > 0.5
     assert ttft.n_baseline == ttft.n_candidate == 200
 
@@ -124,31 +139,33 @@ def feed(
 def test_pass_advances_the_weight_step_with_a_new_config(running_canary):
     versions_before = ConfigVersion.objects.count()
     feed(running_canary, arm(0.5), arm(0.5))
-    judgement = judge_canary(running_canary.pk)
+    judgement = judged(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("pass", "advance")
     assert running_canary.step_index == 1 and running_canary.candidate_weight == 50
     assert ConfigVersion.objects.count() == versions_before + 1
     audit = AuditEvent.objects.filter(action="canary.advance").get()
     assert audit.actor_name == "system:canary-judge"
-    assert audit.after["evidence"]["tests"][0]["n_candidate"] == 200
+    assert audit.after is not None and audit.after["evidence"]["tests"][0]["n_candidate"] == 200
 
 
 @pytest.mark.django_db
 def test_regression_past_the_failure_limit_rolls_back(running_canary):
     feed(running_canary, arm(0.5), arm(1.0))
-    judgement = judge_canary(running_canary.pk)
+    judgement = judged(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("fail", "rollback")
     assert running_canary.state == "rolled_back"
     latest = ConfigVersion.objects.filter(cluster=running_canary.cluster).first()
-    assert latest.document["canary"] is None  # traffic back on the baseline policy
+    assert (
+        latest is not None and latest.document["canary"] is None
+    )  # traffic back on the baseline policy
 
 
 @pytest.mark.django_db
 def test_too_little_data_waits_at_the_current_weight(running_canary):
     feed(running_canary, arm(0.5, n=25), arm(0.5, n=25))
-    judgement = judge_canary(running_canary.pk)
+    judgement = judged(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("halt", "wait")
     assert (running_canary.state, running_canary.step_index) == ("progressing", 0)
@@ -157,7 +174,7 @@ def test_too_little_data_waits_at_the_current_weight(running_canary):
 @pytest.mark.django_db
 def test_no_data_for_several_step_lengths_pauses_for_the_operator(running_canary):
     feed(running_canary, ArmSample(), ArmSample(), step_age=timedelta(minutes=5))
-    judgement = judge_canary(running_canary.pk)
+    judgement = judged(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("halt", "pause")
     assert running_canary.state == "paused"
@@ -173,7 +190,7 @@ def test_every_judgement_is_kept_with_its_evidence(running_canary):
     """Wait, advance, promote: three rows, none overwritten, each with what it rested on."""
     feed(running_canary, arm(0.5, n=25), arm(0.5, n=25))
     judge_canary(running_canary.pk)
-    faster = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
+    faster: dict[str, Any] = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
     feed(running_canary, arm(0.5), arm(errors=1, **faster))
     judge_canary(running_canary.pk)
     feed(running_canary, arm(0.5), arm(**faster))
@@ -223,16 +240,16 @@ def test_a_slow_arm_that_will_get_there_is_waited_for_then_promoted(running_cana
     promotes once the samples are in."""
     CanarySplit.objects.filter(pk=running_canary.pk).update(weight_steps=[25])
     feed(running_canary, arm(0.5, n=130), arm(0.5, n=42), step_age=timedelta(seconds=190))
-    judgement = judge_canary(running_canary.pk)
+    judgement = judged(running_canary.pk)
     assert (judgement.verdict, judgement.action) == ("halt", "wait")
     waiting = judgement.evidence["patience"]
     assert waiting["samples"] == {"baseline": 130, "candidate": 42}
     assert 30 < waiting["expected_in_s"] < 40  # 8 more at 42 / 190 s
     assert "expected in about 36 s" in judgement.evidence["reasons"][-1]
 
-    faster = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
+    faster: dict[str, Any] = {"ttft_median": 0.4, "tpot_median": 0.016}  # passes whatever the draw
     feed(running_canary, arm(0.5, n=140), arm(n=52, **faster), step_age=timedelta(seconds=230))
-    assert judge_canary(running_canary.pk).action == "promote"
+    assert judged(running_canary.pk).action == "promote"
     running_canary.refresh_from_db()
     assert running_canary.state == "promoted"
 
@@ -241,7 +258,7 @@ def test_a_slow_arm_that_will_get_there_is_waited_for_then_promoted(running_cana
 def test_an_arm_too_slow_to_get_there_pauses_with_the_numbers(running_canary):
     """5 samples in 190 s: 45 more would take about 1,700 s, past max_wait_seconds (600)."""
     feed(running_canary, arm(0.5, n=130), arm(0.5, n=5), step_age=timedelta(seconds=190))
-    judgement = judge_canary(running_canary.pk)
+    judgement = judged(running_canary.pk)
     assert (judgement.verdict, judgement.action) == ("halt", "pause")
     reason = judgement.evidence["reasons"][-1]
     assert "candidate 5 (0.03/s)" in reason and "past max_wait_seconds 600" in reason
@@ -258,7 +275,8 @@ def test_a_baseline_median_of_zero_does_not_hide_a_slow_candidate(running_canary
     slow = ArmSample(requests=200, ttft_s=[30.0] * 200, tpot_s=[0.02] * 200)
     verdict = judge({"baseline": zero, "candidate": slow}, DEFAULT_GUARDRAILS)
     assert verdict.verdict == "fail"
-    assert next(t for t in verdict.tests if t.metric == "ttft").effect > 1000
+    effect = next(t for t in verdict.tests if t.metric == "ttft").effect
+    assert effect is not None and effect > 1000
 
 
 @pytest.mark.django_db

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.django_db
 QUEUE = "replays"  # not "default": a replay must not hold up ingest or the canary judge
 
 
-def queued_replay_messages(client: redis.Redis) -> list[bytes]:
+def queued_replay_messages(client: redis.Redis) -> list[bytes | str]:
     return [
         m
         for m in client.lrange(QUEUE, 0, -1)
@@ -34,11 +34,11 @@ def test_stale_queued_jobs_are_dispatched_again_and_claimed_once(cluster):
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
         for message in queued_replay_messages(client):
-            client.lrem(QUEUE, 0, message)
+            client.lrem(QUEUE, 0, message)  # type: ignore[arg-type]  # stub: a str value only
         assert replays.redispatch_stale(older_than_s=60) == 1
         sent = queued_replay_messages(client)
         for message in sent:
-            client.lrem(QUEUE, 0, message)
+            client.lrem(QUEUE, 0, message)  # type: ignore[arg-type]  # stub: a str value only
     finally:
         client.close()
     assert [json.loads(m)["headers"]["argsrepr"] for m in sent] == [f"[{stale.pk}]"]

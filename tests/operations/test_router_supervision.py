@@ -101,6 +101,7 @@ def _spawn_parent(port: int, tmp_path: Path) -> tuple[subprocess.Popen, int]:
         stdin=None,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
+    assert parent.stdout is not None  # stdout=PIPE
     return parent, int(parent.stdout.readline())
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,3 +62,35 @@ def test_cluster_state_arrays_are_declared(tmp_path: Path) -> None:
     code, output = mypy(tmp_path, STATE + "total = float(state.pendin.sum())\n")
     assert code == 1, output
     assert '"ClusterState" has no attribute "pendin"' in output, output
+
+
+CLUSTER = """from controlplane.models import Cluster
+
+
+def instance_names(cluster: Cluster) -> list[str]:
+"""
+
+
+def test_the_control_plane_is_checked_with_the_django_plugin(tmp_path: Path) -> None:
+    # a reverse relation (related_name) exists only through django-stubs' plugin
+    code, output = mypy(
+        tmp_path, CLUSTER + "    return [i.name for i in cluster.instances.all()]\n"
+    )
+    assert code == 0, output
+    code, output = mypy(
+        tmp_path, CLUSTER + "    return [i.nmae for i in cluster.instances.all()]\n"
+    )
+    assert code == 1, output
+    assert '"Instance" has no attribute "nmae"' in output, output
+
+
+def test_every_python_file_is_checked() -> None:
+    checked = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]["files"])
+    found = {
+        top.name
+        for top in ROOT.iterdir()
+        if not top.name.startswith(".")
+        for path in ([top] if top.is_file() else top.rglob("*.py"))
+        if path.suffix == ".py" and "node_modules" not in path.parts
+    }
+    assert found <= checked, f"not in [tool.mypy] files: {sorted(found - checked)}"

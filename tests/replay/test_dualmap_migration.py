@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from enginesim.replay.simulator import SimConfig, Simulator
+from enginesim.replay.simulator import SimConfig, SimResult, Simulator
 from enginesim.replay.traces import TraceRecord
 
 
@@ -17,7 +17,7 @@ def hotspot(count: int = 60, rate: float = 4.0) -> list[TraceRecord]:
     ]
 
 
-def replay(migrate: bool) -> tuple[Simulator, object]:
+def replay(migrate: bool) -> tuple[Simulator, SimResult]:
     config = SimConfig(
         instances=4,
         scrape_interval_s=0.5,

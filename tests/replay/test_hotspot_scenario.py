@@ -11,7 +11,7 @@ score, the detector or the simulator that moves it must be looked at.
 
 from __future__ import annotations
 
-from enginesim.replay.simulator import SimConfig, Simulator
+from enginesim.replay.simulator import SimConfig, SimResult, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord
 
@@ -28,7 +28,7 @@ BURST = HotspotParams(
 DETECTOR = {"hotspot": {"window_s": 10.0, "min_class_requests": 4}}
 
 
-def run(params: dict) -> object:
+def run(params: dict) -> SimResult:
     background = [TraceRecord(i, 0.5 * i, 600, 20) for i in range(120)]
     records = hotspot_burst(background, BURST)
     config = SimConfig(instances=4, policy_params={"lmetric": params}, seed=1)

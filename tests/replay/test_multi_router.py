@@ -59,14 +59,14 @@ def test_balancer_spreads_round_robin_and_by_session():
         sim = Simulator(
             records, "round_robin", SimConfig(instances=2, routers=3, router_spread=spread, seed=4)
         )
-        routed = []
+        routed: list[tuple[str | None, int]] = []
         original = sim._dispatch
 
         def spy(flight, tokens=None, routed=routed, original=original):
             routed.append((flight.record.session_id, flight.router))
             original(flight, tokens)
 
-        sim._dispatch = spy
+        sim._dispatch = spy  # type: ignore[method-assign]  # a spy around the dispatch
         sim.run()
         if spread == "round_robin":
             assert [router for _, router in routed] == [k % 3 for k in range(12)]

@@ -23,7 +23,7 @@ def test_agentic_sessions_round_trip_through_the_bailian_reader(tmp_path):
     assert main(["agentic", "--sessions", "30", "--seed", "4", "--out", str(out)]) == 0
     records = read_trace(out)
     assert {r.hash_block_size for r in records} == {16}
-    by_session: dict[str, list] = {}
+    by_session: dict[str | None, list] = {}
     for record in records:
         by_session.setdefault(record.session_id, []).append(record)
     assert len(by_session) == 30

@@ -12,10 +12,11 @@ import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import pytest
+import redis
 
 from devharness import free_ports, start_process, stop_process, wait_until
 from engine_interface import read_samples, sample_total
@@ -70,6 +71,14 @@ class Fleet:
 
     def engine_metric(self, index: int, name: str, **labels: str) -> float:
         return scrape_total(self.url(index), name, **labels)
+
+
+def stream_entries(
+    client: redis.Redis, stream: str
+) -> list[tuple[bytes, dict[bytes | str, bytes | str]]]:
+    """Every entry of ``stream``; XRANGE gives an id and fields for each (redis-py's type
+    admits None for both)."""
+    return cast("list[tuple[bytes, dict[bytes | str, bytes | str]]]", client.xrange(stream))
 
 
 def _healthy(url: str) -> bool:

@@ -358,7 +358,7 @@ def test_content_format_follows_the_template_like_vllms_auto_mode():
 
 
 def test_bad_template_settings_are_refused_with_the_field_named(tmp_path):
-    document = {
+    document: dict[str, Any] = {
         "cluster": "c",
         "model": MODEL,
         "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],

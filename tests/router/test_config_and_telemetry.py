@@ -12,7 +12,7 @@ import redis
 from devharness import wait_until
 from router_worker import telemetry_contract as contract
 from router_worker.stages import STAGES
-from tests.router.conftest import MODEL, router_config
+from tests.router.conftest import MODEL, router_config, stream_entries
 
 
 async def _stream_load(url: str, stop_after: float, concurrency: int) -> list[tuple[int, str]]:
@@ -146,7 +146,7 @@ def test_drain_stops_new_requests_to_the_instance(fleet, router_factory):
 
 
 def _events(client: redis.Redis) -> list[contract.RouterEvent]:
-    entries = client.xrange(contract.events_stream("test"))
+    entries = stream_entries(client, contract.events_stream("test"))
     return [contract.RouterEvent.from_stream_fields(fields) for _, fields in entries]
 
 
@@ -156,7 +156,9 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     client = redis.Redis(port=private_redis.port)
     key = contract.state_key("test", name)
     wait_until(lambda: client.get(key) is not None, 10, "state snapshot in Redis")
-    snapshot = contract.loads_state(client.get(key))
+    raw = client.get(key)
+    assert raw is not None
+    snapshot = contract.loads_state(raw)
     assert {i.name for i in snapshot.instances} == {"i0", "i1", "i2", "i3"}
     assert 0 < client.ttl(key) <= contract.STATE_TTL_S
     body = {"model": MODEL, "prompt": "telemetry " * 40, "max_tokens": 3, "stream": True}
@@ -165,7 +167,7 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     wait_until(lambda: client.xlen(contract.metrics_stream("test")) > 0, 10, "metrics record")
     records = [
         contract.MetricsRecord.from_stream_fields(f)
-        for _, f in client.xrange(contract.metrics_stream("test"))
+        for _, f in stream_entries(client, contract.metrics_stream("test"))
     ]
     arms = [r.arms["default"] for r in records if "default" in r.arms]
     assert sum(a.requests for a in arms) == 1 and arms[0].policy == "lmetric"

@@ -173,6 +173,7 @@ def make_core(ports: list[int]) -> RouterCore:
 
 
 def cached_blocks(core: RouterCore, tokens: list[int]) -> list[int]:
+    assert core.state is not None  # the core is configured
     return core.state.kv.longest_prefixes(hash_blocks(tokens, BLOCK)).tolist()
 
 
@@ -201,6 +202,7 @@ def test_bad_messages_are_skipped_and_counted_and_good_ones_still_update_the_ind
         pubs = Publishers(context, 2)
         core = make_core(pubs.ports)
         subs = KVSubscribers(core)
+        assert core.runtime is not None  # the core is configured
         subs.sync(core.runtime.config)
         loop = asyncio.create_task(subs.run())
         try:

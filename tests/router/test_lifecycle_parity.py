@@ -528,7 +528,7 @@ def test_both_drivers_apply_peers_requests_through_one_helper(monkeypatch):
     assert core.state is not None
     book = PeerBook(core.state)
     counts: list[tuple[str, str]] = []
-    messages = (
+    messages: tuple[PeerDispatch | PeerFirstToken | PeerEnd, ...] = (
         PeerDispatch("ra/1", "i0", 64, None, 16, (1, 2, 3, 4)),
         PeerFirstToken("ra/1"),
         PeerEnd("ra/1", True),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import threading
@@ -48,11 +49,15 @@ def _metric(router: Router, name: str, **labels: str) -> float:
     return scrape_total(router.url, name, **labels)
 
 
+def _hears(router: Router, others: set[str]) -> bool:
+    return others <= set(router.state()["peers"]["peers"])
+
+
 def _hear_each_other(*routers: Router) -> None:
     for router in routers:
         others = {f"r{r.port}" for r in routers if r is not router}
         wait_until(
-            lambda router=router, others=others: others <= set(router.state()["peers"]["peers"]),
+            functools.partial(_hears, router, others),
             15,
             "peers heard",
         )

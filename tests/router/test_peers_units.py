@@ -51,7 +51,7 @@ def _signed(body: bytes, keys: PeerKeys = KEYS, channel: str = CHANNEL) -> bytes
 
 
 def test_messages_round_trip():
-    sent = [
+    sent: list[PeerDispatch | PeerFirstToken | PeerEnd] = [
         _dispatch(),
         _dispatch("ra/sy-2", cached=None),
         PeerFirstToken("ra/sy-1"),

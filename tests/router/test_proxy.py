@@ -7,6 +7,7 @@ from collections import Counter
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam, ChatCompletionSystemMessageParam
 
 from devharness import wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
@@ -33,11 +34,12 @@ def _text(tag: str, words: int = 60) -> str:
 
 def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
     client = _client(lmetric_router)
-    messages = [{"role": "user", "content": _text("alpha")}]
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": _text("alpha")}]
     raw = client.chat.completions.with_raw_response.create(
         model=MODEL, messages=messages, max_tokens=5
     )
     reply = raw.parse()
+    assert reply.usage is not None
     assert reply.choices[0].message.content and reply.usage.completion_tokens == 5
     assert raw.headers["x-switchyard-policy"] == "lmetric"
     assert raw.headers["x-switchyard-arm"] == "default"
@@ -54,9 +56,11 @@ def test_openai_sdk_chat_and_completions_stream_and_not(lmetric_router):
         )
     )
     content = [c for c in chunks if c.choices and c.choices[0].delta.content]
-    assert len(content) == 7 and chunks[-1].usage.completion_tokens == 7
+    usage = chunks[-1].usage
+    assert len(content) == 7 and usage is not None and usage.completion_tokens == 7
 
     completion = client.completions.create(model=MODEL, prompt=_text("beta"), max_tokens=4)
+    assert completion.usage is not None
     assert completion.usage.completion_tokens == 4 and completion.choices[0].text
     pieces = [
         c.choices[0].text
@@ -95,8 +99,11 @@ def test_debug_header_returns_per_candidate_scores(lmetric_router):
 
 def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(lmetric_router):
     client = _client(lmetric_router)
-    system = {"role": "system", "content": _text("shared-doc", 300)}
-    homes = Counter()
+    system: ChatCompletionSystemMessageParam = {
+        "role": "system",
+        "content": _text("shared-doc", 300),
+    }
+    homes = Counter[str]()
     for turn in range(8):
         raw = client.chat.completions.with_raw_response.create(
             model=MODEL,
@@ -118,13 +125,15 @@ def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(lmetric_router
     last = client.chat.completions.create(
         model=MODEL, max_tokens=2, messages=[system, {"role": "user", "content": "again"}]
     )
-    assert last.usage.prompt_tokens_details.cached_tokens >= 300
+    assert last.usage is not None and last.usage.prompt_tokens_details is not None
+    cached = last.usage.prompt_tokens_details.cached_tokens
+    assert cached is not None and cached >= 300
 
 
 def test_round_robin_spreads_load(fleet, router_factory):
     router = router_factory(router_config(fleet, "round_robin"))
     client = _client(router)
-    seen = Counter()
+    seen = Counter[str]()
     for _ in range(12):
         raw = client.completions.with_raw_response.create(
             model=MODEL, prompt=_text("same", 100), max_tokens=1
@@ -143,7 +152,8 @@ def test_preble_prices_decode_from_the_output_lengths_the_router_saw(fleet, rout
     first = client.completions.with_raw_response.create(
         model=MODEL, prompt=list(range(1000, 1100)), max_tokens=50
     )
-    assert first.parse().usage.completion_tokens == 50
+    usage = first.parse().usage
+    assert usage is not None and usage.completion_tokens == 50
     wait_until(lambda: router.state()["recent_decisions"], 10, "the first request's finish")
     second = client.completions.with_raw_response.create(
         model=MODEL,

@@ -3,7 +3,7 @@ import dataclasses
 import numpy as np
 
 from router_worker.routing import QueuedRequest, make_policy
-from router_worker.routing.policies.dualmap import HashRing, PrefixHotnessTree
+from router_worker.routing.policies.dualmap import DualMapPolicy, HashRing, PrefixHotnessTree
 
 from .helpers import add_pending, cluster, features, tokens, warm
 
@@ -22,6 +22,7 @@ def test_adding_an_instance_remaps_few_keys_and_only_to_it():
 
 def test_when_both_hashes_agree_the_second_candidate_is_another_instance():
     policy = make_policy("dualmap")
+    assert isinstance(policy, DualMapPolicy)
     pairs = [policy.candidates(k * 7919, ids(2)) for k in range(200)]
     assert all(first != second for first, second in pairs)
     ring1, ring2 = HashRing(ids(2), 1, 64), HashRing(ids(2), 2, 64)
@@ -34,7 +35,8 @@ def test_affinity_is_kept_within_slo_and_rebalanced_beyond_it():
     prompt = tokens(0, 1024)
     request = features(prompt)
     policy = make_policy("dualmap", {"slo_ttft_s": 0.5})
-    first, second = policy.candidates(request.block_hashes[3], state.ids)
+    assert isinstance(policy, DualMapPolicy)
+    first, second = policy.candidates(request.block_hashes[3], tuple(state.ids))
     warm(state, second, prompt)
     decision = make_policy("dualmap", {"slo_ttft_s": 0.5}).decide(request, state.view(), 0.0)
     assert (decision.instance_id, decision.reason) == (second, "affinity")

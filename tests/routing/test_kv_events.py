@@ -52,8 +52,10 @@ def test_map_encoding_and_bytes_hashes():
     )
     batch = decode_kv_event_batch(payload)
     assert batch.data_parallel_rank is None
-    assert batch.events[0].block_hashes == (b"\x01" * 32,)
-    assert batch.events[0].parent_block_hash == b"\x00" * 32
+    event = batch.events[0]
+    assert isinstance(event, BlockStored)
+    assert event.block_hashes == (b"\x01" * 32,)
+    assert event.parent_block_hash == b"\x00" * 32
 
 
 def test_trailing_defaults_may_be_omitted_and_unknown_tags_skipped():
@@ -62,7 +64,7 @@ def test_trailing_defaults_may_be_omitted_and_unknown_tags_skipped():
     )
     batch = decode_kv_event_batch(payload)
     assert len(batch.events) == 1 and batch.skipped_events == 1
-    assert batch.events[0].medium is None
+    assert isinstance(batch.events[0], BlockStored) and batch.events[0].medium is None
 
 
 @pytest.mark.parametrize(

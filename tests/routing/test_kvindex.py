@@ -18,7 +18,7 @@ class NaiveIndex:
 
     def __init__(self, capacities):
         self.capacities = capacities
-        self.lru = [[] for _ in capacities]
+        self.lru: list[list[int]] = [[] for _ in capacities]
 
     def insert(self, slot, blocks):
         for block in reversed(blocks):
@@ -282,7 +282,8 @@ def _assert_consistent(index, naive, chains):
 def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_paths, engine_bs):
     """Stored events (chained by parent engine hash) vs the naive index fed per engine block."""
     index, naive = KVIndex(16), NaiveIndex(list(capacities))
-    engine_maps = [{} for _ in capacities]  # the reference's engine hash -> router hash
+    # the reference's engine hash -> router hash
+    engine_maps: list[dict[bytes, int]] = [{} for _ in capacities]
     for capacity in capacities:
         index.add_slot(capacity)
     per = engine_bs // 16
@@ -292,9 +293,9 @@ def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_pa
         token_ids = [v * 1000 + t for v in path for t in range(16)]
         if kind in ("insert", "insert_tail"):
             cut = min(cut, len(blocks)) // per * per if kind == "insert_tail" else 0
-            parent = f"e{blocks[cut - 1]}" if cut else None
+            parent = f"e{blocks[cut - 1]}".encode() if cut else None
             mine = blocks[cut:]
-            engine = [f"e{mine[i + per - 1]}" for i in range(0, len(mine) - per + 1, per)]
+            engine = [f"e{mine[i + per - 1]}".encode() for i in range(0, len(mine) - per + 1, per)]
             index.apply_event(slot, stored(engine, parent, token_ids[cut * 16 :], engine_bs))
             if parent is not None and parent not in engine_maps[slot]:
                 continue  # unresolved: not applied
@@ -302,7 +303,7 @@ def test_kv_events_agree_with_block_by_block_reference(capacities, ops, query_pa
                 naive.insert(slot, mine[i * per : (i + 1) * per])
                 engine_maps[slot][engine_hash] = mine[(i + 1) * per - 1]
         elif kind == "remove":
-            engine_hash = f"e{blocks[cut]}" if cut < len(blocks) else "none"
+            engine_hash = f"e{blocks[cut]}".encode() if cut < len(blocks) else b"none"
             index.apply_event(slot, BlockRemoved((engine_hash,), None))
             if engine_hash in engine_maps[slot]:
                 naive.remove(slot, [engine_maps[slot].pop(engine_hash)])

@@ -26,7 +26,7 @@ class CountingPolicy(LeastLoadPolicy):
         self.finishes: list[tuple[str, str, int]] = []
         self.decided = 0
 
-    def decide(self, request, view, now):  # type: ignore[no-untyped-def]
+    def decide(self, request, view, now):
         self.decided += 1
         return super().decide(request, view, now)
 

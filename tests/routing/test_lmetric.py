@@ -1,9 +1,11 @@
+from typing import cast
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router_worker.routing import ClusterState, GlobalTier, make_policy
+from router_worker.routing import ClusterState, ClusterView, GlobalTier, make_policy
 
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
@@ -120,8 +122,11 @@ def test_choice_is_invariant_under_positive_scaling_of_either_indicator(
 ):
     p_tokens, batch = zip(*values, strict=True)
     request = features(tokens(0, 16))
-    base = make_policy("lmetric", PAPER, seed=seed).decide(request, StubView(p_tokens, batch), 0.0)
-    scaled_view = StubView(np.array(p_tokens) * p_scale, np.array(batch) * bs_scale)
+    view = cast(ClusterView, StubView(p_tokens, batch))
+    base = make_policy("lmetric", PAPER, seed=seed).decide(request, view, 0.0)
+    scaled_view = cast(
+        ClusterView, StubView(np.array(p_tokens) * p_scale, np.array(batch) * bs_scale)
+    )
     scaled = make_policy("lmetric", PAPER, seed=seed).decide(request, scaled_view, 0.0)
     assert scaled.instance_id == base.instance_id
 

@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 
 from router_worker.routing import make_policy
+from router_worker.routing.policies.preble import PreblePolicy
 
 from .helpers import cluster, features, tokens, warm
 
@@ -76,6 +77,7 @@ def test_decode_cost_follows_the_mean_observed_output_length():
     policy = make_policy(
         "preble", {**ISOLATED, "decode_cost_tokens": 0, "decode_token_weight": 1.0}, seed=1
     )
+    assert isinstance(policy, PreblePolicy)
     first = policy.decide(unique(1000), state.view(), 0.0).instance_id
     others = [policy.decide(unique(300), state.view(), 0.1 * k) for k in range(1, 4)]
     other = others[0].instance_id
@@ -93,6 +95,7 @@ def test_decode_cost_follows_the_mean_observed_output_length():
 def test_decode_cost_keeps_the_prior_until_a_finish_is_observed():
     state = cluster(2)
     policy = make_policy("preble", {**ISOLATED, "decode_cost_tokens": 0}, seed=1)
+    assert isinstance(policy, PreblePolicy)
     first = policy.decide(unique(1000), state.view(), 0.0).instance_id
     others = [policy.decide(unique(300), state.view(), 0.1 * k) for k in range(1, 4)]
     other = others[0].instance_id

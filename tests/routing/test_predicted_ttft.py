@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from router_worker.routing import (
@@ -15,13 +17,14 @@ from router_worker.routing import (
 from router_worker.routing.policies.predicted_ttft import (
     COEFFICIENT_FIELDS,
     FALLBACK_COEFFICIENTS,
+    PredictedTTFTParams,
     PredictedTTFTPolicy,
 )
 
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
 # Round numbers so every prediction below can be checked by hand.
-SIMPLE = {
+SIMPLE: dict[str, Any] = {
     "prefill_tps": 1000.0,
     "step_overhead_s": 0.01,
     "decode_seq_s": 0.001,
@@ -186,7 +189,9 @@ def test_measured_prefill_throughput_is_used_only_when_asked():
 
 
 def test_unset_coefficients_fall_back_to_the_h20_qwen2_7b_values():
-    assert validate_params("predicted_ttft", {}).prefill_tps is None  # None = "derive it"
+    params = validate_params("predicted_ttft", {})
+    assert isinstance(params, PredictedTTFTParams)
+    assert params.prefill_tps is None  # None = "derive it"
     assert set(COEFFICIENT_FIELDS) == set(FALLBACK_COEFFICIENTS)
     defaults = policy().coefficients
     assert {name: getattr(defaults, name) for name in COEFFICIENT_FIELDS} == FALLBACK_COEFFICIENTS

@@ -1,6 +1,7 @@
 import numpy as np
 
 from router_worker.routing import ClusterState, GlobalTier, make_policy
+from router_worker.routing.policies.smetric import SMetricPolicy
 
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
@@ -173,6 +174,7 @@ def test_migration_picks_the_fastest_instance_counting_its_own_hit():
 
 def test_the_slo_grows_with_the_prompt_the_instance_lacks():
     policy = make_policy("smetric", {"slo_ttft_s": 1.0, "slo_ttft_per_1k_prompt_s": 0.5})
+    assert isinstance(policy, SMetricPolicy)
     assert policy.slo_for(features(tokens(0, 4000))) == 1.0 + 0.5 * 4
     assert policy.slo_for(features(tokens(0, 4000)), 3000) == 1.0 + 0.5 * 1
 
@@ -246,7 +248,7 @@ def test_the_session_table_keeps_a_digest_not_the_client_string():
         held = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    assert len(policy.sessions) == 20
+    assert isinstance(policy, SMetricPolicy) and len(policy.sessions) == 20
     # 20 MiB when the table keeps the keys; the latest request may still be referenced.
     assert held < 4 << 20, f"{held} bytes kept for 20 session keys"
     first = policy.decide(features(HISTORY, session_key="s-long" * 100_000), state.view(), 1.0)

@@ -9,6 +9,7 @@ import redis
 from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     STATE_TTL_S,
+    EventKind,
     InstanceSnapshot,
     RouterEvent,
     StateSnapshot,
@@ -71,10 +72,10 @@ def write_state(client: redis.Redis, snap: StateSnapshot) -> None:
 
 
 def write_event(
-    client: redis.Redis, cluster: str, kind: str, router: str = "r1", **payload
+    client: redis.Redis, cluster: str, kind: EventKind, router: str = "r1", **payload
 ) -> RouterEvent:
     event = RouterEvent.new(cluster, router, kind, time.time(), **payload)
-    client.xadd(EVENTS_STREAM, event.to_stream_fields())
+    client.xadd(EVENTS_STREAM, event.to_stream_fields())  # type: ignore[arg-type]  # stub: invariant dict
     return event
 
 

@@ -120,7 +120,7 @@ def test_viewer_sees_no_controls_and_a_forged_post_is_refused(browser, asgi_serv
     finally:
         page.context.close()
     cluster.refresh_from_db()
-    assert cluster.active_policy.name == "lm"
+    assert cluster.active_policy is not None and cluster.active_policy.name == "lm"
 
 
 def test_live_view_goes_stale_when_disconnected_and_reconnects(
@@ -190,6 +190,7 @@ def test_tier_traffic_shows_only_when_the_cluster_has_a_tier(
 
 def seed_pages(cluster: Cluster) -> None:
     """A running canary with judgements and samples, a finished replay, audit rows."""
+    assert cluster.active_policy_id is not None
     canary = canaries.create_canary(
         SYSTEM,
         cluster.pk,

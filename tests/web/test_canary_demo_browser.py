@@ -143,7 +143,7 @@ def test_demo_defaults_promote_a_better_candidate_and_roll_back_a_worse_one(
     for index in (0, 2, 5, 7):  # better's baseline arm, worse's candidate arm
         slow(fleet, index)
     routers = [start_router(c, "r0", control_plane.url, tmp_path) for c in (better, worse)]
-    stop, served = threading.Event(), []
+    stop, served = threading.Event(), list[int]()
     senders = [
         threading.Thread(target=keep_sending, args=(r.url, stop, served), daemon=True)
         for r in routers
@@ -174,6 +174,7 @@ def test_demo_defaults_promote_a_better_candidate_and_roll_back_a_worse_one(
         assert page.locator("tr[data-action=promote] [data-field=step]").inner_text() == "2 · 50%"
         assert page.locator("tr[data-action=pause]").count() == 0
         better.refresh_from_db()
+        assert better.active_policy is not None
         assert better.active_policy.name == "rr"  # the promoted candidate now serves it all
         assert page.js_errors == []
     finally:

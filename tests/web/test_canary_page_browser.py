@@ -41,13 +41,16 @@ def judge_step(canary_id: int, candidate_ttft: float, n: int) -> str:
                 "tpot_samples": [0.02] * n,
             },
         )
-    return judge_canary(canary_id).action
+    judgement = judge_canary(canary_id)
+    assert judgement is not None
+    return judgement.action
 
 
 def test_canary_page_shows_every_judgement_during_and_after_the_canary(
     browser, asgi_server, artifacts_dir
 ) -> None:
     cluster = make_cluster()
+    assert cluster.active_policy_id is not None
     canary = canaries.create_canary(
         SYSTEM,
         cluster.pk,

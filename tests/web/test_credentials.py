@@ -10,6 +10,7 @@ import hashlib
 import httpx
 import pytest
 from django.test import Client
+from playwright.sync_api import Dialog
 
 from controlplane.models import ApiToken, ClientKey, Cluster
 
@@ -25,7 +26,7 @@ def _sha(secret: str) -> str:
 
 
 def _published(cluster: Cluster) -> str:
-    return str(cluster.versions.order_by("-number").first().document)
+    return str(cluster.versions.latest("number").document)
 
 
 def test_client_key_forms_need_the_admin_role(as_role) -> None:
@@ -49,7 +50,12 @@ def test_admin_creates_shows_once_and_revokes_a_client_key(browser, asgi_server)
     cluster = make_cluster()
     page = login(browser, asgi_server.url, "admin", bypass_csp=False)
     dialogs: list[str] = []
-    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.accept()))
+
+    def accept(dialog: Dialog) -> None:
+        dialogs.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", accept)
     refused: list[str] = []
     page.on(
         "console",

@@ -139,7 +139,8 @@ def hostile_record_renders_as_text(page, stack: Stack) -> None:
         candidates=[CandidateScore(instance=HOSTILE, score=1.0)],
         candidates_total=1,
     )
-    stack.redis.xadd(decisions_stream(stack.cluster.name), record.to_stream_fields())
+    fields = record.to_stream_fields()
+    stack.redis.xadd(decisions_stream(stack.cluster.name), fields)  # type: ignore[arg-type]  # stub: invariant dict
     hostile = page.locator("#decisions tbody tr[data-request='hostile-1']")
     hostile.wait_for(timeout=15_000)
     assert hostile.locator("td").nth(4).inner_text() == HOSTILE

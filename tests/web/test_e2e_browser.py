@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -67,7 +68,8 @@ def login(browser, base_url: str, role: str, *, bypass_csp: bool = True):
     return page
 
 
-def page_snapshot(page) -> dict | None:
+def page_snapshot(page) -> Any:
+    """The page's live snapshot, as JSON (null before the first message)."""
     return page.evaluate("window.switchyardLive && window.switchyardLive.state.snapshot")
 
 

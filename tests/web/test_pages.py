@@ -105,6 +105,7 @@ def test_operator_switches_to_an_existing_policy(as_role, cluster) -> None:
     cluster.refresh_from_db()
     assert cluster.active_policy == rr
     audit = AuditEvent.objects.filter(action="policy.activate").latest("at")
+    assert audit.after is not None
     assert (audit.actor_name, audit.reason, audit.after["config_version"]) == (
         "web-operator",
         "try rr",

@@ -22,7 +22,8 @@ VOID = {"input", "br", "meta", "link", "img", "hr", "source", "col", "area", "ba
 
 class Element:
     def __init__(self, tag: str, attrs: dict[str, str]) -> None:
-        self.tag, self.attrs, self.text, self.children = tag, attrs, "", []
+        self.tag, self.attrs, self.text = tag, attrs, ""
+        self.children: list[Element] = []
 
     def find_all(self, tag: str | None = None, **attrs: str) -> list[Element]:
         found = []
@@ -109,7 +110,8 @@ def test_policy_form_shows_lmetric_bounds_defaults_and_the_boolean_help(as_role,
     )
     enabled = root.find("input", name="param.hotspot.enabled")
     assert enabled.attrs["type"] == "checkbox" and "checked" in enabled.attrs
-    assert described(root, enabled).startswith(HotspotParams.model_fields["enabled"].description)
+    hint = HotspotParams.model_fields["enabled"].description
+    assert hint is not None and described(root, enabled).startswith(hint)
     assert "default on" in described(root, enabled)
     assert "default 48.0; ≥ 0" in described(root, root.find(name="param.batch_offset"))
     window = described(root, root.find(name="param.hotspot.window_s"))
@@ -190,8 +192,10 @@ def test_canary_form_shows_the_chosen_policies_parameters_with_their_help(as_rol
     baseline = root.find("select", name="baseline_policy")
     text = described(root, baseline)  # the visible block is lm's, the active policy
     assert "hotspot.enabled = true" in text
-    assert HotspotParams.model_fields["enabled"].description in text
-    assert REGISTRY["lmetric"].Params.model_fields["batch_offset"].description[:40] in text
+    hint = HotspotParams.model_fields["enabled"].description
+    offset_hint = REGISTRY["lmetric"].Params.model_fields["batch_offset"].description
+    assert hint is not None and hint in text
+    assert offset_hint is not None and offset_hint[:40] in text
     visible = [b for b in root.find(id="baseline-params").find_all(data_policy=str(lm.pk))]
     assert len(visible) == 1 and "hidden" not in visible[0].attrs
     hidden = root.find(id="candidate-params").find(data_policy=str(lm.pk))

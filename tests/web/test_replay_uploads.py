@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
 from django.urls import reverse
 
-from controlplane.models import ReplayJob
+from controlplane.models import Cluster, ReplayJob
 from controlplane.services.traces import uploads_dir
 from controlplane.tasks.maintenance import prune_uploads
 from tests.web.conftest import ROOT, subprocess_env
@@ -26,6 +28,9 @@ from tests.web.test_replays import (  # noqa: F401  fixtures
     policy_ids,
     traces,
 )
+
+if TYPE_CHECKING:  # the stubs' name for what the test client answers
+    from django.test.client import _MonkeyPatchedWSGIResponse
 
 pytestmark = pytest.mark.django_db
 TRILLION = 10**12
@@ -44,7 +49,7 @@ def mooncake(*lengths: int) -> bytes:
     return "".join(json.dumps(row) + "\n" for row in rows).encode()
 
 
-def create(client, cluster, **form) -> object:
+def create(client: Client, cluster: Cluster, **form: Any) -> _MonkeyPatchedWSGIResponse:
     return client.post(reverse("web:replay_create", args=[cluster.pk]), form)
 
 

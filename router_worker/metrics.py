@@ -92,7 +92,7 @@ TPOT_BUCKETS = (
 class Histogram:
     """A histogram family observed from the event loop's thread only (scrapes run there
     too): ``observe`` is a bisect and two list updates, where ``prometheus_client``'s takes
-    two locks and walks the buckets, several µs a request over the hot path's histograms.
+    two locks and walks the buckets, on every request of the hot path.
     ``labels(...)`` returns the series (itself a Histogram), as prometheus_client's does.
     Exposed as a Prometheus histogram (``_bucket``, ``_count``, ``_sum``)."""
 

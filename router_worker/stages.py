@@ -24,10 +24,10 @@ to the client, :meth:`StageTimes.observe` turns the stamps into one observation 
 
 With retries, the upstream stages are those of the attempt that answered.
 
-The histograms are kept here, not in ``prometheus_client`` objects: a ``Histogram.observe``
-takes two locks and a linear bucket scan, several µs for seven stages per request; this is
-one bisect and two list updates per stage on the event loop's thread, and the
-``switchyard_router_stage_seconds`` family is built from the counts at scrape time.
+The histograms are kept here, not in ``prometheus_client`` objects, whose ``observe``
+takes two locks and walks the buckets: here it is one bisect and two list updates per
+stage on the event loop's thread, and the ``switchyard_router_stage_seconds`` family is
+built from the counts at scrape time.
 """
 
 from __future__ import annotations

@@ -144,9 +144,9 @@ def test_sampled_records_carry_scores_and_indicators_and_round_trip() -> None:
 
 
 def test_a_sampled_decision_is_copied_once_sent_from_the_indicators_it_was_made_on() -> None:
-    """Copying a sampled decision's indicators (a few per second, up to ~0.1 ms each) is
-    not on the request's way to the engine: it happens once the request is sent, before
-    the dispatch is accounted, so the copy shows what the policy saw."""
+    """Copying a sampled decision's indicators is not on the request's way to the engine:
+    it happens once the request is sent, before the dispatch is accounted, so the copy
+    shows what the policy saw."""
     core = make_core(sampler=DecisionSampler(routine=(0.0, 3.0)))
     route(core, "shared prefix " * 40 + "warm")  # its prefix cached where it went
     assert core.runtime is not None

@@ -339,15 +339,16 @@ class Proxy:
             self._settle_5xx(plan)
         self._give_up(plan, failure, poison)
         status = 504 if failure.kind == "timeout" else 502
+        last = _failure_text(failure, detail)
         if failure.final:
-            status, message = failure.status, failure.message
+            status, message = failure.status, last
         elif poison:
             message = (
                 f"The request failed on {len(plan.life.answered_5xx)} instances alike and was "
-                f"not retried further; last: {failure.message}"
+                f"not retried further; last: {last}"
             )
         else:
-            message = f"All {plan.attempts} attempts failed; last: {failure.message}"
+            message = f"All {plan.attempts} attempts failed; last: {last}"
         core.finish_request(
             plan, status=status, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0
         )
@@ -717,6 +718,21 @@ async def _first_events(response: Upstream, framer: SseFramer) -> bytes | None:
         out = framer.feed(chunk + more if more else chunk)
         if out:
             return out
+
+
+# What a client without the debug right is told of a failed attempt whose own text comes
+# from the socket layer (it quotes the engine's address, e.g. "Connect call failed
+# ('10.0.0.7', 8000)").
+SOCKET_FAILURE_TEXT = {
+    "connect": "could not connect to the engine",
+    "transport": "the connection to the engine failed",
+}
+
+
+def _failure_text(failure: UpstreamFailure, detail: Detail) -> str:
+    if detail >= Detail.DEBUG:
+        return failure.message
+    return SOCKET_FAILURE_TEXT.get(failure.kind, failure.message)
 
 
 def _mid_stream_message(plan: Plan, error: Exception, detail: Detail) -> str:

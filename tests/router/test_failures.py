@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 import engine_interface as ei
-from devharness import stop_process, wait_until
+from devharness import free_port, stop_process, wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.conftest import MODEL, launch_router, router_config, scrape_total
 
@@ -364,3 +364,24 @@ def test_hung_instance_is_marked_down_by_probes_with_the_default_settings(fleet,
     assert [name for name, b in breakers.items() if b["breaker"] != "closed"] == [
         fleet.instances()[1]["name"]
     ]
+
+
+def test_a_failed_request_names_no_engine_address_to_a_plain_client(fleet, router_factory):
+    """Before the first byte the last failure's socket-layer text was passed on as it was
+    (with the default event loop a refused connection's text quotes the engine's address);
+    a plain client gets a generic text, only a debug client the socket's own."""
+    port = free_port()  # nothing listens there: every attempt is refused
+    dead = [{"name": "gone", "url": f"http://127.0.0.1:{port}"}]
+    document = router_config(fleet, "round_robin", instances=dead, client_auth=debug_key_only())
+    debug = {"Authorization": f"Bearer {DEBUG_KEY}", "x-switchyard-debug": "1"}
+    messages = []
+    for headers in ({}, debug):  # a router each: the first refusal marks the engine down
+        router = router_factory(document)
+        answer = httpx.post(
+            router.url + "/v1/completions", timeout=30, json=_body("dead"), headers=headers
+        )
+        assert answer.status_code == 502
+        messages.append(answer.json()["error"]["message"])
+    plain, debugged = messages
+    assert "could not connect to the engine" in plain and "Errno" not in plain
+    assert "could not connect" not in debugged and "refused" in debugged

@@ -18,38 +18,19 @@ from django.utils import timezone
 
 from controlplane.celery import app
 from controlplane.models import ArmMetricRollup, AuditEvent, CanarySplit
-from controlplane.services import canaries, clusters, policies
-from controlplane.services.audit import Actor
 from controlplane.tasks import judge_canaries
+from tests.canaries import running_canary
 
 from .report import Outcome, record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
-ADMIN = Actor.system("judge-drill")
 HEALTHY = 3
 
 
-def running_canary(name: str) -> CanarySplit:
-    cluster = clusters.create_cluster(ADMIN, name=name, model="m", gpu_type="h20")
-    for i in range(2):
-        clusters.add_instance(
-            ADMIN, cluster.pk, name=f"i{i}", url=f"http://127.0.0.1:{9400 + i}", reason="drill"
-        )
-    base = policies.create_policy(ADMIN, cluster.pk, name="rr", kind="round_robin")
-    cand = policies.create_policy(ADMIN, cluster.pk, name="lm", kind="lmetric")
-    policies.activate_policy(ADMIN, cluster.pk, base.pk, reason="drill")
-    canary = canaries.create_canary(
-        ADMIN,
-        cluster.pk,
-        name=name,
-        baseline_policy_id=base.pk,
-        candidate_policy_id=cand.pk,
-        baseline_instances=["i0"],
-        candidate_instances=["i1"],
-        weight_steps=[25, 50],
-        reason="drill",
-    )
-    canaries.transition(ADMIN, canary.pk, "start", reason="drill")
+def due_canary(name: str) -> CanarySplit:
+    """A started canary whose first step has run two minutes with equal arms (it passes)."""
+    canary = running_canary(name, instances=2, base_port=9400, weight_steps=[25, 50])
+    cluster = canary.cluster
     minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
     for arm in ("baseline", "candidate"):  # equal arms: the step passes
         ArmMetricRollup.objects.create(
@@ -69,9 +50,9 @@ def running_canary(name: str) -> CanarySplit:
 def test_a_canary_the_judge_cannot_judge_skips_no_other(settings) -> None:
     import celery.contrib.testing.tasks  # noqa: F401  registers celery.ping for the ready check
 
-    hostile = running_canary("drill-a-hostile")
-    healthy = [running_canary(f"drill-healthy-{k}") for k in range(HEALTHY)]
-    endless = running_canary("drill-endless")
+    hostile = due_canary("drill-a-hostile")
+    healthy = [due_canary(f"drill-healthy-{k}") for k in range(HEALTHY)]
+    endless = due_canary("drill-endless")
     CanarySplit.objects.filter(pk=hostile.pk).update(
         guardrails={**hostile.guardrails, "min_samples": "lots"}
     )

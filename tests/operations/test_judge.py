@@ -17,10 +17,10 @@ from controlplane.models import (
     CanarySplit,
     ConfigVersion,
 )
-from controlplane.services import canaries, clusters, policies
-from controlplane.services.audit import Actor
+from controlplane.services import canaries
 from controlplane.services.canaries import DEFAULT_GUARDRAILS
 from controlplane.services.judge import ArmSample, judge, judge_canary
+from tests.canaries import running_canary as make_running_canary
 
 RNG = np.random.default_rng(7)
 
@@ -88,29 +88,7 @@ def test_an_empty_arm_is_no_data_even_when_no_samples_are_required():
 
 @pytest.fixture
 def running_canary(db):
-    admin = Actor.system("test")
-    cluster = clusters.create_cluster(admin, name="judge", model="m", gpu_type="h20")
-    for i in range(4):
-        clusters.add_instance(
-            admin, cluster.pk, name=f"i{i}", url=f"http://127.0.0.1:{9100 + i}", reason="setup"
-        )
-    base = policies.create_policy(admin, cluster.pk, name="rr", kind="round_robin")
-    cand = policies.create_policy(admin, cluster.pk, name="lm", kind="lmetric")
-    policies.activate_policy(admin, cluster.pk, base.pk, reason="setup")
-    canary = canaries.create_canary(
-        admin,
-        cluster.pk,
-        name="c",
-        baseline_policy_id=base.pk,
-        candidate_policy_id=cand.pk,
-        baseline_instances=["i0", "i1"],
-        candidate_instances=["i2", "i3"],
-        weight_steps=[10, 50],
-        guardrails={"max_failures": 0},
-        reason="try lmetric",
-    )
-    canaries.transition(admin, canary.pk, "start", reason="go")
-    return canary
+    return make_running_canary("judge", guardrails={"max_failures": 0})
 
 
 def feed(
@@ -287,27 +265,7 @@ def test_one_canary_the_judge_cannot_judge_does_not_stop_the_others(running_cana
     own timeline and goes on."""
     from controlplane.services.judge import judge_progressing
 
-    admin = Actor.system("test")
-    other = clusters.create_cluster(admin, name="judge-2", model="m", gpu_type="h20")
-    for i in range(2):
-        clusters.add_instance(
-            admin, other.pk, name=f"i{i}", url=f"http://127.0.0.1:{9200 + i}", reason="setup"
-        )
-    base = policies.create_policy(admin, other.pk, name="rr", kind="round_robin")
-    cand = policies.create_policy(admin, other.pk, name="lm", kind="lmetric")
-    policies.activate_policy(admin, other.pk, base.pk, reason="setup")
-    broken = canaries.create_canary(
-        admin,
-        other.pk,
-        name="broken",
-        baseline_policy_id=base.pk,
-        candidate_policy_id=cand.pk,
-        baseline_instances=["i0"],
-        candidate_instances=["i1"],
-        weight_steps=[10],
-        reason="setup",
-    )
-    canaries.transition(admin, broken.pk, "start", reason="go")
+    broken = make_running_canary("judge-2", instances=2, base_port=9200, weight_steps=[10])
     # Guardrails as an older release or a hand edit left them: a step_seconds of 1e14
     # (overflowed the step's timedelta) and a min_samples that is not a number (raises
     # inside the judgement).

@@ -9,9 +9,8 @@ import pytest
 from django.db import connections
 
 from controlplane.models import AuditEvent, CanaryJudgement, CanarySplit
-from controlplane.services import canaries, clusters, policies
-from controlplane.services.audit import Actor
 from controlplane.services.judge import judge_canary
+from tests.canaries import running_canary
 from tests.operations.test_judge import arm, feed
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -20,29 +19,9 @@ JUDGES = 4
 
 @pytest.fixture
 def four_step_canary() -> CanarySplit:
-    admin = Actor.system("test")
-    cluster = clusters.create_cluster(admin, name="race", model="m", gpu_type="h20")
-    for i in range(4):
-        clusters.add_instance(
-            admin, cluster.pk, name=f"i{i}", url=f"http://127.0.0.1:{9200 + i}", reason="setup"
-        )
-    base = policies.create_policy(admin, cluster.pk, name="rr", kind="round_robin")
-    cand = policies.create_policy(admin, cluster.pk, name="lm", kind="lmetric")
-    policies.activate_policy(admin, cluster.pk, base.pk, reason="setup")
-    canary = canaries.create_canary(
-        admin,
-        cluster.pk,
-        name="c",
-        baseline_policy_id=base.pk,
-        candidate_policy_id=cand.pk,
-        baseline_instances=["i0", "i1"],
-        candidate_instances=["i2", "i3"],
-        weight_steps=[10, 25, 50, 100],
-        guardrails={"max_failures": 5},
-        reason="try",
+    return running_canary(
+        "race", base_port=9200, weight_steps=[10, 25, 50, 100], guardrails={"max_failures": 5}
     )
-    canaries.transition(admin, canary.pk, "start", reason="go")
-    return canary
 
 
 def judge_at_once(canary_id: int) -> list:

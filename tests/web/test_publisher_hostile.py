@@ -26,6 +26,20 @@ pytestmark = pytest.mark.timeout(60)
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
+def decision(cluster: str) -> dict:
+    """A well-formed sampled decision of ``cluster``."""
+    return {
+        "cluster": cluster,
+        "router": "r1",
+        "request_id": "ok",
+        "at": time.time(),
+        "arm": "a",
+        "policy": "lmetric",
+        "instance": "i0",
+        "reason": "score",
+    }
+
+
 def counted(client, source: str) -> int:
     return int(client.hget(ingest.QUARANTINE_COUNTS, source) or 0)
 
@@ -56,16 +70,7 @@ async def test_hostile_decisions_are_counted_and_the_rest_sent_as_strict_json(se
     stream = decisions_stream(name)
     client.delete(stream)
     await publisher.forward_decisions(block_ms=10)  # the cursor starts at the tail
-    good = {
-        "cluster": name,
-        "router": "r1",
-        "request_id": "ok",
-        "at": time.time(),
-        "arm": "a",
-        "policy": "lmetric",
-        "instance": "i0",
-        "reason": "score",
-    }
+    good = decision(name)
     client.xadd(stream, {"data": json.dumps({**good, "ttft_s": float("nan")})})
     client.xadd(stream, {"data": json.dumps({**good, "request_id": "x" * 10})[:-1]})
     client.xadd(stream, {"nodata": "1"})
@@ -115,16 +120,7 @@ async def test_a_forged_count_or_a_wrong_typed_stream_stops_no_cluster(setup) ->
     client.set(squatted, "not a stream", ex=30)
     publisher.feeds[f"{name}-squatted"] = ClusterFeed(999_999, f"{name}-squatted")
     await publisher.forward_decisions(block_ms=10)  # cursors start at the tails
-    good = {
-        "cluster": name,
-        "router": "r1",
-        "request_id": "ok",
-        "at": time.time(),
-        "arm": "a",
-        "policy": "lmetric",
-        "instance": "i0",
-        "reason": "score",
-    }
+    good = decision(name)
     client.xadd(stream, {"nodata": "1"})
     client.xadd(stream, {"data": json.dumps(good)})
     await publisher.forward_decisions(block_ms=10)

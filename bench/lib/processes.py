@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.lib.loadclient import MODEL, Run, closed_loop, run_async
+from bench.lib.loadclient import MODEL, closed_loop, run_async
 from devharness import (
     WaitTimeout,
     free_port,
@@ -35,30 +35,14 @@ def is_200(status: int) -> bool:
 
 
 class EngineLog:
-    """The engines' ``--request-log``, read incrementally: request id → timing record."""
+    """The engines' ``--request-log``, read incrementally: request id → its record."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         self.offset = 0
         self.records: dict[str, dict[str, Any]] = {}
 
-    def engine_ttft(self, run: Run, wait: float = 5.0) -> dict[str, float]:
-        """The engine's own TTFT (handler start → first content chunk) of each of ``run``'s
-        streams, by request id; waits for records still being written."""
-        wanted = {o.request_id for o in run.outcomes if o.first is not None}
-        with contextlib.suppress(WaitTimeout):  # then what has been written
-            wait_until(lambda: self._ttft(wanted).keys() == wanted, wait, "the engine's records")
-        return self._ttft(wanted)
-
-    def _ttft(self, wanted: set[str]) -> dict[str, float]:
-        self._read()
-        return {
-            rid: rec["first_token"] - rec["arrival"]
-            for rid in wanted
-            if (rec := self.records.get("cmpl-" + rid)) and rec["first_token"]
-        }
-
-    def _read(self) -> None:
+    def read(self) -> None:
         if not self.path.exists():
             return
         with self.path.open("rb") as handle:
@@ -68,7 +52,17 @@ class EngineLog:
         self.offset += complete
         for line in data[:complete].splitlines():
             record = json.loads(line)
-            self.records[record["request_id"]] = record
+            self.records[record["request_id"].removeprefix("cmpl-")] = record
+
+    def of(self, wanted: set[str], wait: float = 5.0) -> dict[str, dict[str, Any]]:
+        """The records of ``wanted`` ids, waiting up to ``wait`` s for late ones."""
+        with contextlib.suppress(WaitTimeout):  # then what has been written
+            wait_until(lambda: self._read_has(wanted), wait, "the engine's records")
+        return {rid: self.records[rid] for rid in wanted if rid in self.records}
+
+    def _read_has(self, wanted: set[str]) -> bool:
+        self.read()
+        return wanted <= self.records.keys()
 
 
 @dataclass
@@ -91,8 +85,6 @@ def bench_stack(time_scale: float, workdir: Path) -> Iterator[BenchStack]:
     ports, engines, log = start_engines(INSTANCES, time_scale, workdir)
     started = BenchStack(ports, engines, {}, log)
     try:
-        for port in ports:
-            wait_http(f"http://127.0.0.1:{port}/health", STARTUP_S, process=engines, ok=is_200)
         for policy in ("lmetric", "round_robin"):
             started.routers[policy] = start_router(ports, policy, workdir)
         run_async(closed_loop([started.routers["lmetric"][0]], 8, 1.0, True, 4))  # warm-up
@@ -104,7 +96,8 @@ def bench_stack(time_scale: float, workdir: Path) -> Iterator[BenchStack]:
 def start_engines(
     count: int, time_scale: float, workdir: Path
 ) -> tuple[list[int], subprocess.Popen[bytes], EngineLog]:
-    """One enginesim process serving ``count`` instances, with its request log."""
+    """One enginesim process serving ``count`` H20 / Qwen2-7B instances, with its request
+    log, each instance answering ``/health``."""
     base = free_ports(count)
     log = workdir / f"engine-requests-{base}.jsonl"
     engines = start_process(
@@ -126,7 +119,14 @@ def start_engines(
         stdin=None,
         stderr=None,
     )
-    return [base + k for k in range(count)], engines, EngineLog(log)
+    ports = [base + k for k in range(count)]
+    try:
+        for port in ports:
+            wait_http(f"http://127.0.0.1:{port}/health", STARTUP_S, process=engines, ok=is_200)
+    except BaseException:
+        stop_process(engines)
+        raise
+    return ports, engines, EngineLog(log)
 
 
 def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any]:

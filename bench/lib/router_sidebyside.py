@@ -30,15 +30,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import httptools
 import httpx
 
 from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import MODEL, run_async
-from bench.lib.processes import REPO, ROUTER_ADMIN_TOKEN, is_200
-from devharness import free_port, free_ports, start_process, stop_process, wait_http
+from bench.lib.processes import REPO, ROUTER_ADMIN_TOKEN, EngineLog, is_200, start_engines
+from devharness import free_port, start_process, stop_process, wait_http
 from engine_interface import percentile, read_histogram, read_samples
 from router_worker.stages import STAGES
 
@@ -196,37 +195,7 @@ async def interleaved(
     return outcomes, failures
 
 
-class EngineRecords:
-    """The engines' ``--request-log``, read incrementally: request id → its record."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-        self.records: dict[str, dict[str, Any]] = {}
-
-    def read(self) -> None:
-        if not self.path.exists():
-            return
-        with self.path.open("rb") as handle:
-            handle.seek(self.offset)
-            data = handle.read()
-        complete = data.rfind(b"\n") + 1
-        self.offset += complete
-        for line in data[:complete].splitlines():
-            record = json.loads(line)
-            self.records[record["request_id"].removeprefix("cmpl-")] = record
-
-    def of(self, wanted: set[str], wait: float = 5.0) -> dict[str, dict[str, Any]]:
-        """The records of ``wanted`` ids, waiting up to ``wait`` s for late ones."""
-        give_up = time.monotonic() + wait
-        while True:
-            self.read()
-            if wanted <= self.records.keys() or time.monotonic() > give_up:
-                return {rid: self.records[rid] for rid in wanted if rid in self.records}
-            time.sleep(0.1)
-
-
-def transits(outcomes: list[Outcome], failures: int, log: EngineRecords) -> Samples:
+def transits(outcomes: list[Outcome], failures: int, log: EngineLog) -> Samples:
     """Per request: client time minus the engine's own time for it (handler start → first
     token for a stream's first chunk, → last byte for a whole answer), so the engines'
     queueing and prefill, which the router's policy changes, drop out; the response head
@@ -391,7 +360,7 @@ class Contender:
 
 def side_by_side_rows(
     engines: list[int],
-    log: EngineRecords,
+    log: EngineLog,
     contenders: list[Contender],
     concurrencies: list[int],
     duration: float,
@@ -486,42 +455,6 @@ def stage_table(rows: list[Row]) -> list[str]:
     return lines
 
 
-def engine_fleet(
-    count: int, time_scale: float, workdir: Path
-) -> tuple[list[int], subprocess.Popen[bytes], EngineRecords]:
-    """enginesim: ``count`` H20 / Qwen2-7B instances at ``time_scale``, with its request
-    log."""
-    base = free_ports(count)
-    log = workdir / f"engine-requests-{base}.jsonl"
-    proc = start_process(
-        [
-            sys.executable,
-            "-m",
-            "enginesim",
-            "serve",
-            "--instances",
-            str(count),
-            "--base-port",
-            str(base),
-            "--gpu",
-            "h20",
-            "--model",
-            "qwen2-7b",
-            "--time-scale",
-            str(time_scale),
-            "--request-log",
-            str(log),
-        ],
-        cwd=REPO,
-        stdin=None,
-        stderr=None,
-    )
-    ports = [base + k for k in range(count)]
-    for port in ports:
-        wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=proc, ok=is_200)
-    return ports, proc, EngineRecords(log)
-
-
 def side_by_side(args: argparse.Namespace) -> None:
     """Run the rows for bench_router.py's options and write the report (``args.report``)."""
     contenders = [
@@ -545,7 +478,7 @@ def side_by_side(args: argparse.Namespace) -> None:
     concurrencies = args.concurrency or [1, 8, 64, 200]
     load_start = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        ports, fleet, log = engine_fleet(2, 0.02, Path(tmp))
+        ports, fleet, log = start_engines(2, 0.02, Path(tmp))
         try:
             rows = side_by_side_rows(
                 ports,

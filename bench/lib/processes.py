@@ -129,8 +129,11 @@ def start_engines(
     return ports, engines, EngineLog(log)
 
 
-def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any]:
-    """A router over ``ports`` under ``policy``."""
+def start_router(
+    ports: list[int], policy: str, workdir: Path, tree: Path = REPO
+) -> tuple[int, subprocess.Popen[bytes]]:
+    """A router over ``ports`` under ``policy``, run from the root of ``tree`` (so that
+    checkout's code is used: the side-by-side bench's "before" rows)."""
     spec = {"kind": policy, "params": {}}
     instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(ports)]
     config: dict[str, Any] = {
@@ -139,9 +142,9 @@ def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any
         "instances": instances,
         "router": {"max_concurrency": 4096},
     }
-    path = workdir / f"router-{policy}.json"
-    path.write_text(json.dumps(config))
     router_port = free_port()
+    path = workdir / f"router-{policy}-{router_port}.json"
+    path.write_text(json.dumps(config))
     router = start_process(
         [
             sys.executable,
@@ -158,7 +161,7 @@ def start_router(ports: list[int], policy: str, workdir: Path) -> tuple[int, Any
             "--log-level",
             "WARNING",
         ],
-        cwd=REPO,
+        cwd=tree,
         stdin=None,
         stderr=None,
     )

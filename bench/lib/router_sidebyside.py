@@ -36,7 +36,14 @@ import httpx
 
 from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import MODEL, run_async
-from bench.lib.processes import REPO, ROUTER_ADMIN_TOKEN, EngineLog, is_200, start_engines
+from bench.lib.processes import (
+    REPO,
+    ROUTER_ADMIN_TOKEN,
+    EngineLog,
+    is_200,
+    start_engines,
+    start_router,
+)
 from devharness import free_port, start_process, stop_process, wait_http
 from engine_interface import percentile, read_histogram, read_samples
 from router_worker.stages import STAGES
@@ -234,54 +241,13 @@ def router_alone(
     """Start one router over ``engines``: ``switchyard`` (from the checkout ``tree``, this
     one by default) or ``vllm-router``; yield its port and process."""
     if kind == "switchyard":
-        port, proc = _start_switchyard(policy, engines, workdir, tree or REPO)
+        port, proc = start_router(engines, policy, workdir, tree or REPO)
     else:
         port, proc = _start_vllm_router(policy, engines, workdir)
     try:
         yield port, proc
     finally:
         stop_process(proc)
-
-
-def _start_switchyard(
-    policy: str, engines: list[int], workdir: Path, tree: Path
-) -> tuple[int, subprocess.Popen[bytes]]:
-    """``python -m router_worker`` run from the root of ``tree`` (so its code is used)."""
-    port = free_port()
-    config = workdir / f"switchyard-{port}.json"
-    instances = [{"name": f"i{k}", "url": f"http://127.0.0.1:{p}"} for k, p in enumerate(engines)]
-    config.write_text(
-        json.dumps(
-            {
-                "model": MODEL,
-                "policy": {"kind": policy, "params": {}},
-                "instances": instances,
-                "router": {"max_concurrency": 4096},
-            }
-        )
-    )
-    proc = start_process(
-        [
-            sys.executable,
-            "-m",
-            "router_worker",
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--redis-url",
-            "none",
-            "--admin-token",
-            ROUTER_ADMIN_TOKEN,
-            "--log-level",
-            "WARNING",
-        ],
-        cwd=tree,
-        stdin=None,
-        stderr=None,
-    )
-    wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=proc, ok=is_200)
-    return port, proc
 
 
 def _start_vllm_router(

@@ -13,7 +13,7 @@ from functools import lru_cache
 from typing import Any
 
 from enginesim.engine import GPUS, MODELS, EngineConfig
-from enginesim.engine.costmodel import StepBatch
+from enginesim.engine.costmodel import CostModel, StepBatch
 from router_worker.routing.policies.predicted_ttft import COEFFICIENT_FIELDS
 
 # Policy kinds whose parameters include cost coefficients, and which ones.
@@ -51,7 +51,9 @@ def derive_coefficients(gpu_type: str, model: str) -> dict[str, float | int]:
     prefill runs in): prefill_tps = chunk / that step's compute time; attention_pair_s =
     the attention compute of one (query, key) pair; decode_seq_s = t_per_seq + the compute
     one more sampled token adds to the step; step_overhead_s = t_fixed + t_per_seq;
-    min_step_s = the time of a one-token step (the weight read: the memory floor).
+    min_step_s = the time of a one-token step (the weight read: the memory floor);
+    context_token_s = what one more cached token of a decoding request adds to a decode
+    step (its KV read: decode is memory-bound, so this is not attention_pair_s).
     """
     return dict(_derive(*_engine_keys(gpu_type, model)))
 
@@ -99,7 +101,17 @@ def _derive(gpu: str, model: str) -> tuple[tuple[str, float | int], ...]:
         "decode_seq_s": calibration.t_per_seq + (with_decode - full),
         "attention_pair_s": (with_attention - full) / pairs,
         "min_step_s": cost.step_time(StepBatch.prefill(1)),
+        "context_token_s": _context_token_time(cost),
     }
     rounded = {name: float(f"{value:.{SIGNIFICANT_DIGITS}g}") for name, value in values.items()}
     rounded["chunk_tokens"] = int(chunk)
     return tuple((name, rounded[name]) for name in COEFFICIENT_FIELDS)
+
+
+_LONG_CONTEXT = 100_000  # tokens: far enough into the memory-bound regime of a decode step
+
+
+def _context_token_time(cost: CostModel) -> float:
+    short = cost.step_time(StepBatch.decode(1, 1_000))
+    long = cost.step_time(StepBatch.decode(1, 1_000 + _LONG_CONTEXT))
+    return (long - short) / _LONG_CONTEXT

@@ -20,14 +20,19 @@ from controlplane.services.policy_defaults import (
 from router_worker.routing.policies.predicted_ttft import (
     COEFFICIENT_FIELDS,
     FALLBACK_COEFFICIENTS,
+    PredictedTTFTParams,
 )
 
 from .conftest import SYSTEM, session_client
 
 pytestmark = pytest.mark.django_db
 REASON = "ticket OPS-20"
-# predicted_ttft's parameters that are not cost coefficients, at their defaults
-OTHER_DEFAULTS = {"use_measured_prefill_tps": False, "tier_token_cost": 0.1}
+# predicted_ttft's parameters that are not cost coefficients, at their declared defaults
+OTHER_DEFAULTS = {
+    name: field.default
+    for name, field in PredictedTTFTParams.model_fields.items()
+    if name not in COEFFICIENT_FIELDS
+}
 
 
 def test_the_policys_fallback_values_are_the_cost_models_h20_qwen2_7b_values() -> None:
@@ -164,6 +169,7 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
             f'value=""' in form
         )  # blank: not the H20 values, which would then be posted
     assert "derived from the cluster" in form
+    assert 'name="param.correction" checked' in form
     blank = {f"param.{name}": "" for name in COEFFICIENT_FIELDS}
     response = session_client(users["operator"]).post(
         reverse("web:policy_apply", args=[world["alpha"]]),
@@ -174,6 +180,7 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
             "reason": REASON,
             "confirm": "yes",
             **blank,
+            "param.correction": "on",  # checked by default, so a browser posts it
             "param.chunk_tokens": "4096",
         },
     )

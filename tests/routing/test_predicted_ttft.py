@@ -203,9 +203,15 @@ def test_unset_coefficients_fall_back_to_the_h20_qwen2_7b_values():
 def test_every_parameter_is_described_for_operators():
     schema = PredictedTTFTPolicy.Params.model_json_schema()
     assert all(prop.get("description") for prop in schema["properties"].values())
-    assert set(COEFFICIENT_FIELDS) | {"use_measured_prefill_tps", "tier_token_cost"} == set(
-        schema["properties"]
-    )
+    others = {
+        "use_measured_prefill_tps",
+        "tier_token_cost",
+        "decode_slack",
+        "decode_weight",
+        "output_tokens_prior",
+        "correction",
+    }
+    assert set(COEFFICIENT_FIELDS) | others == set(schema["properties"])
 
 
 @pytest.mark.parametrize(
@@ -227,3 +233,109 @@ def test_invalid_params_name_the_field(params, field):
     with pytest.raises(PolicyConfigError) as info:
         make_policy("predicted_ttft", params)
     assert info.value.field == field and f"predicted_ttft.{field}" in str(info.value)
+
+
+# ----- the decode guard, admission behind a full KV cache, the learned errors ----------
+def _long_context_batch(state: ClusterState, instance_id: str, count: int, context: int) -> None:
+    """``count`` decoding requests of ``context``-token prompts on ``instance_id``."""
+    for k in range(count):
+        request = features(tokens(20_000_000 + 1_000_000 * k + hash(instance_id) % 1000, context))
+        state.on_dispatch(request, instance_id, 0.0, cached_tokens=context - 1)
+        state.on_first_token(request.request_id, 0.0)
+
+
+def test_the_decode_guard_moves_a_cache_hit_off_an_instance_whose_decode_piles_up():
+    """i0 holds the prompt but decodes 64 requests of 20k-token contexts: its decode step
+    is many times the idle i1's, over the expected output that outweighs the prefill."""
+    state = cluster(2, capacity_blocks=200_000)
+    prompt = tokens(0, 2048)
+    warm(state, "i0", prompt)
+    _long_context_batch(state, "i0", 64, 20_000)
+    assert state.view().cached_tokens(features(prompt))[0] == 2047
+    request = features(prompt)
+    guarded = policy().decide(request, state.view(), 0.0)
+    assert guarded.instance_id == "i1"
+    assert guarded.details["predicted_tpot_s"] < policy().decode_step(request, state.view())[0]
+    blind = policy(decode_slack=None).decide(request, state.view(), 0.0)
+    assert blind.instance_id == "i0"  # what it did before: the hit wins on TTFT
+
+
+def test_a_small_decode_difference_leaves_the_cache_hit_where_it_is():
+    state = cluster(2)
+    prompt = tokens(0, 2048)
+    warm(state, "i0", prompt)
+    _long_context_batch(state, "i0", 2, 2_000)
+    assert policy().decide(features(prompt), state.view(), 0.0).instance_id == "i0"
+
+
+def test_requests_queued_behind_a_full_kv_cache_wait_to_be_admitted():
+    state = cluster(2)
+    for instance in ("i0", "i1"):
+        add_decoding(state, instance, 4)
+        add_pending(state, instance, 16)
+    # both engines report one waiting request (ours); only i0's cache is full
+    state.on_scrape("i0", 1.0, running=4, waiting=1, kv_usage=0.99)
+    state.on_scrape("i1", 1.0, running=4, waiting=1, kv_usage=0.50)
+    built = policy(**SIMPLE)
+    view = state.view()
+    step = built.decode_step(features(tokens(0, 64)), view)
+    wait = built.admission_wait(view, step)
+    # i0: our queued request and r itself, each admitted as one of 4 running ones finishes
+    assert wait[0] == pytest.approx(2 * 256 * step[0] / 4)
+    assert wait[1] == 0.0
+
+
+def test_the_ttft_residual_is_learned_per_instance_and_fades():
+    built = policy(**SIMPLE, decode_slack=None)
+    errors = built.errors
+    for k in range(20):  # i0 is 2 s slower than predicted, i1 as predicted
+        errors.predicted(f"a{k}", "i0", 0.5, 0.01, now=float(k))
+        errors.first_token(f"a{k}", "i0", now=float(k) + 2.5)
+        errors.predicted(f"b{k}", "i1", 0.5, 0.01, now=float(k))
+        errors.first_token(f"b{k}", "i1", now=float(k) + 0.5)
+    residual, ratio = errors.corrections(("i0", "i1"), now=21.5)
+    # an EWMA of 2 s errors, a little below 2 s as it fades between samples
+    assert 1.7 < residual[0] < 2.0 and residual[1] == pytest.approx(0.0)
+    assert list(ratio) == [1.0, 1.0]  # no finish yet: decode uncorrected
+    later, _ = errors.corrections(("i0", "i1"), now=21.5 + 30.0)
+    assert later[0] == pytest.approx(residual[0] / 2.718281828, rel=1e-6)  # one time constant
+    # a first token of an attempt on another instance teaches nothing
+    errors.predicted("c", "i1", 0.5, 0.01, now=30.0)
+    errors.first_token("c", "i0", now=100.0)
+    assert errors.corrections(("i0",), now=30.0)[0][0] < 2.0
+
+
+def test_the_decode_ratio_and_the_expected_output_come_from_finishes():
+    errors = policy(**SIMPLE).errors
+    assert errors.output_tokens == 256  # the prior
+    for k in range(30):  # i0 decodes at twice its predicted step, 101 tokens each
+        errors.predicted(f"r{k}", "i0", 0.1, 0.01, now=0.0)
+        errors.first_token(f"r{k}", "i0", now=0.1)
+        errors.finish(f"r{k}", "i0", 101, now=0.1 + 100 * 0.02)
+    _, ratio = errors.corrections(("i0", "i1"), now=2.1)
+    assert ratio[0] == pytest.approx(2.0, rel=0.01) and ratio[1] == 1.0
+    assert errors.output_tokens == pytest.approx(101)
+    # one wild sample moves the ratio by a bounded amount
+    errors.predicted("wild", "i0", 0.1, 1e-9, now=2.1)
+    errors.first_token("wild", "i0", now=2.2)
+    errors.finish("wild", "i0", 3, now=100.0)
+    _, after = errors.corrections(("i0",), now=100.0)
+    assert after[0] <= 2.0 * 8.0**0.2 * 1.01
+
+
+def test_a_learned_slowness_steers_requests_away_from_that_instance():
+    state = cluster(2)
+    request = features(tokens(0, 640))
+
+    def chosen(correction: bool) -> set[str]:
+        picks = set()
+        for seed in range(20):
+            built = policy(seed, **SIMPLE, correction=correction)
+            for k in range(10):  # i0 answered 2.3 s later than predicted, ten times
+                built.errors.predicted(f"s{k}", "i0", 0.7, 0.01, now=0.0)
+                built.errors.first_token(f"s{k}", "i0", now=3.0)
+            picks.add(built.decide(request, state.view(), 3.0).instance_id)
+        return picks
+
+    assert chosen(correction=True) == {"i1"}
+    assert chosen(correction=False) == {"i0", "i1"}  # identical idle instances: a tie

@@ -78,11 +78,22 @@ an H20 prefills a 7B model at), which the view cannot tell apart from a measurem
 on where the cost model does not describe the hardware (a GPU or engine setting
 enginesim does not know) or instances differ from each other.
 
+Beyond the prediction (docs/algorithms.md, "predicted_ttft"): an admission wait where the
+scraped KV cache is full and requests of ours queue (:meth:`PredictedTTFTPolicy.
+admission_wait`); a decode guard that charges the decode time a request would lose on an
+instance whose decode step, with the request's context read from memory
+(``context_token_s``), exceeds ``decode_slack`` × the fastest one's
+(:meth:`PredictedTTFTPolicy.decode_excess`); and per-instance corrections learned from
+measured TTFT and TPOT (:class:`PredictionErrors`). ``details`` carries the chosen
+instance's ``predicted_ttft_s`` (corrected, admission included) and ``predicted_tpot_s``.
+
 Ties: lower P-token, then lower BS, then seeded random. Reason ``predicted_ttft``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +112,7 @@ FALLBACK_COEFFICIENTS: dict[str, float | int] = {
     "attention_pair_s": 4.249e-9,
     "min_step_s": 0.005957,
     "chunk_tokens": 8192,
+    "context_token_s": 1.5e-08,
 }
 # The parameters the control plane derives from the cluster's GPU and model when left None.
 COEFFICIENT_FIELDS: tuple[str, ...] = tuple(FALLBACK_COEFFICIENTS)
@@ -155,6 +167,41 @@ class PredictedTTFTParams(PolicyParams):
         description="with a global KV tier, what loading a token from it costs relative to "
         "prefilling it (the loaded tokens then count as cached); null = ignore the tier",
     )
+    context_token_s: float | None = Field(
+        None,
+        ge=0,
+        description="decode: seconds each context token of the running batch adds to a "
+        "decode step (reading its KV from memory); " + _DERIVED.format("1.5e-08"),
+    )
+    decode_slack: float | None = Field(
+        1.5,
+        ge=1.0,
+        le=100.0,
+        description="decode guard: only instances whose predicted decode step with the "
+        "request is within this factor of the fastest one's are candidates (a cache hit "
+        "must not pile decode onto one instance); null = rank every instance by TTFT",
+    )
+    decode_weight: float = Field(
+        1.0,
+        ge=0.0,
+        le=100.0,
+        description="weight of the decode guard's penalty: the decode time the request "
+        "would lose (expected output tokens × its decode step beyond decode_slack × the "
+        "fastest one) is added to its predicted TTFT × this weight",
+    )
+    output_tokens_prior: int = Field(
+        256,
+        ge=1,
+        le=1_000_000,
+        description="expected output tokens of a request until finishes were observed; "
+        "then the running mean of the observed ones",
+    )
+    correction: bool = Field(
+        True,
+        description="learn each instance's prediction error online: its TTFT is corrected "
+        "by the recent mean of (measured − predicted) and its decode step by the recent "
+        "ratio of measured to predicted TPOT",
+    )
     use_measured_prefill_tps: bool = Field(
         False,
         description="use the router's measured prefill throughput per instance instead of "
@@ -174,6 +221,7 @@ class Coefficients:
     attention_pair_s: float
     min_step_s: float
     chunk_tokens: int
+    context_token_s: float
 
     @classmethod
     def of(cls, params: PredictedTTFTParams) -> Coefficients:
@@ -184,11 +232,98 @@ class Coefficients:
         return cls(**values)
 
 
+KV_FULL = 0.95  # scraped KV usage from which an engine stops admitting queued requests
+_ALPHA = 0.2  # weight of a new sample in an instance's learned error
+_FORGET_S = 30.0  # a learned error fades with this time constant once no sample renews it
+_OUTPUT_WINDOW = 200  # the expected output is the mean of about the last this many finishes
+_RATIO_BOUND = 8.0  # one TPOT sample moves the decode ratio by at most this factor
+_MAX_OPEN = 100_000  # predictions kept for requests not yet finished (oldest dropped)
+
+
+@dataclass(slots=True)
+class _Prediction:
+    instance_id: str
+    decided_at: float
+    ttft: float
+    step: float
+    first_token_at: float | None = None
+
+
+class PredictionErrors:
+    """What the policy learns from the engines: its prediction errors per instance and the
+    mean output length.
+
+    * TTFT residual: an EWMA of (measured − predicted) seconds, added to the prediction.
+      Additive, so a constant every instance shares (HTTP, tokenisation) shifts all of them
+      alike and cannot change a choice, and a request mix (cache hits on one instance, long
+      prefills on another) cannot bias one instance's correction the way a ratio would.
+    * decode ratio: an EWMA of log(measured TPOT ÷ predicted decode step), each sample
+      bounded, applied as a factor (a slower or mis-modelled engine is slower by a ratio).
+
+    Why it is stable: every correction is a bounded average of what the engine did with
+    requests this policy sent, and it fades (time constant ``_FORGET_S``) once no sample
+    renews it. An instance penalised into receiving nothing is therefore tried again within
+    tens of seconds, and a correction cannot feed on itself: sending less to an instance
+    lowers its measured errors, which lowers its penalty.
+    """
+
+    def __init__(self, output_tokens_prior: int) -> None:
+        self.output_tokens = float(output_tokens_prior)
+        self._finishes = 0
+        self._open: dict[str, _Prediction] = {}
+        self._residual: dict[str, tuple[float, float]] = {}  # instance → (seconds, at)
+        self._log_ratio: dict[str, tuple[float, float]] = {}  # instance → (log ratio, at)
+
+    def predicted(
+        self, request_id: str, instance_id: str, ttft: float, step: float, now: float
+    ) -> None:
+        if len(self._open) >= _MAX_OPEN:
+            self._open.pop(next(iter(self._open)))
+        self._open[request_id] = _Prediction(instance_id, now, float(ttft), float(step))
+
+    def first_token(self, request_id: str, instance_id: str, now: float) -> None:
+        record = self._open.get(request_id)
+        if record is None or record.instance_id != instance_id:
+            return  # predicted by another policy object, or an attempt elsewhere
+        record.first_token_at = now
+        error = (now - record.decided_at) - record.ttft
+        _update(self._residual, instance_id, error, now)
+
+    def finish(self, request_id: str, instance_id: str, output_tokens: int, now: float) -> None:
+        self._finishes += 1
+        weight = 1.0 / min(self._finishes, _OUTPUT_WINDOW)
+        self.output_tokens += weight * (output_tokens - self.output_tokens)
+        record = self._open.pop(request_id, None)
+        if record is None or record.instance_id != instance_id or output_tokens < 2:
+            return
+        if record.first_token_at is None or record.step <= 0:
+            return
+        tpot = (now - record.first_token_at) / (output_tokens - 1)
+        ratio = min(max(tpot / record.step, 1.0 / _RATIO_BOUND), _RATIO_BOUND)
+        _update(self._log_ratio, instance_id, math.log(ratio), now)
+
+    def corrections(self, ids: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per slot of ``ids``: the TTFT residual (s) and the decode-step factor, faded."""
+        residual = np.array([_faded(self._residual, i, now) for i in ids])
+        ratio = np.exp([_faded(self._log_ratio, i, now) for i in ids])
+        return residual, ratio
+
+
+def _faded(table: dict[str, tuple[float, float]], key: str, now: float) -> float:
+    value, at = table.get(key, (0.0, now))
+    return value * math.exp(-max(now - at, 0.0) / _FORGET_S)
+
+
+def _update(table: dict[str, tuple[float, float]], key: str, sample: float, now: float) -> None:
+    table[key] = ((1.0 - _ALPHA) * _faded(table, key, now) + _ALPHA * sample, now)
+
+
 class PredictedTTFTPolicy(RoutingPolicy):
     kind = "predicted_ttft"
     description = (
-        "Minimum predicted TTFT: queued + uncached prefill over chunked steps "
-        "slowed by the running batch (cost-model coefficients)."
+        "Minimum predicted TTFT: queued + uncached prefill over chunked steps slowed by "
+        "the running batch, plus admission behind a full KV cache, with a guard on the "
+        "decode the request joins (cost-model coefficients, corrected online per instance)."
     )
     Params = PredictedTTFTParams
     params: PredictedTTFTParams
@@ -196,24 +331,86 @@ class PredictedTTFTPolicy(RoutingPolicy):
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
         self.coefficients = Coefficients.of(self.params)
+        self.errors = PredictionErrors(self.params.output_tokens_prior)
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
-        predicted = self.predict(request, view)
+        ttft, step = self.predict_parts(request, view, now)
+        score = ttft + self.decode_excess(step, allowed)
         p_tokens = view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
-        slot = self.pick_min((predicted, p_tokens, view.batch_size), allowed)
+        slot = self.pick_min((score, p_tokens, view.batch_size), allowed)
+        self.errors.predicted(request.request_id, view.ids[slot], ttft[slot], step[slot], now)
         return self.decision(
             view,
             request,
             slot,
             "predicted_ttft",
-            predicted,
+            score,
             allowed,
-            predicted_ttft_s=float(predicted[slot]),
+            predicted_ttft_s=float(ttft[slot]),
+            predicted_tpot_s=float(step[slot]),
         )
 
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
+        self.errors.first_token(request.request_id, instance_id, now)
+
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
+        self.errors.finish(request.request_id, instance_id, output_tokens, now)
+
+    def decode_excess(self, step: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+        """Per slot, the decode time the request would lose against ``decode_slack`` × the
+        fastest allowed decode step, over its expected output (0 when the guard is off)."""
+        slack = self.params.decode_slack
+        if slack is None:
+            return np.zeros(step.shape)
+        bound = slack * float(step[allowed].min())
+        return self.params.decode_weight * self.errors.output_tokens * np.maximum(step - bound, 0.0)
+
+    def predict_parts(
+        self, request: RequestFeatures, view: ClusterView, now: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per slot: ``request``'s predicted TTFT (admission wait included) and the decode
+        step it would join, both corrected by the learned errors when ``correction`` is on."""
+        ttft = self.predict(request, view)
+        step = self.decode_step(request, view)
+        ttft = ttft + self.admission_wait(view, step)
+        if self.params.correction:
+            residual, ratio = self.errors.corrections(view.ids, now)
+            ttft, step = np.maximum(ttft + residual, 0.0), step * ratio
+        return ttft, step
+
+    def decode_step(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
+        """Per slot, the decode step ``request`` would run in once it decodes: the running
+        batch plus itself, each reading its context (its prompt, plus on average half the
+        expected output) from memory; never below the memory floor of reading the weights."""
+        k = self.coefficients
+        batch = view.batch_size + 1.0
+        context = (
+            view.decode_context_tokens
+            + request.prompt_tokens
+            + batch * 0.5 * self.errors.output_tokens
+        )
+        fixed = np.maximum(k.min_step_s, k.step_overhead_s + batch * k.decode_seq_s)
+        return fixed + context * k.context_token_s
+
+    def admission_wait(self, view: ClusterView, step: np.ndarray) -> np.ndarray:
+        """Per slot, the wait to be admitted behind a full KV cache: with the cache nearly
+        full (scraped) and requests of ours already queued in the engine, r waits until
+        that queue and itself are admitted, one running request finishing at a time
+        (a request runs about the expected output tokens' worth of steps)."""
+        usage = np.nan_to_num(view.kv_usage, nan=0.0)
+        queued = view.ours_waiting
+        blocked = (usage >= KV_FULL) & (queued > 0)
+        per_finish = self.errors.output_tokens * step / np.maximum(view.batch_size, 1.0)
+        return np.where(blocked, (queued + 1.0) * per_finish, 0.0)
+
     def predict(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
-        """Predicted seconds to ``request``'s first token on every slot (see module doc)."""
+        """Predicted seconds to ``request``'s first token on every slot from the cost model
+        alone, uncorrected and without the admission wait (see module doc)."""
         k = self.coefficients
         cached = view.cached_tokens(request)
         tier_cost = self.params.tier_token_cost

@@ -9,6 +9,12 @@ scrape ticks where the mean is positive; busy fraction = engine step
 time summed over instances / (instances × makespan); makespan = first arrival → last
 finish.
 
+Goodput (DistServe's): requests per second that meet the SLO on TTFT *and* TPOT together
+(:class:`Slo`), over the arrival span (first to last arrival), so it is the offered rate
+× SLO attainment: a policy that wins TTFT by wrecking decode loses requests to the TPOT
+SLO and so loses goodput. SLO attainment counts every request (rejected and failed ones
+miss). A summary carries the SLO it was judged by; without one, :data:`DEFAULT_SLO`.
+
 With a global KV tier, ``tier`` holds its traffic over the run: bytes read, hit tokens
 (prompt tokens loaded from the tier instead of recomputed, counted per load, so a request
 preempted and readmitted counts twice), the step time spent loading and the part of it
@@ -27,6 +33,7 @@ prompt that every engine refuses would otherwise weigh on the bound alone.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -47,12 +54,37 @@ SUMMARY_KEYS = (
     "tpot_mean_s",
     "tpot_p99_s",
     "throughput_tok_s",
+    "slo_attainment",
+    "goodput_rps",
     "hit_ratio",
     "load_cv",
     "hotspot_events",
     "busy_fraction",
     "wall_s",
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Slo:
+    """What a request must meet to count toward goodput: both bounds (seconds)."""
+
+    ttft_s: float
+    tpot_s: float
+
+
+# Interactive chat on long prompts (the Mooncake traces' SLO in bench/bench_replay.py), for
+# summaries of runs that name none (the replay CLI).
+DEFAULT_SLO = Slo(ttft_s=5.0, tpot_s=0.1)
+
+
+@dataclass(frozen=True, slots=True)
+class Goodput:
+    """Requests meeting an SLO: how many, their share of all requests, and per second of
+    arrivals (None when every request arrived at one instant: there is no rate)."""
+
+    met: int
+    attainment: float | None
+    rps: float | None
 
 
 def ttft_of(done: RequestResult) -> float:
@@ -82,6 +114,19 @@ def slo_met(done: Sequence[RequestResult], ttft_s: float, tpot_s: float) -> int:
     )
 
 
+def goodput(requests: Sequence[RequestResult], slo: Slo) -> Goodput:
+    """SLO attainment and goodput of a run's requests (see the module docstring)."""
+    done = [r for r in requests if r.status == "ok"]
+    met = slo_met(done, slo.ttft_s, slo.tpot_s)
+    arrivals = [r.arrival_s for r in requests]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return Goodput(
+        met=met,
+        attainment=met / len(requests) if requests else None,
+        rps=met / span if span > 0 else None,
+    )
+
+
 def _stat(values: np.ndarray, q: float | None = None) -> float | None:
     """The mean (``q`` None) or the ``q``-th percentile (q in [0, 100]); None if empty."""
     if q is not None:
@@ -89,9 +134,11 @@ def _stat(values: np.ndarray, q: float | None = None) -> float | None:
     return float(values.mean()) if len(values) else None
 
 
-def summarize(result: SimResult) -> dict[str, Any]:
-    """The results.json object of one policy run (SUMMARY_KEYS plus a few extras)."""
+def summarize(result: SimResult, slo: Slo = DEFAULT_SLO) -> dict[str, Any]:
+    """The results.json object of one policy run (SUMMARY_KEYS plus a few extras), goodput
+    judged by ``slo``."""
     done = [r for r in result.requests if r.status == "ok"]
+    good = goodput(result.requests, slo)
     ttft = ttfts(done)
     tpot = _tpots(done)
     start = min((r.arrival_s for r in result.requests), default=0.0)
@@ -109,6 +156,8 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "tpot_mean_s": _stat(tpot),
         "tpot_p99_s": _stat(tpot, 99),
         "throughput_tok_s": sum(r.output_tokens for r in done) / span,
+        "slo_attainment": good.attainment,
+        "goodput_rps": good.rps,
         "hit_ratio": sum(r.cached_tokens for r in done) / prompt if prompt else None,
         "load_cv": mean_load_cv(result.pending_samples),
         "hotspot_events": result.hotspot_events.get("confirmed", 0),
@@ -116,6 +165,12 @@ def summarize(result: SimResult) -> dict[str, Any]:
         "wall_s": result.wall_s,
     }
     summary.update(
+        ttft_p95_s=_stat(ttft, 95),
+        tpot_p50_s=_stat(tpot, 50),
+        slo_ttft_s=slo.ttft_s,
+        slo_tpot_s=slo.tpot_s,
+        slo_met=good.met,
+        request_throughput_rps=len(done) / span,
         rejected=sum(r.status == "rejected" for r in result.requests),
         failed=sum(r.status == "failed" for r in result.requests),
         makespan_s=span,

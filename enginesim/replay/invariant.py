@@ -53,6 +53,16 @@ class InvariantCheck:
     def holds(self) -> bool:
         return not self.breaches
 
+    def to_json(self) -> dict[str, Any]:
+        """The ratios and the breaches, for a report's JSON."""
+        return {
+            "policy": self.policy,
+            "throughput_ratio": self.throughput_ratio,
+            "ttft_ratio": self.ttft_ratio,
+            "tpot_ratio": self.tpot_ratio,
+            "breaches": self.breaches,
+        }
+
 
 def _ratio(value: Any, reference: Any) -> float | None:
     if value is None or reference is None or reference <= 0:

@@ -32,7 +32,8 @@ step that computes (BlockStored) or evicts (BlockRemoved) the blocks.
 Modules: hardware (GPUS), models (MODELS), costmodel (CostModel, StepBatch,
 Calibration), config (EngineConfig), core (EngineCore, RequestOutput, EngineStats,
 EngineRequestError), events (BlockStored, BlockRemoved, AllBlocksCleared), kvpool
-(GlobalKVTier), hashing (block_hashes), calibrate (``python -m enginesim.engine.calibrate``).
+(GlobalKVTier), hashing (block_hashes), fleet (FleetVariation: instances unlike each other
+and unlike their cost model), calibrate (``python -m enginesim.engine.calibrate``).
 """
 
 from enginesim.engine.config import EngineConfig
@@ -44,6 +45,7 @@ from enginesim.engine.core import (
 )
 from enginesim.engine.costmodel import Calibration, CostModel, StepBatch, load_calibration
 from enginesim.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from enginesim.engine.fleet import FleetVariation
 from enginesim.engine.hardware import GPUS, GPUSpec
 from enginesim.engine.hashing import block_hashes
 from enginesim.engine.kvpool import GlobalKVTier
@@ -61,6 +63,7 @@ __all__ = [
     "EngineCore",
     "EngineRequestError",
     "EngineStats",
+    "FleetVariation",
     "GPUSpec",
     "GlobalKVTier",
     "KVEvent",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,8 +33,19 @@ class EngineConfig:
     max_model_len: int = 0  # 0 = the model's
     reserve_bytes: int = -1  # -1 = estimate of vLLM's profiled activations + non-torch memory
     calibration: Calibration = field(default_factory=load_calibration)
+    # How this instance departs from the calibrated engine (enginesim.engine.fleet): its
+    # steps' GPU time is divided by ``speed`` and, with ``step_jitter`` > 0, multiplied
+    # per step by a lognormal factor of mean 1 and log-sd ``step_jitter`` drawn from a
+    # generator seeded with ``jitter_seed``.
+    speed: float = 1.0
+    step_jitter: float = 0.0
+    jitter_seed: int = 0
 
     def __post_init__(self) -> None:
+        if not (0 < self.speed < math.inf):
+            raise ValueError(f"speed must be a positive number, got {self.speed}")
+        if not (0 <= self.step_jitter < math.inf):
+            raise ValueError(f"step_jitter must be >= 0, got {self.step_jitter}")
         if isinstance(self.gpu, str):
             self.gpu = get_gpu(self.gpu)
         if isinstance(self.model, str):
@@ -61,7 +73,9 @@ class EngineConfig:
         return self.num_gpu_blocks * self.block_size
 
     def cost_model(self) -> CostModel:
-        return CostModel(self.gpu, self.model, self.calibration, self.dtype, self.kv_dtype)
+        return CostModel(
+            self.gpu, self.model, self.calibration, self.dtype, self.kv_dtype, speed=self.speed
+        )
 
     def _estimated_reserve(self) -> int:
         """Peak activations of a max-size profiling batch (MLP intermediates) plus the

@@ -10,6 +10,10 @@ A request becomes schedulable ``calibration.t_request`` after it arrives (the AP
 per-request work: HTTP, tokenisation, returning the first token), so it joins the first
 step that starts once that has passed; with one constant delay, readiness keeps FCFS order.
 
+An instance unlike its cost model (``EngineConfig.speed``, ``step_jitter``;
+enginesim.engine.fleet) has each step's GPU time divided by its speed (in the cost model)
+and multiplied by the jitter factor of the step's number.
+
 Stretches where the batch only decodes (no prefill, no admission possible, no
 preemption) are priced in one vectorised cost-model call and committed in a single
 chunk, so simulated time advances without a Python loop per token or per step.
@@ -26,6 +30,7 @@ import numpy as np
 from enginesim.engine.config import EngineConfig
 from enginesim.engine.costmodel import StepBatch
 from enginesim.engine.events import BlockStored, KVEvent
+from enginesim.engine.fleet import StepJitter
 from enginesim.engine.hashing import block_hashes
 from enginesim.engine.kvpool import BlockPool, PrefixNode
 
@@ -138,6 +143,9 @@ class EngineCore:
         self.kv_event_sink = kv_event_sink
         self.fast_forward = fast_forward
         self._t_request = config.calibration.t_request
+        self._jitter = (
+            StepJitter(config.step_jitter, config.jitter_seed) if config.step_jitter > 0 else None
+        )
         self.requests: dict[str, _Request] = {}
         self.running: list[_Request] = []
         self.waiting: deque[_Request] = deque()
@@ -343,7 +351,11 @@ class EngineCore:
         contexts = [c for _, _, c in scheduled]
         num_sampled = sum(1 for r, n, c in scheduled if n + c == r.num_tokens)
         batch = StepBatch.from_requests(new_tokens, contexts, num_sampled, transfer_time)
-        end = start + self.cost_model.step_time(batch)
+        duration = self.cost_model.step_time(batch)
+        if self._jitter is not None:  # the GPU's part varies, the tier transfer does not
+            factor = self._jitter.factor(self._num_steps)
+            duration = (duration - transfer_time) * factor + transfer_time
+        end = start + duration
         step = self._append_step_ends((end,))
         for req, n, _ in scheduled:
             req.num_computed += n
@@ -580,6 +592,8 @@ class EngineCore:
         if steps == 0:
             return None
         times = self.cost_model.decode_step_times(len(computed), int(computed.sum()), steps)
+        if self._jitter is not None:  # the stretch's steps are numbered from _num_steps
+            times = times * self._jitter.factors(self._num_steps, steps)
         return np.cumsum(times), computed, blocks
 
     def _decode_horizon(self, start: float) -> float | None:

@@ -1,7 +1,7 @@
 """Roofline step-time model of one vLLM engine step.
 
-    t = t_fixed + t_per_seq * num_seqs + max(FLOPs / (peak * eta_c), bytes / (BW * eta_m))
-        + transfer_time
+    t = (t_fixed + t_per_seq * num_seqs + max(FLOPs / (peak * eta_c), bytes / (BW * eta_m)))
+        / speed + transfer_time
 
 eta_c and eta_m are fitted per GPU architecture (fp8 GEMMs on Hopper have their own eta_c),
 t_fixed per vLLM era; see ``Calibration``. Outside the steps every request pays
@@ -16,6 +16,10 @@ bytes = weights (dense: all; MoE: attention/router + the experts the batch touch
 Attention FLOPs run at the bf16 peak even for fp8 checkpoints; expert-weight reads are
 additionally divided by eta_moe (vLLM's fused-MoE kernels fall short of the HBM roofline
 at small batches).
+
+``speed`` is an instance's factor against that model (enginesim.engine.fleet): 0.5 makes
+every step's GPU part take twice as long; the tier transfer (a link, not the GPU) is not
+scaled. It is 1 for every engine unless a fleet says otherwise.
 
 MoE routing is assumed uniform: a step with T tokens touches E * (1 - (1 - k/E)^T)
 experts per layer, so weight traffic grows with the batch until all experts are read.
@@ -154,8 +158,12 @@ class CostModel:
         calibration: Calibration | None = None,
         dtype: str = "bf16",
         kv_dtype: str = "bf16",
+        speed: float = 1.0,
     ) -> None:
+        if not speed > 0:
+            raise ValueError(f"speed must be > 0, got {speed}")
         self.gpu = get_gpu(gpu) if isinstance(gpu, str) else gpu
+        self.speed = speed
         self.model = get_model(model) if isinstance(model, str) else model
         self.calibration = calibration or load_calibration()
         self.dtype = dtype
@@ -202,12 +210,17 @@ class CostModel:
         moe_penalty = expert_bytes * (1.0 / self.calibration.eta_moe - 1.0)
         memory_time = (nbytes + moe_penalty) / self._memory_rate
         cal = self.calibration
+        overhead = cal.t_fixed + cal.t_per_seq * batch.num_seqs
+        if self.speed != 1.0:  # a slower (or faster) instance than the calibrated one
+            overhead = overhead / self.speed
+            compute_time = compute_time / self.speed
+            memory_time = memory_time / self.speed
         slower = (
             np.maximum(compute_time, memory_time)
             if isinstance(compute_time, np.ndarray)
             else max(compute_time, memory_time)
         )
-        time = cal.t_fixed + cal.t_per_seq * batch.num_seqs + slower + batch.transfer_time
+        time = overhead + slower + batch.transfer_time
         return StepCost(flops, nbytes, weights, compute_time, memory_time, time)
 
     def step_time(self, batch: StepBatch) -> float:

@@ -8,6 +8,12 @@ Example::
 
 Prints one row per policy and the trace's TTFT lower bound; writes ``results.json``,
 ``<policy>/requests.jsonl``, ``ttft_cdf.png`` and ``<policy>/pending.png`` under ``--out``.
+
+Fleet variation (``--mixed-gpu``, ``--speeds``, ``--step-jitter``, ``--perturb``;
+enginesim.engine.fleet) makes the instances unlike each other and unlike the nominal
+``--gpu`` engine the policies' cost coefficients describe; each policy's summary in
+``results.json`` then lists what every instance ran on (``fleet``), and the lower bound
+is taken per request over the instances' kinds of engine (jitter aside).
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from itertools import repeat
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.progress import Progress, TaskID
 
-from enginesim.engine import GPUS, MODELS
+from engine_interface import percentile
+from enginesim.engine import GPUS, MODELS, EngineConfig, fleet
 from enginesim.progress import progress_display
 from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
@@ -102,6 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="INSTANCE@SECONDS",
             help=f"{action} an instance at a virtual time (repeatable)",
         )
+    fleet.add_arguments(parser, seed_default="--seed")
     add("--out", required=True, type=Path)
     add("--no-plots", action="store_true")
     add("--no-progress", action="store_true")
@@ -135,6 +144,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         faults=faults,
         seed=args.seed,
         policy_params=json.loads(args.policy_params),
+        variation=fleet.variation_from_args(args, args.instances, args.gpu, args.seed),
     )
 
 
@@ -235,6 +245,35 @@ def write_outputs(
         plots.ttft_cdf(results, out / "ttft_cdf.png", f"{title} — TTFT CDF", bound)
 
 
+def fleet_lower_bound(
+    records: list[TraceRecord], configs: list[EngineConfig]
+) -> tuple[dict[str, Any], Any]:
+    """The lower bound's row and per-request bounds: each request alone on the idle
+    instance that serves it fastest (one kind of engine: ``metrics.lower_bound_summary``)."""
+    kinds = fleet.distinct_engines(configs)
+    if len(kinds) == 1:
+        return metrics.lower_bound_summary(records, kinds[0])
+    per_kind = [{id(r) for r in metrics.servable(records, kind)} for kind in kinds]
+    accepted = [r for r in records if any(id(r) in ids for ids in per_kind)]
+    hits = metrics.infinite_cache_hits(accepted)
+    bounds = np.full(len(accepted), np.inf)
+    for kind, ids in zip(kinds, per_kind, strict=True):
+        rows = np.array([k for k, r in enumerate(accepted) if id(r) in ids], dtype=np.int64)
+        subset = [accepted[k] for k in rows]
+        bounds[rows] = np.minimum(bounds[rows], metrics.ttft_lower_bound(subset, kind, hits[rows]))
+    prompt = sum(r.input_tokens for r in accepted)
+    return {
+        "policy": "lower_bound",
+        "requests": len(records),
+        "completed": len(accepted),
+        "ttft_mean_s": float(bounds.mean()) if len(bounds) else None,
+        "ttft_p50_s": percentile(bounds, 50),
+        "ttft_p90_s": percentile(bounds, 90),
+        "ttft_p99_s": percentile(bounds, 99),
+        "hit_ratio": float(hits.sum() / prompt) if prompt else None,
+    }, bounds
+
+
 def main(args: argparse.Namespace) -> int:
     if args.jobs < 1:
         raise SystemExit(f"--jobs must be at least 1, got {args.jobs}")
@@ -255,13 +294,16 @@ def main(args: argparse.Namespace) -> int:
     print(header())
     results, summaries = [], []
     progress = not args.no_progress and sys.stderr.isatty() and args.jobs == 1
+    if config.varied:
+        print(f"# fleet variation: {config.variation.describe(config.gpu)}")
     for result in run_policies(records, policies, config, args.jobs, progress):
         summary = metrics.summarize(result)
+        if result.fleet is not None:
+            summary["fleet"] = result.fleet
         print(format_row(summary), flush=True)
         results.append(result)
         summaries.append(summary)
-    engine_config = config.engine_config(None)
-    lower, bound = metrics.lower_bound_summary(records, engine_config)
+    lower, bound = fleet_lower_bound(records, config.engine_configs(None))
     print(format_row(lower) + "   (zero-queue, infinite-cache physical limit)")
     write_outputs(
         args.out, results, summaries, lower, bound, not args.no_plots, Path(args.trace).name

@@ -39,7 +39,13 @@ reach every router. Retries stay on the router that took the request. With
 requests started and ended (as the live routers' peer channel does), held back by
 ``replica_sync_delay_s`` (a pub/sub hop, independent of the scrape and KV-event delay).
 
-Deterministic: no wall clock, no unseeded randomness; the policy's RNG is seeded.
+``variation`` (enginesim.engine.fleet) makes the instances unlike each other and unlike
+the nominal engine: other GPUs, speeds, per-step jitter, perturbed cost coefficients. The
+policies are not told: their cost coefficients stay the nominal GPU's; only each
+instance's KV capacity is its own, as a live router scrapes it.
+
+Deterministic: no wall clock, no unseeded randomness; the policy's RNG is seeded, the
+fleet's variation by its own seed.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import numpy as np
 
 from enginesim.engine import EngineConfig, EngineCore, EngineRequestError, GlobalKVTier
 from enginesim.engine import events as engine_events
+from enginesim.engine.fleet import FleetVariation, instance_hardware
 from enginesim.replay.policy_costs import fill_coefficients
 from enginesim.replay.traces import TraceRecord, synthesize_tokens
 from router_worker.routing import (
@@ -120,8 +127,12 @@ class SimConfig:
     router_spread: str = "round_robin"  # how the load balancer spreads requests over them
     replica_sync: bool = False  # routers share their dispatches with each other
     replica_sync_delay_s: float = 0.0
+    # Instances unlike each other and unlike the nominal engine (``gpu`` at speed 1, whose
+    # cost coefficients the policies get); the default varies nothing.
+    variation: FleetVariation = field(default_factory=FleetVariation)
 
     def __post_init__(self) -> None:
+        self.variation.check(self.instances)
         if self.global_tier_link_instances < 0:
             raise ValueError(
                 "global_tier_link_instances must be >= 0 (0: one shared link), "
@@ -135,9 +146,20 @@ class SimConfig:
             )
 
     def engine_config(self, tier: GlobalKVTier | None) -> EngineConfig:
+        """The nominal engine: what the policies' cost coefficients describe."""
         return EngineConfig.for_hardware(
             self.gpu, self.model, max_model_len=self.max_model_len, global_tier=tier
         )
+
+    def engine_configs(self, tier: GlobalKVTier | None) -> list[EngineConfig]:
+        """Each instance's engine (one shared object when the fleet does not vary)."""
+        return self.variation.engine_configs(
+            self.instances, self.gpu, self.model, max_model_len=self.max_model_len, global_tier=tier
+        )
+
+    @property
+    def varied(self) -> bool:
+        return self.variation.varies(self.gpu)
 
 
 @dataclass
@@ -216,6 +238,9 @@ class SimResult:
     tier: TierTraffic | None = None  # None: the cluster had no global tier
     tier_by_instance: dict[str, TierTraffic] = field(default_factory=dict)
     migrations: int = 0  # queued requests moved by the policy (abort + send elsewhere)
+    # If the fleet varied: the nominal GPU (what the policies were told), the variation
+    # and, per instance, what it ran on (instance_hardware); None otherwise
+    fleet: dict[str, Any] | None = None
 
 
 @dataclass
@@ -276,7 +301,11 @@ class Simulator:
             if config.global_tier_blocks
             else None
         )
-        self.engine_config = config.engine_config(self.tier)
+        self.engine_configs = config.engine_configs(self.tier)
+        # the nominal engine (the policies' model of every instance)
+        self.engine_config = (
+            config.engine_config(self.tier) if config.varied else self.engine_configs[0]
+        )
         self.ids = [f"i{k}" for k in range(config.instances)]
         self.routers = [
             _Router(self._new_state(), make_policy(policy, params, seed=config.seed + k))
@@ -307,11 +336,11 @@ class Simulator:
         return self.routers[0].policy
 
     def _new_state(self) -> ClusterState:
-        cfg = self.engine_config
         tier = GlobalTier(self.config.global_tier_blocks) if self.tier is not None else None
         state = ClusterState(block_size=self.config.router_block_size, global_tier=tier)
-        capacity = cfg.num_gpu_blocks * cfg.block_size // self.config.router_block_size
-        for instance_id in self.ids:
+        # each instance's own capacity, as a live router reads it from /metrics
+        for instance_id, cfg in zip(self.ids, self.engine_configs, strict=True):
+            capacity = cfg.num_gpu_blocks * cfg.block_size // self.config.router_block_size
             state.add_instance(instance_id, capacity_blocks=capacity)
         return state
 
@@ -324,7 +353,9 @@ class Simulator:
 
         per_link = self.config.global_tier_link_instances
         return EngineCore(
-            self.engine_config, kv_event_sink=sink, tier_link=slot // per_link if per_link else 0
+            self.engine_configs[slot],
+            kv_event_sink=sink,
+            tier_link=slot // per_link if per_link else 0,
         )
 
     # ----------------------------------------------------------------- main loop
@@ -739,9 +770,22 @@ class Simulator:
             hotspot_log=self.hotspot_log,
             migrations=self.migrations,
         )
+        if self.config.varied:
+            result.fleet = self._fleet_record()
         if self.tier is not None:
             self._tier_result(result)
         return result
+
+    def _fleet_record(self) -> dict[str, Any]:
+        config = self.config
+        return {
+            "nominal_gpu": config.gpu,
+            "variation": config.variation.describe(config.gpu),
+            "instances": [
+                {"instance": instance_id, **instance_hardware(cfg)}
+                for instance_id, cfg in zip(self.ids, self.engine_configs, strict=True)
+            ],
+        }
 
     def _tier_result(self, result: SimResult) -> None:
         total = TierTraffic()

@@ -121,3 +121,72 @@ def test_jobs_below_one_is_refused_before_any_work(tmp_path):
     with pytest.raises(SystemExit, match="--jobs must be at least 1"):
         main(["replay", "--trace", str(CONVERSATION), "--jobs", "0", "--out", str(tmp_path)])
     assert not any(tmp_path.iterdir())
+
+
+def _replay(out, *extra: str) -> int:
+    return main(
+        [
+            "replay",
+            "--trace",
+            str(CONVERSATION),
+            "--instances",
+            "4",
+            "--max-requests",
+            "40",
+            "--max-model-len",
+            "131072",
+            "--policy",
+            "round_robin",
+            "--seed",
+            "2",
+            "--no-plots",
+            "--no-progress",
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
+
+
+def test_replay_cli_fleet_variation_records_each_instances_hardware(tmp_path, capsys):
+    varied = ("--mixed-gpu", "h100@3", "--speeds", "0.5@1", "--step-jitter", "0.1")
+    assert _replay(tmp_path / "varied", *varied, "--perturb", "0.2") == 0
+    assert "# fleet variation: GPUs 3× h20, 1× h100; speeds 0.5@1" in capsys.readouterr().out
+    assert _replay(tmp_path / "uniform") == 0
+    (summary,) = json.loads((tmp_path / "varied" / "results.json").read_text())
+    fleet = summary["fleet"]
+    assert fleet["nominal_gpu"] == "h20"
+    instances = fleet["instances"]
+    assert [i["instance"] for i in instances] == ["i0", "i1", "i2", "i3"]
+    assert [i["gpu"] for i in instances] == ["h20", "h20", "h20", "h100"]
+    assert [i["speed"] for i in instances] == [1.0, 0.5, 1.0, 1.0]
+    assert {i["step_jitter"] for i in instances} == {0.1}
+    assert len({i["coefficients"]["t_fixed"] for i in instances}) == 4
+    (uniform,) = json.loads((tmp_path / "uniform" / "results.json").read_text())
+    assert "fleet" not in uniform
+    requests = [
+        (tmp_path / run / "round_robin" / "requests.jsonl").read_text()
+        for run in ("varied", "uniform")
+    ]
+    assert requests[0] != requests[1]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (("--speeds", "1,1,0.5"), "--speeds: 3 values for 4 instances"),
+        (("--speeds", "0.5@4"), "--speeds: instance 4 does not exist"),
+        (("--speeds", "1,0,1,1"), "argument --speeds: speed must be a positive number, got '0'"),
+        (("--speeds", "quick@1"), "argument --speeds: speed 'quick' is not a number"),
+        (("--mixed-gpu", "x100@1"), "argument --mixed-gpu: unknown GPU 'x100'"),
+        (("--perturb", "1.5"), r"--perturb must be in [0, 1), got 1.5"),
+        (("--step-jitter", "-1"), "--step-jitter must be >= 0, got -1"),
+    ],
+)
+def test_replay_cli_refuses_bad_fleet_specs_before_any_work(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit) as exit_info:
+        _replay(tmp_path / "out", *flags)
+    code = exit_info.value.code
+    said = capsys.readouterr().err if code == 2 else str(code)  # argparse's, or ours
+    assert message in said
+    assert not (tmp_path / "out").exists()

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from enginesim.engine.core import EngineRequestError
+from enginesim.engine.fleet import instance_hardware
 from enginesim.server import openai_api, tokenizer
 from enginesim.server.chat import ChatTemplate
 from enginesim.server.driver import RequestStream
@@ -246,6 +247,16 @@ class InstanceAPI:
     async def get_fault(self, request: Request) -> Response:
         return JSONResponse(self.instance.faults.as_json())
 
+    async def hardware(self, request: Request) -> Response:
+        """What this instance simulates: its GPU, speed, jitter, KV capacity, batch budgets
+        and cost coefficients (fleet variation makes them differ between instances)."""
+        return JSONResponse(
+            {
+                "instance": self.instance.settings.index,
+                **instance_hardware(self.instance.engine_config),
+            }
+        )
+
     async def post_fault(self, request: Request) -> Response:
         try:
             fault = FaultRequest.from_json(await request.json())
@@ -339,6 +350,7 @@ def build_app(instance: Instance) -> Any:
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/reset_prefix_cache", api.reset_prefix_cache, methods=["POST"]),
         Route("/admin/fault", api.get_fault, methods=["GET"]),
+        Route("/admin/hardware", api.hardware, methods=["GET"]),
         Route("/admin/fault", api.post_fault, methods=["POST"]),
     ]
     return FaultGate(Starlette(routes=routes), instance)

@@ -10,6 +10,13 @@ process-wide ``POST /admin/fault`` taking ``{"instance": k, "mode": ...}``
 other instances' reads, ``--global-tier-link-instances`` per link). Their virtual
 clocks start together, so their reads queue in one time base; a ``slow`` fault stretches
 one instance's clock, and its reads then queue against the others only approximately.
+
+Fleet variation (``--mixed-gpu``, ``--speeds``, ``--step-jitter``, ``--perturb``,
+``--fleet-seed``; enginesim.engine.fleet, the same flags and the same per-instance engines
+as ``replay``) makes instances unlike each other in simulated time: a speed-0.5 instance's
+steps take twice as long, so its TTFT and ITL (``/metrics``) double, unlike a ``slow``
+fault, which stretches only the wall clock. ``GET /admin/hardware`` on an instance's port
+says what it runs on.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import signal
 from typing import Any
 
 from chat_templates import TemplateLoadError
+from enginesim.engine import fleet
 from enginesim.server.chat import model_template
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance, InstanceSettings
@@ -97,26 +105,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="start with a fault, e.g. 2:slow:5, 3:error5xx, 1:drop_midstream:4, 0:drip:0.5 "
         "(repeatable)",
     )
+    fleet.add_arguments(parser, seed_default="0")
 
 
 def _engine_parts(
-    gpu: str, model: str, max_model_len: int = 0, tier_blocks: int = 0, tier_bandwidth: float = 25e9
-) -> tuple[Any, Any]:
-    """The engine config and ``factory(tier_link) -> (kv_sink -> EngineCore)``."""
-    from enginesim.engine.config import EngineConfig
+    args: argparse.Namespace, variation: fleet.FleetVariation
+) -> tuple[list[Any], Any]:
+    """Each instance's engine config and ``factory(config, tier_link) -> (kv_sink ->
+    EngineCore)``."""
     from enginesim.engine.core import EngineCore
     from enginesim.engine.kvpool import GlobalKVTier
 
-    tier = GlobalKVTier(tier_blocks, tier_bandwidth) if tier_blocks else None
-    config = EngineConfig.for_hardware(gpu, model, max_model_len=max_model_len, global_tier=tier)
+    blocks, bandwidth = args.global_tier_blocks, args.global_tier_bandwidth
+    tier = GlobalKVTier(blocks, bandwidth) if blocks else None
+    try:
+        configs = variation.engine_configs(
+            args.instances, args.gpu, args.model, max_model_len=args.max_model_len, global_tier=tier
+        )
+    except (KeyError, ValueError) as exc:  # an unknown GPU or model, a model that does not fit
+        raise SystemExit(f"error: {exc}") from None
 
-    def factory(tier_link: int) -> Any:
+    def factory(config: Any, tier_link: int) -> Any:
         return lambda sink: EngineCore(config, kv_event_sink=sink, tier_link=tier_link)
 
-    return config, factory
+    return configs, factory
 
 
-def build_instances(args: argparse.Namespace) -> list[Instance]:
+def build_instances(
+    args: argparse.Namespace, variation: fleet.FleetVariation | None = None
+) -> list[Instance]:
+    """The instances the flags describe; ``variation``: the fleet variation, if already
+    taken from the flags."""
     if args.instances < 1 or args.stream_interval < 1:
         raise SystemExit("--instances and --stream-interval must be >= 1")
     if args.max_model_len < 0:
@@ -126,15 +145,11 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
     per_link = args.global_tier_link_instances
     if per_link < 0:
         raise SystemExit("--global-tier-link-instances must be >= 0 (0: one link for all)")
-    config, factory = _engine_parts(
-        args.gpu,
-        args.model,
-        args.max_model_len,
-        args.global_tier_blocks,
-        args.global_tier_bandwidth,
-    )
+    if variation is None:
+        variation = fleet.variation_from_args(args, args.instances, args.gpu, seed=0)
+    configs, factory = _engine_parts(args, variation)
     try:
-        template = model_template(config.model.key, args.chat_template)
+        template = model_template(configs[0].model.key, args.chat_template)
     except TemplateLoadError as exc:
         raise SystemExit(f"--chat-template: {exc}") from None
     request_log = RequestLog(args.request_log) if args.request_log else None
@@ -148,8 +163,9 @@ def build_instances(args: argparse.Namespace) -> list[Instance]:
             index, args.host, args.base_port + index, args.time_scale, args.stream_interval
         )
         link = index // per_link if per_link else 0
+        config = configs[index]
         instances.append(
-            Instance(settings, config, factory(link), publisher, request_log, template)
+            Instance(settings, config, factory(config, link), publisher, request_log, template)
         )
     return instances
 
@@ -158,7 +174,8 @@ async def serve(args: argparse.Namespace) -> None:
     from enginesim.server.admin import build_admin_app, start_admin_server
     from enginesim.server.app import build_app
 
-    instances = build_instances(args)
+    variation = fleet.variation_from_args(args, args.instances, args.gpu, seed=0)
+    instances = build_instances(args, variation)
     initial_faults = [FaultRequest.from_cli(spec) for spec in args.fault]
     for inst in instances:
         if inst.kv_publisher is not None:
@@ -170,9 +187,10 @@ async def serve(args: argparse.Namespace) -> None:
     if args.admin_port is not None:
         admin = await start_admin_server(build_admin_app(instances), args.host, args.admin_port)
     last_port = args.base_port + len(instances) - 1
+    varied = f"; {variation.describe(args.gpu)}" if variation.varies(args.gpu) else ""
     print(
         f"enginesim ready: {len(instances)} x {args.model} on {args.gpu}, "
-        f"ports {args.base_port}-{last_port}, time scale {args.time_scale:g}",
+        f"ports {args.base_port}-{last_port}, time scale {args.time_scale:g}{varied}",
         flush=True,
     )
     await _wait_for_signal()

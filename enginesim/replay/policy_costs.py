@@ -1,10 +1,14 @@
 """Cost coefficients of the policies that take them, from enginesim's cost model.
 
-``predicted_ttft`` predicts TTFT from a handful of coefficients that reach it as validated
-parameters, so the router never imports ``enginesim``. Whoever knows the cluster's GPU
-and model fills them: the control plane when a policy is created or a replay requested
-(``controlplane.services.policy_defaults``), the replay simulator for its own cluster.
-Every coefficient left unset (``None``) is derived; values that were set are kept.
+``predicted_ttft`` predicts TTFT from a handful of coefficients, and the decode guard of
+``lmetric`` and ``smetric`` weighs decode steps with two; they reach the policies as
+validated parameters, so the router never imports ``enginesim``. Whoever knows the
+cluster's GPU and model fills them: the control plane when a policy is created or a
+replay requested (``controlplane.services.policy_defaults``), the replay simulator for its
+own cluster. Every coefficient left unset (``None``) is derived; values that were set are
+kept. predicted_ttft cannot run without its coefficients, so unknown hardware is an
+error for it; the decode guard then keeps the reference fleet's values (its
+``REFERENCE_DECODE_COSTS``), as only their ratio to a context token's KV read matters.
 """
 
 from __future__ import annotations
@@ -14,10 +18,17 @@ from typing import Any
 
 from enginesim.engine import GPUS, MODELS, EngineConfig
 from enginesim.engine.costmodel import CostModel, StepBatch
+from router_worker.routing.policies.decode_guard import DECODE_COST_FIELDS
 from router_worker.routing.policies.predicted_ttft import COEFFICIENT_FIELDS
 
 # Policy kinds whose parameters include cost coefficients, and which ones.
-COST_MODEL_FIELDS: dict[str, tuple[str, ...]] = {"predicted_ttft": COEFFICIENT_FIELDS}
+COST_MODEL_FIELDS: dict[str, tuple[str, ...]] = {
+    "predicted_ttft": COEFFICIENT_FIELDS,
+    "lmetric": DECODE_COST_FIELDS,
+    "smetric": DECODE_COST_FIELDS,
+}
+# Kinds that run without their coefficients (reference values) when the hardware is unknown.
+OPTIONAL_DERIVATION = frozenset({"lmetric", "smetric"})
 SIGNIFICANT_DIGITS = 4  # enough for routing, readable in forms and audit rows
 
 
@@ -39,8 +50,26 @@ def fill_coefficients(
     missing = unset_fields(kind, params)
     if not missing:
         return params
-    derived = derive_coefficients(gpu_type, model)
+    try:
+        derived = {**derive_coefficients(gpu_type, model), **derive_decode_costs(gpu_type, model)}
+    except UnknownHardwareError:
+        if kind in OPTIONAL_DERIVATION:
+            return params
+        raise
     return {**params, **{name: derived[name] for name in missing}}
+
+
+def derive_decode_costs(gpu_type: str, model: str) -> dict[str, float]:
+    """The decode guard's costs for ``model`` on ``gpu_type``: a one-token step (the weight
+    read and the fixed overheads) and what one more running request adds to a step, each
+    over what one more context token of a decoding request adds (its KV read)."""
+    coefficients = dict(_derive(*_engine_keys(gpu_type, model)))
+    per_token = float(coefficients["context_token_s"])
+    values = {
+        "decode_fixed_tokens": float(coefficients["min_step_s"]) / per_token,
+        "decode_seq_tokens": float(coefficients["decode_seq_s"]) / per_token,
+    }
+    return {name: float(f"{value:.{SIGNIFICANT_DIGITS}g}") for name, value in values.items()}
 
 
 def derive_coefficients(gpu_type: str, model: str) -> dict[str, float | int]:

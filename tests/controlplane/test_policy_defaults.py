@@ -17,6 +17,8 @@ from controlplane.services.policy_defaults import (
     complete_params,
     derive_coefficients,
 )
+from enginesim.replay.policy_costs import derive_decode_costs
+from router_worker.routing.policies.decode_guard import REFERENCE_DECODE_COSTS
 from router_worker.routing.policies.predicted_ttft import (
     COEFFICIENT_FIELDS,
     FALLBACK_COEFFICIENTS,
@@ -228,3 +230,40 @@ def test_replay_on_unknown_hardware_names_the_spec_and_field(users, replay_dispa
     )
     assert response.status_code == 400, response.content
     assert response.json()["error"]["field"] == "policies.1.params.prefill_tps"
+
+
+# ----- the decode guard's costs (lmetric, smetric) ---------------------------------------
+def test_the_guards_reference_costs_are_the_cost_models_h20_qwen2_7b_values() -> None:
+    assert derive_decode_costs("h20", "qwen2-7b") == REFERENCE_DECODE_COSTS
+
+
+def test_the_guards_costs_follow_the_fleet() -> None:
+    h20 = derive_decode_costs("h20", "qwen2-7b")
+    a100 = derive_decode_costs("a100", "qwen3-8b")
+    # an A100 reads KV more slowly against its weight read: a context weighs more
+    assert a100["decode_fixed_tokens"] < h20["decode_fixed_tokens"] / 2
+
+
+@pytest.mark.parametrize("kind", ["lmetric", "smetric"])
+def test_cache_affine_policies_get_the_clusters_decode_costs(world, kind) -> None:
+    cluster = clusters.create_cluster(
+        SYSTEM, name=f"hopper-{kind}", model="meta-llama/Llama-3.1-8B", gpu_type="h100"
+    )
+    policy = policies.create_policy(SYSTEM, cluster.pk, name="p", kind=kind)
+    derived = derive_decode_costs("h100", "llama-3.1-8b")
+    assert {name: policy.params[name] for name in derived} == derived
+    kept = policies.create_policy(
+        SYSTEM, cluster.pk, name="q", kind=kind, params={"decode_fixed_tokens": 5e5}
+    )
+    assert kept.params["decode_fixed_tokens"] == 5e5
+    assert kept.params["decode_seq_tokens"] == derived["decode_seq_tokens"]
+
+
+@pytest.mark.parametrize("kind", ["lmetric", "smetric"])
+def test_unknown_hardware_leaves_the_guard_on_the_reference_costs(world, kind) -> None:
+    """Unlike predicted_ttft, the guard runs without its costs: nothing is refused."""
+    cluster = clusters.create_cluster(
+        SYSTEM, name=f"blackwell-{kind}", model="Qwen/Qwen2-7B", gpu_type="b200"
+    )
+    policy = policies.create_policy(SYSTEM, cluster.pk, name="p", kind=kind)
+    assert not set(REFERENCE_DECODE_COSTS) & {k for k, v in policy.params.items() if v}

@@ -77,3 +77,11 @@ def warm(state: ClusterState, instance_id: str, token_ids: np.ndarray) -> None:
 
 def set_health(state: ClusterState, instance_id: str, health: Health) -> None:
     state.set_health(instance_id, health)
+
+
+def add_decoding_context(state: ClusterState, instance_id: str, count: int, context: int) -> None:
+    """``count`` requests with ``context``-token prompts past their first token."""
+    for _ in range(count):
+        request = features(tokens(30_000_000 + next(_ids) * 1_000_000, context))
+        state.on_dispatch(request, instance_id, 0.0, cached_tokens=context - 1)
+        state.on_first_token(request.request_id, 0.0)

@@ -10,7 +10,7 @@ from router_worker.routing import ClusterState, ClusterView, GlobalTier, make_po
 from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
 
 # The paper's exact score, P-token × BS: these tests pin what BS counts.
-PAPER = {"batch_offset": 0.0, "tier_token_cost": None}
+PAPER = {"batch_offset": 0.0, "tier_token_cost": None, "decode_slack": None}
 
 
 def test_minimum_product_of_p_token_and_batch_size():
@@ -153,7 +153,10 @@ def test_a_large_batch_still_outweighs_a_cache_hit_under_the_default():
     prompt = tokens(0, 1024)
     warm(state, "i0", prompt[:512])
     add_decoding(state, "i0", 100)
-    decision = make_policy("lmetric").decide(features(prompt), state.view(), 0.0)
+    # the product alone (the decode guard would filter i0 out before scoring it)
+    decision = make_policy("lmetric", {"decode_slack": None}).decide(
+        features(prompt), state.view(), 0.0
+    )
     # i0: 512 uncached × (100 + 48); i1: 1024 × (0 + 48). Decoding adds no pending prefill.
     assert decision.score_table() == {"i0": 512 * 148, "i1": 1024 * 48}
     assert decision.instance_id == "i1"

@@ -21,7 +21,15 @@ from router_worker.routing.policies.predicted_ttft import (
     PredictedTTFTPolicy,
 )
 
-from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
+from .helpers import (
+    add_decoding,
+    add_decoding_context,
+    add_pending,
+    cluster,
+    features,
+    tokens,
+    warm,
+)
 
 # Round numbers so every prediction below can be checked by hand.
 SIMPLE: dict[str, Any] = {
@@ -236,21 +244,13 @@ def test_invalid_params_name_the_field(params, field):
 
 
 # ----- the decode guard, admission behind a full KV cache, the learned errors ----------
-def _long_context_batch(state: ClusterState, instance_id: str, count: int, context: int) -> None:
-    """``count`` decoding requests of ``context``-token prompts on ``instance_id``."""
-    for k in range(count):
-        request = features(tokens(20_000_000 + 1_000_000 * k + hash(instance_id) % 1000, context))
-        state.on_dispatch(request, instance_id, 0.0, cached_tokens=context - 1)
-        state.on_first_token(request.request_id, 0.0)
-
-
 def test_the_decode_guard_moves_a_cache_hit_off_an_instance_whose_decode_piles_up():
     """i0 holds the prompt but decodes 64 requests of 20k-token contexts: its decode step
     is many times the idle i1's, over the expected output that outweighs the prefill."""
     state = cluster(2, capacity_blocks=200_000)
     prompt = tokens(0, 2048)
     warm(state, "i0", prompt)
-    _long_context_batch(state, "i0", 64, 20_000)
+    add_decoding_context(state, "i0", 64, 20_000)
     assert state.view().cached_tokens(features(prompt))[0] == 2047
     request = features(prompt)
     guarded = policy().decide(request, state.view(), 0.0)
@@ -264,7 +264,7 @@ def test_a_small_decode_difference_leaves_the_cache_hit_where_it_is():
     state = cluster(2)
     prompt = tokens(0, 2048)
     warm(state, "i0", prompt)
-    _long_context_batch(state, "i0", 2, 2_000)
+    add_decoding_context(state, "i0", 2, 2_000)
     assert policy().decide(features(prompt), state.view(), 0.0).instance_id == "i0"
 
 

@@ -29,6 +29,10 @@ docs/algorithms.md, "lmetric"):
   default is the value that measured best across the evaluation matrix
   (bench/replay_report/, where c = 0 and c = 1 are rows of their own).
 
+Decode guard (:mod:`router_worker.routing.policies.decode_guard`): the product chooses
+only among instances whose decode step with r stays within ``decode_slack`` of the fastest
+one's, so a prefix hit cannot pile decode onto its holders; null = the paper's rule.
+
 Ties: lower prefill term, then lower BS, then seeded random — so among equal products
 the one with the best cache hit and shortest prefill queue wins instead of a blind tie.
 
@@ -50,9 +54,10 @@ from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotDetector, HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
 
 
-class LMetricParams(PolicyParams):
+class LMetricParams(DecodeGuardParams):
     batch_offset: float = Field(
         48.0,
         ge=0.0,
@@ -94,19 +99,25 @@ class LMetricPolicy(RoutingPolicy):
         self.detector = HotspotDetector(self.params.hotspot)
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
-        allowed = self.eligible_mask(view)
+        eligible = self.eligible_mask(view)
+        # the decode guard narrows where the score may send r; the detector still sees
+        # every healthy instance (M is who holds the prefix, whatever their batches)
+        candidates = decode_headroom(request, view, eligible, self.params)
         batch = view.batch_size  # computed per call by the view: read it once
         prefill = self._prefill_term(request, view)
         load = self._load_term(request, view, batch)
         scores = prefill * load
-        slot = self.pick_min((scores, prefill, batch), allowed)
+        slot = self.pick_min((scores, prefill, batch), candidates)
         if not self.params.hotspot.enabled:
-            return self.decision(view, request, slot, "score", scores, allowed)
+            return self.decision(view, request, slot, "score", scores, candidates)
         cached = view.cached_blocks(request)
-        prefix_class = self.detector.classify(request, cached, allowed)
-        fallback, events = self.detector.update(request, prefix_class, slot, allowed, view.ids, now)
+        prefix_class = self.detector.classify(request, cached, eligible)
+        fallback, events = self.detector.update(
+            request, prefix_class, slot, eligible, view.ids, now
+        )
         if fallback and prefix_class is not None:
-            allowed = allowed & ~prefix_class.members
+            outside = eligible & ~prefix_class.members
+            allowed = outside & candidates if (outside & candidates).any() else outside
             blind_p = view.pending_prefill + request.prompt_tokens
             scores = blind_p * load
             slot = self.pick_min((scores, blind_p, batch), allowed)
@@ -120,7 +131,7 @@ class LMetricPolicy(RoutingPolicy):
                 events=events,
                 hot_class=f"{prefix_class.class_id:016x}",
             )
-        return self.decision(view, request, slot, "score", scores, allowed, events=events)
+        return self.decision(view, request, slot, "score", scores, candidates, events=events)
 
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         if self.params.prefill_term == "miss_ratio":

@@ -377,7 +377,9 @@ class PredictedTTFTPolicy(RoutingPolicy):
         step it would join, both corrected by the learned errors when ``correction`` is on."""
         ttft = self.predict(request, view)
         step = self.decode_step(request, view)
-        ttft = ttft + self.admission_wait(view, step)
+        ttft = ttft + np.maximum(
+            self.admission_wait(view, step), self.kv_growth_wait(request, view, step)
+        )
         if self.params.correction:
             residual, ratio = self.errors.corrections(view.ids, now)
             ttft, step = np.maximum(ttft + residual, 0.0), step * ratio
@@ -407,6 +409,23 @@ class PredictedTTFTPolicy(RoutingPolicy):
         blocked = (usage >= KV_FULL) & (queued > 0)
         per_finish = self.errors.output_tokens * step / np.maximum(view.batch_size, 1.0)
         return np.where(blocked, (queued + 1.0) * per_finish, 0.0)
+
+    def kv_growth_wait(
+        self, request: RequestFeatures, view: ClusterView, step: np.ndarray
+    ) -> np.ndarray:
+        """Per slot, the wait the KV cache's growth imposes: the blocks in use (scraped),
+        the running batch's remaining decode (half the expected output each) and this
+        request's uncached prompt and output must fit in the cache; what overflows is
+        freed as the running batch turns over (it frees what it uses once every expected
+        output's worth of steps), and until then requests wait or are preempted."""
+        out = self.errors.output_tokens
+        capacity = view.capacity_blocks * float(view.block_size)
+        used = np.nan_to_num(view.kv_usage, nan=0.0) * capacity
+        growth = view.batch_size * 0.5 * out
+        need = used + growth + (request.prompt_tokens - view.cached_tokens(request)) + out
+        overflow = np.maximum(need - capacity, 0.0)
+        turnover = out * step
+        return overflow / np.maximum(used + growth, 1.0) * turnover
 
     def predict(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         """Predicted seconds to ``request``'s first token on every slot from the cost model

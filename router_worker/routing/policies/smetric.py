@@ -30,6 +30,12 @@ the paper's rule, collapses under load: every estimate breaks the SLO, every fol
 moves, and the hit ratio with it.) A follow-up with no local hit anywhere goes
 least-loaded (``followup_no_hit``).
 
+Follow-ups are placed only among the instances the decode guard leaves
+(:mod:`router_worker.routing.policies.decode_guard`: their decode step with the request
+within ``decode_slack`` of the fastest one's), so stickiness cannot pile decode onto the
+instances holding a shared history; if none of those holds any of the prompt, the
+follow-up goes least-loaded among them (``followup_decode_guard``).
+
 The SLO is per request: ``slo_ttft_s + slo_ttft_per_1k_prompt_s × u / 1000`` where u is
 the prompt tokens the stick instance does *not* hold (its own prefill there). The paper
 leaves open whether the SLO is a fixed TTFT, one that grows with the prompt, or one per
@@ -55,7 +61,7 @@ Why the parameters are what they are:
 
 The defaults were chosen on the whole evaluation matrix (``bench/bench_replay.py``); the
 runs behind them, and the alternatives measured and rejected (first turns by estimated
-TTFT, decode interference in the estimate), are in bench/replay_report/ (NOTES.md,
+TTFT, decode interference in the estimate), are in bench/replay_report/ (HISTORY.md,
 "SMetric's parameters").
 
 Estimated TTFT = P-token / prefill throughput; with a global KV tier
@@ -80,10 +86,11 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
 from router_worker.routing.sessions import SessionTable
 
 
-class SMetricParams(PolicyParams):
+class SMetricParams(DecodeGuardParams):
     slo_ttft_s: float = Field(
         0.3,
         gt=0,
@@ -148,7 +155,11 @@ class SMetricPolicy(RoutingPolicy):
         elif hit[allowed].max() <= 0:
             decision = self._least_loaded(view, request, allowed, load, "followup_no_hit")
         else:
-            decision = self._follow_up(view, request, allowed, hit, load)
+            roomy = decode_headroom(request, view, allowed, self.params)
+            if hit[roomy].max() <= 0:
+                decision = self._least_loaded(view, request, roomy, load, "followup_decode_guard")
+            else:
+                decision = self._follow_up(view, request, roomy, hit, load)
         decision.details["turn_basis"] = basis
         if request.session_key is not None:
             self.sessions.put(request.session_key, decision.instance_id)

@@ -6,7 +6,11 @@ from __future__ import annotations
 import pytest
 
 from router_worker.routing import PolicyConfigError, make_policy
-from router_worker.routing.policies.decode_guard import REFERENCE_DECODE_COSTS, decode_load
+from router_worker.routing.policies.decode_guard import (
+    REFERENCE_DECODE_COSTS,
+    DecodeGuardParams,
+    decode_load,
+)
 
 from .helpers import add_decoding_context, cluster, features, tokens, warm
 
@@ -25,6 +29,7 @@ def _holder_decoding(count: int, context: int = 20_000):
 def test_the_load_is_the_decode_step_in_context_tokens():
     state = _holder_decoding(8)
     params = make_policy("lmetric").params
+    assert isinstance(params, DecodeGuardParams)
     load = decode_load(features(PROMPT), state.view(), params)
     fixed, seq = REFERENCE_DECODE_COSTS.values()
     assert load[0] == pytest.approx(fixed + seq * 9 + 8 * 20_000 + 4096)

@@ -143,10 +143,10 @@ def test_round_robin_spreads_load(fleet, router_factory):
     assert seen == {"i0": 3, "i1": 3, "i2": 3, "i3": 3}
 
 
-def test_preble_prices_decode_from_the_output_lengths_the_router_saw(fleet, router_factory):
-    """The live router reports each finished request's output length to the policy
-    (``observe_finish``): Preble's decode cost becomes 50 output tokens × 1.3, not its
-    prior of 128, in the next decision's load of the instance that served the first."""
+def test_preble_stops_charging_decode_once_the_router_saw_the_finish(fleet, router_factory):
+    """The live router reports each finished request to the policy (``observe_finish``):
+    Preble charges decode only to requests in flight, so once the first has finished its
+    instance carries its windowed prefill and no decode."""
     router = router_factory(router_config(fleet, "preble", client_auth=debug_key_only()))
     client = _client(router)
     first = client.completions.with_raw_response.create(
@@ -163,6 +163,6 @@ def test_preble_prices_decode_from_the_output_lengths_the_router_saw(fleet, rout
     )
     scores = httpx.Response(200, content=second.headers["x-switchyard-scores"]).json()
     served = first.headers["x-switchyard-instance"]
-    # 100 uncached prompt tokens of the first + its decode (50 × 1.3) + 100 new tokens
-    assert scores[served] == pytest.approx(100 + 65 + 100)
+    # 100 uncached prompt tokens of the first (in the window) + 100 new tokens
+    assert scores[served] == pytest.approx(100 + 100)
     assert {v for k, v in scores.items() if k != served} == {100}

@@ -178,6 +178,7 @@ class RequestResult:
     status: str = "pending"  # ok | rejected | failed
     attempts: int = 0  # the lifecycle's attempt_count: first try, retries, migrations
     tier_tokens: int | None = None  # of cached_tokens, loaded from the global tier (if any)
+    predicted_ttft_s: float | None = None  # what the first decision predicted (if it did)
 
     def to_json(self) -> dict[str, Any]:
         keys = (
@@ -195,6 +196,8 @@ class RequestResult:
         out = {key: getattr(self, key) for key in keys}
         if self.tier_tokens is not None:
             out["tier_tokens"] = self.tier_tokens
+        if self.predicted_ttft_s is not None:
+            out["predicted_ttft_s"] = self.predicted_ttft_s
         return out
 
 
@@ -448,6 +451,9 @@ class Simulator:
         decision = attempt.decision
         assert decision is not None
         self._count_decision(decision)
+        predicted = decision.details.get("predicted_ttft_s")
+        if predicted is not None and flight.life.attempt_count == 1:
+            flight.result.predicted_ttft_s = float(predicted)
         migrates = self.routers[flight.router].policy.migrates
         if migrates:
             flight.candidates = tuple(decision.details.get("candidates", ()))

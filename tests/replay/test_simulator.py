@@ -223,3 +223,17 @@ def test_finished_requests_report_their_output_length_to_the_policy():
     assert sim.policy.decode_cost == 128  # the prior, before any finish
     sim.run()
     assert sim.policy.decode_cost == pytest.approx(15 * sim.policy.params.decode_token_weight)
+
+
+def test_requests_keep_what_predicted_ttft_predicted_for_them():
+    records = [TraceRecord(k, 0.5 * k, 400 + 100 * k, 4) for k in range(6)]
+    predicted = Simulator(records, "predicted_ttft", SimConfig(instances=2)).run()
+    for request in predicted.requests:
+        assert request.predicted_ttft_s is not None and request.predicted_ttft_s > 0
+        assert request.to_json()["predicted_ttft_s"] == request.predicted_ttft_s
+    # an idle engine: the prediction is the cost model's prefill, below the engine's TTFT
+    # by its fixed per-request overhead, and close to it
+    first = predicted.requests[0]
+    assert 0.5 < first.predicted_ttft_s / metrics.ttft_of(first) < 1.0
+    others = Simulator(records, "lmetric", SimConfig(instances=2)).run()
+    assert all("predicted_ttft_s" not in r.to_json() for r in others.requests)

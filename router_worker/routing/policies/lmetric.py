@@ -27,7 +27,7 @@ docs/algorithms.md, "lmetric"):
   of KV per 8k-token context). BS then matters once it is large against that fixed
   part, as it does for the engine, and the product still has no workload weight. The
   default is the value that measured best across the evaluation matrix
-  (bench/replay_report/, where c = 0 and c = 1 are rows of their own).
+  (bench/replay_report/; c = 0 and c = 1 are rows of their own with ``--ablations``).
 
 Decode guard (:mod:`router_worker.routing.policies.decode_guard`): the product chooses
 only among instances whose decode step with r stays within ``decode_slack`` of the fastest

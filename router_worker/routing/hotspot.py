@@ -44,6 +44,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from router_worker.routing.features import RequestFeatures
+from router_worker.routing.provenance import design, matrix, paper
 
 TransitionKind = Literal["suspected", "confirmed", "dismissed", "cleared"]
 
@@ -55,16 +56,29 @@ class HotspotParams(BaseModel):
         True,
         description="run the hotspot detector; off = always route by the policy's score, "
         "never the load-only fallback",
+        json_schema_extra=paper("LMetric"),
     )
-    window_s: float = Field(30.0, gt=0, description="sliding window of requests, seconds")
+    window_s: float = Field(
+        30.0, gt=0, description="sliding window of requests, seconds", json_schema_extra=design()
+    )
     min_class_blocks: int = Field(
-        8, ge=1, description="shortest cached prefix (in blocks) that defines a class"
+        8,
+        ge=1,
+        description="shortest cached prefix (in blocks) that defines a class",
+        json_schema_extra=design(),
     )
     min_class_requests: int = Field(
-        8, ge=1, description="class requests needed in the window before suspecting"
+        8,
+        ge=1,
+        description="class requests needed in the window before suspecting",
+        json_schema_extra=matrix(),
     )
     max_hit_fraction: float = Field(
-        0.5, gt=0, le=1, description="ignore classes cached on more than this share of instances"
+        0.5,
+        gt=0,
+        le=1,
+        description="ignore classes cached on more than this share of instances",
+        json_schema_extra=matrix(),
     )
 
 

@@ -30,23 +30,30 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.provenance import paper
 
 
 class CacheAwareParams(PolicyParams):
     cache_threshold: float = Field(
-        0.3, ge=0.0, le=1.0, description="min matched fraction of the prompt to follow the cache"
+        0.3,
+        ge=0.0,
+        le=1.0,
+        description="min matched fraction of the prompt to follow the cache",
+        json_schema_extra=paper("SGLang router"),
     )
     balance_abs_threshold: float = Field(
         64,
         ge=0,
         description="load imbalance when max − min in-flight requests exceeds this "
         "(and the relative test below holds): then route to the least-loaded instance",
+        json_schema_extra=paper("SGLang router"),
     )
     balance_rel_threshold: float = Field(
         1.5,
         ge=1.0,
         description="load imbalance also needs max in-flight requests above "
         "this × min (with the absolute test above)",
+        json_schema_extra=paper("SGLang router"),
     )
 
 

@@ -33,6 +33,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import PolicyParams
+from router_worker.routing.provenance import derived, matrix
 
 # enginesim's cost model for an H20 serving Qwen2-7B, as the control plane derives them
 # (enginesim.replay.policy_costs.derive_decode_costs("h20", "qwen2-7b")).
@@ -53,18 +54,21 @@ class DecodeGuardParams(PolicyParams):
         description="decode guard: only instances whose decode step with the request "
         "would take at most this factor × the fastest one's are candidates (a cache hit "
         "must not pile decode onto the instances holding a prefix); null = no guard",
+        json_schema_extra=matrix(),
     )
     decode_fixed_tokens: float | None = Field(
         None,
         gt=0.0,
         description="decode guard: a decode step's fixed cost (weights read, launch) in "
         "context tokens' worth of KV reads; " + _DERIVED.format("397100"),
+        json_schema_extra=derived(),
     )
     decode_seq_tokens: float | None = Field(
         None,
         ge=0.0,
         description="decode guard: what each running request adds to a decode step "
         "beyond reading its context, in context tokens' worth; " + _DERIVED.format("10790"),
+        json_schema_extra=derived(),
     )
 
 

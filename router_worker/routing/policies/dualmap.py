@@ -71,6 +71,7 @@ from router_worker.routing.policies.base import (
     QueuedRequest,
     RoutingPolicy,
 )
+from router_worker.routing.provenance import design, matrix, paper
 
 _MASK64 = (1 << 64) - 1
 
@@ -81,12 +82,21 @@ class DualMapParams(PolicyParams):
         gt=0,
         description="TTFT SLO for keeping cache affinity and for migrating "
         "queued requests, s (default from bench/dualmap_slo.md)",
+        json_schema_extra=matrix(),
     )
-    window_s: float = Field(60.0, gt=0, description="hotness window, seconds")
-    min_key_blocks: int = Field(4, ge=1, description="shortest hash key, in blocks")
-    virtual_nodes: int = Field(64, ge=1, le=4096, description="ring points per instance")
+    window_s: float = Field(
+        60.0, gt=0, description="hotness window, seconds", json_schema_extra=design()
+    )
+    min_key_blocks: int = Field(
+        4, ge=1, description="shortest hash key, in blocks", json_schema_extra=design()
+    )
+    virtual_nodes: int = Field(
+        64, ge=1, le=4096, description="ring points per instance", json_schema_extra=design()
+    )
     migrate_queued: bool = Field(
-        True, description="move queued requests off an instance that would miss the SLO"
+        True,
+        description="move queued requests off an instance that would miss the SLO",
+        json_schema_extra=paper("DualMap"),
     )
 
 

@@ -27,20 +27,27 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.provenance import paper
 
 
 class LinearParams(PolicyParams):
     variant: Literal["weighted_sum", "dynamo"] = Field(
-        "weighted_sum", description="weighted_sum (normalised P-token/BS) or dynamo (blocks)"
+        "weighted_sum",
+        description="weighted_sum (normalised P-token/BS) or dynamo (blocks)",
+        json_schema_extra=paper("BAILIAN, per the LMetric paper"),
     )
     w: float = Field(
         0.7,
         ge=0.0,
         le=1.0,
         description="weighted_sum: weight of P-token (0.7 chat, 0.55 API per LMetric's paper)",
+        json_schema_extra=paper("LMetric paper, chat traffic"),
     )
     prefill_weight: float = Field(
-        1.0, ge=0.0, description="dynamo: weight of prefill blocks against decode blocks"
+        1.0,
+        ge=0.0,
+        description="dynamo: weight of prefill blocks against decode blocks",
+        json_schema_extra=paper("NVIDIA Dynamo's KV router"),
     )
 
 

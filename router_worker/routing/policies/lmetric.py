@@ -55,6 +55,7 @@ from router_worker.routing.hotspot import HotspotDetector, HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
+from router_worker.routing.provenance import matrix, paper
 
 
 class LMetricParams(DecodeGuardParams):
@@ -64,16 +65,19 @@ class LMetricParams(DecodeGuardParams):
         description="c in the load term BS + c: 0 = the paper's exact BS (an idle instance "
         "scores 0 whatever its cache), 1 = count the routed request, larger = the engine's "
         "fixed step cost in running requests' worth",
+        json_schema_extra=matrix(),
     )
     prefill_term: Literal["p_token", "miss_ratio"] = Field(
         "p_token",
         description="p_token: pending prefill + the request's uncached tokens (the paper's); "
         "miss_ratio: 1 − local hit ratio (the paper's ablation)",
+        json_schema_extra=paper("LMetric"),
     )
     load_term: Literal["batch_size", "total_tokens"] = Field(
         "batch_size",
         description="batch_size: requests in the running batch (the paper's); "
         "total_tokens: context tokens of the batch (the paper's ablation)",
+        json_schema_extra=paper("LMetric"),
     )
     tier_token_cost: float | None = Field(
         0.1,
@@ -82,6 +86,7 @@ class LMetricParams(DecodeGuardParams):
         description="with a global KV tier, what a token loaded from it costs in P-token "
         "relative to a recomputed one (the engine loads it instead of prefilling it); "
         "null = ignore the tier, as the paper does",
+        json_schema_extra=matrix(),
     )
     hotspot: HotspotParams = Field(
         default_factory=HotspotParams, description="hotspot detector settings"

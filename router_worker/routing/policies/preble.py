@@ -92,6 +92,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.provenance import design, paper
 
 _MAX_TRACKED_REQUESTS = 100_000
 _K = TypeVar("_K")
@@ -106,6 +107,7 @@ class PrebleParams(PolicyParams):
         description="Preble's history window H in seconds: the prefill load of an instance "
         "sums the requests assigned to it in the last H seconds; also the TTFT window of "
         "replication.",
+        json_schema_extra=paper("Preble"),
     )
     th_bal: float = Field(
         1.5,
@@ -114,6 +116,7 @@ class PrebleParams(PolicyParams):
         description="Rebalance: if the chosen instance's load (windowed prefill + in-flight "
         "decode) is at least th_bal × the smallest, send the request to the least-loaded "
         "instance instead.",
+        json_schema_extra=paper("Preble"),
     )
     decode_cost_tokens: float = Field(
         128.0,
@@ -121,6 +124,7 @@ class PrebleParams(PolicyParams):
         le=1e7,
         description="Prior decode cost of one request, in prefill-token equivalents, used "
         "until the first finished request reports its output length.",
+        json_schema_extra=design(),
     )
     decode_token_weight: float = Field(
         50.0,
@@ -130,6 +134,7 @@ class PrebleParams(PolicyParams):
         "TPOT has not been measured yet (then: its median TPOT × the cluster's prefill "
         "throughput). Default: Qwen2-7B on H20 at low load (a 6.5 ms decode step × 7,200 "
         "prefill tokens/s ≈ 47).",
+        json_schema_extra=design(on="H20, Qwen2-7B at low load"),
     )
     tpot_samples: int = Field(
         200,
@@ -137,6 +142,7 @@ class PrebleParams(PolicyParams):
         le=100_000,
         description="Recent TPOTs per instance whose median prices a decode token there "
         "(Preble keeps 200 per GPU).",
+        json_schema_extra=paper("Preble"),
     )
     eviction_weight: float = Field(
         1.0,
@@ -144,6 +150,7 @@ class PrebleParams(PolicyParams):
         le=100,
         description="Scale of the eviction term (recompute cost of the cached tokens a "
         "request would evict × the share of recent requests that used them); 0 disables it.",
+        json_schema_extra=paper("Preble"),
     )
     pd_ratio_threshold: float = Field(
         0.8,
@@ -152,6 +159,7 @@ class PrebleParams(PolicyParams):
         description="Prefill/decode balancing: when exploring, if some instance's decode "
         "share of its load exceeds this, send the request to the instance with the largest "
         "share. 1 disables the rule.",
+        json_schema_extra=design(),
     )
     min_cost_floor_tokens: float = Field(
         2048.0,
@@ -159,6 +167,7 @@ class PrebleParams(PolicyParams):
         le=1e9,
         description="Floor of the smallest load in the rebalance test, in tokens, "
         "so a nearly idle cluster does not bounce requests on noise.",
+        json_schema_extra=design(),
     )
     replicate_ttft_factor: float = Field(
         2.0,
@@ -166,6 +175,7 @@ class PrebleParams(PolicyParams):
         le=100,
         description="Replicate a hot prefix when its mean TTFT over the window reaches this "
         "× its baseline (the best recent sub-window mean).",
+        json_schema_extra=paper("Preble"),
     )
     min_samples: int = Field(
         8,
@@ -173,6 +183,7 @@ class PrebleParams(PolicyParams):
         le=100_000,
         description="TTFTs a prefix needs in a sub-window for it to set the baseline, and in "
         "the current window before it may be replicated.",
+        json_schema_extra=design(),
     )
     baseline_windows: int = Field(
         8,
@@ -180,6 +191,7 @@ class PrebleParams(PolicyParams):
         le=1000,
         description="Past sub-windows (each window_s long) whose best mean TTFT is a "
         "prefix's baseline.",
+        json_schema_extra=design(),
     )
     prefix_key_blocks: int = Field(
         32,
@@ -187,6 +199,7 @@ class PrebleParams(PolicyParams):
         le=1_000_000,
         description="Blocks of the longest match (from its start) that name a prefix for "
         "TTFT tracking and replication.",
+        json_schema_extra=design(),
     )
 
 

@@ -103,6 +103,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.provenance import derived, design, matrix
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
 FALLBACK_COEFFICIENTS: dict[str, float | int] = {
@@ -128,18 +129,21 @@ class PredictedTTFTParams(PolicyParams):
         gt=0,
         description="prefill throughput of an idle instance, tokens/s (GEMM work only; "
         "attention is charged by attention_pair_s); " + _DERIVED.format("7239"),
+        json_schema_extra=derived(),
     )
     step_overhead_s: float | None = Field(
         None,
         ge=0,
         description="fixed cost of every engine step, s (launch, scheduling, sampling); "
         + _DERIVED.format("0.002258"),
+        json_schema_extra=derived(),
     )
     decode_seq_s: float | None = Field(
         None,
         ge=0,
         description="decode interference: cost each running request adds to every step, s "
         "(its one token, its sampling, its slot); " + _DERIVED.format("0.0001619"),
+        json_schema_extra=derived(),
     )
     attention_pair_s: float | None = Field(
         None,
@@ -147,18 +151,21 @@ class PredictedTTFTParams(PolicyParams):
         description="attention cost of one query token against one cached token, s: running "
         "requests add their context tokens to every step, the request's own prefill "
         "n·cached + n²/2; " + _DERIVED.format("4.249e-9"),
+        json_schema_extra=derived(),
     )
     min_step_s: float | None = Field(
         None,
         ge=0,
         description="shortest possible step, s (reading the weights once: the memory floor "
         "of small steps); " + _DERIVED.format("0.005957"),
+        json_schema_extra=derived(),
     )
     chunk_tokens: int | None = Field(
         None,
         ge=1,
         description="token budget of one step, the engine's max_num_batched_tokens; "
         + _DERIVED.format("8192"),
+        json_schema_extra=derived(),
     )
     tier_token_cost: float | None = Field(
         0.1,
@@ -166,12 +173,14 @@ class PredictedTTFTParams(PolicyParams):
         le=1.0,
         description="with a global KV tier, what loading a token from it costs relative to "
         "prefilling it (the loaded tokens then count as cached); null = ignore the tier",
+        json_schema_extra=matrix(),
     )
     context_token_s: float | None = Field(
         None,
         ge=0,
         description="decode: seconds each context token of the running batch adds to a "
         "decode step (reading its KV from memory); " + _DERIVED.format("1.5e-08"),
+        json_schema_extra=derived(),
     )
     decode_slack: float | None = Field(
         1.5,
@@ -180,6 +189,7 @@ class PredictedTTFTParams(PolicyParams):
         description="decode guard: only instances whose predicted decode step with the "
         "request is within this factor of the fastest one's are candidates (a cache hit "
         "must not pile decode onto one instance); null = rank every instance by TTFT",
+        json_schema_extra=design(),
     )
     decode_weight: float = Field(
         1.0,
@@ -188,6 +198,7 @@ class PredictedTTFTParams(PolicyParams):
         description="weight of the decode guard's penalty: the decode time the request "
         "would lose (expected output tokens × its decode step beyond decode_slack × the "
         "fastest one) is added to its predicted TTFT × this weight",
+        json_schema_extra=design(),
     )
     output_tokens_prior: int = Field(
         256,
@@ -195,12 +206,14 @@ class PredictedTTFTParams(PolicyParams):
         le=1_000_000,
         description="expected output tokens of a request until finishes were observed; "
         "then the running mean of the observed ones",
+        json_schema_extra=design(),
     )
     correction: bool = Field(
         True,
         description="learn each instance's prediction error online: its TTFT is corrected "
         "by the recent mean of (measured − predicted) and its decode step by the recent "
         "ratio of measured to predicted TPOT",
+        json_schema_extra=design(),
     )
     use_measured_prefill_tps: bool = Field(
         False,
@@ -208,6 +221,7 @@ class PredictedTTFTParams(PolicyParams):
         "prefill_tps; off by default: the measurement already includes decode interference "
         "and queueing (partly counted twice), lags, and reads the router's guess until the "
         "first sample",
+        json_schema_extra=design(),
     )
 
 

@@ -87,6 +87,7 @@ from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
+from router_worker.routing.provenance import matrix, operational
 from router_worker.routing.sessions import SessionTable
 
 
@@ -96,12 +97,14 @@ class SMetricParams(DecodeGuardParams):
         gt=0,
         description="TTFT SLO a sticky follow-up must meet: fixed part (the queueing its "
         "cache is worth), s",
+        json_schema_extra=matrix(),
     )
     slo_ttft_per_1k_prompt_s: float = Field(
         0.15,
         ge=0,
         description="TTFT SLO: seconds added per 1000 prompt tokens the stick instance does "
         "not hold (the follow-up's own prefill there)",
+        json_schema_extra=matrix(),
     )
     migrate_margin: float = Field(
         0.0,
@@ -109,21 +112,34 @@ class SMetricParams(DecodeGuardParams):
         lt=1,
         description="migrate a follow-up over its SLO only if the target's estimated TTFT is "
         "at least this fraction below sticking",
+        json_schema_extra=matrix(),
     )
     migrate_max_queue_s: float = Field(
         2.0,
         ge=0,
         description="migrate only to an instance with at most this much queued prefill, s "
         "(past it the cluster is saturated and a migration only adds its recompute)",
+        json_schema_extra=matrix(),
     )
     followup_hit_ratio: float = Field(
-        0.5, gt=0, le=1, description="no turn/session info: hit share that marks a follow-up"
+        0.5,
+        gt=0,
+        le=1,
+        description="no turn/session info: hit share that marks a follow-up",
+        json_schema_extra=matrix(),
     )
     followup_min_hit_tokens: int = Field(
-        256, ge=0, description="no turn/session info: minimum hit tokens for a follow-up"
+        256,
+        ge=0,
+        description="no turn/session info: minimum hit tokens for a follow-up",
+        json_schema_extra=matrix(),
     )
     tier_token_cost: float = Field(
-        0.1, ge=0, le=1, description="global-tier load cost per token relative to recompute"
+        0.1,
+        ge=0,
+        le=1,
+        description="global-tier load cost per token relative to recompute",
+        json_schema_extra=matrix(),
     )
     tier_rebalance: bool = Field(
         True,
@@ -131,8 +147,11 @@ class SMetricParams(DecodeGuardParams):
         "fewest requests in flight among those where it would start no later than where "
         "it is cached (its history loads from the tier), instead of sticking until the "
         "SLO breaks",
+        json_schema_extra=matrix(),
     )
-    session_table_size: int = Field(100_000, ge=1, description="sessions remembered (LRU)")
+    session_table_size: int = Field(
+        100_000, ge=1, description="sessions remembered (LRU)", json_schema_extra=operational()
+    )
 
 
 class SMetricPolicy(RoutingPolicy):

@@ -23,7 +23,6 @@ import argparse
 import sys
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -58,10 +57,7 @@ VARIANTS = {"correction on": {}, "correction off": {"correction": False}}
 def _run(job: tuple[Regime, str, int]) -> tuple[str, str, dict[str, float]]:
     regime, variant, seed = job
     records = regime.records(regime.loads["high"], seed)
-    config = replace(
-        regime.config("predicted_ttft", seed),
-        policy_params={"predicted_ttft": VARIANTS[variant]},
-    )
+    config = regime.config(seed, {"predicted_ttft": VARIANTS[variant]})
     result = Simulator(records, "predicted_ttft", config).run()
     done = [
         r

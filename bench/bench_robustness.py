@@ -126,10 +126,11 @@ class Regime:
         )
         return build(scale, seed)
 
-    def config(self, policy: str, seed: int) -> SimConfig:
+    def config(self, seed: int, params: dict[str, Any] | None = None) -> SimConfig:
+        """The cluster of this regime; ``params``: SimConfig.policy_params (by kind)."""
         sim = {"instances": 16, "kv_events": True, **self.sim}
         variation = FleetVariation(**{**self.variation, "seed": seed})
-        return SimConfig(**sim, seed=seed, policy_params={}, variation=variation)
+        return SimConfig(**sim, seed=seed, policy_params=params or {}, variation=variation)
 
 
 CONVERSATION_LOADS = {"low": 0.6, "high": 1.0}
@@ -177,10 +178,30 @@ def regimes() -> list[Regime]:
 # ----------------------------------------------------------------- running
 
 
-def _run(job: tuple[Regime, str, str, int]) -> tuple[str, str, str, int, dict[str, Any]]:
-    regime, load, policy, seed = job
+def parse_variant(text: str) -> tuple[str, str, dict[str, Any]]:
+    """``NAME=KIND:JSON`` → (name, kind, params), e.g. ``c0=lmetric:{"batch_offset": 0}``."""
+    name, _, rest = text.partition("=")
+    kind, _, params = rest.partition(":")
+    if not name or kind not in REGISTRY:
+        raise argparse.ArgumentTypeError(
+            f"variant {text!r}: expected NAME=KIND:JSON with KIND one of {', '.join(REGISTRY)}"
+        )
+    try:
+        parsed = json.loads(params or "{}")
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"variant {text!r}: bad JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"variant {text!r}: the params must be a JSON object")
+    return name, kind, parsed
+
+
+Job = tuple[Regime, str, str, tuple[str, dict[str, Any]], int]  # regime, load, name, …
+
+
+def _run(job: Job) -> tuple[str, str, str, int, dict[str, Any]]:
+    regime, load, policy, (kind, params), seed = job
     records = regime.records(regime.loads[load], seed)
-    result = Simulator(records, policy, regime.config(policy, seed)).run()
+    result = Simulator(records, kind, regime.config(seed, {kind: params})).run()
     summary = metrics.summarize(result, SLO)
     keep = (
         "goodput_rps",
@@ -197,10 +218,17 @@ def _run(job: tuple[Regime, str, str, int]) -> tuple[str, str, str, int, dict[st
 
 
 def run_suite(
-    chosen: Sequence[Regime], policies: Sequence[str], seeds: int, jobs: int
+    chosen: Sequence[Regime],
+    policies: Sequence[str],
+    seeds: int,
+    jobs: int,
+    variants: dict[str, tuple[str, dict[str, Any]]] | None = None,
 ) -> dict[str, Any]:
-    work = [
-        (regime, load, policy, seed)
+    """Every (regime, load, policy, seed); ``variants``: name → (kind, params) of the
+    names in ``policies`` that are not plain policy kinds."""
+    variants = variants or {}
+    work: list[Job] = [
+        (regime, load, policy, variants.get(policy, (policy, {})), seed)
         for regime in chosen
         for load in regime.loads
         for policy in policies
@@ -228,7 +256,12 @@ def seed_mean_summaries(cell: dict[str, list[dict[str, Any]]]) -> dict[str, dict
     return {p: {k: estimates(runs, k).mean for k in keys} for p, runs in cell.items()}
 
 
-def invariant_rows(cells: dict[str, Any]) -> list[dict[str, Any]]:
+def invariant_rows(
+    cells: dict[str, Any], kinds: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Every non-reference policy's invariant check per cell; ``kinds`` names the kind of
+    each variant (a variant of one of our policies is held to the invariant too)."""
+    kinds = kinds or {}
     rows = []
     for key, cell in cells.items():
         if not all(ref in cell for ref in REFERENCES):
@@ -242,7 +275,7 @@ def invariant_rows(cells: dict[str, Any]) -> list[dict[str, Any]]:
                 {
                     "cell": key,
                     "policy": policy,
-                    "own": policy in OWN_POLICIES,
+                    "own": kinds.get(policy, policy) in OWN_POLICIES,
                     "throughput_ratio": result.throughput_ratio,
                     "ttft_ratio": result.ttft_ratio,
                     "tpot_ratio": result.tpot_ratio,
@@ -428,6 +461,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--regime", action="append", help="run only these regimes")
     parser.add_argument("--policy", action="append", choices=list(REGISTRY))
+    parser.add_argument(
+        "--variant",
+        action="append",
+        type=parse_variant,
+        default=[],
+        help='a policy with other parameters, NAME=KIND:JSON (e.g. c0=lmetric:{"batch_offset":0})',
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     here = Path(__file__).parent
@@ -436,23 +476,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not chosen:
         parser.error(f"no regime named {args.regime}; known: {[r.name for r in regimes()]}")
     policies = args.policy or ([*REFERENCES, *OWN_POLICIES] if args.quick else list(REGISTRY))
+    variants = {name: (kind, params) for name, kind, params in args.variant}
+    policies = [*policies, *variants]
     seeds = 2 if args.quick else args.seeds
     if seeds < 2:
         parser.error("--seeds must be at least 2: one seed has no interval")
     started = time.perf_counter()
-    cells = run_suite(chosen, policies, seeds, args.jobs)
+    cells = run_suite(chosen, policies, seeds, args.jobs, variants)
     data: dict[str, Any] = {
         "seeds": seeds,
         "regimes": regime_rows(chosen),
         "cells": cells,
-        "invariant": invariant_rows(cells),
+        "invariant": invariant_rows(cells, {name: kind for name, (kind, _) in variants.items()}),
         "wall_s": time.perf_counter() - started,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
     heatmap(cells, policies, out / "heatmap.png")
     report(out, data)
-    if not args.quick and not args.regime and not args.policy:  # only a whole run speaks
+    if not (args.quick or args.regime or args.policy or args.variant):  # a whole run only
         CONTROL_PLANE_SUMMARY.parent.mkdir(exist_ok=True)
         summary = control_plane_summary(data, policies)
         CONTROL_PLANE_SUMMARY.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")

@@ -349,11 +349,16 @@ class PredictedTTFTPolicy(RoutingPolicy):
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
-        ttft, step = self.predict_parts(request, view, now)
+        model_ttft, model_step = self.model_parts(request, view)
+        ttft, step = self.corrected(model_ttft, model_step, view.ids, now)
         score = ttft + self.decode_excess(step, allowed)
         p_tokens = view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
         slot = self.pick_min((score, p_tokens, view.batch_size), allowed)
-        self.errors.predicted(request.request_id, view.ids[slot], ttft[slot], step[slot], now)
+        # the errors are learned against the model's own prediction, not the corrected one
+        # (against the corrected one an EWMA settles at half the error)
+        self.errors.predicted(
+            request.request_id, view.ids[slot], model_ttft[slot], model_step[slot], now
+        )
         return self.decision(
             view,
             request,
@@ -384,20 +389,24 @@ class PredictedTTFTPolicy(RoutingPolicy):
         bound = slack * float(step[allowed].min())
         return self.params.decode_weight * self.errors.output_tokens * np.maximum(step - bound, 0.0)
 
-    def predict_parts(
-        self, request: RequestFeatures, view: ClusterView, now: float
+    def model_parts(
+        self, request: RequestFeatures, view: ClusterView
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Per slot: ``request``'s predicted TTFT (admission wait included) and the decode
-        step it would join, both corrected by the learned errors when ``correction`` is on."""
-        ttft = self.predict(request, view)
+        """Per slot, from the cost model: ``request``'s TTFT (admission wait included) and
+        the decode step it would join."""
         step = self.decode_step(request, view)
-        ttft = ttft + np.maximum(
-            self.admission_wait(view, step), self.kv_growth_wait(request, view, step)
-        )
-        if self.params.correction:
-            residual, ratio = self.errors.corrections(view.ids, now)
-            ttft, step = np.maximum(ttft + residual, 0.0), step * ratio
-        return ttft, step
+        wait = np.maximum(self.admission_wait(view, step), self.kv_growth_wait(request, view, step))
+        return self.predict(request, view) + wait, step
+
+    def corrected(
+        self, ttft: np.ndarray, step: np.ndarray, ids: Sequence[str], now: float
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The model's predictions corrected by the learned errors (as they are when
+        ``correction`` is off)."""
+        if not self.params.correction:
+            return ttft, step
+        residual, ratio = self.errors.corrections(ids, now)
+        return np.maximum(ttft + residual, 0.0), step * ratio
 
     def decode_step(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         """Per slot, the decode step ``request`` would run in once it decodes: the running

@@ -1,12 +1,17 @@
 """Policy kinds (with their parameter schemas), a cluster's policies, activation."""
 
+from dataclasses import asdict
+
 from django.http import HttpRequest
 from ninja import Router, Status
 
 from controlplane.models import Policy
 from controlplane.selectors import clusters as cluster_selectors
+from controlplane.selectors import robustness
 from controlplane.services import policies as policy_services
 from controlplane.services.validation import policy_kinds
+from router_worker.routing import REGISTRY
+from router_worker.routing.provenance import params_provenance
 
 from .auth import actor_of, role
 from .revisions import expected_revision
@@ -27,10 +32,25 @@ def _out(policy: Policy, active_policy_id: int | None) -> dict:
 
 @routes.get("/policy-kinds", response=list[PolicyKindOut])
 def list_policy_kinds(request: HttpRequest):
+    """Every policy kind: its parameters' schema, where each default comes from, and where it
+    breaks the never-collapse invariant in the robustness suite."""
+    kinds = policy_kinds()
+    records = robustness.by_kind(kinds)
     return [
-        {"kind": kind, "description": info["description"], "params_schema": info["schema"]}
-        for kind, info in policy_kinds().items()
+        {
+            "kind": kind,
+            "description": info["description"],
+            "params_schema": info["schema"],
+            "params_provenance": _provenance(kind),
+            "robustness": asdict(records[kind]),
+        }
+        for kind, info in kinds.items()
     ]
+
+
+def _provenance(kind: str) -> dict[str, dict]:
+    table = params_provenance(REGISTRY[kind].Params)
+    return {name: found.to_dict() for name, found in table.items() if found is not None}
 
 
 @routes.get("/clusters/{cluster_id}/policies", response=list[PolicyOut])

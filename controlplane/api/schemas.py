@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime
 from typing import Annotated, Any, Literal
 
 from ninja import Field, Schema
@@ -132,10 +132,56 @@ class InstanceOut(Schema):
 # Policies
 
 
+class ParamProvenanceOut(Schema):
+    """Where a parameter's default comes from (router_worker/routing/provenance.py)."""
+
+    provenance: Literal["derived", "matrix", "paper", "design", "operational"] = Field(
+        description="derived: filled per cluster from its GPU and model (blank = derive); "
+        "matrix: chosen on the evaluation matrix (see measured_on); paper: the published "
+        "algorithm's value or form (see source); design: Switchyard's own choice, not tuned; "
+        "operational: a bound or size with no routing effect"
+    )
+    label: str = Field(description="The provenance as the policy form shows it.")
+    measured_on: str | None = Field(
+        None, description="The fleet the default was chosen or computed on."
+    )
+    source: str | None = Field(None, description="The published algorithm it comes from.")
+
+
+class CellBreakOut(Schema):
+    cell: str = Field(description="regime@fleet/load, as the robustness suite names it")
+    breaches: list[str] = Field(
+        description='Each broken bound, e.g. "throughput 0.94× round robin\'s"'
+    )
+
+
+class PolicyRobustnessOut(Schema):
+    """A policy kind's record in the robustness suite (bench/bench_robustness.py)."""
+
+    status: Literal["keeps", "breaks", "not_judged", "unavailable"] = Field(
+        description="keeps / breaks the never-collapse invariant in the last whole run; "
+        "not_judged: not in it (the invariant's references); unavailable: no run recorded "
+        "or its summary unreadable"
+    )
+    headline: str = Field(description="The sentence the policy form shows.")
+    cells: int | None = Field(None, description="Cells of the suite the kind ran in.")
+    breaks: list[CellBreakOut] = Field(description="The cells where it breaks the invariant.")
+    generated: date | None = Field(None, description="The day of the run.")
+    invariant: str = Field("", description="What the suite checks, as the run states it.")
+
+
 class PolicyKindOut(Schema):
     kind: str
     description: str
-    params_schema: dict[str, Any]
+    params_schema: dict[str, Any] = Field(
+        description="The parameters' JSON schema; each property also carries its provenance "
+        "(provenance, measured_on, source), as params_provenance lists them."
+    )
+    params_provenance: dict[str, ParamProvenanceOut] = Field(
+        description="Per parameter (nested ones by dotted path, e.g. hotspot.window_s): where "
+        "its default comes from."
+    )
+    robustness: PolicyRobustnessOut
 
 
 class PolicyIn(Schema):

@@ -13,6 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import Cluster, Policy
+from controlplane.selectors import robustness
 from controlplane.services import config as config_service
 from controlplane.services import policies as policy_service
 from controlplane.services.errors import ServiceError
@@ -65,6 +66,7 @@ def _context(
         "kinds": kinds,
         "kind": kind,
         "fields": fields,
+        "robustness": robustness.by_kind(kinds),
         "field_errors": errors,
         "canary": config_service.active_canary(cluster),
         "target_version": latest.number if latest else None,
@@ -90,12 +92,14 @@ def policy_params(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """The parameter inputs of one policy kind (swapped in by htmx when the kind changes)."""
     get_cluster(cluster_id)
     kind = request.GET.get("kind", "")
+    kinds = policy_kinds()
     return page(
         request,
         "web/partials/policy_params.html",
         fields=_kind_fields(kind),
         kind=kind,
-        kinds=policy_kinds(),
+        kinds=kinds,
+        robustness=robustness.by_kind(kinds),
     )
 
 

@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import Cluster
+from controlplane.selectors import robustness
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import NotFound, Problems, ServiceError
 from controlplane.services.traces import shared_traces
@@ -30,6 +31,7 @@ def _context(cluster: Cluster) -> dict[str, Any]:
         "tab": "replays",
         "traces": shared_traces(),
         "policies": reads.policies(cluster.pk),
+        "robustness": robustness.by_kind(),
         "jobs": reads.replays(cluster.pk)[:20],
         "live_window": live["window"],
         "live_policy": cluster.active_policy,

@@ -13,6 +13,8 @@ from typing import Any
 
 from django.http import QueryDict
 
+from router_worker.routing.provenance import ParamProvenance
+
 PREFIX = "param."
 
 
@@ -32,6 +34,7 @@ class ParamField:
     posted: str | None = None  # what the operator submitted (None: not submitted)
     error: str = ""  # the policy class's message for this field
     id_prefix: str = "param"  # unique per policy where several are on one page
+    provenance: ParamProvenance | None = None  # where the default comes from
 
     @property
     def input_name(self) -> str:
@@ -43,8 +46,18 @@ class ParamField:
 
     @property
     def described_by(self) -> str:
-        """The ids of the help text (and the error, if any) for aria-describedby."""
-        return f"{self.input_id}-help" + (f" {self.input_id}-error" if self.error else "")
+        """The ids of the help text, the default's provenance and the error (those present)
+        for aria-describedby."""
+        ids = [f"{self.input_id}-help"]
+        if self.provenance is not None:
+            ids.append(self.provenance_id)
+        if self.error:
+            ids.append(f"{self.input_id}-error")
+        return " ".join(ids)
+
+    @property
+    def provenance_id(self) -> str:
+        return f"{self.input_id}-provenance"
 
     @property
     def step(self) -> str:
@@ -149,6 +162,7 @@ def _field(name: str, prop: dict[str, Any], resolved: dict[str, Any]) -> ParamFi
         nullable=bool(resolved.get("nullable")),
         exclusive_minimum="minimum" not in resolved and "exclusiveMinimum" in resolved,
         exclusive_maximum="maximum" not in resolved and "exclusiveMaximum" in resolved,
+        provenance=ParamProvenance.from_schema(prop) or ParamProvenance.from_schema(resolved),
     )
 
 

@@ -46,18 +46,8 @@ class ParamField:
 
     @property
     def described_by(self) -> str:
-        """The ids of the help text, the default's provenance and the error (those present)
-        for aria-describedby."""
-        ids = [f"{self.input_id}-help"]
-        if self.provenance is not None:
-            ids.append(self.provenance_id)
-        if self.error:
-            ids.append(f"{self.input_id}-error")
-        return " ".join(ids)
-
-    @property
-    def provenance_id(self) -> str:
-        return f"{self.input_id}-provenance"
+        """The ids of the help text (and the error, if any) for aria-describedby."""
+        return f"{self.input_id}-help" + (f" {self.input_id}-error" if self.error else "")
 
     @property
     def step(self) -> str:

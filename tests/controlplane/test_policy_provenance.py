@@ -258,12 +258,14 @@ def test_policy_form_shows_each_parameters_provenance(world, as_role) -> None:
         for field in fields:
             assert field.provenance is not None
             text = described(root, root.find(name=field.input_name))
-            assert f"Default: {field.provenance.text}" in text, (kind, field.name)
+            assert f"Origin of the default: {field.provenance.text}." in text, (kind, field.name)
     root = parse(as_role("operator").get(url, {"kind": "lmetric"}))
     offset = described(root, root.find(name="param.batch_offset"))
-    assert "Default: chosen on the evaluation matrix (16 × H20, Qwen2-7B)" in offset
+    assert "Origin of the default: chosen on the evaluation matrix (16 × H20, Qwen2-7B)" in offset
+    # between what the knob does and its value: the description still leads, the value ends
+    assert offset.startswith("c in the load term") and offset.endswith("default 48.0; ≥ 0")
     derived = described(root, root.find(name="param.decode_fixed_tokens"))
-    assert "Default: derived from this cluster's GPU and model" in derived
+    assert "Origin of the default: derived from this cluster's GPU and model" in derived
 
 
 def test_policy_page_shows_breaks_for_the_chosen_kind(world, as_role, summary_file) -> None:

@@ -247,7 +247,9 @@ class Coefficients:
 
 
 KV_FULL = 0.95  # scraped KV usage from which an engine stops admitting queued requests
-_ALPHA = 0.2  # weight of a new sample in an instance's learned error
+_ALPHA = 0.1  # weight of a new sample in an instance's learned error
+_FLEET_ALPHA = 0.02  # ... in the fleet's (every instance's samples)
+_PRIOR_WEIGHT = 5.0  # pull toward the fleet's line, × an instance's whole recent history (ridge)
 _FORGET_S = 30.0  # a learned error fades with this time constant once no sample renews it
 _OUTPUT_WINDOW = 200  # the expected output is the mean of about the last this many finishes
 _RATIO_BOUND = 8.0  # one TPOT sample moves the decode ratio by at most this factor
@@ -263,30 +265,70 @@ class _Prediction:
     first_token_at: float | None = None
 
 
+class _Fit:
+    """Exponentially weighted sums of (predicted p, measured m) samples, for the least
+    squares line m ≈ a + b·p (weights: ``_ALPHA`` per sample, and a fade with time)."""
+
+    __slots__ = ("at", "sums")
+
+    def __init__(self) -> None:
+        self.sums = np.zeros(5)  # Σw, Σw·p, Σw·p², Σw·m, Σw·p·m
+        self.at = -math.inf
+
+    def faded(self, now: float) -> np.ndarray:
+        if not math.isfinite(self.at):
+            return self.sums
+        return self.sums * math.exp(-max(now - self.at, 0.0) / _FORGET_S)
+
+    def add(self, p: float, m: float, now: float, alpha: float, fade: bool = True) -> None:
+        base = self.faded(now) if fade else self.sums
+        self.sums = (1.0 - alpha) * base + alpha * np.array([1.0, p, p * p, m, p * m])
+        self.at = now
+
+
+def _line(sums: np.ndarray, prior: tuple[float, float], scale: float) -> tuple[float, float]:
+    """Ridge fit of m ≈ a + b·p pulled toward ``prior`` (a₀, b₀) with one sample's weight
+    (``scale``: a typical p², so the pull on b has the units of the data)."""
+    w, sp, spp, sm, spm = sums.tolist()
+    a0, b0 = prior
+    matrix = np.array([[w + _PRIOR_WEIGHT, sp], [sp, spp + _PRIOR_WEIGHT * scale]])
+    rhs = np.array([sm + _PRIOR_WEIGHT * a0, spm + _PRIOR_WEIGHT * scale * b0])
+    a, b = np.linalg.solve(matrix, rhs).tolist()
+    b = min(max(b, 1.0 / _RATIO_BOUND), _RATIO_BOUND)
+    return a, b
+
+
 class PredictionErrors:
-    """What the policy learns from the engines: its prediction errors per instance and the
-    mean output length.
+    """What the policy learns from the engines: how each instance's TTFT departs from the
+    model's prediction, how its decode steps do, and the mean output length.
 
-    * TTFT residual: an EWMA of (measured − predicted) seconds, added to the prediction.
-      Additive, so a constant every instance shares (HTTP, tokenisation) shifts all of them
-      alike and cannot change a choice, and a request mix (cache hits on one instance, long
-      prefills on another) cannot bias one instance's correction the way a ratio would.
-    * decode ratio: an EWMA of log(measured TPOT ÷ predicted decode step), each sample
-      bounded, applied as a factor (a slower or mis-modelled engine is slower by a ratio).
+    * TTFT: per instance, a small online regression measured ≈ a + b × predicted
+      (exponentially weighted least squares over its recent requests), applied as
+      a + b × prediction. ``a`` absorbs constant overheads the model leaves out, ``b`` an
+      engine slower or faster than modelled (a slow engine's error grows with the work, so
+      an additive correction alone over-corrects small requests and under-corrects big
+      ones). The same fit over every instance's requests (slower, never faded) is the
+      fleet's line.
+    * decode: per instance, an EWMA of log(measured TPOT ÷ predicted decode step), each
+      sample bounded, applied as a factor; the fleet's the same over every instance.
 
-    Why it is stable: every correction is a bounded average of what the engine did with
-    requests this policy sent, and it fades (time constant ``_FORGET_S``) once no sample
-    renews it. An instance penalised into receiving nothing is therefore tried again within
-    tens of seconds, and a correction cannot feed on itself: sending less to an instance
-    lowers its measured errors, which lowers its penalty.
+    Why it is stable: each fit is ridge-regularised toward the fleet's line with one
+    sample's weight (a few samples cannot swing it; b is bounded to [1/8, 8]), and an
+    instance's own samples fade (time constant ``_FORGET_S``) toward the fleet's line once
+    no request renews them. An instance penalised into receiving nothing is therefore
+    judged like the rest of the fleet again within tens of seconds and retried; and the
+    corrections are fitted to the model's own predictions, never to corrected ones, so
+    they cannot feed on themselves.
     """
 
     def __init__(self, output_tokens_prior: int) -> None:
         self.output_tokens = float(output_tokens_prior)
         self._finishes = 0
         self._open: dict[str, _Prediction] = {}
-        self._residual: dict[str, tuple[float, float]] = {}  # instance → (seconds, at)
+        self._fits: dict[str, _Fit] = {}
+        self._fleet = _Fit()
         self._log_ratio: dict[str, tuple[float, float]] = {}  # instance → (log ratio, at)
+        self._fleet_log_ratio = 0.0
 
     def predicted(
         self, request_id: str, instance_id: str, ttft: float, step: float, now: float
@@ -300,8 +342,9 @@ class PredictionErrors:
         if record is None or record.instance_id != instance_id:
             return  # predicted by another policy object, or an attempt elsewhere
         record.first_token_at = now
-        error = (now - record.decided_at) - record.ttft
-        _update(self._residual, instance_id, error, now)
+        measured = now - record.decided_at
+        self._fits.setdefault(instance_id, _Fit()).add(record.ttft, measured, now, _ALPHA)
+        self._fleet.add(record.ttft, measured, now, _FLEET_ALPHA, fade=False)
 
     def finish(self, request_id: str, instance_id: str, output_tokens: int, now: float) -> None:
         self._finishes += 1
@@ -313,23 +356,33 @@ class PredictionErrors:
         if record.first_token_at is None or record.step <= 0:
             return
         tpot = (now - record.first_token_at) / (output_tokens - 1)
-        ratio = min(max(tpot / record.step, 1.0 / _RATIO_BOUND), _RATIO_BOUND)
-        _update(self._log_ratio, instance_id, math.log(ratio), now)
+        sample = math.log(min(max(tpot / record.step, 1.0 / _RATIO_BOUND), _RATIO_BOUND))
+        previous = self._faded_log_ratio(instance_id, now)
+        self._log_ratio[instance_id] = ((1.0 - _ALPHA) * previous + _ALPHA * sample, now)
+        self._fleet_log_ratio += _FLEET_ALPHA * (sample - self._fleet_log_ratio)
 
-    def corrections(self, ids: Sequence[str], now: float) -> tuple[np.ndarray, np.ndarray]:
-        """Per slot of ``ids``: the TTFT residual (s) and the decode-step factor, faded."""
-        residual = np.array([_faded(self._residual, i, now) for i in ids])
-        ratio = np.exp([_faded(self._log_ratio, i, now) for i in ids])
-        return residual, ratio
+    def corrections(
+        self, ids: Sequence[str], now: float
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per slot of ``ids``: the TTFT line's intercept (s) and slope, and the decode
+        step's factor."""
+        fleet_sums = self._fleet.sums
+        scale = fleet_sums[2] / fleet_sums[0] if fleet_sums[0] > 0 else 1.0
+        fleet = _line(fleet_sums, (0.0, 1.0), scale)
+        lines = [
+            _line(fit.faded(now), fleet, scale) if (fit := self._fits.get(i)) else fleet
+            for i in ids
+        ]
+        intercept = np.array([line[0] for line in lines])
+        slope = np.array([line[1] for line in lines])
+        ratio = np.exp([self._faded_log_ratio(i, now) for i in ids])
+        return intercept, slope, ratio
 
-
-def _faded(table: dict[str, tuple[float, float]], key: str, now: float) -> float:
-    value, at = table.get(key, (0.0, now))
-    return value * math.exp(-max(now - at, 0.0) / _FORGET_S)
-
-
-def _update(table: dict[str, tuple[float, float]], key: str, sample: float, now: float) -> None:
-    table[key] = ((1.0 - _ALPHA) * _faded(table, key, now) + _ALPHA * sample, now)
+    def _faded_log_ratio(self, instance_id: str, now: float) -> float:
+        """The instance's log ratio, faded toward the fleet's."""
+        fleet = self._fleet_log_ratio
+        value, at = self._log_ratio.get(instance_id, (fleet, now))
+        return fleet + (value - fleet) * math.exp(-max(now - at, 0.0) / _FORGET_S)
 
 
 class PredictedTTFTPolicy(RoutingPolicy):
@@ -405,8 +458,8 @@ class PredictedTTFTPolicy(RoutingPolicy):
         ``correction`` is off)."""
         if not self.params.correction:
             return ttft, step
-        residual, ratio = self.errors.corrections(ids, now)
-        return np.maximum(ttft + residual, 0.0), step * ratio
+        intercept, slope, ratio = self.errors.corrections(ids, now)
+        return np.maximum(intercept + slope * ttft, 0.0), step * ratio
 
     def decode_step(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         """Per slot, the decode step ``request`` would run in once it decodes: the running

@@ -33,7 +33,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import PolicyParams
-from router_worker.routing.provenance import derived, matrix
+from router_worker.routing.provenance import derived, design
 
 # enginesim's cost model for an H20 serving Qwen2-7B, as the control plane derives them
 # (enginesim.replay.policy_costs.derive_decode_costs("h20", "qwen2-7b")).
@@ -43,6 +43,8 @@ REFERENCE_DECODE_COSTS: dict[str, float] = {
 }
 DECODE_COST_FIELDS: tuple[str, ...] = tuple(REFERENCE_DECODE_COSTS)
 
+# where decode_slack was checked (it was not swept on the matrix)
+GUARD_CHECKED_ON = "a long-output burst on H100, A100 and L40S fleets; matrix cells unchanged"
 _DERIVED = "blank = derived from the cluster's GPU and model (H20 + Qwen2-7B: {})"
 
 
@@ -54,7 +56,9 @@ class DecodeGuardParams(PolicyParams):
         description="decode guard: only instances whose decode step with the request "
         "would take at most this factor × the fastest one's are candidates (a cache hit "
         "must not pile decode onto the instances holding a prefix); null = no guard",
-        json_schema_extra=matrix(),
+        json_schema_extra=design(
+            "the long-output burst on H100, A100 and L40S fleets; matrix cells unchanged"
+        ),
     )
     decode_fixed_tokens: float | None = Field(
         None,

@@ -234,6 +234,7 @@ def test_requests_keep_what_predicted_ttft_predicted_for_them():
     # an idle engine: the prediction is the cost model's prefill, below the engine's TTFT
     # by its fixed per-request overhead, and close to it
     first = predicted.requests[0]
+    assert first.predicted_ttft_s is not None
     assert 0.5 < first.predicted_ttft_s / metrics.ttft_of(first) < 1.0
     others = Simulator(records, "lmetric", SimConfig(instances=2)).run()
     assert all("predicted_ttft_s" not in r.to_json() for r in others.requests)

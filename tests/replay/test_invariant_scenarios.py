@@ -17,11 +17,13 @@ from typing import Any
 
 import pytest
 
+from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import metrics
 from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
-from enginesim.replay.traces import TraceRecord
+from enginesim.replay.traces import TraceRecord, read_trace, select
+from tests.replay.conftest import CONVERSATION
 
 LONG_OUTPUT_BURST = HotspotParams(
     at_s=10.0,
@@ -73,3 +75,35 @@ def test_without_their_decode_guards_our_policies_collapse(policy):
     result = check(policy, cell(policy, BLIND[policy]))
     assert not result.holds
     assert result.throughput_ratio is not None and result.throughput_ratio < 0.8
+
+
+# ----- the other regimes, on a slice of the real conversation trace ------------------------
+# (none of them breaks our policies today; these pin that they keep not breaking them)
+CONVERSATION_REGIMES: dict[str, dict[str, Any]] = {
+    "slow, jittered and mis-modelled engines": {
+        "variation": FleetVariation(
+            speeds=(0.5, 1, 1, 1, 1, 1, 1, 1), step_jitter=0.1, perturb=0.2, seed=1
+        )
+    },
+    "telemetry 1.5 s late": {"telemetry_delay_s": 1.5},
+    "scrapes every 2 s, no KV events": {"kv_events": False, "scrape_interval_s": 2.0},
+}
+
+
+@cache
+def conversation_slice() -> list[TraceRecord]:
+    return select(read_trace(CONVERSATION), rate_scale=0.5, end_s=150.0)
+
+
+@cache
+def regime_summary(regime: str, policy: str) -> dict[str, Any]:
+    cluster = {"kv_events": True, **CONVERSATION_REGIMES[regime]}
+    config = SimConfig(instances=8, seed=1, **cluster)
+    return metrics.summarize(Simulator(conversation_slice(), policy, config).run())
+
+
+@pytest.mark.parametrize("regime", CONVERSATION_REGIMES)
+def test_our_policies_keep_the_invariant_in_the_other_regimes(regime):
+    summaries = {p: regime_summary(regime, p) for p in (*REFERENCES, *OWN_POLICIES)}
+    breaches = {p: check(p, summaries).breaches for p in OWN_POLICIES}
+    assert breaches == {p: [] for p in OWN_POLICIES}

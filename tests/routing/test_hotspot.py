@@ -6,6 +6,7 @@ Detector: window 10 s, classes need ≥ 2 blocks, ≥ 2 class requests in window
 """
 
 import numpy as np
+import pytest
 
 from router_worker.routing import make_policy
 
@@ -53,7 +54,7 @@ def test_no_hotspot_while_the_ratio_test_passes():
         events += decision.events
         assert decision.instance_id == "i0" and decision.reason == "score"
     assert events == []
-    assert policy.detector.state_of(class_request(0, t).block_hashes[3]) == "normal"
+    assert policy.guard.detector.state_of(class_request(0, t).block_hashes[3]) == "normal"
 
 
 def test_burst_is_suspected_confirmed_falls_back_and_clears():
@@ -118,3 +119,39 @@ def test_class_cached_on_most_instances_is_not_a_hotspot():
     for k in range(8):
         events += policy.decide(class_request(k, 0.1 * k), view, 0.1 * k).events
     assert events == []
+
+
+# SMetric takes a request for a follow-up from a local hit of ≥ 256 tokens by default;
+# these 80-token requests hold 64 on i0
+FOLLOW_UPS = {"smetric": {"followup_min_hit_tokens": 16}}
+
+
+@pytest.mark.parametrize("kind", ["smetric", "predicted_ttft"])
+def test_our_other_policies_run_the_same_guard(kind):
+    """SMetric and predicted_ttft follow the hit to i0 until the class is confirmed hot,
+    then place it outside M by their own rule, with the same events as LMetric."""
+    state = cluster(4)
+    warm(state, "i0", PREFIX)
+    policy = make_policy(kind, PARAMS | FOLLOW_UPS.get(kind, {}), seed=1)
+    view = state.view()
+    decisions = [policy.decide(class_request(k, 0.1 * k), view, 0.1 * k) for k in range(4)]
+    assert [d.instance_id for d in decisions] == ["i0"] * 4
+    kinds = [event.kind for d in decisions for event in d.events]
+    assert kinds == ["suspected", "confirmed"]
+
+    fallback = policy.decide(class_request(4, 0.5), view, 0.5)
+    assert fallback.reason == "hotspot_fallback" and fallback.instance_id != "i0"
+    assert fallback.details["hot_class"] == f"{class_request(0, 0).block_hashes[3]:016x}"
+    assert fallback.score_table()["i0"] is None
+
+
+@pytest.mark.parametrize("kind", ["lmetric", "smetric", "predicted_ttft"])
+def test_the_guard_switched_off_never_falls_back(kind):
+    state = cluster(4)
+    warm(state, "i0", PREFIX)
+    off = {"hotspot": {**PARAMS["hotspot"], "enabled": False}}
+    policy = make_policy(kind, off | FOLLOW_UPS.get(kind, {}), seed=1)
+    view = state.view()
+    decisions = [policy.decide(class_request(k, 0.1 * k), view, 0.1 * k) for k in range(8)]
+    assert {d.instance_id for d in decisions} == {"i0"}
+    assert all(d.events == () and d.reason != "hotspot_fallback" for d in decisions)

@@ -51,14 +51,14 @@ import numpy as np
 from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
-from router_worker.routing.hotspot import HotspotDetector, HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
+from router_worker.routing.policies.hotspot_guard import HotspotGuard, HotspotGuardParams
 from router_worker.routing.provenance import matrix, paper
 
 
-class LMetricParams(DecodeGuardParams):
+class LMetricParams(DecodeGuardParams, HotspotGuardParams):
     batch_offset: float = Field(
         48.0,
         ge=0.0,
@@ -88,9 +88,6 @@ class LMetricParams(DecodeGuardParams):
         "null = ignore the tier, as the paper does",
         json_schema_extra=matrix(),
     )
-    hotspot: HotspotParams = Field(
-        default_factory=HotspotParams, description="hotspot detector settings"
-    )
 
 
 class LMetricPolicy(RoutingPolicy):
@@ -101,7 +98,7 @@ class LMetricPolicy(RoutingPolicy):
 
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
-        self.detector = HotspotDetector(self.params.hotspot)
+        self.guard = HotspotGuard(self.params.hotspot)
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         eligible = self.eligible_mask(view)
@@ -113,30 +110,26 @@ class LMetricPolicy(RoutingPolicy):
         load = self._load_term(request, view, batch)
         scores = prefill * load
         slot = self.pick_min((scores, prefill, batch), candidates)
-        if not self.params.hotspot.enabled:
-            return self.decision(view, request, slot, "score", scores, candidates)
-        cached = view.cached_blocks(request)
-        prefix_class = self.detector.classify(request, cached, eligible)
-        fallback, events = self.detector.update(
-            request, prefix_class, slot, eligible, view.ids, now
-        )
-        if fallback and prefix_class is not None:
-            outside = eligible & ~prefix_class.members
-            allowed = outside & candidates if (outside & candidates).any() else outside
-            blind_p = view.pending_prefill + request.prompt_tokens
-            scores = blind_p * load
-            slot = self.pick_min((scores, blind_p, batch), allowed)
+        verdict = self.guard.check(request, view, eligible, slot, now)
+        if verdict.outside is None:
             return self.decision(
-                view,
-                request,
-                slot,
-                "hotspot_fallback",
-                scores,
-                allowed,
-                events=events,
-                hot_class=f"{prefix_class.class_id:016x}",
+                view, request, slot, "score", scores, candidates, events=verdict.events
             )
-        return self.decision(view, request, slot, "score", scores, candidates, events=events)
+        outside = verdict.outside
+        allowed = outside & candidates if (outside & candidates).any() else outside
+        blind_p = view.pending_prefill + request.prompt_tokens
+        scores = blind_p * load
+        slot = self.pick_min((scores, blind_p, batch), allowed)
+        return self.decision(
+            view,
+            request,
+            slot,
+            "hotspot_fallback",
+            scores,
+            allowed,
+            events=verdict.events,
+            **verdict.details(),
+        )
 
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         if self.params.prefill_term == "miss_ratio":

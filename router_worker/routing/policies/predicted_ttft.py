@@ -103,6 +103,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.policies.hotspot_guard import HotspotGuard, HotspotGuardParams
 from router_worker.routing.provenance import derived, design, matrix
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
@@ -123,7 +124,7 @@ _DERIVED = (
 )
 
 
-class PredictedTTFTParams(PolicyParams):
+class PredictedTTFTParams(HotspotGuardParams):
     prefill_tps: float | None = Field(
         None,
         gt=0,
@@ -399,6 +400,7 @@ class PredictedTTFTPolicy(RoutingPolicy):
         super().__init__(params, seed)
         self.coefficients = Coefficients.of(self.params)
         self.errors = PredictionErrors(self.params.output_tokens_prior)
+        self.guard = HotspotGuard(self.params.hotspot)
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
@@ -406,7 +408,12 @@ class PredictedTTFTPolicy(RoutingPolicy):
         ttft, step = self.corrected(model_ttft, model_step, view.ids, now)
         score = ttft + self.decode_excess(step, allowed)
         p_tokens = view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
-        slot = self.pick_min((score, p_tokens, view.batch_size), allowed)
+        batch = view.batch_size
+        slot = self.pick_min((score, p_tokens, batch), allowed)
+        verdict = self.guard.check(request, view, allowed, slot, now)
+        if verdict.outside is not None:  # the class is hot: the best instance outside M
+            score = ttft + self.decode_excess(step, verdict.outside)
+            slot = self.pick_min((score, p_tokens, batch), verdict.outside)
         # the errors are learned against the model's own prediction, not the corrected one
         # (against the corrected one an EWMA settles at half the error)
         self.errors.predicted(
@@ -416,11 +423,13 @@ class PredictedTTFTPolicy(RoutingPolicy):
             view,
             request,
             slot,
-            "predicted_ttft",
+            "predicted_ttft" if verdict.outside is None else "hotspot_fallback",
             score,
-            allowed,
+            allowed if verdict.outside is None else verdict.outside,
+            events=verdict.events,
             predicted_ttft_s=float(ttft[slot]),
             predicted_tpot_s=float(step[slot]),
+            **verdict.details(),
         )
 
     def observe_first_token(

@@ -80,6 +80,8 @@ longer gives up KV reuse. Without a tier nothing changes.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from pydantic import Field
 
@@ -87,11 +89,12 @@ from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
+from router_worker.routing.policies.hotspot_guard import HotspotGuard, HotspotGuardParams
 from router_worker.routing.provenance import matrix, operational
 from router_worker.routing.sessions import SessionTable
 
 
-class SMetricParams(DecodeGuardParams):
+class SMetricParams(DecodeGuardParams, HotspotGuardParams):
     slo_ttft_s: float = Field(
         0.3,
         gt=0,
@@ -163,6 +166,7 @@ class SMetricPolicy(RoutingPolicy):
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
         self.sessions = SessionTable(self.params.session_table_size)
+        self.guard = HotspotGuard(self.params.hotspot)
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
@@ -179,10 +183,30 @@ class SMetricPolicy(RoutingPolicy):
                 decision = self._least_loaded(view, request, roomy, load, "followup_decode_guard")
             else:
                 decision = self._follow_up(view, request, roomy, hit, load)
+        decision = self._guard_hotspot(request, view, allowed, load, decision, now)
         decision.details["turn_basis"] = basis
         if request.session_key is not None:
             self.sessions.put(request.session_key, decision.instance_id)
         return decision
+
+    def _guard_hotspot(
+        self,
+        request: RequestFeatures,
+        view: ClusterView,
+        allowed: np.ndarray,
+        load: np.ndarray,
+        decision: Decision,
+        now: float,
+    ) -> Decision:
+        """While the request's prefix class is confirmed hot, place it as a first turn
+        among the instances outside the class's holders (their decode headroom first)."""
+        verdict = self.guard.check(request, view, allowed, decision.slot, now)
+        if verdict.outside is None:
+            return replace(decision, events=tuple(verdict.events)) if verdict.events else decision
+        roomy = decode_headroom(request, view, verdict.outside, self.params)
+        fallback = self._least_loaded(view, request, roomy, load, "hotspot_fallback")
+        fallback.details.update(verdict.details())
+        return replace(fallback, events=tuple(verdict.events))
 
     def _is_follow_up(
         self, request: RequestFeatures, hit: np.ndarray, allowed: np.ndarray

@@ -6,7 +6,10 @@ dominate decode steps); private 800-token background prompts at 1 request/s; fro
 t = 10 s, 5 requests/s for 90 s share a 20k-token prefix, with ~40-token suffixes and
 ~3,500-token outputs. The instance holding the prefix predicts the shortest TTFT for every
 one of them; a policy that keeps sending them there piles decode (and then KV) onto it
-while the rest of the fleet idles.
+while the rest of the fleet idles. The same burst runs on the four other fleets (A100 +
+Qwen3-8B, L40S + Qwen2.5-7B, H20 + Qwen3-32B and H20 + Qwen2-7B), and a slice of the
+Mooncake conversation trace on slow, jittered and mis-modelled engines, with late
+telemetry, with scrapes alone and through three routers.
 """
 
 from __future__ import annotations
@@ -42,25 +45,30 @@ def long_output_burst() -> list[TraceRecord]:
     return hotspot_burst(background, LONG_OUTPUT_BURST)
 
 
+H100 = "h100+llama-3.1-8b"
+
+
 @cache
-def summary(policy: str, params_json: str = "{}") -> dict[str, Any]:
-    params = json.loads(params_json)
-    config = SimConfig(
-        instances=8, gpu="h100", model="llama-3.1-8b", seed=1, policy_params={policy: params}
-    )
+def summary(policy: str, params_json: str = "{}", fleet: str = H100) -> dict[str, Any]:
+    gpu, model = fleet.split("+")
+    params = {policy: json.loads(params_json)}
+    config = SimConfig(instances=8, gpu=gpu, model=model, seed=1, policy_params=params)
     return metrics.summarize(Simulator(long_output_burst(), policy, config).run())
 
 
-def cell(policy: str, params: str = "{}") -> dict[str, dict[str, Any]]:
-    return {name: summary(name) for name in REFERENCES} | {policy: summary(policy, params)}
+def cell(policy: str, params: str = "{}", fleet: str = H100) -> dict[str, dict[str, Any]]:
+    references = {name: summary(name, fleet=fleet) for name in REFERENCES}
+    return references | {policy: summary(policy, params, fleet)}
 
 
-# Each policy as it was before it saw decode pressure: every request of the class follows
-# the cache to the instances holding the prefix.
+# Each policy as it was before it saw decode pressure (and, for SMetric and predicted_ttft,
+# before they ran the hotspot detector): every request of the class follows the cache to
+# the instances holding the prefix.
+NO_HOTSPOT = '"hotspot": {"enabled": false}'
 BLIND = {
     "lmetric": '{"decode_slack": null}',
-    "smetric": '{"decode_slack": null}',
-    "predicted_ttft": '{"decode_slack": null, "correction": false}',
+    "smetric": '{"decode_slack": null, ' + NO_HOTSPOT + "}",
+    "predicted_ttft": '{"decode_slack": null, "correction": false, ' + NO_HOTSPOT + "}",
 }
 
 
@@ -77,6 +85,47 @@ def test_without_their_decode_guards_our_policies_collapse(policy):
     assert result.throughput_ratio is not None and result.throughput_ratio < 0.8
 
 
+# ----- the same burst on the other fleets ---------------------------------------------------
+# Where one of our policies still breaks the invariant the test is a strict xfail: it pins
+# the miss (reported in bench/robustness_report/) and fails the day the miss is mended.
+KNOWN_MISSES = {
+    ("h20+qwen3-32b", "smetric"): "its KV holds a few 20k-token requests; SMetric piles "
+    "them behind the instances recomputing the prefix (throughput 0.57× round robin's)",
+    ("h20+qwen3-32b", "predicted_ttft"): "as SMetric (throughput 0.49× round robin's)",
+    ("h20+qwen2-7b", "predicted_ttft"): "a 20k-token prefill takes 4.6 s on an H20; after the "
+    "hotspot clears it waits behind fresh copies of the prefix (mean TTFT 2.6× least load's)",
+}
+OTHER_FLEETS = ("a100+qwen3-8b", "l40s+qwen2.5-7b", "h20+qwen3-32b", "h20+qwen2-7b")
+
+
+def fleet_cases() -> list[Any]:
+    return [
+        pytest.param(
+            fleet,
+            policy,
+            marks=pytest.mark.xfail(reason=KNOWN_MISSES[fleet, policy], strict=True)
+            if (fleet, policy) in KNOWN_MISSES
+            else (),
+        )
+        for fleet in OTHER_FLEETS
+        for policy in OWN_POLICIES
+    ]
+
+
+@pytest.mark.parametrize(("fleet", "policy"), fleet_cases())
+def test_our_policies_keep_the_invariant_on_the_other_fleets(fleet, policy):
+    result = check(policy, cell(policy, fleet=fleet))
+    assert result.holds, result.breaches
+
+
+@pytest.mark.parametrize("fleet", OTHER_FLEETS)
+def test_predicted_ttft_as_it_was_collapses_on_every_fleet(fleet):
+    """predicted_ttft as the issue found it: no decode guard, no learned errors, no
+    hotspot detector."""
+    result = check("predicted_ttft", cell("predicted_ttft", BLIND["predicted_ttft"], fleet))
+    assert result.throughput_ratio is not None and result.throughput_ratio < 0.9
+
+
 # ----- the other regimes, on a slice of the real conversation trace ------------------------
 # (none of them breaks our policies today; these pin that they keep not breaking them)
 CONVERSATION_REGIMES: dict[str, dict[str, Any]] = {
@@ -87,6 +136,7 @@ CONVERSATION_REGIMES: dict[str, dict[str, Any]] = {
     },
     "telemetry 1.5 s late": {"telemetry_delay_s": 1.5},
     "scrapes every 2 s, no KV events": {"kv_events": False, "scrape_interval_s": 2.0},
+    "three routers that do not share dispatches": {"routers": 3},
 }
 
 

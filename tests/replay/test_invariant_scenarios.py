@@ -6,10 +6,14 @@ dominate decode steps); private 800-token background prompts at 1 request/s; fro
 t = 10 s, 5 requests/s for 90 s share a 20k-token prefix, with ~40-token suffixes and
 ~3,500-token outputs. The instance holding the prefix predicts the shortest TTFT for every
 one of them; a policy that keeps sending them there piles decode (and then KV) onto it
-while the rest of the fleet idles. The same burst runs on the four other fleets (A100 +
-Qwen3-8B, L40S + Qwen2.5-7B, H20 + Qwen3-32B and H20 + Qwen2-7B), and a slice of the
-Mooncake conversation trace on slow, jittered and mis-modelled engines, with late
-telemetry, with scrapes alone and through three routers.
+while the rest of the fleet idles.
+
+The same burst runs in each of the robustness suite's regimes (slow, jittered and
+mis-modelled engines; telemetry 1.5 s late; scrapes alone; three routers) and on the four
+other fleets (A100 + Qwen3-8B, L40S + Qwen2.5-7B, H20 + Qwen3-32B, H20 + Qwen2-7B):
+predicted_ttft as the issue found it collapses in every one, ours keep the invariant
+except where a strict xfail names the miss. A slice of the Mooncake conversation trace
+runs in each regime too.
 """
 
 from __future__ import annotations
@@ -47,18 +51,35 @@ def long_output_burst() -> list[TraceRecord]:
 
 H100 = "h100+llama-3.1-8b"
 
+# the regimes of the robustness suite, on one fleet (KV events on unless the regime says)
+REGIMES: dict[str, dict[str, Any]] = {
+    "slow, jittered and mis-modelled engines": {
+        "variation": FleetVariation(
+            speeds=(0.5, 1, 1, 1, 1, 1, 1, 1), step_jitter=0.1, perturb=0.2, seed=1
+        )
+    },
+    "telemetry 1.5 s late": {"telemetry_delay_s": 1.5},
+    "scrapes every 2 s, no KV events": {"kv_events": False, "scrape_interval_s": 2.0},
+    "three routers that do not share dispatches": {"routers": 3},
+}
+
 
 @cache
-def summary(policy: str, params_json: str = "{}", fleet: str = H100) -> dict[str, Any]:
+def summary(
+    policy: str, params_json: str = "{}", fleet: str = H100, regime: str | None = None
+) -> dict[str, Any]:
     gpu, model = fleet.split("+")
     params = {policy: json.loads(params_json)}
-    config = SimConfig(instances=8, gpu=gpu, model=model, seed=1, policy_params=params)
+    cluster = {"kv_events": True, **REGIMES[regime]} if regime else {}
+    config = SimConfig(instances=8, gpu=gpu, model=model, seed=1, policy_params=params, **cluster)
     return metrics.summarize(Simulator(long_output_burst(), policy, config).run())
 
 
-def cell(policy: str, params: str = "{}", fleet: str = H100) -> dict[str, dict[str, Any]]:
-    references = {name: summary(name, fleet=fleet) for name in REFERENCES}
-    return references | {policy: summary(policy, params, fleet)}
+def cell(
+    policy: str, params: str = "{}", fleet: str = H100, regime: str | None = None
+) -> dict[str, dict[str, Any]]:
+    references = {name: summary(name, fleet=fleet, regime=regime) for name in REFERENCES}
+    return references | {policy: summary(policy, params, fleet, regime)}
 
 
 # Each policy as it was before it saw decode pressure (and, for SMetric and predicted_ttft,
@@ -126,20 +147,43 @@ def test_predicted_ttft_as_it_was_collapses_on_every_fleet(fleet):
     assert result.throughput_ratio is not None and result.throughput_ratio < 0.9
 
 
-# ----- the other regimes, on a slice of the real conversation trace ------------------------
-# (none of them breaks our policies today; these pin that they keep not breaking them)
-CONVERSATION_REGIMES: dict[str, dict[str, Any]] = {
-    "slow, jittered and mis-modelled engines": {
-        "variation": FleetVariation(
-            speeds=(0.5, 1, 1, 1, 1, 1, 1, 1), step_jitter=0.1, perturb=0.2, seed=1
-        )
-    },
-    "telemetry 1.5 s late": {"telemetry_delay_s": 1.5},
-    "scrapes every 2 s, no KV events": {"kv_events": False, "scrape_interval_s": 2.0},
-    "three routers that do not share dispatches": {"routers": 3},
+# ----- the burst in every other regime ---------------------------------------------------
+BURST_MISSES = {
+    ("three routers that do not share dispatches", "smetric"): "each router's decode guard "
+    "sees only its own dispatches between scrapes, so the holders take a little too much "
+    "decode (throughput 0.92–1.05× round robin's over seeds 1–3; 0.948× at seed 1)",
 }
 
 
+def burst_cases() -> list[Any]:
+    return [
+        pytest.param(
+            regime,
+            policy,
+            marks=pytest.mark.xfail(reason=BURST_MISSES[regime, policy], strict=True)
+            if (regime, policy) in BURST_MISSES
+            else (),
+        )
+        for regime in REGIMES
+        for policy in OWN_POLICIES
+    ]
+
+
+@pytest.mark.parametrize(("regime", "policy"), burst_cases())
+def test_our_policies_keep_the_invariant_on_the_burst_in_every_regime(regime, policy):
+    result = check(policy, cell(policy, regime=regime))
+    assert result.holds, result.breaches
+
+
+@pytest.mark.parametrize("regime", REGIMES)
+def test_predicted_ttft_as_it_was_collapses_on_the_burst_in_every_regime(regime):
+    result = check("predicted_ttft", cell("predicted_ttft", BLIND["predicted_ttft"], regime=regime))
+    assert result.throughput_ratio is not None and result.throughput_ratio < 0.5
+
+
+# ----- the other regimes, on a slice of the real conversation trace ------------------------
+# (none of them breaks our policies, nor predicted_ttft as it was: the burst above, run in
+# each regime, is what tells them apart)
 @cache
 def conversation_slice() -> list[TraceRecord]:
     return select(read_trace(CONVERSATION), rate_scale=0.5, end_s=150.0)
@@ -147,12 +191,12 @@ def conversation_slice() -> list[TraceRecord]:
 
 @cache
 def regime_summary(regime: str, policy: str) -> dict[str, Any]:
-    cluster = {"kv_events": True, **CONVERSATION_REGIMES[regime]}
+    cluster = {"kv_events": True, **REGIMES[regime]}
     config = SimConfig(instances=8, seed=1, **cluster)
     return metrics.summarize(Simulator(conversation_slice(), policy, config).run())
 
 
-@pytest.mark.parametrize("regime", CONVERSATION_REGIMES)
+@pytest.mark.parametrize("regime", REGIMES)
 def test_our_policies_keep_the_invariant_in_the_other_regimes(regime):
     summaries = {p: regime_summary(regime, p) for p in (*REFERENCES, *OWN_POLICIES)}
     breaches = {p: check(p, summaries).breaches for p in OWN_POLICIES}

@@ -30,9 +30,10 @@ from .conftest import SYSTEM, session_client
 pytestmark = pytest.mark.django_db
 REASON = "ticket OPS-20"
 # predicted_ttft's parameters that are not cost coefficients, at their declared defaults
+# (nested settings, such as the hotspot detector's, as stored: plain JSON)
 OTHER_DEFAULTS = {
-    name: field.default
-    for name, field in PredictedTTFTParams.model_fields.items()
+    name: value
+    for name, value in PredictedTTFTParams().model_dump(mode="json").items()
     if name not in COEFFICIENT_FIELDS
 }
 
@@ -183,6 +184,7 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
             "confirm": "yes",
             **blank,
             "param.correction": "on",  # checked by default, so a browser posts it
+            "param.hotspot.enabled": "on",  # likewise
             "param.chunk_tokens": "4096",
         },
     )

@@ -16,6 +16,7 @@ and predicted_ttft run the same detector with the same settings.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -23,13 +24,12 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotDetector, HotspotEvent, HotspotParams
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import PolicyParams
 
 
-class HotspotGuardParams(PolicyParams):
-    hotspot: HotspotParams = Field(
-        default_factory=HotspotParams, description="hotspot detector settings"
-    )
+def hotspot_field() -> Any:
+    """The ``hotspot`` parameter of a policy that runs the guard (declared last, so the
+    detector's settings close the policy's form)."""
+    return Field(default_factory=HotspotParams, description="hotspot detector settings")
 
 
 @dataclass(frozen=True, slots=True)

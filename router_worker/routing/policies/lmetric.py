@@ -51,14 +51,15 @@ import numpy as np
 from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
+from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
-from router_worker.routing.policies.hotspot_guard import HotspotGuard, HotspotGuardParams
+from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import matrix, paper
 
 
-class LMetricParams(DecodeGuardParams, HotspotGuardParams):
+class LMetricParams(DecodeGuardParams):
     batch_offset: float = Field(
         48.0,
         ge=0.0,
@@ -88,6 +89,7 @@ class LMetricParams(DecodeGuardParams, HotspotGuardParams):
         "null = ignore the tier, as the paper does",
         json_schema_extra=matrix(),
     )
+    hotspot: HotspotParams = hotspot_field()
 
 
 class LMetricPolicy(RoutingPolicy):

@@ -101,9 +101,10 @@ import numpy as np
 from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
+from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
-from router_worker.routing.policies.hotspot_guard import HotspotGuard, HotspotGuardParams
+from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import derived, design, matrix
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
@@ -124,7 +125,7 @@ _DERIVED = (
 )
 
 
-class PredictedTTFTParams(HotspotGuardParams):
+class PredictedTTFTParams(PolicyParams):
     prefill_tps: float | None = Field(
         None,
         gt=0,
@@ -224,6 +225,7 @@ class PredictedTTFTParams(HotspotGuardParams):
         "first sample",
         json_schema_extra=design(),
     )
+    hotspot: HotspotParams = hotspot_field()
 
 
 @dataclass(frozen=True, slots=True)

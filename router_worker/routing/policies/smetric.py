@@ -86,15 +86,16 @@ import numpy as np
 from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
+from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
-from router_worker.routing.policies.hotspot_guard import HotspotGuard, HotspotGuardParams
+from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import matrix, operational
 from router_worker.routing.sessions import SessionTable
 
 
-class SMetricParams(DecodeGuardParams, HotspotGuardParams):
+class SMetricParams(DecodeGuardParams):
     slo_ttft_s: float = Field(
         0.3,
         gt=0,
@@ -155,6 +156,7 @@ class SMetricParams(DecodeGuardParams, HotspotGuardParams):
     session_table_size: int = Field(
         100_000, ge=1, description="sessions remembered (LRU)", json_schema_extra=operational()
     )
+    hotspot: HotspotParams = hotspot_field()
 
 
 class SMetricPolicy(RoutingPolicy):

@@ -19,6 +19,7 @@ runs in each regime too.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import cache
 from typing import Any
 
@@ -119,21 +120,22 @@ KNOWN_MISSES = {
 OTHER_FLEETS = ("a100+qwen3-8b", "l40s+qwen2.5-7b", "h20+qwen3-32b", "h20+qwen2-7b")
 
 
-def fleet_cases() -> list[Any]:
+def own_policy_cases(settings: Iterable[str], misses: dict[tuple[str, str], str]) -> list[Any]:
+    """(setting, policy) for each of our policies; a known miss is a strict xfail."""
     return [
         pytest.param(
-            fleet,
+            setting,
             policy,
-            marks=pytest.mark.xfail(reason=KNOWN_MISSES[fleet, policy], strict=True)
-            if (fleet, policy) in KNOWN_MISSES
+            marks=pytest.mark.xfail(reason=misses[setting, policy], strict=True)
+            if (setting, policy) in misses
             else (),
         )
-        for fleet in OTHER_FLEETS
+        for setting in settings
         for policy in OWN_POLICIES
     ]
 
 
-@pytest.mark.parametrize(("fleet", "policy"), fleet_cases())
+@pytest.mark.parametrize(("fleet", "policy"), own_policy_cases(OTHER_FLEETS, KNOWN_MISSES))
 def test_our_policies_keep_the_invariant_on_the_other_fleets(fleet, policy):
     result = check(policy, cell(policy, fleet=fleet))
     assert result.holds, result.breaches
@@ -155,21 +157,7 @@ BURST_MISSES = {
 }
 
 
-def burst_cases() -> list[Any]:
-    return [
-        pytest.param(
-            regime,
-            policy,
-            marks=pytest.mark.xfail(reason=BURST_MISSES[regime, policy], strict=True)
-            if (regime, policy) in BURST_MISSES
-            else (),
-        )
-        for regime in REGIMES
-        for policy in OWN_POLICIES
-    ]
-
-
-@pytest.mark.parametrize(("regime", "policy"), burst_cases())
+@pytest.mark.parametrize(("regime", "policy"), own_policy_cases(REGIMES, BURST_MISSES))
 def test_our_policies_keep_the_invariant_on_the_burst_in_every_regime(regime, policy):
     result = check(policy, cell(policy, regime=regime))
     assert result.holds, result.breaches

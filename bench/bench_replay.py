@@ -249,6 +249,7 @@ ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"lmetric[c={c}]": ("lmetric", {"batch_offset": float(c)}) for c in (1, 16, 32, 64)},
     "lmetric[miss_ratio]": ("lmetric", {"prefill_term": "miss_ratio"}),
     "lmetric[total_tokens]": ("lmetric", {"load_term": "total_tokens"}),
+    "lmetric[decode_step]": ("lmetric", {"load_term": "decode_step"}),
     "lmetric[no_hotspot]": ("lmetric", {"hotspot": {"enabled": False}}),
 }
 # Run only where the cluster has a global KV tier (elsewhere they are LMetric itself).

@@ -7,7 +7,15 @@ from hypothesis import strategies as st
 
 from router_worker.routing import ClusterState, ClusterView, GlobalTier, make_policy
 
-from .helpers import add_decoding, add_pending, cluster, features, tokens, warm
+from .helpers import (
+    add_decoding,
+    add_decoding_context,
+    add_pending,
+    cluster,
+    features,
+    tokens,
+    warm,
+)
 
 # The paper's exact score, P-token × BS: these tests pin what BS counts.
 PAPER = {"batch_offset": 0.0, "tier_token_cost": None, "decode_slack": None}
@@ -198,3 +206,28 @@ def test_with_a_global_tier_the_tokens_it_holds_cost_a_load_not_a_prefill():
     blind = make_policy("lmetric", {"tier_token_cost": None}).decide(request, state.view(), 0.0)
     assert blind.score_table() == {"i0": 3001 * 49, "i1": 4096 * 48}
     assert blind.instance_id == "i0"
+
+
+def test_the_decode_step_load_term_weighs_the_contexts_a_batch_decodes():
+    """Two instances run four requests each: i0 decodes 30k-token contexts, i1 one-token
+    ones, and i1 also has 20 tokens of prefill queued. ``BS + c`` sees equal batches and
+    sends r to the shorter prefill queue, i0; the decode-step term charges i0 the KV reads
+    of its long contexts (the step r would join there is 1.24× i1's) and sends r to i1."""
+    state = cluster(2)
+    add_decoding_context(state, "i0", 4, 30_000)
+    add_decoding(state, "i1", 4)
+    add_pending(state, "i1", 20)
+    request = features(tokens(0, 100))
+    costs = {"decode_fixed_tokens": 397_100.0, "decode_seq_tokens": 10_790.0, "decode_slack": None}
+    by_batch = make_policy("lmetric", costs).decide(request, state.view(), 0.0)
+    assert by_batch.instance_id == "i0"
+    step = make_policy("lmetric", {**costs, "load_term": "decode_step"})
+    decision = step.decide(request, state.view(), 0.0)
+    view = state.view()
+    fixed, seq = costs["decode_fixed_tokens"], costs["decode_seq_tokens"]
+    load = fixed + seq * (view.batch_size + 1) + view.decode_context_tokens + 100
+    p_tokens = view.p_tokens(request, tier_token_cost=0.1)
+    assert decision.score_table() == pytest.approx(
+        {"i0": p_tokens[0] * load[0], "i1": p_tokens[1] * load[1]}
+    )
+    assert decision.instance_id == "i1"

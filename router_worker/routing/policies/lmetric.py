@@ -11,6 +11,9 @@ docs/algorithms.md, "lmetric"):
   decodes; see :mod:`router_worker.routing.indicators`). ``total_tokens`` (the paper's
   ablation): the tokens of that batch, the decoding requests' contexts plus the pending
   prefill (its offset is c × r's prompt tokens).
+  ``decode_step``: the time of the decode step r would join, from the fleet's decode
+  costs (the decode guard's ``g_i``): ``BS + c`` with c read at each instance's own
+  running contexts.
 * global KV tier: a prompt's blocks the tier holds load onto any instance instead of
   being prefilled there, so with a tier the prefill term charges them
   ``tier_token_cost`` of a token each (SMetric's estimate does the same). The paper has
@@ -54,7 +57,11 @@ from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
-from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
+from router_worker.routing.policies.decode_guard import (
+    DecodeGuardParams,
+    decode_headroom,
+    decode_load,
+)
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import matrix, paper
 
@@ -74,10 +81,12 @@ class LMetricParams(DecodeGuardParams):
         "miss_ratio: 1 − local hit ratio (the paper's ablation)",
         json_schema_extra=paper("LMetric"),
     )
-    load_term: Literal["batch_size", "total_tokens"] = Field(
+    load_term: Literal["batch_size", "total_tokens", "decode_step"] = Field(
         "batch_size",
-        description="batch_size: requests in the running batch (the paper's); "
-        "total_tokens: context tokens of the batch (the paper's ablation)",
+        description="batch_size: requests in the running batch, plus c (the paper's); "
+        "total_tokens: context tokens of the batch (the paper's ablation); decode_step: "
+        "the time of the decode step the request joins, from the fleet's decode costs "
+        "(grows with the batch and its contexts; c unused)",
         json_schema_extra=paper("LMetric"),
     )
     tier_token_cost: float | None = Field(
@@ -142,6 +151,8 @@ class LMetricPolicy(RoutingPolicy):
         self, request: RequestFeatures, view: ClusterView, batch: np.ndarray
     ) -> np.ndarray:
         offset = self.params.batch_offset
+        if self.params.load_term == "decode_step":
+            return decode_load(request, view, self.params)
         if self.params.load_term == "total_tokens":
             batch_tokens = view.decode_context_tokens + view.pending_prefill
             return batch_tokens + offset * request.prompt_tokens

@@ -504,6 +504,7 @@ class RouterCore:
                 "tier": plan.tier,
                 "ttft_s": ttft,
                 "scores": plan.decision.score_table(),
+                "details": scalar_details(plan.decision.details),
             }
             for plan, status, ttft in recent
         ]

@@ -166,3 +166,20 @@ def test_preble_stops_charging_decode_once_the_router_saw_the_finish(fleet, rout
     # 100 uncached prompt tokens of the first (in the window) + 100 new tokens
     assert scores[served] == pytest.approx(100 + 100)
     assert {v for k, v in scores.items() if k != served} == {100}
+
+
+def test_admin_state_shows_each_recent_decision_with_its_details(fleet, router_factory):
+    """An operator reading ``/admin/state`` sees why each request went where it did:
+    predicted_ttft's prediction for the chosen instance rides on the decision, beside the
+    TTFT the router then measured (a stream's first token)."""
+    router = router_factory(router_config(fleet, "predicted_ttft"))
+    client = _client(router)
+    stream = client.completions.create(
+        model=MODEL, prompt=list(range(2000, 2400)), max_tokens=2, stream=True
+    )
+    assert [chunk for chunk in stream]
+    wait_until(lambda: router.state()["recent_decisions"], 10, "the request's finish")
+    decision = router.state()["recent_decisions"][-1]
+    assert decision["policy"] == "predicted_ttft"
+    assert decision["details"]["predicted_ttft_s"] > 0
+    assert decision["ttft_s"] > 0

@@ -46,6 +46,7 @@ import numpy as np
 
 from devharness import ProcessSet, free_ports, wait_until
 from engine_interface import parse_metrics, percentile
+from enginesim.replay.policy_costs import fill_coefficients, unset_fields
 
 REPO = Path(__file__).resolve().parents[1]
 TRACE = Path("/work/shared/traces/mooncake_conversation_t0-2700s.jsonl")
@@ -87,6 +88,48 @@ def stats(values: list[float]) -> dict[str, float | None]:
     }
 
 
+def prediction_error(
+    pairs: list[tuple[float | None, float | None]], scale: float
+) -> dict[str, float] | None:
+    """MAPE, p90 |error| and bias (simulated s) of (predicted, measured) TTFT pairs in wall
+    seconds at ``scale`` wall s per simulated s; None without predictions."""
+    kept = [(p, m) for p, m in pairs if p is not None and m is not None and m > 0]
+    if not kept:
+        return None
+    predicted, measured = (np.array(side, dtype=float) / scale for side in zip(*kept, strict=True))
+    error = predicted - measured
+    return {
+        "n": len(kept),
+        "mape": float(np.mean(np.abs(error) / measured)),
+        "p90_abs_s": float(np.percentile(np.abs(error), 90)),
+        "bias_s": float(error.mean()),
+    }
+
+
+def slow_motion_params(policy: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The policy's params for the live router. The router measures wall time, and the
+    engines run ``time_scale`` wall seconds per simulated one, so cost coefficients in
+    seconds are derived for the fleet (as the control plane does) and stretched by it."""
+    params = dict(args.policy_params.get(policy, {}))
+    filled = fill_coefficients(policy, params, "h20", "qwen2-7b")
+    for name in unset_fields(policy, params):
+        if name.endswith("_s"):
+            filled[name] = filled[name] * args.time_scale
+        elif name == "prefill_tps":
+            filled[name] = filled[name] / args.time_scale
+    return filled
+
+
+def variation_args(args: argparse.Namespace) -> list[str]:
+    """The fleet's variation, the same for enginesim serve and replay."""
+    out = ["--fleet-seed", str(args.fleet_seed)]
+    if args.perturb:
+        out += ["--perturb", repr(args.perturb)]
+    if args.step_jitter:
+        out += ["--step-jitter", repr(args.step_jitter)]
+    return out
+
+
 def engine_ttft(base: int, instances: int) -> tuple[float, int]:
     """Sum and count of the engines' TTFT histograms (simulated seconds)."""
     total, count = 0.0, 0
@@ -117,10 +160,10 @@ class DecisionPoller(threading.Thread):
         with contextlib.suppress(httpx.HTTPError, ValueError):
             state = httpx.get(self.url, headers=self.headers, timeout=5).json()
             for item in state.get("recent_decisions", []):
-                self.decisions[item["request_id"]] = {
-                    key: item.get(key)
-                    for key in ("instance", "prompt_tokens", "status", "cached_tokens", "reason")
-                }
+                kept = ("instance", "prompt_tokens", "status", "cached_tokens", "reason", "ttft_s")
+                decision = {key: item.get(key) for key in kept}
+                decision["predicted_ttft_s"] = (item.get("details") or {}).get("predicted_ttft_s")
+                self.decisions[item["request_id"]] = decision
 
 
 def placement_agreement(
@@ -166,6 +209,7 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
             str(scale),
             "--stream-interval",
             str(args.stream_interval),
+            *variation_args(args),
         ],
         work / f"{policy}_fleet.log",
     )
@@ -185,7 +229,7 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "instances": [
             {"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"} for k in range(args.instances)
         ],
-        "policy": {"kind": policy, "params": {}, "seed": 0},
+        "policy": {"kind": policy, "params": slow_motion_params(policy, args), "seed": 0},
         "router": {
             # one simulated second between scrapes, as in the replay
             "scrape_interval_s": args.scrape_interval * scale,
@@ -299,6 +343,9 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
         "engine_ttft_mean": eng_sum / eng_count if eng_count else None,
         "engine_count": eng_count,
         "decisions": len(decisions),
+        "prediction": prediction_error(
+            [(d["predicted_ttft_s"], d["ttft_s"]) for d in decisions], scale
+        ),
     }
 
 
@@ -332,6 +379,9 @@ def run_replay(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]
         str(out),
         "--no-plots",
         "--no-progress",
+        "--policy-params",
+        json.dumps(args.policy_params),
+        *variation_args(args),
     ]
     for policy in args.policies:
         cmd += ["--policy", policy]
@@ -356,6 +406,9 @@ def run_replay(args: argparse.Namespace, work: Path) -> dict[str, dict[str, Any]
             "ttft": stats([r["first_token_s"] - r["arrival_s"] for r in ok]),
             "cached": sum(r["cached_tokens"] or 0 for r in ok)
             / max(sum(r["prompt_tokens"] or 0 for r in ok), 1),
+            "prediction": prediction_error(
+                [(r.get("predicted_ttft_s"), r["first_token_s"] - r["arrival_s"]) for r in ok], 1.0
+            ),
         }
     return results
 
@@ -405,6 +458,7 @@ def report(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any
             f"| {rp['same_instance'][0]}/{rp['same_instance'][1]} | {rp['busy']:.2f} "
             f"| {lv['wall_s']:.0f} |"
         )
+    lines += prediction_table(args, live, replay)
     if all(live[p]["ttft"] is not None for p in args.policies):
         lines.append("")
         for key in ("mean", "p99"):
@@ -414,6 +468,32 @@ def report(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any
             lines.append(f"- {key} TTFT ranking: live {lrank}; replay {rrank} → {agree}")
         lines += verdict(args, live, replay)
     return "\n".join(lines)
+
+
+def prediction_table(
+    args: argparse.Namespace, live: dict[str, Any], replay: dict[str, Any]
+) -> list[str]:
+    """The predicted-TTFT error of the policies that predict, live and in the replay."""
+    rows = []
+    for policy in args.policies:
+        for side, results in (("live", live), ("replay", replay)):
+            error = results[policy].get("prediction")
+            if error:
+                rows.append(
+                    f"| `{policy}` | {side} | {error['n']} | {error['mape']:.2f} | "
+                    f"{error['p90_abs_s']:.3f} | {error['bias_s']:+.3f} |"
+                )
+    if not rows:
+        return []
+    return [
+        "",
+        f"Prediction error (policy params {json.dumps(args.policy_params)}; simulated s; live: "
+        "the decision's prediction against the router's measured TTFT):",
+        "",
+        "| policy | side | n | MAPE | p90 \\|error\\| s | bias s |",
+        "|---|---|---:|---:|---:|---:|",
+        *rows,
+    ]
 
 
 TOLERANCE = 0.10  # live mean and p99 TTFT within this of the replay's
@@ -439,7 +519,7 @@ def verdict(args: argparse.Namespace, live: dict[str, Any], replay: dict[str, An
     ]
 
 
-def main() -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add = parser.add_argument
     add("--trace", type=Path, default=TRACE)
@@ -451,18 +531,18 @@ def main() -> int:
     add("--scrape-interval", type=float, default=1.0, help="simulated seconds")
     add("--instances", type=int, default=16)
     add("--policies", nargs="+", default=["lmetric", "least_load", "round_robin"])
+    add("--policy-params", type=json.loads, default={}, help='JSON {"kind": {params}}')
+    add("--perturb", type=float, default=0.0, help="engines mis-modelled by up to ± this")
+    add("--step-jitter", type=float, default=0.0, help="per-step noise of the engines")
+    add("--fleet-seed", type=int, default=1)
     add("--live-timeout", type=float, default=1200.0, help="wall s per live run at most")
     add("--work", type=Path, default=None, help="logs and raw results (default: a temp dir)")
     add("--resume", action="store_true", help="reuse the live results already in --work")
-    args = parser.parse_args()
+    return parser
 
-    atexit.register(stop_all)
-    signal.signal(signal.SIGINT, _on_signal)
-    signal.signal(signal.SIGTERM, _on_signal)
-    work = args.work or Path(tempfile.mkdtemp(prefix="live_vs_replay_"))
-    work.mkdir(parents=True, exist_ok=True)
-    print(f"# work dir {work}", flush=True)
-    began = time.monotonic()
+
+def live_and_replay(args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Each policy live (fresh stack each), then all of them in the replay."""
     live: dict[str, Any] = {}
     try:
         for policy in args.policies:
@@ -479,6 +559,19 @@ def main() -> int:
     finally:
         stop_all()
     (work / "summary.json").write_text(json.dumps({"live": live, "replay": replay}, indent=1))
+    return live, replay
+
+
+def main() -> int:
+    args = build_parser().parse_args()
+    atexit.register(stop_all)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGTERM, _on_signal)
+    work = args.work or Path(tempfile.mkdtemp(prefix="live_vs_replay_"))
+    work.mkdir(parents=True, exist_ok=True)
+    print(f"# work dir {work}", flush=True)
+    began = time.monotonic()
+    live, replay = live_and_replay(args, work)
     print(report(args, live, replay))
     print(f"# total wall {time.monotonic() - began:.0f} s")
     return 0

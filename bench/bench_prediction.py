@@ -14,13 +14,24 @@ per seed, this bench reports:
 
 ``correction off`` is the same policy with ``correction`` false: the cost model alone.
 
-    python bench/bench_prediction.py      # → bench/prediction.md
+With ``--live`` it also measures the error live against enginesim: for homogeneous and for
+mis-modelled engines, with the correction on and off, a fresh ``enginesim serve`` fleet in
+slow motion behind a standalone router replays a slice of the Mooncake conversation trace
+(``bench/bench_live_vs_replay.py``), and the router's own decisions (their prediction,
+from ``/admin/state``) are joined with the TTFT it measured; the same slice replayed in the
+simulator is the row beside it. It needs an otherwise idle machine (the engines run in
+wall time) and about 15 minutes.
+
+    python bench/bench_prediction.py          # → bench/prediction.md
+    python bench/bench_prediction.py --live   # the same, with the live section
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+import tempfile
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -99,11 +110,63 @@ def table(results: dict[tuple[str, str], list[dict[str, float]]]) -> list[str]:
     return lines
 
 
+LIVE_SLICE = ["--start", "1700", "--end", "1800"]  # 358 requests, ~75% busy
+LIVE_FLEETS = {"homogeneous": [], "mis_modelled": ["--perturb", "0.2", "--step-jitter", "0.1"]}
+
+
+def live_rows() -> list[str]:
+    """The live section: per fleet and correction, the live and replayed prediction error."""
+    from bench import bench_live_vs_replay as live_bench
+
+    lines = [
+        "| engines | prediction | side | n | MAPE | p90 \\|error\\| s | bias s | mean TTFT s |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="prediction_live_") as tmp:
+        for fleet, fleet_args in LIVE_FLEETS.items():
+            for variant, params in VARIANTS.items():
+                argv = ["--policies", "predicted_ttft", *LIVE_SLICE, *fleet_args]
+                argv += ["--policy-params", json.dumps({"predicted_ttft": params})]
+                args = live_bench.build_parser().parse_args(argv)
+                work = Path(tmp) / f"{fleet}_{variant.replace(' ', '_')}"
+                work.mkdir()
+                live, replay = live_bench.live_and_replay(args, work)
+                for side, result in (("live", live), ("replay", replay)):
+                    row = result["predicted_ttft"]
+                    error = row["prediction"]
+                    lines.append(
+                        f"| {fleet} | {variant} | {side} | {error['n']} | {error['mape']:.2f} | "
+                        f"{error['p90_abs_s']:.3f} | {error['bias_s']:+.3f} | "
+                        f"{row['ttft']['mean']:.3f} |"
+                    )
+    return lines
+
+
+def live_section() -> list[str]:
+    args = " ".join(LIVE_SLICE)
+    return [
+        "## Live against enginesim",
+        "",
+        "16 × H20 Qwen2-7B enginesim instances in slow motion (time scale 2) behind one "
+        "router, the Mooncake conversation trace's slice "
+        f"`{args}` at rate scale 1.25 (one run each; `bench/bench_live_vs_replay.py`). The "
+        "router's coefficients are derived for the fleet and stretched by the time scale; "
+        "live rows join each decision's prediction with the TTFT the router measured, "
+        "replay rows are the same slice in the simulator. Seconds are simulated seconds. "
+        "mis_modelled: every engine's cost coefficients perturbed by up to ±20% and a 10% "
+        "per-step jitter (the same fleet seed live and in the replay).",
+        "",
+        *live_rows(),
+        "",
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "prediction.md")
+    parser.add_argument("--live", action="store_true", help="add the live section (~15 min)")
     args = parser.parse_args(argv)
     jobs = [
         (regime, variant, seed)
@@ -127,6 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "",
         *table(results),
         "",
+        *(live_section() if args.live else ["Live section: run with `--live`.", ""]),
     ]
     args.out.write_text("\n".join(lines))
     print("\n".join(lines))

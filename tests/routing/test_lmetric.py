@@ -218,13 +218,13 @@ def test_the_decode_step_load_term_weighs_the_contexts_a_batch_decodes():
     add_decoding(state, "i1", 4)
     add_pending(state, "i1", 20)
     request = features(tokens(0, 100))
-    costs = {"decode_fixed_tokens": 397_100.0, "decode_seq_tokens": 10_790.0, "decode_slack": None}
+    fixed, seq = 397_100.0, 10_790.0
+    costs = {"decode_fixed_tokens": fixed, "decode_seq_tokens": seq, "decode_slack": None}
     by_batch = make_policy("lmetric", costs).decide(request, state.view(), 0.0)
     assert by_batch.instance_id == "i0"
     step = make_policy("lmetric", {**costs, "load_term": "decode_step"})
     decision = step.decide(request, state.view(), 0.0)
     view = state.view()
-    fixed, seq = costs["decode_fixed_tokens"], costs["decode_seq_tokens"]
     load = fixed + seq * (view.batch_size + 1) + view.decode_context_tokens + 100
     p_tokens = view.p_tokens(request, tier_token_cost=0.1)
     assert decision.score_table() == pytest.approx(

@@ -31,7 +31,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_robustness import (
+from bench.lib.regimes import (
     BURST,
     BURST_LOADS,
     CONVERSATION_LOADS,

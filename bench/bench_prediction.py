@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.bench_robustness import SLO, SLOW_SPEEDS, Regime
+from bench.lib.regimes import SLO, SLOW_SPEEDS, Regime
 from bench.lib.stats import mean_ci
 from enginesim.replay import metrics
 from enginesim.replay.simulator import Simulator

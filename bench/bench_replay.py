@@ -246,7 +246,7 @@ POLICIES: dict[str, tuple[str, dict[str, Any]]] = {kind: (kind, {}) for kind in 
 BASELINES = tuple(p for p in POLICIES if p not in invariant.OWN_POLICIES)
 ABLATIONS: dict[str, tuple[str, dict[str, Any]]] = {
     "lmetric[paper]": ("lmetric", {"batch_offset": 0.0, "tier_token_cost": None}),
-    **{f"lmetric[c={c}]": ("lmetric", {"batch_offset": float(c)}) for c in (1, 4, 16, 32, 64)},
+    **{f"lmetric[c={c}]": ("lmetric", {"batch_offset": float(c)}) for c in (4, 16, 32, 48, 64)},
     "lmetric[miss_ratio]": ("lmetric", {"prefill_term": "miss_ratio"}),
     "lmetric[total_tokens]": ("lmetric", {"load_term": "total_tokens"}),
     "lmetric[decode_step]": ("lmetric", {"load_term": "decode_step"}),

@@ -149,11 +149,11 @@ def test_the_default_counts_the_batch_from_an_offset_so_an_idle_instance_is_not_
     paper = make_policy("lmetric", PAPER).decide(request, state.view(), 0.0)
     assert paper.score_table() == {"i0": 1 * 3, "i1": 0}
     assert paper.instance_id == "i1"  # the cache is thrown away
-    default = make_policy("lmetric").decide(request, state.view(), 0.0)
-    assert default.score_table() == {"i0": 1 * (3 + 48), "i1": 4096 * (0 + 48)}
+    default = make_policy("lmetric").decide(request, state.view(), 0.0)  # c = 1
+    assert default.score_table() == {"i0": 1 * (3 + 1), "i1": 4096 * (0 + 1)}
     assert default.instance_id == "i0"
-    plus_one = make_policy("lmetric", {"batch_offset": 1}).decide(request, state.view(), 0.0)
-    assert plus_one.score_table() == {"i0": 1 * 4, "i1": 4096 * 1}
+    larger = make_policy("lmetric", {"batch_offset": 48}).decide(request, state.view(), 0.0)
+    assert larger.score_table() == {"i0": 1 * 51, "i1": 4096 * 48}
 
 
 def test_a_large_batch_still_outweighs_a_cache_hit_under_the_default():
@@ -165,8 +165,8 @@ def test_a_large_batch_still_outweighs_a_cache_hit_under_the_default():
     decision = make_policy("lmetric", {"decode_slack": None}).decide(
         features(prompt), state.view(), 0.0
     )
-    # i0: 512 uncached × (100 + 48); i1: 1024 × (0 + 48). Decoding adds no pending prefill.
-    assert decision.score_table() == {"i0": 512 * 148, "i1": 1024 * 48}
+    # i0: 512 uncached × (100 + 1); i1: 1024 × (0 + 1). Decoding adds no pending prefill.
+    assert decision.score_table() == {"i0": 512 * 101, "i1": 1024 * 1}
     assert decision.instance_id == "i1"
 
 
@@ -187,7 +187,7 @@ def test_the_papers_ablations_compute_what_they_say():
 
 
 def test_with_a_global_tier_the_tokens_it_holds_cost_a_load_not_a_prefill():
-    """The holder of r's prefix has 3,000 tokens of prefill queued; an idle instance can
+    """The holder of r's prefix has 1,000 tokens of prefill queued; an idle instance can
     load the prefix from the tier for 0.1 of a token each. Without the tier term (the
     paper's P-token) the idle instance is charged a full prefill and loses."""
     tier = GlobalTier()
@@ -197,14 +197,14 @@ def test_with_a_global_tier_the_tokens_it_holds_cost_a_load_not_a_prefill():
     prompt = tokens(0, 4096)
     warm(state, "i0", prompt)
     tier.insert(features(prompt).block_hashes)
-    add_pending(state, "i0", 3_000)
+    add_pending(state, "i0", 1_000)
     request = features(prompt)
     aware = make_policy("lmetric").decide(request, state.view(), 0.0)
-    # i0: (3000 pending + 1 uncached) × (1 + 48); i1: 4096 − 4095 tier-held × 0.9 = 410.5
-    assert aware.score_table() == pytest.approx({"i0": 3001 * 49, "i1": 410.5 * 48})
+    # i0: (1000 pending + 1 uncached) × (1 + 1); i1: 4096 − 4095 tier-held × 0.9 = 410.5
+    assert aware.score_table() == pytest.approx({"i0": 1001 * 2, "i1": 410.5 * 1})
     assert aware.instance_id == "i1"
     blind = make_policy("lmetric", {"tier_token_cost": None}).decide(request, state.view(), 0.0)
-    assert blind.score_table() == {"i0": 3001 * 49, "i1": 4096 * 48}
+    assert blind.score_table() == {"i0": 1001 * 2, "i1": 4096 * 1}
     assert blind.instance_id == "i0"
 
 

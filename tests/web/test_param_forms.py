@@ -113,7 +113,7 @@ def test_policy_form_shows_lmetric_bounds_defaults_and_the_boolean_help(as_role,
     hint = HotspotParams.model_fields["enabled"].description
     assert hint is not None and described(root, enabled).startswith(hint)
     assert "default on" in described(root, enabled)
-    assert "default 48.0; ≥ 0" in described(root, root.find(name="param.batch_offset"))
+    assert "default 1.0; ≥ 0" in described(root, root.find(name="param.batch_offset"))
     window = described(root, root.find(name="param.hotspot.window_s"))
     assert "default 30.0; > 0" in window  # exclusive bound: 0 itself is refused
     assert "> 0, ≤ 1" in described(root, root.find(name="param.hotspot.max_hit_fraction"))

@@ -29,8 +29,10 @@ docs/algorithms.md, "lmetric"):
   an H20 serving a 7B model tens of requests' worth (3.8 ms of weights against ~0.1 ms
   of KV per 8k-token context). BS then matters once it is large against that fixed
   part, as it does for the engine, and the product still has no workload weight. The
-  default is the value that measured best across the evaluation matrix
-  (bench/replay_report/; c = 0 and c = 1 are rows of their own with ``--ablations``).
+  default, c = 1, is the value that measured best across the evaluation matrix on
+  goodput (bench/replay_report/; c = 0 and c ∈ {4 … 64} are rows of their own with
+  ``--ablations``): larger c kept more requests on their prefix's holders, which won
+  TTFT at partial load but lost goodput where batches grow (the Azure code cells).
 
 Decode guard (:mod:`router_worker.routing.policies.decode_guard`): the product chooses
 only among instances whose decode step with r stays within ``decode_slack`` of the fastest
@@ -68,7 +70,7 @@ from router_worker.routing.provenance import matrix, paper
 
 class LMetricParams(DecodeGuardParams):
     batch_offset: float = Field(
-        48.0,
+        1.0,
         ge=0.0,
         description="c in the load term BS + c: 0 = the paper's exact BS (an idle instance "
         "scores 0 whatever its cache), 1 = count the routed request, larger = the engine's "

@@ -40,6 +40,7 @@ app.conf.beat_schedule = {
     "scrape-instances": {"task": "switchyard.scrape_instances", "schedule": 5.0},
     "ingest-events": {"task": "switchyard.ingest_events", "schedule": 1.0},
     "ingest-metrics": {"task": "switchyard.ingest_metrics", "schedule": 2.0},
+    "ingest-captures": {"task": "switchyard.ingest_captures", "schedule": 2.0},
     "judge-canaries": {"task": "switchyard.judge_canaries", "schedule": 10.0},
     "prune": {"task": "switchyard.prune", "schedule": 3600.0},
     "redispatch-replays": {"task": "switchyard.redispatch_replays", "schedule": 60.0},

@@ -245,6 +245,8 @@ SWITCHYARD_MAX_TRACE_UPLOAD_BYTES = int(
 )
 # Uploaded traces no job has used for this long are deleted by the `prune-uploads` task.
 SWITCHYARD_UPLOAD_RETENTION_DAYS = float(env("SWITCHYARD_UPLOAD_RETENTION_DAYS", "7"))
+# Stopped traffic captures (controlplane/services/captures.py) are deleted this long after.
+SWITCHYARD_CAPTURE_RETENTION_DAYS = float(env("SWITCHYARD_CAPTURE_RETENTION_DAYS", "30"))
 
 LOGGING = {
     "version": 1,

@@ -303,6 +303,19 @@ class ClientAuthSpec(_Strict):
     keys: list[ClientKeySpec] = Field(default_factory=list, max_length=100_000)
 
 
+class CaptureSpec(_Strict):
+    """A traffic capture in progress: the routers record every finished request
+    (router_worker/capture.py) until a config version without it."""
+
+    id: int = Field(ge=1, description="The capture's id in the control plane.")
+    salt: str = Field(
+        min_length=16,
+        max_length=256,
+        description="Secret key of the digests of block hashes and session keys: ids are "
+        "comparable within the capture, and no content can be guessed from them.",
+    )
+
+
 class RouterConfig(_Strict):
     version: int = Field(default=0, ge=0)
     cluster: str = "default"
@@ -315,6 +328,7 @@ class RouterConfig(_Strict):
     canary: CanarySpec | None = None
     router: RouterSettings = Field(default_factory=RouterSettings)
     client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
+    capture: CaptureSpec | None = None
 
     @model_validator(mode="before")
     @classmethod

@@ -434,6 +434,18 @@ class RouterCore:
                 fallback=plan.decision.reason == "hotspot_fallback",
             )
         )
+        capture = plan.runtime.config.capture
+        if capture is not None:
+            self.telemetry.capture.add(
+                capture,
+                plan.features,
+                output_tokens=output_tokens,
+                instance=plan.instance,
+                arm=arm.name,
+                status=status,
+                ttft_s=ttft,
+                tpot_s=tpot,
+            )
         # The dict (with its per-candidate score table) is built only when /admin/state
         # asks: most requests' entries leave the deque unread.
         self.decisions.append((plan, status, ttft))

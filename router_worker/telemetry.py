@@ -25,6 +25,7 @@ from typing import Any
 
 from engine_interface import percentile
 from router_worker import telemetry_contract as contract
+from router_worker.capture import CAPTURE_BUFFER, CaptureBuffer
 
 log = logging.getLogger("router_worker.telemetry")
 
@@ -186,6 +187,8 @@ class Telemetry:
         self._events: deque[contract.RouterEvent] = deque()
         self._records: deque[contract.MetricsRecord] = deque()
         self._decisions: deque[contract.DecisionRecord] = deque()
+        self.capture = CaptureBuffer()  # the traffic capture's requests, not yet digested
+        self._captured: deque[contract.CaptureBatch] = deque()  # digested, not yet written
         self.decisions_dropped = 0
         self.dropped_total = 0
         self._dropped_unreported = 0
@@ -268,6 +271,7 @@ class Telemetry:
                 self._records.clear()
                 self._events.clear()
                 self._decisions.clear()
+                self.capture.drain(self.cluster, self.router)
                 continue
             await self._write(now)
 
@@ -291,6 +295,19 @@ class Telemetry:
         await self._flush_queue(redis, self._events, contract.events_stream)
         await self._flush_queue(redis, self._records, contract.metrics_stream)
         await self._flush_decisions(redis)
+        await self._flush_capture(redis)
+
+    async def _flush_capture(self, redis: Any) -> None:
+        """Captured requests, digested here (off the request path), to the capture stream;
+        while Redis is down the newest `CAPTURE_BUFFER` requests wait, the rest are
+        counted in ``capture.dropped``."""
+        self._captured.extend(self.capture.drain(self.cluster, self.router))
+        waiting = sum(len(batch.requests) for batch in self._captured)
+        while waiting > CAPTURE_BUFFER:
+            oldest = self._captured.popleft()
+            waiting -= len(oldest.requests)
+            self.capture.dropped += len(oldest.requests)
+        await self._flush_queue(redis, self._captured, contract.capture_stream)
 
     async def _flush_queue(
         self, redis: Any, queue: deque[Any], stream_of: Callable[[str], str]

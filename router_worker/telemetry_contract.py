@@ -28,6 +28,11 @@ streams and peer channel; listening, never publishing, on ``CONFIG_CHANNEL``).
   (`DecisionRecord`, field ``data``), for the live view. Capped at
   `DECISIONS_STREAM_MAXLEN` entries and expiring `DECISIONS_STREAM_TTL_S` after the last
   write: it is a window onto recent traffic, not a log (nothing ingests it).
+* ``capture_stream(cluster)``: while the cluster captures its traffic (the config's
+  ``capture``), every finished request as the replay needs it (`CaptureBatch`, field
+  ``data``, up to `CAPTURE_BATCH` requests each). No text travels: the prompt's block
+  hashes and the session key are keyed digests under the capture's salt. Ingest stores
+  them as the capture's trace and deletes what it stored.
 """
 
 from __future__ import annotations
@@ -97,6 +102,10 @@ def metrics_stream(cluster: str) -> str:
     return f"{METRICS_STREAM}:{cluster}"
 
 
+def capture_stream(cluster: str) -> str:
+    return f"switchyard:capture:{cluster}"
+
+
 def peers_channel(cluster: str) -> str:
     return f"switchyard:peers:{cluster}"
 
@@ -129,6 +138,7 @@ def router_acl_rules(cluster: str, router: str) -> list[str]:
         f"~{events_stream(cluster)}",
         f"~{metrics_stream(cluster)}",
         f"~{decisions_stream(cluster)}",
+        f"~{capture_stream(cluster)}",
         f"&{peers_channel(cluster)}",
         f"(+subscribe +unsubscribe &{CONFIG_CHANNEL})",
     ]
@@ -300,6 +310,43 @@ class DecisionRecord(_Record):
 
     @classmethod
     def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> DecisionRecord:
+        return cls.model_validate_json(_field(fields, "data"))
+
+
+CAPTURE_BATCH = 500  # captured requests per stream entry
+
+
+class CapturedRequest(_Record):
+    """One finished request of a traffic capture: what a replay needs, never its text."""
+
+    at: float  # unix seconds of its arrival at the router
+    prompt_tokens: int
+    output_tokens: int
+    block_size: int
+    # the prompt's full blocks' chained hashes, each a keyed digest under the capture's
+    # salt (63 bits): equal prefixes give equal ids within one capture, and nothing else
+    hash_ids: list[int] = Field(default_factory=list)
+    session: str | None = None  # keyed digest of the session key
+    turn: int | None = None  # 0-based, when the request says (chat messages)
+    instance: str = ""
+    arm: str = ""
+    status: int = 0
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+class CaptureBatch(_Record):
+    id: str
+    cluster: str
+    router: str
+    capture: int  # the capture's id (the config's capture.id)
+    requests: list[CapturedRequest]
+
+    def to_stream_fields(self) -> dict[str, str]:
+        return {"data": self.model_dump_json()}
+
+    @classmethod
+    def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> CaptureBatch:
         return cls.model_validate_json(_field(fields, "data"))
 
 

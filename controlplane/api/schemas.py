@@ -304,7 +304,8 @@ class ConfigVersionOut(Schema):
     number: int
     document: dict[str, Any] = Field(
         description="The document routers apply, less the canary's arm-assignment salt "
-        "(routers read it with their token; a client who knew it could pick its arm)."
+        "(routers read it with their token; a client who knew it could pick its arm), and "
+        "the traffic capture's digest key."
     )
     created_at: datetime
     created_by: str
@@ -316,6 +317,9 @@ class ConfigVersionOut(Schema):
         canary = document.get("canary")
         if isinstance(canary, dict) and "salt" in canary:
             document["canary"] = {**canary, "salt": "(hidden)"}
+        capture = document.get("capture")
+        if isinstance(capture, dict) and "salt" in capture:
+            document["capture"] = {**capture, "salt": "(hidden)"}
         return document
 
 

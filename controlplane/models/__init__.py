@@ -2,6 +2,7 @@
 
 from .access import ClientKey
 from .audit import ApiToken, AuditEvent
+from .capture import CapturedRequest, TrafficCapture
 from .cluster import Cluster, Instance, Policy
 from .events import HotspotEvent, IngestedRecord, RouterEvent
 from .metrics import ArmMetricRollup, InstanceMetricRollup
@@ -15,6 +16,7 @@ __all__ = [
     "AuditEvent",
     "CanaryJudgement",
     "CanarySplit",
+    "CapturedRequest",
     "ClientKey",
     "Cluster",
     "ConfigVersion",
@@ -26,4 +28,5 @@ __all__ = [
     "ReplayJob",
     "RouterDeployment",
     "RouterEvent",
+    "TrafficCapture",
 ]

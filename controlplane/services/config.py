@@ -82,6 +82,11 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
         "policy": cluster.active_policy.spec(),
         "canary": canary_document(canary) if canary else None,
     }
+    from .captures import capture_document
+
+    capture = capture_document(cluster)
+    if capture is not None:
+        document["capture"] = capture
     client_auth = client_auth_document(cluster)
     if client_auth is not None:  # only hashes of the client keys travel
         document["client_auth"] = client_auth

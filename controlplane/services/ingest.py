@@ -38,6 +38,7 @@ from router_worker.telemetry_contract import (
     HotspotPayload,
     InstanceMetrics,
     MetricsRecord,
+    capture_stream,
     events_stream,
     metrics_stream,
 )
@@ -424,7 +425,7 @@ def _ingest(
 
 def _ingest_streams(
     client: redis.Redis,
-    shared: str,
+    shared: str | None,
     own: Callable[[str], str],
     parse: Callable[[dict], Any],
     store: Callable[[Any, dict[str, Cluster]], bool],
@@ -433,9 +434,8 @@ def _ingest_streams(
     """A batch of the stream shared by every cluster (written by routers without a Redis
     identity of their own), then one of each cluster's own stream."""
     total = IngestResult()
-    streams = [(shared, None)] + [
-        (own(name), name) for name in Cluster.objects.values_list("name", flat=True)
-    ]
+    streams: list[tuple[str, str | None]] = [(shared, None)] if shared else []
+    streams += [(own(name), name) for name in Cluster.objects.values_list("name", flat=True)]
     for stream, only in streams:
         try:
             result = _ingest(client, stream, parse, store, only=only, **options)
@@ -464,6 +464,21 @@ def ingest_metrics(client: redis.Redis) -> IngestResult:
         metrics_stream,
         parse_metrics,
         store_metrics,
+        delete_acknowledged=True,
+    )
+
+
+def ingest_captures(client: redis.Redis) -> IngestResult:
+    """Captured requests into their captures (routers write them to their cluster's own
+    stream only); stored entries are deleted, as for metrics."""
+    from . import captures
+
+    return _ingest_streams(
+        client,
+        None,
+        capture_stream,
+        captures.parse_batch,
+        captures.store_batch,
         delete_acknowledged=True,
     )
 

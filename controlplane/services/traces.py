@@ -206,6 +206,11 @@ def _row_problem(fmt: str, row: Any, bound: Bound) -> str | None:
         return f"timestamp {timestamp!r} is not a time (a number, 0 or more)"
     if fmt == "bailian" and not isinstance(row.get("chat_id"), int | str):
         return f"chat_id {row.get('chat_id')!r} is not an id"
+    block_size = row.get("block_size")
+    if block_size is not None and not (
+        isinstance(block_size, int) and not isinstance(block_size, bool) and 1 <= block_size <= 4096
+    ):
+        return f"block_size {block_size!r} is not a block size (a whole number, 1 to 4096)"
     return (
         _length(row, "input_length", bound)
         or _length(row, "output_length", bound)

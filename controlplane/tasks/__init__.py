@@ -3,6 +3,7 @@
 from .maintenance import ping
 from .replay import run_replay
 from .routing import (
+    ingest_captures,
     ingest_events,
     ingest_metrics,
     judge_canaries,
@@ -13,6 +14,7 @@ from .routing import (
 )
 
 __all__ = [
+    "ingest_captures",
     "ingest_events",
     "ingest_metrics",
     "judge_canaries",

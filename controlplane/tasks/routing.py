@@ -7,6 +7,7 @@ from celery import shared_task
 from controlplane.models import Cluster
 from controlplane.router_fleet import supervisor
 from controlplane.services import (
+    captures,
     ingest,
     instance_health,
     judge,
@@ -49,6 +50,14 @@ def ingest_events() -> dict[str, object]:
 def ingest_metrics() -> dict[str, object]:
     with notify.redis_client() as client:
         return vars(ingest.ingest_metrics(client))
+
+
+@shared_task(name="switchyard.ingest_captures", **IDEMPOTENT)
+def ingest_captures() -> dict[str, object]:
+    """Captured requests into their captures, then the captures' duration and retention."""
+    with notify.redis_client() as client:
+        result = vars(ingest.ingest_captures(client))
+    return result | captures.enforce_limits()
 
 
 @shared_task(name="switchyard.judge_canaries")

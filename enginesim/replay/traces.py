@@ -5,7 +5,8 @@ Three public formats, auto-detected from the first line, normalised to :class:`T
 * **Mooncake** JSONL (``timestamp`` ms, ``input_length``, ``output_length``, ``hash_ids`` of
   512-token prefix-chained blocks);
 * **Bailian/Qwen** JSONL (``timestamp`` s, ``chat_id``, ``parent_chat_id``, ``turn``
-  1-based, ``type``, ``hash_ids`` of 16-token blocks); sessions are the ``parent_chat_id``
+  1-based, ``type``, ``hash_ids`` of 16-token blocks, or of ``block_size`` tokens where a
+  row says so, as a Switchyard traffic capture does); sessions are the ``parent_chat_id``
   chains followed back to their root;
 * **Azure** LLM inference CSV (``TIMESTAMP``, ``ContextTokens``, ``GeneratedTokens``;
   lengths only, so every request gets private blocks and no prefix is shared).
@@ -141,7 +142,8 @@ def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
                 input_tokens=int(row["input_length"]),
                 output_tokens=int(row["output_length"]),
                 hash_ids=tuple(row.get("hash_ids", ())),
-                hash_block_size=BAILIAN_BLOCK,
+                # a captured trace (Switchyard's own) names its routers' block size
+                hash_block_size=int(row.get("block_size") or BAILIAN_BLOCK),
                 session_id=f"chat-{_session_root(row['chat_id'], parent)}",
                 turn=None if turn is None else int(turn) - 1,
                 kind=row.get("type"),

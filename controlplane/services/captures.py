@@ -1,0 +1,366 @@
+"""Traffic captures: a cluster records its own traffic as a replayable trace.
+
+Starting a capture publishes a config version carrying ``capture`` (its id and a fresh
+salt): every router of the cluster then records each finished request, without its text
+(router_worker/capture.py), and ingest stores the batches here (:func:`store_batch`). A
+capture stops when an operator stops it, at its request limit (checked at ingest) or at
+its duration limit (:func:`enforce_limits`, run with ingest); each stop publishes a version
+without ``capture``. Stopped captures are kept for ``SWITCHYARD_CAPTURE_RETENTION_DAYS``.
+
+A capture exports as a Bailian-form JSONL trace (:func:`export_lines`): the routers' rows
+merged in arrival order, sessions as ``parent_chat_id`` chains, plus the columns the
+replay ignores and the fidelity check reads (instance, arm, status, measured TTFT/TPOT).
+Replays name it ``capture:<id>``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+from pydantic import Field
+
+from controlplane.models import CapturedRequest, Cluster, TrafficCapture
+from router_worker.telemetry_contract import CaptureBatch
+from router_worker.telemetry_contract import CapturedRequest as WireRequest
+
+from . import audit, config
+from .audit import Actor
+from .clusters import locked_cluster
+from .errors import Conflict, NotFound, Problems, ServiceError
+from .fields import max_length
+
+DEFAULT_MAX_REQUESTS = 100_000
+MAX_REQUESTS = 2_000_000
+DEFAULT_MAX_MINUTES = 60
+MAX_MINUTES = 7 * 24 * 60
+SYSTEM = Actor.system("capture")
+EXPORT_CHUNK = 2_000  # rows read from Postgres at a time while exporting
+LATEST_UNIX = 253402300799.0
+INT_COLUMN = 2**31 - 1
+NAME_CHARS = 64
+
+
+def snapshot(capture: TrafficCapture) -> dict[str, Any]:
+    """What the audit trail keeps of a capture (never its salt)."""
+    return {
+        "name": capture.name,
+        "state": capture.state,
+        "requests": capture.requests,
+        "max_requests": capture.max_requests,
+        "max_duration_s": capture.max_duration_s,
+        "stop_reason": capture.stop_reason,
+    }
+
+
+def capture_document(cluster: Cluster) -> dict[str, Any] | None:
+    """The ``capture`` section of the cluster's router config, while one runs."""
+    running = cluster.captures.filter(state=TrafficCapture.State.CAPTURING).first()
+    return None if running is None else {"id": running.pk, "salt": running.salt}
+
+
+# ----------------------------------------------------------------- operator actions
+
+
+@transaction.atomic
+def start_capture(
+    actor: Actor,
+    cluster_id: int,
+    *,
+    name: str,
+    max_requests: int | str | None = None,
+    max_minutes: int | str | None = None,
+    reason: str = "",
+) -> TrafficCapture:
+    problems = Problems()
+    name = problems.check(_name, name) or ""
+    limit = problems.check(
+        _bounded, max_requests, DEFAULT_MAX_REQUESTS, MAX_REQUESTS, "max_requests"
+    )
+    minutes = problems.check(_bounded, max_minutes, DEFAULT_MAX_MINUTES, MAX_MINUTES, "max_minutes")
+    problems.raise_any()
+    cluster = locked_cluster(cluster_id)
+    running = cluster.captures.filter(state=TrafficCapture.State.CAPTURING).first()
+    if running is not None:
+        raise Conflict(f"{cluster.name} is already capturing ({running.name!r}); stop it first")
+    capture = TrafficCapture.objects.create(
+        cluster=cluster,
+        name=name,
+        salt=secrets.token_hex(32),
+        max_requests=int(limit or DEFAULT_MAX_REQUESTS),
+        max_duration_s=int(minutes or DEFAULT_MAX_MINUTES) * 60,
+        started_by=actor.account,
+    )
+    config.publish(cluster, actor, reason or f"traffic capture {name!r} started")
+    audit.record(
+        actor, "capture.start", capture, after=snapshot(capture), reason=reason, cluster=cluster
+    )
+    return capture
+
+
+@transaction.atomic
+def stop_capture(actor: Actor, cluster_id: int, capture_id: int, *, reason: str = "") -> None:
+    cluster = locked_cluster(cluster_id)
+    capture = _capture(cluster, capture_id)
+    if not capture.capturing:
+        raise Conflict(f"capture {capture.name!r} is already stopped")
+    _stop(actor, cluster, capture, f"stopped by {actor.name}", reason)
+
+
+@transaction.atomic
+def rename_capture(
+    actor: Actor, cluster_id: int, capture_id: int, *, name: str, reason: str = ""
+) -> TrafficCapture:
+    cluster = locked_cluster(cluster_id)
+    capture = _capture(cluster, capture_id)
+    before = snapshot(capture)
+    capture.name = _name(name)
+    capture.save(update_fields=["name"])
+    audit.record(
+        actor,
+        "capture.rename",
+        capture,
+        before=before,
+        after=snapshot(capture),
+        reason=reason,
+        cluster=cluster,
+    )
+    return capture
+
+
+@transaction.atomic
+def delete_capture(actor: Actor, cluster_id: int, capture_id: int, *, reason: str = "") -> None:
+    """Delete a capture and its rows (stopping it first if it runs)."""
+    cluster = locked_cluster(cluster_id)
+    capture = _capture(cluster, capture_id)
+    if capture.capturing:
+        _stop(actor, cluster, capture, f"deleted by {actor.name}", reason)
+    _delete(actor, cluster, capture, reason)
+
+
+def _stop(
+    actor: Actor, cluster: Cluster, capture: TrafficCapture, why: str, reason: str = ""
+) -> None:
+    before = snapshot(capture)
+    capture.state = TrafficCapture.State.STOPPED
+    capture.stopped_at = timezone.now()
+    capture.stop_reason = why[: max_length(TrafficCapture, "stop_reason")]
+    capture.save(update_fields=["state", "stopped_at", "stop_reason"])
+    config.publish(cluster, actor, reason or f"traffic capture {capture.name!r} {why}")
+    audit.record(
+        actor,
+        "capture.stop",
+        capture,
+        before=before,
+        after=snapshot(capture),
+        reason=reason or why,
+        cluster=cluster,
+    )
+
+
+def _delete(actor: Actor, cluster: Cluster, capture: TrafficCapture, reason: str) -> None:
+    before = snapshot(capture)
+    exported = export_path(capture.pk)
+    audit.record(actor, "capture.delete", capture, before=before, reason=reason, cluster=cluster)
+    capture.delete()
+    exported.unlink(missing_ok=True)
+
+
+def _capture(cluster: Cluster, capture_id: int) -> TrafficCapture:
+    capture = cluster.captures.filter(pk=capture_id).first()
+    if capture is None:
+        raise NotFound(f"capture {capture_id} of {cluster.name} does not exist")
+    return capture
+
+
+def _name(name: Any) -> str:
+    name = name.strip() if isinstance(name, str) else ""
+    if not name or len(name) > NAME_CHARS or not name.isprintable():
+        raise ServiceError(f"name must be 1-{NAME_CHARS} printable characters", "name")
+    return name
+
+
+def _bounded(value: Any, default: int, most: int, field: str) -> int:
+    if value is None or value == "":
+        return default
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value.strip())
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+        raise ServiceError(f"{field} must be a whole number from 1 to {most}", field)
+    return value
+
+
+# ----------------------------------------------------------------- ingest and limits
+
+Latency = Annotated[float, Field(ge=0, le=3600)]
+Tokens = Annotated[int, Field(ge=0, le=INT_COLUMN)]
+BlockId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
+class StorableRequest(WireRequest):
+    """The contract's request narrowed to what the rows can hold."""
+
+    at: float = Field(ge=0, le=LATEST_UNIX)
+    prompt_tokens: Tokens
+    output_tokens: Tokens
+    block_size: int = Field(ge=1, le=4096)
+    hash_ids: list[BlockId] = Field(default_factory=list, max_length=1_000_000)
+    session: str | None = Field(default=None, max_length=32)
+    turn: int | None = Field(default=None, ge=0, le=INT_COLUMN)
+    instance: str = Field(default="", max_length=64)
+    arm: str = Field(default="", max_length=64)
+    status: int = Field(default=0, ge=0, le=999)
+    ttft_s: Latency | None = None
+    tpot_s: Latency | None = None
+
+
+class StorableBatch(CaptureBatch):
+    id: str = Field(min_length=1, max_length=64)
+    router: str = Field(min_length=1, max_length=64)
+    capture: int = Field(ge=1, le=2**63 - 1)
+    requests: list[StorableRequest]  # type: ignore[assignment]
+
+
+def parse_batch(fields: dict) -> CaptureBatch:
+    return StorableBatch.from_stream_fields(fields)
+
+
+def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
+    """Store one router batch; False when it was stored before or its capture is gone (a
+    router may still flush a few requests after a capture was deleted)."""
+    from .ingest import PoisonEntry
+
+    cluster = clusters.get(batch.cluster)
+    if cluster is None:
+        raise PoisonEntry(f"unknown cluster {batch.cluster[:80]!r}")
+    if not cluster.routers.filter(name=batch.router).exists():
+        raise PoisonEntry(f"unknown router {batch.router[:80]!r} of cluster {cluster.name!r}")
+    locked = locked_cluster(cluster.pk)  # the cluster first, as every capture action does
+    capture = locked.captures.select_for_update().filter(pk=batch.capture).first()
+    if capture is None or CapturedRequest.objects.filter(batch=batch.id).exists():
+        return False
+    wanted = _admissible(capture, batch.requests)
+    room = max(0, capture.max_requests - capture.requests)
+    kept = wanted[:room]
+    CapturedRequest.objects.bulk_create(
+        CapturedRequest(capture=capture, batch=batch.id, router=batch.router, **r.model_dump())
+        for r in kept
+    )
+    capture.requests += len(kept)
+    capture.dropped += len(batch.requests) - len(kept)
+    capture.save(update_fields=["requests", "dropped"])
+    if capture.capturing and capture.requests >= capture.max_requests:
+        _stop(SYSTEM, locked, capture, f"reached its limit of {capture.max_requests} requests")
+    return True
+
+
+def _admissible(capture: TrafficCapture, requests: list[WireRequest]) -> list[WireRequest]:
+    """A stopped capture takes what arrived before its stop (routers flush every quarter
+    second, so their last requests come in after it)."""
+    if capture.capturing or capture.stopped_at is None:
+        return list(requests)
+    end = capture.stopped_at.timestamp()
+    return [r for r in requests if r.at <= end]
+
+
+def enforce_limits(now: Any = None) -> dict[str, int]:
+    """Stop captures past their duration; delete stopped ones past the retention."""
+    now = now or timezone.now()
+    stopped = deleted = 0
+    for capture in TrafficCapture.objects.filter(state=TrafficCapture.State.CAPTURING):
+        if capture.started_at + timedelta(seconds=capture.max_duration_s) <= now:
+            stopped += _stop_for_age(capture.pk)
+    retention = timedelta(days=float(settings.SWITCHYARD_CAPTURE_RETENTION_DAYS))
+    for capture in TrafficCapture.objects.filter(stopped_at__lt=now - retention):
+        with transaction.atomic():
+            cluster = locked_cluster(capture.cluster_id)
+            _delete(SYSTEM, cluster, capture, "past the capture retention period")
+            deleted += 1
+    return {"stopped": stopped, "deleted": deleted}
+
+
+@transaction.atomic
+def _stop_for_age(capture_id: int) -> int:
+    capture = TrafficCapture.objects.select_related("cluster").get(pk=capture_id)
+    cluster = locked_cluster(capture.cluster_id)
+    capture.refresh_from_db()
+    if not capture.capturing:
+        return 0
+    minutes = capture.max_duration_s // 60
+    _stop(SYSTEM, cluster, capture, f"reached its limit of {minutes} minutes")
+    return 1
+
+
+# ----------------------------------------------------------------- export
+
+
+def export_lines(capture: TrafficCapture) -> Iterator[str]:
+    """The capture as Bailian-form JSONL: times from its first request, one chat id per
+    request, each session's requests chained by ``parent_chat_id``."""
+    last_of_session: dict[str, int] = {}
+    turns: dict[str, int] = {}
+    start: float | None = None
+    rows = capture.rows.order_by("at", "pk")
+    for chat_id, row in enumerate(rows.iterator(chunk_size=EXPORT_CHUNK), 1):
+        start = row.at if start is None else start
+        parent, turn = -1, 1
+        if row.session:
+            parent = last_of_session.get(row.session, -1)
+            turn = turns.get(row.session, 0) + 1
+            last_of_session[row.session], turns[row.session] = chat_id, turn
+        yield _line(row, chat_id, parent, turn if row.turn is None else row.turn + 1, start)
+
+
+def _line(row: CapturedRequest, chat_id: int, parent: int, turn: int, start: float) -> str:
+    document = {
+        "chat_id": chat_id,
+        "parent_chat_id": parent,
+        "timestamp": round(row.at - start, 6),
+        "input_length": row.prompt_tokens,
+        "output_length": row.output_tokens,
+        "type": "text",
+        "turn": turn,
+        "hash_ids": row.hash_ids,
+        "block_size": row.block_size,
+        "session": row.session,
+        "router": row.router,
+        "instance": row.instance,
+        "arm": row.arm,
+        "status": row.status,
+        "ttft_s": row.ttft_s,
+        "tpot_s": row.tpot_s,
+    }
+    return json.dumps(document, separators=(",", ":")) + "\n"
+
+
+def captures_dir() -> Path:
+    return Path(settings.SWITCHYARD_VAR_DIR) / "captures"
+
+
+def export_path(capture_id: int) -> Path:
+    return captures_dir() / f"{capture_id}.jsonl"
+
+
+def export_for_replay(cluster_id: int, capture_id: int) -> Path:
+    """Write the capture's trace where a replay reads ``capture:<id>`` (atomically: a
+    replay still reading the previous export keeps it)."""
+    capture = TrafficCapture.objects.filter(pk=capture_id, cluster_id=cluster_id).first()
+    if capture is None:
+        raise ServiceError(f"capture {capture_id} of this cluster does not exist", "trace")
+    if not capture.requests:
+        raise ServiceError(f"capture {capture.name!r} holds no request yet", "trace")
+    path = export_path(capture.pk)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.part")
+    with partial.open("w", encoding="utf-8") as out:
+        out.writelines(export_lines(capture))
+    partial.replace(path)
+    return path

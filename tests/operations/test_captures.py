@@ -1,0 +1,176 @@
+"""Traffic captures in the control plane: start and stop through config versions, the
+routers' batches ingested (idempotent, bounded, hostile entries quarantined), the limits,
+and the export as a trace the simulator reads."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from controlplane.models import AuditEvent, CapturedRequest, TrafficCapture
+from controlplane.services import captures, config, ingest
+from controlplane.services.audit import Actor
+from controlplane.services.errors import Conflict, Invalid, ServiceError
+from enginesim.replay.traces import read_trace
+from router_worker.telemetry_contract import CaptureBatch, capture_stream
+from router_worker.telemetry_contract import CapturedRequest as Wire
+
+pytestmark = pytest.mark.django_db(transaction=True)
+OPERATOR = Actor(name="operator")
+
+
+@pytest.fixture
+def streams(redis_client):
+    redis_client.delete(capture_stream("ops-test"))
+    yield redis_client
+    redis_client.delete(capture_stream("ops-test"))
+
+
+@pytest.fixture
+def routed(cluster, cluster_router):
+    """The cluster with an instance and an active policy: it has a router config."""
+    from controlplane.models import Policy
+
+    cluster.instances.create(name="i0", url="http://127.0.0.1:9")
+    cluster.active_policy = Policy.objects.create(cluster=cluster, name="rr", kind="round_robin")
+    cluster.save()
+    return cluster
+
+
+def routed_document(cluster) -> dict:
+    version = config.latest_version(cluster)
+    assert version is not None
+    return version.document
+
+
+def wire(at: float, session: str | None = None, ids: tuple[int, ...] = (1, 2), **extra) -> Wire:
+    fields = {"prompt_tokens": 40, "output_tokens": 8, "block_size": 16, "status": 200}
+    return Wire(at=at, hash_ids=list(ids), session=session, instance="i0", **(fields | extra))
+
+
+def send(client, capture: TrafficCapture, requests: list[Wire], router: str = "r0") -> str:
+    batch = CaptureBatch(
+        id=uuid.uuid4().hex,
+        cluster="ops-test",
+        router=router,
+        capture=capture.pk,
+        requests=requests,
+    )
+    client.xadd(capture_stream("ops-test"), batch.to_stream_fields())
+    return batch.id
+
+
+def test_a_capture_starts_and_stops_through_config_versions_and_is_audited(routed):
+    capture = captures.start_capture(OPERATOR, routed.pk, name="monday peak", max_requests=50)
+    document = routed_document(routed)
+    assert document["capture"] == {"id": capture.pk, "salt": capture.salt}
+    assert len(capture.salt) == 64
+    with pytest.raises(Conflict, match="already capturing"):
+        captures.start_capture(OPERATOR, routed.pk, name="another")
+    captures.stop_capture(OPERATOR, routed.pk, capture.pk, reason="enough")
+    assert "capture" not in routed_document(routed)
+    capture.refresh_from_db()
+    assert capture.state == "stopped" and capture.stop_reason == "stopped by operator"
+    actions = list(AuditEvent.objects.order_by("pk").values_list("action", flat=True))
+    assert actions[-2:] == ["capture.start", "capture.stop"]
+    assert all(capture.salt not in str(e.after) for e in AuditEvent.objects.all())
+    with pytest.raises(Conflict, match="already stopped"):
+        captures.stop_capture(OPERATOR, routed.pk, capture.pk)
+
+
+def test_bad_capture_settings_are_refused_together(routed):
+    with pytest.raises(Invalid) as refused:
+        captures.start_capture(OPERATOR, routed.pk, name=" ", max_requests=0, max_minutes="ten")
+    fields = {p["field"] for p in refused.value.details["problems"]}
+    assert fields == {"name", "max_requests", "max_minutes"}
+    with pytest.raises(ServiceError, match="printable"):
+        captures.start_capture(OPERATOR, routed.pk, name="bad\x00name")
+    assert not TrafficCapture.objects.exists()
+
+
+def test_batches_are_stored_once_and_hostile_entries_quarantined(routed, streams):
+    capture = captures.start_capture(OPERATOR, routed.pk, name="c")
+    now = time.time()
+    first = send(streams, capture, [wire(now, "s1"), wire(now + 1, "s1")])
+    batch = CaptureBatch(
+        id=first, cluster="ops-test", router="r0", capture=capture.pk, requests=[wire(now)]
+    )
+    streams.xadd(capture_stream("ops-test"), batch.to_stream_fields())  # delivered again
+    send(streams, capture, [wire(now, prompt_tokens=-5)])
+    send(streams, capture, [wire(now, ids=(2**63,))])
+    send(streams, capture, [wire(now, ttft_s=1e9)])
+    send(streams, capture, [wire(now)], router="stranger")
+    streams.xadd(capture_stream("ops-test"), {"data": "{not json"})
+    result = ingest.ingest_captures(streams)
+    assert (result.stored, result.duplicates, result.quarantined) == (1, 1, 5)
+    capture.refresh_from_db()
+    assert capture.requests == 2 == CapturedRequest.objects.filter(capture=capture).count()
+    assert streams.xlen(capture_stream("ops-test")) == 0  # stored entries are deleted
+
+
+def test_a_capture_stops_itself_at_its_request_limit(routed, streams):
+    capture = captures.start_capture(OPERATOR, routed.pk, name="small", max_requests=3)
+    now = time.time()
+    send(streams, capture, [wire(now + k) for k in range(5)])
+    ingest.ingest_captures(streams)
+    capture.refresh_from_db()
+    assert (capture.state, capture.requests, capture.dropped) == ("stopped", 3, 2)
+    assert capture.stop_reason == "reached its limit of 3 requests"
+    assert "capture" not in routed_document(routed)
+    stop = AuditEvent.objects.get(action="capture.stop")
+    assert stop.actor_name == "system:capture"
+
+
+def test_requests_after_the_stop_are_dropped_and_the_age_limits_hold(routed, streams):
+    capture = captures.start_capture(OPERATOR, routed.pk, name="c", max_minutes=1)
+    assert captures.enforce_limits() == {"stopped": 0, "deleted": 0}
+    later = timezone.now() + timedelta(minutes=1, seconds=1)
+    assert captures.enforce_limits(later)["stopped"] == 1
+    capture.refresh_from_db()
+    assert capture.stop_reason == "reached its limit of 1 minutes"
+    assert capture.stopped_at is not None
+    stopped = capture.stopped_at.timestamp()
+    send(streams, capture, [wire(stopped - 0.5), wire(stopped + 5)])
+    ingest.ingest_captures(streams)
+    capture.refresh_from_db()
+    assert (capture.requests, capture.dropped) == (1, 1)
+    past_retention = timezone.now() + timedelta(days=31)
+    assert captures.enforce_limits(past_retention)["deleted"] == 1
+    assert not TrafficCapture.objects.exists() and not CapturedRequest.objects.exists()
+
+
+def test_the_export_merges_routers_in_arrival_order_and_chains_sessions(
+    routed, streams, tmp_path, settings
+):
+    from controlplane.models import RouterDeployment
+
+    RouterDeployment.objects.create(cluster=routed, name="r1", host="ops", port=2)
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path)
+    capture = captures.start_capture(OPERATOR, routed.pk, name="c")
+    t0 = time.time()
+    send(streams, capture, [wire(t0, "a", (5, 6)), wire(t0 + 2, "a", (5, 6, 7))], router="r0")
+    send(streams, capture, [wire(t0 + 1, "b", (9,)), wire(t0 + 3, None, (5,))], router="r1")
+    ingest.ingest_captures(streams)
+    path = captures.export_for_replay(routed.pk, capture.pk)
+    records = read_trace(path)
+    assert [r.arrival_s for r in records] == [0.0, 1.0, 2.0, 3.0]
+    assert [r.hash_ids for r in records] == [(5, 6), (9,), (5, 6, 7), (5,)]
+    assert records[0].session_id == records[2].session_id != records[1].session_id
+    assert [r.turn for r in records[:3]] == [0, 0, 1]
+    assert records[0].block_size == 16
+
+
+def test_rename_and_delete_are_audited_and_delete_stops_a_running_capture(routed):
+    capture = captures.start_capture(OPERATOR, routed.pk, name="old")
+    captures.rename_capture(OPERATOR, routed.pk, capture.pk, name="new name")
+    captures.delete_capture(OPERATOR, routed.pk, capture.pk, reason="done")
+    assert not TrafficCapture.objects.exists()
+    assert "capture" not in routed_document(routed)
+    actions = list(AuditEvent.objects.order_by("pk").values_list("action", flat=True))
+    assert actions[-4:] == ["capture.start", "capture.rename", "capture.stop", "capture.delete"]
+    with pytest.raises(ServiceError, match="does not exist"):
+        captures.rename_capture(OPERATOR, routed.pk, capture.pk, name="x")

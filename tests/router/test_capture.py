@@ -1,0 +1,106 @@
+"""Traffic capture at the router: every finished request reaches the cluster's capture
+stream as the replay needs it (lengths, digests, measured latencies), never its text."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import redis
+
+from devharness import wait_until
+from router_worker import telemetry_contract as contract
+from tests.router.conftest import MODEL, router_config, stream_entries
+
+SALT = "a" * 32
+SECRET_USER = "alice-secret-session"
+
+
+def _captured(client: redis.Redis) -> list[contract.CaptureBatch]:
+    entries = stream_entries(client, contract.capture_stream("test"))
+    return [contract.CaptureBatch.from_stream_fields(fields) for _, fields in entries]
+
+
+def _requests(client: redis.Redis) -> list[contract.CapturedRequest]:
+    return [r for batch in _captured(client) for r in batch.requests]
+
+
+def _chat(router, user: str, text: str, stream: bool = False) -> httpx.Response:
+    """A chat completion (streamed: the router measures TTFT and TPOT on streams only)."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": 4,
+        "user": user,
+        "stream": stream,
+    }
+    return httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)
+
+
+def _apply(router, document: dict) -> int:
+    response = httpx.post(
+        router.url + "/admin/config", json=document, headers=router.admin_headers, timeout=10
+    )
+    response.raise_for_status()
+    return response.json()["applied_version"]
+
+
+def test_a_capture_records_each_request_with_salted_digests_and_no_text(
+    fleet, router_factory, private_redis
+):
+    document = router_config(fleet, "round_robin", capture={"id": 7, "salt": SALT})
+    router = router_factory(document, redis_url=private_redis.url)
+    client = redis.Redis(port=private_redis.port)
+    shared = "the same long system prompt " * 30
+    for question in ("first question", "second question"):
+        assert _chat(router, SECRET_USER, shared + question, stream=True).status_code == 200
+    assert _chat(router, "bob", "short and different").status_code == 200
+    wait_until(lambda: len(_requests(client)) == 3, 10, "three captured requests")
+
+    batches = _captured(client)
+    assert {(b.capture, b.cluster) for b in batches} == {(7, "test")}
+    first, second, other = sorted(_requests(client), key=lambda r: r.at)
+    assert first.prompt_tokens > 100 and first.output_tokens == 4 and first.status == 200
+    assert (
+        first.ttft_s is not None and first.ttft_s > 0 and first.instance in {"i0", "i1", "i2", "i3"}
+    )
+    assert first.block_size == 16 and len(first.hash_ids) == first.prompt_tokens // 16
+    # the shared system prompt gives the same leading ids, the other user's prompt none
+    assert first.hash_ids[:5] == second.hash_ids[:5]
+    assert first.hash_ids[-1] != second.hash_ids[-1]
+    assert not set(other.hash_ids) & set(first.hash_ids)
+    assert all(0 <= h < 2**63 for h in first.hash_ids)
+    # one session, as a keyed digest
+    assert first.session == second.session != other.session
+    assert first.session is not None and len(first.session) == 16
+    raw = "".join(
+        str(value)
+        for _, fields in stream_entries(client, contract.capture_stream("test"))
+        for value in fields.values()
+    )
+    assert "question" not in raw and "system prompt" not in raw and SECRET_USER not in raw
+
+
+def test_another_salt_gives_unrelated_ids_and_no_capture_records_nothing(
+    fleet, router_factory, private_redis
+):
+    prompt = "identical prompt for both captures " * 20
+    document = router_config(fleet, "round_robin", capture={"id": 1, "salt": SALT})
+    router = router_factory(document, redis_url=private_redis.url)
+    client = redis.Redis(port=private_redis.port)
+    assert _chat(router, "u", prompt).status_code == 200
+    wait_until(lambda: len(_requests(client)) == 1, 10, "first capture")
+
+    second = router_config(fleet, "round_robin", version=2, capture={"id": 2, "salt": "b" * 32})
+    assert _apply(router, second) == 2
+    assert _chat(router, "u", prompt).status_code == 200
+    wait_until(lambda: len(_requests(client)) == 2, 10, "second capture")
+    one, two = sorted(_requests(client), key=lambda r: r.at)
+    assert len(one.hash_ids) == len(two.hash_ids) > 0
+    assert not set(one.hash_ids) & set(two.hash_ids)
+    assert one.session != two.session
+
+    assert _apply(router, router_config(fleet, "round_robin", version=3)) == 3
+    assert _chat(router, "u", prompt).status_code == 200
+    time.sleep(1.0)  # four telemetry writes
+    assert len(_requests(client)) == 2  # no capture in the config: nothing recorded

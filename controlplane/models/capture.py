@@ -49,6 +49,15 @@ class TrafficCapture(models.Model):
     def capturing(self) -> bool:
         return self.state == self.State.CAPTURING
 
+    @property
+    def trace(self) -> str:
+        """How a replay names it."""
+        return f"capture:{self.pk}"
+
+    @property
+    def max_minutes(self) -> int:
+        return self.max_duration_s // 60
+
 
 class CapturedRequest(models.Model):
     """One request of a capture, as a router recorded it (router_worker.telemetry_contract

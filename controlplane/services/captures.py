@@ -37,6 +37,7 @@ from .audit import Actor
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, Problems, ServiceError
 from .fields import max_length
+from .traces import resolve_trace
 
 DEFAULT_MAX_REQUESTS = 100_000
 MAX_REQUESTS = 2_000_000
@@ -341,12 +342,8 @@ def _line(row: CapturedRequest, chat_id: int, parent: int, turn: int, start: flo
     return json.dumps(document, separators=(",", ":")) + "\n"
 
 
-def captures_dir() -> Path:
-    return Path(settings.SWITCHYARD_VAR_DIR) / "captures"
-
-
 def export_path(capture_id: int) -> Path:
-    return captures_dir() / f"{capture_id}.jsonl"
+    return resolve_trace(f"capture:{capture_id}")
 
 
 def export_for_replay(cluster_id: int, capture_id: int) -> Path:

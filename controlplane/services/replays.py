@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from controlplane.models import Cluster, ReplayJob
 
-from . import audit, policy_defaults, traces
+from . import audit, captures, policy_defaults, traces
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import NotFound, Problems, ServiceError
@@ -97,7 +97,7 @@ def _checked_inputs(
     if cluster is None:
         raise NotFound(f"cluster {cluster_id} does not exist")
     problems = Problems()
-    trace = problems.check(_validated_trace, trace) or ""
+    trace = problems.check(_validated_trace, trace, cluster) or ""
     if trace:
         problems.check(traces.check_trace, traces.resolve_trace(trace), cluster.model)
     problems.check(_validated_policies, policies, cluster)
@@ -135,15 +135,26 @@ def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason
     return job
 
 
-def _validated_trace(trace: str) -> str:
+def _validated_trace(trace: str, cluster: Cluster) -> str:
     """`shared:<file>` or `upload:<file>` naming a trace that exists now, so a typo is
-    refused at once instead of failing in a worker later."""
+    refused at once instead of failing in a worker later; `capture:<id>`, one of the
+    cluster's traffic captures, exported now (a running capture as far as it got)."""
     trace = (trace or "").strip()
     if not trace or len(trace) > 256:
         raise ServiceError("trace must name a trace (1-256 characters)", "trace")
+    if trace.startswith("capture:"):
+        captures.export_for_replay(cluster.pk, _capture_id(trace))
+        return trace
     if not traces.resolve_trace(trace).is_file():
         raise ServiceError(f"trace {trace!r} does not exist", "trace")
     return trace
+
+
+def _capture_id(trace: str) -> int:
+    name = trace.removeprefix("capture:")
+    if not (name.isascii() and name.isdigit() and len(name) < 19):
+        raise ServiceError(f"trace {trace!r} does not name a capture", "trace")
+    return int(name)
 
 
 def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster) -> list[dict[str, Any]]:

@@ -38,6 +38,11 @@ def uploads_dir() -> Path:
     return Path(settings.SWITCHYARD_VAR_DIR) / "replay-uploads"
 
 
+def captures_dir() -> Path:
+    """Where captured traffic is exported for replays (controlplane/services/captures.py)."""
+    return Path(settings.SWITCHYARD_VAR_DIR) / "captures"
+
+
 def shared_traces() -> list[str]:
     folder = traces_dir()
     if not folder.is_dir():
@@ -46,8 +51,12 @@ def shared_traces() -> list[str]:
 
 
 def resolve_trace(trace: str) -> Path:
-    """`shared:<name>` or `upload:<name>` → a file path."""
+    """`shared:<name>`, `upload:<name>` or `capture:<id>` → a file path."""
     origin, _, name = trace.partition(":")
+    if origin == "capture":
+        if not (name.isascii() and name.isdigit()):
+            raise ServiceError(f"unknown trace {trace!r}", "trace")
+        return captures_dir() / f"{int(name)}.jsonl"
     folder = {"shared": traces_dir(), "upload": uploads_dir()}.get(origin)
     if folder is None or not name or Path(name).name != name:
         raise ServiceError(f"unknown trace {trace!r}", "trace")

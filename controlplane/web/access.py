@@ -11,20 +11,20 @@ from django.contrib.auth.models import User
 from django.contrib.auth.views import redirect_to_login
 from django.http import (
     HttpRequest,
-    HttpResponse,
     HttpResponseBadRequest,
     HttpResponseForbidden,
 )
+from django.http.response import HttpResponseBase
 
 from controlplane.services.audit import Actor
 from controlplane.services.roles import has_role, role_of
 
-View = Callable[..., HttpResponse]
+View = Callable[..., HttpResponseBase]
 
 
 def _require(minimum: str, view: View) -> View:
     @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
         if not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         if not has_role(request.user, minimum):

@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.utils.dateparse import parse_datetime
 
 from controlplane.models import Cluster
+from controlplane.selectors import captures as capture_selectors
 from controlplane.services.errors import NotFound
 
 from . import dashboard, reads
@@ -74,6 +75,7 @@ def cluster_live(request: HttpRequest, cluster_id: int) -> HttpResponse:
         tab="live",
         at=at,
         live_config=live_config,
+        capture=capture_selectors.running(cluster.pk),
     )
 
 

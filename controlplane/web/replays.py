@@ -11,6 +11,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import Cluster
+from controlplane.selectors import captures as capture_selectors
 from controlplane.selectors import robustness
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import NotFound, Problems, ServiceError
@@ -24,12 +25,14 @@ from .pages import is_htmx, page, service_error_response
 TEMPLATE = "web/replays.html"
 
 
-def _context(cluster: Cluster) -> dict[str, Any]:
+def _context(cluster: Cluster, chosen_trace: str = "") -> dict[str, Any]:
     live = dashboard.live_state(cluster)
     return {
         "cluster": cluster,
         "tab": "replays",
         "traces": shared_traces(),
+        "captures": capture_selectors.replayable(cluster.pk),
+        "chosen_trace": chosen_trace,
         "policies": reads.policies(cluster.pk),
         "robustness": robustness.by_kind(),
         "jobs": reads.replays(cluster.pk)[:20],
@@ -42,7 +45,7 @@ def _context(cluster: Cluster) -> dict[str, Any]:
 @require_GET
 def replay_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
-    context = _context(cluster)
+    context = _context(cluster, request.GET.get("trace", ""))
     if is_htmx(request):
         return page(request, "web/partials/replay_jobs.html", **context)
     return page(request, TEMPLATE, **context)
@@ -94,8 +97,11 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
 
 
 def _shared_trace(name: str) -> str:
+    """A shared trace's name, or ``capture:<id>`` (checked by the service)."""
+    if name.startswith("capture:"):
+        return name
     if name not in shared_traces():
-        raise ServiceError("choose a shared trace or upload a file", "trace")
+        raise ServiceError("choose a shared trace, a capture or upload a file", "trace")
     return f"shared:{name}"
 
 

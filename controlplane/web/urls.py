@@ -3,7 +3,16 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from . import canaries, canary_detail, clusters, credentials, events, policies, replays
+from . import (
+    canaries,
+    canary_detail,
+    captures,
+    clusters,
+    credentials,
+    events,
+    policies,
+    replays,
+)
 from .login import ThrottledAuthenticationForm
 
 app_name = "web"
@@ -49,6 +58,18 @@ urlpatterns = [
         "clusters/<int:cluster_id>/replays/<int:job_id>/",
         replays.replay_detail,
         name="replay_detail",
+    ),
+    path("clusters/<int:cluster_id>/captures/", captures.captures_page, name="captures"),
+    path("clusters/<int:cluster_id>/captures/start/", captures.capture_start, name="capture_start"),
+    path(
+        "clusters/<int:cluster_id>/captures/<int:capture_id>/download/",
+        captures.capture_download,
+        name="capture_download",
+    ),
+    path(
+        "clusters/<int:cluster_id>/captures/<int:capture_id>/<str:action>/",
+        captures.capture_action,
+        name="capture_action",
     ),
     path("clusters/<int:cluster_id>/keys/", credentials.client_keys_page, name="client_keys"),
     path(

@@ -1,0 +1,155 @@
+"""Traffic capture from the browser's forms: start, watch, stop, rename, download, delete,
+and replay a capture; every bad value is refused with a clear 4xx."""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+
+import pytest
+from django.urls import reverse
+
+from controlplane.models import AuditEvent, CapturedRequest, ReplayJob, TrafficCapture
+from controlplane.services import config
+from controlplane.tasks.replay import run_replay
+from tests.web.conftest import make_cluster
+
+pytestmark = pytest.mark.django_db
+
+
+def start(client, cluster, **fields):
+    form = {"name": "peak", "max_requests": "500", "max_minutes": "30", "reason": "r"} | fields
+    return client.post(reverse("web:capture_start", args=[cluster.pk]), form)
+
+
+def act(client, cluster, capture, action, **form):
+    url = reverse("web:capture_action", args=[cluster.pk, capture.pk, action])
+    return client.post(url, form)
+
+
+def fill(capture: TrafficCapture, count: int) -> None:
+    """Rows as ingest stores them: two sessions sharing a 20-block prefix, 1 s apart."""
+    rng = random.Random(1)
+    prefix = [rng.randrange(2**62) for _ in range(20)]
+    t0 = time.time()
+    CapturedRequest.objects.bulk_create(
+        CapturedRequest(
+            capture=capture,
+            batch=f"b{k}",
+            router="r0",
+            at=t0 + k,
+            prompt_tokens=16 * 22,
+            output_tokens=30,
+            block_size=16,
+            hash_ids=prefix + [rng.randrange(2**62) for _ in range(2)],
+            session=f"s{k % 2}",
+            instance="i0",
+            status=200,
+            ttft_s=0.2,
+            tpot_s=0.02,
+        )
+        for k in range(count)
+    )
+    TrafficCapture.objects.filter(pk=capture.pk).update(requests=count)
+
+
+def test_an_operator_starts_and_stops_a_capture_and_everyone_sees_it(as_role, cluster):
+    operator, viewer = as_role("operator"), as_role("viewer")
+    assert start(viewer, cluster).status_code == 403
+    assert start(operator, cluster).status_code == 302
+    capture = TrafficCapture.objects.get()
+    assert (capture.name, capture.max_requests, capture.max_duration_s) == ("peak", 500, 1800)
+    version = config.latest_version(cluster)
+    assert version is not None and version.document["capture"]["id"] == capture.pk
+    page = viewer.get(reverse("web:captures", args=[cluster.pk])).content.decode()
+    assert 'data-testid="capture-running"' in page and "peak" in page
+    assert capture.salt not in page
+    live = viewer.get(reverse("web:cluster", args=[cluster.pk])).content.decode()
+    assert 'data-testid="capture-banner"' in live
+    assert start(operator, cluster, name="second").status_code == 409
+    assert act(operator, cluster, capture, "stop", reason="enough").status_code == 302
+    capture.refresh_from_db()
+    assert capture.state == "stopped"
+    live = viewer.get(reverse("web:cluster", args=[cluster.pk])).content.decode()
+    assert 'data-testid="capture-banner"' not in live
+    api = operator.get(f"/api/v1/clusters/{cluster.pk}/config-versions")
+    assert api.status_code == 200
+    documents = [v["document"] for v in api.json()]
+    assert {"id": capture.pk, "salt": "(hidden)"} in [d.get("capture") for d in documents]
+    assert capture.salt not in api.content.decode()
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"name": ""}, "name must be 1-64 printable characters"),
+        ({"name": "x" * 65}, "name must be 1-64 printable characters"),
+        ({"name": "tab\there"}, "name must be 1-64 printable characters"),
+        ({"max_requests": "-1"}, "max_requests must be a whole number from 1 to 2000000"),
+        ({"max_requests": "1e99"}, "max_requests must be a whole number from 1 to 2000000"),
+        ({"max_requests": "9999999"}, "max_requests must be a whole number from 1 to 2000000"),
+        ({"max_minutes": "0"}, "max_minutes must be a whole number from 1 to 10080"),
+        ({"max_minutes": "half"}, "max_minutes must be a whole number from 1 to 10080"),
+    ],
+)
+def test_bad_capture_settings_get_a_clear_400(as_role, cluster, fields, message):
+    response = start(as_role("operator"), cluster, **fields)
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert not TrafficCapture.objects.exists()
+
+
+def test_a_nul_in_a_capture_form_is_refused(as_role, cluster):
+    assert start(as_role("operator"), cluster, name="a\x00b").status_code == 400
+
+
+def test_rename_download_and_delete(as_role, cluster):
+    operator = as_role("operator")
+    start(operator, cluster)
+    capture = TrafficCapture.objects.get()
+    fill(capture, 4)
+    assert act(operator, cluster, capture, "rename", name="monday").status_code == 302
+    assert act(operator, cluster, capture, "rename", name="").status_code == 400
+    assert act(operator, cluster, capture, "explode").status_code == 404
+    other = make_cluster(name="other-cluster")
+    url = reverse("web:capture_action", args=[other.pk, capture.pk, "stop"])
+    assert operator.post(url).status_code == 404  # not that cluster's capture
+
+    download = as_role("viewer").get(reverse("web:capture_download", args=[cluster.pk, capture.pk]))
+    assert download.status_code == 200
+    assert "monday" in download["Content-Disposition"]
+    rows = [json.loads(line) for line in b"".join(download.streaming_content).splitlines()]
+    assert [r["chat_id"] for r in rows] == [1, 2, 3, 4]
+    assert [r["parent_chat_id"] for r in rows] == [-1, -1, 1, 2]
+    assert rows[0]["hash_ids"][:20] == rows[1]["hash_ids"][:20]
+
+    assert act(operator, cluster, capture, "delete", reason="gone").status_code == 302
+    assert not TrafficCapture.objects.exists() and not CapturedRequest.objects.exists()
+    actions = set(AuditEvent.objects.values_list("action", flat=True))
+    assert {"capture.start", "capture.rename", "capture.stop", "capture.delete"} <= actions
+
+
+def test_a_capture_replays_from_the_replay_form(as_role, cluster, settings, tmp_path, monkeypatch):
+    from controlplane.celery import app
+
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path)
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: None)
+    operator = as_role("operator")
+    start(operator, cluster)
+    capture = TrafficCapture.objects.get()
+    fill(capture, 12)
+    page = operator.get(reverse("web:replays", args=[cluster.pk]) + f"?trace={capture.trace}")
+    assert f'<option value="{capture.trace}" selected>' in page.content.decode()
+    policies = [str(p.pk) for p in cluster.policies.order_by("name")]
+    form = {"trace": capture.trace, "policies": policies, "seed": "0", "rate_scale": "1"}
+    response = operator.post(reverse("web:replay_create", args=[cluster.pk]), form)
+    assert response.status_code == 302, response.content.decode()[:400]
+    job = ReplayJob.objects.get()
+    assert run_replay(job.pk) == "succeeded"
+    job.refresh_from_db()
+    assert job.results is not None and len(job.results["policies"]) == 2
+    missing = operator.post(
+        reverse("web:replay_create", args=[cluster.pk]), form | {"trace": "capture:999999"}
+    )
+    assert missing.status_code == 400 and "does not exist" in missing.content.decode()

@@ -346,14 +346,19 @@ def export_path(capture_id: int) -> Path:
     return resolve_trace(f"capture:{capture_id}")
 
 
-def export_for_replay(cluster_id: int, capture_id: int) -> Path:
-    """Write the capture's trace where a replay reads ``capture:<id>`` (atomically: a
-    replay still reading the previous export keeps it)."""
+def require_replayable(cluster_id: int, capture_id: int) -> TrafficCapture:
     capture = TrafficCapture.objects.filter(pk=capture_id, cluster_id=cluster_id).first()
     if capture is None:
         raise ServiceError(f"capture {capture_id} of this cluster does not exist", "trace")
     if not capture.requests:
         raise ServiceError(f"capture {capture.name!r} holds no request yet", "trace")
+    return capture
+
+
+def export_for_replay(cluster_id: int, capture_id: int) -> Path:
+    """Write the capture's trace where a replay reads ``capture:<id>`` (atomically: a
+    replay still reading the previous export keeps it)."""
+    capture = require_replayable(cluster_id, capture_id)
     path = export_path(capture.pk)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")

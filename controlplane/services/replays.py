@@ -7,6 +7,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -98,7 +99,7 @@ def _checked_inputs(
         raise NotFound(f"cluster {cluster_id} does not exist")
     problems = Problems()
     trace = problems.check(_validated_trace, trace, cluster) or ""
-    if trace:
+    if trace and not trace.startswith("capture:"):  # a capture's rows were checked at ingest
         problems.check(traces.check_trace, traces.resolve_trace(trace), cluster.model)
     problems.check(_validated_policies, policies, cluster)
     inputs = {
@@ -143,11 +144,19 @@ def _validated_trace(trace: str, cluster: Cluster) -> str:
     if not trace or len(trace) > 256:
         raise ServiceError("trace must name a trace (1-256 characters)", "trace")
     if trace.startswith("capture:"):
-        captures.export_for_replay(cluster.pk, _capture_id(trace))
+        captures.require_replayable(cluster.pk, _capture_id(trace))
         return trace
     if not traces.resolve_trace(trace).is_file():
         raise ServiceError(f"trace {trace!r} does not exist", "trace")
     return trace
+
+
+def trace_file(cluster_id: int, trace: str) -> Path:
+    """The file a worker replays: a capture is exported from Postgres there and then, so a
+    worker on any host replays it (a running capture as far as it got)."""
+    if trace.startswith("capture:"):
+        return captures.export_for_replay(cluster_id, _capture_id(trace))
+    return traces.resolve_trace(trace)
 
 
 def _capture_id(trace: str) -> int:

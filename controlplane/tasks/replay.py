@@ -18,7 +18,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from controlplane.models import Cluster, ReplayJob
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
-from controlplane.services.traces import check_trace, resolve_trace
+from controlplane.services.traces import check_trace
 from engine_interface import percentile
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,10 @@ def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress) -
         from enginesim.replay.traces import load_trace
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
-    path = resolve_trace(inputs["trace"])
+    try:
+        path = replay_service.trace_file(cluster.pk, inputs["trace"])
+    except ServiceError as error:
+        raise ReplayFailed(error.message) from None
     check_trace(path, cluster.model)  # again: the file or the cluster's model may have changed
     records = load_trace(
         path, rate_scale=inputs["rate_scale"], max_requests=inputs.get("max_requests")

@@ -188,3 +188,56 @@ def _hotspot_burst(stack: Stack) -> None:
     router = stack.routers[0]
     for n in range(40):
         chat(router.url, f"{prefix} question {n}", max_tokens=2)
+
+
+def test_operator_captures_the_clusters_traffic_and_replays_it(
+    browser, asgi_server, stack, artifacts_dir, settings, tmp_path
+) -> None:
+    """Capture → traffic through both routers → the capture fills → stop → replay it."""
+    from controlplane.models import ReplayJob, TrafficCapture
+    from controlplane.services import captures, ingest
+    from controlplane.tasks.replay import run_replay
+
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path / "var")
+    page = login(browser, asgi_server.url, "operator")
+    base = f"{asgi_server.url}/clusters/{stack.cluster.pk}"
+    try:
+        page.goto(f"{base}/captures/")
+        page.get_by_test_id("capture-idle").wait_for()
+        page.fill("input[name=name]", "e2e traffic")
+        page.fill("input[name=max_requests]", "1000")
+        page.click("[data-action=start-capture]")
+        page.get_by_test_id("capture-running").wait_for()
+        stack.wait_reporting(2)  # the routers run the config carrying the capture
+        send_traffic(stack, 12).join(60)
+
+        def ingested() -> int:
+            ingest.ingest_captures(stack.redis)
+            return TrafficCapture.objects.get().requests
+
+        wait_for(lambda: ingested() == 12, 20, "twelve captured requests")
+        page.wait_for_selector("[data-testid=running-requests]:text('12')")
+        page.goto(f"{base}/")
+        page.get_by_test_id("capture-banner").wait_for()
+        page.goto(f"{base}/captures/")
+        page.click("[data-action=stop]")
+        page.wait_for_selector("[data-testid=capture-state]:text('stopped')")
+        stack.wait_reporting(3)
+        page.screenshot(path=str(artifacts_dir / "capture.png"), full_page=True)
+
+        page.click("[data-action=replay]")
+        capture = TrafficCapture.objects.get()
+        assert page.locator("select[name=trace]").input_value() == capture.trace
+        page.click("[data-testid=replay-controls] button.primary")
+        page.wait_for_url(f"{base}/replays/*/**")
+        job = ReplayJob.objects.get()
+        assert job.inputs["trace"] == capture.trace
+        assert run_replay(job.pk) == "succeeded"
+        page.reload()
+        page.wait_for_selector("text=succeeded")
+        assert page.js_errors == []
+    finally:
+        page.context.close()
+    rows = list(captures.export_lines(TrafficCapture.objects.get()))
+    assert len(rows) == 12
+    assert {json.loads(row)["router"] for row in rows} == {r.name for r in stack.routers}

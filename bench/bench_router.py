@@ -27,6 +27,9 @@ router and of enginesim serving the same load directly, per non-streamed request
 stream (intercept) and per SSE chunk (slope between 4- and 64-token streams), at 32 in
 flight.
 
+Capture: what a traffic capture costs per request, in-process: the append on the request
+path, and the keyed digests and JSON in the telemetry writer, off it.
+
     .venv/bin/python bench/bench_router.py [--only side-by-side] [--rounds 3] [--before PATH]
 """
 
@@ -42,10 +45,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.lib.processes import INSTANCES, bench_stack
-from bench.lib.router_cost import cpu_rows, hot_path_rows, throughput_rows
+from bench.lib.router_cost import capture_rows, cpu_rows, hot_path_rows, throughput_rows
 from bench.lib.router_sidebyside import REPORT, side_by_side
 
-SECTIONS = ("side-by-side", "throughput", "cpu", "hot-path")
+SECTIONS = ("side-by-side", "throughput", "cpu", "hot-path", "capture")
 
 
 def main() -> None:
@@ -99,6 +102,8 @@ def main() -> None:
                 cpu_rows(fast, args)
     if "hot-path" in sections:
         hot_path_rows()
+    if "capture" in sections:
+        capture_rows()
 
 
 if __name__ == "__main__":

@@ -4,14 +4,18 @@ While the router's config carries a ``capture`` (the control plane starts and st
 per cluster), :meth:`CaptureBuffer.add` keeps, for each finished request, a tuple of what
 the request path already holds (its features, the instance, TTFT/TPOT): an append, no
 hashing, no copy. The telemetry writer drains the buffer off the request path
-(:meth:`CaptureBuffer.drain`): it turns each prompt's chained block hashes and its session
-key into keyed digests under the capture's salt, so ids are equal exactly when the
-prefixes are within one capture, yet no content can be guessed from them (a dictionary of
-known prompts' hashes is useless without the salt), and ships them to the cluster's
-capture stream (:func:`router_worker.telemetry_contract.capture_stream`).
+(:meth:`CaptureBuffer.drain`) to the cluster's capture stream
+(:func:`router_worker.telemetry_contract.capture_stream`): the prompt as its block hashes
+(packed, as peer sync sends them), the session key as a keyed digest under the capture's
+salt. The control plane turns the block hashes into keyed digests under the same salt
+when it stores them (:class:`CaptureKey`, shared by both sides): ids are equal exactly
+when the prefixes are within one capture, yet no content can be guessed from a stored or
+downloaded trace (a dictionary of known prompts' hashes is useless without the salt).
+Digesting there keeps the router's CPU for routing: a thousand blocks of a unique long
+prompt cost about a millisecond to digest (``bench/bench_router.py --only capture``).
 
 The buffer is bounded: while Redis is unreachable it keeps the newest `CAPTURE_BUFFER`
-requests and counts the ones it drops (``dropped``), which the capture's page shows.
+requests and counts the ones it drops (``dropped``).
 """
 
 from __future__ import annotations
@@ -41,17 +45,18 @@ class _Finished(NamedTuple):
     tpot_s: float | None
 
 
-class _Salted:
-    """Keyed digests under one capture's salt, the block hashes' cached."""
+class CaptureKey:
+    """Keyed digests under one capture's salt (blake2b, 64 bits), block hashes cached."""
 
     def __init__(self, salt: str) -> None:
         self.key = salt.encode()[:64]  # blake2b's key is at most 64 bytes
         self.blocks: dict[int, int] = {}
 
-    def digest(self, data: bytes) -> bytes:
+    def _digest(self, data: bytes) -> bytes:
         return blake2b(data, key=self.key, digest_size=8).digest()
 
     def block_ids(self, hashes: tuple[int, ...]) -> list[int]:
+        """Trace ids (63 bits: signed 64-bit in every reader) of a prompt's block hashes."""
         blocks = self.blocks
         if len(blocks) > DIGEST_CACHE:
             blocks.clear()
@@ -59,13 +64,13 @@ class _Salted:
         for value in hashes:
             salted = blocks.get(value)
             if salted is None:
-                raw = self.digest(value.to_bytes(8, "little"))
+                raw = self._digest(value.to_bytes(8, "little"))
                 salted = blocks[value] = int.from_bytes(raw, "little") & _ID_MASK
             out.append(salted)
         return out
 
     def session(self, key: str | None) -> str | None:
-        return None if key is None else self.digest(key.encode()).hex()
+        return None if key is None else self._digest(key.encode()).hex()
 
 
 class CaptureBuffer:
@@ -73,7 +78,7 @@ class CaptureBuffer:
 
     def __init__(self) -> None:
         self._pending: deque[_Finished] = deque()
-        self._salted: dict[int, _Salted] = {}
+        self._keys: dict[int, CaptureKey] = {}
         self.dropped = 0
 
     def add(
@@ -95,6 +100,10 @@ class CaptureBuffer:
         self._pending.append(
             _Finished(capture, features, output_tokens, instance, arm, status, ttft_s, tpot_s)
         )
+
+    def clear(self) -> None:
+        """Forget what is buffered (a router without Redis has nowhere to send it)."""
+        self._pending.clear()
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -119,18 +128,18 @@ class CaptureBuffer:
         return batches
 
     def _record(self, item: _Finished) -> contract.CapturedRequest:
-        salted = self._salted.get(item.capture.id)
-        if salted is None or salted.key != item.capture.salt.encode()[:64]:
-            self._salted = {item.capture.id: _Salted(item.capture.salt)}
-            salted = self._salted[item.capture.id]
+        key = self._keys.get(item.capture.id)
+        if key is None or key.key != item.capture.salt.encode()[:64]:
+            key = CaptureKey(item.capture.salt)
+            self._keys = {item.capture.id: key}  # one capture at a time
         features = item.features
         return contract.CapturedRequest(
             at=features.arrival_time,
             prompt_tokens=features.prompt_tokens,
             output_tokens=item.output_tokens,
             block_size=features.block_size,
-            hash_ids=salted.block_ids(features.block_hashes),
-            session=salted.session(features.session_key),
+            block_hashes=contract.encode_block_hashes(features.block_hashes),
+            session=key.session(features.session_key),
             turn=features.turn_index,
             instance=item.instance,
             arm=item.arm,

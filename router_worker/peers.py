@@ -51,8 +51,6 @@ skipped and counted, never applied.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import contextlib
 import hashlib
 import hmac
@@ -66,8 +64,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from router_worker import telemetry_contract as contract
 from router_worker.config import RouterConfig
 from router_worker.metrics import RouterMetrics
 from router_worker.routing import ClusterState, RequestFeatures
@@ -205,20 +202,14 @@ def _mac(key: bytes, channel: str, body: bytes) -> str:
     return hmac.new(key, channel.encode() + b"\n" + body, hashlib.sha256).hexdigest()
 
 
-def encode_hashes(hashes: tuple[int, ...] | list[int]) -> str:
-    return base64.b64encode(np.asarray(hashes, dtype=np.uint64).astype("<u8").tobytes()).decode(
-        "ascii"
-    )
+encode_hashes = contract.encode_block_hashes
 
 
 def decode_hashes(text: str) -> tuple[int, ...]:
     try:
-        raw = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise PeerMessageError("block_hashes", "not base64") from None
-    if len(raw) % 8 or len(raw) // 8 > MAX_BLOCKS:
-        raise PeerMessageError("block_hashes", "not a whole number of uint64")
-    return tuple(np.frombuffer(raw, dtype="<u8").tolist())
+        return contract.decode_block_hashes(text, MAX_BLOCKS)
+    except ValueError as error:
+        raise PeerMessageError("block_hashes", str(error)) from None
 
 
 def encode_message(message: PeerMessage) -> dict[str, Any]:

@@ -271,7 +271,7 @@ class Telemetry:
                 self._records.clear()
                 self._events.clear()
                 self._decisions.clear()
-                self.capture.drain(self.cluster, self.router)
+                self.capture.clear()
                 continue
             await self._write(now)
 

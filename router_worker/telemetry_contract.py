@@ -30,17 +30,21 @@ streams and peer channel; listening, never publishing, on ``CONFIG_CHANNEL``).
   write: it is a window onto recent traffic, not a log (nothing ingests it).
 * ``capture_stream(cluster)``: while the cluster captures its traffic (the config's
   ``capture``), every finished request as the replay needs it (`CaptureBatch`, field
-  ``data``, up to `CAPTURE_BATCH` requests each). No text travels: the prompt's block
-  hashes and the session key are keyed digests under the capture's salt. Ingest stores
-  them as the capture's trace and deletes what it stored.
+  ``data``, up to `CAPTURE_BATCH` requests each). No text travels: the prompt travels as
+  its block hashes (as on the peers channel), the session key as a keyed digest under the
+  capture's salt. Ingest stores the block hashes as keyed digests too, and deletes the
+  entries it stored.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import uuid
 from typing import Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 STATE_INTERVAL_S = 0.25
@@ -313,6 +317,24 @@ class DecisionRecord(_Record):
         return cls.model_validate_json(_field(fields, "data"))
 
 
+def encode_block_hashes(hashes: tuple[int, ...] | list[int]) -> str:
+    """Block hashes on the wire: base64 of little-endian uint64s (peer sync, capture)."""
+    raw = np.asarray(hashes, dtype=np.uint64).astype("<u8").tobytes()
+    return base64.b64encode(raw).decode("ascii")
+
+
+def decode_block_hashes(text: str, most: int) -> tuple[int, ...]:
+    """The inverse of `encode_block_hashes`; ValueError for anything else, or more than
+    ``most`` hashes."""
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not base64") from None
+    if len(raw) % 8 or len(raw) // 8 > most:
+        raise ValueError(f"not a whole number of at most {most} uint64")
+    return tuple(np.frombuffer(raw, dtype="<u8").tolist())
+
+
 CAPTURE_BATCH = 500  # captured requests per stream entry
 
 
@@ -323,10 +345,10 @@ class CapturedRequest(_Record):
     prompt_tokens: int
     output_tokens: int
     block_size: int
-    # the prompt's full blocks' chained hashes, each a keyed digest under the capture's
-    # salt (63 bits): equal prefixes give equal ids within one capture, and nothing else
-    hash_ids: list[int] = Field(default_factory=list)
-    session: str | None = None  # keyed digest of the session key
+    # the prompt's full blocks' chained hashes (`encode_block_hashes`); ingest stores them
+    # as keyed digests under the capture's salt, and only those
+    block_hashes: str = ""
+    session: str | None = None  # keyed digest of the session key, under the same salt
     turn: int | None = None  # 0-based, when the request says (chat messages)
     instance: str = ""
     arm: str = ""

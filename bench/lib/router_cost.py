@@ -59,6 +59,55 @@ def hot_path_rows() -> None:
         )
 
 
+def capture_rows() -> None:
+    """What a traffic capture costs per request (router_worker/capture.py): on the router's
+    request path (the append in ``finish_request``), in its telemetry writer (packing the
+    block hashes, the session digest, the batch's JSON) and at the control plane's ingest
+    (the keyed digests of the block hashes), for prompts sharing a system prompt (the
+    shared blocks' digests come from the cache) and for unique ones."""
+    from router_worker.capture import CaptureBuffer, CaptureKey
+    from router_worker.config import CaptureSpec
+    from router_worker.routing import build_features
+
+    print("\nTraffic capture, in-process (CPU µs per request)")
+    print(f"{'prompt tokens':>13} {'prompts':>8} {'request path':>13} {'writer':>7} {'ingest':>7}")
+    spec = CaptureSpec(id=1, salt="s" * 32)
+    rng = np.random.default_rng(0)
+    for tokens in (100, 1000, 8000):
+        for shared in (True, False):
+            prefix = rng.integers(0, 150_000, tokens - 16)
+            buffer, key, rounds = CaptureBuffer(), CaptureKey(spec.salt), 2000
+            features = []
+            for n in range(rounds):
+                head = prefix if shared else rng.integers(0, 150_000, tokens - 16)
+                ids = np.concatenate([head, rng.integers(0, 150_000, 16)])
+                features.append(build_features(f"r{n}", ids, n * 0.01, session_key=f"u{n % 50}"))
+            t0 = time.process_time()
+            for f in features:
+                buffer.add(
+                    spec,
+                    f,
+                    output_tokens=100,
+                    instance="i0",
+                    arm="default",
+                    status=200,
+                    ttft_s=0.2,
+                    tpot_s=0.02,
+                )
+            t1 = time.process_time()
+            for batch in buffer.drain("c", "r0"):  # batches of CAPTURE_BATCH, as written
+                batch.model_dump_json()
+            t2 = time.process_time()
+            for f in features:
+                key.block_ids(f.block_hashes)
+            t3 = time.process_time()
+            path, writer, ingest = (
+                (b - a) / rounds * 1e6 for a, b in ((t0, t1), (t1, t2), (t2, t3))
+            )
+            kind = "shared" if shared else "unique"
+            print(f"{tokens:>13} {kind:>8} {path:>13.2f} {writer:>7.1f} {ingest:>7.1f}")
+
+
 def measure_cpu(
     ports: list[int], pid: int, concurrency: int, duration: float, stream: bool, max_tokens: int
 ) -> tuple[Run, float]:

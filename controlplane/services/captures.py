@@ -29,7 +29,8 @@ from django.utils import timezone
 from pydantic import Field
 
 from controlplane.models import CapturedRequest, Cluster, TrafficCapture
-from router_worker.telemetry_contract import CaptureBatch
+from router_worker.capture import CaptureKey
+from router_worker.telemetry_contract import CaptureBatch, decode_block_hashes
 from router_worker.telemetry_contract import CapturedRequest as WireRequest
 
 from . import audit, config
@@ -203,7 +204,7 @@ def _bounded(value: Any, default: int, most: int, field: str) -> int:
 
 Latency = Annotated[float, Field(ge=0, le=3600)]
 Tokens = Annotated[int, Field(ge=0, le=INT_COLUMN)]
-BlockId = Annotated[int, Field(ge=0, le=2**63 - 1)]
+MAX_BLOCKS = 65_536  # a million tokens in 16-token blocks
 
 
 class StorableRequest(WireRequest):
@@ -213,7 +214,7 @@ class StorableRequest(WireRequest):
     prompt_tokens: Tokens
     output_tokens: Tokens
     block_size: int = Field(ge=1, le=4096)
-    hash_ids: list[BlockId] = Field(default_factory=list, max_length=1_000_000)
+    block_hashes: str = Field(default="", max_length=MAX_BLOCKS * 8 * 4 // 3 + 4)
     session: str | None = Field(default=None, max_length=32)
     turn: int | None = Field(default=None, ge=0, le=INT_COLUMN)
     instance: str = Field(default="", max_length=64)
@@ -251,16 +252,29 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
     wanted = _admissible(capture, batch.requests)
     room = max(0, capture.max_requests - capture.requests)
     kept = wanted[:room]
-    CapturedRequest.objects.bulk_create(
-        CapturedRequest(capture=capture, batch=batch.id, router=batch.router, **r.model_dump())
-        for r in kept
-    )
+    key = CaptureKey(capture.salt)
+    CapturedRequest.objects.bulk_create(_row(capture, batch, r, key) for r in kept)
     capture.requests += len(kept)
     capture.dropped += len(batch.requests) - len(kept)
     capture.save(update_fields=["requests", "dropped"])
     if capture.capturing and capture.requests >= capture.max_requests:
         _stop(SYSTEM, locked, capture, f"reached its limit of {capture.max_requests} requests")
     return True
+
+
+def _row(
+    capture: TrafficCapture, batch: CaptureBatch, request: WireRequest, key: CaptureKey
+) -> CapturedRequest:
+    """The stored row: the block hashes as keyed digests (ValueError: not block hashes)."""
+    fields = request.model_dump(exclude={"block_hashes"})
+    hashes = decode_block_hashes(request.block_hashes, MAX_BLOCKS)
+    return CapturedRequest(
+        capture=capture,
+        batch=batch.id,
+        router=batch.router,
+        hash_ids=key.block_ids(hashes),
+        **fields,
+    )
 
 
 def _admissible(capture: TrafficCapture, requests: list[WireRequest]) -> list[WireRequest]:

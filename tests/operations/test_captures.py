@@ -16,7 +16,7 @@ from controlplane.services import captures, config, ingest
 from controlplane.services.audit import Actor
 from controlplane.services.errors import Conflict, Invalid, ServiceError
 from enginesim.replay.traces import read_trace
-from router_worker.telemetry_contract import CaptureBatch, capture_stream
+from router_worker.telemetry_contract import CaptureBatch, capture_stream, encode_block_hashes
 from router_worker.telemetry_contract import CapturedRequest as Wire
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -49,7 +49,8 @@ def routed_document(cluster) -> dict:
 
 def wire(at: float, session: str | None = None, ids: tuple[int, ...] = (1, 2), **extra) -> Wire:
     fields = {"prompt_tokens": 40, "output_tokens": 8, "block_size": 16, "status": 200}
-    return Wire(at=at, hash_ids=list(ids), session=session, instance="i0", **(fields | extra))
+    fields = {"block_hashes": encode_block_hashes(ids)} | fields | extra
+    return Wire(at=at, session=session, instance="i0", **fields)
 
 
 def send(client, capture: TrafficCapture, requests: list[Wire], router: str = "r0") -> str:
@@ -101,7 +102,7 @@ def test_batches_are_stored_once_and_hostile_entries_quarantined(routed, streams
     )
     streams.xadd(capture_stream("ops-test"), batch.to_stream_fields())  # delivered again
     send(streams, capture, [wire(now, prompt_tokens=-5)])
-    send(streams, capture, [wire(now, ids=(2**63,))])
+    send(streams, capture, [wire(now, block_hashes="not base64!")])
     send(streams, capture, [wire(now, ttft_s=1e9)])
     send(streams, capture, [wire(now)], router="stranger")
     streams.xadd(capture_stream("ops-test"), {"data": "{not json"})
@@ -158,10 +159,26 @@ def test_the_export_merges_routers_in_arrival_order_and_chains_sessions(
     path = captures.export_for_replay(routed.pk, capture.pk)
     records = read_trace(path)
     assert [r.arrival_s for r in records] == [0.0, 1.0, 2.0, 3.0]
-    assert [r.hash_ids for r in records] == [(5, 6), (9,), (5, 6, 7), (5,)]
+    ids = [r.hash_ids for r in records]  # keyed digests of the routers' block hashes
+    assert [len(i) for i in ids] == [2, 1, 3, 1]
+    assert ids[2][:2] == ids[0] and ids[3][0] == ids[0][0] != ids[1][0]
+    assert not {5, 6, 7, 9} & {h for i in ids for h in i}
+    assert all(0 <= h < 2**63 for i in ids for h in i)
     assert records[0].session_id == records[2].session_id != records[1].session_id
     assert [r.turn for r in records[:3]] == [0, 0, 1]
     assert records[0].block_size == 16
+
+
+def test_two_captures_of_the_same_prompts_share_no_id(routed, streams):
+    first = captures.start_capture(OPERATOR, routed.pk, name="one")
+    send(streams, first, [wire(time.time(), "s", (11, 12, 13))])
+    ingest.ingest_captures(streams)
+    captures.stop_capture(OPERATOR, routed.pk, first.pk)
+    second = captures.start_capture(OPERATOR, routed.pk, name="two")
+    send(streams, second, [wire(time.time(), "s", (11, 12, 13))])
+    ingest.ingest_captures(streams)
+    one, two = (CapturedRequest.objects.get(capture=c).hash_ids for c in (first, second))
+    assert len(one) == len(two) == 3 and not set(one) & set(two)
 
 
 def test_rename_and_delete_are_audited_and_delete_stops_a_running_capture(routed):

@@ -64,12 +64,11 @@ def test_a_capture_records_each_request_with_salted_digests_and_no_text(
     assert (
         first.ttft_s is not None and first.ttft_s > 0 and first.instance in {"i0", "i1", "i2", "i3"}
     )
-    assert first.block_size == 16 and len(first.hash_ids) == first.prompt_tokens // 16
-    # the shared system prompt gives the same leading ids, the other user's prompt none
-    assert first.hash_ids[:5] == second.hash_ids[:5]
-    assert first.hash_ids[-1] != second.hash_ids[-1]
-    assert not set(other.hash_ids) & set(first.hash_ids)
-    assert all(0 <= h < 2**63 for h in first.hash_ids)
+    blocks = [contract.decode_block_hashes(r.block_hashes, 10_000) for r in (first, second, other)]
+    assert first.block_size == 16 and len(blocks[0]) == first.prompt_tokens // 16
+    # the shared system prompt gives the same leading blocks, the other user's prompt none
+    assert blocks[0][:5] == blocks[1][:5] and blocks[0][-1] != blocks[1][-1]
+    assert not set(blocks[2]) & set(blocks[0])
     # one session, as a keyed digest
     assert first.session == second.session != other.session
     assert first.session is not None and len(first.session) == 16
@@ -81,7 +80,7 @@ def test_a_capture_records_each_request_with_salted_digests_and_no_text(
     assert "question" not in raw and "system prompt" not in raw and SECRET_USER not in raw
 
 
-def test_another_salt_gives_unrelated_ids_and_no_capture_records_nothing(
+def test_another_capture_digests_sessions_under_its_own_salt_and_none_records_nothing(
     fleet, router_factory, private_redis
 ):
     prompt = "identical prompt for both captures " * 20
@@ -96,9 +95,9 @@ def test_another_salt_gives_unrelated_ids_and_no_capture_records_nothing(
     assert _chat(router, "u", prompt).status_code == 200
     wait_until(lambda: len(_requests(client)) == 2, 10, "second capture")
     one, two = sorted(_requests(client), key=lambda r: r.at)
-    assert len(one.hash_ids) == len(two.hash_ids) > 0
-    assert not set(one.hash_ids) & set(two.hash_ids)
-    assert one.session != two.session
+    assert [b.capture for b in _captured(client)] == [1, 2]
+    assert one.block_hashes == two.block_hashes  # digested by the control plane, per capture
+    assert one.session is not None and two.session is not None and one.session != two.session
 
     assert _apply(router, router_config(fleet, "round_robin", version=3)) == 3
     assert _chat(router, "u", prompt).status_code == 200

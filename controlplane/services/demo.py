@@ -9,9 +9,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
 
-from controlplane.models import CanarySplit, Cluster, RouterDeployment
+from controlplane.models import CanarySplit, Cluster, RouterDeployment, TrafficCapture
 
-from . import canaries, clusters, policies, supervision
+from . import canaries, captures, clusters, policies, supervision
 from .audit import Actor
 
 SEEDER = Actor.system("demo-seed")
@@ -55,6 +55,7 @@ def seed(spec: DemoSpec) -> Cluster:
         policies.activate_policy(SEEDER, cluster.pk, by_kind["lmetric"].pk, reason=REASON)
     _seed_canary(cluster, by_kind, spec)
     _seed_router(cluster, spec)
+    _seed_capture(cluster)
     return cluster
 
 
@@ -111,6 +112,12 @@ def _seed_canary(cluster: Cluster, by_kind: dict, spec: DemoSpec) -> None:
         reason=REASON,
     )
     assert cluster.canaries.filter(state=CanarySplit.State.DRAFT).exists()
+
+
+def _seed_capture(cluster: Cluster) -> None:
+    """The demo captures its own traffic from the start (Capture tab), to be replayed."""
+    if not cluster.captures.filter(state=TrafficCapture.State.CAPTURING).exists():
+        captures.start_capture(SEEDER, cluster.pk, name="demo traffic", reason=REASON)
 
 
 def _seed_router(cluster: Cluster, spec: DemoSpec) -> None:

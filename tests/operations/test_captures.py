@@ -191,3 +191,14 @@ def test_rename_and_delete_are_audited_and_delete_stops_a_running_capture(routed
     assert actions[-4:] == ["capture.start", "capture.rename", "capture.stop", "capture.delete"]
     with pytest.raises(ServiceError, match="does not exist"):
         captures.rename_capture(OPERATOR, routed.pk, capture.pk, name="x")
+
+
+def test_the_demo_captures_its_own_traffic_from_the_start(db):
+    from controlplane.services import demo
+
+    spec = demo.DemoSpec(cluster="demo-capture", instances=2, kv_events_base_port=None)
+    cluster = demo.seed(spec)
+    demo.seed(spec)  # seeding again keeps the running capture
+    running = TrafficCapture.objects.get(cluster=cluster)
+    assert (running.name, running.state) == ("demo traffic", "capturing")
+    assert routed_document(cluster)["capture"]["id"] == running.pk

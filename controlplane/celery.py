@@ -50,7 +50,7 @@ app.conf.task_routes = {
     # restart_router is sent explicitly to the router host's queue (routers.<host>).
     # Replays run for minutes: on their own queue and worker, so that ingest, scrapes,
     # reconcile and the canary judge (its rollbacks) never wait behind one.
-    "switchyard.run_replay": {"queue": "replays"},
+    "switchyard.replay_cell": {"queue": "replays"},
 }
 app.autodiscover_tasks(["controlplane"], related_name="tasks")
 

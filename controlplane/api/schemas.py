@@ -458,8 +458,15 @@ class ReplayIn(Schema):
     trace: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_NUL)]
     policies: list[ReplayPolicyIn] = Field(min_length=1, max_length=8)
     rate_scale: float = Field(1.0, gt=0, le=1000)
+    rate_scales: list[Annotated[float, Field(gt=0, le=1000)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=4,
+        description="Loads to replay at (rate scales); default [rate_scale].",
+    )
     max_requests: int | None = Field(None, ge=1, le=10_000_000)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
+    seed: int = Field(0, ge=0, le=2**31 - 65)
+    seeds: int = Field(1, ge=1, le=10, description="Seeds per policy and load: seed, seed+1…")
     reason: Reason = ""
 
 

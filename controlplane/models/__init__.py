@@ -6,7 +6,7 @@ from .capture import CapturedRequest, TrafficCapture
 from .cluster import Cluster, Instance, Policy
 from .events import HotspotEvent, IngestedRecord, RouterEvent
 from .metrics import ArmMetricRollup, InstanceMetricRollup
-from .replay import ReplayJob
+from .replay import ReplayCell, ReplayJob
 from .rollout import CanaryJudgement, CanarySplit
 from .routing import ConfigVersion, RouterDeployment
 
@@ -25,6 +25,7 @@ __all__ = [
     "Instance",
     "InstanceMetricRollup",
     "Policy",
+    "ReplayCell",
     "ReplayJob",
     "RouterDeployment",
     "RouterEvent",

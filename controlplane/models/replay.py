@@ -40,3 +40,34 @@ class ReplayJob(models.Model):
         """Queued for longer than a free ``replays`` worker would leave it."""
         age = (timezone.now() - self.created_at).total_seconds()
         return self.state == self.State.QUEUED and age > self.UNCLAIMED_AFTER_S
+
+
+class ReplayCell(models.Model):
+    """One policy at one load and one seed of a replay job: one Celery task of the job's
+    chord (controlplane/tasks/replay.py), run by whichever ``replays`` worker takes it."""
+
+    State = ReplayJob.State
+
+    job = models.ForeignKey(ReplayJob, on_delete=models.CASCADE, related_name="cells")
+    index = models.PositiveIntegerField()
+    policy = models.PositiveIntegerField()  # its index in the job's inputs["policies"]
+    rate_scale = models.FloatField()
+    seed = models.IntegerField()
+    state = models.CharField(max_length=16, choices=State.choices, default=State.QUEUED)
+    progress = models.FloatField(default=0.0)
+    attempts = models.PositiveSmallIntegerField(default=0)
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    worker = models.CharField(max_length=200, blank=True, default="")  # the last to run it
+    heartbeat_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["job", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["job", "index"], name="one_cell_per_index"),
+        ]
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in (self.State.SUCCEEDED, self.State.FAILED)

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.db.models import QuerySet
 
 from controlplane.models import ReplayJob
@@ -16,3 +18,13 @@ def replays(cluster_id: int | None = None, state: str | None = None) -> QuerySet
 
 def replay(replay_id: int) -> ReplayJob:
     return get_or_404(replays(), replay_id, "replay")
+
+
+def cells(job: ReplayJob) -> list[dict[str, Any]]:
+    """The job's cells for its page: each with its policy's kind."""
+    policies = job.inputs.get("policies") or []
+    rows = []
+    for cell in job.cells.order_by("index"):
+        spec = policies[cell.policy] if cell.policy < len(policies) else {}
+        rows.append({"cell": cell, "kind": spec.get("kind", f"policy {cell.policy}")})
+    return rows

@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from controlplane.models import Cluster, ReplayJob
 
-from . import audit, captures, policy_defaults, traces
+from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import NotFound, Problems, ServiceError
@@ -25,8 +25,13 @@ from .validation import normalised_params
 
 log = logging.getLogger(__name__)
 
-REPLAY_TASK = "switchyard.run_replay"
+CELL_TASK = "switchyard.replay_cell"
+FINISH_TASK = "switchyard.replay_finish"
 MAX_POLICIES = 8
+MAX_RATE_SCALES = 4
+MAX_RATE_SCALE = 1000.0
+MAX_SEEDS = 10
+MAX_CELLS = 160
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
 ABANDONED_ERROR = (
@@ -53,23 +58,29 @@ def request_replay(
     trace: str,
     policies: list[dict[str, Any]],
     rate_scale: float = 1.0,
+    rate_scales: list[float] | None = None,
     max_requests: int | None = None,
     seed: int = 0,
+    seeds: int = 1,
     reason: str = "",
 ) -> ReplayRequest:
     """Create the queued job (committed), then send it to the workers. A broker outage does
     not lose the job: it stays queued and the answer says it was not dispatched. Every
     input, every row of the trace included, is checked first and every problem refused
-    together (outside the cluster lock: a big trace takes a while)."""
+    together (outside the cluster lock: a big trace takes a while).
+
+    The job runs one cell per policy, load and seed: ``rate_scales`` (default
+    ``[rate_scale]``) times ``seeds`` seeds from ``seed`` on."""
     inputs = _checked_inputs(
         cluster_id,
         trace=trace,
         policies=policies,
-        rate_scale=rate_scale,
+        rate_scales=[rate_scale] if rate_scales is None else rate_scales,
         max_requests=max_requests,
         seed=seed,
+        seeds=seeds,
     )
-    return _dispatch(_create_job(actor, cluster_id, inputs, reason=reason))
+    return dispatch_job(_create_job(actor, cluster_id, inputs, reason=reason))
 
 
 def request_uploaded_replay(
@@ -90,9 +101,10 @@ def _checked_inputs(
     *,
     trace: str,
     policies: list[dict[str, Any]],
-    rate_scale: float,
+    rate_scales: list[float],
     max_requests: int | None,
     seed: int,
+    seeds: int,
 ) -> dict[str, Any]:
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
@@ -102,17 +114,53 @@ def _checked_inputs(
     if trace and not trace.startswith("capture:"):  # a capture's rows were checked at ingest
         problems.check(traces.check_trace, traces.resolve_trace(trace), cluster.model)
     problems.check(_validated_policies, policies, cluster)
+    scales = problems.check(_rate_scales, rate_scales) or []
+    seed = problems.check(_seed, seed) or 0
+    count = problems.check(_seed_count, seeds) or 1
     inputs = {
         "trace": trace,
         "policies": policies,  # completed under the lock, in _create_job
-        "rate_scale": problems.check(_positive, rate_scale, "rate_scale"),
+        "rate_scales": scales,
+        "rate_scale": scales[0] if scales else None,  # the first load, as jobs had one
         "max_requests": None
         if max_requests is None
         else problems.check(_positive_int, max_requests, "max_requests"),
         "seed": seed,
+        "seeds": list(range(seed, seed + count)),
     }
+    if isinstance(policies, list) and len(policies) * len(scales) * count > MAX_CELLS:
+        problems.found.append(
+            {
+                "field": "seeds",
+                "message": f"policies × rate scales × seeds must be at most {MAX_CELLS} "
+                f"cells, got {len(policies) * len(scales) * count}",
+            }
+        )
     problems.raise_any()
     return inputs
+
+
+def _rate_scales(values: Any) -> list[float]:
+    if not isinstance(values, list) or not 1 <= len(values) <= MAX_RATE_SCALES:
+        raise ServiceError(f"rate_scales must list 1-{MAX_RATE_SCALES} rates", "rate_scales")
+    scales = [_positive(value, "rate_scales") for value in values]
+    if len(set(scales)) != len(scales):
+        raise ServiceError("rate_scales must not repeat a rate", "rate_scales")
+    if max(scales) > MAX_RATE_SCALE:
+        raise ServiceError(f"rate_scales must be at most {MAX_RATE_SCALE:g}", "rate_scales")
+    return scales
+
+
+def _seed(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**31 - 64:
+        raise ServiceError("seed must be a whole number from 0 to 2147483583", "seed")
+    return value
+
+
+def _seed_count(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_SEEDS:
+        raise ServiceError(f"seeds must be a whole number from 1 to {MAX_SEEDS}", "seeds")
+    return value
 
 
 def prune_uploads() -> int:
@@ -130,6 +178,7 @@ def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason
     # cluster has now
     inputs = {**inputs, "policies": _validated_policies(inputs["policies"], cluster)}
     job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.account)
+    replay_cells.create_cells(job)
     audit.record(
         actor, "replay.create", job, after=replay_snapshot(job), reason=reason, cluster=cluster
     )
@@ -200,11 +249,18 @@ def _positive_int(value: int, field: str) -> int:
     return value
 
 
-def _dispatch(job: ReplayJob) -> ReplayRequest:
-    from controlplane.celery import app
+def dispatch_job(job: ReplayJob) -> ReplayRequest:
+    """The job's cells as one chord: a task per cell on the ``replays`` queue (any worker
+    on any host takes them), joined by the task that aggregates them. A cell claimed
+    already (a second dispatch) returns at once, so the chord still joins."""
+    from celery import chord, signature
 
+    cells = [
+        signature(CELL_TASK, args=[cell_id], immutable=True)
+        for cell_id in replay_cells.cells_of(job)
+    ]
     try:
-        app.send_task(REPLAY_TASK, args=[job.pk], retry=False)
+        chord(cells, signature(FINISH_TASK, args=[job.pk], immutable=True)).apply_async(retry=False)
     except Exception as error:  # kombu raises several unrelated types for a broker outage
         log.warning("replay %s not dispatched: %s", job.pk, error)
         return ReplayRequest(
@@ -218,51 +274,24 @@ def _dispatch(job: ReplayJob) -> ReplayRequest:
 
 
 def redispatch_stale(older_than_s: float = 60.0) -> int:
-    """Send queued jobs again that no worker has claimed (a broker outage at creation, or a
-    lost message). Claiming is atomic, so a job sent twice still runs once."""
+    """Send queued jobs again that no worker has started (a broker outage at creation, or a
+    lost message). Cells are claimed atomically, so a cell sent twice still runs once."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     stale = ReplayJob.objects.filter(state=ReplayJob.State.QUEUED, created_at__lt=cutoff)
-    return sum(_dispatch(job).dispatched for job in stale)
+    return sum(dispatch_job(job).dispatched for job in stale)
 
 
 def fail_abandoned(older_than_s: float = ABANDONED_AFTER_S) -> int:
-    """Fail running jobs whose worker has been silent for ``older_than_s``: a worker that
-    dies takes its task with it (replays are not re-delivered: a job that killed one
-    worker would kill the next), so without this the job would show "running" forever.
-    Jobs claimed before heartbeats were recorded count from their creation."""
+    """Fail the cells whose worker has been silent for ``older_than_s`` and end their jobs
+    (replay_cells.fail_abandoned); a running job without cells, requested before jobs had
+    them, is failed the same way."""
     cutoff = timezone.now() - timedelta(seconds=older_than_s)
     silent = Q(heartbeat_at__lt=cutoff) | Q(heartbeat_at__isnull=True, created_at__lt=cutoff)
-    abandoned = ReplayJob.objects.filter(silent, state=ReplayJob.State.RUNNING)
-    return abandoned.update(
+    legacy = ReplayJob.objects.filter(silent, state=ReplayJob.State.RUNNING, cells__isnull=True)
+    failed = legacy.update(
         state=ReplayJob.State.FAILED,
         error=ABANDONED_ERROR,
         finished_at=timezone.now(),
         progress=0.0,
     )
-
-
-def claim(job_id: int) -> ReplayJob | None:
-    """Move a queued job to running; None when it is unknown or another worker has it."""
-    claimed = ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.QUEUED).update(
-        state=ReplayJob.State.RUNNING, progress=0.0, heartbeat_at=timezone.now()
-    )
-    return ReplayJob.objects.select_related("cluster").get(pk=job_id) if claimed else None
-
-
-def record_progress(job_id: int, fraction: float) -> None:
-    ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).update(
-        progress=min(max(fraction, 0.0), 0.99), heartbeat_at=timezone.now()
-    )
-
-
-def finish(job_id: int, *, results: dict[str, Any] | None = None, error: str = "") -> str:
-    """Store the outcome of a run: results on success, the error message on failure."""
-    state = ReplayJob.State.FAILED if error else ReplayJob.State.SUCCEEDED
-    ReplayJob.objects.filter(pk=job_id).update(
-        state=state,
-        results=results,
-        error=error,
-        finished_at=timezone.now(),
-        progress=1.0 if not error else 0.0,
-    )
-    return state
+    return failed + replay_cells.fail_abandoned(older_than_s)

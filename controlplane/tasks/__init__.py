@@ -1,7 +1,7 @@
 """Thin Celery tasks: each one calls a service or selector and returns a small result."""
 
 from .maintenance import ping
-from .replay import run_replay
+from .replay import replay_cell, replay_finish
 from .routing import (
     ingest_captures,
     ingest_events,
@@ -21,7 +21,8 @@ __all__ = [
     "ping",
     "prune",
     "reconcile_all",
+    "replay_cell",
+    "replay_finish",
     "restart_router",
-    "run_replay",
     "scrape_instances",
 ]

@@ -1,5 +1,7 @@
-"""The what-if replay task: a job's trace through enginesim's discrete-event simulator, once
-per chosen policy, on the cluster's model and GPU, with progress and results on the job.
+"""The what-if replay tasks: a job's trace through enginesim's discrete-event simulator on
+the cluster's model and GPU, one task per cell (a policy at a load and a seed) on the
+``replays`` queue, joined by a chord whose join stores the job's results
+(controlplane/services/replay_cells.py).
 
 The adapter below is the only place that knows enginesim's replay API; the task is thin.
 """
@@ -15,7 +17,8 @@ import numpy as np
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
-from controlplane.models import Cluster, ReplayJob
+from controlplane.models import Cluster, ReplayCell, ReplayJob
+from controlplane.services import replay_cells
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
 from controlplane.services.traces import check_trace
@@ -27,8 +30,10 @@ OUT_OF_MEMORY = (
     "the replay ran out of memory on its worker; choose fewer requests "
     "(max requests) or a smaller trace"
 )
-TIME_LIMIT = "the replay ran past its one-hour limit; choose fewer requests or policies"
+TIME_LIMIT = "the replay ran past its one-hour limit; choose fewer requests"
 PROGRESS_EVERY_S = 0.5
+CELL_RETRIES = 2  # an unexpected error is retried this often, then reported
+RETRY_AFTER_S = 2
 TTFT_PERCENTILES = list(range(1, 100))
 
 Progress = Callable[[float], None]
@@ -62,56 +67,45 @@ def simulator_gpu(cluster: Cluster) -> str:
     return cluster.gpu_type.lower()
 
 
-def run_policies(cluster: Cluster, inputs: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Replay the job's trace once per policy; the results object stored on the job."""
+def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
+    """Replay the job's trace for one cell: its policy, at its rate scale, with its seed."""
     try:
         from enginesim.replay.metrics import lower_bound_summary, summarize, ttfts
         from enginesim.replay.simulator import SimConfig, Simulator
         from enginesim.replay.traces import load_trace
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
+    job, cluster = cell.job, cell.job.cluster
+    inputs = job.inputs
     try:
         path = replay_service.trace_file(cluster.pk, inputs["trace"])
     except ServiceError as error:
         raise ReplayFailed(error.message) from None
     check_trace(path, cluster.model)  # again: the file or the cluster's model may have changed
-    records = load_trace(
-        path, rate_scale=inputs["rate_scale"], max_requests=inputs.get("max_requests")
-    )
+    records = load_trace(path, rate_scale=cell.rate_scale, max_requests=inputs.get("max_requests"))
     if not records:
         raise ReplayFailed("the trace selection holds no request")
     instances = max(cluster.instances.exclude(state="down").count(), 1)
-    specs = inputs["policies"]
-    outcomes = []
-    for index, spec in enumerate(specs):
-        config = SimConfig(
-            instances=instances,
-            gpu=simulator_gpu(cluster),
-            model=simulator_model(cluster),
-            seed=int(inputs.get("seed", 0)),
-            policy_params={spec["kind"]: spec.get("params", {})},
-        )
-
-        def step(done: int, total: int, now: float, index: int = index) -> None:
-            progress((index + done / max(total, 1)) / len(specs))
-
-        started = time.perf_counter()
-        result = Simulator(records, spec["kind"], config, step).run()
-        result.wall_s = time.perf_counter() - started
-        done = [r for r in result.requests if r.status == "ok"]
-        outcomes.append(
-            {
-                "kind": spec["kind"],
-                "params": spec.get("params", {}),
-                "summary": _json_safe(summarize(result)),
-                "ttft_percentiles": _percentiles(ttfts(done)),
-            }
-        )
-    engine = SimConfig(gpu=simulator_gpu(cluster), model=simulator_model(cluster)).engine_config(
-        None
+    spec = inputs["policies"][cell.policy]
+    config = SimConfig(
+        instances=instances,
+        gpu=simulator_gpu(cluster),
+        model=simulator_model(cluster),
+        seed=cell.seed,
+        policy_params={spec["kind"]: spec.get("params", {})},
     )
+
+    def step(done: int, total: int, now: float) -> None:
+        progress(done / max(total, 1))
+
+    started = time.perf_counter()
+    result = Simulator(records, spec["kind"], config, step).run()
+    result.wall_s = time.perf_counter() - started
+    done = [r for r in result.requests if r.status == "ok"]
+    engine = SimConfig(gpu=config.gpu, model=config.model).engine_config(None)
     return {
-        "policies": outcomes,
+        "summary": _json_safe(summarize(result)),
+        "ttft_percentiles": _percentiles(ttfts(done)),
         "instances": instances,
         "requests": len(records),
         "percentiles": TTFT_PERCENTILES,
@@ -140,41 +134,72 @@ def _json_safe(value: Any) -> Any:
 
 
 class _Throttled:
-    """Records progress on the job at most every PROGRESS_EVERY_S."""
+    """Records a cell's progress at most every PROGRESS_EVERY_S."""
 
-    def __init__(self, job_id: int) -> None:
-        self.job_id, self.last = job_id, 0.0
+    def __init__(self, cell_id: int) -> None:
+        self.cell_id, self.last = cell_id, 0.0
 
     def __call__(self, fraction: float) -> None:
         now = time.monotonic()
         if now - self.last >= PROGRESS_EVERY_S:
             self.last = now
-            replay_service.record_progress(self.job_id, fraction)
+            replay_cells.record_progress(self.cell_id, fraction)
 
 
 # The hard limit must exceed the soft one: left unset it is the app's default (90 s), and
 # the worker would be killed in the middle of any replay longer than that.
-@shared_task(name="switchyard.run_replay", soft_time_limit=3600, time_limit=3660)
-def run_replay(job_id: int) -> str:
-    """Run a queued replay job; returns its final state."""
-    job = replay_service.claim(job_id)
-    if job is None:
-        return "skipped"  # unknown, or already taken by another delivery
-    results, error = _outcome(job)
-    return replay_service.finish(job_id, results=results, error=error)
-
-
-def _outcome(job: ReplayJob) -> tuple[dict[str, Any] | None, str]:
-    """(results, "") or (None, the reason shown to the operator). A replay that runs out of
-    memory fails its job like any other error: the worker lives on, and the job's memory is
-    released (with the traceback) before the failure is recorded."""
+@shared_task(
+    name="switchyard.replay_cell",
+    bind=True,
+    soft_time_limit=3600,
+    time_limit=3660,
+    max_retries=CELL_RETRIES,
+    ignore_result=False,  # the chord counts its cells' results
+)
+def replay_cell(self: Any, cell_id: int) -> str:
+    """Run one queued cell; returns its final state ("skipped": unknown or taken)."""
+    cell = replay_cells.claim_cell(cell_id, self.request.hostname or "")
+    if cell is None:
+        return "skipped"
     try:
-        return run_policies(job.cluster, job.inputs, _Throttled(job.pk)), ""
+        result, error = _outcome(cell)
+    except Exception as unexpected:  # not the replay's fault as far as we know: retry
+        if self.request.retries < CELL_RETRIES:
+            log.warning("replay cell %s: %s; retrying", cell_id, unexpected)
+            replay_cells.requeue(cell_id)
+            raise self.retry(countdown=RETRY_AFTER_S) from None
+        result, error = None, f"{type(unexpected).__name__}: {unexpected} (tried {cell.attempts}×)"
+    return replay_cells.finish_cell(cell_id, result=result, error=error)
+
+
+@shared_task(name="switchyard.replay_finish", ignore_result=True)
+def replay_finish(job_id: int) -> str | None:
+    """The chord's join: the job's results once its cells have ended."""
+    return replay_cells.finish_job(job_id)
+
+
+def run_replay(job_id: int) -> str:
+    """Every cell of a job in this process, then its results: what the workers do, without
+    them (the CLI-less path the tests and a one-off run use). The job's final state."""
+    for cell_id in replay_cells.cells_of(ReplayJob.objects.get(pk=job_id)):
+        cell = replay_cells.claim_cell(cell_id, "inline")
+        if cell is not None:
+            result, error = _outcome(cell)
+            replay_cells.finish_cell(cell_id, result=result, error=error)
+    return replay_cells.finish_job(job_id) or ReplayJob.objects.get(pk=job_id).state
+
+
+def _outcome(cell: ReplayCell) -> tuple[dict[str, Any] | None, str]:
+    """(results, "") or (None, the reason shown to the operator). A replay that runs out of
+    memory fails its cell like any other error: the worker lives on, and the cell's memory
+    is released (with the traceback) before the failure is recorded."""
+    try:
+        return run_cell(cell, _Throttled(cell.pk)), ""
     except (ReplayFailed, ServiceError, OSError, ValueError, KeyError) as error:
-        log.warning("replay %s failed: %s", job.pk, error)
+        log.warning("replay cell %s failed: %s", cell.pk, error)
         return None, str(error)
     except SoftTimeLimitExceeded:
         return None, TIME_LIMIT
     except MemoryError:
-        log.error("replay %s ran out of memory", job.pk)
+        log.error("replay cell %s ran out of memory", cell.pk)
         return None, OUT_OF_MEMORY

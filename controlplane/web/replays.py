@@ -12,6 +12,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import Cluster
 from controlplane.selectors import captures as capture_selectors
+from controlplane.selectors import replays as replay_selectors
 from controlplane.selectors import robustness
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import NotFound, Problems, ServiceError
@@ -83,11 +84,12 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
     max_requests = data.get("max_requests", "").strip()
     options = {
         "policies": [p.spec() for p in reads.policies(cluster.pk) if p.pk in chosen],
-        "rate_scale": problems.check(_number, data.get("rate_scale") or "1", "rate_scale"),
+        "rate_scales": problems.check(_numbers, _rate_scales_text(data), "rate_scales"),
         "max_requests": problems.check(_whole, max_requests, "max_requests")
         if max_requests
         else None,
         "seed": problems.check(_whole, data.get("seed") or "0", "seed"),
+        "seeds": problems.check(_whole, data.get("seeds") or "1", "seeds"),
         "reason": data.get("reason", ""),
     }
     if shared_trace:
@@ -103,6 +105,20 @@ def _shared_trace(name: str) -> str:
     if name not in shared_traces():
         raise ServiceError("choose a shared trace, a capture or upload a file", "trace")
     return f"shared:{name}"
+
+
+def _rate_scales_text(data: Any) -> str:
+    """``rate_scales`` ("1, 1.5"); a single ``rate_scale`` as forms sent it before."""
+    return data.get("rate_scales") or data.get("rate_scale") or "1"
+
+
+def _numbers(text: str, field: str) -> list[float]:
+    parts = [part.strip() for part in text.replace(";", ",").split(",")]
+    if not all(parts) or len(parts) > 16:
+        raise ServiceError(
+            f"{field}: write rates as numbers separated by commas, e.g. 1, 1.5", field
+        )
+    return [_number(part, field) for part in parts]
 
 
 def _number(value: str, field: str) -> float:
@@ -135,6 +151,7 @@ def replay_detail(request: HttpRequest, cluster_id: int, job_id: int) -> HttpRes
         template,
         cluster=cluster,
         job=job,
+        cells=replay_selectors.cells(job),
         tab="replays",
         live_window=dashboard.live_state(cluster)["window"],
         undispatched=request.GET.get("undispatched"),

@@ -195,5 +195,5 @@ def replay_dispatches(monkeypatch) -> list:
     from controlplane.celery import app
 
     sent: list = []
-    monkeypatch.setattr(app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    monkeypatch.setattr(app, "send_task", lambda name, *args, **kw: sent.append((name, args, kw)))
     return sent

@@ -15,7 +15,7 @@ from kombu.exceptions import OperationalError as BrokerDown
 
 from controlplane.models import ApiToken, AuditEvent, ReplayJob, RouterDeployment
 from controlplane.services.bearer import sha256_hex
-from controlplane.services.replays import REPLAY_TASK
+from controlplane.services.replays import CELL_TASK
 
 from .conftest import session_client
 
@@ -42,7 +42,10 @@ def test_replay_is_created_queued_and_sent_by_task_name(world, users, replay_dis
     assert job.state == "queued" and job.created_by == users["operator"]
     assert job.inputs["policies"][0]["params"]["hotspot"]["enabled"] is True  # defaults filled
     assert body["dispatched"] is True
-    assert replay_dispatches == [(REPLAY_TASK, {"args": [job.pk], "retry": False})]
+    cells = list(job.cells.values_list("pk", flat=True))
+    assert len(cells) == 1  # one policy, one load, one seed
+    assert [(name, args[0]) for name, args, _ in replay_dispatches] == [(CELL_TASK, (cells[0],))]
+    assert replay_dispatches[0][2]["chord"]["task"] == "switchyard.replay_finish"
 
 
 def test_a_replay_request_is_refused_with_every_problem_at_once(
@@ -93,13 +96,14 @@ def test_replay_task_message_lands_in_the_real_broker(world, users) -> None:
         queued = [
             m
             for m in client.lrange("replays", 0, -1)
-            if json.loads(m)["headers"].get("task") == REPLAY_TASK
+            if json.loads(m)["headers"].get("task") == CELL_TASK
         ]
         for message in queued:  # leave nothing for a worker of another test to pick up
             client.lrem("replays", 0, message)  # type: ignore[arg-type]  # stub: a str value only
     finally:
         client.close()
-    ours = [m for m in queued if json.loads(m)["headers"]["argsrepr"] == f"[{job_id}]"]
+    cell = ReplayJob.objects.get(pk=job_id).cells.get()
+    ours = [m for m in queued if json.loads(m)["headers"]["argsrepr"] == f"({cell.pk},)"]
     assert len(ours) == 1  # (other runs may have left messages of their own jobs)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
@@ -48,7 +49,12 @@ def routed_document(cluster) -> dict:
 
 
 def wire(at: float, session: str | None = None, ids: tuple[int, ...] = (1, 2), **extra) -> Wire:
-    fields = {"prompt_tokens": 40, "output_tokens": 8, "block_size": 16, "status": 200}
+    fields: dict[str, Any] = {
+        "prompt_tokens": 40,
+        "output_tokens": 8,
+        "block_size": 16,
+        "status": 200,
+    }
     fields = {"block_hashes": encode_block_hashes(ids)} | fields | extra
     return Wire(at=at, session=session, instance="i0", **fields)
 

@@ -33,7 +33,7 @@ def dispatched(monkeypatch) -> list:
     from controlplane.celery import app
 
     sent: list = []
-    monkeypatch.setattr(app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    monkeypatch.setattr(app, "send_task", lambda name, *args, **kw: sent.append((name, args)))
     return sent
 
 
@@ -56,7 +56,10 @@ def test_shared_trace_replay_runs_every_policy(as_role, cluster, traces, dispatc
     )
     job = ReplayJob.objects.get()
     assert response.status_code == 302
-    assert dispatched == [("switchyard.run_replay", {"args": [job.pk], "retry": False})]
+    cells = list(job.cells.values_list("pk", flat=True))
+    assert [(name, args[0]) for name, args in dispatched] == [
+        ("switchyard.replay_cell", (cell,)) for cell in cells
+    ]
     assert run_replay(job.pk) == "succeeded"
     job.refresh_from_db()
     assert (job.state, job.progress) == ("succeeded", 1.0)
@@ -68,7 +71,8 @@ def test_shared_trace_replay_runs_every_policy(as_role, cluster, traces, dispatc
     assert len(policies[0]["ttft_percentiles"]) == 99
     page = client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
     assert 'data-policy="round_robin"' in page and 'data-testid="live-now"' in page
-    assert run_replay(job.pk) == "skipped"  # a re-delivered task does not run it twice
+    assert run_replay(job.pk) == "succeeded"  # run again: every cell is taken, nothing reruns
+    assert all(c.attempts == 1 for c in job.cells.all())
 
 
 def test_uploaded_trace_is_stored_and_replayed(as_role, cluster, traces, dispatched) -> None:

@@ -16,7 +16,8 @@ function draw() {
     axes: [{ stroke: "#aaa", grid: { stroke: "#333" }, label: "percentile" },
            { stroke: "#aaa", grid: { stroke: "#333" }, size: 72, values: (u, vals) => vals.map(ms) }],
     series: [{ label: "percentile" }, ...runs.map((run, i) => ({
-      label: run.kind, stroke: PALETTE[i % PALETTE.length], width: 2, value: (u, v) => ms(v) }))],
+      label: results.rate_scales && results.rate_scales.length > 1 ? `${run.kind} ×${run.rate_scale}` : run.kind,
+      stroke: PALETTE[i % PALETTE.length], width: 2, value: (u, v) => ms(v) }))],
   }, [results.percentiles, ...runs.map((run) => run.ttft_percentiles)], el);
 }
 

@@ -1,0 +1,75 @@
+"""A replay job fanned out on real Celery workers: one task per policy, load and seed on
+the ``replays`` queue, joined by a chord; a cell that keeps failing is retried, then
+reported with its reason, and the others' results are kept."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from controlplane.models import ReplayCell, ReplayJob
+from controlplane.services import replay_cells, replays
+from devharness import free_port, stop_process, wait_until
+from devharness import start_process as harness_start
+
+from .conftest import ROOT, SYSTEM, subprocess_env
+from .test_replays import TRACE, traces  # noqa: F401  (fixture)
+
+pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
+
+
+@pytest.fixture
+def replay_worker(traces, tmp_path):
+    """A replays worker (and default queue, for the chord's join) with two processes."""
+    args = [
+        sys.executable, "-m", "celery", "-A", "controlplane", "worker",
+        "-Q", "replays,default", "-c", "2", "-P", "prefork",
+        "-n", f"chord-{free_port()}@%h", "--loglevel", "WARNING",
+    ]  # fmt: skip
+    log = tmp_path / "worker.log"
+    process = harness_start(args, cwd=ROOT, env=subprocess_env(), log=log, stdin=None)
+    yield log
+    stop_process(process)
+
+
+def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worker: Path):
+    inputs = {
+        "trace": f"shared:{TRACE}",
+        "policies": [p.spec() for p in cluster.policies.order_by("name")],
+        "rate_scales": [1.0, 1.5],
+        "seeds": [0, 1],
+        "max_requests": 40,
+    }
+    job = ReplayJob.objects.create(cluster=cluster, inputs=inputs)
+    cells = replay_cells.create_cells(job)
+    assert len(cells) == 8  # 2 policies × 2 loads × 2 seeds
+    # a cell no retry can mend (its policy index names no policy)
+    broken = ReplayCell.objects.create(job=job, index=8, policy=9, rate_scale=1.0, seed=0)
+    assert replays.dispatch_job(job).dispatched
+
+    def ended() -> bool:
+        job.refresh_from_db()
+        return job.state in ("succeeded", "failed")
+
+    wait_until(ended, 120, f"the job to end\n{replay_worker.read_text()[-3000:]}")
+    assert job.state == "succeeded", job.error
+    assert job.results is not None
+    rows = job.results["policies"]
+    assert [(r["kind"], r["rate_scale"], r["seeds"]) for r in rows] == [
+        ("lmetric", 1.0, 2),
+        ("lmetric", 1.5, 2),
+        ("round_robin", 1.0, 2),
+        ("round_robin", 1.5, 2),
+    ]
+    assert all(r["ci"]["ttft_mean_s"] is not None for r in rows)
+    broken.refresh_from_db()
+    assert broken.state == "failed" and broken.attempts == 3
+    assert "IndexError" in broken.error and "tried 3×" in broken.error
+    assert job.results["failed_cells"] == [
+        {"policy": 9, "rate_scale": 1.0, "seed": 0, "error": broken.error}
+    ]
+    workers = set(ReplayCell.objects.filter(job=job).values_list("worker", flat=True))
+    assert all(w.startswith("chord-") for w in workers)
+    assert SYSTEM  # the cluster came from the web tests' world

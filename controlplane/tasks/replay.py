@@ -9,6 +9,7 @@ The adapter below is the only place that knows enginesim's replay API; the task 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -158,7 +159,7 @@ class _Throttled:
 )
 def replay_cell(self: Any, cell_id: int) -> str:
     """Run one queued cell; returns its final state ("skipped": unknown or taken)."""
-    cell = replay_cells.claim_cell(cell_id, self.request.hostname or "")
+    cell = replay_cells.claim_cell(cell_id, f"{self.request.hostname} pid {os.getpid()}")
     if cell is None:
         return "skipped"
     try:

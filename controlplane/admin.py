@@ -118,6 +118,27 @@ class ReplayJobAdmin(ServiceOwnedAdmin):
     list_filter = ("cluster", "state")
 
 
+@admin.register(models.ReplayCell)
+class ReplayCellAdmin(ServiceOwnedAdmin):
+    list_display = ("job", "index", "policy", "rate_scale", "seed", "state", "attempts")
+    list_filter = ("state",)
+
+
+@admin.register(models.TrafficCapture)
+class TrafficCaptureAdmin(ServiceOwnedAdmin):
+    """Started, stopped and deleted by the captures service (audited, published to routers)."""
+
+    list_display = ("name", "cluster", "state", "requests", "started_at", "stopped_at")
+    list_filter = ("cluster", "state")
+    exclude = ("salt",)
+
+
+@admin.register(models.CapturedRequest)
+class CapturedRequestAdmin(ServiceOwnedAdmin):
+    list_display = ("capture", "router", "at", "prompt_tokens", "output_tokens", "instance")
+    list_filter = ("capture",)
+
+
 @admin.register(models.ArmMetricRollup)
 class ArmMetricRollupAdmin(ServiceOwnedAdmin):
     list_display = ("cluster", "arm", "minute", "requests", "errors", "ttft_p50_s")

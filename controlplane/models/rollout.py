@@ -20,6 +20,10 @@ class CanarySplit(models.Model):
     name = models.CharField(max_length=64)
     baseline_policy = models.ForeignKey("Policy", on_delete=models.PROTECT, related_name="+")
     candidate_policy = models.ForeignKey("Policy", on_delete=models.PROTECT, related_name="+")
+    # the replay whose recommendation it tests, when it was started from one
+    source_replay = models.ForeignKey(
+        "ReplayJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="canaries"
+    )
     baseline_instances = models.JSONField(default=list)
     candidate_instances = models.JSONField(default=list)
     assignment_key = models.CharField(

@@ -84,6 +84,7 @@ def canary_snapshot(canary: CanarySplit) -> dict[str, Any]:
         "guardrails": canary.guardrails,
         "assignment_key": canary.assignment_key,
         "failures": canary.failures,
+        "source_replay": canary.source_replay_id,
     }
 
 
@@ -204,10 +205,21 @@ def create_canary(
     weight_steps: list[float] | None = None,
     guardrails: dict[str, Any] | None = None,
     assignment_key: str = "session",
+    source_replay_id: int | None = None,
     reason: str,
 ) -> CanarySplit:
+    """A draft canary; ``source_replay_id``: the replay job whose recommendation it tests
+    (the two then link to each other, on their pages and in the audit trail)."""
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
+    source = None
+    if source_replay_id is not None:
+        source = cluster.replays.filter(pk=source_replay_id).first()
+        if source is None:
+            raise ServiceError(
+                f"source_replay_id: replay {source_replay_id} is not one of {cluster.name}'s",
+                "source_replay_id",
+            )
     policies = {
         p.pk: p for p in cluster.policies.filter(pk__in=[baseline_policy_id, candidate_policy_id])
     }
@@ -236,6 +248,7 @@ def create_canary(
         ),
         guardrails=_validate_guardrails(guardrails),
         assignment_key=assignment_key,
+        source_replay=source,
     )
     _full_clean(canary, ("name",))
     canary.save()

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.models import Cluster, ReplayJob
+from controlplane.models import Cluster, Policy, ReplayJob
 
 from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
@@ -62,6 +62,7 @@ def request_replay(
     max_requests: int | None = None,
     seed: int = 0,
     seeds: int = 1,
+    policy_ids: list[int] | None = None,
     reason: str = "",
 ) -> ReplayRequest:
     """Create the queued job (committed), then send it to the workers. A broker outage does
@@ -70,7 +71,9 @@ def request_replay(
     together (outside the cluster lock: a big trace takes a while).
 
     The job runs one cell per policy, load and seed: ``rate_scales`` (default
-    ``[rate_scale]``) times ``seeds`` seeds from ``seed`` on."""
+    ``[rate_scale]``) times ``seeds`` seeds from ``seed`` on. ``policy_ids``: the cluster's
+    policies the specs came from (the form's choice), so the job's page can mark the active
+    one and recommend another as a canary."""
     inputs = _checked_inputs(
         cluster_id,
         trace=trace,
@@ -80,6 +83,8 @@ def request_replay(
         seed=seed,
         seeds=seeds,
     )
+    if policy_ids is not None:
+        inputs["policy_ids"] = _policy_ids(cluster_id, policy_ids, len(policies))
     return dispatch_job(_create_job(actor, cluster_id, inputs, reason=reason))
 
 
@@ -140,6 +145,13 @@ def _checked_inputs(
     return inputs
 
 
+def _policy_ids(cluster_id: int, ids: Any, count: int) -> list[int]:
+    known = set(Policy.objects.filter(cluster_id=cluster_id).values_list("pk", flat=True))
+    if not isinstance(ids, list) or len(ids) != count or not set(ids) <= known:
+        raise ServiceError("policy_ids must name the cluster's policies, one per spec", "policies")
+    return ids
+
+
 def _rate_scales(values: Any) -> list[float]:
     if not isinstance(values, list) or not 1 <= len(values) <= MAX_RATE_SCALES:
         raise ServiceError(f"rate_scales must list 1-{MAX_RATE_SCALES} rates", "rate_scales")
@@ -176,7 +188,11 @@ def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason
     cluster = locked_cluster(cluster_id)
     # the cost coefficients are derived under the lock, from the GPU and model the
     # cluster has now
-    inputs = {**inputs, "policies": _validated_policies(inputs["policies"], cluster)}
+    inputs = {
+        **inputs,
+        "policies": _validated_policies(inputs["policies"], cluster),
+        "active_policy_id": cluster.active_policy_id,  # the row the results mark
+    }
     job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.account)
     replay_cells.create_cells(job)
     audit.record(

@@ -11,11 +11,17 @@ register = template.Library()
 DASH = "–"
 
 
+def _number(value: Any) -> bool:
+    """A value the number filters can show (a result missing a field reads as '')."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 @register.filter
 def ms(seconds: float | None) -> str:
     """Seconds for people: 0.0123 → '12.3 ms', 58.35 → '58.4 s'."""
-    if seconds is None:
+    if not _number(seconds):
         return DASH
+    assert seconds is not None
     if seconds >= 10:
         return f"{seconds:,.1f} s"
     value = seconds * 1000
@@ -24,12 +30,12 @@ def ms(seconds: float | None) -> str:
 
 @register.filter
 def pct(ratio: float | None) -> str:
-    return DASH if ratio is None else f"{ratio * 100:.1f}%"
+    return f"{ratio * 100:.1f}%" if _number(ratio) and ratio is not None else DASH
 
 
 @register.filter
 def num(value: float | None, digits: int = 1) -> str:
-    if value is None:
+    if not _number(value) or value is None:
         return DASH
     return f"{value:,.{int(digits)}f}"
 

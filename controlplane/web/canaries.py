@@ -30,7 +30,10 @@ COMPARISON_WINDOW = timedelta(minutes=10)
 
 
 def _context(
-    cluster: Cluster, form: QueryDict | None = None, error: ServiceError | None = None
+    cluster: Cluster,
+    form: QueryDict | None = None,
+    error: ServiceError | None = None,
+    prefill: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The page; after a refused create (``form``, ``error``) the form keeps every value the
     operator entered and shows the message next to its field."""
@@ -43,8 +46,13 @@ def _context(
     policies = list(reads.policies(cluster.pk))
     instances = list(reads.instances(cluster.pk))
     default_candidate = next((p.pk for p in policies if p.pk != cluster.active_policy_id), None)
-    baseline = _chosen(form, "baseline_policy", cluster.active_policy_id)
-    candidate = _chosen(form, "candidate_policy", default_candidate)
+    prefill = prefill or {}
+    baseline = _chosen(form, "baseline_policy", prefill.get("baseline", cluster.active_policy_id))
+    candidate = _chosen(form, "candidate_policy", prefill.get("candidate", default_candidate))
+    source = prefill.get("replay")
+    sent = form.get("source_replay", "") if form is not None else ""
+    if sent.isascii() and sent.isdigit():
+        source = reads.replays(cluster.pk).filter(pk=int(sent)).first()
     return {
         "cluster": cluster,
         "tab": "canary",
@@ -62,6 +70,7 @@ def _context(
             f"{s:g}" for s in canary_service.site_defaults().weight_steps
         ),
         "actions": {c.pk: _allowed_actions(c) for c in canaries},
+        "source_replay": source,
     }
 
 
@@ -106,7 +115,26 @@ def _allowed_actions(canary: CanarySplit) -> list[str]:
 @viewer_required
 @require_GET
 def canary_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
-    return page(request, TEMPLATE, **_context(get_cluster(cluster_id)))
+    """The page; ``?from_replay=<job>&baseline_policy=<id>&candidate_policy=<id>`` (the
+    replay page's recommendation) pre-fills the form."""
+    cluster = get_cluster(cluster_id)
+    return page(request, TEMPLATE, **_context(cluster, prefill=_prefill(request, cluster)))
+
+
+def _prefill(request: HttpRequest, cluster: Cluster) -> dict[str, Any]:
+    query = request.GET
+    replay = query.get("from_replay", "")
+    if not replay.isascii() or not replay.isdigit():
+        return {}
+    job = reads.replays(cluster.pk).filter(pk=int(replay)).first()
+    if job is None:
+        raise Http404(f"replay {replay} is not one of {cluster.name}'s")
+    chosen = {
+        arm: int(query[f"{arm}_policy"])
+        for arm in ("baseline", "candidate")
+        if query.get(f"{arm}_policy", "").isascii() and query.get(f"{arm}_policy", "").isdigit()
+    }
+    return {"replay": job, **chosen}
 
 
 @operator_required
@@ -146,6 +174,9 @@ def _create_args(data: QueryDict) -> dict[str, Any]:
             if data.get(f"guard.{key}", "").strip()
         },
         "assignment_key": data.get("assignment_key", "session"),
+        "source_replay_id": _int(data.get("source_replay"), "source_replay_id")
+        if data.get("source_replay")
+        else None,
         "reason": data.get("reason", ""),
     }
 

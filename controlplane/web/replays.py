@@ -82,8 +82,10 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
     chosen = {int(pk) for pk in data.getlist("policies") if pk.isascii() and pk.isdigit()}
     problems = Problems()
     max_requests = data.get("max_requests", "").strip()
+    picked = [p for p in reads.policies(cluster.pk) if p.pk in chosen]
     options = {
-        "policies": [p.spec() for p in reads.policies(cluster.pk) if p.pk in chosen],
+        "policies": [p.spec() for p in picked],
+        "policy_ids": [p.pk for p in picked],
         "rate_scales": problems.check(_numbers, _rate_scales_text(data), "rate_scales"),
         "max_requests": problems.check(_whole, max_requests, "max_requests")
         if max_requests
@@ -135,6 +137,18 @@ def _whole(value: str, field: str) -> int:
     return int(number)
 
 
+def _named(recommendation: dict[str, Any] | None, cluster: Cluster) -> dict[str, Any] | None:
+    """The recommendation with its policies' rows (names, for the page)."""
+    if recommendation is None:
+        return None
+    policies = {p.pk: p for p in reads.policies(cluster.pk)}
+    return {
+        **recommendation,
+        "active_policy": policies.get(recommendation["active"]),
+        "candidate_policy": policies.get(recommendation["candidate"] or -1),
+    }
+
+
 @viewer_required
 @require_GET
 def replay_detail(request: HttpRequest, cluster_id: int, job_id: int) -> HttpResponse:
@@ -152,6 +166,8 @@ def replay_detail(request: HttpRequest, cluster_id: int, job_id: int) -> HttpRes
         cluster=cluster,
         job=job,
         cells=replay_selectors.cells(job),
+        recommendation=_named(replay_selectors.recommendation(job), cluster),
+        canaries=list(job.canaries.order_by("-created_at")),
         tab="replays",
         live_window=dashboard.live_state(cluster)["window"],
         undispatched=request.GET.get("undispatched"),

@@ -153,6 +153,8 @@ def seed(env: dict[str, str]) -> dict[str, str]:
             ROUTER_HOST_NAME,
             "--router-port",
             str(ROUTER_PORT),
+            "--time-scale",
+            str(TIME_SCALE),
         ],
         cwd=ROOT,
         env=env,

@@ -23,6 +23,9 @@ class TrafficCapture(models.Model):
     salt = models.CharField(max_length=64)
     max_requests = models.PositiveIntegerField()
     max_duration_s = models.PositiveIntegerField()
+    # wall seconds per engine second: 1 for real engines, enginesim's --time-scale for a
+    # simulated cluster; the export is in the engines' own time, as a replay simulates it
+    engine_time_scale = models.FloatField(default=1.0)
     requests = models.PositiveIntegerField(default=0)  # stored so far
     dropped = models.PositiveIntegerField(default=0)  # past max_requests or after the stop
     started_at = models.DateTimeField(auto_now_add=True)

@@ -16,6 +16,7 @@ Replays name it ``capture:<id>``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
+import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -80,14 +82,19 @@ def start_capture(
     name: str,
     max_requests: int | str | None = None,
     max_minutes: int | str | None = None,
+    engine_time_scale: float | str | None = None,
     reason: str = "",
 ) -> TrafficCapture:
+    """Start capturing the cluster's traffic. ``engine_time_scale``: wall seconds per
+    engine second (1 for real engines; enginesim's ``--time-scale`` for a simulated
+    cluster), so that the trace is in the engines' own time."""
     problems = Problems()
     name = problems.check(_name, name) or ""
     limit = problems.check(
         _bounded, max_requests, DEFAULT_MAX_REQUESTS, MAX_REQUESTS, "max_requests"
     )
     minutes = problems.check(_bounded, max_minutes, DEFAULT_MAX_MINUTES, MAX_MINUTES, "max_minutes")
+    scale = problems.check(_time_scale, engine_time_scale)
     problems.raise_any()
     cluster = locked_cluster(cluster_id)
     running = cluster.captures.filter(state=TrafficCapture.State.CAPTURING).first()
@@ -99,6 +106,7 @@ def start_capture(
         salt=secrets.token_hex(32),
         max_requests=int(limit or DEFAULT_MAX_REQUESTS),
         max_duration_s=int(minutes or DEFAULT_MAX_MINUTES) * 60,
+        engine_time_scale=scale or 1.0,
         started_by=actor.account,
     )
     config.publish(cluster, actor, reason or f"traffic capture {name!r} started")
@@ -188,6 +196,20 @@ def _name(name: Any) -> str:
     if not name or len(name) > NAME_CHARS or not name.isprintable():
         raise ServiceError(f"name must be 1-{NAME_CHARS} printable characters", "name")
     return name
+
+
+def _time_scale(value: Any) -> float:
+    if value is None or value == "":
+        return 1.0
+    try:
+        scale = float(value)
+    except (TypeError, ValueError):
+        scale = math.nan
+    if isinstance(value, bool) or not 0.001 <= scale <= 1000:
+        raise ServiceError(
+            "engine_time_scale must be a number from 0.001 to 1000", "engine_time_scale"
+        )
+    return scale
 
 
 def _bounded(value: Any, default: int, most: int, field: str) -> int:
@@ -318,8 +340,10 @@ def _stop_for_age(capture_id: int) -> int:
 
 
 def export_lines(capture: TrafficCapture) -> Iterator[str]:
-    """The capture as Bailian-form JSONL: times from its first request, one chat id per
+    """The capture as Bailian-form JSONL: times from its first request, in the engines'
+    own time (wall time ÷ ``engine_time_scale``, TTFT and TPOT too), one chat id per
     request, each session's requests chained by ``parent_chat_id``."""
+    scale = capture.engine_time_scale or 1.0
     last_of_session: dict[str, int] = {}
     turns: dict[str, int] = {}
     start: float | None = None
@@ -331,14 +355,17 @@ def export_lines(capture: TrafficCapture) -> Iterator[str]:
             parent = last_of_session.get(row.session, -1)
             turn = turns.get(row.session, 0) + 1
             last_of_session[row.session], turns[row.session] = chat_id, turn
-        yield _line(row, chat_id, parent, turn if row.turn is None else row.turn + 1, start)
+        turn = turn if row.turn is None else row.turn + 1
+        yield _line(row, chat_id, parent, turn, start, scale)
 
 
-def _line(row: CapturedRequest, chat_id: int, parent: int, turn: int, start: float) -> str:
+def _line(
+    row: CapturedRequest, chat_id: int, parent: int, turn: int, start: float, scale: float
+) -> str:
     document = {
         "chat_id": chat_id,
         "parent_chat_id": parent,
-        "timestamp": round(row.at - start, 6),
+        "timestamp": round((row.at - start) / scale, 6),
         "input_length": row.prompt_tokens,
         "output_length": row.output_tokens,
         "type": "text",
@@ -350,8 +377,8 @@ def _line(row: CapturedRequest, chat_id: int, parent: int, turn: int, start: flo
         "instance": row.instance,
         "arm": row.arm,
         "status": row.status,
-        "ttft_s": row.ttft_s,
-        "tpot_s": row.tpot_s,
+        "ttft_s": None if row.ttft_s is None else row.ttft_s / scale,
+        "tpot_s": None if row.tpot_s is None else row.tpot_s / scale,
     }
     return json.dumps(document, separators=(",", ":")) + "\n"
 
@@ -380,3 +407,32 @@ def export_for_replay(cluster_id: int, capture_id: int) -> Path:
         out.writelines(export_lines(capture))
     partial.replace(path)
     return path
+
+
+# ----------------------------------------------------------------- fidelity
+
+FIDELITY_METRICS = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s")
+
+
+def live_latencies(capture_id: int, max_requests: int | None) -> dict[str, Any] | None:
+    """What the routers measured for the requests a replay of the capture takes (its first
+    ``max_requests`` by arrival), in the engines' own time: mean and p99 TTFT and TPOT of
+    the answered ones (TTFT and TPOT are measured on streams)."""
+    capture = TrafficCapture.objects.filter(pk=capture_id).first()
+    if capture is None:
+        return None
+    rows = capture.rows.order_by("at", "pk").values_list("status", "ttft_s", "tpot_s")
+    taken = list(rows[:max_requests] if max_requests else rows)
+    scale = capture.engine_time_scale or 1.0
+    ttft = [t / scale for status, t, _ in taken if status == 200 and t is not None]
+    tpot = [t / scale for status, _, t in taken if status == 200 and t is not None]
+    if not ttft:
+        return None
+    return {
+        "requests": len(taken),
+        "measured": len(ttft),
+        "ttft_mean_s": float(np.mean(ttft)),
+        "ttft_p99_s": float(np.percentile(ttft, 99)),
+        "tpot_mean_s": float(np.mean(tpot)) if tpot else None,
+        "tpot_p99_s": float(np.percentile(tpot, 99)) if tpot else None,
+    }

@@ -40,6 +40,7 @@ class DemoSpec:
     kv_events_base_port: int | None = 5600
     router_host: str = "localhost"
     router_port: int = 8000
+    time_scale: float = 1.0  # the engines' --time-scale (wall seconds per engine second)
 
 
 @transaction.atomic
@@ -55,7 +56,7 @@ def seed(spec: DemoSpec) -> Cluster:
         policies.activate_policy(SEEDER, cluster.pk, by_kind["lmetric"].pk, reason=REASON)
     _seed_canary(cluster, by_kind, spec)
     _seed_router(cluster, spec)
-    _seed_capture(cluster)
+    _seed_capture(cluster, spec)
     return cluster
 
 
@@ -114,10 +115,16 @@ def _seed_canary(cluster: Cluster, by_kind: dict, spec: DemoSpec) -> None:
     assert cluster.canaries.filter(state=CanarySplit.State.DRAFT).exists()
 
 
-def _seed_capture(cluster: Cluster) -> None:
+def _seed_capture(cluster: Cluster, spec: DemoSpec) -> None:
     """The demo captures its own traffic from the start (Capture tab), to be replayed."""
     if not cluster.captures.filter(state=TrafficCapture.State.CAPTURING).exists():
-        captures.start_capture(SEEDER, cluster.pk, name="demo traffic", reason=REASON)
+        captures.start_capture(
+            SEEDER,
+            cluster.pk,
+            name="demo traffic",
+            engine_time_scale=spec.time_scale,
+            reason=REASON,
+        )
 
 
 def _seed_router(cluster: Cluster, spec: DemoSpec) -> None:

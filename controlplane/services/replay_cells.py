@@ -145,6 +145,8 @@ def finish_job(job_id: int) -> str | None:
     error = "" if succeeded else _failure_summary(failed)
     try:
         job.results = aggregate(job.inputs, cells) if succeeded else None
+        if job.results is not None:
+            job.results["fidelity"] = fidelity(job.inputs, job.results)
     except (KeyError, IndexError, TypeError, ValueError) as problem:  # a cell stored nonsense
         job.results, error = None, f"the cells' results could not be combined: {problem!r}"
     job.state = ReplayJob.State.FAILED if error else ReplayJob.State.SUCCEEDED
@@ -181,6 +183,41 @@ def fail_abandoned(older_than_s: float) -> int:
 
 
 # ----------------------------------------------------------------- results
+
+
+def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
+    """For a replay of captured traffic: the active policy's replay at the captured rate
+    (rate scale 1) beside what the routers measured live for the same requests, so the
+    operator knows how far to trust the other rows. None for other traces, or when the
+    active policy was not replayed at rate scale 1."""
+    from . import captures
+
+    trace, ids = str(inputs.get("trace", "")), inputs.get("policy_ids") or []
+    active = inputs.get("active_policy_id")
+    if not trace.startswith("capture:") or active not in ids:
+        return None
+    spec = inputs["policies"][ids.index(active)]
+    row = next(
+        (
+            r
+            for r in results["policies"]
+            if r["rate_scale"] == 1.0
+            and r["kind"] == spec["kind"]
+            and r["params"] == spec.get("params", {})
+        ),
+        None,
+    )
+    live = captures.live_latencies(int(trace.split(":", 1)[1]), inputs.get("max_requests"))
+    if row is None or live is None:
+        return None
+    metrics = []
+    for key in captures.FIDELITY_METRICS:
+        measured, replayed = live.get(key), row["summary"].get(key)
+        ratio = None
+        if measured and replayed is not None:
+            ratio = (replayed - measured) / measured
+        metrics.append({"metric": key, "live": measured, "replay": replayed, "diff": ratio})
+    return {"requests": live["requests"], "measured": live["measured"], "metrics": metrics}
 
 
 def aggregate(inputs: dict[str, Any], cells: list[ReplayCell]) -> dict[str, Any]:

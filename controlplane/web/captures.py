@@ -61,6 +61,7 @@ def capture_start(request: HttpRequest, cluster_id: int) -> HttpResponse:
             name=data.get("name", ""),
             max_requests=data.get("max_requests", ""),
             max_minutes=data.get("max_minutes", ""),
+            engine_time_scale=data.get("engine_time_scale", ""),
             reason=data.get("reason", ""),
         )
     except ServiceError as error:

@@ -4,6 +4,7 @@ and the export as a trace the simulator reads."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from datetime import timedelta
@@ -202,9 +203,36 @@ def test_rename_and_delete_are_audited_and_delete_stops_a_running_capture(routed
 def test_the_demo_captures_its_own_traffic_from_the_start(db):
     from controlplane.services import demo
 
-    spec = demo.DemoSpec(cluster="demo-capture", instances=2, kv_events_base_port=None)
+    spec = demo.DemoSpec(
+        cluster="demo-capture", instances=2, kv_events_base_port=None, time_scale=2.0
+    )
     cluster = demo.seed(spec)
     demo.seed(spec)  # seeding again keeps the running capture
     running = TrafficCapture.objects.get(cluster=cluster)
     assert (running.name, running.state) == ("demo traffic", "capturing")
+    assert running.engine_time_scale == 2.0
     assert routed_document(cluster)["capture"]["id"] == running.pk
+
+
+def test_the_export_and_the_live_latencies_are_in_the_engines_time(routed, streams):
+    capture = captures.start_capture(OPERATOR, routed.pk, name="slow", engine_time_scale="2")
+    t0 = time.time()
+    send(
+        streams,
+        capture,
+        [
+            wire(t0, ttft_s=0.4, tpot_s=0.04),
+            wire(t0 + 4, ttft_s=0.8, tpot_s=0.08),
+            wire(t0 + 6, status=500),
+        ],
+    )
+    ingest.ingest_captures(streams)
+    rows = [json.loads(line) for line in captures.export_lines(capture)]
+    assert [r["timestamp"] for r in rows] == [0.0, 2.0, 3.0]  # wall seconds ÷ 2
+    assert [r["ttft_s"] for r in rows] == [0.2, 0.4, None]
+    live = captures.live_latencies(capture.pk, None)
+    assert live is not None and (live["requests"], live["measured"]) == (3, 2)
+    assert live["ttft_mean_s"] == pytest.approx(0.3) and live["tpot_mean_s"] == pytest.approx(0.03)
+    assert captures.live_latencies(capture.pk, 1)["measured"] == 1  # type: ignore[index]
+    with pytest.raises(ServiceError, match="engine_time_scale"):
+        captures.start_capture(OPERATOR, routed.pk, name="x", engine_time_scale="fast")

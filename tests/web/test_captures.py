@@ -149,6 +149,12 @@ def test_a_capture_replays_from_the_replay_form(as_role, cluster, settings, tmp_
     assert run_replay(job.pk) == "succeeded"
     job.refresh_from_db()
     assert job.results is not None and len(job.results["policies"]) == 2
+    fidelity = job.results["fidelity"]  # the active lm replayed beside the live TTFT/TPOT
+    assert fidelity["requests"] == 12 and fidelity["measured"] == 12
+    ttft = next(m for m in fidelity["metrics"] if m["metric"] == "ttft_mean_s")
+    assert ttft["live"] == pytest.approx(0.2) and ttft["replay"] > 0
+    detail = operator.get(reverse("web:replay_detail", args=[cluster.pk, job.pk]))
+    assert 'data-testid="replay-fidelity"' in detail.content.decode()
     missing = operator.post(
         reverse("web:replay_create", args=[cluster.pk]), form | {"trace": "capture:999999"}
     )

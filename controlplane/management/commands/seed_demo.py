@@ -16,6 +16,9 @@ class Command(BaseCommand):
         parser.add_argument("--kv-events-base-port", type=int, default=5600)
         parser.add_argument("--router-host", default="localhost")
         parser.add_argument("--router-port", type=int, default=8000)
+        parser.add_argument(
+            "--time-scale", type=float, default=1.0, help="the engines' --time-scale"
+        )
 
     def handle(self, *args, **options) -> None:
         spec = DemoSpec(
@@ -24,6 +27,7 @@ class Command(BaseCommand):
             kv_events_base_port=options["kv_events_base_port"] or None,
             router_host=options["router_host"],
             router_port=options["router_port"],
+            time_scale=options["time_scale"],
         )
         cluster = seed(spec)
         operator = reset_login("operator", "operator")

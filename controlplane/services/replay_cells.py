@@ -23,7 +23,6 @@ import numpy as np
 from django.db import transaction
 from django.db.models import Avg, F, Q
 from django.utils import timezone
-from scipy import stats
 
 from controlplane.models import ReplayCell, ReplayJob
 
@@ -283,6 +282,8 @@ def _means(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _half_width(values: list[Any]) -> float | None:
+    from scipy import stats  # here: a router host's worker has no scipy (only replays need it)
+
     numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
     if len(numbers) < 2 or len(numbers) != len(values):
         return None

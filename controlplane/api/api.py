@@ -7,6 +7,7 @@ from ninja import NinjaAPI
 from . import (
     access,
     canaries,
+    captures,
     clusters,
     config_versions,
     events,
@@ -39,6 +40,7 @@ for module in (
     events,
     metrics,
     replays,
+    captures,
     access,
 ):
     api.add_router("", module.routes)

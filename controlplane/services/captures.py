@@ -151,8 +151,11 @@ def delete_capture(actor: Actor, cluster_id: int, capture_id: int, *, reason: st
     """Delete a capture and its rows (stopping it first if it runs)."""
     cluster = locked_cluster(cluster_id)
     capture = _capture(cluster, capture_id)
-    if capture.capturing:
-        _stop(actor, cluster, capture, f"deleted by {actor.name}", reason)
+    if capture.capturing:  # the routers stop with the next version; one audit row, the delete
+        capture.state = TrafficCapture.State.STOPPED
+        capture.save(update_fields=["state"])
+        config.publish(cluster, actor, reason or f"traffic capture {capture.name!r} deleted")
+        capture.state = TrafficCapture.State.CAPTURING  # as it was, for the audit's before
     _delete(actor, cluster, capture, reason)
 
 
@@ -179,7 +182,10 @@ def _stop(
 def _delete(actor: Actor, cluster: Cluster, capture: TrafficCapture, reason: str) -> None:
     before = snapshot(capture)
     exported = export_path(capture.pk)
-    audit.record(actor, "capture.delete", capture, before=before, reason=reason, cluster=cluster)
+    after = {"deleted": True, "requests_deleted": capture.requests}
+    audit.record(
+        actor, "capture.delete", capture, before=before, after=after, reason=reason, cluster=cluster
+    )
     capture.delete()
     exported.unlink(missing_ok=True)
 

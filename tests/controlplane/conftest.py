@@ -24,7 +24,14 @@ from controlplane.models import (
     InstanceMetricRollup,
     ReplayJob,
 )
-from controlplane.services import canaries, clusters, policies, router_deployments, tokens
+from controlplane.services import (
+    canaries,
+    captures,
+    clusters,
+    policies,
+    router_deployments,
+    tokens,
+)
 from controlplane.services.audit import Actor
 
 ROLES = ("viewer", "operator", "admin")
@@ -104,6 +111,7 @@ def build_world() -> World:
         SYSTEM, alpha.pk, name="r1", host="127.0.0.1", port=8100
     )
     replay = ReplayJob.objects.create(cluster=alpha, inputs={"trace": "t"})
+    capture = captures.start_capture(SYSTEM, gamma.pk, name="world-capture", reason="setup")
     client_key = ClientKey.objects.create(
         cluster=alpha,
         name="world-key",
@@ -132,6 +140,7 @@ def build_world() -> World:
             "paused": paused.pk,
             "router": router.pk,
             "replay": replay.pk,
+            "capture": capture.pk,
             "hotspot": hotspot.pk,
             "client_key": client_key.pk,
             "api_token": api_token.pk,

@@ -195,7 +195,9 @@ def test_rename_and_delete_are_audited_and_delete_stops_a_running_capture(routed
     assert not TrafficCapture.objects.exists()
     assert "capture" not in routed_document(routed)
     actions = list(AuditEvent.objects.order_by("pk").values_list("action", flat=True))
-    assert actions[-4:] == ["capture.start", "capture.rename", "capture.stop", "capture.delete"]
+    assert actions[-3:] == ["capture.start", "capture.rename", "capture.delete"]
+    deleted = AuditEvent.objects.get(action="capture.delete")
+    assert deleted.before is not None and deleted.before["state"] == "capturing"
     with pytest.raises(ServiceError, match="does not exist"):
         captures.rename_capture(OPERATOR, routed.pk, capture.pk, name="x")
 

@@ -8,44 +8,12 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from controlplane.models import AuditEvent, CanarySplit, ReplayCell, ReplayJob
+from controlplane.models import AuditEvent, CanarySplit, ReplayJob
 from controlplane.selectors.replays import recommendation
-from controlplane.services import replay_cells
+
+from .helpers import finished_job
 
 pytestmark = pytest.mark.django_db
-
-
-def summary(goodput: float) -> dict:
-    return {"requests": 100, "completed": 100, "goodput_rps": goodput, "ttft_mean_s": 0.5}
-
-
-def finished_job(cluster, goodputs: dict[str, list[list[float]]]) -> ReplayJob:
-    """A job over the cluster's policies (by name) whose cells measured these goodputs,
-    per policy a list over loads (×1, ×1.5) of per-seed values."""
-    chosen = [p for p in cluster.policies.order_by("name") if p.name in goodputs]
-    inputs = {
-        "trace": "shared:x.jsonl",
-        "policies": [p.spec() for p in chosen],
-        "policy_ids": [p.pk for p in chosen],
-        "active_policy_id": cluster.active_policy_id,
-        "rate_scales": [1.0, 1.5],
-        "seeds": [0, 1, 2],
-    }
-    job = ReplayJob.objects.create(cluster=cluster, inputs=inputs)
-    for cell in replay_cells.create_cells(job):
-        value = goodputs[chosen[cell.policy].name][inputs["rate_scales"].index(cell.rate_scale)]
-        result = {
-            "summary": summary(value[cell.seed]),
-            "ttft_percentiles": None,
-            "instances": 3,
-            "requests": 100,
-            "percentiles": [50],
-            "lower_bound": {},
-        }
-        ReplayCell.objects.filter(pk=cell.pk).update(state="succeeded", result=result)
-    assert replay_cells.finish_job(job.pk) == "succeeded"
-    job.refresh_from_db()
-    return job
 
 
 def test_a_policy_that_wins_beyond_the_noise_is_recommended(cluster):

@@ -40,7 +40,7 @@ from .audit import Actor
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, Problems, ServiceError
 from .fields import max_length
-from .traces import resolve_trace
+from .traces import captures_dir
 
 DEFAULT_MAX_REQUESTS = 100_000
 MAX_REQUESTS = 2_000_000
@@ -182,12 +182,14 @@ def _stop(
 def _delete(actor: Actor, cluster: Cluster, capture: TrafficCapture, reason: str) -> None:
     before = snapshot(capture)
     exported = export_path(capture.pk)
+    exports = list(captures_dir().glob(f"{capture.pk}-*.jsonl")) if captures_dir().is_dir() else []
     after = {"deleted": True, "requests_deleted": capture.requests}
     audit.record(
         actor, "capture.delete", capture, before=before, after=after, reason=reason, cluster=cluster
     )
     capture.delete()
-    exported.unlink(missing_ok=True)
+    for path in [exported, *exports]:
+        path.unlink(missing_ok=True)
 
 
 def _capture(cluster: Cluster, capture_id: int) -> TrafficCapture:
@@ -345,15 +347,16 @@ def _stop_for_age(capture_id: int) -> int:
 # ----------------------------------------------------------------- export
 
 
-def export_lines(capture: TrafficCapture) -> Iterator[str]:
+def export_lines(capture: TrafficCapture, until: int | None = None) -> Iterator[str]:
     """The capture as Bailian-form JSONL: times from its first request, in the engines'
     own time (wall time ÷ ``engine_time_scale``, TTFT and TPOT too), one chat id per
-    request, each session's requests chained by ``parent_chat_id``."""
+    request, each session's requests chained by ``parent_chat_id``. ``until``: only the
+    rows stored up to then (`last_row`), the capture as a replay job saw it."""
     scale = capture.engine_time_scale or 1.0
     last_of_session: dict[str, int] = {}
     turns: dict[str, int] = {}
     start: float | None = None
-    rows = capture.rows.order_by("at", "pk")
+    rows = _rows(capture, until).order_by("at", "pk")
     for chat_id, row in enumerate(rows.iterator(chunk_size=EXPORT_CHUNK), 1):
         start = row.at if start is None else start
         parent, turn = -1, 1
@@ -389,8 +392,20 @@ def _line(
     return json.dumps(document, separators=(",", ":")) + "\n"
 
 
-def export_path(capture_id: int) -> Path:
-    return resolve_trace(f"capture:{capture_id}")
+def _rows(capture: TrafficCapture, until: int | None) -> Any:
+    return capture.rows.all() if until is None else capture.rows.filter(pk__lte=until)
+
+
+def last_row(capture: TrafficCapture) -> int:
+    """The newest stored row's id: a replay job pins the capture there, so all its cells
+    (and its fidelity check) replay the same requests while the capture goes on."""
+    return capture.rows.order_by("-pk").values_list("pk", flat=True).first() or 0
+
+
+def export_path(capture_id: int, until: int | None = None) -> Path:
+    """``<id>.jsonl``, or ``<id>-<until>.jsonl`` for the capture as a job pinned it."""
+    suffix = "" if until is None else f"-{until}"
+    return captures_dir() / f"{capture_id}{suffix}.jsonl"
 
 
 def require_replayable(cluster_id: int, capture_id: int) -> TrafficCapture:
@@ -402,15 +417,17 @@ def require_replayable(cluster_id: int, capture_id: int) -> TrafficCapture:
     return capture
 
 
-def export_for_replay(cluster_id: int, capture_id: int) -> Path:
-    """Write the capture's trace where a replay reads ``capture:<id>`` (atomically: a
-    replay still reading the previous export keeps it)."""
+def export_for_replay(cluster_id: int, capture_id: int, until: int | None = None) -> Path:
+    """Write the capture's trace (up to row ``until``) for a replay, once per worker host
+    (atomically: a replay reading an earlier export keeps it)."""
     capture = require_replayable(cluster_id, capture_id)
-    path = export_path(capture.pk)
+    path = export_path(capture.pk, until)
+    if until is not None and path.is_file():
+        return path  # the same rows: another cell on this host wrote it
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")
     with partial.open("w", encoding="utf-8") as out:
-        out.writelines(export_lines(capture))
+        out.writelines(export_lines(capture, until))
     partial.replace(path)
     return path
 
@@ -420,14 +437,16 @@ def export_for_replay(cluster_id: int, capture_id: int) -> Path:
 FIDELITY_METRICS = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s")
 
 
-def live_latencies(capture_id: int, max_requests: int | None) -> dict[str, Any] | None:
+def live_latencies(
+    capture_id: int, max_requests: int | None, until: int | None = None
+) -> dict[str, Any] | None:
     """What the routers measured for the requests a replay of the capture takes (its first
     ``max_requests`` by arrival), in the engines' own time: mean and p99 TTFT and TPOT of
     the answered ones (TTFT and TPOT are measured on streams)."""
     capture = TrafficCapture.objects.filter(pk=capture_id).first()
     if capture is None:
         return None
-    rows = capture.rows.order_by("at", "pk").values_list("status", "ttft_s", "tpot_s")
+    rows = _rows(capture, until).order_by("at", "pk").values_list("status", "ttft_s", "tpot_s")
     taken = list(rows[:max_requests] if max_requests else rows)
     scale = capture.engine_time_scale or 1.0
     ttft = [t / scale for status, t, _ in taken if status == 200 and t is not None]

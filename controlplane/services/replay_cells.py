@@ -206,7 +206,9 @@ def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] 
         ),
         None,
     )
-    live = captures.live_latencies(int(trace.split(":", 1)[1]), inputs.get("max_requests"))
+    live = captures.live_latencies(
+        int(trace.split(":", 1)[1]), inputs.get("max_requests"), inputs.get("capture_until")
+    )
     if row is None or live is None:
         return None
     metrics = []

@@ -133,6 +133,9 @@ def _checked_inputs(
         "seed": seed,
         "seeds": list(range(seed, seed + count)),
     }
+    if trace.startswith("capture:"):  # every cell replays the capture as it is now
+        capture = captures.require_replayable(cluster.pk, _capture_id(trace))
+        inputs["capture_until"] = captures.last_row(capture)
     if isinstance(policies, list) and len(policies) * len(scales) * count > MAX_CELLS:
         problems.found.append(
             {
@@ -216,11 +219,13 @@ def _validated_trace(trace: str, cluster: Cluster) -> str:
     return trace
 
 
-def trace_file(cluster_id: int, trace: str) -> Path:
+def trace_file(cluster_id: int, inputs: dict[str, Any]) -> Path:
     """The file a worker replays: a capture is exported from Postgres there and then, so a
-    worker on any host replays it (a running capture as far as it got)."""
+    worker on any host replays it, as far as the job pinned it (``capture_until``)."""
+    trace = inputs["trace"]
     if trace.startswith("capture:"):
-        return captures.export_for_replay(cluster_id, _capture_id(trace))
+        until = inputs.get("capture_until")
+        return captures.export_for_replay(cluster_id, _capture_id(trace), until)
     return traces.resolve_trace(trace)
 
 

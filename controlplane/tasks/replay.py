@@ -79,7 +79,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
     job, cluster = cell.job, cell.job.cluster
     inputs = job.inputs
     try:
-        path = replay_service.trace_file(cluster.pk, inputs["trace"])
+        path = replay_service.trace_file(cluster.pk, inputs)
     except ServiceError as error:
         raise ReplayFailed(error.message) from None
     check_trace(path, cluster.model)  # again: the file or the cluster's model may have changed

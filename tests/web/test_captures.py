@@ -28,7 +28,7 @@ def act(client, cluster, capture, action, **form):
     return client.post(url, form)
 
 
-def fill(capture: TrafficCapture, count: int) -> None:
+def fill(capture: TrafficCapture, count: int, first: int = 0) -> None:
     """Rows as ingest stores them: two sessions sharing a 20-block prefix, 1 s apart."""
     rng = random.Random(1)
     prefix = [rng.randrange(2**62) for _ in range(20)]
@@ -36,9 +36,9 @@ def fill(capture: TrafficCapture, count: int) -> None:
     CapturedRequest.objects.bulk_create(
         CapturedRequest(
             capture=capture,
-            batch=f"b{k}",
+            batch=f"b{first + k}",
             router="r0",
-            at=t0 + k,
+            at=t0 + first + k,
             prompt_tokens=16 * 22,
             output_tokens=30,
             block_size=16,
@@ -51,7 +51,7 @@ def fill(capture: TrafficCapture, count: int) -> None:
         )
         for k in range(count)
     )
-    TrafficCapture.objects.filter(pk=capture.pk).update(requests=count)
+    TrafficCapture.objects.filter(pk=capture.pk).update(requests=first + count)
 
 
 def test_an_operator_starts_and_stops_a_capture_and_everyone_sees_it(as_role, cluster):
@@ -146,9 +146,11 @@ def test_a_capture_replays_from_the_replay_form(as_role, cluster, settings, tmp_
     response = operator.post(reverse("web:replay_create", args=[cluster.pk]), form)
     assert response.status_code == 302, response.content.decode()[:400]
     job = ReplayJob.objects.get()
+    fill(capture, 5, first=12)  # the capture goes on: the job replays it as it was
     assert run_replay(job.pk) == "succeeded"
     job.refresh_from_db()
     assert job.results is not None and len(job.results["policies"]) == 2
+    assert job.results["requests"] == 12
     fidelity = job.results["fidelity"]  # the active lm replayed beside the live TTFT/TPOT
     assert fidelity["requests"] == 12 and fidelity["measured"] == 12
     ttft = next(m for m in fidelity["metrics"] if m["metric"] == "ttft_mean_s")

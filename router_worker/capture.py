@@ -108,7 +108,9 @@ class CaptureBuffer:
     def __len__(self) -> int:
         return len(self._pending)
 
-    def drain(self, cluster: str, router: str) -> list[contract.CaptureBatch]:
+    def drain(
+        self, cluster: str, router: str, max_model_len: int | None = None
+    ) -> list[contract.CaptureBatch]:
         """Take every buffered request out, as batches of at most `CAPTURE_BATCH` per
         capture (a config change mid-way leaves requests of two captures)."""
         batches: list[contract.CaptureBatch] = []
@@ -122,6 +124,7 @@ class CaptureBuffer:
                     router=router,
                     capture=item.capture.id,
                     requests=[],
+                    max_model_len=max_model_len,
                 )
                 batches.append(current)
             current.requests.append(self._record(item))

@@ -148,6 +148,7 @@ class RouterCore:
         self._queued: dict[str, Plan] = {}  # movable attempts without a first token
         telemetry.snapshot_source = self.snapshot_source
         telemetry.peaks_source = self.take_peaks
+        telemetry.max_model_len_source = self.max_model_len
 
     # ----- configuration ---------------------------------------------------------------
     def apply_config(self, config: RouterConfig) -> Runtime:

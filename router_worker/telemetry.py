@@ -181,6 +181,7 @@ class Telemetry:
         self.on_dropped = on_dropped
         self.snapshot_source: SnapshotSource | None = None
         self.peaks_source: Callable[[], dict[str, tuple[float, float, float]]] | None = None
+        self.max_model_len_source: Callable[[], int | None] | None = None
         self._rng = random.Random()
         self._window: deque[RequestSample] = deque(maxlen=WINDOW_MAX_SAMPLES)
         self._interval = _Interval(time.time(), self._rng)
@@ -301,7 +302,8 @@ class Telemetry:
         """Captured requests, digested here (off the request path), to the capture stream;
         while Redis is down the newest `CAPTURE_BUFFER` requests wait, the rest are
         counted in ``capture.dropped``."""
-        self._captured.extend(self.capture.drain(self.cluster, self.router))
+        context = self.max_model_len_source() if self.max_model_len_source else None
+        self._captured.extend(self.capture.drain(self.cluster, self.router, context))
         waiting = sum(len(batch.requests) for batch in self._captured)
         while waiting > CAPTURE_BUFFER:
             oldest = self._captured.popleft()

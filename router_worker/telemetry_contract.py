@@ -363,6 +363,9 @@ class CaptureBatch(_Record):
     router: str
     capture: int  # the capture's id (the config's capture.id)
     requests: list[CapturedRequest]
+    # the engines' context length as the router scraped it (the smallest instance's): a
+    # replay of the capture must refuse what they refused and serve what they served
+    max_model_len: int | None = None
 
     def to_stream_fields(self) -> dict[str, str]:
         return {"data": self.model_dump_json()}

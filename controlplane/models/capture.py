@@ -26,6 +26,8 @@ class TrafficCapture(models.Model):
     # wall seconds per engine second: 1 for real engines, enginesim's --time-scale for a
     # simulated cluster; the export is in the engines' own time, as a replay simulates it
     engine_time_scale = models.FloatField(default=1.0)
+    # the engines' context length as the routers scraped it: its replays use it
+    max_model_len = models.PositiveIntegerField(null=True, blank=True)
     requests = models.PositiveIntegerField(default=0)  # stored so far
     dropped = models.PositiveIntegerField(default=0)  # past max_requests or after the stop
     started_at = models.DateTimeField(auto_now_add=True)

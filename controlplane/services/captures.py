@@ -256,6 +256,7 @@ class StorableRequest(WireRequest):
 
 class StorableBatch(CaptureBatch):
     id: str = Field(min_length=1, max_length=64)
+    max_model_len: int | None = Field(default=None, ge=1, le=INT_COLUMN)
     router: str = Field(min_length=1, max_length=64)
     capture: int = Field(ge=1, le=2**63 - 1)
     requests: list[StorableRequest]  # type: ignore[assignment]
@@ -286,7 +287,11 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
     CapturedRequest.objects.bulk_create(_row(capture, batch, r, key) for r in kept)
     capture.requests += len(kept)
     capture.dropped += len(batch.requests) - len(kept)
-    capture.save(update_fields=["requests", "dropped"])
+    if batch.max_model_len is not None:  # the smallest any router saw
+        capture.max_model_len = min(
+            capture.max_model_len or batch.max_model_len, batch.max_model_len
+        )
+    capture.save(update_fields=["requests", "dropped", "max_model_len"])
     if capture.capturing and capture.requests >= capture.max_requests:
         _stop(SYSTEM, locked, capture, f"reached its limit of {capture.max_requests} requests")
     return True
@@ -406,6 +411,18 @@ def export_path(capture_id: int, until: int | None = None) -> Path:
     """``<id>.jsonl``, or ``<id>-<until>.jsonl`` for the capture as a job pinned it."""
     suffix = "" if until is None else f"-{until}"
     return captures_dir() / f"{capture_id}{suffix}.jsonl"
+
+
+def replay_max_model_len(trace: str) -> int | None:
+    """The context length a replay of ``trace`` runs its engines with: for a capture, the
+    one its routers scraped from the live engines (None: the model's own)."""
+    if not trace.startswith("capture:"):
+        return None
+    name = trace.split(":", 1)[1]
+    if not (name.isascii() and name.isdigit()):
+        return None
+    values = TrafficCapture.objects.filter(pk=int(name)).values_list("max_model_len", flat=True)
+    return next(iter(values), None)
 
 
 def require_replayable(cluster_id: int, capture_id: int) -> TrafficCapture:

@@ -19,7 +19,7 @@ from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
 
 from controlplane.models import Cluster, ReplayCell, ReplayJob
-from controlplane.services import replay_cells
+from controlplane.services import captures, replay_cells
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
 from controlplane.services.traces import check_trace
@@ -94,6 +94,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         model=simulator_model(cluster),
         seed=cell.seed,
         policy_params={spec["kind"]: spec.get("params", {})},
+        max_model_len=captures.replay_max_model_len(inputs["trace"]) or 0,
     )
 
     def step(done: int, total: int, now: float) -> None:

@@ -60,13 +60,20 @@ def wire(at: float, session: str | None = None, ids: tuple[int, ...] = (1, 2), *
     return Wire(at=at, session=session, instance="i0", **fields)
 
 
-def send(client, capture: TrafficCapture, requests: list[Wire], router: str = "r0") -> str:
+def send(
+    client,
+    capture: TrafficCapture,
+    requests: list[Wire],
+    router: str = "r0",
+    max_model_len: int | None = None,
+) -> str:
     batch = CaptureBatch(
         id=uuid.uuid4().hex,
         cluster="ops-test",
         router=router,
         capture=capture.pk,
         requests=requests,
+        max_model_len=max_model_len,
     )
     client.xadd(capture_stream("ops-test"), batch.to_stream_fields())
     return batch.id
@@ -160,9 +167,12 @@ def test_the_export_merges_routers_in_arrival_order_and_chains_sessions(
     settings.SWITCHYARD_VAR_DIR = str(tmp_path)
     capture = captures.start_capture(OPERATOR, routed.pk, name="c")
     t0 = time.time()
-    send(streams, capture, [wire(t0, "a", (5, 6)), wire(t0 + 2, "a", (5, 6, 7))], router="r0")
-    send(streams, capture, [wire(t0 + 1, "b", (9,)), wire(t0 + 3, None, (5,))], router="r1")
+    send(streams, capture, [wire(t0, "a", (5, 6)), wire(t0 + 2, "a", (5, 6, 7))], "r0", 131072)
+    send(streams, capture, [wire(t0 + 1, "b", (9,)), wire(t0 + 3, None, (5,))], "r1", 65536)
     ingest.ingest_captures(streams)
+    capture.refresh_from_db()
+    assert capture.max_model_len == 65536  # the smaller engine's, which refuses more
+    assert captures.replay_max_model_len(capture.trace) == 65536
     path = captures.export_for_replay(routed.pk, capture.pk)
     records = read_trace(path)
     assert [r.arrival_s for r in records] == [0.0, 1.0, 2.0, 3.0]

@@ -59,6 +59,7 @@ def test_a_capture_records_each_request_with_salted_digests_and_no_text(
 
     batches = _captured(client)
     assert {(b.capture, b.cluster) for b in batches} == {(7, "test")}
+    assert {b.max_model_len for b in batches} == {32768}  # enginesim's Qwen2-7B, scraped
     first, second, other = sorted(_requests(client), key=lambda r: r.at)
     assert first.prompt_tokens > 100 and first.output_tokens == 4 and first.status == 200
     assert (

@@ -174,11 +174,17 @@ def _create_args(data: QueryDict) -> dict[str, Any]:
             if data.get(f"guard.{key}", "").strip()
         },
         "assignment_key": data.get("assignment_key", "session"),
-        "source_replay_id": _int(data.get("source_replay"), "source_replay_id")
-        if data.get("source_replay")
-        else None,
+        "source_replay_id": _replay_id(data.get("source_replay", "")),
         "reason": data.get("reason", ""),
     }
+
+
+def _replay_id(value: str) -> int | None:
+    if not value:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) < 19):
+        raise ServiceError(f"source_replay_id: {value[:40]!r} is not a replay", "source_replay_id")
+    return int(value)
 
 
 def _int(value: str | None, field: str) -> int:

@@ -91,6 +91,10 @@ def test_an_operator_starts_and_stops_a_capture_and_everyone_sees_it(as_role, cl
         ({"max_requests": "9999999"}, "max_requests must be a whole number from 1 to 2000000"),
         ({"max_minutes": "0"}, "max_minutes must be a whole number from 1 to 10080"),
         ({"max_minutes": "half"}, "max_minutes must be a whole number from 1 to 10080"),
+        ({"engine_time_scale": "fast"}, "engine_time_scale must be a number from 0.001 to 1000"),
+        ({"engine_time_scale": "0"}, "engine_time_scale must be a number from 0.001 to 1000"),
+        ({"engine_time_scale": "nan"}, "engine_time_scale must be a number from 0.001 to 1000"),
+        ({"engine_time_scale": "1e999"}, "engine_time_scale must be a number from 0.001 to 1000"),
     ],
 )
 def test_bad_capture_settings_get_a_clear_400(as_role, cluster, fields, message):

@@ -91,3 +91,29 @@ def test_a_canary_cannot_claim_another_clusters_replay(as_role, cluster):
         reverse("web:canary", args=[cluster.pk]) + f"?from_replay={job.pk}"
     )
     assert response.status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("abc", "is not a replay"), ("99999999", "is not one of"), ("1" * 30, "is not a replay")],
+)
+def test_a_bad_source_replay_gets_a_clear_400(as_role, cluster, value, message):
+    lm, rr = cluster.policies.get(name="lm"), cluster.policies.get(name="rr")
+    instances = list(cluster.instances.order_by("name").values_list("name", flat=True))
+    response = as_role("operator").post(
+        reverse("web:canary_create", args=[cluster.pk]),
+        {
+            "name": "bad-source",
+            "baseline_policy": str(lm.pk),
+            "candidate_policy": str(rr.pk),
+            "source_replay": value,
+            "reason": "r",
+            **{
+                f"arm.{n}": "baseline" if k % 2 == 0 else "candidate"
+                for k, n in enumerate(instances)
+            },
+        },
+    )
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert not CanarySplit.objects.filter(name="bad-source").exists()

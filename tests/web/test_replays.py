@@ -141,3 +141,37 @@ def test_a_replay_no_worker_takes_says_which_worker_is_missing(as_role, cluster)
     assert 'data-testid="replay-unclaimed"' in page(waiting)
     assert "-Q replays" in page(waiting)
     assert 'data-testid="replay-unclaimed"' not in page(fresh)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"rate_scales": "1, fast"}, "is not a number"),
+        ({"rate_scales": "1,,2"}, "write rates as numbers separated by commas"),
+        ({"rate_scales": "1, 1"}, "must not repeat a rate"),
+        ({"rate_scales": "-1"}, "rate_scales must be a positive number"),
+        ({"rate_scales": "1e999"}, "rate_scales must be a positive number"),
+        ({"rate_scales": "1, 2, 3, 4, 5"}, "rate_scales must list 1-4 rates"),
+        ({"rate_scales": "5000"}, "rate_scales must be at most 1000"),
+        ({"seeds": "0"}, "seeds must be a whole number from 1 to 10"),
+        ({"seeds": "11"}, "seeds must be a whole number from 1 to 10"),
+        ({"seeds": "2.5"}, "is not a whole number"),
+        ({"seed": "-3"}, "seed must be a whole number from 0 to"),
+    ],
+)
+def test_bad_loads_and_seeds_get_a_clear_400(as_role, cluster, traces, dispatched, fields, message):
+    form = {"trace": TRACE, "policies": policy_ids(cluster)} | fields
+    response = as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), form)
+    assert response.status_code == 400
+    assert message in response.content.decode()
+    assert not ReplayJob.objects.exists() and not dispatched
+
+
+def test_a_job_makes_one_cell_per_policy_load_and_seed(as_role, cluster, traces, dispatched):
+    form = {"trace": TRACE, "policies": policy_ids(cluster), "rate_scales": "1, 1.5", "seeds": "3"}
+    response = as_role("operator").post(reverse("web:replay_create", args=[cluster.pk]), form)
+    assert response.status_code == 302
+    job = ReplayJob.objects.get()
+    cells = list(job.cells.values_list("policy", "rate_scale", "seed"))
+    assert len(cells) == 12 and len(dispatched) == 12
+    assert sorted(set(cells)) == [(p, r, s) for p in (0, 1) for r in (1.0, 1.5) for s in (0, 1, 2)]

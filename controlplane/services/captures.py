@@ -2,7 +2,9 @@
 
 Starting a capture publishes a config version carrying ``capture`` (its id and a fresh
 salt): every router of the cluster then records each finished request, without its text
-(router_worker/capture.py), and ingest stores the batches here (:func:`store_batch`). A
+(router_worker/capture.py), and ingest stores the batches here (:func:`store_batch`),
+the prompts' block hashes as keyed digests under the salt (so no stored or downloaded
+trace reveals a prompt, and two captures share no id). A
 capture stops when an operator stops it, at its request limit (checked at ingest) or at
 its duration limit (:func:`enforce_limits`, run with ingest); each stop publishes a version
 without ``capture``. Stopped captures are kept for ``SWITCHYARD_CAPTURE_RETENTION_DAYS``.
@@ -40,6 +42,7 @@ from .audit import Actor
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, Problems, ServiceError
 from .fields import max_length
+from .ingest import INT_COLUMN, LATEST_UNIX, PoisonEntry
 from .traces import captures_dir
 
 DEFAULT_MAX_REQUESTS = 100_000
@@ -48,8 +51,6 @@ DEFAULT_MAX_MINUTES = 60
 MAX_MINUTES = 7 * 24 * 60
 SYSTEM = Actor.system("capture")
 EXPORT_CHUNK = 2_000  # rows read from Postgres at a time while exporting
-LATEST_UNIX = 253402300799.0
-INT_COLUMN = 2**31 - 1
 NAME_CHARS = 64
 
 
@@ -269,8 +270,6 @@ def parse_batch(fields: dict) -> CaptureBatch:
 def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
     """Store one router batch; False when it was stored before or its capture is gone (a
     router may still flush a few requests after a capture was deleted)."""
-    from .ingest import PoisonEntry
-
     cluster = clusters.get(batch.cluster)
     if cluster is None:
         raise PoisonEntry(f"unknown cluster {batch.cluster[:80]!r}")

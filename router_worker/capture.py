@@ -130,13 +130,13 @@ class CaptureBuffer:
             current.requests.append(self._record(item))
         return batches
 
-    def _record(self, item: _Finished) -> contract.CapturedRequest:
+    def _record(self, item: _Finished) -> contract.CaptureRecord:
         key = self._keys.get(item.capture.id)
         if key is None or key.key != item.capture.salt.encode()[:64]:
             key = CaptureKey(item.capture.salt)
             self._keys = {item.capture.id: key}  # one capture at a time
         features = item.features
-        return contract.CapturedRequest(
+        return contract.CaptureRecord(
             at=features.arrival_time,
             prompt_tokens=features.prompt_tokens,
             output_tokens=item.output_tokens,

@@ -338,7 +338,7 @@ def decode_block_hashes(text: str, most: int) -> tuple[int, ...]:
 CAPTURE_BATCH = 500  # captured requests per stream entry
 
 
-class CapturedRequest(_Record):
+class CaptureRecord(_Record):
     """One finished request of a traffic capture: what a replay needs, never its text."""
 
     at: float  # unix seconds of its arrival at the router
@@ -362,7 +362,7 @@ class CaptureBatch(_Record):
     cluster: str
     router: str
     capture: int  # the capture's id (the config's capture.id)
-    requests: list[CapturedRequest]
+    requests: list[CaptureRecord]
     # the engines' context length as the router scraped it (the smallest instance's): a
     # replay of the capture must refuse what they refused and serve what they served
     max_model_len: int | None = None

@@ -34,8 +34,7 @@ from pydantic import Field
 
 from controlplane.models import CapturedRequest, Cluster, TrafficCapture
 from router_worker.capture import CaptureKey
-from router_worker.telemetry_contract import CaptureBatch, decode_block_hashes
-from router_worker.telemetry_contract import CapturedRequest as WireRequest
+from router_worker.telemetry_contract import CaptureBatch, CaptureRecord, decode_block_hashes
 
 from . import audit, config
 from .audit import Actor
@@ -238,7 +237,7 @@ Tokens = Annotated[int, Field(ge=0, le=INT_COLUMN)]
 MAX_BLOCKS = 65_536  # a million tokens in 16-token blocks
 
 
-class StorableRequest(WireRequest):
+class StorableRequest(CaptureRecord):
     """The contract's request narrowed to what the rows can hold."""
 
     at: float = Field(ge=0, le=LATEST_UNIX)
@@ -297,7 +296,7 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
 
 
 def _row(
-    capture: TrafficCapture, batch: CaptureBatch, request: WireRequest, key: CaptureKey
+    capture: TrafficCapture, batch: CaptureBatch, request: CaptureRecord, key: CaptureKey
 ) -> CapturedRequest:
     """The stored row: the block hashes as keyed digests (ValueError: not block hashes)."""
     fields = request.model_dump(exclude={"block_hashes"})
@@ -311,7 +310,7 @@ def _row(
     )
 
 
-def _admissible(capture: TrafficCapture, requests: list[WireRequest]) -> list[WireRequest]:
+def _admissible(capture: TrafficCapture, requests: list[CaptureRecord]) -> list[CaptureRecord]:
     """A stopped capture takes what arrived before its stop (routers flush every quarter
     second, so their last requests come in after it)."""
     if capture.capturing or capture.stopped_at is None:

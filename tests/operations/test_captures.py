@@ -19,7 +19,7 @@ from controlplane.services.audit import Actor
 from controlplane.services.errors import Conflict, Invalid, ServiceError
 from enginesim.replay.traces import read_trace
 from router_worker.telemetry_contract import CaptureBatch, capture_stream, encode_block_hashes
-from router_worker.telemetry_contract import CapturedRequest as Wire
+from router_worker.telemetry_contract import CaptureRecord as Wire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 OPERATOR = Actor(name="operator")

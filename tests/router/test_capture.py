@@ -21,7 +21,7 @@ def _captured(client: redis.Redis) -> list[contract.CaptureBatch]:
     return [contract.CaptureBatch.from_stream_fields(fields) for _, fields in entries]
 
 
-def _requests(client: redis.Redis) -> list[contract.CapturedRequest]:
+def _requests(client: redis.Redis) -> list[contract.CaptureRecord]:
     return [r for batch in _captured(client) for r in batch.requests]
 
 

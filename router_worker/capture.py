@@ -12,7 +12,7 @@ when it stores them (:class:`CaptureKey`, shared by both sides): ids are equal e
 when the prefixes are within one capture, yet no content can be guessed from a stored or
 downloaded trace (a dictionary of known prompts' hashes is useless without the salt).
 Digesting there keeps the router's CPU for routing: a thousand blocks of a unique long
-prompt cost about a millisecond to digest (``bench/bench_router.py --only capture``).
+prompt cost about a millisecond to digest (``python -m bench.router_overhead.run --only capture``).
 
 The buffer is bounded: while Redis is unreachable it keeps the newest `CAPTURE_BUFFER`
 requests and counts the ones it drops (``dropped``).

@@ -7,7 +7,7 @@ so that it can leave the event loop: bodies of at least ``router.offload_body_by
 (64 KiB by default) are taken in by a worker process (:class:`IntakeRunner`), and the
 streams the loop is relaying keep flowing while an 8 MiB prompt is tokenized. A thread
 would not do: JSON parsing and the token-list checks hold the GIL for their whole run
-(hundreds of milliseconds for 8 MiB; bench/intake_stall.md has the figures).
+(hundreds of milliseconds for 8 MiB; bench/intake_stall/README.md has the figures).
 Small bodies are taken in inline, where a process hop would cost more than the work.
 
 Bad input gets an OpenAI-style 400 that names the field (:class:`APIError`), never an
@@ -144,7 +144,7 @@ def parse_json(raw: bytes) -> Any:
 def _holds_non_finite(document: Any) -> bool:
     """Whether a float in ``document`` is infinite (a literal like ``1e999``; the parser
     refuses NaN and Infinity). Iterative, and C-speed over long lists of one type: a
-    regular expression over the raw bytes was far slower (bench/intake_stall.md)."""
+    regular expression over the raw bytes was far slower (bench/intake_stall/README.md)."""
     stack = [document]
     while stack:
         value = stack.pop()

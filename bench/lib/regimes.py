@@ -4,7 +4,7 @@ A regime is a workload (the long-output burst over private traffic, or a window 
 Mooncake conversation trace), loads as rate scales, and a cluster (fleet, variation,
 telemetry). :func:`run_suite` replays every (regime, load, policy, seed) on a process pool;
 :func:`invariant_rows` checks the never-collapse invariant per cell. The studies
-(``bench/bench_robustness.py``, ``bench/bench_prediction.py``, ``bench/bench_load_term.py``)
+(``bench/robustness/run.py``, ``bench/prediction/run.py``, ``bench/load_term/run.py``)
 report on them.
 """
 

@@ -1,4 +1,4 @@
-"""The cost rows of bench/bench_router.py: non-streamed throughput through the router
+"""The cost rows of bench/router_overhead/run.py: non-streamed throughput through the router
 against enginesim direct, process CPU per request and per SSE chunk, and the in-process hot
 path (tokenize, hash, decide)."""
 

@@ -1,6 +1,6 @@
-"""The side-by-side rows of bench/bench_router.py: what Switchyard and vllm-router each add to
-a request, every router running alone in front of the same enginesim fleet; they write
-``bench/router_sidebyside.md`` whole.
+"""The side-by-side rows of the router overhead study (bench/router_overhead): what
+Switchyard and vllm-router each add to a request, every router running alone in front of
+the same enginesim fleet; they write ``bench/router_overhead/sidebyside.md`` whole.
 
 Each row is a closed loop of ``streams`` workers. Every request picks, at random and
 independently, its path (straight to one of the engines, or through the router under test)
@@ -49,7 +49,7 @@ from engine_interface import percentile, read_histogram, read_samples
 from router_worker.stages import STAGES
 
 VLLM_ROUTER_VERSION = "0.1.17"
-REPORT = Path(__file__).resolve().parents[1] / "router_sidebyside.md"
+REPORT = Path(__file__).resolve().parents[1] / "router_overhead" / "sidebyside.md"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
 # metric: (non-streamed whole answer, streamed headers, streamed first text chunk)
 METRICS = ("whole", "headers", "first")
@@ -422,7 +422,7 @@ def stage_table(rows: list[Row]) -> list[str]:
 
 
 def side_by_side(args: argparse.Namespace) -> None:
-    """Run the rows for bench_router.py's options and write the report (``args.report``)."""
+    """Run the rows for the router overhead study's options; write the report (``args.report``)."""
     contenders = [
         Contender("switchyard round_robin", "switchyard", "round_robin"),
         Contender("switchyard lmetric", "switchyard", "lmetric"),
@@ -473,7 +473,8 @@ def report(
     return [
         "# Router overhead: Switchyard beside vllm-router",
         "",
-        f"Made by `bench/bench_router.py --only side-by-side` on {datetime.date.today()} "
+        "Made by `python -m bench.router_overhead.run --only side-by-side` on "
+        f"{datetime.date.today()} "
         f"({machine}); vllm-router {VLLM_ROUTER_VERSION}; load average {load_start[0]:.1f} at "
         f"start, {load_end[0]:.1f} at the end. The machine is shared: a row's `load` is the "
         "1-minute load average as it started; rows well above 2 ran beside other work, and "

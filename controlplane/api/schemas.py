@@ -156,7 +156,7 @@ class CellBreakOut(Schema):
 
 
 class PolicyRobustnessOut(Schema):
-    """A policy kind's record in the robustness suite (bench/bench_robustness.py)."""
+    """A policy kind's record in the robustness suite (bench/robustness/run.py)."""
 
     status: Literal["keeps", "breaks", "not_judged", "unavailable"] = Field(
         description="keeps / breaks the never-collapse invariant in the last whole run; "

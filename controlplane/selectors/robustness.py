@@ -1,6 +1,6 @@
 """Where each policy kind breaks the never-collapse invariant, from the robustness suite.
 
-``bench/bench_robustness.py`` replays the regimes the evaluation matrix leaves out (long
+``bench/robustness/run.py`` replays the regimes the evaluation matrix leaves out (long
 outputs under KV pressure, slow or mis-modelled engines, mixed GPUs, delayed telemetry,
 several routers, other fleets) and, after a whole run, writes a per-kind summary to
 ``controlplane/data/robustness.json``::
@@ -135,7 +135,7 @@ class _KindRecord(BaseModel):
 
 
 class _Summary(BaseModel):
-    """The file as bench/bench_robustness.py's ``control_plane_summary`` writes it (keys it
+    """The file as bench/robustness/run.py's ``control_plane_summary`` writes it (keys it
     may add later are ignored)."""
 
     source: str

@@ -72,7 +72,7 @@ class Slo:
     tpot_s: float
 
 
-# Interactive chat on long prompts (the Mooncake traces' SLO in bench/bench_replay.py), for
+# Interactive chat on long prompts (the Mooncake traces' SLO in bench/replay/run.py), for
 # summaries of runs that name none (the replay CLI).
 DEFAULT_SLO = Slo(ttft_s=5.0, tpot_s=0.1)
 

@@ -7,7 +7,7 @@ the one class that also validates the value. The kinds:
 
 * ``derived``: filled per cluster from its GPU and model by the control plane
   (``enginesim/replay/policy_costs.py``'s ``COST_MODEL_FIELDS``); blank means "derive it";
-* ``matrix``: chosen on the evaluation matrix (``bench/bench_replay.py`` and its sweeps),
+* ``matrix``: chosen on the evaluation matrix (``bench/replay/run.py`` and its sweeps),
   measured on :data:`MATRIX_FLEET`; docs/algorithms.md names the runs;
 * ``paper``: the published algorithm's value or form (``source`` names it);
 * ``design``: Switchyard's own choice, argued in docs/algorithms.md or the policy's

@@ -31,7 +31,7 @@ CELL = "long_output@l40s+qwen2.5-7b/high"
 BREACHES = ["throughput 0.94× round robin's", "mean TPOT 2.31× least load's"]
 BREAK: dict[str, Any] = {"cell": CELL, "breaches": BREACHES}
 SUMMARY: dict[str, Any] = {
-    "source": "bench/bench_robustness.py (report: bench/robustness_report/README.md)",
+    "source": "bench/robustness/run.py (report: bench/robustness/README.md)",
     "generated": "2026-12-04",
     "seeds": 3,
     "invariant": "output throughput ≥ 0.95 × round robin's, mean TTFT and mean TPOT "

@@ -7,7 +7,7 @@ an unparseable answer). ``recovery_s`` is the scenario's own recovery measure (n
 ``notes``). ``audit_events_lost`` (audit rows or router events that never reached Postgres)
 and ``judgements_skipped`` (canary judgements the judge could not make) are None where a
 drill does not measure them (the table shows "-"); the goal is 0 wherever they are measured.
-``bench/drills.py`` prints the table.
+``bench/drills/run.py`` prints the table.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Requests not yet streaming are retried elsewhere and succeed; streams cut by the fault end
 with an SSE error event; the instance is marked down and taken back once its health probe
 passes. Nothing is lost. How fast it is marked down (the target is MARK_DOWN_TARGET_S, with
-health probes every 0.2 s) is a measurement: the drill records it and `bench/drills.py`
+health probes every 0.2 s) is a measurement: the drill records it and `bench/drills/run.py`
 prints it; the test only requires that it happens, since wall-clock bounds do not belong in
 tests on a shared machine.
 """

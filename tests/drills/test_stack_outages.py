@@ -286,8 +286,8 @@ def _sample(stack: Stack, pid: int, stop: threading.Event, rows: list[tuple]) ->
 
 @pytest.mark.browser
 def test_soak_steady_rate_with_dashboards(stack, browser):
-    """SWITCHYARD_SOAK_S seconds (default 30; `bench/drills.py --soak 600` for the real one)
-    at SWITCHYARD_SOAK_RATE requests/s with two dashboards, ingest and beat running."""
+    """SWITCHYARD_SOAK_S seconds (default 30; `python -m bench.drills.run --soak 600` for the
+    real one) at SWITCHYARD_SOAK_RATE requests/s with two dashboards, ingest and beat running."""
     if "publisher" not in stack.processes:
         stack.start_publisher()
     start_ingest(stack)

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from scipy import stats as scipy_stats
 
-from bench import bench_replay
 from bench.lib import stats
+from bench.lib.matrix import MAIN_MODEL
+from bench.replay import run as replay_study
 from enginesim.replay import metrics
 from enginesim.replay.simulator import RequestResult, SimResult
 
@@ -177,13 +178,13 @@ def _matrix() -> dict[str, Any]:
     }
     cell = {
         "workload": "agentic",
-        "model": bench_replay.MAIN_MODEL,
+        "model": MAIN_MODEL,
         "load": 60,
         "rate_scale": 3.0,
         "requests": [4000, 4010, 3990],
         "cdf": "cdf_agentic_60.png",
         "lower_bound": {"policy": "lower_bound", "ttft_mean_s": 0.2, "ttft_p99_s": 0.7},
-        "policies": [bench_replay.aggregate(p, r) for p, r in runs.items()],
+        "policies": [replay_study.aggregate(p, r) for p, r in runs.items()],
     }
     return {
         "command": "--quick",
@@ -198,7 +199,7 @@ def _matrix() -> dict[str, Any]:
 
 
 def test_rows_hold_seed_means_intervals_and_the_runs():
-    row = bench_replay.aggregate("lmetric", _runs(19.0, 0.5, 0.02, 4000))
+    row = replay_study.aggregate("lmetric", _runs(19.0, 0.5, 0.02, 4000))
     values = [r["ttft_mean_s"] for r in row["runs"]]
     assert row["ttft_mean_s"] == pytest.approx(np.mean(values))
     assert row["ci"]["ttft_mean_s"] == pytest.approx(stats.mean_ci(values).half_width)
@@ -207,7 +208,7 @@ def test_rows_hold_seed_means_intervals_and_the_runs():
 
 def test_report_judges_goodput_first_and_lists_invariant_breaches(tmp_path):
     data = _matrix()
-    bench_replay.analyse(data)
+    replay_study.analyse(data)
     cell = data["cells"]["agentic/60"]
     judged = cell["judgements"]
     # lmetric and smetric are indistinguishable over the seeds
@@ -225,7 +226,7 @@ def test_report_judges_goodput_first_and_lists_invariant_breaches(tmp_path):
     assert cell["invariant"]["predicted_ttft"]["seeds_breaking"] == 3
     assert not cell["invariant"]["lmetric"]["breaches"]
 
-    bench_replay.report(tmp_path, data)
+    replay_study.report(tmp_path, data)
     text = (tmp_path / "README.md").read_text()
     assert "## The never-collapse invariant" in text
     assert "| agentic/60 | 1.00 | 0.40 | 3.00 | mean TPOT 3.00× least load's | 3 |" in text

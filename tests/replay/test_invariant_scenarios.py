@@ -109,7 +109,7 @@ def test_without_their_decode_guards_our_policies_collapse(policy):
 
 # ----- the same burst on the other fleets ---------------------------------------------------
 # Where one of our policies still breaks the invariant the test is a strict xfail: it pins
-# the miss (reported in bench/robustness_report/) and fails the day the miss is mended.
+# the miss (reported in bench/robustness/) and fails the day the miss is mended.
 KNOWN_MISSES = {
     ("h20+qwen3-32b", "smetric"): "its KV holds a few 20k-token requests; SMetric piles "
     "them behind the instances recomputing the prefix (throughput 0.57× round robin's)",

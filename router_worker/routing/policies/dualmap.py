@@ -44,9 +44,9 @@ Migration — hotspot-aware rebalancing of queued requests (DualMap's)
     the live router closes the upstream stream of a streamed request that has sent the
     client nothing yet (vLLM aborts it) and re-sends it to ``j`` as a new attempt.
 
-The SLO default, 1 s, is measured: ``bench/bench_dualmap_slo.py`` replays three matrix
+The SLO default, 1 s, is measured: ``bench/dualmap_slo/run.py`` replays three matrix
 cells at ``slo_ttft_s`` from 0.5 to 16 s and two more at 1, 2 and 8 s;
-``bench/dualmap_slo.md`` has the tables and the reading (large SLOs keep a hot key on its
+``bench/dualmap_slo/README.md`` has the tables and the reading (large SLOs keep a hot key on its
 instance while its queue grows; migration moves few requests, since one must still be
 able to make the SLO on its alternative, counting the time it has already waited).
 """
@@ -81,7 +81,7 @@ class DualMapParams(PolicyParams):
         1.0,
         gt=0,
         description="TTFT SLO for keeping cache affinity and for migrating "
-        "queued requests, s (default from bench/dualmap_slo.md)",
+        "queued requests, s (default from bench/dualmap_slo/README.md)",
         json_schema_extra=matrix(),
     )
     window_s: float = Field(

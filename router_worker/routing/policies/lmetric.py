@@ -30,7 +30,7 @@ docs/algorithms.md, "lmetric"):
   of KV per 8k-token context). BS then matters once it is large against that fixed
   part, as it does for the engine, and the product still has no workload weight. The
   default, c = 1, is the value that measured best across the evaluation matrix on
-  goodput (bench/replay_report/; c = 0 and c ∈ {4 … 64} are rows of their own with
+  goodput (bench/replay/; c = 0 and c ∈ {4 … 64} are rows of their own with
   ``--ablations``): larger c kept more requests on their prefix's holders, which won
   TTFT at partial load but lost goodput where batches grow (the Azure code cells).
 

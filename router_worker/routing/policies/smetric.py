@@ -59,9 +59,9 @@ Why the parameters are what they are:
   without turn information, where strong local hits stand in for follow-ups and more of
   them move.
 
-The defaults were chosen on the whole evaluation matrix (``bench/bench_replay.py``); the
+The defaults were chosen on the whole evaluation matrix (``bench/replay/run.py``); the
 runs behind them, and the alternatives measured and rejected (first turns by estimated
-TTFT, decode interference in the estimate), are in bench/replay_report/ (HISTORY.md,
+TTFT, decode interference in the estimate), are in bench/replay/ (HISTORY.md,
 "SMetric's parameters").
 
 Estimated TTFT = P-token / prefill throughput; with a global KV tier

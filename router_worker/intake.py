@@ -144,7 +144,7 @@ def parse_json(raw: bytes) -> Any:
 def _holds_non_finite(document: Any) -> bool:
     """Whether a float in ``document`` is infinite (a literal like ``1e999``; the parser
     refuses NaN and Infinity). Iterative, and C-speed over long lists of one type: a
-    regular expression over the raw bytes was far slower (bench/intake_stall/README.md)."""
+    regular expression over the raw bytes was far slower."""
     stack = [document]
     while stack:
         value = stack.pop()

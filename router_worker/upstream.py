@@ -2,9 +2,9 @@
 
 Why not httpx's default transport: httpcore's pool walks every connection (and asks
 each idle one's socket whether it is readable) on every request and every release, so
-its cost per request grows with the number of open connections (measured:
-bench/router_overhead/README.md, "Upstream connection pool") — a router holding hundreds of
-streams would spend its time in the pool. This
+its cost per request grows with the number of open connections (measured: the upstream
+pool rows of bench/router_overhead/README.md) — a router holding hundreds of streams would
+spend its time in the pool. This
 transport keeps an idle stack per origin (O(1) acquire and release), parses responses
 with ``httptools`` (the C parser uvicorn uses) in an ``asyncio.Protocol`` and hands body
 chunks to httpx as they arrive, so SSE relays chunk by chunk.

@@ -1,24 +1,32 @@
-"""The cost rows of bench/router_overhead/run.py: non-streamed throughput through the router
-against enginesim direct, process CPU per request and per SSE chunk, and the in-process hot
-path (tokenize, hash, decide)."""
+"""The cost rows of the router overhead study (bench/router_overhead): non-streamed throughput
+through the router against enginesim direct, process CPU per request and per SSE chunk, the
+in-process hot path (tokenize, hash, decide), a traffic capture's cost, and the upstream
+connection pool's rate as open connections grow."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
+import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
+import httpx
 import numpy as np
 
 from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import Run, closed_loop, run_async, run_loop
-from bench.lib.processes import BenchStack
+from bench.lib.processes import REPO, BenchStack
 from bench.lib.stats import bucket_quantile, router_histograms
+from devharness import free_port, start_process, stop_process, wait_http
 
 
 def hot_path_rows() -> None:
     """Tokenize + hash + decide in-process (CPU time, no network): the stable figure."""
     from router_worker.routing import ClusterState, build_features, make_policy
+    from router_worker.routing.features import hash_blocks
     from router_worker.tokenization import Tokenizer
 
     print(
@@ -56,6 +64,15 @@ def hot_path_rows() -> None:
         tok, hashing, decide = timings / rounds * 1e6
         print(
             f"{chars:>12} {tok:>9.1f} {hashing:>7.1f} {decide:>7.1f} {tok + hashing + decide:>7.1f}"
+        )
+    ids_list = list(range(8192))
+    ids_array = np.array(ids_list, dtype=np.int64)
+    for name, ids_in in (("an array", ids_array), ("a Python list", ids_list)):
+        t0 = time.process_time()
+        for _ in range(500):
+            hash_blocks(ids_in, 16)
+        print(
+            f"block hashes of 8192 tokens from {name}: {(time.process_time() - t0) * 2000:.1f} µs"
         )
 
 
@@ -216,3 +233,70 @@ def throughput_rows(setup: BenchStack, args: argparse.Namespace) -> None:
         f"\n# load average at the end: {os.getloadavg()[0]:.1f} (other work on the machine "
         "competes for the same CPUs)"
     )
+
+
+async def trivial_app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The upstream of :func:`upstream_pool_rows`: ``/hold?s=N`` answers after N seconds
+    (a stream held open), anything else at once."""
+    if scope["type"] != "http":
+        return
+    if scope["path"] == "/hold":
+        await asyncio.sleep(float(scope["query_string"].decode().partition("=")[2] or 0))
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def upstream_pool_rows(duration: float) -> None:
+    """Requests per second one client gets, one at a time, while it holds N − 1 other
+    connections open: httpx's default transport (httpcore's pool) against FastTransport."""
+    from router_worker.upstream import FastTransport
+
+    port = free_port()
+    server = start_process(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "bench.lib.router_cost:trivial_app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        cwd=REPO,
+    )
+    url = f"http://127.0.0.1:{port}"
+    transports: dict[str, Callable[[], httpx.AsyncBaseTransport]] = {
+        "httpx default": lambda: httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None)
+        ),
+        "FastTransport": FastTransport,
+    }
+
+    async def rate(transport: httpx.AsyncBaseTransport, held: int) -> float:
+        async with httpx.AsyncClient(transport=transport, timeout=duration + 30) as client:
+            holds = [
+                asyncio.create_task(client.get(f"{url}/hold?s={duration + 5}")) for _ in range(held)
+            ]
+            await asyncio.sleep(1.0)  # the held connections open first
+            count, end = 0, time.perf_counter() + duration
+            while time.perf_counter() < end:
+                await client.get(url + "/")
+                count += 1
+            for task in holds:
+                task.cancel()
+            await asyncio.gather(*holds, return_exceptions=True)
+        return count / duration
+
+    try:
+        wait_http(url + "/", 30, process=server)
+        print(
+            "\nUpstream pool: requests/s one at a time beside N − 1 held connections "
+            f"({duration:g} s each)"
+        )
+        print(f"{'connections':>11} " + " ".join(f"{name:>14}" for name in transports))
+        for connections in (1, 32, 200):
+            rates = [asyncio.run(rate(make(), connections - 1)) for make in transports.values()]
+            print(f"{connections:>11} " + " ".join(f"{r:>14.0f}" for r in rates))
+    finally:
+        stop_process(server)

@@ -15,8 +15,8 @@ The chain is a polynomial hash over per-block digests, all mod 2**64::
 ``S_k = B**(k+1) * (S_(-1) + sum_(j<=k) B**-(j+1) * digest_j)`` (B is odd, so
 invertible mod 2**64), which numpy computes with one cumulative sum instead of
 a Python loop per block. Turning a Python list of ints into an array costs more
-than the hashing itself (bench/router_overhead/README.md, "Block hashing"); pass an array when
-you have one.
+than the hashing itself (the hot path rows of bench/router_overhead/README.md); pass an
+array when you have one.
 
 ``extend_chain(parent, tokens)`` continues a chain from any block hash; the KV
 index uses it to translate vLLM ``BlockStored`` events (which carry the token

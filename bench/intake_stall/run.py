@@ -165,7 +165,7 @@ def intake_alone(mib: int, tokenizer_path: str, repeat: int = 3) -> list[dict[st
     for prompt, tier, raw, path in cases:
         settings = IntakeSettings(path, DEFAULT_TEMPLATE, 16)
         take_in_with(raw, "completions", settings)  # loads the tokenizer once
-        best = None
+        best: dict[str, Any] | None = None
         for _ in range(repeat):
             started = time.perf_counter()
             intake = take_in_with(raw, "completions", settings)

@@ -1,9 +1,14 @@
-"""Settings for the test suite: the same as production settings, on Redis database 9 so tests
-never read or flush the keys of a running `make demo`."""
+"""Settings for the test suite: the same as production settings, on Redis database 9 (10 and up
+for parallel workers) so tests never read or flush the keys of a running `make demo`."""
 
 import os
 
-os.environ.setdefault("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/9")
+# Parallel test workers (pytest-xdist's gw0, gw1, ...) get one Redis database each (10, 11,
+# ...), as pytest-django gives each its own test database: Celery queues, channel groups and
+# routers' state never cross between workers.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+_REDIS_DB = 10 + int(_WORKER.removeprefix("gw")) if _WORKER.startswith("gw") else 9
+os.environ.setdefault("SWITCHYARD_REDIS_URL", f"redis://127.0.0.1:6379/{_REDIS_DB}")
 os.environ.setdefault("SWITCHYARD_CHANNEL_PREFIX", "switchyard-test:asgi")
 # A fixed key for tests only (production settings refuse to start without one).
 os.environ.setdefault("SWITCHYARD_SECRET_KEY", "switchyard-test-only-secret-key-never-deploy")
@@ -11,7 +16,7 @@ os.environ.setdefault("SWITCHYARD_SECRET_KEY", "switchyard-test-only-secret-key-
 # drills, on their own redis-server, run with them).
 os.environ.setdefault("SWITCHYARD_ROUTER_REDIS_ACL", "off")
 
-from .settings import *  # noqa: F403
+from .settings import *  # noqa: E402, F403  (after the environment defaults above)
 
 # Close connections at the end of each request/task so worker threads started by tests do
 # not hold the test database open at teardown.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +24,19 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--disable-dev-shm-usage",
 ]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
+    """Tests sharing one node id run as one on parallel workers: stop before running any
+    (the tests marked ``single_process`` run in a pytest of their own)."""
+    twice = sorted(nodeid for nodeid, n in Counter(ids).items() if n > 1)
+    if twice:
+        pytest.exit(
+            f"{len(twice)} node ids name several tests, which parallel workers would run once"
+            f" (mark them single_process): {twice[:3]}",
+            returncode=pytest.ExitCode.USAGE_ERROR,
+        )
 
 
 @pytest.fixture(scope="session")

@@ -58,6 +58,7 @@ def admin_token(world, users) -> str:
     return plaintext
 
 
+@pytest.mark.single_process
 @pytest.mark.django_db
 @schema.parametrize()
 @settings(max_examples=MAX_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))

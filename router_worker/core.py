@@ -58,10 +58,10 @@ from router_worker.routing import (
     Decision,
     HotspotEvent,
     NoEligibleInstanceError,
-    QueuedRequest,
     RequestFeatures,
     RequestLifecycle,
     RetryVerdict,
+    choose_migrations,
     session_key_from_request,
 )
 from router_worker.routing.lifecycle import Phase, engine_refused
@@ -289,20 +289,8 @@ class RouterCore:
         """Ask the policy to move requests queued on the instances ``plan``'s decision
         named; signal each one to move (its proxy task re-sends it)."""
         arm = plan.arm
-        names = {plan.instance, *plan.decision.details.get("candidates", ())}
-        queued = [
-            QueuedRequest(
-                p.features,
-                p.instance,
-                p.life.current.dispatched_at or now,
-                p.life.current.uncached_tokens,
-                tuple(p.decision.details.get("candidates", ())),
-                p.mover is not None and p.life.movable,
-            )
-            for p in self._queued.values()
-            if p.arm is arm and p.instance in names
-        ]
-        for move in arm.policy.migrations(arm.view, queued, now):
+        waiting = [p.life for p in self._queued.values() if p.arm is arm]
+        for move in choose_migrations(plan.life, waiting, self._movable, arm.view, now):
             moved = self._queued.pop(move.request_id, None)
             if moved is None or moved.mover is None:
                 continue
@@ -316,6 +304,10 @@ class RouterCore:
                 move.target,
                 move.benefit_s,
             )
+
+    def _movable(self, life: RequestLifecycle) -> bool:
+        plan = self._queued.get(life.request_id)
+        return plan is not None and plan.mover is not None
 
     def _observe_plan(self, plan: Plan) -> None:
         metrics = self.metrics

@@ -69,9 +69,9 @@ from router_worker.routing import (
     GlobalTier,
     Health,
     NoEligibleInstanceError,
-    QueuedRequest,
     RequestLifecycle,
     build_features,
+    choose_migrations,
     make_policy,
 )
 from router_worker.routing import kv_events as router_events
@@ -256,8 +256,6 @@ class _Flight:
     slot: int = -1
     estimated_uncached: int = 0
     router: int = 0  # which router took it (the one that accounts and retries it)
-    dispatch_s: float = 0.0
-    candidates: tuple[str, ...] = ()  # what its decision named (kept for migrating policies)
 
 
 @dataclass
@@ -454,10 +452,7 @@ class Simulator:
         predicted = decision.details.get("predicted_ttft_s")
         if predicted is not None and flight.life.attempt_count == 1:
             flight.result.predicted_ttft_s = float(predicted)
-        migrates = self.routers[flight.router].policy.migrates
-        if migrates:
-            flight.candidates = tuple(decision.details.get("candidates", ()))
-        if self._send(flight, tokens) and migrates:
+        if self._send(flight, tokens) and self.routers[flight.router].policy.migrates:
             self._migrate_from(flight.router, flight)
 
     def _send(self, flight: _Flight, tokens: np.ndarray | None) -> bool:
@@ -468,7 +463,6 @@ class Simulator:
         result.attempts = flight.life.attempt_count
         uncached = flight.life.dispatch(self.now)
         flight.slot, flight.estimated_uncached = slot, uncached
-        flight.dispatch_s = self.now
         result.instance = instance_id
         self.flights[result.id] = flight
         engine = self.instances[slot].engine
@@ -496,28 +490,27 @@ class Simulator:
     # ----------------------------------------------------------------- migrations
 
     def _migrate_from(self, router_index: int, flight: _Flight) -> None:
-        """After a dispatch: ask the policy to move requests queued on the instances its
-        decision named (the chosen one and the candidates it passed over); carry it out."""
+        """After a dispatch: the moves the policy makes among the requests queued on the
+        instances its decision named (``choose_migrations``); carry them out."""
         router = self.routers[router_index]
-        slots = {flight.slot, *(self.ids.index(c) for c in flight.candidates)}
-        movable: set[str] = set()
-        for slot in slots:
-            engine = self.instances[slot].engine
+        unscheduled: set[str] = set()
+        for name in flight.life.named_instances:
+            engine = self.instances[self.ids.index(name)].engine
             if engine is not None:
-                movable |= engine.unscheduled_ids()
-        queued = [
-            QueuedRequest(
-                f.life.features,
-                self.ids[f.slot],
-                f.dispatch_s,
-                f.estimated_uncached,
-                f.candidates,
-                f.result.id in movable and f.life.movable,
-            )
+                unscheduled |= engine.unscheduled_ids()
+        waiting = [
+            f.life
             for f in self.flights.values()
-            if f.slot in slots and f.router == router_index and f.result.first_token_s is None
+            if f.router == router_index and f.result.first_token_s is None
         ]
-        for move in router.policy.migrations(router.state.view(), queued, self.now):
+        moves = choose_migrations(
+            flight.life,
+            waiting,
+            lambda life: life.request_id in unscheduled,
+            router.state.view(),
+            self.now,
+        )
+        for move in moves:
             moved = self.flights.get(move.request_id)
             if moved is None:
                 continue

@@ -56,6 +56,7 @@ from router_worker.routing.lifecycle import (
     Phase,
     RequestLifecycle,
     RetryVerdict,
+    choose_migrations,
 )
 from router_worker.routing.policies import (
     DESCRIPTIONS,
@@ -102,6 +103,7 @@ __all__ = [
     "RoutingPolicy",
     "UnknownRequestError",
     "build_features",
+    "choose_migrations",
     "decode_kv_event_batch",
     "encode_kv_event_batch",
     "extend_chain",

@@ -26,10 +26,16 @@ the retry.
 
 ``attempt_count`` is what both drivers report as a request's attempts: every attempt
 routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
+
+Migration (policies that set ``migrates``): after a dispatch, :func:`choose_migrations`
+shows the policy the driver's requests queued on the instances the decision named and
+returns the moves; the driver carries each one out (takes the attempt back, then
+:meth:`RequestLifecycle.migrate`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -38,7 +44,13 @@ import numpy as np
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterState, ClusterView
-from router_worker.routing.policies.base import Decision, NoEligibleInstanceError, RoutingPolicy
+from router_worker.routing.policies.base import (
+    Decision,
+    Migration,
+    NoEligibleInstanceError,
+    QueuedRequest,
+    RoutingPolicy,
+)
 
 # A request answered with a 5xx by this many instances is taken for the cause (an input
 # that trips an engine bug): no more retries.
@@ -106,6 +118,43 @@ class RetryVerdict:
         return self.why in ("retry", "no_instance")
 
 
+def choose_migrations(
+    decided: RequestLifecycle,
+    waiting: Iterable[RequestLifecycle],
+    can_take_back: Callable[[RequestLifecycle], bool],
+    view: ClusterView,
+    now: float,
+) -> list[Migration]:
+    """The moves ``decided``'s (migrating) policy makes once ``decided``'s attempt was
+    dispatched. The policy is shown the requests of ``waiting`` (the driver's own
+    dispatched requests without a first token, in the driver's order, ``decided`` among
+    them) queued on the instances ``decided``'s decision named; each is ``movable`` if the
+    driver ``can_take_back`` its attempt (the simulator: the engine has not admitted it;
+    the live router: no byte came back) and the lifecycle allows one more attempt. Pure:
+    both drivers call it and carry out what it returns."""
+    names = decided.named_instances
+    queued = []
+    for life in waiting:
+        attempt = life.current
+        if attempt.instance not in names:
+            continue
+        queued.append(
+            QueuedRequest(
+                life.features,
+                attempt.instance,
+                now if attempt.dispatched_at is None else attempt.dispatched_at,
+                attempt.uncached_tokens,
+                _candidates(life.decision),
+                can_take_back(life) and life.movable,
+            )
+        )
+    return list(decided.policy.migrations(view, queued, now))
+
+
+def _candidates(decision: Decision | None) -> tuple[str, ...]:
+    return () if decision is None else tuple(decision.details.get("candidates", ()))
+
+
 class _ExcludingView:
     """A view whose ``eligible`` leaves out some slots; everything else is the base view's."""
 
@@ -148,6 +197,21 @@ class RequestLifecycle:
     @property
     def failed_instances(self) -> list[str]:
         return [a.instance for a in self.attempts if a.phase is Phase.FAILED]
+
+    @property
+    def decision(self) -> Decision | None:
+        """The last decision the policy made for this request (the first try's or a
+        retry's; a migration's target is the policy's choice but no decision)."""
+        for attempt in reversed(self.attempts):
+            if attempt.decision is not None:
+                return attempt.decision
+        return None
+
+    @property
+    def named_instances(self) -> set[str]:
+        """The current attempt's instance and the candidates the last decision named (the
+        instances a migrating policy looks at after this request's dispatch)."""
+        return {self.current.instance, *_candidates(self.decision)}
 
     @property
     def decisions(self) -> int:

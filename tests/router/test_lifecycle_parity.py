@@ -17,17 +17,20 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Coroutine, Iterator, MutableMapping
+from collections.abc import Callable, Coroutine, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 import enginesim.replay.simulator as simulator_module
+import router_worker.core as core_module
 import router_worker.peers as peers_module
+import router_worker.routing.lifecycle as lifecycle_module
 from devharness import stop_process, wait_until, wait_until_async
 from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord
@@ -49,7 +52,21 @@ from router_worker.peers import (
     encode_batch,
 )
 from router_worker.proxy import DisconnectWatch, Proxy
-from router_worker.routing import Phase, RequestLifecycle, RetryVerdict, peer_accounting
+from router_worker.routing import (
+    Attempt,
+    ClusterState,
+    ClusterView,
+    Decision,
+    Migration,
+    Phase,
+    QueuedRequest,
+    RequestLifecycle,
+    RetryVerdict,
+    build_features,
+    choose_migrations,
+    peer_accounting,
+)
+from router_worker.routing.policies.round_robin import RoundRobinPolicy
 from router_worker.stages import StageClock
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport, Target, Upstream
@@ -546,3 +563,93 @@ def test_both_drivers_apply_peers_requests_through_one_helper(monkeypatch):
     assert sorted(calls["replay"]) == sorted(calls["live"] * 2)
     for router in sim.routers:
         assert router.state.in_flight.sum() == 0 and router.state.pending.sum() == 0
+
+
+# ----------------------------------------------------------------- the migration choice
+
+
+class Recording(RoundRobinPolicy):
+    """A migrating policy that notes what it is shown and moves every movable request to
+    ``target``."""
+
+    migrates = True
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+        self.shown: list[list[QueuedRequest]] = []
+
+    def migrations(
+        self, view: ClusterView, queued: Sequence[QueuedRequest], now: float
+    ) -> list[Migration]:
+        self.shown.append(list(queued))
+        return [
+            Migration(q.features.request_id, q.instance_id, self.target, 1.0)
+            for q in queued
+            if q.movable
+        ]
+
+
+def test_the_migration_choice_shows_the_policy_the_queues_the_decision_named():
+    """``choose_migrations``: the requests waiting on the instances the last decision
+    named (chosen one and candidates), in the driver's order, movable only if the driver
+    can take them back and the lifecycle allows another attempt."""
+    state = ClusterState(block_size=16)
+    for name in ("i0", "i1", "i2"):
+        state.add_instance(name)
+    policy = Recording("i2")
+    lives = []
+    for k, (instance, candidates) in enumerate([("i0", ()), ("i2", ()), ("i1", ("i0", "i1"))]):
+        features = build_features(f"r{k}", list(range(32)), 0.0, block_size=16)
+        life = RequestLifecycle(features, policy, state, max_attempts=2)
+        decision = Decision(instance, 0, "score", 0, (), np.zeros(3), {"candidates": candidates})
+        life.attempts.append(Attempt(instance, decision, "first", 0.0))
+        life.dispatch(float(k))
+        lives.append(life)
+    moves = choose_migrations(
+        lives[2], lives, lambda life: life.request_id != "r2", state.view(), 5.0
+    )
+    (shown,) = policy.shown
+    assert [(q.features.request_id, q.instance_id, q.dispatch_time) for q in shown] == [
+        ("r0", "i0", 0.0),
+        ("r2", "i1", 2.0),
+    ]
+    assert [q.movable for q in shown] == [True, False]  # r2: the driver cannot take it back
+    assert shown[1].candidates == ("i0", "i1") and shown[0].uncached_tokens == 32
+    assert [(m.request_id, m.source, m.target) for m in moves] == [("r0", "i0", "i2")]
+    lives[0].migrate("i2", 5.0)
+    lives[0].dispatch(5.0)
+    # a migrated request keeps its last decision's candidates, and is out of attempts
+    policy.shown.clear()
+    choose_migrations(lives[2], lives, lambda life: True, state.view(), 6.0)
+    assert [(q.features.request_id, q.movable) for q in policy.shown[0]] == [("r2", True)]
+    assert lives[0].decision is lives[0].attempts[0].decision
+
+
+def test_both_drivers_choose_migrations_through_one_function(monkeypatch):
+    calls: dict[str, list[str]] = {"live": [], "replay": []}
+
+    def recording(driver: str, module: Any) -> None:
+        assert module.choose_migrations is lifecycle_module.choose_migrations  # no copy
+
+        def wrapped(decided: RequestLifecycle, *args: Any) -> Any:
+            calls[driver].append(decided.request_id)
+            return lifecycle_module.choose_migrations(decided, *args)
+
+        monkeypatch.setattr(module, "choose_migrations", wrapped)
+
+    recording("live", core_module)
+    recording("replay", simulator_module)
+    # replay: dualmap moves requests off a hot instance
+    config = SimConfig(
+        instances=4, scrape_interval_s=0.5, policy_params={"dualmap": {"slo_ttft_s": 1.0}}
+    )
+    result = Simulator(hotspot(), "dualmap", config).run()
+    assert result.migrations > 0 and len(calls["replay"]) >= len(result.requests)
+    # live: a dispatch of a request the proxy can still take back asks the policy
+    core = make_core(NO_ENGINES, "dualmap")
+    plan = make_call(core, stream=True).plan
+    plan.mover = lambda: None
+    core.begin_attempt(plan)
+    core.account_dispatch(plan)
+    assert calls["live"] == [plan.request_id]

@@ -75,7 +75,7 @@ from router_worker.routing import (
     make_policy,
 )
 from router_worker.routing import kv_events as router_events
-from router_worker.routing.lifecycle import Attempt
+from router_worker.routing.lifecycle import Attempt, LifecycleObserver, Phase
 from router_worker.routing.peer_accounting import (
     apply_peer_dispatch,
     apply_peer_end,
@@ -264,6 +264,12 @@ class _Router:
 
     state: ClusterState
     policy: Any
+    peer_reports: _PeerReports | None = None  # set with replica sync
+
+    @property
+    def observers(self) -> tuple[LifecycleObserver, ...]:
+        """What this router attaches to its requests' lifecycles."""
+        return () if self.peer_reports is None else (self.peer_reports,)
 
 
 @dataclass
@@ -312,6 +318,9 @@ class Simulator:
             _Router(self._new_state(), make_policy(policy, params, seed=config.seed + k))
             for k in range(config.routers)
         ]
+        if config.replica_sync and config.routers > 1:
+            for k, router in enumerate(self.routers):
+                router.peer_reports = _PeerReports(self, k)
         self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
         self.flights: dict[str, _Flight] = {}
@@ -415,7 +424,11 @@ class Simulator:
         index = self._balance(record)
         router = self.routers[index]
         life = RequestLifecycle(
-            features, router.policy, router.state, max_attempts=self.config.max_attempts
+            features,
+            router.policy,
+            router.state,
+            max_attempts=self.config.max_attempts,
+            observers=router.observers,
         )
         self._dispatch(_Flight(record, life, result, router=index), tokens)
         if self.progress is not None:
@@ -456,15 +469,11 @@ class Simulator:
             self._migrate_from(flight.router, flight)
 
     def _send(self, flight: _Flight, tokens: np.ndarray | None) -> bool:
-        """Account the current attempt and add it to its engine; False if rejected."""
-        result = flight.result
-        instance_id = flight.life.current.instance
+        """Add the current attempt to its engine and account it; False if rejected."""
+        result, life = flight.result, flight.life
+        instance_id = life.current.instance
         slot = self.ids.index(instance_id)
-        result.attempts = flight.life.attempt_count
-        uncached = flight.life.dispatch(self.now)
-        flight.slot, flight.estimated_uncached = slot, uncached
-        result.instance = instance_id
-        self.flights[result.id] = flight
+        result.attempts = life.attempt_count
         engine = self.instances[slot].engine
         assert engine is not None  # a down instance is never eligible
         try:
@@ -472,18 +481,18 @@ class Simulator:
                 tokens = synthesize_tokens(flight.record)
             engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
         except EngineRequestError:  # vLLM answers 400: the router sees an error
-            flight.life.reject(self.now)
-            del self.flights[result.id]
+            # The refusal comes before the router could tell its peers: they never hear.
+            life.observers = ()
+            life.dispatch(self.now)
+            life.reject(self.now)
+            result.instance = instance_id
             self._end(flight, "rejected")
             return False
+        uncached = life.dispatch(self.now)
+        flight.slot, flight.estimated_uncached = slot, uncached
+        result.instance = instance_id
+        self.flights[result.id] = flight
         self.true_pending[slot] += uncached
-        self._to_peers(
-            flight,
-            self._apply_peer_dispatch,
-            flight,
-            instance_id,
-            flight.life.features.prompt_tokens - uncached,
-        )
         self._engine_touched(slot)
         return True
 
@@ -529,7 +538,6 @@ class Simulator:
         self._advance(source)  # takes the abort's output (ignored: not in flight) and re-arms
         flight.life.migrate(self.ids[target], self.now)
         self.true_pending[source] -= flight.estimated_uncached
-        self._to_peers(flight, self._apply_peer_end, flight)
         self.migrations += 1
         self.reasons["migration"] = self.reasons.get("migration", 0) + 1
         self._send(flight, None)
@@ -585,7 +593,9 @@ class Simulator:
             result.status = "ok" if output.finish_reason == "length" else "failed"
             del self.flights[result.id]
             self._telemetry(output.finish_time, self._apply_finish, flight, flight.life.current)
-            self._to_peers(flight, self._apply_peer_end, flight)
+            reports = self.routers[flight.router].peer_reports
+            if reports is not None:
+                reports.engine_finished(flight.life)
 
     def _on_first_token(self, flight: _Flight, output: Any) -> None:
         result = flight.result
@@ -597,7 +607,9 @@ class Simulator:
         self._telemetry(
             output.first_token_time, self._apply_first_token, flight, flight.life.current
         )
-        self._to_peers(flight, self._apply_peer_first_token, flight)
+        reports = self.routers[flight.router].peer_reports
+        if reports is not None:
+            reports.engine_first_token(flight.life)
 
     # ----------------------------------------------------------------- telemetry
 
@@ -625,31 +637,27 @@ class Simulator:
         result = flight.result
         flight.life.finish(now, result.output_tokens, ok=result.status == "ok", attempt=attempt)
 
-    def _to_peers(self, flight: _Flight, apply: Callable[..., None], *args: Any) -> None:
-        if self.config.replica_sync and len(self.routers) > 1:
-            self._after(self.config.replica_sync_delay_s, self.now, apply, *args)
-
-    def _peers(self, flight: _Flight) -> list[_Router]:
-        return [r for k, r in enumerate(self.routers) if k != flight.router]
-
     def _apply_peer_dispatch(
-        self, now: float, flight: _Flight, instance_id: str, cached_tokens: int
+        self, now: float, router: int, features: Any, instance_id: str, cached_tokens: int
     ) -> None:
         # A report delayed past the instance's death is dropped (as delayed scrapes and KV
         # events are): the death already cleared the slot in every router's view.
         if not self._is_up(self.ids.index(instance_id)):
             return
-        for router in self._peers(flight):
-            apply_peer_dispatch(router.state, flight.life.features, instance_id, now, cached_tokens)
+        for peer in self._peers(router):
+            apply_peer_dispatch(peer.state, features, instance_id, now, cached_tokens)
 
-    def _apply_peer_first_token(self, now: float, flight: _Flight) -> None:
-        for router in self._peers(flight):
-            apply_peer_first_token(router.state, flight.result.id, now)
+    def _apply_peer_first_token(self, now: float, router: int, request_id: str) -> None:
+        for peer in self._peers(router):
+            apply_peer_first_token(peer.state, request_id, now)
 
-    def _apply_peer_end(self, now: float, flight: _Flight) -> None:
+    def _apply_peer_end(self, now: float, router: int, request_id: str) -> None:
         """A peer's request ended (finished, failed or moved)."""
-        for router in self._peers(flight):
-            apply_peer_end(router.state, flight.result.id, now)
+        for peer in self._peers(router):
+            apply_peer_end(peer.state, request_id, now)
+
+    def _peers(self, router: int) -> list[_Router]:
+        return [r for k, r in enumerate(self.routers) if k != router]
 
     def _forward_kv_events(self, slot: int, events: list[Any]) -> None:
         batch = router_events.KVEventBatch(self.now, tuple(_to_router_event(e) for e in events))
@@ -733,7 +741,6 @@ class Simulator:
             verdict = flight.life.fail(
                 view, self.now, "instance_down", first_byte=result.first_token_s is not None
             )
-            self._to_peers(flight, self._apply_peer_end, flight)
             if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
             if verdict.attempt is not None:
@@ -796,6 +803,42 @@ class Simulator:
             for key, value in traffic.to_json().items():
                 setattr(total, key, getattr(total, key) + value)
         result.tier = total
+
+
+class _PeerReports(LifecycleObserver):
+    """What one router tells its peers of its own requests (``replica_sync``): each
+    dispatch, first token and end, applied to every other router's state through
+    ``peer_accounting`` ``replica_sync_delay_s`` later, as the live routers' peer channel
+    does. Dispatches, migrations and failures reach it as lifecycle transitions. The
+    engine's first token and finish are reported as the engine emits them
+    (:meth:`engine_first_token`, :meth:`engine_finished`): this router relays the stream
+    at once, while its own accounting of them waits ``telemetry_delay_s``."""
+
+    __slots__ = ("router", "sim")
+
+    def __init__(self, sim: Simulator, router: int) -> None:
+        self.sim = sim
+        self.router = router
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        cached = life.features.prompt_tokens - attempt.uncached_tokens
+        self._report(
+            self.sim._apply_peer_dispatch, self.router, life.features, attempt.instance, cached
+        )
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        if attempt.phase is not Phase.FINISHED:  # a finish: engine_finished
+            self._report(self.sim._apply_peer_end, self.router, life.request_id)
+
+    def engine_first_token(self, life: RequestLifecycle) -> None:
+        self._report(self.sim._apply_peer_first_token, self.router, life.request_id)
+
+    def engine_finished(self, life: RequestLifecycle) -> None:
+        self._report(self.sim._apply_peer_end, self.router, life.request_id)
+
+    def _report(self, apply: Callable[..., None], *args: Any) -> None:
+        sim = self.sim
+        sim._after(sim.config.replica_sync_delay_s, sim.now, apply, *args)
 
 
 def _to_router_event(event: Any) -> Any:

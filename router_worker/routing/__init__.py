@@ -53,6 +53,7 @@ from router_worker.routing.kvindex import GlobalTier, KVIndex
 from router_worker.routing.lifecycle import (
     Attempt,
     IllegalTransition,
+    LifecycleObserver,
     Phase,
     RequestLifecycle,
     RetryVerdict,
@@ -92,6 +93,7 @@ __all__ = [
     "KVEventBatch",
     "KVEventDecodeError",
     "KVIndex",
+    "LifecycleObserver",
     "Migration",
     "NoEligibleInstanceError",
     "Phase",

@@ -27,6 +27,11 @@ the retry.
 ``attempt_count`` is what both drivers report as a request's attempts: every attempt
 routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
 
+Observers: a driver attaches what it does besides the accounting (the live router: its
+peers, metrics, telemetry, decision capture; the simulator: its peers' accounting) as
+:class:`LifecycleObserver` objects; the lifecycle tells them of each transition once,
+after its own accounting and feedback.
+
 Migration (policies that set ``migrates``): after a dispatch, :func:`choose_migrations`
 shows the policy the driver's requests queued on the instances the decision named and
 returns the moves; the driver carries each one out (takes the attempt back, then
@@ -101,6 +106,37 @@ class Attempt:
     @property
     def open(self) -> bool:
         return self.phase in OPEN
+
+
+class LifecycleObserver:
+    """Told of a request's transitions, each once, after the lifecycle's own accounting
+    (except :meth:`sending`). Every hook is optional: these do nothing. The attempt
+    carries the times (``routed_at``, ``dispatched_at``, ``first_token_at``,
+    ``ended_at``)."""
+
+    __slots__ = ()
+
+    def routed(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """The policy decided ``attempt`` (the first try or a retry)."""
+
+    def sending(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt`` was sent and is about to be accounted: the indicators are still
+        those it was decided on."""
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt`` was sent and accounted (``uncached_tokens`` set)."""
+
+    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt``'s first token was accounted."""
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt``, once dispatched, ended: its ``phase`` says how (finished, failed,
+        abandoned, migrated, rejected). An attempt that ends before it was sent (a
+        connection refused) was never dispatched, and is not reported."""
+
+    def closed(self, life: RequestLifecycle, outcome: Any) -> None:
+        """The driver is done with the request (:meth:`RequestLifecycle.close`);
+        ``outcome`` is the driver's account of how it ended for its client."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,6 +218,11 @@ class RequestLifecycle:
     max_attempts: int = 3
     attempts: list[Attempt] = field(default_factory=list)
     answered_5xx: list[str] = field(default_factory=list)
+    observers: tuple[LifecycleObserver, ...] = ()
+    # Whatever the driver keeps of the request beside the lifecycle, for its observers
+    # (the live router's Plan).
+    context: Any = None
+    closed_at: float | None = None
 
     # ----- queries ------------------------------------------------------------------
     @property
@@ -253,11 +294,15 @@ class RequestLifecycle:
     def dispatch(self, now: float) -> int:
         """The current attempt was sent: account it; returns its uncached prompt tokens."""
         attempt = self._expect(Phase.ROUTED, "dispatch")
+        for observer in self.observers:
+            observer.sending(self, attempt)
         cached = attempt.decision.cached_tokens if attempt.decision is not None else None
         attempt.uncached_tokens = self.state.on_dispatch(
             self.features, attempt.instance, now, cached_tokens=cached
         )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
+        for observer in self.observers:
+            observer.dispatched(self, attempt)
         return attempt.uncached_tokens
 
     def first_token(self, now: float, ttft: float, attempt: Attempt | None = None) -> bool:
@@ -274,6 +319,8 @@ class RequestLifecycle:
         if self.state.is_in_flight(self.request_id):
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
+        for observer in self.observers:
+            observer.first_token(self, attempt)
         return True
 
     def finish(
@@ -289,6 +336,7 @@ class RequestLifecycle:
         self._close(attempt, Phase.FINISHED, now, error=False)
         if ok and output_tokens > 0:  # 0: the engine reported no usage
             self.policy.observe_finish(self.features, attempt.instance, output_tokens, now)
+        self._ended(attempt)
         return True
 
     def abandon(self, now: float) -> None:
@@ -339,10 +387,10 @@ class RequestLifecycle:
                 f"request {self.request_id}: failed while {attempt.phase.value}"
             )
         streamed = first_byte or attempt.phase is Phase.FIRST_TOKEN
-        self._close(attempt, Phase.FAILED, now, error=True)
         attempt.error = kind
         if kind == "http_5xx":
             self.answered_5xx.append(attempt.instance)
+        self._close(attempt, Phase.FAILED, now, error=True)
         if streamed:
             return RetryVerdict(False, "first_byte")
         if final:
@@ -356,6 +404,17 @@ class RequestLifecycle:
         except NoEligibleInstanceError:
             return RetryVerdict(False, "no_instance")
 
+    def close(self, now: float, outcome: Any = None) -> bool:
+        """The driver is done with the request (answered, or given up): observers'
+        ``closed`` hear of it with ``outcome``. The attempts are the driver's to end first.
+        False: it was closed already (nothing is reported twice)."""
+        if self.closed_at is not None:
+            return False
+        self.closed_at = now
+        for observer in self.observers:
+            observer.closed(self, outcome)
+        return True
+
     # ----- internals ------------------------------------------------------------------
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances
@@ -365,6 +424,8 @@ class RequestLifecycle:
         decision = self.policy.decide(self.features, view, now)
         attempt = Attempt(decision.instance_id, decision, reason, now)
         self.attempts.append(attempt)
+        for observer in self.observers:
+            observer.routed(self, attempt)
         return attempt
 
     def _expect(self, phase: Phase, what: str) -> Attempt:
@@ -376,12 +437,20 @@ class RequestLifecycle:
         return attempt
 
     def _close(self, attempt: Attempt, phase: Phase, now: float, *, error: bool) -> None:
-        """End ``attempt``; its indicators go if it was dispatched (exactly once)."""
-        was_dispatched = attempt.phase is not Phase.ROUTED
-        attempt.phase, attempt.ended_at = phase, now
-        if not was_dispatched or not self.state.is_in_flight(self.request_id):
+        """End ``attempt``; its indicators go if it was dispatched (exactly once), and the
+        observers hear of it (after the feedback of a finish)."""
+        if attempt.phase is Phase.ROUTED:
+            attempt.phase, attempt.ended_at = phase, now
             return
-        if error:
-            self.state.on_error(self.request_id, now)
-        else:
-            self.state.on_finish(self.request_id, now)
+        attempt.phase, attempt.ended_at = phase, now
+        if self.state.is_in_flight(self.request_id):
+            if error:
+                self.state.on_error(self.request_id, now)
+            else:
+                self.state.on_finish(self.request_id, now)
+        if phase is not Phase.FINISHED:
+            self._ended(attempt)
+
+    def _ended(self, attempt: Attempt) -> None:
+        for observer in self.observers:
+            observer.ended(self, attempt)

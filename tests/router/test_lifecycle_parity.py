@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 import enginesim.replay.simulator as simulator_module
-import router_worker.core as core_module
+import router_worker.observers as observers_module
 import router_worker.peers as peers_module
 import router_worker.routing.lifecycle as lifecycle_module
 from devharness import stop_process, wait_until, wait_until_async
@@ -36,7 +36,7 @@ from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord
 from router_worker.access import Detail
 from router_worker.config import parse_config
-from router_worker.core import Plan, RouterCore
+from router_worker.core import RouterCore
 from router_worker.intake import Endpoint, take_in
 from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
@@ -51,12 +51,14 @@ from router_worker.peers import (
     channel_for,
     encode_batch,
 )
-from router_worker.proxy import DisconnectWatch, Proxy
+from router_worker.plan import Plan
+from router_worker.proxy import DisconnectWatch, Exchange, Proxy
 from router_worker.routing import (
     Attempt,
     ClusterState,
     ClusterView,
     Decision,
+    LifecycleObserver,
     Migration,
     Phase,
     QueuedRequest,
@@ -234,7 +236,7 @@ def serve(
         watch = DisconnectWatch(receive, task)
         try:
             await proxy._dispatch(
-                call.plan, call.path, call.raw, call.stream, {}, send, watch, Detail.ROUTE
+                Exchange(call.plan, call.path, call.raw, call.stream, [], send, watch, Detail.ROUTE)
             )
         finally:
             watch.stop()
@@ -350,11 +352,12 @@ def test_an_engines_refusal_is_a_rejected_attempt_live_and_in_replay(engines, re
 
 def test_a_retry_and_a_migration_are_attempts_live(engines):
     """The first attempt's connection is refused (``kill``): a retry. The retry waits on an
-    engine that has not answered (``hang``) and is moved as the core moves a queued request
-    its policy names (``RouterCore._migrate_around``: the plan's ``mover`` called with
-    ``migrate_to`` set; tests/router/test_migration.py has dualmap decide a move itself).
+    engine that has not answered (``hang``) and is moved as the migration registry moves a
+    queued request its policy names (``observers.Migrations``: the plan's ``mover`` called
+    with ``migrate_to`` set; tests/router/test_migration.py has dualmap decide a move itself).
     The migration target serves the stream."""
     core = make_core(engines.instances(), "dualmap")  # migrates: streamed attempts movable
+    queued = core.migrations.queued
     call = make_call(core, stream=True)
     first = call.plan.instance
     others = [name for name in core.health.instances if name != first]
@@ -366,13 +369,13 @@ def test_a_retry_and_a_migration_are_attempts_live(engines):
 
         async def migrate(plan: Plan) -> None:
             await wait_until_async(
-                lambda: plan.attempts == 2 and plan.request_id in core._queued, 10, "the retry"
+                lambda: plan.attempts == 2 and plan.request_id in queued, 10, "the retry"
             )
             (target,) = (name for name in others if name != plan.instance)
             moved[:] = [plan.instance, target]
             await asyncio.to_thread(fault, target, "recover")
-            # the core's migration registry holds the retry as movable
-            assert core._queued.pop(plan.request_id) is plan and plan.life.movable
+            # the migration registry holds the retry as movable
+            assert queued.pop(plan.request_id) is plan and plan.life.movable
             mover, plan.mover, plan.migrate_to = plan.mover, None, target
             assert mover is not None
             mover()
@@ -433,13 +436,13 @@ def test_a_retry_with_no_instance_left_adds_no_attempt_live_and_in_replay(
     # the count alone
     core = make_core(engines.instances()[:1])
     verdicts: list[RetryVerdict] = []
-    fail_attempt = core.fail_attempt
+    fail = Plan.fail
 
     def noting(*args: Any, **kwargs: Any) -> RetryVerdict:
-        verdicts.append(fail_attempt(*args, **kwargs))
+        verdicts.append(fail(*args, **kwargs))
         return verdicts[-1]
 
-    monkeypatch.setattr(core, "fail_attempt", noting)
+    monkeypatch.setattr(Plan, "fail", noting)
     call = make_call(core)
     with faults(engines) as fault:
         fault("i0", "kill")
@@ -495,13 +498,13 @@ def test_the_first_token_is_accounted_once_from_the_lifecycles_phase(engines, mo
     ones do; the first token is accounted once."""
     core = make_core(engines.instances())
     calls: list[str] = []
-    first_token = core.first_token
+    first_token = Plan.first_token
 
     def noting(plan: Plan) -> None:
         calls.append(plan.request_id)
         first_token(plan)
 
-    monkeypatch.setattr(core, "first_token", noting)
+    monkeypatch.setattr(Plan, "first_token", noting)
     call = make_call(core, stream=True, chat=True)
     served = serve(core, call)
     assert served.status == 200
@@ -638,7 +641,7 @@ def test_both_drivers_choose_migrations_through_one_function(monkeypatch):
 
         monkeypatch.setattr(module, "choose_migrations", wrapped)
 
-    recording("live", core_module)
+    recording("live", observers_module)
     recording("replay", simulator_module)
     # replay: dualmap moves requests off a hot instance
     config = SimConfig(
@@ -650,6 +653,131 @@ def test_both_drivers_choose_migrations_through_one_function(monkeypatch):
     core = make_core(NO_ENGINES, "dualmap")
     plan = make_call(core, stream=True).plan
     plan.mover = lambda: None
-    core.begin_attempt(plan)
-    core.account_dispatch(plan)
+    plan.sent()
     assert calls["live"] == [plan.request_id]
+
+
+# ----------------------------------------------------------------- observers
+
+
+class Noted(LifecycleObserver):
+    """Notes each hook it is told of: (hook, instance, phase)."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, str]] = []
+
+    def _note(self, hook: str, attempt: Attempt) -> None:
+        self.heard.append((hook, attempt.instance, attempt.phase.value))
+
+    def routed(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("routed", attempt)
+
+    def sending(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("sending", attempt)
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("dispatched", attempt)
+
+    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("first_token", attempt)
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("ended", attempt)
+
+    def closed(self, life: RequestLifecycle, outcome: Any) -> None:
+        self.heard.append(("closed", str(outcome), ""))
+
+
+def test_the_lifecycle_tells_its_observers_each_transition_once():
+    """What both drivers' observers (the live router's peers, metrics, telemetry and
+    captures; the simulator's peer reports) rely on: each transition once, after the
+    accounting (``sending`` before it), late reports and second closes not at all."""
+    state = ClusterState(block_size=16)
+    for name in ("i0", "i1"):
+        state.add_instance(name)
+    noted = Noted()
+    features = build_features("r0", list(range(32)), 0.0, block_size=16)
+    policy = RoundRobinPolicy()
+    life = RequestLifecycle(features, policy, state, observers=(noted,))
+    first = life.route(state.view(), 0.0).instance
+    life.dispatch(0.1)
+    verdict = life.fail(state.view(), 0.2, "http_5xx")
+    assert verdict.attempt is not None
+    second = verdict.attempt.instance
+    life.dispatch(0.3)
+    life.migrate(first, 0.4)  # a migration is an attempt, not a decision: no "routed"
+    life.dispatch(0.5)
+    assert life.first_token(0.6, 0.6) and not life.first_token(0.7, 0.7, life.attempts[0])
+    assert life.finish(0.8, 4) and not life.finish(0.9, 4)
+    assert life.close(1.0, "served") and not life.close(1.1, "again")
+    assert noted.heard == [
+        ("routed", first, "routed"),
+        ("sending", first, "routed"),
+        ("dispatched", first, "dispatched"),
+        ("ended", first, "failed"),
+        ("routed", second, "routed"),
+        ("sending", second, "routed"),
+        ("dispatched", second, "dispatched"),
+        ("ended", second, "migrated"),
+        ("sending", first, "routed"),
+        ("dispatched", first, "dispatched"),
+        ("first_token", first, "first_token"),
+        ("ended", first, "finished"),
+        ("closed", "served", ""),
+    ]
+    # an attempt that fails before it was sent was never dispatched: no "ended"
+    noted.heard.clear()
+    life = RequestLifecycle(
+        build_features("r1", [1, 2], 0.0, block_size=16), policy, state, observers=(noted,)
+    )
+    life.route(state.view(), 2.0)
+    life.fail(state.view(), 2.1, "connect", final=True)
+    assert [hook for hook, *_ in noted.heard] == ["routed"]
+
+
+def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
+    engines, replay_lives, monkeypatch
+):
+    # live: the first instance answers with a 500, the next serves: peers hear the first
+    # dispatch end badly and the second end well
+    core = make_core(engines.instances())
+    core.peers = peers = listening_peers(core)
+    call = make_call(core, f"{PROMPT}{POISON}")
+    first = call.plan.instance
+    with faults(engines) as fault:
+        fault(first, "poison", match=POISON)
+        served = serve(core, call)
+    assert served.status == 200 and len(served.sent) == 2
+    second = served.sent[1]
+    assert published(peers) == [("d", first), ("e", False), ("d", second), ("e", True)]
+    assert any(isinstance(o, observers_module.PeerReports) for o in call.plan.life.observers)
+    # replay: two synced routers; an instance dies under them (failures, retries). Every
+    # dispatch and every end other than a finish reaches the peers through the hooks.
+    heard: list[tuple[str, str, str]] = []
+    reports = simulator_module._PeerReports
+    for hook in ("dispatched", "ended"):
+        original = getattr(reports, hook)
+
+        def noting(self: Any, life: RequestLifecycle, attempt: Attempt, *, _o=original, _h=hook):
+            heard.append((_h, life.request_id, attempt.phase.value))
+            _o(self, life, attempt)
+
+        monkeypatch.setattr(reports, hook, noting)
+    records = [TraceRecord(k, 0.05 * k, 3000, 40) for k in range(40)]
+    config = SimConfig(instances=3, routers=2, replica_sync=True, faults=(Fault(0.6, 1, "fail"),))
+    sim = Simulator(records, "least_load", config)
+    sim.run()
+    dispatched = [
+        life.request_id
+        for life in replay_lives
+        for attempt in life.attempts
+        if attempt.dispatched_at is not None
+    ]
+    failed = [
+        life.request_id for life in replay_lives for a in life.attempts if a.phase is Phase.FAILED
+    ]
+    assert failed and len(dispatched) >= len(records)
+    assert sorted(r for h, r, _ in heard if h == "dispatched") == sorted(dispatched)
+    assert sorted(r for h, r, phase in heard if h == "ended" and phase == "failed") == sorted(
+        failed
+    )

@@ -46,7 +46,7 @@ from router_worker.peers import PeerSync
 from router_worker.plan import Plan
 from router_worker.routing import (
     ClusterState,
-    LifecycleObserver,
+    LifecycleObservers,
     NoEligibleInstanceError,
     RequestFeatures,
     RequestLifecycle,
@@ -86,7 +86,7 @@ class RouterCore:
         self.peaks = LoadPeaks()
         self.decision_log = DecisionLog(name, telemetry, DecisionSampler())
         self.migrations = Migrations(metrics)
-        self.observers: tuple[LifecycleObserver, ...] = ()
+        self.observers = LifecycleObservers()
         self.peers = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source
         telemetry.peaks_source = self.take_peaks
@@ -151,7 +151,7 @@ class RouterCore:
     def peers(self, sync: PeerSync | None) -> None:
         self._peers = sync
         reports = () if sync is None else (PeerReports(sync),)
-        self.observers = (
+        self.observers = LifecycleObservers(
             self.hotspot_book,
             *reports,
             RequestMetrics(self.metrics),

@@ -30,7 +30,7 @@ from router_worker.runtime import Arm, Runtime
 from router_worker.stages import StageClock
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Outcome:
     """How the request ended for its client (``Plan.finish``): what observers of its close
     record. A 4xx is a request served (the client's bad request), not a serving error."""

@@ -75,7 +75,13 @@ from router_worker.routing import (
     make_policy,
 )
 from router_worker.routing import kv_events as router_events
-from router_worker.routing.lifecycle import Attempt, LifecycleObserver, Phase
+from router_worker.routing.lifecycle import (
+    NO_OBSERVERS,
+    Attempt,
+    LifecycleObserver,
+    LifecycleObservers,
+    Phase,
+)
 from router_worker.routing.peer_accounting import (
     apply_peer_dispatch,
     apply_peer_end,
@@ -265,11 +271,8 @@ class _Router:
     state: ClusterState
     policy: Any
     peer_reports: _PeerReports | None = None  # set with replica sync
-
-    @property
-    def observers(self) -> tuple[LifecycleObserver, ...]:
-        """What this router attaches to its requests' lifecycles."""
-        return () if self.peer_reports is None else (self.peer_reports,)
+    # what this router attaches to its requests' lifecycles
+    observers: LifecycleObservers = NO_OBSERVERS
 
 
 @dataclass
@@ -321,6 +324,7 @@ class Simulator:
         if config.replica_sync and config.routers > 1:
             for k, router in enumerate(self.routers):
                 router.peer_reports = _PeerReports(self, k)
+                router.observers = LifecycleObservers(router.peer_reports)
         self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
         self.flights: dict[str, _Flight] = {}
@@ -482,7 +486,7 @@ class Simulator:
             engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
         except EngineRequestError:  # vLLM answers 400: the router sees an error
             # The refusal comes before the router could tell its peers: they never hear.
-            life.observers = ()
+            life.observers = NO_OBSERVERS
             life.dispatch(self.now)
             life.reject(self.now)
             result.instance = instance_id

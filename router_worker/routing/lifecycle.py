@@ -28,9 +28,11 @@ the retry.
 routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
 
 Observers: a driver attaches what it does besides the accounting (the live router: its
-peers, metrics, telemetry, decision capture; the simulator: its peers' accounting) as
-:class:`LifecycleObserver` objects; the lifecycle tells them of each transition once,
-after its own accounting and feedback.
+peers, metrics, telemetry, decision and traffic capture; the simulator: its peer reports)
+as :class:`LifecycleObserver` objects, gathered once per driver in
+:class:`LifecycleObservers`; the lifecycle tells them of each transition once, after its
+own accounting and feedback, and of :meth:`RequestLifecycle.close` (the driver is done
+with the request). ``context`` carries the driver's own record of the request to them.
 
 Migration (policies that set ``migrates``): after a dispatch, :func:`choose_migrations`
 shows the policy the driver's requests queued on the instances the decision named and
@@ -139,6 +141,34 @@ class LifecycleObserver:
         ``outcome`` is the driver's account of how it ended for its client."""
 
 
+HOOKS = ("routed", "sending", "dispatched", "first_token", "ended", "closed")
+
+
+class LifecycleObservers:
+    """A driver's observers, as a lifecycle calls them: per hook, the bound methods of the
+    observers that define it (a hook left as :class:`LifecycleObserver`'s is never
+    called). Built once per driver, shared by its requests' lifecycles."""
+
+    __slots__ = ("all", *HOOKS)
+
+    def __init__(self, *observers: LifecycleObserver) -> None:
+        self.all = observers
+        for hook in HOOKS:
+            noop = getattr(LifecycleObserver, hook)
+            listening = [getattr(o, hook) for o in observers if getattr(type(o), hook) is not noop]
+            setattr(self, hook, tuple(listening))
+
+    routed: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    sending: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    dispatched: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    first_token: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    ended: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    closed: tuple[Callable[[RequestLifecycle, Any], None], ...]
+
+
+NO_OBSERVERS = LifecycleObservers()
+
+
 @dataclass(frozen=True, slots=True)
 class RetryVerdict:
     """What :meth:`RequestLifecycle.fail` decided. ``attempt`` is the new (routed) attempt
@@ -218,11 +248,14 @@ class RequestLifecycle:
     max_attempts: int = 3
     attempts: list[Attempt] = field(default_factory=list)
     answered_5xx: list[str] = field(default_factory=list)
-    observers: tuple[LifecycleObserver, ...] = ()
+    observers: LifecycleObservers = NO_OBSERVERS
     # Whatever the driver keeps of the request beside the lifecycle, for its observers
     # (the live router's Plan).
     context: Any = None
     closed_at: float | None = None
+    # The last decision the policy made for this request (the first try's or a retry's; a
+    # migration's target is the policy's choice but no decision).
+    decision: Decision | None = field(default=None, init=False)
 
     # ----- queries ------------------------------------------------------------------
     @property
@@ -238,15 +271,6 @@ class RequestLifecycle:
     @property
     def failed_instances(self) -> list[str]:
         return [a.instance for a in self.attempts if a.phase is Phase.FAILED]
-
-    @property
-    def decision(self) -> Decision | None:
-        """The last decision the policy made for this request (the first try's or a
-        retry's; a migration's target is the policy's choice but no decision)."""
-        for attempt in reversed(self.attempts):
-            if attempt.decision is not None:
-                return attempt.decision
-        return None
 
     @property
     def named_instances(self) -> set[str]:
@@ -294,15 +318,15 @@ class RequestLifecycle:
     def dispatch(self, now: float) -> int:
         """The current attempt was sent: account it; returns its uncached prompt tokens."""
         attempt = self._expect(Phase.ROUTED, "dispatch")
-        for observer in self.observers:
-            observer.sending(self, attempt)
+        for hook in self.observers.sending:
+            hook(self, attempt)
         cached = attempt.decision.cached_tokens if attempt.decision is not None else None
         attempt.uncached_tokens = self.state.on_dispatch(
             self.features, attempt.instance, now, cached_tokens=cached
         )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
-        for observer in self.observers:
-            observer.dispatched(self, attempt)
+        for hook in self.observers.dispatched:
+            hook(self, attempt)
         return attempt.uncached_tokens
 
     def first_token(self, now: float, ttft: float, attempt: Attempt | None = None) -> bool:
@@ -319,8 +343,8 @@ class RequestLifecycle:
         if self.state.is_in_flight(self.request_id):
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
-        for observer in self.observers:
-            observer.first_token(self, attempt)
+        for hook in self.observers.first_token:
+            hook(self, attempt)
         return True
 
     def finish(
@@ -411,8 +435,8 @@ class RequestLifecycle:
         if self.closed_at is not None:
             return False
         self.closed_at = now
-        for observer in self.observers:
-            observer.closed(self, outcome)
+        for hook in self.observers.closed:
+            hook(self, outcome)
         return True
 
     # ----- internals ------------------------------------------------------------------
@@ -424,8 +448,9 @@ class RequestLifecycle:
         decision = self.policy.decide(self.features, view, now)
         attempt = Attempt(decision.instance_id, decision, reason, now)
         self.attempts.append(attempt)
-        for observer in self.observers:
-            observer.routed(self, attempt)
+        self.decision = decision
+        for hook in self.observers.routed:
+            hook(self, attempt)
         return attempt
 
     def _expect(self, phase: Phase, what: str) -> Attempt:
@@ -452,5 +477,5 @@ class RequestLifecycle:
             self._ended(attempt)
 
     def _ended(self, attempt: Attempt) -> None:
-        for observer in self.observers:
-            observer.ended(self, attempt)
+        for hook in self.observers.ended:
+            hook(self, attempt)

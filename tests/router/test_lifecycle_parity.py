@@ -59,6 +59,7 @@ from router_worker.routing import (
     ClusterView,
     Decision,
     LifecycleObserver,
+    LifecycleObservers,
     Migration,
     Phase,
     QueuedRequest,
@@ -607,6 +608,7 @@ def test_the_migration_choice_shows_the_policy_the_queues_the_decision_named():
         life = RequestLifecycle(features, policy, state, max_attempts=2)
         decision = Decision(instance, 0, "score", 0, (), np.zeros(3), {"candidates": candidates})
         life.attempts.append(Attempt(instance, decision, "first", 0.0))
+        life.decision = decision  # as route() would have it
         life.dispatch(float(k))
         lives.append(life)
     moves = choose_migrations(
@@ -698,7 +700,7 @@ def test_the_lifecycle_tells_its_observers_each_transition_once():
     noted = Noted()
     features = build_features("r0", list(range(32)), 0.0, block_size=16)
     policy = RoundRobinPolicy()
-    life = RequestLifecycle(features, policy, state, observers=(noted,))
+    life = RequestLifecycle(features, policy, state, observers=LifecycleObservers(noted))
     first = life.route(state.view(), 0.0).instance
     life.dispatch(0.1)
     verdict = life.fail(state.view(), 0.2, "http_5xx")
@@ -728,7 +730,10 @@ def test_the_lifecycle_tells_its_observers_each_transition_once():
     # an attempt that fails before it was sent was never dispatched: no "ended"
     noted.heard.clear()
     life = RequestLifecycle(
-        build_features("r1", [1, 2], 0.0, block_size=16), policy, state, observers=(noted,)
+        build_features("r1", [1, 2], 0.0, block_size=16),
+        policy,
+        state,
+        observers=LifecycleObservers(noted),
     )
     life.route(state.view(), 2.0)
     life.fail(state.view(), 2.1, "connect", final=True)
@@ -750,7 +755,7 @@ def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
     assert served.status == 200 and len(served.sent) == 2
     second = served.sent[1]
     assert published(peers) == [("d", first), ("e", False), ("d", second), ("e", True)]
-    assert any(isinstance(o, observers_module.PeerReports) for o in call.plan.life.observers)
+    assert any(isinstance(o, observers_module.PeerReports) for o in call.plan.life.observers.all)
     # replay: two synced routers; an instance dies under them (failures, retries). Every
     # dispatch and every end other than a finish reaches the peers through the hooks.
     heard: list[tuple[str, str, str]] = []

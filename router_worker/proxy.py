@@ -35,10 +35,11 @@ import httpx
 
 from router_worker.access import Detail, client_rights, detail_for
 from router_worker.connections import ARRIVED, DISCONNECT, Disconnects
-from router_worker.core import Plan, RouterCore
+from router_worker.core import RouterCore
 from router_worker.errors import APIError, error_bytes, sse_error_event
 from router_worker.intake import Endpoint, Intake, IntakeRunner
 from router_worker.limits import Limiter
+from router_worker.plan import Plan
 from router_worker.runtime import Runtime
 from router_worker.sse import MalformedStream, SseFramer
 from router_worker.stages import StageClock
@@ -97,8 +98,23 @@ class UpstreamFailure:
     status: int = 502
 
 
-# The attempt was taken back before its first byte to move the request (core.Plan.mover).
+# The attempt was taken back before its first byte to move the request (Plan.mover).
 MIGRATED = UpstreamFailure("migrated", "moved to another instance by the policy")
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request on its way through the proxy: the routed plan and what the HTTP side
+    needs to send it upstream and answer the client."""
+
+    plan: Plan
+    path: str
+    raw: bytes  # the client's body, forwarded byte for byte
+    stream: bool
+    headers: list[tuple[bytes, bytes]]  # the client's headers passed on upstream
+    send: Send
+    watch: DisconnectWatch
+    detail: Detail
 
 
 class ClientGone(Exception):
@@ -253,8 +269,10 @@ class Proxy:
             plan = core.plan(runtime, intake, headers, started)
             plan.clock = clock
             clock.decided = time.perf_counter()
+            up_headers = _upstream_headers(headers)
+            path = scope["path"]
             await self._dispatch(
-                plan, scope["path"], raw, intake.stream, headers, send, watch, detail
+                Exchange(plan, path, raw, intake.stream, up_headers, send, watch, detail)
             )
         except ClientGone:
             pass
@@ -267,8 +285,7 @@ class Proxy:
                 raise
             task.uncancel()
             if plan is not None:  # 499: nginx's code for "client closed the request"
-                core.finish_request(
-                    plan,
+                plan.finish(
                     status=499,
                     ok=False,
                     output_tokens=0,
@@ -290,56 +307,40 @@ class Proxy:
         except Exception:  # a bug, not the client's fault: logged, answered without detail
             log.exception("taking a request body in failed")
             raise APIError(500, "The router failed to read this request.") from None
-        models = self.core.allowed_models()
-        if models is not None and intake.model not in models:
-            raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
         return intake
 
     # ----- dispatch with retries --------------------------------------------------------
-    async def _dispatch(
-        self,
-        plan: Plan,
-        path: str,
-        raw: bytes,
-        stream: bool,
-        headers: dict[str, str],
-        send: Send,
-        watch: DisconnectWatch,
-        detail: Detail,
-    ) -> None:
+    async def _dispatch(self, ex: Exchange) -> None:
         """Send the plan's attempts until one is answered or the lifecycle's retry rule
-        (``core.fail_attempt``) gives up; the breaker bookkeeping is ours."""
-        core = self.core
-        up_headers = _upstream_headers(headers)
+        (``plan.fail``) gives up; the breaker bookkeeping is ours."""
+        plan = ex.plan
         while True:
-            core.begin_attempt(plan)
             try:
-                failure = await self._movable_attempt(
-                    plan, path, raw, stream, up_headers, send, detail, watch
-                )
+                failure = await self._movable_attempt(ex)
             except BaseException:
-                core.abandon(plan)  # the client went away (or a bug): the attempt ends
+                plan.abandon()  # the client went away (or a bug): the attempt ends
                 raise
             if failure is None:
                 return
             if failure is MIGRATED:
-                core.migrated(plan)
+                plan.migrated()
                 continue
             self._count_failure(plan, failure)
             # A 5xx is noted by the lifecycle (its answered_5xx) and held against the
             # instance only later (_settle_5xx); other failures strike at once.
             if failure.kind != "http_5xx" and not failure.final:
                 self._strike([plan.instance], failure.kind, fatal=failure.fatal)
-            verdict = core.fail_attempt(plan, failure.kind, final=failure.final)
+            verdict = plan.fail(failure.kind, final=failure.final)
             if verdict.attempt is None:
                 break
-            core.metrics.child(core.metrics.retries, verdict.attempt.instance).inc()
+            metrics = self.core.metrics
+            metrics.child(metrics.retries, verdict.attempt.instance).inc()
         poison = verdict.why == "poison"
         if not poison:
             self._settle_5xx(plan)
         self._give_up(plan, failure, poison)
         status = 504 if failure.kind == "timeout" else 502
-        last = _failure_text(failure, detail)
+        last = _failure_text(failure, ex.detail)
         if failure.final:
             status, message = failure.status, last
         elif poison:
@@ -349,10 +350,8 @@ class Proxy:
             )
         else:
             message = f"All {plan.attempts} attempts failed; last: {last}"
-        core.finish_request(
-            plan, status=status, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0
-        )
-        await send_error(send, APIError(status, message))
+        plan.finish(status=status, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0)
+        await send_error(ex.send, APIError(status, message))
 
     def _count_failure(self, plan: Plan, failure: UpstreamFailure) -> None:
         core = self.core
@@ -395,22 +394,13 @@ class Proxy:
             request_suspected=poison,
         )
 
-    async def _movable_attempt(
-        self,
-        plan: Plan,
-        path: str,
-        raw: bytes,
-        stream: bool,
-        up_headers: list[tuple[bytes, bytes]],
-        send: Send,
-        detail: Detail,
-        watch: DisconnectWatch,
-    ) -> UpstreamFailure | None:
-        """The attempt; for a migrating policy's streamed request, run as a task the core
-        may cancel (``plan.mover``) until the first byte: then MIGRATED is returned and
-        ``plan.migrate_to`` names the instance to send the request to."""
-        attempt = self._attempt(plan, path, raw, stream, up_headers, send, detail, watch)
-        if not (stream and plan.arm.policy.migrates):
+    async def _movable_attempt(self, ex: Exchange) -> UpstreamFailure | None:
+        """The attempt; for a migrating policy's streamed request, run as a task the
+        migration registry may cancel (``plan.mover``) until the first byte: then MIGRATED
+        is returned and ``plan.migrate_to`` names the instance to send the request to."""
+        plan = ex.plan
+        attempt = self._attempt(ex)
+        if not (ex.stream and plan.arm.policy.migrates):
             return await attempt
         task = asyncio.ensure_future(attempt)
         plan.mover = task.cancel
@@ -424,24 +414,15 @@ class Proxy:
         finally:
             plan.mover = None
 
-    async def _attempt(
-        self,
-        plan: Plan,
-        path: str,
-        raw: bytes,
-        stream: bool,
-        up_headers: list[tuple[bytes, bytes]],
-        send: Send,
-        detail: Detail,
-        watch: DisconnectWatch,
-    ) -> UpstreamFailure | None:
-        target = _upstream_target(plan.runtime, plan.instance, path)
+    async def _attempt(self, ex: Exchange) -> UpstreamFailure | None:
+        plan = ex.plan
+        target = _upstream_target(plan.runtime, plan.instance, ex.path)
         plan.sent_at = time.perf_counter()
         try:
             # Straight to the shared transport, without httpx.Request/Response objects:
             # the client's layers and httpx's models cost more CPU than the exchange.
             response = await self.transport.post(
-                target, up_headers, raw, partial(self._sent, plan, watch), plan.clock
+                target, ex.headers, ex.raw, partial(self._sent, ex), plan.clock
             )
         except LocalExhaustion as error:
             return _out_of_resources(error)
@@ -459,24 +440,23 @@ class Proxy:
             if response.status_code >= 500:
                 body = await _safe_read(response)
                 return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {body}")
-            media = _unexpected_media_type(response, stream)
+            media = _unexpected_media_type(response, ex.stream)
             if media is not None:
                 return await _bad_response(response, f"content type {media!r}")
-            if stream and response.status_code == 200:
-                return await self._relay_stream(plan, response, send, detail, watch)
-            return await self._relay_whole(plan, response, send, detail, watch)
+            if ex.stream and response.status_code == 200:
+                return await self._relay_stream(ex, response)
+            return await self._relay_whole(ex, response)
         finally:
             await response.aclose()
 
-    def _sent(self, plan: Plan, watch: DisconnectWatch) -> None:
+    def _sent(self, ex: Exchange) -> None:
         """The attempt is on its way upstream: its accounting, and from now on a client
         disconnect cancels it (until then nothing waited that it could interrupt)."""
-        self.core.account_dispatch(plan)
-        watch.start()
+        ex.plan.sent()
+        ex.watch.start()
 
-    async def _relay_whole(
-        self, plan: Plan, response: Upstream, send: Send, detail: Detail, watch: DisconnectWatch
-    ) -> UpstreamFailure | None:
+    async def _relay_whole(self, ex: Exchange, response: Upstream) -> UpstreamFailure | None:
+        plan, send = ex.plan, ex.send
         try:
             data = await response.read()
         except ResponseDeadline as error:
@@ -491,7 +471,6 @@ class Proxy:
             plan.clock.event = time.perf_counter()
         if not _json_object_shaped(data):
             return await _bad_response(response, "a body that is not a JSON object", data)
-        core = self.core
         ok = response.status_code < 400
         if ok:
             self._served(plan)
@@ -500,17 +479,16 @@ class Proxy:
         headers = [
             (b"content-type", response.header(b"content-type", b"application/json")),
             (b"content-length", str(len(data)).encode()),
-            *self._route_headers(plan, detail),
+            *self._route_headers(ex),
         ]
-        watch.done = True
+        ex.watch.done = True
         await send(
             {"type": "http.response.start", "status": response.status_code, "headers": headers}
         )
         await send({"type": "http.response.body", "body": data})
         if plan.clock is not None:
-            core.metrics.stages.observe(plan.clock)
-        core.finish_request(
-            plan,
+            self.core.metrics.stages.observe(plan.clock)
+        plan.finish(
             status=response.status_code,
             ok=ok,
             output_tokens=int(usage.group(1)) if usage else 0,
@@ -519,9 +497,8 @@ class Proxy:
         )
         return None
 
-    async def _relay_stream(
-        self, plan: Plan, response: Upstream, send: Send, detail: Detail, watch: DisconnectWatch
-    ) -> UpstreamFailure | None:
+    async def _relay_stream(self, ex: Exchange, response: Upstream) -> UpstreamFailure | None:
+        plan, send = ex.plan, ex.send
         framer = SseFramer(plan.runtime.config.router.max_event_bytes)
         try:
             first = await _first_events(response, framer)
@@ -539,32 +516,30 @@ class Proxy:
         received = time.perf_counter()
         if plan.clock is not None:
             plan.clock.event = received
-        core = self.core
         self._served(plan)
         headers = [
             (b"content-type", response.header(b"content-type", b"text/event-stream")),
             (b"cache-control", b"no-cache"),
-            *self._route_headers(plan, detail),
+            *self._route_headers(ex),
         ]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         meter = StreamMeter()
         status, ok = 200, True
         try:
-            await self._relay_events(plan, response, framer, first, meter, send, received)
+            await self._relay_events(ex, response, framer, first, meter, received)
         except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
             status, ok = self._mid_stream_failure(plan, error)
-            watch.done = True
+            ex.watch.done = True
             await send(
                 {
                     "type": "http.response.body",
                     "more_body": False,
-                    "body": sse_error_event(status, _mid_stream_message(plan, error, detail)),
+                    "body": sse_error_event(status, _mid_stream_message(plan, error, ex.detail)),
                 }
             )
         else:
-            watch.done = True
-        core.finish_request(
-            plan,
+            ex.watch.done = True
+        plan.finish(
             status=status,
             ok=ok,
             output_tokens=meter.output_tokens,
@@ -575,15 +550,15 @@ class Proxy:
 
     async def _relay_events(
         self,
-        plan: Plan,
+        ex: Exchange,
         response: Upstream,
         framer: SseFramer,
         out: bytes,
         meter: StreamMeter,
-        send: Send,
         received: float,
     ) -> None:
         """Forward whole events until the engine's body ends (ending the client's too)."""
+        plan = ex.plan
         last = response.finished
         while True:
             if last:
@@ -591,7 +566,7 @@ class Proxy:
                 # the end of the response (one write instead of two).
                 out += framer.finish()
             if out or last:
-                await self._forward(plan, meter, out, send, not last)
+                await self._forward(ex, meter, out, not last)
                 if received:
                     relay = time.perf_counter() - received
                     self.core.metrics.overhead.observe(plan.sent_at - plan.started + relay)
@@ -610,16 +585,15 @@ class Proxy:
             out = framer.feed(chunk + more if more else chunk)
             last = response.finished
 
-    async def _forward(
-        self, plan: Plan, meter: StreamMeter, chunk: bytes, send: Send, more: bool
-    ) -> None:
+    async def _forward(self, ex: Exchange, meter: StreamMeter, chunk: bytes, more: bool) -> None:
+        plan = ex.plan
         first = meter.feed(chunk) and plan.life.awaiting_first_token
-        await send({"type": "http.response.body", "body": chunk, "more_body": more})
+        await ex.send({"type": "http.response.body", "body": chunk, "more_body": more})
         clock = plan.clock
         if clock is not None and not clock.relayed:
             clock.relayed = time.perf_counter()
         if first:  # accounted once the token is on its way to the client
-            self.core.first_token(plan)
+            plan.first_token()
 
     def _mid_stream_failure(self, plan: Plan, error: Exception) -> tuple[int, bool]:
         """Count a stream that broke after its first event; the status for its error event.
@@ -638,10 +612,11 @@ class Proxy:
         if kind != "response_deadline":
             core.health.record_failure(plan.instance, time.monotonic(), kind)
         log.info("request %s: stream from %s broke: %r", plan.request_id, plan.instance, error)
-        core.fail_attempt(plan, kind, first_byte=True)  # bytes went out: never retried
+        plan.fail(kind, first_byte=True)  # bytes went out: never retried
         return (504 if kind == "response_deadline" else 502), False
 
-    def _route_headers(self, plan: Plan, detail: Detail) -> list[tuple[bytes, bytes]]:
+    def _route_headers(self, ex: Exchange) -> list[tuple[bytes, bytes]]:
+        plan, detail = ex.plan, ex.detail
         headers = [(b"x-switchyard-request-id", plan.request_id.encode())]
         if detail >= Detail.ROUTE:
             headers += [

@@ -69,13 +69,19 @@ from router_worker.routing import (
     GlobalTier,
     Health,
     NoEligibleInstanceError,
-    QueuedRequest,
     RequestLifecycle,
     build_features,
+    choose_migrations,
     make_policy,
 )
 from router_worker.routing import kv_events as router_events
-from router_worker.routing.lifecycle import Attempt
+from router_worker.routing.lifecycle import (
+    NO_OBSERVERS,
+    Attempt,
+    LifecycleObserver,
+    LifecycleObservers,
+    Phase,
+)
 from router_worker.routing.peer_accounting import (
     apply_peer_dispatch,
     apply_peer_end,
@@ -256,8 +262,6 @@ class _Flight:
     slot: int = -1
     estimated_uncached: int = 0
     router: int = 0  # which router took it (the one that accounts and retries it)
-    dispatch_s: float = 0.0
-    candidates: tuple[str, ...] = ()  # what its decision named (kept for migrating policies)
 
 
 @dataclass
@@ -266,6 +270,9 @@ class _Router:
 
     state: ClusterState
     policy: Any
+    peer_reports: _PeerReports | None = None  # set with replica sync
+    # what this router attaches to its requests' lifecycles
+    observers: LifecycleObservers = NO_OBSERVERS
 
 
 @dataclass
@@ -314,6 +321,10 @@ class Simulator:
             _Router(self._new_state(), make_policy(policy, params, seed=config.seed + k))
             for k in range(config.routers)
         ]
+        if config.replica_sync and config.routers > 1:
+            for k, router in enumerate(self.routers):
+                router.peer_reports = _PeerReports(self, k)
+                router.observers = LifecycleObservers(router.peer_reports)
         self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
         self.flights: dict[str, _Flight] = {}
@@ -417,7 +428,11 @@ class Simulator:
         index = self._balance(record)
         router = self.routers[index]
         life = RequestLifecycle(
-            features, router.policy, router.state, max_attempts=self.config.max_attempts
+            features,
+            router.policy,
+            router.state,
+            max_attempts=self.config.max_attempts,
+            observers=router.observers,
         )
         self._dispatch(_Flight(record, life, result, router=index), tokens)
         if self.progress is not None:
@@ -454,23 +469,15 @@ class Simulator:
         predicted = decision.details.get("predicted_ttft_s")
         if predicted is not None and flight.life.attempt_count == 1:
             flight.result.predicted_ttft_s = float(predicted)
-        migrates = self.routers[flight.router].policy.migrates
-        if migrates:
-            flight.candidates = tuple(decision.details.get("candidates", ()))
-        if self._send(flight, tokens) and migrates:
+        if self._send(flight, tokens) and self.routers[flight.router].policy.migrates:
             self._migrate_from(flight.router, flight)
 
     def _send(self, flight: _Flight, tokens: np.ndarray | None) -> bool:
-        """Account the current attempt and add it to its engine; False if rejected."""
-        result = flight.result
-        instance_id = flight.life.current.instance
+        """Add the current attempt to its engine and account it; False if rejected."""
+        result, life = flight.result, flight.life
+        instance_id = life.current.instance
         slot = self.ids.index(instance_id)
-        result.attempts = flight.life.attempt_count
-        uncached = flight.life.dispatch(self.now)
-        flight.slot, flight.estimated_uncached = slot, uncached
-        flight.dispatch_s = self.now
-        result.instance = instance_id
-        self.flights[result.id] = flight
+        result.attempts = life.attempt_count
         engine = self.instances[slot].engine
         assert engine is not None  # a down instance is never eligible
         try:
@@ -478,46 +485,45 @@ class Simulator:
                 tokens = synthesize_tokens(flight.record)
             engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
         except EngineRequestError:  # vLLM answers 400: the router sees an error
-            flight.life.reject(self.now)
-            del self.flights[result.id]
+            # The refusal comes before the router could tell its peers: they never hear.
+            life.observers = NO_OBSERVERS
+            life.dispatch(self.now)
+            life.reject(self.now)
+            result.instance = instance_id
             self._end(flight, "rejected")
             return False
+        uncached = life.dispatch(self.now)
+        flight.slot, flight.estimated_uncached = slot, uncached
+        result.instance = instance_id
+        self.flights[result.id] = flight
         self.true_pending[slot] += uncached
-        self._to_peers(
-            flight,
-            self._apply_peer_dispatch,
-            flight,
-            instance_id,
-            flight.life.features.prompt_tokens - uncached,
-        )
         self._engine_touched(slot)
         return True
 
     # ----------------------------------------------------------------- migrations
 
     def _migrate_from(self, router_index: int, flight: _Flight) -> None:
-        """After a dispatch: ask the policy to move requests queued on the instances its
-        decision named (the chosen one and the candidates it passed over); carry it out."""
+        """After a dispatch: the moves the policy makes among the requests queued on the
+        instances its decision named (``choose_migrations``); carry them out."""
         router = self.routers[router_index]
-        slots = {flight.slot, *(self.ids.index(c) for c in flight.candidates)}
-        movable: set[str] = set()
-        for slot in slots:
-            engine = self.instances[slot].engine
+        unscheduled: set[str] = set()
+        for name in flight.life.named_instances:
+            engine = self.instances[self.ids.index(name)].engine
             if engine is not None:
-                movable |= engine.unscheduled_ids()
-        queued = [
-            QueuedRequest(
-                f.life.features,
-                self.ids[f.slot],
-                f.dispatch_s,
-                f.estimated_uncached,
-                f.candidates,
-                f.result.id in movable and f.life.movable,
-            )
+                unscheduled |= engine.unscheduled_ids()
+        waiting = [
+            f.life
             for f in self.flights.values()
-            if f.slot in slots and f.router == router_index and f.result.first_token_s is None
+            if f.router == router_index and f.result.first_token_s is None
         ]
-        for move in router.policy.migrations(router.state.view(), queued, self.now):
+        moves = choose_migrations(
+            flight.life,
+            waiting,
+            lambda life: life.request_id in unscheduled,
+            router.state.view(),
+            self.now,
+        )
+        for move in moves:
             moved = self.flights.get(move.request_id)
             if moved is None:
                 continue
@@ -536,7 +542,6 @@ class Simulator:
         self._advance(source)  # takes the abort's output (ignored: not in flight) and re-arms
         flight.life.migrate(self.ids[target], self.now)
         self.true_pending[source] -= flight.estimated_uncached
-        self._to_peers(flight, self._apply_peer_end, flight)
         self.migrations += 1
         self.reasons["migration"] = self.reasons.get("migration", 0) + 1
         self._send(flight, None)
@@ -592,7 +597,9 @@ class Simulator:
             result.status = "ok" if output.finish_reason == "length" else "failed"
             del self.flights[result.id]
             self._telemetry(output.finish_time, self._apply_finish, flight, flight.life.current)
-            self._to_peers(flight, self._apply_peer_end, flight)
+            reports = self.routers[flight.router].peer_reports
+            if reports is not None:
+                reports.engine_finished(flight.life)
 
     def _on_first_token(self, flight: _Flight, output: Any) -> None:
         result = flight.result
@@ -604,7 +611,9 @@ class Simulator:
         self._telemetry(
             output.first_token_time, self._apply_first_token, flight, flight.life.current
         )
-        self._to_peers(flight, self._apply_peer_first_token, flight)
+        reports = self.routers[flight.router].peer_reports
+        if reports is not None:
+            reports.engine_first_token(flight.life)
 
     # ----------------------------------------------------------------- telemetry
 
@@ -632,31 +641,27 @@ class Simulator:
         result = flight.result
         flight.life.finish(now, result.output_tokens, ok=result.status == "ok", attempt=attempt)
 
-    def _to_peers(self, flight: _Flight, apply: Callable[..., None], *args: Any) -> None:
-        if self.config.replica_sync and len(self.routers) > 1:
-            self._after(self.config.replica_sync_delay_s, self.now, apply, *args)
-
-    def _peers(self, flight: _Flight) -> list[_Router]:
-        return [r for k, r in enumerate(self.routers) if k != flight.router]
-
     def _apply_peer_dispatch(
-        self, now: float, flight: _Flight, instance_id: str, cached_tokens: int
+        self, now: float, router: int, features: Any, instance_id: str, cached_tokens: int
     ) -> None:
         # A report delayed past the instance's death is dropped (as delayed scrapes and KV
         # events are): the death already cleared the slot in every router's view.
         if not self._is_up(self.ids.index(instance_id)):
             return
-        for router in self._peers(flight):
-            apply_peer_dispatch(router.state, flight.life.features, instance_id, now, cached_tokens)
+        for peer in self._peers(router):
+            apply_peer_dispatch(peer.state, features, instance_id, now, cached_tokens)
 
-    def _apply_peer_first_token(self, now: float, flight: _Flight) -> None:
-        for router in self._peers(flight):
-            apply_peer_first_token(router.state, flight.result.id, now)
+    def _apply_peer_first_token(self, now: float, router: int, request_id: str) -> None:
+        for peer in self._peers(router):
+            apply_peer_first_token(peer.state, request_id, now)
 
-    def _apply_peer_end(self, now: float, flight: _Flight) -> None:
+    def _apply_peer_end(self, now: float, router: int, request_id: str) -> None:
         """A peer's request ended (finished, failed or moved)."""
-        for router in self._peers(flight):
-            apply_peer_end(router.state, flight.result.id, now)
+        for peer in self._peers(router):
+            apply_peer_end(peer.state, request_id, now)
+
+    def _peers(self, router: int) -> list[_Router]:
+        return [r for k, r in enumerate(self.routers) if k != router]
 
     def _forward_kv_events(self, slot: int, events: list[Any]) -> None:
         batch = router_events.KVEventBatch(self.now, tuple(_to_router_event(e) for e in events))
@@ -740,7 +745,6 @@ class Simulator:
             verdict = flight.life.fail(
                 view, self.now, "instance_down", first_byte=result.first_token_s is not None
             )
-            self._to_peers(flight, self._apply_peer_end, flight)
             if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
             if verdict.attempt is not None:
@@ -803,6 +807,42 @@ class Simulator:
             for key, value in traffic.to_json().items():
                 setattr(total, key, getattr(total, key) + value)
         result.tier = total
+
+
+class _PeerReports(LifecycleObserver):
+    """What one router tells its peers of its own requests (``replica_sync``): each
+    dispatch, first token and end, applied to every other router's state through
+    ``peer_accounting`` ``replica_sync_delay_s`` later, as the live routers' peer channel
+    does. Dispatches, migrations and failures reach it as lifecycle transitions. The
+    engine's first token and finish are reported as the engine emits them
+    (:meth:`engine_first_token`, :meth:`engine_finished`): this router relays the stream
+    at once, while its own accounting of them waits ``telemetry_delay_s``."""
+
+    __slots__ = ("router", "sim")
+
+    def __init__(self, sim: Simulator, router: int) -> None:
+        self.sim = sim
+        self.router = router
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        cached = life.features.prompt_tokens - attempt.uncached_tokens
+        self._report(
+            self.sim._apply_peer_dispatch, self.router, life.features, attempt.instance, cached
+        )
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        if attempt.phase is not Phase.FINISHED:  # a finish: engine_finished
+            self._report(self.sim._apply_peer_end, self.router, life.request_id)
+
+    def engine_first_token(self, life: RequestLifecycle) -> None:
+        self._report(self.sim._apply_peer_first_token, self.router, life.request_id)
+
+    def engine_finished(self, life: RequestLifecycle) -> None:
+        self._report(self.sim._apply_peer_end, self.router, life.request_id)
+
+    def _report(self, apply: Callable[..., None], *args: Any) -> None:
+        sim = self.sim
+        sim._after(sim.config.replica_sync_delay_s, sim.now, apply, *args)
 
 
 def _to_router_event(event: Any) -> Any:

@@ -53,9 +53,12 @@ from router_worker.routing.kvindex import GlobalTier, KVIndex
 from router_worker.routing.lifecycle import (
     Attempt,
     IllegalTransition,
+    LifecycleObserver,
+    LifecycleObservers,
     Phase,
     RequestLifecycle,
     RetryVerdict,
+    choose_migrations,
 )
 from router_worker.routing.policies import (
     DESCRIPTIONS,
@@ -91,6 +94,8 @@ __all__ = [
     "KVEventBatch",
     "KVEventDecodeError",
     "KVIndex",
+    "LifecycleObserver",
+    "LifecycleObservers",
     "Migration",
     "NoEligibleInstanceError",
     "Phase",
@@ -102,6 +107,7 @@ __all__ = [
     "RoutingPolicy",
     "UnknownRequestError",
     "build_features",
+    "choose_migrations",
     "decode_kv_event_batch",
     "encode_kv_event_batch",
     "extend_chain",

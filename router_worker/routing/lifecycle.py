@@ -26,10 +26,23 @@ the retry.
 
 ``attempt_count`` is what both drivers report as a request's attempts: every attempt
 routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
+
+Observers: a driver attaches what it does besides the accounting (the live router: its
+peers, metrics, telemetry, decision and traffic capture; the simulator: its peer reports)
+as :class:`LifecycleObserver` objects, gathered once per driver in
+:class:`LifecycleObservers`; the lifecycle tells them of each transition once, after its
+own accounting and feedback, and of :meth:`RequestLifecycle.close` (the driver is done
+with the request). ``context`` carries the driver's own record of the request to them.
+
+Migration (policies that set ``migrates``): after a dispatch, :func:`choose_migrations`
+shows the policy the driver's requests queued on the instances the decision named and
+returns the moves; the driver carries each one out (takes the attempt back, then
+:meth:`RequestLifecycle.migrate`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -38,7 +51,13 @@ import numpy as np
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterState, ClusterView
-from router_worker.routing.policies.base import Decision, NoEligibleInstanceError, RoutingPolicy
+from router_worker.routing.policies.base import (
+    Decision,
+    Migration,
+    NoEligibleInstanceError,
+    QueuedRequest,
+    RoutingPolicy,
+)
 
 # A request answered with a 5xx by this many instances is taken for the cause (an input
 # that trips an engine bug): no more retries.
@@ -91,6 +110,65 @@ class Attempt:
         return self.phase in OPEN
 
 
+class LifecycleObserver:
+    """Told of a request's transitions, each once, after the lifecycle's own accounting
+    (except :meth:`sending`). Every hook is optional: these do nothing. The attempt
+    carries the times (``routed_at``, ``dispatched_at``, ``first_token_at``,
+    ``ended_at``)."""
+
+    __slots__ = ()
+
+    def routed(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """The policy decided ``attempt`` (the first try or a retry)."""
+
+    def sending(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt`` was sent and is about to be accounted: the indicators are still
+        those it was decided on."""
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt`` was sent and accounted (``uncached_tokens`` set)."""
+
+    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt``'s first token was accounted."""
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        """``attempt``, once dispatched, ended: its ``phase`` says how (finished, failed,
+        abandoned, migrated, rejected). An attempt that ends before it was sent (a
+        connection refused) was never dispatched, and is not reported."""
+
+    def closed(self, life: RequestLifecycle, outcome: Any) -> None:
+        """The driver is done with the request (:meth:`RequestLifecycle.close`);
+        ``outcome`` is the driver's account of how it ended for its client."""
+
+
+HOOKS = ("routed", "sending", "dispatched", "first_token", "ended", "closed")
+
+
+class LifecycleObservers:
+    """A driver's observers, as a lifecycle calls them: per hook, the bound methods of the
+    observers that define it (a hook left as :class:`LifecycleObserver`'s is never
+    called). Built once per driver, shared by its requests' lifecycles."""
+
+    __slots__ = ("all", *HOOKS)
+
+    def __init__(self, *observers: LifecycleObserver) -> None:
+        self.all = observers
+        for hook in HOOKS:
+            noop = getattr(LifecycleObserver, hook)
+            listening = [getattr(o, hook) for o in observers if getattr(type(o), hook) is not noop]
+            setattr(self, hook, tuple(listening))
+
+    routed: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    sending: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    dispatched: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    first_token: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    ended: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
+    closed: tuple[Callable[[RequestLifecycle, Any], None], ...]
+
+
+NO_OBSERVERS = LifecycleObservers()
+
+
 @dataclass(frozen=True, slots=True)
 class RetryVerdict:
     """What :meth:`RequestLifecycle.fail` decided. ``attempt`` is the new (routed) attempt
@@ -104,6 +182,43 @@ class RetryVerdict:
     def decided(self) -> bool:
         """The policy was asked (successfully or not)."""
         return self.why in ("retry", "no_instance")
+
+
+def choose_migrations(
+    decided: RequestLifecycle,
+    waiting: Iterable[RequestLifecycle],
+    can_take_back: Callable[[RequestLifecycle], bool],
+    view: ClusterView,
+    now: float,
+) -> list[Migration]:
+    """The moves ``decided``'s (migrating) policy makes once ``decided``'s attempt was
+    dispatched. The policy is shown the requests of ``waiting`` (the driver's own
+    dispatched requests without a first token, in the driver's order, ``decided`` among
+    them) queued on the instances ``decided``'s decision named; each is ``movable`` if the
+    driver ``can_take_back`` its attempt (the simulator: the engine has not admitted it;
+    the live router: no byte came back) and the lifecycle allows one more attempt. Pure:
+    both drivers call it and carry out what it returns."""
+    names = decided.named_instances
+    queued = []
+    for life in waiting:
+        attempt = life.current
+        if attempt.instance not in names:
+            continue
+        queued.append(
+            QueuedRequest(
+                life.features,
+                attempt.instance,
+                now if attempt.dispatched_at is None else attempt.dispatched_at,
+                attempt.uncached_tokens,
+                _candidates(life.decision),
+                can_take_back(life) and life.movable,
+            )
+        )
+    return list(decided.policy.migrations(view, queued, now))
+
+
+def _candidates(decision: Decision | None) -> tuple[str, ...]:
+    return () if decision is None else tuple(decision.details.get("candidates", ()))
 
 
 class _ExcludingView:
@@ -133,6 +248,14 @@ class RequestLifecycle:
     max_attempts: int = 3
     attempts: list[Attempt] = field(default_factory=list)
     answered_5xx: list[str] = field(default_factory=list)
+    observers: LifecycleObservers = NO_OBSERVERS
+    # Whatever the driver keeps of the request beside the lifecycle, for its observers
+    # (the live router's Plan).
+    context: Any = None
+    closed_at: float | None = None
+    # The last decision the policy made for this request (the first try's or a retry's; a
+    # migration's target is the policy's choice but no decision).
+    decision: Decision | None = field(default=None, init=False)
 
     # ----- queries ------------------------------------------------------------------
     @property
@@ -148,6 +271,12 @@ class RequestLifecycle:
     @property
     def failed_instances(self) -> list[str]:
         return [a.instance for a in self.attempts if a.phase is Phase.FAILED]
+
+    @property
+    def named_instances(self) -> set[str]:
+        """The current attempt's instance and the candidates the last decision named (the
+        instances a migrating policy looks at after this request's dispatch)."""
+        return {self.current.instance, *_candidates(self.decision)}
 
     @property
     def decisions(self) -> int:
@@ -189,11 +318,15 @@ class RequestLifecycle:
     def dispatch(self, now: float) -> int:
         """The current attempt was sent: account it; returns its uncached prompt tokens."""
         attempt = self._expect(Phase.ROUTED, "dispatch")
+        for hook in self.observers.sending:
+            hook(self, attempt)
         cached = attempt.decision.cached_tokens if attempt.decision is not None else None
         attempt.uncached_tokens = self.state.on_dispatch(
             self.features, attempt.instance, now, cached_tokens=cached
         )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
+        for hook in self.observers.dispatched:
+            hook(self, attempt)
         return attempt.uncached_tokens
 
     def first_token(self, now: float, ttft: float, attempt: Attempt | None = None) -> bool:
@@ -210,6 +343,8 @@ class RequestLifecycle:
         if self.state.is_in_flight(self.request_id):
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
+        for hook in self.observers.first_token:
+            hook(self, attempt)
         return True
 
     def finish(
@@ -225,6 +360,7 @@ class RequestLifecycle:
         self._close(attempt, Phase.FINISHED, now, error=False)
         if ok and output_tokens > 0:  # 0: the engine reported no usage
             self.policy.observe_finish(self.features, attempt.instance, output_tokens, now)
+        self._ended(attempt)
         return True
 
     def abandon(self, now: float) -> None:
@@ -275,10 +411,10 @@ class RequestLifecycle:
                 f"request {self.request_id}: failed while {attempt.phase.value}"
             )
         streamed = first_byte or attempt.phase is Phase.FIRST_TOKEN
-        self._close(attempt, Phase.FAILED, now, error=True)
         attempt.error = kind
         if kind == "http_5xx":
             self.answered_5xx.append(attempt.instance)
+        self._close(attempt, Phase.FAILED, now, error=True)
         if streamed:
             return RetryVerdict(False, "first_byte")
         if final:
@@ -292,6 +428,17 @@ class RequestLifecycle:
         except NoEligibleInstanceError:
             return RetryVerdict(False, "no_instance")
 
+    def close(self, now: float, outcome: Any = None) -> bool:
+        """The driver is done with the request (answered, or given up): observers'
+        ``closed`` hear of it with ``outcome``. The attempts are the driver's to end first.
+        False: it was closed already (nothing is reported twice)."""
+        if self.closed_at is not None:
+            return False
+        self.closed_at = now
+        for hook in self.observers.closed:
+            hook(self, outcome)
+        return True
+
     # ----- internals ------------------------------------------------------------------
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances
@@ -301,6 +448,9 @@ class RequestLifecycle:
         decision = self.policy.decide(self.features, view, now)
         attempt = Attempt(decision.instance_id, decision, reason, now)
         self.attempts.append(attempt)
+        self.decision = decision
+        for hook in self.observers.routed:
+            hook(self, attempt)
         return attempt
 
     def _expect(self, phase: Phase, what: str) -> Attempt:
@@ -312,12 +462,20 @@ class RequestLifecycle:
         return attempt
 
     def _close(self, attempt: Attempt, phase: Phase, now: float, *, error: bool) -> None:
-        """End ``attempt``; its indicators go if it was dispatched (exactly once)."""
-        was_dispatched = attempt.phase is not Phase.ROUTED
-        attempt.phase, attempt.ended_at = phase, now
-        if not was_dispatched or not self.state.is_in_flight(self.request_id):
+        """End ``attempt``; its indicators go if it was dispatched (exactly once), and the
+        observers hear of it (after the feedback of a finish)."""
+        if attempt.phase is Phase.ROUTED:
+            attempt.phase, attempt.ended_at = phase, now
             return
-        if error:
-            self.state.on_error(self.request_id, now)
-        else:
-            self.state.on_finish(self.request_id, now)
+        attempt.phase, attempt.ended_at = phase, now
+        if self.state.is_in_flight(self.request_id):
+            if error:
+                self.state.on_error(self.request_id, now)
+            else:
+                self.state.on_finish(self.request_id, now)
+        if phase is not Phase.FINISHED:
+            self._ended(attempt)
+
+    def _ended(self, attempt: Attempt) -> None:
+        for hook in self.observers.ended:
+            hook(self, attempt)

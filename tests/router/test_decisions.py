@@ -68,15 +68,11 @@ def route(
     headers = {"x-session-id": session} if session else {}
     plan = core.plan(core.runtime, _intake(core, prompt), headers, time.perf_counter())
     if fail_first:
-        core.begin_attempt(plan)
-        core.account_dispatch(plan)
-        assert core.fail_attempt(plan, "connect").retry
-    core.begin_attempt(plan)
-    core.account_dispatch(plan)
-    core.first_token(plan)
-    core.finish_request(
-        plan, status=200, ok=True, output_tokens=4, last_token_at=None, cached_tokens=None
-    )
+        plan.sent()
+        assert plan.fail("connect").retry
+    plan.sent()
+    plan.first_token()
+    plan.finish(status=200, ok=True, output_tokens=4, last_token_at=None, cached_tokens=None)
     return plan
 
 
@@ -156,8 +152,7 @@ def test_a_sampled_decision_is_copied_once_sent_from_the_indicators_it_was_made_
     pending = np.array(seen.pending_prefill, dtype=float)
     cached = seen.cached_tokens(plan.features).copy()
     assert plan.sampled is None  # nothing copied before the request is on its way
-    core.begin_attempt(plan)
-    core.account_dispatch(plan)
+    plan.sent()
     assert plan.sampled is not None and plan.sampled.indicators is not None
     indicators = plan.sampled.indicators
     assert np.array_equal(indicators.pending_prefill_tokens, pending)
@@ -188,17 +183,14 @@ def test_a_retry_is_decided_again_without_the_instance_that_failed() -> None:
     busy = []
     for prompt in ("one", "two"):
         plan = core.plan(core.runtime, _intake(core, prompt), {}, time.perf_counter())
-        core.begin_attempt(plan)
-        core.account_dispatch(plan)
+        plan.sent()
         busy.append(plan.instance)
     plan = core.plan(core.runtime, _intake(core, "three"), {}, time.perf_counter())
     (idle,) = {"i0", "i1", "i2"} - set(busy)
     assert plan.instance == idle
-    core.begin_attempt(plan)
-    core.account_dispatch(plan)
-    verdict = core.fail_attempt(plan, "connect")
+    plan.sent()
+    verdict = plan.fail("connect")
     assert verdict.retry and verdict.attempt is not None
-    core.begin_attempt(plan)
     assert plan.instance in busy and plan.reason == "retry" and plan.tried == [idle]
     assert plan.decision is verdict.attempt.decision  # the retry's own decision
 
@@ -207,12 +199,9 @@ def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> N
     core = make_core(sampler=DecisionSampler(routine=(0.0, 0.0)))
     assert core.runtime is not None
     plan = core.plan(core.runtime, _intake(core, "doomed"), {}, time.perf_counter())
-    core.begin_attempt(plan)
-    core.account_dispatch(plan)
-    core.fail_attempt(plan, "http_5xx", final=True)
-    core.finish_request(
-        plan, status=502, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0
-    )
+    plan.sent()
+    plan.fail("http_5xx", final=True)
+    plan.finish(status=502, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0)
     (record,) = shipped(core)
     assert (record.status, record.attempts, record.priority) == (502, 1, True)
 

@@ -17,23 +17,26 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Coroutine, Iterator, MutableMapping
+from collections.abc import Callable, Coroutine, Iterator, MutableMapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
 import enginesim.replay.simulator as simulator_module
+import router_worker.observers as observers_module
 import router_worker.peers as peers_module
+import router_worker.routing.lifecycle as lifecycle_module
 from devharness import stop_process, wait_until, wait_until_async
 from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord
 from router_worker.access import Detail
 from router_worker.config import parse_config
-from router_worker.core import Plan, RouterCore
+from router_worker.core import RouterCore
 from router_worker.intake import Endpoint, take_in
 from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
@@ -48,8 +51,25 @@ from router_worker.peers import (
     channel_for,
     encode_batch,
 )
-from router_worker.proxy import DisconnectWatch, Proxy
-from router_worker.routing import Phase, RequestLifecycle, RetryVerdict, peer_accounting
+from router_worker.plan import Plan
+from router_worker.proxy import DisconnectWatch, Exchange, Proxy
+from router_worker.routing import (
+    Attempt,
+    ClusterState,
+    ClusterView,
+    Decision,
+    LifecycleObserver,
+    LifecycleObservers,
+    Migration,
+    Phase,
+    QueuedRequest,
+    RequestLifecycle,
+    RetryVerdict,
+    build_features,
+    choose_migrations,
+    peer_accounting,
+)
+from router_worker.routing.policies.round_robin import RoundRobinPolicy
 from router_worker.stages import StageClock
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport, Target, Upstream
@@ -217,7 +237,7 @@ def serve(
         watch = DisconnectWatch(receive, task)
         try:
             await proxy._dispatch(
-                call.plan, call.path, call.raw, call.stream, {}, send, watch, Detail.ROUTE
+                Exchange(call.plan, call.path, call.raw, call.stream, [], send, watch, Detail.ROUTE)
             )
         finally:
             watch.stop()
@@ -333,11 +353,12 @@ def test_an_engines_refusal_is_a_rejected_attempt_live_and_in_replay(engines, re
 
 def test_a_retry_and_a_migration_are_attempts_live(engines):
     """The first attempt's connection is refused (``kill``): a retry. The retry waits on an
-    engine that has not answered (``hang``) and is moved as the core moves a queued request
-    its policy names (``RouterCore._migrate_around``: the plan's ``mover`` called with
-    ``migrate_to`` set; tests/router/test_migration.py has dualmap decide a move itself).
+    engine that has not answered (``hang``) and is moved as the migration registry moves a
+    queued request its policy names (``observers.Migrations``: the plan's ``mover`` called
+    with ``migrate_to`` set; tests/router/test_migration.py has dualmap decide a move itself).
     The migration target serves the stream."""
     core = make_core(engines.instances(), "dualmap")  # migrates: streamed attempts movable
+    queued = core.migrations.queued
     call = make_call(core, stream=True)
     first = call.plan.instance
     others = [name for name in core.health.instances if name != first]
@@ -349,13 +370,13 @@ def test_a_retry_and_a_migration_are_attempts_live(engines):
 
         async def migrate(plan: Plan) -> None:
             await wait_until_async(
-                lambda: plan.attempts == 2 and plan.request_id in core._queued, 10, "the retry"
+                lambda: plan.attempts == 2 and plan.request_id in queued, 10, "the retry"
             )
             (target,) = (name for name in others if name != plan.instance)
             moved[:] = [plan.instance, target]
             await asyncio.to_thread(fault, target, "recover")
-            # the core's migration registry holds the retry as movable
-            assert core._queued.pop(plan.request_id) is plan and plan.life.movable
+            # the migration registry holds the retry as movable
+            assert queued.pop(plan.request_id) is plan and plan.life.movable
             mover, plan.mover, plan.migrate_to = plan.mover, None, target
             assert mover is not None
             mover()
@@ -416,13 +437,13 @@ def test_a_retry_with_no_instance_left_adds_no_attempt_live_and_in_replay(
     # the count alone
     core = make_core(engines.instances()[:1])
     verdicts: list[RetryVerdict] = []
-    fail_attempt = core.fail_attempt
+    fail = Plan.fail
 
     def noting(*args: Any, **kwargs: Any) -> RetryVerdict:
-        verdicts.append(fail_attempt(*args, **kwargs))
+        verdicts.append(fail(*args, **kwargs))
         return verdicts[-1]
 
-    monkeypatch.setattr(core, "fail_attempt", noting)
+    monkeypatch.setattr(Plan, "fail", noting)
     call = make_call(core)
     with faults(engines) as fault:
         fault("i0", "kill")
@@ -478,13 +499,13 @@ def test_the_first_token_is_accounted_once_from_the_lifecycles_phase(engines, mo
     ones do; the first token is accounted once."""
     core = make_core(engines.instances())
     calls: list[str] = []
-    first_token = core.first_token
+    first_token = Plan.first_token
 
     def noting(plan: Plan) -> None:
         calls.append(plan.request_id)
         first_token(plan)
 
-    monkeypatch.setattr(core, "first_token", noting)
+    monkeypatch.setattr(Plan, "first_token", noting)
     call = make_call(core, stream=True, chat=True)
     served = serve(core, call)
     assert served.status == 200
@@ -546,3 +567,222 @@ def test_both_drivers_apply_peers_requests_through_one_helper(monkeypatch):
     assert sorted(calls["replay"]) == sorted(calls["live"] * 2)
     for router in sim.routers:
         assert router.state.in_flight.sum() == 0 and router.state.pending.sum() == 0
+
+
+# ----------------------------------------------------------------- the migration choice
+
+
+class Recording(RoundRobinPolicy):
+    """A migrating policy that notes what it is shown and moves every movable request to
+    ``target``."""
+
+    migrates = True
+
+    def __init__(self, target: str) -> None:
+        super().__init__()
+        self.target = target
+        self.shown: list[list[QueuedRequest]] = []
+
+    def migrations(
+        self, view: ClusterView, queued: Sequence[QueuedRequest], now: float
+    ) -> list[Migration]:
+        self.shown.append(list(queued))
+        return [
+            Migration(q.features.request_id, q.instance_id, self.target, 1.0)
+            for q in queued
+            if q.movable
+        ]
+
+
+def test_the_migration_choice_shows_the_policy_the_queues_the_decision_named():
+    """``choose_migrations``: the requests waiting on the instances the last decision
+    named (chosen one and candidates), in the driver's order, movable only if the driver
+    can take them back and the lifecycle allows another attempt."""
+    state = ClusterState(block_size=16)
+    for name in ("i0", "i1", "i2"):
+        state.add_instance(name)
+    policy = Recording("i2")
+    lives = []
+    for k, (instance, candidates) in enumerate([("i0", ()), ("i2", ()), ("i1", ("i0", "i1"))]):
+        features = build_features(f"r{k}", list(range(32)), 0.0, block_size=16)
+        life = RequestLifecycle(features, policy, state, max_attempts=2)
+        decision = Decision(instance, 0, "score", 0, (), np.zeros(3), {"candidates": candidates})
+        life.attempts.append(Attempt(instance, decision, "first", 0.0))
+        life.decision = decision  # as route() would have it
+        life.dispatch(float(k))
+        lives.append(life)
+    moves = choose_migrations(
+        lives[2], lives, lambda life: life.request_id != "r2", state.view(), 5.0
+    )
+    (shown,) = policy.shown
+    assert [(q.features.request_id, q.instance_id, q.dispatch_time) for q in shown] == [
+        ("r0", "i0", 0.0),
+        ("r2", "i1", 2.0),
+    ]
+    assert [q.movable for q in shown] == [True, False]  # r2: the driver cannot take it back
+    assert shown[1].candidates == ("i0", "i1") and shown[0].uncached_tokens == 32
+    assert [(m.request_id, m.source, m.target) for m in moves] == [("r0", "i0", "i2")]
+    lives[0].migrate("i2", 5.0)
+    lives[0].dispatch(5.0)
+    # a migrated request keeps its last decision's candidates, and is out of attempts
+    policy.shown.clear()
+    choose_migrations(lives[2], lives, lambda life: True, state.view(), 6.0)
+    assert [(q.features.request_id, q.movable) for q in policy.shown[0]] == [("r2", True)]
+    assert lives[0].decision is lives[0].attempts[0].decision
+
+
+def test_both_drivers_choose_migrations_through_one_function(monkeypatch):
+    calls: dict[str, list[str]] = {"live": [], "replay": []}
+
+    def recording(driver: str, module: Any) -> None:
+        assert module.choose_migrations is lifecycle_module.choose_migrations  # no copy
+
+        def wrapped(decided: RequestLifecycle, *args: Any) -> Any:
+            calls[driver].append(decided.request_id)
+            return lifecycle_module.choose_migrations(decided, *args)
+
+        monkeypatch.setattr(module, "choose_migrations", wrapped)
+
+    recording("live", observers_module)
+    recording("replay", simulator_module)
+    # replay: dualmap moves requests off a hot instance
+    config = SimConfig(
+        instances=4, scrape_interval_s=0.5, policy_params={"dualmap": {"slo_ttft_s": 1.0}}
+    )
+    result = Simulator(hotspot(), "dualmap", config).run()
+    assert result.migrations > 0 and len(calls["replay"]) >= len(result.requests)
+    # live: a dispatch of a request the proxy can still take back asks the policy
+    core = make_core(NO_ENGINES, "dualmap")
+    plan = make_call(core, stream=True).plan
+    plan.mover = lambda: None
+    plan.sent()
+    assert calls["live"] == [plan.request_id]
+
+
+# ----------------------------------------------------------------- observers
+
+
+class Noted(LifecycleObserver):
+    """Notes each hook it is told of: (hook, instance, phase)."""
+
+    def __init__(self) -> None:
+        self.heard: list[tuple[str, str, str]] = []
+
+    def _note(self, hook: str, attempt: Attempt) -> None:
+        self.heard.append((hook, attempt.instance, attempt.phase.value))
+
+    def routed(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("routed", attempt)
+
+    def sending(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("sending", attempt)
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("dispatched", attempt)
+
+    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("first_token", attempt)
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        self._note("ended", attempt)
+
+    def closed(self, life: RequestLifecycle, outcome: Any) -> None:
+        self.heard.append(("closed", str(outcome), ""))
+
+
+def test_the_lifecycle_tells_its_observers_each_transition_once():
+    """What both drivers' observers (the live router's peers, metrics, telemetry and
+    captures; the simulator's peer reports) rely on: each transition once, after the
+    accounting (``sending`` before it), late reports and second closes not at all."""
+    state = ClusterState(block_size=16)
+    for name in ("i0", "i1"):
+        state.add_instance(name)
+    noted = Noted()
+    features = build_features("r0", list(range(32)), 0.0, block_size=16)
+    policy = RoundRobinPolicy()
+    life = RequestLifecycle(features, policy, state, observers=LifecycleObservers(noted))
+    first = life.route(state.view(), 0.0).instance
+    life.dispatch(0.1)
+    verdict = life.fail(state.view(), 0.2, "http_5xx")
+    assert verdict.attempt is not None
+    second = verdict.attempt.instance
+    life.dispatch(0.3)
+    life.migrate(first, 0.4)  # a migration is an attempt, not a decision: no "routed"
+    life.dispatch(0.5)
+    assert life.first_token(0.6, 0.6) and not life.first_token(0.7, 0.7, life.attempts[0])
+    assert life.finish(0.8, 4) and not life.finish(0.9, 4)
+    assert life.close(1.0, "served") and not life.close(1.1, "again")
+    assert noted.heard == [
+        ("routed", first, "routed"),
+        ("sending", first, "routed"),
+        ("dispatched", first, "dispatched"),
+        ("ended", first, "failed"),
+        ("routed", second, "routed"),
+        ("sending", second, "routed"),
+        ("dispatched", second, "dispatched"),
+        ("ended", second, "migrated"),
+        ("sending", first, "routed"),
+        ("dispatched", first, "dispatched"),
+        ("first_token", first, "first_token"),
+        ("ended", first, "finished"),
+        ("closed", "served", ""),
+    ]
+    # an attempt that fails before it was sent was never dispatched: no "ended"
+    noted.heard.clear()
+    life = RequestLifecycle(
+        build_features("r1", [1, 2], 0.0, block_size=16),
+        policy,
+        state,
+        observers=LifecycleObservers(noted),
+    )
+    life.route(state.view(), 2.0)
+    life.fail(state.view(), 2.1, "connect", final=True)
+    assert [hook for hook, *_ in noted.heard] == ["routed"]
+
+
+def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
+    engines, replay_lives, monkeypatch
+):
+    # live: the first instance answers with a 500, the next serves: peers hear the first
+    # dispatch end badly and the second end well
+    core = make_core(engines.instances())
+    core.peers = peers = listening_peers(core)
+    call = make_call(core, f"{PROMPT}{POISON}")
+    first = call.plan.instance
+    with faults(engines) as fault:
+        fault(first, "poison", match=POISON)
+        served = serve(core, call)
+    assert served.status == 200 and len(served.sent) == 2
+    second = served.sent[1]
+    assert published(peers) == [("d", first), ("e", False), ("d", second), ("e", True)]
+    assert any(isinstance(o, observers_module.PeerReports) for o in call.plan.life.observers.all)
+    # replay: two synced routers; an instance dies under them (failures, retries). Every
+    # dispatch and every end other than a finish reaches the peers through the hooks.
+    heard: list[tuple[str, str, str]] = []
+    reports = simulator_module._PeerReports
+    for hook in ("dispatched", "ended"):
+        original = getattr(reports, hook)
+
+        def noting(self: Any, life: RequestLifecycle, attempt: Attempt, *, _o=original, _h=hook):
+            heard.append((_h, life.request_id, attempt.phase.value))
+            _o(self, life, attempt)
+
+        monkeypatch.setattr(reports, hook, noting)
+    records = [TraceRecord(k, 0.05 * k, 3000, 40) for k in range(40)]
+    config = SimConfig(instances=3, routers=2, replica_sync=True, faults=(Fault(0.6, 1, "fail"),))
+    sim = Simulator(records, "least_load", config)
+    sim.run()
+    dispatched = [
+        life.request_id
+        for life in replay_lives
+        for attempt in life.attempts
+        if attempt.dispatched_at is not None
+    ]
+    failed = [
+        life.request_id for life in replay_lives for a in life.attempts if a.phase is Phase.FAILED
+    ]
+    assert failed and len(dispatched) >= len(records)
+    assert sorted(r for h, r, _ in heard if h == "dispatched") == sorted(dispatched)
+    assert sorted(r for h, r, phase in heard if h == "ended" and phase == "failed") == sorted(
+        failed
+    )

@@ -191,7 +191,7 @@ class RouterCore:
             max_attempts=runtime.config.router.max_attempts,
             observers=self.observers,
         )
-        plan = life.context = Plan(request_id, runtime, arm, life, intake.tier, started)
+        plan = life.context = Plan(request_id, runtime, arm, life, intake.tokenization, started)
         try:
             decision = life.route(arm.view, now).decision
         except NoEligibleInstanceError as error:

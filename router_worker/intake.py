@@ -123,7 +123,7 @@ class Intake:
     turn_index: int | None
     prompt_tokens: int
     block_hashes: tuple[int, ...]
-    tier: str
+    tokenization: str  # the tokenization mode: ids, exact or approx
     tokenize_s: float
     hash_s: float
 
@@ -195,12 +195,12 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
     special = fields.get("add_special_tokens", ADD_SPECIAL_TOKENS[endpoint])
     if endpoint == "chat":
         try:  # the body itself: the template may read any message key and template option
-            token_ids, tier = tokenizer.encode_chat_body(body, add_special_tokens=special)
+            token_ids, mode = tokenizer.encode_chat_body(body, add_special_tokens=special)
         except PromptError as error:
             raise APIError(400, str(error), error.param) from None
         turn_index = sum(1 for message in body["messages"] if message["role"] == "assistant")
     else:
-        token_ids, tier = tokenizer.encode_prompt(fields["prompt"], add_special_tokens=special)
+        token_ids, mode = tokenizer.encode_prompt(fields["prompt"], add_special_tokens=special)
     t1 = time.perf_counter()
     hashes = tuple(hash_blocks(token_ids, block_size))
     return Intake(
@@ -210,7 +210,7 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
         turn_index=turn_index,
         prompt_tokens=len(token_ids),
         block_hashes=hashes,
-        tier=tier,
+        tokenization=mode,
         tokenize_s=t1 - t0,
         hash_s=time.perf_counter() - t1,
     )

@@ -223,8 +223,9 @@ class RouterMetrics:
             buckets=TPOT_BUCKETS,
             registry=r,
         )
-        self.tier = Counter(
-            "switchyard_router_tokenization", "Requests by tokenization tier.", ["tier"], registry=r
+        # the label keeps its first name, tier: it is part of the exposition
+        self.tokenizations = Counter(
+            "switchyard_router_tokenization", "Requests by tokenization mode.", ["tier"], registry=r
         )
         self.in_flight = Gauge("switchyard_router_in_flight", "Requests in flight.", registry=r)
         # A plain int read at scrape time: Gauge.inc/dec take a lock twice per request.

@@ -97,7 +97,7 @@ class PeerReports(LifecycleObserver):
 
 
 class RequestMetrics(LifecycleObserver):
-    """The per-request metrics: the intake and decision times and the tier of each
+    """The per-request metrics: the intake and decision times and the tokenization mode of each
     request once its first attempt is sent; TTFT, TPOT and ``requests_total{status}`` once
     it is closed."""
 
@@ -112,10 +112,10 @@ class RequestMetrics(LifecycleObserver):
         plan: Plan = life.context
         metrics = self.metrics
         tokenize, hashing, decide = plan.timings
-        metrics.child(metrics.tokenize_seconds, plan.tier).observe(tokenize)
+        metrics.child(metrics.tokenize_seconds, plan.tokenization).observe(tokenize)
         metrics.hashing_seconds.observe(hashing)
         metrics.child(metrics.decision_seconds, plan.arm.policy_kind).observe(decide)
-        metrics.child(metrics.tier, plan.tier).inc()
+        metrics.child(metrics.tokenizations, plan.tokenization).inc()
 
     def closed(self, life: RequestLifecycle, outcome: Outcome) -> None:
         plan: Plan = life.context
@@ -290,7 +290,7 @@ class DecisionLog(LifecycleObserver):
                 "attempts": plan.attempts,
                 "prompt_tokens": plan.features.prompt_tokens,
                 "cached_tokens": plan.decision.cached_tokens,
-                "tier": plan.tier,
+                "tier": plan.tokenization,
                 "ttft_s": ttft,
                 "scores": plan.decision.score_table(),
                 "details": scalar_details(plan.decision.details),

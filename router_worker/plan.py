@@ -52,7 +52,7 @@ class Plan:
     runtime: Runtime
     arm: Arm
     life: RequestLifecycle
-    tier: str
+    tokenization: str  # the tokenization mode
     started: float  # perf_counter at arrival
     sent_at: float = 0.0  # perf_counter when the last attempt's request went upstream
     first_token_at: float | None = None  # perf_counter at the first token (TTFT, TPOT)

@@ -185,7 +185,7 @@ class Telemetry:
         self._rng = random.Random()
         self._window: deque[RequestSample] = deque(maxlen=WINDOW_MAX_SAMPLES)
         self._interval = _Interval(time.time(), self._rng)
-        self._events: deque[contract.RouterEvent] = deque()
+        self._events: deque[contract.EventRecord] = deque()
         self._records: deque[contract.MetricsRecord] = deque()
         self._decisions: deque[contract.DecisionRecord] = deque()
         self.capture = CaptureBuffer()  # the traffic capture's requests, not yet digested
@@ -202,8 +202,8 @@ class Telemetry:
         self._window.append(sample)
         self._interval.add(sample)
 
-    def event(self, kind: contract.EventKind, **payload: Any) -> contract.RouterEvent:
-        event = contract.RouterEvent.new(self.cluster, self.router, kind, time.time(), **payload)
+    def event(self, kind: contract.EventKind, **payload: Any) -> contract.EventRecord:
+        event = contract.EventRecord.new(self.cluster, self.router, kind, time.time(), **payload)
         self.recent_events.append(event.model_dump())
         if len(self._events) >= EVENT_BUFFER:
             self._events.popleft()

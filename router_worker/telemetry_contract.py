@@ -11,7 +11,7 @@ Keys
   `StateSnapshot`), rewritten every `STATE_INTERVAL_S` with a TTL of `STATE_TTL_S`, so a dead
   router's state disappears by itself.
 * ``events_stream(cluster)``: the cluster's Redis stream of events; each entry has one
-  field ``data`` holding a `RouterEvent` as JSON. Events carry a unique ``id`` assigned by
+  field ``data`` holding an `EventRecord` as JSON. Events carry a unique ``id`` assigned by
   the router, so ingest is idempotent however often an entry is delivered.
 * ``metrics_stream(cluster)``: per-router request metrics every `METRICS_INTERVAL_S`
   (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
@@ -164,7 +164,7 @@ class HotspotPayload(_Record):
     instances: list[str] = Field(default_factory=list)
 
 
-class RouterEvent(_Record):
+class EventRecord(_Record):
     id: str
     cluster: str
     router: str
@@ -175,7 +175,7 @@ class RouterEvent(_Record):
     @classmethod
     def new(
         cls, cluster: str, router: str, kind: EventKind, at: float, **payload: Any
-    ) -> RouterEvent:
+    ) -> EventRecord:
         return cls(
             id=uuid.uuid4().hex, cluster=cluster, router=router, kind=kind, at=at, payload=payload
         )
@@ -184,7 +184,7 @@ class RouterEvent(_Record):
         return {"data": self.model_dump_json()}
 
     @classmethod
-    def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> RouterEvent:
+    def from_stream_fields(cls, fields: dict[bytes | str, bytes | str]) -> EventRecord:
         return cls.model_validate_json(_field(fields, "data"))
 
 

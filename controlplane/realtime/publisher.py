@@ -35,7 +35,7 @@ from controlplane.services import ingest
 from router_worker.telemetry_contract import (
     CONFIG_CHANNEL,
     EVENTS_STREAM,
-    RouterEvent,
+    EventRecord,
     decisions_stream,
     events_stream,
     state_pattern,
@@ -92,7 +92,7 @@ class PublisherSettings:
     clusters_s: float = 5.0
 
 
-def event_message(event: RouterEvent, cluster_id: int) -> dict[str, Any]:
+def event_message(event: EventRecord, cluster_id: int) -> dict[str, Any]:
     return {
         "type": "event",
         "kind": event.kind,
@@ -322,7 +322,7 @@ class Publisher:
 
     async def forward_event(self, fields: dict, only: str | None = None) -> None:
         try:  # ingest quarantines and counts what is malformed: only skipped here
-            event = records.parse(RouterEvent, records.stream_data(fields))
+            event = records.parse(EventRecord, records.stream_data(fields))
         except records.BadRecord as error:
             log.warning("skipping malformed router event: %s", error)
             return

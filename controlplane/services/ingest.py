@@ -35,6 +35,7 @@ from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     METRICS_STREAM,
     ArmMetrics,
+    EventRecord,
     HotspotPayload,
     InstanceMetrics,
     MetricsRecord,
@@ -42,7 +43,6 @@ from router_worker.telemetry_contract import (
     events_stream,
     metrics_stream,
 )
-from router_worker.telemetry_contract import RouterEvent as WireEvent
 
 from . import rollups
 from .fields import max_length
@@ -68,7 +68,7 @@ class PoisonEntry(ValueError):
     """A stream entry that cannot be stored, whatever the retries: it is quarantined."""
 
 
-class StorableEvent(WireEvent):
+class StorableEvent(EventRecord):
     """The contract's event narrowed to what the Postgres rows can hold."""
 
     id: str = Field(min_length=1, max_length=max_length(RouterEvent, "event_id"))
@@ -187,7 +187,7 @@ def require_storable(value: Any, path: str = "") -> None:
             require_storable(item, f"{path}[{index}]")
 
 
-def parse_event(fields: dict) -> WireEvent:
+def parse_event(fields: dict) -> EventRecord:
     size = len(_raw_data(fields))
     if size > MAX_EVENT_BYTES:
         raise PoisonEntry(f"{size} bytes, more than {MAX_EVENT_BYTES}")
@@ -214,7 +214,7 @@ def _cluster_of(name: str, clusters: dict[str, Cluster]) -> Cluster:
     return cluster
 
 
-def store_event(event: WireEvent, clusters: dict[str, Cluster]) -> bool:
+def store_event(event: EventRecord, clusters: dict[str, Cluster]) -> bool:
     """Insert one event; False when it was already stored."""
     cluster = _cluster_of(event.cluster, clusters)
     if event.kind == "hotspot":

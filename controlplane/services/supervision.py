@@ -7,7 +7,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.models import RouterDeployment, RouterEvent
-from router_worker.telemetry_contract import RouterEvent as WireEvent
+from router_worker.telemetry_contract import EventRecord
 
 from .bearer import new_router_token, sha256_hex
 
@@ -28,7 +28,7 @@ def record_router_exit(router_id: int, *, exit_code: int | None, restarting: boo
     if restarting:
         RouterDeployment.objects.filter(pk=router_id).update(restarts=F("restarts") + 1)
         router.refresh_from_db(fields=["restarts"])
-    event = WireEvent.new(
+    event = EventRecord.new(
         router.cluster.name,
         router.name,
         "router_restarted",

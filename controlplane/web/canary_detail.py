@@ -61,7 +61,7 @@ def timeline_context(canary: CanarySplit) -> dict[str, Any]:
         "rows": rows,
         "chart": chart_series(rows[::-1]),
         "truncated": len(newest) == TIMELINE_ROWS,
-        "lifecycle": reads.canary_audit(canary),
+        "rollout": reads.canary_audit(canary),
         "polling": canary.state not in FINAL_STATES,
         "expected": expected_view(canary),
     }

@@ -14,17 +14,17 @@ from controlplane.models import Cluster, RouterEvent
 from controlplane.services import ingest
 from router_worker.telemetry_contract import (
     ArmMetrics,
+    EventRecord,
     MetricsRecord,
     events_stream,
     metrics_stream,
 )
-from router_worker.telemetry_contract import RouterEvent as WireEvent
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _health(cluster: str) -> WireEvent:
-    return WireEvent.new(
+def _health(cluster: str) -> EventRecord:
+    return EventRecord.new(
         cluster, "r0", "health", time.time(), instance="i0", before="healthy", after="down"
     )
 

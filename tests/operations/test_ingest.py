@@ -17,16 +17,16 @@ from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     METRICS_STREAM,
     ArmMetrics,
+    EventRecord,
     MetricsRecord,
 )
-from router_worker.telemetry_contract import RouterEvent as WireEvent
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def hotspot_event(cluster: str = "ops-test", transition: str = "confirmed") -> WireEvent:
-    return WireEvent.new(
+def hotspot_event(cluster: str = "ops-test", transition: str = "confirmed") -> EventRecord:
+    return EventRecord.new(
         cluster,
         "r0",
         "hotspot",
@@ -45,7 +45,7 @@ def hotspot_event(cluster: str = "ops-test", transition: str = "confirmed") -> W
 
 def test_events_become_rows_and_a_redelivered_event_is_stored_once(redis_client, cluster):
     first = hotspot_event()
-    health = WireEvent.new(
+    health = EventRecord.new(
         "ops-test",
         "r0",
         "health",

@@ -145,9 +145,9 @@ def test_drain_stops_new_requests_to_the_instance(fleet, router_factory):
     assert httpx.get(router.url + "/admin/state").status_code == 401
 
 
-def _events(client: redis.Redis) -> list[contract.RouterEvent]:
+def _events(client: redis.Redis) -> list[contract.EventRecord]:
     entries = stream_entries(client, contract.events_stream("test"))
-    return [contract.RouterEvent.from_stream_fields(fields) for _, fields in entries]
+    return [contract.EventRecord.from_stream_fields(fields) for _, fields in entries]
 
 
 def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factory, private_redis):

@@ -13,8 +13,8 @@ from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     STATE_TTL_S,
     EventKind,
+    EventRecord,
     InstanceSnapshot,
-    RouterEvent,
     StateSnapshot,
     WindowStats,
     dumps_state,
@@ -76,8 +76,8 @@ def write_state(client: redis.Redis, snap: StateSnapshot) -> None:
 
 def write_event(
     client: redis.Redis, cluster: str, kind: EventKind, router: str = "r1", **payload
-) -> RouterEvent:
-    event = RouterEvent.new(cluster, router, kind, time.time(), **payload)
+) -> EventRecord:
+    event = EventRecord.new(cluster, router, kind, time.time(), **payload)
     client.xadd(EVENTS_STREAM, event.to_stream_fields())  # type: ignore[arg-type]  # stub: invariant dict
     return event
 

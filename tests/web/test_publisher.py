@@ -15,7 +15,7 @@ from django.conf import settings
 from controlplane.realtime.publisher import ClusterFeed, Publisher, PublisherSettings
 from controlplane.realtime.state import group_name
 from devharness import wait_until_async
-from router_worker.telemetry_contract import CONFIG_CHANNEL, RouterEvent, events_stream
+from router_worker.telemetry_contract import CONFIG_CHANNEL, EventRecord, events_stream
 
 from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
 
@@ -150,13 +150,13 @@ async def test_events_of_a_clusters_own_stream_are_forwarded_for_that_cluster_on
         feed = publisher.feeds[name]
         await wait_until_async(lambda: feed.events_cursor is not None, 5, "its events cursor")
         for cluster, transition in ((name, "suspected"), ("elsewhere", "confirmed")):
-            event = RouterEvent.new(
+            event = EventRecord.new(
                 cluster, "r1", "hotspot", time.time(), **hotspot_payload(transition)
             )
             client.xadd(stream, event.to_stream_fields())
         client.xadd(
             stream,
-            RouterEvent.new(
+            EventRecord.new(
                 name, "r1", "hotspot", time.time(), **hotspot_payload("cleared")
             ).to_stream_fields(),
         )

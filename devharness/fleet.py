@@ -43,9 +43,10 @@ def scrape_total(
 
 class Fleet:
     """``size`` instances of ``model`` on ``gpu``, ``time_scale`` wall seconds per simulated
-    second. Ports not given are picked free, and a start that fails (another suite took a
-    port first) is retried on new ones, ``attempts`` times in all. ``kv_events`` publishes KV
-    events (``kv_encoding``: enginesim's default, or ``array`` as vLLM's msgspec sends them).
+    second. Ports not given are picked free, and with picked instance ports a start that
+    fails (another suite took a port first) is retried on new ones, ``attempts`` times in
+    all. ``kv_events`` publishes KV events (``kv_encoding``: enginesim's default, or
+    ``array`` as vLLM's msgspec sends them).
     ``variation``: the fleet-variation flags (``--speeds``, ``--perturb``, ...), ``extra``: any
     other ``serve`` flags, ``prefix``: a command to run it under (``taskset -c 0``).
 
@@ -201,8 +202,8 @@ class Fleet:
 
     def start(self, wait: bool = True) -> Self:
         """Start the fleet (and with ``wait``, until it is healthy)."""
-        picked = None in self._fixed[:2] or (self.kv_events and self._fixed[2] is None)
-        attempts = self.attempts if picked else 1
+        # a clash on a fixed instance port would only repeat
+        attempts = self.attempts if self._fixed[0] is None else 1
         for attempt in range(attempts):
             self._pick_ports()
             env = {**(self.env if self.env is not None else os.environ), **PYTHON_UNBUFFERED}

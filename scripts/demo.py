@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devharness import ManagedProcess, WaitTimeout, stop_together, wait_until
+from devharness import Fleet, ManagedProcess, WaitTimeout, stop_together, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = ROOT / "var"
@@ -90,17 +90,27 @@ STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 90.0
 
 
+def log_path(name: str) -> Path:
+    return VAR / "log" / f"{name}.log"
+
+
 @dataclass
 class Service:
+    """A process of the stack: ``argv``, or the enginesim ``fleet`` (started by the harness)."""
+
     name: str
-    argv: list[str]
+    argv: list[str] = field(default_factory=list)
+    fleet: Fleet | None = None
     managed: ManagedProcess | None = field(default=None, repr=False)
 
     @property
     def log_path(self) -> Path:
-        return VAR / "log" / f"{self.name}.log"
+        return log_path(self.name)
 
     def start(self, env: dict[str, str]) -> None:
+        if self.fleet is not None:
+            self.managed = self.fleet.start(wait=False).managed
+            return
         # its own process group: stopping it reaches Celery's pool and uvicorn's children
         self.managed = ManagedProcess(
             self.argv, env=env, log=self.log_path, cwd=ROOT, new_session=True
@@ -169,38 +179,29 @@ def seed(env: dict[str, str]) -> dict[str, str]:
     return values
 
 
-def stack_services() -> list[Service]:
+def engine_fleet(env: dict[str, str]) -> Fleet:
+    return Fleet(
+        INSTANCES,
+        time_scale=TIME_SCALE,
+        kv_events=True,
+        base_port=ENGINE_BASE_PORT,
+        admin_port=ENGINE_ADMIN_PORT,
+        kv_port=KV_EVENTS_BASE_PORT,
+        # Qwen2-7B's 128k context (YaRN), as in the evaluation matrix: the trace's long
+        # prompts are served, not refused
+        extra=["--max-model-len", str(MAX_MODEL_LEN), "--global-tier-blocks", str(TIER_BLOCKS)],
+        log=log_path("engines"),
+        cwd=ROOT,
+        env=env,
+        new_session=True,
+        grace=STOP_GRACE_S,
+    )
+
+
+def stack_services(engines: Fleet) -> list[Service]:
     celery = [str(BIN / "celery"), "-A", "controlplane"]
     return [
-        Service(
-            "engines",
-            [
-                PYTHON,
-                "-m",
-                "enginesim",
-                "serve",
-                "--instances",
-                str(INSTANCES),
-                "--base-port",
-                str(ENGINE_BASE_PORT),
-                "--gpu",
-                "h20",
-                "--model",
-                "qwen2-7b",
-                "--time-scale",
-                str(TIME_SCALE),
-                # Qwen2-7B's 128k context (YaRN), as in the evaluation matrix:
-                # the trace's long prompts are served, not refused
-                "--max-model-len",
-                str(MAX_MODEL_LEN),
-                "--kv-events",
-                f"tcp://127.0.0.1:{KV_EVENTS_BASE_PORT}",
-                "--admin-port",
-                str(ENGINE_ADMIN_PORT),
-                "--global-tier-blocks",
-                str(TIER_BLOCKS),
-            ],
-        ),
+        Service("engines", fleet=engines),
         Service(
             "web",
             [
@@ -358,9 +359,11 @@ def run(running: list[Service]) -> int:
         return 1
     env = stack_env()
     logins = seed(env)
-    running.extend(stack_services())
+    engines = engine_fleet(env)
+    running.extend(stack_services(engines))
     for service in running:
         service.start(env)
+    wait_for("the engines", engines.healthy, running)
     wait_for("the control plane", lambda: http_ok(f"http://{HOST}:{PORT}/healthz"), running)
     wait_for("the router", lambda: http_ok(f"http://127.0.0.1:{ROUTER_PORT}/health"), running)
     loadgen = loadgen_service()

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from devharness import Fleet, Router
+from tests.router.helpers import kv_fleet, launch_router
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 CHROMIUM = "/usr/bin/chromium"
@@ -62,3 +66,27 @@ def browser() -> Iterator[object]:
         instance = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield instance
         instance.close()
+
+
+@pytest.fixture(scope="session")
+def fleet() -> Iterator[Fleet]:
+    """Four enginesim instances shared by the router tests and the drills: each test
+    recovers the faults it injects (tests that must not share one start their own)."""
+    with kv_fleet(4) as started:
+        yield started
+
+
+@pytest.fixture
+def router_factory(tmp_path: Path) -> Iterator[Callable[..., Router]]:
+    """Start router processes (tests/router/helpers.py's ``launch_router``); all stopped
+    after the test."""
+    started: list[Router] = []
+
+    def start(document: dict[str, Any] | None = None, *extra: str, **options: Any) -> Router:
+        router = launch_router(tmp_path, document, *extra, **options)
+        started.append(router)
+        return router
+
+    yield start
+    for router in started:
+        router.stop()

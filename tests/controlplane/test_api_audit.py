@@ -8,8 +8,8 @@ from django.test import Client
 
 from controlplane.models import AuditEvent
 
-from .conftest import session_client
 from .endpoints import READS, REASON, ROUTER_AGENT, WRITES, call
+from .helpers import session_client
 
 pytestmark = pytest.mark.django_db
 

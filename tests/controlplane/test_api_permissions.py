@@ -7,8 +7,8 @@ import re
 import pytest
 from django.test import Client
 
-from .conftest import ROLES, make_user, session_client, token_client
 from .endpoints import ENDPOINTS, ROUTER_AGENT, WRITES, call
+from .helpers import ROLES, make_user, session_client, token_client
 
 pytestmark = pytest.mark.django_db
 CALLERS = (None, *ROLES)
@@ -95,7 +95,7 @@ def test_router_endpoints_refuse_every_user(world, as_role, endpoint, caller) ->
 def test_router_endpoints_accept_only_their_own_routers_token(world, endpoint) -> None:
     from controlplane.services.router_deployments import create_router_deployment
 
-    from .conftest import SYSTEM
+    from .helpers import SYSTEM
 
     other_token, _ = create_router_deployment(
         SYSTEM, world["beta"], name="other", host="127.0.0.1", port=8300

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.test import Client
 
 from controlplane.asgi import application
-from tests.controlplane.conftest import make_user
-from tests.web.conftest import make_cluster
+from tests.controlplane.helpers import make_user
+from tests.web.helpers import make_cluster
 
 # Transactional: Django's request cycle closes the thread's database connection at its end.
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -15,7 +15,7 @@ from controlplane.models import ApiToken, AuditEvent, ClientKey, Cluster
 from controlplane.services import tokens
 from router_worker.config import parse_config
 
-from .conftest import SYSTEM, make_user, session_client
+from .helpers import SYSTEM, make_user, session_client
 
 pytestmark = pytest.mark.django_db
 

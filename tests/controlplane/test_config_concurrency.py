@@ -13,7 +13,7 @@ from django.db import connections
 from controlplane.models import ConfigVersion
 from controlplane.services import clusters
 
-from .conftest import SYSTEM, make_cluster
+from .helpers import SYSTEM, make_cluster
 
 
 @pytest.mark.django_db(transaction=True)

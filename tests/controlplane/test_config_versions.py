@@ -14,8 +14,8 @@ from controlplane.models import ConfigVersion
 from controlplane.services import policies
 from router_worker.telemetry_contract import CONFIG_CHANNEL
 
-from .conftest import SYSTEM, session_client
 from .endpoints import REASON
+from .helpers import SYSTEM, session_client
 
 
 def versions_of(cluster_id: int) -> list[int]:

@@ -8,17 +8,17 @@ import httpx
 import pytest
 
 from controlplane.services import clusters, instance_health
-from tests.enginesim.conftest import SimServer, start_server, stop_server
+from devharness import Fleet
+from tests.fleets import fast_fleet
 from tests.foundation.test_engine_interface import CURRENT, OLDER
 
-from .conftest import SYSTEM
+from .helpers import SYSTEM
 
 
 @pytest.fixture(scope="module")
-def engine() -> Iterator[SimServer]:
-    server = start_server(1, False)
-    yield server
-    stop_server(server)
+def engine() -> Iterator[Fleet]:
+    with fast_fleet(1) as fleet:
+        yield fleet
 
 
 def _cluster_on(url: str):

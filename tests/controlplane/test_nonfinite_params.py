@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import session_client
+from .helpers import session_client
 from .test_validation import assert_refused
 
 pytestmark = pytest.mark.django_db

@@ -25,7 +25,7 @@ from router_worker.routing.policies.predicted_ttft import (
     PredictedTTFTParams,
 )
 
-from .conftest import SYSTEM, session_client
+from .helpers import SYSTEM, session_client
 
 pytestmark = pytest.mark.django_db
 REASON = "ticket OPS-20"

@@ -17,7 +17,7 @@ from controlplane.models import ApiToken, AuditEvent, ReplayJob, RouterDeploymen
 from controlplane.services.bearer import sha256_hex
 from controlplane.services.replays import CELL_TASK
 
-from .conftest import session_client
+from .helpers import session_client
 
 pytestmark = pytest.mark.django_db
 REPLAY = {

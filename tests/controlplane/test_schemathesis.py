@@ -17,7 +17,7 @@ from schemathesis.checks import not_a_server_error
 
 from controlplane.services.tokens import create_api_token
 
-from .conftest import SYSTEM
+from .helpers import SYSTEM
 
 MAX_EXAMPLES = 10
 

@@ -9,7 +9,7 @@ import pytest
 from controlplane.models import AuditEvent, ConfigVersion
 from controlplane.services import canaries
 
-from .conftest import SYSTEM, make_cluster, make_user, session_client, token_client
+from .helpers import SYSTEM, make_cluster, make_user, session_client, token_client
 
 pytestmark = pytest.mark.django_db
 

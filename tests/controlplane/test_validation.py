@@ -10,8 +10,8 @@ from django.db.utils import OperationalError
 
 from controlplane.models import AuditEvent, CanarySplit, ConfigVersion
 
-from .conftest import session_client
 from .endpoints import REASON, canary_body, fill
+from .helpers import session_client
 
 pytestmark = pytest.mark.django_db
 

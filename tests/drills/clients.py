@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -145,3 +146,28 @@ async def steady(
             tasks.append(asyncio.create_task(send(k)))
         await asyncio.gather(*tasks)
     return outcome
+
+
+class BackgroundLoad:
+    """Steady load in a thread; ``transport`` says how refused/cut connections count."""
+
+    def __init__(self, url: str, transport: str = "lost", max_tokens: int = 16) -> None:
+        self.stop = threading.Event()
+        self.box: list[Outcome] = []
+        load = Load(
+            url + "/v1/completions",
+            concurrency=3,
+            max_tokens=max_tokens,
+            pause_s=0.02,
+            transport=transport,
+        )
+        self.thread = threading.Thread(
+            target=lambda: self.box.append(asyncio.run(load.run(until=self.stop.is_set))),
+            daemon=True,
+        )
+        self.thread.start()
+
+    def finish(self) -> Outcome:
+        self.stop.set()
+        self.thread.join(timeout=60)
+        return self.box[0]

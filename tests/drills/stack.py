@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from devharness import free_ports, start_process, stop_process, wait_until
-from tests.router.conftest import REPO, PrivateRedis
+from tests.router.helpers import REPO, PrivateRedis
 
 PG_BIN = Path("/usr/lib/postgresql/15/bin")
 ROUTER_HOST = "drillhost"
@@ -214,6 +214,37 @@ class Stack:
 
     def api(self, path: str) -> httpx.Response:
         return httpx.get(self.cp_url + "/api/v1" + path, headers=self.api_headers, timeout=5)
+
+    def router_info(self) -> dict[str, Any]:
+        """The managed router's deployment as the control plane's API reports it."""
+        response = self.api(f"/routers/{self.seed['deployment']}")
+        response.raise_for_status()
+        return response.json()
+
+    def start_ingest(self) -> None:
+        """The general worker and beat: ingest of the router streams runs as in production."""
+        celery = [str(BIN / "celery"), "-A", "controlplane"]
+        if "worker" not in self.processes:
+            self.spawn(
+                "worker",
+                [
+                    *celery,
+                    "worker",
+                    "-Q",
+                    "default",
+                    "-c",
+                    "1",
+                    "-n",
+                    "drill-default@%h",
+                    "--loglevel",
+                    "WARNING",
+                ],
+            )
+        if "beat" not in self.processes:
+            self.spawn(
+                "beat",
+                [*celery, "beat", "--loglevel", "WARNING", "-s", str(self.root / "beat-schedule")],
+            )
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in self.root.glob("**/*.log"))

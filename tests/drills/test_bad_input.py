@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from devharness import stop_process, wait_until
+from devharness import wait_until
 from tests.drills.clients import MODEL, is_error_body
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import launch_router
+from tests.router.helpers import launch_router
 
 MAX_BODY = 16 * 1024
 EXAMPLES = 300
@@ -191,7 +191,7 @@ def router(drill_fleet, tmp_path_factory):
     document = drill_config(drill_fleet, max_body_bytes=MAX_BODY)
     started = launch_router(tmp_path_factory.mktemp("bad-input"), document)
     yield started
-    stop_process(started.proc)
+    started.stop()
 
 
 def _indicators(router) -> dict[str, float]:
@@ -238,7 +238,7 @@ def test_malformed_requests_get_4xx_openai_errors(router):
             None,
             notes=f"statuses {dict(sorted(seen.items()))}; every answer a 4xx error body",
         )
-    assert router.proc.poll() is None, "the router died"
+    assert router.process.poll() is None, "the router died"
     wait_until(lambda: not any(_indicators(router).values()), 10, "indicators back to zero")
     assert (
         httpx.post(

@@ -15,11 +15,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devharness import wait_until
+from devharness import Fleet, wait_until
 from tests.drills.clients import body, is_error_body, judge_whole
 from tests.drills.report import Outcome, record
 from tests.drills.stack import SECRET_KEY, Stack, build_stack
-from tests.router.conftest import Fleet
 
 REVOCATION_BOUND_S = 15.0  # pub/sub makes it ~immediate; the poll fallback is 10 s
 ADMIN_SEED = """

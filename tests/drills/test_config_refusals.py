@@ -9,11 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from devharness import stop_process
 from tests.drills.clients import MODEL, is_error_body
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import launch_router
+from tests.router.helpers import launch_router
 
 ROUND_ROBIN = {"kind": "round_robin"}
 LMETRIC = {"kind": "lmetric"}
@@ -54,7 +53,7 @@ def router(drill_fleet, tmp_path_factory):
     document = {**drill_config(drill_fleet, "round_robin"), "version": 5}
     started = launch_router(tmp_path_factory.mktemp("refusals"), document)
     yield started
-    stop_process(started.proc)
+    started.stop()
 
 
 def test_router_refuses_invalid_configs_naming_the_field(router, drill_fleet):

@@ -17,11 +17,10 @@ import time
 
 import pytest
 
-from devharness import WaitTimeout, wait_until
+from devharness import Fleet, Router, WaitTimeout, wait_until
 from tests.drills.clients import Load
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Fleet, Router
 
 MARK_DOWN_TARGET_S = 2.0  # reported beside the measured time, not asserted
 POST_FAULT_LOAD_S = 1.5

@@ -44,7 +44,7 @@ from router_worker.telemetry_contract import (
     state_key,
     state_pattern,
 )
-from tests.controlplane.conftest import SYSTEM, make_user
+from tests.controlplane.helpers import SYSTEM, make_user
 from tests.drills.report import Outcome, record
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(180)]

@@ -20,11 +20,11 @@ import httpx
 import msgpack
 import zmq
 
-from devharness import wait_until
+from devharness import Router, wait_until
 from tests.drills.clients import MODEL, Load, judge_whole
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Router, scrape_total
+from tests.router.helpers import scrape_total
 from tests.router.test_kv_malformed import WRONG_TYPES
 
 BLOCK = 16

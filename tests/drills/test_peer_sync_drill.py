@@ -13,11 +13,10 @@ import asyncio
 import threading
 import time
 
-from devharness import wait_until
+from devharness import Router, wait_until
 from tests.drills.clients import Load
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Router
 from tests.router.test_peers import PEER_ENV
 
 OUTAGE_S = 5.0

@@ -33,13 +33,12 @@ from controlplane.models import (
     RouterEvent,
 )
 from controlplane.services import ingest
-from devharness import wait_until
+from devharness import Router, wait_until
 from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
 from tests.drills.clients import MODEL
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
 from tests.drills.test_redis_outage import background_load, drain, hot_burst
-from tests.router.conftest import Router
 
 CLUSTER = "drill"
 WAVES = 3

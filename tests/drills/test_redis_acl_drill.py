@@ -19,9 +19,9 @@ from controlplane.router_fleet import identity
 from controlplane.services import ingest
 from devharness import wait_until
 from router_worker import telemetry_contract as contract
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import MODEL
+from tests.router.helpers import MODEL
 from tests.router.test_peers import PEER_ENV
 
 

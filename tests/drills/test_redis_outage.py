@@ -18,11 +18,10 @@ import redis
 
 from controlplane.models import Cluster, HotspotEvent, RouterEvent
 from controlplane.services.ingest import ingest_events
-from devharness import wait_until
+from devharness import Router, wait_until
 from tests.drills.clients import MODEL, Load
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Router
 
 OUTAGE_S = 10.0
 HOT_PREFIX = " ".join(f"shared-system-prompt-{i}" for i in range(200))

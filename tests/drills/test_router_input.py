@@ -16,11 +16,11 @@ import time
 import httpx
 import pytest
 
-from devharness import stop_process, wait_until
+from devharness import wait_until
 from tests.drills.clients import MODEL, judge_stream, judge_whole
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import launch_router
+from tests.router.helpers import launch_router
 
 MAX_BODY = 8 * 1024 * 1024  # the router's default limit
 DEPTHS = (1, 10, 100, 199, 200, 201, 1000, 10_000, 100_000, 1_000_000)
@@ -48,7 +48,7 @@ def router(drill_fleet, tmp_path_factory):
     document = drill_config(drill_fleet, first_byte_timeout_s=60)
     started = launch_router(tmp_path_factory.mktemp("router-input"), document)
     yield started
-    stop_process(started.proc)
+    started.stop()
 
 
 def _indicators(router) -> dict[str, float]:
@@ -60,7 +60,7 @@ def _indicators(router) -> dict[str, float]:
 
 
 def _settled(router) -> None:
-    assert router.proc.poll() is None, "the router died"
+    assert router.process.poll() is None, "the router died"
     wait_until(lambda: not any(_indicators(router).values()), 15, "indicators back to zero")
     ok = httpx.post(
         router.url + "/v1/completions",

@@ -31,12 +31,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devharness import wait_until
+from devharness import Fleet, Router, wait_until
 from engine_interface import read_samples
 from tests.drills.clients import MODEL, body, is_error_body, judge_stream, judge_whole
-from tests.drills.conftest import drill_config
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import Fleet, Router, scrape_total
+from tests.router.helpers import scrape_total
 
 HEAD_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5
@@ -279,7 +279,7 @@ def test_connection_flood_is_shed_and_traffic_keeps_going(drill_fleet, router_fa
     assert outcome.lost == 0, outcome.lost_examples
     assert got_408 + got_503 == flooders, (got_408, got_503)
     assert after.succeeded == after.sent
-    assert router.proc.poll() is None
+    assert router.process.poll() is None
 
 
 # ----- engines answering badly ---------------------------------------------------------------
@@ -361,7 +361,7 @@ async def warm_client(url: str, connections: int) -> httpx.AsyncClient:
 
 def test_fd_exhaustion_gets_clear_503s_and_marks_no_engine_down(drill_fleet: Fleet, router_factory):
     router = router_factory(drill_config(drill_fleet, "round_robin"))
-    pid = router.proc.pid
+    pid = router.process.pid
     _, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     url = router.url + "/v1/completions"
 
@@ -438,7 +438,7 @@ def test_bodies_of_clients_that_went_away_are_dropped_unparsed(drill_fleet, rout
     go back to zero. RSS before, at its peak and after is measured for the notes."""
     # Every body through the intake workers: the warm-up's small one starts them.
     router = router_factory(drill_config(drill_fleet, "round_robin", offload_body_bytes=0))
-    pid = router.proc.pid
+    pid = router.process.pid
     url = router.url
     warm = {"model": MODEL, "prompt": "warm up", "max_tokens": 1}
     httpx.post(url + "/v1/completions", json=warm, timeout=60).raise_for_status()

@@ -26,12 +26,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from devharness import wait_until
-from tests.drills.clients import Load
+from devharness import Fleet, wait_until
+from tests.drills.clients import BackgroundLoad, Load
 from tests.drills.report import Outcome, record
 from tests.drills.stack import Stack, build_stack
-from tests.drills.test_stack_outages import BackgroundLoad, _router_info, start_ingest
-from tests.router.conftest import Fleet
 
 OUTAGE_S = 35.0
 # Reconcile's heartbeat timeout (15 s) plus a beat period and a margin: long enough after an
@@ -55,7 +53,7 @@ def stack(drill_fleet: Fleet) -> Iterator[Stack]:
     if not os.path.exists("/usr/lib/postgresql/15/bin/initdb"):
         pytest.fail("PostgreSQL 15 server binaries are missing")
     built = build_stack([drill_fleet.url(k) for k in range(drill_fleet.size)])
-    start_ingest(built)  # the general worker and beat: reconcile runs every 5 s
+    built.start_ingest()  # the general worker and beat: reconcile runs every 5 s
     time.sleep(8.0)  # a reconcile run or two with everything up
     yield built
     built.close()
@@ -71,12 +69,12 @@ def _alive(pid: int) -> bool:
 
 def _settled_router(stack: Stack) -> dict:
     """The router as the API reports it, once it heartbeats."""
-    wait_until(lambda: _router_info(stack)["heartbeat"].get("pid"), 60, "router heartbeat")
-    return _router_info(stack)
+    wait_until(lambda: stack.router_info()["heartbeat"].get("pid"), 60, "router heartbeat")
+    return stack.router_info()
 
 
 def _heartbeats_after(stack: Stack, beat: str) -> bool:
-    return _router_info(stack)["last_heartbeat"] != beat
+    return stack.router_info()["last_heartbeat"] != beat
 
 
 def _hold_outage(stop: Callable[[], None], start: Callable[[], None]) -> float:
@@ -89,7 +87,7 @@ def _hold_outage(stop: Callable[[], None], start: Callable[[], None]) -> float:
 def _no_restart_row(
     scenario: str, stack: Stack, before: dict, outcome: Outcome, back_s: float, what: str
 ) -> None:
-    info = _router_info(stack)
+    info = stack.router_info()
     same = info["heartbeat"].get("pid") == before["heartbeat"]["pid"] and _alive(
         before["heartbeat"]["pid"]
     )
@@ -164,11 +162,11 @@ def test_routers_worker_sigkill_leaves_no_orphan(stack):
     after = asyncio.run(Load(stack.router_url + "/v1/completions", concurrency=4).run(count=40))
     outcome.merge(after)
     wait_until(
-        lambda: _router_info(stack)["heartbeat"].get("pid") not in (None, router_pid),
+        lambda: stack.router_info()["heartbeat"].get("pid") not in (None, router_pid),
         60,
         "the new router heartbeating",
     )
-    info = _router_info(stack)
+    info = stack.router_info()
     record(
         "routers worker SIGKILL (router must not outlive it)",
         outcome,

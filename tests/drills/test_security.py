@@ -5,10 +5,7 @@ secrets kept out of logs and API responses."""
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,11 +16,11 @@ from django.contrib.auth.models import Group
 from django.test import Client
 
 from controlplane.services import login_throttle, router_deployments, tokens
-from devharness import free_ports, start_process, stop_process, wait_until
-from tests.controlplane.conftest import SYSTEM, build_world, make_user, session_client
-from tests.drills.conftest import drill_config
+from devharness import router_env, start_router, wait_until
+from tests.controlplane.helpers import SYSTEM, build_world, make_user, session_client
+from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.conftest import ADMIN_TOKEN, PYTHON, REPO
+from tests.router.helpers import ADMIN_TOKEN
 
 VIEWER_PAGES = [
     "/",
@@ -197,26 +194,6 @@ def test_tokens_never_in_api_responses_or_logs(caplog):
         assert secret not in caplog.text
 
 
-@pytest.fixture
-def router_log_dir(tmp_path: Path) -> Path:
-    return tmp_path
-
-
-def _start_router(
-    directory: Path, args: list[str], env: dict[str, str]
-) -> tuple[subprocess.Popen[bytes], Path]:
-    log_path = directory / f"router-{uuid.uuid4().hex[:6]}.log"
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SWITCHYARD_")}
-    proc = start_process(
-        [PYTHON, "-m", "router_worker", *args],
-        cwd=REPO,
-        log=log_path,
-        env={**clean, **env},
-        stdin=None,
-    )
-    return proc, log_path
-
-
 ADMIN_CALLS = [
     ("GET", "/admin/state"),
     ("GET", "/admin/config"),
@@ -231,50 +208,32 @@ def _admin_status(url: str, method: str, path: str, headers: dict[str, str]) -> 
 
 
 def test_router_admin_endpoints_need_the_token_and_tokens_stay_out_of_logs(drill_fleet, tmp_path):
-    port, managed_port = free_ports(1), free_ports(1)
-    config = tmp_path / "router.json"
-    config.write_text(__import__("json").dumps(drill_config(drill_fleet)))
     router_secret = f"router-secret-{uuid.uuid4().hex}"
-    proc, log_path = _start_router(
+    # the admin token from the environment, not the command line
+    standalone = start_router(
         tmp_path,
-        [
-            "--config",
-            str(config),
-            "--port",
-            str(port),
-            "--redis-url",
-            "none",
-            "--log-level",
-            "DEBUG",
-        ],
-        {"SWITCHYARD_ROUTER_ADMIN_TOKEN": ADMIN_TOKEN},
+        drill_config(drill_fleet),
+        redis_url="none",
+        log_level="DEBUG",
+        env=router_env(SWITCHYARD_ROUTER_ADMIN_TOKEN=ADMIN_TOKEN),
+        wait=False,
     )
-    managed, managed_log = _start_router(
+    managed = start_router(
         tmp_path,
-        [
-            "--control-plane",
-            "http://127.0.0.1:9",
-            "--deployment",
-            "1",
-            "--port",
-            str(managed_port),
-            "--redis-url",
-            "none",
-            "--state-dir",
-            str(tmp_path / "state"),
-            "--poll-interval",
-            "0.2",
-            "--log-level",
-            "DEBUG",
-        ],
-        {"SWITCHYARD_ROUTER_TOKEN": router_secret},
-    )
-    url = f"http://127.0.0.1:{port}"
+        None,
+        "--control-plane", "http://127.0.0.1:9",
+        "--deployment", "1",
+        "--state-dir", str(tmp_path / "state"),
+        "--poll-interval", "0.2",
+        redis_url="none",
+        log_level="DEBUG",
+        env=router_env(SWITCHYARD_ROUTER_TOKEN=router_secret),
+        wait=False,
+    )  # fmt: skip
+    url = standalone.url
     outcome = Outcome()
     try:
-        wait_until(
-            lambda: httpx.get(url + "/health", timeout=1).status_code == 200, 30, "router", proc
-        )
+        standalone.wait_healthy()
         variants = {
             "none": {},
             "wrong": {"Authorization": "Bearer wrong-token"},
@@ -288,28 +247,25 @@ def test_router_admin_endpoints_need_the_token_and_tokens_stay_out_of_logs(drill
             ok = _admin_status(url, method, path, {"X-Admin-Token": ADMIN_TOKEN})
             outcome.add("ok" if ok != 401 else "lost", f"token {method} {path} -> {ok}")
         # Managed without an admin token: /admin is closed whatever is sent.
-        managed_url = f"http://127.0.0.1:{managed_port}"
+        managed_url = managed.url
         wait_until(
             lambda: httpx.get(managed_url + "/health", timeout=1).status_code == 503,
             30,
             "managed router",
-            managed,
+            managed.process,
         )
         for method, path in ADMIN_CALLS:
             status = _admin_status(managed_url, method, path, {"Authorization": "Bearer x"})
             outcome.add("clear" if status == 401 else "lost", f"no admin token {path}")
         wait_until(
-            lambda: (
-                "control plane" in managed_log.read_text().lower()
-                or managed_log.stat().st_size > 200
-            ),
+            lambda: "control plane" in managed.log().lower() or len(managed.log()) > 200,
             10,
             "managed router to log its fetches",
         )
     finally:
-        stop_process(proc)
-        stop_process(managed)
-    logs = log_path.read_text(errors="replace") + managed_log.read_text(errors="replace")
+        standalone.stop()
+        managed.stop()
+    logs = standalone.log() + managed.log()
     record(
         "authz matrix: router admin",
         outcome,

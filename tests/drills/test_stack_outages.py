@@ -16,12 +16,11 @@ import httpx
 import pytest
 import redis
 
-from devharness import wait_until
+from devharness import Fleet, wait_until
 from router_worker.telemetry_contract import STREAM_MAXLEN, events_stream, metrics_stream
-from tests.drills.clients import Load, steady
+from tests.drills.clients import BackgroundLoad, Load, steady
 from tests.drills.report import Outcome, record
-from tests.drills.stack import BIN, OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
-from tests.router.conftest import Fleet
+from tests.drills.stack import OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack
 
 RESTART_TARGET_S = 10.0  # reported beside the measured restart, not asserted
 PG_OUTAGE_S = 6.0
@@ -34,37 +33,6 @@ def stack(drill_fleet: Fleet) -> Iterator[Stack]:
     built = build_stack([drill_fleet.url(k) for k in range(drill_fleet.size)])
     yield built
     built.close()
-
-
-class BackgroundLoad:
-    """Steady load in a thread; ``transport`` says how refused/cut connections count."""
-
-    def __init__(self, url: str, transport: str = "lost", max_tokens: int = 16) -> None:
-        self.stop = threading.Event()
-        self.box: list[Outcome] = []
-        load = Load(
-            url + "/v1/completions",
-            concurrency=3,
-            max_tokens=max_tokens,
-            pause_s=0.02,
-            transport=transport,
-        )
-        self.thread = threading.Thread(
-            target=lambda: self.box.append(asyncio.run(load.run(until=self.stop.is_set))),
-            daemon=True,
-        )
-        self.thread.start()
-
-    def finish(self) -> Outcome:
-        self.stop.set()
-        self.thread.join(timeout=60)
-        return self.box[0]
-
-
-def _router_info(stack: Stack) -> dict:
-    response = stack.api(f"/routers/{stack.seed['deployment']}")
-    response.raise_for_status()
-    return response.json()
 
 
 def _serving(stack: Stack) -> bool:
@@ -80,12 +48,12 @@ def _cmdline(pid: int) -> str:
 
 
 def _restart_reported(stack: Stack, restarts: int, old_pid: int) -> bool:
-    info = _router_info(stack)
+    info = stack.router_info()
     return info["restarts"] == restarts and info["heartbeat"].get("pid") != old_pid
 
 
 def test_router_killed_is_restarted_by_the_supervisor(stack):
-    before = _router_info(stack)
+    before = stack.router_info()
     pid = before["heartbeat"]["pid"]
     load = BackgroundLoad(stack.router_url, transport="clear", max_tokens=400)
     time.sleep(1.0)
@@ -103,7 +71,7 @@ def test_router_killed_is_restarted_by_the_supervisor(stack):
         20,
         "restart recorded and the new process heartbeating",
     )
-    info = _router_info(stack)
+    info = stack.router_info()
     outcome.merge(after)
     record(
         "router process SIGKILL (celery supervisor)",
@@ -148,8 +116,8 @@ def test_postgres_outage_routing_continues_api_says_503(stack):
     back = time.monotonic()
     wait_until(lambda: _api_answer(stack)[0] == 200, 60, "API back")
     api_back_s = time.monotonic() - back
-    beat = _router_info(stack)["last_heartbeat"]
-    wait_until(lambda: _router_info(stack)["last_heartbeat"] != beat, 30, "heartbeats resume")
+    beat = stack.router_info()["last_heartbeat"]
+    wait_until(lambda: stack.router_info()["last_heartbeat"] != beat, 30, "heartbeats resume")
     outcome = load.finish()
     record(
         "postgres stopped (private cluster)",
@@ -236,32 +204,6 @@ def _in_thread(work: Callable[[], Outcome]) -> Outcome:
     return box[0]
 
 
-def start_ingest(stack: Stack) -> None:
-    """The general worker and beat: ingest of the router streams runs as in production."""
-    celery = [str(BIN / "celery"), "-A", "controlplane"]
-    if "worker" not in stack.processes:
-        stack.spawn(
-            "worker",
-            [
-                *celery,
-                "worker",
-                "-Q",
-                "default",
-                "-c",
-                "1",
-                "-n",
-                "drill-default@%h",
-                "--loglevel",
-                "WARNING",
-            ],
-        )
-    if "beat" not in stack.processes:
-        stack.spawn(
-            "beat",
-            [*celery, "beat", "--loglevel", "WARNING", "-s", str(stack.root / "beat-schedule")],
-        )
-
-
 def _rss_kib(pid: int) -> int:
     for line in open(f"/proc/{pid}/status"):  # noqa: SIM115 - a short read
         if line.startswith("VmRSS:"):
@@ -290,9 +232,9 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
     real one) at SWITCHYARD_SOAK_RATE requests/s with two dashboards, ingest and beat running."""
     if "publisher" not in stack.processes:
         stack.start_publisher()
-    start_ingest(stack)
+    stack.start_ingest()
     pages = [_open_dashboard(browser, stack) for _ in range(2)]
-    pid = _router_info(stack)["heartbeat"]["pid"]
+    pid = stack.router_info()["heartbeat"]["pid"]
     stop, rows = threading.Event(), list[tuple]()
     sampler = threading.Thread(target=_sample, args=(stack, pid, stop, rows), daemon=True)
     sampler.start()
@@ -328,7 +270,7 @@ def test_soak_steady_rate_with_dashboards(stack, browser):
         f"metrics {streams[1]}; dashboards live at end: {live}",
         rss_kib=[r[1] for r in rows],
         xlen_metrics=[r[3] for r in rows],
-        router_restarted=_router_info(stack)["heartbeat"]["pid"] != pid,
+        router_restarted=stack.router_info()["heartbeat"]["pid"] != pid,
     )
     assert outcome.succeeded == outcome.sent, outcome.lost_examples
     assert live

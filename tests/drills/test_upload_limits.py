@@ -25,7 +25,7 @@ from django.test import Client
 from controlplane.models import Policy, ReplayJob
 from devharness import free_port, stop_process
 from tests.drills.report import Outcome, record
-from tests.web.conftest import Server, make_cluster, make_user, start_asgi
+from tests.web.helpers import Server, make_cluster, make_user, start_asgi
 
 MIB = 1024 * 1024
 OVERSIZED = 80 * MIB

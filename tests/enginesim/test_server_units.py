@@ -1,4 +1,4 @@
-"""Pure pieces of the enginesim server: tokenizer, chat template, wire encodings."""
+"""Pure pieces of enginesim's HTTP server: tokenizer, chat template, wire encodings."""
 
 from __future__ import annotations
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from devharness import (
+    Fleet,
     ManagedProcess,
     ProcessExited,
     ProcessSet,
@@ -150,6 +151,31 @@ def test_processes_stopped_together_share_one_grace(tmp_path: Path) -> None:
     assert all(p.poll() is None for p in stubborn)  # none killed yet: one shared grace
     stopping.join()
     assert [p.poll() for p in stubborn] == [-signal.SIGKILL] * 3
+
+
+def test_a_fleet_serves_its_instances_recovers_their_faults_and_stops() -> None:
+    with Fleet(2, time_scale=0.05, kv_events=True, kv_encoding="array") as fleet:
+        assert fleet.healthy()
+        urls = [spec["url"] for spec in fleet.instances(kv=True)]
+        assert urls == fleet.urls() == [fleet.url(0), fleet.url(1)]
+        assert fleet.instances(kv=True)[1]["kv_replay"] == fleet.kv_replay_endpoint(1)
+        fleet.fault(1, "kill")
+        wait_until(lambda: not fleet.healthy(), 10, "instance 1 killed", ignore=())
+        fleet.recover()
+        assert fleet.healthy() and fleet.metric(1, "vllm:num_requests_running") == 0
+    assert fleet.process.poll() is not None
+
+
+def test_a_fleet_on_a_taken_port_fails_with_its_log(tmp_path: Path) -> None:
+    """Fixed ports are not retried: the start ends at the process's exit, with its log."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        fleet = Fleet(1, base_port=port, log=tmp_path / "fleet.log")
+        with pytest.raises(ProcessExited, match=r"(?i)address already in use"):
+            fleet.start()
+    assert fleet.process.poll() is not None
 
 
 def test_nothing_deployed_imports_the_harness() -> None:

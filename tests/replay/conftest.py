@@ -1,4 +1,4 @@
-"""Replay test helpers: slices of the real shared traces."""
+"""Replay fixtures: heads of the real shared traces (tests/replay/helpers.py) in temp files."""
 
 from __future__ import annotations
 
@@ -6,15 +6,7 @@ from pathlib import Path
 
 import pytest
 
-TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
-CONVERSATION = TRACES / "mooncake_conversation_t0-2700s.jsonl"
-SYNTHETIC = TRACES / "mooncake_synthetic_trace.jsonl"
-AZURE_CODE = TRACES / "AzureLLMInferenceTrace_code.csv"
-
-
-def head_lines(path: Path, count: int) -> list[str]:
-    with open(path, encoding="utf-8") as handle:
-        return [next(handle) for _ in range(count)]
+from tests.replay.helpers import head_lines
 
 
 @pytest.fixture

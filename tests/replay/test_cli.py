@@ -11,7 +11,7 @@ import pytest
 
 from enginesim.__main__ import main
 from enginesim.replay.metrics import SUMMARY_KEYS
-from tests.replay.conftest import CONVERSATION
+from tests.replay.helpers import CONVERSATION
 
 REQUEST_KEYS = {
     "id",

@@ -31,7 +31,7 @@ from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import HotspotParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord, read_trace, select
-from tests.replay.conftest import CONVERSATION
+from tests.replay.helpers import CONVERSATION
 
 LONG_OUTPUT_BURST = HotspotParams(
     at_s=10.0,

@@ -1,4 +1,4 @@
-"""Load generator: payloads, and real runs against an `enginesim serve` process."""
+"""Load generator: payloads, and real runs against a one-instance enginesim fleet."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from devharness import ManagedProcess, free_port, wait_http
 from enginesim.loadgen.payloads import PayloadBuilder
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator
 from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, write_jsonl
 from enginesim.replay.traces import TraceRecord, load_trace, read_trace, synthesize_tokens
 from router_worker.routing import turn_index_from_messages
-from tests.replay.conftest import CONVERSATION
+from tests.fleets import fast_fleet
+from tests.replay.helpers import CONVERSATION
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "Qwen/Qwen2-7B-Instruct"
@@ -31,28 +31,8 @@ MODEL = "Qwen/Qwen2-7B-Instruct"
 @pytest.fixture(scope="module")
 def target() -> Iterator[str]:
     """One simulated H20 at 20x speed (the engine's schedule is unchanged)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with ManagedProcess(
-        [
-            sys.executable,
-            "-m",
-            "enginesim",
-            "serve",
-            "--instances",
-            "1",
-            "--base-port",
-            str(port),
-            "--time-scale",
-            "0.05",
-        ],
-        cwd=REPO,
-        stdin=None,
-        stdout=None,
-        stderr=None,
-    ) as engine:
-        wait_http(url + "/health", 30, process=engine.process, ok=lambda status: status == 200)
-        yield url
+    with fast_fleet(1) as fleet:
+        yield fleet.url(0)
 
 
 def test_prefix_records_become_token_id_completions():

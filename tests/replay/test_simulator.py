@@ -10,7 +10,7 @@ from enginesim.engine import StepBatch
 from enginesim.replay import metrics
 from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord, load_trace, read_trace
-from tests.replay.conftest import CONVERSATION, SYNTHETIC
+from tests.replay.helpers import CONVERSATION, SYNTHETIC
 
 LONG = 131072  # Mooncake prompts reach 125k tokens
 

@@ -15,7 +15,7 @@ from enginesim.replay.synth import (
     main,
 )
 from enginesim.replay.traces import read_trace, select
-from tests.replay.conftest import CONVERSATION
+from tests.replay.helpers import CONVERSATION
 
 
 def test_agentic_sessions_round_trip_through_the_bailian_reader(tmp_path):

@@ -17,7 +17,7 @@ from enginesim.replay.traces import (
     synthesize_tokens,
 )
 from router_worker.routing import hash_blocks
-from tests.replay.conftest import AZURE_CODE, CONVERSATION, SYNTHETIC, head_lines
+from tests.replay.helpers import AZURE_CODE, CONVERSATION, SYNTHETIC, head_lines
 
 
 def test_mooncake_reader_on_real_lines(trace_head):

@@ -9,7 +9,7 @@ import httpx
 
 from devharness import wait_until
 from tests.drills.clients import MODEL
-from tests.router.conftest import router_config
+from tests.router.helpers import router_config
 
 BODY = b'{"model": "%s", "prompt": "hello there", "max_tokens": 1}' % MODEL.encode()
 

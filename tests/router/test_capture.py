@@ -10,7 +10,7 @@ import redis
 
 from devharness import wait_until
 from router_worker import telemetry_contract as contract
-from tests.router.conftest import MODEL, router_config, stream_entries
+from tests.router.helpers import MODEL, router_config, stream_entries
 
 SALT = "a" * 32
 SECRET_USER = "alice-secret-session"

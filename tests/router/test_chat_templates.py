@@ -30,12 +30,12 @@ from chat_templates import (
     template_for_model,
 )
 from chat_templates.renderer import BUILTIN_DIR, ChatTemplate
-from devharness import free_port
+from devharness import Fleet, free_port
 from enginesim.server import tokenizer as engine_tokenizer
 from router_worker.config import ConfigError, parse_config
 from router_worker.tokenization import PromptError, Tokenizer
-from tests.enginesim.conftest import SimServer, start_server, stop_server
-from tests.router.conftest import MODEL
+from tests.fleets import fast_fleet
+from tests.router.helpers import MODEL
 
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"  # enginesim's llama-3.1-8b serves this name
 BOS = "<|begin_of_text|>"
@@ -150,7 +150,7 @@ def engine_equivalent_tokenizer(path: Path, texts: list[str], bos: str = "") -> 
 class Setup:
     """One engine and what a router in front of it is configured with."""
 
-    engine: SimServer
+    engine: Fleet
     model: str
     chat_template: str | None  # the router's setting; None: derived from the model
     tokenizer_path: str
@@ -194,10 +194,10 @@ def setups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Setup
         for model, template, _, _ in plans.values()
         for body in CONVERSATIONS
     ]
-    engines: dict[str, SimServer] = {}
+    engines: dict[str, Fleet] = {}
     try:
         for name, (_, _, flags, _) in plans.items():
-            engines[name] = start_server(1, False, *flags)
+            engines[name] = fast_fleet(1, extra=flags).start()
         yield {
             name: Setup(
                 engines[name],
@@ -209,10 +209,10 @@ def setups(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Setup
         }
     finally:
         for engine in engines.values():
-            stop_server(engine)
+            engine.stop()
 
 
-def engine_tokenize(engine: SimServer, body: dict[str, Any]) -> tuple[str, list[int]]:
+def engine_tokenize(engine: Fleet, body: dict[str, Any]) -> tuple[str, list[int]]:
     response = httpx.post(
         engine.url(0) + "/tokenize", json={**body, "return_token_strs": True}, timeout=10
     )

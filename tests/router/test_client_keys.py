@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from tests.router.client_keys import DEBUG_KEY, PLAIN_KEY, client_auth
-from tests.router.conftest import MODEL, router_config
+from tests.router.helpers import MODEL, router_config
 
 ROUTE_HEADERS = (
     "x-switchyard-instance",

@@ -12,7 +12,7 @@ import redis
 from devharness import wait_until
 from router_worker import telemetry_contract as contract
 from router_worker.stages import STAGES
-from tests.router.conftest import MODEL, router_config, stream_entries
+from tests.router.helpers import MODEL, router_config, stream_entries
 
 
 async def _stream_load(url: str, stop_after: float, concurrency: int) -> list[tuple[int, str]]:

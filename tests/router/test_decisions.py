@@ -23,7 +23,7 @@ from router_worker.routing import Decision
 from router_worker.telemetry import DECISION_BUFFER, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import router_config, stream_entries
+from tests.router.helpers import router_config, stream_entries
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
 

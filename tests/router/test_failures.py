@@ -9,9 +9,9 @@ import httpx
 import pytest
 
 import engine_interface as ei
-from devharness import free_port, stop_process, wait_until
+from devharness import free_port, wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import MODEL, launch_router, router_config, scrape_total
+from tests.router.helpers import MODEL, launch_router, router_config, scrape_total
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def small_body_router(fleet, tmp_path_factory):
     document["router"]["max_body_bytes"] = 4096
     router = launch_router(tmp_path_factory.mktemp("router"), document)
     yield router
-    stop_process(router.proc)
+    router.stop()
 
 
 def _body(tag: str, stream: bool = False, max_tokens: int = 8) -> dict:
@@ -279,16 +279,14 @@ def test_oversized_body_is_refused_with_413(small_body_router):
 def test_client_disconnect_aborts_the_engine_request(fleet, router_factory):
     document = router_config(fleet, "round_robin", instances=fleet.instances()[0:1])
     router = router_factory(document)
-    before = fleet.engine_metric(0, ei.REQUEST_SUCCESS.total, finished_reason="abort")
+    before = fleet.metric(0, ei.REQUEST_SUCCESS.total, finished_reason="abort")
     body = _body("gone", stream=True, max_tokens=5000)
     with httpx.stream("POST", router.url + "/v1/completions", json=body, timeout=30) as resp:
         for line in resp.iter_lines():
             if '"text"' in line:
                 break  # one token seen: the request is running; now hang up
     wait_until(
-        lambda: (
-            fleet.engine_metric(0, ei.REQUEST_SUCCESS.total, finished_reason="abort") >= before + 1
-        ),
+        lambda: fleet.metric(0, ei.REQUEST_SUCCESS.total, finished_reason="abort") >= before + 1,
         10,
         "enginesim to record the abort",
     )

@@ -12,7 +12,7 @@ import pytest
 
 from devharness import wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import MODEL, router_config
+from tests.router.helpers import MODEL, router_config
 
 
 @pytest.fixture
@@ -82,7 +82,7 @@ def test_a_killed_worker_fails_only_its_request_and_a_new_pool_starts(offload_ro
     url = offload_router.url
     body = {"model": MODEL, "prompt": "hello there", "max_tokens": 2}
     assert httpx.post(url + "/v1/completions", json=body, timeout=60).status_code == 200
-    workers = _workers(offload_router.proc.pid)
+    workers = _workers(offload_router.process.pid)
     assert workers, "no intake worker process"
     for pid in workers:
         os.kill(pid, signal.SIGKILL)
@@ -94,11 +94,11 @@ def test_a_killed_worker_fails_only_its_request_and_a_new_pool_starts(offload_ro
             assert response.status_code == 503 and response.json()["error"]["message"]
     assert statuses[-1] == 200 and statuses.count(503) <= 1, statuses
     wait_until(
-        lambda: bool(set(_workers(offload_router.proc.pid)) - set(workers)),
+        lambda: bool(set(_workers(offload_router.process.pid)) - set(workers)),
         10,
         "a new intake worker",
     )
-    assert offload_router.proc.poll() is None
+    assert offload_router.process.poll() is None
 
 
 def test_workers_die_with_a_killed_router(offload_router):
@@ -106,10 +106,10 @@ def test_workers_die_with_a_killed_router(offload_router):
     assert (
         httpx.post(offload_router.url + "/v1/completions", json=body, timeout=60).status_code == 200
     )
-    workers = _workers(offload_router.proc.pid)
+    workers = _workers(offload_router.process.pid)
     assert workers
-    offload_router.proc.kill()
-    offload_router.proc.wait()
+    offload_router.process.kill()
+    offload_router.process.wait()
     wait_until(
         lambda: not any(Path(f"/proc/{pid}").exists() for pid in workers),
         10,

@@ -31,7 +31,7 @@ import enginesim.replay.simulator as simulator_module
 import router_worker.observers as observers_module
 import router_worker.peers as peers_module
 import router_worker.routing.lifecycle as lifecycle_module
-from devharness import stop_process, wait_until, wait_until_async
+from devharness import Fleet, wait_until, wait_until_async
 from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord
 from router_worker.access import Detail
@@ -74,7 +74,7 @@ from router_worker.stages import StageClock
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport, Target, Upstream
 from tests.replay.test_dualmap_migration import hotspot
-from tests.router.conftest import MODEL, Fleet, start_fleet
+from tests.router.helpers import MODEL, kv_fleet
 
 PROMPT = "a question " * 20
 # Over qwen2-7b's 32768-token context: the engine answers 400 (vLLM's refusal).
@@ -90,9 +90,8 @@ POISON = "poison-pill-5xx"
 def engines() -> Iterator[Fleet]:
     """Three enginesim instances of this module's own: faults are process-wide per fleet,
     so the session fleet other tests share is never touched."""
-    started = start_fleet(3)
-    yield started
-    stop_process(started.proc)
+    with kv_fleet(3) as started:
+        yield started
 
 
 @contextmanager
@@ -109,14 +108,7 @@ def faults(fleet: Fleet) -> Iterator[Callable[..., None]]:
     try:
         yield set_fault
     finally:
-        for index in range(fleet.size):
-            fleet.fault(index, "recover")
-        for index in range(fleet.size):
-            wait_until(partial(answering, fleet.url(index)), 30, "enginesim back", fleet.proc)
-
-
-def answering(url: str) -> bool:
-    return httpx.get(url + "/health", timeout=1).is_success
+        fleet.recover()
 
 
 def refused(url: str) -> bool:

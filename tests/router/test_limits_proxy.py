@@ -17,8 +17,9 @@ import threading
 import httpx
 import pytest
 
+from devharness import Fleet, Router
 from tests.drills.clients import MODEL, is_error_body
-from tests.router.conftest import Fleet, Router, router_config, scrape_total
+from tests.router.helpers import router_config, scrape_total
 
 JSON_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n"
 

@@ -12,9 +12,9 @@ import httpx
 import pytest
 import redis
 
-from devharness import stop_process, wait_until
+from devharness import wait_until
 from router_worker.telemetry_contract import CONFIG_CHANNEL
-from tests.router.conftest import MODEL, launch_router, router_config
+from tests.router.helpers import MODEL, launch_router, router_config
 
 TOKEN = "router-token-1"
 
@@ -128,7 +128,7 @@ def test_managed_router_follows_the_control_plane(fleet, control_plane, private_
         state = control_plane.heartbeats[-1]["state"]
         assert set(state["instances"]) == {"i0", "i1", "i2", "i3"}
     finally:
-        stop_process(router.proc)
+        router.stop()
 
     # The control plane goes away: a restarted router serves its last good config.
     control_plane.close()
@@ -137,7 +137,7 @@ def test_managed_router_follows_the_control_plane(fleet, control_plane, private_
         assert _policy(router) == "round_robin"
         assert "last good config" in router.log()
     finally:
-        stop_process(router.proc)
+        router.stop()
 
 
 def test_managed_router_without_any_config_answers_503(control_plane, tmp_path):
@@ -161,4 +161,4 @@ def test_managed_router_without_any_config_answers_503(control_plane, tmp_path):
         response = httpx.post(router.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})
         assert response.status_code == 503 and response.json()["error"]["code"] == 503
     finally:
-        stop_process(router.proc)
+        router.stop()

@@ -10,7 +10,7 @@ import httpx
 
 import engine_interface as ei
 from devharness import wait_until
-from tests.router.conftest import MODEL, router_config, scrape_total
+from tests.router.helpers import MODEL, router_config, scrape_total
 
 MAX_TOKENS = 12
 
@@ -67,7 +67,7 @@ def run_scenario(fleet, router, base: int) -> tuple[list[tuple[int, str, str]], 
 
 
 def aborts(fleet, index: int) -> float:
-    return fleet.engine_metric(index, ei.REQUEST_SUCCESS.total, finished_reason="abort")
+    return fleet.metric(index, ei.REQUEST_SUCCESS.total, finished_reason="abort")
 
 
 def test_a_queued_request_migrates_and_its_client_gets_one_complete_response(fleet, router_factory):

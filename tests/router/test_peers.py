@@ -15,10 +15,10 @@ import httpx
 import pytest
 import redis
 
-from devharness import wait_until
+from devharness import Router, wait_until
 from router_worker.peers import PeerKeys, channel_for
 from router_worker.telemetry_contract import PEER_KEY_ENV
-from tests.router.conftest import MODEL, Router, router_config, scrape_total
+from tests.router.helpers import MODEL, router_config, scrape_total
 
 REDIS_URL = os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/10")
 PEER_KEY = "test-cluster-peer-key-0123456789"
@@ -71,8 +71,7 @@ def slow_fleet(fleet: Any) -> Iterator[Any]:
             fleet.fault(k, "slow", factor=SLOW)
         yield fleet
     finally:
-        for k in range(fleet.size):
-            fleet.fault(k, "recover")
+        fleet.recover()
 
 
 class LongRequest(threading.Thread):
@@ -216,8 +215,8 @@ def test_malformed_peer_messages_are_counted_and_ignored(fleet, router_factory):
 def test_a_killed_routers_requests_are_dropped_by_its_peer(slow_fleet, router_factory):
     first, second, request = _peers_with_a_long_request(slow_fleet, router_factory)
     wait_until(lambda: len(_busy(second)) == 1, 20, "the request seen by the peer")
-    first.proc.kill()
-    first.proc.wait(10)
+    first.process.kill()
+    first.process.wait(10)
     wait_until(lambda: not _busy(second), 10, "the dead peer's request dropped")
     assert _peer_counts(second)["dropped:peer_timeout"] == 1
     assert second.state()["peers"]["peers"] == {}

@@ -11,7 +11,7 @@ from openai.types.chat import ChatCompletionMessageParam, ChatCompletionSystemMe
 
 from devharness import wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
-from tests.router.conftest import MODEL, router_config
+from tests.router.helpers import MODEL, router_config
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.drills.clients import is_error_body
-from tests.router.conftest import MODEL, router_config
+from tests.router.helpers import MODEL, router_config
 
 PATHS = ("/v1/completions", "/v1/chat/completions")
 EDGE_INTS = st.sampled_from(
@@ -169,6 +169,6 @@ def test_no_request_body_gets_a_5xx(router):
         check()
     finally:
         client.close()
-    assert router.proc.poll() is None
+    assert router.process.poll() is None
     assert "Traceback" not in router.log()
     assert statuses.get(200, 0) > 0 and sum(statuses.values()) >= 250, statuses

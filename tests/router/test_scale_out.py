@@ -9,7 +9,7 @@ from collections import Counter
 
 import httpx
 
-from tests.router.conftest import MODEL, router_config
+from tests.router.helpers import MODEL, router_config
 
 
 async def _traffic(urls: list[str], count: int, concurrency: int) -> list[tuple[str, str]]:

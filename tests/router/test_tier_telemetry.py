@@ -10,18 +10,17 @@ import pytest
 
 import engine_interface as ei
 from controlplane.realtime.snapshot import merge_cluster
-from devharness import stop_process, wait_until
+from devharness import Fleet, wait_until
 from router_worker.telemetry_contract import StateSnapshot
-from tests.router.conftest import MODEL, Fleet, router_config, start_fleet
+from tests.router.helpers import MODEL, kv_fleet, router_config
 
 PROMPT = "tiered prefix " * 120
 
 
 @pytest.fixture
 def tier_fleet() -> Iterator[Fleet]:
-    fleet = start_fleet(2, "--global-tier-blocks", "100000")
-    yield fleet
-    stop_process(fleet.proc)
+    with kv_fleet(2, "--global-tier-blocks", "100000") as fleet:
+        yield fleet
 
 
 def _snapshot(router) -> StateSnapshot:
@@ -41,8 +40,8 @@ def _send_twice(router) -> None:
 def test_tier_hits_and_bytes_reach_the_cluster_snapshot(tier_fleet, router_factory):
     router = router_factory(router_config(tier_fleet, "round_robin"))
     _send_twice(router)
-    hits = sum(tier_fleet.engine_metric(k, ei.EXTERNAL_PREFIX_HITS.total) for k in range(2))
-    read = sum(tier_fleet.engine_metric(k, ei.TIER_READ_BYTES.total) for k in range(2))
+    hits = sum(tier_fleet.metric(k, ei.EXTERNAL_PREFIX_HITS.total) for k in range(2))
+    read = sum(tier_fleet.metric(k, ei.TIER_READ_BYTES.total) for k in range(2))
     assert hits > 0 and read > 0
 
     def reported() -> bool:

@@ -1,14 +1,28 @@
-"""Router-like state snapshots and events, written the way routers write them; replay jobs
-as their cells leave them."""
+"""What the web UI and realtime tests share: users and clusters made through the services,
+server processes on this test run's database and Redis (uvicorn ASGI app), router-like
+state snapshots and events written the way routers write them, and replay jobs as their
+cells leave them."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import redis
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
 
-from controlplane.models import ReplayCell, ReplayJob
-from controlplane.services import replay_cells
+from controlplane.models import Cluster, ReplayCell, ReplayJob
+from controlplane.services import clusters, policies, replay_cells
+from controlplane.services.audit import Actor
+from devharness import start_process as harness_start
+from devharness import stop_process, wait_http
 from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     STATE_TTL_S,
@@ -19,6 +33,7 @@ from router_worker.telemetry_contract import (
     WindowStats,
     dumps_state,
     state_key,
+    state_pattern,
 )
 
 
@@ -128,3 +143,93 @@ def finished_job(cluster, goodputs: dict[str, list[list[float]]]) -> ReplayJob:
     assert replay_cells.finish_job(job.pk) == "succeeded"
     job.refresh_from_db()
     return job
+
+
+ROOT = Path(__file__).resolve().parents[2]
+SYSTEM = Actor.system("web-tests")
+PASSWORD = "web-tests-password-123"
+
+
+def make_user(role: str | None, username: str | None = None):
+    user = get_user_model().objects.create_user(username or f"web-{role}", password=PASSWORD)
+    if role is not None:
+        user.groups.add(Group.objects.get_or_create(name=role)[0])
+    return user
+
+
+def make_cluster(
+    instance_urls: list[str] | None = None,
+    name: str | None = None,
+    model: str = "Qwen/Qwen2-7B-Instruct",
+) -> Cluster:
+    """A cluster with instances i0.. and policies lm (active) and rr, via the services."""
+    name = name or f"web-{uuid.uuid4().hex[:8]}"
+    cluster = clusters.create_cluster(SYSTEM, name=name, model=model, gpu_type="h20")
+    urls = instance_urls or [f"http://127.0.0.1:{9300 + i}" for i in range(3)]
+    for index, url in enumerate(urls):
+        clusters.add_instance(SYSTEM, cluster.pk, name=f"i{index}", url=url, reason="setup")
+    lm = policies.create_policy(SYSTEM, cluster.pk, name="lm", kind="lmetric")
+    policies.create_policy(SYSTEM, cluster.pk, name="rr", kind="round_robin")
+    policies.activate_policy(SYSTEM, cluster.pk, lm.pk, reason="setup")
+    return Cluster.objects.get(pk=cluster.pk)
+
+
+def clear_state(client: redis.Redis, cluster_name: str) -> None:
+    for key in client.scan_iter(match=state_pattern(cluster_name)):
+        client.delete(key)
+
+
+def subprocess_env() -> dict[str, str]:
+    """The environment of a server process that shares this test run's database and Redis."""
+    db = settings.DATABASES["default"]
+    url = f"postgres://{db['USER']}:{db['PASSWORD']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "controlplane.settings_test",
+        "SWITCHYARD_DATABASE_URL": url,
+        "SWITCHYARD_REDIS_URL": settings.REDIS_URL,
+        "SWITCHYARD_CHANNEL_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+        "SWITCHYARD_SERVE_STATIC": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+@dataclass
+class Server:
+    process: subprocess.Popen
+    url: str
+    log: Path
+
+
+def start_process(
+    args: list[str], log: Path, env: dict[str, str] | None = None
+) -> subprocess.Popen:
+    """A server process on this test run's database and Redis (or ``env``), output in
+    ``log``."""
+    return harness_start(args, cwd=ROOT, env=env or subprocess_env(), log=log, stdin=None)
+
+
+def start_asgi(port: int, log: Path, env: dict[str, str] | None = None) -> Server:
+    """The full ASGI application (HTTP + websockets) under uvicorn, on the test database."""
+    process = start_process(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "controlplane.asgi:application",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
+        log,
+        env,
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/healthz", 30, process=process, log=log)
+    except BaseException:
+        stop_process(process)
+        raise
+    return Server(process, f"http://127.0.0.1:{port}", log)

@@ -17,8 +17,16 @@ from controlplane.services import canaries
 from controlplane.tasks.replay import run_replay
 from devharness import stop_process
 
-from .conftest import SYSTEM, clear_state, make_cluster, start_asgi
-from .helpers import instance, snapshot, window, write_state
+from .helpers import (
+    SYSTEM,
+    clear_state,
+    instance,
+    make_cluster,
+    snapshot,
+    start_asgi,
+    window,
+    write_state,
+)
 from .test_e2e_browser import login, page_snapshot
 
 pytestmark = [

@@ -24,11 +24,11 @@ import httpx
 import pytest
 
 from controlplane.models import CanarySplit
-from devharness import free_port, stop_process
+from devharness import Fleet, free_port, stop_process
 from devharness import start_process as harness_start
 
-from .conftest import ROOT, make_cluster, start_asgi, subprocess_env
-from .stack import Fleet, chat, start_fleet, start_router, wait_for
+from .helpers import ROOT, make_cluster, start_asgi, subprocess_env
+from .stack import chat, start_router, wait_for
 from .test_e2e_browser import login
 
 pytestmark = [
@@ -53,9 +53,9 @@ def demo_canary_defaults() -> str:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory) -> Iterator[Fleet]:
     # Real time: the slowed arm's extra tens of milliseconds stand well clear of the noise.
-    fleet = start_fleet(8, tmp_path_factory.mktemp("fleet") / "enginesim.log", time_scale=1.0)
-    yield fleet
-    stop_process(fleet.process)
+    log = tmp_path_factory.mktemp("fleet") / "enginesim.log"
+    with Fleet(8, log=log) as fleet:
+        yield fleet
 
 
 @pytest.fixture

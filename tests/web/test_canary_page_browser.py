@@ -13,7 +13,7 @@ from controlplane.models import ArmMetricRollup, CanarySplit
 from controlplane.services import canaries
 from controlplane.services.judge import judge_canary
 
-from .conftest import SYSTEM, make_cluster
+from .helpers import SYSTEM, make_cluster
 from .test_e2e_browser import login
 
 pytestmark = [

@@ -13,7 +13,7 @@ from django.urls import reverse
 from controlplane.models import AuditEvent, CapturedRequest, ReplayJob, TrafficCapture
 from controlplane.services import config
 from controlplane.tasks.replay import run_replay
-from tests.web.conftest import make_cluster
+from tests.web.helpers import make_cluster
 
 pytestmark = pytest.mark.django_db
 

@@ -14,7 +14,7 @@ from playwright.sync_api import Dialog
 
 from controlplane.models import ApiToken, ClientKey, Cluster
 
-from .conftest import make_cluster
+from .helpers import make_cluster
 from .test_e2e_browser import login
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -10,11 +10,11 @@ import pytest
 import redis
 from django.conf import settings
 
-from devharness import stop_process
 from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
+from tests.fleets import fast_fleet
 
-from .conftest import make_cluster, start_process
-from .stack import MODEL, Stack, publisher_args, start_fleet, start_router, wait_for
+from .helpers import make_cluster, start_process
+from .stack import MODEL, Stack, publisher_args, start_router, wait_for
 from .test_e2e_browser import login
 
 pytestmark = [
@@ -28,9 +28,9 @@ HOSTILE = '"><img src=x onerror="window.__pwned=1">'
 
 @pytest.fixture(scope="module")
 def decisions_fleet(tmp_path_factory):
-    fleet = start_fleet(3, tmp_path_factory.mktemp("fleet") / "enginesim.log")
-    yield fleet
-    stop_process(fleet.process)
+    log = tmp_path_factory.mktemp("fleet") / "enginesim.log"
+    with fast_fleet(3, log=log) as fleet:
+        yield fleet
 
 
 @pytest.fixture

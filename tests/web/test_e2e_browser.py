@@ -13,11 +13,11 @@ import redis
 from django.conf import settings
 
 from controlplane.realtime.snapshot import merge_cluster
-from devharness import stop_process
 from router_worker.telemetry_contract import StateSnapshot
+from tests.fleets import fast_fleet
 
-from .conftest import PASSWORD, make_cluster, make_user, start_process
-from .stack import Stack, chat, publisher_args, start_fleet, start_router, wait_for
+from .helpers import PASSWORD, make_cluster, make_user, start_process
+from .stack import Stack, chat, publisher_args, start_router, wait_for
 
 pytestmark = [
     pytest.mark.browser,
@@ -28,9 +28,9 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    fleet = start_fleet(3, tmp_path_factory.mktemp("fleet") / "enginesim.log")
-    yield fleet
-    stop_process(fleet.process)
+    log = tmp_path_factory.mktemp("fleet") / "enginesim.log"
+    with fast_fleet(3, log=log) as fleet:
+        yield fleet
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def hotspot_burst_raises_the_banner_and_reaches_the_audit_log(
 
 def _settled(stack: Stack, page) -> dict | None:
     """The routers' own state merged, when the page shows the same numbers."""
-    snapshots = [StateSnapshot.model_validate(r.admin_state()["snapshot"]) for r in stack.routers]
+    snapshots = [StateSnapshot.model_validate(r.state()["snapshot"]) for r in stack.routers]
     expected = merge_cluster(stack.cluster.name, snapshots)
     shown = page_snapshot(page)
     keys = ("requests", "errors", "output_tokens_per_s", "ttft_p99_s", "tpot_p99_s")

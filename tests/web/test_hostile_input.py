@@ -21,7 +21,7 @@ from controlplane.services import canaries, clusters, policies
 from controlplane.services.errors import ServiceError
 from tests.drills.report import Outcome, record
 
-from .conftest import SYSTEM
+from .helpers import SYSTEM
 from .test_e2e_browser import login
 
 pytestmark = [

@@ -14,8 +14,7 @@ from django.urls import reverse
 from controlplane.models import AuditEvent
 from router_worker.telemetry_contract import decisions_stream, state_key
 
-from .conftest import clear_state
-from .helpers import instance, snapshot, write_state
+from .helpers import clear_state, instance, snapshot, write_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 DEEP = "[" * 100_000 + "]" * 100_000

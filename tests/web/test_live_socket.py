@@ -11,7 +11,7 @@ from controlplane.asgi import application
 from controlplane.realtime.publisher import channel_layer_sender
 from controlplane.realtime.state import group_name
 
-from .conftest import PASSWORD, make_cluster, make_user
+from .helpers import PASSWORD, make_cluster, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 ALLOWED_ORIGIN = (b"origin", b"http://127.0.0.1")

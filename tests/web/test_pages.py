@@ -245,7 +245,7 @@ def test_audit_log_shows_who_what_and_why(as_role, cluster) -> None:
 def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role, cluster) -> None:
     from controlplane.models import CanaryJudgement
 
-    from .conftest import make_cluster
+    from .helpers import make_cluster
 
     lm, rr = cluster.policies.get(name="lm"), cluster.policies.get(name="rr")
     canary = CanarySplit.objects.create(

@@ -14,7 +14,7 @@ from controlplane.services import replay_cells, replays
 from devharness import free_port, stop_process, wait_until
 from devharness import start_process as harness_start
 
-from .conftest import ROOT, SYSTEM, subprocess_env
+from .helpers import ROOT, SYSTEM, subprocess_env
 from .test_replays import TRACE, traces  # noqa: F401  (fixture)
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]

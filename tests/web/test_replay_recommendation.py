@@ -83,7 +83,7 @@ def test_the_recommendation_opens_a_prefilled_canary_that_links_back(as_role, cl
 
 
 def test_a_canary_cannot_claim_another_clusters_replay(as_role, cluster):
-    from tests.web.conftest import make_cluster
+    from tests.web.helpers import make_cluster
 
     other = make_cluster(name="elsewhere")
     job = ReplayJob.objects.create(cluster=other, inputs={})

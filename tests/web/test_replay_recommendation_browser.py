@@ -8,8 +8,7 @@ from playwright.sync_api import expect
 
 from controlplane.models import CanarySplit
 
-from .conftest import make_cluster
-from .helpers import finished_job
+from .helpers import finished_job, make_cluster
 from .test_e2e_browser import login
 
 pytestmark = [

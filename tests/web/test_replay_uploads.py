@@ -21,7 +21,7 @@ from django.urls import reverse
 from controlplane.models import Cluster, ReplayJob
 from controlplane.services.traces import uploads_dir
 from controlplane.tasks.maintenance import prune_uploads
-from tests.web.conftest import ROOT, subprocess_env
+from tests.web.helpers import ROOT, subprocess_env
 from tests.web.test_replays import (  # noqa: F401  fixtures
     TRACE,
     dispatched,

@@ -17,7 +17,7 @@ from controlplane.realtime.consumers import CLOSE_UNAUTHENTICATED
 from controlplane.realtime.publisher import channel_layer_sender
 from controlplane.realtime.state import group_name
 
-from .conftest import PASSWORD, make_cluster, make_user
+from .helpers import PASSWORD, make_cluster, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 ORIGIN = (b"origin", b"http://127.0.0.1")

@@ -66,7 +66,7 @@ def test_the_tree_keeps_every_contract() -> None:
 # (file to edit, line appended, the contracts that must break — and only them). An import
 # also breaks the contracts of every module that reaches it: replay-only-routing covers all
 # of enginesim, the loadgen imports progress, the server imports chat_templates, and the
-# router and routing import engine_interface.
+# router and routing import engine_interface, and the bench studies import bench.lib.
 VIOLATIONS = [
     ("router_worker/proxy.py", "import django", "router-no-django"),
     ("router_worker/config.py", "from enginesim.engine import costmodel", "router-no-django"),
@@ -102,6 +102,12 @@ VIOLATIONS = [
         "chat_templates/renderer.py",
         "import router_worker.routing",
         "chat-templates-neutral engine-server-no-router replay-only-routing",
+    ),
+    ("bench/hotspot/run.py", "import bench.replay.run", "bench-studies-independent"),
+    (
+        "bench/lib/stats.py",
+        "import bench.replay.run",
+        "bench-lib-below-studies bench-studies-independent",
     ),
 ]
 

@@ -142,7 +142,8 @@ def cpu_rows(setup: BenchStack, args: argparse.Namespace) -> None:
     the intercept. Router rows: the router process only (enginesim's CPU is not in them);
     direct rows: the enginesim process serving the same requests without the router.
     """
-    ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
+    ports, engines, router = setup.ports, setup.fleet.process, setup.routers["lmetric"].process
+    router_port = setup.routers["lmetric"].port
     short, long_, concurrency = 4, 64, 32
     print(
         f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
@@ -189,7 +190,8 @@ def cpu_rows(setup: BenchStack, args: argparse.Namespace) -> None:
 
 
 def throughput_rows(setup: BenchStack, args: argparse.Namespace) -> None:
-    ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
+    ports, engines, router = setup.ports, setup.fleet.process, setup.routers["lmetric"].process
+    router_port = setup.routers["lmetric"].port
     concurrency = 64
     engine0 = cpu_seconds(engines.pid)
     direct, _, elapsed_d = run_async(closed_loop(ports, concurrency, args.duration, False, 4))

@@ -78,7 +78,8 @@ def hot_path_rows() -> None:
 
 def capture_rows() -> None:
     """What a traffic capture costs per request (router_worker/capture.py): on the router's
-    request path (the append in ``finish_request``), in its telemetry writer (packing the
+    request path (the append when ``Plan.finish`` closes a request: the ``RequestSamples``
+    observer, router_worker/observers.py), in its telemetry writer (packing the
     block hashes, the session digest, the batch's JSON) and at the control plane's ingest
     (the keyed digests of the block hashes), for prompts sharing a system prompt (the
     shared blocks' digests come from the cache) and for unique ones."""

@@ -1,4 +1,4 @@
-"""SSE tokens per second that one `python -m enginesim serve` process sustains on one core.
+"""SSE tokens per second that one enginesim process (a devharness.Fleet) sustains on one core.
 
 The server runs pinned to CPU 0, the load generator to CPU 1 (raw asyncio
 sockets, so the client stays cheap). The simulated GPU runs far faster than
@@ -20,15 +20,12 @@ import asyncio
 import json
 import os
 import platform
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devharness import free_ports, start_process, stop_process
+from devharness import Fleet, free_ports
 
-REPO = Path(__file__).resolve().parents[2]
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -61,17 +58,15 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
-def start_server(case: Case, base: int) -> subprocess.Popen[bytes]:
-    args = [
-        "taskset", "-c", "0", sys.executable, "-m", "enginesim", "serve",
-        "--instances", str(case.instances), "--base-port", str(base),
-        "--time-scale", str(case.time_scale), "--stream-interval", str(case.stream_interval),
-    ]  # fmt: skip
-    # stderr: real errors
-    proc = start_process(args, cwd=REPO, stdout=subprocess.PIPE, stderr=None, stdin=None)
-    assert proc.stdout is not None
-    proc.stdout.readline()  # "enginesim ready ..."
-    return proc
+def start_server(case: Case, base: int) -> Fleet:
+    """``case``'s fleet on ports from ``base``, pinned to CPU 0, every instance healthy."""
+    return Fleet(
+        case.instances,
+        base_port=base,
+        time_scale=case.time_scale,
+        extra=["--stream-interval", str(case.stream_interval)],
+        prefix=["taskset", "-c", "0"],
+    ).start()
 
 
 class Counter:
@@ -125,20 +120,18 @@ async def run_load(case: Case, base: int, warmup: float, duration: float) -> tup
 
 def measure(case: Case, warmup: float, duration: float) -> dict[str, float]:
     base = free_ports(case.instances)
-    proc = start_server(case, base)
-    try:
+    with start_server(case, base) as fleet:
+        pid = fleet.process.pid
 
         async def timed() -> tuple[int, float, float, float]:
             load = asyncio.ensure_future(run_load(case, base, warmup, duration))
             await asyncio.sleep(warmup)
-            server_before, client_before = cpu_seconds(proc.pid), cpu_seconds(os.getpid())
+            server_before, client_before = cpu_seconds(pid), cpu_seconds(os.getpid())
             chunks, elapsed = await load
-            server = cpu_seconds(proc.pid) - server_before
+            server = cpu_seconds(pid) - server_before
             return chunks, elapsed, server, cpu_seconds(os.getpid()) - client_before
 
         chunks, elapsed, server_cpu, client_cpu = asyncio.run(timed())
-    finally:
-        stop_process(proc)
     tokens = chunks * case.stream_interval
     return {
         "chunks_per_s": chunks / elapsed,

@@ -45,12 +45,15 @@ from typing import Any
 
 import httpx
 
+from bench.lib.loadclient import MODEL
 from bench.lib.matrix import machine
-from devharness import stop_process
+from devharness import Fleet, start_router
 from engine_interface import percentile, read_histogram, read_samples
 from router_worker.intake import IntakeSettings, take_in_with
 from router_worker.tokenization import DEFAULT_TEMPLATE
-from tests.router.conftest import ADMIN_HEADERS, MODEL, launch_router, router_config, start_fleet
+
+ADMIN_TOKEN = "bench-intake-stall"
+ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 WORDS = [f"w{i}" for i in range(5000)]
 
@@ -252,6 +255,27 @@ def document(data: dict[str, Any]) -> str:
     return "\n".join([*lines, ""])
 
 
+def router_config(fleet: Fleet, offload: int, tokenizer: str | None, mib: int) -> dict[str, Any]:
+    """An lmetric router over ``fleet`` (KV events off) taking bodies of up to ``mib`` + 1 MiB,
+    those from ``offload`` bytes in its intake worker."""
+    return {
+        "cluster": "bench",
+        "model": MODEL,
+        "instances": fleet.instances(),
+        "policy": {"kind": "lmetric", "params": {}},
+        "router": {
+            "scrape_interval_s": 0.2,
+            "health_interval_s": 0.2,
+            "breaker_open_s": 0.5,
+            "kv_events": False,
+            "offload_body_bytes": offload,
+            "tokenizer_path": tokenizer,
+            "max_body_bytes": (mib + 1) * 1024 * 1024,
+            "first_byte_timeout_s": 300,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--big", type=int, default=3, help="max-size prompts per row")
@@ -269,27 +293,19 @@ def main() -> None:
     directory = Path(tempfile.mkdtemp(prefix="sy-intake-bench-"))
     tokenizer_path = write_tokenizer(directory)
     targets = {"engines": big_body(args.mib), "router only": big_body(args.mib, "unknown")}
-    fleet = start_fleet(2)
     rows = []
-    try:
+    # KV events published as vLLM sends them (the router does not subscribe: its load only)
+    with Fleet(2, time_scale=0.05, kv_events=True, kv_encoding="array") as fleet:
         for tier, tokenizer in (("approx", None), ("exact", tokenizer_path)):
             for target, raw in targets.items():
                 for mode, offload in (("inline", 1024**3), ("worker", 64 * 1024)):
-                    document_ = router_config(fleet, "lmetric")
-                    document_["router"].update(
-                        offload_body_bytes=offload,
-                        tokenizer_path=tokenizer,
-                        max_body_bytes=(args.mib + 1) * 1024 * 1024,
-                        first_byte_timeout_s=300,
-                    )
-                    router = launch_router(directory, document_)
+                    config = router_config(fleet, offload, tokenizer, args.mib)
+                    router = start_router(directory, config, admin_token=ADMIN_TOKEN)
                     try:
                         result = asyncio.run(measure(router.url, raw, args.big))
                     finally:
-                        stop_process(router.proc)
+                        router.stop()
                     rows.append({"tier": tier, "target": target, "mode": mode, **result})
-    finally:
-        stop_process(fleet.proc)
     data = {
         "machine": machine(),
         "load": load,

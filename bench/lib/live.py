@@ -1,8 +1,8 @@
 """A live stack beside the replay, for the studies that compare them (bench/live_vs_replay,
 bench/prediction's ``--live``, bench/multi_router's live half): child processes in their
-own process groups (killed on exit), the slow-motion enginesim fleet behind a standalone
-router fed by ``enginesim loadgen``, the same slice through ``enginesim replay``, and the
-statistics both sides are reported in."""
+own process groups (killed on exit), the slow-motion enginesim fleet (a devharness.Fleet)
+behind a standalone router (devharness.start_router) fed by ``enginesim loadgen``, the same
+slice through ``enginesim replay``, and the statistics both sides are reported in."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import httpx
 import numpy as np
 
 from bench.lib.matrix import CONVERSATION
-from devharness import ProcessSet, free_ports, wait_until
+from devharness import Fleet, ProcessSet, Router, start_router
 from engine_interface import parse_metrics, percentile
 from enginesim.replay.policy_costs import fill_coefficients, unset_fields
 
@@ -99,7 +99,7 @@ def slow_motion_params(policy: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def variation_args(args: argparse.Namespace) -> list[str]:
-    """The fleet's variation, the same for enginesim serve and replay."""
+    """The fleet's variation, the same for the live fleet and the replay."""
     out = ["--fleet-seed", str(args.fleet_seed)]
     if args.perturb:
         out += ["--perturb", repr(args.perturb)]
@@ -108,11 +108,11 @@ def variation_args(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def engine_ttft(base: int, instances: int) -> tuple[float, int]:
-    """Sum and count of the engines' TTFT histograms (simulated seconds)."""
+def engine_ttft(fleet: Fleet) -> tuple[float, int]:
+    """Sum and count of the fleet's TTFT histograms (simulated seconds)."""
     total, count = 0.0, 0
-    for k in range(instances):
-        text = httpx.get(f"http://127.0.0.1:{base + k}/metrics", timeout=10).text
+    for url in fleet.urls():
+        text = httpx.get(url + "/metrics", timeout=10).text
         ttft = parse_metrics(text).histogram("ttft")
         if ttft is not None:
             total, count = total + ttft.sum, count + int(ttft.count)
@@ -165,48 +165,58 @@ def placement_agreement(
 # ----------------------------------------------------------------- one live run
 
 
+def start_fleet(args: argparse.Namespace, log: Path, variation: list[str] | None = None) -> Fleet:
+    """A devharness.Fleet of ``args.instances`` H20 / Qwen2-7B enginesim instances in slow
+    motion (``args.time_scale``), in its own process group, started and healthy."""
+    return Fleet(
+        args.instances,
+        time_scale=args.time_scale,
+        variation=variation_args(args) if variation is None else variation,
+        extra=["--stream-interval", str(args.stream_interval)],
+        log=log,
+        new_session=True,
+        startup_timeout=60,
+    ).start()
+
+
+def start_live_router(
+    config: dict[str, Any], work: Path, name: str, log: Path, redis_url: str = "none"
+) -> Router:
+    """A standalone router on ``config`` with the bench's admin token, in its own process
+    group, started and healthy."""
+    router = start_router(
+        work,
+        config,
+        name=name,
+        admin_token=ADMIN_TOKEN,
+        redis_url=redis_url,
+        log_level="WARNING",
+        log=log,
+        new_session=True,
+        wait=False,
+    )
+    try:
+        router.wait_healthy(60)
+    except BaseException:
+        router.stop()
+        raise
+    return router
+
+
 def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    base = free_ports(args.instances + 1)
-    router_port = base + args.instances
+    fleet = start_fleet(args, work / f"{policy}_fleet.log")
+    try:
+        return live_through(fleet, policy, args, work)
+    finally:
+        fleet.stop()
+
+
+def live_through(fleet: Fleet, policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     scale = args.time_scale
-    fleet = spawn(
-        [
-            PY,
-            "-m",
-            "enginesim",
-            "serve",
-            "--instances",
-            str(args.instances),
-            "--base-port",
-            str(base),
-            "--gpu",
-            "h20",
-            "--model",
-            "qwen2-7b",
-            "--time-scale",
-            str(scale),
-            "--stream-interval",
-            str(args.stream_interval),
-            *variation_args(args),
-        ],
-        work / f"{policy}_fleet.log",
-    )
-    wait_until(
-        lambda: all(
-            httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2).status_code == 200
-            for k in range(args.instances)
-        ),
-        60,
-        "enginesim fleet",
-        fleet,
-        interval=0.3,
-    )
     config = {
         "cluster": "h20-qwen2-7b",
         "block_size": 16,
-        "instances": [
-            {"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"} for k in range(args.instances)
-        ],
+        "instances": fleet.instances(),
         "policy": {"kind": policy, "params": slow_motion_params(policy, args), "seed": 0},
         "router": {
             # one simulated second between scrapes, as in the replay
@@ -220,34 +230,19 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
             "kv_events": False,
         },
     }
-    config_path = work / f"{policy}_router.json"
-    config_path.write_text(json.dumps(config, indent=1))
-    router = spawn(
-        [
-            PY,
-            "-m",
-            "router_worker",
-            "--config",
-            str(config_path),
-            "--port",
-            str(router_port),
-            "--redis-url",
-            "none",
-            "--admin-token",
-            ADMIN_TOKEN,
-            "--log-level",
-            "WARNING",
-        ],
-        work / f"{policy}_router.log",
-    )
-    target = f"http://127.0.0.1:{router_port}"
-    wait_until(
-        lambda: httpx.get(target + "/health", timeout=2).status_code == 200,
-        60,
-        "router",
-        router,
-        interval=0.3,
-    )
+    router = start_live_router(config, work, f"{policy}-router", work / f"{policy}_router.log")
+    try:
+        return drive(router, fleet, policy, args, work)
+    finally:
+        router.stop()
+
+
+def drive(
+    router: Router, fleet: Fleet, policy: str, args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
+    """``enginesim loadgen`` replays the slice through ``router``; the run's summary."""
+    scale = args.time_scale
+    target = router.url
     time.sleep(3 * args.scrape_interval * scale)  # a few scrapes and probes first
 
     poller = DecisionPoller(target, ADMIN_TOKEN)
@@ -302,9 +297,7 @@ def run_live(policy: str, args: argparse.Namespace, work: Path) -> dict[str, Any
     poller.poll()
     decisions = list(poller.decisions.values())
     (work / f"{policy}_decisions.json").write_text(json.dumps(decisions, indent=0))
-    eng_sum, eng_count = engine_ttft(base, args.instances)
-    stop(router)
-    stop(fleet)
+    eng_sum, eng_count = engine_ttft(fleet)
 
     outcomes = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     ok = [o for o in outcomes if o["status"] == "ok"]

@@ -78,7 +78,8 @@ def hot_path_rows() -> None:
 
 def capture_rows() -> None:
     """What a traffic capture costs per request (router_worker/capture.py): on the router's
-    request path (the append in ``finish_request``), in its telemetry writer (packing the
+    request path (the append when ``Plan.finish`` closes a request: the ``RequestSamples``
+    observer, router_worker/observers.py), in its telemetry writer (packing the
     block hashes, the session digest, the batch's JSON) and at the control plane's ingest
     (the keyed digests of the block hashes), for prompts sharing a system prompt (the
     shared blocks' digests come from the cache) and for unique ones."""
@@ -142,7 +143,8 @@ def cpu_rows(setup: BenchStack, args: argparse.Namespace) -> None:
     the intercept. Router rows: the router process only (enginesim's CPU is not in them);
     direct rows: the enginesim process serving the same requests without the router.
     """
-    ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
+    ports, engines, router = setup.ports, setup.fleet.process, setup.routers["lmetric"].process
+    router_port = setup.routers["lmetric"].port
     short, long_, concurrency = 4, 64, 32
     print(
         f"\nCPU time per request and per SSE chunk (µs of process CPU, /proc/<pid>/stat), "
@@ -189,7 +191,8 @@ def cpu_rows(setup: BenchStack, args: argparse.Namespace) -> None:
 
 
 def throughput_rows(setup: BenchStack, args: argparse.Namespace) -> None:
-    ports, engines, (router_port, router) = setup.ports, setup.engines, setup.routers["lmetric"]
+    ports, engines, router = setup.ports, setup.fleet.process, setup.routers["lmetric"].process
+    router_port = setup.routers["lmetric"].port
     concurrency = 64
     engine0 = cpu_seconds(engines.pid)
     direct, _, elapsed_d = run_async(closed_loop(ports, concurrency, args.duration, False, 4))

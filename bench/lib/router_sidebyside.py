@@ -40,15 +40,21 @@ from bench.lib.processes import (
     REPO,
     ROUTER_ADMIN_TOKEN,
     EngineLog,
-    is_200,
+    engine_ports,
+    start_bench_router,
     start_engines,
-    start_router,
 )
-from devharness import free_port, start_process, stop_process, wait_http
+from devharness import ManagedProcess, free_port, wait_http
 from engine_interface import percentile, read_histogram, read_samples
 from router_worker.stages import STAGES
 
 VLLM_ROUTER_VERSION = "0.1.17"
+
+
+def is_200(status: int) -> bool:
+    return status == 200
+
+
 REPORT = Path(__file__).resolve().parents[1] / "router_overhead" / "sidebyside.md"
 WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
 # metric: (non-streamed whole answer, streamed headers, streamed first text chunk)
@@ -241,18 +247,18 @@ def router_alone(
     """Start one router over ``engines``: ``switchyard`` (from the checkout ``tree``, this
     one by default) or ``vllm-router``; yield its port and process."""
     if kind == "switchyard":
-        port, proc = start_router(engines, policy, workdir, tree or REPO)
+        urls = [f"http://127.0.0.1:{p}" for p in engines]
+        router = start_bench_router(urls, policy, workdir, tree or REPO)
+        port, managed = router.port, router.managed
     else:
-        port, proc = _start_vllm_router(policy, engines, workdir)
-    try:
-        yield port, proc
-    finally:
-        stop_process(proc)
+        port, managed = _start_vllm_router(policy, engines, workdir)
+    with managed:
+        yield port, managed.running
 
 
 def _start_vllm_router(
     policy: str, engines: list[int], workdir: Path
-) -> tuple[int, subprocess.Popen[bytes]]:
+) -> tuple[int, ManagedProcess]:
     binary = vllm_router_binary()
     if binary is None:
         raise SystemExit(
@@ -260,7 +266,7 @@ def _start_vllm_router(
             f"(or .venv/bin/pip install vllm-router=={VLLM_ROUTER_VERSION})"
         )
     port = free_port()
-    proc = start_process(
+    managed = ManagedProcess(
         [
             binary,
             "--host",
@@ -280,9 +286,13 @@ def _start_vllm_router(
         ],
         stdin=None,
         stderr=None,
-    )
-    wait_http(f"http://127.0.0.1:{port}/health", 60.0, process=proc, ok=is_200)
-    return port, proc
+    ).start()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 60.0, process=managed.running, ok=is_200)
+    except BaseException:
+        managed.stop()
+        raise
+    return port, managed
 
 
 def stage_means(port: int) -> dict[str, tuple[float, float]]:
@@ -443,21 +453,17 @@ def side_by_side(args: argparse.Namespace) -> None:
         )
     concurrencies = args.concurrency or [1, 8, 64, 200]
     load_start = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        ports, fleet, log = start_engines(2, 0.02, Path(tmp))
-        try:
-            rows = side_by_side_rows(
-                ports,
-                log,
-                contenders,
-                concurrencies,
-                args.row_duration,
-                args.rounds,
-                args.max_words,
-                Path(tmp),
-            )
-        finally:
-            stop_process(fleet)
+    with tempfile.TemporaryDirectory() as tmp, start_engines(2, 0.02, Path(tmp)) as (fleet, log):
+        rows = side_by_side_rows(
+            engine_ports(fleet),
+            log,
+            contenders,
+            concurrencies,
+            args.row_duration,
+            args.rounds,
+            args.max_words,
+            Path(tmp),
+        )
     text = "\n".join(report(rows, args, load_start, os.getloadavg()))
     args.report.write_text(text)
     print(text)

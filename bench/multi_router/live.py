@@ -1,14 +1,14 @@
 """Several routers on one live fleet: how much does replica sync recover?
 
 For each policy (``lmetric``, ``predicted_ttft``) and each variant (1 router; 2 routers
-with replica sync; 2 routers without), a fresh ``python -m enginesim serve`` fleet (16 x
-H20, Qwen2-7B, slow motion ``--time-scale S``) is started behind N standalone
-``python -m router_worker`` processes, and ``python -m enginesim loadgen`` replays a slice
-of the Mooncake conversation trace through them, round-robin over the routers (a load
-balancer: ``--target`` given N times). Routers use Redis (``--redis``) for telemetry and
-the peer channel, each run under a cluster name of its own; ``router.peer_sync`` is
-false for the no-sync variant. Client TTFTs (wall seconds) are divided by S: simulated
-seconds, comparable with the replay bench (bench/multi_router/replay.py).
+with replica sync; 2 routers without), a fresh devharness.Fleet of enginesim instances
+(16 x H20, Qwen2-7B, slow motion ``--time-scale S``) is started behind N standalone
+``python -m router_worker`` processes (devharness.start_router), and ``python -m enginesim
+loadgen`` replays a slice of the Mooncake conversation trace through them, round-robin over
+the routers (a load balancer: ``--target`` given N times). Routers use Redis (``--redis``)
+for telemetry and the peer channel, each run under a cluster name of its own;
+``router.peer_sync`` is false for the no-sync variant. Client TTFTs (wall seconds) are
+divided by S: simulated seconds, comparable with the replay bench (bench/multi_router/replay.py).
 
     .venv/bin/python -m bench.multi_router.live [--time-scale 3] [--start 240 --end 300]
 
@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import contextlib
-import functools
 import json
 import os
 import signal
@@ -36,7 +35,7 @@ from typing import Any
 import httpx
 
 from bench.lib import live  # process handling, fleet, stats
-from devharness import free_ports, wait_until
+from devharness import Fleet, Router, start_router, stop_together
 from enginesim.replay.policy_costs import fill_coefficients
 
 HERE = Path(__file__).resolve().parent
@@ -51,53 +50,14 @@ def variant_name(routers: int, sync: bool) -> str:
     return f"{routers} routers, {'sync' if sync else 'no sync'}"
 
 
-def start_fleet(
-    args: argparse.Namespace, base: int, work: Path, tag: str
-) -> subprocess.Popen[bytes]:
-    fleet = live.spawn(
-        [
-            PY,
-            "-m",
-            "enginesim",
-            "serve",
-            "--instances",
-            str(args.instances),
-            "--base-port",
-            str(base),
-            "--gpu",
-            "h20",
-            "--model",
-            "qwen2-7b",
-            "--time-scale",
-            str(args.time_scale),
-            "--stream-interval",
-            str(args.stream_interval),
-        ],
-        work / f"{tag}_fleet.log",
-    )
-    wait_until(
-        lambda: all(
-            httpx.get(f"http://127.0.0.1:{base + k}/health", timeout=2).status_code == 200
-            for k in range(args.instances)
-        ),
-        60,
-        "enginesim fleet",
-        fleet,
-        interval=0.3,
-    )
-    return fleet
-
-
 def router_document(
-    policy: str, sync: bool, cluster: str, base: int, args: argparse.Namespace
+    policy: str, sync: bool, cluster: str, fleet: Fleet, args: argparse.Namespace
 ) -> dict[str, Any]:
     params = fill_coefficients(policy, {}, "h20", "qwen2-7b")
     return {
         "cluster": cluster,
         "block_size": 16,
-        "instances": [
-            {"name": f"i{k}", "url": f"http://127.0.0.1:{base + k}"} for k in range(args.instances)
-        ],
+        "instances": fleet.instances(),
         "policy": {"kind": policy, "params": params, "seed": 0},
         "router": {
             "scrape_interval_s": args.scrape_interval * args.time_scale,
@@ -112,49 +72,32 @@ def router_document(
     }
 
 
-def _healthy(target: str) -> bool:
-    return httpx.get(target + "/health", timeout=2).status_code == 200
-
-
 def start_routers(
-    document: dict[str, Any], count: int, port: int, work: Path, tag: str, redis: str
-) -> tuple[list[subprocess.Popen[bytes]], list[str]]:
-    config_path = work / f"{tag}_router.json"
-    config_path.write_text(json.dumps(document, indent=1))
-    procs, targets = [], []
-    for k in range(count):
-        procs.append(
-            live.spawn(
-                [
-                    PY,
-                    "-m",
-                    "router_worker",
-                    "--config",
-                    str(config_path),
-                    "--port",
-                    str(port + k),
-                    "--name",
-                    f"{tag}-r{k}",
-                    "--redis-url",
-                    redis,
-                    "--admin-token",
-                    live.ADMIN_TOKEN,
-                    "--log-level",
-                    "WARNING",
-                ],
-                work / f"{tag}_router{k}.log",
+    document: dict[str, Any], count: int, work: Path, tag: str, redis: str
+) -> list[Router]:
+    """``count`` standalone routers on ``document``, started together, each healthy."""
+    routers = []
+    try:
+        for k in range(count):
+            routers.append(
+                start_router(
+                    work,
+                    document,
+                    name=f"{tag}-r{k}",
+                    admin_token=live.ADMIN_TOKEN,
+                    redis_url=redis,
+                    log_level="WARNING",
+                    log=work / f"{tag}_router{k}.log",
+                    new_session=True,
+                    wait=False,
+                )
             )
-        )
-        targets.append(f"http://127.0.0.1:{port + k}")
-    for proc, target in zip(procs, targets, strict=True):
-        wait_until(
-            functools.partial(_healthy, target),
-            60,
-            "router",
-            proc,
-            interval=0.3,
-        )
-    return procs, targets
+        for router in routers:
+            router.wait_healthy(60)
+    except BaseException:
+        stop_together([router.managed for router in routers], 10.0)
+        raise
+    return routers
 
 
 def peer_counts(targets: list[str]) -> dict[str, int]:
@@ -215,19 +158,22 @@ def run_variant(
     policy: str, routers: int, sync: bool, args: argparse.Namespace, work: Path
 ) -> dict[str, Any]:
     tag = f"{policy}_{routers}{'s' if sync else 'n'}"
-    base = free_ports(args.instances + routers)
-    fleet = start_fleet(args, base, work, tag)
-    cluster = f"bench-multi-{os.getpid()}-{tag}"
-    document = router_document(policy, sync, cluster, base, args)
-    procs, targets = start_routers(document, routers, base + args.instances, work, tag, args.redis)
-    time.sleep(3 * args.scrape_interval * args.time_scale)  # a few scrapes and probes first
-    out = work / f"{tag}_loadgen.jsonl"
-    wall = run_loadgen(targets, args, out, work / f"{tag}_loadgen.log")
-    counts = peer_counts(targets)
-    engine_sum, engine_count = live.engine_ttft(base, args.instances)
-    for proc in procs:
-        live.stop(proc)
-    live.stop(fleet)
+    fleet = live.start_fleet(args, work / f"{tag}_fleet.log", variation=[])
+    try:
+        cluster = f"bench-multi-{os.getpid()}-{tag}"
+        document = router_document(policy, sync, cluster, fleet, args)
+        started = start_routers(document, routers, work, tag, args.redis)
+        try:
+            targets = [router.url for router in started]
+            time.sleep(3 * args.scrape_interval * args.time_scale)  # a few scrapes first
+            out = work / f"{tag}_loadgen.jsonl"
+            wall = run_loadgen(targets, args, out, work / f"{tag}_loadgen.log")
+            counts = peer_counts(targets)
+            engine_sum, engine_count = live.engine_ttft(fleet)
+        finally:
+            stop_together([router.managed for router in started], 10.0)
+    finally:
+        fleet.stop()
     outcomes = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
     ok = [o for o in outcomes if o["status"] == "ok"]
     scale = args.time_scale

@@ -15,12 +15,12 @@ per seed, this bench reports:
 ``correction off`` is the same policy with ``correction`` false: the cost model alone.
 
 With ``--live`` it also measures the error live against enginesim: for homogeneous and for
-mis-modelled engines, with the correction on and off, a fresh ``enginesim serve`` fleet in
-slow motion behind a standalone router replays a slice of the Mooncake conversation trace
-(``bench/live_vs_replay/run.py``), and the router's own decisions (their prediction,
-from ``/admin/state``) are joined with the TTFT it measured; the same slice replayed in the
-simulator is the row beside it. It needs an otherwise idle machine (the engines run in
-wall time) and about 15 minutes.
+mis-modelled engines, with the correction on and off, a fresh devharness.Fleet of enginesim
+instances in slow motion behind a standalone router replays a slice of the Mooncake
+conversation trace (``bench/live_vs_replay/run.py``), and the router's own decisions (their
+prediction, from ``/admin/state``) are joined with the TTFT it measured; the same slice
+replayed in the simulator is the row beside it. It needs an otherwise idle machine (the
+engines run in wall time) and about 15 minutes.
 
     python -m bench.prediction.run          # → bench/prediction/README.md
     python -m bench.prediction.run --live   # the same, with the live section

@@ -2,7 +2,7 @@
 alone in front of the same fleet, and the router's own CPU and throughput.
 
 Side-by-side rows (``--only side-by-side``; they write ``bench/router_overhead/sidebyside.md``).
-Fleet: ``python -m enginesim serve`` with 2 instances (H20, Qwen2-7B, time scale 0.02).
+Fleet: a devharness.Fleet of 2 enginesim instances (H20, Qwen2-7B, time scale 0.02).
 Contenders: Switchyard (round_robin, lmetric) and vllm-router (round_robin, cache_aware;
 ``pip install -e '.[bench]'`` installs it), each started alone, in shuffled order,
 ``--rounds`` times; with ``--before PATH`` also the Switchyard of another checkout (``git

@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.router.bench_compat import *  # noqa: F403  bench/bench_intake_stall.py's imports
 from tests.router.helpers import PrivateRedis, private_redis_server
 
 

@@ -28,7 +28,6 @@ app.conf.update(
     task_time_limit=90,
     broker_connection_retry_on_startup=True,
     broker_connection_max_retries=None,
-    broker_transport_options={"visibility_timeout": 3600},
     result_expires=3600,
     task_default_queue="default",
     task_track_started=True,

@@ -192,6 +192,7 @@ CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
 # Celery: see controlplane/celery.py for the reliability reasoning.
 CELERY_BROKER_URL = env("SWITCHYARD_CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = env("SWITCHYARD_CELERY_RESULT_BACKEND", REDIS_URL)
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"visibility_timeout": 3600}
 
 # Where routers started by a host's supervisor reach the control plane's API.
 SWITCHYARD_CONTROL_PLANE_URL = env("SWITCHYARD_CONTROL_PLANE_URL", "http://127.0.0.1:8080")

@@ -2,6 +2,7 @@
 for parallel workers) so tests never read or flush the keys of a running `make demo`."""
 
 import os
+import uuid
 
 # Parallel test workers (pytest-xdist's gw0, gw1, ...) get one Redis database each (10, 11,
 # ...), as pytest-django gives each its own test database: Celery queues, channel groups and
@@ -10,6 +11,12 @@ _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _REDIS_DB = 10 + int(_WORKER.removeprefix("gw")) if _WORKER.startswith("gw") else 9
 os.environ.setdefault("SWITCHYARD_REDIS_URL", f"redis://127.0.0.1:6379/{_REDIS_DB}")
 os.environ.setdefault("SWITCHYARD_CHANNEL_PREFIX", "switchyard-test:asgi")
+# One test run: its Celery messages carry its id in their keys, so a task an earlier run left
+# queued never reaches this run's workers (it would name rows of this run's freshly numbered
+# tables). Parallel workers share their run's id; processes the tests start inherit it.
+os.environ.setdefault(
+    "SWITCHYARD_TEST_RUN", os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+)
 # A fixed key for tests only (production settings refuse to start without one).
 os.environ.setdefault("SWITCHYARD_SECRET_KEY", "switchyard-test-only-secret-key-never-deploy")
 # The machine's Redis is shared: supervised routers in tests get no ACL users there (the
@@ -26,3 +33,7 @@ DATABASES["default"]["TEST"]["NAME"] = os.environ.get(  # noqa: F405
     "SWITCHYARD_TEST_DB",
     DATABASES["default"]["TEST"]["NAME"],  # noqa: F405
 )
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    **CELERY_BROKER_TRANSPORT_OPTIONS,  # noqa: F405
+    "global_keyprefix": f"switchyard-test-{os.environ['SWITCHYARD_TEST_RUN']}:",
+}

@@ -43,6 +43,24 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
         )
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Drop what this run left queued on the broker (keys under the run's prefix)."""
+    from django.conf import settings
+
+    prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix")
+    if not prefix:
+        return
+    import redis
+
+    try:
+        client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+        for key in client.scan_iter(match=f"{prefix}*"):
+            client.delete(key)
+        client.close()
+    except redis.RedisError:
+        pass  # Redis was down at the end of the run: its keys are harmless
+
+
 @pytest.fixture(scope="session")
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)

@@ -16,6 +16,7 @@ from kombu.exceptions import OperationalError as BrokerDown
 from controlplane.models import ApiToken, AuditEvent, ReplayJob, RouterDeployment
 from controlplane.services.bearer import sha256_hex
 from controlplane.services.replays import CELL_TASK
+from tests.broker import queue_key
 
 from .helpers import session_client
 
@@ -95,11 +96,11 @@ def test_replay_task_message_lands_in_the_real_broker(world, users) -> None:
     try:
         queued = [
             m
-            for m in client.lrange("replays", 0, -1)
+            for m in client.lrange(queue_key("replays"), 0, -1)
             if json.loads(m)["headers"].get("task") == CELL_TASK
         ]
         for message in queued:  # leave nothing for a worker of another test to pick up
-            client.lrem("replays", 0, message)  # type: ignore[arg-type]  # stub: a str value only
+            client.lrem(queue_key("replays"), 0, message)  # type: ignore[arg-type]  # stub: a str value only
     finally:
         client.close()
     cell = ReplayJob.objects.get(pk=job_id).cells.get()

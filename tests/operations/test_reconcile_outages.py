@@ -12,6 +12,7 @@ import pytest
 
 from controlplane.tasks.routing import reconcile_all
 from devharness import free_port, wait_until
+from tests.broker import queue_key
 from tests.operations.test_reconcile import routed_cluster, router  # noqa: F401  fixture
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,12 +69,12 @@ def test_restart_requests_expire(
 ):
     """A request queued while the host's worker is away must not replay when it returns."""
     short_timeout.SWITCHYARD_CONTROL_PLANE_URL = live_server.url
-    redis_client.delete("routers.host-a")
+    redis_client.delete(queue_key("routers.host-a"))
     router(routed_cluster, "r-away", 8104, heartbeat_age_s=120, applied=1)
     actions(routed_cluster)
     time.sleep(TIMEOUT_S * 1.5)
     assert actions(routed_cluster) == ["restart r-away"]
-    queued = [json.loads(m) for m in redis_client.lrange("routers.host-a", 0, -1)]
-    redis_client.delete("routers.host-a")
+    queued = [json.loads(m) for m in redis_client.lrange(queue_key("routers.host-a"), 0, -1)]
+    redis_client.delete(queue_key("routers.host-a"))
     assert [m["headers"]["task"] for m in queued] == ["switchyard.restart_router"]
     assert queued[0]["headers"]["expires"] is not None

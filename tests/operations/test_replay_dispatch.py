@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from controlplane.models import ReplayCell, ReplayJob
 from controlplane.services import replay_cells, replays
+from tests.broker import queue_key
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +23,7 @@ QUEUE = "replays"  # not "default": a replay must not hold up ingest or the cana
 def queued_replay_messages(client: redis.Redis) -> list[bytes | str]:
     return [
         m
-        for m in client.lrange(QUEUE, 0, -1)
+        for m in client.lrange(queue_key(QUEUE), 0, -1)
         if json.loads(m)["headers"].get("task") == replays.CELL_TASK
     ]
 
@@ -51,11 +52,11 @@ def test_stale_queued_jobs_are_dispatched_again_and_claimed_once(cluster):
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     try:
         for message in queued_replay_messages(client):
-            client.lrem(QUEUE, 0, message)  # type: ignore[arg-type]  # stub: a str value only
+            client.lrem(queue_key(QUEUE), 0, message)  # type: ignore[arg-type]  # stub: a str value only
         assert replays.redispatch_stale(older_than_s=60) == 1
         sent = queued_replay_messages(client)
         for message in sent:
-            client.lrem(QUEUE, 0, message)  # type: ignore[arg-type]  # stub: a str value only
+            client.lrem(queue_key(QUEUE), 0, message)  # type: ignore[arg-type]  # stub: a str value only
     finally:
         client.close()
     cells = list(stale.cells.values_list("pk", flat=True))

@@ -37,7 +37,6 @@ from router_worker.observers import (
     Hotspots,
     LoadPeaks,
     Migrations,
-    PeerReports,
     RequestMetrics,
     RequestSamples,
     hotspot_payload,
@@ -52,6 +51,7 @@ from router_worker.routing import (
     RequestLifecycle,
     session_key_from_request,
 )
+from router_worker.routing.peer_accounting import PeerReports
 from router_worker.runtime import Runtime, build_runtime
 from router_worker.telemetry import Telemetry
 from router_worker.tokenization import Tokenizer

@@ -7,7 +7,8 @@ one of every transition once, so no per-request method has to remember them:
 
 * :class:`Hotspots`: the hotspot transitions a decision raised (telemetry events, and
   the confirmed ones the snapshot shows);
-* :class:`PeerReports`: this router's requests, told to its peers (replica sync);
+* :class:`~router_worker.routing.peer_accounting.PeerReports` (shared with the simulator):
+  this router's requests, told to its peers (replica sync);
 * :class:`RequestMetrics`: the per-request Prometheus metrics;
 * :class:`LoadPeaks`: the highest pending prefill and batch per instance between
   telemetry snapshots;
@@ -34,14 +35,12 @@ from router_worker.decisions import (
     scalar_details,
 )
 from router_worker.metrics import RouterMetrics
-from router_worker.peers import PeerSync
 from router_worker.plan import Outcome, Plan
 from router_worker.routing import (
     Attempt,
     ClusterState,
     HotspotEvent,
     LifecycleObserver,
-    Phase,
     RequestLifecycle,
     choose_migrations,
 )
@@ -73,27 +72,6 @@ class Hotspots(LifecycleObserver):
             elif event.kind in ("cleared", "dismissed"):
                 self.active.pop(event.class_id, None)
             self.telemetry.event("hotspot", **hotspot_payload(event))
-
-
-class PeerReports(LifecycleObserver):
-    """This router's requests, told to the other routers of its cluster: a dispatch, a
-    first token, an end (``ok``: finished or moved, not failed, abandoned or refused)."""
-
-    __slots__ = ("sync",)
-
-    def __init__(self, sync: PeerSync) -> None:
-        self.sync = sync
-
-    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        decision = attempt.decision
-        cached = None if decision is None else decision.cached_tokens
-        self.sync.dispatched(life.request_id, attempt.instance, life.features, cached)
-
-    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        self.sync.first_token(life.request_id)
-
-    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        self.sync.ended(life.request_id, attempt.phase in (Phase.FINISHED, Phase.MIGRATED))
 
 
 class RequestMetrics(LifecycleObserver):

@@ -78,11 +78,10 @@ from router_worker.routing import kv_events as router_events
 from router_worker.routing.lifecycle import (
     NO_OBSERVERS,
     Attempt,
-    LifecycleObserver,
     LifecycleObservers,
-    Phase,
 )
 from router_worker.routing.peer_accounting import (
+    PeerReports,
     apply_peer_dispatch,
     apply_peer_end,
     apply_peer_first_token,
@@ -270,7 +269,7 @@ class _Router:
 
     state: ClusterState
     policy: Any
-    peer_reports: _PeerReports | None = None  # set with replica sync
+    peer_reports: PeerReports | None = None  # set with replica sync
     # what this router attaches to its requests' lifecycles
     observers: LifecycleObservers = NO_OBSERVERS
 
@@ -323,7 +322,7 @@ class Simulator:
         ]
         if config.replica_sync and config.routers > 1:
             for k, router in enumerate(self.routers):
-                router.peer_reports = _PeerReports(self, k)
+                router.peer_reports = PeerReports(_PeerDelivery(self, k), relays_at_once=False)
                 router.observers = LifecycleObservers(router.peer_reports)
         self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
@@ -809,14 +808,12 @@ class Simulator:
         result.tier = total
 
 
-class _PeerReports(LifecycleObserver):
-    """What one router tells its peers of its own requests (``replica_sync``): each
-    dispatch, first token and end, applied to every other router's state through
-    ``peer_accounting`` ``replica_sync_delay_s`` later, as the live routers' peer channel
-    does. Dispatches, migrations and failures reach it as lifecycle transitions. The
-    engine's first token and finish are reported as the engine emits them
-    (:meth:`engine_first_token`, :meth:`engine_finished`): this router relays the stream
-    at once, while its own accounting of them waits ``telemetry_delay_s``."""
+class _PeerDelivery:
+    """Where one router's reports to its peers go (``replica_sync``): applied to every
+    other router's state through ``peer_accounting`` ``replica_sync_delay_s`` later, as the
+    live routers' peer channel delivers them. The router tells its peers of first tokens
+    and finishes as the engine emits them (it relays the stream at once), while its own
+    accounting of them waits ``telemetry_delay_s``."""
 
     __slots__ = ("router", "sim")
 
@@ -824,21 +821,17 @@ class _PeerReports(LifecycleObserver):
         self.sim = sim
         self.router = router
 
-    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        cached = life.features.prompt_tokens - attempt.uncached_tokens
-        self._report(
-            self.sim._apply_peer_dispatch, self.router, life.features, attempt.instance, cached
-        )
+    def dispatched(
+        self, request_id: str, instance: str, features: Any, cached_tokens: int | None
+    ) -> None:
+        assert cached_tokens is not None  # PeerReports sends the accounted count
+        self._report(self.sim._apply_peer_dispatch, self.router, features, instance, cached_tokens)
 
-    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        if attempt.phase is not Phase.FINISHED:  # a finish: engine_finished
-            self._report(self.sim._apply_peer_end, self.router, life.request_id)
+    def first_token(self, request_id: str) -> None:
+        self._report(self.sim._apply_peer_first_token, self.router, request_id)
 
-    def engine_first_token(self, life: RequestLifecycle) -> None:
-        self._report(self.sim._apply_peer_first_token, self.router, life.request_id)
-
-    def engine_finished(self, life: RequestLifecycle) -> None:
-        self._report(self.sim._apply_peer_end, self.router, life.request_id)
+    def ended(self, request_id: str, ok: bool) -> None:
+        self._report(self.sim._apply_peer_end, self.router, request_id)
 
     def _report(self, apply: Callable[..., None], *args: Any) -> None:
         sim = self.sim

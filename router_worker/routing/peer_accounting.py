@@ -2,10 +2,11 @@
 
 Routers sharing a fleet each keep their own state and account their own requests through
 :class:`~router_worker.routing.lifecycle.RequestLifecycle`. With replica sync each one also
-applies what its *peers* report: a dispatch, a first token, an end. Those reports go
-through the three functions here, the live router's :class:`router_worker.peers.PeerBook`
-and the simulator (``enginesim.replay.simulator``) alike, so a peer's request weighs on
-the view exactly as it would in either.
+tells its peers of its own requests (:class:`PeerReports`, an observer of the lifecycle)
+and applies what its *peers* report: a dispatch, a first token, an end. Both sides are
+here, used by the live router (:mod:`router_worker.peers` carries the reports) and the
+simulator (``enginesim.replay.simulator`` delays them by its sync hop) alike, so a peer's
+request is reported and weighs on the view exactly as it would in either.
 
 Pure (no I/O, no clock: ``now`` is passed in). Each function returns ``None`` when it
 applied the report, else why it skipped it (the live router's metric label): a report
@@ -17,8 +18,61 @@ already accounted (``duplicate``), a first token or end of a request it does not
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterState
+from router_worker.routing.lifecycle import Attempt, LifecycleObserver, Phase, RequestLifecycle
+
+
+class PeerSink(Protocol):
+    """Where a router's reports to its peers go: the live peer channel, or the
+    simulator's delayed delivery to the other routers' states."""
+
+    def dispatched(
+        self, request_id: str, instance: str, features: RequestFeatures, cached_tokens: int | None
+    ) -> None: ...
+
+    def first_token(self, request_id: str) -> None: ...
+
+    def ended(self, request_id: str, ok: bool) -> None: ...
+
+
+class PeerReports(LifecycleObserver):
+    """This router's requests, told to its peers: each dispatch (with the cached tokens it
+    was accounted with, so every router weighs it alike), first token and end (``ok``:
+    finished or moved, not failed, abandoned or refused).
+
+    First tokens and finishes are told as the lifecycle hears of them; a driver whose own
+    accounting of them lags the engine calls :meth:`engine_first_token` and
+    :meth:`engine_finished` at the engine's time instead (``relays_at_once=False``)."""
+
+    __slots__ = ("relays_at_once", "sink")
+
+    def __init__(self, sink: PeerSink, relays_at_once: bool = True) -> None:
+        self.sink = sink
+        self.relays_at_once = relays_at_once
+
+    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        cached = life.features.prompt_tokens - attempt.uncached_tokens
+        self.sink.dispatched(life.request_id, attempt.instance, life.features, cached)
+
+    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        if self.relays_at_once:
+            self.sink.first_token(life.request_id)
+
+    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+        finished = attempt.phase is Phase.FINISHED
+        if self.relays_at_once or not finished:
+            self.sink.ended(life.request_id, finished or attempt.phase is Phase.MIGRATED)
+
+    def engine_first_token(self, life: RequestLifecycle) -> None:
+        """The engine emitted ``life``'s first token (``relays_at_once=False``)."""
+        self.sink.first_token(life.request_id)
+
+    def engine_finished(self, life: RequestLifecycle) -> None:
+        """The engine finished ``life`` (``relays_at_once=False``)."""
+        self.sink.ended(life.request_id, True)
 
 
 def apply_peer_dispatch(

@@ -69,6 +69,7 @@ from router_worker.routing import (
     choose_migrations,
     peer_accounting,
 )
+from router_worker.routing.peer_accounting import PeerReports
 from router_worker.routing.policies.round_robin import RoundRobinPolicy
 from router_worker.stages import StageClock
 from router_worker.telemetry import Telemetry
@@ -747,34 +748,39 @@ def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
     assert served.status == 200 and len(served.sent) == 2
     second = served.sent[1]
     assert published(peers) == [("d", first), ("e", False), ("d", second), ("e", True)]
-    assert any(isinstance(o, observers_module.PeerReports) for o in call.plan.life.observers.all)
-    # replay: two synced routers; an instance dies under them (failures, retries). Every
-    # dispatch and every end other than a finish reaches the peers through the hooks.
-    heard: list[tuple[str, str, str]] = []
-    reports = simulator_module._PeerReports
-    for hook in ("dispatched", "ended"):
-        original = getattr(reports, hook)
+    assert any(isinstance(o, PeerReports) for o in call.plan.life.observers.all)
+    # replay: two synced routers; an instance dies under them (failures, retries). The same
+    # PeerReports tells the peers of every dispatch, with the cached tokens it was
+    # accounted with, and of every end, failures included.
+    heard: list[tuple[str, str, int | None]] = []
+    delivery = simulator_module._PeerDelivery
+    original_dispatched, original_ended = delivery.dispatched, delivery.ended
 
-        def noting(self: Any, life: RequestLifecycle, attempt: Attempt, *, _o=original, _h=hook):
-            heard.append((_h, life.request_id, attempt.phase.value))
-            _o(self, life, attempt)
+    def dispatched(self: Any, request_id: str, instance: str, features: Any, cached: Any) -> None:
+        heard.append(("d", request_id, cached))
+        original_dispatched(self, request_id, instance, features, cached)
 
-        monkeypatch.setattr(reports, hook, noting)
+    def ended(self: Any, request_id: str, ok: bool) -> None:
+        heard.append(("e", request_id, None))
+        original_ended(self, request_id, ok)
+
+    monkeypatch.setattr(delivery, "dispatched", dispatched)
+    monkeypatch.setattr(delivery, "ended", ended)
     records = [TraceRecord(k, 0.05 * k, 3000, 40) for k in range(40)]
     config = SimConfig(instances=3, routers=2, replica_sync=True, faults=(Fault(0.6, 1, "fail"),))
     sim = Simulator(records, "least_load", config)
     sim.run()
-    dispatched = [
-        life.request_id
+    assert all(type(router.peer_reports) is PeerReports for router in sim.routers)
+    dispatches = [
+        (life.request_id, life.features.prompt_tokens - attempt.uncached_tokens)
         for life in replay_lives
         for attempt in life.attempts
         if attempt.dispatched_at is not None
     ]
-    failed = [
+    failed = {
         life.request_id for life in replay_lives for a in life.attempts if a.phase is Phase.FAILED
-    ]
-    assert failed and len(dispatched) >= len(records)
-    assert sorted(r for h, r, _ in heard if h == "dispatched") == sorted(dispatched)
-    assert sorted(r for h, r, phase in heard if h == "ended" and phase == "failed") == sorted(
-        failed
-    )
+    }
+    ends = [r for h, r, _ in heard if h == "e"]
+    assert failed and len(dispatches) >= len(records)
+    assert sorted((r, c) for h, r, c in heard if h == "d") == sorted(dispatches)
+    assert failed <= set(ends) and len(ends) == len(dispatches)

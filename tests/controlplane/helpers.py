@@ -1,5 +1,6 @@
 """What the control-plane tests share: a small but complete world built through the real
-services, users of every role, and API clients (session or token) acting as them."""
+services, users of every role, API clients (session or token) acting as them, and the
+check that a refusal names the field at fault."""
 
 from __future__ import annotations
 
@@ -165,3 +166,11 @@ def session_client(user) -> Client:
 def token_client(user) -> Client:
     plaintext, _ = tokens.create_api_token(SYSTEM, user, "tests")
     return Client(headers={"Authorization": f"Bearer {plaintext}"})
+
+
+def assert_refused(response, status: int, field: str, *words: str) -> None:
+    assert response.status_code == status, response.content
+    error = response.json()["error"]
+    assert error["field"] == field, error
+    for word in words:
+        assert word in error["message"], error

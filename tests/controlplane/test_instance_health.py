@@ -10,7 +10,7 @@ import pytest
 from controlplane.services import clusters, instance_health
 from devharness import Fleet
 from tests.fleets import fast_fleet
-from tests.foundation.test_engine_interface import CURRENT, OLDER
+from tests.foundation.helpers import CURRENT, OLDER
 
 from .helpers import SYSTEM
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from .helpers import session_client
-from .test_validation import assert_refused
+from .helpers import assert_refused, session_client
 
 pytestmark = pytest.mark.django_db
 

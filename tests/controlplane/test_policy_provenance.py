@@ -23,7 +23,7 @@ from controlplane.web.schema_form import param_fields
 from enginesim.replay.policy_costs import COST_MODEL_FIELDS
 from router_worker.routing import REGISTRY
 from router_worker.routing.provenance import KINDS, MATRIX_FLEET, matrix, params_provenance
-from tests.web.test_param_forms import Element, described, parse
+from tests.web.helpers import Element, described, parse
 
 pytestmark = pytest.mark.django_db
 

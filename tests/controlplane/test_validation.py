@@ -11,7 +11,7 @@ from django.db.utils import OperationalError
 from controlplane.models import AuditEvent, CanarySplit, ConfigVersion
 
 from .endpoints import REASON, canary_body, fill
-from .helpers import session_client
+from .helpers import assert_refused, session_client
 
 pytestmark = pytest.mark.django_db
 
@@ -23,14 +23,6 @@ def post(client, path: str, body: Any):
 @pytest.fixture
 def operator(users):
     return session_client(users["operator"])
-
-
-def assert_refused(response, status: int, field: str, *words: str) -> None:
-    assert response.status_code == status, response.content
-    error = response.json()["error"]
-    assert error["field"] == field, error
-    for word in words:
-        assert word in error["message"], error
 
 
 @pytest.mark.parametrize(

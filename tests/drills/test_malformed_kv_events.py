@@ -3,7 +3,7 @@
 Each of the four instances' KV-event endpoints is a ZMQ PUB socket of this test speaking
 vLLM's wire format (frames ``[topic, seq, msgpack batch]``). While clients keep sending
 requests, every publisher sends garbage: bytes that are not msgpack, batches with wrong
-types in every field (from tests/router/test_kv_malformed.py), too few frames, short
+types in every field (from tests/router/helpers.py), too few frames, short
 sequence frames. Then each publisher announces, in a well-formed batch, that its
 instance holds the prefix of a prompt nobody has sent yet. The router must keep every
 subscription (no subscriber restarted), count each bad message (admin state, Prometheus,
@@ -24,8 +24,7 @@ from devharness import Router, wait_until
 from tests.drills.clients import MODEL, Load, judge_whole
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.helpers import scrape_total
-from tests.router.test_kv_malformed import WRONG_TYPES
+from tests.router.helpers import WRONG_TYPES, scrape_total
 
 BLOCK = 16
 PROMPT_TOKENS = 256

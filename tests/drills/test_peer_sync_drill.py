@@ -17,7 +17,7 @@ from devharness import Router, wait_until
 from tests.drills.clients import Load
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.test_peers import PEER_ENV
+from tests.router.helpers import PEER_ENV
 
 OUTAGE_S = 5.0
 

@@ -36,9 +36,8 @@ from controlplane.services import ingest
 from devharness import Router, wait_until
 from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
 from tests.drills.clients import MODEL
-from tests.drills.helpers import drill_config
+from tests.drills.helpers import background_load, drain, drill_config, hot_burst
 from tests.drills.report import Outcome, record
-from tests.drills.test_redis_outage import background_load, drain, hot_burst
 
 CLUSTER = "drill"
 WAVES = 3

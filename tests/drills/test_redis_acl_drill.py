@@ -21,8 +21,7 @@ from devharness import wait_until
 from router_worker import telemetry_contract as contract
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
-from tests.router.helpers import MODEL
-from tests.router.test_peers import PEER_ENV
+from tests.router.helpers import MODEL, PEER_ENV
 
 
 def _refused(client: redis.Redis, *command: object) -> bool:

@@ -8,65 +8,20 @@ buffered in the router and all reach Postgres through the ingest once Redis is b
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
 
-import httpx
 import pytest
 import redis
 
 from controlplane.models import Cluster, HotspotEvent, RouterEvent
 from controlplane.services.ingest import ingest_events
-from devharness import Router, wait_until
-from tests.drills.clients import MODEL, Load
-from tests.drills.helpers import drill_config
+from devharness import wait_until
+from tests.drills.clients import MODEL
+from tests.drills.helpers import background_load, drain, drill_config, hot_burst
 from tests.drills.report import Outcome, record
 
 OUTAGE_S = 10.0
-HOT_PREFIX = " ".join(f"shared-system-prompt-{i}" for i in range(200))
-
-
-def hot_burst(router: Router, count: int = 60) -> Outcome:
-    """Many requests behind one long shared prefix: LMetric's hotspot detector trips."""
-    outcome = Outcome()
-
-    async def run() -> None:
-        gate = asyncio.Semaphore(2)
-        async with httpx.AsyncClient(timeout=30, trust_env=False) as client:
-
-            async def one(k: int) -> None:
-                async with gate:
-                    body = {
-                        "model": MODEL,
-                        "prompt": f"{HOT_PREFIX} question {k}",
-                        "max_tokens": 30,
-                    }
-                    response = await client.post(router.url + "/v1/completions", json=body)
-                    outcome.add(
-                        "ok" if response.status_code == 200 else "lost", response.text[:200]
-                    )
-
-            await asyncio.gather(*(one(k) for k in range(count)))
-
-    asyncio.run(run())
-    return outcome
-
-
-def background_load(router: Router, stop: threading.Event, box: list[Outcome]) -> threading.Thread:
-    load = Load(router.url + "/v1/completions", concurrency=1, max_tokens=8, pause_s=0.1)
-    thread = threading.Thread(
-        target=lambda: box.append(asyncio.run(load.run(until=stop.is_set))), daemon=True
-    )
-    thread.start()
-    return thread
-
-
-def drain(router: Router, name: str, on: bool) -> None:
-    action = "drain" if on else "undrain"
-    httpx.post(
-        f"{router.url}/admin/instances/{name}/{action}", headers=router.admin_headers, timeout=5
-    ).raise_for_status()
 
 
 def ingest_all(client: redis.Redis) -> None:

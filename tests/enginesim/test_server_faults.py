@@ -11,7 +11,7 @@ import zmq
 import engine_interface as ei
 from devharness import wait_until
 from engine_interface import sample_total
-from tests.enginesim.test_server_metrics import scrape, value
+from tests.enginesim.helpers import scrape, value
 
 MODEL = "Qwen/Qwen2-7B-Instruct"
 INSTANCE = 3

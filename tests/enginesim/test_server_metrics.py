@@ -3,25 +3,14 @@
 from __future__ import annotations
 
 import httpx
-from prometheus_client.samples import Sample
 
 import engine_interface as ei
-from engine_interface import parse_metrics, read_samples, sample_total
+from engine_interface import parse_metrics
 from enginesim.engine.config import EngineConfig
 from enginesim.server.metrics import TTFT_BUCKETS
+from tests.enginesim.helpers import MODEL, scrape, value
 
-MODEL = "Qwen/Qwen2-7B-Instruct"
 INSTANCE = 1
-
-
-def scrape(url: str) -> list[Sample]:
-    samples, skipped = read_samples(httpx.get(url + "/metrics").text)
-    assert skipped == 0
-    return samples
-
-
-def value(samples: list[Sample], name: str, **labels: str) -> float:
-    return sample_total(samples, name, model_name=MODEL, engine="0", **labels)
 
 
 def test_counters_and_histograms_follow_the_requests(sim):

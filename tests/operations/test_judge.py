@@ -6,12 +6,10 @@ import json
 from datetime import timedelta
 from typing import Any
 
-import numpy as np
 import pytest
 from django.utils import timezone
 
 from controlplane.models import (
-    ArmMetricRollup,
     AuditEvent,
     CanaryJudgement,
     CanarySplit,
@@ -21,21 +19,7 @@ from controlplane.services import canaries
 from controlplane.services.canaries import DEFAULT_GUARDRAILS
 from controlplane.services.judge import ArmSample, judge, judge_canary
 from tests.canaries import running_canary as make_running_canary
-
-RNG = np.random.default_rng(7)
-
-
-def lognormal(median: float, n: int) -> list[float]:
-    return list(np.exp(RNG.normal(np.log(median), 0.3, n)))
-
-
-def arm(ttft_median: float, n: int = 200, errors: int = 0, tpot_median: float = 0.02) -> ArmSample:
-    return ArmSample(
-        requests=n,
-        errors=errors,
-        ttft_s=lognormal(ttft_median, n),
-        tpot_s=lognormal(tpot_median, n),
-    )
+from tests.operations.helpers import arm, feed
 
 
 def judged(canary_id: int) -> CanaryJudgement:
@@ -89,28 +73,6 @@ def test_an_empty_arm_is_no_data_even_when_no_samples_are_required():
 @pytest.fixture
 def running_canary(db):
     return make_running_canary("judge", guardrails={"max_failures": 0})
-
-
-def feed(
-    canary: CanarySplit,
-    baseline: ArmSample,
-    candidate: ArmSample,
-    step_age: timedelta = timedelta(minutes=2),
-) -> None:
-    CanarySplit.objects.filter(pk=canary.pk).update(step_started_at=timezone.now() - step_age)
-    minute = (timezone.now() - timedelta(minutes=2)).replace(second=0, microsecond=0)
-    for name, sample in (("baseline", baseline), ("candidate", candidate)):
-        ArmMetricRollup.objects.update_or_create(
-            cluster=canary.cluster,
-            arm=name,
-            minute=minute,
-            defaults={
-                "requests": sample.requests,
-                "errors": sample.errors,
-                "ttft_samples": sample.ttft_s,
-                "tpot_samples": sample.tpot_s,
-            },
-        )
 
 
 @pytest.mark.django_db

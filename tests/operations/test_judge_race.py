@@ -11,7 +11,7 @@ from django.db import connections
 from controlplane.models import AuditEvent, CanaryJudgement, CanarySplit
 from controlplane.services.judge import judge_canary
 from tests.canaries import running_canary
-from tests.operations.test_judge import arm, feed
+from tests.operations.helpers import arm, feed
 
 pytestmark = pytest.mark.django_db(transaction=True)
 JUDGES = 4

@@ -4,41 +4,14 @@ from __future__ import annotations
 
 import json
 import time
-from datetime import timedelta
 
 import pytest
-from django.utils import timezone
 
-from controlplane.models import RouterDeployment
-from controlplane.services import clusters, policies, reconcile
-from controlplane.services.audit import Actor
+from controlplane.services import reconcile
 from router_worker.telemetry_contract import CONFIG_CHANNEL
+from tests.operations.helpers import router
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ADMIN = Actor.system("test")
-
-
-@pytest.fixture
-def routed_cluster(db):
-    cluster = clusters.create_cluster(ADMIN, name="rec", model="m", gpu_type="h20")
-    clusters.add_instance(ADMIN, cluster.pk, name="i0", url="http://127.0.0.1:9100", reason="x")
-    policy = policies.create_policy(ADMIN, cluster.pk, name="lm", kind="lmetric")
-    policies.activate_policy(ADMIN, cluster.pk, policy.pk, reason="x")
-    return cluster
-
-
-def router(
-    cluster, name: str, port: int, heartbeat_age_s: float | None, applied: int | None
-) -> RouterDeployment:
-    beat = None if heartbeat_age_s is None else timezone.now() - timedelta(seconds=heartbeat_age_s)
-    return RouterDeployment.objects.create(
-        cluster=cluster,
-        name=name,
-        host="host-a",
-        port=port,
-        last_heartbeat=beat,
-        applied_version=applied,
-    )
 
 
 def test_silent_router_is_restarted_once(routed_cluster, redis_client):

@@ -13,7 +13,7 @@ import pytest
 from controlplane.tasks.routing import reconcile_all
 from devharness import free_port, wait_until
 from tests.broker import queue_key
-from tests.operations.test_reconcile import routed_cluster, router  # noqa: F401  fixture
+from tests.operations.helpers import router
 
 pytestmark = pytest.mark.django_db(transaction=True)
 TIMEOUT_S = 1.0

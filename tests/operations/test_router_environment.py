@@ -12,7 +12,7 @@ from controlplane.models import Cluster, RouterDeployment
 from controlplane.router_fleet import identity
 from controlplane.router_fleet.supervisor import RouterSupervisor
 from devharness import free_port, wait_until
-from tests.operations.test_supervisor import router_answers
+from tests.operations.helpers import router_answers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,7 +17,7 @@ from controlplane.router_fleet import supervisor as supervisor_module
 from controlplane.router_fleet.supervisor import RouterSupervisor
 from controlplane.tasks.routing import restart_router
 from devharness import free_port, start_process, wait_until
-from tests.operations.test_supervisor import router_answers
+from tests.operations.helpers import router_answers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 REPO = Path(__file__).resolve().parents[2]

@@ -6,24 +6,14 @@ import os
 import signal
 from pathlib import Path
 
-import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment, RouterEvent
 from controlplane.router_fleet.supervisor import RouterSupervisor
 from devharness import free_port, wait_until
+from tests.operations.helpers import router_answers
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def router_answers(port: int) -> bool:
-    """The router's HTTP server is up (503 is fine: it has no config from the control plane
-    in this test, and says so)."""
-    try:
-        httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-    except httpx.HTTPError:
-        return False
-    return True
 
 
 @pytest.fixture

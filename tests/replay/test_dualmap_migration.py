@@ -6,15 +6,7 @@ from __future__ import annotations
 import pytest
 
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
-from enginesim.replay.traces import TraceRecord
-
-
-def hotspot(count: int = 60, rate: float = 4.0) -> list[TraceRecord]:
-    """Prompts of 6000 tokens that share their first 4096 (8 blocks of 512): a hot prefix."""
-    return [
-        TraceRecord(k, k / rate, 6000, 20, (*range(8), *(1000 + 10 * k + b for b in range(4))), 512)
-        for k in range(count)
-    ]
+from tests.replay.helpers import hotspot
 
 
 def replay(migrate: bool) -> tuple[Simulator, SimResult]:

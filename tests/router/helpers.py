@@ -1,5 +1,6 @@
 """What the router tests (and the drills) share: router configurations, routers and a
-private Redis on loopback, and readers of their metrics and streams."""
+private Redis on loopback, readers of their metrics and streams, the peer-sync key, and
+KV-event batches (well-formed and mis-typed) in vLLM's wire format."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
+import msgpack
 import pytest
 import redis
 
@@ -26,12 +28,15 @@ from devharness import (
     wait_until,
 )
 from devharness import scrape_total as scrape_with
+from router_worker.telemetry_contract import PEER_KEY_ENV
 from tests.fleets import fast_fleet
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "Qwen/Qwen2-7B-Instruct"
 ADMIN_TOKEN = "test-admin-token"
 ADMIN_HEADERS = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+PEER_KEY = "test-cluster-peer-key-0123456789"
+PEER_ENV = {PEER_KEY_ENV: PEER_KEY}
 
 
 def kv_fleet(size: int, *extra: str) -> Fleet:
@@ -139,3 +144,37 @@ def private_redis_server(prefix: str = "sy-redis-") -> Iterator[PrivateRedis]:
     finally:
         server.stop()
         shutil.rmtree(directory, ignore_errors=True)
+
+
+# ----- KV-event batches in vLLM's wire format -------------------------------------------
+BLOCK = 16
+TOKENS = list(range(1000, 1064))  # four blocks
+
+
+def stored(
+    hashes: list[Any],
+    tokens: list[Any],
+    parent: Any = None,
+    size: Any = BLOCK,
+    lora: Any = None,
+    medium: Any = "GPU",
+) -> list[Any]:
+    return ["BlockStored", hashes, parent, tokens, size, lora, medium]
+
+
+# Each one killed the subscriber task before: a wrong type where vLLM sends another.
+WRONG_TYPES = {
+    "ts is a string": msgpack.packb(["soon", [stored([1], TOKENS[:16])], 0]),
+    "events map is a number": msgpack.packb({"ts": 1.0, "events": 7}),
+    "block_size is a string": msgpack.packb([1.0, [stored([1], TOKENS[:16], size="x")]]),
+    "block_size is negative": msgpack.packb([1.0, [stored([1], TOKENS[:16], size=-16)]]),
+    "token ids are strings": msgpack.packb([1.0, [stored([1], ["a"] * 16)]]),
+    "token id is negative": msgpack.packb([1.0, [stored([1], [-1] * 16)]]),
+    "block hash is a map": msgpack.packb([1.0, [stored([{"h": 1}], TOKENS[:16])]]),
+    "parent hash is a map": msgpack.packb([1.0, [stored([1], TOKENS[:16], parent={"p": 1})]]),
+    "removed hashes is a number": msgpack.packb([1.0, [["BlockRemoved", 5, "GPU"]]]),
+    "removed hash is a map": msgpack.packb(
+        {"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [{"x": 1}]}]}
+    ),
+    "medium is a list": msgpack.packb([1.0, [stored([1], TOKENS[:16], medium=["GPU"])]]),
+}

@@ -26,44 +26,14 @@ from router_worker.routing import (
     hash_blocks,
 )
 from router_worker.telemetry import Telemetry
+from tests.router.helpers import BLOCK, TOKENS, WRONG_TYPES, stored
 
-BLOCK = 16
-TOKENS = list(range(1000, 1064))  # four blocks
 SEQ = 8
-
-
-def stored(
-    hashes: list[Any],
-    tokens: list[Any],
-    parent: Any = None,
-    size: Any = BLOCK,
-    lora: Any = None,
-    medium: Any = "GPU",
-) -> list[Any]:
-    return ["BlockStored", hashes, parent, tokens, size, lora, medium]
 
 
 def good_batch(tokens: list[int] = TOKENS, first_hash: int = 500) -> bytes:
     hashes = list(range(first_hash, first_hash + len(tokens) // BLOCK))
     return msgpack.packb([1.0, [stored(hashes, tokens)], 0])
-
-
-# Each one killed the subscriber task before: a wrong type where vLLM sends another.
-WRONG_TYPES = {
-    "ts is a string": msgpack.packb(["soon", [stored([1], TOKENS[:16])], 0]),
-    "events map is a number": msgpack.packb({"ts": 1.0, "events": 7}),
-    "block_size is a string": msgpack.packb([1.0, [stored([1], TOKENS[:16], size="x")]]),
-    "block_size is negative": msgpack.packb([1.0, [stored([1], TOKENS[:16], size=-16)]]),
-    "token ids are strings": msgpack.packb([1.0, [stored([1], ["a"] * 16)]]),
-    "token id is negative": msgpack.packb([1.0, [stored([1], [-1] * 16)]]),
-    "block hash is a map": msgpack.packb([1.0, [stored([{"h": 1}], TOKENS[:16])]]),
-    "parent hash is a map": msgpack.packb([1.0, [stored([1], TOKENS[:16], parent={"p": 1})]]),
-    "removed hashes is a number": msgpack.packb([1.0, [["BlockRemoved", 5, "GPU"]]]),
-    "removed hash is a map": msgpack.packb(
-        {"ts": 1.0, "events": [{"type": "BlockRemoved", "block_hashes": [{"x": 1}]}]}
-    ),
-    "medium is a list": msgpack.packb([1.0, [stored([1], TOKENS[:16], medium=["GPU"])]]),
-}
 
 
 @pytest.mark.parametrize("payload", WRONG_TYPES.values(), ids=WRONG_TYPES.keys())

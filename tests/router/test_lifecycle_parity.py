@@ -74,7 +74,7 @@ from router_worker.routing.policies.round_robin import RoundRobinPolicy
 from router_worker.stages import StageClock
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import FastTransport, Target, Upstream
-from tests.replay.test_dualmap_migration import hotspot
+from tests.replay.helpers import hotspot
 from tests.router.helpers import MODEL, kv_fleet
 
 PROMPT = "a question " * 20

@@ -17,12 +17,9 @@ import redis
 
 from devharness import Router, wait_until
 from router_worker.peers import PeerKeys, channel_for
-from router_worker.telemetry_contract import PEER_KEY_ENV
-from tests.router.helpers import MODEL, router_config, scrape_total
+from tests.router.helpers import MODEL, PEER_ENV, PEER_KEY, router_config, scrape_total
 
 REDIS_URL = os.environ.get("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/10")
-PEER_KEY = "test-cluster-peer-key-0123456789"
-PEER_ENV = {PEER_KEY_ENV: PEER_KEY}
 # A slow fault this strong keeps a long prompt in prefill for many wall seconds.
 SLOW = 20_000.0
 

@@ -1,22 +1,35 @@
 """Fixtures for the web UI and realtime tests: users of each role, a cluster built through
-the services, Redis, and real server processes (uvicorn ASGI app, the publisher). Their
-helpers: tests/web/helpers.py."""
+the services, Redis, real server processes (uvicorn ASGI app, the publisher), an
+in-process publisher feeding a collector, and a shared-traces folder with replay tasks
+caught before dispatch. Their helpers: tests/web/helpers.py."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from django.conf import settings
 from django.test import Client
 
 from controlplane.models import Cluster
+from controlplane.realtime.publisher import Publisher, PublisherSettings
 from devharness import free_port, stop_process
-from tests.web.helpers import Server, make_cluster, make_user, start_asgi, start_process
+from tests.web.helpers import (
+    TRACE,
+    Collector,
+    Server,
+    make_cluster,
+    make_user,
+    start_asgi,
+    start_process,
+)
 
 
 @pytest.fixture
@@ -83,3 +96,43 @@ def publisher(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
         yield process
     finally:
         stop_process(process)
+
+
+@pytest.fixture
+async def setup(redis_client):
+    name = f"pub-{uuid.uuid4().hex[:8]}"
+    client = aioredis.from_url(settings.REDIS_URL)
+    sent = Collector()
+    publisher = Publisher(
+        client,
+        sent,
+        PublisherSettings(interval_s=0.25, poll_s=0.01),
+        load_clusters=lambda: {name: 42},
+    )
+    await publisher.refresh_clusters()
+    yield name, publisher, sent, redis_client
+    for key in redis_client.scan_iter(match=f"switchyard:state:{name}:*"):
+        redis_client.delete(key)
+    await client.aclose()
+
+
+@pytest.fixture
+def traces(tmp_path, monkeypatch, settings) -> Path:
+    """A shared-traces folder with the head of a real Mooncake trace; uploads under tmp."""
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    source = Path(settings.BASE_DIR).parent / "shared" / "traces" / TRACE
+    lines = source.read_text().splitlines()[:80]
+    (folder / TRACE).write_text("\n".join(lines) + "\n")
+    monkeypatch.setenv("SWITCHYARD_TRACES_DIR", str(folder))
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path / "var")
+    return folder
+
+
+@pytest.fixture
+def dispatched(monkeypatch) -> list:
+    from controlplane.celery import app
+
+    sent: list = []
+    monkeypatch.setattr(app, "send_task", lambda name, *args, **kw: sent.append((name, args)))
+    return sent

@@ -1,7 +1,8 @@
 """What the web UI and realtime tests share: users and clusters made through the services,
 server processes on this test run's database and Redis (uvicorn ASGI app), router-like
-state snapshots and events written the way routers write them, and replay jobs as their
-cells leave them."""
+state snapshots and events written the way routers write them, replay jobs as their
+cells leave them, a logged-in browser page, the publisher's message collector, and pages
+parsed into element trees."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -233,3 +236,111 @@ def start_asgi(port: int, log: Path, env: dict[str, str] | None = None) -> Serve
         stop_process(process)
         raise
     return Server(process, f"http://127.0.0.1:{port}", log)
+
+
+# ----- the browser: a logged-in page and its live snapshot --------------------------------
+def login(browser, base_url: str, role: str, *, bypass_csp: bool = True):
+    """A logged-in page. ``bypass_csp``: Playwright's string predicates (wait_for_function)
+    are evaluated in the page, which our CSP forbids; the hostile-input test keeps the CSP
+    and checks that our own pages raise no violation."""
+    user = make_user(role, f"e2e-{role}")
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, bypass_csp=bypass_csp)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.js_errors = errors  # checked by the tests: our scripts must not throw
+    page.goto(f"{base_url}/login/")
+    page.fill("input[name=username]", user.username)
+    page.fill("input[name=password]", PASSWORD)
+    page.click("button.primary")
+    page.wait_for_url(f"{base_url}/")
+    return page
+
+
+def page_snapshot(page) -> Any:
+    """The page's live snapshot, as JSON (null before the first message)."""
+    return page.evaluate("window.switchyardLive && window.switchyardLive.state.snapshot")
+
+
+# ----- the publisher's sink ------------------------------------------------------------
+class Collector:
+    def __init__(self) -> None:
+        self.messages: list[tuple[str, dict]] = []
+
+    async def __call__(self, group: str, message: dict) -> None:
+        self.messages.append((group, message))
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [m for _, m in self.messages if m["type"] == kind]
+
+
+# ----- replay forms: the shared trace and the cluster's policies -------------------------
+TRACE = "mooncake_synthetic_trace.jsonl"
+
+
+def policy_ids(cluster) -> list[str]:
+    return [str(p.pk) for p in cluster.policies.order_by("name")]
+
+
+# ----- pages as element trees ----------------------------------------------------------
+VOID = {"input", "br", "meta", "link", "img", "hr", "source", "col", "area", "base", "wbr"}
+
+
+class Element:
+    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
+        self.tag, self.attrs, self.text = tag, attrs, ""
+        self.children: list[Element] = []
+
+    def find_all(self, tag: str | None = None, **attrs: str) -> list[Element]:
+        found = []
+        for child in self.children:
+            if (tag is None or child.tag == tag) and all(
+                child.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items()
+            ):
+                found.append(child)
+            found += child.find_all(tag, **attrs)
+        return found
+
+    def find(self, tag: str | None = None, **attrs: str) -> Element:
+        found = self.find_all(tag, **attrs)
+        assert len(found) == 1, (tag, attrs, len(found))
+        return found[0]
+
+
+class Tree(HTMLParser):
+    """The page as nested elements (the stdlib parser; no HTML library is pinned)."""
+
+    def __init__(self, html: str) -> None:
+        super().__init__()
+        self.root = Element("root", {})
+        self.stack = [self.root]
+        self.feed(html)
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        element = Element(tag, {k: ("" if v is None else v) for k, v in attrs})
+        self.stack[-1].children.append(element)
+        if tag not in VOID:
+            self.stack.append(element)
+
+    def handle_startendtag(self, tag: str, attrs: list) -> None:
+        self.stack[-1].children.append(Element(tag, {k: v or "" for k, v in attrs}))
+
+    def handle_endtag(self, tag: str) -> None:
+        while len(self.stack) > 1:
+            if self.stack.pop().tag == tag:
+                break
+
+    def handle_data(self, data: str) -> None:
+        for element in self.stack[1:]:
+            element.text += data
+
+
+def parse(response) -> Element:
+    return Tree(response.content.decode()).root
+
+
+def described(root: Element, control: Element) -> str:
+    """The text of every element the control's aria-describedby names."""
+    ids = control.attrs.get("aria-describedby", "").split()
+    assert ids, control.attrs
+    return " ".join(" ".join(root.find(id=i).text.split()) for i in ids)

@@ -21,13 +21,14 @@ from .helpers import (
     SYSTEM,
     clear_state,
     instance,
+    login,
     make_cluster,
+    page_snapshot,
     snapshot,
     start_asgi,
     window,
     write_state,
 )
-from .test_e2e_browser import login, page_snapshot
 
 pytestmark = [
     pytest.mark.browser,

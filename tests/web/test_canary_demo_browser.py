@@ -27,9 +27,8 @@ from controlplane.models import CanarySplit
 from devharness import Fleet, free_port, stop_process
 from devharness import start_process as harness_start
 
-from .helpers import ROOT, make_cluster, start_asgi, subprocess_env
+from .helpers import ROOT, login, make_cluster, start_asgi, subprocess_env
 from .stack import chat, start_router, wait_for
-from .test_e2e_browser import login
 
 pytestmark = [
     pytest.mark.browser,

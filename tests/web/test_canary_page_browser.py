@@ -13,8 +13,7 @@ from controlplane.models import ArmMetricRollup, CanarySplit
 from controlplane.services import canaries
 from controlplane.services.judge import judge_canary
 
-from .helpers import SYSTEM, make_cluster
-from .test_e2e_browser import login
+from .helpers import SYSTEM, login, make_cluster
 
 pytestmark = [
     pytest.mark.browser,

@@ -14,8 +14,7 @@ from playwright.sync_api import Dialog
 
 from controlplane.models import ApiToken, ClientKey, Cluster
 
-from .helpers import make_cluster
-from .test_e2e_browser import login
+from .helpers import login, make_cluster
 
 pytestmark = pytest.mark.django_db(transaction=True)
 HOSTILE = "'+(window.__pwned=1)+'<img src=x onerror=window.__pwned=1>"

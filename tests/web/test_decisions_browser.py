@@ -13,9 +13,8 @@ from django.conf import settings
 from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
 from tests.fleets import fast_fleet
 
-from .helpers import make_cluster, start_process
+from .helpers import login, make_cluster, start_process
 from .stack import MODEL, Stack, publisher_args, start_router, wait_for
-from .test_e2e_browser import login
 
 pytestmark = [
     pytest.mark.browser,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
 import redis
@@ -16,7 +15,7 @@ from controlplane.realtime.snapshot import merge_cluster
 from router_worker.telemetry_contract import StateSnapshot
 from tests.fleets import fast_fleet
 
-from .helpers import PASSWORD, make_cluster, make_user, start_process
+from .helpers import login, make_cluster, page_snapshot, start_process
 from .stack import Stack, chat, publisher_args, start_router, wait_for
 
 pytestmark = [
@@ -48,29 +47,6 @@ def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
     finally:
         stack.close()
         client.close()
-
-
-def login(browser, base_url: str, role: str, *, bypass_csp: bool = True):
-    """A logged-in page. ``bypass_csp``: Playwright's string predicates (wait_for_function)
-    are evaluated in the page, which our CSP forbids; the hostile-input test keeps the CSP
-    and checks that our own pages raise no violation."""
-    user = make_user(role, f"e2e-{role}")
-    context = browser.new_context(viewport={"width": 1440, "height": 1000}, bypass_csp=bypass_csp)
-    page = context.new_page()
-    errors: list[str] = []
-    page.on("pageerror", lambda error: errors.append(str(error)))
-    page.js_errors = errors  # checked by the tests: our scripts must not throw
-    page.goto(f"{base_url}/login/")
-    page.fill("input[name=username]", user.username)
-    page.fill("input[name=password]", PASSWORD)
-    page.click("button.primary")
-    page.wait_for_url(f"{base_url}/")
-    return page
-
-
-def page_snapshot(page) -> Any:
-    """The page's live snapshot, as JSON (null before the first message)."""
-    return page.evaluate("window.switchyardLive && window.switchyardLive.state.snapshot")
 
 
 def send_traffic(stack: Stack, requests: int) -> threading.Thread:

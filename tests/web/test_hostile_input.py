@@ -21,8 +21,7 @@ from controlplane.services import canaries, clusters, policies
 from controlplane.services.errors import ServiceError
 from tests.drills.report import Outcome, record
 
-from .helpers import SYSTEM
-from .test_e2e_browser import login
+from .helpers import SYSTEM, login
 
 pytestmark = [
     pytest.mark.browser,

@@ -5,8 +5,6 @@ everything the operator typed still in the form."""
 
 from __future__ import annotations
 
-from html.parser import HTMLParser
-
 import pytest
 from django.urls import reverse
 
@@ -16,68 +14,9 @@ from controlplane.web.schema_form import param_fields
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.policies import REGISTRY
 
+from .helpers import described, parse
+
 pytestmark = pytest.mark.django_db
-VOID = {"input", "br", "meta", "link", "img", "hr", "source", "col", "area", "base", "wbr"}
-
-
-class Element:
-    def __init__(self, tag: str, attrs: dict[str, str]) -> None:
-        self.tag, self.attrs, self.text = tag, attrs, ""
-        self.children: list[Element] = []
-
-    def find_all(self, tag: str | None = None, **attrs: str) -> list[Element]:
-        found = []
-        for child in self.children:
-            if (tag is None or child.tag == tag) and all(
-                child.attrs.get(k.replace("_", "-")) == v for k, v in attrs.items()
-            ):
-                found.append(child)
-            found += child.find_all(tag, **attrs)
-        return found
-
-    def find(self, tag: str | None = None, **attrs: str) -> Element:
-        found = self.find_all(tag, **attrs)
-        assert len(found) == 1, (tag, attrs, len(found))
-        return found[0]
-
-
-class Tree(HTMLParser):
-    """The page as nested elements (the stdlib parser; no HTML library is pinned)."""
-
-    def __init__(self, html: str) -> None:
-        super().__init__()
-        self.root = Element("root", {})
-        self.stack = [self.root]
-        self.feed(html)
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        element = Element(tag, {k: ("" if v is None else v) for k, v in attrs})
-        self.stack[-1].children.append(element)
-        if tag not in VOID:
-            self.stack.append(element)
-
-    def handle_startendtag(self, tag: str, attrs: list) -> None:
-        self.stack[-1].children.append(Element(tag, {k: v or "" for k, v in attrs}))
-
-    def handle_endtag(self, tag: str) -> None:
-        while len(self.stack) > 1:
-            if self.stack.pop().tag == tag:
-                break
-
-    def handle_data(self, data: str) -> None:
-        for element in self.stack[1:]:
-            element.text += data
-
-
-def parse(response) -> Element:
-    return Tree(response.content.decode()).root
-
-
-def described(root: Element, control: Element) -> str:
-    """The text of every element the control's aria-describedby names."""
-    ids = control.attrs.get("aria-describedby", "").split()
-    assert ids, control.attrs
-    return " ".join(" ".join(root.find(id=i).text.split()) for i in ids)
 
 
 def test_every_parameter_of_every_policy_has_a_description() -> None:

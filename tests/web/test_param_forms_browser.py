@@ -13,8 +13,7 @@ from playwright.sync_api import expect
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.policies import REGISTRY
 
-from .helpers import make_cluster
-from .test_e2e_browser import login
+from .helpers import login, make_cluster
 
 pytestmark = [
     pytest.mark.browser,

@@ -6,13 +6,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 
 import pytest
-import redis.asyncio as aioredis
-from django.conf import settings
 
-from controlplane.realtime.publisher import ClusterFeed, Publisher, PublisherSettings
+from controlplane.realtime.publisher import ClusterFeed
 from controlplane.realtime.state import group_name
 from devharness import wait_until_async
 from router_worker.telemetry_contract import CONFIG_CHANNEL, EventRecord, events_stream
@@ -20,35 +17,6 @@ from router_worker.telemetry_contract import CONFIG_CHANNEL, EventRecord, events
 from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class Collector:
-    def __init__(self) -> None:
-        self.messages: list[tuple[str, dict]] = []
-
-    async def __call__(self, group: str, message: dict) -> None:
-        self.messages.append((group, message))
-
-    def of_type(self, kind: str) -> list[dict]:
-        return [m for _, m in self.messages if m["type"] == kind]
-
-
-@pytest.fixture
-async def setup(redis_client):
-    name = f"pub-{uuid.uuid4().hex[:8]}"
-    client = aioredis.from_url(settings.REDIS_URL)
-    sent = Collector()
-    publisher = Publisher(
-        client,
-        sent,
-        PublisherSettings(interval_s=0.25, poll_s=0.01),
-        load_clusters=lambda: {name: 42},
-    )
-    await publisher.refresh_clusters()
-    yield name, publisher, sent, redis_client
-    for key in redis_client.scan_iter(match=f"switchyard:state:{name}:*"):
-        redis_client.delete(key)
-    await client.aclose()
 
 
 async def test_one_snapshot_per_tick_carrying_window_maxima(setup) -> None:

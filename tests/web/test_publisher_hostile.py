@@ -20,7 +20,6 @@ from router_worker.telemetry_contract import (
 )
 
 from .helpers import instance, snapshot, write_state
-from .test_publisher import setup  # noqa: F401  the publisher fixture
 
 pytestmark = pytest.mark.timeout(60)
 DEEP = "[" * 100_000 + "]" * 100_000

@@ -14,8 +14,7 @@ from controlplane.services import replay_cells, replays
 from devharness import free_port, stop_process, wait_until
 from devharness import start_process as harness_start
 
-from .helpers import ROOT, SYSTEM, subprocess_env
-from .test_replays import TRACE, traces  # noqa: F401  (fixture)
+from .helpers import ROOT, SYSTEM, TRACE, subprocess_env
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 

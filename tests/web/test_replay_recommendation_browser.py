@@ -8,8 +8,7 @@ from playwright.sync_api import expect
 
 from controlplane.models import CanarySplit
 
-from .helpers import finished_job, make_cluster
-from .test_e2e_browser import login
+from .helpers import finished_job, login, make_cluster
 
 pytestmark = [
     pytest.mark.browser,

@@ -21,13 +21,7 @@ from django.urls import reverse
 from controlplane.models import Cluster, ReplayJob
 from controlplane.services.traces import uploads_dir
 from controlplane.tasks.maintenance import prune_uploads
-from tests.web.helpers import ROOT, subprocess_env
-from tests.web.test_replays import (  # noqa: F401  fixtures
-    TRACE,
-    dispatched,
-    policy_ids,
-    traces,
-)
+from tests.web.helpers import ROOT, policy_ids, subprocess_env
 
 if TYPE_CHECKING:  # the stubs' name for what the test client answers
     from django.test.client import _MonkeyPatchedWSGIResponse

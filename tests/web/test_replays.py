@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
@@ -11,34 +9,9 @@ from django.urls import reverse
 from controlplane.models import ReplayJob
 from controlplane.tasks.replay import run_replay
 
+from .helpers import TRACE, policy_ids
+
 pytestmark = pytest.mark.django_db
-TRACE = "mooncake_synthetic_trace.jsonl"
-
-
-@pytest.fixture
-def traces(tmp_path, monkeypatch, settings) -> Path:
-    """A shared-traces folder with the head of a real Mooncake trace; uploads under tmp."""
-    folder = tmp_path / "traces"
-    folder.mkdir()
-    source = Path(settings.BASE_DIR).parent / "shared" / "traces" / TRACE
-    lines = source.read_text().splitlines()[:80]
-    (folder / TRACE).write_text("\n".join(lines) + "\n")
-    monkeypatch.setenv("SWITCHYARD_TRACES_DIR", str(folder))
-    settings.SWITCHYARD_VAR_DIR = str(tmp_path / "var")
-    return folder
-
-
-@pytest.fixture
-def dispatched(monkeypatch) -> list:
-    from controlplane.celery import app
-
-    sent: list = []
-    monkeypatch.setattr(app, "send_task", lambda name, *args, **kw: sent.append((name, args)))
-    return sent
-
-
-def policy_ids(cluster) -> list[str]:
-    return [str(p.pk) for p in cluster.policies.order_by("name")]
 
 
 def test_shared_trace_replay_runs_every_policy(as_role, cluster, traces, dispatched) -> None:

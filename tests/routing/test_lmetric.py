@@ -18,7 +18,7 @@ from .helpers import (
 )
 
 # The paper's exact score, P-token × BS: these tests pin what BS counts.
-PAPER = {"batch_offset": 0.0, "tier_token_cost": None, "decode_slack": None}
+PAPER = {"batch_offset": 0.0, "tier_token_cost": None, "decode_slack": None, "kv_pressure": False}
 
 
 def test_minimum_product_of_p_token_and_batch_size():

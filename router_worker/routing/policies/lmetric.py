@@ -58,6 +58,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
+from router_worker.routing.kv_pressure import OutputLengths, kv_room
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import (
     DecodeGuardParams,
@@ -112,12 +113,15 @@ class LMetricPolicy(RoutingPolicy):
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
         self.guard = HotspotGuard(self.params.hotspot)
+        self.outputs = OutputLengths()
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         eligible = self.eligible_mask(view)
         # the decode guard narrows where the score may send r; the detector still sees
         # every healthy instance (M is who holds the prefix, whatever their batches)
         candidates = decode_headroom(request, view, eligible, self.params)
+        if self.params.kv_pressure:
+            candidates = kv_room(request, view, candidates, self.outputs)
         batch = view.batch_size  # computed per call by the view: read it once
         prefill = self._prefill_term(request, view)
         load = self._load_term(request, view, batch)
@@ -143,6 +147,16 @@ class LMetricPolicy(RoutingPolicy):
             events=verdict.events,
             **verdict.details(),
         )
+
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
+        self.outputs.first_token(request.request_id, now)
+
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
+        self.outputs.finish(request.request_id, output_tokens, now)
 
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         if self.params.prefill_term == "miss_ratio":

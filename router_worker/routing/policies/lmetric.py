@@ -38,6 +38,12 @@ Decode guard (:mod:`router_worker.routing.policies.decode_guard`): the product c
 only among instances whose decode step with r stays within ``decode_slack`` of the fastest
 one's, so a prefix hit cannot pile decode onto its holders; null = the paper's rule.
 
+KV pressure (:mod:`router_worker.routing.kv_pressure`, ``kv_pressure``, on by default):
+the guard counts every request dispatched to an instance from its dispatch (queued ones
+too), and the product chooses only among instances whose KV holds r with its expected
+output on top of what they have taken on while one does (else the least short); off =
+neither.
+
 Ties: lower prefill term, then lower BS, then seeded random — so among equal products
 the one with the best cache hit and shortest prefill queue wins instead of a blind tie.
 

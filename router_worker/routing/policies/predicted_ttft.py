@@ -83,8 +83,12 @@ scraped KV cache is full and requests of ours queue (:meth:`PredictedTTFTPolicy.
 admission_wait`); a decode guard that charges the decode time a request would lose on an
 instance whose decode step, with the request's context read from memory
 (``context_token_s``), exceeds ``decode_slack`` × the fastest one's
-(:meth:`PredictedTTFTPolicy.decode_excess`); and per-instance corrections learned from
-measured TTFT and TPOT (:class:`PredictionErrors`). ``details`` carries the chosen
+(:meth:`PredictedTTFTPolicy.decode_excess`); per-instance corrections learned from
+measured TTFT and TPOT (:class:`PredictionErrors`); and, with ``kv_pressure`` (default),
+the wait for KV where the cache cannot hold the request with its expected output on top of
+every request the instance has taken on, queued ones included
+(:mod:`router_worker.routing.kv_pressure`, which also supplies the expected output: the
+finished mean, or more while the outputs still decoding say so). ``details`` carries the chosen
 instance's ``predicted_ttft_s`` (corrected, admission included) and ``predicted_tpot_s``.
 
 Ties: lower P-token, then lower BS, then seeded random. Reason ``predicted_ttft``.

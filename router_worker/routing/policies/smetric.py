@@ -34,7 +34,10 @@ Follow-ups are placed only among the instances the decode guard leaves
 (:mod:`router_worker.routing.policies.decode_guard`: their decode step with the request
 within ``decode_slack`` of the fastest one's), so stickiness cannot pile decode onto the
 instances holding a shared history; if none of those holds any of the prompt, the
-follow-up goes least-loaded among them (``followup_decode_guard``).
+follow-up goes least-loaded among them (``followup_decode_guard``). With ``kv_pressure``
+(default; :mod:`router_worker.routing.kv_pressure`) the guard counts queued requests too,
+and those instances are narrowed to the ones whose KV holds the follow-up with its expected
+output while one does.
 
 The SLO is per request: ``slo_ttft_s + slo_ttft_per_1k_prompt_s × u / 1000`` where u is
 the prompt tokens the stick instance does *not* hold (its own prefill there). The paper

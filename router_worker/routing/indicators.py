@@ -115,6 +115,7 @@ class _InFlight:
     dispatch_time: float
     work_ahead: float
     started: bool = False
+    first_token_time: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +143,8 @@ _ARRAYS = (
     "decoding",
     "in_flight",
     "context",
+    "queued_context",
+    "first_token_sum",
     "decode_blocks",
     "running",
     "waiting",
@@ -166,6 +169,8 @@ class ClusterState:
     decoding: npt.NDArray[np.float64]
     in_flight: npt.NDArray[np.float64]
     context: npt.NDArray[np.float64]
+    queued_context: npt.NDArray[np.float64]
+    first_token_sum: npt.NDArray[np.float64]
     decode_blocks: npt.NDArray[np.float64]
     running: npt.NDArray[np.float64]
     waiting: npt.NDArray[np.float64]
@@ -280,6 +285,7 @@ class ClusterState:
         uncached = max(features.prompt_tokens - cached_tokens, 0)
         self.pending[slot] += uncached
         self.in_flight[slot] += 1
+        self.queued_context[slot] += features.prompt_tokens
         self._requests[features.request_id] = _InFlight(
             slot, uncached, features.prompt_tokens, now, float(self.pending[slot])
         )
@@ -298,7 +304,10 @@ class ClusterState:
         record.started = True
         slot = record.slot
         self.pending[slot] -= record.uncached_tokens
+        self.queued_context[slot] -= record.prompt_tokens
         self.decoding[slot] += 1
+        self.first_token_sum[slot] += now
+        record.first_token_time = now
         self.context[slot] += record.prompt_tokens
         self.decode_blocks[slot] += self._blocks_of(record.prompt_tokens)
         self._update_prefill_tps(slot, record.work_ahead, now - record.dispatch_time)
@@ -312,10 +321,12 @@ class ClusterState:
         slot = record.slot
         if record.started:
             self.decoding[slot] -= 1
+            self.first_token_sum[slot] -= record.first_token_time
             self.context[slot] -= record.prompt_tokens
             self.decode_blocks[slot] -= self._blocks_of(record.prompt_tokens)
         else:
             self.pending[slot] -= record.uncached_tokens
+            self.queued_context[slot] -= record.prompt_tokens
         self.in_flight[slot] -= 1
 
     def on_error(self, request_id: str, now: float) -> None:
@@ -483,6 +494,8 @@ class ClusterView:
         self.pending_prefill = _readonly(state.pending)
         self.in_flight = _readonly(state.in_flight)
         self.decode_context_tokens = _readonly(state.context)
+        self.queued_context_tokens = _readonly(state.queued_context)
+        self.decoding = _readonly(state.decoding)
         self.decode_blocks = _readonly(state.decode_blocks)
         self.prefill_tps = _readonly(state.tps)
         self.kv_usage = _readonly(state.kv_usage)
@@ -526,6 +539,32 @@ class ClusterView:
         if not state.use_scraped_load:
             return _readonly(state.in_flight)
         return state.in_flight - self.ours_waiting + self.external_running
+
+    @property
+    def committed_batch(self) -> np.ndarray:
+        """Per slot, the requests i has taken on: its running batch plus this router's
+        requests queued in the engine (dispatched, no first token yet: behind a prefill or
+        waiting for KV). Each will decode there and hold KV there until it finishes."""
+        state = self._state
+        if not state.use_scraped_load:
+            return _readonly(state.in_flight)
+        return state.in_flight + self.external_running
+
+    @property
+    def committed_context_tokens(self) -> np.ndarray:
+        """Per slot, the prompt tokens of this router's requests decoding on i plus those
+        dispatched there and not yet started (``decode_context_tokens`` +
+        ``queued_context_tokens``)."""
+        return self.decode_context_tokens + self.queued_context_tokens
+
+    @property
+    def decode_age_s(self) -> np.ndarray:
+        """Per slot, the seconds this router's decoding requests on i have spent decoding
+        (since their first tokens), summed, at the state's clock."""
+        state = self._state
+        if not np.isfinite(state.clock):
+            return np.zeros(state.decoding.shape)
+        return np.maximum(state.decoding * state.clock - state.first_token_sum, 0.0)
 
     @property
     def held_blocks(self) -> np.ndarray:

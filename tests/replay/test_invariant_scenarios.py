@@ -87,10 +87,17 @@ def cell(
 # before they ran the hotspot detector): every request of the class follows the cache to
 # the instances holding the prefix.
 NO_HOTSPOT = '"hotspot": {"enabled": false}'
+# None of them counted requests against an instance's KV (nor queued ones against its
+# decode step): KV pressure off.
+NO_KV = '"kv_pressure": false'
 BLIND = {
-    "lmetric": '{"decode_slack": null}',
-    "smetric": '{"decode_slack": null, ' + NO_HOTSPOT + "}",
-    "predicted_ttft": '{"decode_slack": null, "correction": false, ' + NO_HOTSPOT + "}",
+    "lmetric": '{"decode_slack": null, ' + NO_KV + "}",
+    "smetric": '{"decode_slack": null, ' + NO_HOTSPOT + ", " + NO_KV + "}",
+    "predicted_ttft": '{"decode_slack": null, "correction": false, '
+    + NO_HOTSPOT
+    + ", "
+    + NO_KV
+    + "}",
 }
 
 
@@ -110,13 +117,10 @@ def test_without_their_decode_guards_our_policies_collapse(policy):
 # ----- the same burst on the other fleets ---------------------------------------------------
 # Where one of our policies still breaks the invariant the test is a strict xfail: it pins
 # the miss (reported in bench/robustness/) and fails the day the miss is mended.
-KNOWN_MISSES = {
-    ("h20+qwen3-32b", "smetric"): "its KV holds a few 20k-token requests; SMetric piles "
-    "them behind the instances recomputing the prefix (throughput 0.57× round robin's)",
-    ("h20+qwen3-32b", "predicted_ttft"): "as SMetric (throughput 0.49× round robin's)",
-    ("h20+qwen2-7b", "predicted_ttft"): "a 20k-token prefill takes 4.6 s on an H20; after the "
-    "hotspot clears it waits behind fresh copies of the prefix (mean TTFT 2.6× least load's)",
-}
+# (none since KV pressure, router_worker/routing/kv_pressure.py: on H20 + Qwen3-32B SMetric
+# and predicted_ttft piled the burst behind the instances recomputing the prefix, and on
+# H20 + Qwen2-7B predicted_ttft's TTFT was 2.6× least load's)
+KNOWN_MISSES: dict[tuple[str, str], str] = {}
 OTHER_FLEETS = ("a100+qwen3-8b", "l40s+qwen2.5-7b", "h20+qwen3-32b", "h20+qwen2-7b")
 
 
@@ -150,14 +154,9 @@ def test_predicted_ttft_as_it_was_collapses_on_every_fleet(fleet):
 
 
 # ----- the burst in every other regime ---------------------------------------------------
-BURST_MISSES = {
-    ("three routers that do not share dispatches", "smetric"): "each router's decode guard "
-    "sees only its own dispatches between scrapes, so the holders take a little too much "
-    "decode (throughput 0.92–1.05× round robin's over seeds 1–3; 0.948× at seed 1)",
-    ("three routers that do not share dispatches", "lmetric"): "as SMetric: 0.944× round "
-    "robin's at seed 1, 0.996× and 1.005× at seeds 2 and 3 (with c = 48, 1.01× at seed 1; "
-    "c = 1 is the default for the matrix's goodput)",
-}
+# (none since KV pressure: with three routers that do not share dispatches, LMetric and
+# SMetric took 0.94–0.95× round robin's throughput at seed 1)
+BURST_MISSES: dict[tuple[str, str], str] = {}
 
 
 @pytest.mark.parametrize(("regime", "policy"), own_policy_cases(REGIMES, BURST_MISSES))

@@ -18,7 +18,7 @@ from .helpers import (
 )
 
 # The paper's exact score, P-token × BS: these tests pin what BS counts.
-PAPER = {"batch_offset": 0.0, "tier_token_cost": None, "decode_slack": None}
+PAPER = {"batch_offset": 0.0, "tier_token_cost": None, "decode_slack": None, "kv_pressure": False}
 
 
 def test_minimum_product_of_p_token_and_batch_size():
@@ -225,7 +225,8 @@ def test_the_decode_step_load_term_weighs_the_contexts_a_batch_decodes():
     step = make_policy("lmetric", {**costs, "load_term": "decode_step"})
     decision = step.decide(request, state.view(), 0.0)
     view = state.view()
-    load = fixed + seq * (view.batch_size + 1) + view.decode_context_tokens + 100
+    # i1's queued request counts too: it will decode there (KV pressure's committed batch)
+    load = fixed + seq * (view.committed_batch + 1) + view.committed_context_tokens + 100
     p_tokens = view.p_tokens(request, tier_token_cost=0.1)
     assert decision.score_table() == pytest.approx(
         {"i0": p_tokens[0] * load[0], "i1": p_tokens[1] * load[1]}

@@ -218,6 +218,7 @@ def test_every_parameter_is_described_for_operators():
         "decode_weight",
         "output_tokens_prior",
         "correction",
+        "kv_pressure",
         "hotspot",
     }
     assert set(COEFFICIENT_FIELDS) | others == set(schema["properties"])

@@ -60,6 +60,15 @@ class DecodeGuardParams(PolicyParams):
             "the long-output burst on H100, A100 and L40S fleets; matrix cells unchanged"
         ),
     )
+    kv_pressure: bool = Field(
+        True,
+        description="count every request dispatched to an instance against its decode step "
+        "and its KV from dispatch to finish (not only once it decodes), and choose only "
+        "among instances whose KV holds the request with its expected output while one "
+        'does (docs/algorithms.md, "KV pressure"); off = the decode guard sees the '
+        "decoding requests only, and KV is not checked",
+        json_schema_extra=design(),
+    )
     decode_fixed_tokens: float | None = Field(
         None,
         gt=0.0,
@@ -91,8 +100,13 @@ def decode_load(
 ) -> np.ndarray:
     """Per slot, the decode step ``request`` would join, in context tokens (g_i above)."""
     fixed, seq = decode_costs(params)
-    joined = view.batch_size + 1.0
-    return fixed + seq * joined + view.decode_context_tokens + request.prompt_tokens
+    if params.kv_pressure:  # every request taken on, queued or decoding
+        joined = view.committed_batch + 1.0
+        context = view.committed_context_tokens
+    else:
+        joined = view.batch_size + 1.0
+        context = view.decode_context_tokens
+    return fixed + seq * joined + context + request.prompt_tokens
 
 
 def decode_headroom(

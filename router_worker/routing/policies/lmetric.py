@@ -38,6 +38,12 @@ Decode guard (:mod:`router_worker.routing.policies.decode_guard`): the product c
 only among instances whose decode step with r stays within ``decode_slack`` of the fastest
 one's, so a prefix hit cannot pile decode onto its holders; null = the paper's rule.
 
+KV pressure (:mod:`router_worker.routing.kv_pressure`, ``kv_pressure``, on by default):
+the guard counts every request dispatched to an instance from its dispatch (queued ones
+too), and the product chooses only among instances whose KV holds r with its expected
+output on top of what they have taken on while one does (else the least short); off =
+neither.
+
 Ties: lower prefill term, then lower BS, then seeded random — so among equal products
 the one with the best cache hit and shortest prefill queue wins instead of a blind tie.
 
@@ -58,6 +64,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
+from router_worker.routing.kv_pressure import OutputLengths, kv_room
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import (
     DecodeGuardParams,
@@ -112,12 +119,15 @@ class LMetricPolicy(RoutingPolicy):
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
         self.guard = HotspotGuard(self.params.hotspot)
+        self.outputs = OutputLengths()
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         eligible = self.eligible_mask(view)
         # the decode guard narrows where the score may send r; the detector still sees
         # every healthy instance (M is who holds the prefix, whatever their batches)
         candidates = decode_headroom(request, view, eligible, self.params)
+        if self.params.kv_pressure:
+            candidates = kv_room(request, view, candidates, self.outputs)
         batch = view.batch_size  # computed per call by the view: read it once
         prefill = self._prefill_term(request, view)
         load = self._load_term(request, view, batch)
@@ -143,6 +153,16 @@ class LMetricPolicy(RoutingPolicy):
             events=verdict.events,
             **verdict.details(),
         )
+
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
+        self.outputs.first_token(request.request_id, now)
+
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
+        self.outputs.finish(request.request_id, output_tokens, now)
 
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         if self.params.prefill_term == "miss_ratio":

@@ -83,8 +83,12 @@ scraped KV cache is full and requests of ours queue (:meth:`PredictedTTFTPolicy.
 admission_wait`); a decode guard that charges the decode time a request would lose on an
 instance whose decode step, with the request's context read from memory
 (``context_token_s``), exceeds ``decode_slack`` × the fastest one's
-(:meth:`PredictedTTFTPolicy.decode_excess`); and per-instance corrections learned from
-measured TTFT and TPOT (:class:`PredictionErrors`). ``details`` carries the chosen
+(:meth:`PredictedTTFTPolicy.decode_excess`); per-instance corrections learned from
+measured TTFT and TPOT (:class:`PredictionErrors`); and, with ``kv_pressure`` (default),
+the wait for KV where the cache cannot hold the request with its expected output on top of
+every request the instance has taken on, queued ones included
+(:mod:`router_worker.routing.kv_pressure`, which also supplies the expected output: the
+finished mean, or more while the outputs still decoding say so). ``details`` carries the chosen
 instance's ``predicted_ttft_s`` (corrected, admission included) and ``predicted_tpot_s``.
 
 Ties: lower P-token, then lower BS, then seeded random. Reason ``predicted_ttft``.
@@ -103,6 +107,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
+from router_worker.routing.kv_pressure import OutputLengths, kv_wait
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import derived, design, matrix
@@ -208,6 +213,15 @@ class PredictedTTFTParams(PolicyParams):
         le=1_000_000,
         description="expected output tokens of a request until finishes were observed; "
         "then the running mean of the observed ones",
+        json_schema_extra=design(),
+    )
+    kv_pressure: bool = Field(
+        True,
+        description="count every request dispatched to an instance against its decode step "
+        "and its KV from dispatch to finish (not only once it runs), and charge the wait "
+        "for KV where the cache cannot hold the request with its expected output, outputs "
+        'still decoding counted (docs/algorithms.md, "KV pressure"); off = the running '
+        "batch only, with the finished requests' mean output",
         json_schema_extra=design(),
     )
     correction: bool = Field(
@@ -402,19 +416,21 @@ class PredictedTTFTPolicy(RoutingPolicy):
         super().__init__(params, seed)
         self.coefficients = Coefficients.of(self.params)
         self.errors = PredictionErrors(self.params.output_tokens_prior)
+        self.outputs = OutputLengths(self.params.output_tokens_prior)
         self.guard = HotspotGuard(self.params.hotspot)
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
         model_ttft, model_step = self.model_parts(request, view)
         ttft, step = self.corrected(model_ttft, model_step, view.ids, now)
-        score = ttft + self.decode_excess(step, allowed)
+        expected = self.expected_output(view)
+        score = ttft + self.decode_excess(step, allowed, expected)
         p_tokens = view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
         batch = view.batch_size
         slot = self.pick_min((score, p_tokens, batch), allowed)
         verdict = self.guard.check(request, view, allowed, slot, now)
         if verdict.outside is not None:  # the class is hot: the best instance outside M
-            score = ttft + self.decode_excess(step, verdict.outside)
+            score = ttft + self.decode_excess(step, verdict.outside, expected)
             slot = self.pick_min((score, p_tokens, batch), verdict.outside)
         # the errors are learned against the model's own prediction, not the corrected one
         # (against the corrected one an EWMA settles at half the error)
@@ -438,20 +454,34 @@ class PredictedTTFTPolicy(RoutingPolicy):
         self, request: RequestFeatures, instance_id: str, ttft: float, now: float
     ) -> None:
         self.errors.first_token(request.request_id, instance_id, now)
+        self.outputs.first_token(request.request_id, now)
 
     def observe_finish(
         self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
     ) -> None:
         self.errors.finish(request.request_id, instance_id, output_tokens, now)
+        self.outputs.finish(request.request_id, output_tokens, now)
 
-    def decode_excess(self, step: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    def expected_output(self, view: ClusterView) -> float:
+        """A request's expected output tokens: with ``kv_pressure``, counting the outputs
+        still decoding (:class:`~router_worker.routing.kv_pressure.OutputLengths`); without,
+        the finished requests' mean."""
+        if self.params.kv_pressure:
+            return self.outputs.expected(view)
+        return self.errors.output_tokens
+
+    def decode_excess(
+        self, step: np.ndarray, allowed: np.ndarray, expected: float | None = None
+    ) -> np.ndarray:
         """Per slot, the decode time the request would lose against ``decode_slack`` × the
-        fastest allowed decode step, over its expected output (0 when the guard is off)."""
+        fastest allowed decode step, over its expected output (``expected``; the finished
+        requests' mean if None; 0 when the guard is off)."""
         slack = self.params.decode_slack
         if slack is None:
             return np.zeros(step.shape)
+        out = self.errors.output_tokens if expected is None else expected
         bound = slack * float(step[allowed].min())
-        return self.params.decode_weight * self.errors.output_tokens * np.maximum(step - bound, 0.0)
+        return self.params.decode_weight * out * np.maximum(step - bound, 0.0)
 
     def model_parts(
         self, request: RequestFeatures, view: ClusterView
@@ -459,7 +489,11 @@ class PredictedTTFTPolicy(RoutingPolicy):
         """Per slot, from the cost model: ``request``'s TTFT (admission wait included) and
         the decode step it would join."""
         step = self.decode_step(request, view)
-        wait = np.maximum(self.admission_wait(view, step), self.kv_growth_wait(request, view, step))
+        if self.params.kv_pressure:
+            kv = kv_wait(request, view, self.outputs, step)
+        else:
+            kv = self.kv_growth_wait(request, view, step)
+        wait = np.maximum(self.admission_wait(view, step), kv)
         return self.predict(request, view) + wait, step
 
     def corrected(
@@ -477,11 +511,12 @@ class PredictedTTFTPolicy(RoutingPolicy):
         batch plus itself, each reading its context (its prompt, plus on average half the
         expected output) from memory; never below the memory floor of reading the weights."""
         k = self.coefficients
-        batch = view.batch_size + 1.0
+        committed = self.params.kv_pressure  # every request taken on, queued or running
+        batch = (view.committed_batch if committed else view.batch_size) + 1.0
         context = (
-            view.decode_context_tokens
+            (view.committed_context_tokens if committed else view.decode_context_tokens)
             + request.prompt_tokens
-            + batch * 0.5 * self.errors.output_tokens
+            + batch * 0.5 * self.expected_output(view)
         )
         fixed = np.maximum(k.min_step_s, k.step_overhead_s + batch * k.decode_seq_s)
         return fixed + context * k.context_token_s
@@ -494,7 +529,7 @@ class PredictedTTFTPolicy(RoutingPolicy):
         usage = np.nan_to_num(view.kv_usage, nan=0.0)
         queued = view.ours_waiting
         blocked = (usage >= KV_FULL) & (queued > 0)
-        per_finish = self.errors.output_tokens * step / np.maximum(view.batch_size, 1.0)
+        per_finish = self.expected_output(view) * step / np.maximum(view.batch_size, 1.0)
         return np.where(blocked, (queued + 1.0) * per_finish, 0.0)
 
     def kv_growth_wait(

@@ -34,7 +34,10 @@ Follow-ups are placed only among the instances the decode guard leaves
 (:mod:`router_worker.routing.policies.decode_guard`: their decode step with the request
 within ``decode_slack`` of the fastest one's), so stickiness cannot pile decode onto the
 instances holding a shared history; if none of those holds any of the prompt, the
-follow-up goes least-loaded among them (``followup_decode_guard``).
+follow-up goes least-loaded among them (``followup_decode_guard``). With ``kv_pressure``
+(default; :mod:`router_worker.routing.kv_pressure`) the guard counts queued requests too,
+and those instances are narrowed to the ones whose KV holds the follow-up with its expected
+output while one does.
 
 The SLO is per request: ``slo_ttft_s + slo_ttft_per_1k_prompt_s × u / 1000`` where u is
 the prompt tokens the stick instance does *not* hold (its own prefill there). The paper
@@ -88,6 +91,7 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
+from router_worker.routing.kv_pressure import OutputLengths, kv_room
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
@@ -169,6 +173,7 @@ class SMetricPolicy(RoutingPolicy):
         super().__init__(params, seed)
         self.sessions = SessionTable(self.params.session_table_size)
         self.guard = HotspotGuard(self.params.hotspot)
+        self.outputs = OutputLengths()
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
@@ -180,7 +185,7 @@ class SMetricPolicy(RoutingPolicy):
         elif hit[allowed].max() <= 0:
             decision = self._least_loaded(view, request, allowed, load, "followup_no_hit")
         else:
-            roomy = decode_headroom(request, view, allowed, self.params)
+            roomy = self._roomy(request, view, allowed)
             if hit[roomy].max() <= 0:
                 decision = self._least_loaded(view, request, roomy, load, "followup_decode_guard")
             else:
@@ -205,10 +210,30 @@ class SMetricPolicy(RoutingPolicy):
         verdict = self.guard.check(request, view, allowed, decision.slot, now)
         if verdict.outside is None:
             return replace(decision, events=tuple(verdict.events)) if verdict.events else decision
-        roomy = decode_headroom(request, view, verdict.outside, self.params)
+        roomy = self._roomy(request, view, verdict.outside)
         fallback = self._least_loaded(view, request, roomy, load, "hotspot_fallback")
         fallback.details.update(verdict.details())
         return replace(fallback, events=tuple(verdict.events))
+
+    def _roomy(
+        self, request: RequestFeatures, view: ClusterView, allowed: np.ndarray
+    ) -> np.ndarray:
+        """The allowed instances within the decode guard's bound whose KV holds the request
+        (KV pressure; :mod:`router_worker.routing.kv_pressure`)."""
+        roomy = decode_headroom(request, view, allowed, self.params)
+        if self.params.kv_pressure:
+            roomy = kv_room(request, view, roomy, self.outputs)
+        return roomy
+
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
+        self.outputs.first_token(request.request_id, now)
+
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
+        self.outputs.finish(request.request_id, output_tokens, now)
 
     def _is_follow_up(
         self, request: RequestFeatures, hit: np.ndarray, allowed: np.ndarray

@@ -184,6 +184,7 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
             "confirm": "yes",
             **blank,
             "param.correction": "on",  # checked by default, so a browser posts it
+            "param.kv_pressure": "on",  # checked by default too
             "param.hotspot.enabled": "on",  # likewise
             "param.chunk_tokens": "4096",
         },

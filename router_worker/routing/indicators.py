@@ -103,6 +103,12 @@ class Health(IntEnum):
     DOWN = 2
 
 
+def attention_pairs(uncached: float, cached: float) -> float:
+    """The (query, key) pairs a prefill of ``uncached`` tokens after ``cached`` ones
+    computes: each new token attends to the cached ones and to the new ones before it."""
+    return uncached * cached + 0.5 * uncached * uncached
+
+
 class UnknownRequestError(KeyError):
     """An update named a request id that is not in flight."""
 
@@ -114,6 +120,7 @@ class _InFlight:
     prompt_tokens: int
     dispatch_time: float
     work_ahead: float
+    attention_pairs: float = 0.0
     started: bool = False
     first_token_time: float = 0.0
 
@@ -140,6 +147,7 @@ class InstanceState:
 
 _ARRAYS = (
     "pending",
+    "pending_pairs",
     "decoding",
     "in_flight",
     "context",
@@ -166,6 +174,7 @@ class ClusterState:
 
     # the float arrays of _ARRAYS, one entry per slot (created in __init__ by name)
     pending: npt.NDArray[np.float64]
+    pending_pairs: npt.NDArray[np.float64]
     decoding: npt.NDArray[np.float64]
     in_flight: npt.NDArray[np.float64]
     context: npt.NDArray[np.float64]
@@ -283,11 +292,13 @@ class ClusterState:
         if cached_tokens is None:
             cached_tokens = int(self.view().cached_tokens(features)[slot])
         uncached = max(features.prompt_tokens - cached_tokens, 0)
+        pairs = attention_pairs(uncached, features.prompt_tokens - uncached)
         self.pending[slot] += uncached
+        self.pending_pairs[slot] += pairs
         self.in_flight[slot] += 1
         self.queued_context[slot] += features.prompt_tokens
         self._requests[features.request_id] = _InFlight(
-            slot, uncached, features.prompt_tokens, now, float(self.pending[slot])
+            slot, uncached, features.prompt_tokens, now, float(self.pending[slot]), pairs
         )
         self.kv.insert(slot, features.block_hashes)
         if self.global_tier is not None:
@@ -304,6 +315,7 @@ class ClusterState:
         record.started = True
         slot = record.slot
         self.pending[slot] -= record.uncached_tokens
+        self.pending_pairs[slot] -= record.attention_pairs
         self.queued_context[slot] -= record.prompt_tokens
         self.decoding[slot] += 1
         self.first_token_sum[slot] += now
@@ -326,6 +338,7 @@ class ClusterState:
             self.decode_blocks[slot] -= self._blocks_of(record.prompt_tokens)
         else:
             self.pending[slot] -= record.uncached_tokens
+            self.pending_pairs[slot] -= record.attention_pairs
             self.queued_context[slot] -= record.prompt_tokens
         self.in_flight[slot] -= 1
 
@@ -476,7 +489,8 @@ def _readonly(array: np.ndarray) -> np.ndarray:
 class ClusterView:
     """What a policy sees: read-only arrays indexed by slot, plus KV lookups.
 
-    Arrays: ``pending_prefill``, ``in_flight``, ``decode_context_tokens``,
+    Arrays: ``pending_prefill``, ``pending_attention_pairs`` (the attention pairs those
+    queued prefills compute, :func:`attention_pairs`), ``in_flight``, ``decode_context_tokens``,
     ``decode_blocks`` (Σ per decoding request of its prompt blocks),
     ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
     ``batch_size`` (decoding + admitted + unexpired external: the engine's
@@ -492,6 +506,7 @@ class ClusterView:
         self.ids: tuple[str, ...] = tuple(state.ids)
         self.block_size = state.block_size
         self.pending_prefill = _readonly(state.pending)
+        self.pending_attention_pairs = _readonly(state.pending_pairs)
         self.in_flight = _readonly(state.in_flight)
         self.decode_context_tokens = _readonly(state.context)
         self.queued_context_tokens = _readonly(state.queued_context)

@@ -185,6 +185,7 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
             **blank,
             "param.correction": "on",  # checked by default, so a browser posts it
             "param.kv_pressure": "on",  # checked by default too
+            "param.queue_attention": "on",
             "param.hotspot.enabled": "on",  # likewise
             "param.chunk_tokens": "4096",
         },

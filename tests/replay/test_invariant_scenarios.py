@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
@@ -93,7 +94,7 @@ NO_KV = '"kv_pressure": false'
 BLIND = {
     "lmetric": '{"decode_slack": null, ' + NO_KV + "}",
     "smetric": '{"decode_slack": null, ' + NO_HOTSPOT + ", " + NO_KV + "}",
-    "predicted_ttft": '{"decode_slack": null, "correction": false, '
+    "predicted_ttft": '{"decode_slack": null, "correction": false, "queue_attention": false, '
     + NO_HOTSPOT
     + ", "
     + NO_KV
@@ -151,6 +152,32 @@ def test_predicted_ttft_as_it_was_collapses_on_every_fleet(fleet):
     hotspot detector."""
     result = check("predicted_ttft", cell("predicted_ttft", BLIND["predicted_ttft"], fleet))
     assert result.throughput_ratio is not None and result.throughput_ratio < 0.9
+
+
+# ----- the H20 + Qwen2-7B burst on the robustness suite's 16 instances ---------------------
+def sixteen_instance_burst() -> list[TraceRecord]:
+    """The robustness suite's long-output burst, shortened: 1.8 private requests/s, and from
+    t = 10 s, 6 requests/s for 40 s on one 20k-token prefix."""
+    burst = replace(LONG_OUTPUT_BURST, duration_s=40.0, burst_rate=6.0)
+    background = [TraceRecord(i, i / 1.8, 800, 200) for i in range(126)]
+    return hotspot_burst(background, burst)
+
+
+@pytest.mark.parametrize("queue_attention", [True, False])
+def test_predicted_ttft_opens_prefix_copies_at_once_on_sixteen_h20(queue_attention):
+    """A request behind an instance still prefilling its 20k-token prefix waits for that
+    prefill, attention included. Charged only the queued tokens, that wait looked 0.9 s
+    shorter than a fresh copy elsewhere, so the burst queued behind one new copy at a time
+    (mean TTFT 2.6× least load's); charged the queue's attention, the copies open together."""
+    params = {"predicted_ttft": {"queue_attention": queue_attention}}
+    config = SimConfig(instances=16, seed=1, kv_events=True, policy_params=params)
+    records = sixteen_instance_burst()
+    summaries = {
+        policy: metrics.summarize(Simulator(records, policy, config).run())
+        for policy in (*REFERENCES, "predicted_ttft")
+    }
+    result = check("predicted_ttft", summaries)
+    assert result.holds == queue_attention, result.breaches
 
 
 # ----- the burst in every other regime ---------------------------------------------------

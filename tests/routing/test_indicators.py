@@ -34,6 +34,24 @@ def test_lifecycle_moves_tokens_from_pending_to_batch_and_out():
     assert state.view().batch_size.tolist() == [0, 0]
 
 
+def test_pending_attention_pairs_follow_the_pending_prefill():
+    """Each queued prefill adds the (query, key) pairs it will compute: its new tokens
+    against its cached ones and against each other; they leave with its first token, or
+    with its end if it never got one."""
+    state = cluster(1)
+    warm(state, "i0", tokens(0, 64))
+    first = features(tokens(0, 100))  # 36 new after 64 cached
+    second = features(tokens(500, 32))  # 32 new
+    state.on_dispatch(first, "i0", 1.0)
+    state.on_dispatch(second, "i0", 1.0)
+    pairs = state.view().pending_attention_pairs
+    assert pairs.tolist() == [36 * 64 + 36 * 36 / 2 + 32 * 32 / 2]
+    state.on_first_token(first.request_id, 2.0)
+    assert state.view().pending_attention_pairs.tolist() == [32 * 32 / 2]
+    state.on_error(second.request_id, 2.5)
+    assert state.view().pending_attention_pairs.tolist() == [0.0]
+
+
 def test_dispatch_records_shadow_blocks():
     state = cluster(2)
     request = features(tokens(0, 48))

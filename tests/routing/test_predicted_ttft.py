@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import pytest
 
 from router_worker.routing import (
@@ -107,6 +108,25 @@ def test_hand_computed_attention_and_memory_floor():
     floored = policy(**{**SIMPLE, "min_step_s": 0.05}).predict(tiny, state.view())
     assert floored[1] == pytest.approx(0.05)  # idle: 10 + 16 ms of work < one 50 ms step
     assert floored[2] == pytest.approx(0.5 * 0.05 + 0.05)  # busy: half a step's wait too
+
+
+def test_the_prompts_queued_ahead_are_charged_their_attention():
+    """r waits for the queue's whole prefill, its attention included: behind a 640-token
+    prompt still prefilling on i0 (r's prefix, in i0's shadow), r's 16 new tokens cost
+    little, but the queued prompt's 640²/2 pairs are ahead of them."""
+    state = cluster(2)
+    prompt = tokens(0, 640)
+    state.on_dispatch(features(prompt), "i0", 0.0)
+    request = features(np.concatenate([prompt, tokens(9_000, 16)]))
+    params = {**SIMPLE, "attention_pair_s": 1e-6, "chunk_tokens": 8192}
+    predicted = policy(**params).predict(request, state.view())
+    step = 0.01 + 0.001  # i0's batch holds the prefilling request
+    queued = 1e-6 * 640 * 640 / 2
+    own = 1e-6 * (16 * 640 + 16 * 16 / 2)
+    assert predicted[0] == pytest.approx(0.5 * step + step + 0.656 + queued + own)
+    assert predicted[1] == pytest.approx(0.01 + 0.656 + 1e-6 * 656 * 656 / 2)
+    blind = policy(**params, queue_attention=False).predict(request, state.view())
+    assert blind[0] == pytest.approx(predicted[0] - queued)
 
 
 def test_decision_carries_the_chosen_prediction_and_reason():
@@ -219,6 +239,7 @@ def test_every_parameter_is_described_for_operators():
         "output_tokens_prior",
         "correction",
         "kv_pressure",
+        "queue_attention",
         "hotspot",
     }
     assert set(COEFFICIENT_FIELDS) | others == set(schema["properties"])

@@ -32,7 +32,8 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.policies.base import PolicyParams
+from router_worker.routing.kv_pressure import OutputLengths
+from router_worker.routing.policies.base import PolicyParams, RoutingPolicy
 from router_worker.routing.provenance import derived, design
 
 # enginesim's cost model for an H20 serving Qwen2-7B, as the control plane derives them
@@ -118,3 +119,22 @@ def decode_headroom(
         return allowed
     load = decode_load(request, view, params)
     return allowed & (load <= slack * float(load[allowed].min()))
+
+
+class DecodeGuardedPolicy(RoutingPolicy):
+    """A policy with the decode guard: it learns output lengths from its feedback (the
+    guard's and KV pressure's expected output, :class:`OutputLengths`)."""
+
+    def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
+        super().__init__(params, seed)
+        self.outputs = OutputLengths()
+
+    def observe_first_token(
+        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
+    ) -> None:
+        self.outputs.first_token(request.request_id, now)
+
+    def observe_finish(
+        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
+    ) -> None:
+        self.outputs.finish(request.request_id, output_tokens, now)

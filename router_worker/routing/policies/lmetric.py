@@ -64,9 +64,10 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.kv_pressure import OutputLengths, kv_room
-from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
+from router_worker.routing.kv_pressure import kv_room
+from router_worker.routing.policies.base import Decision, PolicyParams
 from router_worker.routing.policies.decode_guard import (
+    DecodeGuardedPolicy,
     DecodeGuardParams,
     decode_headroom,
     decode_load,
@@ -110,7 +111,7 @@ class LMetricParams(DecodeGuardParams):
     hotspot: HotspotParams = hotspot_field()
 
 
-class LMetricPolicy(RoutingPolicy):
+class LMetricPolicy(DecodeGuardedPolicy):
     kind = "lmetric"
     description = "Minimum P-token × batch size, with KV hotspot detection and fallback."
     Params = LMetricParams
@@ -119,7 +120,6 @@ class LMetricPolicy(RoutingPolicy):
     def __init__(self, params: PolicyParams | None = None, seed: int = 0) -> None:
         super().__init__(params, seed)
         self.guard = HotspotGuard(self.params.hotspot)
-        self.outputs = OutputLengths()
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         eligible = self.eligible_mask(view)
@@ -153,16 +153,6 @@ class LMetricPolicy(RoutingPolicy):
             events=verdict.events,
             **verdict.details(),
         )
-
-    def observe_first_token(
-        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
-    ) -> None:
-        self.outputs.first_token(request.request_id, now)
-
-    def observe_finish(
-        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
-    ) -> None:
-        self.outputs.finish(request.request_id, output_tokens, now)
 
     def _prefill_term(self, request: RequestFeatures, view: ClusterView) -> np.ndarray:
         if self.params.prefill_term == "miss_ratio":

@@ -17,8 +17,10 @@ requests first, then FCFS admission, one token budget per step, chunked prefill)
                                                 per running request
     step_i = step_overhead_s + BS_i · decode_seq_s + ctx_i · attention_pair_s
     wait_i = ½ · max(min_step_s, step_i)  if BS_i > 0, else 0
-    TTFT_i = wait_i + max(S · min_step_s,
-                          S · step_i + W / prefill_tps + attention_pair_s · (n_i·c_i + n_i²/2))
+    A_i    = pending_attention_pairs_i + n_i·c_i + n_i²/2
+                                                (query, key) pairs of the queued prompts'
+                                                prefills and of r's own
+    TTFT_i = wait_i + max(S · min_step_s, S · step_i + W / prefill_tps + attention_pair_s · A_i)
 
 With a global KV tier (replays) the tokens it holds beyond the local hit, l_i, are loaded
 rather than prefilled: n_i = prompt − c_i − l_i, W gains ``tier_token_cost`` · l_i, and the
@@ -35,11 +37,17 @@ than reading the weights once, so tiny prefills (a near-full cache hit) cost one
 step whatever their size, and instances whose predictions both sit on the floor tie —
 then the documented tie-breaks decide.
 
-Deliberate simplifications (cheap, per request, vectorised): the attention of the queued
-prompts ahead of r is not charged (the view has their total, not their sizes); decode
-contexts do not grow over the prediction; the batch is assumed not to change while r
-waits; constant terms (HTTP, tokenisation) are left out since they cannot change the
-choice. A prediction is a ranking device first and an estimate second; it is put in
+The queued prompts' attention matters where r would wait behind a long prefill of its own
+prefix that another request started (the router's shadow already counts that prefix as
+cached there): charged only the queued tokens, that wait looks cheaper than a fresh copy
+elsewhere by the whole prefix's attention, so a burst on one long prefix queues behind one
+new copy at a time instead of opening copies together.
+
+Deliberate simplifications (cheap, per request, vectorised): a queued prefill is charged
+whole until its first token (the router does not see how far it has got); decode contexts
+do not grow over the prediction; the batch is assumed not to change while r waits;
+constant terms (HTTP, tokenisation) are left out since they cannot change the choice. A
+prediction is a ranking device first and an estimate second; it is put in
 ``details["predicted_ttft_s"]`` for the chosen instance.
 
 Coefficients. Each defaults to ``None``, meaning "derive it": when the policy is created
@@ -106,7 +114,7 @@ from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
-from router_worker.routing.indicators import ClusterView
+from router_worker.routing.indicators import ClusterView, attention_pairs
 from router_worker.routing.kv_pressure import OutputLengths, kv_wait
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
@@ -222,6 +230,14 @@ class PredictedTTFTParams(PolicyParams):
         "for KV where the cache cannot hold the request with its expected output, outputs "
         'still decoding counted (docs/algorithms.md, "KV pressure"); off = the running '
         "batch only, with the finished requests' mean output",
+        json_schema_extra=design(),
+    )
+    queue_attention: bool = Field(
+        True,
+        description="charge the prompts queued ahead of the request their prefill's "
+        "attention, not only their tokens (waiting behind another request's long prefill of "
+        "the same prefix otherwise looks cheaper than a fresh copy elsewhere); off = their "
+        "tokens only",
         json_schema_extra=design(),
     )
     correction: bool = Field(
@@ -569,6 +585,9 @@ class PredictedTTFTPolicy(RoutingPolicy):
         )
         wait = np.where(batch > 0, 0.5 * np.maximum(step, k.min_step_s), 0.0)
         rate = view.prefill_tps if self.params.use_measured_prefill_tps else k.prefill_tps
-        attention = k.attention_pair_s * (new * cached + 0.5 * new * new)
+        pairs = attention_pairs(new, cached)
+        if self.params.queue_attention:
+            pairs = pairs + view.pending_attention_pairs
+        attention = k.attention_pair_s * pairs
         busy = steps * step + work / rate + attention
         return wait + np.maximum(busy, steps * k.min_step_s)

@@ -91,9 +91,13 @@ from pydantic import Field
 from router_worker.routing.features import RequestFeatures
 from router_worker.routing.hotspot import HotspotParams
 from router_worker.routing.indicators import ClusterView
-from router_worker.routing.kv_pressure import OutputLengths, kv_room
-from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
-from router_worker.routing.policies.decode_guard import DecodeGuardParams, decode_headroom
+from router_worker.routing.kv_pressure import kv_room
+from router_worker.routing.policies.base import Decision, PolicyParams
+from router_worker.routing.policies.decode_guard import (
+    DecodeGuardedPolicy,
+    DecodeGuardParams,
+    decode_headroom,
+)
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import matrix, operational
 from router_worker.routing.sessions import SessionTable
@@ -163,7 +167,7 @@ class SMetricParams(DecodeGuardParams):
     hotspot: HotspotParams = hotspot_field()
 
 
-class SMetricPolicy(RoutingPolicy):
+class SMetricPolicy(DecodeGuardedPolicy):
     kind = "smetric"
     description = "First turns to the least-loaded instance; follow-ups stick unless SLO breaks."
     Params = SMetricParams
@@ -173,7 +177,6 @@ class SMetricPolicy(RoutingPolicy):
         super().__init__(params, seed)
         self.sessions = SessionTable(self.params.session_table_size)
         self.guard = HotspotGuard(self.params.hotspot)
-        self.outputs = OutputLengths()
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
@@ -224,16 +227,6 @@ class SMetricPolicy(RoutingPolicy):
         if self.params.kv_pressure:
             roomy = kv_room(request, view, roomy, self.outputs)
         return roomy
-
-    def observe_first_token(
-        self, request: RequestFeatures, instance_id: str, ttft: float, now: float
-    ) -> None:
-        self.outputs.first_token(request.request_id, now)
-
-    def observe_finish(
-        self, request: RequestFeatures, instance_id: str, output_tokens: int, now: float
-    ) -> None:
-        self.outputs.finish(request.request_id, output_tokens, now)
 
     def _is_follow_up(
         self, request: RequestFeatures, hit: np.ndarray, allowed: np.ndarray

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import IntEnum
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -103,7 +104,10 @@ class Health(IntEnum):
     DOWN = 2
 
 
-def attention_pairs(uncached: float, cached: float) -> float:
+_Tokens = TypeVar("_Tokens", float, npt.NDArray[np.float64])
+
+
+def attention_pairs(uncached: _Tokens, cached: _Tokens) -> _Tokens:
     """The (query, key) pairs a prefill of ``uncached`` tokens after ``cached`` ones
     computes: each new token attends to the cached ones and to the new ones before it."""
     return uncached * cached + 0.5 * uncached * uncached

@@ -124,9 +124,13 @@ class _InFlight:
     prompt_tokens: int
     dispatch_time: float
     work_ahead: float
-    attention_pairs: float = 0.0
     started: bool = False
     first_token_time: float = 0.0
+
+    @property
+    def attention_pairs(self) -> float:
+        """The attention pairs of its prefill (in ``pending_pairs`` until its first token)."""
+        return attention_pairs(self.uncached_tokens, self.prompt_tokens - self.uncached_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,13 +300,12 @@ class ClusterState:
         if cached_tokens is None:
             cached_tokens = int(self.view().cached_tokens(features)[slot])
         uncached = max(features.prompt_tokens - cached_tokens, 0)
-        pairs = attention_pairs(uncached, features.prompt_tokens - uncached)
         self.pending[slot] += uncached
-        self.pending_pairs[slot] += pairs
+        self.pending_pairs[slot] += attention_pairs(uncached, features.prompt_tokens - uncached)
         self.in_flight[slot] += 1
         self.queued_context[slot] += features.prompt_tokens
         self._requests[features.request_id] = _InFlight(
-            slot, uncached, features.prompt_tokens, now, float(self.pending[slot]), pairs
+            slot, uncached, features.prompt_tokens, now, float(self.pending[slot])
         )
         self.kv.insert(slot, features.block_hashes)
         if self.global_tier is not None:

@@ -73,13 +73,14 @@ def test_the_api_refuses_hostile_values_naming_every_field(as_role, cluster, kin
     assert not Policy.objects.filter(name="hostile").exists()
 
 
+@pytest.mark.parametrize("switch", ["correction", "kv_pressure", "queue_attention"])
 @pytest.mark.parametrize("value", ["maybe", "<script>", "\u0000"])
-def test_a_hostile_correction_switch_is_refused_by_the_api(as_role, cluster, value):
+def test_a_hostile_correction_switch_is_refused_by_the_api(as_role, cluster, switch, value):
     body = {
         "name": "hostile",
         "kind": "predicted_ttft",
         "reason": "r",
-        "params": {"correction": value},
+        "params": {switch: value},
     }
     response = as_role("operator").post(
         f"/api/v1/clusters/{cluster.pk}/policies", json.dumps(body), content_type="application/json"
@@ -88,4 +89,4 @@ def test_a_hostile_correction_switch_is_refused_by_the_api(as_role, cluster, val
     if value == "\u0000":
         assert response.status_code == 422 and error["field"] == "params", error
     else:
-        assert response.status_code == 400 and error["field"] == "params.correction", error
+        assert response.status_code == 400 and error["field"] == f"params.{switch}", error

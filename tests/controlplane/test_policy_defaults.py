@@ -173,6 +173,8 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
         )  # blank: not the H20 values, which would then be posted
     assert "derived from the cluster" in form
     assert 'name="param.correction" checked' in form
+    assert 'name="param.kv_pressure"' in form
+    assert 'name="param.kv_pressure" checked' not in form
     blank = {f"param.{name}": "" for name in COEFFICIENT_FIELDS}
     response = session_client(users["operator"]).post(
         reverse("web:policy_apply", args=[world["alpha"]]),
@@ -184,7 +186,7 @@ def test_policy_form_leaves_coefficients_blank_and_the_service_fills_them(world,
             "confirm": "yes",
             **blank,
             "param.correction": "on",  # checked by default, so a browser posts it
-            "param.kv_pressure": "on",  # checked by default too
+            # kv_pressure: unchecked by default, so a browser leaves it out
             "param.queue_attention": "on",
             "param.hotspot.enabled": "on",  # likewise
             "param.chunk_tokens": "4096",

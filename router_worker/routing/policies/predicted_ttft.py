@@ -92,7 +92,8 @@ admission_wait`); a decode guard that charges the decode time a request would lo
 instance whose decode step, with the request's context read from memory
 (``context_token_s``), exceeds ``decode_slack`` × the fastest one's
 (:meth:`PredictedTTFTPolicy.decode_excess`); per-instance corrections learned from
-measured TTFT and TPOT (:class:`PredictionErrors`); and, with ``kv_pressure`` (default),
+measured TTFT and TPOT (:class:`PredictionErrors`); and, with ``kv_pressure`` (off by
+default: ``queue_attention`` keeps the invariant without it, at less cost at high load),
 the wait for KV where the cache cannot hold the request with its expected output on top of
 every request the instance has taken on, queued ones included
 (:mod:`router_worker.routing.kv_pressure`, which also supplies the expected output: the
@@ -224,13 +225,15 @@ class PredictedTTFTParams(PolicyParams):
         json_schema_extra=design(),
     )
     kv_pressure: bool = Field(
-        True,
+        False,
         description="count every request dispatched to an instance against its decode step "
         "and its KV from dispatch to finish (not only once it runs), and charge the wait "
         "for KV where the cache cannot hold the request with its expected output, outputs "
         'still decoding counted (docs/algorithms.md, "KV pressure"); off = the running '
-        "batch only, with the finished requests' mean output",
-        json_schema_extra=design(),
+        "batch only, with the finished requests' mean output, and the KV growth wait. Off "
+        "by default: with queue_attention the policy keeps the invariant without it, and it "
+        "costs goodput at high load",
+        json_schema_extra=matrix(),
     )
     queue_attention: bool = Field(
         True,

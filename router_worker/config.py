@@ -249,7 +249,8 @@ class RouterSettings(_Strict):
         gt=0,
         le=600,
         description="A peer router silent this long (no heartbeat) has its requests dropped "
-        "from the indicators.",
+        "from the indicators. Peers send a heartbeat every second: keep this a few seconds, "
+        "or one late heartbeat drops a live peer.",
     )
     peer_max_age_s: float = Field(
         default=900.0,

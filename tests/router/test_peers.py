@@ -127,7 +127,9 @@ def test_a_request_sent_to_one_router_is_pending_at_its_peer_until_it_ends(
     assert counts["applied:dispatch"] == 1 and counts["applied:end"] == 1
     assert _metric(second, "switchyard_router_peer_applied_total", kind="dispatch") == 1
     assert _metric(first, "switchyard_router_peer_sent_total", kind="dispatch") == 1
-    assert _metric(second, "switchyard_router_peers") == 1
+    # peers heard within peer_timeout_s (1 s): on a starved CPU a heartbeat can be late,
+    # and the gauge is back once the next one arrives
+    wait_until(lambda: _metric(second, "switchyard_router_peers") == 1, 10, "the peer heard")
 
 
 def test_without_peer_sync_a_peers_request_stays_invisible(slow_fleet, router_factory):

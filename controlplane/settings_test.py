@@ -9,11 +9,11 @@ import uuid
 # routers' state never cross between workers.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _REDIS_DB = 10 + int(_WORKER.removeprefix("gw")) if _WORKER.startswith("gw") else 9
-_SHARED_REDIS_URL = "redis://127.0.0.1:6379/9"
+_LOCAL_REDIS = "redis://127.0.0.1:6379/"
 # A worker inherits its controller's environment, where this module has already set the
-# shared database: that inherited default is replaced, a URL someone chose is kept.
-if os.environ.get("SWITCHYARD_REDIS_URL", _SHARED_REDIS_URL) == _SHARED_REDIS_URL:
-    os.environ["SWITCHYARD_REDIS_URL"] = f"redis://127.0.0.1:6379/{_REDIS_DB}"
+# controller's database (9): that inherited default is replaced, a URL someone chose is kept.
+if os.environ.get("SWITCHYARD_REDIS_URL", _LOCAL_REDIS + "9") == _LOCAL_REDIS + "9":
+    os.environ["SWITCHYARD_REDIS_URL"] = f"{_LOCAL_REDIS}{_REDIS_DB}"
 os.environ.setdefault("SWITCHYARD_CHANNEL_PREFIX", "switchyard-test:asgi")
 # One test run: its Celery messages carry its id in their keys, so a task an earlier run left
 # queued never reaches this run's workers (it would name rows of this run's freshly numbered

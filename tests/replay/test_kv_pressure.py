@@ -93,10 +93,14 @@ def test_with_kv_pressure_our_policies_keep_the_invariant(policy):
     assert result.holds, result.breaches
 
 
+def test_predicted_ttft_keeps_it_by_default_without_kv_pressure():
+    result = check("predicted_ttft", cell("predicted_ttft"))
+    assert result.holds, result.breaches
+
+
 # predicted_ttft keeps the invariant here with either of two rules: KV pressure, or the
 # attention of the prompts queued ahead (its default, which stops the burst queueing behind
-# one new copy of the prefix at a time; tests/replay/test_invariant_scenarios.py replays it
-# here); without both it breaks.
+# one new copy of the prefix at a time); without both it breaks.
 WITHOUT = {
     "lmetric": '{"kv_pressure": false}',
     "smetric": '{"kv_pressure": false}',

@@ -3,8 +3,8 @@
 For each policy (``lmetric``, ``predicted_ttft``) and each variant (1 router; 2 routers
 with replica sync; 2 routers without), a fresh devharness.Fleet of enginesim instances
 (16 x H20, Qwen2-7B, slow motion ``--time-scale S``) is started behind N standalone
-``python -m router_worker`` processes (devharness.start_router), and ``python -m enginesim
-loadgen`` replays a slice of the Mooncake conversation trace through them, round-robin over
+``python -m router_worker`` processes (devharness.start_router), and enginesim's load generator
+(``loadgen``) replays a slice of the Mooncake conversation trace through them, round-robin over
 the routers (a load balancer: ``--target`` given N times). Routers use Redis (``--redis``)
 for telemetry and the peer channel, each run under a cluster name of its own;
 ``router.peer_sync`` is false for the no-sync variant. Client TTFTs (wall seconds) are

@@ -1,4 +1,4 @@
-"""``python -m enginesim replay`` end to end on a slice of a real trace."""
+"""The enginesim ``replay`` command end to end on a slice of a real trace."""
 
 from __future__ import annotations
 

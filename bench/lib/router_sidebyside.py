@@ -250,10 +250,24 @@ def router_alone(
         urls = [f"http://127.0.0.1:{p}" for p in engines]
         router = start_bench_router(urls, policy, workdir, tree or REPO)
         port, managed = router.port, router.managed
+    elif kind == "python-floor":
+        port, managed = _start_python_floor(engines)
     else:
         port, managed = _start_vllm_router(policy, engines, workdir)
     with managed:
         yield port, managed.running
+
+
+def _start_python_floor(engines: list[int]) -> tuple[int, ManagedProcess]:
+    port = free_port()
+    argv = [sys.executable, "-m", "bench.lib.python_floor", str(port), *map(str, engines)]
+    managed = ManagedProcess(argv, cwd=REPO, stdin=None, stderr=None).start()
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=managed.running, ok=is_200)
+    except BaseException:
+        managed.stop()
+        raise
+    return port, managed
 
 
 def _start_vllm_router(
@@ -329,7 +343,7 @@ class Contender:
     """A router under test: its label in the tables, kind, policy and (Switchyard) checkout."""
 
     label: str
-    kind: str  # switchyard | vllm-router
+    kind: str  # switchyard | vllm-router | python-floor (bench.lib.python_floor)
     policy: str
     tree: Path | None = None
 
@@ -438,6 +452,7 @@ def side_by_side(args: argparse.Namespace) -> None:
         Contender("switchyard lmetric", "switchyard", "lmetric"),
         Contender("vllm-router round_robin", "vllm-router", "round_robin"),
         Contender("vllm-router cache_aware", "vllm-router", "cache_aware"),
+        Contender("python floor round_robin", "python-floor", "round_robin"),
     ]
     if args.before is not None:
         contenders += [
@@ -503,6 +518,12 @@ def report(
         "as the client saw it. `direct p50` = the direct path's own p50s (ms); failed = "
         "errors plus answers the engine's log does not have; CPU = the router process's CPU "
         "time per routed request (all its threads).",
+        "",
+        "`python floor` is the router's HTTP stack with nothing else (bench/lib/"
+        "python_floor.py): the same uvicorn server and upstream transport, round robin, "
+        "and none of Switchyard's per-request work (parsing, tokenizing, hashing, policy, "
+        "lifecycle, metrics, limits). Switchyard's rows minus the floor's are the cost of "
+        "that work; the floor's minus vllm-router's, the cost of a Python HTTP hop.",
         "",
         *summarise(rows),
         "",

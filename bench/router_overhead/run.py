@@ -3,8 +3,10 @@ alone in front of the same fleet, and the router's own CPU and throughput.
 
 Side-by-side rows (``--only side-by-side``; they write ``bench/router_overhead/sidebyside.md``).
 Fleet: a devharness.Fleet of 2 enginesim instances (H20, Qwen2-7B, time scale 0.02).
-Contenders: Switchyard (round_robin, lmetric) and vllm-router (round_robin, cache_aware;
-``pip install -e '.[bench]'`` installs it), each started alone, in shuffled order,
+Contenders: Switchyard (round_robin, lmetric), vllm-router (round_robin, cache_aware;
+``pip install -e '.[bench]'`` installs it) and the Python floor (``bench.lib.python_floor``:
+the router's HTTP stack forwarding round robin with none of its per-request work), each
+started alone, in shuffled order,
 ``--rounds`` times; with ``--before PATH`` also the Switchyard of another checkout (``git
 worktree add PATH <commit>``), measured in the same run for a before/after table. Per run
 and row (``--concurrency``: 1, 8, 64, 200 by default), closed-loop workers send
@@ -119,7 +121,7 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="side-by-side: also this checkout's router")
     parser.add_argument(
         "--router",
-        choices=("switchyard", "vllm-router"),
+        choices=("switchyard", "vllm-router", "python-floor"),
         action="append",
         help="side-by-side: only these routers (repeatable)",
     )

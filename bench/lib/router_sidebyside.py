@@ -261,13 +261,7 @@ def router_alone(
 def _start_python_floor(engines: list[int]) -> tuple[int, ManagedProcess]:
     port = free_port()
     argv = [sys.executable, "-m", "bench.lib.python_floor", str(port), *map(str, engines)]
-    managed = ManagedProcess(argv, cwd=REPO, stdin=None, stderr=None).start()
-    try:
-        wait_http(f"http://127.0.0.1:{port}/health", 30.0, process=managed.running, ok=is_200)
-    except BaseException:
-        managed.stop()
-        raise
-    return port, managed
+    return port, _healthy(ManagedProcess(argv, cwd=REPO, stdin=None, stderr=None), port, 30.0)
 
 
 def _start_vllm_router(
@@ -300,13 +294,20 @@ def _start_vllm_router(
         ],
         stdin=None,
         stderr=None,
-    ).start()
+    )
+    return port, _healthy(managed, port, 60.0)
+
+
+def _healthy(managed: ManagedProcess, port: int, timeout: float) -> ManagedProcess:
+    """Start ``managed`` and wait for its ``/health`` on ``port`` (stopped if it never
+    answers 200)."""
+    managed.start()
     try:
-        wait_http(f"http://127.0.0.1:{port}/health", 60.0, process=managed.running, ok=is_200)
+        wait_http(f"http://127.0.0.1:{port}/health", timeout, process=managed.running, ok=is_200)
     except BaseException:
         managed.stop()
         raise
-    return port, managed
+    return managed
 
 
 def stage_means(port: int) -> dict[str, tuple[float, float]]:

@@ -14,9 +14,11 @@ The chain is a polynomial hash over per-block digests, all mod 2**64::
 ``S_k`` is the block hash. The recurrence unrolls to
 ``S_k = B**(k+1) * (S_(-1) + sum_(j<=k) B**-(j+1) * digest_j)`` (B is odd, so
 invertible mod 2**64), which numpy computes with one cumulative sum instead of
-a Python loop per block. Turning a Python list of ints into an array costs more
-than the hashing itself (the hot path rows of bench/router_overhead/README.md); pass an
-array when you have one.
+a Python loop per block. A short prompt's chain (up to ``SHORT_CHAIN_BLOCKS`` blocks)
+is finished on Python ints instead, with the same values: there the dozen numpy calls
+of the vectorised finish cost more than a loop over a few blocks. Turning a Python list
+of ints into an array costs more than the hashing itself (the hot path rows of
+bench/router_overhead/README.md); pass an array when you have one.
 
 ``extend_chain(parent, tokens)`` continues a chain from any block hash; the KV
 index uses it to translate vLLM ``BlockStored`` events (which carry the token
@@ -38,8 +40,13 @@ ROOT_HASH = 0x243F6A8885A308D3  # parent of every prompt's first block (digits o
 _MASK64 = (1 << 64) - 1
 _BASE = 0x9E3779B97F4A7C15  # odd, so invertible mod 2**64
 _BASE_INV = pow(_BASE, -1, 1 << 64)
-_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
-_MIX2 = np.uint64(0x94D049BB133111EB)
+_MIX1_INT = 0xBF58476D1CE4E5B9
+_MIX2_INT = 0x94D049BB133111EB
+_MIX1 = np.uint64(_MIX1_INT)
+_MIX2 = np.uint64(_MIX2_INT)
+# Up to this many blocks a chain is finished on Python ints (module docstring): measured
+# cheaper than numpy's finish up to about twice this.
+SHORT_CHAIN_BLOCKS = 32
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 
 TokenIds = Sequence[int] | np.ndarray
@@ -103,13 +110,35 @@ def _token_array(token_ids: TokenIds) -> np.ndarray:
     return np.fromiter(token_ids, dtype=np.uint64, count=len(token_ids))
 
 
-def _block_digests(tokens: np.ndarray, block_size: int) -> np.ndarray:
+def _block_sums(tokens: np.ndarray, block_size: int) -> np.ndarray:
+    """Per full block, the sum of its position-salted, xorshifted tokens (a digest before
+    its SplitMix64 finish)."""
     full = len(tokens) // block_size
     blocks = tokens[: full * block_size].reshape(full, block_size)
     # One multiply-xorshift per token is enough: the per-block sum is then fully mixed.
     mixed = (blocks + np.uint64(1)) * _position_salts(block_size)
     mixed ^= mixed >> _S31
-    return _splitmix(mixed.sum(axis=1, dtype=np.uint64))
+    return mixed.sum(axis=1, dtype=np.uint64)
+
+
+def _block_digests(tokens: np.ndarray, block_size: int) -> np.ndarray:
+    return _splitmix(_block_sums(tokens, block_size))
+
+
+def _short_chain(start: int, sums: list[int]) -> list[int]:
+    """The chain over blocks whose sums are ``sums``, from ``start``: the vectorised
+    finish and chain of :func:`extend_chain`, on Python ints (same values)."""
+    out = []
+    chained = start
+    for x in sums:
+        x ^= x >> 30
+        x = x * _MIX1_INT & _MASK64
+        x ^= x >> 27
+        x = x * _MIX2_INT & _MASK64
+        x ^= x >> 31
+        chained = (_BASE * chained + x) & _MASK64
+        out.append(chained)
+    return out
 
 
 def extend_chain(parent: int | None, token_ids: TokenIds, block_size: int) -> list[int]:
@@ -120,13 +149,15 @@ def extend_chain(parent: int | None, token_ids: TokenIds, block_size: int) -> li
     """
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    tokens = _token_array(token_ids)
-    digests = _block_digests(tokens, block_size)
-    count = len(digests)
+    sums = _block_sums(_token_array(token_ids), block_size)
+    count = len(sums)
     if count == 0:
         return []
-    _TABLES.ensure(count)
     start = ROOT_HASH if parent is None else parent & _MASK64
+    if count <= SHORT_CHAIN_BLOCKS:
+        return _short_chain(start, sums.tolist())
+    digests = _splitmix(sums)
+    _TABLES.ensure(count)
     weighted = digests * _TABLES.inv[:count]
     weighted[0] = (int(weighted[0]) + start) & _MASK64
     return (_TABLES.pow[:count] * np.cumsum(weighted, dtype=np.uint64)).tolist()

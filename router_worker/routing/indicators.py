@@ -165,6 +165,7 @@ _ARRAYS = (
     "running",
     "waiting",
     "kv_usage",
+    "kv_usage_or_zero",
     "tps",
     "last_scrape",
     "external",
@@ -192,6 +193,7 @@ class ClusterState:
     running: npt.NDArray[np.float64]
     waiting: npt.NDArray[np.float64]
     kv_usage: npt.NDArray[np.float64]
+    kv_usage_or_zero: npt.NDArray[np.float64]  # kv_usage as np.nan_to_num gives it
     tps: npt.NDArray[np.float64]
     last_scrape: npt.NDArray[np.float64]
     external: npt.NDArray[np.float64]
@@ -231,6 +233,8 @@ class ClusterState:
         self._slot: dict[str, int] = {}
         self._requests: dict[str, _InFlight] = {}
         self.health = np.zeros(0, dtype=np.int8)
+        # The KV index's per-slot capacity, mirrored here for the view (set only here).
+        self.capacity = np.zeros(0, dtype=np.int64)
         for name in _ARRAYS:
             setattr(self, name, np.zeros(0))
         self.kv_version = 0
@@ -252,10 +256,12 @@ class ClusterState:
             self.health[slot] = health
             self._view = None
             return slot
-        slot = self.kv.add_slot(capacity_blocks or self.default_capacity_blocks)
+        capacity = capacity_blocks or self.default_capacity_blocks
+        slot = self.kv.add_slot(capacity)
         self.ids.append(instance_id)
         self._slot[instance_id] = slot
         self.health = np.append(self.health, np.int8(health))
+        self.capacity = np.append(self.capacity, np.int64(capacity))
         for name in _ARRAYS:
             setattr(self, name, np.append(getattr(self, name), 0.0))
         self.running[slot] = self.waiting[slot] = self.kv_usage[slot] = np.nan
@@ -394,8 +400,10 @@ class ClusterState:
             self.waiting[slot] = waiting
         if kv_usage is not None:
             self.kv_usage[slot] = kv_usage
+            self.kv_usage_or_zero[slot] = np.nan_to_num(self.kv_usage[slot], nan=0.0)
         if capacity_blocks is not None and capacity_blocks > 0:
             self.kv.set_capacity(slot, capacity_blocks)
+            self.capacity[slot] = capacity_blocks
             self.kv_version += 1
         self.last_scrape[slot] = now
 
@@ -499,12 +507,14 @@ class ClusterView:
     Arrays: ``pending_prefill``, ``pending_attention_pairs`` (the attention pairs those
     queued prefills compute, :func:`attention_pairs`), ``in_flight``, ``decode_context_tokens``,
     ``decode_blocks`` (Σ per decoding request of its prompt blocks),
-    ``prefill_tps``, ``kv_usage`` (nan = never scraped), ``health``;
+    ``prefill_tps``, ``kv_usage`` (nan = never scraped; ``kv_usage_or_zero`` is it with
+    nan as 0), ``capacity_blocks`` (the KV index's per-slot bound: scraped, else the
+    configured default), ``health``;
     ``batch_size`` (decoding + admitted + unexpired external: the engine's
     running batch, see the module docstring), ``ours_waiting`` and
     ``external_running`` are computed per call at the state's clock;
-    ``held_blocks`` and ``capacity_blocks`` (the KV index's per-slot LRU size
-    and bound) per call too. ``eligible`` is a fresh bool mask of healthy slots.
+    ``held_blocks`` (the KV index's per-slot LRU size) per call too. ``eligible`` is a
+    fresh bool mask of healthy slots.
     ``ids[slot]`` is the instance id.
     """
 
@@ -521,7 +531,9 @@ class ClusterView:
         self.decode_blocks = _readonly(state.decode_blocks)
         self.prefill_tps = _readonly(state.tps)
         self.kv_usage = _readonly(state.kv_usage)
+        self.kv_usage_or_zero = _readonly(state.kv_usage_or_zero)
         self.health = _readonly(state.health)
+        self.capacity_blocks = _readonly(state.capacity)
         empty = np.zeros(0, dtype=np.int64)
         self._memo: tuple[RequestFeatures | None, int, np.ndarray, np.ndarray] = (
             None,
@@ -593,12 +605,6 @@ class ClusterView:
         """Per slot, blocks the KV index holds for it (its modelled prefix cache)."""
         kv = self._state.kv
         return np.array([kv.held_count(slot) for slot in range(self.size)], dtype=np.int64)
-
-    @property
-    def capacity_blocks(self) -> np.ndarray:
-        """Per slot, KV capacity in blocks (scraped, else the configured default)."""
-        kv = self._state.kv
-        return np.array([kv.capacity(slot) for slot in range(self.size)], dtype=np.int64)
 
     @property
     def has_global_tier(self) -> bool:

@@ -105,7 +105,7 @@ def kv_need(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Per slot, (need_i, capacity_i) in tokens (module docstring)."""
     capacity = view.capacity_blocks * float(view.block_size)
-    used = np.nan_to_num(view.kv_usage, nan=0.0) * capacity
+    used = view.kv_usage_or_zero * capacity
     expected = outputs.expected(view)
     decoded = outputs.decoded(view)
     remaining = np.maximum(expected - decoded, 0.0)

@@ -5,6 +5,7 @@ from hypothesis import strategies as st
 
 from router_worker.routing.features import (
     ROOT_HASH,
+    SHORT_CHAIN_BLOCKS,
     block_digests,
     build_features,
     chain_step,
@@ -25,6 +26,18 @@ def naive_chain(token_ids, block_size, parent=ROOT_HASH):
 @given(st.lists(st.integers(0, 2**31 - 1), max_size=300), st.sampled_from([1, 4, 16, 32]))
 def test_vectorised_chain_matches_step_by_step(token_ids, block_size):
     assert hash_blocks(token_ids, block_size) == naive_chain(token_ids, block_size)
+
+
+@pytest.mark.parametrize("blocks", [SHORT_CHAIN_BLOCKS, SHORT_CHAIN_BLOCKS + 1])
+def test_short_and_long_chains_are_the_same_function(blocks):
+    """Up to SHORT_CHAIN_BLOCKS the chain is finished on Python ints, beyond it by numpy:
+    both give the step-by-step values, from the root and from any parent, for token ids
+    up to 2**64 - 1 (the +1 of the digest wraps)."""
+    rng = np.random.default_rng(blocks)
+    token_ids = [*rng.integers(0, 2**63, blocks * 16 - 1).tolist(), 2**64 - 1]
+    assert hash_blocks(token_ids) == naive_chain(token_ids, 16)
+    parent = 0xFEDCBA9876543210
+    assert extend_chain(parent, token_ids, 16) == naive_chain(token_ids, 16, parent)
 
 
 def test_only_full_blocks_are_hashed():

@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -104,6 +105,20 @@ def test_scraped_running_corrects_batch_size_for_unseen_load():
     snap = state.snapshot("i0")
     assert (snap.scraped_waiting, snap.kv_usage, snap.last_scrape) == (2, 0.4, 5.0)
     assert state.snapshot("i1").kv_usage is None
+
+
+def test_view_carries_scraped_capacity_and_kv_usage_with_unknown_as_zero():
+    state = ClusterState(default_capacity_blocks=100)
+    state.add_instance("i0")
+    state.add_instance("i1", capacity_blocks=70)
+    view = state.view()
+    assert view.capacity_blocks.tolist() == [100, 70]
+    assert view.kv_usage_or_zero.tolist() == [0.0, 0.0]
+    state.on_scrape("i0", 1.0, kv_usage=0.25, capacity_blocks=40)
+    assert view.capacity_blocks.tolist() == [40, 70]
+    assert [state.kv.capacity(slot) for slot in range(2)] == [40, 70]
+    assert view.kv_usage_or_zero.tolist() == [0.25, 0.0]
+    assert np.isnan(view.kv_usage[1])
 
 
 def test_health_and_removal():

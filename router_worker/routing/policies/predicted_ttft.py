@@ -545,7 +545,7 @@ class PredictedTTFTPolicy(RoutingPolicy):
         full (scraped) and requests of ours already queued in the engine, r waits until
         that queue and itself are admitted, one running request finishing at a time
         (a request runs about the expected output tokens' worth of steps)."""
-        usage = np.nan_to_num(view.kv_usage, nan=0.0)
+        usage = view.kv_usage_or_zero
         queued = view.ours_waiting
         blocked = (usage >= KV_FULL) & (queued > 0)
         per_finish = self.expected_output(view) * step / np.maximum(view.batch_size, 1.0)
@@ -561,7 +561,7 @@ class PredictedTTFTPolicy(RoutingPolicy):
         output's worth of steps), and until then requests wait or are preempted."""
         out = self.errors.output_tokens
         capacity = view.capacity_blocks * float(view.block_size)
-        used = np.nan_to_num(view.kv_usage, nan=0.0) * capacity
+        used = view.kv_usage_or_zero * capacity
         growth = view.batch_size * 0.5 * out
         need = used + growth + (request.prompt_tokens - view.cached_tokens(request)) + out
         overflow = np.maximum(need - capacity, 0.0)

@@ -30,9 +30,13 @@ class RoundRobinPolicy(RoutingPolicy):
 
     def decide(self, request: RequestFeatures, view: ClusterView, now: float) -> Decision:
         allowed = self.eligible_mask(view)
+        size = view.size
         if self._last is None:
-            self._last = self.rng.randrange(view.size) - 1
-        distance = (np.arange(view.size) - (self._last + 1)) % view.size
-        slot = int(np.flatnonzero(allowed)[np.argmin(distance[allowed])])
+            self._last = self.rng.randrange(size) - 1
+        # Plain Python: numpy calls cost more than a walk over a cluster's slots.
+        start = self._last + 1
+        healthy = allowed.tolist()
+        slot = next(s % size for s in range(start, start + size) if healthy[s % size])
         self._last = slot
-        return self.decision(view, request, slot, "cyclic", distance.astype(float), allowed)
+        distance = np.array([(s - start) % size for s in range(size)], dtype=float)
+        return self.decision(view, request, slot, "cyclic", distance, allowed)

@@ -84,19 +84,22 @@ class OutputLengths:
             sample if self.tpot_s is None else self.tpot_s + _TPOT_ALPHA * (sample - self.tpot_s)
         )
 
-    def decoded(self, view: ClusterView) -> np.ndarray:
+    def decoded(self, view: ClusterView, decode_age_s: np.ndarray | None = None) -> np.ndarray:
         """Per slot, the mean tokens decoded so far by i's decoding requests (0 before a
-        time per output token was measured)."""
+        time per output token was measured). ``decode_age_s``: the view's, if read already."""
         if self.tpot_s is None:
             return np.zeros(view.size)
-        return view.decode_age_s / np.maximum(view.decoding, 1.0) / self.tpot_s
+        age = view.decode_age_s if decode_age_s is None else decode_age_s
+        return age / np.maximum(view.decoding, 1.0) / self.tpot_s
 
-    def expected(self, view: ClusterView) -> float:
-        """E: a new request's expected output tokens (module docstring)."""
+    def expected(self, view: ClusterView, decode_age_s: np.ndarray | None = None) -> float:
+        """E: a new request's expected output tokens (module docstring). ``decode_age_s``:
+        the view's, if read already."""
         decoding = float(view.decoding.sum())
         if self.tpot_s is None or decoding <= 0:
             return self.done_mean
-        in_flight = float(view.decode_age_s.sum()) / decoding / self.tpot_s
+        age = view.decode_age_s if decode_age_s is None else decode_age_s
+        in_flight = float(age.sum()) / decoding / self.tpot_s
         return max(self.done_mean, 2.0 * in_flight)
 
 
@@ -106,8 +109,9 @@ def kv_need(
     """Per slot, (need_i, capacity_i) in tokens (module docstring)."""
     capacity = view.capacity_blocks * float(view.block_size)
     used = view.kv_usage_or_zero * capacity
-    expected = outputs.expected(view)
-    decoded = outputs.decoded(view)
+    age = None if outputs.tpot_s is None else view.decode_age_s  # computed per read: once
+    expected = outputs.expected(view, age)
+    decoded = outputs.decoded(view, age)
     remaining = np.maximum(expected - decoded, 0.0)
     queued = np.maximum(view.in_flight - view.decoding, 0.0)
     growth = queued * expected + view.decoding * remaining

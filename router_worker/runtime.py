@@ -36,8 +36,7 @@ class ArmView(ClusterView):
         super().__init__(state)
         self.members = members
 
-    @property
-    def eligible(self) -> np.ndarray:
+    def _eligible_mask(self) -> np.ndarray:
         return (self.health == _HEALTHY) & self.members
 
 

@@ -233,6 +233,7 @@ class ClusterState:
         self._slot: dict[str, int] = {}
         self._requests: dict[str, _InFlight] = {}
         self.health = np.zeros(0, dtype=np.int8)
+        self.health_version = 0  # bumped by every write to ``health`` (views cache on it)
         # The KV index's per-slot capacity, mirrored here for the view (set only here).
         self.capacity = np.zeros(0, dtype=np.int64)
         for name in _ARRAYS:
@@ -254,6 +255,7 @@ class ClusterState:
         if instance_id in self._slot:
             slot = self._slot[instance_id]
             self.health[slot] = health
+            self.health_version += 1
             self._view = None
             return slot
         capacity = capacity_blocks or self.default_capacity_blocks
@@ -261,6 +263,7 @@ class ClusterState:
         self.ids.append(instance_id)
         self._slot[instance_id] = slot
         self.health = np.append(self.health, np.int8(health))
+        self.health_version += 1
         self.capacity = np.append(self.capacity, np.int64(capacity))
         for name in _ARRAYS:
             setattr(self, name, np.append(getattr(self, name), 0.0))
@@ -274,6 +277,7 @@ class ClusterState:
         """Mark down and forget its cache; in-flight requests may still finish."""
         slot = self.slot_of(instance_id)
         self.health[slot] = Health.DOWN
+        self.health_version += 1
         self.kv.clear(slot)
         self.kv_version += 1
         self.external[slot] = self.waiting_cap[slot] = 0.0
@@ -281,6 +285,7 @@ class ClusterState:
 
     def set_health(self, instance_id: str, health: Health) -> None:
         self.health[self.slot_of(instance_id)] = health
+        self.health_version += 1
 
     def slot_of(self, instance_id: str) -> int:
         try:
@@ -514,7 +519,7 @@ class ClusterView:
     running batch, see the module docstring), ``ours_waiting`` and
     ``external_running`` are computed per call at the state's clock;
     ``held_blocks`` (the KV index's per-slot LRU size) per call too. ``eligible`` is a
-    fresh bool mask of healthy slots.
+    read-only bool mask of healthy slots.
     ``ids[slot]`` is the instance id.
     """
 
@@ -534,6 +539,8 @@ class ClusterView:
         self.kv_usage_or_zero = _readonly(state.kv_usage_or_zero)
         self.health = _readonly(state.health)
         self.capacity_blocks = _readonly(state.capacity)
+        self._eligible_version = -1
+        self._eligible = np.zeros(0, dtype=bool)
         empty = np.zeros(0, dtype=np.int64)
         self._memo: tuple[RequestFeatures | None, int, np.ndarray, np.ndarray] = (
             None,
@@ -548,6 +555,15 @@ class ClusterView:
 
     @property
     def eligible(self) -> np.ndarray:
+        """Read-only; computed again only after a health changed (it is read by every
+        decision, and numpy calls cost more than the comparison)."""
+        version = self._state.health_version
+        if self._eligible_version != version:
+            self._eligible = _readonly(self._eligible_mask())
+            self._eligible_version = version
+        return self._eligible
+
+    def _eligible_mask(self) -> np.ndarray:
         return self.health == _HEALTHY
 
     @property

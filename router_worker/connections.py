@@ -150,7 +150,7 @@ class HeadWithBody:
 
     def __init__(self, transport: asyncio.Transport, cycle: Any) -> None:
         self.transport = transport
-        self.cycle = cycle
+        self.cycle: Any = cycle
         self.head: bytes | None = None
         self.passing = False
 
@@ -163,6 +163,9 @@ class HeadWithBody:
             self.head = None
         elif self.cycle.response_started:  # uvicorn writes the head alone, first
             self.head = data
+            # The cycle refers to us as its transport: a reference cycle, which only the
+            # cyclic GC would free (in bulk, with a pause), and we no longer need it.
+            self.cycle = None
         else:
             self.transport.write(data)
 

@@ -124,6 +124,12 @@ class Plan:
         assert target is not None
         self.life.migrate(target, time.time())
 
+    def release(self) -> None:
+        """The request is over: the lifecycle lets go of this plan. The two refer to each
+        other, and reference counting cannot free a cycle: left to the cyclic GC, some 700
+        requests' objects went at once, in a 10–20 ms pause of the event loop."""
+        self.life.context = None
+
     def abandon(self) -> None:
         """The client went away (or the task was stopped): the open attempt is given up."""
         if self.life.current.open:

@@ -295,6 +295,8 @@ class Proxy:
         finally:
             watch.stop()
             core.metrics.in_flight_count -= 1
+            if plan is not None:
+                plan.release()
 
     async def _take_in(self, raw: bytes, endpoint: Endpoint, runtime: Runtime) -> Intake:
         """The body checked, tokenized and hashed (off the loop when big), or APIError."""

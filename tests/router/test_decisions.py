@@ -5,8 +5,10 @@ against enginesim and a private Redis."""
 
 from __future__ import annotations
 
+import gc
 import json
 import time
+import weakref
 
 import httpx
 import numpy as np
@@ -19,6 +21,7 @@ from router_worker.core import Plan, RouterCore
 from router_worker.decisions import DecisionSampler, TokenBucket, candidate_rows, is_priority
 from router_worker.intake import Intake, take_in
 from router_worker.metrics import RouterMetrics
+from router_worker.observers import RECENT_DECISIONS
 from router_worker.routing import Decision
 from router_worker.telemetry import DECISION_BUFFER, Telemetry
 from router_worker.telemetry_contract import DecisionRecord
@@ -193,6 +196,25 @@ def test_a_retry_is_decided_again_without_the_instance_that_failed() -> None:
     assert verdict.retry and verdict.attempt is not None
     assert plan.instance in busy and plan.reason == "retry" and plan.tried == [idle]
     assert plan.decision is verdict.attempt.decision  # the retry's own decision
+
+
+def test_a_released_request_is_freed_by_reference_counting() -> None:
+    """The plan and its lifecycle refer to each other until the proxy releases the plan at
+    the request's end; then nothing of the request is left to the cyclic GC, which would
+    free hundreds of requests at once in a pause of the event loop."""
+    core = make_core()
+    gc.collect()
+    gc.disable()
+    try:
+        plan = route(core, "freed at once")
+        life = weakref.ref(plan.life)
+        plan.release()
+        del plan
+        for k in range(RECENT_DECISIONS):  # /admin/state's recent plans: pushed out
+            route(core, f"request {k}").release()
+        assert life() is None
+    finally:
+        gc.enable()
 
 
 def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> None:

@@ -31,6 +31,7 @@ import httpx
 from router_worker.config import RouterConfig
 from router_worker.service import ConfigRefused, Service
 from router_worker.telemetry_contract import CONFIG_CHANNEL
+from router_worker.upstream import AcyclicClient
 
 log = logging.getLogger("router_worker.config")
 
@@ -57,7 +58,7 @@ class ManagedConfig:
         self.state_file = state_dir / f"router-config-{_safe(deployment)}.json"
         self.poll_interval_s = poll_interval_s
         self.heartbeat_interval_s = heartbeat_interval_s
-        self.client = httpx.AsyncClient(timeout=FETCH_TIMEOUT_S, trust_env=False)
+        self.client = AcyclicClient(timeout=FETCH_TIMEOUT_S, trust_env=False)
         self.last_error: str | None = None
         service.on_applied.append(self._save)
 

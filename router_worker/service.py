@@ -24,7 +24,7 @@ from router_worker.monitor import Monitor
 from router_worker.peers import PeerKeys, PeerSync
 from router_worker.proxy import Proxy
 from router_worker.telemetry import Telemetry
-from router_worker.upstream import FastTransport
+from router_worker.upstream import AcyclicClient, FastTransport
 
 log = logging.getLogger("router_worker")
 
@@ -170,7 +170,7 @@ class Service:
 
 def make_client(transport: FastTransport) -> httpx.AsyncClient:
     """The one shared upstream client, on the O(1) keep-alive transport (see upstream.py)."""
-    return httpx.AsyncClient(
+    return AcyclicClient(
         transport=transport,
         timeout=httpx.Timeout(30.0),
         follow_redirects=False,

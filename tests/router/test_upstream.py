@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
 
 import httpx
 import pytest
 
-from router_worker.upstream import FastTransport, make_target
+from router_worker.upstream import AcyclicClient, FastTransport, make_target
 
 
 class TinyServer:
@@ -71,6 +73,25 @@ def test_keep_alive_reuse_and_chunk_by_chunk_streaming():
         assert server.connections == 1
 
     asyncio.run(scenario())
+
+
+def test_the_routers_client_leaves_no_reference_cycle_per_response():
+    """httpx binds a response's stream to the response; the router's client unbinds a
+    read response, so its scrapes and probes do not pile up for the cyclic GC to free in
+    one long pause of the event loop."""
+
+    async def scenario() -> weakref.ref[httpx.Response]:
+        async with TinyServer() as url, AcyclicClient(transport=FastTransport()) as client:
+            response = await client.post(url, content=b"{}")
+            assert response.status_code == 200 and response.text.endswith("[DONE]\n\n")
+            return weakref.ref(response)
+
+    gc.collect()
+    gc.disable()
+    try:
+        assert asyncio.run(scenario())() is None
+    finally:
+        gc.enable()
 
 
 def test_stale_keep_alive_connection_is_replaced_transparently():

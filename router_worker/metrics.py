@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar, cast
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -209,6 +211,18 @@ class RouterMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
+        self.gc_pause = Histogram(
+            "switchyard_router_gc_pause_seconds",
+            "How long each collection of Python's cyclic GC held the event loop, by "
+            "generation. A request's objects are freed by reference counting, so "
+            "collections are rare; frequent or long ones point at something that leaves "
+            "reference cycles behind.",
+            ["generation"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        for generation in ("0", "1", "2"):
+            self.gc_pause.labels(generation)
         self.ttft = Histogram(
             "switchyard_router_ttft_seconds",
             "TTFT measured at the router.",
@@ -327,6 +341,22 @@ class RouterMetrics:
         self.stages = StageTimes()
         r.register(self.stages)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}
+
+    def watch_gc(self) -> Callable[[], None]:
+        """Time every cyclic-GC collection into ``gc_pause`` from now on; returns the call
+        that stops it (``gc.callbacks`` is the process's, not this registry's)."""
+        started = 0.0
+
+        def timed(phase: str, info: dict[str, int]) -> None:
+            nonlocal started
+            if phase == "start":
+                started = time.perf_counter()
+            else:
+                pause = time.perf_counter() - started
+                self.gc_pause.labels(str(info["generation"])).observe(pause)
+
+        gc.callbacks.append(timed)
+        return lambda: gc.callbacks.remove(timed)
 
     async def sample_loop_lag(self, interval: float = LAG_INTERVAL_S) -> None:
         """Forever: sleep ``interval`` and record how much later than asked we woke."""

@@ -54,6 +54,7 @@ class Service:
     on_applied: list[Callable[[RouterConfig, dict[str, Any]], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        self.unwatch_gc: Callable[[], None] = lambda: None
         self.telemetry = Telemetry(
             self.options.name,
             self.options.redis_url,
@@ -151,11 +152,13 @@ class Service:
             self.core.metrics.sample_loop_lag(),
         ):
             self.tasks.append(asyncio.create_task(loop))
+        self.unwatch_gc = self.core.metrics.watch_gc()
 
     def add_task(self, coroutine: Any) -> None:
         self.tasks.append(asyncio.create_task(coroutine))
 
     async def stop(self) -> None:
+        self.unwatch_gc()
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:

@@ -220,6 +220,8 @@ def test_router_metrics_endpoint(fleet, router_factory):
     assert "switchyard_router_overhead_seconds_count 1.0" in text
     lag = re.search(r"^switchyard_router_loop_lag_seconds_count (\S+)$", text, re.M)
     assert lag and float(lag.group(1)) > 0  # sampled every 10 ms since the router started
+    for generation in "012":  # the GC's pauses, each generation's series there from the start
+        assert f'switchyard_router_gc_pause_seconds_count{{generation="{generation}"}}' in text
     # Where the router's time goes, stage by stage: one observation per answered request
     # (streamed or not), each stage in its own series.
     httpx.post(

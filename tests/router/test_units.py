@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
 import json
 import random
@@ -19,6 +20,7 @@ from router_worker.errors import APIError
 from router_worker.health import HealthBook
 from router_worker.intake import take_in
 from router_worker.limits import Limiter
+from router_worker.metrics import RouterMetrics
 from router_worker.routing import ClusterState, session_key_from_request
 from router_worker.runtime import Runtime, build_runtime
 from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids
@@ -244,3 +246,21 @@ def test_a_long_session_value_is_kept_as_a_digest_a_normal_one_as_is():
     header = session_key_from_request({"X-Session-ID": "s" * 1_000_000}, {})
     assert header is not None and len(header) < 100
     assert session_key_from_request({"X-Session-ID": "conv-42"}, {}) == "hdr:conv-42"
+
+
+def test_the_gc_pauses_are_timed_by_generation_while_watched():
+    metrics = RouterMetrics()
+
+    def full_collections() -> int:
+        return sum(metrics.gc_pause.labels("2").counts)
+
+    unwatch = metrics.watch_gc()
+    try:
+        gc.collect()
+        assert full_collections() >= 1
+        assert metrics.gc_pause.labels("2").sum > 0
+    finally:
+        unwatch()
+    seen = full_collections()
+    gc.collect()
+    assert full_collections() == seen  # no longer watched

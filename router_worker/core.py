@@ -195,6 +195,7 @@ class RouterCore:
         try:
             decision = life.route(arm.view, now).decision
         except NoEligibleInstanceError as error:
+            plan.release()  # never routed: the proxy gets no plan to release
             raise APIError(503, f"No healthy instance available: {error}") from None
         assert decision is not None
         t3 = time.perf_counter()

@@ -34,7 +34,7 @@ from pathlib import Path
 import httptools
 import httpx
 
-from bench.lib.cpu import cpu_seconds
+from bench.lib.cpu import cpu_seconds, set_niceness
 from bench.lib.loadclient import MODEL, run_async
 from bench.lib.processes import (
     REPO,
@@ -358,14 +358,18 @@ def side_by_side_rows(
     rounds: int,
     max_words: int,
     workdir: Path,
+    niceness: int = 0,
 ) -> list[Row]:
-    """Every contender alone, ``rounds`` times in shuffled order; each run covers every
-    concurrency. Returns one Row per run and concurrency."""
+    """Every contender alone, ``rounds`` times in shuffled order, its process (all threads)
+    at ``niceness``; each run covers every concurrency. Returns one Row per run and
+    concurrency."""
     rows: list[Row] = []
     order = [c for _ in range(rounds) for c in contenders]
     random.Random(7).shuffle(order)
     for run, who in enumerate(order):
         with router_alone(who.kind, who.policy, engines, workdir, who.tree) as (port, proc):
+            if niceness and not set_niceness(proc.pid, niceness):
+                raise SystemExit(f"--router-nice {niceness}: not permitted (needs CAP_SYS_NICE)")
             for streams in concurrencies:
                 # Not measured: fills both paths' connection pools at this concurrency.
                 run_async(interleaved(port, engines, streams, 1.0, max_words, seed=-1 - run))
@@ -479,10 +483,28 @@ def side_by_side(args: argparse.Namespace) -> None:
             args.rounds,
             args.max_words,
             Path(tmp),
+            args.router_nice,
         )
     text = "\n".join(report(rows, args, load_start, os.getloadavg()))
-    args.report.write_text(text)
+    default = REPORT.with_name("sidebyside-nice.md") if args.router_nice else REPORT
+    (args.report or default).write_text(text)
     print(text)
+
+
+def niceness_note(niceness: int) -> str:
+    if not niceness:
+        return (
+            "Every process at the same priority (nice 0): from 64 streams on, the client and "
+            "the engines keep both CPUs busy, and a routed request also waits for the "
+            "router's turn on a CPU (`--router-nice -10` writes sidebyside-nice.md, the "
+            "router given priority as router_worker/README advises)."
+        )
+    return (
+        f"Each router process (all its threads) at nice {niceness}, the client and the "
+        "engines at 0: the router given priority over other work on its host, as "
+        "router_worker/README advises, the way it has a core of its own in a deployment "
+        "(sidebyside.md has the rows with every process at nice 0)."
+    )
 
 
 def report(
@@ -495,7 +517,8 @@ def report(
     return [
         "# Router overhead: Switchyard beside vllm-router",
         "",
-        "Made by `python -m bench.router_overhead.run --only side-by-side` on "
+        "Made by `python -m bench.router_overhead.run --only side-by-side"
+        f"{f' --router-nice {args.router_nice}' if args.router_nice else ''}` on "
         f"{datetime.date.today()} "
         f"({machine}); vllm-router {VLLM_ROUTER_VERSION}; load average {load_start[0]:.1f} at "
         f"start, {load_end[0]:.1f} at the end. The machine is shared: a row's `load` is the "
@@ -508,6 +531,8 @@ def report(
         f"`/v1/completions` with `max_tokens` 2 and prompts of 2–{args.max_words} words "
         "unique from their first word; each request at random direct (one of the engines) "
         "or through the router, non-streamed or streamed.",
+        "",
+        niceness_note(args.router_nice),
         "",
         "Added = routed − direct percentile, ms, median over the runs. `whole` (a "
         "non-streamed answer) and `first chunk` (a stream's first text event) are transits: "

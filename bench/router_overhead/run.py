@@ -63,7 +63,7 @@ from bench.lib.router_cost import (
     throughput_rows,
     upstream_pool_rows,
 )
-from bench.lib.router_sidebyside import REPORT, side_by_side
+from bench.lib.router_sidebyside import side_by_side
 
 SECTIONS = ("side-by-side", "throughput", "cpu", "hot-path", "capture", "upstream-pool")
 README = Path(__file__).resolve().parent / "README.md"
@@ -125,7 +125,19 @@ def main() -> None:
         action="append",
         help="side-by-side: only these routers (repeatable)",
     )
-    parser.add_argument("--report", type=Path, default=REPORT, help="side-by-side report file")
+    parser.add_argument(
+        "--router-nice",
+        type=int,
+        default=0,
+        help="side-by-side: run every router process at this niceness (router_worker/README: "
+        "give routers priority on a shared host; negative values need CAP_SYS_NICE)",
+    )
+    parser.add_argument(
+        "--report",
+        type=Path,
+        help="side-by-side report file (default sidebyside.md, with --router-nice "
+        "sidebyside-nice.md)",
+    )
     parser.add_argument(
         "--only", choices=SECTIONS, action="append", help="run only these sections (repeatable)"
     )

@@ -1,7 +1,8 @@
 """What the router adds to a request and what it costs: Switchyard beside vllm-router, each
 alone in front of the same fleet, and the router's own CPU and throughput.
 
-Side-by-side rows (``--only side-by-side``; they write ``bench/router_overhead/sidebyside.md``).
+Side-by-side rows (``--only side-by-side``; they write ``bench/router_overhead/sidebyside.md``,
+with ``--router-nice N`` every router process at niceness N into ``sidebyside-nice.md``).
 Fleet: a devharness.Fleet of 2 enginesim instances (H20, Qwen2-7B, time scale 0.02).
 Contenders: Switchyard (round_robin, lmetric), vllm-router (round_robin, cache_aware;
 ``pip install -e '.[bench]'`` installs it) and the Python floor (``bench.lib.python_floor``:
@@ -88,7 +89,9 @@ def readme(machine: str, loads: tuple[float, float], printed: dict[str, str]) ->
         "CPU figures are per process (`/proc/<pid>/stat`), the ones that stay comparable on "
         "a shared machine; see the script's docstring for what each section runs. What "
         "Switchyard and vllm-router each add to a request is in "
-        "[sidebyside.md](sidebyside.md) (`--only side-by-side`).",
+        "[sidebyside.md](sidebyside.md) (`--only side-by-side`), and with each router "
+        "given priority on the shared machine in [sidebyside-nice.md](sidebyside-nice.md) "
+        "(`--router-nice -10`).",
         "",
     ]
     for section, text in printed.items():

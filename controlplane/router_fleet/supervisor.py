@@ -250,6 +250,8 @@ class RouterSupervisor:
             router.name,
         ]
         argv += ["--supervisor-pid", str(os.getpid())]
+        if settings.ROUTER_NICE is not None:
+            argv += ["--nice", str(settings.ROUTER_NICE)]
         self._stop_leftover(router.pk)
         log_path = self.log_dir / f"router-{router.name}.log"
         with log_path.open("ab") as log_file:

@@ -58,3 +58,16 @@ def test_router_is_started_restarted_after_a_crash_and_stopped_when_unwanted(sup
     RouterDeployment.objects.filter(pk=deployment.pk).update(desired_state="stopped")
     wait_until(lambda: deployment.pk not in supervisor.processes, 20, "the router to be stopped")
     assert second.process.poll() is not None
+
+
+def test_routers_run_at_the_configured_niceness(supervisor, settings):
+    settings.ROUTER_NICE = 3  # SWITCHYARD_ROUTER_NICE
+    cluster = Cluster.objects.create(name="nice", model="m", gpu_type="h20")
+    deployment = RouterDeployment.objects.create(
+        cluster=cluster, name="r0", host="test-host", port=free_port()
+    )
+    running = wait_until(lambda: supervisor.processes.get(deployment.pk), 20, "router process")
+    wait_until(lambda: router_answers(deployment.port), 20, "router up")
+    tasks = Path(f"/proc/{running.process.pid}/task").iterdir()
+    nices = {int((t / "stat").read_text().rsplit(")", 1)[1].split()[16]) for t in tasks}
+    assert nices == {3}

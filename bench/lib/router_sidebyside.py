@@ -541,9 +541,11 @@ def report(
         "token), so the engines' queueing, which the policies change, drops out; what is "
         "left is the path: loopback hops, the client's, the router's and the engine's "
         "socket handling, and the wait for a CPU. `headers` (a stream's response head) is "
-        "as the client saw it. `direct p50` = the direct path's own p50s (ms); failed = "
-        "errors plus answers the engine's log does not have; CPU = the router process's CPU "
-        "time per routed request (all its threads).",
+        "as the client saw it: Switchyard holds it until the engine's first event (until "
+        "then a failed attempt is retried unseen), so its `headers` include the engine's "
+        "prefill, which the direct path's do not. `direct p50` = the direct path's own "
+        "p50s (ms); failed = errors plus answers the engine's log does not have; CPU = the "
+        "router process's CPU time per routed request (all its threads).",
         "",
         "`python floor` is the router's HTTP stack with nothing else (bench/lib/"
         "python_floor.py): the same uvicorn server and upstream transport, round robin, "

@@ -77,33 +77,59 @@ class Hotspots(LifecycleObserver):
 class RequestMetrics(LifecycleObserver):
     """The per-request metrics: the intake and decision times and the tokenization mode of each
     request once its first attempt is sent; TTFT, TPOT and ``requests_total{status}`` once
-    it is closed."""
+    it is closed.
 
-    __slots__ = ("metrics",)
+    The labelled series a request lands in are looked up once per combination of labels
+    and kept together: a request then costs one dict lookup per hook instead of one label
+    resolution per series (four of them at dispatch, three at close)."""
+
+    __slots__ = ("_closed", "_dispatched", "metrics")
 
     def __init__(self, metrics: RouterMetrics) -> None:
         self.metrics = metrics
+        # (tokenization, policy) -> tokenize histogram, decision histogram, tokenizations
+        self._dispatched: dict[tuple[str, str], tuple[Any, Any, Any]] = {}
+        # (arm, policy, reason, status) -> ttft histogram, tpot histogram, requests counter
+        self._closed: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
 
     def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
         if life.attempt_count != 1:
             return
         plan: Plan = life.context
-        metrics = self.metrics
+        key = (plan.tokenization, plan.arm.policy_kind)
+        series = self._dispatched.get(key)
+        if series is None:
+            m = self.metrics
+            series = self._dispatched[key] = (
+                m.child(m.tokenize_seconds, key[0]),
+                m.child(m.decision_seconds, key[1]),
+                m.child(m.tokenizations, key[0]),
+            )
+        tokenize_s, decision_s, tokenizations = series
         tokenize, hashing, decide = plan.timings
-        metrics.child(metrics.tokenize_seconds, plan.tokenization).observe(tokenize)
-        metrics.hashing_seconds.observe(hashing)
-        metrics.child(metrics.decision_seconds, plan.arm.policy_kind).observe(decide)
-        metrics.child(metrics.tokenizations, plan.tokenization).inc()
+        tokenize_s.observe(tokenize)
+        self.metrics.hashing_seconds.observe(hashing)
+        decision_s.observe(decide)
+        tokenizations.inc()
 
     def closed(self, life: RequestLifecycle, outcome: Outcome) -> None:
         plan: Plan = life.context
-        metrics, arm = self.metrics, plan.arm
+        arm = plan.arm
+        key = (arm.name, arm.policy_kind, plan.reason, outcome.status)
+        series = self._closed.get(key)
+        if series is None:
+            m = self.metrics
+            series = self._closed[key] = (
+                m.child(m.ttft, arm.name),
+                m.child(m.tpot, arm.name),
+                m.child(m.requests, arm.policy_kind, arm.name, plan.reason, str(outcome.status)),
+            )
+        ttft, tpot, requests = series
         if outcome.ttft is not None:
-            metrics.child(metrics.ttft, arm.name).observe(outcome.ttft)
+            ttft.observe(outcome.ttft)
         if outcome.tpot is not None:
-            metrics.child(metrics.tpot, arm.name).observe(outcome.tpot)
-        status = str(outcome.status)
-        metrics.child(metrics.requests, arm.policy_kind, arm.name, plan.reason, status).inc()
+            tpot.observe(outcome.tpot)
+        requests.inc()
 
 
 class LoadPeaks(LifecycleObserver):

@@ -147,19 +147,37 @@ class _Window:
 
 
 class _Counts:
-    """Per-arm or per-instance counters of one interval (plain ints: updated per request,
-    turned into the contract's pydantic models once per record)."""
+    """Per-arm or per-instance counters and TTFT/TPOT reservoirs of one interval (plain
+    ints: updated per request, turned into the contract's pydantic models once per
+    record; a reservoir exists once a value came)."""
 
-    __slots__ = ("errors", "fallbacks", "output_tokens", "requests")
+    __slots__ = ("errors", "fallbacks", "output_tokens", "requests", "tpot", "ttft")
 
     def __init__(self) -> None:
         self.requests = self.errors = self.output_tokens = self.fallbacks = 0
+        self.ttft: _Reservoir | None = None
+        self.tpot: _Reservoir | None = None
 
-    def add(self, s: RequestSample) -> None:
+    def add(self, s: RequestSample, rng: random.Random) -> None:
         self.requests += 1
         self.errors += not s.ok
         self.output_tokens += s.output_tokens
         self.fallbacks += s.fallback
+        if s.ttft is not None:
+            if self.ttft is None:
+                self.ttft = _Reservoir(contract.MAX_SAMPLES_PER_RECORD, rng)
+            self.ttft.add(s.ttft)
+        if s.tpot is not None:
+            if self.tpot is None:
+                self.tpot = _Reservoir(contract.MAX_SAMPLES_PER_RECORD, rng)
+            self.tpot.add(s.tpot)
+
+    def samples(self, target: contract.ArmMetrics | contract.InstanceMetrics) -> None:
+        """Put the reservoirs' samples on ``target`` (its ``ttft_s``, ``tpot_s``)."""
+        if self.ttft is not None:
+            target.ttft_s = self.ttft.values
+        if self.tpot is not None:
+            target.tpot_s = self.tpot.values
 
 
 class _Interval:
@@ -170,31 +188,17 @@ class _Interval:
         self.rng = rng
         self.arms: dict[str, tuple[str, _Counts]] = {}  # arm -> (policy, counts)
         self.instances: dict[str, _Counts] = {}
-        self.samples: dict[tuple[str, str, str], _Reservoir] = {}
 
     def add(self, s: RequestSample) -> None:
         arm = self.arms.get(s.arm)
         if arm is None:
             arm = self.arms[s.arm] = (s.policy, _Counts())
-        arm[1].add(s)
-        self._samples("arm", s.arm, s)
+        arm[1].add(s, self.rng)
         if s.instance is not None:
             counts = self.instances.get(s.instance)
             if counts is None:
                 counts = self.instances[s.instance] = _Counts()
-            counts.add(s)
-            self._samples("instance", s.instance, s)
-
-    def _samples(self, scope: str, name: str, s: RequestSample) -> None:
-        for metric, value in (("ttft", s.ttft), ("tpot", s.tpot)):
-            if value is not None:
-                key = (scope, name, metric)
-                reservoir = self.samples.get(key)
-                if reservoir is None:
-                    reservoir = self.samples[key] = _Reservoir(
-                        contract.MAX_SAMPLES_PER_RECORD, self.rng
-                    )
-                reservoir.add(value)
+            counts.add(s, self.rng)
 
     def record(
         self, cluster: str, router: str, end: float, peaks: dict[str, tuple[float, float, float]]
@@ -215,9 +219,10 @@ class _Interval:
             )
             for name, c in self.instances.items()
         }
-        for (scope, name, metric), reservoir in self.samples.items():
-            target = arms[name] if scope == "arm" else instances[name]
-            setattr(target, f"{metric}_s", reservoir.values)
+        for name, (_, c) in self.arms.items():
+            c.samples(arms[name])
+        for name, c in self.instances.items():
+            c.samples(instances[name])
         for name, (pending, batch, kv) in peaks.items():
             inst = instances.setdefault(name, contract.InstanceMetrics())
             inst.pending_prefill_tokens_max = pending

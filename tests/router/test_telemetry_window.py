@@ -70,3 +70,44 @@ def test_an_empty_window_reports_no_requests_and_no_percentiles() -> None:
     stats = _Window(100).stats(5.0, None)
     assert (stats.requests, stats.errors, stats.requests_per_s) == (0, 0, 0.0)
     assert stats.ttft_p50_s is None and stats.tpot_p99_s is None and stats.hit_ratio is None
+
+
+def test_a_metrics_record_counts_and_samples_each_arm_and_instance() -> None:
+    """The interval behind each metrics record: counters per arm and per instance, and
+    their TTFT/TPOT samples (a list only where some request had the value; at most
+    MAX_SAMPLES_PER_RECORD, drawn from all of them)."""
+    from router_worker import telemetry_contract as contract
+    from router_worker.telemetry import _Interval
+
+    rng = random.Random(3)
+    interval = _Interval(0.0, random.Random(4))
+    samples = [sample(rng, at=float(k)) for k in range(3 * contract.MAX_SAMPLES_PER_RECORD)]
+    for k, s in enumerate(samples):
+        s.instance = ("i0", "i1", None)[k % 3]
+        s.fallback = k % 7 == 0
+        interval.add(s)
+    # An instance no request with a first token went to gets no TTFT/TPOT lists.
+    lone = sample(rng, at=0.0)
+    lone.arm, lone.instance, lone.ttft, lone.tpot = "baseline", "i9", None, None
+    interval.add(lone)
+    samples.append(lone)
+    record = interval.record("c", "r", 10.0, {})
+    for arm in ("baseline", "canary"):
+        mine = [s for s in samples if s.arm == arm]
+        got = record.arms[arm]
+        assert (got.requests, got.errors) == (len(mine), sum(not s.ok for s in mine))
+        assert got.output_tokens == sum(s.output_tokens for s in mine)
+        assert got.hotspot_fallbacks == sum(s.fallback for s in mine)
+        ttft = {s.ttft for s in mine if s.ttft is not None}
+        assert len(got.ttft_s) == min(len(ttft), contract.MAX_SAMPLES_PER_RECORD)
+        assert set(got.ttft_s) <= ttft
+        assert set(got.tpot_s) <= {s.tpot for s in mine if s.tpot is not None}
+    for name in ("i0", "i1"):
+        mine = [s for s in samples if s.instance == name]
+        got = record.instances[name]
+        assert got.requests == len(mine)
+        assert set(got.ttft_s) <= {s.ttft for s in mine if s.ttft is not None}
+        assert got.ttft_s and got.tpot_s
+    assert record.instances["i9"].requests == 1
+    assert record.instances["i9"].ttft_s == [] and record.instances["i9"].tpot_s == []
+    assert "ttft_s" not in record.instances["i9"].model_fields_set

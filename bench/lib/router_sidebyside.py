@@ -491,6 +491,22 @@ def side_by_side(args: argparse.Namespace) -> None:
     print(text)
 
 
+def before_note(tree: Path | None) -> list[str]:
+    """The line naming the checkout the ``before:`` rows ran, if there are such rows."""
+    if tree is None:
+        return []
+    commit = subprocess.run(
+        ["git", "-C", str(tree), "log", "-1", "--format=%h %ad", "--date=short"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    return [
+        f"`before:` rows: Switchyard as checked out in {tree} ({commit or 'not a git checkout'}).",
+        "",
+    ]
+
+
 def niceness_note(niceness: int) -> str:
     if not niceness:
         return (
@@ -534,6 +550,7 @@ def report(
         "",
         niceness_note(args.router_nice),
         "",
+        *before_note(args.before),
         "Added = routed − direct percentile, ms, median over the runs. `whole` (a "
         "non-streamed answer) and `first chunk` (a stream's first text event) are transits: "
         "the client's time minus the engine's own time for that request (its "

@@ -104,10 +104,10 @@ def test_a_metrics_record_counts_and_samples_each_arm_and_instance() -> None:
         assert set(got.tpot_s) <= {s.tpot for s in mine if s.tpot is not None}
     for name in ("i0", "i1"):
         mine = [s for s in samples if s.instance == name]
-        got = record.instances[name]
-        assert got.requests == len(mine)
-        assert set(got.ttft_s) <= {s.ttft for s in mine if s.ttft is not None}
-        assert got.ttft_s and got.tpot_s
+        instance = record.instances[name]
+        assert instance.requests == len(mine)
+        assert set(instance.ttft_s) <= {s.ttft for s in mine if s.ttft is not None}
+        assert instance.ttft_s and instance.tpot_s
     assert record.instances["i9"].requests == 1
     assert record.instances["i9"].ttft_s == [] and record.instances["i9"].tpot_s == []
     assert "ttft_s" not in record.instances["i9"].model_fields_set

@@ -208,11 +208,24 @@ ROUTER_LISTEN_GAP_S = float(env("SWITCHYARD_ROUTER_LISTEN_GAP", "12"))
 # routers then connect with the control plane's URL. Users are named <prefix>router-<id>.
 ROUTER_REDIS_ACL = env("SWITCHYARD_ROUTER_REDIS_ACL", "on").lower() != "off"
 ROUTER_REDIS_ACL_PREFIX = env("SWITCHYARD_ROUTER_REDIS_ACL_PREFIX", "switchyard-")
+
+
 # The niceness supervised routers run at ("" leaves them at the worker's): e.g. -10 where
 # they share a host with other work (router_worker/README.md, "Sizing"); a value the
 # worker may not set is logged by the router, which then runs at the worker's.
-_ROUTER_NICE = env("SWITCHYARD_ROUTER_NICE", "").strip()
-ROUTER_NICE = int(_ROUTER_NICE) if _ROUTER_NICE else None
+def router_niceness() -> int | None:
+    value = env("SWITCHYARD_ROUTER_NICE", "").strip()
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"SWITCHYARD_ROUTER_NICE must be an integer niceness (e.g. -10), not {value!r}."
+        ) from None
+
+
+ROUTER_NICE = router_niceness()
 
 # This deployment's canary defaults (the form's and the API's): a JSON object with any
 # guardrail (e.g. {"min_samples": 30}) and "weight_steps" (e.g. [25, 50]); validated at

@@ -34,6 +34,7 @@ from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
 from router_worker.connections import guarded_protocol
 from router_worker.peers import PeerKeys
+from router_worker.priority import set_niceness
 from router_worker.service import ConfigRefused, Service, ServiceOptions
 from router_worker.telemetry_contract import (
     PEER_KEY_ENV,
@@ -134,25 +135,19 @@ def raise_fd_limit() -> None:
 
 
 def take_priority(niceness: int) -> bool:
-    """Every thread of this process at ``niceness`` (Linux keeps one per thread; threads
-    started later inherit it). Called before the service starts its threads. A router on a
-    host it shares waits for a CPU behind the other work there, and every request waits
-    with it: past 64 streams on a busy 2-core host most of the latency it added was that
-    wait (bench/router_overhead/sidebyside-nice.md). False, with a warning, if the system
-    refuses: the router then runs at the priority it was started with."""
-    tasks = Path("/proc/self/task")
-    threads = [int(t.name) for t in tasks.iterdir()] if tasks.is_dir() else [0]
-    try:
-        for thread in threads:
-            os.setpriority(os.PRIO_PROCESS, thread, niceness)
-    except PermissionError:
-        logging.getLogger("router_worker").warning(
-            "--nice %d: not permitted (needs CAP_SYS_NICE or RLIMIT_NICE); running at nice %d",
-            niceness,
-            os.getpriority(os.PRIO_PROCESS, 0),
-        )
-        return False
-    return True
+    """Every thread of this process at ``niceness``, before the service starts its threads.
+    A router on a host it shares waits for a CPU behind the other work there, and every
+    request waits with it: past 64 streams on a busy 2-core host most of the latency it
+    added was that wait (bench/router_overhead/sidebyside-nice.md). False, with a warning,
+    if the system refuses: the router then runs at the priority it was started with."""
+    if set_niceness(os.getpid(), niceness):
+        return True
+    logging.getLogger("router_worker").warning(
+        "--nice %d: not permitted (needs CAP_SYS_NICE or RLIMIT_NICE); running at nice %d",
+        niceness,
+        os.getpriority(os.PRIO_PROCESS, 0),
+    )
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:

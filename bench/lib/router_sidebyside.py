@@ -34,7 +34,7 @@ from pathlib import Path
 import httptools
 import httpx
 
-from bench.lib.cpu import cpu_seconds, set_niceness
+from bench.lib.cpu import cpu_seconds
 from bench.lib.loadclient import MODEL, run_async
 from bench.lib.processes import (
     REPO,
@@ -46,6 +46,7 @@ from bench.lib.processes import (
 )
 from devharness import ManagedProcess, free_port, wait_http
 from engine_interface import percentile, read_histogram, read_samples
+from router_worker.priority import set_niceness
 from router_worker.stages import STAGES
 
 VLLM_ROUTER_VERSION = "0.1.17"

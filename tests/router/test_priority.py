@@ -1,14 +1,19 @@
-"""``--nice``: a router asks for priority on a shared host, and runs on if refused."""
+"""``--nice``: a router asks for priority on a shared host, and runs on if refused; the
+side-by-side bench gives a router under test priority the same way (``set_niceness``:
+every thread of it and of its children, threads started before the call included)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from router_worker.priority import set_niceness
 from tests.router.helpers import MODEL, launch_router
 
 # Starts a thread, then calls take_priority: the thread started before it gets the niceness.
@@ -49,11 +54,12 @@ def test_a_refused_priority_is_logged_and_the_router_runs_at_its_own() -> None:
     assert "--nice -5: not permitted" in done.stderr
 
 
-def _niceness_of_threads(pid: int) -> set[int]:
-    return {
-        int(task.joinpath("stat").read_text().rsplit(")", 1)[1].split()[16])
-        for task in Path(f"/proc/{pid}/task").iterdir()
-    }
+def _niceness(tid: int) -> int:
+    return int(Path(f"/proc/{tid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def _threads(pid: int) -> list[int]:
+    return [int(task.name) for task in Path(f"/proc/{pid}/task").iterdir()]
 
 
 def test_a_router_started_with_nice_serves_with_all_its_threads_at_it(tmp_path: Path) -> None:
@@ -64,6 +70,37 @@ def test_a_router_started_with_nice_serves_with_all_its_threads_at_it(tmp_path: 
     }
     router = launch_router(tmp_path, document, "--nice", "4")
     try:
-        assert _niceness_of_threads(router.managed.pid) == {4}
+        assert {_niceness(t) for t in _threads(router.managed.pid)} == {4}
     finally:
         router.stop()
+
+
+# A process with a thread of its own and a child process, all asleep until killed.
+SLEEPERS = """
+import subprocess, sys, threading, time
+threading.Thread(target=time.sleep, args=(60,), daemon=True).start()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_every_thread_of_the_process_and_its_children_gets_the_niceness() -> None:
+    parent = subprocess.Popen([sys.executable, "-c", SLEEPERS], stdout=subprocess.PIPE, text=True)
+    child: int | None = None
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while len(_threads(parent.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        threads = _threads(parent.pid) + _threads(child)
+        assert len(threads) >= 3
+        assert all(_niceness(t) == os.getpriority(os.PRIO_PROCESS, 0) for t in threads)
+        assert set_niceness(parent.pid, 7)
+        assert [_niceness(t) for t in threads] == [7] * len(threads)
+    finally:
+        parent.kill()
+        parent.wait()
+        if child is not None:
+            os.kill(child, 9)

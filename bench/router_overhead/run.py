@@ -30,6 +30,11 @@ router and of enginesim serving the same load directly, per non-streamed request
 stream (intercept) and per SSE chunk (slope between 4- and 64-token streams), at 32 in
 flight.
 
+CPU split (``bench.lib.router_cpu_split``): the Python floor and Switchyard (round_robin,
+lmetric), each alone under the side-by-side load at 8 streams, their CPU per routed request
+split by ``perf record`` into the Python interpreter, numpy, the kernel and the rest (event
+loop, HTTP parser, libc).
+
 Capture: what a traffic capture costs per request, in-process: the append on the request
 path, and the keyed digests and JSON in the telemetry writer, off it.
 
@@ -64,9 +69,18 @@ from bench.lib.router_cost import (
     throughput_rows,
     upstream_pool_rows,
 )
+from bench.lib.router_cpu_split import cpu_split_rows
 from bench.lib.router_sidebyside import side_by_side
 
-SECTIONS = ("side-by-side", "throughput", "cpu", "hot-path", "capture", "upstream-pool")
+SECTIONS = (
+    "side-by-side",
+    "throughput",
+    "cpu",
+    "cpu-split",
+    "hot-path",
+    "capture",
+    "upstream-pool",
+)
 README = Path(__file__).resolve().parent / "README.md"
 
 
@@ -167,6 +181,7 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp, bench_stack(args.time_scale, Path(tmp)) as fast:
             section("throughput", lambda: throughput_rows(fast, args))
             section("cpu", lambda: cpu_rows(fast, args))
+    section("cpu-split", lambda: cpu_split_rows(args))
     section("hot-path", hot_path_rows)
     section("capture", capture_rows)
     section("upstream-pool", lambda: upstream_pool_rows(args.duration))

@@ -37,7 +37,11 @@ def _threads_of_tree(pid: int) -> list[int]:
         return [pid]
     threads, pending = [], [pid]
     while pending:
-        for task in Path(f"/proc/{pending.pop()}/task").iterdir():
-            threads.append(int(task.name))
-            pending += [int(child) for child in (task / "children").read_text().split()]
+        # A thread or child that ends while we look is simply not there any more.
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+            for task in Path(f"/proc/{pending.pop()}/task").iterdir():
+                threads.append(int(task.name))
+                with contextlib.suppress(FileNotFoundError, ProcessLookupError):
+                    children = (task / "children").read_text().split()
+                    pending += [int(child) for child in children]
     return threads

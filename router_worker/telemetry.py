@@ -164,13 +164,9 @@ class _Counts:
         self.output_tokens += s.output_tokens
         self.fallbacks += s.fallback
         if s.ttft is not None:
-            if self.ttft is None:
-                self.ttft = _Reservoir(contract.MAX_SAMPLES_PER_RECORD, rng)
-            self.ttft.add(s.ttft)
+            self.ttft = _sampled(self.ttft, s.ttft, rng)
         if s.tpot is not None:
-            if self.tpot is None:
-                self.tpot = _Reservoir(contract.MAX_SAMPLES_PER_RECORD, rng)
-            self.tpot.add(s.tpot)
+            self.tpot = _sampled(self.tpot, s.tpot, rng)
 
     def samples(self, target: contract.ArmMetrics | contract.InstanceMetrics) -> None:
         """Put the reservoirs' samples on ``target`` (its ``ttft_s``, ``tpot_s``)."""
@@ -178,6 +174,14 @@ class _Counts:
             target.ttft_s = self.ttft.values
         if self.tpot is not None:
             target.tpot_s = self.tpot.values
+
+
+def _sampled(reservoir: _Reservoir | None, value: float, rng: random.Random) -> _Reservoir:
+    """``reservoir`` (a new one if None) with ``value`` offered to it."""
+    if reservoir is None:
+        reservoir = _Reservoir(contract.MAX_SAMPLES_PER_RECORD, rng)
+    reservoir.add(value)
+    return reservoir
 
 
 class _Interval:

@@ -59,14 +59,14 @@ class Sampler:
 
     def __init__(self, pid: int, workdir: Path) -> None:
         self.pid, self.data = pid, workdir / f"perf-{pid}.data"
+        self.perf = shutil.which("perf")
         self.process: subprocess.Popen[bytes] | None = None
         self.shares: dict[str, float] | None = None
 
     def __enter__(self) -> Sampler:
-        perf = shutil.which("perf")
-        if perf is not None:
+        if self.perf is not None:
             self.process = subprocess.Popen(
-                [perf, "record", "-F", "999", "-p", str(self.pid), "-o", str(self.data)],
+                [self.perf, "record", "-F", "999", "-p", str(self.pid), "-o", str(self.data)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -74,14 +74,14 @@ class Sampler:
         return self
 
     def __exit__(self, *_: object) -> None:
-        if self.process is None:
+        if self.process is None or self.perf is None:
             return
         self.process.send_signal(signal.SIGINT)  # perf then exits 130, its data written
         self.process.wait(30)
         if not self.data.exists():
             return
         report = subprocess.run(
-            ["perf", "report", "-i", str(self.data), "--sort", "dso", "--stdio"],
+            [self.perf, "report", "-i", str(self.data), "--sort", "dso", "--stdio"],
             capture_output=True,
             text=True,
             check=False,
@@ -97,6 +97,7 @@ def cpu_split_rows(args: argparse.Namespace, streams: int = 8) -> None:
         "perf record; µs per routed request)"
     )
     print(f"{'router':>24} {'CPU/req':>8} " + " ".join(f"{c:>18}" for c in columns))
+    unsplit = False
     with tempfile.TemporaryDirectory() as tmp, start_engines(2, 0.02, Path(tmp)) as (fleet, _):
         engines = engine_ports(fleet)
         for label, kind, policy in CONTENDERS:
@@ -110,11 +111,15 @@ def cpu_split_rows(args: argparse.Namespace, streams: int = 8) -> None:
                     used = cpu_seconds(process.pid) - cpu
             per_request = used / max(sum(o.routed for o in outcomes), 1) * 1e6
             shares = sampler.shares
+            unsplit |= shares is None
             cells = (
                 [f"{per_request * shares[c]:8.0f} ({shares[c]:4.0%})" for c in columns]
                 if shares is not None
                 else ["–"] * len(columns)
             )
             print(f"{label:>24} {per_request:8.0f} " + " ".join(f"{c:>18}" for c in cells))
-    if shutil.which("perf") is None:
-        print("perf not found (Debian: apt install linux-perf): CPU per request only")
+    if unsplit:
+        print(
+            "perf not found (Debian: apt install linux-perf), or not permitted here "
+            "(/proc/sys/kernel/perf_event_paranoid): CPU per request only where no split"
+        )

@@ -23,45 +23,60 @@ from bench.lib.stats import bucket_quantile, router_histograms
 from devharness import free_port, start_process, stop_process, wait_http
 
 
+def hot_path_costs(
+    policy_kind: str,
+    instances: int,
+    chars: int,
+    rounds: int,
+    between: Callable[[], object] | None = None,
+) -> np.ndarray:
+    """Mean CPU µs per request of (tokenize, hash, decide), in-process: a chat request with
+    a ``chars``-long shared system prompt, routed by ``policy_kind`` over ``instances``
+    with a warm KV index, after ``rounds`` // 10 untimed requests of warm-up; ``between`` runs
+    before each request, outside the timings."""
+    from router_worker.routing import ClusterState, build_features, make_policy
+    from router_worker.tokenization import Tokenizer
+
+    tokenizer = Tokenizer()
+    state = ClusterState(block_size=16)
+    for k in range(instances):
+        state.add_instance(f"i{k}")
+    policy = make_policy(policy_kind, {}, 0)
+    view = state.view()
+    shared = "system prompt " * (chars // 28)
+    timings = np.zeros(3)
+    warmup = rounds // 10
+    for n in range(-warmup, rounds):
+        if between is not None:
+            between()
+        t0 = time.process_time()
+        ids, _ = tokenizer.encode_chat(
+            [{"role": "system", "content": shared}, {"role": "user", "content": f"question {n}"}]
+        )
+        t1 = time.process_time()
+        features = build_features(f"r{n}", ids, n * 0.01)
+        t2 = time.process_time()
+        decision = policy.decide(features, view, n * 0.01)
+        t3 = time.process_time()
+        state.on_dispatch(
+            features, decision.instance_id, n * 0.01, cached_tokens=decision.cached_tokens
+        )
+        state.on_finish(features.request_id, n * 0.01)
+        if n >= 0:
+            timings += (t1 - t0, t2 - t1, t3 - t2)
+    return timings / rounds * 1e6
+
+
 def hot_path_rows() -> None:
     """Tokenize + hash + decide in-process (CPU time, no network): the stable figure."""
-    from router_worker.routing import ClusterState, build_features, make_policy
     from router_worker.routing.features import hash_blocks
-    from router_worker.tokenization import Tokenizer
 
     print(
         "\nHot path in-process, lmetric over 16 instances with a warm KV index (CPU µs per request)"
     )
     print(f"{'prompt chars':>12} {'tokenize':>9} {'hash':>7} {'decide':>7} {'total':>7}")
-    tokenizer = Tokenizer()
     for chars in (400, 4000, 32000):
-        state = ClusterState(block_size=16)
-        for k in range(16):
-            state.add_instance(f"i{k}")
-        policy = make_policy("lmetric", {}, 0)
-        view = state.view()
-        shared = "system prompt " * (chars // 28)
-        timings = np.zeros(3)
-        rounds = 2000
-        for n in range(rounds):
-            t0 = time.process_time()
-            ids, _ = tokenizer.encode_chat(
-                [
-                    {"role": "system", "content": shared},
-                    {"role": "user", "content": f"question {n}"},
-                ]
-            )
-            t1 = time.process_time()
-            features = build_features(f"r{n}", ids, n * 0.01)
-            t2 = time.process_time()
-            decision = policy.decide(features, view, n * 0.01)
-            t3 = time.process_time()
-            state.on_dispatch(
-                features, decision.instance_id, n * 0.01, cached_tokens=decision.cached_tokens
-            )
-            state.on_finish(features.request_id, n * 0.01)
-            timings += (t1 - t0, t2 - t1, t3 - t2)
-        tok, hashing, decide = timings / rounds * 1e6
+        tok, hashing, decide = hot_path_costs("lmetric", 16, chars, 2000)
         print(
             f"{chars:>12} {tok:>9.1f} {hashing:>7.1f} {decide:>7.1f} {tok + hashing + decide:>7.1f}"
         )

@@ -35,6 +35,11 @@ lmetric), each alone under the side-by-side load at 8 streams, their CPU per rou
 split by ``perf record`` into the Python interpreter, numpy, the kernel and the rest (event
 loop, HTTP parser, libc).
 
+Cold path (``bench.lib.router_cold_path``): the hot path in-process for round_robin and
+lmetric over 2 and 16 instances, warm and with the CPU caches evicted before each request
+(as a host's other processes evict them between a router's requests), and one numpy call
+and one Python loop timed the same way.
+
 Capture: what a traffic capture costs per request, in-process: the append on the request
 path, and the keyed digests and JSON in the telemetry writer, off it.
 
@@ -62,6 +67,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from bench.lib.processes import INSTANCES, bench_stack
+from bench.lib.router_cold_path import cold_path_rows
 from bench.lib.router_cost import (
     capture_rows,
     cpu_rows,
@@ -78,6 +84,7 @@ SECTIONS = (
     "cpu",
     "cpu-split",
     "hot-path",
+    "cold-path",
     "capture",
     "upstream-pool",
 )
@@ -183,6 +190,7 @@ def main() -> None:
             section("cpu", lambda: cpu_rows(fast, args))
     section("cpu-split", lambda: cpu_split_rows(args))
     section("hot-path", hot_path_rows)
+    section("cold-path", cold_path_rows)
     section("capture", capture_rows)
     section("upstream-pool", lambda: upstream_pool_rows(args.duration))
     if set(printed) == set(SECTIONS) - {"side-by-side"}:  # a whole run of them

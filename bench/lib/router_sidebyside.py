@@ -400,6 +400,11 @@ def side_by_side_rows(
     return rows
 
 
+def median_added(runs: list[Row], metric: str, q: float) -> float:
+    """The median over ``runs`` of each run's added percentile ``q`` (ms)."""
+    return statistics.median(r.samples.added(metric, q) for r in runs)
+
+
 def summarise(rows: list[Row]) -> list[str]:
     """Markdown table: per router and concurrency, medians over runs of the added p50/p99."""
     lines = [
@@ -413,8 +418,7 @@ def summarise(rows: list[Row]) -> list[str]:
         runs = [r for r in rows if r.router == router and r.streams == streams]
 
         def med(metric: str, q: float, runs: list[Row] = runs) -> str:
-            values = [r.samples.added(metric, q) for r in runs]
-            return f"{statistics.median(values):+.2f}"
+            return f"{median_added(runs, metric, q):+.2f}"
 
         def direct(metric: str, runs: list[Row] = runs) -> str:
             values = [percentile(r.samples.get("direct", metric), 50) or 0.0 for r in runs]
@@ -432,6 +436,63 @@ def summarise(rows: list[Row]) -> list[str]:
             f"{statistics.median(r.load for r in runs):.1f} |"
         )
     return lines
+
+
+# The router overhead issue's goals for what Switchyard adds (ms, added p50 or p99 of the
+# whole answer and of a stream's first chunk, whichever is worse): streams → (q, limit).
+ABSOLUTE_GOALS: dict[int, list[tuple[int, float]]] = {1: [(50, 0.5), (99, 2.0)], 200: [(50, 1.0)]}
+FLOOR = "python floor round_robin"
+VLLM_ROUTERS = ("vllm-router round_robin", "vllm-router cache_aware")
+
+
+def goal_table(rows: list[Row]) -> list[str]:
+    """Markdown table: each Switchyard row of this run held against the goals, on the same
+    medians as the main table (the worse of `whole` and `first chunk`), beside what it adds
+    over the Python floor and its CPU per request as a multiple of the floor's."""
+    by_key: dict[tuple[str, int], list[Row]] = {}
+    for row in rows:
+        by_key.setdefault((row.router, row.streams), []).append(row)
+
+    def worst(router: str, streams: int, q: float) -> float | None:
+        runs = by_key.get((router, streams))
+        if not runs:
+            return None
+        return max(median_added(runs, metric, q) for metric in ("whole", "first"))
+
+    lines = [
+        "| router | streams | added p50 | goal | vs "
+        + " | vs ".join(VLLM_ROUTERS)
+        + " | p50 over the floor | CPU ÷ floor |",
+        "|---|---:|---:|---|---|---|---:|---:|",
+    ]
+    for router, streams in sorted(by_key, key=lambda k: (k[1], k[0])):
+        if "switchyard" not in router:
+            continue
+        p50 = worst(router, streams, 50)
+        assert p50 is not None
+        goals = [
+            _verdict(worst(router, streams, q), limit, f"p{q}")
+            for q, limit in ABSOLUTE_GOALS.get(streams, [])
+        ]
+        versus = [_verdict(p50, worst(other, streams, 50), "p50") for other in VLLM_ROUTERS]
+        floor = worst(FLOOR, streams, 50)
+        floor_cpu = [r.cpu_us for r in by_key.get((FLOOR, streams), [])]
+        cpu = statistics.median(r.cpu_us for r in by_key[(router, streams)])
+        lines.append(
+            f"| {router} | {streams} | {p50:+.2f} | {'; '.join(goals) or '–'} | "
+            + " | ".join(versus)
+            + f" | {'–' if floor is None else f'{p50 - floor:+.2f}'} | "
+            + (f"{cpu / statistics.median(floor_cpu):.1f}×" if floor_cpu else "–")
+            + " |"
+        )
+    return lines
+
+
+def _verdict(value: float | None, limit: float | None, name: str) -> str:
+    """`met` or `missed` with the figures, or `–` when either side was not run."""
+    if value is None or limit is None:
+        return "–"
+    return f"{'met' if value <= limit else 'missed'}: {name} {value:+.2f} vs {limit:+.2f}"
 
 
 def stage_table(rows: list[Row]) -> list[str]:
@@ -572,6 +633,17 @@ def report(
         "that work; the floor's minus vllm-router's, the cost of a Python HTTP hop.",
         "",
         *summarise(rows),
+        "",
+        "## Against the goals",
+        "",
+        "Each Switchyard row held against the router overhead goals: added p50 ≤ 0.5 ms and "
+        "p99 ≤ 2 ms at 1 stream, p50 ≤ 1 ms at 200 streams, and no more added than each "
+        "vllm-router policy at the same concurrency. Each figure is the worse of `whole` and "
+        "`first chunk` in the table above (ms). `p50 over the floor` and `CPU ÷ floor` set "
+        "the row beside the Python floor measured in the same run: the part of the figures "
+        "that is Switchyard's own work rather than the machine's.",
+        "",
+        *goal_table(rows),
         "",
         "## Switchyard's own time per stage",
         "",

@@ -19,8 +19,11 @@ engine's own time for it (enginesim's ``--request-log``, joined on ``X-Request-I
 engines' queueing, which policies change, drops out. Added = routed − direct transit per
 percentile. The Switchyard rows add the router's own per-stage means
 (``switchyard_router_stage_seconds``: body, intake, decide, connect, send, engine,
-first_event, relay) and its CPU per routed request. ``bench.lib.router_sidebyside`` has the
-client and the tables.
+first_event, relay) and its CPU per routed request. The report ends by holding each
+Switchyard row against the router overhead goals (added p50 and p99 at 1 stream, p50 at 200,
+no more than each vllm-router policy), beside what it adds over the Python floor of the same
+run and its CPU as a multiple of the floor's. ``bench.lib.router_sidebyside`` has the client
+and the tables.
 
 Throughput: closed-loop non-streamed requests (``max_tokens`` 4) at 64 in flight, engines
 at 20× speed (``--time-scale 0.05``). Time shares: the router's own histograms (tokenize,

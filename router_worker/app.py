@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from router_worker.admin import build_admin_app
-from router_worker.proxy import ENDPOINTS, Receive, Scope, Send
+from router_worker.ingress import ENDPOINTS, Receive, Scope, Send
 from router_worker.service import Service
 
 
@@ -37,9 +37,9 @@ class RouterApp:
             path = scope["path"]
             endpoint = ENDPOINTS.get(path)
             if endpoint is not None and scope["method"] == "POST":
-                await self.service.proxy.generate(scope, receive, send, endpoint)
+                await self.service.ingress.generate(scope, receive, send, endpoint)
                 return
             if path == "/v1/models" and scope["method"] == "GET":
-                await self.service.proxy.models(scope, send)
+                await self.service.ingress.models(scope, send)
                 return
         await self.rest(scope, receive, send)

@@ -35,7 +35,7 @@ Two more things the protocol does for the data path's latency:
 * a handler that wants to hear of its client going away adds a callback to the
   :class:`Disconnects` in ``scope["extensions"][DISCONNECT]`` (and discards it when done)
   instead of running a task that waits on ``receive()``; ``connection_lost`` calls it
-  (``proxy.DisconnectWatch``).
+  (:class:`DisconnectWatch`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -296,3 +296,59 @@ def guarded_protocol(guard: ConnectionGuard) -> type[HttpToolsProtocol]:
             self.loop.call_later(REFUSED_LINGER_S, self.transport.close)
 
     return GuardedProtocol
+
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+class ClientGone(Exception):
+    """The client disconnected."""
+
+
+class DisconnectWatch:
+    """Cancels a request's task the moment its client goes away, unless ``done`` (the
+    answer is complete); ``gone`` tells the task why it was cancelled.
+
+    Under the router's own server protocol (``connections.guarded_protocol``) the scope
+    carries a list of callbacks its ``connection_lost`` calls: the watch adds itself there
+    and costs nothing more. Elsewhere it runs a task that waits on ``receive()``."""
+
+    __slots__ = ("_hooks", "_receive", "_task", "_watcher", "done", "gone")
+
+    def __init__(
+        self,
+        receive: Receive,
+        task: asyncio.Task[Any],
+        hooks: Disconnects | None = None,
+    ) -> None:
+        self._receive = receive
+        self._task = task
+        self._hooks = hooks
+        self._watcher: asyncio.Future[None] | None = None
+        self.done = False
+        self.gone = False
+
+    def start(self) -> None:
+        if self._hooks is not None:
+            self._hooks.add(self._gone)
+        elif self._watcher is None:
+            self._watcher = asyncio.ensure_future(self._watch())
+
+    def stop(self) -> None:
+        self.done = True
+        if self._hooks is not None:
+            self._hooks.discard(self._gone)
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    def _gone(self) -> None:
+        if not self.done and not self.gone:
+            self.gone = True
+            self._task.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            message = await self._receive()
+            if message["type"] == "http.disconnect":
+                self._gone()
+                return

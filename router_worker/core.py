@@ -2,18 +2,20 @@
 
 ``RouterCore`` owns the single :class:`ClusterState`, the current :class:`Runtime`
 (one per applied configuration version), the health book and the telemetry
-aggregates. The ASGI layer (:mod:`router_worker.proxy`) asks it, per request, for a
+aggregates. The request path (:mod:`router_worker.ingress`) asks it, per request, for a
 :class:`~router_worker.plan.Plan`::
 
     intake = take_in(raw, ...)                            # tokens → hashes (intake.py)
-    plan = core.plan(runtime, intake, headers, started)  # arm → lifecycle.route → decision
+    plan = core.plan(runtime, intake, headers, started)  # arm → plan.route → decision
 
-and then drives the plan (its lifecycle: sent, first token, fail | migrated | abandon,
-finish; see :mod:`router_worker.plan`). The attempts, their indicator accounting, the
-policy feedback and the retry rule are the plan's :class:`RequestLifecycle` (shared with
-the simulator); what only the live router does per request (peers, metrics, telemetry,
-decision and traffic capture, the migration registry) are the observers the core attaches
-to every lifecycle (:mod:`router_worker.observers`).
+and then drives the plan (sent, first token, fail | migrated | abandon, done; see
+:mod:`router_worker.plan`). The plan *is* the request's :class:`RequestLifecycle`
+(attempts, indicator accounting, policy feedback, the retry rule: shared with the
+simulator); what only the live router does per request (peers, metrics, the circuit
+breaker, telemetry, decision and traffic capture, the migration registry) are the
+observers the core attaches to every plan (:mod:`router_worker.observers`). The request
+path tells the core of requests refused before they have a plan (:meth:`refused`) and of
+those it holds (:meth:`holding`), and never reaches into its metrics or health book.
 """
 
 from __future__ import annotations
@@ -27,13 +29,15 @@ from typing import Any
 
 from engine_interface import load_cv
 from router_worker.config import RouterConfig
-from router_worker.decisions import DecisionSampler, capture, is_priority
+from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
 from router_worker.intake import Intake
 from router_worker.metrics import RouterMetrics
 from router_worker.observers import (
+    Breaker,
     DecisionLog,
+    FailureLog,
     Hotspots,
     LoadPeaks,
     Migrations,
@@ -48,7 +52,6 @@ from router_worker.routing import (
     LifecycleObservers,
     NoEligibleInstanceError,
     RequestFeatures,
-    RequestLifecycle,
     session_key_from_request,
 )
 from router_worker.routing.peer_accounting import PeerReports
@@ -154,6 +157,8 @@ class RouterCore:
         self.observers = LifecycleObservers(
             self.hotspot_book,
             *reports,
+            Breaker(self.health),
+            FailureLog(self.metrics, self.telemetry),
             RequestMetrics(self.metrics),
             self.peaks,
             RequestSamples(self.telemetry),
@@ -171,10 +176,9 @@ class RouterCore:
             raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
         t2 = time.perf_counter()
         session = session_key_from_request(headers, {"user": intake.user})
-        request_id = self._id_prefix + str(next(self._ids))
         now = time.time()
         features = RequestFeatures(
-            request_id=request_id,
+            request_id=self._id_prefix + str(next(self._ids)),
             prompt_tokens=intake.prompt_tokens,
             block_hashes=intake.block_hashes,
             block_size=runtime.config.block_size,
@@ -184,31 +188,33 @@ class RouterCore:
         )
         arm = runtime.arm_for(session)
         assert self.state is not None
-        life = RequestLifecycle(
-            features,
-            arm.policy,
-            self.state,
+        plan = Plan(
+            features=features,
+            policy=arm.policy,
+            state=self.state,
             max_attempts=runtime.config.router.max_attempts,
             observers=self.observers,
+            runtime=runtime,
+            arm=arm,
+            tokenization=intake.tokenization,
+            stream=intake.stream,
+            started=started,
         )
-        plan = life.context = Plan(request_id, runtime, arm, life, intake.tokenization, started)
         try:
-            decision = life.route(arm.view, now).decision
+            plan.route(arm.view, now)
         except NoEligibleInstanceError as error:
-            plan.release()  # never routed: the proxy gets no plan to release
             raise APIError(503, f"No healthy instance available: {error}") from None
-        assert decision is not None
-        t3 = time.perf_counter()
-        plan.timings = (intake.tokenize_s, intake.hash_s, t3 - t2)
-        priority = is_priority(decision)
-        if self.sampler.admit(priority, t3):
-            if arm.policy.migrates:
-                # Its attempt may run as a task of its own (proxy._movable_attempt), sent
-                # after other requests were decided: capture now.
-                plan.sampled = capture(decision, arm.view, features, priority)
-            else:
-                plan.capture_due = priority
+        plan.timings = (intake.tokenize_s, intake.hash_s, time.perf_counter() - t2)
         return plan
+
+    # ----- what the request path reports before a request has a plan ------------------
+    def refused(self, status: int) -> None:
+        """A request refused before it was routed (key, size, admission, bad body)."""
+        self.metrics.child(self.metrics.rejected, str(status)).inc()
+
+    def holding(self, delta: int) -> None:
+        """The request path took a request in (+1) or let it go (-1)."""
+        self.metrics.in_flight_count += delta
 
     def recent_decisions(self, count: int) -> list[dict[str, Any]]:
         """The last ``count`` finished requests' routing decisions, oldest first."""

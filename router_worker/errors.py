@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+JSON_TYPE = (b"content-type", b"application/json")
 
 _TYPES = {
     400: "BadRequestError",
@@ -43,3 +48,23 @@ def error_bytes(status: int, message: str, param: str | None = None) -> bytes:
 def sse_error_event(status: int, message: str) -> bytes:
     """The final events of a stream that failed midway (vLLM streams errors this way)."""
     return b"data: " + error_bytes(status, message) + b"\n\ndata: [DONE]\n\n"
+
+
+async def send_json(
+    send: Send, status: int, payload: Any, extra: list[tuple[bytes, bytes]] | None = None
+) -> None:
+    """An ASGI answer of ``payload`` as JSON."""
+    data = json.dumps(payload).encode()
+    headers = [JSON_TYPE, (b"content-length", str(len(data)).encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def send_error(send: Send, error: APIError) -> None:
+    """An ASGI answer of ``error`` in the OpenAI error shape."""
+    data = error_bytes(error.status, error.message, error.param)
+    headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
+    if error.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="switchyard"'))
+    await send({"type": "http.response.start", "status": error.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})

@@ -1,20 +1,25 @@
 """What the live router does per request beside the lifecycle's own accounting.
 
-Each concern is a :class:`LifecycleObserver` that :class:`~router_worker.core.RouterCore`
-attaches to every request's :class:`RequestLifecycle`; the request's
-:class:`~router_worker.plan.Plan` is the lifecycle's ``context``. The lifecycle tells each
-one of every transition once, so no per-request method has to remember them:
+Each concern is a ``LifecycleObserver[Plan]`` that :class:`~router_worker.core.RouterCore`
+attaches to every request's :class:`~router_worker.plan.Plan` (the request's lifecycle).
+The lifecycle tells each one of every transition once, so no step of the request path has
+to remember them, and none of those steps reaches into the metrics or the health book:
 
 * :class:`Hotspots`: the hotspot transitions a decision raised (telemetry events, and
   the confirmed ones the snapshot shows);
+* :class:`Breaker`: each instance's circuit breaker (the health book), told of failures
+  before the retry is decided, and of good answers;
+* :class:`FailureLog`: failed attempts and retries counted and logged, and a request given
+  up reported as a telemetry event;
 * :class:`~router_worker.routing.peer_accounting.PeerReports` (shared with the simulator):
   this router's requests, told to its peers (replica sync);
-* :class:`RequestMetrics`: the per-request Prometheus metrics;
+* :class:`RequestMetrics`: the per-request Prometheus metrics (stage times included);
 * :class:`LoadPeaks`: the highest pending prefill and batch per instance between
   telemetry snapshots;
 * :class:`RequestSamples`: the telemetry sample of each request, and traffic capture;
-* :class:`DecisionLog`: the sampled decisions (captured from the indicators they were
-  made on), shipped to the live view, and the recent ones ``/admin/state`` shows;
+* :class:`DecisionLog`: which decisions are sampled (as they are made), captured from the
+  indicators they were made on, shipped to the live view, and the recent ones
+  ``/admin/state`` shows;
 * :class:`Migrations`: the registry of attempts a migrating policy may move.
 """
 
@@ -32,8 +37,10 @@ from router_worker.decisions import (
     DecisionSampler,
     candidate_rows,
     capture,
+    is_priority,
     scalar_details,
 )
+from router_worker.health import HealthBook
 from router_worker.metrics import RouterMetrics
 from router_worker.plan import Outcome, Plan
 from router_worker.routing import (
@@ -41,6 +48,7 @@ from router_worker.routing import (
     ClusterState,
     HotspotEvent,
     LifecycleObserver,
+    Phase,
     RequestLifecycle,
     choose_migrations,
 )
@@ -49,9 +57,20 @@ from router_worker.telemetry_contract import DecisionRecord
 
 log = logging.getLogger("router_worker")
 RECENT_DECISIONS = 200
+# Failure kinds that are resource limits: counted in switchyard_router_limit_hits_total.
+LIMIT_KINDS = frozenset(
+    {
+        "bad_response",
+        "event_too_large",
+        "response_deadline",
+        "response_too_large",
+        "response_headers_too_large",
+        "fd_exhausted",
+    }
+)
 
 
-class Hotspots(LifecycleObserver):
+class Hotspots(LifecycleObserver[Plan]):
     """Hotspot transitions raised by decisions: each one a telemetry event; the confirmed
     (not yet cleared) ones are ``active``."""
 
@@ -61,7 +80,7 @@ class Hotspots(LifecycleObserver):
         self.telemetry = telemetry
         self.active: dict[str, HotspotEvent] = {}
 
-    def routed(self, life: RequestLifecycle, attempt: Attempt) -> None:
+    def routed(self, plan: Plan, attempt: Attempt) -> None:
         if attempt.decision is None:
             return
         for event in attempt.decision.events:
@@ -74,7 +93,95 @@ class Hotspots(LifecycleObserver):
             self.telemetry.event("hotspot", **hotspot_payload(event))
 
 
-class RequestMetrics(LifecycleObserver):
+class Breaker(LifecycleObserver[Plan]):
+    """Each instance's circuit breaker (:class:`HealthBook`).
+
+    A failed attempt strikes its instance before the retry is decided (so an instance
+    that refused a connection is out of the retry's choice), unless it was ``final`` (no
+    fault of the instance's) or a 5xx: a 5xx may be the request's own doing, so the
+    instances that answered one are struck when the request closes, and only if it was
+    served elsewhere after all or given up, not when it was taken for the cause (the
+    poison rule) or refused by the engine. A good answer (a first token, or an answer
+    finished) clears its instance."""
+
+    __slots__ = ("health",)
+
+    def __init__(self, health: HealthBook) -> None:
+        self.health = health
+
+    def failed(self, plan: Plan, attempt: Attempt) -> None:
+        kind = attempt.error or "unknown"
+        if attempt.final or kind == "http_5xx":
+            return
+        fatal = kind == "connect"  # the instance is certainly gone (connection refused)
+        self.health.record_failure(attempt.instance, time.monotonic(), kind, fatal=fatal)
+
+    def first_token(self, plan: Plan, attempt: Attempt) -> None:
+        self.health.record_success(attempt.instance)
+
+    def ended(self, plan: Plan, attempt: Attempt) -> None:
+        if attempt.phase is Phase.FINISHED and attempt.first_token_at is None:
+            self.health.record_success(attempt.instance)
+
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
+        if not plan.answered_5xx or not _settles_5xx(plan):
+            return
+        now = time.monotonic()
+        for instance in plan.answered_5xx:
+            self.health.record_failure(instance, now, "http_5xx")
+
+
+def _settles_5xx(plan: Plan) -> bool:
+    """Whether the 5xx answers of a closed request are held against their instances: it
+    was served (a token, or an answer, came back) or given up other than by the poison
+    rule."""
+    if any(a.first_token_at is not None or a.phase is Phase.FINISHED for a in plan.attempts):
+        return True
+    verdict = plan.verdict
+    return plan.current.phase is Phase.FAILED and verdict is not None and verdict.why != "poison"
+
+
+class FailureLog(LifecycleObserver[Plan]):
+    """Failed attempts counted (``upstream_errors_total{instance,kind}``, and the limit
+    hits among them) and logged, retries counted, and a request given up before its first
+    byte reported as a ``retries_exhausted`` telemetry event."""
+
+    __slots__ = ("metrics", "telemetry")
+
+    def __init__(self, metrics: RouterMetrics, telemetry: Telemetry) -> None:
+        self.metrics = metrics
+        self.telemetry = telemetry
+
+    def failed(self, plan: Plan, attempt: Attempt) -> None:
+        kind = attempt.error or "unknown"
+        m = self.metrics
+        m.child(m.upstream_errors, attempt.instance, kind).inc()
+        if kind in LIMIT_KINDS:
+            m.limit_hit(kind)
+        instance, detail = attempt.instance, attempt.detail
+        log.info("request %s: %s on %s: %s", plan.request_id, kind, instance, detail)
+
+    def routed(self, plan: Plan, attempt: Attempt) -> None:
+        if attempt.reason == "retry":
+            self.metrics.child(self.metrics.retries, attempt.instance).inc()
+
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
+        verdict, last = plan.verdict, plan.current
+        if verdict is None or verdict.retry or verdict.why == "first_byte":
+            return
+        if last.phase is not Phase.FAILED:
+            return
+        self.telemetry.event(
+            "retries_exhausted",
+            request_id=plan.request_id,
+            attempts=plan.attempt_count,
+            last_error=f"{last.error}: {last.detail}",
+            instances=plan.tried,
+            request_suspected=verdict.why == "poison",
+        )
+
+
+class RequestMetrics(LifecycleObserver[Plan]):
     """The per-request metrics: the intake and decision times and the tokenization mode of each
     request once its first attempt is sent; TTFT, TPOT and ``requests_total{status}`` once
     it is closed.
@@ -92,10 +199,9 @@ class RequestMetrics(LifecycleObserver):
         # (arm, policy, reason, status) -> ttft histogram, tpot histogram, requests counter
         self._closed: dict[tuple[str, str, str, int], tuple[Any, Any, Any]] = {}
 
-    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        if life.attempt_count != 1:
+    def dispatched(self, plan: Plan, attempt: Attempt) -> None:
+        if plan.attempt_count != 1:
             return
-        plan: Plan = life.context
         key = (plan.tokenization, plan.arm.policy_kind)
         series = self._dispatched.get(key)
         if series is None:
@@ -112,8 +218,7 @@ class RequestMetrics(LifecycleObserver):
         decision_s.observe(decide)
         tokenizations.inc()
 
-    def closed(self, life: RequestLifecycle, outcome: Outcome) -> None:
-        plan: Plan = life.context
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
         arm = plan.arm
         key = (arm.name, arm.policy_kind, plan.reason, outcome.status)
         series = self._closed.get(key)
@@ -130,9 +235,15 @@ class RequestMetrics(LifecycleObserver):
         if outcome.tpot is not None:
             tpot.observe(outcome.tpot)
         requests.inc()
+        clock = plan.clock
+        if clock is not None and clock.relayed:  # its first bytes reached the client
+            self.metrics.stages.observe(clock)
+            if plan.stream:  # the router's part of the time to the first event relayed
+                relay = clock.relayed - clock.event
+                self.metrics.overhead.observe(plan.sent_at - plan.started + relay)
 
 
-class LoadPeaks(LifecycleObserver):
+class LoadPeaks(LifecycleObserver[Plan]):
     """The highest pending prefill and in-flight count of each instance (by slot) since
     the last telemetry snapshot: the batch (as policies see it) grows at dispatch, and
     in-flight is its upper bound."""
@@ -142,8 +253,8 @@ class LoadPeaks(LifecycleObserver):
     def __init__(self) -> None:
         self.peaks: dict[int, list[float]] = {}
 
-    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        state = life.state
+    def dispatched(self, plan: Plan, attempt: Attempt) -> None:
+        state = plan.state
         slot = state.slot_of(attempt.instance)
         peak = self.peaks.setdefault(slot, [0.0, 0.0])
         peak[0] = max(peak[0], float(state.pending[slot]))
@@ -166,7 +277,7 @@ class LoadPeaks(LifecycleObserver):
         return peaks
 
 
-class RequestSamples(LifecycleObserver):
+class RequestSamples(LifecycleObserver[Plan]):
     """Each closed request as a telemetry sample, and as a captured request when the
     runtime's configuration captures traffic."""
 
@@ -175,8 +286,7 @@ class RequestSamples(LifecycleObserver):
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
 
-    def closed(self, life: RequestLifecycle, outcome: Outcome) -> None:
-        plan: Plan = life.context
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
         arm = plan.arm
         self.telemetry.record(
             RequestSample(
@@ -207,7 +317,7 @@ class RequestSamples(LifecycleObserver):
             )
 
 
-class DecisionLog(LifecycleObserver):
+class DecisionLog(LifecycleObserver[Plan]):
     """Routing decisions for the live view and ``/admin/state``.
 
     A decision the sampler admitted when it was made (``plan.capture_due``) is copied with
@@ -227,18 +337,31 @@ class DecisionLog(LifecycleObserver):
         # /admin/state asks: most entries leave the deque unread.
         self.recent: deque[tuple[Plan, int, float | None]] = deque(maxlen=RECENT_DECISIONS)
 
-    def sending(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        plan: Plan = life.context
+    def routed(self, plan: Plan, attempt: Attempt) -> None:
+        """A first decision is sampled as it is made (a fallback or a hotspot class always
+        when the sampler has room); a migrating policy's is captured at once, as its
+        attempt may be sent after other requests were decided."""
+        decision = attempt.decision
+        if attempt.reason != "first" or decision is None:
+            return
+        priority = is_priority(decision)
+        if not self.sampler.admit(priority, time.perf_counter()):
+            return
+        if plan.arm.policy.migrates:
+            plan.sampled = capture(decision, plan.arm.view, plan.features, priority)
+        else:
+            plan.capture_due = priority
+
+    def sending(self, plan: Plan, attempt: Attempt) -> None:
         if plan.capture_due is not None:
             plan.sampled = capture(plan.decision, plan.arm.view, plan.features, plan.capture_due)
             plan.capture_due = None
 
-    def closed(self, life: RequestLifecycle, outcome: Outcome) -> None:
-        plan: Plan = life.context
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
         self.recent.append((plan, outcome.status, outcome.ttft))
         sampled = plan.sampled
         if sampled is None:
-            troubled = plan.attempts > 1 or outcome.status >= 500
+            troubled = plan.attempt_count > 1 or outcome.status >= 500
             if not troubled or not self.sampler.admit(True, time.perf_counter()):
                 return
             sampled = CapturedDecision(priority=True, indicators=None)
@@ -266,7 +389,7 @@ class DecisionLog(LifecycleObserver):
             policy=arm.policy_kind,
             instance=plan.instance,
             reason=decision.reason,
-            attempts=plan.attempts,
+            attempts=plan.attempt_count,
             tried=list(plan.tried),
             status=status,
             ttft_s=ttft,
@@ -291,7 +414,7 @@ class DecisionLog(LifecycleObserver):
                 "instance": plan.instance,
                 "reason": plan.reason,
                 "status": status,
-                "attempts": plan.attempts,
+                "attempts": plan.attempt_count,
                 "prompt_tokens": plan.features.prompt_tokens,
                 "cached_tokens": plan.decision.cached_tokens,
                 "tier": plan.tokenization,
@@ -303,16 +426,16 @@ class DecisionLog(LifecycleObserver):
         ]
 
 
-class Migrations(LifecycleObserver):
+class Migrations(LifecycleObserver[Plan]):
     """The attempts a migrating policy may move (policies that set ``migrates``).
 
-    A streamed attempt the proxy can still take back (no byte has reached the client)
-    carries a ``mover``, which stops the proxy's task for it. Once such an attempt is
-    sent, the policy is shown the requests queued on the instances its decision named
-    (``choose_migrations``, as in the simulator); each one to move gets ``migrate_to`` and
-    its mover is called. The proxy then closes that upstream stream (vLLM aborts a request
-    whose client disconnects) and sends the request to the target as a new attempt. An
-    attempt leaves the registry at its first token or its end."""
+    A streamed attempt that can still be taken back (no byte has reached the client) runs
+    as its plan's own task (``Plan.run_movable``). Once such an attempt is sent, the policy
+    is shown the requests queued on the instances its decision named
+    (``choose_migrations``, as in the simulator); each one to move is taken back by its
+    own plan (``Plan.take_back``). The dispatch step then closes that upstream stream
+    (vLLM aborts a request whose client disconnects) and sends the request to the target
+    as a new attempt. An attempt leaves the registry at its first token or its end."""
 
     __slots__ = ("metrics", "queued")
 
@@ -320,21 +443,18 @@ class Migrations(LifecycleObserver):
         self.metrics = metrics
         self.queued: dict[str, Plan] = {}  # movable attempts without a first token
 
-    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        plan: Plan = life.context
-        if plan.mover is None:
+    def dispatched(self, plan: Plan, attempt: Attempt) -> None:
+        if not plan.movable_now:
             return
         self.queued[plan.request_id] = plan
         arm = plan.arm
-        waiting = [p.life for p in self.queued.values() if p.arm is arm]
+        waiting = [p for p in self.queued.values() if p.arm is arm]
         now = attempt.dispatched_at
         assert now is not None
-        for move in choose_migrations(life, waiting, self._can_take_back, arm.view, now):
+        for move in choose_migrations(plan, waiting, self._can_take_back, arm.view, now):
             moved = self.queued.pop(move.request_id, None)
-            if moved is None or moved.mover is None:
+            if moved is None or not moved.take_back(move.target):
                 continue
-            mover, moved.mover, moved.migrate_to = moved.mover, None, move.target
-            mover()
             self.metrics.child(self.metrics.migrations, move.source, move.target).inc()
             log.info(
                 "request %s: migrated %s -> %s (benefit %.3f s)",
@@ -346,13 +466,13 @@ class Migrations(LifecycleObserver):
 
     def _can_take_back(self, life: RequestLifecycle) -> bool:
         plan = self.queued.get(life.request_id)
-        return plan is not None and plan.mover is not None
+        return plan is not None and plan.movable_now
 
-    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        self.queued.pop(life.request_id, None)
+    def first_token(self, plan: Plan, attempt: Attempt) -> None:
+        self.queued.pop(plan.request_id, None)
 
-    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
-        self.queued.pop(life.request_id, None)
+    def ended(self, plan: Plan, attempt: Attempt) -> None:
+        self.queued.pop(plan.request_id, None)
 
 
 def hotspot_payload(event: HotspotEvent) -> dict[str, Any]:

@@ -1,33 +1,44 @@
 """One routed request at the live router: its lifecycle, driven on the wall clock.
 
-:meth:`RouterCore.plan <router_worker.core.RouterCore.plan>` makes a :class:`Plan`; the
-proxy then drives it, and each of its methods is one :class:`RequestLifecycle` transition
-stamped with the wall clock::
+A :class:`Plan` *is* the request's :class:`RequestLifecycle` (the one the simulator drives
+too), extended with what only the live router keeps: its arm and runtime, its stage clock,
+its sampled decision and the handle of a movable attempt. :meth:`RouterCore.plan
+<router_worker.core.RouterCore.plan>` makes and routes it; the request path
+(:mod:`router_worker.dispatch`, :mod:`router_worker.relay`) drives it, each method one
+lifecycle transition stamped with the wall clock::
 
-    plan.sent()                  # the transport's on_sent: lifecycle.dispatch
-    plan.first_token()           # the first token relayed: lifecycle.first_token
-    plan.fail(kind) -> verdict   # lifecycle.fail: the retry rule
-    plan.migrated()              # taken back to move it: lifecycle.migrate
-    plan.abandon()               # the client went away: lifecycle.abandon
-    plan.finish(status, ...)     # lifecycle.finish | reject, then lifecycle.close
+    plan.sent()                          # the transport's on_sent: dispatch
+    plan.first_token_sent()              # the first token relayed: first_token
+    plan.attempt_failed(kind) -> verdict # fail: the retry rule
+    plan.migrated()                      # its attempt was taken back: migrate
+    plan.client_gone()                   # the client went away: abandon
+    plan.done(status=..., ...)           # answer (finish | reject), then close
 
-Everything else the router does per request (peers, metrics, telemetry, decision and
-traffic capture, the migration registry) is a :class:`LifecycleObserver` the core
-attached (:mod:`router_worker.observers`); they reach this plan as ``life.context``.
+Everything else the router does per request (peers, metrics, the circuit breaker,
+telemetry, decision and traffic capture, migration) is a ``LifecycleObserver[Plan]`` the
+core attached (:mod:`router_worker.observers`): each sees the plan itself, typed. There is
+no link back to break: once the request path lets go of a plan, reference counting frees
+it.
+
+Migration is a plan step too: :meth:`Plan.run_movable` runs an attempt as the plan's own
+task, and :meth:`Plan.take_back` (the migration observer's call) stops it; nothing outside
+the plan cancels the request.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from router_worker.decisions import CapturedDecision
-from router_worker.routing import Decision, RequestFeatures, RequestLifecycle, RetryVerdict
-from router_worker.routing.lifecycle import Phase, engine_refused
+from router_worker.routing import Decision, RequestLifecycle, RetryVerdict
 from router_worker.runtime import Arm, Runtime
 from router_worker.stages import StageClock
+
+T = TypeVar("T")
 
 
 @dataclass(slots=True)
@@ -43,16 +54,19 @@ class Outcome:
     cached_tokens: int  # the engine's count if it reported one, else the decision's
 
 
-@dataclass(slots=True)
-class Plan:
+class TakenBack(Exception):
+    """The plan's attempt was taken back to move the request (:meth:`Plan.take_back`)."""
+
+
+@dataclass(slots=True, kw_only=True, weakref_slot=True)  # weakly referable: tests
+class Plan(RequestLifecycle):
     """A routed request: its lifecycle (attempts, accounting, retry rule, observers), its
     arm, and what the HTTP side needs."""
 
-    request_id: str
     runtime: Runtime
     arm: Arm
-    life: RequestLifecycle
     tokenization: str  # the tokenization mode
+    stream: bool = False
     started: float  # perf_counter at arrival
     sent_at: float = 0.0  # perf_counter when the last attempt's request went upstream
     first_token_at: float | None = None  # perf_counter at the first token (TTFT, TPOT)
@@ -63,79 +77,68 @@ class Plan:
     # migrating policy's decisions are captured at once).
     capture_due: bool | None = None  # None: not admitted; else whether it is a priority
     clock: StageClock | None = None  # the per-stage stamps (router_worker.stages)
-    # Migration: set by the proxy while the attempt can be taken back; the migration
-    # registry (observers.Migrations) sets migrate_to and calls it.
-    mover: Callable[[], Any] | None = None
+    # Migration: the attempt's task while it can be taken back, and where it goes then.
+    mover: asyncio.Future[Any] | None = field(default=None, repr=False)
     migrate_to: str | None = None
-
-    @property
-    def features(self) -> RequestFeatures:
-        return self.life.features
-
-    @property
-    def decision(self) -> Decision:
-        """The last decision the policy made (the first, or a retry's)."""
-        decision = self.life.decision
-        assert decision is not None  # a plan is routed
-        return decision
+    # The last decision the policy made (the first, or a retry's); a plan is routed as it
+    # is made (RouterCore.plan), so it always has one.
+    decision: Decision = field(init=False)
 
     @property
     def instance(self) -> str:
         """The current attempt's instance."""
-        return self.life.current.instance
+        return self.current.instance
 
     @property
     def reason(self) -> str:
         """Why the current attempt went where it did: the decision's reason for the first
         try, else ``retry`` or ``migration``."""
-        attempt = self.life.current
+        attempt = self.current
         return self.decision.reason if attempt.reason == "first" else attempt.reason
-
-    @property
-    def attempts(self) -> int:
-        """Attempts made, migrations included (the lifecycle's ``attempt_count``)."""
-        return self.life.attempt_count
 
     @property
     def tried(self) -> list[str]:
         """Instances that failed this request."""
-        return self.life.failed_instances
+        return self.failed_instances
 
     # ----- transitions (the wall clock's) ----------------------------------------------
     def sent(self) -> None:
         """The current attempt is on its way upstream (the transport's ``on_sent``, before
         any other request is decided): its accounting."""
-        self.life.dispatch(time.time())
+        self.dispatch(time.time())
 
-    def first_token(self) -> None:
+    def first_token_sent(self) -> None:
         """The first token is on its way to the client."""
         self.first_token_at = time.perf_counter()
-        self.life.first_token(time.time(), self.first_token_at - self.started)
+        self.first_token(time.time(), self.first_token_at - self.started)
 
-    def fail(self, kind: str, *, final: bool = False, first_byte: bool = False) -> RetryVerdict:
+    def attempt_failed(
+        self, kind: str, *, final: bool = False, first_byte: bool = False, detail: str = ""
+    ) -> RetryVerdict:
         """The current attempt failed: the lifecycle's retry rule says whether (and where,
         by deciding again without the instances that failed) the request is tried again."""
-        return self.life.fail(self.arm.view, time.time(), kind, final=final, first_byte=first_byte)
+        return self.fail(
+            self.arm.view,
+            time.time(),
+            kind,
+            final=final,
+            first_byte=first_byte,
+            detail=detail,
+        )
 
     def migrated(self) -> None:
-        """The attempt was taken back (``migrate_to`` set by the migration): open the next
-        one on the target."""
+        """The attempt was taken back (``migrate_to`` set by :meth:`take_back`): open the
+        next one on the target."""
         target, self.migrate_to = self.migrate_to, None
         assert target is not None
-        self.life.migrate(target, time.time())
+        self.migrate(target, time.time())
 
-    def release(self) -> None:
-        """The request is over: the lifecycle lets go of this plan. The two refer to each
-        other, and reference counting cannot free a cycle: left to the cyclic GC, some 700
-        requests' objects went at once, in a 10–20 ms pause of the event loop."""
-        self.life.context = None
-
-    def abandon(self) -> None:
+    def client_gone(self) -> None:
         """The client went away (or the task was stopped): the open attempt is given up."""
-        if self.life.current.open:
-            self.life.abandon(time.time())
+        if self.attempts and self.current.open:
+            self.abandon(time.time())
 
-    def finish(
+    def done(
         self,
         *,
         status: int,
@@ -144,16 +147,10 @@ class Plan:
         last_token_at: float | None,
         cached_tokens: int | None,
     ) -> None:
-        """The request got an answer (or gave up): the end of its attempt if still open,
-        then its close. ``status`` of an open attempt is the engine's answer: a 4xx (the
-        engine refused the request) rejects the attempt rather than finishing it."""
-        life = self.life
+        """The request got an answer (or gave up): the end of its attempt if still open
+        (:meth:`RequestLifecycle.answer`), then its close."""
         now = time.time()
-        attempt = life.current
-        if attempt.phase is Phase.DISPATCHED and engine_refused(status):
-            life.reject(now)
-        elif attempt.phase in (Phase.DISPATCHED, Phase.FIRST_TOKEN):
-            life.finish(now, output_tokens, ok=ok)
+        self.answer(now, status, output_tokens, ok=ok)
         ttft = tpot = None
         if self.first_token_at is not None:
             ttft = self.first_token_at - self.started
@@ -162,4 +159,40 @@ class Plan:
                 # relayed: clamp, or a one-chunk answer has a negative TPOT.
                 tpot = max(0.0, last_token_at - self.first_token_at) / (output_tokens - 1)
         cached = self.decision.cached_tokens if cached_tokens is None else cached_tokens
-        life.close(now, Outcome(status, ok, output_tokens, ttft, tpot, cached))
+        self.close(now, Outcome(status, ok, output_tokens, ttft, tpot, cached))
+
+    # ----- migration -------------------------------------------------------------------
+    async def run_movable(self, attempt: Coroutine[Any, Any, T]) -> T:
+        """Run ``attempt`` as this plan's own task, which :meth:`take_back` may stop until
+        :meth:`settled` (its first byte): then :class:`TakenBack` is raised and
+        ``migrate_to`` names the instance to send the request to."""
+        task = asyncio.ensure_future(attempt)
+        self.mover = task
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if self.migrate_to is None or (current is not None and current.cancelling()):
+                raise  # the client went away (or the server stops): not a migration
+            raise TakenBack from None
+        finally:
+            self.mover = None  # the task refers to this plan: no cycle left behind
+
+    def settled(self) -> None:
+        """Bytes go to the client from here on: the attempt can no longer be taken back."""
+        self.mover = None
+
+    @property
+    def movable_now(self) -> bool:
+        """The attempt runs as the plan's task and can still be taken back."""
+        return self.mover is not None
+
+    def take_back(self, target: str) -> bool:
+        """Stop the movable attempt to send the request to ``target`` instead (the
+        migration observer's step); False if it can no longer be taken back."""
+        mover = self.mover
+        if mover is None:
+            return False
+        self.mover, self.migrate_to = None, target
+        mover.cancel()
+        return True

@@ -1,4 +1,4 @@
-"""Wiring of one router process: core, proxy, monitor, telemetry, config; start and stop."""
+"""Wiring of one router process: core, ingress, monitor, telemetry, config; start and stop."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import httpx
 from router_worker.config import ConfigError, RouterConfig, parse_config
 from router_worker.connections import ConnectionGuard
 from router_worker.core import RouterCore
+from router_worker.ingress import Ingress
+from router_worker.intake import IntakeRunner
 from router_worker.kv_subscriber import KVSubscribers
 from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
 from router_worker.monitor import Monitor
 from router_worker.peers import PeerKeys, PeerSync
-from router_worker.proxy import Proxy
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import AcyclicClient, FastTransport
 
@@ -65,7 +66,8 @@ class Service:
         self.connections = ConnectionGuard(self.metrics)
         self.transport = FastTransport(self.options.max_idle_per_origin)
         self.client = make_client(self.transport)
-        self.proxy = Proxy(self.core, self.transport, self.limiter)
+        intake = IntakeRunner(metrics=self.metrics)
+        self.ingress = Ingress(self.core, self.transport, self.limiter, intake)
         self.monitor = Monitor(self.core, self.client)
         self.kv = KVSubscribers(self.core)
         self.peers = PeerSync(
@@ -165,7 +167,7 @@ class Service:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self.kv.close()
-        self.proxy.intake.close()
+        self.ingress.intake.close()
         await self.peers.close()
         await self.client.aclose()
         await self.telemetry.close()

@@ -15,7 +15,7 @@ It plugs in as ``httpx.AsyncClient(transport=FastTransport())``: the client API,
 ``http://`` HTTP/1.1 with keep-alive, which is what vLLM serves; anything else is
 delegated to httpx's default transport.
 
-The proxy's data path skips even the httpx objects: :meth:`FastTransport.open` takes a
+The router's data path skips even the httpx objects: :meth:`FastTransport.open` takes a
 prepared request head and body and returns an :class:`UpstreamResponse` (status, raw
 headers, body chunks), raising the same httpx exceptions. ``httpx.Request``/``Response``
 construction, header normalisation and the ``aiter_raw`` generator layers cost more CPU

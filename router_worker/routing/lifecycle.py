@@ -31,8 +31,11 @@ Observers: a driver attaches what it does besides the accounting (the live route
 peers, metrics, telemetry, decision and traffic capture; the simulator: its peer reports)
 as :class:`LifecycleObserver` objects, gathered once per driver in
 :class:`LifecycleObservers`; the lifecycle tells them of each transition once, after its
-own accounting and feedback, and of :meth:`RequestLifecycle.close` (the driver is done
-with the request). ``context`` carries the driver's own record of the request to them.
+own accounting and feedback, of each failure with the retry rule's verdict, and of
+:meth:`RequestLifecycle.close` (the driver is done with the request). A driver that keeps
+more of a request than the lifecycle does subclasses it (the live router's
+:class:`~router_worker.plan.Plan`), and its observers are typed for that subclass
+(``LifecycleObserver[Plan]``): one object per request, no link back to break.
 
 Migration (policies that set ``migrates``): after a dispatch, :func:`choose_migrations`
 shows the policy the driver's requests queued on the instances the decision named and
@@ -45,7 +48,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -103,6 +106,8 @@ class Attempt:
     first_token_at: float | None = None
     ended_at: float | None = None
     error: str | None = None  # the failure kind, when failed
+    detail: str = ""  # the driver's account of the failure (for logs and events)
+    final: bool = False  # failed for no fault of the instance's (no retry, no strike)
     uncached_tokens: int = 0  # prefill work as accounted at dispatch
 
     @property
@@ -110,38 +115,49 @@ class Attempt:
         return self.phase in OPEN
 
 
-class LifecycleObserver:
+Life = TypeVar("Life", bound="RequestLifecycle")
+
+
+class LifecycleObserver(Generic[Life]):
     """Told of a request's transitions, each once, after the lifecycle's own accounting
     (except :meth:`sending`). Every hook is optional: these do nothing. The attempt
     carries the times (``routed_at``, ``dispatched_at``, ``first_token_at``,
-    ``ended_at``)."""
+    ``ended_at``). ``Life`` is the lifecycle class of the driver the observer serves:
+    a driver's own subclass (the live router's :class:`~router_worker.plan.Plan`) carries
+    what only it keeps, typed, with no link back to be broken."""
 
     __slots__ = ()
 
-    def routed(self, life: RequestLifecycle, attempt: Attempt) -> None:
+    def routed(self, life: Life, attempt: Attempt) -> None:
         """The policy decided ``attempt`` (the first try or a retry)."""
 
-    def sending(self, life: RequestLifecycle, attempt: Attempt) -> None:
+    def sending(self, life: Life, attempt: Attempt) -> None:
         """``attempt`` was sent and is about to be accounted: the indicators are still
         those it was decided on."""
 
-    def dispatched(self, life: RequestLifecycle, attempt: Attempt) -> None:
+    def dispatched(self, life: Life, attempt: Attempt) -> None:
         """``attempt`` was sent and accounted (``uncached_tokens`` set)."""
 
-    def first_token(self, life: RequestLifecycle, attempt: Attempt) -> None:
+    def first_token(self, life: Life, attempt: Attempt) -> None:
         """``attempt``'s first token was accounted."""
 
-    def ended(self, life: RequestLifecycle, attempt: Attempt) -> None:
+    def ended(self, life: Life, attempt: Attempt) -> None:
         """``attempt``, once dispatched, ended: its ``phase`` says how (finished, failed,
         abandoned, migrated, rejected). An attempt that ends before it was sent (a
         connection refused) was never dispatched, and is not reported."""
 
-    def closed(self, life: RequestLifecycle, outcome: Any) -> None:
+    def failed(self, life: Life, attempt: Attempt) -> None:
+        """``attempt`` failed, dispatched or not (its ``error``, ``detail`` and ``final``
+        say how), after its indicators went and before the retry rule decides: what this
+        hook changes (an instance's health) the retry's decision sees. The verdict is
+        ``life.verdict`` afterwards."""
+
+    def closed(self, life: Life, outcome: Any) -> None:
         """The driver is done with the request (:meth:`RequestLifecycle.close`);
         ``outcome`` is the driver's account of how it ended for its client."""
 
 
-HOOKS = ("routed", "sending", "dispatched", "first_token", "ended", "closed")
+HOOKS = ("routed", "sending", "dispatched", "first_token", "ended", "failed", "closed")
 
 
 class LifecycleObservers:
@@ -151,19 +167,20 @@ class LifecycleObservers:
 
     __slots__ = ("all", *HOOKS)
 
-    def __init__(self, *observers: LifecycleObserver) -> None:
+    def __init__(self, *observers: LifecycleObserver[Any]) -> None:
         self.all = observers
         for hook in HOOKS:
             noop = getattr(LifecycleObserver, hook)
             listening = [getattr(o, hook) for o in observers if getattr(type(o), hook) is not noop]
             setattr(self, hook, tuple(listening))
 
-    routed: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
-    sending: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
-    dispatched: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
-    first_token: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
-    ended: tuple[Callable[[RequestLifecycle, Attempt], None], ...]
-    closed: tuple[Callable[[RequestLifecycle, Any], None], ...]
+    routed: tuple[Callable[[Any, Attempt], None], ...]
+    sending: tuple[Callable[[Any, Attempt], None], ...]
+    dispatched: tuple[Callable[[Any, Attempt], None], ...]
+    first_token: tuple[Callable[[Any, Attempt], None], ...]
+    ended: tuple[Callable[[Any, Attempt], None], ...]
+    failed: tuple[Callable[[Any, Attempt], None], ...]
+    closed: tuple[Callable[[Any, Any], None], ...]
 
 
 NO_OBSERVERS = LifecycleObservers()
@@ -238,7 +255,7 @@ class _ExcludingView:
         return getattr(self._base, name)
 
 
-@dataclass
+@dataclass(slots=True)
 class RequestLifecycle:
     """A request's attempts and the transitions between them (see the module docstring)."""
 
@@ -249,13 +266,12 @@ class RequestLifecycle:
     attempts: list[Attempt] = field(default_factory=list)
     answered_5xx: list[str] = field(default_factory=list)
     observers: LifecycleObservers = NO_OBSERVERS
-    # Whatever the driver keeps of the request beside the lifecycle, for its observers
-    # (the live router's Plan).
-    context: Any = None
     closed_at: float | None = None
     # The last decision the policy made for this request (the first try's or a retry's; a
     # migration's target is the policy's choice but no decision).
     decision: Decision | None = field(default=None, init=False)
+    # What the retry rule said of the last failed attempt (None: none failed).
+    verdict: RetryVerdict | None = field(default=None, init=False)
 
     # ----- queries ------------------------------------------------------------------
     @property
@@ -400,21 +416,41 @@ class RequestLifecycle:
         *,
         final: bool = False,
         first_byte: bool = False,
+        detail: str = "",
     ) -> RetryVerdict:
-        """The current attempt failed (``kind``: connect, timeout, http_5xx, ...). Applies
-        the retry rule (module docstring); on a retry the new attempt is routed.
-        ``first_byte``: the driver knows a byte went out even if the indicators have not
-        heard of it yet (the simulator's telemetry delay)."""
+        """The current attempt failed (``kind``: connect, timeout, http_5xx, ...; ``detail``
+        the driver's words for it). Applies the retry rule (module docstring); on a retry
+        the new attempt is routed. ``first_byte``: the driver knows a byte went out even if
+        the indicators have not heard of it yet (the simulator's telemetry delay).
+        ``final``: no fault of the instance's, and another would fare no better."""
         attempt = self.current
         if not attempt.open:
             raise IllegalTransition(
                 f"request {self.request_id}: failed while {attempt.phase.value}"
             )
         streamed = first_byte or attempt.phase is Phase.FIRST_TOKEN
-        attempt.error = kind
+        attempt.error, attempt.detail, attempt.final = kind, detail, final
         if kind == "http_5xx":
             self.answered_5xx.append(attempt.instance)
         self._close(attempt, Phase.FAILED, now, error=True)
+        for hook in self.observers.failed:
+            hook(self, attempt)
+        verdict = self.verdict = self._retry_verdict(view, now, streamed, final)
+        return verdict
+
+    def answer(self, now: float, status: int, output_tokens: int, *, ok: bool) -> None:
+        """The driver has the engine's answer (``status``) for the current attempt, if it is
+        still open: a 4xx before any token rejects it (:func:`engine_refused`), anything
+        else finishes it."""
+        attempt = self.current
+        if attempt.phase is Phase.DISPATCHED and engine_refused(status):
+            self.reject(now)
+        elif attempt.phase in (Phase.DISPATCHED, Phase.FIRST_TOKEN):
+            self.finish(now, output_tokens, ok=ok)
+
+    def _retry_verdict(
+        self, view: ClusterView, now: float, streamed: bool, final: bool
+    ) -> RetryVerdict:
         if streamed:
             return RetryVerdict(False, "first_byte")
         if final:

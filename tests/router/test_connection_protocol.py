@@ -11,9 +11,8 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
-from router_worker.connections import DISCONNECT, ConnectionGuard, guarded_protocol
+from router_worker.connections import DISCONNECT, ConnectionGuard, DisconnectWatch, guarded_protocol
 from router_worker.metrics import RouterMetrics
-from router_worker.proxy import DisconnectWatch
 
 REQUEST = (
     b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"

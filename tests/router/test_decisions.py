@@ -72,10 +72,10 @@ def route(
     plan = core.plan(core.runtime, _intake(core, prompt), headers, time.perf_counter())
     if fail_first:
         plan.sent()
-        assert plan.fail("connect").retry
+        assert plan.attempt_failed("connect").retry
     plan.sent()
-    plan.first_token()
-    plan.finish(status=200, ok=True, output_tokens=4, last_token_at=None, cached_tokens=None)
+    plan.first_token_sent()
+    plan.done(status=200, ok=True, output_tokens=4, last_token_at=None, cached_tokens=None)
     return plan
 
 
@@ -171,7 +171,7 @@ def test_a_retry_is_shipped_even_when_routine_sampling_is_exhausted() -> None:
     plan = route(core, "this one fails on its first instance", fail_first=True)
     (record,) = shipped(core)
     # the retry was decided again, without the instance that failed
-    assert record.attempts == 2 and record.tried == [plan.life.attempts[0].instance]
+    assert record.attempts == 2 and record.tried == [plan.attempts[0].instance]
     assert record.instance == plan.instance == plan.decision.instance_id != record.tried[0]
     assert record.priority is True
     assert all(c.cached_tokens is None for c in record.candidates)  # not captured in time
@@ -192,27 +192,29 @@ def test_a_retry_is_decided_again_without_the_instance_that_failed() -> None:
     (idle,) = {"i0", "i1", "i2"} - set(busy)
     assert plan.instance == idle
     plan.sent()
-    verdict = plan.fail("connect")
+    verdict = plan.attempt_failed("connect")
     assert verdict.retry and verdict.attempt is not None
     assert plan.instance in busy and plan.reason == "retry" and plan.tried == [idle]
     assert plan.decision is verdict.attempt.decision  # the retry's own decision
 
 
-def test_a_released_request_is_freed_by_reference_counting() -> None:
-    """The plan and its lifecycle refer to each other until the proxy releases the plan at
-    the request's end; then nothing of the request is left to the cyclic GC, which would
-    free hundreds of requests at once in a pause of the event loop."""
+def test_a_finished_request_is_freed_by_reference_counting() -> None:
+    """The plan is the request's lifecycle: nothing refers back to it, so once the request
+    path and /admin/state's recent decisions let go of it, nothing of the request is left
+    to the cyclic GC, which would free hundreds of requests at once in a pause of the
+    event loop. A retried request too (its failure went through every observer)."""
     core = make_core()
     gc.collect()
     gc.disable()
     try:
-        plan = route(core, "freed at once")
-        life = weakref.ref(plan.life)
-        plan.release()
+        plan = route(core, "freed at once", fail_first=True)
+        assert plan.attempt_count == 2
+        gone = weakref.ref(plan)
         del plan
         for k in range(RECENT_DECISIONS):  # /admin/state's recent plans: pushed out
-            route(core, f"request {k}").release()
-        assert life() is None
+            route(core, f"request {k}")
+        assert gone() is None
+        assert gc.collect() == 0  # and no request left anything for the cyclic GC
     finally:
         gc.enable()
 
@@ -222,8 +224,8 @@ def test_a_request_failing_on_the_serving_side_is_shipped_with_its_status() -> N
     assert core.runtime is not None
     plan = core.plan(core.runtime, _intake(core, "doomed"), {}, time.perf_counter())
     plan.sent()
-    plan.fail("http_5xx", final=True)
-    plan.finish(status=502, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0)
+    plan.attempt_failed("http_5xx", final=True)
+    plan.done(status=502, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0)
     (record,) = shipped(core)
     assert (record.status, record.attempts, record.priority) == (502, 1, True)
 

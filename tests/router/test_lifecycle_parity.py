@@ -5,7 +5,7 @@ afterwards: an engine's refusal (a 4xx live, ``EngineRequestError`` in replay), 
 number of attempts (retries and migrations), the 5xx answers behind the poison rule, the
 first token, and the accounting of another router's requests.
 
-The live side runs in process: the real :class:`RouterCore` and :class:`Proxy` send each
+The live side runs in process: the real :class:`RouterCore` and :class:`Dispatcher` send each
 request over the router's own upstream transport (:class:`FastTransport`, real sockets, as
 in production) to a private enginesim fleet, whose fault knobs make the situation: a
 prompt over the model's context (the engine's 400), ``poison`` (a 500 for one request's
@@ -36,9 +36,10 @@ from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord
 from router_worker.access import Detail
 from router_worker.config import parse_config
+from router_worker.connections import DisconnectWatch
 from router_worker.core import RouterCore
+from router_worker.dispatch import Dispatcher
 from router_worker.intake import Endpoint, take_in
-from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
 from router_worker.peers import (
     PeerBatch,
@@ -52,7 +53,7 @@ from router_worker.peers import (
     encode_batch,
 )
 from router_worker.plan import Plan
-from router_worker.proxy import DisconnectWatch, Exchange, Proxy
+from router_worker.relay import Exchange
 from router_worker.routing import (
     Attempt,
     ClusterState,
@@ -139,7 +140,7 @@ def make_core(
 
 @dataclass
 class Call:
-    """A routed request and the bytes the proxy forwards for it."""
+    """A routed request and the bytes the router forwards for it."""
 
     plan: Plan
     raw: bytes
@@ -210,7 +211,7 @@ def serve(
     call: Call,
     alongside: Callable[[Plan], Coroutine[Any, Any, None]] | None = None,
 ) -> Served:
-    """Run the proxy's dispatch loop for ``call`` as the router does, its transport
+    """Run the router's dispatch step for ``call`` as the router does, its transport
     configured as the service configures it; ``alongside(plan)`` runs concurrently (what
     the router does meanwhile). The client never leaves."""
     runtime = core.runtime
@@ -224,12 +225,12 @@ def serve(
         await asyncio.Event().wait()
         return {}
 
-    async def dispatch(proxy: Proxy) -> None:
+    async def dispatch(dispatcher: Dispatcher) -> None:
         task = asyncio.current_task()
         assert task is not None
         watch = DisconnectWatch(receive, task)
         try:
-            await proxy._dispatch(
+            await dispatcher.run(
                 Exchange(call.plan, call.path, call.raw, call.stream, [], send, watch, Detail.ROUTE)
             )
         finally:
@@ -239,10 +240,10 @@ def serve(
         wire = Wire(runtime.urls)
         settings = runtime.config.router
         wire.configure(settings.max_response_header_bytes, settings.max_response_bytes)
-        proxy = Proxy(core, wire, Limiter(1024, 1024, 10.0))
+        dispatcher = Dispatcher(wire)
         try:
             async with asyncio.timeout(60), asyncio.TaskGroup() as group:
-                group.create_task(dispatch(proxy))
+                group.create_task(dispatch(dispatcher))
                 if alongside is not None:
                     group.create_task(alongside(call.plan))
         finally:
@@ -320,7 +321,7 @@ def test_an_engines_refusal_is_a_rejected_attempt_live_and_in_replay(engines, re
     state = core.state
     assert state is not None
     plan = call.plan
-    live = (phases(plan.life), plan.attempts, state.error_count, int(state.in_flight.sum()))
+    live = (phases(plan), plan.attempt_count, state.error_count, int(state.in_flight.sum()))
     # replay: the engine refuses a prompt over its context (EngineRequestError)
     sim = Simulator([TraceRecord(0, 0.0, 40000, 4)], "least_load", SimConfig(instances=2))
     result = sim.run().requests[0]
@@ -363,23 +364,21 @@ def test_a_retry_and_a_migration_are_attempts_live(engines):
 
         async def migrate(plan: Plan) -> None:
             await wait_until_async(
-                lambda: plan.attempts == 2 and plan.request_id in queued, 10, "the retry"
+                lambda: plan.attempt_count == 2 and plan.request_id in queued, 10, "the retry"
             )
             (target,) = (name for name in others if name != plan.instance)
             moved[:] = [plan.instance, target]
             await asyncio.to_thread(fault, target, "recover")
             # the migration registry holds the retry as movable
-            assert queued.pop(plan.request_id) is plan and plan.life.movable
-            mover, plan.mover, plan.migrate_to = plan.mover, None, target
-            assert mover is not None
-            mover()
+            assert queued.pop(plan.request_id) is plan and plan.movable
+            assert plan.take_back(target)  # the plan stops its own attempt
 
         served = serve(core, call, alongside=migrate)
     assert served.status == 200 and served.body.endswith(b"data: [DONE]\n\n")
     assert served.sent == [first, *moved]
     plan = call.plan
-    assert phases(plan.life) == [Phase.FAILED, Phase.MIGRATED, Phase.FINISHED]
-    assert plan.attempts == plan.life.attempt_count == 3
+    assert phases(plan) == [Phase.FAILED, Phase.MIGRATED, Phase.FINISHED]
+    assert plan.attempt_count == 3
     assert core.recent_decisions(1)[0]["attempts"] == 3
 
 
@@ -443,7 +442,7 @@ def test_a_retry_with_no_instance_left_adds_no_attempt_live_and_in_replay(
         served = serve(core, call)
     assert served.status == 502 and served.sent == ["i0"]
     assert [(v.why, v.attempt) for v in verdicts] == [("no_instance", None)]
-    assert call.plan.attempts == 1 and phases(call.plan.life) == [Phase.FAILED]
+    assert call.plan.attempt_count == 1 and phases(call.plan) == [Phase.FAILED]
 
 
 # ----------------------------------------------------------------- 5xx answers
@@ -462,8 +461,7 @@ def test_the_poison_rule_reads_the_lifecycles_5xx_answers(engines):
     message = json.loads(served.body)["error"]["message"]
     assert "failed on 2 instances alike" in message and "Injected fault: poison" in message
     plan = call.plan
-    assert plan.life.answered_5xx == served.sent and len(served.sent) == 2
-    assert not hasattr(plan, "answered_5xx")  # one list, the lifecycle's
+    assert plan.answered_5xx == served.sent and len(served.sent) == 2
     assert strikes(core) == []  # failing alike everywhere: the request's fault, no instance's
 
 
@@ -479,9 +477,9 @@ def test_a_5xx_is_held_against_its_instance_once_another_serves_the_request(engi
     assert served.status == 200 and json.loads(served.body)["usage"]["completion_tokens"] == 4
     plan = call.plan
     assert served.sent[0] == first and len(served.sent) == 2
-    assert plan.life.answered_5xx == [first]
+    assert plan.answered_5xx == [first]
     assert strikes(core) == [(first, "http_5xx", 1)]
-    assert phases(plan.life) == [Phase.FAILED, Phase.FINISHED] and plan.attempts == 2
+    assert phases(plan) == [Phase.FAILED, Phase.FINISHED] and plan.attempt_count == 2
 
 
 # ----------------------------------------------------------------- the first token
@@ -494,9 +492,9 @@ def test_the_first_token_is_accounted_once_from_the_lifecycles_phase(engines, mo
     calls: list[str] = []
     first_token = Plan.first_token
 
-    def noting(plan: Plan) -> None:
+    def noting(plan: Plan, *args: Any, **kwargs: Any) -> bool:
         calls.append(plan.request_id)
-        first_token(plan)
+        return first_token(plan, *args, **kwargs)
 
     monkeypatch.setattr(Plan, "first_token", noting)
     call = make_call(core, stream=True, chat=True)
@@ -507,7 +505,7 @@ def test_the_first_token_is_accounted_once_from_the_lifecycles_phase(engines, mo
     assert served.body.count(b'"content":"') >= 2 and served.body.endswith(b"[DONE]\n\n")
     plan = call.plan
     assert calls == [plan.request_id]
-    attempt = plan.life.current
+    attempt = plan.current
     assert attempt.phase is Phase.FINISHED and attempt.first_token_at is not None
     assert plan.first_token_at is not None  # the TTFT metric's clock
     state = core.state
@@ -644,11 +642,14 @@ def test_both_drivers_choose_migrations_through_one_function(monkeypatch):
     )
     result = Simulator(hotspot(), "dualmap", config).run()
     assert result.migrations > 0 and len(calls["replay"]) >= len(result.requests)
-    # live: a dispatch of a request the proxy can still take back asks the policy
+    # live: a dispatch of a request the router can still take back asks the policy
     core = make_core(NO_ENGINES, "dualmap")
     plan = make_call(core, stream=True).plan
-    plan.mover = lambda: None
-    plan.sent()
+
+    async def send() -> None:  # sent as the plan's own, movable task
+        plan.sent()
+
+    asyncio.run(plan.run_movable(send()))
     assert calls["live"] == [plan.request_id]
 
 
@@ -748,7 +749,7 @@ def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
     assert served.status == 200 and len(served.sent) == 2
     second = served.sent[1]
     assert published(peers) == [("d", first), ("e", False), ("d", second), ("e", True)]
-    assert any(isinstance(o, PeerReports) for o in call.plan.life.observers.all)
+    assert any(isinstance(o, PeerReports) for o in call.plan.observers.all)
     # replay: two synced routers; an instance dies under them (failures, retries). The same
     # PeerReports tells the peers of every dispatch, with the cached tokens it was
     # accounted with, and of every end, failures included.

@@ -1,0 +1,162 @@
+"""A routed request sent to its engine, attempt after attempt, until one is answered.
+
+Failure handling: a connect error, a timeout, a 5xx or a dropped connection *before the
+first body byte* is retried where the arm's policy, asked again without the instances
+that failed, sends it (the retry rule of ``routing.lifecycle``: ``plan.attempt_failed``),
+up to ``max_attempts``; the client sees nothing of it (the response starts only with the
+first upstream byte). Once the rule gives up, the client gets one error in the OpenAI
+shape. What a failure costs its instance (the circuit breaker) and how it is counted are
+the plan's observers' (:mod:`router_worker.observers`).
+
+Resource limits (README "Resource limits"): an answer of the wrong content type or not
+shaped like JSON / SSE (``sse.SseFramer``) is a failure like a 5xx (retried before the
+first byte, an SSE error event after it); an answer past ``response_deadline_s`` or over
+``max_response_bytes``, and a connect that failed for want of the router's own file
+descriptors, are ``final``: not retried, not held against the instance.
+
+Migration (policies that set ``migrates``): a streamed attempt runs as its plan's own task
+until its first byte (``Plan.run_movable``); when the policy moves it, the plan takes it
+back and this step sends the request to the target as the next attempt.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import httpx
+
+from router_worker.errors import APIError, send_error
+from router_worker.failures import (
+    UpstreamFailure,
+    bad_response,
+    failure_text,
+    out_of_resources,
+    past_deadline,
+    safe_read,
+    transport_failure,
+    unexpected_media_type,
+)
+from router_worker.plan import TakenBack
+from router_worker.relay import Exchange, relay_stream, relay_whole
+from router_worker.runtime import Runtime
+from router_worker.upstream import (
+    FastTransport,
+    LocalExhaustion,
+    ResponseDeadline,
+    ResponseTooLarge,
+    Target,
+    make_target,
+)
+
+FIXED_UPSTREAM_HEADERS = ((b"content-type", b"application/json"), (b"accept-encoding", b"identity"))
+
+
+class Dispatcher:
+    """Sends exchanges over the router's shared upstream transport."""
+
+    def __init__(self, transport: FastTransport) -> None:
+        self.transport = transport
+
+    async def run(self, ex: Exchange) -> None:
+        """Send the plan's attempts until one is answered or the retry rule gives up."""
+        plan = ex.plan
+        while True:
+            try:
+                failure = await self._movable_attempt(ex)
+            except TakenBack:
+                plan.migrated()
+                continue
+            except BaseException:
+                plan.client_gone()  # the client went away (or a bug): the attempt ends
+                raise
+            if failure is None:
+                return
+            verdict = plan.attempt_failed(failure.kind, final=failure.final, detail=failure.message)
+            if not verdict.retry:
+                break
+        await self._give_up(ex, failure)
+
+    async def _give_up(self, ex: Exchange, failure: UpstreamFailure) -> None:
+        """The retry rule gave up: the client gets the last failure, in the OpenAI shape."""
+        plan = ex.plan
+        last = failure_text(failure, ex.detail)
+        verdict = plan.verdict
+        status = 504 if failure.kind == "timeout" else 502
+        if failure.final:
+            status, message = failure.status, last
+        elif verdict is not None and verdict.why == "poison":
+            message = (
+                f"The request failed on {len(plan.answered_5xx)} instances alike and was "
+                f"not retried further; last: {last}"
+            )
+        else:
+            message = f"All {plan.attempt_count} attempts failed; last: {last}"
+        plan.done(status=status, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0)
+        await send_error(ex.send, APIError(status, message))
+
+    async def _movable_attempt(self, ex: Exchange) -> UpstreamFailure | None:
+        """The attempt; for a migrating policy's streamed request, run as the plan's own
+        task, which the plan may take back until the first byte (``TakenBack``)."""
+        if ex.stream and ex.plan.arm.policy.migrates:
+            return await ex.plan.run_movable(self._attempt(ex))
+        return await self._attempt(ex)
+
+    async def _attempt(self, ex: Exchange) -> UpstreamFailure | None:
+        plan = ex.plan
+        target = _upstream_target(plan.runtime, plan.instance, ex.path)
+        plan.sent_at = time.perf_counter()
+        try:
+            # Straight to the shared transport, without httpx.Request/Response objects:
+            # the client's layers and httpx's models cost more CPU than the exchange.
+            response = await self.transport.post(
+                target, ex.headers, ex.raw, partial(_sent, ex), plan.clock
+            )
+        except LocalExhaustion as error:
+            return out_of_resources(error)
+        except httpx.ConnectError as error:
+            return UpstreamFailure("connect", str(error) or "connection refused")
+        except ResponseDeadline as error:
+            return past_deadline(error)
+        except httpx.TimeoutException as error:
+            return UpstreamFailure("timeout", f"no answer in time ({type(error).__name__})")
+        except ResponseTooLarge as error:
+            return UpstreamFailure(error.limit, str(error))
+        except httpx.TransportError as error:
+            return transport_failure(error)
+        try:
+            if response.status_code >= 500:
+                body = await safe_read(response)
+                return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {body}")
+            media = unexpected_media_type(response, ex.stream)
+            if media is not None:
+                return await bad_response(response, f"content type {media!r}")
+            if ex.stream and response.status_code == 200:
+                return await relay_stream(ex, response)
+            return await relay_whole(ex, response)
+        finally:
+            await response.aclose()
+
+
+def _sent(ex: Exchange) -> None:
+    """The attempt is on its way upstream: its accounting, and from now on a client
+    disconnect cancels it (until then nothing waited that it could interrupt)."""
+    ex.plan.sent()
+    ex.watch.start()
+
+
+def _upstream_target(runtime: Runtime, instance: str, path: str) -> Target:
+    """Parsed URL, request head and timeouts, cached on the runtime."""
+    cache = runtime.upstream_cache
+    key = (instance, path)
+    found = cache.get(key)
+    if found is None:
+        settings = runtime.config.router
+        found = cache[key] = make_target(
+            runtime.urls[instance] + path,
+            FIXED_UPSTREAM_HEADERS,
+            settings.connect_timeout_s,
+            settings.first_byte_timeout_s,
+            settings.response_deadline_s,
+        )
+    return found

@@ -1,0 +1,275 @@
+"""The engine's answer relayed to the client: whole, or as a stream of SSE events.
+
+Bodies are forwarded byte for byte (never re-serialised); SSE chunks are written to the
+client as they arrive, whole events only (:class:`~router_worker.sse.SseFramer`). An answer
+that fails before its first byte reached the client comes back as an
+:class:`~router_worker.failures.UpstreamFailure` (the dispatch step may retry it); one that
+fails mid-stream ends the client's stream with one SSE error event in vLLM's error shape
+and ``[DONE]``. The plan hears of every step (first token, failure, done); what is counted
+or struck for it is its observers' business.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+
+import httpx
+
+from router_worker.access import Detail
+from router_worker.connections import DisconnectWatch
+from router_worker.errors import Send, sse_error_event
+from router_worker.failures import (
+    UpstreamFailure,
+    bad_response,
+    past_deadline,
+    transport_failure,
+)
+from router_worker.plan import Plan
+from router_worker.sse import MalformedStream, SseFramer
+from router_worker.upstream import ResponseDeadline, ResponseTooLarge, Upstream
+
+# A content token in an OpenAI chunk: a non-empty "content" (chat) or "text" (completions).
+_TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
+_USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
+_CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
+
+
+@dataclass(slots=True)
+class Exchange:
+    """One request on its way through the router: the routed plan and what the HTTP side
+    needs to send it upstream and answer the client."""
+
+    plan: Plan
+    path: str
+    raw: bytes  # the client's body, forwarded byte for byte
+    stream: bool
+    headers: list[tuple[bytes, bytes]]  # the client's headers passed on upstream
+    send: Send
+    watch: DisconnectWatch
+    detail: Detail
+
+
+class StreamMeter:
+    """Counts content tokens in SSE chunks; notes first and last token times."""
+
+    __slots__ = ("cached_tokens", "last_token_at", "tokens", "usage_tokens")
+
+    def __init__(self) -> None:
+        self.tokens = 0
+        self.usage_tokens: int | None = None
+        self.cached_tokens: int | None = None
+        self.last_token_at: float | None = None
+
+    def feed(self, chunk: bytes) -> int:
+        found = len(_TOKEN_RE.findall(chunk))
+        if found:
+            self.tokens += found
+            self.last_token_at = time.perf_counter()
+        if b'"usage":{' in chunk:
+            self._usage(chunk)
+        return found
+
+    def _usage(self, data: bytes) -> None:
+        match = _USAGE_RE.search(data)
+        if match:
+            self.usage_tokens = int(match.group(1))
+        cached = _CACHED_RE.search(data)
+        if cached:
+            self.cached_tokens = int(cached.group(1))
+
+    @property
+    def output_tokens(self) -> int:
+        return self.usage_tokens if self.usage_tokens is not None else self.tokens
+
+
+async def relay_whole(ex: Exchange, response: Upstream) -> UpstreamFailure | None:
+    """Read the engine's whole answer and send it on; None once the client has it."""
+    plan, send = ex.plan, ex.send
+    try:
+        data = await response.read()
+    except ResponseDeadline as error:
+        return past_deadline(error)
+    except httpx.TimeoutException:
+        return UpstreamFailure("timeout", "no complete answer in time")
+    except ResponseTooLarge as error:  # the request asked for it (n, logprobs): final
+        return UpstreamFailure(error.limit, f"{error} (router.max_response_bytes)", final=True)
+    except httpx.TransportError as error:
+        return transport_failure(error)
+    clock = plan.clock
+    if clock is not None:
+        clock.event = time.perf_counter()
+    if not _json_object_shaped(data):
+        return await bad_response(response, "a body that is not a JSON object", data)
+    usage = _USAGE_RE.search(data)
+    cached = _CACHED_RE.search(data)
+    headers = [
+        (b"content-type", response.header(b"content-type", b"application/json")),
+        (b"content-length", str(len(data)).encode()),
+        *route_headers(ex),
+    ]
+    ex.watch.done = True
+    await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+    if clock is not None:
+        clock.relayed = time.perf_counter()
+    plan.done(
+        status=response.status_code,
+        ok=response.status_code < 400,
+        output_tokens=int(usage.group(1)) if usage else 0,
+        last_token_at=None,
+        cached_tokens=int(cached.group(1)) if cached else None,
+    )
+    return None
+
+
+async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | None:
+    """Relay the engine's stream from its first complete events; None once it ended for
+    the client (whole, or cut with an error event)."""
+    plan, send = ex.plan, ex.send
+    framer = SseFramer(plan.runtime.config.router.max_event_bytes)
+    try:
+        first = await _first_events(response, framer)
+        if first is None:
+            return UpstreamFailure("empty", "the engine closed the stream without data")
+    except ResponseDeadline as error:
+        return past_deadline(error)
+    except httpx.TimeoutException:
+        return UpstreamFailure("timeout", "no first byte in time")
+    except httpx.TransportError as error:
+        return transport_failure(error)
+    except MalformedStream as error:
+        return UpstreamFailure(error.limit, str(error))
+    plan.settled()  # bytes go to the client from here on: no migration any more
+    if plan.clock is not None:
+        plan.clock.event = time.perf_counter()
+    headers = [
+        (b"content-type", response.header(b"content-type", b"text/event-stream")),
+        (b"cache-control", b"no-cache"),
+        *route_headers(ex),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    meter = StreamMeter()
+    status, ok = 200, True
+    try:
+        await _relay_events(ex, response, framer, first, meter)
+    except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
+        status, ok = _mid_stream_failure(plan, error), False
+        ex.watch.done = True
+        message = _mid_stream_message(plan, error, ex.detail)
+        await send(
+            {
+                "type": "http.response.body",
+                "more_body": False,
+                "body": sse_error_event(status, message),
+            }
+        )
+    else:
+        ex.watch.done = True
+    plan.done(
+        status=status,
+        ok=ok,
+        output_tokens=meter.output_tokens,
+        last_token_at=meter.last_token_at,
+        cached_tokens=meter.cached_tokens,
+    )
+    return None
+
+
+async def _relay_events(
+    ex: Exchange, response: Upstream, framer: SseFramer, out: bytes, meter: StreamMeter
+) -> None:
+    """Forward whole events until the engine's body ends (ending the client's too)."""
+    last = response.finished
+    while True:
+        if last:
+            # The engine's body is complete: this is the last piece, and it carries
+            # the end of the response (one write instead of two).
+            out += framer.finish()
+        if out or last:
+            await _forward(ex, meter, out, not last)
+        if last:
+            return
+        chunk = await response.next_chunk()
+        if chunk is None:
+            out, last = b"", True
+            continue
+        # Chunks that queued up while the client was being written to go out as one
+        # write (SSE is a byte stream; event boundaries are in the bytes).
+        more = response.take_queued()
+        out = framer.feed(chunk + more if more else chunk)
+        last = response.finished
+
+
+async def _forward(ex: Exchange, meter: StreamMeter, chunk: bytes, more: bool) -> None:
+    plan = ex.plan
+    first = meter.feed(chunk) and plan.awaiting_first_token
+    await ex.send({"type": "http.response.body", "body": chunk, "more_body": more})
+    clock = plan.clock
+    if clock is not None and not clock.relayed:
+        clock.relayed = time.perf_counter()
+    if first:  # accounted once the token is on its way to the client
+        plan.first_token_sent()
+
+
+async def _first_events(response: Upstream, framer: SseFramer) -> bytes | None:
+    """The stream's first complete events (None: it ended without any)."""
+    while True:
+        chunk = await response.next_chunk()
+        if chunk is None:
+            return framer.finish() or None
+        more = response.take_queued()
+        out = framer.feed(chunk + more if more else chunk)
+        if out:
+            return out
+
+
+def _mid_stream_failure(plan: Plan, error: Exception) -> int:
+    """A stream that broke after its first event: the plan's attempt fails (never retried:
+    bytes went out); the status for its error event. Past the deadline is no fault of the
+    engine's (``final``: no breaker strike)."""
+    if isinstance(error, ResponseDeadline):
+        kind = "response_deadline"
+    elif isinstance(error, MalformedStream):
+        kind = error.limit
+    else:
+        kind = "mid_stream"
+    deadline = kind == "response_deadline"
+    plan.attempt_failed(kind, first_byte=True, final=deadline, detail=f"stream broke: {error!r}")
+    return 504 if deadline else 502
+
+
+def route_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
+    """The response headers that say where and why the request went (as the client's
+    rights allow)."""
+    plan, detail = ex.plan, ex.detail
+    headers = [(b"x-switchyard-request-id", plan.request_id.encode())]
+    if detail >= Detail.ROUTE:
+        headers += [
+            (b"x-switchyard-instance", plan.instance.encode()),
+            (b"x-switchyard-policy", plan.arm.policy_kind.encode()),
+            (b"x-switchyard-arm", plan.arm.name.encode()),
+            (b"x-switchyard-reason", plan.reason.encode()),
+        ]
+    if detail >= Detail.DEBUG:
+        scores = json.dumps(plan.decision.score_table(), separators=(",", ":"))
+        headers.append((b"x-switchyard-scores", scores.encode()))
+        headers.append((b"x-switchyard-cached-tokens", str(plan.decision.cached_tokens).encode()))
+    return headers
+
+
+def _mid_stream_message(plan: Plan, error: Exception, detail: Detail) -> str:
+    """The error event's text; it names the instance only to a debug client (the route
+    headers, which name it too, may be withheld from this client)."""
+    engine = f"The engine {plan.instance}" if detail >= Detail.DEBUG else "The engine"
+    if isinstance(error, ResponseDeadline | MalformedStream):
+        return f"{engine}'s stream was cut: {error}"
+    return f"{engine} failed mid-stream: {type(error).__name__}"
+
+
+def _json_object_shaped(data: bytes) -> bool:
+    """Starts with ``{`` and ends with ``}`` (whitespace aside): tells an HTML page or noise
+    from a JSON answer without parsing (or copying) a body of up to max_response_bytes."""
+    return data[:64].lstrip()[:1] == b"{" and data[-64:].rstrip()[-1:] == b"}"

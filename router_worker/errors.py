@@ -1,4 +1,5 @@
-"""OpenAI/vLLM-shaped error bodies: ``{"error": {"message", "type", "param", "code"}}``."""
+"""The router's errors to its clients: :class:`APIError` and the ASGI answers carrying one
+in vLLM's OpenAI shape (the body itself is ``engine_interface.openai_errors``'s)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,12 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from engine_interface.openai_errors import error_bytes, error_dict, sse_error_event
+
+__all__ = ["APIError", "error_bytes", "error_dict", "send_error", "send_json", "sse_error_event"]
+
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_TYPE = (b"content-type", b"application/json")
-
-_TYPES = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    404: "NotFoundError",
-    409: "ConflictError",
-    413: "RequestTooLargeError",
-    429: "RateLimitError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
-    504: "GatewayTimeoutError",
-}
 
 
 class APIError(Exception):
@@ -34,20 +27,6 @@ class APIError(Exception):
     def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str | None]]:
         # Raised in intake worker processes and pickled back to the router.
         return (APIError, (self.status, self.message, self.param))
-
-
-def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:
-    error_type = _TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
-    return {"error": {"message": message, "type": error_type, "param": param, "code": status}}
-
-
-def error_bytes(status: int, message: str, param: str | None = None) -> bytes:
-    return json.dumps(error_dict(status, message, param)).encode()
-
-
-def sse_error_event(status: int, message: str) -> bytes:
-    """The final events of a stream that failed midway (vLLM streams errors this way)."""
-    return b"data: " + error_bytes(status, message) + b"\n\ndata: [DONE]\n\n"
 
 
 async def send_json(

@@ -36,6 +36,7 @@ EngineRequestError), events (BlockStored, BlockRemoved, AllBlocksCleared), kvpoo
 and unlike their cost model), calibrate (``python -m enginesim.engine.calibrate``).
 """
 
+from engine_interface.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from enginesim.engine.config import EngineConfig
 from enginesim.engine.core import (
     EngineCore,
@@ -44,7 +45,6 @@ from enginesim.engine.core import (
     RequestOutput,
 )
 from enginesim.engine.costmodel import Calibration, CostModel, StepBatch, load_calibration
-from enginesim.engine.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from enginesim.engine.fleet import FleetVariation
 from enginesim.engine.hardware import GPUS, GPUSpec
 from enginesim.engine.hashing import block_hashes

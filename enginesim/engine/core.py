@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine_interface.kv_events import BlockStored, KVEvent
 from enginesim.engine.config import EngineConfig
 from enginesim.engine.costmodel import StepBatch
-from enginesim.engine.events import BlockStored, KVEvent
 from enginesim.engine.fleet import StepJitter
 from enginesim.engine.hashing import block_hashes
 from enginesim.engine.kvpool import BlockPool, PrefixNode
@@ -520,7 +520,7 @@ class EngineCore:
         bs = self.block_size
         parent = req.hashes[first - 1] if first > 0 else None
         tokens = req.tokens[first * bs : upto * bs].tolist()
-        self.pool.events.append(BlockStored(stored, parent, tokens, bs))
+        self.pool.events.append(BlockStored(tuple(stored), parent, tuple(tokens), bs))
 
     def _flush_events(self) -> None:
         events = self.pool.take_events()

@@ -42,7 +42,8 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 
-from enginesim.engine.events import AllBlocksCleared, BlockRemoved, KVEvent
+from engine_interface.chains import common_run
+from engine_interface.kv_events import AllBlocksCleared, BlockRemoved, KVEvent
 
 
 class PrefixNode:
@@ -64,23 +65,6 @@ class PrefixNode:
     def end(self) -> int:
         """Chain index one past the run's last block."""
         return self.depth + len(self.hashes)
-
-
-def _common_run(hashes: Sequence[int], start: int, run: list[int], limit: int) -> int:
-    """Leading blocks of ``run`` equal to ``hashes[start:]`` (at most ``limit``), given
-    that the first ones are equal. Chained hashes: equal at k means equal up to k.
-    (The router's ``shadowtree.common_run`` is the same; the engine may not import it.)"""
-    k = min(len(run), limit)
-    if hashes[start + k - 1] == run[k - 1]:
-        return k
-    lo, hi = 1, k - 1  # run[lo - 1] matches, run[hi] does not
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if hashes[start + mid - 1] == run[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class BlockPool:
@@ -120,7 +104,7 @@ class BlockPool:
             child = node.children.get(hashes[i])
             if child is None:
                 break
-            k = _common_run(hashes, i, child.hashes, max_blocks - i)
+            k = common_run(hashes, i, child.hashes, max_blocks - i)
             if child.refs == 0:
                 unreferenced += k
             i += k
@@ -229,7 +213,7 @@ class BlockPool:
 
     def take_events(self) -> list[KVEvent]:
         if self._evicted:
-            self.events.append(BlockRemoved(self._evicted))
+            self.events.append(BlockRemoved(tuple(self._evicted)))
             self._evicted = []
         events, self.events = self.events, []
         return events
@@ -256,7 +240,7 @@ class BlockPool:
             child = node.children.get(hashes[i])
             if child is None:
                 break
-            k = _common_run(hashes, i, child.hashes, stop - i)
+            k = common_run(hashes, i, child.hashes, stop - i)
             if k < len(child.hashes):
                 child = self._split(child, k)
             self._reference(child)

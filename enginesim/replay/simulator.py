@@ -59,8 +59,8 @@ from typing import Any
 
 import numpy as np
 
+from engine_interface.kv_events import KVEventBatch
 from enginesim.engine import EngineConfig, EngineCore, EngineRequestError, GlobalKVTier
-from enginesim.engine import events as engine_events
 from enginesim.engine.fleet import FleetVariation, instance_hardware
 from enginesim.replay.policy_costs import fill_coefficients
 from enginesim.replay.traces import TraceRecord, synthesize_tokens
@@ -74,7 +74,6 @@ from router_worker.routing import (
     choose_migrations,
     make_policy,
 )
-from router_worker.routing import kv_events as router_events
 from router_worker.routing.lifecycle import (
     NO_OBSERVERS,
     Attempt,
@@ -663,13 +662,11 @@ class Simulator:
         return [r for k, r in enumerate(self.routers) if k != router]
 
     def _forward_kv_events(self, slot: int, events: list[Any]) -> None:
-        batch = router_events.KVEventBatch(self.now, tuple(_to_router_event(e) for e in events))
+        batch = KVEventBatch(self.now, tuple(events))  # one event type, engine to router
         generation = self.instances[slot].generation
         self._telemetry(self.now, self._apply_kv_batch, slot, generation, batch)
 
-    def _apply_kv_batch(
-        self, now: float, slot: int, generation: int, batch: router_events.KVEventBatch
-    ) -> None:
+    def _apply_kv_batch(self, now: float, slot: int, generation: int, batch: KVEventBatch) -> None:
         if generation == self.instances[slot].generation and self._is_up(slot):
             for router in self.routers:
                 router.state.on_kv_event_batch(self.ids[slot], batch, now)
@@ -836,18 +833,3 @@ class _PeerDelivery:
     def _report(self, apply: Callable[..., None], *args: Any) -> None:
         sim = self.sim
         sim._after(sim.config.replica_sync_delay_s, sim.now, apply, *args)
-
-
-def _to_router_event(event: Any) -> Any:
-    """enginesim's KV event → the router's decoded form (what the msgpack path yields)."""
-    if isinstance(event, engine_events.BlockStored):
-        return router_events.BlockStored(
-            tuple(event.block_hashes),
-            event.parent_block_hash,
-            tuple(event.token_ids),
-            event.block_size,
-            event.lora_id,
-        )
-    if isinstance(event, engine_events.BlockRemoved):
-        return router_events.BlockRemoved(tuple(event.block_hashes))
-    return router_events.AllBlocksCleared()

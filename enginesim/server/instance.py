@@ -11,6 +11,7 @@ from typing import Any
 
 import uvicorn
 
+from engine_interface.kv_events import AllBlocksCleared
 from enginesim.server.chat import ChatTemplate, model_template
 from enginesim.server.driver import EngineDriver, VirtualClock
 from enginesim.server.faults import FaultRequest, FaultState
@@ -23,10 +24,6 @@ log = logging.getLogger(__name__)
 # Once a kill is requested, in-flight handlers get this long to cut their
 # connections before uvicorn cancels them.
 KILL_GRACE_SECONDS = 0.05
-
-
-class AllBlocksCleared:
-    """Published when a killed instance restarts with an empty cache."""
 
 
 @dataclass(frozen=True)

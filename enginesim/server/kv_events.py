@@ -38,7 +38,7 @@ import msgpack
 import zmq
 import zmq.asyncio
 
-from engine_interface.kv_events import END_SEQ, MEDIUM_GPU, SEQ_BYTES
+from engine_interface.kv_events import END_SEQ, MEDIUM_GPU, SEQ_BYTES, encode_event
 
 log = logging.getLogger(__name__)
 
@@ -54,34 +54,6 @@ def instance_endpoints(base: str, index: int) -> tuple[str, str]:
         raise ValueError(f"--kv-events must look like tcp://HOST:PORT, got {base!r}")
     pub_port = int(port) + index
     return f"{host}:{pub_port}", f"{host}:{pub_port + REPLAY_PORT_OFFSET}"
-
-
-def _event_kind(event: Any) -> str:
-    return type(event).__name__
-
-
-def encode_event(event: Any, encoding: str) -> Any:
-    """One engine KV event (BlockStored / BlockRemoved / AllBlocksCleared) for the wire."""
-    kind = _event_kind(event)
-    if kind == "BlockStored":
-        fields: dict[str, Any] = {
-            "block_hashes": list(event.block_hashes),
-            "parent_block_hash": event.parent_block_hash,
-            "token_ids": list(event.token_ids),
-            "block_size": event.block_size,
-            "lora_id": None,
-            "medium": MEDIUM_GPU,
-            "lora_name": None,
-        }
-    elif kind == "BlockRemoved":
-        fields = {"block_hashes": list(event.block_hashes), "medium": MEDIUM_GPU}
-    elif kind == "AllBlocksCleared":
-        fields = {}
-    else:
-        raise TypeError(f"unknown KV event {kind}")
-    if encoding == "array":
-        return [kind, *fields.values()]
-    return {"type": kind, **fields}
 
 
 class KVEventPublisher:
@@ -118,7 +90,8 @@ class KVEventPublisher:
         """The engine's kv_event_sink: one call = one batch (one engine step)."""
         if not events:
             return
-        encoded = [encode_event(event, self.encoding) for event in events]
+        positional = self.encoding == "array"
+        encoded = [encode_event(e, positional=positional, medium=MEDIUM_GPU) for e in events]
         payload = msgpack.packb([time.time(), encoded, 0], use_bin_type=True)
         seq = self._next_seq
         self._next_seq += 1

@@ -17,13 +17,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from engine_interface.openai_errors import error_dict
 from enginesim.server import chat, tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 NATURAL_MIN_TOKENS = 16
 NATURAL_SPAN = 241
-
-_ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
 
 class APIError(Exception):
@@ -40,8 +39,7 @@ class APIError(Exception):
 
 
 def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    err_type = _ERROR_TYPES.get(status, "InternalServerError" if status >= 500 else "Error")
-    return {"error": {"message": message, "type": err_type, "param": param, "code": status}}
+    return error_dict(status, message, param)
 
 
 @dataclass(slots=True)

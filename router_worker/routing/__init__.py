@@ -25,6 +25,15 @@ Other inputs: ``state.on_scrape``, ``state.on_kv_event_batch(instance,
 decode_kv_event_batch(payload), now)``, ``state.set_health``.
 """
 
+from engine_interface.kv_events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    KVEventDecodeError,
+    decode_kv_event_batch,
+    encode_kv_event_batch,
+)
 from router_worker.routing.features import (
     DEFAULT_BLOCK_SIZE,
     RequestFeatures,
@@ -39,15 +48,6 @@ from router_worker.routing.indicators import (
     Health,
     InstanceState,
     UnknownRequestError,
-)
-from router_worker.routing.kv_events import (
-    AllBlocksCleared,
-    BlockRemoved,
-    BlockStored,
-    KVEventBatch,
-    KVEventDecodeError,
-    decode_kv_event_batch,
-    encode_kv_event_batch,
 )
 from router_worker.routing.kvindex import GlobalTier, KVIndex
 from router_worker.routing.lifecycle import (

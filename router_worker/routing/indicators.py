@@ -93,8 +93,8 @@ from typing import TypeVar
 import numpy as np
 import numpy.typing as npt
 
+from engine_interface.kv_events import KVEvent, KVEventBatch
 from router_worker.routing.features import DEFAULT_BLOCK_SIZE, RequestFeatures
-from router_worker.routing.kv_events import KVEvent, KVEventBatch
 from router_worker.routing.kvindex import GlobalTier, KVIndex
 
 

@@ -102,9 +102,14 @@ from typing import Final
 
 import numpy as np
 
-from engine_interface.kv_events import MEDIUM_GPU
+from engine_interface.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEvent,
+)
 from router_worker.routing.features import extend_chain
-from router_worker.routing.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from router_worker.routing.shadowtree import ShadowTree
 
 GPU_MEDIA = (None, MEDIUM_GPU, MEDIUM_GPU.lower())

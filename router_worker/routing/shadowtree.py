@@ -30,6 +30,8 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from engine_interface.chains import common_run
+
 
 class RunNode:
     """A run of consecutive chain blocks and the slots holding a prefix of it."""
@@ -44,23 +46,6 @@ class RunNode:
         self.held: dict[int, int] = {}  # slot -> leading blocks of the run it holds (> 0)
         self.full = 0  # bitmask of the slots holding the whole run
         self.entries: dict[int, list] = {}  # slot -> its live LRU heap entry
-
-
-def common_run(hashes: Sequence[int], start: int, run: list[int], limit: int) -> int:
-    """Leading blocks of ``run`` equal to ``hashes[start:]`` (at most ``limit``), given
-    that the first ones are equal. Chained hashes: equal at k means equal up to k.
-    (enginesim's pool has its own copy: the layering keeps it from importing this.)"""
-    k = min(len(run), limit)
-    if hashes[start + k - 1] == run[k - 1]:
-        return k
-    lo, hi = 1, k - 1  # run[lo - 1] matches, run[hi] does not
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if hashes[start + mid - 1] == run[mid - 1]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
 
 
 class ShadowTree:

@@ -135,7 +135,7 @@ def test_lru_eviction_at_capacity_removes_the_tail_of_the_oldest_prompt():
     run(engine, [(0.0, "a", prompt_a, 1), (10.0, "b", prompt_b, 1)])
     stored_a = next(e for e in events if isinstance(e, BlockStored))
     assert len(stored_a.block_hashes) == 32 and stored_a.parent_block_hash is None
-    assert stored_a.token_ids == prompt_a.tolist()
+    assert stored_a.token_ids == tuple(prompt_a.tolist())
     removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
     assert sorted(removed) == sorted(stored_a.block_hashes[16:])  # 48 needed, 32 were free
     again, _ = run(engine, [(20.0, "a2", prompt_a, 1)])

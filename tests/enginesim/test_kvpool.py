@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import pytest
 
-from enginesim.engine.events import BlockRemoved
+from engine_interface.kv_events import BlockRemoved
 from enginesim.engine.kvpool import BlockPool, GlobalKVTier
 
 

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 
 from chat_templates import template_for_model
-from enginesim.engine.events import AllBlocksCleared, BlockRemoved, BlockStored
+from engine_interface.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, encode_event
 from enginesim.engine.models import MODELS
 from enginesim.server import chat, tokenizer
 from enginesim.server.driver import VirtualClock
 from enginesim.server.faults import FaultError, FaultRequest
-from enginesim.server.kv_events import encode_event, instance_endpoints
+from enginesim.server.kv_events import instance_endpoints
 from enginesim.server.metrics import buckets_1_2_5
 from enginesim.server.openai_api import APIError, ChunkRenderer, parse_chat, parse_completion
 
@@ -95,22 +95,22 @@ def test_add_special_tokens_puts_the_models_bos_before_a_text_prompt():
 
 
 def test_block_stored_array_encoding_follows_vllm_field_order():
-    event = BlockStored([11, 12], 10, list(range(32)), 16)
-    assert encode_event(event, "array") == [
+    event = BlockStored((11, 12), 10, tuple(range(32)), 16)
+    assert encode_event(event, medium="GPU") == [
         "BlockStored", [11, 12], 10, list(range(32)), 16, None, "GPU", None,
     ]  # fmt: skip
-    assert encode_event(BlockRemoved([11]), "array") == ["BlockRemoved", [11], "GPU"]
-    assert encode_event(AllBlocksCleared(), "array") == ["AllBlocksCleared"]
+    assert encode_event(BlockRemoved((11,)), medium="GPU") == ["BlockRemoved", [11], "GPU"]
+    assert encode_event(AllBlocksCleared()) == ["AllBlocksCleared"]
 
 
 def test_map_encoding_names_every_field():
-    encoded = encode_event(BlockStored([11], None, list(range(16)), 16), "map")
+    encoded = encode_event(BlockStored((11,), None, tuple(range(16)), 16), positional=False)
     assert encoded["type"] == "BlockStored"
     assert encoded["block_hashes"] == [11]
     assert encoded["parent_block_hash"] is None
     assert encoded["token_ids"] == list(range(16))
     assert encoded["block_size"] == 16
-    assert encode_event(AllBlocksCleared(), "map") == {"type": "AllBlocksCleared"}
+    assert encode_event(AllBlocksCleared(), positional=False) == {"type": "AllBlocksCleared"}
 
 
 def test_instance_endpoints_offset_pub_and_replay_ports():

@@ -3,6 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from engine_interface.kv_events import BlockStored, KVEventBatch
 from router_worker.routing import (
     ClusterState,
     Health,
@@ -10,7 +11,6 @@ from router_worker.routing import (
     decode_kv_event_batch,
     encode_kv_event_batch,
 )
-from router_worker.routing.kv_events import BlockStored, KVEventBatch
 
 from .helpers import cluster, features, tokens, warm
 

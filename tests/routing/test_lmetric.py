@@ -2,7 +2,7 @@ from typing import cast
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from router_worker.routing import ClusterState, ClusterView, GlobalTier, make_policy
@@ -129,6 +129,10 @@ def test_choice_is_invariant_under_positive_scaling_of_either_indicator(
     values, p_scale, bs_scale, seed
 ):
     p_tokens, batch = zip(*values, strict=True)
+    # A tie of products (36 x 10 = 60 x 6) stays a tie only in exact arithmetic: scaled in
+    # floats, rounding decides it. The property is about choices the scores make.
+    products = np.array(p_tokens, dtype=float) * np.array(batch, dtype=float)
+    assume(np.count_nonzero(np.isclose(products, products.min(), rtol=1e-9, atol=0)) == 1)
     request = features(tokens(0, 16))
     view = cast(ClusterView, StubView(p_tokens, batch))
     base = make_policy("lmetric", PAPER, seed=seed).decide(request, view, 0.0)

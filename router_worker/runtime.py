@@ -79,11 +79,6 @@ class Runtime:
     def arm_of_instance(self) -> dict[str, str]:
         return {name: arm.name for arm in self.arms for name in arm.instances}
 
-    def rebuild_views(self, state: ClusterState) -> None:
-        """Slots were added to the state: views must be rebuilt over the new arrays."""
-        for arm in self.arms:
-            arm.view = ArmView(state, _members(state, arm.instances))
-
 
 def _members(state: ClusterState, names: Sequence[str]) -> np.ndarray:
     mask = np.zeros(len(state.ids), dtype=bool)

@@ -73,10 +73,6 @@ class Tokenizer:
 
             self._exact = HFTokenizer.from_file(tokenizer_path)
 
-    @property
-    def text_mode(self) -> TokenizationMode:
-        return "exact" if self._exact is not None else "approx"
-
     def encode_text(self, text: str, *, add_special_tokens: bool) -> tuple[Any, TokenizationMode]:
         if self._exact is not None:
             ids = self._exact.encode(text, add_special_tokens=add_special_tokens).ids

@@ -20,63 +20,15 @@ from typing import Literal
 
 import httpx
 import numpy as np
-from scipy import stats as scipy_stats
 
 from bench.lib.processes import ROUTER_ADMIN_TOKEN
 from engine_interface import Histogram, read_histogram, read_samples
+from engine_interface.stats import CONFIDENCE, Estimate, mean_ci
 
-CONFIDENCE = 0.95
 TIE_TOLERANCE = 0.01  # of the reference's mean: a smaller difference is a tie however sure
 
 Outcome = Literal["better", "worse", "tie"]
 Verdict = Literal["ahead", "behind", "tie"]
-
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    """A mean over ``n`` samples and the half-width of its confidence interval (inf with
-    fewer than two samples: one sample says nothing about the spread)."""
-
-    mean: float
-    half_width: float
-    n: int
-
-    @property
-    def low(self) -> float:
-        return self.mean - self.half_width
-
-    @property
-    def high(self) -> float:
-        return self.mean + self.half_width
-
-    def overlaps(self, other: Estimate) -> bool:
-        return self.low <= other.high and other.low <= self.high
-
-    def format(self, spec: str) -> str:
-        """``mean ± half-width`` (the mean alone when there is no interval)."""
-        if math.isfinite(self.half_width):
-            return f"{self.mean:{spec}} ± {self.half_width:{spec}}"
-        return format(self.mean, spec)
-
-    def to_json(self) -> dict[str, float | int | None]:
-        half = self.half_width if math.isfinite(self.half_width) else None
-        return {"mean": self.mean if math.isfinite(self.mean) else None, "ci": half, "n": self.n}
-
-
-def mean_ci(values: Sequence[float] | np.ndarray, confidence: float = CONFIDENCE) -> Estimate:
-    """The mean of ``values`` and the half-width of its two-sided Student-t interval
-    (n − 1 degrees of freedom). Identical values give a zero-width interval."""
-    x = np.asarray(values, dtype=float)
-    if x.size == 0:
-        raise ValueError("mean_ci needs at least one value")
-    mean = float(x.mean())
-    if x.size < 2:
-        return Estimate(mean, math.inf, 1)
-    sem = float(scipy_stats.sem(x))
-    if sem == 0.0:
-        return Estimate(mean, 0.0, int(x.size))
-    half = sem * float(scipy_stats.t.ppf((1 + confidence) / 2, x.size - 1))
-    return Estimate(mean, half, int(x.size))
 
 
 @dataclass(frozen=True, slots=True)

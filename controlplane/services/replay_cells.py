@@ -15,6 +15,7 @@ more seeds succeeded, and the mean TTFT percentile curve.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from datetime import timedelta
 from typing import Any
@@ -25,6 +26,7 @@ from django.db.models import Avg, F, Q
 from django.utils import timezone
 
 from controlplane.models import ReplayCell, ReplayJob
+from engine_interface.stats import CONFIDENCE, mean_ci
 
 CI_KEYS = (
     "goodput_rps",
@@ -35,7 +37,6 @@ CI_KEYS = (
     "tpot_p99_s",
     "throughput_tok_s",
 )
-CONFIDENCE = 0.95
 TERMINAL = (ReplayJob.State.SUCCEEDED, ReplayJob.State.FAILED)
 
 
@@ -284,12 +285,8 @@ def _means(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _half_width(values: list[Any]) -> float | None:
-    from scipy import stats  # here: a router host's worker has no scipy (only replays need it)
-
     numbers = [float(v) for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
     if len(numbers) < 2 or len(numbers) != len(values):
         return None
-    sem = stats.sem(numbers)
-    if not np.isfinite(sem):
-        return None
-    return float(sem * stats.t.ppf((1 + CONFIDENCE) / 2, len(numbers) - 1))
+    half = mean_ci(numbers, CONFIDENCE).half_width
+    return half if math.isfinite(half) else None

@@ -16,13 +16,13 @@ from controlplane.models import CanarySplit, Cluster
 from controlplane.services import canaries as canary_service
 from controlplane.services.errors import NotFound, ServiceError
 from controlplane.services.validation import policy_kinds
+from engine_interface.stats import describe
 
 from . import reads
 from .access import actor, operator_required, viewer_required
 from .clusters import get_cluster
 from .pages import expected_revision, field_errors, page, service_error_response
 from .schema_form import param_fields, with_values
-from .stats import describe
 
 TEMPLATE = "web/canary.html"
 ACTIONS = ("start", "pause", "resume", "promote", "abort")

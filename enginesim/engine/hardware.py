@@ -42,10 +42,6 @@ class GPUSpec:
     source: str
     arch: str = "hopper"  # the architecture whose fitted efficiencies apply (costmodel)
 
-    @property
-    def memory_gib(self) -> float:
-        return self.memory_bytes / GIB
-
     def peak_flops(self, dtype: str) -> float:
         """Peak dense FLOP/s for the matmul dtype (fp8 falls back to bf16 without fp8 cores)."""
         if dtype == "fp8" and self.fp8_flops is not None:

@@ -86,10 +86,6 @@ class ModelSpec:
         experts = self.experts_per_token * self.expert_params if self.is_moe else 0
         return self.num_layers * (self.dense_params_per_layer + experts)
 
-    @cached_property
-    def active_params(self) -> int:
-        return self.active_nonembedding_params + 2 * self.lm_head_params
-
     def weight_bytes(self, dtype: str = "bf16") -> int:
         return self.total_params * DTYPE_BYTES[dtype]
 

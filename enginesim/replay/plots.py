@@ -57,27 +57,3 @@ def save(fig: plt.Figure, path: Path) -> Path:
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
-
-
-def pending_grid(results: Sequence[SimResult], path: Path, title: str = "") -> Path:
-    """Every policy's per-instance pending prefill tokens over time, one panel each."""
-    columns = 2
-    rows = -(-len(results) // columns)
-    fig, axes = plt.subplots(
-        rows, columns, figsize=(9, 1.7 * rows + 0.6), sharex=True, squeeze=False
-    )
-    top = max(
-        (float(r.pending_samples.max()) for r in results if r.pending_samples.size), default=1.0
-    )
-    for ax, result in zip(axes.flat, results, strict=False):
-        samples = result.pending_samples
-        for column in range(samples.shape[1] if samples.ndim == 2 else 0):
-            ax.plot(result.sample_times, samples[:, column], linewidth=0.4)
-        ax.set_ylim(0, top * 1.05)
-        ax.set_title(result.policy, fontsize=8)
-        ax.tick_params(labelsize=7)
-    for ax in axes.flat[len(results) :]:
-        ax.set_visible(False)
-    fig.suptitle(title or "pending prefill tokens per instance", fontsize=9)
-    fig.supxlabel("virtual time (s)", fontsize=8)
-    return save(fig, path)

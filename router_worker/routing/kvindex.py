@@ -169,10 +169,6 @@ class KVIndex:
         self._capacity[slot] = capacity_blocks
         self._evict_over_capacity(slot)
 
-    @property
-    def num_slots(self) -> int:
-        return len(self._lru)
-
     def held_count(self, slot: int) -> int:
         lru = self._lru[slot]
         if lru is None:

@@ -22,6 +22,24 @@ TYPES = {
 }
 
 
+class APIError(Exception):
+    """An error answered with ``status`` and the OpenAI error body (the router's to its
+    clients, enginesim's as vLLM answers)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+
+    def body(self) -> dict[str, object]:
+        return error_dict(self.status, self.message, self.param)
+
+    def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str | None]]:
+        # Raised in the router's intake worker processes and pickled back to the router.
+        return (APIError, (self.status, self.message, self.param))
+
+
 def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:
     """The body of an error answered with ``status``."""
     error_type = TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")

@@ -7,26 +7,12 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from engine_interface.openai_errors import error_bytes, error_dict, sse_error_event
+from engine_interface.openai_errors import APIError, error_bytes, error_dict, sse_error_event
 
 __all__ = ["APIError", "error_bytes", "error_dict", "send_error", "send_json", "sse_error_event"]
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_TYPE = (b"content-type", b"application/json")
-
-
-class APIError(Exception):
-    """An error answered to the client with ``status`` and the OpenAI error body."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str | None]]:
-        # Raised in intake worker processes and pickled back to the router.
-        return (APIError, (self.status, self.message, self.param))
 
 
 async def send_json(

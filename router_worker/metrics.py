@@ -91,11 +91,11 @@ TPOT_BUCKETS = (
 )
 
 
-class Histogram:
+class LoopHistogram:
     """A histogram family observed from the event loop's thread only (scrapes run there
     too): ``observe`` is a bisect and two list updates, where ``prometheus_client``'s takes
     two locks and walks the buckets, on every request of the hot path.
-    ``labels(...)`` returns the series (itself a Histogram), as prometheus_client's does.
+    ``labels(...)`` returns the series (itself a LoopHistogram), as prometheus_client's does.
     Exposed as a Prometheus histogram (``_bucket``, ``_count``, ``_sum``)."""
 
     def __init__(
@@ -112,16 +112,16 @@ class Histogram:
         self.bounds = tuple(buckets)
         self.counts = [0] * (len(self.bounds) + 1)  # the last: above every bound
         self.sum = 0.0
-        self.series: dict[tuple[str, ...], Histogram] = {}
+        self.series: dict[tuple[str, ...], LoopHistogram] = {}
         if registry is not None:
             registry.register(self)
 
-    def labels(self, *values: str) -> Histogram:
+    def labels(self, *values: str) -> LoopHistogram:
         found = self.series.get(values)
         if found is None:
             if len(values) != len(self.labelnames):
                 raise ValueError(f"{self.name}: labels {self.labelnames}, got {values}")
-            found = self.series[values] = Histogram(
+            found = self.series[values] = LoopHistogram(
                 self.name, self.documentation, buckets=self.bounds
             )
         return found
@@ -143,7 +143,7 @@ class Histogram:
         yield family
 
 
-Family = TypeVar("Family", bound=MetricWrapperBase | Histogram)
+Family = TypeVar("Family", bound=MetricWrapperBase | LoopHistogram)
 
 
 class RouterMetrics:
@@ -158,20 +158,20 @@ class RouterMetrics:
             ["policy", "arm", "reason", "status"],
             registry=r,
         )
-        self.tokenize_seconds = Histogram(
+        self.tokenize_seconds = LoopHistogram(
             "switchyard_router_tokenize_seconds",
             "Time to tokenize a prompt.",
             ["tier"],
             buckets=FAST_BUCKETS,
             registry=r,
         )
-        self.hashing_seconds = Histogram(
+        self.hashing_seconds = LoopHistogram(
             "switchyard_router_hashing_seconds",
             "Time to hash a prompt's blocks.",
             buckets=FAST_BUCKETS,
             registry=r,
         )
-        self.decision_seconds = Histogram(
+        self.decision_seconds = LoopHistogram(
             "switchyard_router_decision_seconds",
             "Time of the policy decision.",
             ["policy"],
@@ -196,7 +196,7 @@ class RouterMetrics:
             ["instance", "kind"],
             registry=r,
         )
-        self.overhead = Histogram(
+        self.overhead = LoopHistogram(
             "switchyard_router_overhead_seconds",
             "Router time in a streamed request's first chunk, from the handler's start: to the "
             "upstream request (body, parse, tokenize, hash, decide, failed attempts), plus the "
@@ -204,14 +204,14 @@ class RouterMetrics:
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
-        self.loop_lag = Histogram(
+        self.loop_lag = LoopHistogram(
             "switchyard_router_loop_lag_seconds",
             "How late the event loop runs a timer (sampled every 10 ms): what a socket that "
             "becomes readable waits before the router reads it.",
             buckets=OVERHEAD_BUCKETS,
             registry=r,
         )
-        self.gc_pause = Histogram(
+        self.gc_pause = LoopHistogram(
             "switchyard_router_gc_pause_seconds",
             "How long each collection of Python's cyclic GC held the event loop, by "
             "generation. A request's objects are freed by reference counting, so "
@@ -223,14 +223,14 @@ class RouterMetrics:
         )
         for generation in ("0", "1", "2"):
             self.gc_pause.labels(generation)
-        self.ttft = Histogram(
+        self.ttft = LoopHistogram(
             "switchyard_router_ttft_seconds",
             "TTFT measured at the router.",
             ["arm"],
             buckets=TTFT_BUCKETS,
             registry=r,
         )
-        self.tpot = Histogram(
+        self.tpot = LoopHistogram(
             "switchyard_router_tpot_seconds",
             "TPOT measured at the router.",
             ["arm"],
@@ -367,7 +367,7 @@ class RouterMetrics:
             self.loop_lag.observe(max(loop.time() - due, 0.0))
 
     def child(self, family: Family, *labels: str) -> Family:
-        if isinstance(family, Histogram):
+        if isinstance(family, LoopHistogram):
             return cast(Family, family.labels(*labels))  # a dict lookup already
         key = (id(family), *labels)
         found = self._children.get(key)

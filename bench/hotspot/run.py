@@ -45,7 +45,7 @@ from bench.lib.matrix import CONVERSATION
 from engine_interface import percentile
 from enginesim.replay.metrics import tpot_of, ttft_of
 from enginesim.replay.simulator import SimConfig, Simulator
-from enginesim.replay.synth import HotspotParams, hotspot_burst
+from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import read_trace, select
 
 TRACE = CONVERSATION
@@ -84,7 +84,7 @@ def workload(point: Point) -> list[Any]:
     background = select(read_trace(TRACE), end_s=BACKGROUND_S, rate_scale=point.background_scale)
     background_rate = len(background) / background[-1].arrival_s
     burst_rate = background_rate * point.share / (1 - point.share)
-    params = HotspotParams(
+    params = BurstParams(
         at_s=BURST_AT_S,
         duration_s=BURST_S,
         burst_rate=burst_rate,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from enginesim.replay import invariant, metrics
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
-from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, hotspot_burst
+from enginesim.replay.synth import AgenticParams, BurstParams, agentic_sessions, hotspot_burst
 from enginesim.replay.traces import TraceRecord, read_bailian_rows, read_trace, select
 from router_worker.routing import REGISTRY
 
@@ -92,7 +92,7 @@ AGENTIC_TIER = {
     "global_tier_bandwidth": 25e9,
     "global_tier_link_instances": 8,
 }
-BURST = HotspotParams(
+BURST = BurstParams(
     at_s=240.0,
     duration_s=180.0,
     burst_rate=6.0,

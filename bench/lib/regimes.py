@@ -25,7 +25,7 @@ from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import metrics
 from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
 from enginesim.replay.simulator import SimConfig, Simulator
-from enginesim.replay.synth import HotspotParams, hotspot_burst
+from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord, read_trace, select
 from router_worker.routing import REGISTRY
 
@@ -42,8 +42,8 @@ class LongOutputBurst:
     background_rate: float = 1.8  # requests/s, private prompts
     background_prompt: int = 800
     background_output: int = 200
-    burst: HotspotParams = field(
-        default_factory=lambda: HotspotParams(
+    burst: BurstParams = field(
+        default_factory=lambda: BurstParams(
             at_s=10.0,
             duration_s=120.0,
             burst_rate=10.0,

@@ -27,7 +27,7 @@ from engine_interface.stats import CONFIDENCE, Estimate, mean_ci
 
 TIE_TOLERANCE = 0.01  # of the reference's mean: a smaller difference is a tie however sure
 
-Outcome = Literal["better", "worse", "tie"]
+Standing = Literal["better", "worse", "tie"]
 Verdict = Literal["ahead", "behind", "tie"]
 
 
@@ -36,7 +36,7 @@ class Comparison:
     """``a`` against a reference ``b``, seed by seed: the outcome from ``a``'s side, the
     per-seed difference a − b, and the relative difference of the means."""
 
-    outcome: Outcome
+    outcome: Standing
     difference: Estimate
     relative: float  # mean(a) / mean(b) − 1; nan when b's mean is 0
 

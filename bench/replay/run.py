@@ -273,7 +273,9 @@ def wrecks_decode(rows: Mapping[str, Mapping[str, Any]], name: str) -> bool:
 
 def _decode(rows: Mapping[str, Mapping[str, Any]], a: str, b: str) -> stats.Comparison:
     wrecked_a, wrecked_b = wrecks_decode(rows, a), wrecks_decode(rows, b)
-    outcome: stats.Outcome = "tie" if wrecked_a == wrecked_b else "worse" if wrecked_a else "better"
+    outcome: stats.Standing = (
+        "tie" if wrecked_a == wrecked_b else "worse" if wrecked_a else "better"
+    )
     return stats.Comparison(outcome, NO_DIFFERENCE, math.nan)
 
 
@@ -800,7 +802,7 @@ def header_lines(data: Mapping[str, Any]) -> list[str]:
 
 
 @dataclass
-class Plan:
+class MatrixPlan:
     cells: list[Cell]
     jobs: list[Job]
     fits: list[tuple[str, str]]  # (workload, model) pairs to calibrate
@@ -833,7 +835,7 @@ FULL_REQUESTS = {
 }
 
 
-def plan(args: argparse.Namespace) -> Plan:
+def plan(args: argparse.Namespace) -> MatrixPlan:
     workloads = args.workload or [w.name for w in WORKLOADS]
     loads = args.load or (QUICK_LOADS if args.quick else LOADS)
     cells = [Cell(w, MAIN_MODEL, load) for w in workloads for load in loads]
@@ -854,13 +856,13 @@ def plan(args: argparse.Namespace) -> Plan:
             for replicate in range(args.seeds)
             for policy in [*policies, *extra]
         ]
-    return Plan(cells, jobs, fits, limit, args.seeds)
+    return MatrixPlan(cells, jobs, fits, limit, args.seeds)
 
 
 # ----------------------------------------------------------------- main
 
 
-def run(plan_: Plan, workers: int) -> tuple[dict[str, Any], list[Run], dict[Any, Any]]:
+def run(plan_: MatrixPlan, workers: int) -> tuple[dict[str, Any], list[Run], dict[Any, Any]]:
     """Calibrate, then run every job and every lower bound; returns the fits, the runs
     and the bounds."""
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -894,7 +896,7 @@ def run(plan_: Plan, workers: int) -> tuple[dict[str, Any], list[Run], dict[Any,
 
 
 def assemble(
-    plan_: Plan,
+    plan_: MatrixPlan,
     fits: Mapping[str, Any],
     runs: Sequence[Run],
     bounds: Mapping[Any, Any],

@@ -35,7 +35,7 @@ import numpy as np
 from engine_interface import percentile
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator, Outcome
 from enginesim.progress import progress_display
-from enginesim.replay.synth import HotspotParams
+from enginesim.replay.synth import BurstParams
 from enginesim.replay.traces import FORMATS, load_trace, spread_ties
 
 
@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--timeout", type=float, default=600.0, help="per-request read timeout, seconds")
     add("--hotspot-burst", action="store_true", help="enable bursts (SIGUSR1 / --burst-at)")
     add("--burst-at", type=float, default=None, help="start a burst S seconds in")
-    defaults = HotspotParams()
+    defaults = BurstParams()
     add("--burst-duration", type=float, default=defaults.duration_s)
     add("--burst-rate", type=float, default=defaults.burst_rate, help="requests/s")
     add("--burst-prefix-tokens", type=int, default=defaults.prefix_tokens)
@@ -94,7 +94,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _burst(args: argparse.Namespace) -> BurstSettings | None:
     if not args.hotspot_burst:
         return None
-    params = HotspotParams(
+    params = BurstParams(
         duration_s=args.burst_duration,
         burst_rate=args.burst_rate,
         prefix_tokens=args.burst_prefix_tokens,

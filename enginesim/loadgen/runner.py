@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from enginesim.loadgen.payloads import PayloadBuilder
-from enginesim.replay.synth import HotspotParams, hotspot_burst
+from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord
 
 
@@ -48,7 +48,7 @@ class Outcome:
 
 @dataclass(frozen=True)
 class BurstSettings:
-    params: HotspotParams  # at_s is ignored: the trigger decides when
+    params: BurstParams  # at_s is ignored: the trigger decides when
     at_s: float | None = None  # trigger this long after the start (None: SIGUSR1 only)
 
 

@@ -25,7 +25,7 @@ of the order SMetric's and the Bailian paper's descriptions give for agent workl
 (long shared system prompts, tens of turns, tool outputs of thousands of tokens), not a
 fit to any private trace.
 
-**Hotspot burst** (:class:`HotspotParams`, Mooncake JSONL, 512-token blocks). Real traces
+**Hotspot burst** (:class:`BurstParams`, Mooncake JSONL, 512-token blocks). Real traces
 rarely contain the case LMetric's detector exists for: one long prefix suddenly taking
 most of the traffic. :func:`hotspot_burst` overlays on a background trace (a real one by
 default) ``burst_rate`` requests per second for ``duration_s`` from ``at_s``, all
@@ -79,7 +79,7 @@ class AgenticParams:
 
 
 @dataclass(frozen=True)
-class HotspotParams:
+class BurstParams:
     at_s: float = 300.0
     duration_s: float = 120.0
     burst_rate: float = 8.0  # requests per second on the hot prefix
@@ -183,7 +183,7 @@ def _session_rows(
 # ----------------------------------------------------------------- hotspot burst
 
 
-def hotspot_burst(background: Sequence[TraceRecord], params: HotspotParams) -> list[TraceRecord]:
+def hotspot_burst(background: Sequence[TraceRecord], params: BurstParams) -> list[TraceRecord]:
     """``background`` plus a burst of requests sharing one long prefix; sorted by time."""
     rng = np.random.default_rng(params.seed)
     top = max((max(r.hash_ids, default=0) for r in background), default=0)
@@ -258,14 +258,14 @@ def main(argv: list[str] | None = None) -> int:
     _add_params(agentic, AgenticParams)
     hotspot = sub.add_parser("hotspot", help="a hot-prefix burst over a background trace")
     hotspot.add_argument("--background", required=True, type=Path)
-    _add_params(hotspot, HotspotParams)
+    _add_params(hotspot, BurstParams)
     for command in (agentic, hotspot):
         command.add_argument("--out", required=True, type=Path)
     args = parser.parse_args(argv)
     if args.kind == "agentic":
         rows = agentic_sessions(_params(args, AgenticParams))  # type: ignore[arg-type]
     else:
-        records = hotspot_burst(read_trace(args.background), _params(args, HotspotParams))  # type: ignore[arg-type]
+        records = hotspot_burst(read_trace(args.background), _params(args, BurstParams))  # type: ignore[arg-type]
         rows = mooncake_rows(records)
     write_jsonl(rows, args.out)
     print(f"wrote {len(rows)} requests to {args.out}")

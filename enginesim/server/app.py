@@ -31,7 +31,7 @@ BIG_BODY_BYTES = 64 * 1024
 
 
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(openai_api.error_body(status, message, param), status_code=status)
+    return JSONResponse(openai_api.error_dict(status, message, param), status_code=status)
 
 
 async def _json_body(request: Request) -> Any:
@@ -330,7 +330,7 @@ async def _send_html(send: Any) -> None:
 
 
 async def _send_500(send: Any, message: str) -> None:
-    body = openai_api.dumps(openai_api.error_body(500, message)).encode()
+    body = openai_api.dumps(openai_api.error_dict(500, message)).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": 500, "headers": headers})
     await send({"type": "http.response.body", "body": body})

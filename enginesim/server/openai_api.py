@@ -17,29 +17,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from engine_interface.openai_errors import error_dict
+from engine_interface.openai_errors import APIError, error_dict
 from enginesim.server import chat, tokenizer
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 NATURAL_MIN_TOKENS = 16
 NATURAL_SPAN = 241
-
-
-class APIError(Exception):
-    """An error answered as ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, self.param)
-
-
-def error_body(status: int, message: str, param: str | None = None) -> dict[str, Any]:
-    return error_dict(status, message, param)
 
 
 @dataclass(slots=True)
@@ -304,4 +287,4 @@ class ChunkRenderer:
 
     @staticmethod
     def error_chunk(status: int, message: str) -> bytes:
-        return sse(dumps(error_body(status, message)))
+        return sse(dumps(error_dict(status, message)))

@@ -12,10 +12,10 @@ score, the detector or the simulator that moves it must be looked at.
 from __future__ import annotations
 
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
-from enginesim.replay.synth import HotspotParams, hotspot_burst
+from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord
 
-BURST = HotspotParams(
+BURST = BurstParams(
     at_s=10.0,
     duration_s=20.0,
     burst_rate=6.0,

@@ -30,11 +30,11 @@ from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import metrics
 from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
 from enginesim.replay.simulator import SimConfig, Simulator
-from enginesim.replay.synth import HotspotParams, hotspot_burst
+from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord, read_trace, select
 from tests.replay.helpers import CONVERSATION
 
-LONG_OUTPUT_BURST = HotspotParams(
+LONG_OUTPUT_BURST = BurstParams(
     at_s=10.0,
     duration_s=90.0,
     burst_rate=5.0,

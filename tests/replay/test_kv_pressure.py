@@ -27,10 +27,10 @@ import pytest
 from enginesim.replay import metrics
 from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
 from enginesim.replay.simulator import SimConfig, Simulator
-from enginesim.replay.synth import HotspotParams, hotspot_burst
+from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord
 
-BURST = HotspotParams(
+BURST = BurstParams(
     at_s=10.0,
     duration_s=120.0,
     burst_rate=6.0,

@@ -18,7 +18,7 @@ import pytest
 
 from enginesim.loadgen.payloads import PayloadBuilder
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator
-from enginesim.replay.synth import AgenticParams, HotspotParams, agentic_sessions, write_jsonl
+from enginesim.replay.synth import AgenticParams, BurstParams, agentic_sessions, write_jsonl
 from enginesim.replay.traces import TraceRecord, load_trace, read_trace, synthesize_tokens
 from router_worker.routing import turn_index_from_messages
 from tests.fleets import fast_fleet
@@ -101,7 +101,7 @@ async def test_stop_closes_streams_and_returns_promptly(target):
 
 async def test_on_demand_burst_shares_one_prefix(target):
     records = [TraceRecord(0, 0.0, 100, 2, (1,), 512), TraceRecord(1, 1.5, 100, 2, (2,), 512)]
-    params = HotspotParams(
+    params = BurstParams(
         duration_s=0.5, burst_rate=20.0, prefix_tokens=2048, suffix_tokens=50, output_tokens=2
     )
     generator = LoadGenerator(records, target, MODEL, burst=BurstSettings(params))

@@ -9,7 +9,7 @@ import numpy as np
 from enginesim.replay.metrics import infinite_cache_hits
 from enginesim.replay.synth import (
     AgenticParams,
-    HotspotParams,
+    BurstParams,
     agentic_sessions,
     hotspot_burst,
     main,
@@ -67,7 +67,7 @@ def read_trace_rows(rows):
 
 def test_hotspot_burst_overlays_one_long_prefix_on_a_real_background():
     background = select(read_trace(CONVERSATION), end_s=120.0)
-    params = HotspotParams(at_s=30.0, duration_s=60.0, burst_rate=10.0, prefix_tokens=8192)
+    params = BurstParams(at_s=30.0, duration_s=60.0, burst_rate=10.0, prefix_tokens=8192)
     merged = hotspot_burst(background, params)
     hot = [r for r in merged if r.kind == "hotspot"]
     assert len(merged) == len(background) + len(hot)
@@ -83,8 +83,8 @@ def test_hotspot_burst_overlays_one_long_prefix_on_a_real_background():
 
 
 def test_a_ramped_burst_starts_thin_and_reaches_its_rate():
-    step = HotspotParams(at_s=0.0, duration_s=200.0, burst_rate=10.0, seed=5)
-    ramped = HotspotParams(at_s=0.0, duration_s=200.0, burst_rate=10.0, ramp_s=100.0, seed=5)
+    step = BurstParams(at_s=0.0, duration_s=200.0, burst_rate=10.0, seed=5)
+    ramped = BurstParams(at_s=0.0, duration_s=200.0, burst_rate=10.0, ramp_s=100.0, seed=5)
 
     def arrivals(params, start, end):
         burst = [r for r in hotspot_burst([], params) if r.kind == "hotspot"]

@@ -218,10 +218,12 @@ class CanaryIn(Schema):
         "baseline gets the rest, so each step's weights sum to 100. Omitted: this "
         "deployment's default (GET /canary-defaults).",
     )
-    guardrails: dict[str, float] | None = Field(
+    guardrails: dict[str, Any] | None = Field(
         None,
-        description="Any of the guardrails (GET /canary-defaults lists each with its default, "
-        "limit and meaning); the others take the deployment's defaults.",
+        description="Any of the guardrails, as numbers (GET /canary-defaults lists each with "
+        "its default, limit and meaning; min_samples and max_failures are whole numbers, "
+        "min_samples at least 1); the others take the deployment's defaults. Each bad one is "
+        "refused (400) naming it as guardrails.<name>.",
     )
     assignment_key: Literal["session", "random"] = "session"
     reason: Reason
@@ -268,7 +270,8 @@ class TimelineRowOut(Schema):
 class CanaryDefaultsOut(Schema):
     weight_steps: list[float]
     guardrails: dict[str, dict[str, Any]] = Field(
-        description="Per guardrail: default, limit (largest accepted value) and help."
+        description="Per guardrail: default, minimum and limit (smallest and largest "
+        "accepted value), whole (true: a whole number) and help."
     )
 
 

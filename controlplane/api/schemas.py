@@ -85,8 +85,15 @@ class MeOut(Schema):
 
 class ClusterIn(Schema):
     name: Name
-    model: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
-    gpu_type: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)]
+    model: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)] = Field(
+        description="Served model as enginesim's cost model knows it: its key "
+        "(e.g. qwen2-7b), its served name (Qwen/Qwen2-7B-Instruct), or that name without "
+        "the organisation or -Instruct; another is refused (400) naming the known ones."
+    )
+    gpu_type: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)] = Field(
+        description="GPU as enginesim's cost model knows it (e.g. h20, h100; any case); "
+        "another is refused (400) naming the known ones."
+    )
     block_size: int = Field(16, ge=1, le=4096)
     reason: Reason = ""
 

@@ -55,7 +55,7 @@ def simulator_model(cluster: Cluster) -> str:
     try:
         return model_key(cluster.model)
     except UnknownHardwareError as error:  # a cluster stored before names were checked
-        raise ReplayFailed(str(error)) from None
+        raise ReplayFailed(f"no cost model for the cluster's model: {error}") from None
 
 
 def simulator_gpu(cluster: Cluster) -> str:
@@ -64,7 +64,7 @@ def simulator_gpu(cluster: Cluster) -> str:
     try:
         return gpu_key(cluster.gpu_type)
     except UnknownHardwareError as error:
-        raise ReplayFailed(str(error)) from None
+        raise ReplayFailed(f"no cost model for the cluster's GPU: {error}") from None
 
 
 def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:

@@ -171,12 +171,19 @@ def _problem(error: Any, given: dict[str, Any]) -> dict[str, str]:
         text = f"must be {kind} ≥ {ctx['ge']:g}"
     elif error["type"] == "less_than_equal":
         text = f"must be at most {ctx['le']:g}"
-    elif error["type"] in ("not_a_number", "finite_number") or error["type"].startswith("int_"):
-        text = f"must be {kind}"
-    else:
+    elif error["type"] == "wait_before_step":
         text = error["msg"]
-    value = given.get(name, error.get("input"))
-    return {"field": field, "message": f"{field}: {text} (got {value!r})"}
+    else:  # no number, not finite, not whole
+        text = f"must be {kind}"
+    value = given.get(name, error.get("input"))  # a default's own value when not given
+    return {"field": field, "message": f"{field}: {text} (got {_shown(value)})"}
+
+
+def _shown(value: Any) -> str:
+    try:
+        return repr(value)[:80]
+    except ValueError:  # an int past Python's 4300-digit str limit
+        return "a number too long to show"
 
 
 def from_form(texts: Mapping[str, str]) -> dict[str, float | int]:

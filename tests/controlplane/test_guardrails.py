@@ -135,3 +135,21 @@ def test_stored_guardrails_read_defaults_for_missing_ones_and_refuse_no_number()
     assert (stored.min_samples, stored.step_seconds, stored.max_wait_seconds) == (20, 1e14, 600)
     with pytest.raises(ValueError, match=r"guardrails\.min_samples"):
         Guardrails.of_stored({"min_samples": "lots"})
+
+
+@pytest.mark.parametrize(
+    ("given", "shown"),
+    [
+        ({"min_samples": 10**5000}, "(got a number too long to show)"),  # past str()'s limit
+        ({"p_value": "x" * 100_000}, "(got 'xxxx"),
+        ({"max_wait_seconds": 5}, "must be at least step_seconds (60)"),
+    ],
+)
+def test_any_value_gets_a_short_message_naming_its_field(given, shown) -> None:
+    from controlplane.services.errors import ServiceError
+
+    with pytest.raises(ServiceError) as refused:
+        validate_guardrails(given, Guardrails())
+    (name,) = given
+    assert refused.value.field == f"guardrails.{name}"
+    assert shown in refused.value.message and len(refused.value.message) < 200

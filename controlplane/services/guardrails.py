@@ -122,7 +122,7 @@ class Guardrails(BaseModel):
         for name in values:
             value = given.get(name, values[name])
             if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"{PREFIX}.{name}: stored value {value!r} is not a number")
+                raise ValueError(f"{PREFIX}.{name}: stored value {_shown(value)} is not a number")
             values[name] = value
         values["min_samples"] = max(values["min_samples"], 1)
         return cls.model_construct(**values)

@@ -229,7 +229,8 @@ ROUTER_NICE = router_niceness()
 
 # This deployment's canary defaults (the form's and the API's): a JSON object with any
 # guardrail (e.g. {"min_samples": 30}) and "weight_steps" (e.g. [25, 50]); validated at
-# start-up by the canary service, so a bad value stops the process naming the variable.
+# start-up with the guardrails' model (controlplane/services/guardrails.py), so a bad value
+# stops the process naming the variable and the field.
 SWITCHYARD_CANARY_DEFAULTS = env("SWITCHYARD_CANARY_DEFAULTS", "")
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -21,7 +21,7 @@ def running_canary(
 ) -> CanarySplit:
     """Cluster ``name`` with ``instances`` instances (even ones in the baseline arm), round
     robin active and lmetric as the candidate; the canary ``name`` on it, started."""
-    cluster = clusters.create_cluster(ACTOR, name=name, model="m", gpu_type="h20")
+    cluster = clusters.create_cluster(ACTOR, name=name, model="qwen2-7b", gpu_type="h20")
     names = [f"i{i}" for i in range(instances)]
     for i, instance in enumerate(names):
         url = f"http://127.0.0.1:{base_port + i}"

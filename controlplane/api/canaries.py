@@ -8,6 +8,7 @@ from ninja.pagination import paginate
 
 from controlplane.selectors import canaries as canary_selectors
 from controlplane.services import canaries as canary_services
+from controlplane.services import guardrails
 
 from .auth import actor_of, role
 from .pagination import Pages
@@ -40,12 +41,8 @@ def canary_defaults(request: HttpRequest):
     return {
         "weight_steps": defaults.weight_steps,
         "guardrails": {
-            key: {
-                "default": value,
-                "limit": canary_services.GUARDRAIL_LIMITS[key],
-                "help": canary_services.GUARDRAIL_HELP[key],
-            }
-            for key, value in defaults.guardrails.items()
+            key: {"default": value, **guardrails.rules(key)}
+            for key, value in defaults.guardrails.model_dump().items()
         },
     }
 

@@ -85,8 +85,15 @@ class MeOut(Schema):
 
 class ClusterIn(Schema):
     name: Name
-    model: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
-    gpu_type: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)]
+    model: Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)] = Field(
+        description="Served model as enginesim's cost model knows it: its key "
+        "(e.g. qwen2-7b), its served name (Qwen/Qwen2-7B-Instruct), or that name without "
+        "the organisation or -Instruct; another is refused (400) naming the known ones."
+    )
+    gpu_type: Annotated[str, Field(min_length=1, max_length=32, pattern=NO_NUL)] = Field(
+        description="GPU as enginesim's cost model knows it (e.g. h20, h100; any case); "
+        "another is refused (400) naming the known ones."
+    )
     block_size: int = Field(16, ge=1, le=4096)
     reason: Reason = ""
 
@@ -218,10 +225,12 @@ class CanaryIn(Schema):
         "baseline gets the rest, so each step's weights sum to 100. Omitted: this "
         "deployment's default (GET /canary-defaults).",
     )
-    guardrails: dict[str, float] | None = Field(
+    guardrails: dict[str, Any] | None = Field(
         None,
-        description="Any of the guardrails (GET /canary-defaults lists each with its default, "
-        "limit and meaning); the others take the deployment's defaults.",
+        description="Any of the guardrails, as numbers (GET /canary-defaults lists each with "
+        "its default, limit and meaning; min_samples and max_failures are whole numbers, "
+        "min_samples at least 1); the others take the deployment's defaults. Each bad one is "
+        "refused (400) naming it as guardrails.<name>.",
     )
     assignment_key: Literal["session", "random"] = "session"
     reason: Reason
@@ -268,7 +277,8 @@ class TimelineRowOut(Schema):
 class CanaryDefaultsOut(Schema):
     weight_steps: list[float]
     guardrails: dict[str, dict[str, Any]] = Field(
-        description="Per guardrail: default, limit (largest accepted value) and help."
+        description="Per guardrail: default, minimum and limit (smallest and largest "
+        "accepted value), whole (true: a whole number) and help."
     )
 
 

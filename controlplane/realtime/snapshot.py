@@ -14,13 +14,23 @@ Window statistics: counts and rates are summed; p50s are averaged weighted by re
 p99s take the worst router (a conservative bound, percentiles do not merge exactly). Load
 CV is recomputed over the merged pending prefill tokens of the healthy instances, with
 the routers' own definition (``engine_interface.load_cv``).
+
+The rules are declared per field, one table per record (``INSTANCE_MERGE``,
+``WINDOW_MERGE``), and every field of the record must have one: a field added to the
+telemetry contract without a rule stops this module's import, naming the field, instead of
+silently keeping one router's value. A missing value (None: the router has no scrape yet,
+the engine reports no tier) never wins: it is skipped, and the merged value is None only
+when no router has one. ``arm`` is a fact of the configuration, so it is the value of the
+router on the newest config version (then the newest snapshot), whatever the others say.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from pydantic import BaseModel
 
 from engine_interface import load_cv
 from router_worker.telemetry_contract import (
@@ -31,17 +41,69 @@ from router_worker.telemetry_contract import (
 )
 
 HEALTH_ORDER = ("healthy", "draining", "down")
-SUMMED_INSTANCE_FIELDS = ("pending_prefill_tokens", "pending_prefill_tokens_max", "in_flight")
-MAX_INSTANCE_FIELDS = (
-    "batch_size",
-    "batch_size_max",
-    "waiting",
-    "running",
-    "kv_usage",
-    "hit_ratio",
-    "tier_hit_tokens",
-    "tier_bytes_read",
-)
+
+
+def _present(values: list[Any]) -> list[Any]:
+    return [v for v in values if v is not None]
+
+
+def _same(values: list[Any]) -> Any:
+    return values[0]
+
+
+def _total(values: list[Any]) -> Any:
+    present = _present(values)
+    return sum(present) if present else None
+
+
+def _largest(values: list[Any]) -> Any:
+    present = _present(values)
+    return max(present) if present else None
+
+
+def _worst_health(values: list[Any]) -> Any:
+    present = _present(values)
+    return max(present, key=HEALTH_ORDER.index) if present else None
+
+
+def _any(values: list[Any]) -> bool:
+    return any(_present(values))
+
+
+def _newest_config(values: list[Any]) -> Any:
+    return values[-1]  # the reports come oldest config first
+
+
+# How the routers' reports of one instance merge, per field of InstanceSnapshot (each
+# function gets the field's values, one per router, ordered oldest config first).
+INSTANCE_MERGE: dict[str, Callable[[list[Any]], Any]] = {
+    "name": _same,  # the key the reports are grouped by
+    "health": _worst_health,  # any router's circuit breaker counts
+    "pending_prefill_tokens": _total,  # router-local accounting: disjoint
+    "pending_prefill_tokens_max": _total,  # sum of maxima bounds the true maximum
+    "in_flight": _total,
+    "batch_size": _largest,  # scrape-corrected by each router: the views overlap
+    "batch_size_max": _largest,
+    "waiting": _largest,  # engine-reported: the same engine seen by each router
+    "running": _largest,
+    "kv_usage": _largest,
+    "hit_ratio": _largest,
+    "tier_hit_tokens": _largest,  # counters since the engine's start: the newest is largest
+    "tier_bytes_read": _largest,
+    "hotspot": _any,  # confirmed by any router's detector
+    "arm": _newest_config,
+}
+
+
+def check_rules(record: type[BaseModel], rules: dict[str, Any]) -> None:
+    """Refuse a merge table that misses a field of ``record`` or names one it lacks."""
+    missing = sorted(set(record.model_fields) - set(rules))
+    unknown = sorted(set(rules) - set(record.model_fields))
+    if missing or unknown:
+        raise TypeError(
+            f"controlplane/realtime/snapshot.py: {record.__name__} fields without a merge "
+            f"rule: {missing}; rules for no field: {unknown}"
+        )
 
 
 def merge_cluster(
@@ -87,48 +149,34 @@ def router_summary(snapshot: StateSnapshot) -> dict[str, Any]:
 
 
 def merge_instances(snapshots: list[StateSnapshot]) -> list[dict[str, Any]]:
-    merged: dict[str, dict[str, Any]] = {}
-    for snapshot in snapshots:
+    """Each instance any router reports, merged field by field (``INSTANCE_MERGE``)."""
+    oldest_first = sorted(
+        snapshots, key=lambda s: (-1 if s.config_version is None else s.config_version, s.ts)
+    )
+    reports: dict[str, list[InstanceSnapshot]] = {}
+    for snapshot in oldest_first:
         for instance in snapshot.instances:
-            current = merged.get(instance.name)
-            merged[instance.name] = (
-                instance.model_dump() if current is None else _merge_instance(current, instance)
-            )
-    return [merged[name] for name in sorted(merged)]
-
-
-def _merge_instance(into: dict[str, Any], other: InstanceSnapshot) -> dict[str, Any]:
-    for field in SUMMED_INSTANCE_FIELDS:
-        into[field] = into[field] + getattr(other, field)
-    for field in MAX_INSTANCE_FIELDS:
-        into[field] = _max_optional(into[field], getattr(other, field))
-    into["health"] = max(into["health"], other.health, key=HEALTH_ORDER.index)
-    into["hotspot"] = into["hotspot"] or other.hotspot
-    into["arm"] = into["arm"] or other.arm
-    return into
-
-
-def _max_optional(a: float | None, b: float | None) -> float | None:
-    if a is None:
-        return b
-    return a if b is None else max(a, b)
+            reports.setdefault(instance.name, []).append(instance)
+    return [
+        {
+            field: rule([getattr(r, field) for r in reports[name]])
+            for field, rule in INSTANCE_MERGE.items()
+        }
+        for name in sorted(reports)
+    ]
 
 
 def merge_windows(windows: list[WindowStats]) -> dict[str, Any]:
-    requests = sum(w.requests for w in windows)
-    return {
-        "seconds": max((w.seconds for w in windows), default=0.0),
-        "requests": requests,
-        "errors": sum(w.errors for w in windows),
-        "requests_per_s": sum(w.requests_per_s for w in windows),
-        "output_tokens_per_s": sum(w.output_tokens_per_s for w in windows),
-        "ttft_p50_s": _weighted_mean(windows, "ttft_p50_s"),
-        "ttft_p99_s": _max_field(windows, "ttft_p99_s"),
-        "tpot_p50_s": _weighted_mean(windows, "tpot_p50_s"),
-        "tpot_p99_s": _max_field(windows, "tpot_p99_s"),
-        "hit_ratio": _weighted_mean(windows, "hit_ratio"),
-        "load_cv": _max_field(windows, "load_cv"),
-    }
+    """The routers' window statistics merged field by field (``WINDOW_MERGE``)."""
+    return {field: rule(windows, field) for field, rule in WINDOW_MERGE.items()}
+
+
+def _sum_field(windows: list[WindowStats], field: str) -> float:
+    return sum(getattr(w, field) for w in windows)
+
+
+def _longest(windows: list[WindowStats], field: str) -> float:
+    return max((getattr(w, field) for w in windows), default=0.0)
 
 
 def _weighted_mean(windows: list[WindowStats], field: str) -> float | None:
@@ -144,6 +192,25 @@ def _weighted_mean(windows: list[WindowStats], field: str) -> float | None:
 def _max_field(windows: list[WindowStats], field: str) -> float | None:
     values = [getattr(w, field) for w in windows if getattr(w, field) is not None]
     return max(values) if values else None
+
+
+# How the routers' window statistics merge, per field of WindowStats (each function gets
+# the windows and the field). load_cv is recomputed for the cluster over merged instances.
+WINDOW_MERGE: dict[str, Callable[[list[WindowStats], str], Any]] = {
+    "seconds": _longest,
+    "requests": _sum_field,
+    "errors": _sum_field,
+    "requests_per_s": _sum_field,
+    "output_tokens_per_s": _sum_field,
+    "ttft_p50_s": _weighted_mean,  # weighted by requests
+    "ttft_p99_s": _max_field,  # the worst router: percentiles do not merge exactly
+    "tpot_p50_s": _weighted_mean,
+    "tpot_p99_s": _max_field,
+    "hit_ratio": _weighted_mean,
+    "load_cv": _max_field,
+}
+check_rules(InstanceSnapshot, INSTANCE_MERGE)
+check_rules(WindowStats, WINDOW_MERGE)
 
 
 def merge_arms(snapshots: list[StateSnapshot]) -> dict[str, dict[str, Any]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import itertools
 import json
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,45 +19,8 @@ from . import audit, config
 from .audit import Actor
 from .clusters import _full_clean, claim_edit, locked_cluster
 from .errors import Conflict, NotFound, ServiceError
+from .guardrails import Guardrails, validate_guardrails
 
-DEFAULT_GUARDRAILS: dict[str, float] = {
-    "max_error_rate": 0.02,  # hard guard: candidate errors / requests per step
-    "max_hotspot_fallback_rate": 0.5,  # hard guard: share of candidate decisions in fallback
-    "min_samples": 50,  # per arm and step; fewer halts (no data is never a pass)
-    "p_value": 0.05,  # Mann-Whitney significance level
-    "effect_tolerance": 0.10,  # accepted relative worsening of the candidate's median
-    "max_failures": 2,  # failed steps tolerated before automatic rollback
-    "step_seconds": 60,  # minimum time at a step before it is judged
-    "max_wait_seconds": 600,  # longest a step waits for min_samples at the measured rates
-}
-# Upper bounds: beyond them a value is a typo, and some (step_seconds 1e14) overflow the
-# judge's date arithmetic.
-GUARDRAIL_LIMITS: dict[str, float] = {
-    "max_error_rate": 1,
-    "max_hotspot_fallback_rate": 1,
-    "min_samples": 100_000,
-    "p_value": 1,
-    "effect_tolerance": 100,
-    "max_failures": 1_000,
-    "step_seconds": 86_400,
-    "max_wait_seconds": 7 * 86_400,
-}
-GUARDRAIL_HELP: dict[str, str] = {
-    "max_error_rate": "hard guard: highest share of the candidate's requests that may fail "
-    "per step before rollback",
-    "max_hotspot_fallback_rate": "hard guard: highest share of the candidate's decisions that "
-    "may be hotspot fallbacks per step",
-    "min_samples": "requests needed per arm and step before judging; fewer halts the step "
-    "(no data is never a pass)",
-    "p_value": "significance level of the Mann-Whitney test between the arms",
-    "effect_tolerance": "accepted relative worsening of the candidate's median TTFT/TPOT "
-    "(0.10 = 10%)",
-    "max_failures": "failed steps tolerated before automatic rollback",
-    "step_seconds": "minimum time at a weight step before it is judged, seconds",
-    "max_wait_seconds": "longest a step may wait for min_samples, seconds from its start: "
-    "while the arms' measured sample rates say min_samples arrives within it the judge waits; "
-    "past it the canary pauses for the operator",
-}
 TRANSITIONS: dict[str, tuple[tuple[str, ...], str]] = {
     # action: (states it may start from, resulting state)
     "start": (("draft",), "progressing"),
@@ -127,12 +89,14 @@ class CanaryDefaults:
     by this deployment's ``SWITCHYARD_CANARY_DEFAULTS`` (a demo serving one request a
     second needs fewer samples per step than a production fleet)."""
 
-    guardrails: dict[str, float]
+    guardrails: Guardrails
     weight_steps: list[float]
 
 
 @functools.cache
 def site_defaults() -> CanaryDefaults:
+    """This deployment's defaults; a bad ``SWITCHYARD_CANARY_DEFAULTS`` raises
+    ImproperlyConfigured naming the variable and each field at fault."""
     raw = getattr(settings, DEFAULTS_SETTING, "") or "{}"
     try:
         given = json.loads(raw)
@@ -143,53 +107,17 @@ def site_defaults() -> CanaryDefaults:
     steps = given.pop("weight_steps", DEFAULT_WEIGHT_STEPS)
     try:
         return CanaryDefaults(
-            guardrails=_validate_guardrails(given, DEFAULT_GUARDRAILS),
+            guardrails=validate_guardrails(given, Guardrails()),
             weight_steps=_validate_steps(steps),
         )
     except ServiceError as error:
         raise ImproperlyConfigured(f"{DEFAULTS_SETTING}: {error.message}") from None
 
 
-def _validate_guardrails(
-    guardrails: dict[str, Any] | None, base: dict[str, float] | None = None
-) -> dict[str, float]:
-    merged = dict(site_defaults().guardrails if base is None else base)
-    for key, value in (guardrails or {}).items():
-        if key not in DEFAULT_GUARDRAILS:
-            raise ServiceError(
-                f"guardrails.{key}: unknown guardrail; known: {sorted(DEFAULT_GUARDRAILS)}",
-                f"guardrails.{key}",
-            )
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-            or value < 0
-        ):
-            raise ServiceError(
-                f"guardrails.{key}: must be a finite number ≥ 0 (got {value!r})",
-                f"guardrails.{key}",
-            )
-        if value > GUARDRAIL_LIMITS[key]:
-            raise ServiceError(
-                f"guardrails.{key}: must be at most {GUARDRAIL_LIMITS[key]:g} (got {value!r})",
-                f"guardrails.{key}",
-            )
-        merged[key] = value
-    if merged["max_wait_seconds"] < merged["step_seconds"]:
-        raise ServiceError(
-            "guardrails.max_wait_seconds: must be at least step_seconds "
-            f"({merged['step_seconds']:g}): a step is never judged before step_seconds",
-            "guardrails.max_wait_seconds",
-        )
-    return merged
-
-
-def guardrails_of(canary: CanarySplit) -> dict[str, float]:
-    """The canary's guardrails, with the built-in defaults for any it was created without
-    (``max_wait_seconds`` came later)."""
-    stored = canary.guardrails if isinstance(canary.guardrails, dict) else {}
-    return {**DEFAULT_GUARDRAILS, **stored}
+def guardrails_of(canary: CanarySplit) -> Guardrails:
+    """The canary's stored guardrails (``Guardrails.of_stored``: the built-in default for
+    any it was created without)."""
+    return Guardrails.of_stored(canary.guardrails)
 
 
 @transaction.atomic
@@ -246,7 +174,7 @@ def create_canary(
         weight_steps=_validate_steps(
             site_defaults().weight_steps if weight_steps is None else weight_steps
         ),
-        guardrails=_validate_guardrails(guardrails),
+        guardrails=validate_guardrails(guardrails, site_defaults().guardrails).model_dump(),
         assignment_key=assignment_key,
         source_replay=source,
     )

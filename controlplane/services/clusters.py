@@ -7,6 +7,7 @@ from django.db import IntegrityError, transaction
 from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.models import Cluster, Instance
+from enginesim.replay.policy_costs import UnknownHardwareError, gpu_key, model_key
 from router_worker.config import InstanceSpec
 
 from . import audit, config
@@ -63,12 +64,25 @@ def claim_edit(cluster: Cluster, expected_revision: int | None) -> None:
     cluster.save(update_fields=["revision"])
 
 
+def check_hardware(gpu_type: str, model: str) -> None:
+    """Refuse a GPU or model enginesim's cost model does not know, naming the known ones: a
+    typo would otherwise surface only in a replay or a derived policy parameter. Clusters
+    stored before this check keep their names; replays and derived parameters refuse them
+    with the same message."""
+    for field, name, key in (("gpu_type", gpu_type, gpu_key), ("model", model, model_key)):
+        try:
+            key(name)
+        except UnknownHardwareError as error:
+            raise ServiceError(f"{field}: {error}", field) from None
+
+
 @transaction.atomic
 def create_cluster(
     actor: Actor, *, name: str, model: str, gpu_type: str, block_size: int = 16, reason: str = ""
 ) -> Cluster:
     cluster = Cluster(name=name, model=model, gpu_type=gpu_type, block_size=block_size)
     _full_clean(cluster, ("name", "model", "gpu_type", "block_size"))
+    check_hardware(gpu_type, model)
     if not MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE:
         # The router refuses other sizes, so the first config version could never be built.
         raise ServiceError(

@@ -35,6 +35,7 @@ from engine_interface import percentile
 
 from . import canaries
 from .audit import Actor
+from .guardrails import Guardrails
 
 log = logging.getLogger(__name__)
 JUDGE = Actor.system("canary-judge")
@@ -94,22 +95,21 @@ class Verdict:
 
 
 def compare(
-    metric: str, baseline: list[float], candidate: list[float], guardrails: dict[str, float]
+    metric: str, baseline: list[float], candidate: list[float], guardrails: Guardrails
 ) -> MetricTest:
     # Imported here: a router host's `routers` worker loads this module (with every task
     # module) but never judges, and installs no scipy (pyproject's `supervisor` extra).
     from scipy.stats import mannwhitneyu
 
     n_b, n_c = len(baseline), len(candidate)
-    # an empty arm (min_samples 0) has no median to compare
-    if min(n_b, n_c) < max(guardrails["min_samples"], 1):
+    if min(n_b, n_c) < guardrails.min_samples:  # at least 1: an empty arm has no median
         return MetricTest(metric, n_b, n_c, None, None, None, None, "no_data")
     med_b, med_c = percentile(baseline, 50), percentile(candidate, 50)
     assert med_b is not None and med_c is not None  # each arm holds a sample
     effect = (med_c - med_b) / max(med_b, MEDIAN_FLOOR_S)
     p_value = float(mannwhitneyu(candidate, baseline, alternative="greater").pvalue)
-    worse = effect > guardrails["effect_tolerance"]
-    if worse and p_value < guardrails["p_value"]:
+    worse = effect > guardrails.effect_tolerance
+    if worse and p_value < guardrails.p_value:
         outcome = "fail"
     elif worse:
         outcome = "inconclusive"
@@ -126,7 +126,7 @@ def usable_samples(sample: ArmSample) -> int:
     return min(len(sample.ttft_s), len(sample.tpot_s))
 
 
-def guards_of(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> list[Guard]:
+def guards_of(samples: dict[str, ArmSample], guardrails: Guardrails) -> list[Guard]:
     """The step's hard guards, each with its value, its limit and whether it held."""
     candidate = samples["candidate"]
     fewest = min(usable_samples(s) for s in samples.values())
@@ -134,15 +134,15 @@ def guards_of(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> li
         Guard(
             "min_samples",
             fewest,
-            guardrails["min_samples"],
-            bool(candidate.requests) and fewest >= guardrails["min_samples"],
+            guardrails.min_samples,
+            bool(candidate.requests) and fewest >= guardrails.min_samples,
         )
     ]
     for name, count in (
         ("error_rate", candidate.errors),
         ("hotspot_fallback_rate", candidate.hotspot_fallbacks),
     ):
-        limit = guardrails[f"max_{name}"]
+        limit = getattr(guardrails, f"max_{name}")
         rate = count / candidate.requests if candidate.requests else None
         guards.append(Guard(name, rate, limit, None if rate is None else rate <= limit))
     return guards
@@ -161,7 +161,7 @@ def arm_counts(samples: dict[str, ArmSample]) -> dict[str, dict[str, int]]:
     }
 
 
-def judge(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> Verdict:
+def judge(samples: dict[str, ArmSample], guardrails: Guardrails) -> Verdict:
     """Pure decision on one step's samples (no database access)."""
     baseline, candidate = samples["baseline"], samples["candidate"]
     guards, arms = guards_of(samples, guardrails), arm_counts(samples)
@@ -172,7 +172,7 @@ def judge(samples: dict[str, ArmSample], guardrails: dict[str, float]) -> Verdic
     if not guards[0].passed:
         return Verdict(
             "halt",
-            [f"too few samples to judge (min_samples {guardrails['min_samples']:g} per arm)"],
+            [f"too few samples to judge (min_samples {guardrails.min_samples:g} per arm)"],
             tests,
             guards,
             arms,
@@ -249,14 +249,12 @@ class Patience:
         )
 
 
-def patience(
-    samples: dict[str, ArmSample], step_age_s: float, guardrails: dict[str, float]
-) -> Patience:
+def patience(samples: dict[str, ArmSample], step_age_s: float, guardrails: Guardrails) -> Patience:
     """Project, from each arm's samples so far, when every arm reaches ``min_samples``."""
     counts = {arm: usable_samples(s) for arm, s in samples.items()}
     age = max(step_age_s, 1e-9)
     rates = {arm: n / age for arm, n in counts.items()}
-    need = guardrails["min_samples"]
+    need = guardrails.min_samples
     etas = [
         0.0 if n >= need else (need - n) / rates[arm] if n else math.inf
         for arm, n in counts.items()
@@ -264,7 +262,7 @@ def patience(
     expected = max(etas)
     return Patience(
         step_age_s=step_age_s,
-        max_wait_s=guardrails["max_wait_seconds"],
+        max_wait_s=guardrails.max_wait_seconds,
         samples=counts,
         rates_per_s=rates,
         expected_in_s=expected if math.isfinite(expected) else None,
@@ -277,7 +275,7 @@ def step_age(canary: CanarySplit) -> timedelta:
 
 def due(canary: CanarySplit) -> bool:
     # Compared in float seconds: a timedelta of a stored huge step_seconds would overflow.
-    return step_age(canary).total_seconds() >= canaries.guardrails_of(canary)["step_seconds"]
+    return step_age(canary).total_seconds() >= canaries.guardrails_of(canary).step_seconds
 
 
 def expected_verdict(canary: CanarySplit) -> Patience | None:
@@ -345,7 +343,7 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
         verdict = judge(samples, guardrails)
         waiting = patience(samples, step_age(canary).total_seconds(), guardrails)
         if verdict.verdict == "halt":
-            verdict.reasons.append(waiting.explain(guardrails["min_samples"]))
+            verdict.reasons.append(waiting.explain(guardrails.min_samples))
         # The step as it was judged: _act may move the canary to the next one.
         evidence = {
             **verdict.evidence(),
@@ -370,7 +368,7 @@ def _act(
     verdict: Verdict,
     evidence: dict[str, Any],
     waiting: Patience,
-    guardrails: dict[str, float],
+    guardrails: Guardrails,
 ) -> str:
     reason = f"canary judge: {verdict.verdict}: {'; '.join(verdict.reasons)}"
     if verdict.verdict == "pass":
@@ -381,7 +379,7 @@ def _act(
         return "promote"
     if verdict.verdict == "fail":
         failures = canaries.count_failure(JUDGE, canary.pk, reason=reason, evidence=evidence)
-        if failures > guardrails["max_failures"]:
+        if failures > guardrails.max_failures:
             canaries.transition(JUDGE, canary.pk, "rollback", reason=reason, evidence=evidence)
             return "rollback"
         return "retry"

@@ -133,21 +133,15 @@ def trace_format(path: Path) -> str:
 
 
 def model_context(model: str) -> int:
-    """The served model's longest context (enginesim's model table, matched as the policy
-    cost model matches it); the longest known context for a model it does not know."""
+    """The served model's longest context (enginesim's model table, matched as a cluster's
+    model is checked); the longest known context for a model it does not know."""
     from enginesim.engine import MODELS
+    from enginesim.replay.policy_costs import UnknownHardwareError, model_key
 
-    wanted = _model_names(model)
-    for key, spec in MODELS.items():
-        if wanted & (_model_names(key) | _model_names(spec.served_name)):
-            return spec.max_model_len
-    return max(spec.max_model_len for spec in MODELS.values())
-
-
-def _model_names(name: str) -> set[str]:
-    full = name.strip().lower()
-    short = full.rsplit("/", 1)[-1]
-    return {full, short, short.removesuffix("-instruct")} - {""}
+    try:
+        return MODELS[model_key(model)].max_model_len
+    except UnknownHardwareError:
+        return max(spec.max_model_len for spec in MODELS.values())
 
 
 def check_trace(path: Path, model: str) -> int:

@@ -48,24 +48,23 @@ class ReplayFailed(Exception):
 
 
 def simulator_model(cluster: Cluster) -> str:
-    """enginesim's model key for the cluster's served model (key or served name)."""
-    from enginesim.engine import MODELS
+    """enginesim's model key for the cluster's served model (key or served name, as a
+    cluster's model is checked when it is created)."""
+    from enginesim.replay.policy_costs import UnknownHardwareError, model_key
 
-    wanted = cluster.model.lower()
-    for key, spec in MODELS.items():
-        if wanted in (key, spec.served_name.lower()):
-            return key
-    raise ReplayFailed(
-        f"enginesim has no cost model for {cluster.model!r}; known: {sorted(MODELS)}"
-    )
+    try:
+        return model_key(cluster.model)
+    except UnknownHardwareError as error:  # a cluster stored before names were checked
+        raise ReplayFailed(f"no cost model for the cluster's model: {error}") from None
 
 
 def simulator_gpu(cluster: Cluster) -> str:
-    from enginesim.engine import GPUS
+    from enginesim.replay.policy_costs import UnknownHardwareError, gpu_key
 
-    if cluster.gpu_type.lower() not in GPUS:
-        raise ReplayFailed(f"enginesim has no GPU {cluster.gpu_type!r}; known: {sorted(GPUS)}")
-    return cluster.gpu_type.lower()
+    try:
+        return gpu_key(cluster.gpu_type)
+    except UnknownHardwareError as error:
+        raise ReplayFailed(f"no cost model for the cluster's GPU: {error}") from None
 
 
 def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import CanarySplit, Cluster
 from controlplane.services import canaries as canary_service
+from controlplane.services import guardrails
 from controlplane.services.errors import NotFound, ServiceError
 from controlplane.services.validation import policy_kinds
 from engine_interface.stats import describe
@@ -100,11 +101,10 @@ def _guardrails(form: QueryDict | None, errors: dict[str, str]) -> list[dict[str
             "key": key,
             "default": default,
             "value": form.get(f"guard.{key}", "") if form is not None else default,
-            "help": canary_service.GUARDRAIL_HELP.get(key, ""),
-            "limit": canary_service.GUARDRAIL_LIMITS[key],
+            **guardrails.rules(key),
             "error": errors.get(f"guardrails.{key}", ""),
         }
-        for key, default in canary_service.site_defaults().guardrails.items()
+        for key, default in canary_service.site_defaults().guardrails.model_dump().items()
     ]
 
 
@@ -168,11 +168,9 @@ def _create_args(data: QueryDict) -> dict[str, Any]:
             for s in data.get("weight_steps", "").replace(" ", "").split(",")
             if s
         ],
-        "guardrails": {
-            key: _number(data.get(f"guard.{key}", ""), f"guardrails.{key}")
-            for key in canary_service.DEFAULT_GUARDRAILS
-            if data.get(f"guard.{key}", "").strip()
-        },
+        "guardrails": guardrails.from_form(
+            {key: data.get(f"guard.{key}", "") for key in guardrails.Guardrails.model_fields}
+        ),
         "assignment_key": data.get("assignment_key", "session"),
         "source_replay_id": _replay_id(data.get("source_replay", "")),
         "reason": data.get("reason", ""),

@@ -73,7 +73,7 @@ def expected_view(canary: CanarySplit) -> dict[str, Any] | None:
     if waiting is None:
         return None
     guardrails = canary_service.guardrails_of(canary)
-    until_due = max(0.0, guardrails["step_seconds"] - waiting.step_age_s)
+    until_due = max(0.0, guardrails.step_seconds - waiting.step_age_s)
     rates = ", ".join(f"{arm} {rate:.2f}/s" for arm, rate in waiting.rates_per_s.items())
     samples = ", ".join(f"{arm} {n}" for arm, n in waiting.samples.items())
     return {
@@ -81,8 +81,8 @@ def expected_view(canary: CanarySplit) -> dict[str, Any] | None:
         "reachable": waiting.wait or waiting.expected_in_s == 0,
         "rates": rates,
         "samples": samples,
-        "min_samples": guardrails["min_samples"],
-        "max_wait_s": guardrails["max_wait_seconds"],
+        "min_samples": guardrails.min_samples,
+        "max_wait_s": guardrails.max_wait_seconds,
     }
 
 

@@ -88,15 +88,29 @@ def derive_coefficients(gpu_type: str, model: str) -> dict[str, float | int]:
 
 
 def _engine_keys(gpu_type: str, model: str) -> tuple[str, str]:
+    return gpu_key(gpu_type), model_key(model)
+
+
+def gpu_key(gpu_type: str) -> str:
+    """enginesim's key for a GPU name (``H100`` -> ``h100``); UnknownHardwareError naming
+    the known ones otherwise. The control plane checks a cluster's GPU with it, and replays
+    and the policy defaults look the GPU up with it."""
     gpu = gpu_type.strip().lower()
     if gpu not in GPUS:
         raise UnknownHardwareError(
             f"enginesim knows no GPU {gpu_type!r} (known: {', '.join(sorted(GPUS))})"
         )
+    return gpu
+
+
+def model_key(model: str) -> str:
+    """enginesim's key for a served model: its key, its served name, or that name without
+    the organisation or the ``-Instruct`` suffix (``Qwen/Qwen2-7B`` -> ``qwen2-7b``);
+    UnknownHardwareError naming the known ones otherwise."""
     wanted = _model_names(model)
     for key, spec in MODELS.items():
         if wanted & (_model_names(key) | _model_names(spec.served_name)):
-            return gpu, key
+            return key
     raise UnknownHardwareError(
         f"enginesim knows no model {model!r} (known: {', '.join(sorted(MODELS))})"
     )

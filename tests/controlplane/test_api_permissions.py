@@ -73,7 +73,7 @@ def test_revoked_token_is_401(world, users) -> None:
 def test_session_writes_need_the_csrf_token(world, users) -> None:
     client = Client(enforce_csrf_checks=True)
     client.force_login(users["admin"])
-    body = {"name": "csrf", "model": "m", "gpu_type": "h20", "reason": "r"}
+    body = {"name": "csrf", "model": "qwen2-7b", "gpu_type": "h20", "reason": "r"}
     refused = client.post("/api/v1/clusters", body, content_type="application/json")
     assert refused.status_code == 403
     assert "CSRF" in refused.json()["error"]["message"]

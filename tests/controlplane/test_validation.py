@@ -190,15 +190,20 @@ def test_every_published_canary_step_splits_exactly_100_percent(world, users) ->
 @pytest.mark.parametrize(
     ("path", "body", "status", "field"),
     [
-        ("/api/v1/clusters", {"name": "x y", "model": "m", "gpu_type": "h20"}, 400, "name"),
-        ("/api/v1/clusters", {"name": "alpha", "model": "m", "gpu_type": "h20"}, 409, "name"),
+        ("/api/v1/clusters", {"name": "x y", "model": "qwen2-7b", "gpu_type": "h20"}, 400, "name"),
         (
             "/api/v1/clusters",
-            {"name": "z", "model": "m", "gpu_type": "h20", "block_size": 0},
+            {"name": "alpha", "model": "qwen2-7b", "gpu_type": "h20"},
+            409,
+            "name",
+        ),
+        (
+            "/api/v1/clusters",
+            {"name": "z", "model": "qwen2-7b", "gpu_type": "h20", "block_size": 0},
             422,
             "block_size",
         ),
-        ("/api/v1/clusters", {"model": "m", "gpu_type": "h20"}, 422, "name"),
+        ("/api/v1/clusters", {"model": "qwen2-7b", "gpu_type": "h20"}, 422, "name"),
         (
             "/api/v1/clusters/{alpha}/instances",
             {"name": "i0", "url": "http://h:1", **REASON},

@@ -293,7 +293,7 @@ PAGES = (
 
 def test_hostile_documents_in_every_key_and_stream(drill_redis, settings):
     settings.REDIS_URL = drill_redis.url  # pages read the private Redis
-    cluster = clusters.create_cluster(SYSTEM, name=CLUSTER, model="m", gpu_type="h20")
+    cluster = clusters.create_cluster(SYSTEM, name=CLUSTER, model="qwen2-7b", gpu_type="h20")
     RouterDeployment.objects.create(cluster=cluster, name=ROUTER, host="127.0.0.1", port=1)
     viewer = Client()
     viewer.force_login(make_user("viewer"))

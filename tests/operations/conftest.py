@@ -34,7 +34,7 @@ def cluster_router(cluster) -> RouterDeployment:
 
 @pytest.fixture
 def routed_cluster(db):
-    cluster = clusters.create_cluster(ADMIN, name="rec", model="m", gpu_type="h20")
+    cluster = clusters.create_cluster(ADMIN, name="rec", model="qwen2-7b", gpu_type="h20")
     clusters.add_instance(ADMIN, cluster.pk, name="i0", url="http://127.0.0.1:9100", reason="x")
     policy = policies.create_policy(ADMIN, cluster.pk, name="lm", kind="lmetric")
     policies.activate_policy(ADMIN, cluster.pk, policy.pk, reason="x")

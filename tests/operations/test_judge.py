@@ -15,8 +15,7 @@ from controlplane.models import (
     CanarySplit,
     ConfigVersion,
 )
-from controlplane.services import canaries
-from controlplane.services.canaries import DEFAULT_GUARDRAILS
+from controlplane.services.guardrails import Guardrails, validate_guardrails
 from controlplane.services.judge import ArmSample, judge, judge_canary
 from tests.canaries import running_canary as make_running_canary
 from tests.operations.helpers import arm, feed
@@ -30,7 +29,7 @@ def judged(canary_id: int) -> CanaryJudgement:
 
 
 def test_clear_regression_fails_with_evidence():
-    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.9)}, DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.9)}, Guardrails())
     assert verdict.verdict == "fail"
     ttft = next(t for t in verdict.tests if t.metric == "ttft")
     assert ttft.p_value is not None and ttft.effect is not None
@@ -39,35 +38,46 @@ def test_clear_regression_fails_with_evidence():
 
 
 def test_no_difference_passes():
-    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5)}, DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5)}, Guardrails())
     assert verdict.verdict == "pass", verdict.reasons
 
 
 def test_too_little_data_halts_never_passes():
-    verdict = judge({"baseline": arm(0.5, n=10), "candidate": arm(0.5, n=10)}, DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": arm(0.5, n=10), "candidate": arm(0.5, n=10)}, Guardrails())
     assert verdict.verdict == "halt"
 
 
 def test_error_rate_guard_fails_even_when_latency_is_fine():
-    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5, errors=20)}, DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5, errors=20)}, Guardrails())
     assert verdict.verdict == "fail"
     assert any("error rate" in reason for reason in verdict.reasons)
 
 
 def test_worse_but_not_significant_is_inconclusive():
-    few = {**DEFAULT_GUARDRAILS, "min_samples": 3}
+    few = Guardrails(min_samples=3)
     baseline = ArmSample(requests=3, ttft_s=[0.5, 0.9, 0.4], tpot_s=[0.02] * 3)
     candidate = ArmSample(requests=3, ttft_s=[0.6, 0.3, 1.0], tpot_s=[0.02] * 3)
     assert judge({"baseline": baseline, "candidate": candidate}, few).verdict == "inconclusive"
 
 
-def test_an_empty_arm_is_no_data_even_when_no_samples_are_required():
-    none_required = {**DEFAULT_GUARDRAILS, "min_samples": 0}
+def test_an_empty_arm_is_no_data_even_when_a_stored_canary_requires_no_samples():
+    # min_samples 0, as canaries created before it had to be at least 1 may have it stored
+    none_required = Guardrails.of_stored({"min_samples": 0})
     candidate = ArmSample(requests=3, ttft_s=[0.5, 0.6, 0.7])  # one-token answers: no TPOT
     verdict = judge({"baseline": arm(0.5), "candidate": candidate}, none_required)
     tpot = next(t for t in verdict.tests if t.metric == "tpot")
     assert (tpot.outcome, tpot.median_candidate, tpot.p_value) == ("no_data", None, None)
     json.dumps(verdict.evidence(), allow_nan=False)  # stored as JSON: no NaN
+
+
+def test_a_stored_min_samples_of_0_never_passes_a_step_without_data():
+    """Issue 61: a canary stored with min_samples 0 passed a step whose baseline arm served
+    nothing (its guard held at 0 samples, its tests had no data, so nothing failed)."""
+    stored = Guardrails.of_stored({"min_samples": 0})
+    assert stored.min_samples == 1
+    verdict = judge({"baseline": ArmSample(), "candidate": arm(0.5)}, stored)
+    assert verdict.verdict == "halt"
+    assert verdict.guards[0].passed is False
 
 
 @pytest.fixture
@@ -213,7 +223,7 @@ def test_a_baseline_median_of_zero_does_not_hide_a_slow_candidate(running_canary
     """A zero baseline median made the effect 0, so a 30 s candidate passed."""
     zero = ArmSample(requests=200, ttft_s=[0.0] * 200, tpot_s=[0.0] * 200)
     slow = ArmSample(requests=200, ttft_s=[30.0] * 200, tpot_s=[0.02] * 200)
-    verdict = judge({"baseline": zero, "candidate": slow}, DEFAULT_GUARDRAILS)
+    verdict = judge({"baseline": zero, "candidate": slow}, Guardrails())
     assert verdict.verdict == "fail"
     effect = next(t for t in verdict.tests if t.metric == "ttft").effect
     assert effect is not None and effect > 1000
@@ -263,7 +273,7 @@ def test_guardrails_beyond_their_limits_are_refused(running_canary):
         ("max_wait_seconds", 30),  # below step_seconds (60): never judged before it
     ):
         with pytest.raises(ServiceError) as refused:
-            canaries._validate_guardrails({key: value})
+            validate_guardrails({key: value}, Guardrails())
         assert refused.value.field == f"guardrails.{key}"
 
 

@@ -41,12 +41,10 @@ def seed(payload_index: int) -> Cluster:
     """A cluster whose every free-text field holds a payload (names cut to their limits)."""
     hostile = PAYLOADS[payload_index]
     cluster = clusters.create_cluster(
-        SYSTEM,
-        name=f"hostile-{payload_index}",
-        model=hostile[:128],
-        gpu_type=hostile[:32],
-        reason=hostile,
+        SYSTEM, name=f"hostile-{payload_index}", model="qwen2-7b", gpu_type="h20", reason=hostile
     )
+    # GPU and model names are checked on creation; a cluster stored before that may hold any
+    Cluster.objects.filter(pk=cluster.pk).update(model=hostile[:128], gpu_type=hostile[:32])
     for index in range(3):
         clusters.add_instance(
             SYSTEM,
@@ -110,8 +108,8 @@ def pages(base_url: str, cluster: Cluster) -> list[str]:
 @pytest.mark.parametrize("name", ["'+alert(1)+'", "<b>x</b>", "a b"])
 def test_slug_names_refuse_hostile_strings(transactional_db, name) -> None:
     with pytest.raises(ServiceError):
-        clusters.create_cluster(SYSTEM, name=name, model="m", gpu_type="h20")
-    cluster = clusters.create_cluster(SYSTEM, name="plain", model="m", gpu_type="h20")
+        clusters.create_cluster(SYSTEM, name=name, model="qwen2-7b", gpu_type="h20")
+    cluster = clusters.create_cluster(SYSTEM, name="plain", model="qwen2-7b", gpu_type="h20")
     with pytest.raises(ServiceError):
         clusters.add_instance(SYSTEM, cluster.pk, name=name, url="http://127.0.0.1:1", reason="r")
     with pytest.raises(ServiceError):

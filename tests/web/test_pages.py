@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.urls import reverse
 
-from controlplane.models import AuditEvent, CanarySplit, HotspotEvent, Policy, ReplayJob
+from controlplane.models import AuditEvent, CanarySplit, Cluster, HotspotEvent, Policy, ReplayJob
 
 from .helpers import instance, snapshot, write_state
 
@@ -297,3 +297,19 @@ def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role
     other = make_cluster()
     assert client.get(reverse("web:canary_detail", args=[other.pk, canary.pk])).status_code == 404
     assert client.get(reverse("web:canary_detail", args=[cluster.pk, 999999])).status_code == 404
+
+
+def test_a_cluster_stored_with_an_unknown_gpu_and_model_keeps_its_pages(as_role, cluster):
+    """Names are checked when a cluster is created; one stored before keeps its names and
+    every page, and a replay of it says what enginesim does not know."""
+    Cluster.objects.filter(pk=cluster.pk).update(model="mystery-7b", gpu_type="tpu-v5")
+    client = as_role("operator")
+    for url in page_urls(cluster):
+        response = client.get(url)
+        assert response.status_code == 200, url
+    body = client.get(reverse("web:replays", args=[cluster.pk])).content.decode()
+    assert "mystery-7b · tpu-v5" in body
+    from controlplane.tasks.replay import ReplayFailed, simulator_gpu
+
+    with pytest.raises(ReplayFailed, match="enginesim knows no GPU 'tpu-v5' \\(known: a100"):
+        simulator_gpu(Cluster.objects.get(pk=cluster.pk))

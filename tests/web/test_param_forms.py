@@ -184,3 +184,37 @@ def test_canary_form_accepts_the_corrected_value(as_role, cluster) -> None:
     )
     assert response.status_code == 302
     assert CanarySplit.objects.get(name="try-rr").guardrails["p_value"] == 0.01
+
+
+@pytest.mark.parametrize(
+    ("typed", "message"),
+    [
+        # issue 61: min_samples 0 was accepted and passed steps without data
+        ({"guard.min_samples": "0"}, "must be a whole number ≥ 1 (got 0)"),
+        ({"guard.min_samples": "2.5"}, "must be a whole number (got 2.5)"),
+        ({"guard.min_samples": "2e"}, "'2e' is not a number"),
+        ({"guard.min_samples": "1.2.3"}, "'1.2.3' is not a number"),
+    ],
+)
+def test_canary_form_refuses_a_bad_min_samples_next_to_it(as_role, cluster, typed, message):
+    response = as_role("operator").post(
+        reverse("web:canary_create", args=[cluster.pk]),
+        canary_form(cluster, **{"guard.p_value": "0.01", **typed}),
+    )
+    assert response.status_code == 400
+    root = parse(response)
+    box = root.find("input", name="guard.min_samples")
+    assert box.attrs["aria-invalid"] == "true" and box.attrs["value"] == typed["guard.min_samples"]
+    assert f"guardrails.min_samples: {message}" in described(root, box)
+    assert "whole number ≥ 1, at most 100000" in described(root, box)
+    assert not CanarySplit.objects.exists()
+
+
+def test_canary_form_takes_a_blank_guardrail_as_the_default(as_role, cluster) -> None:
+    response = as_role("operator").post(
+        reverse("web:canary_create", args=[cluster.pk]),
+        canary_form(cluster, **{"guard.p_value": " ", "guard.min_samples": "30"}),
+    )
+    assert response.status_code == 302
+    stored = CanarySplit.objects.get(name="try-rr").guardrails
+    assert (stored["p_value"], stored["min_samples"]) == (0.05, 30)

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.realtime.snapshot import merge_cluster
+from controlplane.realtime.snapshot import (
+    INSTANCE_MERGE,
+    WINDOW_MERGE,
+    check_rules,
+    merge_cluster,
+)
 from engine_interface import load_cv
-from router_worker.telemetry_contract import HotspotPayload
+from router_worker.telemetry_contract import HotspotPayload, InstanceSnapshot, WindowStats
 
 from .helpers import hotspot_payload, instance, snapshot, window
 
@@ -136,3 +141,36 @@ def test_tier_traffic_is_summed_over_instances_and_absent_without_a_tier() -> No
     assert merged["tier"] == {"hit_tokens": 160, "bytes_read": 2000}
     plain = snapshot("c", "r1", [instance("i0"), instance("i1")])
     assert merge_cluster("c", [plain])["tier"] is None
+
+
+def test_the_arm_is_the_newest_configs_whichever_router_sorts_first() -> None:
+    """A router still on the old config (r1, v3) must not keep its arm on the page over the
+    router on the new one (r2, v4): the first router's value used to win."""
+    old = snapshot("c", "r1", [instance("i0", arm="baseline")], version=3)
+    new = snapshot("c", "r2", [instance("i0", arm="candidate")], version=4)
+    assert merge_cluster("c", [old, new])["instances"][0]["arm"] == "candidate"
+    out = snapshot("c", "r2", [instance("i0", arm=None)], version=4)  # in neither arm now
+    assert merge_cluster("c", [old, out])["instances"][0]["arm"] is None
+
+
+def test_a_missing_value_never_wins_and_none_is_left_only_when_all_miss() -> None:
+    unscraped = snapshot("c", "r1", [instance("i0", waiting=None, kv_usage=None, hit_ratio=0.2)])
+    scraped = snapshot("c", "r2", [instance("i0", waiting=3, kv_usage=0.4, hit_ratio=None)])
+    i0 = merge_cluster("c", [unscraped, scraped])["instances"][0]
+    assert (i0["waiting"], i0["kv_usage"], i0["hit_ratio"], i0["running"]) == (3, 0.4, 0.2, None)
+
+
+def test_every_field_of_the_telemetry_records_has_a_merge_rule() -> None:
+    check_rules(InstanceSnapshot, INSTANCE_MERGE)
+    check_rules(WindowStats, WINDOW_MERGE)
+    merged = merge_cluster("c", [snapshot("c", "r1", [instance("i0")])])
+    assert set(merged["instances"][0]) == set(InstanceSnapshot.model_fields)
+    assert set(merged["window"]) == set(WindowStats.model_fields)
+
+    class Newer(InstanceSnapshot):  # a field added to the contract, its rule forgotten
+        prefix_cache_hits: float | None = None
+
+    with pytest.raises(
+        TypeError, match=r"Newer fields without a merge rule: \['prefix_cache_hits'\]"
+    ):
+        check_rules(Newer, INSTANCE_MERGE)

@@ -291,7 +291,14 @@ class ScrapedMetrics:
     def summary(self) -> dict[str, float]:
         """The gauges and counters that are present, JSON-ready (the control plane's
         ``Instance.last_scrape``)."""
-        fields = ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits")
+        fields = (
+            "running",
+            "waiting",
+            "kv_usage",
+            "prefix_queries",
+            "prefix_hits",
+            "num_gpu_blocks",  # the KV capacity, which replays of the cluster simulate
+        )
         values = {name: getattr(self, name) for name in fields}
         return {name: value for name, value in values.items() if value is not None}
 

@@ -21,6 +21,8 @@ engines run in slow motion so two cores can carry sixteen of them), SWITCHYARD_D
 SWITCHYARD_DEMO_RATE (the trace's speed relative to the engines: 0.68 puts the default trace
 at about 60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
 sixteen engines, default 0 = none; with one, the live view shows its traffic),
+SWITCHYARD_DEMO_GPU_MEMORY (the engines' --gpu-memory-utilization, default 0.5: a KV cache
+of about 590k tokens per instance, so the KV column moves; replays use the scraped size),
 SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT,
 SWITCHYARD_DEMO_INSTANCES (16), SWITCHYARD_DEMO_ENGINE_PORT (9100: instance k on 9100+k,
 the engines' admin API on 9099) and SWITCHYARD_DEMO_KV_PORT (5600: KV events).
@@ -43,7 +45,7 @@ from pathlib import Path
 from devharness import Fleet, ManagedProcess, WaitTimeout, stop_together, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+VAR = Path(os.environ.get("SWITCHYARD_VAR_DIR", ROOT / "var"))  # as the control plane's
 BIN = ROOT / ".venv" / "bin"
 PYTHON = str(BIN / "python")
 HOST = os.environ.get("SWITCHYARD_HOST", "127.0.0.1")
@@ -92,6 +94,7 @@ def tier_blocks_env(name: str = "SWITCHYARD_DEMO_TIER_BLOCKS") -> int:
 
 
 TIER_BLOCKS = tier_blocks_env()
+GPU_MEMORY = positive_env("SWITCHYARD_DEMO_GPU_MEMORY", "0.5")
 STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 90.0
 
@@ -202,7 +205,16 @@ def engine_fleet(env: dict[str, str]) -> Fleet:
         kv_port=KV_EVENTS_BASE_PORT,
         # Qwen2-7B's 128k context (YaRN), as in the evaluation matrix: the trace's long
         # prompts are served, not refused
-        extra=["--max-model-len", str(MAX_MODEL_LEN), "--global-tier-blocks", str(TIER_BLOCKS)],
+        # half the H20's memory for the model and its KV cache (vLLM's 0.9 leaves 1.3M
+        # tokens per instance, which the demo's load never fills past a few percent)
+        extra=[
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--global-tier-blocks",
+            str(TIER_BLOCKS),
+            "--gpu-memory-utilization",
+            f"{GPU_MEMORY:g}",
+        ],
         log=log_path("engines"),
         cwd=ROOT,
         env=env,

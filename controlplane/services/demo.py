@@ -1,10 +1,11 @@
 """Idempotent seeding of the demo cluster (used by `make demo`).
 
 The demo's story: the cluster starts on a plain policy (round robin, ``DemoSpec.policy``),
-as a fleet that never tuned its routing would. A seeded draft canary tries the obvious
-first step from there (least load) on live traffic, with the live policy as its baseline;
-the demo's capture of its own traffic, replayed over every policy, then finds the better
-one (LMetric) and offers to canary it."""
+as a fleet that never tuned its routing would. The demo captures its own traffic from the
+start; replayed over the policies, the capture shows which would serve it better, and the
+replay's page offers a canary of that one against the live policy. A seeded draft canary
+has the same shape (the live policy as baseline, LMetric as candidate), for whoever wants
+to try a canary before a replay."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ class DemoSpec:
     router_port: int = 8000
     time_scale: float = 1.0  # the engines' --time-scale (wall seconds per engine second)
     policy: str = "round_robin"  # the kind the cluster starts on
-    canary_candidate: str = "least_load"  # the seeded canary's candidate (baseline: live)
+    canary_candidate: str = "lmetric"  # the seeded canary's candidate (baseline: live)
 
 
 # What an earlier run leaves under SWITCHYARD_VAR_DIR that would outlive a reset database:

@@ -199,6 +199,9 @@ def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason
     selection = fidelity_selection(cluster, inputs)
     if selection is not None:
         inputs["fidelity"] = selection
+    blocks = kv_blocks_per_instance(cluster)
+    if blocks:  # the engines' KV capacity as they report it (else the GPU's default)
+        inputs["num_gpu_blocks"] = blocks
     job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.account)
     replay_cells.create_cells(job)
     audit.record(
@@ -252,6 +255,21 @@ def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster) -> lis
     ]
     problems.raise_any()
     return [spec for spec in validated if spec is not None]
+
+
+def kv_blocks_per_instance(cluster: Cluster) -> int:
+    """The KV blocks of the cluster's instances as their engines last reported them (the
+    smallest, so a replay never holds more than any engine could); 0 when none has."""
+    scrapes = cluster.instances.exclude(state="down").values_list("last_scrape", flat=True)
+    blocks = [
+        value
+        for scrape in scrapes
+        if isinstance(scrape, dict)
+        and isinstance(value := scrape.get("num_gpu_blocks"), int | float)
+        and not isinstance(value, bool)
+        and 0 < value < 2**31
+    ]
+    return int(min(blocks)) if blocks else 0
 
 
 def fidelity_selection(cluster: Cluster, inputs: dict[str, Any]) -> dict[str, Any] | None:

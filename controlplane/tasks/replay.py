@@ -95,6 +95,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         seed=cell.seed,
         policy_params={spec["kind"]: spec.get("params", {})},
         max_model_len=captures.replay_max_model_len(inputs["trace"]) or 0,
+        num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
     )
 
     def step(done: int, total: int, now: float) -> None:

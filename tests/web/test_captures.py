@@ -208,6 +208,7 @@ def test_replay_against_live_holds_each_policy_to_the_requests_it_served(
     assert (selection["requests"], selection["of"]) == (6, 13)
     assert run_replay(job.pk) == "succeeded"
     job.refresh_from_db()
+    assert job.results is not None
     fidelity = job.results["fidelity"]
     assert (fidelity["policy"], fidelity["active"]) == ("lmetric", False)
     assert (fidelity["requests"], fidelity["of"], fidelity["measured"]) == (6, 13, 6)
@@ -240,6 +241,6 @@ def test_no_comparison_when_no_replayed_policy_served_the_capture_alone(
     assert job.inputs["fidelity"]["policy"] is None
     assert run_replay(job.pk) == "succeeded"
     job.refresh_from_db()
-    assert job.results["fidelity"]["requests"] == 0
+    assert job.results is not None and job.results["fidelity"]["requests"] == 0
     page = operator.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
     assert "there is nothing live to hold the replay against" in page

@@ -325,3 +325,18 @@ def test_canary_page_reads_judgements_of_any_age_and_only_on_its_cluster(as_role
     other = make_cluster()
     assert client.get(reverse("web:canary_detail", args=[other.pk, canary.pk])).status_code == 404
     assert client.get(reverse("web:canary_detail", args=[cluster.pk, 999999])).status_code == 404
+
+
+def test_the_replay_pages_live_row_is_in_the_engines_time(cluster) -> None:
+    """A replay's numbers are in the engines' time; the live row beside them too."""
+    from controlplane.web.replays import engine_time
+
+    window = {"seconds": 30.0, "requests": 9, "ttft_p50_s": 4.0, "output_tokens_per_s": 100.0}
+    assert engine_time(window, cluster) == window  # real engines
+    cluster.engine_time_scale = 2.0
+    assert engine_time(window, cluster) == {
+        "seconds": 30.0,  # the wall window it covers
+        "requests": 9,
+        "ttft_p50_s": 2.0,
+        "output_tokens_per_s": 200.0,
+    }

@@ -291,15 +291,10 @@ class ScrapedMetrics:
     def summary(self) -> dict[str, float]:
         """The gauges and counters that are present, JSON-ready (the control plane's
         ``Instance.last_scrape``)."""
-        fields = (
-            "running",
-            "waiting",
-            "kv_usage",
-            "prefix_queries",
-            "prefix_hits",
-            "num_gpu_blocks",  # the KV capacity, which replays of the cluster simulate
-        )
+        fields = ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits")
         values = {name: getattr(self, name) for name in fields}
+        # the smallest engine's KV blocks: what a replay gives each simulated engine
+        values["engine_kv_blocks"] = min(self._values("num_gpu_blocks"), default=None)
         return {name: value for name, value in values.items() if value is not None}
 
 

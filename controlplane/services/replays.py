@@ -265,7 +265,7 @@ def kv_blocks_per_instance(cluster: Cluster) -> int:
         value
         for scrape in scrapes
         if isinstance(scrape, dict)
-        and isinstance(value := scrape.get("num_gpu_blocks"), int | float)
+        and isinstance(value := scrape.get("engine_kv_blocks"), int | float)
         and not isinstance(value, bool)
         and 0 < value < 2**31
     ]

@@ -195,6 +195,9 @@ def test_replay_against_live_holds_each_policy_to_the_requests_it_served(
     rr = cluster.policies.get(name="rr")
     policies.activate_policy(SYSTEM, cluster.pk, rr.pk, reason="try round robin")
     rr_version = config.latest_version(cluster).number  # type: ignore[union-attr]
+    for index, blocks in enumerate((81541, 36800, None)):  # as the scraper stores them
+        scrape = {"running": 0.0} if blocks is None else {"engine_kv_blocks": blocks}
+        cluster.instances.filter(name=f"i{index}").update(last_scrape=scrape)
     fill(capture, 6, version=lm_version, arm="default", ttft=0.2)
     fill(capture, 4, first=6, version=rr_version, arm="default", ttft=5.0)
     fill(capture, 3, first=10, version=rr_version, arm="candidate", ttft=9.0)  # a canary arm
@@ -203,6 +206,7 @@ def test_replay_against_live_holds_each_policy_to_the_requests_it_served(
     response = operator.post(reverse("web:replay_create", args=[cluster.pk]), form)
     assert response.status_code == 302, response.content.decode()[:400]
     job = ReplayJob.objects.get()
+    assert job.inputs["num_gpu_blocks"] == 36800  # the smallest the engines reported
     selection = job.inputs["fidelity"]
     assert (selection["name"], selection["versions"]) == ("lm", [lm_version])
     assert (selection["requests"], selection["of"]) == (6, 13)

@@ -144,6 +144,10 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         live = page.locator("[data-testid=policy-choice] option:checked").inner_text()
         assert live == "round-robin (round_robin)" and served_by(demo.router) == "round_robin"
         switch(page, demo, "lmetric", "lmetric")
+        # v1 the seed's round robin, v2 with the capture, v3 LMetric: reported and applied
+        page.locator("tr[data-router=router-0][data-version='3']").filter(
+            has_text="applied"
+        ).wait_for()
         switch(page, demo, "round-robin", "round_robin")
         # the KV column moves: the demo's engines keep half the H20's memory
         wait_for(lambda: _kv_peak(page, demo) >= 0.05, 120, "some KV usage on the live view")
@@ -178,9 +182,6 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         assert fidelity["name"] == "round-robin" and fidelity["active"] is True
         assert 0 < fidelity["requests"] < fidelity["of"]  # the lmetric minute left out
         diffs = {m["metric"]: m["diff"] for m in fidelity["metrics"]}
-        (artifacts_dir / "demo-walkthrough-fidelity.json").write_text(
-            json.dumps({"fidelity": fidelity, "results": job.results["policies"]}, indent=1)
-        )
         assert abs(diffs["ttft_mean_s"]) <= TTFT_MEAN_BOUND, diffs
         page.screenshot(path=str(artifacts_dir / "demo-replay-own-traffic.png"), full_page=True)
 
@@ -197,6 +198,10 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         row = page.locator("tr[data-canary=from-the-replay]")
         row.locator("input[name=reason]").fill("go")
         row.locator("button[data-action=start]").click()
+        # started (the form's answer in): leaving the page sooner would cancel the start
+        page.locator("tr[data-canary=from-the-replay] [data-testid=canary-state]").filter(
+            has_text="progressing"
+        ).wait_for()
         canary = CanarySplit.objects.get(name="from-the-replay")
         assert canary.source_replay_id == job.pk and canary.baseline_policy.kind == "round_robin"
         page.goto(f"{demo.url}/clusters/{demo.cluster}/canary/{canary.pk}/")
@@ -218,6 +223,16 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         ).exists()
         assert page.locator("td[data-field=after] details:not([open])").count() >= 1
         assert errors == []
+        (artifacts_dir / "demo-walkthrough-fidelity.json").write_text(
+            json.dumps(
+                {
+                    "fidelity": fidelity,
+                    "results": job.results["policies"],
+                    "canary": CanarySplit.objects.get(pk=canary.pk).state,
+                },
+                indent=1,
+            )
+        )
     finally:
         context.close()
 

@@ -10,8 +10,8 @@ policy over round robin with a "Start a canary" button; the canary started from 
 its verdict unaided and links back to the replay; the audit log names the replay.
 
 One knob differs from `make demo`: the canary defaults (SWITCHYARD_CANARY_DEFAULTS, which the
-README names) are one 50% step of 15 samples a arm, so the judge decides in about a minute,
-not five. The whole walk takes about five minutes.
+README names) are one 50% step of 15 samples an arm, so the judge decides in about a minute,
+not five. The whole walk takes four to five minutes.
 """
 
 from __future__ import annotations

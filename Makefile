@@ -1,9 +1,11 @@
 # The two commands of the README. Both set up what they need first (scripts/bootstrap.sh).
 .PHONY: demo test setup lint lock
 
+# Each demo starts fresh (an earlier run's database, Redis and router configs emptied);
+# `make demo KEEP=1` keeps them.
 demo:
 	@bash scripts/bootstrap.sh
-	@.venv/bin/python scripts/demo.py
+	@.venv/bin/python scripts/demo.py $(if $(filter-out 0,$(KEEP)),--keep)
 
 # The suite runs on parallel workers, one per core (at most 6: each takes a Redis database of
 # its own, 10 to 15), each test file whole on one worker; then the tests that must run in one

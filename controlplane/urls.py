@@ -13,5 +13,11 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("api/v1/", api.urls),
     path("api/docs", RedirectView.as_view(url="/api/v1/docs", permanent=False)),
+    # browsers ask for /favicon.ico on every page that names none (API answers, errors)
+    path(
+        "favicon.ico",
+        RedirectView.as_view(url="/static/switchyard/favicon.svg", permanent=True),
+        name="favicon",
+    ),
     path("", include("controlplane.web.urls")),
 ]

@@ -300,6 +300,8 @@ class ScrapedMetrics:
         ``Instance.last_scrape``)."""
         fields = ("running", "waiting", "kv_usage", "prefix_queries", "prefix_hits")
         values = {name: getattr(self, name) for name in fields}
+        # the smallest engine's KV blocks: what a replay gives each simulated engine
+        values["engine_kv_blocks"] = min(self._values("num_gpu_blocks"), default=None)
         return {name: value for name, value in values.items() if value is not None}
 
 

@@ -2,9 +2,10 @@
 
 While the router's config carries a ``capture`` (the control plane starts and stops one
 per cluster), :meth:`CaptureBuffer.add` keeps, for each finished request, a tuple of what
-the request path already holds (its features, the instance, TTFT/TPOT): an append, no
-hashing, no copy. The telemetry writer drains the buffer off the request path
-(:meth:`CaptureBuffer.drain`) to the cluster's capture stream
+the request path already holds (its features, the instance, its arm, TTFT/TPOT): an
+append, no hashing, no copy; the config version it was routed under comes with the
+capture's spec (:attr:`CaptureSpec.config_version`). The telemetry writer drains the buffer
+off the request path (:meth:`CaptureBuffer.drain`) to the cluster's capture stream
 (:func:`router_worker.telemetry_contract.capture_stream`): the prompt as its block hashes
 (packed, as peer sync sends them), the session key as a keyed digest under the capture's
 salt. The control plane turns the block hashes into keyed digests under the same salt
@@ -146,6 +147,7 @@ class CaptureBuffer:
             turn=features.turn_index,
             instance=item.instance,
             arm=item.arm,
+            config_version=item.capture.config_version,
             status=item.status,
             ttft_s=item.ttft_s,
             tpot_s=item.tpot_s,

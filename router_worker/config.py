@@ -16,7 +16,15 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
 
@@ -306,7 +314,9 @@ class ClientAuthSpec(_Strict):
 
 class CaptureSpec(_Strict):
     """A traffic capture in progress: the routers record every finished request
-    (router_worker/capture.py) until a config version without it."""
+    (router_worker/capture.py) until a config version without it. Each request is recorded
+    with the number of the config version it was routed under (:attr:`config_version`,
+    stamped by :class:`RouterConfig`), so the control plane knows which policy served it."""
 
     id: int = Field(ge=1, description="The capture's id in the control plane.")
     salt: str = Field(
@@ -315,6 +325,12 @@ class CaptureSpec(_Strict):
         description="Secret key of the digests of block hashes and session keys: ids are "
         "comparable within the capture, and no content can be guessed from them.",
     )
+    _config_version: int = PrivateAttr(default=0)
+
+    @property
+    def config_version(self) -> int:
+        """The version of the configuration this capture came with (0: none given)."""
+        return self._config_version
 
 
 class RouterConfig(_Strict):
@@ -346,6 +362,13 @@ class RouterConfig(_Strict):
         model = data.get("model")
         derived = template_for_model(model if isinstance(model, str) else None)
         return {**data, "router": {**router, "chat_template": derived}}
+
+    @model_validator(mode="after")
+    def _stamp_capture(self) -> RouterConfig:
+        """The capture records each request's config version: it is this document's."""
+        if self.capture is not None:
+            self.capture._config_version = self.version
+        return self
 
     @model_validator(mode="after")
     def _names_resolve(self) -> RouterConfig:

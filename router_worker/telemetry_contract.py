@@ -351,7 +351,10 @@ class CaptureRecord(_Record):
     session: str | None = None  # keyed digest of the session key, under the same salt
     turn: int | None = None  # 0-based, when the request says (chat messages)
     instance: str = ""
-    arm: str = ""
+    arm: str = ""  # the canary arm that served it ("default" without a canary)
+    # the number of the config version it was routed under (with ``arm``: its policy);
+    # None from a router older than the field
+    config_version: int | None = None
     status: int = 0
     ttft_s: float | None = None
     tpot_s: float | None = None

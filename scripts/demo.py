@@ -12,12 +12,20 @@ each in its own process group with output in var/log/<name>.log:
   beat      Celery beat
   loadgen   a load generator replaying a real shared trace in a loop through the router
 
+Each run starts fresh: the database, the Redis database and the routers' saved configs of
+an earlier run are emptied first (`make demo KEEP=1`, `--keep` or SWITCHYARD_DEMO_KEEP=1
+keeps them, with the first run's policies, canaries, captures and replays).
+
 Knobs (environment): SWITCHYARD_DEMO_TIME_SCALE (wall seconds per simulated second; the
 engines run in slow motion so two cores can carry sixteen of them), SWITCHYARD_DEMO_TRACE,
 SWITCHYARD_DEMO_RATE (the trace's speed relative to the engines: 0.68 puts the default trace
 at about 60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
 sixteen engines, default 0 = none; with one, the live view shows its traffic),
-SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT.
+SWITCHYARD_DEMO_GPU_MEMORY (the engines' --gpu-memory-utilization, default 0.5: a KV cache
+of about 590k tokens per instance, so the KV column moves; replays use the scraped size),
+SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT,
+SWITCHYARD_DEMO_INSTANCES (16), SWITCHYARD_DEMO_ENGINE_PORT (9100: instance k on 9100+k,
+the engines' admin API on 9099) and SWITCHYARD_DEMO_KV_PORT (5600: KV events).
 """
 
 from __future__ import annotations
@@ -37,17 +45,17 @@ from pathlib import Path
 from devharness import Fleet, ManagedProcess, WaitTimeout, stop_together, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
-VAR = ROOT / "var"
+VAR = Path(os.environ.get("SWITCHYARD_VAR_DIR", ROOT / "var"))  # as the control plane's
 BIN = ROOT / ".venv" / "bin"
 PYTHON = str(BIN / "python")
 HOST = os.environ.get("SWITCHYARD_HOST", "127.0.0.1")
 PORT = int(os.environ.get("SWITCHYARD_PORT", "8080"))
 ROUTER_PORT = int(os.environ.get("SWITCHYARD_ROUTER_PORT", "8000"))
 ROUTER_HOST_NAME = "localhost"  # the RouterDeployment host this machine's worker claims
-INSTANCES = 16
-ENGINE_BASE_PORT = 9100
-KV_EVENTS_BASE_PORT = 5600
-ENGINE_ADMIN_PORT = 9099
+INSTANCES = int(os.environ.get("SWITCHYARD_DEMO_INSTANCES", "16"))
+ENGINE_BASE_PORT = int(os.environ.get("SWITCHYARD_DEMO_ENGINE_PORT", "9100"))
+KV_EVENTS_BASE_PORT = int(os.environ.get("SWITCHYARD_DEMO_KV_PORT", "5600"))
+ENGINE_ADMIN_PORT = ENGINE_BASE_PORT - 1
 
 
 def positive_env(name: str, default: str) -> float:
@@ -86,6 +94,7 @@ def tier_blocks_env(name: str = "SWITCHYARD_DEMO_TIER_BLOCKS") -> int:
 
 
 TIER_BLOCKS = tier_blocks_env()
+GPU_MEMORY = positive_env("SWITCHYARD_DEMO_GPU_MEMORY", "0.5")
 STOP_GRACE_S = 10.0
 READY_TIMEOUT_S = 90.0
 
@@ -146,13 +155,15 @@ def stack_env() -> dict[str, str]:
     return env
 
 
-def seed(env: dict[str, str]) -> dict[str, str]:
-    """Seed the demo cluster; returns {"cluster": id, "operator": pw, "admin": pw}."""
+def seed(env: dict[str, str], fresh: bool) -> dict[str, str]:
+    """Seed the demo cluster (after emptying an earlier run's state when ``fresh``);
+    returns {"cluster": id, "operator": pw, "admin": pw, "reset": "what, ..."}."""
     out = subprocess.run(
         [
             PYTHON,
             "manage.py",
             "seed_demo",
+            *(["--fresh"] if fresh else []),
             "--instances",
             str(INSTANCES),
             "--engine-base-port",
@@ -172,10 +183,15 @@ def seed(env: dict[str, str]) -> dict[str, str]:
         capture_output=True,
         text=True,
     )
-    values = {}
+    values: dict[str, str] = {}
+    reset: list[str] = []
     for line in out.stdout.splitlines():
-        key, value = line.split()[:2]
-        values[key] = value
+        key, value = line.split(maxsplit=1)
+        if key == "reset":
+            reset.append(value)
+        else:
+            values[key] = value.split()[0]
+    values["reset"] = ", ".join(reset)
     return values
 
 
@@ -189,7 +205,16 @@ def engine_fleet(env: dict[str, str]) -> Fleet:
         kv_port=KV_EVENTS_BASE_PORT,
         # Qwen2-7B's 128k context (YaRN), as in the evaluation matrix: the trace's long
         # prompts are served, not refused
-        extra=["--max-model-len", str(MAX_MODEL_LEN), "--global-tier-blocks", str(TIER_BLOCKS)],
+        # half the H20's memory for the model and its KV cache (vLLM's 0.9 leaves 1.3M
+        # tokens per instance, which the demo's load never fills past a few percent)
+        extra=[
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--global-tier-blocks",
+            str(TIER_BLOCKS),
+            "--gpu-memory-utilization",
+            f"{GPU_MEMORY:g}",
+        ],
         log=log_path("engines"),
         cwd=ROOT,
         env=env,
@@ -338,6 +363,13 @@ def supervise(running: list[Service]) -> None:
 
 def banner(logins: dict[str, str]) -> str:
     base = f"http://{HOST}:{PORT}"
+    if logins.get("reset"):
+        state = (
+            f"  state:     fresh (emptied the earlier run's {logins['reset']} and the routers'"
+            " saved configs; `make demo KEEP=1` keeps them)\n"
+        )
+    else:
+        state = "  state:     kept from the earlier run (KEEP=1); the demo's seed only adds\n"
     return (
         f"\nSwitchyard is up on a simulated {INSTANCES} x H20 cluster "
         f"(time scale {TIME_SCALE:g}: engines run {TIME_SCALE:g}x slower than real).\n"
@@ -345,11 +377,22 @@ def banner(logins: dict[str, str]) -> str:
         f"  login:     operator / {logins['operator']}   (admin / {logins['admin']})\n"
         f"  router:    http://127.0.0.1:{ROUTER_PORT}/v1  (OpenAI-compatible)\n"
         f"  load:      replaying {TRACE.name} in a loop at {RATE:g}x its rate\n"
+        f"{state}"
         f"  logs:      {VAR / 'log'}\nPress Ctrl-C to stop everything.\n"
     )
 
 
-def run(running: list[Service]) -> int:
+def keep_requested(argv: list[str]) -> bool:
+    """Whether to keep the earlier run's state: ``--keep`` or SWITCHYARD_DEMO_KEEP=1."""
+    unknown = [arg for arg in argv if arg != "--keep"]
+    if unknown:
+        sys.exit(
+            f"unknown argument {unknown[0]!r}; the only one is --keep (keep the earlier state)"
+        )
+    return "--keep" in argv or os.environ.get("SWITCHYARD_DEMO_KEEP", "") not in ("", "0")
+
+
+def run(running: list[Service], fresh: bool) -> int:
     if not TRACE.is_file():
         print(
             f"The demo trace {TRACE} is missing: set SWITCHYARD_DEMO_TRACE to a trace file "
@@ -358,7 +401,7 @@ def run(running: list[Service]) -> int:
         )
         return 1
     env = stack_env()
-    logins = seed(env)
+    logins = seed(env, fresh)
     engines = engine_fleet(env)
     running.extend(stack_services(engines))
     for service in running:
@@ -375,6 +418,7 @@ def run(running: list[Service]) -> int:
 
 
 def main() -> int:
+    fresh = not keep_requested(sys.argv[1:])
     running: list[Service] = []
 
     def on_signal(signum, frame):
@@ -383,7 +427,7 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)  # also when started with SIGINT ignored (nohup, &)
     try:
-        return run(running)
+        return run(running, fresh)
     except StackFailed as failure:
         print(f"\nThe demo stopped: {failure.describe()}", file=sys.stderr)
         return 1

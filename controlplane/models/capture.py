@@ -80,6 +80,9 @@ class CapturedRequest(models.Model):
     turn = models.PositiveIntegerField(null=True, blank=True)
     instance = models.CharField(max_length=64, blank=True, default="")
     arm = models.CharField(max_length=64, blank=True, default="")
+    # the router config version it was routed under: with ``arm``, the policy that served
+    # it (null from routers older than the field)
+    config_version = models.PositiveIntegerField(null=True, blank=True)
     status = models.PositiveSmallIntegerField(default=0)
     ttft_s = models.FloatField(null=True, blank=True)
     tpot_s = models.FloatField(null=True, blank=True)

@@ -25,6 +25,10 @@ class Cluster(models.Model):
     client_keys_required = models.BooleanField(
         default=False, help_text="Routers refuse requests without a valid client API key."
     )
+    # Wall seconds per engine second: 1 for real engines; for a simulated cluster,
+    # enginesim's --time-scale (the demo's engines run slowed). The live view says its
+    # times are wall-clock at this scale; a capture started without one takes it.
+    engine_time_scale = models.FloatField(default=1.0)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

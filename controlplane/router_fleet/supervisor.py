@@ -248,6 +248,9 @@ class RouterSupervisor:
             str(router.port),
             "--name",
             router.name,
+            # its last good config, where the demo's fresh start finds it (not the cwd's var/)
+            "--state-dir",
+            str(Path(settings.SWITCHYARD_VAR_DIR) / "router"),
         ]
         argv += ["--supervisor-pid", str(os.getpid())]
         if settings.ROUTER_NICE is not None:

@@ -11,8 +11,8 @@ without ``capture``. Stopped captures are kept for ``SWITCHYARD_CAPTURE_RETENTIO
 
 A capture exports as a Bailian-form JSONL trace (:func:`export_lines`): the routers' rows
 merged in arrival order, sessions as ``parent_chat_id`` chains, plus the columns the
-replay ignores and the fidelity check reads (instance, arm, status, measured TTFT/TPOT).
-Replays name it ``capture:<id>``.
+replay ignores and the fidelity check reads (instance, arm, the config version it was
+routed under, status, measured TTFT/TPOT). Replays name it ``capture:<id>``.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def start_capture(
 ) -> TrafficCapture:
     """Start capturing the cluster's traffic. ``engine_time_scale``: wall seconds per
     engine second (1 for real engines; enginesim's ``--time-scale`` for a simulated
-    cluster), so that the trace is in the engines' own time."""
+    cluster; unset: the cluster's), so that the trace is in the engines' own time."""
     problems = Problems()
     name = problems.check(_name, name) or ""
     limit = problems.check(
@@ -97,6 +97,8 @@ def start_capture(
     scale = problems.check(_time_scale, engine_time_scale)
     problems.raise_any()
     cluster = locked_cluster(cluster_id)
+    if engine_time_scale is None or engine_time_scale == "":
+        scale = cluster.engine_time_scale or 1.0  # the cluster's own engines' scale
     running = cluster.captures.filter(state=TrafficCapture.State.CAPTURING).first()
     if running is not None:
         raise Conflict(f"{cluster.name} is already capturing ({running.name!r}); stop it first")
@@ -249,6 +251,7 @@ class StorableRequest(CaptureRecord):
     turn: int | None = Field(default=None, ge=0, le=INT_COLUMN)
     instance: str = Field(default="", max_length=64)
     arm: str = Field(default="", max_length=64)
+    config_version: int | None = Field(default=None, ge=0, le=INT_COLUMN)
     status: int = Field(default=0, ge=0, le=999)
     ttft_s: Latency | None = None
     tpot_s: Latency | None = None
@@ -388,6 +391,7 @@ def _line(
         "router": row.router,
         "instance": row.instance,
         "arm": row.arm,
+        "config_version": row.config_version,
         "status": row.status,
         "ttft_s": None if row.ttft_s is None else row.ttft_s / scale,
         "tpot_s": None if row.tpot_s is None else row.tpot_s / scale,
@@ -450,19 +454,72 @@ def export_for_replay(cluster_id: int, capture_id: int, until: int | None = None
 # ----------------------------------------------------------------- fidelity
 
 FIDELITY_METRICS = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s")
+WHOLE_CLUSTER_ARM = "default"  # router_worker.runtime.DEFAULT_ARM: no canary split it
+
+
+def _taken(capture: TrafficCapture, max_requests: int | None, until: int | None) -> Any:
+    """The rows a replay of the capture takes: its first ``max_requests`` by arrival, as
+    far as the job pinned it, in the replay's order."""
+    rows = _rows(capture, until).order_by("at", "pk")
+    return rows[:max_requests] if max_requests else rows
+
+
+def whole_cluster_versions(
+    capture_id: int, max_requests: int | None, until: int | None = None
+) -> tuple[int, dict[int, int], int]:
+    """Of the requests a replay of the capture takes: how many, how many were routed under
+    each config version on the whole cluster (no canary arm), and how many carry no config
+    version (captured by routers older than the field)."""
+    capture = TrafficCapture.objects.filter(pk=capture_id).first()
+    if capture is None:
+        return 0, {}, 0
+    taken = list(_taken(capture, max_requests, until).values_list("config_version", "arm"))
+    by_version: dict[int, int] = {}
+    for version, arm in taken:
+        if version is not None and arm == WHOLE_CLUSTER_ARM:
+            by_version[version] = by_version.get(version, 0) + 1
+    return len(taken), by_version, sum(version is None for version, _ in taken)
+
+
+def selected_positions(
+    capture_id: int, max_requests: int | None, until: int | None, versions: list[int]
+) -> set[int]:
+    """Positions, in the replay's order (its requests' indices), of the requests routed
+    under one of ``versions`` on the whole cluster."""
+    capture = TrafficCapture.objects.filter(pk=capture_id).first()
+    if capture is None:
+        return set()
+    wanted = set(versions)
+    rows = _taken(capture, max_requests, until).values_list("config_version", "arm")
+    return {
+        position
+        for position, (version, arm) in enumerate(rows)
+        if version in wanted and arm == WHOLE_CLUSTER_ARM
+    }
 
 
 def live_latencies(
-    capture_id: int, max_requests: int | None, until: int | None = None
+    capture_id: int,
+    max_requests: int | None,
+    until: int | None = None,
+    versions: list[int] | None = None,
 ) -> dict[str, Any] | None:
     """What the routers measured for the requests a replay of the capture takes (its first
     ``max_requests`` by arrival), in the engines' own time: mean and p99 TTFT and TPOT of
-    the answered ones (TTFT and TPOT are measured on streams)."""
+    the answered ones (TTFT and TPOT are measured on streams). ``versions``: only those
+    routed under one of these config versions on the whole cluster (one policy's)."""
     capture = TrafficCapture.objects.filter(pk=capture_id).first()
     if capture is None:
         return None
-    rows = _rows(capture, until).order_by("at", "pk").values_list("status", "ttft_s", "tpot_s")
-    taken = list(rows[:max_requests] if max_requests else rows)
+    rows = _taken(capture, max_requests, until).values_list(
+        "config_version", "arm", "status", "ttft_s", "tpot_s"
+    )
+    wanted = None if versions is None else set(versions)
+    taken = [
+        (status, ttft, tpot)
+        for version, arm, status, ttft, tpot in rows
+        if wanted is None or (version in wanted and arm == WHOLE_CLUSTER_ARM)
+    ]
     scale = capture.engine_time_scale or 1.0
     ttft = [t / scale for status, t, _ in taken if status == 200 and t is not None]
     tpot = [t / scale for status, _, t in taken if status == 200 and t is not None]

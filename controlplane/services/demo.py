@@ -1,32 +1,40 @@
-"""Idempotent seeding of the demo cluster (used by `make demo`)."""
+"""Idempotent seeding of the demo cluster (used by `make demo`).
+
+The demo's story: the cluster starts on a plain policy (round robin, ``DemoSpec.policy``),
+as a fleet that never tuned its routing would. The demo captures its own traffic from the
+start; replayed over the policies, the capture shows which would serve it better, and the
+replay's page offers a canary of that one against the live policy. A seeded draft canary
+has the same shape (the live policy as baseline, LMetric as candidate), for whoever wants
+to try a canary before a replay."""
 
 from __future__ import annotations
 
 import secrets
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.db import transaction
 
-from controlplane.models import CanarySplit, Cluster, RouterDeployment, TrafficCapture
+from controlplane.models import CanarySplit, Cluster, Policy, RouterDeployment, TrafficCapture
+from router_worker.routing.policies import REGISTRY
 
 from . import canaries, captures, clusters, policies, supervision
 from .audit import Actor
 
 SEEDER = Actor.system("demo-seed")
 REASON = "demo seed"
-# Sensible parameters per kind; defaults elsewhere come from each policy's Params class.
-DEMO_POLICIES: dict[str, dict] = {
-    "lmetric": {},
-    "smetric": {},
-    "round_robin": {},
-    "least_load": {},
-    "linear": {"w": 0.7},
-    "cache_aware": {},
-    "preble": {},
-    "dualmap": {},
-}
+# One policy of every kind in the policy registry; parameters from each policy's Params
+# class (the control plane completes cost coefficients), except these.
+PARAM_OVERRIDES: dict[str, dict] = {"linear": {"w": 0.7}}
+
+
+def demo_policies() -> dict[str, dict]:
+    """Every registered policy kind with the parameters the demo gives it."""
+    return {kind: PARAM_OVERRIDES.get(kind, {}) for kind in sorted(REGISTRY)}
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,38 @@ class DemoSpec:
     router_host: str = "localhost"
     router_port: int = 8000
     time_scale: float = 1.0  # the engines' --time-scale (wall seconds per engine second)
+    policy: str = "round_robin"  # the kind the cluster starts on
+    canary_candidate: str = "lmetric"  # the seeded canary's candidate (baseline: live)
+
+
+# What an earlier run leaves under SWITCHYARD_VAR_DIR that would outlive a reset database:
+# routers' last applied config (versions count from 1 again), capture exports (capture
+# ids too), Celery beat's schedule.
+VAR_LEFTOVERS = ("router", "captures", "celerybeat-schedule")
+
+
+def reset() -> list[str]:
+    """Start the demo afresh: empty the control plane's database (every table but the
+    migrations), its Redis database (routers' state, telemetry streams, queued tasks) and
+    the files an earlier run left in the var directory. What was reset, for the banner."""
+    import redis
+    from django.core.management import call_command
+
+    call_command("flush", interactive=False, verbosity=0)
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    try:
+        client.flushdb()
+    finally:
+        client.close()
+    var = Path(settings.SWITCHYARD_VAR_DIR)
+    for name in VAR_LEFTOVERS:
+        path = var / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    database = settings.DATABASES["default"]["NAME"]
+    return [f"database {database}", f"Redis {settings.REDIS_URL.rsplit('@', 1)[-1]}"]
 
 
 @transaction.atomic
@@ -50,10 +90,14 @@ def seed(spec: DemoSpec) -> Cluster:
         cluster = clusters.create_cluster(
             SEEDER, name=spec.cluster, model=spec.model, gpu_type=spec.gpu, reason=REASON
         )
+    if cluster.engine_time_scale != spec.time_scale:
+        cluster.engine_time_scale = spec.time_scale
+        cluster.save(update_fields=["engine_time_scale"])
     _seed_instances(cluster, spec)
     by_kind = _seed_policies(cluster)
     if cluster.active_policy is None:
-        policies.activate_policy(SEEDER, cluster.pk, by_kind["lmetric"].pk, reason=REASON)
+        policies.activate_policy(SEEDER, cluster.pk, by_kind[spec.policy].pk, reason=REASON)
+        cluster.refresh_from_db()
     _seed_canary(cluster, by_kind, spec)
     _seed_router(cluster, spec)
     _seed_capture(cluster, spec)
@@ -83,7 +127,7 @@ def _seed_instances(cluster: Cluster, spec: DemoSpec) -> None:
 
 def _seed_policies(cluster: Cluster) -> dict:
     by_kind = {p.kind: p for p in cluster.policies.all()}
-    for kind, params in DEMO_POLICIES.items():
+    for kind, params in demo_policies().items():
         if kind not in by_kind:
             by_kind[kind] = policies.create_policy(
                 SEEDER,
@@ -97,17 +141,22 @@ def _seed_policies(cluster: Cluster) -> dict:
     return by_kind
 
 
-def _seed_canary(cluster: Cluster, by_kind: dict, spec: DemoSpec) -> None:
-    if cluster.canaries.exists():
+def _seed_canary(cluster: Cluster, by_kind: dict[str, Policy], spec: DemoSpec) -> None:
+    """A draft canary from the live policy (baseline) to a plausible next one."""
+    if cluster.canaries.exists() or cluster.active_policy is None:
         return
+    baseline = cluster.active_policy
+    candidate = by_kind[spec.canary_candidate]
+    if candidate.pk == baseline.pk:
+        candidate = by_kind["lmetric" if baseline.kind != "lmetric" else "least_load"]
     names = [f"i{index:02d}" for index in range(spec.instances)]
     half = len(names) // 2
     canaries.create_canary(
         SEEDER,
         cluster.pk,
-        name="lmetric-vs-round-robin",
-        baseline_policy_id=by_kind["round_robin"].pk,
-        candidate_policy_id=by_kind["lmetric"].pk,
+        name=f"{baseline.name}-to-{candidate.name}",
+        baseline_policy_id=baseline.pk,
+        candidate_policy_id=candidate.pk,
         baseline_instances=names[:half],
         candidate_instances=names[half:],
         reason=REASON,

@@ -186,17 +186,27 @@ def fail_abandoned(older_than_s: float) -> int:
 
 
 def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] | None:
-    """For a replay of captured traffic: the active policy's replay at the captured rate
-    (rate scale 1) beside what the routers measured live for the same requests, so the
-    operator knows how far to trust the other rows. None for other traces, or when the
-    active policy was not replayed at rate scale 1."""
+    """For a replay of captured traffic: one replayed policy at the captured rate (rate
+    scale 1) beside what the routers measured live for the requests it served (those routed
+    under it on the whole cluster, by their config versions: the job's ``fidelity``
+    selection, services/replays.py), on the same requests of the replay, so the operator
+    knows how far to trust the other rows. None for other traces, or when that policy was
+    not replayed at rate scale 1. A job asked for before selections (or of a capture whose
+    requests carry no config version) compares the active policy on every request."""
     from . import captures
 
     trace, ids = str(inputs.get("trace", "")), inputs.get("policy_ids") or []
-    active = inputs.get("active_policy_id")
-    if not trace.startswith("capture:") or active not in ids:
+    if not trace.startswith("capture:"):
         return None
-    spec = inputs["policies"][ids.index(active)]
+    selection = inputs.get("fidelity")
+    if selection is None:  # a job from before selections: the active policy, every request
+        active = inputs.get("active_policy_id")
+        if active not in ids:
+            return None
+        selection = {"policy": ids.index(active), "versions": None, "name": None}
+    if selection.get("policy") is None:  # no replayed policy ran the cluster alone
+        return {"requests": 0, "of": selection.get("of"), "metrics": [], "policy": None}
+    spec = inputs["policies"][selection["policy"]]
     row = next(
         (
             r
@@ -207,19 +217,35 @@ def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] 
         ),
         None,
     )
+    versions = selection.get("versions")
     live = captures.live_latencies(
-        int(trace.split(":", 1)[1]), inputs.get("max_requests"), inputs.get("capture_until")
+        int(trace.split(":", 1)[1]),
+        inputs.get("max_requests"),
+        inputs.get("capture_until"),
+        versions,
     )
     if row is None or live is None:
         return None
+    replayed_on = row["summary"] if versions is None else row.get("selected")
+    if replayed_on is None:
+        return None
     metrics = []
     for key in captures.FIDELITY_METRICS:
-        measured, replayed = live.get(key), row["summary"].get(key)
+        measured, replayed = live.get(key), replayed_on.get(key)
         ratio = None
         if measured and replayed is not None:
             ratio = (replayed - measured) / measured
         metrics.append({"metric": key, "live": measured, "replay": replayed, "diff": ratio})
-    return {"requests": live["requests"], "measured": live["measured"], "metrics": metrics}
+    return {
+        "policy": spec["kind"],
+        "name": selection.get("name"),
+        "active": ids[selection["policy"]] == inputs.get("active_policy_id") if ids else None,
+        "versions": versions,
+        "requests": live["requests"],
+        "of": selection.get("of", live["requests"]),
+        "measured": live["measured"],
+        "metrics": metrics,
+    }
 
 
 def aggregate(inputs: dict[str, Any], cells: list[ReplayCell]) -> dict[str, Any]:
@@ -260,7 +286,8 @@ def _row(spec: dict[str, Any], scale: float, group: list[ReplayCell]) -> dict[st
     results = [cell.result for cell in group if cell.result is not None]
     summaries = [result["summary"] for result in results]
     curves = [r["ttft_percentiles"] for r in results if r.get("ttft_percentiles")]
-    return {
+    selected = [r["selected"] for r in results if r.get("selected")]
+    row = {
         "kind": spec["kind"],
         "params": spec.get("params", {}),
         "rate_scale": scale,
@@ -269,6 +296,9 @@ def _row(spec: dict[str, Any], scale: float, group: list[ReplayCell]) -> dict[st
         "ci": {key: _half_width([s.get(key) for s in summaries]) for key in CI_KEYS},
         "ttft_percentiles": np.mean(curves, axis=0).tolist() if curves else None,
     }
+    if selected and len(selected) == len(results):  # the requests held against live ones
+        row["selected"] = _means(selected)
+    return row
 
 
 def _means(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.models import Cluster, Policy, ReplayJob
+from controlplane.models import Cluster, ConfigVersion, Policy, ReplayJob
 
 from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
@@ -134,7 +134,7 @@ def _checked_inputs(
         "seeds": list(range(seed, seed + count)),
     }
     if trace.startswith("capture:"):  # every cell replays the capture as it is now
-        capture = captures.require_replayable(cluster.pk, _capture_id(trace))
+        capture = captures.require_replayable(cluster.pk, trace_capture_id(trace))
         inputs["capture_until"] = captures.last_row(capture)
     if isinstance(policies, list) and len(policies) * len(scales) * count > MAX_CELLS:
         problems.found.append(
@@ -196,6 +196,12 @@ def _create_job(actor: Actor, cluster_id: int, inputs: dict[str, Any], *, reason
         "policies": _validated_policies(inputs["policies"], cluster),
         "active_policy_id": cluster.active_policy_id,  # the row the results mark
     }
+    selection = fidelity_selection(cluster, inputs)
+    if selection is not None:
+        inputs["fidelity"] = selection
+    blocks = kv_blocks_per_instance(cluster)
+    if blocks:  # the engines' KV capacity as they report it (else the GPU's default)
+        inputs["num_gpu_blocks"] = blocks
     job = ReplayJob.objects.create(cluster=cluster, inputs=inputs, created_by=actor.account)
     replay_cells.create_cells(job)
     audit.record(
@@ -212,7 +218,7 @@ def _validated_trace(trace: str, cluster: Cluster) -> str:
     if not trace or len(trace) > 256:
         raise ServiceError("trace must name a trace (1-256 characters)", "trace")
     if trace.startswith("capture:"):
-        captures.require_replayable(cluster.pk, _capture_id(trace))
+        captures.require_replayable(cluster.pk, trace_capture_id(trace))
         return trace
     if not traces.resolve_trace(trace).is_file():
         raise ServiceError(f"trace {trace!r} does not exist", "trace")
@@ -225,11 +231,11 @@ def trace_file(cluster_id: int, inputs: dict[str, Any]) -> Path:
     trace = inputs["trace"]
     if trace.startswith("capture:"):
         until = inputs.get("capture_until")
-        return captures.export_for_replay(cluster_id, _capture_id(trace), until)
+        return captures.export_for_replay(cluster_id, trace_capture_id(trace), until)
     return traces.resolve_trace(trace)
 
 
-def _capture_id(trace: str) -> int:
+def trace_capture_id(trace: str) -> int:
     name = trace.removeprefix("capture:")
     if not (name.isascii() and name.isdigit() and len(name) < 19):
         raise ServiceError(f"trace {trace!r} does not name a capture", "trace")
@@ -249,6 +255,81 @@ def _validated_policies(policies: list[dict[str, Any]], cluster: Cluster) -> lis
     ]
     problems.raise_any()
     return [spec for spec in validated if spec is not None]
+
+
+def kv_blocks_per_instance(cluster: Cluster) -> int:
+    """The KV blocks of the cluster's instances as their engines last reported them (the
+    smallest, so a replay never holds more than any engine could); 0 when none has."""
+    scrapes = cluster.instances.exclude(state="down").values_list("last_scrape", flat=True)
+    blocks = [
+        value
+        for scrape in scrapes
+        if isinstance(scrape, dict)
+        and isinstance(value := scrape.get("engine_kv_blocks"), int | float)
+        and not isinstance(value, bool)
+        and 0 < value < 2**31
+    ]
+    return int(min(blocks)) if blocks else 0
+
+
+def fidelity_selection(cluster: Cluster, inputs: dict[str, Any]) -> dict[str, Any] | None:
+    """For a replay of captured traffic: which replayed policy to hold against what the
+    routers measured live, and on which of the captured requests: those routed under it on
+    the whole cluster (no canary arm), told by the config version each request records.
+    Of several replayed policies that served captured requests, the one that served the
+    most (of equals, the active one). ``{"policy": index or None, "name", "versions"
+    (None: the capture records no versions, so every request), "requests", "of"}``; None
+    for other traces."""
+    trace = str(inputs.get("trace", ""))
+    if not trace.startswith("capture:"):
+        return None
+    total, by_version, unversioned = captures.whole_cluster_versions(
+        trace_capture_id(trace), inputs.get("max_requests"), inputs.get("capture_until")
+    )
+    specs, ids = inputs["policies"], inputs.get("policy_ids") or []
+    active = ids.index(cluster.active_policy_id) if cluster.active_policy_id in ids else None
+    if total and unversioned == total:  # captured by routers that did not record versions
+        if active is None:
+            return None
+        return _selection(ids, active, None, total, total)
+    documents = dict(
+        ConfigVersion.objects.filter(cluster=cluster, number__in=list(by_version)).values_list(
+            "number", "document"
+        )
+    )
+    served: dict[int, list[int]] = {}  # replayed policy's index -> versions it ran alone
+    for number in sorted(by_version):
+        index = _replayed_index((documents.get(number) or {}).get("policy"), specs, cluster)
+        if index is not None:
+            served.setdefault(index, []).append(number)
+    if not served:
+        return _selection(ids, None, [], 0, total)
+
+    def weight(index: int) -> tuple[int, bool]:
+        return sum(by_version[number] for number in served[index]), index == active
+
+    best = max(served, key=weight)
+    return _selection(ids, best, served[best], weight(best)[0], total)
+
+
+def _selection(
+    ids: list[int], index: int | None, versions: list[int] | None, requests: int, total: int
+) -> dict[str, Any]:
+    name = None
+    if index is not None and index < len(ids):
+        name = Policy.objects.filter(pk=ids[index]).values_list("name", flat=True).first()
+    return {"policy": index, "name": name, "versions": versions, "requests": requests, "of": total}
+
+
+def _replayed_index(policy: Any, specs: list[dict[str, Any]], cluster: Cluster) -> int | None:
+    """The index among the job's (completed) specs of a config document's policy."""
+    if not isinstance(policy, dict):
+        return None
+    try:
+        wanted = _validated_policy(policy, cluster)
+    except (ServiceError, ValueError, TypeError):  # a kind or params no longer valid
+        return None
+    return next((index for index, spec in enumerate(specs) if spec == wanted), None)
 
 
 def _validated_policy(spec: Any, cluster: Cluster) -> dict[str, Any]:

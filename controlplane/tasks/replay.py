@@ -94,6 +94,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         seed=cell.seed,
         policy_params={spec["kind"]: spec.get("params", {})},
         max_model_len=captures.replay_max_model_len(inputs["trace"]) or 0,
+        num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
     )
 
     def step(done: int, total: int, now: float) -> None:
@@ -104,13 +105,53 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
     result.wall_s = time.perf_counter() - started
     done = [r for r in result.requests if r.status == "ok"]
     engine = SimConfig(gpu=config.gpu, model=config.model).engine_config(None)
-    return {
+    out = {
         "summary": _json_safe(summarize(result)),
         "ttft_percentiles": _percentiles(ttfts(done)),
         "instances": instances,
         "requests": len(records),
         "percentiles": TTFT_PERCENTILES,
         "lower_bound": _json_safe(lower_bound_summary(records, engine)[0]),
+    }
+    selected = _fidelity_positions(cell)
+    if selected is not None:
+        out["selected"] = _selected_summary(result.requests, selected)
+    return out
+
+
+def _fidelity_positions(cell: ReplayCell) -> set[int] | None:
+    """For the cell the job holds against live measurements (its policy at the captured
+    rate): the positions of the captured requests that policy served live, whose replayed
+    latencies are compared with the measured ones."""
+    inputs = cell.job.inputs
+    selection = inputs.get("fidelity") or {}
+    versions = selection.get("versions")
+    if not versions or selection.get("policy") != cell.policy or cell.rate_scale != 1.0:
+        return None
+    return captures.selected_positions(
+        replay_service.trace_capture_id(inputs["trace"]),
+        inputs.get("max_requests"),
+        inputs.get("capture_until"),
+        versions,
+    )
+
+
+def _selected_summary(requests: list[Any], positions: set[int]) -> dict[str, Any]:
+    """Mean and p99 TTFT and TPOT of the replayed requests at ``positions`` (the replay's
+    request ids are ``r<position>``)."""
+    from enginesim.replay.metrics import tpot_of, ttft_of
+
+    chosen = [r for r in requests if int(r.id[1:]) in positions]
+    done = [r for r in chosen if r.status == "ok"]
+    ttft = np.array([ttft_of(r) for r in done])
+    tpot = np.array([tpot_of(r) for r in done if r.output_tokens > 1])
+    return {
+        "requests": len(chosen),
+        "completed": len(done),
+        "ttft_mean_s": float(ttft.mean()) if len(ttft) else None,
+        "ttft_p99_s": percentile(ttft, 99) if len(ttft) else None,
+        "tpot_mean_s": float(tpot.mean()) if len(tpot) else None,
+        "tpot_p99_s": percentile(tpot, 99) if len(tpot) else None,
     }
 
 

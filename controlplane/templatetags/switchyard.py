@@ -52,6 +52,18 @@ def pretty_json(value: Any) -> str:
     return "" if value is None else json.dumps(value, indent=1, sort_keys=True, default=str)
 
 
+BRIEF_CHARS = 60
+
+
+@register.filter
+def brief_json(value: Any) -> str:
+    """One line of a JSON value, cut at BRIEF_CHARS: the summary of a collapsed one."""
+    if value is None:
+        return ""
+    text = json.dumps(value, sort_keys=True, default=str, separators=(", ", ": "))
+    return text if len(text) <= BRIEF_CHARS else text[: BRIEF_CHARS - 1] + "…"
+
+
 @register.filter
 def get(mapping: dict | None, key: Any) -> Any:
     return None if mapping is None else mapping.get(key)

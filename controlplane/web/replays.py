@@ -42,6 +42,23 @@ def _context(cluster: Cluster, chosen_trace: str = "") -> dict[str, Any]:
     }
 
 
+def engine_time(window: dict[str, Any] | None, cluster: Cluster) -> dict[str, Any] | None:
+    """The live window's latencies and rates in the engines' own time, as a replay's are
+    (a simulated cluster's engines run ``engine_time_scale`` times slower than the wall)."""
+    scale = cluster.engine_time_scale or 1.0
+    if not window or scale == 1.0:
+        return window
+    scaled = dict(window)
+    for key, value in window.items():
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            continue
+        if key.endswith("_per_s"):
+            scaled[key] = value * scale
+        elif key.endswith("_s"):
+            scaled[key] = value / scale
+    return scaled
+
+
 @viewer_required
 @require_GET
 def replay_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
@@ -169,6 +186,6 @@ def replay_detail(request: HttpRequest, cluster_id: int, job_id: int) -> HttpRes
         recommendation=_named(replay_selectors.recommendation(job), cluster),
         canaries=list(job.canaries.order_by("-created_at")),
         tab="replays",
-        live_window=dashboard.live_state(cluster)["window"],
+        live_window=engine_time(dashboard.live_state(cluster)["window"], cluster),
         undispatched=request.GET.get("undispatched"),
     )

@@ -73,6 +73,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="context limit (0 = the model's); longer requests are rejected and counted",
     )
     add(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of GPU memory for weights, activations and KV cache (vLLM's option)",
+    )
+    add(
         "--policy", action="append", default=[], help=f"repeatable, or 'all': {', '.join(REGISTRY)}"
     )
     add(
@@ -134,6 +140,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         gpu=args.gpu,
         model=args.model,
         max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization,
         router_block_size=args.router_block_size,
         telemetry_delay_s=args.telemetry_delay,
         scrape_interval_s=args.scrape_interval,

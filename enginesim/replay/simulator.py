@@ -114,6 +114,9 @@ class SimConfig:
     gpu: str = "h20"
     model: str = "qwen2-7b"
     max_model_len: int = 0  # 0 = the model's
+    # the engines' share of GPU memory (vLLM's --gpu-memory-utilization): their KV capacity
+    gpu_memory_utilization: float = 0.9
+    num_gpu_blocks: int = 0  # KV blocks per instance; 0 = derived from the memory share
     router_block_size: int = 16
     telemetry_delay_s: float = 0.0
     scrape_interval_s: float = 1.0
@@ -152,13 +155,24 @@ class SimConfig:
     def engine_config(self, tier: GlobalKVTier | None) -> EngineConfig:
         """The nominal engine: what the policies' cost coefficients describe."""
         return EngineConfig.for_hardware(
-            self.gpu, self.model, max_model_len=self.max_model_len, global_tier=tier
+            self.gpu,
+            self.model,
+            max_model_len=self.max_model_len,
+            global_tier=tier,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks=self.num_gpu_blocks,
         )
 
     def engine_configs(self, tier: GlobalKVTier | None) -> list[EngineConfig]:
         """Each instance's engine (one shared object when the fleet does not vary)."""
         return self.variation.engine_configs(
-            self.instances, self.gpu, self.model, max_model_len=self.max_model_len, global_tier=tier
+            self.instances,
+            self.gpu,
+            self.model,
+            max_model_len=self.max_model_len,
+            global_tier=tier,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            num_gpu_blocks=self.num_gpu_blocks,
         )
 
     @property

@@ -59,6 +59,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="context length in tokens (vLLM's option; default: the model's own)",
     )
     parser.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of GPU memory for weights, activations and KV cache (vLLM's option): "
+        "lower leaves fewer KV blocks",
+    )
+    parser.add_argument(
         "--chat-template",
         default=None,
         metavar="NAME|PATH",
@@ -120,7 +127,12 @@ def _engine_parts(
     tier = GlobalKVTier(blocks, bandwidth) if blocks else None
     try:
         configs = variation.engine_configs(
-            args.instances, args.gpu, args.model, max_model_len=args.max_model_len, global_tier=tier
+            args.instances,
+            args.gpu,
+            args.model,
+            max_model_len=args.max_model_len,
+            global_tier=tier,
+            gpu_memory_utilization=args.gpu_memory_utilization,
         )
     except (KeyError, ValueError) as exc:  # an unknown GPU or model, a model that does not fit
         raise SystemExit(f"error: {exc}") from None

@@ -57,6 +57,7 @@ def test_kv_usage_is_the_mean_over_engines_as_the_router_reads_it(db):
         "kv_usage": 0.5,
         "prefix_queries": 150.0,
         "prefix_hits": 50.0,
+        "engine_kv_blocks": 81541,
     }
 
 

@@ -97,3 +97,16 @@ def test_the_router_reads_every_metric_it_uses_from_the_simulator(sim):
     assert ttft is not None and itl is not None and e2e is not None
     assert ttft.count >= 1 and ttft.buckets[-1] == (float("inf"), ttft.count)
     assert itl.count >= 3 and e2e.count >= 1
+
+
+def test_gpu_memory_utilization_sets_the_kv_capacity_it_reports(tmp_path):
+    """vLLM's option: a smaller share of the GPU leaves fewer KV blocks, and /metrics says
+    how many (the control plane replays the cluster on that many)."""
+    from devharness import Fleet
+
+    expected = EngineConfig.for_hardware("h20", "qwen2-7b", gpu_memory_utilization=0.5)
+    extra = ["--gpu-memory-utilization", "0.5"]
+    with Fleet(1, extra=extra, log=tmp_path / "sim.log") as fleet:
+        parsed = parse_metrics(httpx.get(fleet.url(0) + "/metrics").text)
+    assert parsed.num_gpu_blocks == expected.num_gpu_blocks
+    assert parsed.summary()["engine_kv_blocks"] == expected.num_gpu_blocks

@@ -45,6 +45,7 @@ def test_current_names_across_two_engines():
         "kv_usage": 0.5,
         "prefix_queries": 150.0,
         "prefix_hits": 50.0,
+        "engine_kv_blocks": 81541,  # each engine's (num_gpu_blocks: both together)
     }
 
 

@@ -238,3 +238,13 @@ def test_requests_keep_what_predicted_ttft_predicted_for_them():
     assert 0.5 < first.predicted_ttft_s / metrics.ttft_of(first) < 1.0
     others = Simulator(records, "lmetric", SimConfig(instances=2)).run()
     assert all("predicted_ttft_s" not in r.to_json() for r in others.requests)
+
+
+def test_the_engines_kv_capacity_is_a_replay_setting():
+    """vLLM's --gpu-memory-utilization, or the KV blocks live engines report (the control
+    plane replays a cluster on those): the simulated engines get that many blocks."""
+    default = SimConfig().engine_configs(None)[0].num_gpu_blocks
+    half = SimConfig(gpu_memory_utilization=0.5).engine_configs(None)[0].num_gpu_blocks
+    assert 0 < half < default
+    assert SimConfig(num_gpu_blocks=5000).engine_configs(None)[0].num_gpu_blocks == 5000
+    assert SimConfig(num_gpu_blocks=5000).engine_config(None).num_gpu_blocks == 5000

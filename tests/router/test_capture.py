@@ -98,6 +98,9 @@ def test_another_capture_digests_sessions_under_its_own_salt_and_none_records_no
     one, two = sorted(_requests(client), key=lambda r: r.at)
     assert [b.capture for b in _captured(client)] == [1, 2]
     assert one.block_hashes == two.block_hashes  # digested by the control plane, per capture
+    # each request names the config version and the arm it was routed under
+    assert (one.config_version, one.arm) == (0, "default")  # the document had no version
+    assert (two.config_version, two.arm) == (2, "default")
     assert one.session is not None and two.session is not None and one.session != two.session
 
     assert _apply(router, router_config(fleet, "round_robin", version=3)) == 3

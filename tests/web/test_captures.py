@@ -11,9 +11,9 @@ import pytest
 from django.urls import reverse
 
 from controlplane.models import AuditEvent, CapturedRequest, ReplayJob, TrafficCapture
-from controlplane.services import config
+from controlplane.services import config, policies
 from controlplane.tasks.replay import run_replay
-from tests.web.helpers import make_cluster
+from tests.web.helpers import SYSTEM, make_cluster
 
 pytestmark = pytest.mark.django_db
 
@@ -28,8 +28,17 @@ def act(client, cluster, capture, action, **form):
     return client.post(url, form)
 
 
-def fill(capture: TrafficCapture, count: int, first: int = 0) -> None:
-    """Rows as ingest stores them: two sessions sharing a 20-block prefix, 1 s apart."""
+def fill(
+    capture: TrafficCapture,
+    count: int,
+    first: int = 0,
+    *,
+    version: int | None = None,
+    arm: str = "",
+    ttft: float = 0.2,
+) -> None:
+    """Rows as ingest stores them: two sessions sharing a 20-block prefix, 1 s apart,
+    routed under config ``version`` in ``arm`` (None, "": a router that did not say)."""
     rng = random.Random(1)
     prefix = [rng.randrange(2**62) for _ in range(20)]
     t0 = time.time()
@@ -45,8 +54,10 @@ def fill(capture: TrafficCapture, count: int, first: int = 0) -> None:
             hash_ids=prefix + [rng.randrange(2**62) for _ in range(2)],
             session=f"s{k % 2}",
             instance="i0",
+            arm=arm,
+            config_version=version,
             status=200,
-            ttft_s=0.2,
+            ttft_s=ttft,
             tpot_s=0.02,
         )
         for k in range(count)
@@ -165,3 +176,75 @@ def test_a_capture_replays_from_the_replay_form(as_role, cluster, settings, tmp_
         reverse("web:replay_create", args=[cluster.pk]), form | {"trace": "capture:999999"}
     )
     assert missing.status_code == 400 and "does not exist" in missing.content.decode()
+
+
+def test_replay_against_live_holds_each_policy_to_the_requests_it_served(
+    as_role, cluster, settings, tmp_path, monkeypatch
+):
+    """A capture spanning two policies and a canary: the comparison takes the replayed
+    policy that served the most requests on the whole cluster, and only those requests,
+    live and replayed, and says which."""
+    from controlplane.celery import app
+
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path)
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: None)
+    operator = as_role("operator")
+    start(operator, cluster)
+    capture = TrafficCapture.objects.get()
+    lm_version = config.latest_version(cluster).number  # type: ignore[union-attr]
+    rr = cluster.policies.get(name="rr")
+    policies.activate_policy(SYSTEM, cluster.pk, rr.pk, reason="try round robin")
+    rr_version = config.latest_version(cluster).number  # type: ignore[union-attr]
+    for index, blocks in enumerate((81541, 36800, None)):  # as the scraper stores them
+        scrape = {"running": 0.0} if blocks is None else {"engine_kv_blocks": blocks}
+        cluster.instances.filter(name=f"i{index}").update(last_scrape=scrape)
+    fill(capture, 6, version=lm_version, arm="default", ttft=0.2)
+    fill(capture, 4, first=6, version=rr_version, arm="default", ttft=5.0)
+    fill(capture, 3, first=10, version=rr_version, arm="candidate", ttft=9.0)  # a canary arm
+    policy_ids = [str(p.pk) for p in cluster.policies.order_by("name")]
+    form = {"trace": capture.trace, "policies": policy_ids, "seeds": "2", "rate_scale": "1"}
+    response = operator.post(reverse("web:replay_create", args=[cluster.pk]), form)
+    assert response.status_code == 302, response.content.decode()[:400]
+    job = ReplayJob.objects.get()
+    assert job.inputs["num_gpu_blocks"] == 36800  # the smallest the engines reported
+    selection = job.inputs["fidelity"]
+    assert (selection["name"], selection["versions"]) == ("lm", [lm_version])
+    assert (selection["requests"], selection["of"]) == (6, 13)
+    assert run_replay(job.pk) == "succeeded"
+    job.refresh_from_db()
+    assert job.results is not None
+    fidelity = job.results["fidelity"]
+    assert (fidelity["policy"], fidelity["active"]) == ("lmetric", False)
+    assert (fidelity["requests"], fidelity["of"], fidelity["measured"]) == (6, 13, 6)
+    ttft = next(m for m in fidelity["metrics"] if m["metric"] == "ttft_mean_s")
+    assert ttft["live"] == pytest.approx(0.2)  # neither round robin's 5 s nor the canary's 9 s
+    lm_row = next(r for r in job.results["policies"] if r["kind"] == "lmetric")
+    assert lm_row["selected"]["requests"] == 6  # the replay's same six requests
+    assert ttft["replay"] == pytest.approx(lm_row["selected"]["ttft_mean_s"])
+    page = operator.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
+    assert 'data-testid="fidelity-scope"' in page and f"v{lm_version}" in page
+    assert "the 6 of the replay's 13 captured requests that it routed" in page
+
+
+def test_no_comparison_when_no_replayed_policy_served_the_capture_alone(
+    as_role, cluster, settings, tmp_path, monkeypatch
+):
+    from controlplane.celery import app
+
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path)
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: None)
+    operator = as_role("operator")
+    start(operator, cluster)
+    capture = TrafficCapture.objects.get()
+    version = config.latest_version(cluster).number  # type: ignore[union-attr]
+    fill(capture, 5, version=version, arm="baseline")  # canary arms only
+    rr = cluster.policies.get(name="rr")
+    form = {"trace": capture.trace, "policies": [str(rr.pk)], "seed": "0", "rate_scale": "1"}
+    assert operator.post(reverse("web:replay_create", args=[cluster.pk]), form).status_code == 302
+    job = ReplayJob.objects.get()
+    assert job.inputs["fidelity"]["policy"] is None
+    assert run_replay(job.pk) == "succeeded"
+    job.refresh_from_db()
+    assert job.results is not None and job.results["fidelity"]["requests"] == 0
+    page = operator.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
+    assert "there is nothing live to hold the replay against" in page

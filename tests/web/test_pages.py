@@ -6,8 +6,9 @@ import pytest
 from django.urls import reverse
 
 from controlplane.models import AuditEvent, CanarySplit, Cluster, HotspotEvent, Policy, ReplayJob
+from controlplane.services import policies
 
-from .helpers import instance, snapshot, write_state
+from .helpers import SYSTEM, instance, snapshot, write_state
 
 pytestmark = pytest.mark.django_db
 
@@ -111,6 +112,33 @@ def test_operator_switches_to_an_existing_policy(as_role, cluster) -> None:
         "try rr",
         2,
     )
+    # the page it returns to offers the policy now active, not the first in the list
+    page = as_role("operator").get(response["Location"]).content.decode()
+    assert f'<option value="{rr.pk}" selected>' in page
+    assert page.count(" selected>") == 2  # the policy choice and the new policy's kind
+
+
+def test_the_policy_choice_starts_on_the_active_policy(as_role, cluster) -> None:
+    lm = cluster.policies.get(name="lm")  # active; "rr" sorts after it, a new one before
+    policies.create_policy(SYSTEM, cluster.pk, name="aaa-first", kind="round_robin")
+    page = as_role("operator").get(reverse("web:policy", args=[cluster.pk])).content.decode()
+    choice = page[page.index('id="policy-choice"') :]
+    choice = choice[: choice.index("</select>")]
+    assert f'<option value="{lm.pk}" selected>' in choice and choice.count("selected") == 1
+
+
+def test_small_things_a_newcomer_meets(as_role, cluster, client) -> None:
+    """The favicon is served; audit rows fold their JSON; the live view says when its
+    times are a slowed simulation's."""
+    favicon = client.get("/favicon.ico")
+    assert favicon.status_code == 301 and favicon["Location"].endswith("favicon.svg")
+    body = as_role("viewer").get(reverse("web:audit")).content.decode()
+    assert '<details class="json"><summary><code>{' in body
+    live = as_role("viewer").get(reverse("web:cluster", args=[cluster.pk])).content.decode()
+    assert 'data-testid="time-scale-note"' not in live  # real engines: times are real
+    Cluster.objects.filter(pk=cluster.pk).update(engine_time_scale=2.0)
+    live = as_role("viewer").get(reverse("web:cluster", args=[cluster.pk])).content.decode()
+    assert "on a simulation running 2× slower than real H20s" in live
 
 
 def test_operator_creates_a_policy_from_the_generated_form(as_role, cluster) -> None:
@@ -313,3 +341,18 @@ def test_a_cluster_stored_with_an_unknown_gpu_and_model_keeps_its_pages(as_role,
 
     with pytest.raises(ReplayFailed, match="enginesim knows no GPU 'tpu-v5' \\(known: a100"):
         simulator_gpu(Cluster.objects.get(pk=cluster.pk))
+
+
+def test_the_replay_pages_live_row_is_in_the_engines_time(cluster) -> None:
+    """A replay's numbers are in the engines' time; the live row beside them too."""
+    from controlplane.web.replays import engine_time
+
+    window = {"seconds": 30.0, "requests": 9, "ttft_p50_s": 4.0, "output_tokens_per_s": 100.0}
+    assert engine_time(window, cluster) == window  # real engines
+    cluster.engine_time_scale = 2.0
+    assert engine_time(window, cluster) == {
+        "seconds": 30.0,  # the wall window it covers
+        "requests": 9,
+        "ttft_p50_s": 2.0,
+        "output_tokens_per_s": 200.0,
+    }

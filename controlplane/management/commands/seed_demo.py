@@ -1,10 +1,11 @@
-"""Seed the demo cluster idempotently and print fresh operator and admin logins."""
+"""Seed the demo cluster idempotently (after emptying everything with --fresh) and print
+fresh operator and admin logins."""
 
 from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from controlplane.services.demo import DemoSpec, reset_login, seed
+from controlplane.services.demo import DemoSpec, reset, reset_login, seed
 
 
 class Command(BaseCommand):
@@ -19,8 +20,17 @@ class Command(BaseCommand):
         parser.add_argument(
             "--time-scale", type=float, default=1.0, help="the engines' --time-scale"
         )
+        parser.add_argument(
+            "--fresh",
+            action="store_true",
+            help="first empty the database, the Redis database and the routers' saved "
+            "configs of an earlier run (the demo's default)",
+        )
 
     def handle(self, *args, **options) -> None:
+        if options["fresh"]:
+            for what in reset():
+                self.stdout.write(f"reset {what}")
         spec = DemoSpec(
             instances=options["instances"],
             engine_base_port=options["engine_base_port"],

@@ -1,0 +1,243 @@
+"""The README's "things to try" on a fresh `make demo` stack, as a newcomer walks them.
+
+`scripts/demo.py` itself runs the stack (16 simulated H20s at time scale 2, the real trace
+in a loop, every service), on this test's database and Redis database, emptied first as
+every demo run does. In chromium an operator then does what the README says and each step
+checks what the README promises: the policy choice starts on the live policy; a switch shows
+in the `x-switchyard-policy` header and back; the demo's own capture, replayed, is held
+against what was measured live on the requests the live policy served, and recommends a
+policy over round robin with a "Start a canary" button; the canary started from it reaches
+its verdict unaided and links back to the replay; the audit log names the replay.
+
+One knob differs from `make demo`: the canary defaults (SWITCHYARD_CANARY_DEFAULTS, which the
+README names) are one 50% step of 15 samples an arm, so the judge decides in about a minute,
+not five. The whole walk takes four to five minutes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from controlplane.models import AuditEvent, CanarySplit, ReplayJob, TrafficCapture
+from devharness import ManagedProcess, free_port, free_ports
+
+from .helpers import ROOT, subprocess_env
+from .stack import chat, wait_for
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.timeout(900),
+]
+FAST_CANARY = '{"weight_steps": [50], "min_samples": 15, "step_seconds": 15}'
+CAPTURED = 150  # requests captured before the replay: about three minutes of the demo's load
+# The bound the README states for the live policy's TTFT mean, replay against live.
+TTFT_MEAN_BOUND = 0.35
+
+
+@dataclass
+class Demo:
+    url: str
+    router: str
+    cluster: int
+    password: str
+    banner: str
+    process: ManagedProcess
+
+
+@pytest.fixture
+def demo(transactional_db, tmp_path) -> Iterator[Demo]:
+    port, router = free_port(), free_port()
+    engines = free_ports(17)  # the engines' admin API on the first, instance k on base + 1 + k
+    env = {
+        **subprocess_env(),
+        "SWITCHYARD_PORT": str(port),
+        "SWITCHYARD_ROUTER_PORT": str(router),
+        "SWITCHYARD_DEMO_ENGINE_PORT": str(engines + 1),
+        "SWITCHYARD_DEMO_KV_PORT": str(free_ports(16)),
+        "SWITCHYARD_VAR_DIR": str(tmp_path / "var"),
+        "SWITCHYARD_CONTROL_PLANE_URL": f"http://127.0.0.1:{port}",
+        "SWITCHYARD_CANARY_DEFAULTS": FAST_CANARY,
+    }
+    log = tmp_path / "demo.log"
+    process = ManagedProcess(
+        [sys.executable, str(ROOT / "scripts" / "demo.py")],
+        env=env,
+        log=log,
+        cwd=ROOT,
+        new_session=True,
+        grace=60,
+    ).start()
+    try:
+        banner = wait_for(lambda: _banner(log, process), 150, "the demo's banner")
+        cluster = re.search(r"/clusters/(\d+)/", banner)
+        password = re.search(r"operator / (\S+)", banner)
+        assert cluster and password, banner
+        yield Demo(
+            f"http://127.0.0.1:{port}",
+            f"http://127.0.0.1:{router}",
+            int(cluster.group(1)),
+            password.group(1),
+            banner,
+            process,
+        )
+    finally:
+        process.stop()
+    assert "Stopped every process the demo started." in log.read_text()
+
+
+def _banner(log: Path, process: ManagedProcess) -> str | None:
+    if process.poll() is not None:
+        raise AssertionError(f"the demo exited:\n{process.tail()}")
+    text = log.read_text() if log.exists() else ""
+    return text if "Press Ctrl-C to stop everything." in text else None
+
+
+def served_by(router: str) -> str:
+    return chat(router, "which policy routes me?", max_tokens=2).headers["x-switchyard-policy"]
+
+
+def switch(page, demo: Demo, name: str, kind: str) -> None:
+    page.goto(f"{demo.url}/clusters/{demo.cluster}/policy/")
+    page.select_option("[data-testid=policy-choice]", label=f"{name} ({kind})")
+    page.fill("[data-testid=reason]", f"walkthrough: {kind}")
+    page.check("[data-testid=confirm]")
+    page.click("[data-testid=apply]")
+    page.wait_for_selector("[data-testid=applied]")
+    wait_for(lambda: served_by(demo.router) == kind, 30, f"the router on {kind}")
+    selected = page.locator("[data-testid=policy-choice] option:checked").inner_text()
+    assert selected == f"{name} ({kind})", selected  # the choice stays on the live policy
+
+
+def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_dir) -> None:
+    assert "state:     fresh" in demo.banner
+    context = browser.new_context(viewport={"width": 1440, "height": 1000}, bypass_csp=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("dialog", lambda dialog: dialog.accept())
+    try:
+        page.goto(f"{demo.url}/login/")
+        page.fill("input[name=username]", "operator")
+        page.fill("input[name=password]", demo.password)
+        page.click("button.primary")
+        page.wait_for_url(f"{demo.url}/")
+
+        # The live view: sixteen instances, the time scale said, the capture running.
+        page.goto(f"{demo.url}/clusters/{demo.cluster}/")
+        note = page.locator("[data-testid=time-scale-note]").inner_text()
+        assert "wall-clock" in note and "2× slower" in note
+        page.locator("[data-testid=capture-banner]").wait_for()
+        page.wait_for_function("document.querySelectorAll('#instances tbody tr').length == 16")
+        assert httpx.get(f"{demo.url}/favicon.ico", follow_redirects=True).status_code == 200
+
+        # Switch the policy: the choice starts on the live one (round robin), the header follows.
+        page.goto(f"{demo.url}/clusters/{demo.cluster}/policy/")
+        live = page.locator("[data-testid=policy-choice] option:checked").inner_text()
+        assert live == "round-robin (round_robin)" and served_by(demo.router) == "round_robin"
+        switch(page, demo, "lmetric", "lmetric")
+        # v1 the seed's round robin, v2 with the capture, v3 LMetric: reported and applied
+        page.locator("tr[data-router=router-0][data-version='3']").filter(
+            has_text="applied"
+        ).wait_for()
+        switch(page, demo, "round-robin", "round_robin")
+        # the KV column moves: the demo's engines keep half the H20's memory
+        wait_for(lambda: _kv_peak(page, demo) >= 0.05, 120, "some KV usage on the live view")
+
+        # Replay your own traffic: the capture has been running since the demo started.
+        capture = TrafficCapture.objects.get(cluster_id=demo.cluster, state="capturing")
+        wait_for(
+            lambda: TrafficCapture.objects.get(pk=capture.pk).requests >= CAPTURED,
+            400,
+            f"{CAPTURED} captured requests",
+        )
+        page.goto(f"{demo.url}/clusters/{demo.cluster}/captures/")
+        page.click("a[data-action=replay]")
+        assert page.locator("select[name=trace] option:checked").get_attribute("value") == (
+            capture.trace
+        )
+        for label in ("least-load (least_load)", "lmetric (lmetric)"):
+            page.get_by_label(label).check()
+        page.fill(
+            "[data-testid=replay-controls] textarea[name=reason]", "what would serve it better?"
+        )
+        page.click("[data-testid=replay-controls] button.primary")
+        job = wait_for(lambda: ReplayJob.objects.filter(cluster_id=demo.cluster).first(), 30, "job")
+        page.goto(f"{demo.url}/clusters/{demo.cluster}/replays/{job.pk}/")
+        page.wait_for_selector("#replay-job[data-state=succeeded]", timeout=300_000)
+        job.refresh_from_db()
+        assert job.results is not None
+        fidelity = job.results["fidelity"]
+        # held against the requests round robin served on the whole cluster only, and said so
+        scope = page.locator("[data-testid=fidelity-scope]")
+        assert scope.get_attribute("data-policy") == "round_robin"
+        assert fidelity["name"] == "round-robin" and fidelity["active"] is True
+        assert 0 < fidelity["requests"] < fidelity["of"]  # the lmetric minute left out
+        diffs = {m["metric"]: m["diff"] for m in fidelity["metrics"]}
+        assert abs(diffs["ttft_mean_s"]) <= TTFT_MEAN_BOUND, diffs
+        page.screenshot(path=str(artifacts_dir / "demo-replay-own-traffic.png"), full_page=True)
+
+        # The recommendation, and a canary started from its button.
+        button = page.locator("[data-action=canary-from-replay]")
+        assert "Start a canary: round-robin" in button.inner_text()
+        button.click()
+        form = page.locator("#canary-form")
+        baseline = form.locator("[name=baseline_policy] option:checked").inner_text()
+        assert baseline.startswith("round-robin"), baseline
+        form.locator("input[name=name]").fill("from-the-replay")
+        form.locator("[name=reason]").fill("the replay says so")
+        form.locator("button.primary").click()
+        row = page.locator("tr[data-canary=from-the-replay]")
+        row.locator("input[name=reason]").fill("go")
+        row.locator("button[data-action=start]").click()
+        # started (the form's answer in): leaving the page sooner would cancel the start
+        page.locator("tr[data-canary=from-the-replay] [data-testid=canary-state]").filter(
+            has_text="progressing"
+        ).wait_for()
+        canary = CanarySplit.objects.get(name="from-the-replay")
+        assert canary.source_replay_id == job.pk and canary.baseline_policy.kind == "round_robin"
+        page.goto(f"{demo.url}/clusters/{demo.cluster}/canary/{canary.pk}/")
+        page.wait_for_selector(
+            "#canary-timeline:is([data-state=promoted], [data-state=rolled_back])",
+            timeout=300_000,
+        )
+        assert page.locator(f"a[href$='/replays/{job.pk}/']").count() >= 1
+        page.screenshot(path=str(artifacts_dir / "demo-canary-verdict.png"), full_page=True)
+        page.goto(f"{demo.url}/clusters/{demo.cluster}/replays/{job.pk}/")
+        assert "from-the-replay" in page.locator("[data-testid=replay-canary]").inner_text()
+
+        # The audit log: every step, the canary's creation naming the replay, JSON folded.
+        page.goto(f"{demo.url}/audit/?cluster={demo.cluster}")
+        assert page.locator("tr[data-action='canary.create']").count() >= 2  # seeded + ours
+        assert page.locator("tr[data-action='policy.activate']").count() >= 3
+        assert AuditEvent.objects.filter(
+            action="canary.create", after__source_replay=job.pk, after__name=canary.name
+        ).exists()
+        assert page.locator("td[data-field=after] details:not([open])").count() >= 1
+        assert errors == []
+        (artifacts_dir / "demo-walkthrough-fidelity.json").write_text(
+            json.dumps(
+                {
+                    "fidelity": fidelity,
+                    "results": job.results["policies"],
+                    "canary": CanarySplit.objects.get(pk=canary.pk).state,
+                },
+                indent=1,
+            )
+        )
+    finally:
+        context.close()
+
+
+def _kv_peak(page, demo: Demo) -> float:
+    snapshot = page.request.get(f"{demo.url}/clusters/{demo.cluster}/snapshot.json").json()
+    usages = [i.get("kv_usage") or 0.0 for i in (snapshot.get("live") or {}).get("instances", [])]
+    return max(usages, default=0.0)

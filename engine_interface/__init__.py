@@ -267,6 +267,12 @@ class ScrapedMetrics:
         return self._sum("prefix_hits")
 
     @property
+    def preemptions(self) -> float | None:
+        """Requests the engines evicted from their KV cache to recompute later, since
+        their start (a counter)."""
+        return self._sum("preemptions")
+
+    @property
     def tier_hit_tokens(self) -> float | None:
         return self._sum("tier_hit_tokens")
 

@@ -69,6 +69,7 @@ class ScrapeInfo:
     hits: float | None = None
     models: tuple[str, ...] = ()
     max_model_len: int | None = None  # as the engine's /v1/models reports it
+    preemptions: float | None = None  # cumulative, from the engine
     tier_hit_tokens: float | None = None  # cumulative, from the engine (None: no tier)
     tier_bytes_read: float | None = None
 
@@ -257,6 +258,7 @@ class RouterCore:
                     running=_int_or_none(snap.scraped_running),
                     kv_usage=snap.kv_usage,
                     hit_ratio=scraped.hit_ratio,
+                    preemptions=scraped.preemptions,
                     tier_hit_tokens=scraped.tier_hit_tokens,
                     tier_bytes_read=scraped.tier_bytes_read,
                     hotspot=name in hot,

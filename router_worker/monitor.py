@@ -108,6 +108,7 @@ class Monitor:
                     parsed.prefix_queries - info.queries
                 )
             info.queries, info.hits = parsed.prefix_queries, parsed.prefix_hits
+        info.preemptions = parsed.preemptions
         info.tier_hit_tokens = parsed.tier_hit_tokens
         info.tier_bytes_read = parsed.tier_bytes_read
 

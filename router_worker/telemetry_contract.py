@@ -200,6 +200,9 @@ class InstanceSnapshot(_Record):
     running: int | None = None
     kv_usage: float | None = None
     hit_ratio: float | None = None  # prefix-cache hits / queries, from the engine
+    # Requests the engine preempted (evicted from the KV cache to recompute), since its
+    # start: vllm:num_preemptions. Climbing means the fleet is short of KV room.
+    preemptions: float | None = None
     # Global KV tier (engine counters since its start; None: the engine has no tier)
     tier_hit_tokens: float | None = None  # prompt tokens loaded from the tier
     tier_bytes_read: float | None = None

@@ -88,6 +88,7 @@ INSTANCE_MERGE: dict[str, Callable[[list[Any]], Any]] = {
     "running": _largest,
     "kv_usage": _largest,
     "hit_ratio": _largest,
+    "preemptions": _largest,  # a counter since the engine's start: the newest is largest
     "tier_hit_tokens": _largest,  # counters since the engine's start: the newest is largest
     "tier_bytes_read": _largest,
     "hotspot": _any,  # confirmed by any router's detector

@@ -63,4 +63,10 @@ def test_a_cluster_without_a_tier_reports_none(fleet, router_factory):
     )
     snapshot = _snapshot(router)
     assert all(i.tier_hit_tokens is None and i.tier_bytes_read is None for i in snapshot.instances)
+    # what each engine reports of itself reaches the snapshot as it is: its preemptions
+    # (a counter, 0 here: a number, not the None of an instance never scraped)
+    preempted = {
+        i.name: fleet.metric(int(i.name[1:]), ei.PREEMPTIONS.total) for i in snapshot.instances
+    }
+    assert {i.name: i.preemptions for i in snapshot.instances} == preempted
     assert merge_cluster("test", [snapshot])["tier"] is None

@@ -61,6 +61,7 @@ class Feeder:
                     in_flight=k,
                     kv_usage=0.2 * (k + 1),
                     hit_ratio=0.6,
+                    preemptions=1500.0 * k,
                     **self._tier(k),
                 )
                 for k in range(3)
@@ -147,6 +148,7 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
             page.locator("tr[data-instance=i1] [data-field=pending_prefill_tokens]").inner_text()
             == "2,468"
         )
+        assert page.locator("tr[data-instance=i2] [data-field=preemptions]").inner_text() == "3,000"
         port = int(asgi_server.url.rsplit(":", 1)[1])
         stop_process(asgi_server.process)
         page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)

@@ -160,6 +160,16 @@ def test_a_missing_value_never_wins_and_none_is_left_only_when_all_miss() -> Non
     assert (i0["waiting"], i0["kv_usage"], i0["hit_ratio"], i0["running"]) == (3, 0.4, 0.2, None)
 
 
+def test_an_engines_preemptions_merge_to_the_newest_count() -> None:
+    """A counter since the engine's start, seen by several routers scraping at different
+    moments: the largest is the newest; a router with no scrape yet does not count."""
+    early = snapshot("c", "r1", [instance("i0", preemptions=12.0)])
+    late = snapshot("c", "r2", [instance("i0", preemptions=15.0)])
+    unscraped = snapshot("c", "r3", [instance("i0", preemptions=None)])
+    merged = merge_cluster("c", [early, unscraped, late])["instances"][0]
+    assert merged["preemptions"] == 15.0
+
+
 def test_every_field_of_the_telemetry_records_has_a_merge_rule() -> None:
     check_rules(InstanceSnapshot, INSTANCE_MERGE)
     check_rules(WindowStats, WINDOW_MERGE)

@@ -113,6 +113,7 @@ function renderInstances(instances) {
       <td class="num" data-field="batch_size_max">${fmt.int(i.batch_size_max)}</td>
       <td class="num" data-field="in_flight">${fmt.int(i.in_flight)}</td>
       <td class="num">${fmt.pct(i.kv_usage)}</td><td class="num">${fmt.pct(i.hit_ratio)}</td>
+      <td class="num" data-field="preemptions">${fmt.int(i.preemptions)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_hit_tokens">${fmt.int(i.tier_hit_tokens)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_bytes_read">${fmt.bytes(i.tier_bytes_read)}</td>
       <td>${i.hotspot ? '<span class="badge bad" data-testid="hotspot-badge">hotspot</span>' : ""}</td>

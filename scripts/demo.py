@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from devharness import Fleet, ManagedProcess, WaitTimeout, stop_together, wait_until
+from devharness import control_plane as cp
 
 ROOT = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("SWITCHYARD_VAR_DIR", ROOT / "var"))  # as the control plane's
@@ -224,71 +225,19 @@ def engine_fleet(env: dict[str, str]) -> Fleet:
 
 
 def stack_services(engines: Fleet) -> list[Service]:
-    celery = [str(BIN / "celery"), "-A", "controlplane"]
     return [
         Service("engines", fleet=engines),
-        Service(
-            "web",
-            [
-                str(BIN / "uvicorn"),
-                "controlplane.asgi:application",
-                "--host",
-                HOST,
-                "--port",
-                str(PORT),
-                "--no-access-log",
-            ],
-        ),
-        Service("publisher", [PYTHON, "manage.py", "run_publisher"]),
-        Service(
-            "worker",
-            [
-                *celery,
-                "worker",
-                "-Q",
-                "default",
-                "-c",
-                "1",
-                "-n",
-                "general@%h",
-                "--loglevel",
-                "INFO",
-            ],
-        ),
-        Service(
-            "replays",
-            [
-                *celery,
-                "worker",
-                "-Q",
-                "replays",
-                "-c",
-                "1",
-                "-n",
-                "replays@%h",
-                "--loglevel",
-                "INFO",
-            ],
-        ),
+        Service("web", cp.web_command(PORT, HOST, log_level="info")),
+        Service("publisher", cp.publisher_command()),
+        Service("worker", cp.worker_command("default", "general")),
+        Service("replays", cp.worker_command("replays", "replays")),
         Service(
             "routers",
-            [
-                *celery,
-                "worker",
-                "-Q",
-                f"routers,routers.{ROUTER_HOST_NAME}",
-                "-P",
-                "solo",
-                "-n",
-                "routers@%h",
-                "--supervise-routers",
-                "--loglevel",
-                "INFO",
-            ],
+            cp.worker_command(
+                cp.routers_queues(ROUTER_HOST_NAME), "routers", solo=True, supervise_routers=True
+            ),
         ),
-        Service(
-            "beat", [*celery, "beat", "--loglevel", "INFO", "-s", str(VAR / "celerybeat-schedule")]
-        ),
+        Service("beat", cp.beat_command(VAR / "celerybeat-schedule")),
     ]
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from devharness import ProcessSet, free_port, wait_http
+from devharness import control_plane as cp
 from engine_interface import percentile
 
 if TYPE_CHECKING:
@@ -298,23 +299,8 @@ def main() -> int:
             "SWITCHYARD_SERVE_STATIC": "1",
         }
         port = free_port()
-        web = processes.start(
-            [
-                sys.executable,
-                "-m",
-                "uvicorn",
-                "controlplane.asgi:application",
-                "--port",
-                str(port),
-                "--log-level",
-                "warning",
-            ],
-            logs / "uvicorn.log",
-            env=env,
-        )
-        processes.start(
-            [sys.executable, "manage.py", "run_publisher"], logs / "publisher.log", env=env
-        )
+        web = processes.start(cp.web_command(port), logs / "uvicorn.log", env=env)
+        processes.start(cp.publisher_command(), logs / "publisher.log", env=env)
         base = f"http://127.0.0.1:{port}"
         wait_http(f"{base}/healthz", 30, process=web, log=logs / "uvicorn.log")
         print_header(options, counts)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -76,12 +76,12 @@ def run_job(cluster, requests: int, workers: int, log: Path) -> dict:
     from controlplane.models import ReplayJob
     from controlplane.services import replays
     from controlplane.services.audit import Actor
+    from devharness import control_plane as cp
     from devharness import start_process, stop_process, wait_until
 
-    node = f"fanout-{workers}-{os.getpid()}@bench"
-    args = [sys.executable, "-m", "celery", "-A", "controlplane", "worker", "-Q",
-            "replays,default", "-c", str(workers), "-P", "prefork", "-n", node,
-            "--loglevel", "WARNING"]  # fmt: skip
+    name = f"fanout-{workers}-{os.getpid()}"
+    node = f"{name}@{socket.gethostname()}"
+    args = cp.worker_command("replays,default", name, concurrency=workers, log_level="WARNING")
     process = start_process(args, cwd=REPO, env=dict(os.environ), log=log, stdin=None)
     try:
         wait_until(lambda: app.control.ping([node], timeout=1.0), 60, f"worker {node}")

@@ -19,6 +19,7 @@ from typing import Any
 
 import httpx
 
+from devharness import control_plane as cp
 from devharness import free_ports, start_process, stop_process, wait_until
 from tests.router.helpers import REPO, PrivateRedis
 
@@ -162,18 +163,7 @@ class Stack:
         return process
 
     def start_web(self) -> None:
-        process = self.spawn(
-            "web",
-            [
-                str(BIN / "uvicorn"),
-                "controlplane.asgi:application",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.cp_port),
-                "--no-access-log",
-            ],
-        )
+        process = self.spawn("web", cp.web_command(self.cp_port, log_level="info"))
         wait_until(
             lambda: httpx.get(self.cp_url + "/healthz", timeout=2).status_code < 500,
             60,
@@ -185,23 +175,10 @@ class Stack:
         stop_process(self.processes.pop("web"))
 
     def start_routers_worker(self) -> None:
+        queues = cp.routers_queues(ROUTER_HOST)
         self.spawn(
             "routers-worker",
-            [
-                str(BIN / "celery"),
-                "-A",
-                "controlplane",
-                "worker",
-                "-Q",
-                f"routers,routers.{ROUTER_HOST}",
-                "-P",
-                "solo",
-                "-n",
-                "drill-routers@%h",
-                "--supervise-routers",
-                "--loglevel",
-                "INFO",
-            ],
+            cp.worker_command(queues, "drill-routers", solo=True, supervise_routers=True),
         )
         wait_until(
             lambda: httpx.get(self.router_url + "/health", timeout=1).status_code == 200,
@@ -210,7 +187,7 @@ class Stack:
         )
 
     def start_publisher(self) -> None:
-        self.spawn("publisher", [sys.executable, str(REPO / "manage.py"), "run_publisher"])
+        self.spawn("publisher", cp.publisher_command())
 
     def api(self, path: str) -> httpx.Response:
         return httpx.get(self.cp_url + "/api/v1" + path, headers=self.api_headers, timeout=5)
@@ -223,28 +200,10 @@ class Stack:
 
     def start_ingest(self) -> None:
         """The general worker and beat: ingest of the router streams runs as in production."""
-        celery = [str(BIN / "celery"), "-A", "controlplane"]
         if "worker" not in self.processes:
-            self.spawn(
-                "worker",
-                [
-                    *celery,
-                    "worker",
-                    "-Q",
-                    "default",
-                    "-c",
-                    "1",
-                    "-n",
-                    "drill-default@%h",
-                    "--loglevel",
-                    "WARNING",
-                ],
-            )
+            self.spawn("worker", cp.worker_command("default", "drill-default", log_level="WARNING"))
         if "beat" not in self.processes:
-            self.spawn(
-                "beat",
-                [*celery, "beat", "--loglevel", "WARNING", "-s", str(self.root / "beat-schedule")],
-            )
+            self.spawn("beat", cp.beat_command(self.root / "beat-schedule", log_level="WARNING"))
 
     def logs(self) -> str:
         return "\n".join(p.read_text(errors="replace") for p in self.root.glob("**/*.log"))

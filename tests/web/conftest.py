@@ -6,7 +6,6 @@ caught before dispatch. Their helpers: tests/web/helpers.py."""
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from django.test import Client
 
 from controlplane.models import Cluster
 from controlplane.realtime.publisher import Publisher, PublisherSettings
+from devharness import control_plane as cp
 from devharness import free_port, stop_process
 from tests.web.helpers import (
     TRACE,
@@ -88,7 +88,7 @@ def own_asgi_server(transactional_db, tmp_path) -> Iterator[Server]:
 def publisher(transactional_db, tmp_path) -> Iterator[subprocess.Popen]:
     """`manage.py run_publisher` as its own process, as `make demo` runs it."""
     log = tmp_path / "publisher.log"
-    process = start_process([sys.executable, "manage.py", "run_publisher"], log)
+    process = start_process(cp.publisher_command(), log)
     try:
         time.sleep(0.5)
         if process.poll() is not None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from django.contrib.auth.models import Group
 from controlplane.models import Cluster, ReplayCell, ReplayJob
 from controlplane.services import clusters, policies, replay_cells
 from controlplane.services.audit import Actor
+from devharness import control_plane as cp
 from devharness import start_process as harness_start
 from devharness import stop_process, wait_http
 from router_worker.telemetry_contract import (
@@ -214,22 +214,7 @@ def start_process(
 
 def start_asgi(port: int, log: Path, env: dict[str, str] | None = None) -> Server:
     """The full ASGI application (HTTP + websockets) under uvicorn, on the test database."""
-    process = start_process(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlplane.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        log,
-        env,
-    )
+    process = start_process(cp.web_command(port), log, env)
     try:
         wait_http(f"http://127.0.0.1:{port}/healthz", 30, process=process, log=log)
     except BaseException:

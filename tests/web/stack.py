@@ -5,7 +5,6 @@ ASGI app and the publisher."""
 from __future__ import annotations
 
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,10 +108,6 @@ def chat(
         response.read()
     response.raise_for_status()
     return response
-
-
-def publisher_args() -> list[str]:
-    return [sys.executable, "manage.py", "run_publisher"]
 
 
 def describe_logs(stack: Stack) -> str:

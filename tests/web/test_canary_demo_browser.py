@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import ast
 import itertools
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +24,7 @@ import pytest
 
 from controlplane.models import CanarySplit
 from devharness import Fleet, free_port, stop_process
+from devharness import control_plane as cp
 from devharness import start_process as harness_start
 
 from .helpers import ROOT, login, make_cluster, start_asgi, subprocess_env
@@ -72,25 +72,13 @@ def control_plane(transactional_db, demo_env, tmp_path):
 @pytest.fixture
 def celery_worker_with_beat(transactional_db, demo_env, tmp_path):
     """The demo's general worker and beat in one process (the judge, ingest, rollups)."""
-    args = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "controlplane",
-        "worker",
-        "-B",
-        "-s",
-        str(tmp_path / "beat-schedule"),
-        "-Q",
+    args = cp.worker_command(
         "default",
-        "-P",
-        "solo",
-        "-n",
-        f"canary-demo-{free_port()}@%h",
-        "--loglevel",
-        "WARNING",
-    ]
+        f"canary-demo-{free_port()}",
+        solo=True,
+        beat_schedule=tmp_path / "beat-schedule",
+        log_level="WARNING",
+    )
     log = tmp_path / "celery.log"
     process = harness_start(args, cwd=ROOT, env=demo_env, log=log, stdin=None)
     yield log

@@ -10,11 +10,12 @@ import pytest
 import redis
 from django.conf import settings
 
+from devharness import control_plane as cp
 from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
 from tests.fleets import fast_fleet
 
 from .helpers import login, make_cluster, start_process
-from .stack import MODEL, Stack, publisher_args, start_router, wait_for
+from .stack import MODEL, Stack, start_router, wait_for
 
 pytestmark = [
     pytest.mark.browser,
@@ -40,7 +41,7 @@ def one_router(decisions_fleet, asgi_server, tmp_path) -> Iterator[Stack]:
     stack = Stack(cluster, [], client)
     try:
         stack.routers = [start_router(cluster, "r1", asgi_server.url, tmp_path)]
-        stack.processes.append(start_process(publisher_args(), tmp_path / "publisher.log"))
+        stack.processes.append(start_process(cp.publisher_command(), tmp_path / "publisher.log"))
         stack.wait_reporting(1)
         yield stack
     finally:

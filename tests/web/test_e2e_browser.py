@@ -12,11 +12,12 @@ import redis
 from django.conf import settings
 
 from controlplane.realtime.snapshot import merge_cluster
+from devharness import control_plane as cp
 from router_worker.telemetry_contract import StateSnapshot
 from tests.fleets import fast_fleet
 
 from .helpers import login, make_cluster, page_snapshot, start_process
-from .stack import Stack, chat, publisher_args, start_router, wait_for
+from .stack import Stack, chat, start_router, wait_for
 
 pytestmark = [
     pytest.mark.browser,
@@ -41,7 +42,7 @@ def stack(fleet, asgi_server, tmp_path) -> Iterator[Stack]:
         stack.routers = [
             start_router(cluster, name, asgi_server.url, tmp_path) for name in ("r1", "r2")
         ]
-        stack.processes.append(start_process(publisher_args(), tmp_path / "publisher.log"))
+        stack.processes.append(start_process(cp.publisher_command(), tmp_path / "publisher.log"))
         stack.wait_reporting(1)
         yield stack
     finally:

@@ -4,7 +4,6 @@ reported with its reason, and the others' results are kept."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from controlplane.celery import app as celery_app
 from controlplane.models import ReplayCell, ReplayJob
 from controlplane.services import replay_cells, replays
+from devharness import control_plane as cp
 from devharness import free_port, stop_process, wait_until
 from devharness import start_process as harness_start
 
@@ -23,11 +23,9 @@ pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def replay_worker(traces, tmp_path):
     """A replays worker (and default queue, for the chord's join) with two processes."""
-    args = [
-        sys.executable, "-m", "celery", "-A", "controlplane", "worker",
-        "-Q", "replays,default", "-c", "2", "-P", "prefork",
-        "-n", f"chord-{free_port()}@%h", "--loglevel", "WARNING",
-    ]  # fmt: skip
+    args = cp.worker_command(
+        "replays,default", f"chord-{free_port()}", concurrency=2, log_level="WARNING"
+    )
     # tasks earlier tests of this worker left on these queues (dispatched with no worker to
     # take them) would otherwise run first, against rows those tests no longer hold
     with celery_app.connection_for_write() as connection:

@@ -64,7 +64,7 @@ app.user_options["worker"].add(
 
 
 def _install_router_bootstep() -> None:
-    from controlplane.router_fleet.bootstep import RouterSupervisorStep
+    from controlplane.router_hosts.bootstep import RouterSupervisorStep
 
     app.steps["worker"].add(RouterSupervisorStep)
 

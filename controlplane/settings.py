@@ -203,7 +203,7 @@ ROUTER_HEARTBEAT_TIMEOUT_S = float(env("SWITCHYARD_ROUTER_HEARTBEAT_TIMEOUT", "1
 # the control plane may not have been listening, and heartbeat silence starts counting anew.
 ROUTER_LISTEN_GAP_S = float(env("SWITCHYARD_ROUTER_LISTEN_GAP", "12"))
 # Managed routers get a Redis user of their own (made by the routers worker with ACL
-# SETUSER), allowed only their cluster's keys and channels: see router_fleet/identity.py.
+# SETUSER), allowed only their cluster's keys and channels: see router_hosts/identity.py.
 # "off" for a Redis without ACLs (before 7.0) or that the control plane may not administer:
 # routers then connect with the control plane's URL. Users are named <prefix>router-<id>.
 ROUTER_REDIS_ACL = env("SWITCHYARD_ROUTER_REDIS_ACL", "on").lower() != "off"

@@ -46,7 +46,7 @@ from router_worker.plan import Outcome, Plan
 from router_worker.routing import (
     Attempt,
     ClusterState,
-    HotspotEvent,
+    HotspotTransition,
     LifecycleObserver,
     Phase,
     RequestLifecycle,
@@ -78,13 +78,13 @@ class Hotspots(LifecycleObserver[Plan]):
 
     def __init__(self, telemetry: Telemetry) -> None:
         self.telemetry = telemetry
-        self.active: dict[str, HotspotEvent] = {}
+        self.active: dict[str, HotspotTransition] = {}
 
     def routed(self, plan: Plan, attempt: Attempt) -> None:
         if attempt.decision is None:
             return
         for event in attempt.decision.events:
-            if not isinstance(event, HotspotEvent):
+            if not isinstance(event, HotspotTransition):
                 continue
             if event.kind == "confirmed":
                 self.active[event.class_id] = event
@@ -376,7 +376,7 @@ class DecisionLog(LifecycleObserver[Plan]):
         )
         canary = plan.runtime.config.canary
         hot_class = decision.details.get("hot_class")
-        transitions = [e for e in decision.events if isinstance(e, HotspotEvent)]
+        transitions = [e for e in decision.events if isinstance(e, HotspotTransition)]
         if hot_class is None and transitions:
             hot_class = transitions[0].class_id
         return DecisionRecord(
@@ -475,8 +475,8 @@ class Migrations(LifecycleObserver[Plan]):
         self.queued.pop(plan.request_id, None)
 
 
-def hotspot_payload(event: HotspotEvent) -> dict[str, Any]:
-    """A routing-core HotspotEvent in the contract's HotspotPayload shape (plus extras)."""
+def hotspot_payload(event: HotspotTransition) -> dict[str, Any]:
+    """A routing-core HotspotTransition in the contract's HotspotPayload shape (plus extras)."""
     transition = "cleared" if event.kind == "dismissed" else event.kind
     return {
         "transition": transition,

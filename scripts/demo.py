@@ -105,7 +105,7 @@ def log_path(name: str) -> Path:
 
 
 @dataclass
-class Service:
+class DemoProcess:
     """A process of the stack: ``argv``, or the enginesim ``fleet`` (started by the harness)."""
 
     name: str
@@ -224,27 +224,27 @@ def engine_fleet(env: dict[str, str]) -> Fleet:
     )
 
 
-def stack_services(engines: Fleet) -> list[Service]:
+def stack_processes(engines: Fleet) -> list[DemoProcess]:
     return [
-        Service("engines", fleet=engines),
-        Service("web", cp.web_command(PORT, HOST, log_level="info")),
-        Service("publisher", cp.publisher_command()),
-        Service("worker", cp.worker_command("default", "general")),
-        Service("replays", cp.worker_command("replays", "replays")),
-        Service(
+        DemoProcess("engines", fleet=engines),
+        DemoProcess("web", cp.web_command(PORT, HOST, log_level="info")),
+        DemoProcess("publisher", cp.publisher_command()),
+        DemoProcess("worker", cp.worker_command("default", "general")),
+        DemoProcess("replays", cp.worker_command("replays", "replays")),
+        DemoProcess(
             "routers",
             cp.worker_command(
                 cp.routers_queues(ROUTER_HOST_NAME), "routers", solo=True, supervise_routers=True
             ),
         ),
-        Service("beat", cp.beat_command(VAR / "celerybeat-schedule")),
+        DemoProcess("beat", cp.beat_command(VAR / "celerybeat-schedule")),
     ]
 
 
-def loadgen_service() -> Service:
+def loadgen_process() -> DemoProcess:
     # The engines run TIME_SCALE times slower than an H20, so the trace is replayed that
     # much slower too: the cluster sees RATE times the trace's real relative load.
-    return Service(
+    return DemoProcess(
         "loadgen",
         [
             PYTHON,
@@ -270,7 +270,7 @@ def http_ok(url: str) -> bool:
         return False
 
 
-def wait_for(what: str, ready: Callable[[], bool], running: list[Service]) -> None:
+def wait_for(what: str, ready: Callable[[], bool], running: list[DemoProcess]) -> None:
     def check() -> bool:
         dead = [s for s in running if s.exited() is not None]
         if dead:
@@ -284,7 +284,7 @@ def wait_for(what: str, ready: Callable[[], bool], running: list[Service]) -> No
 
 
 class StackFailed(Exception):
-    def __init__(self, service: Service | None, message: str = "") -> None:
+    def __init__(self, service: DemoProcess | None, message: str = "") -> None:
         super().__init__(message)
         self.service = service
         self.message = message
@@ -298,11 +298,11 @@ class StackFailed(Exception):
         )
 
 
-def stop_all(running: list[Service]) -> None:
+def stop_all(running: list[DemoProcess]) -> None:
     stop_together([s.managed for s in running if s.managed is not None], STOP_GRACE_S)
 
 
-def supervise(running: list[Service]) -> None:
+def supervise(running: list[DemoProcess]) -> None:
     while True:
         for service in running:
             if service.exited() is not None:
@@ -341,7 +341,7 @@ def keep_requested(argv: list[str]) -> bool:
     return "--keep" in argv or os.environ.get("SWITCHYARD_DEMO_KEEP", "") not in ("", "0")
 
 
-def run(running: list[Service], fresh: bool) -> int:
+def run(running: list[DemoProcess], fresh: bool) -> int:
     if not TRACE.is_file():
         print(
             f"The demo trace {TRACE} is missing: set SWITCHYARD_DEMO_TRACE to a trace file "
@@ -352,13 +352,13 @@ def run(running: list[Service], fresh: bool) -> int:
     env = stack_env()
     logins = seed(env, fresh)
     engines = engine_fleet(env)
-    running.extend(stack_services(engines))
+    running.extend(stack_processes(engines))
     for service in running:
         service.start(env)
     wait_for("the engines", engines.healthy, running)
     wait_for("the control plane", lambda: http_ok(f"http://{HOST}:{PORT}/healthz"), running)
     wait_for("the router", lambda: http_ok(f"http://127.0.0.1:{ROUTER_PORT}/health"), running)
-    loadgen = loadgen_service()
+    loadgen = loadgen_process()
     loadgen.start(env)
     running.append(loadgen)
     print(banner(logins), flush=True)
@@ -368,7 +368,7 @@ def run(running: list[Service], fresh: bool) -> int:
 
 def main() -> int:
     fresh = not keep_requested(sys.argv[1:])
-    running: list[Service] = []
+    running: list[DemoProcess] = []
 
     def on_signal(signum, frame):
         raise KeyboardInterrupt

@@ -301,7 +301,7 @@ def best_of(rows: Mapping[str, Mapping[str, Any]], names: Iterable[str]) -> str 
     return min(tied, key=order)
 
 
-def judge(
+def compare_to_best(
     rows: Mapping[str, Mapping[str, Any]], policy: str, others: Iterable[str]
 ) -> dict[str, Any] | None:
     """``policy`` against the best of ``others`` in one cell, metric by metric in ORDER."""
@@ -348,7 +348,11 @@ def analyse(data: dict[str, Any]) -> None:
         cell["judgements"] = {
             policy: judged
             for policy in rows
-            if (judged := judge(rows, policy, POLICIES if policy in POLICIES else BASELINES))
+            if (
+                judged := compare_to_best(
+                    rows, policy, POLICIES if policy in POLICIES else BASELINES
+                )
+            )
         }
         cell["invariant"] = invariant_checks(rows)
 
@@ -586,7 +590,7 @@ def variant_summary(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
         goodput, ttft, verdicts = [], [], []
         for cell in cells.values():
             rows = {r["policy"]: r for r in cell["policies"]}
-            judged = judge(rows, variant, BASELINES)
+            judged = compare_to_best(rows, variant, BASELINES)
             if judged is None:
                 continue
             verdicts.append(judged["verdict"])

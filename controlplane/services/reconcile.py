@@ -125,7 +125,7 @@ def _action_for(
 def _perform(action: str, router: RouterDeployment, latest: int | None) -> None:
     if action == "restart":
         from controlplane.celery import app
-        from controlplane.router_fleet.bootstep import host_queue
+        from controlplane.router_hosts.bootstep import host_queue
 
         # A request queued while the host's worker is away is stale by the time it returns.
         app.send_task(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from celery import shared_task
 
 from controlplane.models import Cluster
-from controlplane.router_fleet import supervisor
+from controlplane.router_hosts import supervisor
 from controlplane.services import (
     captures,
     ingest,

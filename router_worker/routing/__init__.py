@@ -41,7 +41,7 @@ from router_worker.routing.features import (
     extend_chain,
     hash_blocks,
 )
-from router_worker.routing.hotspot import HotspotEvent, HotspotParams
+from router_worker.routing.hotspot import HotspotParams, HotspotTransition
 from router_worker.routing.indicators import (
     ClusterState,
     ClusterView,
@@ -87,8 +87,8 @@ __all__ = [
     "Decision",
     "GlobalTier",
     "Health",
-    "HotspotEvent",
     "HotspotParams",
+    "HotspotTransition",
     "IllegalTransition",
     "InstanceState",
     "KVEventBatch",

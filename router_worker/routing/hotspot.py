@@ -20,7 +20,7 @@ class *cannot* form a hotspot when ``x/x̄ ≤ m/m̄``, tested as
 ``x·m̄ ≤ x̄·m`` (no division). ``x < min_class_requests`` also passes, so a
 single early request does not raise an alarm.
 
-State machine per class (every transition emits a :class:`HotspotEvent`)
+State machine per class (every transition emits a :class:`HotspotTransition`)
 --------------------------------------------------------------------------
 * normal → **suspected** when the ratio test fails; it must then be
   confirmed by the *next* ``2·m`` class-c requests (m at suspicion time).
@@ -90,7 +90,7 @@ class PrefixClass:
 
 
 @dataclass(frozen=True, slots=True)
-class HotspotEvent:
+class HotspotTransition:
     kind: TransitionKind
     class_id: str
     prefix_blocks: int
@@ -161,7 +161,7 @@ class HotspotDetector:
         eligible: np.ndarray,
         ids: tuple[str, ...],
         now: float,
-    ) -> tuple[bool, list[HotspotEvent]]:
+    ) -> tuple[bool, list[HotspotTransition]]:
         """Record the request; return (use load-only fallback?, transition events)."""
         events = self._expire(now, request, ids)
         if prefix_class is None:
@@ -216,8 +216,8 @@ class HotspotDetector:
 
     def _expire(
         self, now: float, request: RequestFeatures, ids: tuple[str, ...]
-    ) -> list[HotspotEvent]:
-        events: list[HotspotEvent] = []
+    ) -> list[HotspotTransition]:
+        events: list[HotspotTransition] = []
         horizon = now - self.params.window_s
         while self._window and self._window[0][0] <= horizon:
             _, class_id = self._window.popleft()
@@ -242,9 +242,9 @@ class HotspotDetector:
         request: RequestFeatures,
         ids: tuple[str, ...],
         now: float,
-    ) -> HotspotEvent:
+    ) -> HotspotTransition:
         state = self._states.get(prefix_class.class_id)
-        return HotspotEvent(
+        return HotspotTransition(
             kind=kind,
             class_id=f"{prefix_class.class_id:016x}",
             prefix_blocks=prefix_class.prefix_blocks,

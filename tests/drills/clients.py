@@ -27,7 +27,7 @@ def is_error_body(text: str) -> bool:
     return isinstance(error, dict) and set(error) == ERROR_KEYS and bool(error["message"])
 
 
-def judge_whole(status: int, text: str) -> str:
+def classify_whole(status: int, text: str) -> str:
     if status == 200:
         try:
             return "ok" if json.loads(text)["choices"] else "lost"
@@ -36,7 +36,7 @@ def judge_whole(status: int, text: str) -> str:
     return "clear" if status >= 400 and is_error_body(text) else "lost"
 
 
-def judge_stream(status: int, text: str) -> str:
+def classify_stream(status: int, text: str) -> str:
     if status != 200:
         return "clear" if is_error_body(text) else "lost"
     events = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
@@ -63,9 +63,9 @@ async def one(
         if payload.get("stream"):
             async with client.stream("POST", url, json=payload) as response:
                 text = (await response.aread()).decode(errors="replace")
-                return judge_stream(response.status_code, text), text[-200:]
+                return classify_stream(response.status_code, text), text[-200:]
         response = await client.post(url, json=payload)
-        return judge_whole(response.status_code, response.text), response.text[:200]
+        return classify_whole(response.status_code, response.text), response.text[:200]
     except httpx.TimeoutException as error:
         return "lost", f"{type(error).__name__}: {error}"  # a hung client is never clear
     except httpx.HTTPError as error:

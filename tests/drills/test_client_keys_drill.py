@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from devharness import Fleet, wait_until
-from tests.drills.clients import body, is_error_body, judge_whole
+from tests.drills.clients import body, classify_whole, is_error_body
 from tests.drills.report import Outcome, record
 from tests.drills.stack import SECRET_KEY, Stack, build_stack
 
@@ -84,9 +84,9 @@ def _send(stack: Stack, key: str | None, debug: bool = False) -> httpx.Response:
     )
 
 
-def _judge(outcome: Outcome, response: httpx.Response, want: int, label: str) -> None:
+def _expect(outcome: Outcome, response: httpx.Response, want: int, label: str) -> None:
     """ok / clear as expected, anything else (a wrong status, a leak) is lost."""
-    verdict = judge_whole(response.status_code, response.text)
+    verdict = classify_whole(response.status_code, response.text)
     expected = "ok" if want == 200 else "clear"
     right = response.status_code == want and verdict == expected
     outcome.add(
@@ -113,14 +113,14 @@ def test_client_keys_are_enforced_and_revocation_reaches_the_running_router(stac
     wait_until(lambda: (_applied(stack) or 0) >= version, 20, "router to apply the keys")
     outcome = Outcome()
     for _ in range(5):
-        _judge(outcome, _send(stack, None), 401, "anonymous")
-        _judge(outcome, _send(stack, "syk_wrong_" + "x" * 40), 401, "wrong key")
+        _expect(outcome, _send(stack, None), 401, "anonymous")
+        _expect(outcome, _send(stack, "syk_wrong_" + "x" * 40), 401, "wrong key")
         answer = _send(stack, plain, debug=True)
-        _judge(outcome, answer, 200, "plain key")
+        _expect(outcome, answer, 200, "plain key")
         if "x-switchyard-scores" in answer.headers or "x-switchyard-instance" in answer.headers:
             outcome.add("lost", "plain key was shown routing internals")
         answer = _send(stack, debug, debug=True)
-        _judge(outcome, answer, 200, "debug key")
+        _expect(outcome, answer, 200, "debug key")
         if "x-switchyard-scores" not in answer.headers:
             outcome.add("lost", "debug key got no scores")
     key_id = next(
@@ -134,13 +134,13 @@ def test_client_keys_are_enforced_and_revocation_reaches_the_running_router(stac
     )
     recovery = None
     while time.monotonic() - revoked_at < REVOCATION_BOUND_S:
-        _judge(outcome, _send(stack, debug), 200, "debug key during revocation")
+        _expect(outcome, _send(stack, debug), 200, "debug key during revocation")
         answer = _send(stack, plain)
         if answer.status_code == 401 and is_error_body(answer.text):
             recovery = time.monotonic() - revoked_at
             outcome.add("clear", "revoked key refused")
             break
-        _judge(outcome, answer, 200, "revoked key before the new version")
+        _expect(outcome, answer, 200, "revoked key before the new version")
         time.sleep(0.1)
     heartbeat = admin.client.get(f"/routers/{stack.seed['deployment']}").json()["heartbeat"]
     environment = _router_environment(int(heartbeat["pid"]))

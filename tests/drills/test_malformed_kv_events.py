@@ -21,7 +21,7 @@ import msgpack
 import zmq
 
 from devharness import Router, wait_until
-from tests.drills.clients import MODEL, Load, judge_whole
+from tests.drills.clients import MODEL, Load, classify_whole
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
 from tests.router.helpers import WRONG_TYPES, scrape_total
@@ -105,7 +105,7 @@ def route_checks(router: Router, names: list[str], first: int) -> tuple[Outcome,
                 router.url + "/v1/completions",
                 json={"model": MODEL, "prompt": prompt_tokens(first + k), "max_tokens": 4},
             )
-            outcome.add(judge_whole(response.status_code, response.text), response.text[:200])
+            outcome.add(classify_whole(response.status_code, response.text), response.text[:200])
             chosen.append(response.headers.get("x-switchyard-instance", ""))
     return outcome, chosen
 

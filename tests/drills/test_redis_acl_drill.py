@@ -15,7 +15,7 @@ import httpx
 import pytest
 import redis
 
-from controlplane.router_fleet import identity
+from controlplane.router_hosts import identity
 from controlplane.services import ingest
 from devharness import wait_until
 from router_worker import telemetry_contract as contract

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from devharness import wait_until
-from tests.drills.clients import MODEL, judge_stream, judge_whole
+from tests.drills.clients import MODEL, classify_stream, classify_whole
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
 from tests.router.helpers import launch_router
@@ -73,7 +73,7 @@ def _settled(router) -> None:
 
 def _verdict(response: httpx.Response) -> str:
     """A 5xx is never a clear answer to a body the client got wrong."""
-    verdict = judge_whole(response.status_code, response.text)
+    verdict = classify_whole(response.status_code, response.text)
     return "lost" if verdict == "clear" and response.status_code >= 500 else verdict
 
 
@@ -137,7 +137,7 @@ def test_drill_huge_token_ids(router):
                 )
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
                 verdict = (
-                    judge_stream(response.status_code, response.text)
+                    classify_stream(response.status_code, response.text)
                     if stream and response.status_code == 200
                     else _verdict(response)
                 )
@@ -199,7 +199,7 @@ async def _streams(url: str, until: asyncio.Event, outcome: Outcome, gaps: list[
                     last = now
                     chunks.append(chunk)
             text = "".join(chunks)
-            outcome.add(judge_stream(response.status_code, text), text[-200:])
+            outcome.add(classify_stream(response.status_code, text), text[-200:])
 
 
 async def _big_ones(url: str, rounds: int, outcome: Outcome, statuses: dict[int, int]) -> None:
@@ -211,7 +211,7 @@ async def _big_ones(url: str, rounds: int, outcome: Outcome, statuses: dict[int,
                     url + path, content=raw, headers={"content-type": "application/json"}
                 )
                 statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
-                verdict = judge_whole(response.status_code, response.text)
+                verdict = classify_whole(response.status_code, response.text)
                 outcome.add(
                     "lost" if response.status_code >= 500 else verdict,
                     f"{name} -> {response.status_code} {response.text[:160]}",

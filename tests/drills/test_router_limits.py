@@ -33,7 +33,7 @@ import pytest
 
 from devharness import Fleet, Router, wait_until
 from engine_interface import read_samples
-from tests.drills.clients import MODEL, body, is_error_body, judge_stream, judge_whole
+from tests.drills.clients import MODEL, body, classify_stream, classify_whole, is_error_body
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
 from tests.router.helpers import scrape_total
@@ -47,7 +47,7 @@ LIMITS = {"header_timeout_s": HEAD_TIMEOUT_S, "body_timeout_s": BODY_TIMEOUT_S}
 # ----- strict clients ----------------------------------------------------------------------
 def strict_verdict(stream: bool, status: int, text: str) -> str:
     """The drill clients' verdict, plus: every event / body an SDK would parse is JSON."""
-    verdict = judge_stream(status, text) if stream else judge_whole(status, text)
+    verdict = classify_stream(status, text) if stream else classify_whole(status, text)
     if verdict == "lost" or not stream or status != 200:
         return verdict
     for line in text.splitlines():

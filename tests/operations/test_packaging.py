@@ -134,7 +134,7 @@ import celery.bin.celery
 from controlplane.celery import app
 
 app.loader.import_default_modules()
-import controlplane.router_fleet.supervisor
+import controlplane.router_hosts.supervisor
 
 print(sorted(app.tasks))
 """

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
-from controlplane.router_fleet import identity
-from controlplane.router_fleet.supervisor import RouterSupervisor
+from controlplane.router_hosts import identity
+from controlplane.router_hosts.supervisor import RouterSupervisor
 from devharness import free_port, wait_until
 from tests.operations.helpers import router_answers
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment
-from controlplane.router_fleet import supervisor as supervisor_module
-from controlplane.router_fleet.supervisor import RouterSupervisor
+from controlplane.router_hosts import supervisor as supervisor_module
+from controlplane.router_hosts.supervisor import RouterSupervisor
 from controlplane.tasks.routing import restart_router
 from devharness import free_port, start_process, wait_until
 from tests.operations.helpers import router_answers

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from controlplane.models import Cluster, RouterDeployment, RouterEvent
-from controlplane.router_fleet.supervisor import RouterSupervisor
+from controlplane.router_hosts.supervisor import RouterSupervisor
 from devharness import free_port, wait_until
 from tests.operations.helpers import router_answers
 

@@ -169,7 +169,7 @@ class PrefixHotnessTree:
             node.count += 1
             path.append(node_key)
             if total >= instances:
-                self._judge(node, node.count / total, instances)
+                self._expand_or_fold(node, node.count / total, instances)
             if not node.expanded or depth >= len(blocks):
                 break
             depth = min(2 * depth, len(blocks))
@@ -177,7 +177,7 @@ class PrefixHotnessTree:
         return path[-1], depth
 
     @staticmethod
-    def _judge(node: _Node, share: float, instances: int) -> None:
+    def _expand_or_fold(node: _Node, share: float, instances: int) -> None:
         if share > 2 / instances:
             node.expanded = True
         elif share < 1 / instances:

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import Field
 
 from router_worker.routing.features import RequestFeatures
-from router_worker.routing.hotspot import HotspotDetector, HotspotEvent, HotspotParams
+from router_worker.routing.hotspot import HotspotDetector, HotspotParams, HotspotTransition
 from router_worker.routing.indicators import ClusterView
 
 
@@ -39,7 +39,7 @@ class HotspotVerdict:
 
     outside: np.ndarray | None
     class_id: str | None
-    events: list[HotspotEvent]
+    events: list[HotspotTransition]
 
     @property
     def fallback(self) -> bool:

@@ -51,7 +51,7 @@ Hotspot fallback (see :mod:`router_worker.routing.hotspot`): while a class is co
 hot, its requests are routed over the healthy instances *outside* M by the cache-blind
 product ``(pending prefill + prompt tokens) × load term`` (same tie-breaks), reason
 ``hotspot_fallback``. Otherwise reason ``score``. Every detector transition rides on the
-decision as a ``HotspotEvent``.
+decision as a ``HotspotTransition``.
 """
 
 from __future__ import annotations

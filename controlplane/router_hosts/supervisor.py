@@ -30,8 +30,8 @@ from django.conf import settings
 from django.db import close_old_connections, connections
 
 from controlplane.models import RouterDeployment
-from controlplane.router_fleet import identity
-from controlplane.router_fleet.environment import router_environment
+from controlplane.router_hosts import identity
+from controlplane.router_hosts.environment import router_environment
 from controlplane.services import supervision
 
 log = logging.getLogger(__name__)

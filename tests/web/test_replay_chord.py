@@ -4,6 +4,7 @@ reported with its reason, and the others' results are kept."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from controlplane.services import replay_cells, replays
 from devharness import free_port, stop_process, wait_until
 from devharness import start_process as harness_start
 
-from .helpers import ROOT, SYSTEM, TRACE, subprocess_env
+from .helpers import ROOT, TRACE, subprocess_env
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
@@ -23,10 +24,11 @@ pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def replay_worker(traces, tmp_path):
     """A replays worker (and default queue, for the chord's join) with two processes."""
+    node = f"chord-{free_port()}@{socket.gethostname()}"
     args = [
         sys.executable, "-m", "celery", "-A", "controlplane", "worker",
         "-Q", "replays,default", "-c", "2", "-P", "prefork",
-        "-n", f"chord-{free_port()}@%h", "--loglevel", "WARNING",
+        "-n", node, "--loglevel", "WARNING",
     ]  # fmt: skip
     # tasks earlier tests of this worker left on these queues (dispatched with no worker to
     # take them) would otherwise run first, against rows those tests no longer hold
@@ -35,11 +37,14 @@ def replay_worker(traces, tmp_path):
             connection.default_channel.queue_purge(queue)
     log = tmp_path / "worker.log"
     process = harness_start(args, cwd=ROOT, env=subprocess_env(), log=log, stdin=None)
-    yield log
+    yield log, node
     stop_process(process)
 
 
-def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worker: Path):
+def test_cells_run_on_the_workers_and_the_chord_joins_them(
+    cluster, replay_worker: tuple[Path, str]
+):
+    log, node = replay_worker
     inputs = {
         "trace": f"shared:{TRACE}",
         "policies": [p.spec() for p in cluster.policies.order_by("name")],
@@ -58,7 +63,7 @@ def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worke
         job.refresh_from_db()
         return job.state in ("succeeded", "failed")
 
-    wait_until(ended, 120, "the job to end", log=replay_worker)
+    wait_until(ended, 120, "the job to end", log=log)
     assert job.state == "succeeded", job.error
     assert job.results is not None
     rows = job.results["policies"]
@@ -75,6 +80,8 @@ def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worke
     assert job.results["failed_cells"] == [
         {"policy": 9, "rate_scale": 1.0, "seed": 0, "error": broken.error}
     ]
-    workers = set(ReplayCell.objects.filter(job=job).values_list("worker", flat=True))
-    assert all(w.startswith("chord-") for w in workers)
-    assert SYSTEM  # the cluster came from the web tests' world
+    # every cell, the broken one's retries included, was claimed by this test's worker
+    # (each records the worker's node name and the pid of the process that ran it)
+    workers = list(ReplayCell.objects.filter(job=job).values_list("worker", flat=True))
+    assert len(workers) == 9
+    assert all(w.startswith(f"{node} pid ") for w in workers), workers

@@ -3,7 +3,6 @@ stream as the replay needs it (lengths, digests, measured latencies), never its 
 
 from __future__ import annotations
 
-
 import httpx
 import redis
 

@@ -18,7 +18,6 @@ import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bench.drills.table import RESULTS, machine

@@ -17,6 +17,7 @@ from django.contrib.auth.models import Group
 from django.test import Client
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
 
 from controlplane.realtime.publisher import channel_layer_sender
 from controlplane.realtime.state import group_name
@@ -110,7 +111,12 @@ def _ws_opens(url: str, cookie: str | None, origin: str | None) -> bool:
     socket then carries what the server publishes), False when the server refuses it."""
     headers = [("Cookie", cookie)] if cookie else []
     try:
-        socket = ws_connect(url, origin=origin, additional_headers=headers, open_timeout=10)  # type: ignore[arg-type]  # Origin: a str is what it sends
+        socket = ws_connect(
+            url,
+            origin=None if origin is None else Origin(origin),
+            additional_headers=headers,
+            open_timeout=10,
+        )
     except InvalidStatus as refused:
         assert refused.response.status_code == 403, refused.response.status_code
         return False
@@ -146,7 +152,8 @@ def test_websocket_needs_session_role_and_allowed_origin(asgi_server):
         verdict = "lost" if opened != expected else "ok" if expected else "clear"
         outcome.add(verdict, f"{label}: {'opened' if opened else 'refused'}")
     # the socket a viewer opens carries the cluster's live feed
-    with ws_connect(url, origin=good, additional_headers=[("Cookie", viewer_cookie)]) as live:  # type: ignore[arg-type]
+    viewer = [("Cookie", viewer_cookie)]
+    with ws_connect(url, origin=Origin(good), additional_headers=viewer) as live:
         async_to_sync(channel_layer_sender())(
             group_name(world["alpha"]), {"type": "snapshot", "drill": 1}
         )

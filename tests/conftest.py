@@ -44,9 +44,9 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
         )
 
 
-# The drills that ran in this session (their call phase passed) and any that failed: a
-# session in which drills ran and none failed publishes their rows in the README.
-DRILLS = "tests/drills/"
+# The tests that passed in this session and those that failed: a session in which drills
+# recorded rows (tests/drills, and the browser drill of tests/web) and none of the tests
+# that record rows failed publishes them in the README.
 _drills: dict[str, Any] = {"ran": set(), "failed": set(), "since": None}
 
 
@@ -56,8 +56,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Called for every test here, and on the controller for its workers' tests too."""
-    if not report.nodeid.startswith(DRILLS):
-        return
     if report.failed:
         _drills["failed"].add(report.nodeid)
     elif report.when == "call" and report.passed:
@@ -67,16 +65,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def _publish_drills(session: pytest.Session) -> None:
     """The README's drills table brought up to date (bench/drills/table.py), once per run:
     by the controller of parallel workers, or by the only process."""
-    if hasattr(session.config, "workerinput") or not _drills["ran"]:
+    if hasattr(session.config, "workerinput"):
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    if _drills["failed"]:
-        message = f"README drills table kept: {len(_drills['failed'])} drill(s) failed"
-    else:
-        from bench.drills.table import publish
+    from bench.drills import table
 
-        rows = publish(_drills["ran"], _drills["since"])
-        message = f"README drills table rewritten: {rows} rows ({len(_drills['ran'])} drills ran)"
+    recorded = [
+        row
+        for row in table.load(table.RESULTS).values()
+        if row.get("at", "") >= _drills["since"] and row.get("test") in _drills["ran"]
+    ]
+    if not recorded:
+        return
+    recording = {row.get("test") for row in [*recorded, *table.load(table.PUBLISHED).values()]}
+    failed = recording & _drills["failed"]
+    if failed:
+        message = f"README drills table kept: {len(failed)} drill(s) failed"
+    else:
+        rows = table.publish(_drills["ran"], _drills["since"])
+        message = f"README drills table rewritten: {rows} rows ({len(recorded)} new)"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(message)
 

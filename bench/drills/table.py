@@ -3,7 +3,8 @@ README, where it is rewritten at the end of every drills run that passes.
 
 Each drill records its rows in ``test-artifacts/drills.json`` (tests/drills/report.py),
 with the test that recorded it and the machine it ran on. At the end of a pytest session
-in which drills ran and all of them passed (tests/conftest.py calls :func:`publish`), the
+in which drills recorded rows and none of the tests that record rows failed
+(tests/conftest.py calls :func:`publish`), the
 published rows (``docs/drills.json``, committed) are brought up to date: the rows this
 session recorded replace those of the tests that ran, rows of tests that ran and no longer
 record them (a renamed scenario) or of tests that no longer exist are dropped, and the

@@ -111,7 +111,7 @@ def _ws_opens(url: str, cookie: str | None, origin: str | None) -> bool:
     socket then carries what the server publishes), False when the server refuses it."""
     headers = [("Cookie", cookie)] if cookie else []
     try:
-        socket = ws_connect(
+        connection = ws_connect(
             url,
             origin=None if origin is None else Origin(origin),
             additional_headers=headers,
@@ -120,7 +120,7 @@ def _ws_opens(url: str, cookie: str | None, origin: str | None) -> bool:
     except InvalidStatus as refused:
         assert refused.response.status_code == 403, refused.response.status_code
         return False
-    with socket:
+    with connection:
         return True
 
 

@@ -26,13 +26,13 @@ def test_every_published_row_comes_from_a_drill_that_exists():
     for scenario, row in table.load(table.PUBLISHED).items():
         assert row["scenario"] == scenario
         assert row.get("test") and table.defined(row["test"]), (scenario, row.get("test"))
-        assert row["test"].startswith("tests/drills/") and row.get("machine"), scenario
+        assert row["test"].startswith("tests/") and row.get("machine"), scenario
 
 
 def test_every_drill_file_that_records_rows_has_rows_in_the_table():
     recording = {
-        f"tests/drills/{path.name}"
-        for path in DRILLS.glob("test_*.py")
+        str(path.relative_to(table.REPO))
+        for path in [*DRILLS.glob("test_*.py"), *table.REPO.glob("tests/web/test_*.py")]
         if re.search(r"^\s+record\(", path.read_text(), re.MULTILINE)
     }
     published = {row["test"].split("::")[0] for row in table.load(table.PUBLISHED).values()}

@@ -253,7 +253,8 @@ class IntakeRunner:
     order, bounded in count and in bytes (``router.max_intake_queue`` and
     ``max_intake_queue_bytes``; a body is always let in when nothing waits). A waiting
     body whose client has gone (its task cancelled) is dropped there, unparsed, and its
-    memory released with it; one already in a worker finishes there.
+    memory released with it (``dropped``); one already in a worker finishes there and its
+    result is discarded (``abandoned``).
 
     A worker that dies (killed, out of memory) fails only the requests it held, each
     with a 503; the next big body starts a new pool."""
@@ -267,6 +268,7 @@ class IntakeRunner:
         self.queued = 0  # bodies waiting or in a worker
         self.queued_bytes = 0
         self.dropped = 0  # bodies whose client went away before a worker took them
+        self.abandoned = 0  # bodies whose client went away while a worker had them
         if metrics is not None:  # read at scrape time
             metrics.intake_queued.set_function(lambda: self.queued)
             metrics.intake_queued_bytes.set_function(lambda: self.queued_bytes)
@@ -351,6 +353,11 @@ class IntakeRunner:
                 raise
             future.add_done_callback(partial(_call_soon, loop, self._next))
             return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            self.abandoned += 1  # the worker finishes the body; nobody waits for it
+            if self.metrics is not None:
+                self.metrics.intake_abandoned.inc()
+            raise
         except BrokenProcessPool:
             log.warning("an intake worker process died; starting a new pool")
             self._discard(pool)

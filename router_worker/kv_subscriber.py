@@ -68,6 +68,7 @@ class SubscriberStats:
     malformed: dict[str, int] = field(default_factory=dict)  # per reason
     restarts: int = 0  # of the publisher (its sequence went backwards)
     crashes: int = 0  # of this subscriber task (restarted by KVSubscribers)
+    checks: int = 0  # passes of KVSubscribers' reconcile that found the task running
     last_seq: int | None = None
 
 
@@ -277,6 +278,8 @@ class KVSubscribers:
             if self.desired.get(name) != spec or task.done():
                 task.cancel()
                 del self.running[name]
+            else:
+                sub.stats.checks += 1
         for name, spec in self.desired.items():
             if name not in self.running:
                 if self.context is None:

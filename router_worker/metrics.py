@@ -273,6 +273,12 @@ class RouterMetrics:
             "Request bodies dropped unparsed from the intake queue: their client went away.",
             registry=r,
         )
+        self.intake_abandoned = Counter(
+            "switchyard_router_intake_abandoned",
+            "Request bodies whose client went away while an intake worker process was taking "
+            "them in: the worker finishes, its result is discarded.",
+            registry=r,
+        )
         self.connections = Gauge(
             "switchyard_router_connections", "Open client connections.", registry=r
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -43,8 +44,54 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
         )
 
 
+# The tests that passed in this session and those that failed: a session in which drills
+# recorded rows (tests/drills, and the browser drill of tests/web) and none of the tests
+# that record rows failed publishes them in the README.
+_drills: dict[str, Any] = {"ran": set(), "failed": set(), "since": None}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _drills["since"] = time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Called for every test here, and on the controller for its workers' tests too."""
+    if report.failed:
+        _drills["failed"].add(report.nodeid)
+    elif report.when == "call" and report.passed:
+        _drills["ran"].add(report.nodeid)
+
+
+def _publish_drills(session: pytest.Session) -> None:
+    """The README's drills table brought up to date (bench/drills/table.py), once per run:
+    by the controller of parallel workers, or by the only process."""
+    if hasattr(session.config, "workerinput"):
+        return
+    from bench.drills import table
+
+    recorded = [
+        row
+        for row in table.load(table.RESULTS).values()
+        if row.get("at", "") >= _drills["since"] and row.get("test") in _drills["ran"]
+    ]
+    if not recorded:
+        return
+    recording = {row.get("test") for row in [*recorded, *table.load(table.PUBLISHED).values()]}
+    failed = recording & _drills["failed"]
+    if failed:
+        message = f"README drills table kept: {len(failed)} drill(s) failed"
+    else:
+        rows = table.publish(_drills["ran"], _drills["since"])
+        message = f"README drills table rewritten: {rows} rows ({len(recorded)} new)"
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(message)
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Drop what this run left queued on the broker (keys under the run's prefix)."""
+    """Publish the drills' rows; drop what this run left queued on the broker (keys under
+    the run's prefix)."""
+    _publish_drills(session)
     from django.conf import settings
 
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix")

@@ -60,7 +60,10 @@ from enginesim.engine.costmodel import (
     StepBatch,
 )
 
-DEFAULT_CSV = Path("/work/shared/calibration/vllm_public_measurements.csv")
+# the shared measurements beside the repository (../shared), where CI has them too
+DEFAULT_CSV = (
+    Path(__file__).resolve().parents[3] / "shared" / "calibration" / "vllm_public_measurements.csv"
+)
 REPORT_FILE = CALIBRATION_FILE.with_name("calibration_report.txt")
 GPU_KEYS = {"H100": "h100", "A100": "a100", "H200": "h200", "H20": "h20", "L40S": "l40s"}
 SPEED_DECODE_TOKENS = 2048

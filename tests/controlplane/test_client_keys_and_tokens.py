@@ -119,6 +119,39 @@ def test_api_tokens_expire(world, users):
         tokens.create_api_token(SYSTEM, users["operator"], "forever", valid_days=10_000)
 
 
+def _days_valid(token_id: int) -> datetime.timedelta:
+    token = ApiToken.objects.get(pk=token_id)
+    return token.expires_at - token.created_at
+
+
+def test_tokens_last_90_days_by_default_and_at_most_365(world, users):
+    """The README: a token expires 90 days by default, at most 365 (API, service, UI)."""
+    viewer = session_client(users["viewer"])
+    day = datetime.timedelta(days=1)
+    created = viewer.post("/api/v1/tokens", {"name": "default"}, content_type="application/json")
+    assert created.status_code == 201, created.content
+    assert abs(_days_valid(created.json()["token"]["id"]) - 90 * day) < datetime.timedelta(
+        seconds=5
+    )
+    longest = viewer.post(
+        "/api/v1/tokens", {"name": "year", "valid_days": 365}, content_type="application/json"
+    )
+    assert longest.status_code == 201, longest.content
+    assert abs(_days_valid(longest.json()["token"]["id"]) - 365 * day) < datetime.timedelta(
+        seconds=5
+    )
+    too_long = viewer.post(
+        "/api/v1/tokens", {"name": "longer", "valid_days": 366}, content_type="application/json"
+    )
+    assert too_long.status_code in (400, 422), too_long.content
+    _, token = tokens.create_api_token(SYSTEM, users["operator"], "service default")
+    assert abs((token.expires_at - token.created_at) - 90 * day) < datetime.timedelta(seconds=5)
+    tokens.create_api_token(SYSTEM, users["operator"], "a year", valid_days=365)
+    with pytest.raises(tokens.ServiceError, match="1-365"):
+        tokens.create_api_token(SYSTEM, users["operator"], "longer", valid_days=366)
+    assert ApiToken.objects.filter(name__in=["longer"]).count() == 0
+
+
 def test_tokens_are_created_listed_and_revoked_through_the_api(world, users):
     viewer = session_client(users["viewer"])
     created = viewer.post(

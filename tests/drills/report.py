@@ -7,19 +7,20 @@ an unparseable answer). ``recovery_s`` is the scenario's own recovery measure (n
 ``notes``). ``audit_events_lost`` (audit rows or router events that never reached Postgres)
 and ``judgements_skipped`` (canary judgements the judge could not make) are None where a
 drill does not measure them (the table shows "-"); the goal is 0 wherever they are measured.
-``bench/drills/run.py`` prints the table.
+``bench/drills/run.py`` prints the table; a drills run that passes publishes it in the
+README (bench/drills/table.py). Each row names the test that recorded it and the machine.
 """
 
 from __future__ import annotations
 
 import fcntl
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "drills.json"
+from bench.drills.table import RESULTS, machine
 
 
 @dataclass
@@ -74,6 +75,8 @@ def record(
         "recovery_s": None if recovery_s is None else round(recovery_s, 2),
         "notes": notes,
         "at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "test": current_test(),
+        "machine": machine(),
         **extra,
     }
     with open(RESULTS.with_suffix(".lock"), "w") as lock:
@@ -81,6 +84,12 @@ def record(
         rows = load()
         rows[scenario] = row
         RESULTS.write_text(json.dumps(rows, indent=2))
+
+
+def current_test() -> str | None:
+    """The node id of the test running in this process (pytest sets it for each phase)."""
+    current = os.environ.get("PYTEST_CURRENT_TEST")
+    return None if current is None else current.rsplit(" ", 1)[0]
 
 
 def load() -> dict[str, dict[str, Any]]:

@@ -84,6 +84,32 @@ def subscribed(router: Router, pubs: Publishers, names: list[str]) -> None:
     wait_until(all_received, 20, "every KV subscriber receiving")
 
 
+def received_after(router: Router, pubs: Publishers, names: list[str], seen: dict) -> None:
+    """Each subscriber receives one more (empty) batch beyond ``seen``: it is alive after
+    every message sent before. A subscriber that died meanwhile is respawned and counted
+    (``crashes``) before one gets through (ZMQ drops what a PUB sends with no SUB)."""
+
+    def all_received() -> bool:
+        stats = kv_stats(router)
+        for index, name in enumerate(names):
+            if stats[name]["batches"] <= seen[name]:
+                pubs.send(index, msgpack.packb([time.time(), [], 0]))
+        return all(stats[n]["batches"] > seen[n] for n in names)
+
+    wait_until(all_received, 20, "every KV subscriber receiving after the garbage")
+
+
+def checked_after(router: Router, names: list[str]) -> None:
+    """The router's subscriber supervisor has looked at every subscriber once more (it
+    respawns and counts, in ``crashes``, a subscriber whose task died)."""
+    seen = {name: s["checks"] for name, s in kv_stats(router).items()}
+    wait_until(
+        lambda: all(s["checks"] > seen[n] for n, s in kv_stats(router).items() if n in names),
+        20,
+        "a reconcile pass of the KV subscribers",
+    )
+
+
 def send_garbage(pubs: Publishers, count: int) -> int:
     sent = 0
     for _ in range(ROUNDS):
@@ -136,7 +162,11 @@ def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(
             target=lambda: box.append(asyncio.run(load.run(until=stop.is_set))), daemon=True
         )
         loader.start()
-        time.sleep(0.5)
+        wait_until(
+            lambda: scrape_total(router.url, "switchyard_router_requests_total") >= 4,
+            20,
+            "the load under way",
+        )
         batches_before = {name: s["batches"] for name, s in kv_stats(router).items()}
         started = time.monotonic()
         bad = send_garbage(pubs, len(names))
@@ -150,7 +180,8 @@ def test_malformed_kv_events_are_skipped_and_good_ones_still_steer_routing(
             "the announcements applied",
         )
         applied_s = time.monotonic() - started
-        time.sleep(1.5)  # one subscriber reconcile pass: a dead task would be respawned
+        received_after(router, pubs, names, {n: s["batches"] for n, s in kv_stats(router).items()})
+        checked_after(router, names)
         stop.set()
         loader.join(timeout=60)
         wait_until(lambda: router.state()["limiter"]["active"] == 0, 20, "the fleet idle")

@@ -443,6 +443,7 @@ def test_bodies_of_clients_that_went_away_are_dropped_unparsed(drill_fleet, rout
     warm = {"model": MODEL, "prompt": "warm up", "max_tokens": 1}
     httpx.post(url + "/v1/completions", json=warm, timeout=60).raise_for_status()
     tokenized_before = scrape_total(url, "switchyard_router_tokenization_total")
+    closed_before = scrape_total(url, "switchyard_router_requests_total")
     baseline = rss_mib(pid)
     payloads = [gone_body(k) for k in range(GONE_BODIES)]
     peak = [baseline]
@@ -476,23 +477,33 @@ def test_bodies_of_clients_that_went_away_are_dropped_unparsed(drill_fleet, rout
     sampler.join()
     after = rss_mib(pid)
     dropped = scrape_total(url, "switchyard_router_intake_dropped_total")
+    abandoned = scrape_total(url, "switchyard_router_intake_abandoned_total")
     routed = scrape_total(url, "switchyard_router_tokenization_total") - tokenized_before
+    planned = scrape_total(url, "switchyard_router_requests_total") - closed_before
     # A gone client's body is dropped before routing: only the bodies already in a worker
     # (or taken in) when their client's close was seen get that far.
     assert dropped >= GONE_BODIES / 2, f"{dropped} of {GONE_BODIES} bodies dropped unparsed"
     assert routed < GONE_BODIES / 2, f"{routed} of {GONE_BODIES} bodies of gone clients routed"
     assert httpx.get(url + "/health", timeout=5).status_code == 200
-    # No client stays for an answer: "succeeded" counts the bodies already taken in when
-    # their client's close was seen, "failed clear" the ones dropped unparsed.
-    outcome = Outcome(sent=GONE_BODIES, failed_clear=int(dropped))
-    outcome.succeeded = GONE_BODIES - outcome.failed_clear
+    # No client stays for an answer: each body's fate is read from the router's own
+    # counters, each counted where it happened. "Succeeded" = taken in whole (its worker
+    # finished it for nobody, or it was planned and closed: requests_total, 499 for a gone
+    # client), "failed clear" = dropped unparsed from the queue; "lost" = a body none of
+    # them counts (read, then forgotten).
+    outcome = Outcome(
+        sent=GONE_BODIES, succeeded=int(abandoned + planned), failed_clear=int(dropped)
+    )
+    outcome.lost = outcome.sent - outcome.succeeded - outcome.failed_clear
     record(
         "max-size bodies whose clients went away (queued for intake)",
         outcome,
         released_s,
         f"{GONE_BODIES} bodies of {GONE_BODY_BYTES / 2**20:.1f} MiB sent and closed at once "
-        "(succeeded = taken in before the close was seen, failed clear = dropped unparsed); "
-        f"{dropped:.0f} dropped unparsed from the intake queue, {routed:.0f} routed; the "
+        "(succeeded = taken in before the close was seen, failed clear = dropped unparsed, "
+        "lost = counted by neither); "
+        f"{dropped:.0f} dropped unparsed from the intake queue, {abandoned:.0f} finished by "
+        f"a worker for nobody, {planned:.0f} planned ({routed:.0f} routed); the "
         f"queued-bytes gauge back at 0 {released_s:.1f} s after the last close (recovery_s); "
         f"router RSS {baseline:.0f} MiB before, {max(peak):.0f} MiB peak, {after:.0f} MiB after",
     )
+    assert outcome.lost == 0, (dropped, abandoned, planned)

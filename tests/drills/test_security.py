@@ -4,23 +4,30 @@ secrets kept out of logs and API responses."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
+from collections.abc import Iterator
 
 import httpx
 import pytest
-from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
+from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
 
+from controlplane.realtime.publisher import channel_layer_sender
+from controlplane.realtime.state import group_name
 from controlplane.services import login_throttle, router_deployments, tokens
-from devharness import router_env, start_router, wait_until
+from devharness import free_port, router_env, start_router, stop_process, wait_until
 from tests.controlplane.helpers import SYSTEM, build_world, make_user, session_client
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
 from tests.router.helpers import ADMIN_TOKEN
+from tests.web.helpers import Server, start_asgi
 
 VIEWER_PAGES = [
     "/",
@@ -78,59 +85,85 @@ def test_ui_views_authorization_matrix():
                 path = template.format(**world.ids)
                 call = client.get if method == "GET" else client.post
                 got, want = _verdict(call(path)), _expected(role, method)
-                outcome.add("clear" if got == want else "lost", f"{role} {method} {path}")
+                # allowed as it should be: succeeded; refused as it should be: failed clear
+                verdict = "lost" if got != want else "ok" if want == "allowed" else "clear"
+                outcome.add(verdict, f"{role} {method} {path}")
                 if got != want:
                     wrong.append((role, method, path, got, want))
     record(
         "authz matrix: UI views",
         outcome,
         None,
-        notes="anonymous->login, no role->403, viewer POST->403, operator allowed",
+        notes="anonymous->login, no role->403, viewer POST->403, operator allowed; "
+        "succeeded = allowed where the role allows it, failed clear = refused where it does not",
     )
     assert not wrong
 
 
-def _session_cookie(user) -> bytes:
+def _session_cookie(user) -> str:
     client = Client()
     client.force_login(user)
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
+    return f"sessionid={client.cookies['sessionid'].value}"
 
 
-async def _ws_accepted(path: str, cookie: bytes | None, origin: bytes) -> bool:
-    from controlplane.asgi import application
+def _ws_opens(url: str, cookie: str | None, origin: str | None) -> bool:
+    """A websocket handshake with the real server over TCP: True when it opens (and the
+    socket then carries what the server publishes), False when the server refuses it."""
+    headers = [("Cookie", cookie)] if cookie else []
+    try:
+        connection = ws_connect(
+            url,
+            origin=None if origin is None else Origin(origin),
+            additional_headers=headers,
+            open_timeout=10,
+        )
+    except InvalidStatus as refused:
+        assert refused.response.status_code == 403, refused.response.status_code
+        return False
+    with connection:
+        return True
 
-    headers = [(b"origin", origin)] + ([(b"cookie", cookie)] if cookie else [])
-    communicator = WebsocketCommunicator(application, path, headers=headers)
-    connected, _ = await communicator.connect()
-    await communicator.disconnect()
-    return connected
+
+@pytest.fixture
+def asgi_server(tmp_path) -> Iterator[Server]:
+    """The control plane's ASGI application under uvicorn, on this test's database."""
+    server = start_asgi(free_port(), tmp_path / "uvicorn.log")
+    yield server
+    stop_process(server.process)
 
 
 @pytest.mark.django_db(transaction=True)
-async def test_websocket_needs_session_role_and_allowed_origin():
-    world = await sync_to_async(build_world)()
-    viewer = await sync_to_async(make_user)("viewer", "ws-viewer")
-    nobody = await sync_to_async(make_user)(None, "ws-nobody")
-    viewer_cookie = await sync_to_async(_session_cookie)(viewer)
-    nobody_cookie = await sync_to_async(_session_cookie)(nobody)
-    path = f"/ws/clusters/{world['alpha']}/"
-    good, evil = b"http://127.0.0.1", b"http://evil.example"
+def test_websocket_needs_session_role_and_allowed_origin(asgi_server):
+    world = build_world()
+    viewer_cookie = _session_cookie(make_user("viewer", "ws-viewer"))
+    nobody_cookie = _session_cookie(make_user(None, "ws-nobody"))
+    url = asgi_server.url.replace("http://", "ws://") + f"/ws/clusters/{world['alpha']}/"
+    good, evil = "http://127.0.0.1", "http://evil.example"
     cases = [
         ("no session", None, good, False),
         ("no role", nobody_cookie, good, False),
         ("foreign origin", viewer_cookie, evil, False),
-        ("no origin header", viewer_cookie, b"", False),
+        ("no origin header", viewer_cookie, None, False),
         ("viewer, allowed origin", viewer_cookie, good, True),
     ]
     outcome = Outcome()
     for label, cookie, origin, expected in cases:
-        accepted = await _ws_accepted(path, cookie, origin)
-        outcome.add("clear" if accepted == expected else "lost", label)
-    await sync_to_async(record)(
+        opened = _ws_opens(url, cookie, origin)
+        verdict = "lost" if opened != expected else "ok" if expected else "clear"
+        outcome.add(verdict, f"{label}: {'opened' if opened else 'refused'}")
+    # the socket a viewer opens carries the cluster's live feed
+    viewer = [("Cookie", viewer_cookie)]
+    with ws_connect(url, origin=Origin(good), additional_headers=viewer) as live:
+        async_to_sync(channel_layer_sender())(
+            group_name(world["alpha"]), {"type": "snapshot", "drill": 1}
+        )
+        assert json.loads(live.recv(timeout=10)) == {"type": "snapshot", "drill": 1}
+    record(
         "authz matrix: websockets",
         outcome,
         None,
-        notes="refused without session/role or with foreign Origin",
+        notes="over TCP to uvicorn: refused (403) without session or role, with a foreign "
+        "Origin or none; a viewer's socket opens and carries the cluster's feed",
     )
     assert outcome.lost == 0, outcome.lost_examples
 

@@ -16,13 +16,45 @@ INSTANCE = 2
 BLOCK = 16
 
 
-def _subscribe(endpoint: str) -> zmq.Socket:
+PROBE_BASE = 60_000  # token ids of the subscription probes, apart from the tests' prompts
+
+
+def _event_tokens(event) -> list[int]:
+    """The token ids of a BlockStored event in either encoding, else []."""
+    if isinstance(event, dict):
+        return event["token_ids"] if event["type"] == "BlockStored" else []
+    return event[3] if event[0] == "BlockStored" else []
+
+
+def _subscribe(endpoint: str, url: str) -> tuple[zmq.Socket, int]:
+    """A SUB socket that is known to receive: the PUB drops what it sends before the
+    subscription lands, so one-block probe prompts are sent until one's event arrives,
+    then a last probe whose event ends everything the earlier probes caused. Returns the
+    socket and the sequence number of that last probe's batch."""
     sock: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
     sock.setsockopt(zmq.SUBSCRIBE, b"")
-    sock.setsockopt(zmq.RCVTIMEO, 5000)
     sock.connect(endpoint)
-    time.sleep(0.3)  # PUB drops messages sent before the subscription lands
-    return sock
+    probe = PROBE_BASE
+
+    def send_probe() -> list[int]:
+        nonlocal probe
+        tokens = list(range(probe, probe + BLOCK))  # one full block: one BlockStored
+        probe += BLOCK
+        body = {"model": MODEL, "prompt": tokens, "max_tokens": 1}
+        httpx.post(url + "/v1/completions", json=body).raise_for_status()
+        return tokens
+
+    deadline = time.monotonic() + 30
+    while not sock.poll(100):
+        assert time.monotonic() < deadline, "no KV event arrived in 30 s"
+        send_probe()
+    last = send_probe()
+    sock.setsockopt(zmq.RCVTIMEO, 5000)
+    while True:
+        _, seq, payload = sock.recv_multipart()
+        _, events, _ = msgpack.unpackb(payload)
+        if any(_event_tokens(event) == last for event in events):
+            return sock, int.from_bytes(seq, "big")
 
 
 def _receive_until(sock: zmq.Socket, done) -> list[tuple[int, list]]:
@@ -46,7 +78,7 @@ def _stored_tokens(batches) -> list[int]:
 
 
 def test_block_stored_events_match_the_prompt_blocks(sim):
-    sock = _subscribe(sim.kv_endpoint(INSTANCE))
+    sock, _ = _subscribe(sim.kv_endpoint(INSTANCE), sim.url(INSTANCE))
     prompt = list(range(5000, 5070))  # 4 full blocks + 6 tokens
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 3}
     httpx.post(sim.url(INSTANCE) + "/v1/completions", json=body).raise_for_status()
@@ -69,12 +101,11 @@ def test_block_stored_events_match_the_prompt_blocks(sim):
     assert usage["prompt_tokens_details"]["cached_tokens"] == 64
 
 
-def test_replay_returns_buffered_batches_then_the_end_marker(sim):
-    body = {"model": MODEL, "prompt": list(range(7000, 7040)), "max_tokens": 2}
-    httpx.post(sim.url(INSTANCE) + "/v1/completions", json=body).raise_for_status()
+def _replay(endpoint: str) -> list[tuple[int, list]]:
+    """Every buffered (seq, batch) from 0, up to the end marker."""
     dealer: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
     dealer.setsockopt(zmq.RCVTIMEO, 5000)
-    dealer.connect(sim.kv_replay_endpoint(INSTANCE))
+    dealer.connect(endpoint)
     dealer.send_multipart([b"", (0).to_bytes(8, "big")])
     replayed = []
     while True:
@@ -85,6 +116,13 @@ def test_replay_returns_buffered_batches_then_the_end_marker(sim):
             break
         replayed.append((int.from_bytes(seq, "big"), msgpack.unpackb(payload)))
     dealer.close()
+    return replayed
+
+
+def test_replay_returns_buffered_batches_then_the_end_marker(sim):
+    body = {"model": MODEL, "prompt": list(range(7000, 7040)), "max_tokens": 2}
+    httpx.post(sim.url(INSTANCE) + "/v1/completions", json=body).raise_for_status()
+    replayed = _replay(sim.kv_replay_endpoint(INSTANCE))
     seqs = [seq for seq, _ in replayed]
     assert seqs == list(range(len(seqs)))
     assert _stored_tokens(replayed)[-32:] == list(range(7000, 7032))
@@ -96,13 +134,17 @@ def array_server(sim_factory):
 
 
 def test_array_encoding_is_vllm_positional(array_server):
-    sock = _subscribe(array_server.kv_endpoint(0))
+    sock, probed = _subscribe(array_server.kv_endpoint(0), array_server.url(0))
     prompt = list(range(9000, 9032))
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 2}
     httpx.post(array_server.url(0) + "/v1/completions", json=body).raise_for_status()
     (seq, (_, events, _)), *_ = _receive_until(sock, lambda got: bool(got))
     sock.close()
-    assert seq == 0  # sequence numbers start at 0 on a fresh instance
+    assert seq == probed + 1  # numbered on from the probes' batches
+    # sequence numbers start at 0 on a fresh instance: its first batch, the first probe's
+    first_seq, (_, first_events, _) = _replay(array_server.kv_replay_endpoint(0))[0]
+    assert first_seq == 0
+    assert _event_tokens(first_events[0]) == list(range(PROBE_BASE, PROBE_BASE + BLOCK))
     tag, hashes, parent, token_ids, block_size, lora_id, medium, *_ = events[0]
     assert tag == "BlockStored"
     assert hashes == block_hashes(prompt, BLOCK) and parent is None

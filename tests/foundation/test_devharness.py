@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -30,6 +29,24 @@ from devharness.ports import EPHEMERAL_RANGE
 
 ROOT = Path(__file__).resolve().parents[2]
 IGNORES_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+# the same, then an empty file at argv[1] once its handler is installed
+IGNORES_TERM_READY = (
+    "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "open(sys.argv[1], 'w').close(); time.sleep(60)"
+)
+# argv: its own mark (written at its SIGTERM), then the others'; exits 0 once all exist
+WAITS_FOR_ALL = """
+import os, signal, sys, time
+marks = sys.argv[1:]
+signal.signal(signal.SIGTERM, lambda *_: open(marks[0], "w").close())
+open(marks[0] + ".ready", "w").close()
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if all(os.path.exists(m) for m in marks):
+        sys.exit(0)
+    time.sleep(0.01)
+sys.exit(1)
+"""
 
 
 def _alive(pid: int) -> bool:
@@ -110,8 +127,11 @@ def test_a_dead_process_ends_the_wait_at_once_with_its_log(tmp_path: Path) -> No
 
 
 def test_a_process_that_ignores_sigterm_is_killed_after_the_grace(tmp_path: Path) -> None:
-    with ManagedProcess([sys.executable, "-c", IGNORES_TERM], grace=0.5) as stubborn:
-        time.sleep(0.3)  # its handler is installed
+    ready = tmp_path / "ready"
+    with ManagedProcess(
+        [sys.executable, "-c", IGNORES_TERM_READY, str(ready)], grace=0.5
+    ) as stubborn:
+        wait_until(ready.exists, 30, "its SIGTERM handler installed", stubborn.process)
     assert stubborn.poll() == -signal.SIGKILL
 
 
@@ -133,24 +153,34 @@ def test_a_process_set_stops_each_group_with_its_children(tmp_path: Path) -> Non
 
 
 def test_processes_stopped_together_share_one_grace(tmp_path: Path) -> None:
-    """Every process gets its SIGTERM before any grace runs out: one after the other, the
-    second would get it only when the first's grace (3 s) had passed."""
-    notes_term = (
-        "import os, signal, sys, time; "
-        "signal.signal(signal.SIGTERM, lambda *_: open(sys.argv[1], 'w').close()); "
-        "open(sys.argv[1] + '.ready', 'w').close(); time.sleep(60)"
-    )
+    """Every process gets its SIGTERM before any grace runs out: each of these exits only
+    once all three have had theirs, which they can only do within one shared grace (one
+    after the other, the first would be killed at the end of its own grace waiting for
+    the others' SIGTERM)."""
+    script = tmp_path / "waits_for_all.py"
+    script.write_text(WAITS_FOR_ALL)
     marks = [tmp_path / f"term{k}" for k in range(3)]
     stubborn = [
-        ManagedProcess([sys.executable, "-c", notes_term, str(mark)]).start() for mark in marks
+        ManagedProcess(
+            [sys.executable, str(script), str(mark), *(str(m) for m in marks if m != mark)]
+        ).start()
+        for mark in marks
     ]
-    wait_until(lambda: all(Path(f"{m}.ready").exists() for m in marks), 10, "handlers")
-    stopping = threading.Thread(target=stop_together, args=(stubborn,), kwargs={"grace": 3.0})
-    stopping.start()
-    wait_until(lambda: all(m.exists() for m in marks), 2.5, "every process's SIGTERM")
-    assert all(p.poll() is None for p in stubborn)  # none killed yet: one shared grace
-    stopping.join()
-    assert [p.poll() for p in stubborn] == [-signal.SIGKILL] * 3
+    wait_until(lambda: all(Path(f"{m}.ready").exists() for m in marks), 30, "handlers")
+    stop_together(stubborn, grace=20.0)
+    assert all(m.exists() for m in marks)
+    assert [p.poll() for p in stubborn] == [0, 0, 0]  # none killed: one shared grace
+
+
+def test_what_is_left_after_the_shared_grace_is_killed(tmp_path: Path) -> None:
+    ready = [tmp_path / f"ready{k}" for k in range(2)]
+    stubborn = [
+        ManagedProcess([sys.executable, "-c", IGNORES_TERM_READY, str(mark)]).start()
+        for mark in ready
+    ]
+    wait_until(lambda: all(m.exists() for m in ready), 30, "handlers")
+    stop_together(stubborn, grace=0.5)
+    assert [p.poll() for p in stubborn] == [-signal.SIGKILL] * 2
 
 
 def test_a_fleet_serves_its_instances_recovers_their_faults_and_stops() -> None:

@@ -1,56 +1,67 @@
-"""Websocket round trip through the full ASGI application and the Redis channel layer."""
+"""Websocket round trip through the full ASGI application, served by uvicorn over TCP, and
+the Redis channel layer."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+
 import pytest
-from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
 
-from controlplane.asgi import application
+from devharness import free_port, stop_process
+from tests.web.helpers import Server, start_asgi
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def session_cookie() -> bytes:
+@pytest.fixture(scope="module")
+def server(django_db_setup, tmp_path_factory) -> Iterator[Server]:
+    """uvicorn on the test database (it reads sessions per connection)."""
+    running = start_asgi(free_port(), tmp_path_factory.mktemp("asgi") / "uvicorn.log")
+    yield running
+    stop_process(running.process)
+
+
+def session_cookie() -> str:
     """A logged-in viewer's session (a socket needs a role, as every page does)."""
     user = get_user_model().objects.create_user("ws-user", password="ws-password-123")
     user.groups.add(Group.objects.get_or_create(name="viewer")[0])
     client = Client()
     assert client.login(username="ws-user", password="ws-password-123")
-    return f"sessionid={client.cookies['sessionid'].value}".encode()
+    return f"sessionid={client.cookies['sessionid'].value}"
 
 
-async def connect(headers: list[tuple[bytes, bytes]]) -> tuple[WebsocketCommunicator, bool]:
-    communicator = WebsocketCommunicator(application, "/ws/ping/", headers=headers)
-    connected, _ = await communicator.connect()
-    return communicator, connected
+def ping_url(server: Server) -> str:
+    return server.url.replace("http://", "ws://") + "/ws/ping/"
 
 
-async def test_logged_in_round_trip() -> None:
-    from asgiref.sync import sync_to_async
-
-    cookie = await sync_to_async(session_cookie)()
-    communicator, connected = await connect([(b"cookie", cookie), (b"origin", b"http://127.0.0.1")])
-    assert connected
-    await communicator.send_json_to({"hello": "switchyard"})
-    assert await communicator.receive_json_from(timeout=5) == {"echo": {"hello": "switchyard"}}
-    await communicator.disconnect()
+def refused(server: Server, cookie: str | None, origin: str) -> bool:
+    headers = [("Cookie", cookie)] if cookie else []
+    try:
+        with ws_connect(ping_url(server), origin=Origin(origin), additional_headers=headers):
+            return False
+    except InvalidStatus as error:
+        return error.response.status_code == 403
 
 
-async def test_refused_without_session() -> None:
-    communicator, connected = await connect([(b"origin", b"http://127.0.0.1")])
-    assert not connected
-    await communicator.disconnect()
+def test_logged_in_round_trip(server) -> None:
+    headers = [("Cookie", session_cookie())]
+    with ws_connect(
+        ping_url(server), origin=Origin("http://127.0.0.1"), additional_headers=headers
+    ) as socket:
+        socket.send(json.dumps({"hello": "switchyard"}))
+        assert json.loads(socket.recv(timeout=10)) == {"echo": {"hello": "switchyard"}}
 
 
-async def test_refused_from_foreign_origin() -> None:
-    from asgiref.sync import sync_to_async
+def test_refused_without_session(server) -> None:
+    assert refused(server, None, "http://127.0.0.1")
 
-    cookie = await sync_to_async(session_cookie)()
-    communicator, connected = await connect(
-        [(b"cookie", cookie), (b"origin", b"http://evil.example")]
-    )
-    assert not connected
-    await communicator.disconnect()
+
+def test_refused_from_foreign_origin(server) -> None:
+    assert refused(server, session_cookie(), "http://evil.example")

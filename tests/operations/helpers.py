@@ -37,10 +37,17 @@ def lognormal(median: float, n: int) -> list[float]:
     return list(np.exp(RNG.normal(np.log(median), 0.3, n)))
 
 
-def arm(ttft_median: float, n: int = 200, errors: int = 0, tpot_median: float = 0.02) -> ArmSample:
+def arm(
+    ttft_median: float,
+    n: int = 200,
+    errors: int = 0,
+    tpot_median: float = 0.02,
+    fallbacks: int = 0,
+) -> ArmSample:
     return ArmSample(
         requests=n,
         errors=errors,
+        hotspot_fallbacks=fallbacks,
         ttft_s=lognormal(ttft_median, n),
         tpot_s=lognormal(tpot_median, n),
     )
@@ -62,6 +69,7 @@ def feed(
             defaults={
                 "requests": sample.requests,
                 "errors": sample.errors,
+                "hotspot_fallbacks": sample.hotspot_fallbacks,
                 "ttft_samples": sample.ttft_s,
                 "tpot_samples": sample.tpot_s,
             },

@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.utils import timezone
 
 from controlplane.models import AuditEvent, CapturedRequest, TrafficCapture
@@ -153,9 +154,27 @@ def test_requests_after_the_stop_are_dropped_and_the_age_limits_hold(routed, str
     ingest.ingest_captures(streams)
     capture.refresh_from_db()
     assert (capture.requests, capture.dropped) == (1, 1)
-    past_retention = timezone.now() + timedelta(days=31)
+    # kept for SWITCHYARD_CAPTURE_RETENTION_DAYS (30) days after its stop, to the second
+    assert settings.SWITCHYARD_CAPTURE_RETENTION_DAYS == 30  # the README's default
+    for age in (timedelta(days=29), timedelta(days=30) - timedelta(seconds=1)):
+        assert captures.enforce_limits(capture.stopped_at + age)["deleted"] == 0, age
+    assert TrafficCapture.objects.filter(pk=capture.pk).exists()
+    past_retention = capture.stopped_at + timedelta(days=30, seconds=1)
     assert captures.enforce_limits(past_retention)["deleted"] == 1
     assert not TrafficCapture.objects.exists() and not CapturedRequest.objects.exists()
+
+
+def test_a_capture_started_without_limits_gets_the_readme_defaults(routed):
+    """60 minutes and 100,000 requests unless the operator asks otherwise."""
+    capture = captures.start_capture(OPERATOR, routed.pk, name="defaults")
+    assert (capture.max_requests, capture.max_duration_s) == (100_000, 60 * 60)
+    assert captures.enforce_limits(capture.started_at + timedelta(minutes=59, seconds=59)) == {
+        "stopped": 0,
+        "deleted": 0,
+    }
+    assert captures.enforce_limits(capture.started_at + timedelta(minutes=60))["stopped"] == 1
+    capture.refresh_from_db()
+    assert capture.stop_reason == "reached its limit of 60 minutes"
 
 
 def test_the_export_merges_routers_in_arrival_order_and_chains_sessions(

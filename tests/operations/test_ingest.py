@@ -116,6 +116,7 @@ def test_metrics_fold_into_minute_rollups_once(redis_client, cluster, cluster_ro
                 requests=3,
                 errors=1,
                 output_tokens=30,
+                hotspot_fallbacks=2,
                 ttft_s=[0.1, 0.2, 0.3],
                 tpot_s=[0.01, 0.02],
             )
@@ -128,6 +129,6 @@ def test_metrics_fold_into_minute_rollups_once(redis_client, cluster, cluster_ro
     assert (result.stored, result.duplicates) == (2, 1)
     assert redis_client.xlen(METRICS_STREAM) == 0  # folded entries do not accumulate
     row = ArmMetricRollup.objects.get(cluster=cluster, arm="baseline")
-    assert (row.requests, row.errors, row.output_tokens) == (6, 2, 60)
+    assert (row.requests, row.errors, row.output_tokens, row.hotspot_fallbacks) == (6, 2, 60, 4)
     assert sorted(row.ttft_samples) == [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
     assert row.ttft_p50_s == pytest.approx(0.2)

@@ -260,3 +260,23 @@ def test_a_forged_count_or_a_wrong_typed_stream_stops_no_ingest(streams, cluster
         assert int(streams.hget(ingest.QUARANTINE_COUNTS, METRICS_STREAM)) == 1
     finally:
         streams.delete(metrics_stream(squatter.name), metrics_stream(CLUSTER))
+
+
+def test_the_quarantine_keeps_the_newest_1000_entries_and_counts_them_all(
+    streams, cluster, cluster_router
+):
+    """The README: the dead-letter stream keeps the newest 1 000 entries (Redis trims whole
+    nodes of at most 100, so a few more may stay), the count keeps every one."""
+    sent = 1_500
+    pipe = streams.pipeline(transaction=False)
+    for k in range(sent):
+        pipe.xadd(EVENTS_STREAM, {"data": f"{{not json {k}"})
+    pipe.execute()
+    while ingest.ingest_events(streams).read:
+        pass
+    kept = [fields[b"data"].decode() for fields in quarantined(streams)]
+    assert 1_000 <= len(kept) < 1_100, len(kept)
+    assert kept[-1_000:] == [f"{{not json {k}" for k in range(sent - 1_000, sent)]
+    assert kept == [f"{{not json {k}" for k in range(sent - len(kept), sent)]  # newest only
+    summary = ingest.quarantine_summary(streams, limit=10)
+    assert (summary.counts, summary.total) == ({EVENTS_STREAM: sent}, sent)

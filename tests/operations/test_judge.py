@@ -20,6 +20,9 @@ from controlplane.services.judge import ArmSample, judge, judge_canary
 from tests.canaries import running_canary as make_running_canary
 from tests.operations.helpers import arm, feed
 
+# latencies that can never fail the tests: only the guards decide
+GUARDS = {**DEFAULT_GUARDRAILS, "effect_tolerance": 10.0}
+
 
 def judged(canary_id: int) -> CanaryJudgement:
     """The judgement of a canary that has one to make."""
@@ -51,6 +54,32 @@ def test_error_rate_guard_fails_even_when_latency_is_fine():
     verdict = judge({"baseline": arm(0.5), "candidate": arm(0.5, errors=20)}, Guardrails())
     assert verdict.verdict == "fail"
     assert any("error rate" in reason for reason in verdict.reasons)
+
+
+def test_hotspot_fallback_rate_guard_holds_at_its_limit_and_fails_beyond_it():
+    """The default limit is half the candidate's decisions (0.5): 100 of 200 holds, 101
+    fails whatever the latencies say."""
+    assert DEFAULT_GUARDRAILS["max_hotspot_fallback_rate"] == 0.5
+    at_limit = judge({"baseline": arm(0.5), "candidate": arm(0.5, fallbacks=100)}, GUARDS)
+    assert at_limit.verdict == "pass", at_limit.reasons
+    beyond = judge({"baseline": arm(0.5), "candidate": arm(0.5, fallbacks=101)}, GUARDS)
+    assert beyond.verdict == "fail"
+    assert beyond.reasons == ["hotspot fallback rate 0.505 > 0.5"]
+    guard = next(g for g in beyond.guards if g.name == "hotspot_fallback_rate")
+    assert (guard.value, guard.limit, guard.passed) == (0.505, 0.5, False)
+
+
+@pytest.mark.django_db
+def test_a_candidate_that_falls_back_too_often_is_rolled_back(running_canary):
+    """Fallbacks counted in the rollups reach the judge: the canary rolls back on them."""
+    feed(running_canary, arm(0.5), arm(0.5, fallbacks=150))
+    judgement = judged(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("fail", "rollback")
+    assert running_canary.state == "rolled_back"
+    guard = next(g for g in judgement.evidence["guards"] if g["name"] == "hotspot_fallback_rate")
+    assert guard == {"name": "hotspot_fallback_rate", "value": 0.75, "limit": 0.5, "passed": False}
+    assert judgement.evidence["arms"]["candidate"]["hotspot_fallbacks"] == 150
 
 
 def test_worse_but_not_significant_is_inconclusive():

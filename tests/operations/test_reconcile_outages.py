@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -73,8 +74,13 @@ def test_restart_requests_expire(
     router(routed_cluster, "r-away", 8104, heartbeat_age_s=120, applied=1)
     actions(routed_cluster)
     time.sleep(TIMEOUT_S * 1.5)
+    earliest = datetime.now(UTC)  # the request is sent after this
     assert actions(routed_cluster) == ["restart r-away"]
+    latest = datetime.now(UTC)  # and before this
     queued = [json.loads(m) for m in redis_client.lrange(queue_key("routers.host-a"), 0, -1)]
     redis_client.delete(queue_key("routers.host-a"))
     assert [m["headers"]["task"] for m in queued] == ["switchyard.restart_router"]
-    assert queued[0]["headers"]["expires"] is not None
+    # The README: "Restart requests expire after one heartbeat timeout" (from when sent).
+    expires = datetime.fromisoformat(queued[0]["headers"]["expires"])
+    timeout = timedelta(seconds=TIMEOUT_S)
+    assert earliest + timeout <= expires <= latest + timeout, (earliest, expires, latest)

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
@@ -16,6 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import engine_interface as ei
+from devharness import scrape_total, wait_until
 from enginesim.loadgen.payloads import PayloadBuilder
 from enginesim.loadgen.runner import BurstSettings, LoadGenerator
 from enginesim.replay.synth import AgenticParams, BurstParams, agentic_sessions, write_jsonl
@@ -138,8 +139,16 @@ def test_ctrl_c_stops_the_command_cleanly(target, tmp_path):
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
     assert proc.stdout is not None
+    done_before = scrape_total(target, ei.REQUEST_SUCCESS.total)
     assert proc.stdout.readline().startswith("# ")  # started: its first line is out
-    time.sleep(2.0)
+    # its handlers are installed before its first request: once the engine has answered
+    # two, Ctrl-C meets a running load with requests behind it
+    wait_until(
+        lambda: scrape_total(target, ei.REQUEST_SUCCESS.total) >= done_before + 2,
+        60,
+        "the load generator's first requests answered",
+        proc,
+    )
     proc.send_signal(signal.SIGINT)
     stdout, _ = proc.communicate(timeout=15)
     assert "ttft_mean_s" in stdout  # the summary was printed

@@ -3,8 +3,6 @@ stream as the replay needs it (lengths, digests, measured latencies), never its 
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import redis
 
@@ -35,6 +33,29 @@ def _chat(router, user: str, text: str, stream: bool = False) -> httpx.Response:
         "stream": stream,
     }
     return httpx.post(router.url + "/v1/chat/completions", json=body, timeout=30)
+
+
+def _telemetry_round_after(client: redis.Redis, router, requests: int) -> None:
+    """Wait until the telemetry writer has shipped everything of the first ``requests``
+    requests: a state snapshot counting them is written at the start of a round whose
+    flush (events, metrics, capture) follows; a newer snapshot starts the next round,
+    so that flush is done."""
+    key = contract.state_key("test", f"r{router.port}")
+
+    def snapshot() -> contract.StateSnapshot | None:
+        raw = client.get(key)
+        return None if raw is None else contract.loads_state(raw)
+
+    def counted() -> float | None:
+        state = snapshot()
+        return state.ts if state is not None and state.window.requests >= requests else None
+
+    counted_at = wait_until(counted, 10, f"a state snapshot counting {requests} requests")
+    wait_until(
+        lambda: (state := snapshot()) is not None and state.ts > counted_at,
+        10,
+        "the telemetry writer's next round",
+    )
 
 
 def _apply(router, document: dict) -> int:
@@ -105,5 +126,5 @@ def test_another_capture_digests_sessions_under_its_own_salt_and_none_records_no
 
     assert _apply(router, router_config(fleet, "round_robin", version=3)) == 3
     assert _chat(router, "u", prompt).status_code == 200
-    time.sleep(1.0)  # four telemetry writes
+    _telemetry_round_after(client, router, requests=3)
     assert len(_requests(client)) == 2  # no capture in the config: nothing recorded

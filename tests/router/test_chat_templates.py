@@ -9,7 +9,8 @@ token strings, joined) is byte for byte what the router's tokenizer renders; wit
 post-processor) the router's exact tier gives the engine's very token ids, for chat and for
 completions with and without ``add_special_tokens`` (the router's count for a routed request
 equals the engine's ``usage.prompt_tokens``); and a body neither can render gets the same
-400 from both.
+400 from both. Both also render, for a few conversations, exactly what vLLM renders,
+written out by hand from vLLM's rules (the parity alone would hold for one shared mistake).
 """
 
 from __future__ import annotations
@@ -246,6 +247,53 @@ def test_router_and_engine_render_the_same_bytes_and_token_ids(setups, router_fa
         ids, tier = router_tokenizer.encode_chat_body(body, add_special_tokens=special)
         assert tier == "exact" and [int(i) for i in ids] == engine_ids, body
         assert route(router, setup, "/v1/chat/completions", body) == ("exact", len(engine_ids))
+
+
+# What vLLM renders for CONVERSATIONS[0, 1, 3, 5] with each template, written out by hand
+# from its rules (vllm/entrypoints/chat_utils.py, then transformers' apply_chat_template):
+# a template that reads message['content'] as a string gets the text parts (and bare
+# strings) joined with "\n", None as ""; chat completions add the generation prompt unless
+# told not to; continue_final_message cuts the render right after the final message's
+# (stripped) content; the template's own text is rendered as jinja reads it ({{- -}} and
+# {%- -%} eat the whitespace around them).
+HEAD = "<|start_header_id|>{}<|end_header_id|>\n\n"
+MULTIPART = "first part\na bare string part\nthird, after a newline"
+VLLM_RENDERS: dict[str, dict[int, str]] = {
+    "chatml": {
+        0: "<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n",
+        1: "<|im_start|>system\nYou are terse.<|im_end|>\n"
+        "<|im_start|>user\n  Why is the sky blue?  <|im_end|>\n<|im_start|>assistant\n",
+        3: f"<|im_start|>user\n{MULTIPART}<|im_end|>\n<|im_start|>assistant\n<|im_end|>\n"
+        "<|im_start|>tool\n42<|im_end|>\n<|im_start|>assistant\n",
+        5: "<|im_start|>user\nFinish my sentence<|im_end|>\n<|im_start|>assistant\nThe cache is",
+    },
+    "llama3": {
+        0: f"{BOS}{HEAD.format('user')}Hello there<|eot_id|>{HEAD.format('assistant')}",
+        1: f"{BOS}{HEAD.format('system')}You are terse.<|eot_id|>"
+        f"{HEAD.format('user')}Why is the sky blue?<|eot_id|>{HEAD.format('assistant')}",
+        3: f"{BOS}{HEAD.format('user')}{MULTIPART}<|eot_id|>{HEAD.format('assistant')}"
+        f"<|eot_id|>{HEAD.format('tool')}42<|eot_id|>{HEAD.format('assistant')}",
+        5: f"{BOS}{HEAD.format('user')}Finish my sentence<|eot_id|>"
+        f"{HEAD.format('assistant')}The cache is",
+    },
+    "plain": {
+        0: "user: Hello there\nassistant: ",
+        1: "system: You are terse.\nuser:   Why is the sky blue?  \nassistant: ",
+        3: f"user: {MULTIPART}\nassistant: \ntool: 42\nassistant: ",
+        5: "user: Finish my sentence\nassistant: The cache is",
+    },
+}
+
+
+@pytest.mark.parametrize("name", ["chatml", "llama3", "plain"])
+def test_router_and_engine_render_what_vllm_renders(setups, name):
+    """Both sides against expectations written independently of the shared renderer."""
+    setup = setups[name]
+    router_tokenizer = setup.tokenizer()
+    for index, expected in VLLM_RENDERS[name].items():
+        body = CONVERSATIONS[index]
+        assert router_tokenizer.render(body) == expected, (index, body)
+        assert engine_tokenize(setup.engine, body)[0] == expected, (index, body)
 
 
 @pytest.mark.parametrize("name", ["chatml", "llama3"])

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 
 import httpx
 import redis
 
-from devharness import wait_until
+from devharness import wait_until, wait_until_async
 from router_worker import telemetry_contract as contract
 from router_worker.stages import STAGES
 from tests.router.helpers import MODEL, router_config, stream_entries
 
 
-async def _stream_load(url: str, stop_after: float, concurrency: int) -> list[tuple[int, str]]:
-    """Streams back to back for ``stop_after`` seconds; returns (status, policy) per request."""
-    deadline = time.monotonic() + stop_after
-    results: list[tuple[int, str]] = []
+async def _stream_load(
+    url: str, results: list[tuple[int, str]], stop: asyncio.Event, concurrency: int
+) -> None:
+    """Streams back to back until ``stop``; appends (status, policy) per request."""
     body = {"model": MODEL, "prompt": "hot swap " * 60, "max_tokens": 10, "stream": True}
 
     async def worker(client: httpx.AsyncClient) -> None:
-        while time.monotonic() < deadline:
+        while not stop.is_set():
             async with client.stream("POST", url, json=body) as response:
                 text = (await response.aread()).decode()
                 ok = response.status_code == 200 and '"error"' not in text
@@ -36,7 +35,6 @@ async def _stream_load(url: str, stop_after: float, concurrency: int) -> list[tu
 
     async with httpx.AsyncClient(timeout=30) as client:
         await asyncio.gather(*(worker(client) for _ in range(concurrency)))
-    return results
 
 
 def test_config_hot_swap_under_load_drops_nothing(fleet, router_factory):
@@ -44,19 +42,32 @@ def test_config_hot_swap_under_load_drops_nothing(fleet, router_factory):
     new = router_config(fleet, "round_robin", version=2)
 
     async def scenario() -> list[tuple[int, str]]:
-        load = asyncio.create_task(_stream_load(router.url + "/v1/completions", 2.0, 6))
-        await asyncio.sleep(0.7)
-        async with httpx.AsyncClient() as client:
-            response = await client.post(
-                router.url + "/admin/config", json=new, headers=router.admin_headers
+        results: list[tuple[int, str]] = []
+        stop = asyncio.Event()
+        load = asyncio.create_task(_stream_load(router.url + "/v1/completions", results, stop, 6))
+        try:
+            # the old policy answers a round of every stream before the swap, and the new
+            # one a round after it: the swap lands in the middle of the load
+            await wait_until_async(lambda: len(results) >= 12, 30, "the load under lmetric")
+            async with httpx.AsyncClient() as client:
+                response = await client.post(
+                    router.url + "/admin/config", json=new, headers=router.admin_headers
+                )
+            assert response.status_code == 200 and response.json() == {"applied_version": 2}
+            await wait_until_async(
+                lambda: sum(policy == "round_robin" for _, policy in results) >= 12,
+                30,
+                "the load under round_robin",
             )
-        assert response.status_code == 200 and response.json() == {"applied_version": 2}
-        return await load
+        finally:
+            stop.set()
+            await load
+        return results
 
     results = asyncio.run(scenario())
     assert results and all(status == 200 for status, _ in results)
     policies = [policy for _, policy in results]
-    assert "lmetric" in policies and "round_robin" in policies
+    assert policies[:12] == ["lmetric"] * 12
     first_rr = policies.index("round_robin")
     # Completion order is not dispatch order, but once the new policy answers, the old
     # one can only finish the few requests that were already in flight (6 workers).

@@ -185,11 +185,15 @@ def test_bad_messages_are_skipped_and_counted_and_good_ones_still_update_the_ind
             await pubs.send(0, b"", frames=[b"kv", b"\x01", good_batch()])  # 1-byte seq
             await pubs.send(0, good_batch())
             await pubs.send(1, good_batch(TOKENS[:32], first_hash=900))
+            # i0's good batch came after its garbage: once it is applied, the subscriber
+            # has read every bad message before it and lived
             await wait_until_async(
                 lambda: cached_blocks(core, TOKENS) == [4, 2], 10, "the good batches"
             )
-            await asyncio.sleep(1.5)  # a reconcile pass: a dead task would show by now
+            checks = subs.stats()["i0"]["checks"]
+            subs.reconcile()  # the pass that would replace (and count) a dead task
             assert subs.running["i0"][2] is task_before and not task_before.done()
+            assert subs.stats()["i0"]["checks"] == checks + 1  # it found the task running
             return core, subs.stats()["i0"]
         finally:
             loop.cancel()

@@ -1,4 +1,5 @@
-"""Managed mode against a stand-in control plane (the contract in config_source.py)."""
+"""Managed mode: the contract in config_source.py against a stand-in control plane (its
+pub/sub and heartbeats), and a restarted router's last good config against the real one."""
 
 from __future__ import annotations
 
@@ -12,9 +13,12 @@ import httpx
 import pytest
 import redis
 
-from devharness import wait_until
+from controlplane.models import RouterDeployment
+from controlplane.services import clusters, config, policies, router_deployments
+from devharness import free_port, stop_process, wait_until
 from router_worker.telemetry_contract import CONFIG_CHANNEL
 from tests.router.helpers import MODEL, launch_router, router_config
+from tests.web.helpers import SYSTEM, start_asgi
 
 TOKEN = "router-token-1"
 
@@ -130,12 +134,54 @@ def test_managed_router_follows_the_control_plane(fleet, control_plane, private_
     finally:
         router.stop()
 
-    # The control plane goes away: a restarted router serves its last good config.
-    control_plane.close()
-    router = launch_router(tmp_path, None, *args, redis_url="none")
+
+@pytest.mark.django_db(transaction=True)
+def test_a_restarted_router_serves_its_last_good_config_when_the_control_plane_is_gone(
+    fleet, tmp_path
+):
+    """The real control plane (uvicorn on the test database) serves the router its
+    config; then it is stopped, and a restarted router serves what it last applied."""
+    cluster = clusters.create_cluster(SYSTEM, name="managed", model=MODEL, gpu_type="h20")
+    for index, url in enumerate(fleet.urls()):
+        clusters.add_instance(SYSTEM, cluster.pk, name=f"i{index}", url=url, reason="setup")
+    chosen = policies.create_policy(SYSTEM, cluster.pk, name="rr", kind="round_robin")
+    policies.activate_policy(SYSTEM, cluster.pk, chosen.pk, reason="setup")
+    token, deployment = router_deployments.create_router_deployment(
+        SYSTEM, cluster.pk, name="r-managed", host="127.0.0.1", port=free_port()
+    )
+    plane = start_asgi(free_port(), tmp_path / "uvicorn.log")
+    args = (
+        "--control-plane", plane.url,
+        "--deployment", str(deployment.pk),
+        "--token", token,
+        "--state-dir", str(tmp_path / "state"),
+        "--heartbeat-interval", "0.2",
+    )  # fmt: skip
+    latest = config.latest_version(cluster)
+    assert latest is not None
+    try:
+        router = launch_router(tmp_path, None, *args)
+        try:
+            assert _policy(router) == "round_robin"
+            wait_until(
+                lambda: (
+                    RouterDeployment.objects.get(pk=deployment.pk).applied_version == latest.number
+                ),
+                20,
+                "the control plane to record the applied version",
+            )
+        finally:
+            router.stop()
+    finally:
+        stop_process(plane.process)
+    with pytest.raises(httpx.ConnectError):  # the control plane is gone
+        httpx.get(plane.url + "/healthz", timeout=5)
+    router = launch_router(tmp_path, None, *args)
     try:
         assert _policy(router) == "round_robin"
         assert "last good config" in router.log()
+        applied = httpx.get(router.url + "/admin/config", headers=router.admin_headers).json()
+        assert applied["version"] == latest.number and applied["cluster"] == "managed"
     finally:
         router.stop()
 

@@ -43,15 +43,22 @@ def run_scenario(fleet, router, base: int) -> tuple[list[tuple[int, str, str]], 
     c = list(range(base + 90_000, base + 90_032))
     url = router.url + "/v1/completions"
 
+    def in_flight(count: int) -> None:
+        wait_until(lambda: router.state()["limiter"]["active"] >= count, 10, f"{count} in flight")
+
     async def scenario() -> list[tuple[int, str, str]]:
         async with httpx.AsyncClient(timeout=60) as client:
             first = asyncio.create_task(stream(client, url, a))
-            await asyncio.sleep(0.1)
+            await asyncio.to_thread(in_flight, 1)  # A routed before B arrives
             second = asyncio.create_task(stream(client, url, b))
-            await asyncio.sleep(0.4)
+            await asyncio.to_thread(in_flight, 2)
+            # Scenario time, not a wait for something to happen: B must have waited long
+            # enough to miss the SLO where it is (from 0.03 s) and not so long that its
+            # alternative cannot make it either (0.9 s). C's dispatch runs the check.
+            await asyncio.sleep(0.3)
             third = asyncio.create_task(stream(client, url, c))
             await asyncio.to_thread(
-                wait_until, lambda: migrations(router) >= 1, 3, "a migration", None
+                wait_until, lambda: migrations(router) >= 1, 10, "a migration", None
             )
             for index in (0, 1):
                 await asyncio.to_thread(fleet.fault, index, "recover")
@@ -87,7 +94,7 @@ def test_a_queued_request_migrates_and_its_client_gets_one_complete_response(fle
     source = int(a[1][1:])
     wait_until(
         lambda: aborts(fleet, source) >= before[source] + 1,
-        5,
+        20,  # a bound, not a target: the engine notices the closed stream at its next step
         "the source engine to record the abort of the moved request",
     )
     assert router.state()["snapshot"]["instances"][source]["in_flight"] == 0

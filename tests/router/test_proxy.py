@@ -9,6 +9,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam, ChatCompletionSystemMessageParam
 
+import engine_interface as ei
 from devharness import wait_until
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.helpers import MODEL, router_config
@@ -97,7 +98,11 @@ def test_debug_header_returns_per_candidate_scores(lmetric_router):
     assert int(debug.headers["x-switchyard-cached-tokens"]) > 0  # same prompt again
 
 
-def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(lmetric_router):
+def _prefix_hits(fleet, index: int) -> float:
+    return fleet.metric(index, ei.PREFIX_HITS.total)
+
+
+def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(fleet, lmetric_router):
     client = _client(lmetric_router)
     system: ChatCompletionSystemMessageParam = {
         "role": "system",
@@ -121,13 +126,25 @@ def test_prefix_sharing_requests_land_on_the_holder_under_lmetric(lmetric_router
         extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
     )
     assert int(other.headers["x-switchyard-cached-tokens"]) == 0
-    assert holder  # and the engine agrees that the shared prefix was cached
-    last = client.chat.completions.create(
-        model=MODEL, max_tokens=2, messages=[system, {"role": "user", "content": "again"}]
+    # The engine agrees that the shared prefix was cached: the next request behind it goes
+    # to the holder, whose engine counts the prefix as a hit (its own prefix-cache counter,
+    # and the cached tokens of its answer); no other engine sees a hit. (The router's own
+    # prediction counts its approximate tokens, so it is near the engine's, not equal.)
+    hits_before = [_prefix_hits(fleet, k) for k in range(4)]
+    raw = client.chat.completions.with_raw_response.create(
+        model=MODEL,
+        max_tokens=2,
+        messages=[system, {"role": "user", "content": "again"}],
+        extra_headers={"x-switchyard-debug": "1", "Authorization": f"Bearer {DEBUG_KEY}"},
     )
+    assert raw.headers["x-switchyard-instance"] == holder
+    predicted = int(raw.headers["x-switchyard-cached-tokens"])
+    last = raw.parse()
     assert last.usage is not None and last.usage.prompt_tokens_details is not None
     cached = last.usage.prompt_tokens_details.cached_tokens
-    assert cached is not None and cached >= 300
+    assert cached is not None and cached >= 300 and predicted >= 300
+    hits = [_prefix_hits(fleet, k) - hits_before[k] for k in range(4)]
+    assert hits == [cached if f"i{k}" == holder else 0 for k in range(4)]
 
 
 def test_round_robin_spreads_load(fleet, router_factory):

@@ -1,78 +1,88 @@
-"""The cluster live websocket: who may connect, and the publisher → group → socket path."""
+"""The cluster live websocket over TCP to the real server (uvicorn on the test database):
+who may connect, and the publisher → group → socket path."""
 
 from __future__ import annotations
 
-import pytest
-from asgiref.sync import sync_to_async
-from channels.testing import WebsocketCommunicator
-from django.test import Client
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
 
-from controlplane.asgi import application
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import Client
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
+
 from controlplane.realtime.publisher import channel_layer_sender
 from controlplane.realtime.state import group_name
 
 from .helpers import PASSWORD, make_cluster, make_user
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
-ALLOWED_ORIGIN = (b"origin", b"http://127.0.0.1")
+ALLOWED_ORIGIN = "http://127.0.0.1"
 
 
-def _login(role: str | None) -> tuple[int, bytes]:
+def _login(role: str | None) -> tuple[int, str]:
     cluster = make_cluster()
     user = make_user(role, f"ws-{role}")
     client = Client()
     assert client.login(username=user.username, password=PASSWORD)
-    return cluster.pk, f"sessionid={client.cookies['sessionid'].value}".encode()
+    return cluster.pk, f"sessionid={client.cookies['sessionid'].value}"
 
 
-async def _connect(path: str, headers: list) -> tuple[WebsocketCommunicator, bool]:
-    communicator = WebsocketCommunicator(application, path, headers=headers)
-    connected, _ = await communicator.connect(timeout=5)
-    return communicator, connected
+@pytest.fixture
+def sockets() -> Iterator[ExitStack]:
+    with ExitStack() as stack:
+        yield stack
 
 
-async def test_viewer_receives_what_the_publisher_sends() -> None:
-    cluster_id, cookie = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(
-        f"/ws/clusters/{cluster_id}/", [(b"cookie", cookie), ALLOWED_ORIGIN]
-    )
-    assert connected
-    await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "ts": 1.0})
-    assert await socket.receive_json_from(timeout=5) == {"type": "snapshot", "ts": 1.0}
-    await socket.send_json_to({"type": "ping", "id": 3})
-    assert await socket.receive_json_from(timeout=5) == {"type": "pong", "id": 3}
-    await socket.disconnect()
+def _connect(
+    server, path: str, cookie: str | None, origin: str, stack: ExitStack
+) -> ClientConnection | None:
+    """The websocket, or None when the server refuses the handshake (403)."""
+    url = server.url.replace("http://", "ws://") + path
+    headers = [("Cookie", cookie)] if cookie else []
+    try:
+        connection = ws_connect(
+            url, origin=Origin(origin), additional_headers=headers, open_timeout=10
+        )
+    except InvalidStatus as refused:
+        assert refused.response.status_code == 403
+        return None
+    return stack.enter_context(connection)
 
 
-async def test_refused_without_a_session() -> None:
-    cluster_id, _ = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(f"/ws/clusters/{cluster_id}/", [ALLOWED_ORIGIN])
-    assert not connected
-    await socket.disconnect()
+def test_viewer_receives_what_the_publisher_sends(asgi_server, sockets) -> None:
+    cluster_id, cookie = _login("viewer")
+    socket = _connect(asgi_server, f"/ws/clusters/{cluster_id}/", cookie, ALLOWED_ORIGIN, sockets)
+    assert socket is not None
+    async_to_sync(channel_layer_sender())(group_name(cluster_id), {"type": "snapshot", "ts": 1.0})
+    assert json.loads(socket.recv(timeout=10)) == {"type": "snapshot", "ts": 1.0}
+    socket.send(json.dumps({"type": "ping", "id": 3}))
+    assert json.loads(socket.recv(timeout=10)) == {"type": "pong", "id": 3}
 
 
-async def test_refused_from_a_foreign_origin() -> None:
-    cluster_id, cookie = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(
-        f"/ws/clusters/{cluster_id}/", [(b"cookie", cookie), (b"origin", b"http://evil.example")]
-    )
-    assert not connected
-    await socket.disconnect()
+def test_refused_without_a_session(asgi_server, sockets) -> None:
+    cluster_id, _ = _login("viewer")
+    path = f"/ws/clusters/{cluster_id}/"
+    assert _connect(asgi_server, path, None, ALLOWED_ORIGIN, sockets) is None
 
 
-async def test_refused_for_a_user_without_a_role() -> None:
-    cluster_id, cookie = await sync_to_async(_login)(None)
-    socket, connected = await _connect(
-        f"/ws/clusters/{cluster_id}/", [(b"cookie", cookie), ALLOWED_ORIGIN]
-    )
-    assert not connected
-    await socket.disconnect()
+def test_refused_from_a_foreign_origin(asgi_server, sockets) -> None:
+    cluster_id, cookie = _login("viewer")
+    path = f"/ws/clusters/{cluster_id}/"
+    assert _connect(asgi_server, path, cookie, "http://evil.example", sockets) is None
 
 
-async def test_refused_for_an_unknown_cluster() -> None:
-    cluster_id, cookie = await sync_to_async(_login)("viewer")
-    socket, connected = await _connect(
-        f"/ws/clusters/{cluster_id + 1000}/", [(b"cookie", cookie), ALLOWED_ORIGIN]
-    )
-    assert not connected
-    await socket.disconnect()
+def test_refused_for_a_user_without_a_role(asgi_server, sockets) -> None:
+    cluster_id, cookie = _login(None)
+    path = f"/ws/clusters/{cluster_id}/"
+    assert _connect(asgi_server, path, cookie, ALLOWED_ORIGIN, sockets) is None
+
+
+def test_refused_for_an_unknown_cluster(asgi_server, sockets) -> None:
+    cluster_id, cookie = _login("viewer")
+    path = f"/ws/clusters/{cluster_id + 1000}/"
+    assert _connect(asgi_server, path, cookie, ALLOWED_ORIGIN, sockets) is None

@@ -19,48 +19,77 @@ from .helpers import hotspot_payload, instance, snapshot, write_event, write_sta
 pytestmark = pytest.mark.timeout(60)
 
 
-async def test_one_snapshot_per_tick_carrying_window_maxima(setup) -> None:
+class Clock:
+    """The publisher's wall clock, moved by the test: ticks are 0.25 s (``setup``), and a
+    stalled test process cannot make a tick pass that the test did not pass."""
+
+    def __init__(self) -> None:
+        self.now = time.time()
+
+    def time(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> float:
+        self.now += seconds
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch) -> Clock:
+    from controlplane.realtime import publisher
+
+    fake = Clock()
+    monkeypatch.setattr(publisher, "time", fake)
+    return fake
+
+
+async def test_one_snapshot_per_tick_carrying_window_maxima(setup, clock) -> None:
     name, publisher, sent, client = setup
-    write_state(client, snapshot(name, "r1", [instance("i0", pending=10, pending_max=700)]))
+    r1 = [instance("i0", pending=10, pending_max=700)]
+    write_state(client, snapshot(name, "r1", r1, ts=clock.advance(0.01)))
     write_state(client, snapshot(name, "r2", [instance("i0", pending=5, pending_max=20)]))
     await publisher.refresh_keys()
     await publisher.publish_snapshots()
-    write_state(client, snapshot(name, "r1", [instance("i0", pending=1, pending_max=1)]))
+    r1 = [instance("i0", pending=1, pending_max=1)]
+    write_state(client, snapshot(name, "r1", r1, ts=clock.advance(0.01)))
     await publisher.publish_snapshots()  # new data, but within the same tick: coalesced
     (first,) = sent.of_type("snapshot")
     assert sent.messages[0][0] == group_name(42)
     assert first["instances"][0]["pending_prefill_tokens_max"] == 720
     assert [r["router"] for r in first["routers"]] == ["r1", "r2"]
-    await asyncio.sleep(0.3)
-    write_state(client, snapshot(name, "r2", [instance("i0", pending=5, pending_max=20)]))
+    clock.advance(0.3)
+    r2 = [instance("i0", pending=5, pending_max=20)]
+    write_state(client, snapshot(name, "r2", r2, ts=clock.advance(0.01)))
     await publisher.publish_snapshots()  # next tick, at a fresh write
     second = sent.of_type("snapshot")[1]
     assert second["instances"][0]["pending_prefill_tokens_max"] == 21
     assert second["published_at"] >= second["ts"]
 
 
-async def test_a_held_change_goes_out_within_two_ticks(setup) -> None:
+async def test_a_held_change_goes_out_within_two_ticks(setup, clock) -> None:
     name, publisher, sent, client = setup
-    write_state(client, snapshot(name, "r1", [instance("i0", pending=1)]))
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=1)], ts=clock.now))
     await publisher.refresh_keys()
     await publisher.publish_snapshots()
-    write_state(client, snapshot(name, "r1", [instance("i0", pending=2)]))
+    write_state(client, snapshot(name, "r1", [instance("i0", pending=2)], ts=clock.advance(0.01)))
     await publisher.publish_snapshots()  # within the tick: held
-    await asyncio.sleep(0.3)
+    clock.advance(0.3)
     await publisher.publish_snapshots()  # a tick later, but no fresh write: still held
     assert len(sent.of_type("snapshot")) == 1
-    await asyncio.sleep(0.25)
+    clock.advance(0.25)
     await publisher.publish_snapshots()  # two ticks: sent anyway
     assert [m["instances"][0]["pending_prefill_tokens"] for m in sent.of_type("snapshot")] == [1, 2]
 
 
-async def test_unchanged_state_is_not_resent(setup) -> None:
+async def test_unchanged_state_is_not_resent(setup, clock) -> None:
     name, publisher, sent, client = setup
-    write_state(client, snapshot(name, "r1", [instance("i0")]))
+    write_state(client, snapshot(name, "r1", [instance("i0")], ts=clock.now))
     await publisher.refresh_keys()
     await publisher.publish_snapshots()
-    await asyncio.sleep(0.3)
+    clock.advance(0.3)
     await publisher.publish_snapshots()
+    clock.advance(0.3)
+    await publisher.publish_snapshots()  # two ticks and more: still nothing new to send
     assert len(sent.of_type("snapshot")) == 1
 
 

@@ -4,6 +4,7 @@ reported with its reason, and the others' results are kept."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from devharness import control_plane as cp
 from devharness import free_port, stop_process, wait_until
 from devharness import start_process as harness_start
 
-from .helpers import ROOT, SYSTEM, TRACE, subprocess_env
+from .helpers import ROOT, TRACE, subprocess_env
 
 pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)]
 
@@ -23,9 +24,9 @@ pytestmark = [pytest.mark.celery_worker, pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def replay_worker(traces, tmp_path):
     """A replays worker (and default queue, for the chord's join) with two processes."""
-    args = cp.worker_command(
-        "replays,default", f"chord-{free_port()}", concurrency=2, log_level="WARNING"
-    )
+    name = f"chord-{free_port()}"
+    node = f"{name}@{socket.gethostname()}"
+    args = cp.worker_command("replays,default", name, concurrency=2, log_level="WARNING")
     # tasks earlier tests of this worker left on these queues (dispatched with no worker to
     # take them) would otherwise run first, against rows those tests no longer hold
     with celery_app.connection_for_write() as connection:
@@ -33,11 +34,14 @@ def replay_worker(traces, tmp_path):
             connection.default_channel.queue_purge(queue)
     log = tmp_path / "worker.log"
     process = harness_start(args, cwd=ROOT, env=subprocess_env(), log=log, stdin=None)
-    yield log
+    yield log, node
     stop_process(process)
 
 
-def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worker: Path):
+def test_cells_run_on_the_workers_and_the_chord_joins_them(
+    cluster, replay_worker: tuple[Path, str]
+):
+    log, node = replay_worker
     inputs = {
         "trace": f"shared:{TRACE}",
         "policies": [p.spec() for p in cluster.policies.order_by("name")],
@@ -56,7 +60,7 @@ def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worke
         job.refresh_from_db()
         return job.state in ("succeeded", "failed")
 
-    wait_until(ended, 120, "the job to end", log=replay_worker)
+    wait_until(ended, 120, "the job to end", log=log)
     assert job.state == "succeeded", job.error
     assert job.results is not None
     rows = job.results["policies"]
@@ -73,6 +77,8 @@ def test_cells_run_on_the_workers_and_the_chord_joins_them(cluster, replay_worke
     assert job.results["failed_cells"] == [
         {"policy": 9, "rate_scale": 1.0, "seed": 0, "error": broken.error}
     ]
-    workers = set(ReplayCell.objects.filter(job=job).values_list("worker", flat=True))
-    assert all(w.startswith("chord-") for w in workers)
-    assert SYSTEM  # the cluster came from the web tests' world
+    # every cell, the broken one's retries included, was claimed by this test's worker
+    # (each records the worker's node name and the pid of the process that ran it)
+    workers = list(ReplayCell.objects.filter(job=job).values_list("worker", flat=True))
+    assert len(workers) == 9
+    assert all(w.startswith(f"{node} pid ") for w in workers), workers

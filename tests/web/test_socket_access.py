@@ -1,15 +1,25 @@
 """Open websockets lose access when their session or role does: logout, deactivation and
 a role taken away close them at once; a change no signal announces (a bulk update) closes
-them at the next push once the periodic re-check is due. The ping socket needs a role too."""
+them at the next push once the periodic re-check is due. The ping socket needs a role too.
+Over TCP to the real server (uvicorn on the test database), but for the re-check, whose
+interval only an in-process application can be given."""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import ClientConnection
+from websockets.sync.client import connect as ws_connect
+from websockets.typing import Origin
 
 from controlplane.asgi import application
 from controlplane.realtime import access
@@ -31,59 +41,76 @@ def _login(role: str | None, name: str) -> tuple[int, Client, int]:
     return cluster.pk, client, user.pk
 
 
-async def _open(path: str, client: Client) -> tuple[WebsocketCommunicator, bool]:
-    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    socket = WebsocketCommunicator(application, path, headers=[(b"cookie", cookie), ORIGIN])
-    connected, _ = await socket.connect(timeout=5)
-    return socket, connected
+@pytest.fixture
+def sockets() -> Iterator[ExitStack]:
+    """Websockets opened by the test, closed after it."""
+    with ExitStack() as stack:
+        yield stack
 
 
-async def _live(role: str = "viewer", name: str = "ws-user"):
-    cluster_id, client, user_pk = await sync_to_async(_login)(role, name)
-    socket, connected = await _open(f"/ws/clusters/{cluster_id}/", client)
-    assert connected
-    await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "n": 1})
-    assert await socket.receive_json_from(timeout=5) == {"type": "snapshot", "n": 1}
+def _connect(server, path: str, client: Client, stack: ExitStack) -> ClientConnection | None:
+    """A websocket to the real server (uvicorn) over TCP with the client's session; None
+    when the server refuses the handshake."""
+    cookie = f"sessionid={client.cookies['sessionid'].value}"
+    url = server.url.replace("http://", "ws://") + path
+    try:
+        connection = ws_connect(
+            url,
+            origin=Origin("http://127.0.0.1"),
+            additional_headers=[("Cookie", cookie)],
+            open_timeout=10,
+        )
+    except InvalidStatus as refused:
+        assert refused.response.status_code == 403
+        return None
+    return stack.enter_context(connection)
+
+
+def _push(cluster_id: int, message: dict) -> None:
+    async_to_sync(channel_layer_sender())(group_name(cluster_id), message)
+
+
+def _live(server, stack: ExitStack, role: str = "viewer", name: str = "ws-user"):
+    cluster_id, client, user_pk = _login(role, name)
+    socket = _connect(server, f"/ws/clusters/{cluster_id}/", client, stack)
+    assert socket is not None
+    _push(cluster_id, {"type": "snapshot", "n": 1})
+    assert json.loads(socket.recv(timeout=10)) == {"type": "snapshot", "n": 1}
     return cluster_id, client, user_pk, socket
 
 
-async def _closed(socket: WebsocketCommunicator) -> None:
-    output = await socket.receive_output(timeout=5)
-    assert output == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+def _closed(socket: ClientConnection) -> None:
+    with pytest.raises(ConnectionClosed) as closed:
+        socket.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_UNAUTHENTICATED
 
 
-async def test_ping_needs_a_role() -> None:
-    _, client, _ = await sync_to_async(_login)(None, "ws-norole")
-    socket, connected = await _open("/ws/ping/", client)
-    assert not connected
-    _, client, _ = await sync_to_async(_login)("viewer", "ws-viewer")
-    socket, connected = await _open("/ws/ping/", client)
-    assert connected
-    await socket.send_json_to({"n": 1})
-    assert await socket.receive_json_from(timeout=5) == {"echo": {"n": 1}}
-    await socket.disconnect()
+def test_ping_needs_a_role(asgi_server, sockets) -> None:
+    _, client, _ = _login(None, "ws-norole")
+    assert _connect(asgi_server, "/ws/ping/", client, sockets) is None
+    _, client, _ = _login("viewer", "ws-viewer")
+    socket = _connect(asgi_server, "/ws/ping/", client, sockets)
+    assert socket is not None
+    socket.send(json.dumps({"n": 1}))
+    assert json.loads(socket.recv(timeout=10)) == {"echo": {"n": 1}}
 
 
-async def test_logout_closes_the_open_socket() -> None:
-    _, client, _, socket = await _live()
-    await sync_to_async(client.logout)()
-    await _closed(socket)
+def test_logout_closes_the_open_socket(asgi_server, sockets) -> None:
+    _, client, _, socket = _live(asgi_server, sockets)
+    client.logout()
+    _closed(socket)
 
 
-async def test_deactivation_closes_the_open_socket() -> None:
-    _, _, user_pk, socket = await _live()
-
-    def deactivate() -> None:
-        user = get_user_model().objects.get(pk=user_pk)
-        user.is_active = False
-        user.save()
-
-    await sync_to_async(deactivate)()
-    await _closed(socket)
+def test_deactivation_closes_the_open_socket(asgi_server, sockets) -> None:
+    _, _, user_pk, socket = _live(asgi_server, sockets)
+    user = get_user_model().objects.get(pk=user_pk)
+    user.is_active = False
+    user.save()
+    _closed(socket)
 
 
-async def test_losing_the_role_closes_the_open_socket_and_a_grant_keeps_it() -> None:
-    cluster_id, _, user_pk, socket = await _live("viewer")
+def test_losing_the_role_closes_the_open_socket_and_a_grant_keeps_it(asgi_server, sockets) -> None:
+    cluster_id, _, user_pk, socket = _live(asgi_server, sockets, "viewer")
 
     def regroup(add: str | None, remove: str | None) -> None:
         user = get_user_model().objects.get(pk=user_pk)
@@ -92,16 +119,29 @@ async def test_losing_the_role_closes_the_open_socket_and_a_grant_keeps_it() -> 
         if remove:
             user.groups.remove(Group.objects.get(name=remove))
 
-    await sync_to_async(regroup)("operator", "viewer")  # still a role: stays open
-    await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "n": 2})
-    assert await socket.receive_json_from(timeout=5) == {"type": "snapshot", "n": 2}
-    await sync_to_async(regroup)(None, "operator")
-    await _closed(socket)
+    regroup("operator", "viewer")  # still a role: stays open
+    _push(cluster_id, {"type": "snapshot", "n": 2})
+    assert json.loads(socket.recv(timeout=10)) == {"type": "snapshot", "n": 2}
+    regroup(None, "operator")
+    _closed(socket)
 
 
+async def _open(path: str, client: Client) -> tuple[WebsocketCommunicator, bool]:
+    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
+    socket = WebsocketCommunicator(application, path, headers=[(b"cookie", cookie), ORIGIN])
+    connected, _ = await socket.connect(timeout=5)
+    return socket, connected
+
+
+# In process: the re-check interval is patched, which only this process's consumers see.
 async def test_an_unannounced_change_closes_the_socket_at_the_next_due_push(monkeypatch) -> None:
-    cluster_id, _, user_pk, socket = await _live()
+    cluster_id, client, user_pk = await sync_to_async(_login)("viewer", "ws-user")
+    socket, connected = await _open(f"/ws/clusters/{cluster_id}/", client)
+    assert connected
+    await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "n": 1})
+    assert await socket.receive_json_from(timeout=5) == {"type": "snapshot", "n": 1}
     await sync_to_async(get_user_model().objects.filter(pk=user_pk).update)(is_active=False)
     monkeypatch.setattr(access, "RECHECK_S", 0.0)
     await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "n": 3})
-    await _closed(socket)
+    output = await socket.receive_output(timeout=5)
+    assert output == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}

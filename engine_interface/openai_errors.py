@@ -8,6 +8,7 @@ a 404); a stream that fails midway ends with one such body as an SSE event and `
 from __future__ import annotations
 
 import json
+from typing import Any
 
 TYPES = {
     400: "BadRequestError",
@@ -32,7 +33,7 @@ class APIError(Exception):
         self.message = message
         self.param = param
 
-    def body(self) -> dict[str, object]:
+    def body(self) -> dict[str, Any]:
         return error_dict(self.status, self.message, self.param)
 
     def __reduce__(self) -> tuple[type[APIError], tuple[int, str, str | None]]:
@@ -40,7 +41,7 @@ class APIError(Exception):
         return (APIError, (self.status, self.message, self.param))
 
 
-def error_dict(status: int, message: str, param: str | None = None) -> dict[str, object]:
+def error_dict(status: int, message: str, param: str | None = None) -> dict[str, Any]:
     """The body of an error answered with ``status``."""
     error_type = TYPES.get(status, "InternalServerError" if status >= 500 else "BadRequestError")
     return {"error": {"message": message, "type": error_type, "param": param, "code": status}}

@@ -21,7 +21,7 @@ from tests.canaries import running_canary as make_running_canary
 from tests.operations.helpers import arm, feed
 
 # latencies that can never fail the tests: only the guards decide
-GUARDS = {**DEFAULT_GUARDRAILS, "effect_tolerance": 10.0}
+GUARDS = Guardrails(effect_tolerance=10.0)
 
 
 def judged(canary_id: int) -> CanaryJudgement:
@@ -59,7 +59,7 @@ def test_error_rate_guard_fails_even_when_latency_is_fine():
 def test_hotspot_fallback_rate_guard_holds_at_its_limit_and_fails_beyond_it():
     """The default limit is half the candidate's decisions (0.5): 100 of 200 holds, 101
     fails whatever the latencies say."""
-    assert DEFAULT_GUARDRAILS["max_hotspot_fallback_rate"] == 0.5
+    assert Guardrails().max_hotspot_fallback_rate == 0.5
     at_limit = judge({"baseline": arm(0.5), "candidate": arm(0.5, fallbacks=100)}, GUARDS)
     assert at_limit.verdict == "pass", at_limit.reasons
     beyond = judge({"baseline": arm(0.5), "candidate": arm(0.5, fallbacks=101)}, GUARDS)

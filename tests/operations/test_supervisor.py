@@ -90,7 +90,7 @@ def test_a_routers_redis_user_is_remade_within_5_s_and_deleted_when_it_stops(
 ):
     """The README: each supervised router gets a Redis ACL user of its own, remade within
     5 s if Redis loses it and deleted when the router stops (a private redis-server)."""
-    from controlplane.router_fleet import supervisor as module
+    from controlplane.router_hosts import supervisor as module
 
     clock = Clock()
     monkeypatch.setattr(module, "time", clock)

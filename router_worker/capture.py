@@ -6,7 +6,7 @@ the request path already holds (its features, the instance, its arm, TTFT/TPOT):
 append, no hashing, no copy; the config version it was routed under comes with the
 capture's spec (:attr:`CaptureSpec.config_version`). The telemetry writer drains the buffer
 off the request path (:meth:`CaptureBuffer.drain`) to the cluster's capture stream
-(:func:`router_worker.telemetry_contract.capture_stream`): the prompt as its block hashes
+(:func:`router_worker.contract.telemetry.capture_stream`): the prompt as its block hashes
 (packed, as peer sync sends them), the session key as a keyed digest under the capture's
 salt. The control plane turns the block hashes into keyed digests under the same salt
 when it stores them (:class:`CaptureKey`, shared by both sides): ids are equal exactly
@@ -23,16 +23,14 @@ from __future__ import annotations
 
 import uuid
 from collections import deque
-from hashlib import blake2b
 from typing import NamedTuple
 
-from router_worker import telemetry_contract as contract
-from router_worker.config import CaptureSpec
+from router_worker.contract import telemetry as contract
+from router_worker.contract.capture import CaptureKey
+from router_worker.contract.config import CaptureSpec
 from router_worker.routing.features import RequestFeatures
 
 CAPTURE_BUFFER = 50_000
-DIGEST_CACHE = 200_000  # block hash -> digest, per capture: shared prefixes repeat
-_ID_MASK = (1 << 63) - 1  # trace ids are signed 64-bit in every reader
 
 
 class _Finished(NamedTuple):
@@ -44,34 +42,6 @@ class _Finished(NamedTuple):
     status: int
     ttft_s: float | None
     tpot_s: float | None
-
-
-class CaptureKey:
-    """Keyed digests under one capture's salt (blake2b, 64 bits), block hashes cached."""
-
-    def __init__(self, salt: str) -> None:
-        self.key = salt.encode()[:64]  # blake2b's key is at most 64 bytes
-        self.blocks: dict[int, int] = {}
-
-    def _digest(self, data: bytes) -> bytes:
-        return blake2b(data, key=self.key, digest_size=8).digest()
-
-    def block_ids(self, hashes: tuple[int, ...]) -> list[int]:
-        """Trace ids (63 bits: signed 64-bit in every reader) of a prompt's block hashes."""
-        blocks = self.blocks
-        if len(blocks) > DIGEST_CACHE:
-            blocks.clear()
-        out = []
-        for value in hashes:
-            salted = blocks.get(value)
-            if salted is None:
-                raw = self._digest(value.to_bytes(8, "little"))
-                salted = blocks[value] = int.from_bytes(raw, "little") & _ID_MASK
-            out.append(salted)
-        return out
-
-    def session(self, key: str | None) -> str | None:
-        return None if key is None else self._digest(key.encode()).hex()
 
 
 class CaptureBuffer:

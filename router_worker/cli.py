@@ -33,15 +33,15 @@ from router_worker import lifeline
 from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
 from router_worker.connections import guarded_protocol
-from router_worker.peers import PeerKeys
-from router_worker.priority import set_niceness
-from router_worker.service import ConfigRefused, Service, ServiceOptions
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     PEER_KEY_ENV,
     PEER_KEY_PREVIOUS_ENV,
     REDIS_URL_ENV,
     ROUTER_TOKEN_ENV,
 )
+from router_worker.peers import PeerKeys
+from router_worker.priority import set_niceness
+from router_worker.service import ConfigRefused, Service, ServiceOptions
 
 DEFAULT_REDIS = "redis://127.0.0.1:6379/0"
 

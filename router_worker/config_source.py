@@ -28,12 +28,12 @@ from typing import Any
 
 import httpx
 
-from router_worker.config import RouterConfig
+from router_worker.contract.config import RouterConfig
+from router_worker.contract.telemetry import CONFIG_CHANNEL
 from router_worker.service import ConfigRefused, Service
-from router_worker.telemetry_contract import CONFIG_CHANNEL
 from router_worker.upstream import AcyclicClient
 
-log = logging.getLogger("router_worker.config")
+log = logging.getLogger("router_worker.contract.config")
 
 CONFIG_PATH = "/api/v1/routers/{deployment}/config"
 HEARTBEAT_PATH = "/api/v1/routers/{deployment}/heartbeat"

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_interface import load_cv
-from router_worker.config import RouterConfig
+from router_worker.contract.config import RouterConfig
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
@@ -226,7 +226,7 @@ class RouterCore:
         return {} if self.state is None else self.peaks.take(self.state)
 
     def snapshot_source(self) -> dict[str, Any]:
-        from router_worker.telemetry_contract import HotspotPayload, InstanceSnapshot
+        from router_worker.contract.telemetry import HotspotPayload, InstanceSnapshot
 
         runtime, state = self.runtime, self.state
         if runtime is None or state is None:

@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
+from router_worker.contract.telemetry import MAX_DECISION_CANDIDATES, CandidateScore
 from router_worker.routing import Decision, RequestFeatures
 from router_worker.routing.indicators import ClusterView
-from router_worker.telemetry_contract import MAX_DECISION_CANDIDATES, CandidateScore
 
 ROUTINE_PER_S = 2.0
 ROUTINE_BURST = 4.0

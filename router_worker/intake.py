@@ -45,7 +45,7 @@ import pydantic_core
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
-from router_worker.config import RouterSettings
+from router_worker.contract.config import RouterSettings
 from router_worker.errors import APIError
 from router_worker.metrics import RouterMetrics
 from router_worker.routing.features import hash_blocks

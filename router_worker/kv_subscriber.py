@@ -36,7 +36,7 @@ import zmq
 import zmq.asyncio
 
 from engine_interface.kv_events import END_SEQ, SEQ_BYTES
-from router_worker.config import RouterConfig
+from router_worker.contract.config import RouterConfig
 from router_worker.routing import (
     AllBlocksCleared,
     KVEventBatch,

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from router_worker.contract.telemetry import DecisionRecord
 from router_worker.decisions import (
     CapturedDecision,
     DecisionSampler,
@@ -53,7 +54,6 @@ from router_worker.routing import (
     choose_migrations,
 )
 from router_worker.telemetry import RequestSample, Telemetry
-from router_worker.telemetry_contract import DecisionRecord
 
 log = logging.getLogger("router_worker")
 RECENT_DECISIONS = 200

@@ -64,8 +64,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from router_worker import telemetry_contract as contract
-from router_worker.config import RouterConfig
+from router_worker.contract import telemetry as contract
+from router_worker.contract.config import RouterConfig
+from router_worker.contract.telemetry import peers_channel
 from router_worker.metrics import RouterMetrics
 from router_worker.routing import ClusterState, RequestFeatures
 from router_worker.routing.peer_accounting import (
@@ -73,7 +74,6 @@ from router_worker.routing.peer_accounting import (
     apply_peer_end,
     apply_peer_first_token,
 )
-from router_worker.telemetry_contract import peers_channel
 
 log = logging.getLogger("router_worker.peers")
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from router_worker.arms import arm_salt, pick_arm
-from router_worker.config import PolicySpec, RouterConfig
+from router_worker.contract.config import PolicySpec, RouterConfig
 from router_worker.routing import ClusterState, ClusterView, Health, RoutingPolicy, make_policy
 from router_worker.tokenization import Tokenizer
 

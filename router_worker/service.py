@@ -14,8 +14,8 @@ from typing import Any
 
 import httpx
 
-from router_worker.config import ConfigError, RouterConfig, parse_config
 from router_worker.connections import ConnectionGuard
+from router_worker.contract.config import ConfigError, RouterConfig, parse_config
 from router_worker.core import RouterCore
 from router_worker.ingress import Ingress
 from router_worker.intake import IntakeRunner

@@ -2,7 +2,7 @@
 
 Where each lands and for how long: docs/architecture.md, "Where state lives".
 
-Follows :mod:`router_worker.telemetry_contract` exactly. Routing never waits on Redis:
+Follows :mod:`router_worker.contract.telemetry` exactly. Routing never waits on Redis:
 requests only append to in-memory aggregates and a bounded event buffer; one background
 task writes every ``STATE_INTERVAL_S``. While Redis is unreachable, events and metrics
 records stay buffered (bounded; the oldest are dropped and counted) and are flushed on
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from router_worker import telemetry_contract as contract
 from router_worker.capture import CAPTURE_BUFFER, CaptureBuffer
+from router_worker.contract import telemetry as contract
 
 log = logging.getLogger("router_worker.telemetry")
 

@@ -136,7 +136,7 @@ class Routers:
         ]
 
     def _run(self, n: int) -> None:
-        from router_worker.telemetry_contract import (
+        from router_worker.contract.telemetry import (
             STATE_INTERVAL_S,
             STATE_TTL_S,
             InstanceSnapshot,

@@ -99,7 +99,7 @@ def capture_rows() -> None:
     (the keyed digests of the block hashes), for prompts sharing a system prompt (the
     shared blocks' digests come from the cache) and for unique ones."""
     from router_worker.capture import CaptureBuffer, CaptureKey
-    from router_worker.config import CaptureSpec
+    from router_worker.contract.config import CaptureSpec
     from router_worker.routing import build_features
 
     print("\nTraffic capture, in-process (CPU µs per request)")

@@ -65,7 +65,7 @@ class TrafficCapture(models.Model):
 
 
 class CapturedRequest(models.Model):
-    """One request of a capture, as a router recorded it (router_worker.telemetry_contract
+    """One request of a capture, as a router recorded it (router_worker.contract.telemetry
     .CapturedRequest): lengths, keyed digests and what the router measured."""
 
     capture = models.ForeignKey(TrafficCapture, on_delete=models.CASCADE, related_name="rows")

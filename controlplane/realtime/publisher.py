@@ -32,7 +32,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, ValidationError
 from redis.exceptions import RedisError, ResponseError
 
 from controlplane.services import ingest
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     CONFIG_CHANNEL,
     EVENTS_STREAM,
     EventRecord,

@@ -15,10 +15,11 @@ p99s take the worst router (a conservative bound, percentiles do not merge exact
 CV is recomputed over the merged pending prefill tokens of the healthy instances, with
 the routers' own definition (``engine_interface.load_cv``).
 
-The rules are declared per field, one table per record (``INSTANCE_MERGE``,
-``WINDOW_MERGE``), and every field of the record must have one: a field added to the
-telemetry contract without a rule stops this module's import, naming the field, instead of
-silently keeping one router's value. A missing value (None: the router has no scrape yet,
+The rules are declared on each field of the contract's records
+(``router_worker.contract.telemetry``: ``Annotated[type, Merge.X]``), and every field must
+declare one this module applies (``INSTANCE_MERGE``, ``WINDOW_MERGE`` are built from them):
+a field added to the contract without a rule stops this module's import, naming the field,
+instead of silently keeping one router's value. A missing value (None: the router has no scrape yet,
 the engine reports no tier) never wins: it is skipped, and the merged value is None only
 when no router has one. ``arm`` is a fact of the configuration, so it is the value of the
 router on the newest config version (then the newest snapshot), whatever the others say.
@@ -33,11 +34,13 @@ from typing import Any
 from pydantic import BaseModel
 
 from engine_interface import load_cv
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     HotspotPayload,
     InstanceSnapshot,
+    Merge,
     StateSnapshot,
     WindowStats,
+    merge_rule,
 )
 
 HEALTH_ORDER = ("healthy", "draining", "down")
@@ -74,37 +77,35 @@ def _newest_config(values: list[Any]) -> Any:
     return values[-1]  # the reports come oldest config first
 
 
-# How the routers' reports of one instance merge, per field of InstanceSnapshot (each
-# function gets the field's values, one per router, ordered oldest config first).
-INSTANCE_MERGE: dict[str, Callable[[list[Any]], Any]] = {
-    "name": _same,  # the key the reports are grouped by
-    "health": _worst_health,  # any router's circuit breaker counts
-    "pending_prefill_tokens": _total,  # router-local accounting: disjoint
-    "pending_prefill_tokens_max": _total,  # sum of maxima bounds the true maximum
-    "in_flight": _total,
-    "batch_size": _largest,  # scrape-corrected by each router: the views overlap
-    "batch_size_max": _largest,
-    "waiting": _largest,  # engine-reported: the same engine seen by each router
-    "running": _largest,
-    "kv_usage": _largest,
-    "hit_ratio": _largest,
-    "preemptions": _largest,  # a counter since the engine's start: the newest is largest
-    "tier_hit_tokens": _largest,  # counters since the engine's start: the newest is largest
-    "tier_bytes_read": _largest,
-    "hotspot": _any,  # confirmed by any router's detector
-    "arm": _newest_config,
+# What each rule a field of InstanceSnapshot declares (router_worker.contract.telemetry's
+# Merge) does with the field's values, one per router, ordered oldest config first.
+INSTANCE_RULES: dict[Merge, Callable[[list[Any]], Any]] = {
+    Merge.SAME: _same,
+    Merge.WORST_HEALTH: _worst_health,
+    Merge.TOTAL: _total,
+    Merge.LARGEST: _largest,
+    Merge.ANY: _any,
+    Merge.NEWEST_CONFIG: _newest_config,
 }
 
 
-def check_rules(record: type[BaseModel], rules: dict[str, Any]) -> None:
-    """Refuse a merge table that misses a field of ``record`` or names one it lacks."""
-    missing = sorted(set(record.model_fields) - set(rules))
-    unknown = sorted(set(rules) - set(record.model_fields))
-    if missing or unknown:
-        raise TypeError(
-            f"controlplane/realtime/snapshot.py: {record.__name__} fields without a merge "
-            f"rule: {missing}; rules for no field: {unknown}"
-        )
+def rules_of(record: type[BaseModel], rules: dict[Merge, Any]) -> dict[str, Any]:
+    """Per field of ``record``, the function of the merge rule it declares; a field that
+    declares none, or one this merge cannot apply, stops the import, naming it."""
+    table: dict[str, Any] = {}
+    for name in record.model_fields:
+        rule = merge_rule(record, name)
+        if rule not in rules:
+            raise TypeError(
+                f"{record.__name__}.{name} declares no merge rule this module applies "
+                f"({rule}): declare one of {sorted(rules)} on the field "
+                "(router_worker/contract/telemetry.py)"
+            )
+        table[name] = rules[rule]
+    return table
+
+
+INSTANCE_MERGE = rules_of(InstanceSnapshot, INSTANCE_RULES)
 
 
 def merge_cluster(
@@ -195,23 +196,15 @@ def _max_field(windows: list[WindowStats], field: str) -> float | None:
     return max(values) if values else None
 
 
-# How the routers' window statistics merge, per field of WindowStats (each function gets
-# the windows and the field). load_cv is recomputed for the cluster over merged instances.
-WINDOW_MERGE: dict[str, Callable[[list[WindowStats], str], Any]] = {
-    "seconds": _longest,
-    "requests": _sum_field,
-    "errors": _sum_field,
-    "requests_per_s": _sum_field,
-    "output_tokens_per_s": _sum_field,
-    "ttft_p50_s": _weighted_mean,  # weighted by requests
-    "ttft_p99_s": _max_field,  # the worst router: percentiles do not merge exactly
-    "tpot_p50_s": _weighted_mean,
-    "tpot_p99_s": _max_field,
-    "hit_ratio": _weighted_mean,
-    "load_cv": _max_field,
+# What each rule a field of WindowStats declares does with the windows and the field.
+# load_cv is recomputed for the cluster over merged instances.
+WINDOW_RULES: dict[Merge, Callable[[list[WindowStats], str], Any]] = {
+    Merge.LONGEST: _longest,
+    Merge.TOTAL: _sum_field,
+    Merge.WEIGHTED_MEAN: _weighted_mean,  # weighted by requests
+    Merge.WORST: _max_field,
 }
-check_rules(InstanceSnapshot, INSTANCE_MERGE)
-check_rules(WindowStats, WINDOW_MERGE)
+WINDOW_MERGE = rules_of(WindowStats, WINDOW_RULES)
 
 
 def merge_arms(snapshots: list[StateSnapshot]) -> dict[str, dict[str, Any]]:

@@ -17,7 +17,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     DecisionRecord,
     StateSnapshot,
     decisions_stream,

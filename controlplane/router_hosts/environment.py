@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     PEER_KEY_ENV,
     PEER_KEY_PREVIOUS_ENV,
     REDIS_URL_ENV,

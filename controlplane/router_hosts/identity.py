@@ -27,7 +27,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 import redis
 from django.conf import settings
 
-from router_worker.telemetry_contract import router_acl_rules
+from router_worker.contract.telemetry import router_acl_rules
 
 log = logging.getLogger(__name__)
 

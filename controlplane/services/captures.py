@@ -33,8 +33,8 @@ from django.utils import timezone
 from pydantic import Field
 
 from controlplane.models import CapturedRequest, Cluster, TrafficCapture
-from router_worker.capture import CaptureKey
-from router_worker.telemetry_contract import CaptureBatch, CaptureRecord, decode_block_hashes
+from router_worker.contract.capture import CaptureKey
+from router_worker.contract.telemetry import CaptureBatch, CaptureRecord, decode_block_hashes
 
 from . import audit, config
 from .audit import Actor

@@ -8,7 +8,7 @@ from pydantic import ValidationError as PydanticValidationError
 
 from controlplane.models import Cluster, Instance
 from enginesim.replay.policy_costs import UnknownHardwareError, gpu_key, model_key
-from router_worker.config import InstanceSpec
+from router_worker.contract.config import InstanceSpec
 
 from . import audit, config
 from .audit import Actor

@@ -7,7 +7,7 @@ from typing import Any
 from django.utils.crypto import salted_hmac
 
 from controlplane.models import CanarySplit, Cluster, ConfigVersion
-from router_worker.config import ConfigError, parse_config
+from router_worker.contract.config import ConfigError, parse_config
 
 from . import notify
 from .audit import Actor

@@ -31,7 +31,7 @@ from django.db import DataError, transaction
 from pydantic import Field, ValidationError
 
 from controlplane.models import Cluster, HotspotEvent, IngestedRecord, RouterEvent
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     EVENTS_STREAM,
     METRICS_STREAM,
     ArmMetrics,

@@ -9,7 +9,7 @@ import redis
 from django.conf import settings
 from django.db import transaction
 
-from router_worker.telemetry_contract import CONFIG_CHANNEL
+from router_worker.contract.telemetry import CONFIG_CHANNEL
 
 log = logging.getLogger(__name__)
 

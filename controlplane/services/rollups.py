@@ -16,7 +16,7 @@ from controlplane.models import (
     RouterEvent,
 )
 from engine_interface import percentile
-from router_worker.telemetry_contract import MetricsRecord
+from router_worker.contract.telemetry import MetricsRecord
 
 MAX_SAMPLES_PER_MINUTE = 2000
 

@@ -7,7 +7,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from controlplane.models import RouterDeployment, RouterEvent
-from router_worker.telemetry_contract import EventRecord
+from router_worker.contract.telemetry import EventRecord
 
 from .bearer import new_router_token, sha256_hex
 

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from controlplane.models import ApiToken, AuditEvent, ClientKey, Cluster
 from controlplane.services import tokens
-from router_worker.config import parse_config
+from router_worker.contract.config import parse_config
 
 from .helpers import SYSTEM, make_user, session_client
 

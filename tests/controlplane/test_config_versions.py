@@ -12,7 +12,7 @@ from django.test import Client
 
 from controlplane.models import ConfigVersion
 from controlplane.services import policies
-from router_worker.telemetry_contract import CONFIG_CHANNEL
+from router_worker.contract.telemetry import CONFIG_CHANNEL
 
 from .endpoints import REASON
 from .helpers import SYSTEM, session_client

@@ -34,7 +34,7 @@ from controlplane.models import IngestedRecord, RouterDeployment, RouterEvent
 from controlplane.realtime.publisher import Publisher, PublisherSettings
 from controlplane.services import clusters, ingest
 from devharness import wait_until
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     CONFIG_CHANNEL,
     EVENTS_STREAM,
     METRICS_STREAM,

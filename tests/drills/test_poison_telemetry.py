@@ -34,7 +34,7 @@ from controlplane.models import (
 )
 from controlplane.services import ingest
 from devharness import Router, wait_until
-from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
+from router_worker.contract.telemetry import EVENTS_STREAM, METRICS_STREAM
 from tests.drills.clients import MODEL
 from tests.drills.helpers import background_load, drain, drill_config, hot_burst
 from tests.drills.report import Outcome, record

@@ -18,7 +18,7 @@ import redis
 from controlplane.router_hosts import identity
 from controlplane.services import ingest
 from devharness import wait_until
-from router_worker import telemetry_contract as contract
+from router_worker.contract import telemetry as contract
 from tests.drills.helpers import drill_config
 from tests.drills.report import Outcome, record
 from tests.router.helpers import MODEL, PEER_ENV

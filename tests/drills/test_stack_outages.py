@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from devharness import Fleet, wait_until
-from router_worker.telemetry_contract import STREAM_MAXLEN, events_stream, metrics_stream
+from router_worker.contract.telemetry import STREAM_MAXLEN, events_stream, metrics_stream
 from tests.drills.clients import BackgroundLoad, Load, steady
 from tests.drills.report import Outcome, record
 from tests.drills.stack import OPERATOR_PASSWORD, SECRET_KEY, Stack, build_stack

@@ -6,7 +6,7 @@ from django.conf import settings
 
 from controlplane.models import Cluster, RouterDeployment
 from controlplane.services import clusters, policies
-from router_worker.telemetry_contract import EVENTS_STREAM, METRICS_STREAM
+from router_worker.contract.telemetry import EVENTS_STREAM, METRICS_STREAM
 from tests.operations.helpers import ADMIN
 
 

@@ -19,8 +19,8 @@ from controlplane.services import captures, config, ingest
 from controlplane.services.audit import Actor
 from controlplane.services.errors import Conflict, Invalid, ServiceError
 from enginesim.replay.traces import read_trace
-from router_worker.telemetry_contract import CaptureBatch, capture_stream, encode_block_hashes
-from router_worker.telemetry_contract import CaptureRecord as Wire
+from router_worker.contract.telemetry import CaptureBatch, capture_stream, encode_block_hashes
+from router_worker.contract.telemetry import CaptureRecord as Wire
 
 pytestmark = pytest.mark.django_db(transaction=True)
 OPERATOR = Actor(name="operator")

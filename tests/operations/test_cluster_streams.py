@@ -12,7 +12,7 @@ from django.conf import settings
 
 from controlplane.models import Cluster, RouterEvent
 from controlplane.services import ingest
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     ArmMetrics,
     EventRecord,
     MetricsRecord,

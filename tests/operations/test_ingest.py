@@ -13,7 +13,7 @@ import pytest
 from controlplane.models import ArmMetricRollup, HotspotEvent, RouterEvent
 from controlplane.services import ingest
 from devharness import free_port
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     EVENTS_STREAM,
     METRICS_STREAM,
     ArmMetrics,

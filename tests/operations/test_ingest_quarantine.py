@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from controlplane.models import ArmMetricRollup, HotspotEvent, RouterEvent
 from controlplane.services import ingest
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     EVENTS_STREAM,
     METRICS_STREAM,
     ArmMetrics,
@@ -244,7 +244,7 @@ def test_a_forged_count_or_a_wrong_typed_stream_stops_no_ingest(streams, cluster
     """A non-integer count made HINCRBY fail the batch's settlement (its count stopped), and
     a string where a cluster's stream belongs failed the read of every stream after it."""
     from controlplane.models import Cluster
-    from router_worker.telemetry_contract import metrics_stream
+    from router_worker.contract.telemetry import metrics_stream
 
     squatter = Cluster.objects.create(name="aaa-squatted", model="m", gpu_type="h20")
     streams.set(metrics_stream(squatter.name), "not a stream")

@@ -69,7 +69,16 @@ def test_the_tree_keeps_every_contract() -> None:
 # router and routing import engine_interface, and the bench studies import bench.lib.
 VIOLATIONS = [
     ("router_worker/dispatch.py", "import django", "router-no-django"),
-    ("router_worker/config.py", "from enginesim.engine import costmodel", "router-no-django"),
+    (
+        "router_worker/contract/config.py",
+        "from enginesim.engine import costmodel",
+        "router-no-django",
+    ),
+    (
+        "controlplane/services/clusters.py",
+        "from router_worker import core",
+        "control-plane-uses-the-router-contract",
+    ),
     ("router_worker/app.py", "from controlplane import models", "router-no-django"),
     ("router_worker/routing/policies/linear.py", "import httpx", "policies-pure"),
     ("router_worker/routing/policies/lmetric.py", "import time", "policies-pure"),
@@ -77,7 +86,7 @@ VIOLATIONS = [
     (
         "router_worker/routing/hotspot.py",
         "from router_worker import decisions",
-        "routing-self-contained",
+        "routing-self-contained control-plane-uses-the-router-contract",
     ),
     (
         "enginesim/engine/core.py",
@@ -89,7 +98,11 @@ VIOLATIONS = [
         "import router_worker.metrics",
         "engine-server-no-router replay-only-routing",
     ),
-    ("enginesim/replay/simulator.py", "from router_worker import decisions", "replay-only-routing"),
+    (
+        "enginesim/replay/simulator.py",
+        "from router_worker import decisions",
+        "replay-only-routing control-plane-uses-the-router-contract",
+    ),
     ("enginesim/engine/kvpool.py", "from enginesim.server import faults", "engine-knows-no-clock"),
     (
         "enginesim/progress.py",
@@ -125,3 +138,23 @@ def test_a_forbidden_import_breaks_its_contract(
     broken = {cid for cid, verdict in verdicts(output).items() if verdict == "BROKEN"}
     assert broken == set(contracts.split()), output
     assert f"(l.{len(target.read_text().splitlines())})" in output, output
+
+
+def test_the_control_plane_may_import_no_router_module_but_the_contract_and_routing() -> None:
+    """The contract forbids every child of router_worker but two by name: a module added to
+    the router is forbidden to the control plane from the start, or this fails."""
+    contract = next(
+        c
+        for c in tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"][
+            "contracts"
+        ]
+        if c["id"] == "control-plane-uses-the-router-contract"
+    )
+    package = ROOT / "router_worker"
+    children = {
+        f"router_worker.{p.stem if p.is_file() else p.name}"
+        for p in package.iterdir()
+        if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").exists()
+    }
+    allowed = {"router_worker.contract", "router_worker.routing"}
+    assert set(contract["forbidden_modules"]) == children - allowed

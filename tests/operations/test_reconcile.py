@@ -8,7 +8,7 @@ import time
 import pytest
 
 from controlplane.services import reconcile
-from router_worker.telemetry_contract import CONFIG_CHANNEL
+from router_worker.contract.telemetry import CONFIG_CHANNEL
 from tests.operations.helpers import router
 
 pytestmark = pytest.mark.django_db(transaction=True)

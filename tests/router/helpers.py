@@ -28,7 +28,7 @@ from devharness import (
     wait_until,
 )
 from devharness import scrape_total as scrape_with
-from router_worker.telemetry_contract import PEER_KEY_ENV
+from router_worker.contract.telemetry import PEER_KEY_ENV
 from tests.fleets import fast_fleet
 
 REPO = Path(__file__).resolve().parents[2]

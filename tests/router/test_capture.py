@@ -7,7 +7,7 @@ import httpx
 import redis
 
 from devharness import wait_until
-from router_worker import telemetry_contract as contract
+from router_worker.contract import telemetry as contract
 from tests.router.helpers import MODEL, router_config, stream_entries
 
 SALT = "a" * 32

@@ -33,7 +33,7 @@ from chat_templates import (
 from chat_templates.renderer import BUILTIN_DIR, ChatTemplate
 from devharness import Fleet, free_port
 from enginesim.server import tokenizer as engine_tokenizer
-from router_worker.config import ConfigError, parse_config
+from router_worker.contract.config import ConfigError, parse_config
 from router_worker.tokenization import PromptError, Tokenizer
 from tests.fleets import fast_fleet
 from tests.router.helpers import MODEL

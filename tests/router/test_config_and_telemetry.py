@@ -9,7 +9,7 @@ import httpx
 import redis
 
 from devharness import wait_until, wait_until_async
-from router_worker import telemetry_contract as contract
+from router_worker.contract import telemetry as contract
 from router_worker.stages import STAGES
 from tests.router.helpers import MODEL, router_config, stream_entries
 

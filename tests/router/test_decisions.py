@@ -15,8 +15,9 @@ import numpy as np
 import redis
 
 from devharness import wait_until
-from router_worker import telemetry_contract as contract
-from router_worker.config import parse_config
+from router_worker.contract import telemetry as contract
+from router_worker.contract.config import parse_config
+from router_worker.contract.telemetry import DecisionRecord
 from router_worker.core import Plan, RouterCore
 from router_worker.decisions import DecisionSampler, TokenBucket, candidate_rows, is_priority
 from router_worker.intake import Intake, take_in
@@ -24,7 +25,6 @@ from router_worker.metrics import RouterMetrics
 from router_worker.observers import RECENT_DECISIONS
 from router_worker.routing import Decision
 from router_worker.telemetry import DECISION_BUFFER, Telemetry
-from router_worker.telemetry_contract import DecisionRecord
 from tests.router.client_keys import DEBUG_KEY, debug_key_only
 from tests.router.helpers import router_config, stream_entries
 

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from devharness import wait_until_async
-from router_worker.config import parse_config
+from router_worker.contract.config import parse_config
 from router_worker.core import RouterCore
 from router_worker.kv_subscriber import KVSubscribers
 from router_worker.metrics import RouterMetrics

@@ -35,8 +35,8 @@ from devharness import Fleet, wait_until, wait_until_async
 from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord
 from router_worker.access import Detail
-from router_worker.config import parse_config
 from router_worker.connections import DisconnectWatch
+from router_worker.contract.config import parse_config
 from router_worker.core import RouterCore
 from router_worker.dispatch import Dispatcher
 from router_worker.intake import Endpoint, take_in

@@ -11,7 +11,7 @@ import resource
 import httpx
 import pytest
 
-from router_worker.config import ConfigError, parse_config
+from router_worker.contract.config import ConfigError, parse_config
 from router_worker.sse import MalformedStream, SseFramer
 from router_worker.upstream import (
     FastTransport,

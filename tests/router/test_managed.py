@@ -16,7 +16,7 @@ import redis
 from controlplane.models import RouterDeployment
 from controlplane.services import clusters, config, policies, router_deployments
 from devharness import free_port, stop_process, wait_until
-from router_worker.telemetry_contract import CONFIG_CHANNEL
+from router_worker.contract.telemetry import CONFIG_CHANNEL
 from tests.router.helpers import MODEL, launch_router, router_config
 from tests.web.helpers import SYSTEM, start_asgi
 

@@ -212,7 +212,7 @@ def test_a_peer_restarted_under_the_same_name_loses_its_old_records():
 def _sync(
     state: ClusterState, name: str = "rb", keys: PeerKeys | None = KEYS, cluster: str = "default"
 ) -> PeerSync:
-    from router_worker.config import parse_config
+    from router_worker.contract.config import parse_config
 
     sync = PeerSync(name, "redis://127.0.0.1:1/0", RouterMetrics(), lambda: state, keys)
     document = {

@@ -76,7 +76,7 @@ def test_a_metrics_record_counts_and_samples_each_arm_and_instance() -> None:
     """The interval behind each metrics record: counters per arm and per instance, and
     their TTFT/TPOT samples (a list only where some request had the value; at most
     MAX_SAMPLES_PER_RECORD, drawn from all of them)."""
-    from router_worker import telemetry_contract as contract
+    from router_worker.contract import telemetry as contract
     from router_worker.telemetry import _Interval
 
     rng = random.Random(3)

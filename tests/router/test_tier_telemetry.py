@@ -11,7 +11,7 @@ import pytest
 import engine_interface as ei
 from controlplane.realtime.snapshot import merge_cluster
 from devharness import Fleet, wait_until
-from router_worker.telemetry_contract import StateSnapshot
+from router_worker.contract.telemetry import StateSnapshot
 from tests.router.helpers import MODEL, kv_fleet, router_config
 
 PROMPT = "tiered prefix " * 120

@@ -15,7 +15,7 @@ import zmq
 import zmq.asyncio
 
 from router_worker.arms import arm_salt, pick_arm, session_point
-from router_worker.config import parse_config
+from router_worker.contract.config import parse_config
 from router_worker.errors import APIError
 from router_worker.health import HealthBook
 from router_worker.intake import take_in

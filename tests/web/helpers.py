@@ -26,7 +26,7 @@ from controlplane.services.audit import Actor
 from devharness import control_plane as cp
 from devharness import start_process as harness_start
 from devharness import stop_process, wait_http
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     EVENTS_STREAM,
     STATE_TTL_S,
     EventKind,

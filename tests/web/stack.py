@@ -18,7 +18,7 @@ from controlplane.models import Cluster
 from controlplane.services import router_deployments as router_service
 from devharness import TRANSIENT, Router, free_port, stop_process, wait_until
 from devharness import start_router as start_router_process
-from router_worker.telemetry_contract import loads_state, state_key
+from router_worker.contract.telemetry import loads_state, state_key
 
 from .helpers import SYSTEM, subprocess_env
 

@@ -16,7 +16,7 @@ from django.urls import reverse
 from controlplane.realtime.publisher import Publisher, PublisherSettings
 from controlplane.realtime.state import DECISIONS_SHOWN, group_name
 from devharness import wait_until_async
-from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
+from router_worker.contract.telemetry import CandidateScore, DecisionRecord, decisions_stream
 
 pytestmark = pytest.mark.timeout(60)
 

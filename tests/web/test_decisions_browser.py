@@ -11,7 +11,7 @@ import redis
 from django.conf import settings
 
 from devharness import control_plane as cp
-from router_worker.telemetry_contract import CandidateScore, DecisionRecord, decisions_stream
+from router_worker.contract.telemetry import CandidateScore, DecisionRecord, decisions_stream
 from tests.fleets import fast_fleet
 
 from .helpers import login, make_cluster, start_process

@@ -13,7 +13,7 @@ from django.conf import settings
 
 from controlplane.realtime.snapshot import merge_cluster
 from devharness import control_plane as cp
-from router_worker.telemetry_contract import StateSnapshot
+from router_worker.contract.telemetry import StateSnapshot
 from tests.fleets import fast_fleet
 
 from .helpers import login, make_cluster, page_snapshot, start_process

@@ -12,7 +12,7 @@ import redis
 from django.urls import reverse
 
 from controlplane.models import AuditEvent
-from router_worker.telemetry_contract import decisions_stream, state_key
+from router_worker.contract.telemetry import decisions_stream, state_key
 
 from .helpers import clear_state, instance, snapshot, write_state
 

@@ -12,7 +12,7 @@ import pytest
 from controlplane.realtime.publisher import ClusterFeed
 from controlplane.realtime.state import group_name
 from devharness import wait_until_async
-from router_worker.telemetry_contract import CONFIG_CHANNEL, EventRecord, events_stream
+from router_worker.contract.telemetry import CONFIG_CHANNEL, EventRecord, events_stream
 
 from .helpers import hotspot_payload, instance, snapshot, write_event, write_state
 

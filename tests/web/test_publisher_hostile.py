@@ -12,7 +12,7 @@ import pytest
 
 from controlplane.realtime.publisher import ClusterFeed, Publisher
 from controlplane.services import ingest
-from router_worker.telemetry_contract import (
+from router_worker.contract.telemetry import (
     CONFIG_CHANNEL,
     decisions_stream,
     state_key,

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from controlplane.services import ingest
-from router_worker.telemetry_contract import EVENTS_STREAM
+from router_worker.contract.telemetry import EVENTS_STREAM
 
 pytestmark = pytest.mark.django_db(transaction=True)
 KEYS = (EVENTS_STREAM, ingest.QUARANTINE_STREAM, ingest.QUARANTINE_COUNTS)

@@ -42,7 +42,8 @@ import base64
 import binascii
 import json
 import uuid
-from typing import Any, Literal
+from enum import StrEnum
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -188,42 +189,71 @@ class EventRecord(_Record):
         return cls.model_validate_json(_field(fields, "data"))
 
 
+class Merge(StrEnum):
+    """How the control plane merges one field of a per-instance or window record across
+    the routers of a cluster that report it, declared on the field (``Annotated[type,
+    Merge.X]``) and applied by ``controlplane/realtime/snapshot.py``, which refuses a
+    record with a field that declares none. A missing value (None) never wins."""
+
+    SAME = "same"  # the key the reports are grouped by
+    TOTAL = "total"  # router-local accounting: disjoint between routers, so summed
+    LARGEST = "largest"  # engine-reported: the same engine seen by each router (a counter:
+    # the newest is the largest)
+    WORST_HEALTH = "worst_health"  # any router's circuit breaker counts
+    ANY = "any"  # true if any router says so
+    NEWEST_CONFIG = "newest_config"  # a fact of the configuration: the newest router's
+    LONGEST = "longest"  # a window's length
+    WEIGHTED_MEAN = "weighted_mean"  # a mean, weighted by each router's requests
+    WORST = "worst"  # a percentile or spread: the worst router's (they do not merge exactly)
+
+
+def merge_rule(record: type[BaseModel], field: str) -> Merge | None:
+    """The merge rule ``field`` of ``record`` declares, if any."""
+    return next((m for m in record.model_fields[field].metadata if isinstance(m, Merge)), None)
+
+
 class InstanceSnapshot(_Record):
-    name: str
-    health: Literal["healthy", "draining", "down"]
-    pending_prefill_tokens: float
-    pending_prefill_tokens_max: float  # maximum over the last interval: spikes survive
-    batch_size: float
-    batch_size_max: float
-    in_flight: int
-    waiting: int | None = None  # from the engine's /metrics
-    running: int | None = None
-    kv_usage: float | None = None
-    hit_ratio: float | None = None  # prefix-cache hits / queries, from the engine
+    name: Annotated[str, Merge.SAME]
+    health: Annotated[Literal["healthy", "draining", "down"], Merge.WORST_HEALTH]
+    pending_prefill_tokens: Annotated[float, Merge.TOTAL]
+    # maximum over the last interval: spikes survive; the sum of maxima bounds the maximum
+    pending_prefill_tokens_max: Annotated[float, Merge.TOTAL]
+    # the engine's running batch, scrape-corrected by each router: the views overlap
+    batch_size: Annotated[float, Merge.LARGEST]
+    batch_size_max: Annotated[float, Merge.LARGEST]
+    in_flight: Annotated[int, Merge.TOTAL]
+    waiting: Annotated[int | None, Merge.LARGEST] = None  # from the engine's /metrics
+    running: Annotated[int | None, Merge.LARGEST] = None
+    kv_usage: Annotated[float | None, Merge.LARGEST] = None
+    # prefix-cache hits / queries, from the engine
+    hit_ratio: Annotated[float | None, Merge.LARGEST] = None
     # Requests the engine preempted (evicted from the KV cache to recompute), since its
     # start: vllm:num_preemptions. Climbing means the fleet is short of KV room.
-    preemptions: float | None = None
+    preemptions: Annotated[float | None, Merge.LARGEST] = None
     # Global KV tier (engine counters since its start; None: the engine has no tier)
-    tier_hit_tokens: float | None = None  # prompt tokens loaded from the tier
-    tier_bytes_read: float | None = None
-    hotspot: bool = False
-    arm: str | None = None
+    tier_hit_tokens: Annotated[float | None, Merge.LARGEST] = None  # prompt tokens loaded
+    tier_bytes_read: Annotated[float | None, Merge.LARGEST] = None
+    hotspot: Annotated[bool, Merge.ANY] = False  # confirmed by any router's detector
+    arm: Annotated[str | None, Merge.NEWEST_CONFIG] = None
 
 
 class WindowStats(_Record):
     """Request statistics over the router's recent window (seconds given by `seconds`)."""
 
-    seconds: float
-    requests: int
-    errors: int
-    requests_per_s: float
-    output_tokens_per_s: float
-    ttft_p50_s: float | None = None
-    ttft_p99_s: float | None = None
-    tpot_p50_s: float | None = None
-    tpot_p99_s: float | None = None
-    hit_ratio: float | None = None  # cached prompt tokens / prompt tokens routed
-    load_cv: float | None = None  # stddev / mean of pending prefill tokens
+    seconds: Annotated[float, Merge.LONGEST]
+    requests: Annotated[int, Merge.TOTAL]
+    errors: Annotated[int, Merge.TOTAL]
+    requests_per_s: Annotated[float, Merge.TOTAL]
+    output_tokens_per_s: Annotated[float, Merge.TOTAL]
+    ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+    ttft_p99_s: Annotated[float | None, Merge.WORST] = None
+    tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+    tpot_p99_s: Annotated[float | None, Merge.WORST] = None
+    # cached prompt tokens / prompt tokens routed
+    hit_ratio: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+    # stddev / mean of pending prefill tokens (the cluster's is recomputed over the
+    # merged instances)
+    load_cv: Annotated[float | None, Merge.WORST] = None
 
 
 class StateSnapshot(_Record):

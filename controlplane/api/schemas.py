@@ -464,7 +464,7 @@ class ReplayIn(Schema):
         max_length=4,
         description="Loads to replay at (rate scales); default [rate_scale].",
     )
-    max_requests: int | None = Field(None, ge=1, le=10_000_000)
+    max_requests: int | None = Field(None, ge=1, le=10_000_000)  # services.replays.MAX_REQUESTS
     seed: int = Field(0, ge=0, le=2**31 - 65)
     seeds: int = Field(1, ge=1, le=10, description="Seeds per policy and load: seed, seed+1…")
     reason: Reason = ""

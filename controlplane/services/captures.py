@@ -18,7 +18,6 @@ Replays name it ``capture:<id>``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import secrets
 from collections.abc import Iterator
@@ -36,7 +35,7 @@ from controlplane.models import CapturedRequest, Cluster, TrafficCapture
 from router_worker.capture import CaptureKey
 from router_worker.telemetry_contract import CaptureBatch, CaptureRecord, decode_block_hashes
 
-from . import audit, config
+from . import audit, config, numbers
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, Problems, ServiceError
@@ -207,24 +206,23 @@ def _name(name: Any) -> str:
 
 
 def _time_scale(value: Any) -> float:
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and not value.strip()):
         return 1.0
-    try:
-        scale = float(value)
-    except (TypeError, ValueError):
-        scale = math.nan
-    if isinstance(value, bool) or not 0.001 <= scale <= 1000:
+    if isinstance(value, str):
+        value = numbers.number(value, "engine_time_scale")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.001 <= value <= 1000:
         raise ServiceError(
             "engine_time_scale must be a number from 0.001 to 1000", "engine_time_scale"
         )
-    return scale
+    return float(value)
 
 
 def _bounded(value: Any, default: int, most: int, field: str) -> int:
-    if value is None or value == "":
+    """A form's text (read by the shared reader, blank: ``default``) or the API's int."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return default
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    if isinstance(value, str):
+        value = numbers.whole_number(value, field)
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
         raise ServiceError(f"{field} must be a whole number from 1 to {most}", field)
     return value

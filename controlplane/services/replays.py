@@ -32,6 +32,7 @@ MAX_RATE_SCALES = 4
 MAX_RATE_SCALE = 1000.0
 MAX_SEEDS = 10
 MAX_CELLS = 160
+MAX_REQUESTS = 10_000_000  # requests a replay takes from its trace, at most
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
 ABANDONED_ERROR = (
@@ -265,8 +266,8 @@ def _positive(value: float, field: str) -> float:
 
 
 def _positive_int(value: int, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ServiceError(f"{field} must be a positive whole number", field)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_REQUESTS:
+        raise ServiceError(f"{field} must be a whole number from 1 to {MAX_REQUESTS}", field)
     return value
 
 

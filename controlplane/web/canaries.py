@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import CanarySplit, Cluster
 from controlplane.services import canaries as canary_service
+from controlplane.services import numbers
 from controlplane.services.errors import NotFound, ServiceError
 from controlplane.services.validation import policy_kinds
 
@@ -195,10 +196,7 @@ def _int(value: str | None, field: str) -> int:
 
 
 def _number(value: str, field: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ServiceError(f"{field}: {value!r} is not a number", field) from None
+    return float(numbers.number(value, field))
 
 
 @operator_required

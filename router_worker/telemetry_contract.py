@@ -30,10 +30,10 @@ streams and peer channel; listening, never publishing, on ``CONFIG_CHANNEL``).
   write: it is a window onto recent traffic, not a log (nothing ingests it).
 * ``capture_stream(cluster)``: while the cluster captures its traffic (the config's
   ``capture``), every finished request as the replay needs it (`CaptureBatch`, field
-  ``data``, up to `CAPTURE_BATCH` requests each). No text travels: the prompt travels as
-  its block hashes (as on the peers channel), the session key as a keyed digest under the
-  capture's salt. Ingest stores the block hashes as keyed digests too, and deletes the
-  entries it stored.
+  ``data``, up to `CAPTURE_BATCH` requests and `CAPTURE_BATCH_BLOCKS` blocks each). No
+  text and no raw fingerprint travels: the prompt travels as keyed digests of its block
+  hashes, the session key as a keyed digest, both under the capture's salt. Ingest stores
+  them, and deletes the entries it stored.
 """
 
 from __future__ import annotations
@@ -336,6 +336,12 @@ def decode_block_hashes(text: str, most: int) -> tuple[int, ...]:
 
 
 CAPTURE_BATCH = 500  # captured requests per stream entry
+# Blocks a captured prompt sends (its first ones: a million tokens in 16-token blocks), and
+# per stream entry (~2.7 MiB of base64 at most, `MAX_CAPTURE_ENTRY_BYTES` with the rest):
+# an entry stays small enough to store in one short transaction, whatever the prompts.
+MAX_CAPTURE_BLOCKS = 65_536
+CAPTURE_BATCH_BLOCKS = 262_144
+MAX_CAPTURE_ENTRY_BYTES = 4 * 1024 * 1024
 
 
 class CaptureRecord(_Record):
@@ -345,8 +351,9 @@ class CaptureRecord(_Record):
     prompt_tokens: int
     output_tokens: int
     block_size: int
-    # the prompt's full blocks' chained hashes (`encode_block_hashes`); ingest stores them
-    # as keyed digests under the capture's salt, and only those
+    # the prompt's full blocks' chained hashes (`encode_block_hashes`), at most
+    # `MAX_CAPTURE_BLOCKS`, as keyed digests under the capture's salt (the batch's ``keyed``;
+    # a batch of a router from before keying has the raw hashes, which ingest keys itself)
     block_hashes: str = ""
     session: str | None = None  # keyed digest of the session key, under the same salt
     turn: int | None = None  # 0-based, when the request says (chat messages)
@@ -366,6 +373,7 @@ class CaptureBatch(_Record):
     # the engines' context length as the router scraped it (the smallest instance's): a
     # replay of the capture must refuse what they refused and serve what they served
     max_model_len: int | None = None
+    keyed: bool = False  # the block hashes are the capture's keyed digests already
 
     def to_stream_fields(self) -> dict[str, str]:
         return {"data": self.model_dump_json()}

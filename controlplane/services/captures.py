@@ -18,6 +18,7 @@ Replays name it ``capture:<id>``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 from collections.abc import Iterator
@@ -33,16 +34,23 @@ from pydantic import Field
 
 from controlplane.models import CapturedRequest, Cluster, TrafficCapture
 from router_worker.capture import CaptureKey
-from router_worker.telemetry_contract import CaptureBatch, CaptureRecord, decode_block_hashes
+from router_worker.telemetry_contract import (
+    MAX_CAPTURE_BLOCKS,
+    MAX_CAPTURE_ENTRY_BYTES,
+    CaptureBatch,
+    CaptureRecord,
+    decode_block_hashes,
+)
 
 from . import audit, config, numbers
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, Problems, ServiceError
 from .fields import max_length
-from .ingest import INT_COLUMN, LATEST_UNIX, PoisonEntry
+from .ingest import INT_COLUMN, LATEST_UNIX, PoisonEntry, entry_bytes
 from .traces import captures_dir
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUESTS = 100_000
 MAX_REQUESTS = 2_000_000
 DEFAULT_MAX_MINUTES = 60
@@ -208,23 +216,31 @@ def _name(name: Any) -> str:
 def _time_scale(value: Any) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         return 1.0
-    if isinstance(value, str):
-        value = numbers.number(value, "engine_time_scale")
+    refused = ServiceError(
+        "engine_time_scale must be a number from 0.001 to 1000", "engine_time_scale"
+    )
+    if isinstance(value, str):  # a form's text, read as every form reads numbers
+        try:
+            value = numbers.number(value, "engine_time_scale")
+        except ServiceError:
+            raise refused from None
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0.001 <= value <= 1000:
-        raise ServiceError(
-            "engine_time_scale must be a number from 0.001 to 1000", "engine_time_scale"
-        )
+        raise refused
     return float(value)
 
 
 def _bounded(value: Any, default: int, most: int, field: str) -> int:
-    """A form's text (read by the shared reader, blank: ``default``) or the API's int."""
+    """A form's text (read as every form reads numbers; blank: ``default``) or an int."""
     if value is None or (isinstance(value, str) and not value.strip()):
         return default
+    refused = ServiceError(f"{field} must be a whole number from 1 to {most}", field)
     if isinstance(value, str):
-        value = numbers.whole_number(value, field)
+        try:
+            value = numbers.whole_number(value, field)
+        except ServiceError:
+            raise refused from None
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
-        raise ServiceError(f"{field} must be a whole number from 1 to {most}", field)
+        raise refused
     return value
 
 
@@ -232,7 +248,8 @@ def _bounded(value: Any, default: int, most: int, field: str) -> int:
 
 Latency = Annotated[float, Field(ge=0, le=3600)]
 Tokens = Annotated[int, Field(ge=0, le=INT_COLUMN)]
-MAX_BLOCKS = 65_536  # a million tokens in 16-token blocks
+MAX_BLOCKS = MAX_CAPTURE_BLOCKS  # a million tokens in 16-token blocks
+_ID_MASK = (1 << 63) - 1  # ids are signed 64-bit (the column, every trace reader)
 
 
 class StorableRequest(CaptureRecord):
@@ -242,7 +259,8 @@ class StorableRequest(CaptureRecord):
     prompt_tokens: Tokens
     output_tokens: Tokens
     block_size: int = Field(ge=1, le=4096)
-    block_hashes: str = Field(default="", max_length=MAX_BLOCKS * 8 * 4 // 3 + 4)
+    # a router from before the cap may send more blocks: the first MAX_BLOCKS are kept
+    block_hashes: str = Field(default="", max_length=MAX_CAPTURE_ENTRY_BYTES)
     session: str | None = Field(default=None, max_length=32)
     turn: int | None = Field(default=None, ge=0, le=INT_COLUMN)
     instance: str = Field(default="", max_length=64)
@@ -253,14 +271,21 @@ class StorableRequest(CaptureRecord):
 
 
 class StorableBatch(CaptureBatch):
+    """The batch's own fields checked; its requests one by one at storage (`store_batch`),
+    so one request the rows cannot hold (an oversize prompt, a negative count) is dropped
+    and counted, never its whole batch."""
+
     id: str = Field(min_length=1, max_length=64)
     max_model_len: int | None = Field(default=None, ge=1, le=INT_COLUMN)
     router: str = Field(min_length=1, max_length=64)
     capture: int = Field(ge=1, le=2**63 - 1)
-    requests: list[StorableRequest]  # type: ignore[assignment]
+    requests: list[dict[str, Any]]  # type: ignore[assignment]
 
 
 def parse_batch(fields: dict) -> CaptureBatch:
+    size = entry_bytes(fields)
+    if size > MAX_CAPTURE_ENTRY_BYTES:  # a router bounds its entries below this
+        raise PoisonEntry(f"{size} bytes, more than {MAX_CAPTURE_ENTRY_BYTES}")
     return StorableBatch.from_stream_fields(fields)
 
 
@@ -276,11 +301,15 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
     capture = locked.captures.select_for_update().filter(pk=batch.capture).first()
     if capture is None or CapturedRequest.objects.filter(batch=batch.id).exists():
         return False
-    wanted = _admissible(capture, batch.requests)
-    room = max(0, capture.max_requests - capture.requests)
-    kept = wanted[:room]
     key = CaptureKey(capture.salt)
-    CapturedRequest.objects.bulk_create(_row(capture, batch, r, key) for r in kept)
+    rows = [
+        row
+        for row in (_row(capture, batch, raw, key) for raw in batch.requests)
+        if row is not None and _admitted(capture, row.at)
+    ]
+    room = max(0, capture.max_requests - capture.requests)
+    kept = rows[:room]
+    CapturedRequest.objects.bulk_create(kept)
     capture.requests += len(kept)
     capture.dropped += len(batch.requests) - len(kept)
     if batch.max_model_len is not None:  # the smallest any router saw
@@ -294,27 +323,31 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
 
 
 def _row(
-    capture: TrafficCapture, batch: CaptureBatch, request: CaptureRecord, key: CaptureKey
-) -> CapturedRequest:
-    """The stored row: the block hashes as keyed digests (ValueError: not block hashes)."""
-    fields = request.model_dump(exclude={"block_hashes"})
-    hashes = decode_block_hashes(request.block_hashes, MAX_BLOCKS)
+    capture: TrafficCapture, batch: CaptureBatch, raw: Any, key: CaptureKey
+) -> CapturedRequest | None:
+    """The stored row, its block hashes as keyed digests (keyed by the router, or here for
+    a router from before keying); None for a request the rows cannot hold (dropped)."""
+    try:
+        request = StorableRequest.model_validate(raw)
+        hashes = decode_block_hashes(request.block_hashes, MAX_CAPTURE_ENTRY_BYTES // 8)
+    except ValueError as error:  # pydantic's ValidationError is one
+        log.info("capture %s: a request of batch %s dropped: %s", capture.pk, batch.id, error)
+        return None
+    hashes = hashes[:MAX_BLOCKS]
+    ids = [value & _ID_MASK for value in hashes] if batch.keyed else key.block_ids(hashes)
     return CapturedRequest(
         capture=capture,
         batch=batch.id,
         router=batch.router,
-        hash_ids=key.block_ids(hashes),
-        **fields,
+        hash_ids=ids,
+        **request.model_dump(exclude={"block_hashes"}),
     )
 
 
-def _admissible(capture: TrafficCapture, requests: list[CaptureRecord]) -> list[CaptureRecord]:
+def _admitted(capture: TrafficCapture, at: float) -> bool:
     """A stopped capture takes what arrived before its stop (routers flush every quarter
     second, so their last requests come in after it)."""
-    if capture.capturing or capture.stopped_at is None:
-        return list(requests)
-    end = capture.stopped_at.timestamp()
-    return [r for r in requests if r.at <= end]
+    return capture.capturing or capture.stopped_at is None or at <= capture.stopped_at.timestamp()
 
 
 def enforce_limits(now: Any = None) -> dict[str, int]:

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.models import Cluster, Policy, ReplayJob
+from controlplane.models import Cluster, Policy, ReplayCell, ReplayJob
 
 from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
@@ -35,6 +35,7 @@ MAX_CELLS = 160
 MAX_REQUESTS = 10_000_000  # requests a replay takes from its trace, at most
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
+RESEND_AFTER_S = 3600.0  # a queued job sent this long ago is sent again (its queued cells)
 ABANDONED_ERROR = (
     "the worker running this replay stopped before it finished (killed, "
     "restarted or out of memory); request it again"
@@ -272,17 +273,24 @@ def _positive_int(value: int, field: str) -> int:
 
 
 def dispatch_job(job: ReplayJob) -> ReplayRequest:
-    """The job's cells as one chord: a task per cell on the ``replays`` queue (any worker
-    on any host takes them), joined by the task that aggregates them. A cell claimed
-    already (a second dispatch) returns at once, so the chord still joins."""
-    from celery import chord, signature
+    """A task per queued cell on the ``replays`` queue (any worker on any host takes them).
+    No chord joins them: each cell's task ends the job once the last cell has ended
+    (replay_cells.finish_job, a no-op before), so a job never waits on a join whose state
+    the result backend may have expired. A cell claimed already (a second dispatch)
+    returns at once. The job's ``heartbeat_at`` records, while it is queued, when it was
+    last sent (`redispatch_stale`)."""
+    from celery import group, signature
 
+    cell_ids = replay_cells.cells_of(job)
+    queued = set(job.cells.filter(state=ReplayCell.State.QUEUED).values_list("pk", flat=True))
     cells = [
         signature(CELL_TASK, args=[cell_id], immutable=True)
-        for cell_id in replay_cells.cells_of(job)
+        for cell_id in cell_ids
+        if cell_id in queued
     ]
     try:
-        chord(cells, signature(FINISH_TASK, args=[job.pk], immutable=True)).apply_async(retry=False)
+        if cells:
+            group(cells).apply_async(retry=False)
     except Exception as error:  # kombu raises several unrelated types for a broker outage
         log.warning("replay %s not dispatched: %s", job.pk, error)
         return ReplayRequest(
@@ -292,14 +300,21 @@ def dispatch_job(job: ReplayJob) -> ReplayRequest:
             f"broker is unreachable ({type(error).__name__}); it will be "
             "sent to a worker when the broker is back",
         )
+    ReplayJob.objects.filter(pk=job.pk, state=ReplayJob.State.QUEUED).update(
+        heartbeat_at=timezone.now()
+    )
     return ReplayRequest(job, True, f"replay {job.pk} queued")
 
 
-def redispatch_stale(older_than_s: float = 60.0) -> int:
-    """Send queued jobs again that no worker has started (a broker outage at creation, or a
-    lost message). Cells are claimed atomically, so a cell sent twice still runs once."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    stale = ReplayJob.objects.filter(state=ReplayJob.State.QUEUED, created_at__lt=cutoff)
+def redispatch_stale(older_than_s: float = 60.0, resend_after_s: float = RESEND_AFTER_S) -> int:
+    """Send queued jobs again that no worker has started: one never sent (a broker outage at
+    creation) after ``older_than_s``, one sent but still waiting (a lost message, or only
+    a long queue ahead of it) after ``resend_after_s``, its queued cells only. Cells are
+    claimed atomically, so a cell sent twice still runs once."""
+    now = timezone.now()
+    never_sent = Q(heartbeat_at__isnull=True, created_at__lt=now - timedelta(seconds=older_than_s))
+    long_ago = Q(heartbeat_at__lt=now - timedelta(seconds=resend_after_s))
+    stale = ReplayJob.objects.filter(never_sent | long_ago, state=ReplayJob.State.QUEUED)
     return sum(dispatch_job(job).dispatched for job in stale)
 
 

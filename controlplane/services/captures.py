@@ -21,14 +21,17 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Func, Q
 from django.utils import timezone
 from pydantic import Field
 
@@ -57,6 +60,7 @@ DEFAULT_MAX_MINUTES = 60
 MAX_MINUTES = 7 * 24 * 60
 SYSTEM = Actor.system("capture")
 EXPORT_CHUNK = 2_000  # rows read from Postgres at a time while exporting
+EXPORT_BLOCKS = 262_144  # block ids read at a time (a chunk of long prompts is fewer rows)
 NAME_CHARS = 64
 
 
@@ -386,20 +390,80 @@ def export_lines(capture: TrafficCapture, until: int | None = None) -> Iterator[
     own time (wall time ÷ ``engine_time_scale``, TTFT and TPOT too), one chat id per
     request, each session's requests chained by ``parent_chat_id``. ``until``: only the
     rows stored up to then (`last_row`), the capture as a replay job saw it."""
-    scale = capture.engine_time_scale or 1.0
-    last_of_session: dict[str, int] = {}
-    turns: dict[str, int] = {}
-    start: float | None = None
-    rows = _rows(capture, until).order_by("at", "pk")
-    for chat_id, row in enumerate(rows.iterator(chunk_size=EXPORT_CHUNK), 1):
-        start = row.at if start is None else start
+    export = Export(capture, until)
+    while chunk := export.next_chunk():
+        yield from chunk
+
+
+async def export_chunks(capture: TrafficCapture, until: int | None = None) -> AsyncIterator[str]:
+    """`export_lines` for a download under ASGI: an async generator, each chunk (at most
+    `EXPORT_CHUNK` rows and `EXPORT_BLOCKS` block ids) read in a thread of its own, so
+    the server sends the trace as it is read instead of building it whole in memory (a
+    sync iterator behind StreamingHttpResponse is read to its end first under ASGI)."""
+    export = Export(capture, until)
+    read = sync_to_async(export.next_chunk, thread_sensitive=True)
+    while chunk := await read():
+        yield "".join(chunk)
+
+
+def download(actor: Actor, capture: TrafficCapture) -> AsyncIterator[str]:
+    """The capture's trace for a download (`export_chunks`), the download audited: who
+    took which capture, with how many requests, from where."""
+    audit.record(
+        actor,
+        "capture.download",
+        capture,
+        after={"name": capture.name, "requests": capture.requests},
+        cluster=capture.cluster,
+    )
+    return export_chunks(capture)
+
+
+class Export:
+    """The rows of a capture in arrival order, read a bounded chunk at a time (by keyset,
+    so no cursor stays open between chunks), as trace lines."""
+
+    def __init__(self, capture: TrafficCapture, until: int | None = None) -> None:
+        self.capture, self.until = capture, until
+        self.scale = capture.engine_time_scale or 1.0
+        self.last_of_session: dict[str, int] = {}
+        self.turns: dict[str, int] = {}
+        self.start: float | None = None
+        self.chat_id = 0
+        self.after: tuple[float, int] | None = None  # the last row read: (at, pk)
+
+    def next_chunk(self) -> list[str]:
+        rows = _rows(self.capture, self.until)
+        if self.after is not None:
+            at, pk = self.after
+            rows = rows.filter(Q(at__gt=at) | Q(at=at, pk__gt=pk))
+        rows = rows.order_by("at", "pk")
+        head = rows.annotate(blocks=Func(F("hash_ids"), function="cardinality")).values_list(
+            "pk", "blocks"
+        )[:EXPORT_CHUNK]
+        taken: list[int] = []
+        blocks = 0
+        for pk, count in head:
+            if taken and blocks + (count or 0) > EXPORT_BLOCKS:
+                break
+            taken.append(pk)
+            blocks += count or 0
+        if not taken:
+            return []
+        lines = [self._line(row) for row in rows.filter(pk__in=taken)]
+        return lines
+
+    def _line(self, row: CapturedRequest) -> str:
+        self.chat_id += 1
+        self.after = (row.at, row.pk)
+        self.start = row.at if self.start is None else self.start
         parent, turn = -1, 1
         if row.session:
-            parent = last_of_session.get(row.session, -1)
-            turn = turns.get(row.session, 0) + 1
-            last_of_session[row.session], turns[row.session] = chat_id, turn
+            parent = self.last_of_session.get(row.session, -1)
+            turn = self.turns.get(row.session, 0) + 1
+            self.last_of_session[row.session], self.turns[row.session] = self.chat_id, turn
         turn = turn if row.turn is None else row.turn + 1
-        yield _line(row, chat_id, parent, turn, start, scale)
+        return _line(row, self.chat_id, parent, turn, self.start, self.scale)
 
 
 def _line(
@@ -440,6 +504,21 @@ def export_path(capture_id: int, until: int | None = None) -> Path:
     """``<id>.jsonl``, or ``<id>-<until>.jsonl`` for the capture as a job pinned it."""
     suffix = "" if until is None else f"-{until}"
     return captures_dir() / f"{capture_id}{suffix}.jsonl"
+
+
+def prune_exports(older_than_s: float, keep: set[str]) -> int:
+    """Delete capture exports (`export_for_replay`) last written more than ``older_than_s``
+    ago, except the files named in ``keep`` (those of jobs still waiting or running)."""
+    folder = captures_dir()
+    if not folder.is_dir():
+        return 0
+    cutoff = time.time() - older_than_s
+    deleted = 0
+    for path in folder.glob("*.jsonl"):
+        if path.name not in keep and path.is_file() and path.stat().st_mtime < cutoff:
+            path.unlink(missing_ok=True)
+            deleted += 1
+    return deleted
 
 
 def replay_max_model_len(trace: str) -> int | None:

@@ -36,6 +36,7 @@ MAX_REQUESTS = 10_000_000  # requests a replay takes from its trace, at most
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
 RESEND_AFTER_S = 3600.0  # a queued job sent this long ago is sent again (its queued cells)
+EXPORT_RETENTION_S = 86400.0  # a capture's export for a finished job: rewritten if needed
 ABANDONED_ERROR = (
     "the worker running this replay stopped before it finished (killed, "
     "restarted or out of memory); request it again"
@@ -181,11 +182,21 @@ def _seed_count(value: Any) -> int:
 
 
 def prune_uploads() -> int:
-    """Delete uploaded traces older than the retention period that no waiting or running
-    job still needs (refused uploads are deleted at once; this catches the rest)."""
+    """Delete uploaded traces older than the retention period, and capture exports (one a
+    replay job, written by its workers) older than a day, that no waiting or running job
+    still needs (refused uploads are deleted at once; this catches the rest)."""
     pending = ReplayJob.objects.filter(state__in=[ReplayJob.State.QUEUED, ReplayJob.State.RUNNING])
     keep = {str(job.inputs.get("trace")) for job in pending.only("inputs")}
-    return traces.prune_uploads(settings.SWITCHYARD_UPLOAD_RETENTION_DAYS * 86400, keep)
+    exports = {
+        captures.export_path(int(trace.split(":", 1)[1]), job.inputs.get("capture_until")).name
+        for job in pending.only("inputs")
+        if (trace := str(job.inputs.get("trace", ""))).startswith("capture:")
+        and trace.split(":", 1)[1].isdigit()
+    }
+    retention = settings.SWITCHYARD_UPLOAD_RETENTION_DAYS * 86400
+    return traces.prune_uploads(retention, keep) + captures.prune_exports(
+        EXPORT_RETENTION_S, exports
+    )
 
 
 @transaction.atomic

@@ -137,6 +137,24 @@ def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(
     assert stored_uploads() == ["fresh.jsonl", "old-pending.jsonl"]
 
 
+def test_old_capture_exports_are_pruned_unless_a_pending_job_reads_them(
+    cluster, traces, settings
+) -> None:
+    """Issue 61: every replay of a capture wrote an export that was never deleted."""
+    from controlplane.services.traces import captures_dir
+
+    captures_dir().mkdir(parents=True)
+    names = ("7-100.jsonl", "7-200.jsonl", "8.jsonl", "7-300.jsonl")
+    for name in names:
+        (captures_dir() / name).write_text("{}\n")
+    two_days_ago = time.time() - 2 * 86400
+    for name in names[:3]:
+        os.utime(captures_dir() / name, (two_days_ago, two_days_ago))
+    ReplayJob.objects.create(cluster=cluster, inputs={"trace": "capture:7", "capture_until": 200})
+    assert prune_uploads() == 2
+    assert sorted(p.name for p in captures_dir().iterdir()) == ["7-200.jsonl", "7-300.jsonl"]
+
+
 # ----------------------------------------------------------------- in a worker process
 
 # Runs the replay task in its own process with its address space capped a little above

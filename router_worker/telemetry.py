@@ -373,9 +373,12 @@ class Telemetry:
             count, self._dropped_unreported = self._dropped_unreported, 0
             self.event("events_dropped", count=count)
         await self._flush_queue(redis, self._events, contract.events_stream)
-        await self._flush_queue(redis, self._records, contract.metrics_stream)
+        await self._flush_queue(redis, self._records, self._own_metrics_stream)
         await self._flush_decisions(redis)
         await self._flush_capture(redis)
+
+    def _own_metrics_stream(self, cluster: str) -> str:
+        return contract.router_metrics_stream(cluster, self.router)
 
     async def _flush_capture(self, redis: Any) -> None:
         """Captured requests, digested here (off the request path), to the capture stream;

@@ -13,8 +13,12 @@ Keys
 * ``events_stream(cluster)``: the cluster's Redis stream of events; each entry has one
   field ``data`` holding an `EventRecord` as JSON. Events carry a unique ``id`` assigned by
   the router, so ingest is idempotent however often an entry is delivered.
-* ``metrics_stream(cluster)``: per-router request metrics every `METRICS_INTERVAL_S`
-  (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
+* ``router_metrics_stream(cluster, router)``: the router's request metrics every
+  `METRICS_INTERVAL_S` (`MetricsRecord`), aggregated by the control plane into per-minute
+  rollups; ingest takes a record there only under that router's name (no router of a
+  cluster can file metrics for another). ``metrics_stream(cluster)``, where routers wrote
+  them before, is still read, with no such check: a router with its own Redis identity
+  cannot write it.
 * ``EVENTS_STREAM``, ``METRICS_STREAM``: the same for every cluster at once, as routers
   wrote them before each cluster had its own. The control plane still reads them; a router
   with its own Redis identity (below) cannot write them.
@@ -106,6 +110,13 @@ def metrics_stream(cluster: str) -> str:
     return f"{METRICS_STREAM}:{cluster}"
 
 
+def router_metrics_stream(cluster: str, router: str) -> str:
+    """One router's own metrics stream: the only one its Redis identity may write metrics
+    to, so ingest files what it reads there under that router alone (the cluster's
+    `metrics_stream` is still read, for routers without an identity)."""
+    return f"{METRICS_STREAM}:{cluster}:{router}"
+
+
 def capture_stream(cluster: str) -> str:
     return f"switchyard:capture:{cluster}"
 
@@ -126,6 +137,8 @@ ROUTER_COMMANDS = (
     "+subscribe",
     "+unsubscribe",
 )
+# Those that name no key (the others are granted per key, in `router_acl_rules`).
+ROUTER_KEYLESS_COMMANDS = tuple(c for c in ROUTER_COMMANDS if c not in ("+set", "+expire", "+xadd"))
 
 
 def router_acl_rules(cluster: str, router: str) -> list[str]:
@@ -137,14 +150,16 @@ def router_acl_rules(cluster: str, router: str) -> list[str]:
         "resetkeys",
         "resetchannels",
         "-@all",
-        *ROUTER_COMMANDS,
-        f"~{state_key(cluster, router)}",
-        f"~{events_stream(cluster)}",
-        f"~{metrics_stream(cluster)}",
-        f"~{decisions_stream(cluster)}",
-        f"~{capture_stream(cluster)}",
+        *ROUTER_KEYLESS_COMMANDS,
         f"&{peers_channel(cluster)}",
         f"(+subscribe +unsubscribe &{CONFIG_CHANNEL})",
+        # each command on the keys it is for: SET on its own state key only (SET on a
+        # stream would replace it), XADD on its cluster's streams and its own metrics
+        # stream, EXPIRE on the decisions window only
+        f"(+set ~{state_key(cluster, router)})",
+        f"(+xadd ~{events_stream(cluster)} ~{router_metrics_stream(cluster, router)}"
+        f" ~{decisions_stream(cluster)} ~{capture_stream(cluster)})",
+        f"(+expire ~{decisions_stream(cluster)})",
     ]
 
 

@@ -31,7 +31,13 @@ import redis
 from django.db import DataError, transaction
 from pydantic import Field, ValidationError
 
-from controlplane.models import Cluster, HotspotEvent, IngestedRecord, RouterEvent
+from controlplane.models import (
+    Cluster,
+    HotspotEvent,
+    IngestedRecord,
+    RouterDeployment,
+    RouterEvent,
+)
 from router_worker.telemetry_contract import (
     EVENTS_STREAM,
     METRICS_STREAM,
@@ -43,6 +49,7 @@ from router_worker.telemetry_contract import (
     capture_stream,
     events_stream,
     metrics_stream,
+    router_metrics_stream,
 )
 
 from . import rollups
@@ -514,16 +521,25 @@ def _ingest_streams(
     own: Callable[[str], str],
     parse: Callable[[dict], Any],
     store: Callable[[Any, dict[str, Cluster]], bool],
+    routers_own: Callable[[str, str], str] | None = None,
     **options: Any,
 ) -> IngestResult:
     """A batch of the stream shared by every cluster (written by routers without a Redis
-    identity of their own), then one of each cluster's own stream."""
+    identity of their own), then one of each cluster's own stream, then (``routers_own``)
+    one of each router's own stream, whose entries are taken under that router's name
+    only."""
     total = IngestResult()
-    streams: list[tuple[str, str | None]] = [(shared, None)] if shared else []
-    streams += [(own(name), name) for name in Cluster.objects.values_list("name", flat=True)]
-    for stream, only in streams:
+    streams: list[tuple[str, str | None, Callable[[Any, dict[str, Cluster]], bool]]] = (
+        [(shared, None, store)] if shared else []
+    )
+    for name in Cluster.objects.values_list("name", flat=True):
+        streams.append((own(name), name, store))
+    if routers_own is not None:
+        pairs = RouterDeployment.objects.values_list("cluster__name", "name")
+        streams += [(routers_own(c, r), c, _as_sender(r, store)) for c, r in pairs]
+    for stream, only, stores in streams:
         try:
-            result = _ingest(client, stream, parse, store, only=only, **options)
+            result = _ingest(client, stream, parse, stores, only=only, **options)
         except redis.ResponseError as error:
             # A key of another type where a stream belongs (WRONGTYPE): that stream cannot
             # be read, and must not keep the other clusters' streams from being read.
@@ -533,6 +549,21 @@ def _ingest_streams(
         for counter in ("read", "stored", "duplicates", "quarantined"):
             setattr(total, counter, getattr(total, counter) + getattr(result, counter))
     return total
+
+
+def _as_sender(
+    router: str, store: Callable[[Any, dict[str, Cluster]], bool]
+) -> Callable[[Any, dict[str, Cluster]], bool]:
+    """``store`` for a router's own stream: a record there speaks for that router only."""
+
+    def owned(item: Any, clusters: dict[str, Cluster]) -> bool:
+        if item.router != router:
+            raise PoisonEntry(
+                f"a record of router {item.router[:80]!r} in router {router!r}'s own stream"
+            )
+        return store(item, clusters)
+
+    return owned
 
 
 def ingest_events(client: redis.Redis) -> IngestResult:
@@ -549,6 +580,7 @@ def ingest_metrics(client: redis.Redis) -> IngestResult:
         metrics_stream,
         parse_metrics,
         store_metrics,
+        routers_own=router_metrics_stream,
         delete_acknowledged=True,
     )
 

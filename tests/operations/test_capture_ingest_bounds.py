@@ -1,4 +1,4 @@
-"""Capture ingest cannot be wedged and keeps no prompt fingerprint (issue 61, items 2, 3).
+"""Capture ingest cannot be wedged and keeps no prompt fingerprint.
 
 Ingest stores capture entries in committed slices within a per-run byte budget, so a run
 always ends before its task's time limit and what it stored stays stored; a request the

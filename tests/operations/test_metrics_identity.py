@@ -1,4 +1,4 @@
-"""Metrics only under the sending router's own identity (issue 61, item 8): a router's
+"""Metrics only under the sending router's own identity: a router's
 Redis user may write metrics to its own stream only (tests/drills/test_redis_acl_drill.py),
 and ingest files what it reads there under that router alone. One record of 200k samples
 filed under a sibling's name made a minute's samples 100% forged, enough to pass a canary:

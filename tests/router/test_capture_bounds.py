@@ -1,4 +1,4 @@
-"""The router's capture buffer, in process (issue 61, items 3 and the capture buffer): the
+"""The router's capture buffer, in process: the
 block hashes leave the router as keyed digests only, a prompt sends at most
 MAX_CAPTURE_BLOCKS blocks, a stream entry at most CAPTURE_BATCH_BLOCKS, and while Redis
 is away the buffer is bounded in blocks as well as in requests."""

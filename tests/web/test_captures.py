@@ -179,7 +179,7 @@ def test_a_capture_replays_from_the_replay_form(as_role, cluster, settings, tmp_
 
 
 def test_a_download_is_streamed_in_bounded_chunks_and_audited(as_role, cluster, users, monkeypatch):
-    """Issue 61, item 4: under ASGI a sync iterator is read whole before it is sent; the
+    """Under ASGI a sync iterator is read whole before it is sent; the
     download is an async iterator of chunks of a few rows (or block ids) each, with the
     same lines as the export a replay reads, and each download is audited."""
     from controlplane.services import captures

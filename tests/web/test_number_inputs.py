@@ -1,8 +1,8 @@
-"""A typo never goes live (issue 61, item 1): every form posts its numbers as text, and one
+"""A typo never goes live: every form posts its numbers as text, and one
 strict reader (controlplane/services/numbers.py) refuses what is not a number, naming the
 field, before anything is stored or activated. A blank field means the default, and every
 form says so next to it; a guard is turned off (null) only by typing ``none``. The replay
-form caps max_requests as the API does (item 7)."""
+form caps max_requests as the API does."""
 
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(
 def test_old_capture_exports_are_pruned_unless_a_pending_job_reads_them(
     cluster, traces, settings
 ) -> None:
-    """Issue 61: every replay of a capture wrote an export that was never deleted."""
+    """Every replay of a capture writes an export: it must not stay forever."""
     from controlplane.services.traces import captures_dir
 
     captures_dir().mkdir(parents=True)

@@ -69,3 +69,17 @@ def _bounded(value: N, field: str, minimum: float | None, maximum: float | None)
         )
         raise ServiceError(f"{field} must be {span}", field)
     return value
+
+
+def digits(text: object) -> int | None:
+    """``text`` if it is ASCII digits only, at most `MAX_WHOLE_DIGITS` of them, as an int;
+    else None. For ids in query strings and form choices: a longer one names no row (and
+    past 4,300 digits Python refuses to convert it at all)."""
+    if (
+        isinstance(text, str)
+        and text.isascii()
+        and text.isdigit()
+        and len(text) <= MAX_WHOLE_DIGITS
+    ):
+        return int(text)
+    return None

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard
 
 from django.conf import settings
 
+from . import numbers
 from .errors import ServiceError
 
 TRACE_SUFFIXES = (".jsonl", ".csv")
@@ -229,8 +230,8 @@ def _row_problem(fmt: str, row: Any, bound: Bound) -> str | None:
 
 def _length(row: dict[str, Any], field: str, bound: Bound, text: bool = False) -> str | None:
     value = row.get(field)
-    if text and isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value)
+    if text and isinstance(value, str) and (whole := numbers.digits(value.strip())) is not None:
+        value = whole
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         return f"{field} {value!r} is not a token count (a whole number, 0 or more)"
     if value > bound.tokens:

@@ -80,7 +80,7 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
     """The form's options (with the chosen shared trace unless a file was uploaded); every
     unreadable value is refused together."""
     data = request.POST
-    chosen = {int(pk) for pk in data.getlist("policies") if pk.isascii() and pk.isdigit()}
+    chosen = {pk for pk in map(numbers.digits, data.getlist("policies")) if pk is not None}
     problems = Problems()
     max_requests = data.get("max_requests", "").strip()
     picked = [p for p in reads.policies(cluster.pk) if p.pk in chosen]

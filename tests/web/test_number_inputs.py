@@ -116,3 +116,25 @@ def test_the_replay_form_caps_max_requests_as_the_api_does(
     assert response.status_code == 400
     assert "max_requests" in response.content.decode()
     assert not ReplayJob.objects.filter(cluster=cluster).exists()
+
+
+HUGE = "9" * 5000  # past Python's 4,300-digit limit on int(): a ValueError, a 500 before
+
+
+def test_huge_ids_in_query_strings_and_forms_are_a_400_not_a_500(as_role, cluster) -> None:
+    viewer, operator = as_role("viewer"), as_role("operator")
+    canary = reverse("web:canary", args=[cluster.pk])
+    for value in (HUGE, "9" * 19):
+        assert viewer.get(canary, {"from_replay": value}).status_code == 400
+    assert viewer.get(canary, {"from_replay": "12345"}).status_code == 404  # not a replay
+    for page in ("web:hotspots", "web:audit"):
+        assert viewer.get(reverse(page), {"cluster": HUGE}).status_code == 400
+    replay = operator.post(
+        reverse("web:replay_create", args=[cluster.pk]), {"trace": "x", "policies": HUGE}
+    )
+    assert replay.status_code == 400
+    created = operator.post(
+        reverse("web:canary_create", args=[cluster.pk]),
+        {"name": "c", "baseline_policy": HUGE, "source_replay": HUGE},
+    )
+    assert created.status_code == 400

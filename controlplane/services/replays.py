@@ -99,7 +99,7 @@ def request_uploaded_replay(
     trace = traces.store_upload(filename, chunks)
     try:
         return request_replay(actor, cluster_id, trace=trace, **options)
-    except ServiceError:
+    except BaseException:  # refused, or anything else: no upload stays behind without a job
         traces.discard_upload(trace)
         raise
 

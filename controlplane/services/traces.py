@@ -80,7 +80,7 @@ def store_upload(filename: str, chunks: Iterable[bytes]) -> str:
     try:
         _write_bounded(path, chunks, limit)
         trace_format(path)
-    except ServiceError:
+    except BaseException:  # refused, or anything else: the file never stays behind
         path.unlink(missing_ok=True)
         raise
     return trace
@@ -131,6 +131,8 @@ def trace_format(path: Path) -> str:
         return detect_format(path)
     except (TraceFormatError, UnicodeDecodeError, ValueError) as error:
         raise ServiceError(f"{UNSUPPORTED}: {_without_path(str(error), path)}", "upload") from None
+    except RecursionError:  # JSON nested deeper than any trace's
+        raise ServiceError(f"{UNSUPPORTED}: JSON nested too deep", "upload") from None
 
 
 def model_context(model: str) -> int:
@@ -169,6 +171,8 @@ def check_trace(path: Path, model: str) -> int:
             rows += 1
     except UnicodeDecodeError:
         raise ServiceError(f"{UNSUPPORTED}: the file is not UTF-8 text", "trace") from None
+    except csv.Error as error:  # a field over csv's limit (128 KiB), a NUL
+        raise ServiceError(f"trace row {rows + 2}: not CSV ({error})", "trace") from None
     if not rows:
         raise ServiceError("the trace holds no request", "trace")
     return rows
@@ -183,6 +187,8 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 yield number, json.loads(line)
             except ValueError as error:
                 raise ServiceError(f"trace row {number}: not JSON ({error})", "trace") from None
+            except RecursionError:
+                raise ServiceError(f"trace row {number}: JSON nested too deep", "trace") from None
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -251,7 +257,10 @@ def _hash_ids(ids: Any, most: int) -> str | None:
 
 
 def _number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number (an int of any length too: math.isfinite would overflow on it)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _iso_time(value: Any) -> bool:

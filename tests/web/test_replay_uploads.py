@@ -120,6 +120,37 @@ def test_an_accepted_upload_is_kept_for_its_job(as_role, cluster, traces, dispat
     ]
 
 
+ROW = '"input_length": 10, "output_length": 2, "hash_ids": [1]'
+CSV_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "says"),
+    [
+        ("deep.jsonl", '{"a":' * 200_000 + "1" + "}" * 200_000 + "\n", "nested too deep"),
+        (
+            "deep-second.jsonl",
+            '{"timestamp": 0, ' + ROW + "}\n" + "[" * 200_000 + "]" * 200_000 + "\n",
+            "trace row 2: JSON nested too deep",
+        ),
+        ("digits.jsonl", '{"timestamp": ' + "9" * 400 + ", " + ROW + "}\n", "is not a time"),
+        (
+            "wide.csv",
+            CSV_HEAD + "2024-01-01 00:00:00,10,2\n" + "x" * (200 * 1024) + ",1,1\n",
+            "not CSV",
+        ),
+    ],
+)
+def test_hostile_uploads_get_a_400_and_leave_nothing_on_disk(
+    as_role, cluster, traces, dispatched, name, body, says
+) -> None:
+    upload = SimpleUploadedFile(name, body.encode())
+    response = create(as_role("operator"), cluster, upload=upload, policies=policy_ids(cluster)[:1])
+    assert response.status_code == 400
+    assert says in response.content.decode()
+    assert stored_uploads() == [] and not ReplayJob.objects.exists()
+
+
 def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(
     cluster,
     traces,

@@ -87,6 +87,13 @@ def required_secret_key() -> str:
 
 DEBUG = env_bool("SWITCHYARD_DEBUG", False)
 SECRET_KEY = required_secret_key()
+# Rotating the key: the old one here (comma-separated) until every router has restarted;
+# sessions signed with it stay valid, and routers keep accepting peer batches signed with
+# the key derived from it (controlplane/router_fleet/identity.py). A canary keeps the salt
+# it was published with (controlplane/services/config.py), so no session changes arm.
+SECRET_KEY_FALLBACKS = [
+    key.strip() for key in env("SWITCHYARD_SECRET_KEY_FALLBACKS", "").split(",") if key.strip()
+]
 ALLOWED_HOSTS = [h for h in env("SWITCHYARD_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [
     o

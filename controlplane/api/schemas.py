@@ -313,14 +313,9 @@ class ConfigVersionOut(Schema):
 
     @staticmethod
     def resolve_document(version: Any) -> dict[str, Any]:
-        document = dict(version.document)
-        canary = document.get("canary")
-        if isinstance(canary, dict) and "salt" in canary:
-            document["canary"] = {**canary, "salt": "(hidden)"}
-        capture = document.get("capture")
-        if isinstance(capture, dict) and "salt" in capture:
-            document["capture"] = {**capture, "salt": "(hidden)"}
-        return document
+        from controlplane.services.config import without_secrets
+
+        return without_secrets(version.document)
 
 
 class RouterDeploymentIn(Schema):

@@ -198,6 +198,7 @@ def _delete(actor: Actor, cluster: Cluster, capture: TrafficCapture, reason: str
     audit.record(
         actor, "capture.delete", capture, before=before, after=after, reason=reason, cluster=cluster
     )
+    config.forget_capture_salt(cluster, capture.pk)
     capture.delete()
     for path in [exported, *exports]:
         path.unlink(missing_ok=True)

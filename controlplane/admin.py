@@ -12,6 +12,7 @@ the UI and the API do.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.contrib import admin, messages
@@ -23,7 +24,7 @@ from django.forms import ModelForm
 from django.http import HttpRequest
 
 from controlplane import models
-from controlplane.services import accounts, clusters
+from controlplane.services import accounts, clusters, config
 from controlplane.services.audit import Actor
 from controlplane.services.errors import ServiceError
 from controlplane.services.roles import has_role
@@ -172,8 +173,16 @@ class RouterEventAdmin(ServiceOwnedAdmin):
 
 @admin.register(models.ConfigVersion)
 class ConfigVersionAdmin(ServiceOwnedAdmin):
+    """The document as the API shows it: no canary salt, no capture digest key."""
+
     list_display = ("cluster", "number", "created_by", "created_at")
     list_filter = ("cluster",)
+    exclude = ("document",)
+    readonly_fields = ("shown_document",)
+
+    @admin.display(description="document (salts hidden)")
+    def shown_document(self, version: models.ConfigVersion) -> str:
+        return json.dumps(config.without_secrets(version.document), indent=2, sort_keys=True)
 
 
 @admin.register(models.CanaryJudgement)

@@ -6,6 +6,7 @@ working local default (Postgres and Redis on 127.0.0.1), so a fresh checkout run
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -86,6 +87,13 @@ def required_secret_key() -> str:
 
 DEBUG = env_bool("SWITCHYARD_DEBUG", False)
 SECRET_KEY = required_secret_key()
+# Rotating the key: the old one here (comma-separated) until every router has restarted;
+# sessions signed with it stay valid, and routers keep accepting peer batches signed with
+# the key derived from it (controlplane/router_hosts/identity.py). A canary keeps the salt
+# it was published with (controlplane/services/config.py), so no session changes arm.
+SECRET_KEY_FALLBACKS = [
+    key.strip() for key in env("SWITCHYARD_SECRET_KEY_FALLBACKS", "").split(",") if key.strip()
+]
 ALLOWED_HOSTS = [h for h in env("SWITCHYARD_ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 CSRF_TRUSTED_ORIGINS = [
     o
@@ -263,10 +271,28 @@ SWITCHYARD_MAX_BODY_BYTES = int(env("SWITCHYARD_MAX_BODY_BYTES", str(1024 * 1024
 SWITCHYARD_MAX_TRACE_UPLOAD_BYTES = int(
     env("SWITCHYARD_MAX_TRACE_UPLOAD_BYTES", str(64 * 1024 * 1024))
 )
+
+
+def retention_days(name: str, default: str) -> float:
+    """A retention period in days, from 0.05 (72 minutes) to 100 years (``inf`` broke
+    every run of its task, ``-1`` deleted everything at once); else the process stops,
+    naming the variable."""
+    value = env(name, default).strip()
+    try:
+        days = float(value)
+    except ValueError:
+        days = math.nan
+    if not (value.replace(".", "", 1).isdigit() and 0.05 <= days <= 36_500):
+        raise ImproperlyConfigured(
+            f"{name} must be a number of days from 0.05 to 36500 (e.g. 30), not {value!r}."
+        )
+    return days
+
+
 # Uploaded traces no job has used for this long are deleted by the `prune-uploads` task.
-SWITCHYARD_UPLOAD_RETENTION_DAYS = float(env("SWITCHYARD_UPLOAD_RETENTION_DAYS", "7"))
+SWITCHYARD_UPLOAD_RETENTION_DAYS = retention_days("SWITCHYARD_UPLOAD_RETENTION_DAYS", "7")
 # Stopped traffic captures (controlplane/services/captures.py) are deleted this long after.
-SWITCHYARD_CAPTURE_RETENTION_DAYS = float(env("SWITCHYARD_CAPTURE_RETENTION_DAYS", "30"))
+SWITCHYARD_CAPTURE_RETENTION_DAYS = retention_days("SWITCHYARD_CAPTURE_RETENTION_DAYS", "30")
 
 LOGGING = {
     "version": 1,

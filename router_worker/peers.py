@@ -29,7 +29,9 @@ it starts, in the environment, with their token: ``SWITCHYARD_PEER_KEY``; an old
 ``SWITCHYARD_PEER_KEY_PREVIOUS`` is still accepted while keys rotate). A router without a
 key does not sync. A payload is refused before it is parsed when it is larger than
 ``MAX_PAYLOAD_BYTES``, unsigned, signed with an unknown key or badly; a batch older than
-``MAX_SKEW_S`` or not newer than the sender's last (``seq``) is a replay. Values are
+``MAX_SKEW_S`` or not newer than the sender's last (``seq``) is a replay, and so is one of
+a dropped peer's process not newer than its last (remembered for twice ``MAX_SKEW_S``) or
+of another process no newer (``at``) than the live one's last. Values are
 bounded (``MAX_PROMPT_TOKENS``, ``MAX_BLOCKS``), and so are the peers a router holds
 (``MAX_PEERS``) and the records per peer (``MAX_RECORDS_PER_PEER``). Every refused payload
 or message is counted (``switchyard_router_peer_malformed_total{reason}``) and skipped on
@@ -338,6 +340,7 @@ class _Peer:
     last_seen: float
     records: dict[str, float] = field(default_factory=dict)  # namespaced id -> applied at
     seq: int = -1  # the last batch's
+    at: float = 0.0  # the last batch's own time (the sender's clock)
 
 
 class PeerBook:
@@ -346,6 +349,9 @@ class PeerBook:
     def __init__(self, state: ClusterState) -> None:
         self.state = state
         self.peers: dict[str, _Peer] = {}
+        # dropped peers' (router, nonce) -> (last seq, dropped at): a batch of theirs seen
+        # again within MAX_SKEW_S (a captured one, replayed) is not a new peer
+        self.retired: dict[tuple[str, str], tuple[int, float]] = {}
 
     def apply(self, batch: PeerBatch, now: float, count: Callable[[str, str], None]) -> None:
         """Apply a batch; ``count(outcome, label)`` is told of each message's fate
@@ -374,7 +380,13 @@ class PeerBook:
         """The batch's sender, None (counted) when the batch is a replay or one peer too
         many."""
         peer = self.peers.get(batch.router)
-        if peer is not None and peer.nonce == batch.nonce and batch.seq <= peer.seq:
+        retired = self.retired.get((batch.router, batch.nonce))
+        if (
+            (peer is not None and peer.nonce == batch.nonce and batch.seq <= peer.seq)
+            or (retired is not None and batch.seq <= retired[0])
+            # another process's batch no newer than the live one's: a replay of the past
+            or (peer is not None and peer.nonce != batch.nonce and batch.at <= peer.at)
+        ):
             count("malformed", "replayed")
             return None
         if peer is not None and peer.nonce != batch.nonce:  # restarted under the same name
@@ -385,7 +397,8 @@ class PeerBook:
                 count("malformed", "too_many_peers")
                 return None
             peer = self.peers[batch.router] = _Peer(batch.nonce, now)
-        peer.last_seen, peer.seq = now, batch.seq
+        peer.last_seen, peer.seq, peer.at = now, batch.seq, batch.at
+        self.retired.pop((batch.router, batch.nonce), None)
         return peer
 
     def _dispatch(self, peer: _Peer, message: PeerDispatch, now: float) -> tuple[str, str]:
@@ -424,6 +437,9 @@ class PeerBook:
         self, now: float, timeout_s: float, max_age_s: float, count: Callable[[str, str], None]
     ) -> None:
         """Drop silent peers' records, and records older than ``max_age_s``."""
+        for key, (_, dropped_at) in list(self.retired.items()):
+            if now - dropped_at > 2 * MAX_SKEW_S:  # its batches are stale by now anyway
+                del self.retired[key]
         for name, peer in list(self.peers.items()):
             if now - peer.last_seen > timeout_s:
                 self.drop_peer(name, now, count, "peer_timeout")
@@ -439,6 +455,8 @@ class PeerBook:
         peer = self.peers.pop(name, None)
         if peer is None:
             return
+        if len(self.retired) < MAX_PEERS * 4:
+            self.retired[name, peer.nonce] = (peer.seq, now)
         for request_id in list(peer.records):
             self._forget(peer, request_id, now)
             count("dropped", reason)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from router_worker.capture import CAPTURE_BUFFER, CaptureBuffer
+from router_worker.capture import CAPTURE_BUFFER, CAPTURE_BUFFER_BLOCKS, CaptureBuffer
 from router_worker.contract import telemetry as contract
 
 log = logging.getLogger("router_worker.telemetry")
@@ -373,20 +373,25 @@ class Telemetry:
             count, self._dropped_unreported = self._dropped_unreported, 0
             self.event("events_dropped", count=count)
         await self._flush_queue(redis, self._events, contract.events_stream)
-        await self._flush_queue(redis, self._records, contract.metrics_stream)
+        await self._flush_queue(redis, self._records, self._own_metrics_stream)
         await self._flush_decisions(redis)
         await self._flush_capture(redis)
 
+    def _own_metrics_stream(self, cluster: str) -> str:
+        return contract.router_metrics_stream(cluster, self.router)
+
     async def _flush_capture(self, redis: Any) -> None:
         """Captured requests, digested here (off the request path), to the capture stream;
-        while Redis is down the newest `CAPTURE_BUFFER` requests wait, the rest are
-        counted in ``capture.dropped``."""
+        while Redis is down the newest `CAPTURE_BUFFER` requests (of `CAPTURE_BUFFER_BLOCKS`
+        blocks at most) wait, the rest are counted in ``capture.dropped``."""
         context = self.max_model_len_source() if self.max_model_len_source else None
         self._captured.extend(self.capture.drain(self.cluster, self.router, context))
         waiting = sum(len(batch.requests) for batch in self._captured)
-        while waiting > CAPTURE_BUFFER:
+        blocks = sum(_batch_blocks(batch) for batch in self._captured)
+        while waiting > CAPTURE_BUFFER or blocks > CAPTURE_BUFFER_BLOCKS:
             oldest = self._captured.popleft()
             waiting -= len(oldest.requests)
+            blocks -= _batch_blocks(oldest)
             self.capture.dropped += len(oldest.requests)
         await self._flush_queue(redis, self._captured, contract.capture_stream)
 
@@ -491,3 +496,8 @@ def _p50_p99(column: np.ndarray) -> tuple[float | None, float | None]:
         return None, None
     p50, p99 = np.percentile(known, (50, 99))
     return float(p50), float(p99)
+
+
+def _batch_blocks(batch: contract.CaptureBatch) -> int:
+    """A digested batch's blocks (8 bytes each, as base64 of 4 characters per 3 bytes)."""
+    return sum(len(request.block_hashes) * 3 // 32 for request in batch.requests)

@@ -98,7 +98,8 @@ def capture_rows() -> None:
     block hashes, the session digest, the batch's JSON) and at the control plane's ingest
     (the keyed digests of the block hashes), for prompts sharing a system prompt (the
     shared blocks' digests come from the cache) and for unique ones."""
-    from router_worker.capture import CaptureBuffer, CaptureKey
+    from router_worker.capture import CaptureBuffer
+    from router_worker.contract.capture import CaptureKey
     from router_worker.contract.config import CaptureSpec
     from router_worker.routing import build_features
 

@@ -63,7 +63,8 @@ def list_judgements(request: HttpRequest, canary_id: Id):
 @paginate(Pages)
 def canary_timeline(request: HttpRequest, canary_id: Id):
     """The judgements oldest first, with each run of repeats (a step halted while samples
-    accumulate) collapsed into one row with its count and time span."""
+    accumulate) collapsed into one row with its count and time span (read from the
+    database a chunk at a time: only the collapsed rows are held)."""
     return [
         {
             "first_id": row.first.pk,
@@ -76,7 +77,9 @@ def canary_timeline(request: HttpRequest, canary_id: Id):
             "action": row.last.action,
             "evidence": row.last.evidence,
         }
-        for row in canary_selectors.timeline(canary_selectors.judgements(canary_id))
+        for row in canary_selectors.timeline(
+            canary_selectors.judgements(canary_id).iterator(chunk_size=500)
+        )
     ]
 
 

@@ -103,7 +103,8 @@ def capture_trace(request: HttpRequest, capture_id: Id):
     """The capture as Bailian-form JSONL (what the Capture tab's Download gives)."""
     capture = _capture(capture_id)
     response = StreamingHttpResponse(
-        capture_services.export_lines(capture), content_type="application/x-ndjson"
+        capture_services.download(actor_of(request), capture),
+        content_type="application/x-ndjson",
     )
     response["Content-Disposition"] = f'attachment; filename="capture-{capture.pk}.jsonl"'
     return response

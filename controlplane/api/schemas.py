@@ -323,14 +323,9 @@ class ConfigVersionOut(Schema):
 
     @staticmethod
     def resolve_document(version: Any) -> dict[str, Any]:
-        document = dict(version.document)
-        canary = document.get("canary")
-        if isinstance(canary, dict) and "salt" in canary:
-            document["canary"] = {**canary, "salt": "(hidden)"}
-        capture = document.get("capture")
-        if isinstance(capture, dict) and "salt" in capture:
-            document["capture"] = {**capture, "salt": "(hidden)"}
-        return document
+        from controlplane.services.config import without_secrets
+
+        return without_secrets(version.document)
 
 
 class RouterDeploymentIn(Schema):
@@ -474,7 +469,7 @@ class ReplayIn(Schema):
         max_length=4,
         description="Loads to replay at (rate scales); default [rate_scale].",
     )
-    max_requests: int | None = Field(None, ge=1, le=10_000_000)
+    max_requests: int | None = Field(None, ge=1, le=10_000_000)  # services.replays.MAX_REQUESTS
     seed: int = Field(0, ge=0, le=2**31 - 65)
     seeds: int = Field(1, ge=1, le=10, description="Seeds per policy and load: seed, seed+1…")
     reason: Reason = ""

@@ -18,38 +18,49 @@ routed under, status, measured TTFT/TPOT). Replays name it ``capture:<id>``.
 from __future__ import annotations
 
 import json
-import math
+import logging
 import os
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
 import numpy as np
+from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
+from django.db.models import F, Func, Q
 from django.utils import timezone
 from pydantic import Field
 
 from controlplane.models import CapturedRequest, Cluster, TrafficCapture
 from router_worker.contract.capture import CaptureKey
-from router_worker.contract.telemetry import CaptureBatch, CaptureRecord, decode_block_hashes
+from router_worker.contract.telemetry import (
+    MAX_CAPTURE_BLOCKS,
+    MAX_CAPTURE_ENTRY_BYTES,
+    CaptureBatch,
+    CaptureRecord,
+    decode_block_hashes,
+)
 
-from . import audit, config
+from . import audit, config, numbers
 from .audit import Actor
 from .clusters import locked_cluster
 from .errors import Conflict, NotFound, Problems, ServiceError
 from .fields import max_length
-from .ingest import INT_COLUMN, LATEST_UNIX, PoisonEntry
+from .ingest import INT_COLUMN, LATEST_UNIX, PoisonEntry, entry_bytes
 from .traces import captures_dir
 
+log = logging.getLogger(__name__)
 DEFAULT_MAX_REQUESTS = 100_000
 MAX_REQUESTS = 2_000_000
 DEFAULT_MAX_MINUTES = 60
 MAX_MINUTES = 7 * 24 * 60
 SYSTEM = Actor.system("capture")
 EXPORT_CHUNK = 2_000  # rows read from Postgres at a time while exporting
+EXPORT_BLOCKS = 262_144  # block ids read at a time (a chunk of long prompts is fewer rows)
 NAME_CHARS = 64
 
 
@@ -189,6 +200,7 @@ def _delete(actor: Actor, cluster: Cluster, capture: TrafficCapture, reason: str
     audit.record(
         actor, "capture.delete", capture, before=before, after=after, reason=reason, cluster=cluster
     )
+    config.forget_capture_salt(cluster, capture.pk)
     capture.delete()
     for path in [exported, *exports]:
         path.unlink(missing_ok=True)
@@ -209,26 +221,33 @@ def _name(name: Any) -> str:
 
 
 def _time_scale(value: Any) -> float:
-    if value is None or value == "":
+    if value is None or (isinstance(value, str) and not value.strip()):
         return 1.0
-    try:
-        scale = float(value)
-    except (TypeError, ValueError):
-        scale = math.nan
-    if isinstance(value, bool) or not 0.001 <= scale <= 1000:
-        raise ServiceError(
-            "engine_time_scale must be a number from 0.001 to 1000", "engine_time_scale"
-        )
-    return scale
+    refused = ServiceError(
+        "engine_time_scale must be a number from 0.001 to 1000", "engine_time_scale"
+    )
+    if isinstance(value, str):  # a form's text, read as every form reads numbers
+        try:
+            value = numbers.number(value, "engine_time_scale")
+        except ServiceError:
+            raise refused from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.001 <= value <= 1000:
+        raise refused
+    return float(value)
 
 
 def _bounded(value: Any, default: int, most: int, field: str) -> int:
-    if value is None or value == "":
+    """A form's text (read as every form reads numbers; blank: ``default``) or an int."""
+    if value is None or (isinstance(value, str) and not value.strip()):
         return default
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value.strip())
+    refused = ServiceError(f"{field} must be a whole number from 1 to {most}", field)
+    if isinstance(value, str):
+        try:
+            value = numbers.whole_number(value, field)
+        except ServiceError:
+            raise refused from None
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
-        raise ServiceError(f"{field} must be a whole number from 1 to {most}", field)
+        raise refused
     return value
 
 
@@ -236,7 +255,8 @@ def _bounded(value: Any, default: int, most: int, field: str) -> int:
 
 Latency = Annotated[float, Field(ge=0, le=3600)]
 Tokens = Annotated[int, Field(ge=0, le=INT_COLUMN)]
-MAX_BLOCKS = 65_536  # a million tokens in 16-token blocks
+MAX_BLOCKS = MAX_CAPTURE_BLOCKS  # a million tokens in 16-token blocks
+_ID_MASK = (1 << 63) - 1  # ids are signed 64-bit (the column, every trace reader)
 
 
 class StorableRequest(CaptureRecord):
@@ -246,7 +266,8 @@ class StorableRequest(CaptureRecord):
     prompt_tokens: Tokens
     output_tokens: Tokens
     block_size: int = Field(ge=1, le=4096)
-    block_hashes: str = Field(default="", max_length=MAX_BLOCKS * 8 * 4 // 3 + 4)
+    # a router from before the cap may send more blocks: the first MAX_BLOCKS are kept
+    block_hashes: str = Field(default="", max_length=MAX_CAPTURE_ENTRY_BYTES)
     session: str | None = Field(default=None, max_length=32)
     turn: int | None = Field(default=None, ge=0, le=INT_COLUMN)
     instance: str = Field(default="", max_length=64)
@@ -258,14 +279,21 @@ class StorableRequest(CaptureRecord):
 
 
 class StorableBatch(CaptureBatch):
+    """The batch's own fields checked; its requests one by one at storage (`store_batch`),
+    so one request the rows cannot hold (an oversize prompt, a negative count) is dropped
+    and counted, never its whole batch."""
+
     id: str = Field(min_length=1, max_length=64)
     max_model_len: int | None = Field(default=None, ge=1, le=INT_COLUMN)
     router: str = Field(min_length=1, max_length=64)
     capture: int = Field(ge=1, le=2**63 - 1)
-    requests: list[StorableRequest]  # type: ignore[assignment]
+    requests: list[dict[str, Any]]  # type: ignore[assignment]
 
 
 def parse_batch(fields: dict) -> CaptureBatch:
+    size = entry_bytes(fields)
+    if size > MAX_CAPTURE_ENTRY_BYTES:  # a router bounds its entries below this
+        raise PoisonEntry(f"{size} bytes, more than {MAX_CAPTURE_ENTRY_BYTES}")
     return StorableBatch.from_stream_fields(fields)
 
 
@@ -281,11 +309,15 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
     capture = locked.captures.select_for_update().filter(pk=batch.capture).first()
     if capture is None or CapturedRequest.objects.filter(batch=batch.id).exists():
         return False
-    wanted = _admissible(capture, batch.requests)
-    room = max(0, capture.max_requests - capture.requests)
-    kept = wanted[:room]
     key = CaptureKey(capture.salt)
-    CapturedRequest.objects.bulk_create(_row(capture, batch, r, key) for r in kept)
+    rows = [
+        row
+        for row in (_row(capture, batch, raw, key) for raw in batch.requests)
+        if row is not None and _admitted(capture, row.at)
+    ]
+    room = max(0, capture.max_requests - capture.requests)
+    kept = rows[:room]
+    CapturedRequest.objects.bulk_create(kept)
     capture.requests += len(kept)
     capture.dropped += len(batch.requests) - len(kept)
     if batch.max_model_len is not None:  # the smallest any router saw
@@ -299,27 +331,31 @@ def store_batch(batch: CaptureBatch, clusters: dict[str, Cluster]) -> bool:
 
 
 def _row(
-    capture: TrafficCapture, batch: CaptureBatch, request: CaptureRecord, key: CaptureKey
-) -> CapturedRequest:
-    """The stored row: the block hashes as keyed digests (ValueError: not block hashes)."""
-    fields = request.model_dump(exclude={"block_hashes"})
-    hashes = decode_block_hashes(request.block_hashes, MAX_BLOCKS)
+    capture: TrafficCapture, batch: CaptureBatch, raw: Any, key: CaptureKey
+) -> CapturedRequest | None:
+    """The stored row, its block hashes as keyed digests (keyed by the router, or here for
+    a router from before keying); None for a request the rows cannot hold (dropped)."""
+    try:
+        request = StorableRequest.model_validate(raw)
+        hashes = decode_block_hashes(request.block_hashes, MAX_CAPTURE_ENTRY_BYTES // 8)
+    except ValueError as error:  # pydantic's ValidationError is one
+        log.info("capture %s: a request of batch %s dropped: %s", capture.pk, batch.id, error)
+        return None
+    hashes = hashes[:MAX_BLOCKS]
+    ids = [value & _ID_MASK for value in hashes] if batch.keyed else key.block_ids(hashes)
     return CapturedRequest(
         capture=capture,
         batch=batch.id,
         router=batch.router,
-        hash_ids=key.block_ids(hashes),
-        **fields,
+        hash_ids=ids,
+        **request.model_dump(exclude={"block_hashes"}),
     )
 
 
-def _admissible(capture: TrafficCapture, requests: list[CaptureRecord]) -> list[CaptureRecord]:
+def _admitted(capture: TrafficCapture, at: float) -> bool:
     """A stopped capture takes what arrived before its stop (routers flush every quarter
     second, so their last requests come in after it)."""
-    if capture.capturing or capture.stopped_at is None:
-        return list(requests)
-    end = capture.stopped_at.timestamp()
-    return [r for r in requests if r.at <= end]
+    return capture.capturing or capture.stopped_at is None or at <= capture.stopped_at.timestamp()
 
 
 def enforce_limits(now: Any = None) -> dict[str, int]:
@@ -358,20 +394,80 @@ def export_lines(capture: TrafficCapture, until: int | None = None) -> Iterator[
     own time (wall time ÷ ``engine_time_scale``, TTFT and TPOT too), one chat id per
     request, each session's requests chained by ``parent_chat_id``. ``until``: only the
     rows stored up to then (`last_row`), the capture as a replay job saw it."""
-    scale = capture.engine_time_scale or 1.0
-    last_of_session: dict[str, int] = {}
-    turns: dict[str, int] = {}
-    start: float | None = None
-    rows = _rows(capture, until).order_by("at", "pk")
-    for chat_id, row in enumerate(rows.iterator(chunk_size=EXPORT_CHUNK), 1):
-        start = row.at if start is None else start
+    export = Export(capture, until)
+    while chunk := export.next_chunk():
+        yield from chunk
+
+
+async def export_chunks(capture: TrafficCapture, until: int | None = None) -> AsyncIterator[str]:
+    """`export_lines` for a download under ASGI: an async generator, each chunk (at most
+    `EXPORT_CHUNK` rows and `EXPORT_BLOCKS` block ids) read in a thread of its own, so
+    the server sends the trace as it is read instead of building it whole in memory (a
+    sync iterator behind StreamingHttpResponse is read to its end first under ASGI)."""
+    export = Export(capture, until)
+    read = sync_to_async(export.next_chunk, thread_sensitive=True)
+    while chunk := await read():
+        yield "".join(chunk)
+
+
+def download(actor: Actor, capture: TrafficCapture) -> AsyncIterator[str]:
+    """The capture's trace for a download (`export_chunks`), the download audited: who
+    took which capture, with how many requests, from where."""
+    audit.record(
+        actor,
+        "capture.download",
+        capture,
+        after={"name": capture.name, "requests": capture.requests},
+        cluster=capture.cluster,
+    )
+    return export_chunks(capture)
+
+
+class Export:
+    """The rows of a capture in arrival order, read a bounded chunk at a time (by keyset,
+    so no cursor stays open between chunks), as trace lines."""
+
+    def __init__(self, capture: TrafficCapture, until: int | None = None) -> None:
+        self.capture, self.until = capture, until
+        self.scale = capture.engine_time_scale or 1.0
+        self.last_of_session: dict[str, int] = {}
+        self.turns: dict[str, int] = {}
+        self.start: float | None = None
+        self.chat_id = 0
+        self.after: tuple[float, int] | None = None  # the last row read: (at, pk)
+
+    def next_chunk(self) -> list[str]:
+        rows = _rows(self.capture, self.until)
+        if self.after is not None:
+            at, pk = self.after
+            rows = rows.filter(Q(at__gt=at) | Q(at=at, pk__gt=pk))
+        rows = rows.order_by("at", "pk")
+        head = rows.annotate(blocks=Func(F("hash_ids"), function="cardinality")).values_list(
+            "pk", "blocks"
+        )[:EXPORT_CHUNK]
+        taken: list[int] = []
+        blocks = 0
+        for pk, count in head:
+            if taken and blocks + (count or 0) > EXPORT_BLOCKS:
+                break
+            taken.append(pk)
+            blocks += count or 0
+        if not taken:
+            return []
+        lines = [self._line(row) for row in rows.filter(pk__in=taken)]
+        return lines
+
+    def _line(self, row: CapturedRequest) -> str:
+        self.chat_id += 1
+        self.after = (row.at, row.pk)
+        self.start = row.at if self.start is None else self.start
         parent, turn = -1, 1
         if row.session:
-            parent = last_of_session.get(row.session, -1)
-            turn = turns.get(row.session, 0) + 1
-            last_of_session[row.session], turns[row.session] = chat_id, turn
+            parent = self.last_of_session.get(row.session, -1)
+            turn = self.turns.get(row.session, 0) + 1
+            self.last_of_session[row.session], self.turns[row.session] = self.chat_id, turn
         turn = turn if row.turn is None else row.turn + 1
-        yield _line(row, chat_id, parent, turn, start, scale)
+        return _line(row, self.chat_id, parent, turn, self.start, self.scale)
 
 
 def _line(
@@ -413,6 +509,21 @@ def export_path(capture_id: int, until: int | None = None) -> Path:
     """``<id>.jsonl``, or ``<id>-<until>.jsonl`` for the capture as a job pinned it."""
     suffix = "" if until is None else f"-{until}"
     return captures_dir() / f"{capture_id}{suffix}.jsonl"
+
+
+def prune_exports(older_than_s: float, keep: set[str]) -> int:
+    """Delete capture exports (`export_for_replay`) last written more than ``older_than_s``
+    ago, except the files named in ``keep`` (those of jobs still waiting or running)."""
+    folder = captures_dir()
+    if not folder.is_dir():
+        return 0
+    cutoff = time.time() - older_than_s
+    deleted = 0
+    for path in folder.glob("*.jsonl"):
+        if path.name not in keep and path.is_file() and path.stat().st_mtime < cutoff:
+            path.unlink(missing_ok=True)
+            deleted += 1
+    return deleted
 
 
 def replay_max_model_len(trace: str) -> int | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from django.utils.crypto import salted_hmac
@@ -21,8 +22,47 @@ def active_canary(cluster: Cluster) -> CanarySplit | None:
 def canary_salt(canary: CanarySplit) -> str:
     """The canary's secret for its routers' session → arm hash (router_worker/arms.py):
     derived from SECRET_KEY, so a client cannot compute its session's arm, and fixed for
-    the canary's life, so a session stays in its arm across versions and routers."""
+    the canary's life, so a session stays in its arm across versions and routers: once
+    published, the salt its first config version carried (a SECRET_KEY rotated mid-canary
+    would otherwise move sessions between arms)."""
+    first = (
+        ConfigVersion.objects.filter(cluster_id=canary.cluster_id, document__canary__id=canary.pk)
+        .order_by("number")
+        .values_list("document", flat=True)
+        .first()
+    )
+    published = (first or {}).get("canary") or {}
+    salt = published.get("salt") if isinstance(published, dict) else None
+    if isinstance(salt, str) and len(salt) >= 16:
+        return salt
     return salted_hmac("switchyard.canary-arm", str(canary.pk)).hexdigest()[:32]
+
+
+def without_secrets(document: dict[str, Any]) -> dict[str, Any]:
+    """A router config document as people may read it (API, admin): the canary's
+    arm-assignment salt and the capture's digest key hidden (routers read them with
+    their token; a client who knew one could pick its arm or confirm a prompt)."""
+    shown = dict(document)
+    for section in ("canary", "capture"):
+        value = shown.get(section)
+        if isinstance(value, dict) and "salt" in value:
+            shown[section] = {**value, "salt": "(hidden)"}
+    return shown
+
+
+def forget_capture_salt(cluster: Cluster, capture_id: int) -> int:
+    """Replace a deleted capture's salt in the cluster's stored config versions with a
+    random one: the key of its digests must not outlive it. The one change a version ever
+    gets (an update, past ConfigVersion.save's immutability): the document stays valid
+    and routes the same, only the secret is gone. The count of versions scrubbed."""
+    scrubbed = 0
+    versions = ConfigVersion.objects.filter(cluster=cluster, document__capture__id=capture_id)
+    for pk, document in versions.values_list("pk", "document"):
+        capture = {**document["capture"], "salt": secrets.token_hex(32)}
+        scrubbed += ConfigVersion.objects.filter(pk=pk).update(
+            document={**document, "capture": capture}
+        )
+    return scrubbed
 
 
 def canary_document(canary: CanarySplit) -> dict[str, Any]:

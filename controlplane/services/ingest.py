@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,7 +31,13 @@ import redis
 from django.db import DataError, transaction
 from pydantic import Field, ValidationError
 
-from controlplane.models import Cluster, HotspotEvent, IngestedRecord, RouterEvent
+from controlplane.models import (
+    Cluster,
+    HotspotEvent,
+    IngestedRecord,
+    RouterDeployment,
+    RouterEvent,
+)
 from router_worker.contract.telemetry import (
     EVENTS_STREAM,
     METRICS_STREAM,
@@ -42,6 +49,7 @@ from router_worker.contract.telemetry import (
     capture_stream,
     events_stream,
     metrics_stream,
+    router_metrics_stream,
 )
 
 from . import rollups
@@ -52,6 +60,7 @@ GROUP = "controlplane-ingest"
 CONSUMER = "ingest"
 BATCH = 500
 
+CAPTURE_STREAM_PREFIX = capture_stream("")
 QUARANTINE_STREAM = "switchyard:quarantine"
 QUARANTINE_COUNTS = "switchyard:quarantine:counts"  # hash: source stream -> entries, ever
 QUARANTINE_MAXLEN = 1_000  # the newest entries stay inspectable; the counts never shrink
@@ -62,6 +71,11 @@ INT_COLUMN = 2**31 - 1  # models.IntegerField in Postgres
 MAX_EVENT_BYTES = 1024 * 1024  # a router's events are a few hundred bytes
 # A metrics record carries at most two samples per request it covers (a second's worth).
 MAX_METRICS_BYTES = 8 * 1024 * 1024
+# Capture ingest, per run of the task (every 2 s, 60 s soft limit): slices of ~4 MiB, each
+# one transaction; at most 64 MiB or 20 s, over every cluster's stream.
+CAPTURE_SLICE_BYTES = 4 * 1024 * 1024
+CAPTURE_RUN_BYTES = 64 * 1024 * 1024
+CAPTURE_RUN_S = 20.0
 
 
 class PoisonEntry(ValueError):
@@ -154,13 +168,13 @@ def ensure_group(client: redis.Redis, stream: str) -> None:
             raise
 
 
-def read_batch(client: redis.Redis, stream: str) -> list[tuple[bytes, dict]]:
+def read_batch(client: redis.Redis, stream: str, count: int = BATCH) -> list[tuple[bytes, dict]]:
     """Own pending entries first (left unacknowledged by a failed run), then new ones."""
     ensure_group(client, stream)
     for start in ("0", ">"):
         # a RESP2 reply, [[stream, entries]] (redis-py's type also admits RESP3's dict)
         response = cast(
-            "list[list[Any]]", client.xreadgroup(GROUP, CONSUMER, {stream: start}, count=BATCH)
+            "list[list[Any]]", client.xreadgroup(GROUP, CONSUMER, {stream: start}, count=count)
         )
         entries = response[0][1] if response else []
         if entries:
@@ -305,7 +319,24 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 
 
+def entry_bytes(fields: dict) -> int:
+    """The size of an entry's ``data`` (or of all its fields, for one of another shape)."""
+    return len(_raw_data(fields))
+
+
+_BLOCK_HASHES = re.compile(rb'("block_hashes"\s*:\s*)"[^"]*("|$)')
+
+
+def withhold_block_hashes(data: bytes) -> bytes:
+    """A capture entry as the quarantine keeps it: every prompt's block hashes withheld
+    (a router before keying sent them raw: a prompt's fingerprint, which a viewer of the
+    quarantine could confirm a guessed prompt against); the rest as it was."""
+    return _BLOCK_HASHES.sub(rb'\1"(withheld)"', data)
+
+
 def _quarantine_fields(source: str, entry_id: bytes | str, data: bytes, reason: str) -> dict:
+    if source.startswith(CAPTURE_STREAM_PREFIX):
+        data = withhold_block_hashes(data)
     return {
         "source": source,
         "entry_id": entry_id,
@@ -388,6 +419,39 @@ def _settle(
     pipe.execute()
 
 
+@dataclass
+class Budget:
+    """How much one ingest run of a stream kind takes on: entries are stored in slices of
+    about ``slice_bytes``, each committed and acknowledged on its own, until ``run_bytes``
+    (or ``run_s`` seconds) are spent; the rest waits, pending, for the next run. So no
+    input, however large or slow to store, makes a run outlast its task's time limit,
+    roll back and read the same entries again forever."""
+
+    slice_bytes: int
+    run_bytes: int
+    run_s: float
+    read_count: int = 16
+    spent_bytes: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def spent(self) -> bool:
+        return self.spent_bytes >= self.run_bytes or time.monotonic() - self.started >= self.run_s
+
+
+def _slices(entries: list[tuple[bytes, dict]], budget: Budget | None) -> list[list]:
+    if budget is None:
+        return [entries]
+    slices: list[list] = [[]]
+    size = 0
+    for entry in entries:
+        if slices[-1] and size >= budget.slice_bytes:
+            slices.append([])
+            size = 0
+        slices[-1].append(entry)
+        size += entry_bytes(entry[1])
+    return slices
+
+
 def _ingest(
     client: redis.Redis,
     stream: str,
@@ -396,16 +460,45 @@ def _ingest(
     *,
     delete_acknowledged: bool = False,
     only: str | None = None,
+    budget: Budget | None = None,
 ) -> IngestResult:
-    """One batch: store every entry (each in its own savepoint) in one transaction, then
-    quarantine the refused ones and acknowledge (and, for a stream nobody else reads,
-    delete) them all. From a cluster's own stream (``only``: its name), an entry of any
-    other cluster is quarantined: the routers writing there may speak for theirs only."""
-    entries = read_batch(client, stream)
-    result = IngestResult(read=len(entries))
-    if not entries:
-        return result
-    clusters = {c.name: c for c in Cluster.objects.all() if only is None or c.name == only}
+    """One batch (or, with a ``budget``, committed slices until it is spent): store every
+    entry (each in its own savepoint) in one transaction, then quarantine the refused ones
+    and acknowledge (and, for a stream nobody else reads, delete) them all. From a
+    cluster's own stream (``only``: its name), an entry of any other cluster is
+    quarantined: the routers writing there may speak for theirs only."""
+    result = IngestResult()
+    clusters: dict[str, Cluster] | None = None
+    while budget is None or not budget.spent():
+        entries = read_batch(client, stream, BATCH if budget is None else budget.read_count)
+        if not entries:
+            break
+        if clusters is None:
+            clusters = {c.name: c for c in Cluster.objects.all() if only is None or c.name == only}
+        for piece in _slices(entries, budget):
+            _ingest_slice(
+                client, stream, piece, parse, store, clusters, result, delete_acknowledged
+            )
+            if budget is not None:
+                budget.spent_bytes += sum(entry_bytes(fields) for _, fields in piece)
+                if budget.spent():
+                    break
+        if budget is None:
+            break
+    return result
+
+
+def _ingest_slice(
+    client: redis.Redis,
+    stream: str,
+    entries: list[tuple[bytes, dict]],
+    parse: Callable[[dict], Any],
+    store: Callable[[Any, dict[str, Cluster]], bool],
+    clusters: dict[str, Cluster],
+    result: IngestResult,
+    delete_acknowledged: bool,
+) -> None:
+    result.read += len(entries)
     poisoned: list[tuple[bytes, dict, str]] = []
     with transaction.atomic():
         for entry_id, fields in entries:
@@ -418,9 +511,8 @@ def _ingest(
                 result.duplicates += 1
     for entry_id, _, reason in poisoned:
         log.warning("%s entry %s quarantined: %s", stream, _text(entry_id), reason)
-    result.quarantined = len(poisoned)
+    result.quarantined += len(poisoned)
     _settle(client, stream, [entry_id for entry_id, _ in entries], poisoned, delete_acknowledged)
-    return result
 
 
 def _ingest_streams(
@@ -429,16 +521,25 @@ def _ingest_streams(
     own: Callable[[str], str],
     parse: Callable[[dict], Any],
     store: Callable[[Any, dict[str, Cluster]], bool],
+    routers_own: Callable[[str, str], str] | None = None,
     **options: Any,
 ) -> IngestResult:
     """A batch of the stream shared by every cluster (written by routers without a Redis
-    identity of their own), then one of each cluster's own stream."""
+    identity of their own), then one of each cluster's own stream, then (``routers_own``)
+    one of each router's own stream, whose entries are taken under that router's name
+    only."""
     total = IngestResult()
-    streams: list[tuple[str, str | None]] = [(shared, None)] if shared else []
-    streams += [(own(name), name) for name in Cluster.objects.values_list("name", flat=True)]
-    for stream, only in streams:
+    streams: list[tuple[str, str | None, Callable[[Any, dict[str, Cluster]], bool]]] = (
+        [(shared, None, store)] if shared else []
+    )
+    for name in Cluster.objects.values_list("name", flat=True):
+        streams.append((own(name), name, store))
+    if routers_own is not None:
+        pairs = RouterDeployment.objects.values_list("cluster__name", "name")
+        streams += [(routers_own(c, r), c, _as_sender(r, store)) for c, r in pairs]
+    for stream, only, stores in streams:
         try:
-            result = _ingest(client, stream, parse, store, only=only, **options)
+            result = _ingest(client, stream, parse, stores, only=only, **options)
         except redis.ResponseError as error:
             # A key of another type where a stream belongs (WRONGTYPE): that stream cannot
             # be read, and must not keep the other clusters' streams from being read.
@@ -448,6 +549,21 @@ def _ingest_streams(
         for counter in ("read", "stored", "duplicates", "quarantined"):
             setattr(total, counter, getattr(total, counter) + getattr(result, counter))
     return total
+
+
+def _as_sender(
+    router: str, store: Callable[[Any, dict[str, Cluster]], bool]
+) -> Callable[[Any, dict[str, Cluster]], bool]:
+    """``store`` for a router's own stream: a record there speaks for that router only."""
+
+    def owned(item: Any, clusters: dict[str, Cluster]) -> bool:
+        if item.router != router:
+            raise PoisonEntry(
+                f"a record of router {item.router[:80]!r} in router {router!r}'s own stream"
+            )
+        return store(item, clusters)
+
+    return owned
 
 
 def ingest_events(client: redis.Redis) -> IngestResult:
@@ -464,13 +580,15 @@ def ingest_metrics(client: redis.Redis) -> IngestResult:
         metrics_stream,
         parse_metrics,
         store_metrics,
+        routers_own=router_metrics_stream,
         delete_acknowledged=True,
     )
 
 
 def ingest_captures(client: redis.Redis) -> IngestResult:
     """Captured requests into their captures (routers write them to their cluster's own
-    stream only); stored entries are deleted, as for metrics."""
+    stream only); stored entries are deleted, as for metrics. In committed slices within
+    a budget (`Budget`): a captured prompt is large, and slow to store."""
     from . import captures
 
     return _ingest_streams(
@@ -480,6 +598,7 @@ def ingest_captures(client: redis.Redis) -> IngestResult:
         captures.parse_batch,
         captures.store_batch,
         delete_acknowledged=True,
+        budget=Budget(CAPTURE_SLICE_BYTES, CAPTURE_RUN_BYTES, CAPTURE_RUN_S),
     )
 
 

@@ -315,15 +315,30 @@ def judge_progressing() -> JudgeRun:
     return run
 
 
+ERROR_REPEAT_S = 600.0  # a judge error that persists is written again this often, not every run
+
+
 def _record_error(canary_id: int, reason: str) -> None:
+    """An ``error`` judgement on the canary's timeline; the same error on the same step,
+    already written within `ERROR_REPEAT_S`, is not written again (the judge runs every
+    10 s: a canary it cannot judge would gain a row each time, for ever)."""
     try:
         canary = CanarySplit.objects.get(pk=canary_id)
+        newest = canary.judgements.order_by("-at", "-pk").first()
+        reasons = [f"not judged: {reason}"]
+        if (
+            newest is not None
+            and (newest.verdict, newest.step_index) == ("error", canary.step_index)
+            and newest.evidence.get("reasons") == reasons
+            and (timezone.now() - newest.at).total_seconds() < ERROR_REPEAT_S
+        ):
+            return
         CanaryJudgement.objects.create(
             canary=canary,
             step_index=canary.step_index,
             verdict="error",
             action="skipped",
-            evidence={"verdict": "error", "reasons": [f"not judged: {reason}"]},
+            evidence={"verdict": "error", "reasons": reasons},
         )
     except Exception:  # already logged above; the run goes on
         log.exception("could not record the judge's error on canary %s", canary_id)

@@ -97,6 +97,16 @@ def record_progress(cell_id: int, fraction: float) -> None:
         _update_job_progress(job_id, now)
 
 
+def heartbeat(cell_id: int) -> None:
+    """The cell's worker is alive (a cell loading a large trace, or simulating long, says
+    so between its progress reports): its and its job's heartbeat, nothing else."""
+    now = timezone.now()
+    ReplayCell.objects.filter(pk=cell_id, state=ReplayCell.State.RUNNING).update(heartbeat_at=now)
+    job_id = ReplayCell.objects.filter(pk=cell_id).values_list("job_id", flat=True).first()
+    if job_id is not None:
+        ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).update(heartbeat_at=now)
+
+
 def _update_job_progress(job_id: int, now: Any) -> None:
     mean = ReplayCell.objects.filter(job_id=job_id).aggregate(p=Avg("progress"))["p"] or 0.0
     ReplayJob.objects.filter(pk=job_id, state=ReplayJob.State.RUNNING).update(
@@ -131,7 +141,9 @@ def finish_cell(cell_id: int, *, result: dict[str, Any] | None = None, error: st
 @transaction.atomic
 def finish_job(job_id: int) -> str | None:
     """End the job from its cells once none is queued or running; its state then, or
-    None while cells are still to run (or it is unknown)."""
+    None while cells are still to run (or it is unknown). Whatever combining the cells'
+    results raises (a cell stored nonsense, a value the database refuses), the job ends:
+    failed, with the reason."""
     job = ReplayJob.objects.select_for_update().filter(pk=job_id).first()
     if job is None:
         return None
@@ -144,17 +156,46 @@ def finish_job(job_id: int) -> str | None:
     failed = [cell for cell in cells if cell.state == ReplayCell.State.FAILED]
     error = "" if succeeded else _failure_summary(failed)
     try:
-        job.results = aggregate(job.inputs, cells) if succeeded else None
-        if job.results is not None:
-            job.results["fidelity"] = fidelity(job.inputs, job.results)
-    except (KeyError, IndexError, TypeError, ValueError) as problem:  # a cell stored nonsense
-        job.results, error = None, f"the cells' results could not be combined: {problem!r}"
+        with transaction.atomic():  # a savepoint: a database error here undoes only this
+            job.results = aggregate(job.inputs, cells) if succeeded else None
+            if job.results is not None:
+                job.results["fidelity"] = fidelity(job.inputs, job.results)
+            _end(job, error)
+    except Exception as problem:  # anything: the job must end
+        job.results = None
+        _end(job, f"the cells' results could not be combined: {type(problem).__name__}: {problem}")
+    return job.state
+
+
+def _end(job: ReplayJob, error: str) -> None:
     job.state = ReplayJob.State.FAILED if error else ReplayJob.State.SUCCEEDED
-    job.error = error
+    job.error = error[:2000]
     job.progress = 0.0 if error else 1.0
     job.finished_at = timezone.now()
     job.save(update_fields=["results", "state", "error", "progress", "finished_at"])
-    return job.state
+
+
+def fail_job(job_id: int, reason: str) -> str | None:
+    """End a job that could not be finished otherwise: failed, with ``reason``."""
+    ReplayJob.objects.filter(pk=job_id).exclude(state__in=TERMINAL).update(
+        state=ReplayJob.State.FAILED,
+        error=reason[:2000],
+        progress=0.0,
+        finished_at=timezone.now(),
+    )
+    return ReplayJob.objects.filter(pk=job_id).values_list("state", flat=True).first()
+
+
+def finish_settled() -> int:
+    """End every running job whose cells have all ended (each cell's task ends its job;
+    this catches one whose ending failed). The count of jobs ended."""
+    running = ReplayJob.objects.filter(state=ReplayJob.State.RUNNING)
+    settled = (
+        running.exclude(cells__state__in=[ReplayCell.State.QUEUED, ReplayCell.State.RUNNING])
+        .filter(cells__isnull=False)
+        .distinct()
+    )
+    return sum(finish_job(pk) in TERMINAL for pk in settled.values_list("pk", flat=True))
 
 
 def _failure_summary(failed: list[ReplayCell]) -> str:

@@ -15,7 +15,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from controlplane.models import Cluster, ConfigVersion, Policy, ReplayJob
+from controlplane.models import Cluster, ConfigVersion, Policy, ReplayCell, ReplayJob
 
 from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
@@ -32,8 +32,11 @@ MAX_RATE_SCALES = 4
 MAX_RATE_SCALE = 1000.0
 MAX_SEEDS = 10
 MAX_CELLS = 160
+MAX_REQUESTS = 10_000_000  # requests a replay takes from its trace, at most
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
+RESEND_AFTER_S = 3600.0  # a queued job sent this long ago is sent again (its queued cells)
+EXPORT_RETENTION_S = 86400.0  # a capture's export for a finished job: rewritten if needed
 ABANDONED_ERROR = (
     "the worker running this replay stopped before it finished (killed, "
     "restarted or out of memory); request it again"
@@ -96,7 +99,7 @@ def request_uploaded_replay(
     trace = traces.store_upload(filename, chunks)
     try:
         return request_replay(actor, cluster_id, trace=trace, **options)
-    except ServiceError:
+    except BaseException:  # refused, or anything else: no upload stays behind without a job
         traces.discard_upload(trace)
         raise
 
@@ -179,11 +182,21 @@ def _seed_count(value: Any) -> int:
 
 
 def prune_uploads() -> int:
-    """Delete uploaded traces older than the retention period that no waiting or running
-    job still needs (refused uploads are deleted at once; this catches the rest)."""
+    """Delete uploaded traces older than the retention period, and capture exports (one a
+    replay job, written by its workers) older than a day, that no waiting or running job
+    still needs (refused uploads are deleted at once; this catches the rest)."""
     pending = ReplayJob.objects.filter(state__in=[ReplayJob.State.QUEUED, ReplayJob.State.RUNNING])
     keep = {str(job.inputs.get("trace")) for job in pending.only("inputs")}
-    return traces.prune_uploads(settings.SWITCHYARD_UPLOAD_RETENTION_DAYS * 86400, keep)
+    exports = {
+        captures.export_path(int(trace.split(":", 1)[1]), job.inputs.get("capture_until")).name
+        for job in pending.only("inputs")
+        if (trace := str(job.inputs.get("trace", ""))).startswith("capture:")
+        and trace.split(":", 1)[1].isdigit()
+    }
+    retention = settings.SWITCHYARD_UPLOAD_RETENTION_DAYS * 86400
+    return traces.prune_uploads(retention, keep) + captures.prune_exports(
+        EXPORT_RETENTION_S, exports
+    )
 
 
 @transaction.atomic
@@ -346,23 +359,30 @@ def _positive(value: float, field: str) -> float:
 
 
 def _positive_int(value: int, field: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ServiceError(f"{field} must be a positive whole number", field)
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= MAX_REQUESTS:
+        raise ServiceError(f"{field} must be a whole number from 1 to {MAX_REQUESTS}", field)
     return value
 
 
 def dispatch_job(job: ReplayJob) -> ReplayRequest:
-    """The job's cells as one chord: a task per cell on the ``replays`` queue (any worker
-    on any host takes them), joined by the task that aggregates them. A cell claimed
-    already (a second dispatch) returns at once, so the chord still joins."""
-    from celery import chord, signature
+    """A task per queued cell on the ``replays`` queue (any worker on any host takes them).
+    No chord joins them: each cell's task ends the job once the last cell has ended
+    (replay_cells.finish_job, a no-op before), so a job never waits on a join whose state
+    the result backend may have expired. A cell claimed already (a second dispatch)
+    returns at once. The job's ``heartbeat_at`` records, while it is queued, when it was
+    last sent (`redispatch_stale`)."""
+    from celery import group, signature
 
+    cell_ids = replay_cells.cells_of(job)
+    queued = set(job.cells.filter(state=ReplayCell.State.QUEUED).values_list("pk", flat=True))
     cells = [
         signature(CELL_TASK, args=[cell_id], immutable=True)
-        for cell_id in replay_cells.cells_of(job)
+        for cell_id in cell_ids
+        if cell_id in queued
     ]
     try:
-        chord(cells, signature(FINISH_TASK, args=[job.pk], immutable=True)).apply_async(retry=False)
+        if cells:
+            group(cells).apply_async(retry=False)
     except Exception as error:  # kombu raises several unrelated types for a broker outage
         log.warning("replay %s not dispatched: %s", job.pk, error)
         return ReplayRequest(
@@ -372,14 +392,21 @@ def dispatch_job(job: ReplayJob) -> ReplayRequest:
             f"broker is unreachable ({type(error).__name__}); it will be "
             "sent to a worker when the broker is back",
         )
+    ReplayJob.objects.filter(pk=job.pk, state=ReplayJob.State.QUEUED).update(
+        heartbeat_at=timezone.now()
+    )
     return ReplayRequest(job, True, f"replay {job.pk} queued")
 
 
-def redispatch_stale(older_than_s: float = 60.0) -> int:
-    """Send queued jobs again that no worker has started (a broker outage at creation, or a
-    lost message). Cells are claimed atomically, so a cell sent twice still runs once."""
-    cutoff = timezone.now() - timedelta(seconds=older_than_s)
-    stale = ReplayJob.objects.filter(state=ReplayJob.State.QUEUED, created_at__lt=cutoff)
+def redispatch_stale(older_than_s: float = 60.0, resend_after_s: float = RESEND_AFTER_S) -> int:
+    """Send queued jobs again that no worker has started: one never sent (a broker outage at
+    creation) after ``older_than_s``, one sent but still waiting (a lost message, or only
+    a long queue ahead of it) after ``resend_after_s``, its queued cells only. Cells are
+    claimed atomically, so a cell sent twice still runs once."""
+    now = timezone.now()
+    never_sent = Q(heartbeat_at__isnull=True, created_at__lt=now - timedelta(seconds=older_than_s))
+    long_ago = Q(heartbeat_at__lt=now - timedelta(seconds=resend_after_s))
+    stale = ReplayJob.objects.filter(never_sent | long_ago, state=ReplayJob.State.QUEUED)
     return sum(dispatch_job(job).dispatched for job in stale)
 
 

@@ -16,6 +16,7 @@ from typing import Any, TypeGuard
 
 from django.conf import settings
 
+from . import numbers
 from .errors import ServiceError
 
 TRACE_SUFFIXES = (".jsonl", ".csv")
@@ -79,7 +80,7 @@ def store_upload(filename: str, chunks: Iterable[bytes]) -> str:
     try:
         _write_bounded(path, chunks, limit)
         trace_format(path)
-    except ServiceError:
+    except BaseException:  # refused, or anything else: the file never stays behind
         path.unlink(missing_ok=True)
         raise
     return trace
@@ -130,6 +131,8 @@ def trace_format(path: Path) -> str:
         return detect_format(path)
     except (TraceFormatError, UnicodeDecodeError, ValueError) as error:
         raise ServiceError(f"{UNSUPPORTED}: {_without_path(str(error), path)}", "upload") from None
+    except RecursionError:  # JSON nested deeper than any trace's
+        raise ServiceError(f"{UNSUPPORTED}: JSON nested too deep", "upload") from None
 
 
 def model_context(model: str) -> int:
@@ -162,6 +165,8 @@ def check_trace(path: Path, model: str) -> int:
             rows += 1
     except UnicodeDecodeError:
         raise ServiceError(f"{UNSUPPORTED}: the file is not UTF-8 text", "trace") from None
+    except csv.Error as error:  # a field over csv's limit (128 KiB), a NUL
+        raise ServiceError(f"trace row {rows + 2}: not CSV ({error})", "trace") from None
     if not rows:
         raise ServiceError("the trace holds no request", "trace")
     return rows
@@ -176,6 +181,8 @@ def _json_rows(path: Path) -> Iterator[tuple[int, Any]]:
                 yield number, json.loads(line)
             except ValueError as error:
                 raise ServiceError(f"trace row {number}: not JSON ({error})", "trace") from None
+            except RecursionError:
+                raise ServiceError(f"trace row {number}: JSON nested too deep", "trace") from None
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, Any]]:
@@ -223,8 +230,8 @@ def _row_problem(fmt: str, row: Any, bound: Bound) -> str | None:
 
 def _length(row: dict[str, Any], field: str, bound: Bound, text: bool = False) -> str | None:
     value = row.get(field)
-    if text and isinstance(value, str) and value.strip().isascii() and value.strip().isdigit():
-        value = int(value)
+    if text and isinstance(value, str) and (whole := numbers.digits(value.strip())) is not None:
+        value = whole
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         return f"{field} {value!r} is not a token count (a whole number, 0 or more)"
     if value > bound.tokens:
@@ -244,7 +251,10 @@ def _hash_ids(ids: Any, most: int) -> str | None:
 
 
 def _number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite number (an int of any length too: math.isfinite would overflow on it)."""
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) or (isinstance(value, float) and math.isfinite(value))
 
 
 def _iso_time(value: Any) -> bool:

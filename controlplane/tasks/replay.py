@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -17,6 +18,7 @@ from typing import Any, cast
 import numpy as np
 from celery import shared_task
 from celery.exceptions import SoftTimeLimitExceeded
+from django.db import connection
 
 from controlplane.models import Cluster, ReplayCell, ReplayJob
 from controlplane.services import captures, replay_cells
@@ -33,6 +35,10 @@ OUT_OF_MEMORY = (
 )
 TIME_LIMIT = "the replay ran past its one-hour limit; choose fewer requests"
 PROGRESS_EVERY_S = 0.5
+HEARTBEAT_S = 15.0  # well inside replays.ABANDONED_AFTER_S (300 s)
+# The simulated time a replay may span (arrivals, after the rate scale): a week's capture
+# at its own rate, with a day to spare.
+MAX_SIMULATED_S = 8 * 86400.0
 CELL_RETRIES = 2  # an unexpected error is retried this often, then reported
 RETRY_AFTER_S = 2
 TTFT_PERCENTILES = list(range(1, 100))
@@ -85,6 +91,13 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
     records = load_trace(path, rate_scale=cell.rate_scale, max_requests=inputs.get("max_requests"))
     if not records:
         raise ReplayFailed("the trace selection holds no request")
+    span = max(r.arrival_s for r in records) - min(r.arrival_s for r in records)
+    if span > MAX_SIMULATED_S:
+        raise ReplayFailed(
+            f"at rate scale {cell.rate_scale:g} the trace spans {span:.3g} simulated seconds, "
+            f"more than a replay simulates ({MAX_SIMULATED_S:.0f} s, 8 days); choose a higher "
+            "rate scale or fewer requests"
+        )
     instances = max(cluster.instances.exclude(state="down").count(), 1)
     spec = inputs["policies"][cell.policy]
     config = SimConfig(
@@ -188,6 +201,39 @@ class _Throttled:
             replay_cells.record_progress(self.cell_id, fraction)
 
 
+class _Heartbeat:
+    """While a cell runs, its heartbeat every `HEARTBEAT_S` from a thread of its own: the
+    sweeper (replays.fail_abandoned) then fails only a cell whose worker died, never one
+    loading a large trace or simulating a long one between progress reports."""
+
+    def __init__(self, cell_id: int, every_s: float | None = None) -> None:
+        self.cell_id, self.every_s = cell_id, every_s or HEARTBEAT_S
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, name=f"heartbeat-{cell_id}", daemon=True)
+
+    def __enter__(self) -> _Heartbeat:
+        try:
+            self.thread.start()
+        except RuntimeError as error:  # no room for a thread (a worker near its memory cap)
+            log.warning("replay cell %s runs without heartbeats: %s", self.cell_id, error)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stopped.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=10)
+
+    def _beat(self) -> None:
+        try:
+            while not self.stopped.wait(self.every_s):
+                try:
+                    replay_cells.heartbeat(self.cell_id)
+                except Exception as error:  # the database away a moment: try again later
+                    log.warning("replay cell %s heartbeat: %s", self.cell_id, error)
+        finally:
+            connection.close()  # this thread's own
+
+
 # The hard limit must exceed the soft one: left unset it is the app's default (90 s), and
 # the worker would be killed in the middle of any replay longer than that.
 @shared_task(
@@ -211,13 +257,23 @@ def replay_cell(self: Any, cell_id: int) -> str:
             replay_cells.requeue(cell_id)
             raise self.retry(countdown=RETRY_AFTER_S) from None
         result, error = None, f"{type(unexpected).__name__}: {unexpected} (tried {cell.attempts}×)"
-    return replay_cells.finish_cell(cell_id, result=result, error=error)
+    state = replay_cells.finish_cell(cell_id, result=result, error=error)
+    replay_finish(cell.job_id)  # the last cell to end ends the job (before: a no-op)
+    return state
 
 
 @shared_task(name="switchyard.replay_finish", ignore_result=True)
 def replay_finish(job_id: int) -> str | None:
-    """The chord's join: the job's results once its cells have ended."""
-    return replay_cells.finish_job(job_id)
+    """The job's results once its cells have ended (each cell's task runs it; so did the
+    chord that joined jobs queued before). It always ends a settled job: should finishing
+    raise, the job is failed with the reason."""
+    try:
+        return replay_cells.finish_job(job_id)
+    except Exception as error:
+        log.exception("replay %s could not be finished", job_id)
+        return replay_cells.fail_job(
+            job_id, f"the job could not be finished: {type(error).__name__}: {error}"
+        )
 
 
 def run_replay(job_id: int) -> str:
@@ -236,7 +292,8 @@ def _outcome(cell: ReplayCell) -> tuple[dict[str, Any] | None, str]:
     memory fails its cell like any other error: the worker lives on, and the cell's memory
     is released (with the traceback) before the failure is recorded."""
     try:
-        return run_cell(cell, _Throttled(cell.pk)), ""
+        with _Heartbeat(cell.pk):
+            return run_cell(cell, _Throttled(cell.pk)), ""
     except (ReplayFailed, ServiceError, OSError, ValueError, KeyError) as error:
         log.warning("replay cell %s failed: %s", cell.pk, error)
         return None, str(error)

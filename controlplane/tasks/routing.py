@@ -13,6 +13,7 @@ from controlplane.services import (
     judge,
     notify,
     reconcile,
+    replay_cells,
     replays,
     rollups,
 )
@@ -73,5 +74,6 @@ def prune() -> dict[str, int]:
 
 @shared_task(name="switchyard.redispatch_replays", **IDEMPOTENT)
 def redispatch_replays() -> int:
-    """Send queued jobs no worker took again; fail running jobs whose worker died."""
-    return replays.redispatch_stale() + replays.fail_abandoned()
+    """Send queued jobs no worker took again; fail running jobs whose worker died; end
+    running jobs whose cells have all ended (should a cell's own finish have failed)."""
+    return replays.redispatch_stale() + replays.fail_abandoned() + replay_cells.finish_settled()

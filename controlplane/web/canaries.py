@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse, QueryDict
 from django.shortcuts import redirect
 from django.urls import reverse
@@ -14,7 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import CanarySplit, Cluster
 from controlplane.services import canaries as canary_service
-from controlplane.services import guardrails
+from controlplane.services import guardrails, numbers
 from controlplane.services.errors import NotFound, ServiceError
 from controlplane.services.validation import policy_kinds
 from engine_interface.stats import describe
@@ -51,9 +52,9 @@ def _context(
     baseline = _chosen(form, "baseline_policy", prefill.get("baseline", cluster.active_policy_id))
     candidate = _chosen(form, "candidate_policy", prefill.get("candidate", default_candidate))
     source = prefill.get("replay")
-    sent = form.get("source_replay", "") if form is not None else ""
-    if sent.isascii() and sent.isdigit():
-        source = reads.replays(cluster.pk).filter(pk=int(sent)).first()
+    sent = numbers.digits(form.get("source_replay", "") if form is not None else "")
+    if sent is not None:
+        source = reads.replays(cluster.pk).filter(pk=sent).first()
     return {
         "cluster": cluster,
         "tab": "canary",
@@ -124,15 +125,18 @@ def canary_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
 def _prefill(request: HttpRequest, cluster: Cluster) -> dict[str, Any]:
     query = request.GET
     replay = query.get("from_replay", "")
-    if not replay.isascii() or not replay.isdigit():
+    if not replay:
         return {}
-    job = reads.replays(cluster.pk).filter(pk=int(replay)).first()
+    replay_id = numbers.digits(replay)
+    if replay_id is None:
+        raise BadRequest("from_replay: a replay id")
+    job = reads.replays(cluster.pk).filter(pk=replay_id).first()
     if job is None:
-        raise Http404(f"replay {replay} is not one of {cluster.name}'s")
+        raise Http404(f"replay {replay_id} is not one of {cluster.name}'s")
     chosen = {
-        arm: int(query[f"{arm}_policy"])
+        arm: policy
         for arm in ("baseline", "candidate")
-        if query.get(f"{arm}_policy", "").isascii() and query.get(f"{arm}_policy", "").isdigit()
+        if (policy := numbers.digits(query.get(f"{arm}_policy", ""))) is not None
     }
     return {"replay": job, **chosen}
 
@@ -193,10 +197,7 @@ def _int(value: str | None, field: str) -> int:
 
 
 def _number(value: str, field: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ServiceError(f"{field}: {value!r} is not a number", field) from None
+    return float(numbers.number(value, field))
 
 
 @operator_required

@@ -103,7 +103,7 @@ def capture_download(
     if capture is None:
         raise Http404(f"capture {capture_id} of {cluster.name} does not exist")
     response = StreamingHttpResponse(
-        capture_service.export_lines(capture), content_type="application/x-ndjson"
+        capture_service.download(actor(request), capture), content_type="application/x-ndjson"
     )
     name = slugify(f"{cluster.name}-{capture.name}") or "capture"
     response["Content-Disposition"] = f'attachment; filename="{name}-{capture.pk}.jsonl"'

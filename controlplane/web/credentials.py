@@ -15,6 +15,7 @@ from django.views.decorators.http import require_GET, require_POST
 from controlplane.models import Cluster
 from controlplane.selectors import access as access_selectors
 from controlplane.services import client_keys as key_service
+from controlplane.services import numbers
 from controlplane.services import tokens as token_service
 from controlplane.services.errors import ServiceError
 
@@ -157,9 +158,7 @@ def token_revoke(request: HttpRequest, token_id: int) -> HttpResponse:
 
 
 def _days(value: str) -> int:
-    try:
-        return int(value.strip() or token_service.DEFAULT_VALID_DAYS)
-    except ValueError:
-        raise ServiceError(
-            f"valid_days: {value!r} is not a whole number of days", "valid_days"
-        ) from None
+    """Blank: the default validity."""
+    if not value.strip():
+        return token_service.DEFAULT_VALID_DAYS
+    return numbers.whole_number(value, "valid_days")

@@ -13,7 +13,7 @@ from django.utils.dateparse import parse_datetime
 from django.views.decorators.http import require_GET
 
 from controlplane.models import AuditEvent, HotspotEvent
-from controlplane.services import ingest, notify
+from controlplane.services import ingest, notify, numbers
 
 from . import reads
 from .access import viewer_required
@@ -44,9 +44,10 @@ def _cluster_id(data: QueryDict) -> int | None:
     value = data.get("cluster", "")
     if not value:
         return None
-    if not (value.isascii() and value.isdigit() and int(value) <= INT_MAX):
+    cluster = numbers.digits(value)
+    if cluster is None or cluster > INT_MAX:
         raise BadRequest("cluster: a cluster id")
-    return int(value)
+    return cluster
 
 
 def _common_filters(data: QueryDict) -> dict[str, Any]:

@@ -141,7 +141,7 @@ def _apply(request: HttpRequest, cluster: Cluster) -> Policy:
             cluster.pk,
             name=request.POST.get("name", "").strip(),
             kind=kind,
-            params=params_from_form(_kind_fields(kind), request.POST),
+            params=params_from_form(kind, _kind_fields(kind), request.POST),
             description=request.POST.get("description", ""),
             reason=reason,
         )

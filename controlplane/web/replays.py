@@ -14,6 +14,7 @@ from controlplane.models import Cluster
 from controlplane.selectors import captures as capture_selectors
 from controlplane.selectors import replays as replay_selectors
 from controlplane.selectors import robustness
+from controlplane.services import numbers
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import NotFound, Problems, ServiceError
 from controlplane.services.traces import shared_traces
@@ -96,7 +97,7 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
     """The form's options (with the chosen shared trace unless a file was uploaded); every
     unreadable value is refused together."""
     data = request.POST
-    chosen = {int(pk) for pk in data.getlist("policies") if pk.isascii() and pk.isdigit()}
+    chosen = {pk for pk in map(numbers.digits, data.getlist("policies")) if pk is not None}
     problems = Problems()
     max_requests = data.get("max_requests", "").strip()
     picked = [p for p in reads.policies(cluster.pk) if p.pk in chosen]
@@ -104,9 +105,7 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
         "policies": [p.spec() for p in picked],
         "policy_ids": [p.pk for p in picked],
         "rate_scales": problems.check(_numbers, _rate_scales_text(data), "rate_scales"),
-        "max_requests": problems.check(_whole, max_requests, "max_requests")
-        if max_requests
-        else None,
+        "max_requests": problems.check(_max_requests, max_requests) if max_requests else None,
         "seed": problems.check(_whole, data.get("seed") or "0", "seed"),
         "seeds": problems.check(_whole, data.get("seeds") or "1", "seeds"),
         "reason": data.get("reason", ""),
@@ -137,21 +136,18 @@ def _numbers(text: str, field: str) -> list[float]:
         raise ServiceError(
             f"{field}: write rates as numbers separated by commas, e.g. 1, 1.5", field
         )
-    return [_number(part, field) for part in parts]
-
-
-def _number(value: str, field: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        raise ServiceError(f"{field}: {value!r} is not a number", field) from None
+    return [float(numbers.number(part, field)) for part in parts]
 
 
 def _whole(value: str, field: str) -> int:
-    number = _number(value, field)
-    if not number.is_integer():
-        raise ServiceError(f"{field}: {value!r} is not a whole number", field)
-    return int(number)
+    return numbers.whole_number(value, field)
+
+
+def _max_requests(value: str) -> int:
+    """Capped as the API caps it (a larger one would reach the database and fail there)."""
+    return numbers.whole_number(
+        value, "max_requests", minimum=1, maximum=replay_service.MAX_REQUESTS
+    )
 
 
 def _named(recommendation: dict[str, Any] | None, cluster: Cluster) -> dict[str, Any] | None:

@@ -2,7 +2,8 @@
 
 Nested objects (`$ref` into `$defs`) become dotted field names (`hotspot.window_s`); the
 posted values are rebuilt into nested params, then validated by the policy's own class in
-the service, so this module never decides what is valid.
+the service, so this module never decides what is valid beyond reading each number
+strictly (the inputs are text: a browser's number input would send a typo as blank).
 """
 
 from __future__ import annotations
@@ -13,6 +14,9 @@ from typing import Any
 
 from django.http import QueryDict
 
+from controlplane.services import numbers
+from controlplane.services.errors import Invalid, ServiceError, problems_of
+from controlplane.services.validation import normalised_params
 from router_worker.routing.provenance import ParamProvenance
 
 PREFIX = "param."
@@ -50,10 +54,6 @@ class ParamField:
         return f"{self.input_id}-help" + (f" {self.input_id}-error" if self.error else "")
 
     @property
-    def step(self) -> str:
-        return "1" if self.kind == "integer" else "any"
-
-    @property
     def value(self) -> str:
         """The input's value: the operator's own text after a refused submit, else the
         default."""
@@ -71,7 +71,12 @@ class ParamField:
     def default_text(self) -> str:
         if self.kind == "boolean":
             return "on" if self.default else "off"
-        return "blank" if self.default is None else str(self.default)
+        return "none" if self.default is None else str(self.default)
+
+    @property
+    def inputmode(self) -> str:
+        """The on-screen keyboard for a number (the input itself is text: see the module)."""
+        return "numeric" if self.kind == "integer" else "decimal"
 
     @property
     def bounds(self) -> str:
@@ -185,11 +190,28 @@ def with_values(
     return shown
 
 
-def params_from_form(fields: list[ParamField], data: QueryDict) -> dict[str, Any]:
-    """Nested params from posted fields; blank inputs are left to the defaults."""
+def params_from_form(kind: str, fields: list[ParamField], data: QueryDict) -> dict[str, Any]:
+    """Nested params from posted fields. A blank input is left to the default (never a
+    null by accident); a nullable field is set to null only by typing ``none``. A number is
+    read strictly (controlplane/services/numbers.py, as every form reads numbers): an
+    unreadable one is refused (Invalid), named, together with every problem the policy's
+    class finds in the rest, and nothing is stored."""
     params: dict[str, Any] = {}
+    unreadable: list[dict[str, Any]] = []
     for field in fields:
-        value = _value(field, data)
+        try:
+            value = _value(field, data)
+        except ServiceError:
+            raw = (data.get(field.input_name) or "").strip()
+            what = "a whole number" if field.kind == "integer" else "a number"
+            shown = raw if len(raw) <= 40 else raw[:40] + "…"
+            unreadable.append(
+                {
+                    "field": f"params.{field.name}",
+                    "message": f"{kind}.{field.name}: must be {what} (got {shown!r})",
+                }
+            )
+            continue
         if value is _UNSET:
             continue
         *parents, leaf = field.name.split(".")
@@ -197,10 +219,18 @@ def params_from_form(fields: list[ParamField], data: QueryDict) -> dict[str, Any
         for parent in parents:
             node = node.setdefault(parent, {})
         node[leaf] = value
+    if unreadable:
+        try:
+            normalised_params(kind, params)
+        except ServiceError as error:
+            named = {p["field"] for p in unreadable}
+            unreadable += [p for p in problems_of(error) if p["field"] not in named]
+        raise Invalid(unreadable)
     return params
 
 
 _UNSET = object()
+NONE_WORDS = frozenset({"none", "null"})
 
 
 def _value(field: ParamField, data: QueryDict) -> Any:
@@ -208,18 +238,11 @@ def _value(field: ParamField, data: QueryDict) -> Any:
         return data.get(field.input_name) in CHECKED
     raw = (data.get(field.input_name) or "").strip()
     if not raw:
-        return None if field.nullable and field.input_name in data else _UNSET
-    if field.kind in {"integer", "number"}:
-        return _number(raw)
-    return raw
-
-
-def _number(raw: str) -> Any:
-    """int when the text is one (messages then echo "-1", not "-1.0"), else float, else the
-    text itself: the policy's class names the field and the problem."""
-    for parse in (int, float):
-        try:
-            return parse(raw)
-        except ValueError:
-            continue
+        return _UNSET
+    if field.nullable and raw.lower() in NONE_WORDS:
+        return None
+    if field.kind == "integer":
+        return numbers.whole_number(raw, f"params.{field.name}")
+    if field.kind == "number":
+        return numbers.number(raw, f"params.{field.name}")
     return raw

@@ -21,7 +21,8 @@ Kinds:
 * ``SCRAPE``: every ``scrape_interval_s`` each live engine's
   ``/metrics`` values (running, waiting, KV usage) go to ``on_scrape``, as the live
   router's scraper does; the true pending prefill tokens per instance are sampled for the
-  load CV and the plots.
+  load CV and the plots. An idle stretch of more than ``IDLE_SKIP_S`` before the next
+  arrival is scraped only at its end (idle engines read the same at every tick).
 * ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried by
   the live router's retry rule, ``RequestLifecycle.fail``: the policy decides again
   without the instances that failed, up to ``max_attempts`` sends in all; requests
@@ -51,6 +52,7 @@ fleet's variation by its own seed.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 import zlib
 from collections.abc import Callable
@@ -88,6 +90,10 @@ from router_worker.routing.peer_accounting import (
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
 FAULT_ACTIONS = ("fail", "drain", "restore")
+# An idle stretch longer than this (simulated seconds, nothing in flight) is not scraped
+# tick by tick: its last IDLE_LEAD_TICKS ticks are (`Simulator._next_scrape`).
+IDLE_SKIP_S = 600.0
+IDLE_LEAD_TICKS = 5
 ROUTER_SPREADS = ("round_robin", "random", "session")
 
 
@@ -718,7 +724,23 @@ class Simulator:
         self.sample_times.append(self.now)
         self.samples.append(self.true_pending.copy())
         if self._work_left():
-            self._push(self.now + self.config.scrape_interval_s, SCRAPE, None)
+            self._push(self._next_scrape(), SCRAPE, None)
+
+    def _next_scrape(self) -> float:
+        """The next tick; across an idle stretch (nothing in flight, no fault to come) of
+        more than `IDLE_SKIP_S` to the next arrival, the tick `IDLE_LEAD_TICKS` before it:
+        idle engines read the same at every scrape, and a trace with a day between two
+        arrivals (or a tiny rate scale) would otherwise cost a scrape per simulated second
+        of nothing."""
+        interval = self.config.scrape_interval_s
+        tick = self.now + interval
+        arrived = len(self.results)
+        if self.flights or self.config.faults or arrived >= len(self.records):
+            return tick
+        gap = self.records[arrived].arrival_s - tick
+        if gap <= IDLE_SKIP_S:
+            return tick
+        return tick + (math.floor(gap / interval) - IDLE_LEAD_TICKS) * interval
 
     # ----------------------------------------------------------------- faults
 

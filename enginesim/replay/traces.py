@@ -132,6 +132,7 @@ def read_bailian(path: str | Path) -> list[TraceRecord]:
 def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
     """Bailian rows (dicts, as in the JSONL) → records in row order, sessions resolved."""
     parent = {row["chat_id"]: row.get("parent_chat_id", -1) for row in rows}
+    roots: dict[int, int] = {}
     records: list[TraceRecord] = []
     for row in rows:
         turn = row.get("turn")
@@ -144,7 +145,7 @@ def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
                 hash_ids=tuple(row.get("hash_ids", ())),
                 # a captured trace (Switchyard's own) names its routers' block size
                 hash_block_size=int(row.get("block_size") or BAILIAN_BLOCK),
-                session_id=f"chat-{_session_root(row['chat_id'], parent)}",
+                session_id=f"chat-{_session_root(row['chat_id'], parent, roots)}",
                 turn=None if turn is None else int(turn) - 1,
                 kind=row.get("type"),
             )
@@ -152,12 +153,24 @@ def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
     return records
 
 
-def _session_root(chat_id: int, parent: dict[int, int]) -> int:
-    seen = set()
-    while parent.get(chat_id, -1) not in (-1, None) and chat_id not in seen:
+def _session_root(chat_id: int, parent: dict[int, int], roots: dict[int, int]) -> int:
+    """The first row of ``chat_id``'s session (a cycle ends where it closes). Every row
+    walked is remembered with its root, so a whole trace resolves in linear time: a session
+    of n turns walked row by row would take n²/2 steps (a one-session capture of 50k rows,
+    minutes)."""
+    path: list[int] = []
+    seen: set[int] = set()
+    while (
+        chat_id not in roots and parent.get(chat_id, -1) not in (-1, None) and chat_id not in seen
+    ):
         seen.add(chat_id)
+        path.append(chat_id)
         chat_id = parent[chat_id]
-    return chat_id
+    root = roots.get(chat_id, chat_id)
+    for walked in path:
+        roots[walked] = root
+    roots[chat_id] = root
+    return root
 
 
 def _azure_seconds(stamp: str) -> float:

@@ -13,8 +13,12 @@ Keys
 * ``events_stream(cluster)``: the cluster's Redis stream of events; each entry has one
   field ``data`` holding an `EventRecord` as JSON. Events carry a unique ``id`` assigned by
   the router, so ingest is idempotent however often an entry is delivered.
-* ``metrics_stream(cluster)``: per-router request metrics every `METRICS_INTERVAL_S`
-  (`MetricsRecord`), aggregated by the control plane into per-minute rollups.
+* ``router_metrics_stream(cluster, router)``: the router's request metrics every
+  `METRICS_INTERVAL_S` (`MetricsRecord`), aggregated by the control plane into per-minute
+  rollups; ingest takes a record there only under that router's name (no router of a
+  cluster can file metrics for another). ``metrics_stream(cluster)``, where routers wrote
+  them before, is still read, with no such check: a router with its own Redis identity
+  cannot write it.
 * ``EVENTS_STREAM``, ``METRICS_STREAM``: the same for every cluster at once, as routers
   wrote them before each cluster had its own. The control plane still reads them; a router
   with its own Redis identity (below) cannot write them.
@@ -30,10 +34,10 @@ streams and peer channel; listening, never publishing, on ``CONFIG_CHANNEL``).
   write: it is a window onto recent traffic, not a log (nothing ingests it).
 * ``capture_stream(cluster)``: while the cluster captures its traffic (the config's
   ``capture``), every finished request as the replay needs it (`CaptureBatch`, field
-  ``data``, up to `CAPTURE_BATCH` requests each). No text travels: the prompt travels as
-  its block hashes (as on the peers channel), the session key as a keyed digest under the
-  capture's salt. Ingest stores the block hashes as keyed digests too, and deletes the
-  entries it stored.
+  ``data``, up to `CAPTURE_BATCH` requests and `CAPTURE_BATCH_BLOCKS` blocks each). No
+  text and no raw fingerprint travels: the prompt travels as keyed digests of its block
+  hashes, the session key as a keyed digest, both under the capture's salt. Ingest stores
+  them, and deletes the entries it stored.
 """
 
 from __future__ import annotations
@@ -107,6 +111,13 @@ def metrics_stream(cluster: str) -> str:
     return f"{METRICS_STREAM}:{cluster}"
 
 
+def router_metrics_stream(cluster: str, router: str) -> str:
+    """One router's own metrics stream: the only one its Redis identity may write metrics
+    to, so ingest files what it reads there under that router alone (the cluster's
+    `metrics_stream` is still read, for routers without an identity)."""
+    return f"{METRICS_STREAM}:{cluster}:{router}"
+
+
 def capture_stream(cluster: str) -> str:
     return f"switchyard:capture:{cluster}"
 
@@ -127,6 +138,8 @@ ROUTER_COMMANDS = (
     "+subscribe",
     "+unsubscribe",
 )
+# Those that name no key (the others are granted per key, in `router_acl_rules`).
+ROUTER_KEYLESS_COMMANDS = tuple(c for c in ROUTER_COMMANDS if c not in ("+set", "+expire", "+xadd"))
 
 
 def router_acl_rules(cluster: str, router: str) -> list[str]:
@@ -138,14 +151,16 @@ def router_acl_rules(cluster: str, router: str) -> list[str]:
         "resetkeys",
         "resetchannels",
         "-@all",
-        *ROUTER_COMMANDS,
-        f"~{state_key(cluster, router)}",
-        f"~{events_stream(cluster)}",
-        f"~{metrics_stream(cluster)}",
-        f"~{decisions_stream(cluster)}",
-        f"~{capture_stream(cluster)}",
+        *ROUTER_KEYLESS_COMMANDS,
         f"&{peers_channel(cluster)}",
         f"(+subscribe +unsubscribe &{CONFIG_CHANNEL})",
+        # each command on the keys it is for: SET on its own state key only (SET on a
+        # stream would replace it), XADD on its cluster's streams and its own metrics
+        # stream, EXPIRE on the decisions window only
+        f"(+set ~{state_key(cluster, router)})",
+        f"(+xadd ~{events_stream(cluster)} ~{router_metrics_stream(cluster, router)}"
+        f" ~{decisions_stream(cluster)} ~{capture_stream(cluster)})",
+        f"(+expire ~{decisions_stream(cluster)})",
     ]
 
 
@@ -369,6 +384,12 @@ def decode_block_hashes(text: str, most: int) -> tuple[int, ...]:
 
 
 CAPTURE_BATCH = 500  # captured requests per stream entry
+# Blocks a captured prompt sends (its first ones: a million tokens in 16-token blocks), and
+# per stream entry (~2.7 MiB of base64 at most, `MAX_CAPTURE_ENTRY_BYTES` with the rest):
+# an entry stays small enough to store in one short transaction, whatever the prompts.
+MAX_CAPTURE_BLOCKS = 65_536
+CAPTURE_BATCH_BLOCKS = 262_144
+MAX_CAPTURE_ENTRY_BYTES = 4 * 1024 * 1024
 
 
 class CaptureRecord(_Record):
@@ -378,8 +399,9 @@ class CaptureRecord(_Record):
     prompt_tokens: int
     output_tokens: int
     block_size: int
-    # the prompt's full blocks' chained hashes (`encode_block_hashes`); ingest stores them
-    # as keyed digests under the capture's salt, and only those
+    # the prompt's full blocks' chained hashes (`encode_block_hashes`), at most
+    # `MAX_CAPTURE_BLOCKS`, as keyed digests under the capture's salt (the batch's ``keyed``;
+    # a batch of a router from before keying has the raw hashes, which ingest keys itself)
     block_hashes: str = ""
     session: str | None = None  # keyed digest of the session key, under the same salt
     turn: int | None = None  # 0-based, when the request says (chat messages)
@@ -402,6 +424,7 @@ class CaptureBatch(_Record):
     # the engines' context length as the router scraped it (the smallest instance's): a
     # replay of the capture must refuse what they refused and serve what they served
     max_model_len: int | None = None
+    keyed: bool = False  # the block hashes are the capture's keyed digests already
 
     def to_stream_fields(self) -> dict[str, str]:
         return {"data": self.model_dump_json()}

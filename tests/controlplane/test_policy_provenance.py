@@ -263,7 +263,8 @@ def test_policy_form_shows_each_parameters_provenance(world, as_role) -> None:
     offset = described(root, root.find(name="param.batch_offset"))
     assert "Origin of the default: chosen on the evaluation matrix (16 × H20, Qwen2-7B)" in offset
     # between what the knob does and its value: the description still leads, the value ends
-    assert offset.startswith("c in the load term") and offset.endswith("default 1.0; ≥ 0")
+    assert offset.startswith("c in the load term")
+    assert offset.endswith("default 1.0; ≥ 0; blank: the default")
     derived = described(root, root.find(name="param.decode_fixed_tokens"))
     assert "Origin of the default: derived from this cluster's GPU and model" in derived
 

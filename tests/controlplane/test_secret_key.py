@@ -34,3 +34,14 @@ def test_the_given_secret_key_is_used() -> None:
     started = _start(SWITCHYARD_SECRET_KEY="a-real-key-from-the-environment")
     assert started.returncode == 0, started.stderr
     assert started.stdout.strip() == "a-real-key-from-the-environment"
+
+
+def test_a_retention_period_that_is_not_a_number_of_days_stops_the_start() -> None:
+    """``inf`` broke every capture ingest run; ``-1`` deleted every stopped capture."""
+    key = {"SWITCHYARD_SECRET_KEY": "a-real-key-from-the-environment"}
+    for name in ("SWITCHYARD_CAPTURE_RETENTION_DAYS", "SWITCHYARD_UPLOAD_RETENTION_DAYS"):
+        for value in ("inf", "-1", "nan", "0", "1e9", "thirty"):
+            started = _start(**key, **{name: value})
+            assert started.returncode != 0, (name, value)
+            assert f"{name} must be a number of days" in started.stderr
+        assert _start(**key, **{name: "0.5"}).returncode == 0

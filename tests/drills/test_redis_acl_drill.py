@@ -2,9 +2,10 @@
 on a private redis-server). Redis itself refuses (NOPERM) every write outside the router's
 cluster: another cluster's streams, state and peer channel, the streams shared by all
 clusters, the control plane's config channel, quarantine, Celery and Channels keys, and
-administration. A real router connecting with that identity serves while Redis refuses it
-(before its user exists) and, once it does, writes its state and events and publishes its
-peer heartbeats."""
+administration; within its own cluster, metrics under another router's name and SET or
+EXPIRE on any stream or a sibling's state. A real router connecting with that identity
+serves while Redis refuses it (before its user exists) and, once it does, writes its
+state, events and own metrics and publishes its peer heartbeats."""
 
 from __future__ import annotations
 
@@ -39,6 +40,15 @@ def _forbidden(cluster: str, router: str) -> list[tuple[object, ...]]:
     return [
         ("XADD", contract.events_stream(other), "*", *data),
         ("XADD", contract.metrics_stream(other), "*", *data),
+        # within its cluster: no metrics under a sibling's name, nor in the stream without
+        # an owner; no SET or EXPIRE on a stream (a SET replaces one, an EXPIRE drops it)
+        ("XADD", contract.metrics_stream(cluster), "*", *data),
+        ("XADD", contract.router_metrics_stream(cluster, "a-sibling"), "*", *data),
+        ("SET", contract.events_stream(cluster), "x"),
+        ("SET", contract.capture_stream(cluster), "x"),
+        ("EXPIRE", contract.events_stream(cluster), 1),
+        ("EXPIRE", contract.router_metrics_stream(cluster, router), 1),
+        ("EXPIRE", contract.state_key(cluster, "a-sibling"), 1),
         ("XADD", contract.decisions_stream(other), "*", *data),
         ("XADD", contract.EVENTS_STREAM, "*", *data),
         ("XADD", contract.METRICS_STREAM, "*", *data),
@@ -87,6 +97,8 @@ def test_a_routers_redis_identity_confines_it_to_its_cluster(
         wait_until(
             lambda: admin.xlen(contract.events_stream(cluster)) > 0, 10, "the router's events"
         )
+        own_metrics = contract.router_metrics_stream(cluster, ident.router)
+        wait_until(lambda: admin.xlen(own_metrics) > 0, 10, "the router's own metrics")
         pubsub = admin.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(contract.peers_channel(cluster))
         heartbeat = wait_until(

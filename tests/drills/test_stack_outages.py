@@ -220,7 +220,10 @@ def _sample(stack: Stack, pid: int, stop: threading.Event, rows: list[tuple]) ->
                 time.monotonic() - started,
                 _rss_kib(pid),
                 client.xlen(events_stream("drillcp")),  # the stack's cluster
-                client.xlen(metrics_stream("drillcp")),
+                sum(
+                    client.xlen(key)
+                    for key in client.scan_iter(f"{metrics_stream('drillcp')}*", _type="stream")
+                ),  # the cluster's and each router's own
             )
         )
     client.close()

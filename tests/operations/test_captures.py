@@ -122,9 +122,11 @@ def test_batches_are_stored_once_and_hostile_entries_quarantined(routed, streams
     send(streams, capture, [wire(now)], router="stranger")
     streams.xadd(capture_stream("ops-test"), {"data": "{not json"})
     result = ingest.ingest_captures(streams)
-    assert (result.stored, result.duplicates, result.quarantined) == (1, 1, 5)
+    # a request the rows cannot hold is dropped and counted, never its whole batch
+    assert (result.stored, result.duplicates, result.quarantined) == (4, 1, 2)
     capture.refresh_from_db()
     assert capture.requests == 2 == CapturedRequest.objects.filter(capture=capture).count()
+    assert capture.dropped == 3
     assert streams.xlen(capture_stream("ops-test")) == 0  # stored entries are deleted
 
 

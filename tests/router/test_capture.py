@@ -118,10 +118,14 @@ def test_another_capture_digests_sessions_under_its_own_salt_and_none_records_no
     wait_until(lambda: len(_requests(client)) == 2, 10, "second capture")
     one, two = sorted(_requests(client), key=lambda r: r.at)
     assert [b.capture for b in _captured(client)] == [1, 2]
-    assert one.block_hashes == two.block_hashes  # digested by the control plane, per capture
     # each request names the config version and the arm it was routed under
     assert (one.config_version, one.arm) == (0, "default")  # the document had no version
     assert (two.config_version, two.arm) == (2, "default")
+    # keyed at the router, per capture: the same prompt shares no block id across captures
+    # (raw hashes, the prompt's fingerprint, never leave the router)
+    assert all(b.keyed for b in _captured(client))
+    ones, twos = (contract.decode_block_hashes(r.block_hashes, 10_000) for r in (one, two))
+    assert len(ones) == len(twos) > 10 and not set(ones) & set(twos)
     assert one.session is not None and two.session is not None and one.session != two.session
 
     assert _apply(router, router_config(fleet, "round_robin", version=3)) == 3

@@ -175,11 +175,10 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     body = {"model": MODEL, "prompt": "telemetry " * 40, "max_tokens": 3, "stream": True}
     with httpx.stream("POST", router.url + "/v1/completions", json=body) as response:
         response.read()
-    wait_until(lambda: client.xlen(contract.metrics_stream("test")) > 0, 10, "metrics record")
-    records = [
-        contract.MetricsRecord.from_stream_fields(f)
-        for _, f in stream_entries(client, contract.metrics_stream("test"))
-    ]
+    own = contract.router_metrics_stream("test", name)  # its own stream, nobody else's
+    wait_until(lambda: client.xlen(own) > 0, 10, "metrics record")
+    assert client.xlen(contract.metrics_stream("test")) == 0
+    records = [contract.MetricsRecord.from_stream_fields(f) for _, f in stream_entries(client, own)]
     arms = [r.arms["default"] for r in records if "default" in r.arms]
     assert sum(a.requests for a in arms) == 1 and arms[0].policy == "lmetric"
     assert any(a.ttft_s for a in arms)

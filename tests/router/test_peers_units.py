@@ -206,6 +206,31 @@ def test_a_peer_restarted_under_the_same_name_loses_its_old_records():
     assert counts["dropped:peer_restarted"] == 1 and state.in_flight.sum() == 0
 
 
+def test_a_replayed_batch_of_a_dropped_peer_is_not_a_new_peer():
+    """A captured signed batch was accepted again within MAX_SKEW_S once its sender had
+    been dropped (timed out): its records came back."""
+    state, counts = _state(), Counts()
+    book = PeerBook(state)
+    captured = PeerBatch("ra", "n1", 0.0, (_dispatch(),), seq=7)
+    book.apply(captured, 0.0, counts)
+    book.sweep(10.0, timeout_s=5.0, max_age_s=30.0, count=counts)
+    assert counts["dropped:peer_timeout"] == 1 and state.in_flight.sum() == 0
+    book.apply(captured, 11.0, counts)  # replayed, still within the skew window
+    assert counts["malformed:replayed"] == 1 and state.in_flight.sum() == 0
+    book.apply(PeerBatch("ra", "n1", 12.0, (), seq=8), 12.0, counts)  # it was alive after all
+    assert list(book.peers) == ["ra"]
+
+
+def test_an_older_process_batch_does_not_wipe_a_live_peers_records():
+    state, counts = _state(), Counts()
+    book = PeerBook(state)
+    old = PeerBatch("ra", "n-old", 1.0, (), seq=50)  # captured from its previous process
+    book.apply(PeerBatch("ra", "n-new", 5.0, (_dispatch(),), seq=1), 5.0, counts)
+    book.apply(old, 6.0, counts)
+    assert counts["malformed:replayed"] == 1 and "dropped:peer_restarted" not in counts
+    assert state.in_flight.sum() == 1 and book.peers["ra"].nonce == "n-new"
+
+
 # ----------------------------------------------------------------- PeerSync.receive
 
 

@@ -8,6 +8,7 @@ import random
 import time
 
 import pytest
+from asgiref.sync import async_to_sync
 from django.urls import reverse
 
 from controlplane.models import AuditEvent, CapturedRequest, ReplayJob, TrafficCapture
@@ -119,6 +120,16 @@ def test_a_nul_in_a_capture_form_is_refused(as_role, cluster):
     assert start(as_role("operator"), cluster, name="a\x00b").status_code == 400
 
 
+def streamed(response) -> bytes:
+    """A download's body (an async iterator: ASGI sends it as it is read)."""
+    assert response.is_async
+
+    async def read() -> bytes:
+        return b"".join([part async for part in response.streaming_content])
+
+    return async_to_sync(read)()
+
+
 def test_rename_download_and_delete(as_role, cluster):
     operator = as_role("operator")
     start(operator, cluster)
@@ -134,7 +145,7 @@ def test_rename_download_and_delete(as_role, cluster):
     download = as_role("viewer").get(reverse("web:capture_download", args=[cluster.pk, capture.pk]))
     assert download.status_code == 200
     assert "monday" in download["Content-Disposition"]
-    rows = [json.loads(line) for line in b"".join(download.streaming_content).splitlines()]
+    rows = [json.loads(line) for line in streamed(download).splitlines()]
     assert [r["chat_id"] for r in rows] == [1, 2, 3, 4]
     assert [r["parent_chat_id"] for r in rows] == [-1, -1, 1, 2]
     assert rows[0]["hash_ids"][:20] == rows[1]["hash_ids"][:20]
@@ -142,7 +153,7 @@ def test_rename_download_and_delete(as_role, cluster):
     assert act(operator, cluster, capture, "delete", reason="gone").status_code == 302
     assert not TrafficCapture.objects.exists() and not CapturedRequest.objects.exists()
     actions = set(AuditEvent.objects.values_list("action", flat=True))
-    assert {"capture.start", "capture.rename", "capture.delete"} <= actions
+    assert {"capture.start", "capture.rename", "capture.download", "capture.delete"} <= actions
 
 
 def test_a_capture_replays_from_the_replay_form(as_role, cluster, settings, tmp_path, monkeypatch):
@@ -248,3 +259,39 @@ def test_no_comparison_when_no_replayed_policy_served_the_capture_alone(
     assert job.results is not None and job.results["fidelity"]["requests"] == 0
     page = operator.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
     assert "there is nothing live to hold the replay against" in page
+
+
+def test_a_download_is_streamed_in_bounded_chunks_and_audited(as_role, cluster, users, monkeypatch):
+    """Under ASGI a sync iterator is read whole before it is sent; the
+    download is an async iterator of chunks of a few rows (or block ids) each, with the
+    same lines as the export a replay reads, and each download is audited."""
+    from controlplane.services import captures
+
+    operator = as_role("operator")
+    start(operator, cluster)
+    capture = TrafficCapture.objects.get()
+    fill(capture, 7)
+    monkeypatch.setattr(captures, "EXPORT_CHUNK", 3)
+    monkeypatch.setattr(captures, "EXPORT_BLOCKS", 10_000)
+    expected = "".join(captures.export_lines(capture)).encode()
+    response = as_role("viewer").get(reverse("web:capture_download", args=[cluster.pk, capture.pk]))
+    assert response.is_async
+
+    async def chunks() -> list[bytes]:
+        return [part async for part in response.streaming_content]
+
+    parts = async_to_sync(chunks)()
+    assert [part.count(b"\n") for part in parts] == [3, 3, 1]
+    assert b"".join(parts) == expected
+    monkeypatch.setattr(captures, "EXPORT_BLOCKS", 50)  # two rows of 22 blocks
+    api = as_role("viewer").get(f"/api/v1/captures/{capture.pk}/trace")
+    assert api.status_code == 200 and api.is_async
+
+    async def api_chunks() -> list[bytes]:
+        return [part async for part in api.streaming_content]
+
+    parts = async_to_sync(api_chunks)()
+    assert [part.count(b"\n") for part in parts] == [2, 2, 2, 1]
+    assert b"".join(parts) == expected
+    downloads = AuditEvent.objects.filter(action="capture.download", target_id=str(capture.pk))
+    assert sorted(downloads.values_list("actor_name", flat=True)) == [users["viewer"].username] * 2

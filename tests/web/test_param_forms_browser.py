@@ -58,7 +58,7 @@ def test_policy_form_describes_every_knob_and_names_a_refused_value(
         )
         default = REGISTRY["smetric"].Params.model_fields["slo_ttft_s"].default
         expect(slo).to_have_accessible_description(
-            re.compile(rf"default {re.escape(str(default))}; > 0$")
+            re.compile(rf"default {re.escape(str(default))}; > 0; blank: the default$")
         )
 
         page.select_option("[data-testid=policy-kind]", "lmetric")
@@ -101,6 +101,37 @@ def test_policy_form_describes_every_knob_and_names_a_refused_value(
         expect(page.get_by_test_id("applied")).to_contain_text("lm-typo")
         assert cluster.policies.get(name="lm-typo").params["hotspot"]["enabled"] is False
         assert page.js_errors == [] and refused == []
+    finally:
+        page.context.close()
+
+
+@pytest.mark.parametrize("typo", ["2e", "1.2.3"])
+def test_a_typo_typed_in_the_browser_is_refused_naming_its_field(
+    browser, asgi_server, typo
+) -> None:
+    """A number input sent "2e" as blank (read as null: the guard off) and "1.2.3" as
+    something else; the inputs are text, and the server names the field."""
+    cluster = make_cluster()
+    page = login(browser, asgi_server.url, "operator", bypass_csp=False)
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{cluster.pk}/policy/")
+        page.select_option("[data-testid=policy-choice]", "new")
+        page.select_option("[data-testid=policy-kind]", "smetric")
+        expect(page.get_by_label("slo_ttft_s", exact=True)).to_be_visible()
+        page.select_option("[data-testid=policy-kind]", "lmetric")
+        expect(page.get_by_label("slo_ttft_s", exact=True)).to_have_count(0)  # swapped in
+        slack = page.get_by_label("decode_slack", exact=True)
+        expect(slack).to_have_accessible_description(re.compile("blank: the default; none: null"))
+        slack.fill(typo)
+        page.get_by_test_id("policy-name").fill("lm-typo")
+        page.get_by_test_id("reason").fill("tighten the guard")
+        page.get_by_test_id("confirm").check()
+        page.get_by_test_id("apply").click()
+        error = page.locator("[data-param=decode_slack] [data-testid=field-error]")
+        expect(error).to_have_text(f"lmetric.decode_slack: must be a number (got '{typo}')")
+        expect(page.get_by_label("decode_slack", exact=True)).to_have_value(typo)
+        assert not cluster.policies.filter(name="lm-typo").exists()
+        assert cluster.versions.count() == 1
     finally:
         page.context.close()
 

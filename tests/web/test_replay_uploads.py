@@ -120,6 +120,37 @@ def test_an_accepted_upload_is_kept_for_its_job(as_role, cluster, traces, dispat
     ]
 
 
+ROW = '"input_length": 10, "output_length": 2, "hash_ids": [1]'
+CSV_HEAD = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "body", "says"),
+    [
+        ("deep.jsonl", '{"a":' * 200_000 + "1" + "}" * 200_000 + "\n", "nested too deep"),
+        (
+            "deep-second.jsonl",
+            '{"timestamp": 0, ' + ROW + "}\n" + "[" * 200_000 + "]" * 200_000 + "\n",
+            "trace row 2: JSON nested too deep",
+        ),
+        ("digits.jsonl", '{"timestamp": ' + "9" * 400 + ", " + ROW + "}\n", "is not a time"),
+        (
+            "wide.csv",
+            CSV_HEAD + "2024-01-01 00:00:00,10,2\n" + "x" * (200 * 1024) + ",1,1\n",
+            "not CSV",
+        ),
+    ],
+)
+def test_hostile_uploads_get_a_400_and_leave_nothing_on_disk(
+    as_role, cluster, traces, dispatched, name, body, says
+) -> None:
+    upload = SimpleUploadedFile(name, body.encode())
+    response = create(as_role("operator"), cluster, upload=upload, policies=policy_ids(cluster)[:1])
+    assert response.status_code == 400
+    assert says in response.content.decode()
+    assert stored_uploads() == [] and not ReplayJob.objects.exists()
+
+
 def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(
     cluster,
     traces,
@@ -135,6 +166,24 @@ def test_old_uploads_are_pruned_unless_a_pending_job_needs_them(
     settings.SWITCHYARD_UPLOAD_RETENTION_DAYS = 7
     assert prune_uploads() == 1
     assert stored_uploads() == ["fresh.jsonl", "old-pending.jsonl"]
+
+
+def test_old_capture_exports_are_pruned_unless_a_pending_job_reads_them(
+    cluster, traces, settings
+) -> None:
+    """Every replay of a capture writes an export: it must not stay forever."""
+    from controlplane.services.traces import captures_dir
+
+    captures_dir().mkdir(parents=True)
+    names = ("7-100.jsonl", "7-200.jsonl", "8.jsonl", "7-300.jsonl")
+    for name in names:
+        (captures_dir() / name).write_text("{}\n")
+    two_days_ago = time.time() - 2 * 86400
+    for name in names[:3]:
+        os.utime(captures_dir() / name, (two_days_ago, two_days_ago))
+    ReplayJob.objects.create(cluster=cluster, inputs={"trace": "capture:7", "capture_until": 200})
+    assert prune_uploads() == 2
+    assert sorted(p.name for p in captures_dir().iterdir()) == ["7-200.jsonl", "7-300.jsonl"]
 
 
 # ----------------------------------------------------------------- in a worker process

@@ -27,7 +27,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any
 
-import numpy as np
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import transaction
@@ -36,6 +35,7 @@ from django.utils import timezone
 from pydantic import Field
 
 from controlplane.models import CapturedRequest, Cluster, TrafficCapture
+from controlplane.selectors.captures import stored_rows
 from router_worker.contract.capture import CaptureKey
 from router_worker.contract.telemetry import (
     MAX_CAPTURE_BLOCKS,
@@ -48,9 +48,9 @@ from router_worker.contract.telemetry import (
 from . import audit, config, numbers
 from .audit import Actor
 from .clusters import locked_cluster
+from .entries import LATEST_UNIX, PoisonEntry, entry_bytes
 from .errors import Conflict, NotFound, Problems, ServiceError
-from .fields import max_length
-from .ingest import INT_COLUMN, LATEST_UNIX, PoisonEntry, entry_bytes
+from .fields import INT_COLUMN, max_length
 from .traces import captures_dir
 
 log = logging.getLogger(__name__)
@@ -74,12 +74,6 @@ def snapshot(capture: TrafficCapture) -> dict[str, Any]:
         "max_duration_s": capture.max_duration_s,
         "stop_reason": capture.stop_reason,
     }
-
-
-def capture_document(cluster: Cluster) -> dict[str, Any] | None:
-    """The ``capture`` section of the cluster's router config, while one runs."""
-    running = cluster.captures.filter(state=TrafficCapture.State.CAPTURING).first()
-    return None if running is None else {"id": running.pk, "salt": running.salt}
 
 
 # ----------------------------------------------------------------- operator actions
@@ -437,7 +431,7 @@ class Export:
         self.after: tuple[float, int] | None = None  # the last row read: (at, pk)
 
     def next_chunk(self) -> list[str]:
-        rows = _rows(self.capture, self.until)
+        rows = stored_rows(self.capture, self.until)
         if self.after is not None:
             at, pk = self.after
             rows = rows.filter(Q(at__gt=at) | Q(at=at, pk__gt=pk))
@@ -495,16 +489,6 @@ def _line(
     return json.dumps(document, separators=(",", ":")) + "\n"
 
 
-def _rows(capture: TrafficCapture, until: int | None) -> Any:
-    return capture.rows.all() if until is None else capture.rows.filter(pk__lte=until)
-
-
-def last_row(capture: TrafficCapture) -> int:
-    """The newest stored row's id: a replay job pins the capture there, so all its cells
-    (and its fidelity check) replay the same requests while the capture goes on."""
-    return capture.rows.order_by("-pk").values_list("pk", flat=True).first() or 0
-
-
 def export_path(capture_id: int, until: int | None = None) -> Path:
     """``<id>.jsonl``, or ``<id>-<until>.jsonl`` for the capture as a job pinned it."""
     suffix = "" if until is None else f"-{until}"
@@ -524,18 +508,6 @@ def prune_exports(older_than_s: float, keep: set[str]) -> int:
             path.unlink(missing_ok=True)
             deleted += 1
     return deleted
-
-
-def replay_max_model_len(trace: str) -> int | None:
-    """The context length a replay of ``trace`` runs its engines with: for a capture, the
-    one its routers scraped from the live engines (None: the model's own)."""
-    if not trace.startswith("capture:"):
-        return None
-    name = trace.split(":", 1)[1]
-    if not (name.isascii() and name.isdigit()):
-        return None
-    values = TrafficCapture.objects.filter(pk=int(name)).values_list("max_model_len", flat=True)
-    return next(iter(values), None)
 
 
 def require_replayable(cluster_id: int, capture_id: int) -> TrafficCapture:
@@ -563,84 +535,3 @@ def export_for_replay(cluster_id: int, capture_id: int, until: int | None = None
 
 
 # ----------------------------------------------------------------- fidelity
-
-FIDELITY_METRICS = ("ttft_mean_s", "ttft_p99_s", "tpot_mean_s", "tpot_p99_s")
-WHOLE_CLUSTER_ARM = "default"  # router_worker.runtime.DEFAULT_ARM: no canary split it
-
-
-def _taken(capture: TrafficCapture, max_requests: int | None, until: int | None) -> Any:
-    """The rows a replay of the capture takes: its first ``max_requests`` by arrival, as
-    far as the job pinned it, in the replay's order."""
-    rows = _rows(capture, until).order_by("at", "pk")
-    return rows[:max_requests] if max_requests else rows
-
-
-def whole_cluster_versions(
-    capture_id: int, max_requests: int | None, until: int | None = None
-) -> tuple[int, dict[int, int], int]:
-    """Of the requests a replay of the capture takes: how many, how many were routed under
-    each config version on the whole cluster (no canary arm), and how many carry no config
-    version (captured by routers older than the field)."""
-    capture = TrafficCapture.objects.filter(pk=capture_id).first()
-    if capture is None:
-        return 0, {}, 0
-    taken = list(_taken(capture, max_requests, until).values_list("config_version", "arm"))
-    by_version: dict[int, int] = {}
-    for version, arm in taken:
-        if version is not None and arm == WHOLE_CLUSTER_ARM:
-            by_version[version] = by_version.get(version, 0) + 1
-    return len(taken), by_version, sum(version is None for version, _ in taken)
-
-
-def selected_positions(
-    capture_id: int, max_requests: int | None, until: int | None, versions: list[int]
-) -> set[int]:
-    """Positions, in the replay's order (its requests' indices), of the requests routed
-    under one of ``versions`` on the whole cluster."""
-    capture = TrafficCapture.objects.filter(pk=capture_id).first()
-    if capture is None:
-        return set()
-    wanted = set(versions)
-    rows = _taken(capture, max_requests, until).values_list("config_version", "arm")
-    return {
-        position
-        for position, (version, arm) in enumerate(rows)
-        if version in wanted and arm == WHOLE_CLUSTER_ARM
-    }
-
-
-def live_latencies(
-    capture_id: int,
-    max_requests: int | None,
-    until: int | None = None,
-    versions: list[int] | None = None,
-) -> dict[str, Any] | None:
-    """What the routers measured for the requests a replay of the capture takes (its first
-    ``max_requests`` by arrival), in the engines' own time: mean and p99 TTFT and TPOT of
-    the answered ones (TTFT and TPOT are measured on streams). ``versions``: only those
-    routed under one of these config versions on the whole cluster (one policy's)."""
-    capture = TrafficCapture.objects.filter(pk=capture_id).first()
-    if capture is None:
-        return None
-    rows = _taken(capture, max_requests, until).values_list(
-        "config_version", "arm", "status", "ttft_s", "tpot_s"
-    )
-    wanted = None if versions is None else set(versions)
-    taken = [
-        (status, ttft, tpot)
-        for version, arm, status, ttft, tpot in rows
-        if wanted is None or (version in wanted and arm == WHOLE_CLUSTER_ARM)
-    ]
-    scale = capture.engine_time_scale or 1.0
-    ttft = [t / scale for status, t, _ in taken if status == 200 and t is not None]
-    tpot = [t / scale for status, _, t in taken if status == 200 and t is not None]
-    if not ttft:
-        return None
-    return {
-        "requests": len(taken),
-        "measured": len(ttft),
-        "ttft_mean_s": float(np.mean(ttft)),
-        "ttft_p99_s": float(np.percentile(ttft, 99)),
-        "tpot_mean_s": float(np.mean(tpot)) if tpot else None,
-        "tpot_p99_s": float(np.percentile(tpot, 99)) if tpot else None,
-    }

@@ -8,6 +8,7 @@ from typing import Any
 from django.utils.crypto import salted_hmac
 
 from controlplane.models import CanarySplit, Cluster, ConfigVersion
+from controlplane.selectors.captures import capture_document
 from router_worker.contract.config import ConfigError, parse_config
 
 from . import notify
@@ -122,7 +123,6 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
         "policy": cluster.active_policy.spec(),
         "canary": canary_document(canary) if canary else None,
     }
-    from .captures import capture_document
 
     capture = capture_document(cluster)
     if capture is not None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from django.db import models
 
+INT_COLUMN = 2**31 - 1  # models.IntegerField in Postgres
+
 
 def max_length(model: type[models.Model], name: str) -> int:
     """The ``max_length`` of one of ``model``'s character fields."""

@@ -17,7 +17,6 @@ unacknowledged, to be delivered again.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -53,7 +52,8 @@ from router_worker.contract.telemetry import (
 )
 
 from . import rollups
-from .fields import max_length
+from .entries import LATEST_UNIX, PoisonEntry, entry_bytes, raw_data, text
+from .fields import INT_COLUMN, max_length
 
 log = logging.getLogger(__name__)
 GROUP = "controlplane-ingest"
@@ -66,8 +66,6 @@ QUARANTINE_COUNTS = "switchyard:quarantine:counts"  # hash: source stream -> ent
 QUARANTINE_MAXLEN = 1_000  # the newest entries stay inspectable; the counts never shrink
 QUARANTINED_DATA_BYTES = 16_384
 REASON_CHARS = 500
-LATEST_UNIX = datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC).timestamp()
-INT_COLUMN = 2**31 - 1  # models.IntegerField in Postgres
 MAX_EVENT_BYTES = 1024 * 1024  # a router's events are a few hundred bytes
 # A metrics record carries at most two samples per request it covers (a second's worth).
 MAX_METRICS_BYTES = 8 * 1024 * 1024
@@ -76,10 +74,6 @@ MAX_METRICS_BYTES = 8 * 1024 * 1024
 CAPTURE_SLICE_BYTES = 4 * 1024 * 1024
 CAPTURE_RUN_BYTES = 64 * 1024 * 1024
 CAPTURE_RUN_S = 20.0
-
-
-class PoisonEntry(ValueError):
-    """A stream entry that cannot be stored, whatever the retries: it is quarantined."""
 
 
 class StorableEvent(EventRecord):
@@ -202,7 +196,7 @@ def require_storable(value: Any, path: str = "") -> None:
 
 
 def parse_event(fields: dict) -> EventRecord:
-    size = len(_raw_data(fields))
+    size = len(raw_data(fields))
     if size > MAX_EVENT_BYTES:
         raise PoisonEntry(f"{size} bytes, more than {MAX_EVENT_BYTES}")
     event = StorableEvent.from_stream_fields(fields)
@@ -213,7 +207,7 @@ def parse_event(fields: dict) -> EventRecord:
 
 
 def parse_metrics(fields: dict) -> MetricsRecord:
-    size = len(_raw_data(fields))
+    size = len(raw_data(fields))
     if size > MAX_METRICS_BYTES:
         raise PoisonEntry(f"{size} bytes, more than {MAX_METRICS_BYTES}")
     record = StorableMetrics.from_stream_fields(fields)
@@ -308,22 +302,6 @@ def _store_entry(
         return _reason(error)
 
 
-def _raw_data(fields: dict) -> bytes:
-    data = fields.get(b"data", fields.get("data"))
-    if data is None:  # not the contract's shape: keep every field
-        data = json.dumps({_text(k): _text(v) for k, v in fields.items()})
-    return data if isinstance(data, bytes) else str(data).encode()
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
-
-
-def entry_bytes(fields: dict) -> int:
-    """The size of an entry's ``data`` (or of all its fields, for one of another shape)."""
-    return len(_raw_data(fields))
-
-
 _BLOCK_HASHES = re.compile(rb'("block_hashes"\s*:\s*)"[^"]*("|$)')
 
 
@@ -407,7 +385,7 @@ def _settle(
     for entry_id, fields, reason in poisoned:
         pipe.xadd(
             QUARANTINE_STREAM,
-            _quarantine_fields(stream, entry_id, _raw_data(fields), reason),
+            _quarantine_fields(stream, entry_id, raw_data(fields), reason),
             maxlen=QUARANTINE_MAXLEN,
             approximate=True,
         )
@@ -510,7 +488,7 @@ def _ingest_slice(
             else:
                 result.duplicates += 1
     for entry_id, _, reason in poisoned:
-        log.warning("%s entry %s quarantined: %s", stream, _text(entry_id), reason)
+        log.warning("%s entry %s quarantined: %s", stream, text(entry_id), reason)
     result.quarantined += len(poisoned)
     _settle(client, stream, [entry_id for entry_id, _ in entries], poisoned, delete_acknowledged)
 
@@ -608,7 +586,7 @@ def quarantine_summary(client: redis.Redis, limit: int = 50) -> QuarantineSummar
     as 0, a field that is not what ingest writes falls back to what can be known."""
     counts: dict[str, int] = {}
     for key, value in client.hscan_iter(QUARANTINE_COUNTS, count=100):
-        source = _text(key[:SOURCE_CHARS])
+        source = text(key[:SOURCE_CHARS])
         counts[source] = counts.get(source, 0) + _count(value)
     # XREVRANGE gives an id and fields for each entry (redis-py's type admits None for both)
     newest = cast(
@@ -631,17 +609,17 @@ def _count(value: bytes) -> int:
 
 def _quarantined_entry(entry_id: bytes, fields: dict[bytes, bytes]) -> QuarantinedEntry:
     def get(name: str, limit: int = SOURCE_CHARS) -> str:
-        return _text(fields.get(name.encode(), b"")[:limit])
+        return text(fields.get(name.encode(), b"")[:limit])
 
     data = get("data", QUARANTINED_DATA_BYTES)
     return QuarantinedEntry(
-        id=_text(entry_id),
+        id=text(entry_id),
         source=get("source"),
         entry_id=get("entry_id"),
         reason=get("reason", REASON_CHARS),
         data=data,
         data_bytes=_count(fields.get(b"data_bytes", b"")) or len(data),
-        at=_entry_time(get("at"), _text(entry_id)),
+        at=_entry_time(get("at"), text(entry_id)),
     )
 
 

@@ -26,6 +26,7 @@ from django.db.models import Avg, F, Q
 from django.utils import timezone
 
 from controlplane.models import ReplayCell, ReplayJob
+from controlplane.selectors import captures as capture_reads
 from engine_interface.stats import CONFIDENCE, mean_ci
 
 CI_KEYS = (
@@ -234,8 +235,6 @@ def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] 
     knows how far to trust the other rows. None for other traces, or when that policy was
     not replayed at rate scale 1. A job asked for before selections (or of a capture whose
     requests carry no config version) compares the active policy on every request."""
-    from . import captures
-
     trace, ids = str(inputs.get("trace", "")), inputs.get("policy_ids") or []
     if not trace.startswith("capture:"):
         return None
@@ -259,7 +258,7 @@ def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] 
         None,
     )
     versions = selection.get("versions")
-    live = captures.live_latencies(
+    live = capture_reads.live_latencies(
         int(trace.split(":", 1)[1]),
         inputs.get("max_requests"),
         inputs.get("capture_until"),
@@ -271,7 +270,7 @@ def fidelity(inputs: dict[str, Any], results: dict[str, Any]) -> dict[str, Any] 
     if replayed_on is None:
         return None
     metrics = []
-    for key in captures.FIDELITY_METRICS:
+    for key in capture_reads.FIDELITY_METRICS:
         measured, replayed = live.get(key), replayed_on.get(key)
         ratio = None
         if measured and replayed is not None:

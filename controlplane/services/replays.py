@@ -16,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from controlplane.models import Cluster, ConfigVersion, Policy, ReplayCell, ReplayJob
+from controlplane.selectors import captures as capture_reads
 
 from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
@@ -138,7 +139,7 @@ def _checked_inputs(
     }
     if trace.startswith("capture:"):  # every cell replays the capture as it is now
         capture = captures.require_replayable(cluster.pk, trace_capture_id(trace))
-        inputs["capture_until"] = captures.last_row(capture)
+        inputs["capture_until"] = capture_reads.last_row(capture)
     if isinstance(policies, list) and len(policies) * len(scales) * count > MAX_CELLS:
         problems.found.append(
             {
@@ -296,7 +297,7 @@ def fidelity_selection(cluster: Cluster, inputs: dict[str, Any]) -> dict[str, An
     trace = str(inputs.get("trace", ""))
     if not trace.startswith("capture:"):
         return None
-    total, by_version, unversioned = captures.whole_cluster_versions(
+    total, by_version, unversioned = capture_reads.whole_cluster_versions(
         trace_capture_id(trace), inputs.get("max_requests"), inputs.get("capture_until")
     )
     specs, ids = inputs["policies"], inputs.get("policy_ids") or []

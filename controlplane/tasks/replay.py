@@ -21,7 +21,8 @@ from celery.exceptions import SoftTimeLimitExceeded
 from django.db import connection
 
 from controlplane.models import Cluster, ReplayCell, ReplayJob
-from controlplane.services import captures, replay_cells
+from controlplane.selectors import captures as capture_reads
+from controlplane.services import replay_cells
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
 from controlplane.services.traces import check_trace
@@ -106,7 +107,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         model=simulator_model(cluster),
         seed=cell.seed,
         policy_params={spec["kind"]: spec.get("params", {})},
-        max_model_len=captures.replay_max_model_len(inputs["trace"]) or 0,
+        max_model_len=capture_reads.replay_max_model_len(inputs["trace"]) or 0,
         num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
     )
 
@@ -141,7 +142,7 @@ def _fidelity_positions(cell: ReplayCell) -> set[int] | None:
     versions = selection.get("versions")
     if not versions or selection.get("policy") != cell.policy or cell.rate_scale != 1.0:
         return None
-    return captures.selected_positions(
+    return capture_reads.selected_positions(
         replay_service.trace_capture_id(inputs["trace"]),
         inputs.get("max_requests"),
         inputs.get("capture_until"),

@@ -9,11 +9,11 @@ import os
 import subprocess
 import sys
 
-from controlplane.router_hosts import identity
 from django.contrib.auth import get_user_model
 from django.test import Client, override_settings
 
 from controlplane.models import CanarySplit, ConfigVersion, TrafficCapture
+from controlplane.router_hosts import identity
 from controlplane.services import captures, config
 from controlplane.services.audit import Actor
 

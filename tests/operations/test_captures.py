@@ -15,6 +15,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from controlplane.models import AuditEvent, CapturedRequest, TrafficCapture
+from controlplane.selectors import captures as capture_reads
 from controlplane.services import captures, config, ingest
 from controlplane.services.audit import Actor
 from controlplane.services.errors import Conflict, Invalid, ServiceError
@@ -193,7 +194,7 @@ def test_the_export_merges_routers_in_arrival_order_and_chains_sessions(
     ingest.ingest_captures(streams)
     capture.refresh_from_db()
     assert capture.max_model_len == 65536  # the smaller engine's, which refuses more
-    assert captures.replay_max_model_len(capture.trace) == 65536
+    assert capture_reads.replay_max_model_len(capture.trace) == 65536
     path = captures.export_for_replay(routed.pk, capture.pk)
     records = read_trace(path)
     assert [r.arrival_s for r in records] == [0.0, 1.0, 2.0, 3.0]
@@ -263,9 +264,9 @@ def test_the_export_and_the_live_latencies_are_in_the_engines_time(routed, strea
     rows = [json.loads(line) for line in captures.export_lines(capture)]
     assert [r["timestamp"] for r in rows] == [0.0, 2.0, 3.0]  # wall seconds ÷ 2
     assert [r["ttft_s"] for r in rows] == [0.2, 0.4, None]
-    live = captures.live_latencies(capture.pk, None)
+    live = capture_reads.live_latencies(capture.pk, None)
     assert live is not None and (live["requests"], live["measured"]) == (3, 2)
     assert live["ttft_mean_s"] == pytest.approx(0.3) and live["tpot_mean_s"] == pytest.approx(0.03)
-    assert captures.live_latencies(capture.pk, 1)["measured"] == 1  # type: ignore[index]
+    assert capture_reads.live_latencies(capture.pk, 1)["measured"] == 1  # type: ignore[index]
     with pytest.raises(ServiceError, match="engine_time_scale"):
         captures.start_capture(OPERATOR, routed.pk, name="x", engine_time_scale="fast")

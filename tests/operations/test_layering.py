@@ -158,3 +158,23 @@ def test_the_control_plane_may_import_no_router_module_but_the_contract_and_rout
     }
     allowed = {"router_worker.contract", "router_worker.routing"}
     assert set(contract["forbidden_modules"]) == children - allowed
+
+
+def test_the_control_planes_services_and_selectors_import_each_other_in_no_circle() -> None:
+    """A circle among the services (captures, clusters, config, ingest imported each other,
+    some of it hidden in function-level imports) makes any of them hard to change alone."""
+    import grimp
+
+    graph = grimp.build_graph("controlplane")
+    layer = {
+        m
+        for m in graph.modules
+        if m.startswith(("controlplane.services", "controlplane.selectors"))
+    }
+    circles = sorted(
+        (importer, imported)
+        for importer in layer
+        for imported in graph.find_modules_directly_imported_by(importer) & layer
+        if graph.find_shortest_chain(importer=imported, imported=importer)
+    )
+    assert circles == []

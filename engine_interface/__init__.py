@@ -15,10 +15,10 @@
   blocks are summed over an instance's engines; KV usage is the *mean* of the engines'
   fractions (each engine's cache is the same size, so this is the instance's fraction). A
   cluster-wide KV usage is likewise the mean of per-instance fractions.
-* :mod:`engine_interface.stats`: the one statistics module: the load balance
-  (:func:`load_cv` / :func:`mean_load_cv`) and latency (:func:`percentile`) statistics every
-  report (router, control plane, replay, benches) computes, and the confidence intervals
-  of a mean or a percentile the pages and benches report.
+* :mod:`engine_interface.stats`: the load balance (:func:`load_cv` / :func:`mean_load_cv`)
+  and latency (:func:`percentile`) statistics every report (router, control plane, replay,
+  benches) computes; the confidence intervals the pages and benches give are
+  ``enginesim.stats``'s (scipy: not on a router host).
 * :mod:`engine_interface.kv_events`: constants of vLLM's KV-event ZMQ protocol (a module of
   its own, free of the parser's dependencies, so that the pure routing code may import it).
 

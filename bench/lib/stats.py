@@ -23,7 +23,7 @@ import numpy as np
 
 from bench.lib.processes import ROUTER_ADMIN_TOKEN
 from engine_interface import Histogram, read_histogram, read_samples
-from engine_interface.stats import CONFIDENCE, Estimate, mean_ci
+from enginesim.stats import CONFIDENCE, Estimate, mean_ci
 
 TIE_TOLERANCE = 0.01  # of the reference's mean: a smaller difference is a tie however sure
 

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from controlplane.models import ReplayCell, ReplayJob
 from controlplane.selectors import captures as capture_reads
-from engine_interface.stats import CONFIDENCE, mean_ci
+from enginesim.stats import CONFIDENCE, mean_ci
 
 CI_KEYS = (
     "goodput_rps",

@@ -18,7 +18,7 @@ from controlplane.services import canaries as canary_service
 from controlplane.services import guardrails, numbers
 from controlplane.services.errors import NotFound, ServiceError
 from controlplane.services.validation import policy_kinds
-from engine_interface.stats import describe
+from enginesim.stats import describe
 
 from . import reads
 from .access import actor, operator_required, viewer_required

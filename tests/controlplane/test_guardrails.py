@@ -1,7 +1,7 @@
 """Canary guardrails: one typed model (controlplane/services/guardrails.py) behind the API,
 the form and ``SWITCHYARD_CANARY_DEFAULTS``; each bad value is refused naming its field.
 
-Issue 61 found ``min_samples: 0`` accepted by all three, and a canary stored with it passed
+``min_samples: 0`` was once accepted by all three, and a canary stored with it passed
 steps without data; the judge's side is in tests/operations/test_judge.py, the form's in
 tests/web/test_param_forms.py.
 """

@@ -100,7 +100,7 @@ def test_an_empty_arm_is_no_data_even_when_a_stored_canary_requires_no_samples()
 
 
 def test_a_stored_min_samples_of_0_never_passes_a_step_without_data():
-    """Issue 61: a canary stored with min_samples 0 passed a step whose baseline arm served
+    """A canary stored with min_samples 0 once passed a step whose baseline arm served
     nothing (its guard held at 0 samples, its tests had no data, so nothing failed)."""
     stored = Guardrails.of_stored({"min_samples": 0})
     assert stored.min_samples == 1

@@ -189,7 +189,7 @@ def test_canary_form_accepts_the_corrected_value(as_role, cluster) -> None:
 @pytest.mark.parametrize(
     ("typed", "message"),
     [
-        # issue 61: min_samples 0 was accepted and passed steps without data
+        # min_samples 0 was once accepted, and passed steps without data
         ({"guard.min_samples": "0"}, "must be a whole number ≥ 1 (got 0)"),
         ({"guard.min_samples": "2.5"}, "must be a whole number (got 2.5)"),
         ({"guard.min_samples": "2e"}, "'2e' is not a number"),

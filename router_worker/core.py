@@ -213,6 +213,10 @@ class RouterCore:
         """A request refused before it was routed (key, size, admission, bad body)."""
         self.metrics.child(self.metrics.rejected, str(status)).inc()
 
+    def left_unread(self) -> None:
+        """A client went away before its request's body was read whole."""
+        self.metrics.bodies_unread.inc()
+
     def holding(self, delta: int) -> None:
         """The request path took a request in (+1) or let it go (-1)."""
         self.metrics.in_flight_count += delta

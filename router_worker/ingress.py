@@ -169,7 +169,7 @@ class Ingress:
                 Exchange(plan, scope["path"], raw, intake.stream, up, send, watch, detail)
             )
         except ClientGone:
-            pass
+            core.left_unread()
         except APIError as error:
             if plan is None:
                 core.refused(error.status)

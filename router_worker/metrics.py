@@ -273,6 +273,12 @@ class RouterMetrics:
             "Request bodies dropped unparsed from the intake queue: their client went away.",
             registry=r,
         )
+        self.bodies_unread = Counter(
+            "switchyard_router_bodies_unread",
+            "Requests whose client went away before the router had read their whole body: "
+            "nothing of them was parsed or routed.",
+            registry=r,
+        )
         self.intake_abandoned = Counter(
             "switchyard_router_intake_abandoned",
             "Request bodies whose client went away while an intake worker process was taking "

@@ -42,6 +42,8 @@ COLUMNS = (
     "lost",
     "audit_events_lost",
     "judgements_skipped",
+    "fivexx_seen",
+    "loops_stalled",
     "recovery_s",
 )
 HEADERS = (
@@ -52,6 +54,8 @@ HEADERS = (
     "requests lost",
     "audit events lost",
     "judgements skipped",
+    "5xx seen",
+    "loops stalled",
     "recovery (s)",
 )
 

@@ -3,7 +3,10 @@ reads and router heartbeats write none."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from asgiref.sync import async_to_sync
 from django.test import Client
 
 from controlplane.models import AuditEvent
@@ -45,14 +48,22 @@ def test_refused_mutation_writes_no_audit_row(world, users, endpoint) -> None:
     assert AuditEvent.objects.count() == count
 
 
-def test_reads_and_heartbeats_write_no_audit_row(world, users) -> None:
+def test_reads_and_heartbeats_write_no_audit_row_but_downloads_do(world, users) -> None:
+    """A read leaves no trace in the audit log; a download of captured traffic (the
+    trace of a capture: who took a copy of the cluster's traffic) does, one row each."""
     count = AuditEvent.objects.count()
+    downloads = [e for e in READS if e.path.endswith("/trace")]
+    assert downloads  # the capture trace is among the reads
     for endpoint in READS:
-        assert call(session_client(users["viewer"]), endpoint, world.ids).status_code == 200
+        response = call(session_client(users["viewer"]), endpoint, world.ids)
+        assert response.status_code == 200
+        if response.streaming:
+            drain(response)
     router = Client(headers={"Authorization": f"Bearer {world.router_token}"})
     for endpoint in ROUTER_AGENT:
         assert call(router, endpoint, world.ids).status_code == 200
-    assert AuditEvent.objects.count() == count
+    written = AuditEvent.objects.order_by("pk")[count:]
+    assert [e.action for e in written] == ["capture.download"] * len(downloads)
 
 
 @pytest.mark.parametrize(
@@ -94,3 +105,16 @@ def test_audit_events_endpoint_filters_by_action_and_actor(world, users) -> None
     assert page["items"][0]["before"]["state"] == "enabled"
     assert page["items"][0]["after"]["state"] == "draining"
     assert client.get("/api/v1/audit-events", {"action": "nope"}).json()["count"] == 0
+
+
+def drain(response: Any) -> None:
+    """Read a streamed answer to its end (an async one as ASGI would)."""
+    if not response.is_async:
+        b"".join(response.streaming_content)
+        return
+
+    async def read() -> None:
+        async for _ in response.streaming_content:
+            pass
+
+    async_to_sync(read)()

@@ -1,6 +1,6 @@
 """The sampled decision stream, in process: which decisions the router keeps for the live
 view, and what their records carry. The unit tests drive the real router core directly
-(planned and finished as the proxy does, no engine); the last test runs a router process
+(planned and finished as the request path does, no engine); the last test runs a router process
 against enginesim and a private Redis."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def make_core(
 
 
 def _intake(core: RouterCore, prompt: str) -> Intake:
-    """The request as the proxy's intake step hands it to the core."""
+    """The request as the request path's intake step hands it to the core."""
     runtime = core.runtime
     assert runtime is not None
     body = json.dumps({"model": MODEL, "prompt": prompt}).encode()
@@ -66,7 +66,7 @@ def _intake(core: RouterCore, prompt: str) -> Intake:
 def route(
     core: RouterCore, prompt: str, *, session: str | None = None, fail_first: bool = False
 ) -> Plan:
-    """Plan, dispatch and finish one request the way the proxy drives the core."""
+    """Plan, dispatch and finish one request the way the request path drives the core."""
     assert core.runtime is not None
     headers = {"x-session-id": session} if session else {}
     plan = core.plan(core.runtime, _intake(core, prompt), headers, time.perf_counter())

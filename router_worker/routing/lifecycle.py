@@ -1,8 +1,9 @@
 """One request's life at the router: its attempts, their indicator accounting, the retry rule.
 
 Pure (no I/O, no clock: every method takes ``now``), so the live router
-(:mod:`router_worker.core`, :mod:`router_worker.dispatch`, :mod:`router_worker.relay`) and the simulator
-(:mod:`enginesim.replay.simulator`) drive the same object and cannot drift apart.
+(:mod:`router_worker.core`, :mod:`router_worker.dispatch`, :mod:`router_worker.relay`) and
+the simulator (:mod:`enginesim.replay.simulator`) drive the same object and cannot drift
+apart.
 
 An attempt goes ``routed → dispatched → first_token`` and ends ``finished``, ``failed``,
 ``abandoned`` (the client went away), ``migrated`` (taken back to move the request) or

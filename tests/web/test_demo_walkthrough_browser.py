@@ -17,6 +17,7 @@ not five. The whole walk takes four to five minutes.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -33,6 +34,10 @@ from .helpers import ROOT, subprocess_env
 from .stack import chat, wait_for
 
 pytestmark = [
+    pytest.mark.skipif(
+        os.environ.get("CI") == "true",
+        reason="timed out waiting for the canary's verdict in 2 of 4 full runs: not in CI until fixed",
+    ),
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(900),

@@ -36,7 +36,7 @@ from .stack import chat, wait_for
 pytestmark = [
     pytest.mark.skipif(
         os.environ.get("CI") == "true",
-        reason="timed out waiting for the canary's verdict in 2 of 4 full runs: not in CI until fixed",
+        reason="timed out waiting for the canary's verdict in 2 of 4 full runs",
     ),
     pytest.mark.browser,
     pytest.mark.django_db(transaction=True),

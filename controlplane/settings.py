@@ -210,6 +210,9 @@ ROUTER_HEARTBEAT_TIMEOUT_S = float(env("SWITCHYARD_ROUTER_HEARTBEAT_TIMEOUT", "1
 # Reconcile runs every 5 s; a longer gap between runs (beat, workers or Postgres down) means
 # the control plane may not have been listening, and heartbeat silence starts counting anew.
 ROUTER_LISTEN_GAP_S = float(env("SWITCHYARD_ROUTER_LISTEN_GAP", "12"))
+# Seconds after which an open websocket re-checks its session and role before its next push
+# (changes that announce themselves close it at once; see controlplane/realtime/access.py).
+WEBSOCKET_RECHECK_S = float(env("SWITCHYARD_WEBSOCKET_RECHECK", "30"))
 # Managed routers get a Redis user of their own (made by the routers worker with ACL
 # SETUSER), allowed only their cluster's keys and channels: see router_hosts/identity.py.
 # "off" for a Redis without ACLs (before 7.0) or that the control plane may not administer:

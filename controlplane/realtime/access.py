@@ -3,8 +3,8 @@
 A socket is authorised when it connects, but the session can end (logout), the user can be
 deactivated or lose the role afterwards. Each of those announces itself to the user's
 Channels group (`access_group`), whose sockets then re-check at once; and every socket
-re-checks before a push at least every `RECHECK_S`, which also covers changes that send
-no signal (a bulk update, an expired session).
+re-checks before a push at least every ``settings.WEBSOCKET_RECHECK_S`` (30 s), which also
+covers changes that send no signal (a bulk update, an expired session).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from django.db.models.signals import m2m_changed, post_save
 from controlplane.services.roles import has_role
 
 log = logging.getLogger(__name__)
-RECHECK_S = 30.0
 CHECK_MESSAGE = {"type": "access.check"}  # handled by `access_check` of every consumer
 
 

@@ -8,6 +8,7 @@ import time
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from django.conf import settings
 
 from . import access
 from .state import group_name
@@ -59,10 +60,12 @@ class AuthenticatedJsonConsumer(AsyncJsonWebsocketConsumer):
         return not self.revoked
 
     async def push(self, message: dict) -> None:
-        """Send, re-checking access first when the last check is `RECHECK_S` old."""
+        """Send, re-checking access first when the last check is as old as the re-check
+        interval (``settings.WEBSOCKET_RECHECK_S``)."""
         if self.revoked:
             return
-        if time.monotonic() - self.checked_at >= access.RECHECK_S and not await self.recheck():
+        due = time.monotonic() - self.checked_at >= settings.WEBSOCKET_RECHECK_S
+        if due and not await self.recheck():
             return
         await self.send_json(message)
 

@@ -1,18 +1,18 @@
 """Open websockets lose access when their session or role does: logout, deactivation and
 a role taken away close them at once; a change no signal announces (a bulk update) closes
 them at the next push once the periodic re-check is due. The ping socket needs a role too.
-Over TCP to the real server (uvicorn on the test database), but for the re-check, whose
-interval only an in-process application can be given."""
+All over TCP to the real server (uvicorn on the test database); the re-check's own server is
+started with a one-second interval (SWITCHYARD_WEBSOCKET_RECHECK)."""
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
-from asgiref.sync import async_to_sync, sync_to_async
-from channels.testing import WebsocketCommunicator
+from asgiref.sync import async_to_sync
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
@@ -21,13 +21,19 @@ from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 from websockets.typing import Origin
 
-from controlplane.asgi import application
-from controlplane.realtime import access
 from controlplane.realtime.consumers import CLOSE_UNAUTHENTICATED
 from controlplane.realtime.publisher import channel_layer_sender
 from controlplane.realtime.state import group_name
+from devharness import free_port
 
-from .helpers import PASSWORD, make_cluster, make_user
+from .helpers import (
+    PASSWORD,
+    make_cluster,
+    make_user,
+    start_asgi,
+    stop_process,
+    subprocess_env,
+)
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(60)]
 ORIGIN = (b"origin", b"http://127.0.0.1")
@@ -126,22 +132,23 @@ def test_losing_the_role_closes_the_open_socket_and_a_grant_keeps_it(asgi_server
     _closed(socket)
 
 
-async def _open(path: str, client: Client) -> tuple[WebsocketCommunicator, bool]:
-    cookie = f"sessionid={client.cookies['sessionid'].value}".encode()
-    socket = WebsocketCommunicator(application, path, headers=[(b"cookie", cookie), ORIGIN])
-    connected, _ = await socket.connect(timeout=5)
-    return socket, connected
+RECHECK_S = 1.0  # the re-check interval of the test's own server (production: 30 s)
 
 
-# In process: the re-check interval is patched, which only this process's consumers see.
-async def test_an_unannounced_change_closes_the_socket_at_the_next_due_push(monkeypatch) -> None:
-    cluster_id, client, user_pk = await sync_to_async(_login)("viewer", "ws-user")
-    socket, connected = await _open(f"/ws/clusters/{cluster_id}/", client)
-    assert connected
-    await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "n": 1})
-    assert await socket.receive_json_from(timeout=5) == {"type": "snapshot", "n": 1}
-    await sync_to_async(get_user_model().objects.filter(pk=user_pk).update)(is_active=False)
-    monkeypatch.setattr(access, "RECHECK_S", 0.0)
-    await channel_layer_sender()(group_name(cluster_id), {"type": "snapshot", "n": 3})
-    output = await socket.receive_output(timeout=5)
-    assert output == {"type": "websocket.close", "code": CLOSE_UNAUTHENTICATED}
+def test_an_unannounced_change_closes_the_socket_at_the_next_due_push(
+    transactional_db, tmp_path, sockets
+) -> None:
+    port = free_port()
+    env = {**subprocess_env(), "SWITCHYARD_WEBSOCKET_RECHECK": str(RECHECK_S)}
+    server = start_asgi(port, tmp_path / "uvicorn.log", env)
+    sockets.callback(stop_process, server.process)
+    cluster_id, _, user_pk, socket = _live(server, sockets)
+    # a bulk update sends no signal: the socket learns of it only by re-checking
+    get_user_model().objects.filter(pk=user_pk).update(is_active=False)
+    _push(cluster_id, {"type": "snapshot", "n": 2})  # may arrive: the check may be fresh
+    time.sleep(RECHECK_S)  # the last check ages past the interval
+    _push(cluster_id, {"type": "snapshot", "n": 3})
+    with pytest.raises(ConnectionClosed) as closed:
+        while True:  # never the push after the check fell due
+            assert json.loads(socket.recv(timeout=10)) == {"type": "snapshot", "n": 2}
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == CLOSE_UNAUTHENTICATED

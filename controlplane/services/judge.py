@@ -13,7 +13,9 @@ Pass advances the weight step (promotes after the last); fail counts against
 `max_failures` and rolls back past it; inconclusive pauses for the operator. Halt (too few
 samples) waits at the current weight while the arms' measured sample rates say
 `min_samples` arrives within `max_wait_seconds` of the step's start, and pauses for the
-operator, with the rates and the projection, once they say it cannot. Every judgement is
+operator, with the rates and the projection, once they say it cannot; an arm with no sample
+yet (nothing to project from: its first requests may still be running) is waited for until
+`max_wait_seconds`. Every judgement is
 stored with its evidence; every action that changes the canary is audited. One canary the
 judge cannot judge (a service error, a record it cannot read) is reported and skipped; the
 others are still judged.
@@ -223,14 +225,16 @@ class Patience:
     max_wait_s: float
     samples: dict[str, int]
     rates_per_s: dict[str, float]
-    expected_in_s: float | None  # None: an arm short of samples has none, so no rate
+    expected_in_s: float | None  # None: an arm short of samples has none yet, so no rate
 
     @property
     def wait(self) -> bool:
-        return (
-            self.expected_in_s is not None
-            and self.step_age_s + self.expected_in_s <= self.max_wait_s
-        )
+        if self.expected_in_s is None:
+            # An arm without a sample yet gives no rate to project from (its first requests
+            # may still be running): it is waited for up to max_wait_seconds, not judged
+            # hopeless at the first check.
+            return self.step_age_s < self.max_wait_s
+        return self.step_age_s + self.expected_in_s <= self.max_wait_s
 
     def explain(self, min_samples: float) -> str:
         counts = ", ".join(
@@ -238,8 +242,13 @@ class Patience:
         )
         seen = f"after {self.step_age_s:.0f} s: {counts}"
         if self.expected_in_s is None:
-            empty = [arm for arm, n in self.samples.items() if n == 0]
-            return f"{seen}; no samples on the {' and '.join(empty)} arm, so none expected"
+            empty = " and ".join(arm for arm, n in self.samples.items() if n == 0)
+            if self.wait:
+                return (
+                    f"{seen}; no samples on the {empty} arm yet: waiting up to "
+                    f"max_wait_seconds {self.max_wait_s:g} from the step's start"
+                )
+            return f"{seen}; no samples on the {empty} arm by max_wait_seconds {self.max_wait_s:g}"
         when = f"{min_samples:g} per arm expected in about {self.expected_in_s:.0f} s"
         if self.wait:
             return f"{seen}; {when} at these rates"

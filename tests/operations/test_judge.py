@@ -151,12 +151,32 @@ def test_too_little_data_waits_at_the_current_weight(running_canary):
 
 
 @pytest.mark.django_db
-def test_no_data_for_several_step_lengths_pauses_for_the_operator(running_canary):
-    feed(running_canary, ArmSample(), ArmSample(), step_age=timedelta(minutes=5))
+def test_an_arm_with_no_sample_yet_is_waited_for_not_paused_at_the_first_check(running_canary):
+    """The first check of a step can come before any candidate request has finished (the
+    walkthrough's 15 s steps on a slowed demo): no rate to project from is no verdict that
+    the samples cannot come."""
+    feed(running_canary, arm(0.5, n=12), ArmSample(), step_age=timedelta(seconds=150))
+    judgement = judged(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("halt", "wait")
+    assert running_canary.state == "progressing"
+    reason = judgement.evidence["reasons"][-1]
+    assert (
+        "no samples on the candidate arm yet" in reason and "up to max_wait_seconds 600" in reason
+    )
+
+
+@pytest.mark.django_db
+def test_no_data_until_max_wait_pauses_for_the_operator(running_canary):
+    feed(running_canary, ArmSample(), ArmSample(), step_age=timedelta(seconds=601))
     judgement = judged(running_canary.pk)
     running_canary.refresh_from_db()
     assert (judgement.verdict, judgement.action) == ("halt", "pause")
     assert running_canary.state == "paused"
+    assert (
+        "no samples on the baseline and candidate arm by max_wait_seconds 600"
+        in (judgement.evidence["reasons"][-1])
+    )
 
 
 @pytest.mark.django_db

@@ -11,16 +11,20 @@ the capacity the driver reports (what vLLM's memory profiler starts from).
 | h200 | H200 SXM 141GB | 140.4 GiB | 4.8 TB/s   | 989 TF     | 1979 TF    | H200 datasheet|
 | a100 | A100 SXM4 80GB | 79.3 GiB  | 2.039 TB/s | 312 TF     | n/a (bf16) | A100 datasheet|
 | l40s | L40S 48GB      | 44.5 GiB  | 0.864 TB/s | 362 TF     | 733 TF     | L40S datasheet|
+| h800 | H800 SXM5 80GB | 79.6 GiB  | 3.35 TB/s  | 989 TF     | 1979 TF    | H800 datasheet|
+| a800 | A800 SXM4 80GB | 79.3 GiB  | 2.039 TB/s | 312 TF     | n/a (bf16) | A800 datasheet|
 
-Architectures: H20, H100 and H200 are Hopper, A100 is Ampere, L40S is Ada. The cost model's
-efficiencies are fitted per architecture (calibration.json): vLLM runs the same kernels on
-every Hopper part, so H20 and H200, which have no usable vLLM measurement, take the
-efficiencies fitted on H100.
+Architectures: H20, H100, H200 and H800 are Hopper, A100 and A800 are Ampere, L40S is Ada.
+H800 and A800 are the export versions of H100 and A100: the same chip, memory and tensor
+throughput, with a narrower NVLink (400 GB/s), which a single-GPU instance never uses.
+The cost model's efficiencies are fitted per architecture (calibration.json): vLLM runs
+the same kernels on every part of one architecture, so H20, H200 and H800, which have no
+usable vLLM measurement, take the efficiencies fitted on H100, and A800 those of A100.
 
 Datasheets: NVIDIA's product pages/PDFs (SXM columns for H100/H200/A100-80GB).
 Driver-reported capacities (nvidia-smi "Total" MiB): H20 97871, H100 81559,
-H200 143771, A100-80GB 81251, L40S 46068 (approximate; they vary a little by
-driver and ECC setting).
+H200 143771, A100-80GB 81251, L40S 46068, H800 and A800 as their sister parts
+(approximate; they vary a little by driver and ECC setting).
 """
 
 from __future__ import annotations
@@ -96,6 +100,25 @@ GPUS: dict[str, GPUSpec] = {
         733e12,
         "NVIDIA L40S datasheet (dense, without sparsity)",
         "ada",
+    ),
+    "h800": GPUSpec(
+        "h800",
+        "NVIDIA H800 SXM5 80GB",
+        81559 * MIB,
+        3.35e12,
+        989e12,
+        1979e12,
+        "NVIDIA H800 Tensor Core GPU datasheet, SXM column",
+    ),
+    "a800": GPUSpec(
+        "a800",
+        "NVIDIA A800 SXM4 80GB",
+        81251 * MIB,
+        2.039e12,
+        312e12,
+        None,
+        "NVIDIA A800 Tensor Core GPU datasheet, 80GB SXM column",
+        "ampere",
     ),
 }
 

@@ -104,6 +104,19 @@ MODELS: dict[str, ModelSpec] = {
     "qwen2.5-7b": _qwen2_7b(
         "qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct", "hf.co/Qwen/Qwen2.5-7B-Instruct config.json"
     ),
+    "qwen2.5-14b": ModelSpec(
+        "qwen2.5-14b",
+        "Qwen/Qwen2.5-14B-Instruct",
+        48,
+        5120,
+        40,
+        8,
+        128,
+        13824,
+        152064,
+        32768,
+        source="hf.co/Qwen/Qwen2.5-14B-Instruct config.json",
+    ),
     "qwen3-30b-a3b": ModelSpec(
         "qwen3-30b-a3b",
         "Qwen/Qwen3-30B-A3B",

@@ -14,6 +14,7 @@ from controlplane.services import clusters
 from controlplane.services.audit import Actor
 from controlplane.services.errors import ServiceError
 from enginesim.engine import GPUS, MODELS
+from enginesim.replay.policy_costs import model_key
 
 from .helpers import assert_refused, session_client
 
@@ -47,7 +48,13 @@ def test_the_api_refuses_an_unknown_gpu_or_model_naming_the_known_ones(
 
 @pytest.mark.parametrize(
     ("model", "gpu_type"),
-    [("Qwen/Qwen2-7B-Instruct", "h20"), ("qwen3-8b", "H100"), ("meta-llama/Llama-3.1-8B", "a100")],
+    [
+        ("Qwen/Qwen2-7B-Instruct", "h20"),
+        ("qwen3-8b", "H100"),
+        ("meta-llama/Llama-3.1-8B", "a100"),
+        ("Qwen/Qwen2.5-14B-Instruct", "h800"),
+        ("qwen2.5-14b", "A800"),
+    ],
 )
 def test_known_spellings_are_accepted_as_given(users, model, gpu_type) -> None:
     response = post(
@@ -62,3 +69,9 @@ def test_the_service_refuses_them_too() -> None:
     with pytest.raises(ServiceError) as refused:
         clusters.create_cluster(SYSTEM, name="tpu", model="qwen2-7b", gpu_type="tpu-v5")
     assert refused.value.field == "gpu_type" and "h100" in refused.value.message
+
+
+def test_a_model_is_told_from_its_smaller_sibling_by_its_whole_name() -> None:
+    """Qwen2.5-14B must not resolve to the 7B that shares its family prefix."""
+    assert model_key("Qwen/Qwen2.5-14B-Instruct") == "qwen2.5-14b"
+    assert model_key("Qwen/Qwen2.5-7B-Instruct") == "qwen2.5-7b"

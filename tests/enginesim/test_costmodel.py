@@ -68,3 +68,35 @@ def test_every_pair_prices_steps_and_sizes_its_kv(gpu, model):
     weights = MODELS[model].weight_bytes()
     if weights < 0.85 * GPUS[gpu].memory_bytes:
         assert EngineConfig.for_hardware(gpu, model).num_gpu_blocks > 0
+
+
+@pytest.mark.parametrize(("export", "sister"), [("h800", "h100"), ("a800", "a100")])
+def test_export_parts_price_a_step_as_their_sister_chip(export, sister):
+    """H800 and A800 are H100 and A100 with a narrower NVLink, which one GPU never uses: the
+    datasheets give the same memory, bandwidth and tensor throughput, so every step costs
+    the same."""
+    for step in (StepBatch.decode(8, 2000), StepBatch.prefill(4096)):
+        assert CostModel(export, "qwen2.5-14b").step_time(step) == pytest.approx(
+            CostModel(sister, "qwen2.5-14b").step_time(step)
+        )
+
+
+def test_an_a800_takes_vllms_large_gpu_defaults_unlike_an_a100():
+    """vLLM picks 8192 batched tokens / 1024 sequences on GPUs of >= 70 GiB unless "a100" is
+    in the device name: an A800 ("NVIDIA A800-SXM4-80GB") gets the large defaults, so the
+    same memory holds fewer KV blocks than on an A100, which gets 2048 / 256."""
+    a800 = EngineConfig.for_hardware("a800", "qwen2.5-14b")
+    a100 = EngineConfig.for_hardware("a100", "qwen2.5-14b")
+    assert (a800.max_num_batched_tokens, a800.max_num_seqs) == (8192, 1024)
+    assert (a100.max_num_batched_tokens, a100.max_num_seqs) == (2048, 256)
+    assert 0 < a800.num_gpu_blocks < a100.num_gpu_blocks
+
+
+def test_a_14b_model_reads_twice_the_weights_of_a_7b_per_decode_step():
+    """Qwen2.5-14B (hf config: 48 layers, hidden 5120, MLP 13824, 8 KV heads) has about
+    14.7B parameters against Qwen2.5-7B's 7.6B, so a small decode batch, bound by reading
+    the weights, takes roughly twice as long on the same GPU."""
+    assert 14.0e9 < MODELS["qwen2.5-14b"].total_params < 15.5e9
+    small = CostModel("h20", "qwen2.5-7b").step_time(StepBatch.decode(1, 256))
+    large = CostModel("h20", "qwen2.5-14b").step_time(StepBatch.decode(1, 256))
+    assert 1.6 < large / small < 2.2

@@ -54,6 +54,13 @@ class Guardrails(BaseModel):
         description="hard guard: highest share of the candidate's decisions that may be "
         "hotspot fallbacks per step",
     )
+    max_ttft_p95_ratio: float = Field(
+        3.0,
+        ge=1,
+        le=1_000,
+        description="hard guard: highest ratio of the candidate's p95 TTFT to the baseline's "
+        "per step (catches a tail that the median test cannot see)",
+    )
     min_samples: int = Field(
         50,
         ge=1,

@@ -72,7 +72,7 @@ class MetricTest:
 class Guard:
     """One hard guard of a step: its measured value against its limit."""
 
-    name: str  # min_samples | error_rate | hotspot_fallback_rate
+    name: str  # "min_samples" or a key of GUARD_LABELS
     value: float | None
     limit: float
     passed: bool | None  # None: not measurable (the candidate served no request)
@@ -120,7 +120,12 @@ def compare(
     return MetricTest(metric, n_b, n_c, med_b, med_c, effect, p_value, outcome)
 
 
-GUARD_LABELS = {"error_rate": "error rate", "hotspot_fallback_rate": "hotspot fallback rate"}
+GUARD_LABELS = {
+    "error_rate": "error rate",
+    "hotspot_fallback_rate": "hotspot fallback rate",
+    "ttft_p95_ratio": "TTFT p95 ratio",
+}
+TAIL_PERCENTILE = 95
 
 
 def usable_samples(sample: ArmSample) -> int:
@@ -147,7 +152,22 @@ def guards_of(samples: dict[str, ArmSample], guardrails: Guardrails) -> list[Gua
         limit = getattr(guardrails, f"max_{name}")
         rate = count / candidate.requests if candidate.requests else None
         guards.append(Guard(name, rate, limit, None if rate is None else rate <= limit))
+    guards.append(tail_guard(samples, guardrails))
     return guards
+
+
+def tail_guard(samples: dict[str, ArmSample], guardrails: Guardrails) -> Guard:
+    """The candidate's p95 TTFT against the baseline's; no value (not judged) until both
+    arms hold min_samples TTFT samples: a p95 of a handful of requests is their maximum."""
+    baseline, candidate = samples["baseline"].ttft_s, samples["candidate"].ttft_s
+    limit = guardrails.max_ttft_p95_ratio
+    if min(len(baseline), len(candidate)) < guardrails.min_samples:
+        return Guard("ttft_p95_ratio", None, limit, None)
+    tail_b = percentile(baseline, TAIL_PERCENTILE)
+    tail_c = percentile(candidate, TAIL_PERCENTILE)
+    assert tail_b is not None and tail_c is not None  # each arm holds min_samples >= 1
+    ratio = tail_c / max(tail_b, MEDIAN_FLOOR_S)
+    return Guard("ttft_p95_ratio", ratio, limit, ratio <= limit)
 
 
 def arm_counts(samples: dict[str, ArmSample]) -> dict[str, dict[str, int]]:
@@ -180,7 +200,9 @@ def judge(samples: dict[str, ArmSample], guardrails: Guardrails) -> Verdict:
             arms,
         )
     reasons = [
-        f"{GUARD_LABELS[g.name]} {g.value:.3f} > {g.limit:g}" for g in guards[1:] if not g.passed
+        f"{GUARD_LABELS[g.name]} {g.value:.3f} > {g.limit:g}"
+        for g in guards[1:]
+        if g.passed is False and g.value is not None
     ]
     reasons += [
         f"{t.metric} median {t.effect:+.1%} (p={t.p_value:.3g})"

@@ -64,6 +64,7 @@ def test_judgements_accumulate_oldest_first_with_their_evidence(world, as_role) 
         ("min_samples", True),
         ("error_rate", True),
         ("hotspot_fallback_rate", True),
+        ("ttft_p95_ratio", True),
     ]
     assert evidence["reasons"] == ["no regression beyond tolerance"]
 

@@ -69,6 +69,45 @@ def test_hotspot_fallback_rate_guard_holds_at_its_limit_and_fails_beyond_it():
     assert (guard.value, guard.limit, guard.passed) == (0.505, 0.5, False)
 
 
+def tail(median: float, slow: float, n: int = 200) -> ArmSample:
+    """An arm whose median is ``median`` s and whose slowest 10% take ``slow`` s."""
+    fast = [median] * (n - n // 10)
+    return ArmSample(requests=n, ttft_s=fast + [slow] * (n // 10), tpot_s=[0.02] * n)
+
+
+def test_a_tail_the_median_test_cannot_see_fails_the_ttft_p95_guard():
+    """Both arms answer 90% of requests in 0.5 s; the candidate's slowest tenth takes 8 s
+    against the baseline's 2 s: the medians agree, the p95 ratio is 8 / 2 = 4 > 3."""
+    assert Guardrails().max_ttft_p95_ratio == 3.0
+    verdict = judge({"baseline": tail(0.5, 2.0), "candidate": tail(0.5, 8.0)}, Guardrails())
+    ttft = next(t for t in verdict.tests if t.metric == "ttft")
+    assert ttft.outcome == "pass"  # the median test alone would promote it
+    assert verdict.verdict == "fail"
+    assert verdict.reasons == ["TTFT p95 ratio 4.000 > 3"]
+    guard = next(g for g in verdict.guards if g.name == "ttft_p95_ratio")
+    assert (guard.value, guard.limit, guard.passed) == (4.0, 3.0, False)
+
+
+def test_the_ttft_p95_guard_holds_at_its_limit_and_waits_for_min_samples():
+    at_limit = judge({"baseline": tail(0.5, 2.0), "candidate": tail(0.5, 6.0)}, Guardrails())
+    assert at_limit.verdict == "pass", at_limit.reasons
+    few = judge({"baseline": tail(0.5, 2.0, n=20), "candidate": tail(0.5, 8.0, n=20)}, GUARDS)
+    guard = next(g for g in few.guards if g.name == "ttft_p95_ratio")
+    assert (guard.value, guard.passed, few.verdict) == (None, None, "halt")
+
+
+@pytest.mark.django_db
+def test_a_candidate_with_a_slow_tail_is_rolled_back(running_canary):
+    """The tail reaches the judge from the rollups and rolls the canary back."""
+    feed(running_canary, tail(0.5, 2.0), tail(0.5, 10.0))
+    judgement = judged(running_canary.pk)
+    running_canary.refresh_from_db()
+    assert (judgement.verdict, judgement.action) == ("fail", "rollback")
+    assert running_canary.state == "rolled_back"
+    guard = next(g for g in judgement.evidence["guards"] if g["name"] == "ttft_p95_ratio")
+    assert guard == {"name": "ttft_p95_ratio", "value": 5.0, "limit": 3.0, "passed": False}
+
+
 @pytest.mark.django_db
 def test_a_candidate_that_falls_back_too_often_is_rolled_back(running_canary):
     """Fallbacks counted in the rollups reach the judge: the canary rolls back on them."""
@@ -210,6 +249,7 @@ def test_every_judgement_is_kept_with_its_evidence(running_canary):
         "min_samples": False,
         "error_rate": True,
         "hotspot_fallback_rate": True,
+        "ttft_p95_ratio": None,
     }
     assert halted["tests"][0]["p_value"] is None  # too few samples: no test was run
     assert advanced["arms"] == {

@@ -182,7 +182,7 @@ class Stack:
         )
         wait_until(
             lambda: httpx.get(self.router_url + "/health", timeout=1).status_code == 200,
-            60,
+            120,  # a Celery worker, then the router it starts, on a loaded 2-core machine
             "supervised router to serve",
         )
 

@@ -2,22 +2,23 @@
 router's request path that a loaded machine cannot blur.
 
 CPU time per request (the side-by-side rows) moves by 15-30% between runs on a shared
-2-core VM, more than most changes to the request path. An instruction count does not: it
-depends on the code and its inputs, not on what else the machine runs. Each contender
+2-core VM, more than most changes to the request path. An instruction count does not: what
+a request executes depends on the code and its inputs, not on what else the machine runs.
+Each contender
 (Switchyard's round_robin and lmetric from this checkout and, with ``--before PATH``, from
 another; the Python floor, ``bench.lib.python_floor``) runs alone under ``valgrind
---tool=callgrind`` in front of the same 2 enginesim instances (H20,
-Qwen2-7B), with health checks and scrapes every 60 s so that no background work falls in
-the window. ``--warmup`` requests warm it up; then its counters are zeroed
+--tool=callgrind`` in front of the same 2 enginesim instances (H20, Qwen2-7B), with health
+checks and scrapes every 60 s, outside the window. ``--warmup`` requests warm it up; then its counters are zeroed
 (``callgrind_control``), ``--requests`` requests are sent one at a time (the same prompts in
 the same order for every contender: ``/v1/completions``, ``max_tokens`` 2, every other one
 streamed, 2-``--max-words`` words unique from their first), and the counters are dumped.
 A second window of the same length with no request measures what the idle process
-executes (event-loop timers), reported beside it.
+executes: the loops that tick with wall time (uvicorn's, the loop-lag sampler, telemetry,
+peer sync), which valgrind's slowdown and the machine's load stretch. The figure per request
+is the busy window less the idle one, divided by the requests.
 
-Rows: instructions per request (millions), as a multiple of the floor's, and the idle
-process's share of the window. Repeating a run gives the same figures within a fraction
-of a percent (shown by ``--repeat``).
+Rows: net instructions per request (millions) for each run, as a multiple of the floor's,
+and the idle window's share of the busy one.
 
     .venv/bin/python -m bench.router_overhead.instructions [--before PATH] [--requests 300]
 """
@@ -136,7 +137,7 @@ def window(pid: int, out: Path, dumps: int) -> int:
 def measure(
     who: Contender, engines: list[int], workdir: Path, args: argparse.Namespace
 ) -> tuple[float, float]:
-    """(instructions per request, idle instructions in a window as long, per request)."""
+    """(instructions in the busy window, in an idle window as long), each per request."""
     work = prompts(args.warmup + args.requests, args.max_words, args.seed)
     with under_callgrind(who, engines, workdir) as (port, pid, out):
         send(port, work[: args.warmup])
@@ -179,19 +180,22 @@ def main() -> None:
 
 
 def table(results: dict[str, list[tuple[float, float]]], args: argparse.Namespace) -> str:
-    floor = min(busy for busy, _ in results["python floor"])
+    def net(runs: list[tuple[float, float]]) -> list[float]:
+        return [busy - idle for busy, idle in runs]
+
+    floor = min(net(results["python floor"]))
     lines = [
-        f"# instructions per routed request (callgrind; {args.requests} requests after "
-        f"{args.warmup} of warm-up, one at a time, max_tokens 2, half streamed)",
+        f"# net instructions per routed request (callgrind; {args.requests} requests after "
+        f"{args.warmup} of warm-up, one at a time, max_tokens 2, half streamed; busy window "
+        "less an idle window as long)",
         "",
-        "| contender | M instructions / request (each run) | × floor | idle share of the window |",
+        "| contender | M instructions / request (each run) | × floor | idle ÷ busy window |",
         "|---|---|---:|---:|",
     ]
     for label, runs in results.items():
-        each = ", ".join(f"{busy / 1e6:.3f}" for busy, _ in runs)
-        best = min(busy for busy, _ in runs)
-        idle = max(i / b for b, i in runs)
-        lines.append(f"| {label} | {each} | {best / floor:.2f} | {idle:.1%} |")
+        each = ", ".join(f"{value / 1e6:.3f}" for value in net(runs))
+        idle = ", ".join(f"{i / b:.0%}" for b, i in runs)
+        lines.append(f"| {label} | {each} | {min(net(runs)) / floor:.2f} | {idle} |")
     return "\n".join(lines)
 
 

@@ -8,7 +8,8 @@ Each contender
 (Switchyard's round_robin and lmetric from this checkout and, with ``--before PATH``, from
 another; the Python floor, ``bench.lib.python_floor``) runs alone under ``valgrind
 --tool=callgrind`` in front of the same 2 enginesim instances (H20, Qwen2-7B), with health
-checks and scrapes every 60 s, outside the window. ``--warmup`` requests warm it up; then its counters are zeroed
+checks and scrapes every 60 s, outside the window. ``--warmup`` requests warm it up; then
+its counters are zeroed
 (``callgrind_control``), ``--requests`` requests are sent one at a time (the same prompts in
 the same order for every contender: ``/v1/completions``, ``max_tokens`` 2, every other one
 streamed, 2-``--max-words`` words unique from their first), and the counters are dumped.

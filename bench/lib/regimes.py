@@ -23,7 +23,7 @@ from typing import Any
 from bench.lib.stats import Estimate, mean_ci
 from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import metrics
-from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
+from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check_seeds, worst
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import BurstParams, hotspot_burst
 from enginesim.replay.traces import TraceRecord, read_trace, select
@@ -228,35 +228,23 @@ def estimates(runs: list[dict[str, Any]], key: str) -> Estimate:
     return mean_ci(values) if values else Estimate(math.nan, math.inf, 0)
 
 
-def seed_mean_summaries(cell: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
-    keys = ("throughput_tok_s", "ttft_mean_s", "tpot_mean_s")
-    return {p: {k: estimates(runs, k).mean for k in keys} for p, runs in cell.items()}
-
-
 def invariant_rows(
     cells: dict[str, Any], kinds: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every non-reference policy's invariant check per cell; ``kinds`` names the kind of
-    each variant (a variant of one of our policies is held to the invariant too)."""
+    """Every non-reference policy's invariant check per cell, seed by seed (the runs in
+    seed order); ``kinds`` names the kind of each variant (a variant of one of our policies
+    is held to the invariant too, and no variant counts as a baseline)."""
     kinds = kinds or {}
     rows = []
     for key, cell in cells.items():
-        if not all(ref in cell for ref in REFERENCES):
-            continue
-        means = seed_mean_summaries(cell)
+        runs = {policy: sorted(r, key=lambda run: run["seed"]) for policy, r in cell.items()}
+        baselines = [p for p in runs if kinds.get(p, p) not in OWN_POLICIES and p not in kinds]
         for policy in cell:
             if policy in REFERENCES:
                 continue
-            result = check(policy, means)
+            record = worst(check_seeds(policy, runs, baselines))
             rows.append(
-                {
-                    "cell": key,
-                    "policy": policy,
-                    "own": kinds.get(policy, policy) in OWN_POLICIES,
-                    "throughput_ratio": result.throughput_ratio,
-                    "ttft_ratio": result.ttft_ratio,
-                    "tpot_ratio": result.tpot_ratio,
-                    "breaches": result.breaches,
-                }
+                {"cell": key, "policy": policy, "own": kinds.get(policy, policy) in OWN_POLICIES}
+                | record
             )
     return rows

@@ -13,10 +13,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
+from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import invariant, metrics
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
 from enginesim.replay.synth import AgenticParams, BurstParams, agentic_sessions, hotspot_burst
-from enginesim.replay.traces import TraceRecord, read_bailian_rows, read_trace, select
+from enginesim.replay.traces import (
+    TraceRecord,
+    read_bailian_rows,
+    read_trace,
+    retime,
+    select,
+)
 from router_worker.routing import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,16 +62,38 @@ class Workload:
     slo_tpot_s: float
     params: dict[str, Any] = field(default_factory=dict)
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig fields it overrides
-    generated: bool = False  # replicates differ in their requests, not only in the sim seed
+    generated: bool = False  # drawn by a generator (else a recorded trace, resampled per seed)
 
     @property
     def slo(self) -> metrics.Slo:
         return metrics.Slo(self.slo_ttft_s, self.slo_tpot_s)
 
 
-def _trace_window(path: Path, end_s: float | None) -> Build:
+# How a seed resamples a recorded trace and the engines (module docstring of
+# bench/replay/run.py, "Seeds"): the window's start, the arrivals' re-timing and each
+# engine's per-step jitter all draw from replicate i's generator.
+RETIME_BIN_S = 30.0
+ENGINE_JITTER = 0.05  # log-sd of each engine step's lognormal factor (mean 1)
+RESAMPLE_SEED = 20260
+
+
+def window_start(records: list[TraceRecord], window_s: float | None, replicate: int) -> float:
+    """Replicate i's window start: uniform over the trace's span that leaves a whole
+    window (0 for a whole trace, or one no longer than the window)."""
+    if window_s is None:
+        return 0.0
+    room = records[-1].arrival_s - records[0].arrival_s - window_s
+    rng = np.random.default_rng(RESAMPLE_SEED + replicate)
+    return float(records[0].arrival_s + rng.uniform(0.0, room)) if room > 0 else 0.0
+
+
+def _trace_window(path: Path, window_s: float | None) -> Build:
     def build(limit: int | None, replicate: int = 0) -> list[TraceRecord]:
-        return select(read_trace(path), end_s=end_s, max_requests=limit)
+        records = read_trace(path)
+        start = window_start(records, window_s, replicate)
+        end = None if window_s is None else start + window_s
+        chosen = select(records, start_s=start, end_s=end, max_requests=limit)
+        return retime(chosen, RESAMPLE_SEED + replicate, RETIME_BIN_S)
 
     return build
 
@@ -132,14 +163,16 @@ WORKLOADS = (
     ),
     Workload(
         "azure_code",
-        "Azure 2023 code trace, first 2400 s (no prefix information: every prompt private)",
+        "Azure 2023 code trace, a 2400 s window at a seeded start (no prefix information: "
+        "every prompt private)",
         _trace_window(AZURE_CODE, 2400.0),
         2.0,
         0.05,
     ),
     Workload(
         "azure_conv",
-        "Azure 2023 conversation trace, first 1200 s (no prefix information: every prompt private)",
+        "Azure 2023 conversation trace, a 1200 s window at a seeded start (no prefix "
+        "information: every prompt private)",
         _trace_window(AZURE_CONV, 1200.0),
         2.0,
         0.05,
@@ -205,7 +238,8 @@ def config_for(
     params = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
     cluster = WORKLOAD_BY_NAME[workload].sim if workload else {}
     seed = BASE.seed + replicate
-    return replace(BASE, model=model, policy_params=params, seed=seed, **cluster)
+    engines = FleetVariation(step_jitter=ENGINE_JITTER, seed=RESAMPLE_SEED + replicate)
+    return replace(BASE, model=model, policy_params=params, seed=seed, variation=engines, **cluster)
 
 
 def simulate(

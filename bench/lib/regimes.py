@@ -20,13 +20,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from bench.lib.matrix import ENGINE_JITTER, RESAMPLE_SEED, RETIME_BIN_S, window_start
 from bench.lib.stats import Estimate, mean_ci
 from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import metrics
 from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check_seeds, worst
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import BurstParams, hotspot_burst
-from enginesim.replay.traces import TraceRecord, read_trace, select
+from enginesim.replay.traces import TraceRecord, read_trace, retime, select
 from router_worker.routing import REGISTRY
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -81,9 +82,13 @@ def _conversation() -> tuple[TraceRecord, ...]:
 
 
 def conversation(scale: float, seed: int) -> list[TraceRecord]:
-    """The first 600 s of the Mooncake conversation trace at ``scale`` × its rate."""
-    del seed  # a real trace: seeds vary the simulator only
-    return select(_conversation(), rate_scale=scale, end_s=CONVERSATION_WINDOW_S)
+    """A 600 s window of the Mooncake conversation trace at ``scale`` × its rate: seed k
+    resamples it as the matrix resamples a recorded trace (a seeded start, then arrivals
+    re-timed within bins; ``bench.lib.matrix``)."""
+    records = list(_conversation())
+    start = window_start(records, CONVERSATION_WINDOW_S, seed)
+    window = select(records, start_s=start, end_s=start + CONVERSATION_WINDOW_S)
+    return select(retime(window, RESAMPLE_SEED + seed, RETIME_BIN_S), rate_scale=scale)
 
 
 BURST = LongOutputBurst()
@@ -106,7 +111,8 @@ class Regime:
     def config(self, seed: int, params: dict[str, Any] | None = None) -> SimConfig:
         """The cluster of this regime; ``params``: SimConfig.policy_params (by kind)."""
         sim = {"instances": 16, "kv_events": True, **self.sim}
-        variation = FleetVariation(**{**self.variation, "seed": seed})
+        jitter = {"step_jitter": ENGINE_JITTER}  # every seed's engines differ
+        variation = FleetVariation(**{**jitter, **self.variation, "seed": seed})
         return SimConfig(**sim, seed=seed, policy_params=params or {}, variation=variation)
 
 

@@ -211,8 +211,9 @@ def report(out: Path, data: dict[str, Any]) -> None:
         "",
         "## Cells",
         "",
-        f"`long_output`: {BURST.describe()}. `conversation`: the first "
-        f"{CONVERSATION_WINDOW_S:g} s of the Mooncake conversation trace. Rate scales per "
+        f"`long_output`: {BURST.describe()}. `conversation`: a "
+        f"{CONVERSATION_WINDOW_S:g} s window of the Mooncake conversation trace (seeded start, "
+        "re-timed per seed). Rate scales per "
         "fleet (the reference fleet's low/high × the fleet's capacity factor):",
         "",
         "| fleet | conversation factor | long-output factor |",

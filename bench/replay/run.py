@@ -13,9 +13,13 @@ and output throughput beside it, each as mean ± 95% confidence interval over se
 ties called by one rule (``bench/lib/stats.py``). The never-collapse invariant
 (``enginesim.replay.invariant``) is checked for every policy in every cell.
 
-Seeds: replicate i runs simulator seed ``BASE.seed + i`` (policy tie-breaks) and, for a
-generated workload (agentic sessions, the hotspot burst), generator seed
-``params.seed + i``; a recorded trace is the same requests every time.
+Seeds: every seed resamples the workload and the engines. Replicate i runs simulator seed
+``BASE.seed + i`` (policy tie-breaks); a generated workload (agentic sessions, the hotspot
+burst) draws its requests with generator seed ``params.seed + i``; a recorded trace is
+resampled: a windowed one (the Azure traces) starts at a seeded offset, and every one is
+re-timed (``enginesim.replay.traces.retime``: each 30 s bin's requests at new uniform
+times, order and per-bin rate kept); and every engine's step time carries its own seeded
+lognormal jitter (``bench.lib.matrix.ENGINE_JITTER``).
 
 Loads: the rate scale at which the calibration policy (``cache_aware``, replicate 0)
 keeps the GPUs ``LOADS`` % busy over the arrival span (engine step time ÷ (instances ×
@@ -61,9 +65,11 @@ from bench.lib.matrix import (
     BASE,
     BASELINES,
     CALIBRATION_POLICY,
+    ENGINE_JITTER,
     HEADLINE_MODEL,
     MAIN_MODEL,
     POLICIES,
+    RETIME_BIN_S,
     TIER_ABLATIONS,
     WORKLOAD_BY_NAME,
     WORKLOADS,
@@ -82,7 +88,7 @@ LOADS = (30, 60, 90)  # target offered load, percent busy
 HEADLINE_LOAD = 60
 QUICK_LOADS = (50, 80)
 QUICK_REQUESTS = 900
-SEEDS = 3  # replicates per cell
+SEEDS = 5  # replicates per cell
 
 # CPU seconds of one policy run on the whole workload (the planner's estimate of its wall
 # time on an idle core): the mean over the registry's policies at 60% busy, measured on the
@@ -118,8 +124,7 @@ class Cell:
 def _requests(workload: str, limit: int | None, replicate: int) -> tuple[TraceRecord, ...]:
     """A workload's requests at rate scale 1, kept per worker process: its jobs come in a
     row, and a trace takes a while to parse."""
-    spec = WORKLOAD_BY_NAME[workload]
-    return tuple(spec.build(limit, replicate if spec.generated else 0))
+    return tuple(WORKLOAD_BY_NAME[workload].build(limit, replicate))
 
 
 @dataclass(frozen=True)
@@ -739,8 +744,10 @@ def header_lines(data: Mapping[str, Any]) -> list[str]:
         f"* **Seeds.** Every cell runs {seeds} replicates: replicate i uses simulator "
         f"seed {BASE.seed}+i (the policies' tie-breaks) and, for the generated workloads "
         f"({', '.join(w.name for w in WORKLOADS if w.generated)}), generator seed "
-        "`seed`+i (the workload table); a recorded trace replays the same requests "
-        "each time. A value is the mean over seeds ± the half-width of its 95% "
+        "`seed`+i (the workload table); a recorded trace is resampled (a window at a "
+        f"seeded start where the trace is longer, arrivals re-timed within {RETIME_BIN_S:g} s "
+        "bins), and every engine step carries seeded lognormal jitter (log-sd "
+        f"{ENGINE_JITTER:g}). A value is the mean over seeds ± the half-width of its 95% "
         "Student-t confidence interval.",
         "* **Goodput** (the headline): requests per second of arrivals that meet the "
         "workload's TTFT *and* TPOT SLO; `SLO met` is their share of all requests "

@@ -20,8 +20,9 @@ loads and several seeds, and checks the never-collapse invariant
 The workloads are generated or windows of a public trace, written with their parameters
 in the report; no policy is tuned to one of them. Loads are set by a rate scale per
 regime (``low`` and ``high``, stated in the report). Seed k varies the simulator's seed
-(tie-breaks, the fleet's jitter and perturbation) and, where the workload is generated,
-the generator's seed.
+(tie-breaks, the fleet's jitter and perturbation; every fleet's engine steps carry seeded
+jitter) and the workload: the generator's seed, or for the conversation trace a 600 s
+window at a seeded start, re-timed within bins (``bench.lib.matrix``).
 
     python -m bench.robustness.run            # the suite → bench/robustness/
     python -m bench.robustness.run --quick    # our policies and the references, 2 seeds
@@ -157,8 +158,9 @@ def report(out: Path, data: dict[str, Any]) -> None:
         )
     lines += [
         "",
-        f"`long_output`: {BURST.describe()}. `conversation`: the first "
-        f"{CONVERSATION_WINDOW_S:g} s of the Mooncake conversation trace.",
+        f"`long_output`: {BURST.describe()}. `conversation`: a "
+        f"{CONVERSATION_WINDOW_S:g} s window of the Mooncake conversation trace at a seeded "
+        "start, re-timed per seed.",
         "",
         "## Where Switchyard's own policies break the invariant",
         "",
@@ -224,7 +226,7 @@ def regime_rows(chosen: Sequence[Regime]) -> list[dict[str, str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="own policies + references, 2 seeds")
-    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--regime", action="append", help="run only these regimes")
     parser.add_argument("--policy", action="append", choices=list(REGISTRY))

@@ -63,6 +63,8 @@ class Workload:
     params: dict[str, Any] = field(default_factory=dict)
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig fields it overrides
     generated: bool = False  # drawn by a generator (else a recorded trace, resampled per seed)
+    trace: Path | None = None  # a recorded trace's file
+    window_s: float | None = None  # its window's length (None: the whole trace)
 
     @property
     def slo(self) -> metrics.Slo:
@@ -157,9 +159,15 @@ WORKLOADS = (
         _trace_window(CONVERSATION, None),
         5.0,
         0.1,
+        trace=CONVERSATION,
     ),
     Workload(
-        "synthetic", "Mooncake synthetic trace, whole", _trace_window(SYNTHETIC, None), 5.0, 0.1
+        "synthetic",
+        "Mooncake synthetic trace, whole",
+        _trace_window(SYNTHETIC, None),
+        5.0,
+        0.1,
+        trace=SYNTHETIC,
     ),
     Workload(
         "azure_code",
@@ -168,6 +176,8 @@ WORKLOADS = (
         _trace_window(AZURE_CODE, 2400.0),
         2.0,
         0.05,
+        trace=AZURE_CODE,
+        window_s=2400.0,
     ),
     Workload(
         "azure_conv",
@@ -176,6 +186,8 @@ WORKLOADS = (
         _trace_window(AZURE_CONV, 1200.0),
         2.0,
         0.05,
+        trace=AZURE_CONV,
+        window_s=1200.0,
     ),
     Workload(
         "agentic",
@@ -233,13 +245,24 @@ ALL_POLICIES = {**POLICIES, **ABLATIONS, **TIER_ABLATIONS}
 
 
 def config_for(
-    model: str, policy: str | None = None, workload: str | None = None, replicate: int = 0
+    model: str,
+    policy: str | None = None,
+    workload: str | None = None,
+    replicate: int = 0,
+    gpu: str | None = None,
+    params: dict[str, Any] | None = None,
 ) -> SimConfig:
-    params = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
-    cluster = WORKLOAD_BY_NAME[workload].sim if workload else {}
+    """Replicate ``replicate``'s cluster (the matrix's, or ``gpu``'s) for ``policy`` (a
+    name of ALL_POLICIES; ``params`` overrides its parameters)."""
+    chosen = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
+    if policy is not None and params is not None:
+        chosen = {ALL_POLICIES[policy][0]: {**ALL_POLICIES[policy][1], **params}}
+    cluster = {**(WORKLOAD_BY_NAME[workload].sim if workload else {})}
+    if gpu is not None:
+        cluster["gpu"] = gpu
     seed = BASE.seed + replicate
     engines = FleetVariation(step_jitter=ENGINE_JITTER, seed=RESAMPLE_SEED + replicate)
-    return replace(BASE, model=model, policy_params=params, seed=seed, variation=engines, **cluster)
+    return replace(BASE, model=model, policy_params=chosen, seed=seed, variation=engines, **cluster)
 
 
 def simulate(
@@ -248,27 +271,31 @@ def simulate(
     model: str,
     workload: str | None = None,
     replicate: int = 0,
+    gpu: str | None = None,
+    params: dict[str, Any] | None = None,
 ) -> SimResult:
     started = time.perf_counter()
-    config = config_for(model, policy, workload, replicate)
+    config = config_for(model, policy, workload, replicate, gpu, params)
     result = Simulator(records, ALL_POLICIES[policy][0], config).run()
     result.wall_s = time.perf_counter() - started
     result.policy = policy
     return result
 
 
-def offered_load(records: list[TraceRecord], model: str, workload: str | None = None) -> float:
-    result = simulate(records, CALIBRATION_POLICY, model, workload)
+def offered_load(
+    records: list[TraceRecord], model: str, workload: str | None = None, gpu: str | None = None
+) -> float:
+    result = simulate(records, CALIBRATION_POLICY, model, workload, gpu=gpu)
     return result.busy_time / (BASE.instances * max(records[-1].arrival_s, 1e-9))
 
 
 def calibrate(
-    records: list[TraceRecord], model: str, workload: str | None = None
+    records: list[TraceRecord], model: str, workload: str | None = None, gpu: str | None = None
 ) -> dict[str, float]:
     """Fit ``busy = a·scale^k`` from two runs (see the module docstring)."""
-    first = offered_load(records, model, workload)
+    first = offered_load(records, model, workload, gpu)
     second_scale = 0.5 / first
-    second = offered_load(select(records, rate_scale=second_scale), model, workload)
+    second = offered_load(select(records, rate_scale=second_scale), model, workload, gpu)
     k = math.log(second / first) / math.log(second_scale) if second_scale != 1 else 1.0
     return {"busy_at_1": first, "scale_2": second_scale, "busy_at_2": second, "a": first, "k": k}
 

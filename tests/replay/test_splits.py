@@ -14,6 +14,7 @@ from enginesim.replay.traces import read_trace
 @pytest.mark.parametrize("workload", ["azure_code", "azure_conv", "conversation", "synthetic"])
 def test_trace_windows_of_the_two_splits_lie_in_disjoint_halves(workload):
     spec = matrix.WORKLOAD_BY_NAME[workload]
+    assert spec.trace is not None
     trace = read_trace(spec.trace)
     middle = (trace[0].arrival_s + trace[-1].arrival_s) / 2
     for replicate in range(5):

@@ -44,6 +44,8 @@ from router_worker.routing.provenance import params_provenance
 # name (kind.path.to.field) → the values tried; the current default must be among them.
 TUNABLES: dict[str, tuple[Any, ...]] = {
     "lmetric.batch_offset": (0.0, 1.0, 4.0, 16.0, 48.0),
+    "lmetric.hotspot.min_class_requests": (4, 8, 16),
+    "predicted_ttft.kv_pressure": (False, True),
 }
 WORKLOADS = ("azure_code", "conversation", "agentic")
 LOAD = 70  # percent busy of the calibration policy

@@ -176,7 +176,7 @@ def _bound_job(args: tuple[str, str, int | None, int]) -> tuple[tuple[str, str, 
 # ----------------------------------------------------------------- summaries
 
 # The per-seed numbers a row's mean and interval are taken of.
-MEASURES = (
+BASE_MEASURES: tuple[str, ...] = (
     "goodput_rps",
     "slo_attainment",
     "ttft_mean_s",
@@ -197,12 +197,20 @@ MEASURES = (
     "wall_s",
     "cpu_s",
 )
+# The SLO scaled by each factor (TTFT and TPOT together): goodput at every one, so that no
+# single SLO decides a ranking.
+SLO_SCALES = (0.5, 1.0, 2.0, 4.0)
+SLO_KEYS = tuple(f"goodput_slo_x{f:g}" for f in SLO_SCALES)
+MEASURES = (*BASE_MEASURES, *SLO_KEYS)
 
 
 def summarize(result: SimResult, workload: Workload) -> dict[str, Any]:
     """metrics.summarize judged by the workload's SLO, with the report's flat extras."""
     summary = metrics.summarize(result, workload.slo)
     summary["hotspot_confirmed"] = result.hotspot_events.get("confirmed", 0)
+    for factor, key in zip(SLO_SCALES, SLO_KEYS, strict=True):
+        slo = metrics.Slo(workload.slo_ttft_s * factor, workload.slo_tpot_s * factor)
+        summary[key] = metrics.goodput(result.requests, slo).rps
     if "tier" in summary:  # flat copies for the cell table
         tier = summary["tier"]
         summary.update(
@@ -509,6 +517,43 @@ def scoreboard(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def _best_at(rows: Mapping[str, Mapping[str, Any]], key: str) -> str:
+    return max(rows, key=lambda policy: rows[policy].get(key) or 0.0)
+
+
+def slo_scaling_section(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Per cell, the policy with the best mean goodput at each SLO scale, and each of ours
+    as a share of that best."""
+    shown = [k for k, c in cells.items() if any(SLO_KEYS[0] in r for r in c["policies"])]
+    if not shown:
+        return []
+    scales = " | ".join(f"×{f:g}" for f in SLO_SCALES)
+    lines = [
+        "## Goodput as the SLO scales",
+        "",
+        "The workload's TTFT and TPOT SLO multiplied together by each factor; per cell the "
+        "policy with the best mean goodput at each scale, then each of ours as a share of "
+        "that best (seed means). A ranking that holds at one scale only is the SLO's, not "
+        "the policies'.",
+        "",
+        f"| cell | policy | {scales} |",
+        "|---|---|" + "---:|" * len(SLO_SCALES),
+    ]
+    for key in shown:
+        rows = {r["policy"]: r for r in cells[key]["policies"] if r["policy"] in POLICIES}
+        best = [_best_at(rows, k) for k in SLO_KEYS]
+        lines.append(f"| {key} | best | " + " | ".join(f"`{b}`" for b in best) + " |")
+        for policy in (p for p in invariant.OWN_POLICIES if p in rows):
+            shares = [
+                _fmt((rows[policy].get(k) or 0.0) / top, ".2f")
+                if (top := rows[b].get(k) or 0.0) > 0
+                else "–"
+                for k, b in zip(SLO_KEYS, best, strict=True)
+            ]
+            lines.append(f"| {key} | `{policy}` | " + " | ".join(shares) + " |")
+    return lines
+
+
 def invariant_section(cells: Mapping[str, Mapping[str, Any]]) -> list[str]:
     lines = [
         "## The never-collapse invariant",
@@ -678,6 +723,7 @@ def report(out: Path, data: dict[str, Any]) -> None:
                 *gap_table(cells, policy),
                 "",
             ]
+    lines += [*slo_scaling_section(cells), ""]
     lines += [*invariant_section(cells), ""]
     if any(r["policy"] in ABLATIONS for c in cells.values() for r in c["policies"]):
         lines += [

@@ -13,10 +13,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+import numpy as np
+
+from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import invariant, metrics
 from enginesim.replay.simulator import SimConfig, SimResult, Simulator
 from enginesim.replay.synth import AgenticParams, BurstParams, agentic_sessions, hotspot_burst
-from enginesim.replay.traces import TraceRecord, read_bailian_rows, read_trace, select
+from enginesim.replay.traces import (
+    TraceRecord,
+    read_bailian_rows,
+    read_trace,
+    retime,
+    select,
+)
 from router_worker.routing import REGISTRY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,16 +62,40 @@ class Workload:
     slo_tpot_s: float
     params: dict[str, Any] = field(default_factory=dict)
     sim: dict[str, Any] = field(default_factory=dict)  # SimConfig fields it overrides
-    generated: bool = False  # replicates differ in their requests, not only in the sim seed
+    generated: bool = False  # drawn by a generator (else a recorded trace, resampled per seed)
+    trace: Path | None = None  # a recorded trace's file
+    window_s: float | None = None  # its window's length (None: the whole trace)
 
     @property
     def slo(self) -> metrics.Slo:
         return metrics.Slo(self.slo_ttft_s, self.slo_tpot_s)
 
 
-def _trace_window(path: Path, end_s: float | None) -> Build:
+# How a seed resamples a recorded trace and the engines (module docstring of
+# bench/replay/run.py, "Seeds"): the window's start, the arrivals' re-timing and each
+# engine's per-step jitter all draw from replicate i's generator.
+RETIME_BIN_S = 30.0
+ENGINE_JITTER = 0.05  # log-sd of each engine step's lognormal factor (mean 1)
+RESAMPLE_SEED = 20260
+
+
+def window_start(records: list[TraceRecord], window_s: float | None, replicate: int) -> float:
+    """Replicate i's window start: uniform over the trace's span that leaves a whole
+    window (0 for a whole trace, or one no longer than the window)."""
+    if window_s is None:
+        return 0.0
+    room = records[-1].arrival_s - records[0].arrival_s - window_s
+    rng = np.random.default_rng(RESAMPLE_SEED + replicate)
+    return float(records[0].arrival_s + rng.uniform(0.0, room)) if room > 0 else 0.0
+
+
+def _trace_window(path: Path, window_s: float | None) -> Build:
     def build(limit: int | None, replicate: int = 0) -> list[TraceRecord]:
-        return select(read_trace(path), end_s=end_s, max_requests=limit)
+        records = read_trace(path)
+        start = window_start(records, window_s, replicate)
+        end = None if window_s is None else start + window_s
+        chosen = select(records, start_s=start, end_s=end, max_requests=limit)
+        return retime(chosen, RESAMPLE_SEED + replicate, RETIME_BIN_S)
 
     return build
 
@@ -126,23 +159,35 @@ WORKLOADS = (
         _trace_window(CONVERSATION, None),
         5.0,
         0.1,
+        trace=CONVERSATION,
     ),
     Workload(
-        "synthetic", "Mooncake synthetic trace, whole", _trace_window(SYNTHETIC, None), 5.0, 0.1
+        "synthetic",
+        "Mooncake synthetic trace, whole",
+        _trace_window(SYNTHETIC, None),
+        5.0,
+        0.1,
+        trace=SYNTHETIC,
     ),
     Workload(
         "azure_code",
-        "Azure 2023 code trace, first 2400 s (no prefix information: every prompt private)",
+        "Azure 2023 code trace, a 2400 s window at a seeded start (no prefix information: "
+        "every prompt private)",
         _trace_window(AZURE_CODE, 2400.0),
         2.0,
         0.05,
+        trace=AZURE_CODE,
+        window_s=2400.0,
     ),
     Workload(
         "azure_conv",
-        "Azure 2023 conversation trace, first 1200 s (no prefix information: every prompt private)",
+        "Azure 2023 conversation trace, a 1200 s window at a seeded start (no prefix "
+        "information: every prompt private)",
         _trace_window(AZURE_CONV, 1200.0),
         2.0,
         0.05,
+        trace=AZURE_CONV,
+        window_s=1200.0,
     ),
     Workload(
         "agentic",
@@ -200,12 +245,24 @@ ALL_POLICIES = {**POLICIES, **ABLATIONS, **TIER_ABLATIONS}
 
 
 def config_for(
-    model: str, policy: str | None = None, workload: str | None = None, replicate: int = 0
+    model: str,
+    policy: str | None = None,
+    workload: str | None = None,
+    replicate: int = 0,
+    gpu: str | None = None,
+    params: dict[str, Any] | None = None,
 ) -> SimConfig:
-    params = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
-    cluster = WORKLOAD_BY_NAME[workload].sim if workload else {}
+    """Replicate ``replicate``'s cluster (the matrix's, or ``gpu``'s) for ``policy`` (a
+    name of ALL_POLICIES; ``params`` overrides its parameters)."""
+    chosen = {} if policy is None else {ALL_POLICIES[policy][0]: ALL_POLICIES[policy][1]}
+    if policy is not None and params is not None:
+        chosen = {ALL_POLICIES[policy][0]: {**ALL_POLICIES[policy][1], **params}}
+    cluster = {**(WORKLOAD_BY_NAME[workload].sim if workload else {})}
+    if gpu is not None:
+        cluster["gpu"] = gpu
     seed = BASE.seed + replicate
-    return replace(BASE, model=model, policy_params=params, seed=seed, **cluster)
+    engines = FleetVariation(step_jitter=ENGINE_JITTER, seed=RESAMPLE_SEED + replicate)
+    return replace(BASE, model=model, policy_params=chosen, seed=seed, variation=engines, **cluster)
 
 
 def simulate(
@@ -214,27 +271,31 @@ def simulate(
     model: str,
     workload: str | None = None,
     replicate: int = 0,
+    gpu: str | None = None,
+    params: dict[str, Any] | None = None,
 ) -> SimResult:
     started = time.perf_counter()
-    config = config_for(model, policy, workload, replicate)
+    config = config_for(model, policy, workload, replicate, gpu, params)
     result = Simulator(records, ALL_POLICIES[policy][0], config).run()
     result.wall_s = time.perf_counter() - started
     result.policy = policy
     return result
 
 
-def offered_load(records: list[TraceRecord], model: str, workload: str | None = None) -> float:
-    result = simulate(records, CALIBRATION_POLICY, model, workload)
+def offered_load(
+    records: list[TraceRecord], model: str, workload: str | None = None, gpu: str | None = None
+) -> float:
+    result = simulate(records, CALIBRATION_POLICY, model, workload, gpu=gpu)
     return result.busy_time / (BASE.instances * max(records[-1].arrival_s, 1e-9))
 
 
 def calibrate(
-    records: list[TraceRecord], model: str, workload: str | None = None
+    records: list[TraceRecord], model: str, workload: str | None = None, gpu: str | None = None
 ) -> dict[str, float]:
     """Fit ``busy = a·scale^k`` from two runs (see the module docstring)."""
-    first = offered_load(records, model, workload)
+    first = offered_load(records, model, workload, gpu)
     second_scale = 0.5 / first
-    second = offered_load(select(records, rate_scale=second_scale), model, workload)
+    second = offered_load(select(records, rate_scale=second_scale), model, workload, gpu)
     k = math.log(second / first) / math.log(second_scale) if second_scale != 1 else 1.0
     return {"busy_at_1": first, "scale_2": second_scale, "busy_at_2": second, "a": first, "k": k}
 

@@ -20,13 +20,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from bench.lib.matrix import ENGINE_JITTER, RESAMPLE_SEED, RETIME_BIN_S, window_start
 from bench.lib.stats import Estimate, mean_ci
 from enginesim.engine.fleet import FleetVariation
 from enginesim.replay import metrics
-from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check
+from enginesim.replay.invariant import OWN_POLICIES, REFERENCES, check_seeds, worst
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.synth import BurstParams, hotspot_burst
-from enginesim.replay.traces import TraceRecord, read_trace, select
+from enginesim.replay.traces import TraceRecord, read_trace, retime, select
 from router_worker.routing import REGISTRY
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
@@ -81,9 +82,13 @@ def _conversation() -> tuple[TraceRecord, ...]:
 
 
 def conversation(scale: float, seed: int) -> list[TraceRecord]:
-    """The first 600 s of the Mooncake conversation trace at ``scale`` × its rate."""
-    del seed  # a real trace: seeds vary the simulator only
-    return select(_conversation(), rate_scale=scale, end_s=CONVERSATION_WINDOW_S)
+    """A 600 s window of the Mooncake conversation trace at ``scale`` × its rate: seed k
+    resamples it as the matrix resamples a recorded trace (a seeded start, then arrivals
+    re-timed within bins; ``bench.lib.matrix``)."""
+    records = list(_conversation())
+    start = window_start(records, CONVERSATION_WINDOW_S, seed)
+    window = select(records, start_s=start, end_s=start + CONVERSATION_WINDOW_S)
+    return select(retime(window, RESAMPLE_SEED + seed, RETIME_BIN_S), rate_scale=scale)
 
 
 BURST = LongOutputBurst()
@@ -106,7 +111,8 @@ class Regime:
     def config(self, seed: int, params: dict[str, Any] | None = None) -> SimConfig:
         """The cluster of this regime; ``params``: SimConfig.policy_params (by kind)."""
         sim = {"instances": 16, "kv_events": True, **self.sim}
-        variation = FleetVariation(**{**self.variation, "seed": seed})
+        jitter = {"step_jitter": ENGINE_JITTER}  # every seed's engines differ
+        variation = FleetVariation(**{**jitter, **self.variation, "seed": seed})
         return SimConfig(**sim, seed=seed, policy_params=params or {}, variation=variation)
 
 
@@ -228,35 +234,23 @@ def estimates(runs: list[dict[str, Any]], key: str) -> Estimate:
     return mean_ci(values) if values else Estimate(math.nan, math.inf, 0)
 
 
-def seed_mean_summaries(cell: dict[str, list[dict[str, Any]]]) -> dict[str, dict[str, float]]:
-    keys = ("throughput_tok_s", "ttft_mean_s", "tpot_mean_s")
-    return {p: {k: estimates(runs, k).mean for k in keys} for p, runs in cell.items()}
-
-
 def invariant_rows(
     cells: dict[str, Any], kinds: dict[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """Every non-reference policy's invariant check per cell; ``kinds`` names the kind of
-    each variant (a variant of one of our policies is held to the invariant too)."""
+    """Every non-reference policy's invariant check per cell, seed by seed (the runs in
+    seed order); ``kinds`` names the kind of each variant (a variant of one of our policies
+    is held to the invariant too, and no variant counts as a baseline)."""
     kinds = kinds or {}
     rows = []
     for key, cell in cells.items():
-        if not all(ref in cell for ref in REFERENCES):
-            continue
-        means = seed_mean_summaries(cell)
+        runs = {policy: sorted(r, key=lambda run: run["seed"]) for policy, r in cell.items()}
+        baselines = [p for p in runs if kinds.get(p, p) not in OWN_POLICIES and p not in kinds]
         for policy in cell:
             if policy in REFERENCES:
                 continue
-            result = check(policy, means)
+            record = worst(check_seeds(policy, runs, baselines))
             rows.append(
-                {
-                    "cell": key,
-                    "policy": policy,
-                    "own": kinds.get(policy, policy) in OWN_POLICIES,
-                    "throughput_ratio": result.throughput_ratio,
-                    "ttft_ratio": result.ttft_ratio,
-                    "tpot_ratio": result.tpot_ratio,
-                    "breaches": result.breaches,
-                }
+                {"cell": key, "policy": policy, "own": kinds.get(policy, policy) in OWN_POLICIES}
+                | record
             )
     return rows

@@ -26,9 +26,10 @@ COST_MODEL_FIELDS: dict[str, tuple[str, ...]] = {
     "predicted_ttft": COEFFICIENT_FIELDS,
     "lmetric": DECODE_COST_FIELDS,
     "smetric": DECODE_COST_FIELDS,
+    "llmd_precise": ("prefill_tps",),
 }
 # Kinds that run without their coefficients (reference values) when the hardware is unknown.
-OPTIONAL_DERIVATION = frozenset({"lmetric", "smetric"})
+OPTIONAL_DERIVATION = frozenset({"lmetric", "smetric", "llmd_precise"})
 SIGNIFICANT_DIGITS = 4  # enough for routing, readable in forms and audit rows
 
 

@@ -259,6 +259,28 @@ def spread_ties(records: list[TraceRecord], seed: int = 0) -> list[TraceRecord]:
     return [replace(r, index=i, arrival_s=t) for i, (t, _, r) in enumerate(moved)]
 
 
+def retime(records: list[TraceRecord], seed: int, bin_s: float = 30.0) -> list[TraceRecord]:
+    """The same requests in the same order at seeded new arrival times that keep the
+    trace's arrival rate per ``bin_s`` bin: the n requests of a bin get n sorted uniform
+    times in it (a Poisson process of the bin's rate, conditioned on its count). Which
+    requests come together inside a bin, and so the bursts a router meets, change with the
+    seed; the load profile at the bin's scale, the requests and their order do not."""
+    if bin_s <= 0:
+        raise ValueError(f"bin_s must be positive, got {bin_s}")
+    if not records:
+        return []
+    rng = np.random.default_rng(seed)
+    bins = np.floor(np.array([r.arrival_s for r in records]) / bin_s)
+    times = np.empty(len(records))
+    for b in np.unique(bins):
+        where = np.flatnonzero(bins == b)
+        times[where] = np.sort(rng.uniform(b * bin_s, (b + 1) * bin_s, len(where)))
+    return [
+        replace(r, index=i, arrival_s=float(t))
+        for i, (t, r) in enumerate(zip(times, records, strict=True))
+    ]
+
+
 def load_trace(
     path: str | Path, fmt: str = "auto", **window: float | int | None
 ) -> list[TraceRecord]:

@@ -514,7 +514,9 @@ class ClusterView:
     ``decode_blocks`` (Σ per decoding request of its prompt blocks),
     ``prefill_tps``, ``kv_usage`` (nan = never scraped; ``kv_usage_or_zero`` is it with
     nan as 0), ``capacity_blocks`` (the KV index's per-slot bound: scraped, else the
-    configured default), ``health``;
+    configured default), ``health``, ``scraped_waiting`` (the engine's waiting queue as its
+    last scrape reported it, nan = never scraped: vLLM's ``num_requests_waiting``, stale by
+    up to a scrape interval, read only by rules that emulate routers which use it raw);
     ``batch_size`` (decoding + admitted + unexpired external: the engine's
     running batch, see the module docstring), ``ours_waiting`` and
     ``external_running`` are computed per call at the state's clock;
@@ -537,6 +539,7 @@ class ClusterView:
         self.prefill_tps = _readonly(state.tps)
         self.kv_usage = _readonly(state.kv_usage)
         self.kv_usage_or_zero = _readonly(state.kv_usage_or_zero)
+        self.scraped_waiting = _readonly(state.waiting)
         self.health = _readonly(state.health)
         self.capacity_blocks = _readonly(state.capacity)
         self._eligible_version = -1

@@ -222,16 +222,29 @@ def test_report_judges_goodput_first_and_lists_invariant_breaches(tmp_path):
         "decode",
     )
     assert (judged["round_robin"]["verdict"], judged["round_robin"]["on"]) == ("behind", "goodput")
-    assert cell["invariant"]["predicted_ttft"]["breaches"] == ["mean TPOT 3.00× least load's"]
-    assert cell["invariant"]["predicted_ttft"]["seeds_breaking"] == 3
+    # invariant v2, seed by seed: the best baseline on every seed is linear (goodput 18);
+    # predicted_ttft's TPOT 0.060 × (1.01, 0.99, 1) against linear's 0.021 × (1, 1.02, 0.98)
+    predicted = cell["invariant"]["predicted_ttft"]
+    assert predicted["best_baselines"] == ["linear"]
+    assert predicted["breaches"] == [
+        "seed 0: mean TPOT 2.89× linear's",
+        "seed 1: mean TPOT 2.77× linear's",
+        "seed 2: mean TPOT 2.92× linear's",
+    ]
+    assert predicted["seeds_breaking"] == 3
     assert not cell["invariant"]["lmetric"]["breaches"]
+    # round robin's goodput 12 against least load's 14: 0.857 on every seed
+    assert cell["invariant"]["round_robin"]["seeds_breaking"] == 3
 
     replay_study.report(tmp_path, data)
     text = (tmp_path / "README.md").read_text()
     assert "## The never-collapse invariant" in text
-    assert "| agentic/60 | 1.00 | 0.40 | 3.00 | mean TPOT 3.00× least load's | 3 |" in text
-    assert "`lmetric`\n\nHolds in 1 of 1 cells on the seed means." in text
-    assert "| `linear` | 1 | agentic/60: mean TTFT 5.00× least load's |" in text
+    assert (
+        "| agentic/60 | 1.317 | 0.08 | 2.92 | 3/3 | seed 0: mean TPOT 2.89× linear's; "
+        "seed 1: mean TPOT 2.77× linear's; seed 2: mean TPOT 2.92× linear's |"
+    ) in text
+    assert "`lmetric`\n\nHolds on 3 of 3 seeds, in 1 of 1 cells on every seed." in text
+    assert "| `linear` | 1 | 3 | agentic/60 (3) |" in text
     assert "tie (`lmetric`)" in text
     assert "**behind** on decode (`lmetric`)" in text
     assert "| `predicted_ttft` (ours) | 1 | 0 | 0 | 0 | 1 | 0 | 1 | 0 | 0 | 1 |" in text

@@ -110,8 +110,12 @@ def test_our_policies_keep_the_invariant_under_kv_and_decode_pressure(policy):
 
 @pytest.mark.parametrize("policy", OWN_POLICIES)
 def test_without_their_decode_guards_our_policies_collapse(policy):
+    """Each loses a quarter of round robin's output throughput or more. Invariant v2 judges
+    goodput, not throughput: blind LMetric still meets the SLO with every request here
+    (goodput 1.00× the better reference's, TTFT 1.14× and TPOT 1.40× least load's), so
+    only SMetric and predicted_ttft break it."""
     result = check(policy, cell(policy, BLIND[policy]))
-    assert not result.holds
+    assert result.holds == (policy == "lmetric"), result.breaches
     assert result.throughput_ratio is not None and result.throughput_ratio < 0.8
 
 
@@ -121,7 +125,11 @@ def test_without_their_decode_guards_our_policies_collapse(policy):
 # (none since KV pressure, router_worker/routing/kv_pressure.py: on H20 + Qwen3-32B SMetric
 # and predicted_ttft piled the burst behind the instances recomputing the prefix, and on
 # H20 + Qwen2-7B predicted_ttft's TTFT was 2.6× least load's)
-KNOWN_MISSES: dict[tuple[str, str], str] = {}
+KNOWN_MISSES: dict[tuple[str, str], str] = {
+    # invariant v2's goodput leg, which v1 (throughput, TTFT and TPOT) did not have
+    ("a100+qwen3-8b", "predicted_ttft"): "goodput 0.947× the better reference's (v2)",
+    ("h20+qwen3-32b", "predicted_ttft"): "goodput 0.930× the better reference's (v2)",
+}
 OTHER_FLEETS = ("a100+qwen3-8b", "l40s+qwen2.5-7b", "h20+qwen3-32b", "h20+qwen2-7b")
 
 
@@ -177,7 +185,10 @@ def test_predicted_ttft_opens_prefix_copies_at_once_on_sixteen_h20(queue_attenti
         for policy in (*REFERENCES, "predicted_ttft")
     }
     result = check("predicted_ttft", summaries)
-    assert result.holds == queue_attention, result.breaches
+    assert result.holds, result.breaches  # invariant v2: goodput 1.00× either way
+    # what queue attention changes: without it 0.92× round robin's output throughput
+    assert result.throughput_ratio is not None
+    assert (result.throughput_ratio >= 0.95) == queue_attention
 
 
 # ----- the burst in every other regime ---------------------------------------------------
@@ -217,4 +228,4 @@ def regime_summary(regime: str, policy: str) -> dict[str, Any]:
 def test_our_policies_keep_the_invariant_in_the_other_regimes(regime):
     summaries = {p: regime_summary(regime, p) for p in (*REFERENCES, *OWN_POLICIES)}
     breaches = {p: check(p, summaries).breaches for p in OWN_POLICIES}
-    assert breaches == {p: [] for p in OWN_POLICIES}
+    assert breaches == {p: () for p in OWN_POLICIES}

@@ -44,7 +44,7 @@ BACKGROUND_RATE = 1.8
 
 
 SEEDS = (1, 2)
-KEYS = ("throughput_tok_s", "ttft_mean_s", "tpot_mean_s")
+KEYS = ("goodput_rps", "throughput_tok_s", "ttft_mean_s", "tpot_mean_s")
 
 
 def records(seed: int) -> list[TraceRecord]:

@@ -18,7 +18,7 @@ from .helpers import add_pending, cluster, features, tokens, warm
 KINDS = sorted(REGISTRY)
 
 
-def test_registry_lists_the_nine_policies_with_descriptions():
+def test_registry_lists_the_eleven_policies_with_descriptions():
     assert set(KINDS) == {
         "round_robin",
         "least_load",
@@ -29,6 +29,8 @@ def test_registry_lists_the_nine_policies_with_descriptions():
         "lmetric",
         "smetric",
         "predicted_ttft",
+        "llmd",
+        "llmd_precise",
     }
     assert all(DESCRIPTIONS[kind] for kind in KINDS)
 
@@ -50,6 +52,8 @@ def test_params_have_defaults_and_a_json_schema(kind):
         ("lmetric", {"hotspot": {"window_s": -1}}, "hotspot.window_s"),
         ("smetric", {"typo": 1}, "typo"),
         ("predicted_ttft", {"prefill_tps": 0}, "prefill_tps"),
+        ("llmd", {"prefix_weight": -1}, "prefix_weight"),
+        ("llmd_precise", {"affinity_threshold": 1.5}, "affinity_threshold"),
     ],
 )
 def test_invalid_params_name_the_field(kind, params, field):
@@ -150,7 +154,17 @@ def test_decision_explains_itself(kind):
 
 
 @pytest.mark.parametrize(
-    "kind", ["least_load", "linear", "lmetric", "smetric", "cache_aware", "predicted_ttft"]
+    "kind",
+    [
+        "least_load",
+        "linear",
+        "lmetric",
+        "smetric",
+        "cache_aware",
+        "predicted_ttft",
+        "llmd",
+        "llmd_precise",
+    ],
 )
 def test_exact_ties_are_broken_by_seeded_random_not_list_order(kind):
     state = cluster(4)

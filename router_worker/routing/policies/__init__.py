@@ -26,6 +26,7 @@ from router_worker.routing.policies.cache_aware import CacheAwarePolicy
 from router_worker.routing.policies.dualmap import DualMapPolicy
 from router_worker.routing.policies.least_load import LeastLoadPolicy
 from router_worker.routing.policies.linear import LinearPolicy
+from router_worker.routing.policies.llmd import LlmdPolicy, LlmdPrecisePolicy
 from router_worker.routing.policies.lmetric import LMetricPolicy
 from router_worker.routing.policies.messages import ParamProblem, param_problems
 from router_worker.routing.policies.preble import PreblePolicy
@@ -45,6 +46,8 @@ REGISTRY: dict[str, type[RoutingPolicy]] = {
         LMetricPolicy,
         SMetricPolicy,
         PredictedTTFTPolicy,
+        LlmdPolicy,
+        LlmdPrecisePolicy,
     )
 }
 DESCRIPTIONS: dict[str, str] = {kind: cls.description for kind, cls in REGISTRY.items()}

@@ -14,6 +14,7 @@ from . import (
     events,
     metrics,
     policies,
+    prometheus,
     replays,
     router_deployments,
 )
@@ -44,5 +45,6 @@ for module in (
     replays,
     captures,
     access,
+    prometheus,
 ):
     api.add_router("", module.routes)

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_interface import load_cv
+from router_worker import tracing
 from router_worker.contract.config import RouterConfig
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
@@ -43,6 +44,7 @@ from router_worker.observers import (
     Migrations,
     RequestMetrics,
     RequestSamples,
+    Spans,
     hotspot_payload,
 )
 from router_worker.peers import PeerSync
@@ -157,6 +159,7 @@ class RouterCore:
     def peers(self, sync: PeerSync | None) -> None:
         self._peers = sync
         reports = () if sync is None else (PeerReports(sync),)
+        spans = () if tracing.TRACER is None else (Spans(tracing.TRACER),)
         self.observers = LifecycleObservers(
             self.hotspot_book,
             *reports,
@@ -167,6 +170,7 @@ class RouterCore:
             RequestSamples(self.telemetry),
             self.decision_log,
             self.migrations,
+            *spans,
         )
 
     def plan(

@@ -12,7 +12,7 @@ waits for a metric another change adds (the silent-fallback ratio), is left out 
 metric is undefined, and is named in the generated files' headers; it appears as soon as the
 metric is defined and the files are regenerated (tests/operations/test_observability.py
 fails until they are). ``<F>`` in an expression stands for the dashboard's cluster filter.
-The README's "Dashboards, alerts and autoscaling" explains each rule.
+The README's "Dashboards, alerts, traces and autoscaling" explains each rule.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Fleet saturation: how far behind a cluster's instances are, as one router sees them.
 
-The autoscaling signal (README, "Autoscaling on saturation"): the router exports it as
-Prometheus gauges that an HPA or KEDA scales on, and the replay simulator computes it from
-the same view. Over the instances eligible for routing (healthy):
+The autoscaling signal (README, "Dashboards, alerts, traces and autoscaling"): the router
+exports it as Prometheus gauges that an HPA or KEDA scales on; it is a function of the
+view alone, so the replay simulator can compute it too. Over the instances eligible for
+routing (healthy):
 
 * ``pending_prefill_s``: the mean over them of pending prefill tokens ÷ that instance's
   effective prefill throughput (``ClusterView.prefill_tps``): seconds of queued prefill

@@ -156,6 +156,8 @@ class Ingress:
         core.holding(+1)
         plan: Plan | None = None
         clock = StageClock(extensions.get(ARRIVED, started))
+        if tracing.TRACER is not None:
+            clock.admitted = time.perf_counter()
         try:
             raw = await read_body(receive, runtime.config.router.max_body_bytes)
             clock.body = time.perf_counter()

@@ -11,11 +11,12 @@ Each request routed is one span, ``switchyard.request`` (server kind; the child 
 client's ``traceparent`` when it sends one), and the engine receives that span's context as
 its ``traceparent``, so vLLM's own spans hang under it. Its stages are child spans, made
 when the request closes from the stamps its :class:`~router_worker.stages.StageClock`
-already takes (no clock is read for them): ``intake`` (body read, parse, render, tokenize,
-hash), ``decide`` (the canary arm and the policy), ``upstream`` (connection, send, the
-engine's time to its response head and first event), ``relay`` (that event written to the
-client). The request span carries the arm, policy, instance, the decision's reason,
-attempts, status, tokens and TTFT.
+already takes (one more is taken, when tracing, as the request is admitted):
+``flow_control`` (admission: the client key, the declared size, the wait for a concurrency
+slot), ``intake`` (body read, parse, render, tokenize, hash), ``decide`` (the canary arm
+and the policy), ``upstream`` (connection, send, the engine's time to its response head
+and first event), ``relay`` (that event written to the client). The request span carries
+the arm, policy, instance, the decision's reason, attempts, status, tokens and TTFT.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from router_worker.stages import StageClock
 
 # Stages as spans: (name, start stamp, end stamp) of a StageClock
 SPANS = (
-    ("intake", "started", "intake"),
+    ("flow_control", "started", "admitted"),
+    ("intake", "admitted", "intake"),
     ("decide", "intake", "decided"),
     ("upstream", "decided", "event"),
     ("relay", "event", "relayed"),
@@ -74,7 +76,7 @@ class RequestTracer:
         """The stages' spans from ``clock``'s stamps (those reached), then the request's."""
         context = self.trace.set_span_in_context(span)
         for name, begin, end in SPANS if clock is not None else ():
-            start_s, end_s = getattr(clock, begin), getattr(clock, end)
+            start_s, end_s = getattr(clock, begin) or clock.started, getattr(clock, end)
             if start_s and end_s:
                 child = self.tracer.start_span(name, context=context, start_time=self.ns(start_s))
                 child.end(end_time=self.ns(max(end_s, start_s)))

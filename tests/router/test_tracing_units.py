@@ -34,6 +34,7 @@ def spans() -> tuple[RequestTracer, InMemorySpanExporter]:
 def _clock() -> StageClock:
     started = time.perf_counter()
     clock = StageClock(started)
+    clock.admitted = started + 0.0005
     clock.body, clock.intake, clock.decided = started + 0.001, started + 0.002, started + 0.003
     clock.connected, clock.sent, clock.head = started + 0.004, started + 0.005, started + 0.050
     clock.event, clock.relayed = started + 0.060, started + 0.061
@@ -47,18 +48,20 @@ def test_a_request_span_continues_the_clients_trace_with_its_stages(spans) -> No
     sent = tracer.traceparent(span)
     tracer.finish(span, clock, {"switchyard.instance": "i1", "switchyard.ttft_s": None}, False)
     finished = {s.name: s for s in exporter.get_finished_spans()}
-    assert set(finished) == {"switchyard.request", "intake", "decide", "upstream", "relay"}
+    stages = ("flow_control", "intake", "decide", "upstream", "relay")
+    assert set(finished) == {"switchyard.request", *stages}
     request = finished["switchyard.request"]
     assert format(request.context.trace_id, "032x") == CLIENT_TRACE
     assert format(request.parent.span_id, "016x") == "00f067aa0ba902b7"
     assert sent == f"00-{CLIENT_TRACE}-{request.context.span_id:016x}-01"  # to the engine
     assert request.attributes == {"switchyard.instance": "i1"}  # None values left out
-    for name in ("intake", "decide", "upstream", "relay"):
+    for name in stages:
         assert finished[name].parent.span_id == request.context.span_id
     upstream = finished["upstream"]
     assert upstream.end_time - upstream.start_time == pytest.approx(57e6, abs=1e3)  # ns
-    assert finished["intake"].start_time == request.start_time
-    order = [finished[n].start_time for n in ("intake", "decide", "upstream", "relay")]
+    assert finished["flow_control"].start_time == request.start_time
+    assert finished["intake"].start_time == finished["flow_control"].end_time
+    order = [finished[n].start_time for n in stages]
     assert order == sorted(order)
 
 

@@ -74,16 +74,19 @@ class RequestTracer:
         self, span: Any, clock: StageClock | None, attributes: Mapping[str, Any], error: bool
     ) -> None:
         """The stages' spans from ``clock``'s stamps (those reached), then the request's."""
-        context = self.trace.set_span_in_context(span)
-        for name, begin, end in SPANS if clock is not None else ():
-            start_s, end_s = getattr(clock, begin) or clock.started, getattr(clock, end)
-            if start_s and end_s:
-                child = self.tracer.start_span(name, context=context, start_time=self.ns(start_s))
-                child.end(end_time=self.ns(max(end_s, start_s)))
+        if clock is not None:
+            self._stages(self.trace.set_span_in_context(span), clock)
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
         if error:
             span.set_status(self.trace.Status(self.trace.StatusCode.ERROR))
         span.end()
+
+    def _stages(self, context: Any, clock: StageClock) -> None:
+        for name, begin, end in SPANS:
+            start_s, end_s = getattr(clock, begin) or clock.started, getattr(clock, end)
+            if start_s and end_s:
+                child = self.tracer.start_span(name, context=context, start_time=self.ns(start_s))
+                child.end(end_time=self.ns(max(end_s, start_s)))
 
 
 TRACER: RequestTracer | None = None

@@ -1,8 +1,9 @@
 """OpenTelemetry spans of the control plane: one per HTTP request Django serves (the API,
 the pages; the child of the caller's ``traceparent`` when it sends one) and one per Celery
-task a worker runs. Off unless the standard ``OTEL_*`` variables ask for traces, as the
-router reads them (``router_worker.contract.tracing``): off, the middleware removes itself
-at start-up (Django's ``MiddlewareNotUsed``), no signal is connected and nothing of
+task a worker runs (the child of the span that sent it, through the task's
+``traceparent`` header). Off unless the standard ``OTEL_*`` variables ask for traces, as
+the router reads them (``router_worker.contract.tracing``): off, the middleware removes
+itself at start-up (Django's ``MiddlewareNotUsed``), no signal is connected and nothing of
 OpenTelemetry is imported. Set up once per process when the app is ready (the SDK restarts
 its export thread in forked Celery workers)."""
 
@@ -34,9 +35,10 @@ def use(tracer: Any) -> None:
     """Trace with ``tracer`` from now on: requests served by handlers loaded after this, and
     every Celery task."""
     global TRACER
-    from celery.signals import task_postrun, task_prerun
+    from celery.signals import before_task_publish, task_postrun, task_prerun
 
     TRACER = tracer
+    before_task_publish.connect(_task_sent, weak=False, dispatch_uid="switchyard-tracing-sent")
     task_prerun.connect(_task_started, weak=False, dispatch_uid="switchyard-tracing-prerun")
     task_postrun.connect(_task_ended, weak=False, dispatch_uid="switchyard-tracing-postrun")
 
@@ -75,12 +77,28 @@ class TracingMiddleware:
         return response
 
 
+def _task_sent(headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """A task sent while a span is current (a request's, a task's) carries its context."""
+    if TRACER is None or headers is None:
+        return
+    from opentelemetry import propagate
+
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    if "traceparent" in carrier:
+        headers["traceparent"] = carrier["traceparent"]
+
+
 def _task_started(task_id: str | None = None, task: Any = None, **_: Any) -> None:
     if TRACER is None or task_id is None:
         return
-    from opentelemetry import trace
+    from opentelemetry import propagate, trace
 
-    span = TRACER.start_span(f"celery {task.name}", kind=trace.SpanKind.CONSUMER)
+    request = task.request  # a worker merges a message's headers into it; apply() does not
+    sent_by = getattr(request, "traceparent", None) or (request.headers or {}).get("traceparent")
+    parent = propagate.extract({"traceparent": sent_by}) if isinstance(sent_by, str) else None
+    kind = trace.SpanKind.CONSUMER
+    span = TRACER.start_span(f"celery {task.name}", context=parent, kind=kind)
     span.set_attributes({"celery.task_name": task.name, "celery.task_id": task_id})
     _running[task_id] = span
 

@@ -73,7 +73,10 @@ class RequestTracer:
     def finish(
         self, span: Any, clock: StageClock | None, attributes: Mapping[str, Any], error: bool
     ) -> None:
-        """The stages' spans from ``clock``'s stamps (those reached), then the request's."""
+        """The stages' spans from ``clock``'s stamps (those reached), then the request's;
+        nothing for a request the sampler left out."""
+        if not span.is_recording():
+            return
         if clock is not None:
             self._stages(self.trace.set_span_in_context(span), clock)
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})

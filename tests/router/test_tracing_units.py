@@ -14,6 +14,7 @@ import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 from router_worker.contract.tracing import wanted
 from router_worker.stages import StageClock
@@ -72,6 +73,19 @@ def test_without_a_client_trace_the_request_starts_one_and_errors_are_marked(spa
     tracer.finish(span, clock, {"http.response.status_code": 502}, error=True)
     (request,) = exporter.get_finished_spans()
     assert request.parent is None and request.status.is_ok is False
+
+
+def test_a_request_the_sampler_leaves_out_makes_no_span() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ALWAYS_OFF)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = RequestTracer(provider.get_tracer("test"))
+    clock = _clock()
+    span = tracer.start({}, clock.started)
+    sent = tracer.traceparent(span)
+    assert sent is not None and int(sent.split("-")[3], 16) & 1 == 0  # the engine: unsampled
+    tracer.finish(span, clock, {"switchyard.instance": "i1"}, False)
+    assert exporter.get_finished_spans() == ()
 
 
 @pytest.mark.parametrize(

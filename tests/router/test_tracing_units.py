@@ -117,3 +117,16 @@ def test_untraced_a_router_imports_nothing_of_opentelemetry() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_a_router_asked_for_an_unknown_exporter_refuses_to_start(tmp_path) -> None:
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "zipkin"}
+    done = subprocess.run(
+        [sys.executable, "-m", "router_worker", "--config", str(tmp_path / "absent.json")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "OTEL_TRACES_EXPORTER: unknown exporter 'zipkin'" in done.stderr

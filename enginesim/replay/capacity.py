@@ -24,6 +24,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from engine_interface import percentile
 from enginesim.replay import metrics
 from enginesim.replay.cli import add_arguments as add_replay_arguments
 from enginesim.replay.cli import (
@@ -32,7 +33,7 @@ from enginesim.replay.cli import (
     policies_from_args,
     run_policy,
 )
-from enginesim.replay.simulator import SimConfig
+from enginesim.replay.simulator import SimConfig, SimResult
 from enginesim.replay.traces import TraceRecord, load_trace
 
 
@@ -73,6 +74,11 @@ def zero_queue_attainment(records: list[TraceRecord], config: SimConfig, ttft_s:
     return float((bounds <= ttft_s).sum() / len(records)) if records else 0.0
 
 
+def seconds_of(row: dict[str, Any]) -> str:
+    value = row.get("queued_prefill_s_mean")
+    return "-" if value is None else f"{value:.3f}"
+
+
 def check(args: argparse.Namespace) -> str:
     """The replay policy to search with; SystemExit naming the option at fault."""
     for name in ("ttft_slo", "tpot_slo"):
@@ -106,9 +112,27 @@ class Trials:
             )
             result = run_policy(self.records, self.policy, config, progress=False)
             summary = metrics.summarize(result, self.slo)
-            self.rows[instances] = {"instances": instances, **summary}
+            self.rows[instances] = {"instances": instances, **summary, **signal(result)}
             print(_row(self.rows[instances]), flush=True)
         return self.rows[instances]["slo_attainment"] or 0.0
+
+
+def signal(result: SimResult) -> dict[str, float | None]:
+    """What the autoscaling signal read over the run, as the router exports it: queued
+    prefill seconds per healthy instance (mean and p90 over the scrape ticks) and the KV
+    pressure's mean: the level to set an autoscaler's target near."""
+    samples = result.saturation_samples
+    if not len(samples):
+        return {
+            "queued_prefill_s_mean": None,
+            "queued_prefill_s_p90": None,
+            "kv_pressure_mean": None,
+        }
+    return {
+        "queued_prefill_s_mean": float(samples[:, 0].mean()),
+        "queued_prefill_s_p90": percentile(samples[:, 0], 90),
+        "kv_pressure_mean": float(samples[:, 1].mean()),
+    }
 
 
 def _row(summary: dict[str, Any]) -> str:
@@ -119,7 +143,8 @@ def _row(summary: dict[str, Any]) -> str:
     return (
         f"{summary['instances']:>9} {summary['slo_attainment'] or 0:>10.3f} "
         f"{seconds('ttft_p90_s'):>9} {seconds('ttft_p99_s'):>9} {seconds('tpot_p99_s'):>9} "
-        f"{summary['busy_fraction']:>5.2f}"
+        f"{summary['busy_fraction']:>5.2f} {seconds('queued_prefill_s_mean'):>8} "
+        f"{seconds('queued_prefill_s_p90'):>8} {seconds('kv_pressure_mean'):>6}"
     )
 
 
@@ -139,12 +164,19 @@ def main(args: argparse.Namespace) -> int:
         f"{args.attainment:.0%} meet TTFT ≤ {args.ttft_slo:g} s and TPOT ≤ {args.tpot_slo:g} s"
     )
     print(f"{'instances':>9} {'attainment':>10} {'TTFT p90':>9} {'TTFT p99':>9} "
-          f"{'TPOT p99':>9} {'busy':>5}")  # fmt: skip
+          f"{'TPOT p99':>9} {'busy':>5} {'queued s':>8} {'q p90':>8} {'KV':>6}")  # fmt: skip
     trials = Trials(records, policy, args)
     needed = smallest_meeting(
         trials.attainment, args.min_instances, args.instances, args.attainment
     )
     ceiling = zero_queue_attainment(records, config_from_args(args), args.ttft_slo)
+    if needed is not None:
+        level = trials.rows[needed]
+        print(
+            f"# at {needed} instances the autoscaling signal read {seconds_of(level)} s of "
+            "queued prefill per instance on average: a target for "
+            "switchyard_router_fleet_pending_prefill_seconds"
+        )
     if needed is None:
         print(
             f"# not even {args.instances} instances: raise --instances, or the SLO (alone on "

@@ -41,7 +41,13 @@ def test_the_answer_meets_the_slo_and_one_instance_fewer_does_not(tmp_path, caps
     assert 1 < needed < 12
     rows = {row["instances"]: row for row in report["tried"]}
     assert rows[needed]["slo_attainment"] >= 0.8
-    assert f"# needed: {needed} instances" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"# needed: {needed} instances" in printed
+    # the autoscaling signal as the router computes it: higher on the smaller fleets
+    smallest, largest = rows[min(rows)], rows[max(rows)]
+    assert smallest["queued_prefill_s_mean"] > largest["queued_prefill_s_mean"] > 0
+    target = f"{rows[needed]['queued_prefill_s_mean']:.3f} s of queued prefill"
+    assert target in printed and "switchyard_router_fleet_pending_prefill_seconds" in printed
     # checked apart from the search: a fleet one smaller misses the target
     parser = argparse.ArgumentParser()
     from enginesim.replay.capacity import add_arguments

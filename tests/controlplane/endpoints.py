@@ -58,6 +58,7 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/rollups/instances", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/decisions?limit=5", "viewer"),
     Endpoint("GET", "/api/v1/metrics", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/live", "viewer"),
     Endpoint("GET", "/api/v1/replays", "viewer"),
     Endpoint("GET", "/api/v1/replays/{replay}", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{gamma}/captures", "viewer"),

@@ -1,6 +1,7 @@
 """The REST API gives what the pages give: a replay's recommendation, cells and canaries
-as its page shows them, a canary started from a replay, and the cluster's sampled routing
-decisions as a stream a client pages through with a cursor (real Postgres and Redis)."""
+as its page shows them, a canary started from a replay, the live view's merged state, and
+the cluster's sampled routing decisions as a stream a client pages through with a cursor
+(real Postgres and Redis)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from controlplane.selectors.replays import recommendation
 from router_worker.contract.telemetry import decisions_stream
 from tests.web.test_decision_stream import decision, write_decision
 
-from .helpers import finished_job
+from .helpers import finished_job, instance, snapshot, write_state
 
 pytestmark = pytest.mark.django_db
 
@@ -124,3 +125,20 @@ def test_a_bad_cursor_or_limit_is_refused_naming_it(as_role, cluster, query, fie
 def test_the_decisions_of_a_missing_cluster_are_a_404(as_role):
     assert as_role("viewer").get("/api/v1/clusters/999999/decisions").status_code == 404
     assert as_role(None).get("/api/v1/clusters/999999/decisions").status_code == 401
+
+
+def test_the_live_state_is_the_live_views(as_role, cluster, redis_client):
+    url = f"/api/v1/clusters/{cluster.pk}/live"
+    assert as_role("viewer").get(url).json()["instances"] == []  # no router reports yet
+    write_state(redis_client, snapshot(cluster.name, "r1", [instance("i0", pending=321)]))
+    write_state(redis_client, snapshot(cluster.name, "r2", [instance("i0", pending=100)]))
+    try:
+        body = as_role("viewer").get(url).json()
+        page = as_role("viewer").get(reverse("web:snapshot", args=[cluster.pk])).json()
+    finally:
+        for router in ("r1", "r2"):
+            redis_client.delete(f"switchyard:state:{cluster.name}:{router}")
+    (merged,) = body["instances"]
+    assert merged["pending_prefill_tokens"] == 421  # router-local accounting sums
+    assert sorted(r["router"] for r in body["routers"]) == ["r1", "r2"]
+    assert body["instances"] == page["live"]["instances"]

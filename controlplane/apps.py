@@ -16,3 +16,7 @@ class ControlPlaneConfig(AppConfig):
         from .realtime.access import connect_signals
 
         connect_signals()
+        # OpenTelemetry spans of requests and Celery tasks, when OTEL_* ask for traces
+        from .tracing import setup
+
+        setup()

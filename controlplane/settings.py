@@ -115,6 +115,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "controlplane.tracing.TracingMiddleware",  # removes itself unless OTEL_* ask for traces
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

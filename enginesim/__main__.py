@@ -14,6 +14,10 @@ from types import ModuleType
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("enginesim.server.cli", "run simulated vLLM instances over HTTP"),
     "replay": ("enginesim.replay.cli", "replay a trace through routing policies in virtual time"),
+    "capacity": (
+        "enginesim.replay.capacity",
+        "how many instances a trace needs to meet an SLO (replays over fleet sizes)",
+    ),
     "loadgen": ("enginesim.loadgen.cli", "send a trace's requests to an OpenAI-compatible URL"),
 }
 

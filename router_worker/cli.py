@@ -29,7 +29,7 @@ from pathlib import Path
 
 import uvicorn
 
-from router_worker import lifeline
+from router_worker import lifeline, tracing
 from router_worker.app import RouterApp
 from router_worker.config_source import ManagedConfig
 from router_worker.connections import guarded_protocol
@@ -166,6 +166,11 @@ def main(argv: list[str] | None = None) -> int:
         lifeline.bind_to_parent(args.supervisor_pid)
     name = args.name or f"{socket.gethostname()}:{args.port}"
     try:
+        tracing.setup()
+    except (ImportError, ValueError) as error:  # the tracing extra missing, an unknown exporter
+        print(f"router_worker: tracing asked for by OTEL_* but: {error}", file=sys.stderr)
+        return 2
+    try:
         peer_keys = PeerKeys.from_environment(
             os.environ.get(PEER_KEY_ENV), os.environ.get(PEER_KEY_PREVIOUS_ENV)
         )
@@ -217,7 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     raise_fd_limit()
     server = uvicorn.Server(config)
     if args.profile is None:
-        server.run()
+        try:
+            server.run()
+        finally:
+            tracing.shutdown()
         return 0
     import cProfile
 

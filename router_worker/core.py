@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine_interface import load_cv
+from router_worker import tracing
 from router_worker.contract.config import RouterConfig
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
@@ -43,6 +44,7 @@ from router_worker.observers import (
     Migrations,
     RequestMetrics,
     RequestSamples,
+    Spans,
     hotspot_payload,
 )
 from router_worker.peers import PeerSync
@@ -55,6 +57,7 @@ from router_worker.routing import (
     session_key_from_request,
 )
 from router_worker.routing.peer_accounting import PeerReports
+from router_worker.routing.saturation import Saturation, fleet_saturation
 from router_worker.runtime import Runtime, build_runtime
 from router_worker.telemetry import Telemetry
 from router_worker.tokenization import Tokenizer
@@ -95,6 +98,7 @@ class RouterCore:
         telemetry.snapshot_source = self.snapshot_source
         telemetry.peaks_source = self.take_peaks
         telemetry.max_model_len_source = self.max_model_len
+        metrics.saturation_source = self.saturation
 
     # ----- configuration ---------------------------------------------------------------
     def apply_config(self, config: RouterConfig) -> Runtime:
@@ -155,6 +159,7 @@ class RouterCore:
     def peers(self, sync: PeerSync | None) -> None:
         self._peers = sync
         reports = () if sync is None else (PeerReports(sync),)
+        spans = () if tracing.TRACER is None else (Spans(tracing.TRACER),)
         self.observers = LifecycleObservers(
             self.hotspot_book,
             *reports,
@@ -165,6 +170,7 @@ class RouterCore:
             RequestSamples(self.telemetry),
             self.decision_log,
             self.migrations,
+            *spans,
         )
 
     def plan(
@@ -228,6 +234,12 @@ class RouterCore:
     # ----- telemetry sources ------------------------------------------------------------
     def take_peaks(self) -> dict[str, tuple[float, float, float]]:
         return {} if self.state is None else self.peaks.take(self.state)
+
+    def saturation(self) -> Saturation:
+        """The fleet's saturation as this router sees it (the autoscaling signal)."""
+        if self.state is None:
+            return Saturation(0, 0.0, 0.0)
+        return fleet_saturation(self.state.view())
 
     def snapshot_source(self) -> dict[str, Any]:
         from router_worker.contract.telemetry import HotspotPayload, InstanceSnapshot

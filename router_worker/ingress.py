@@ -20,6 +20,7 @@ import logging
 import time
 from typing import Any
 
+from router_worker import tracing
 from router_worker.access import Detail, client_rights, detail_for
 from router_worker.connections import ARRIVED, DISCONNECT, ClientGone, DisconnectWatch, Receive
 from router_worker.core import RouterCore
@@ -155,6 +156,8 @@ class Ingress:
         core.holding(+1)
         plan: Plan | None = None
         clock = StageClock(extensions.get(ARRIVED, started))
+        if tracing.TRACER is not None:
+            clock.admitted = time.perf_counter()
         try:
             raw = await read_body(receive, runtime.config.router.max_body_bytes)
             clock.body = time.perf_counter()
@@ -165,6 +168,8 @@ class Ingress:
             plan.clock = clock
             clock.decided = time.perf_counter()
             up = _upstream_headers(headers)
+            if tracing.TRACER is not None:
+                up = traced(tracing.TRACER, plan, headers, up)
             await self.dispatcher.run(
                 Exchange(plan, scope["path"], raw, intake.stream, up, send, watch, detail)
             )
@@ -205,6 +210,20 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return value.decode("latin-1")
     return None
+
+
+def traced(
+    tracer: tracing.RequestTracer,
+    plan: Plan,
+    headers: dict[str, str],
+    upstream: list[tuple[bytes, bytes]],
+) -> list[tuple[bytes, bytes]]:
+    """Start the request's span; the engine gets its trace context instead of the client's."""
+    assert plan.clock is not None
+    plan.span = tracer.start(headers, plan.clock.started)
+    context = tracer.traceparent(plan.span)
+    kept = [(name, value) for name, value in upstream if name != b"traceparent"]
+    return kept if context is None else [*kept, (b"traceparent", context.encode())]
 
 
 def _upstream_headers(headers: dict[str, str]) -> list[tuple[bytes, bytes]]:

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
+from router_worker.routing.saturation import Saturation
 from router_worker.stages import StageTimes
 
 FAST_BUCKETS = (
@@ -350,6 +351,29 @@ class RouterMetrics:
         self.config_version = Gauge(
             "switchyard_router_config_version", "Applied configuration version.", registry=r
         )
+        # The autoscaling signal (router_worker/routing/saturation.py), read at scrape time
+        # from the source the router core sets (`watch_saturation`)
+        self.saturation_source: Callable[[], Saturation] = lambda: Saturation(0, 0.0, 0.0)
+        for name, doc, read in (
+            (
+                "switchyard_router_fleet_pending_prefill_seconds",
+                "Seconds of queued prefill work per healthy instance, on average (pending "
+                "prefill tokens / the instance's prefill throughput): the autoscaling signal.",
+                lambda: self.saturation_source().pending_prefill_s,
+            ),
+            (
+                "switchyard_router_fleet_kv_pressure",
+                "Mean KV cache usage (0-1) the healthy instances report: the autoscaling "
+                "signal's second half.",
+                lambda: self.saturation_source().kv_pressure,
+            ),
+            (
+                "switchyard_router_fleet_instances",
+                "Healthy instances the router routes to.",
+                lambda: float(self.saturation_source().instances),
+            ),
+        ):
+            Gauge(name, doc, registry=r).set_function(read)
         self.stages = StageTimes()
         r.register(self.stages)
         self._children: dict[tuple[object, ...], MetricWrapperBase] = {}

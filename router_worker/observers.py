@@ -54,6 +54,7 @@ from router_worker.routing import (
     choose_migrations,
 )
 from router_worker.telemetry import RequestSample, Telemetry
+from router_worker.tracing import RequestTracer
 
 log = logging.getLogger("router_worker")
 RECENT_DECISIONS = 200
@@ -493,3 +494,30 @@ def hotspot_payload(event: HotspotTransition) -> dict[str, Any]:
         "time": event.time,
         "request_id": event.request_id,
     }
+
+
+class Spans(LifecycleObserver[Plan]):
+    """Ends each traced request's span (router_worker.tracing) with its stages' spans."""
+
+    __slots__ = ("tracer",)
+
+    def __init__(self, tracer: RequestTracer) -> None:
+        self.tracer = tracer
+
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
+        if plan.span is None:
+            return
+        attributes = {
+            "switchyard.arm": plan.arm.name,
+            "switchyard.policy": plan.arm.policy_kind,
+            "switchyard.instance": plan.instance,
+            "switchyard.reason": plan.reason,
+            "switchyard.attempts": plan.attempt_count,
+            "switchyard.tokenization": plan.tokenization,
+            "http.response.status_code": outcome.status,
+            "gen_ai.usage.output_tokens": outcome.output_tokens,
+            "switchyard.cached_tokens": outcome.cached_tokens,
+            "switchyard.ttft_s": outcome.ttft,
+        }
+        self.tracer.finish(plan.span, plan.clock, attributes, error=outcome.status >= 500)
+        plan.span = None

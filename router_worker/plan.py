@@ -77,6 +77,7 @@ class Plan(RequestLifecycle):
     # migrating policy's decisions are captured at once).
     capture_due: bool | None = None  # None: not admitted; else whether it is a priority
     clock: StageClock | None = None  # the per-stage stamps (router_worker.stages)
+    span: Any = None  # its OpenTelemetry span when tracing is on (router_worker.tracing)
     # Migration: the attempt's task while it can be taken back, and where it goes then.
     mover: asyncio.Future[Any] | None = field(default=None, repr=False)
     migrate_to: str | None = None

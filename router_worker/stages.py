@@ -64,6 +64,7 @@ class StageClock:
     """The boundaries of one request's stages (perf_counter seconds; 0.0: not reached)."""
 
     __slots__ = (
+        "admitted",
         "body",
         "connected",
         "decided",
@@ -77,6 +78,7 @@ class StageClock:
 
     def __init__(self, started: float) -> None:
         self.started = started
+        self.admitted = 0.0  # the concurrency slot taken: stamped only when tracing
         self.body = self.intake = self.decided = 0.0
         self.connected = self.sent = self.head = self.event = self.relayed = 0.0
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up shared by `make demo` and `make test`: virtualenv, Python and npm
-# packages, (for tests) Debian's chromium, running Postgres/Redis, migrated database.
+# packages, (for tests) Debian's chromium and promtool, running Postgres/Redis, migrated database.
 # Re-installs only when pyproject.toml, requirements.lock or the npm lockfile changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,13 +47,23 @@ if [ -f frontend/package-lock.json ]; then
   fi
 fi
 
+apt_install() {
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  fi
+}
+
 if [ "$WANT_BROWSER" = 1 ] && [ ! -x /usr/bin/chromium ]; then
   echo "Installing Debian's chromium for the browser tests ..."
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-  fi
+  apt_install chromium
+fi
+# promtool checks and unit-tests the generated alert rules (tests/operations/test_observability.py);
+# the package's Prometheus server is installed beside it but not used
+if [ "$WANT_BROWSER" = 1 ] && ! command -v promtool >/dev/null; then
+  echo "Installing Debian's prometheus (promtool) for the alert rules' tests ..."
+  apt_install --no-install-recommends prometheus
 fi
 
 bash scripts/ensure_services.sh

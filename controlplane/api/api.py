@@ -11,8 +11,10 @@ from . import (
     clusters,
     config_versions,
     events,
+    live,
     metrics,
     policies,
+    prometheus,
     replays,
     router_deployments,
 )
@@ -38,9 +40,11 @@ for module in (
     config_versions,
     router_deployments,
     events,
+    live,
     metrics,
     replays,
     captures,
     access,
+    prometheus,
 ):
     api.add_router("", module.routes)

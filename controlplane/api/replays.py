@@ -1,4 +1,4 @@
-"""What-if replay jobs."""
+"""What-if replay jobs: their results, the recommendation their page gives, their cells."""
 
 from typing import Literal
 
@@ -9,7 +9,7 @@ from controlplane.selectors import replays as replay_selectors
 from controlplane.services import replays as replay_services
 
 from .auth import actor_of, role
-from .schemas import Id, ReplayCreatedOut, ReplayIn, ReplayOut
+from .schemas import Id, ReplayCreatedOut, ReplayDetailOut, ReplayIn, ReplayOut
 
 routes = Router(tags=["replays"])
 ReplayState = Literal["queued", "running", "succeeded", "failed"]
@@ -20,7 +20,7 @@ def list_replays(request: HttpRequest, cluster: Id | None = None, state: ReplayS
     return replay_selectors.replays(cluster, state)
 
 
-@routes.get("/replays/{replay_id}", response=ReplayOut)
+@routes.get("/replays/{replay_id}", response=ReplayDetailOut)
 def get_replay(request: HttpRequest, replay_id: Id):
     return replay_selectors.replay(replay_id)
 

@@ -8,6 +8,9 @@ from typing import Annotated, Any, Literal
 from ninja import Field, Schema
 from pydantic import AfterValidator
 
+from controlplane.selectors import replays as replay_selectors
+from router_worker.contract.telemetry import DecisionRecord
+
 MAX_PK = 2**63 - 1
 NO_NUL = r"^[^\x00]*$"  # Postgres text cannot hold NUL characters
 
@@ -233,6 +236,11 @@ class CanaryIn(Schema):
         "refused (400) naming it as guardrails.<name>.",
     )
     assignment_key: Literal["session", "random"] = "session"
+    source_replay_id: Id | None = Field(
+        None,
+        description="The replay (of this cluster) whose recommendation the canary tests, as "
+        "the replay page's button sets it; the replay then lists the canary.",
+    )
     reason: Reason
 
 
@@ -299,6 +307,9 @@ class CanaryOut(Schema):
     failures: int
     step_started_at: datetime | None
     created_at: datetime
+    source_replay_id: int | None = Field(
+        None, description="The replay whose recommendation it tests, if started from one."
+    )
 
 
 class CanaryDetailOut(CanaryOut):
@@ -475,6 +486,33 @@ class ReplayIn(Schema):
     reason: Reason = ""
 
 
+class RecommendationLoadOut(Schema):
+    rate_scale: float
+    active: float = Field(description="The active policy's goodput (requests/s), mean over seeds.")
+    candidate: float = Field(description="The recommended policy's goodput there.")
+    diff: float = Field(description="candidate - active")
+    noise: float | None = Field(
+        description="The two 95% half-widths combined: a gain beyond it is not noise."
+    )
+    relative: float = Field(description="diff / active")
+
+
+class RecommendationOut(Schema):
+    """What the replay says about the policy the cluster ran when it was asked for, as the
+    replay's page says it (controlplane/selectors/replays.py, ``recommendation``)."""
+
+    active: int = Field(description="The active policy's id when the replay was asked for.")
+    candidate: int | None = Field(
+        description="The policy to canary next; null: keep the active one (see why)."
+    )
+    loads: list[RecommendationLoadOut] = Field(description="The candidate's gain per load.")
+    why: Literal["wins", "no winner", "noise"] = Field(
+        description="wins: the candidate beats the active policy on goodput beyond the noise "
+        "at one load and is nowhere worse; no winner: none does; noise: the active policy's "
+        "goodput has no interval (one seed), so a gain cannot be told from noise."
+    )
+
+
 class ReplayOut(Schema):
     id: int
     cluster_id: int
@@ -487,15 +525,74 @@ class ReplayOut(Schema):
     error: str
     finished_at: datetime | None
 
+    recommendation: RecommendationOut | None = Field(
+        None,
+        description="Null until the job has results, or when the active policy was not "
+        "among those replayed.",
+    )
+    canaries: list[int] = Field(
+        default_factory=list, description="Canaries started from this replay, newest first."
+    )
+
     @staticmethod
     def resolve_created_by(job: Any) -> str | None:
         return job.created_by.get_username() if job.created_by_id else None
+
+    @staticmethod
+    def resolve_recommendation(job: Any) -> dict[str, Any] | None:
+        return replay_selectors.recommendation(job)
+
+    @staticmethod
+    def resolve_canaries(job: Any) -> list[int]:
+        return replay_selectors.canary_ids(job)
+
+
+class ReplayCellOut(Schema):
+    index: int
+    kind: str = Field(description="The replayed policy's kind.")
+    policy: int = Field(description="The policy's index in inputs.policies.")
+    rate_scale: float
+    seed: int
+    state: str
+    progress: float
+    attempts: int
+    error: str
+    finished_at: datetime | None
+
+
+class ReplayDetailOut(ReplayOut):
+    cells: list[ReplayCellOut] = Field(
+        default_factory=list, description="One per policy, load and seed: a Celery task each."
+    )
+
+    @staticmethod
+    def resolve_cells(job: Any) -> list[dict[str, Any]]:
+        return [
+            {**{f: getattr(row["cell"], f) for f in ReplayCellOut.model_fields if f != "kind"},
+             "kind": row["kind"]}
+            for row in replay_selectors.cells(job)
+        ]  # fmt: skip
 
 
 class ReplayCreatedOut(Schema):
     replay: ReplayOut
     dispatched: bool
     message: str
+
+
+class DecisionOut(DecisionRecord):
+    """One sampled routing decision, as the live view shows it (router_worker/README.md,
+    "Telemetry out"), with its entry id in the cluster's decision stream."""
+
+    id: str = Field(description="The stream entry's id: pass it as `after` to page on.")
+
+
+class DecisionPageOut(Schema):
+    decisions: list[DecisionOut] = Field(description="Newest first.")
+    cursor: str | None = Field(
+        description="The newest entry id seen (the `after` given when nothing is newer; null "
+        "when the stream is empty): ask again with after=cursor for what came since."
+    )
 
 
 # Filters (query strings)
@@ -524,3 +621,12 @@ class ArmRollupFilters(TimeRange):
 
 class InstanceRollupFilters(TimeRange):
     instance: Annotated[str, Field(max_length=64, pattern=NO_NUL)] | None = None
+
+
+class DecisionFilters(Schema):
+    after: Annotated[str, Field(pattern=r"^\d{1,19}-\d{1,19}$")] | None = Field(
+        None,
+        description="A cursor (a decision stream entry id, `<ms>-<seq>`): only decisions "
+        "after it, the oldest first taken, so that polling misses none the stream still holds.",
+    )
+    limit: int = Field(50, ge=1, le=500, description="The most decisions returned.")

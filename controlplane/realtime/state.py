@@ -129,6 +129,27 @@ def read_decisions(
     return parse_decisions(entries)
 
 
+def decisions_since(
+    client: redis.Redis, cluster: str, after: str | None, count: int
+) -> tuple[list[dict[str, Any]], str | None]:
+    """A page of the cluster's sampled decision stream, newest first, each with its entry
+    ``id``, and the cursor to ask with next (the newest id seen; ``after`` itself when
+    nothing is newer). Without ``after``: the newest ``count``. With it: the ``count``
+    oldest entries after it, so a client polling with the cursor misses none that the
+    capped stream still holds."""
+    stream = decisions_stream(cluster)
+    if after is None:
+        entries = cast("list[StreamEntry]", client.xrevrange(stream, count=count))
+    else:
+        oldest = cast("list[StreamEntry]", client.xrange(stream, min=f"({after}", count=count))
+        entries = oldest[::-1]
+    page: list[dict[str, Any]] = []
+    for entry_id, fields in entries:
+        parsed = parse_decisions([(entry_id, fields)])
+        page.extend({**decision, "id": _text(entry_id)} for decision in parsed)
+    return page, (_text(entries[0][0]) if entries else after)
+
+
 def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
 

@@ -18,7 +18,7 @@ from router_worker.contract.telemetry import (
 )
 
 # Process basics (finding Python and our code, locale, time zone, scratch space) and the
-# router's own settings (see router_worker/cli.py for what it reads).
+# router's own settings (see router_worker/cli.py for what it reads); and every OTEL_*.
 PASSED_THROUGH = (
     "PATH",
     "PYTHONPATH",
@@ -40,6 +40,9 @@ def router_environment(
     (with its own credentials when it has a Redis identity), signing replica sync with
     the first of `peer_keys` and accepting the others."""
     env = {name: os.environ[name] for name in PASSED_THROUGH if name in os.environ}
+    # OpenTelemetry's own variables: the router traces as the worker's environment says
+    # (README, "Tracing"); OTLP headers may carry the collector's credentials, meant for it
+    env.update({name: value for name, value in os.environ.items() if name.startswith("OTEL_")})
     env.update(
         {
             ROUTER_TOKEN_ENV: token,

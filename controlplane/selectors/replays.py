@@ -20,6 +20,11 @@ def replay(replay_id: int) -> ReplayJob:
     return get_or_404(replays(), replay_id, "replay")
 
 
+def canary_ids(job: ReplayJob) -> list[int]:
+    """The canaries started from the job's recommendation, newest first."""
+    return list(job.canaries.order_by("-created_at", "-id").values_list("pk", flat=True))
+
+
 def cells(job: ReplayJob) -> list[dict[str, Any]]:
     """The job's cells for its page: each with its policy's kind."""
     policies = job.inputs.get("policies") or []

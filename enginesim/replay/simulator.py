@@ -87,6 +87,7 @@ from router_worker.routing.peer_accounting import (
     apply_peer_end,
     apply_peer_first_token,
 )
+from router_worker.routing.saturation import fleet_saturation
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
 FAULT_ACTIONS = ("fail", "drain", "restore")
@@ -268,6 +269,9 @@ class SimResult:
     # If the fleet varied: the nominal GPU (what the policies were told), the variation
     # and, per instance, what it ran on (instance_hardware); None otherwise
     fleet: dict[str, Any] | None = None
+    # The autoscaling signal the (first) router exports, at each scrape tick: (ticks, 2) of
+    # queued prefill seconds per healthy instance and KV pressure (routing/saturation.py)
+    saturation_samples: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
 
 
 @dataclass
@@ -350,6 +354,7 @@ class Simulator:
         self.true_pending = np.zeros(config.instances)
         self.samples: list[np.ndarray] = []
         self.sample_times: list[float] = []
+        self.saturation: list[tuple[float, float]] = []
         self.hotspot_events: dict[str, int] = {}
         self.hotspot_log: list[Any] = []
         self.reasons: dict[str, int] = {}
@@ -723,6 +728,8 @@ class Simulator:
             )
         self.sample_times.append(self.now)
         self.samples.append(self.true_pending.copy())
+        signal = fleet_saturation(self.state.view())
+        self.saturation.append((signal.pending_prefill_s, signal.kv_pressure))
         if self._work_left():
             self._push(self._next_scrape(), SCRAPE, None)
 
@@ -811,6 +818,7 @@ class Simulator:
             dict(self.reasons),
             hotspot_log=self.hotspot_log,
             migrations=self.migrations,
+            saturation_samples=np.array(self.saturation, dtype=float).reshape(-1, 2),
         )
         if self.config.varied:
             result.fleet = self._fleet_record()

@@ -98,7 +98,12 @@ class InstanceAPI:
         created = int(time.time())
 
         timing = RequestTiming(
-            req_id, inst.settings.index, gen.stream, arrival, prompt_tokens=stream.prompt_len
+            req_id,
+            inst.settings.index,
+            gen.stream,
+            arrival,
+            prompt_tokens=stream.prompt_len,
+            traceparent=request.headers.get("traceparent"),
         )
 
         def on_disconnect() -> None:

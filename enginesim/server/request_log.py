@@ -4,7 +4,8 @@ What vLLM gives as per-request trace spans (queue time, time to first token) in 
 benchmark can join with its client-side timings: the times are ``time.monotonic()``
 (CLOCK_MONOTONIC, the same clock in every process on the host), taken where the HTTP
 handler starts and where the first content chunk is handed to the server. A client that
-sets ``X-Request-Id`` finds its id in ``request_id`` (after vLLM's ``cmpl-``/``chatcmpl-``).
+sets ``X-Request-Id`` finds its id in ``request_id`` (after vLLM's ``cmpl-``/``chatcmpl-``),
+and one that sends a ``traceparent`` finds it in ``traceparent``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ class RequestTiming:
     cached_tokens: int = 0
     output_tokens: int = 0
     completed: bool = False  # False: aborted (client gone, fault) before the end
+    # the W3C trace context the request came with (vLLM parents its own spans on it)
+    traceparent: str | None = None
 
 
 class RequestLog:

@@ -11,5 +11,7 @@ on of the other, and the only part of ``router_worker`` (with the policies of
   across routers is declared beside the dashboard's merge
   (``controlplane/realtime/snapshot.py``'s tables, checked against these records);
 * :mod:`router_worker.contract.capture`: the keyed digests of captured traffic, which the
-  router computes and the control plane's ingest checks.
+  router computes and the control plane's ingest checks;
+* :mod:`router_worker.contract.tracing`: when both sides trace, as the standard ``OTEL_*``
+  variables say, and how they export.
 """

@@ -24,7 +24,9 @@ HEAVY = {"django", "celery", "channels", "scipy", "matplotlib", "psycopg", "daph
 SIMULATOR_STACK = {"scipy", "matplotlib", "rich"}
 # the packages of each deployable, and the extras its host installs
 DEPLOYABLES = {
-    "router": (ROUTER_PACKAGES, ()),
+    # tracing: an optional extra, imported only when OTEL_* ask for traces
+    # (router_worker/tracing.py; tests/router/test_tracing_units.py: untraced, none of it)
+    "router": (ROUTER_PACKAGES, ("tracing",)),
     "enginesim": (("enginesim",), ("enginesim",)),
     "controlplane": (("controlplane",), ("controlplane",)),
 }

@@ -30,6 +30,8 @@ def test_router_process_environment_is_an_allowlist(monkeypatch, tmp_path: Path)
     monkeypatch.setenv("SWITCHYARD_DATABASE_URL", DATABASE_URL)
     monkeypatch.setenv("PGPASSWORD", "db-password-must-not-leak")
     monkeypatch.setenv("SWITCHYARD_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("OTEL_SERVICE_NAME", "router-under-test")
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     cluster = Cluster.objects.create(name="env-test", model="m", gpu_type="h20")
     port = free_port()
     deployment = RouterDeployment.objects.create(
@@ -56,6 +58,7 @@ def test_router_process_environment_is_an_allowlist(monkeypatch, tmp_path: Path)
     assert environment["SWITCHYARD_ROUTER_TOKEN"].startswith("syr_")
     assert environment["SWITCHYARD_LOG_LEVEL"] == "DEBUG"  # the router's own settings pass
     assert environment["SWITCHYARD_REDIS_URL"]
+    assert environment["OTEL_SERVICE_NAME"] == "router-under-test"  # tracing's own variables
     # the cluster's replica-sync key, derived per cluster (never the secret key itself)
     current, _ = identity.peer_keys(cluster.pk)
     assert environment["SWITCHYARD_PEER_KEY"] == current != identity.peer_keys(cluster.pk + 1)[0]

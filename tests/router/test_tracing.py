@@ -1,0 +1,111 @@
+"""A live router traced through the standard OTEL_* variables: its spans reach an OTLP/HTTP
+collector (a small one in the test, decoding the protobuf export), the client's trace is
+continued, and the engine receives the request span's traceparent (enginesim records it,
+as vLLM parents its own spans on it). Without the variables, the client's traceparent
+passes through untouched and nothing is exported."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from devharness import Fleet, free_port, wait_until
+from tests.fleets import fast_fleet
+from tests.router.helpers import MODEL, router_config
+
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_PARENT = f"00-{CLIENT_TRACE}-00f067aa0ba902b7-01"
+
+
+class Collector:
+    """An OTLP/HTTP trace receiver: every span it was sent, by name."""
+
+    def __init__(self) -> None:
+        self.spans: list = []
+        collector = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["content-length"]))
+                export = ExportTraceServiceRequest.FromString(body)
+                for resource in export.resource_spans:
+                    for scope in resource.scope_spans:
+                        collector.spans.extend(scope.spans)
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def named(self, name: str) -> list:
+        return [span for span in self.spans if span.name == name]
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    found = Collector()
+    yield found
+    found.server.shutdown()
+
+
+@pytest.fixture
+def logged_fleet(tmp_path: Path) -> Iterator[tuple[Fleet, Path]]:
+    log = tmp_path / "engine-requests.jsonl"
+    with fast_fleet(1, extra=["--request-log", str(log)]) as fleet:
+        yield fleet, log
+
+
+def _ask(url: str) -> None:
+    response = httpx.post(
+        url + "/v1/chat/completions",
+        timeout=10,
+        headers={"traceparent": CLIENT_PARENT},
+        json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
+    response.raise_for_status()
+
+
+def _engine_saw(log: Path) -> list[str | None]:
+    return [json.loads(line)["traceparent"] for line in log.read_text().splitlines()]
+
+
+def test_spans_reach_the_collector_and_the_engine_gets_the_request_span(
+    logged_fleet, collector, router_factory
+) -> None:
+    fleet, log = logged_fleet
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url + "/v1/traces",
+           "OTEL_BSP_SCHEDULE_DELAY": "100", "OTEL_SERVICE_NAME": "router-under-test"}  # fmt: skip
+    router = router_factory(router_config(fleet, "round_robin"), env=env)
+    _ask(router.url)
+    wait_until(lambda: collector.named("relay"), 15, "the router's spans exported")
+    (request,) = collector.named("switchyard.request")
+    assert request.trace_id.hex() == CLIENT_TRACE
+    assert request.parent_span_id.hex() == "00f067aa0ba902b7"
+    for stage in ("flow_control", "intake", "decide", "upstream", "relay"):
+        (span,) = collector.named(stage)
+        assert span.parent_span_id == request.span_id and span.trace_id == request.trace_id
+    attributes = {a.key: a.value for a in request.attributes}
+    assert attributes["switchyard.instance"].string_value == "i0"
+    assert attributes["http.response.status_code"].int_value == 200
+    wait_until(lambda: log.exists() and log.read_text(), 5, "the engine's request log")
+    assert _engine_saw(log) == [f"00-{CLIENT_TRACE}-{request.span_id.hex()}-01"]
+
+
+def test_untraced_the_clients_traceparent_passes_through(logged_fleet, router_factory) -> None:
+    fleet, log = logged_fleet
+    router = router_factory(router_config(fleet, "round_robin"))
+    _ask(router.url)
+    wait_until(lambda: log.exists() and log.read_text(), 5, "the engine's request log")
+    assert _engine_saw(log) == [CLIENT_PARENT]

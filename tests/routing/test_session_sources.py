@@ -11,6 +11,7 @@ from router_worker.routing.sessions import (
     SESSION_SOURCES,
     ChainTurn,
     ResponseChains,
+    SessionSource,
     session_key_from_request,
 )
 
@@ -27,7 +28,7 @@ def test_sources_in_order_and_each_switchable_off():
     assert session_key_from_request(ALL, body, chain_root="resp_1") == "hdr:explicit"
     no_header = [s for s in SESSION_SOURCES if s != "header"]
     assert session_key_from_request(ALL, body, no_header, "resp_1") == "agent:subagent-7"
-    chain_or_user = ["response_chain", "user"]
+    chain_or_user: list[SessionSource] = ["response_chain", "user"]
     assert session_key_from_request(ALL, body, chain_or_user, "resp_1") == "resp:resp_1"
     assert session_key_from_request(ALL, body, chain_or_user) == "user:alice"
     assert session_key_from_request(ALL, body, ["user", "header"]) == "hdr:explicit"  # order fixed

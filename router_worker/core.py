@@ -34,6 +34,7 @@ from router_worker.contract.config import RouterConfig, RouterSettings
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
+from router_worker.hit_audit import HitAudit
 from router_worker.intake import Intake
 from router_worker.metrics import RouterMetrics
 from router_worker.observers import (
@@ -96,6 +97,7 @@ class RouterCore:
         self.decision_log = DecisionLog(name, telemetry, DecisionSampler())
         self.migrations = Migrations(metrics)
         self.chains = ResponseChains(RouterSettings().response_chains)
+        self.hit_audit = HitAudit(metrics)
         self.observers = LifecycleObservers()
         self.peers = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source
@@ -172,6 +174,7 @@ class RouterCore:
             RequestSamples(self.telemetry),
             self.decision_log,
             self.migrations,
+            self.hit_audit,
         )
 
     def plan(

@@ -304,6 +304,7 @@ class RouterCore:
                     kv_usage=snap.kv_usage,
                     hit_ratio=scraped.hit_ratio,
                     preemptions=scraped.preemptions,
+                    silent_fallback=self.hit_audit.verdict(name),
                     tier_hit_tokens=scraped.tier_hit_tokens,
                     tier_bytes_read=scraped.tier_bytes_read,
                     hotspot=name in hot,

@@ -26,7 +26,6 @@ instance, the last window's two ratios and the alarm (``switchyard_router_silent
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from router_worker.metrics import RouterMetrics
 from router_worker.plan import Outcome, Plan
@@ -94,9 +93,7 @@ class HitAudit(LifecycleObserver[Plan]):
         m.child(m.confirmed_hit_ratio, instance).set(confirmed)
         m.child(m.silent_fallback, instance).set(1.0 if window.alarm else 0.0)
 
-    def snapshot(self, instance: str) -> dict[str, Any]:
-        """The instance's last verdict for the dashboard (None: not judged yet)."""
+    def verdict(self, instance: str) -> bool | None:
+        """The instance's last verdict, for the dashboard (None: not judged yet)."""
         window = self.windows.get(instance)
-        if window is None or window.predicted_ratio is None:
-            return {"silent_fallback": None}
-        return {"silent_fallback": window.alarm}
+        return None if window is None or window.predicted_ratio is None else window.alarm

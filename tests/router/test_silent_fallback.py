@@ -82,4 +82,6 @@ def test_silent_fallback_alarm(engine, router_factory, tmp_path, right, alarm):
     confirmed = scrape_total(metrics, "switchyard_router_confirmed_hit_ratio", instance="i0")
     verdict = scrape_total(metrics, "switchyard_router_silent_fallback", instance="i0")
     assert verdict == alarm, (predicted, confirmed)
+    # the dashboard's source: the router's snapshot of the instance
+    assert router.state()["snapshot"]["instances"][0]["silent_fallback"] is bool(alarm)
     assert predicted >= 0.2  # both tokenizers predict hits: the quiet one is not trivially so

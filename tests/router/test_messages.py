@@ -5,6 +5,7 @@ against the engine's in test_responses.py)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anthropic
@@ -74,3 +75,33 @@ def test_anthropic_sdk_raises_on_the_routers_errors(fleet, router_factory):
             model="no-such-model", max_tokens=3, messages=[{"role": "user", "content": "hi"}]
         )
     assert "no-such-model" in str(caught.value)
+
+
+def test_a_stream_cut_midway_ends_with_anthropics_error_event(fleet, router_factory):
+    """The engine drops the stream after three events: the client's stream ends with an
+    ``error`` event in Anthropic's shape (no ``[DONE]``: not an OpenAI stream), which the
+    SDK raises."""
+    router = router_factory(router_config(fleet, "round_robin", instances=fleet.instances()[3:4]))
+    body = {
+        "model": MODEL,
+        "max_tokens": 40,
+        "stream": True,
+        "messages": [{"role": "user", "content": "A long story, please."}],
+    }
+    fleet.fault(3, "drop_midstream", after_chunks=3)
+    try:
+        raw = httpx.post(router.url + "/v1/messages", json=body, timeout=30)
+        sdk = {k: v for k, v in body.items() if k != "stream"}
+        with (
+            pytest.raises(anthropic.APIStatusError) as caught,
+            _claude(router).messages.stream(**sdk) as stream,  # type: ignore[arg-type]
+        ):
+            list(stream)
+    finally:
+        fleet.fault(3, "recover")
+    assert raw.status_code == 200
+    last = raw.text.rstrip("\n").split("\n\n")[-1]
+    assert last.startswith("event: error\ndata: ") and "[DONE]" not in raw.text
+    error = json.loads(last.split("data: ", 1)[1])
+    assert error["type"] == "error" and error["error"]["type"] == "BadGatewayError"
+    assert "mid-stream" in str(caught.value)

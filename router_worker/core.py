@@ -59,7 +59,7 @@ from router_worker.routing import (
 )
 from router_worker.routing.peer_accounting import PeerReports
 from router_worker.routing.sessions import ChainTurn, ResponseChains
-from router_worker.runtime import Runtime, build_runtime
+from router_worker.runtime import Arm, Runtime, build_runtime
 from router_worker.telemetry import Telemetry
 from router_worker.tokenization import Tokenizer
 
@@ -200,7 +200,7 @@ class RouterCore:
             turn_index=_turn_index(intake, parent),
             arrival_time=now,
         )
-        arm = runtime.arm_for(session)
+        arm = _chain_arm(runtime, parent) or runtime.arm_for(session)
         assert self.state is not None
         plan = Plan(
             features=features,
@@ -244,7 +244,13 @@ class RouterCore:
             response_id = found.group(1).decode("ascii")
             self.chains.put(
                 response_id,
-                ChainTurn(root or response_id, turn, features.block_hashes, features.prompt_tokens),
+                ChainTurn(
+                    root or response_id,
+                    turn,
+                    features.block_hashes,
+                    features.prompt_tokens,
+                    plan.arm.name,
+                ),
             )
 
         return learn
@@ -334,3 +340,12 @@ def _turn_index(intake: Intake, parent: ChainTurn | None) -> int | None:
     if intake.previous_response_id is not None:
         return max(1, intake.turn_index or 0)
     return intake.turn_index
+
+
+def _chain_arm(runtime: Runtime, parent: ChainTurn | None) -> Arm | None:
+    """The arm that served a chained turn's parent, while the configuration still has it:
+    a chain's first turn has no session to pick its arm by, and its next turns must reach
+    the instances holding its history (vLLM's response store is per instance)."""
+    if parent is None:
+        return None
+    return next((arm for arm in runtime.arms if arm.name == parent.arm), None)

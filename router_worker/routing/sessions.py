@@ -128,6 +128,7 @@ class ChainTurn:
     turn: int  # 0 for the chain's first response
     block_hashes: tuple[int, ...]
     prompt_tokens: int
+    arm: str = ""  # the canary arm that served it: the chain's next turns stay in it
 
 
 class ResponseChains:

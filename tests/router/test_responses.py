@@ -173,3 +173,33 @@ def test_router_tokenizes_as_the_engine(exact_engine, router_factory, path, bodi
         routed = router.state()["recent_decisions"][-1]
         assert routed["tier"] == "exact"
         assert routed["prompt_tokens"] == answer.json()["usage"]["input_tokens"], body
+
+
+def test_responses_chains_stay_in_their_canary_arm(fleet, router_factory):
+    """A chain's first turn has no session (its arm is drawn at random), its next turns
+    have one (the chain's): they stay in the first turn's arm, whose instances hold the
+    history, instead of the arm their session would hash to."""
+    names = [i["name"] for i in fleet.instances()]
+    smetric = {"kind": "smetric", "params": {}}
+    canary = {
+        "arms": [
+            {"name": "a", "policy": smetric, "weight": 50, "instances": names[:2]},
+            {"name": "b", "policy": smetric, "weight": 50, "instances": names[2:]},
+        ],
+        "salt": "chains",
+    }
+    router = router_factory(router_config(fleet, "smetric", canary=canary))
+    client = _client(router)
+    for chain in range(6):
+        previous, arms, instances = None, set(), set()
+        for turn in range(3):
+            raw = client.responses.with_raw_response.create(
+                model=MODEL,
+                input=f"chain {chain} turn {turn}",
+                max_output_tokens=3,
+                previous_response_id=previous,
+            )
+            arms.add(raw.headers["x-switchyard-arm"])
+            instances.add(raw.headers["x-switchyard-instance"])
+            previous = raw.parse().id
+        assert len(arms) == 1 and len(instances) == 1, (chain, arms, instances)

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine_interface import load_cv
 from router_worker.contract.config import RouterConfig, RouterSettings
 from router_worker.decisions import DecisionSampler
@@ -59,7 +61,7 @@ from router_worker.routing import (
 )
 from router_worker.routing.peer_accounting import PeerReports
 from router_worker.routing.sessions import ChainTurn, ResponseChains
-from router_worker.runtime import Arm, Runtime, build_runtime
+from router_worker.runtime import Arm, ArmView, Runtime, build_runtime
 from router_worker.telemetry import Telemetry
 from router_worker.tokenization import Tokenizer
 
@@ -215,7 +217,7 @@ class RouterCore:
             started=started,
         )
         try:
-            plan.route(arm.view, now)
+            plan.route(_chain_view(self.state, arm, parent), now)
         except NoEligibleInstanceError as error:
             raise APIError(503, f"No healthy instance available: {error}") from None
         plan.timings = (intake.tokenize_s, intake.hash_s, time.perf_counter() - t2)
@@ -250,6 +252,7 @@ class RouterCore:
                     features.block_hashes,
                     features.prompt_tokens,
                     plan.arm.name,
+                    plan.instance,
                 ),
             )
 
@@ -349,3 +352,16 @@ def _chain_arm(runtime: Runtime, parent: ChainTurn | None) -> Arm | None:
     if parent is None:
         return None
     return next((arm for arm in runtime.arms if arm.name == parent.arm), None)
+
+
+def _chain_view(state: ClusterState, arm: Arm, parent: ChainTurn | None) -> ArmView:
+    """The arm's view, narrowed for a chained Responses turn to the instance that answered
+    its parent while that one is eligible: vLLM's response store is per instance, another
+    would answer 404 whatever the policy prefers. Otherwise the arm's whole view (the
+    engine then says whether it holds the chain)."""
+    if parent is None or parent.instance not in arm.instances:
+        return arm.view
+    members = np.zeros(len(state.ids), dtype=bool)
+    members[state.slot_of(parent.instance)] = True
+    pinned = ArmView(state, members)
+    return pinned if pinned.eligible.any() else arm.view

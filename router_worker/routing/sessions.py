@@ -129,6 +129,7 @@ class ChainTurn:
     block_hashes: tuple[int, ...]
     prompt_tokens: int
     arm: str = ""  # the canary arm that served it: the chain's next turns stay in it
+    instance: str = ""  # the instance that answered it: it alone holds the chain's history
 
 
 class ResponseChains:

@@ -203,3 +203,24 @@ def test_responses_chains_stay_in_their_canary_arm(fleet, router_factory):
             instances.add(raw.headers["x-switchyard-instance"])
             previous = raw.parse().id
         assert len(arms) == 1 and len(instances) == 1, (chain, arms, instances)
+
+
+@pytest.mark.parametrize("kind", ["round_robin", "lmetric"])
+def test_a_chained_turn_goes_to_the_instance_holding_its_chain_under_any_policy(
+    fleet, router_factory, kind
+):
+    """vLLM keeps a response's history on the instance that answered it: a round robin
+    (or a load score) sending the next turn elsewhere would get vLLM's 404."""
+    router = router_factory(router_config(fleet, kind))
+    client = _client(router)
+    previous, instances = None, []
+    for turn in range(5):
+        raw = client.responses.with_raw_response.create(
+            model=MODEL, input=f"turn {turn}", max_output_tokens=3, previous_response_id=previous
+        )
+        instances.append(raw.headers["x-switchyard-instance"])
+        previous = raw.parse().id
+    assert len(set(instances)) == 1, instances
+    # a new conversation is the policy's to place as it likes
+    fresh = client.responses.with_raw_response.create(model=MODEL, input="new", max_output_tokens=3)
+    assert fresh.status_code == 200

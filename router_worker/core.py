@@ -23,16 +23,21 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from engine_interface import load_cv
 from router_worker import tracing
-from router_worker.contract.config import RouterConfig
+from router_worker.contract.config import RouterConfig, RouterSettings
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
 from router_worker.health import HEALTH_OF, HealthBook
+from router_worker.hit_audit import HitAudit
 from router_worker.intake import Intake
 from router_worker.metrics import RouterMetrics
 from router_worker.observers import (
@@ -58,10 +63,13 @@ from router_worker.routing import (
 )
 from router_worker.routing.peer_accounting import PeerReports
 from router_worker.routing.saturation import Saturation, fleet_saturation
-from router_worker.runtime import Runtime, build_runtime
+from router_worker.routing.sessions import ChainTurn, ResponseChains
+from router_worker.runtime import Arm, ArmView, Runtime, build_runtime
 from router_worker.telemetry import Telemetry
 from router_worker.tokenization import Tokenizer
 
+# A Responses answer's id in its head (vLLM's ``resp_…``; the body's or response.created's).
+RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]{1,200})"')
 log = logging.getLogger("router_worker")
 
 
@@ -93,6 +101,8 @@ class RouterCore:
         self.peaks = LoadPeaks()
         self.decision_log = DecisionLog(name, telemetry, DecisionSampler())
         self.migrations = Migrations(metrics)
+        self.chains = ResponseChains(RouterSettings().response_chains)
+        self.hit_audit = HitAudit(metrics)
         self.observers = LifecycleObservers()
         self.peers = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source
@@ -105,6 +115,7 @@ class RouterCore:
         """Make ``config`` current; requests already running keep their runtime."""
         settings = config.router
         tokenizer = Tokenizer(settings.tokenizer_path, settings.chat_template)
+        self.chains.capacity = settings.response_chains
         if self.state is None or self.state.block_size != config.block_size:
             self.state = ClusterState(block_size=config.block_size)
             self.peaks.peaks.clear()
@@ -170,6 +181,7 @@ class RouterCore:
             RequestSamples(self.telemetry),
             self.decision_log,
             self.migrations,
+            self.hit_audit,
             *spans,
         )
 
@@ -182,18 +194,21 @@ class RouterCore:
         if models is not None and intake.model not in models:
             raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
         t2 = time.perf_counter()
-        session = session_key_from_request(headers, {"user": intake.user})
+        parent, root = self._chain(intake)
+        sources = runtime.config.session_sources
+        session = session_key_from_request(headers, {"user": intake.user}, sources, root)
         now = time.time()
         features = RequestFeatures(
             request_id=self._id_prefix + str(next(self._ids)),
-            prompt_tokens=intake.prompt_tokens,
-            block_hashes=intake.block_hashes,
+            # a chained turn: its history's blocks lead its prompt (the engine renders it)
+            prompt_tokens=intake.prompt_tokens + (parent.prompt_tokens if parent else 0),
+            block_hashes=parent.block_hashes if parent else intake.block_hashes,
             block_size=runtime.config.block_size,
             session_key=session,
-            turn_index=intake.turn_index,
+            turn_index=_turn_index(intake, parent),
             arrival_time=now,
         )
-        arm = runtime.arm_for(session)
+        arm = _chain_arm(runtime, parent) or runtime.arm_for(session)
         assert self.state is not None
         plan = Plan(
             features=features,
@@ -208,11 +223,46 @@ class RouterCore:
             started=started,
         )
         try:
-            plan.route(arm.view, now)
+            plan.route(_chain_view(self.state, arm, parent), now)
         except NoEligibleInstanceError as error:
             raise APIError(503, f"No healthy instance available: {error}") from None
         plan.timings = (intake.tokenize_s, intake.hash_s, time.perf_counter() - t2)
         return plan
+
+    def _chain(self, intake: Intake) -> tuple[ChainTurn | None, str | None]:
+        """The Responses answer a request extends (None if unknown here) and its chain's
+        first response id (the previous one itself when the router has not seen it)."""
+        previous = intake.previous_response_id
+        if previous is None:
+            return None, None
+        parent = self.chains.get(previous)
+        return parent, parent.root if parent else previous
+
+    def chain_learner(self, plan: Plan, intake: Intake) -> Callable[[bytes], None]:
+        """What learns a Responses answer's id from its head, filing it as its chain's
+        next turn (the relay calls it; vLLM's answer leads with the id)."""
+        parent, root = self._chain(intake)
+        turn = _turn_index(intake, parent) or 0
+        features = plan.features
+
+        def learn(head: bytes) -> None:
+            found = RESPONSE_ID.search(head)
+            if found is None:
+                return
+            response_id = found.group(1).decode("ascii")
+            self.chains.put(
+                response_id,
+                ChainTurn(
+                    root or response_id,
+                    turn,
+                    features.block_hashes,
+                    features.prompt_tokens,
+                    plan.arm.name,
+                    plan.instance,
+                ),
+            )
+
+        return learn
 
     # ----- what the request path reports before a request has a plan ------------------
     def refused(self, status: int) -> None:
@@ -275,6 +325,7 @@ class RouterCore:
                     kv_usage=snap.kv_usage,
                     hit_ratio=scraped.hit_ratio,
                     preemptions=scraped.preemptions,
+                    silent_fallback=self.hit_audit.verdict(name),
                     tier_hit_tokens=scraped.tier_hit_tokens,
                     tier_bytes_read=scraped.tier_bytes_read,
                     hotspot=name in hot,
@@ -295,3 +346,34 @@ class RouterCore:
 
 def _int_or_none(value: float | None) -> int | None:
     return None if value is None else int(value)
+
+
+def _turn_index(intake: Intake, parent: ChainTurn | None) -> int | None:
+    """A chained Responses turn follows its parent (a later turn than any unknown one)."""
+    if parent is not None:
+        return parent.turn + 1
+    if intake.previous_response_id is not None:
+        return max(1, intake.turn_index or 0)
+    return intake.turn_index
+
+
+def _chain_arm(runtime: Runtime, parent: ChainTurn | None) -> Arm | None:
+    """The arm that served a chained turn's parent, while the configuration still has it:
+    a chain's first turn has no session to pick its arm by, and its next turns must reach
+    the instances holding its history (vLLM's response store is per instance)."""
+    if parent is None:
+        return None
+    return next((arm for arm in runtime.arms if arm.name == parent.arm), None)
+
+
+def _chain_view(state: ClusterState, arm: Arm, parent: ChainTurn | None) -> ArmView:
+    """The arm's view, narrowed for a chained Responses turn to the instance that answered
+    its parent while that one is eligible: vLLM's response store is per instance, another
+    would answer 404 whatever the policy prefers. Otherwise the arm's whole view (the
+    engine then says whether it holds the chain)."""
+    if parent is None or parent.instance not in arm.instances:
+        return arm.view
+    members = np.zeros(len(state.ids), dtype=bool)
+    members[state.slot_of(parent.instance)] = True
+    pinned = ArmView(state, members)
+    return pinned if pinned.eligible.any() else arm.view

@@ -78,7 +78,7 @@ class Dispatcher:
         await self._give_up(ex, failure)
 
     async def _give_up(self, ex: Exchange, failure: UpstreamFailure) -> None:
-        """The retry rule gave up: the client gets the last failure, in the OpenAI shape."""
+        """The retry rule gave up: the client gets the last failure, in its API's shape."""
         plan = ex.plan
         last = failure_text(failure, ex.detail)
         verdict = plan.verdict
@@ -93,7 +93,7 @@ class Dispatcher:
         else:
             message = f"All {plan.attempt_count} attempts failed; last: {last}"
         plan.done(status=status, ok=False, output_tokens=0, last_token_at=None, cached_tokens=0)
-        await send_error(ex.send, APIError(status, message))
+        await send_error(ex.send, APIError(status, message), ex.shape)
 
     async def _movable_attempt(self, ex: Exchange) -> UpstreamFailure | None:
         """The attempt; for a migrating policy's streamed request, run as the plan's own

@@ -7,9 +7,23 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from engine_interface.openai_errors import APIError, error_bytes, error_dict, sse_error_event
+from engine_interface.openai_errors import (
+    APIError,
+    ErrorShape,
+    error_bytes,
+    error_dict,
+    sse_error_event,
+)
 
-__all__ = ["APIError", "error_bytes", "error_dict", "send_error", "send_json", "sse_error_event"]
+__all__ = [
+    "APIError",
+    "ErrorShape",
+    "error_bytes",
+    "error_dict",
+    "send_error",
+    "send_json",
+    "sse_error_event",
+]
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_TYPE = (b"content-type", b"application/json")
@@ -25,9 +39,10 @@ async def send_json(
     await send({"type": "http.response.body", "body": data})
 
 
-async def send_error(send: Send, error: APIError) -> None:
-    """An ASGI answer of ``error`` in the OpenAI error shape."""
-    data = error_bytes(error.status, error.message, error.param)
+async def send_error(send: Send, error: APIError, shape: ErrorShape = "openai") -> None:
+    """An ASGI answer of ``error`` in the endpoint's error shape (OpenAI's, or Anthropic's
+    on ``/v1/messages``)."""
+    data = error_bytes(error.status, error.message, error.param, shape)
     headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="switchyard"'))

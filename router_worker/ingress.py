@@ -25,11 +25,12 @@ from router_worker.access import Detail, client_rights, detail_for
 from router_worker.connections import ARRIVED, DISCONNECT, ClientGone, DisconnectWatch, Receive
 from router_worker.core import RouterCore
 from router_worker.dispatch import Dispatcher
-from router_worker.errors import APIError, Send, send_error, send_json
+from router_worker.errors import APIError, ErrorShape, Send, send_error, send_json
 from router_worker.intake import Endpoint, Intake, IntakeRunner
 from router_worker.limits import Limiter
 from router_worker.plan import Plan
 from router_worker.relay import Exchange
+from router_worker.routing.sessions import HARNESS_HEADERS
 from router_worker.runtime import Runtime
 from router_worker.stages import StageClock
 from router_worker.upstream import FastTransport
@@ -39,11 +40,25 @@ log = logging.getLogger("router_worker.ingress")
 Scope = dict[str, Any]
 __all__ = ["ENDPOINTS", "Ingress", "Receive", "Scope", "Send"]
 
-ENDPOINTS: dict[str, Endpoint] = {"/v1/chat/completions": "chat", "/v1/completions": "completions"}
+ENDPOINTS: dict[str, Endpoint] = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completions",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+}
+# Each endpoint's errors in its API's shape (vLLM answers Anthropic's on /v1/messages).
+ERROR_SHAPES: dict[Endpoint, ErrorShape] = {"messages": "anthropic"}
 FORWARDED_HEADERS = ("authorization", "x-request-id", "traceparent")
 DEBUG_HEADER = "x-switchyard-debug"
 USED_HEADERS = frozenset(
-    name.encode() for name in ("content-length", "x-session-id", DEBUG_HEADER, *FORWARDED_HEADERS)
+    name.encode()
+    for name in (
+        "content-length",
+        "x-session-id",
+        *HARNESS_HEADERS,
+        DEBUG_HEADER,
+        *FORWARDED_HEADERS,
+    )
 )
 
 
@@ -109,6 +124,7 @@ class Ingress:
         body is read, so a refused or queued request holds no body, and every body read or
         taken in is bounded by the slots."""
         started = time.perf_counter()
+        shape = ERROR_SHAPES.get(endpoint, "openai")
         # Only the headers the router reads (names arrive lower-cased from the server).
         headers = {
             k.decode("latin-1"): v.decode("latin-1")
@@ -128,7 +144,7 @@ class Ingress:
             await self.limiter.acquire()
         except APIError as error:
             self.core.refused(error.status)
-            await send_error(send, error)
+            await send_error(send, error, shape)
             return
         try:
             await self._admitted(scope, receive, send, endpoint, runtime, headers, started, detail)
@@ -170,15 +186,19 @@ class Ingress:
             up = _upstream_headers(headers)
             if tracing.TRACER is not None:
                 up = traced(tracing.TRACER, plan, headers, up)
+            shape = ERROR_SHAPES.get(endpoint, "openai")
+            on_head = core.chain_learner(plan, intake) if endpoint == "responses" else None
             await self.dispatcher.run(
-                Exchange(plan, scope["path"], raw, intake.stream, up, send, watch, detail)
+                Exchange(
+                    plan, scope["path"], raw, intake.stream, up, send, watch, detail, shape, on_head
+                )
             )
         except ClientGone:
             core.left_unread()
         except APIError as error:
             if plan is None:
                 core.refused(error.status)
-            await send_error(send, error)
+            await send_error(send, error, ERROR_SHAPES.get(endpoint, "openai"))
         except asyncio.CancelledError:
             if not watch.gone:
                 raise

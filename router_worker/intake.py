@@ -45,6 +45,7 @@ import pydantic_core
 from pydantic import Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
+from engine_interface.agent_apis import messages_chat_body, messages_user, responses_chat_body
 from router_worker.contract.config import RouterSettings
 from router_worker.errors import APIError
 from router_worker.metrics import RouterMetrics
@@ -54,13 +55,25 @@ from router_worker.tokenization import PromptError, Tokenizer
 
 log = logging.getLogger("router_worker.intake")
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses", "messages"]
 # pydantic-core's JSON parser refuses nesting deeper than this; no OpenAI request body
 # comes near it (a JSON schema in `tools` or `response_format` is a few dozen deep).
 MAX_JSON_DEPTH = 200
 # vLLM's defaults: a completions prompt gets the tokenizer's special tokens (Llama 3's BOS);
 # a chat prompt does not, its template writes them.
-ADD_SPECIAL_TOKENS: dict[Endpoint, bool] = {"chat": False, "completions": True}
+# Responses and Messages are rendered as chat (engine_interface.agent_apis).
+ADD_SPECIAL_TOKENS: dict[Endpoint, bool] = {
+    "chat": False,
+    "completions": True,
+    "responses": False,
+    "messages": False,
+}
+# The body's field holding what the chat template renders, per rendered endpoint.
+RENDERED_FIELD: dict[Endpoint, str] = {
+    "chat": "messages",
+    "responses": "input",
+    "messages": "messages",
+}
 WORKER_NICENESS = 10
 ORPHAN_CHECK_S = 0.5
 PROMPT_SHAPE = (
@@ -97,10 +110,28 @@ class _CompletionFields(_Common):
     prompt: NotRequired[Prompt]
 
 
+class _ResponsesFields(TypedDict, total=False):
+    model: Required[Annotated[str, Field(strict=True, min_length=1)]]
+    stream: StrictBool | None
+    max_output_tokens: StrictInt | None
+    user: StrictStr | None
+    previous_response_id: StrictStr | None
+    input: Required[Any]  # judged by engine_interface.agent_apis and the template
+
+
+class _MessagesFields(TypedDict, total=False):
+    model: Required[Annotated[str, Field(strict=True, min_length=1)]]
+    stream: StrictBool | None
+    max_tokens: Required[StrictInt]  # the Messages API requires it
+    messages: Required[Any]
+
+
 # Unknown keys are ignored (forwarded as they are; the engine judges them).
 _FIELDS: dict[str, TypeAdapter[Any]] = {
     "chat": TypeAdapter(_ChatFields),
     "completions": TypeAdapter(_CompletionFields),
+    "responses": TypeAdapter(_ResponsesFields),
+    "messages": TypeAdapter(_MessagesFields),
 }
 
 
@@ -121,6 +152,7 @@ class Intake:
     stream: bool
     user: str | None  # a long one replaced by its digest (routing.sessions.compact_key)
     turn_index: int | None
+    previous_response_id: str | None  # responses: the chain this turn extends
     prompt_tokens: int
     block_hashes: tuple[int, ...]
     tokenization: str  # the tokenization mode: ids, exact or approx
@@ -173,6 +205,16 @@ def check_fields(body: Any, endpoint: Endpoint) -> dict[str, Any]:
     return fields
 
 
+def _chat_body(body: dict[str, Any], endpoint: Endpoint) -> dict[str, Any]:
+    """What the chat template renders for a chat, Responses or Messages body (a chained
+    Responses turn: its own part only; the router routes its history by the chain)."""
+    if endpoint == "responses":
+        return responses_chat_body(body)
+    if endpoint == "messages":
+        return messages_chat_body(body)
+    return body
+
+
 def _field_error(error: ValidationError) -> APIError:
     item = error.errors(include_url=False, include_input=False)[0]
     location = item["loc"]
@@ -193,21 +235,25 @@ def take_in(raw: bytes, endpoint: Endpoint, tokenizer: Tokenizer, block_size: in
     t0 = time.perf_counter()
     turn_index: int | None = None
     special = fields.get("add_special_tokens", ADD_SPECIAL_TOKENS[endpoint])
-    if endpoint == "chat":
-        try:  # the body itself: the template may read any message key and template option
-            token_ids, mode = tokenizer.encode_chat_body(body, add_special_tokens=special)
-        except PromptError as error:
-            raise APIError(400, str(error), error.param) from None
-        turn_index = sum(1 for message in body["messages"] if message["role"] == "assistant")
-    else:
+    if endpoint == "completions":
         token_ids, mode = tokenizer.encode_prompt(fields["prompt"], add_special_tokens=special)
+    else:
+        chat = _chat_body(body, endpoint)
+        try:  # the body itself: the template may read any message key and template option
+            token_ids, mode = tokenizer.encode_chat_body(chat, add_special_tokens=special)
+        except PromptError as error:
+            param = RENDERED_FIELD[endpoint] if error.param == "messages" else error.param
+            raise APIError(400, str(error), param) from None
+        turn_index = sum(1 for message in chat["messages"] if message["role"] == "assistant")
     t1 = time.perf_counter()
     hashes = tuple(hash_blocks(token_ids, block_size))
+    user = messages_user(body) if endpoint == "messages" else fields.get("user")
     return Intake(
         model=fields["model"],
         stream=bool(fields.get("stream")),
-        user=compact_key(fields["user"]) if fields.get("user") else None,
+        user=compact_key(user) if user else None,
         turn_index=turn_index,
+        previous_response_id=fields.get("previous_response_id"),
         prompt_tokens=len(token_ids),
         block_hashes=hashes,
         tokenization=mode,

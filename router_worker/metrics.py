@@ -259,6 +259,42 @@ class RouterMetrics:
             ["limit"],
             registry=r,
         )
+        # The silent-fallback alarm (router_worker/hit_audit.py).
+        self.predicted_hit_tokens = Counter(
+            "switchyard_router_predicted_hit_tokens",
+            "Prompt tokens the router predicted cached on the instance it chose, for the "
+            "requests served there (router token units; compare ratios with the engine's "
+            "vllm:prefix_cache_hits / queries).",
+            ["instance"],
+            registry=r,
+        )
+        self.predicted_prompt_tokens = Counter(
+            "switchyard_router_predicted_prompt_tokens",
+            "Prompt tokens of those requests (router token units).",
+            ["instance"],
+            registry=r,
+        )
+        self.predicted_hit_ratio = Gauge(
+            "switchyard_router_predicted_hit_ratio",
+            "The router's predicted prefix-hit ratio on the instance over its last judged window.",
+            ["instance"],
+            registry=r,
+        )
+        self.confirmed_hit_ratio = Gauge(
+            "switchyard_router_confirmed_hit_ratio",
+            "The engine's own prefix-hit ratio (its prefix_cache counters) over that window.",
+            ["instance"],
+            registry=r,
+        )
+        self.silent_fallback = Gauge(
+            "switchyard_router_silent_fallback",
+            "1 while the router predicts prefix hits on the instance that its engine's own "
+            "counters do not confirm (predicted hit ratio >= 0.2 and at least 0.25 above the "
+            "engine's: the router's tokenizer or chat template differs from the engine's, and "
+            "KV-aware routing has silently fallen back to load balancing), else 0.",
+            ["instance"],
+            registry=r,
+        )
         self.intake_queued = Gauge(
             "switchyard_router_intake_queued",
             "Request bodies waiting for an intake worker process or in one.",

@@ -104,9 +104,10 @@ class Monitor:
         info = core.scrape[name]
         if parsed.prefix_queries is not None and parsed.prefix_hits is not None:
             if info.queries is not None and parsed.prefix_queries > info.queries:
-                info.hit_ratio = (parsed.prefix_hits - (info.hits or 0.0)) / (
-                    parsed.prefix_queries - info.queries
-                )
+                hits = parsed.prefix_hits - (info.hits or 0.0)
+                queries = parsed.prefix_queries - info.queries
+                info.hit_ratio = hits / queries
+                core.hit_audit.engine_counted(name, hits, queries)
             info.queries, info.hits = parsed.prefix_queries, parsed.prefix_hits
         info.preemptions = parsed.preemptions
         info.tier_hit_tokens = parsed.tier_hit_tokens

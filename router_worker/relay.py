@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
 
 from router_worker.access import Detail
 from router_worker.connections import DisconnectWatch
-from router_worker.errors import Send, sse_error_event
+from router_worker.errors import ErrorShape, Send, sse_error_event
 from router_worker.failures import (
     UpstreamFailure,
     bad_response,
@@ -31,10 +32,13 @@ from router_worker.plan import Plan
 from router_worker.sse import MalformedStream, SseFramer
 from router_worker.upstream import ResponseDeadline, ResponseTooLarge, Upstream
 
-# A content token in an OpenAI chunk: a non-empty "content" (chat) or "text" (completions).
-_TOKEN_RE = re.compile(rb'"(?:content|text)":"(?!")')
-_USAGE_RE = re.compile(rb'"completion_tokens":\s*(\d+)')
+# A content token in a chunk: a non-empty "content" (chat), "text" (completions, and a
+# Messages text_delta) or "delta" (a Responses output_text.delta).
+_TOKEN_RE = re.compile(rb'"(?:content|text|delta)":"(?!")')
+# Output tokens in a usage object: chat and completions' name, then Responses' and Messages'.
+_USAGE_RE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 _CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
+HEAD_BYTES = 512  # where an answer's id is, in any of vLLM's shapes
 
 
 @dataclass(slots=True)
@@ -50,6 +54,10 @@ class Exchange:
     send: Send
     watch: DisconnectWatch
     detail: Detail
+    shape: ErrorShape = "openai"  # the error bodies' shape: Anthropic's on /v1/messages
+    # Told the head of the engine's answer (its first events, or its body's first bytes):
+    # how the router learns a Responses answer's id.
+    on_head: Callable[[bytes], None] | None = None
 
 
 class StreamMeter:
@@ -105,6 +113,8 @@ async def relay_whole(ex: Exchange, response: Upstream) -> UpstreamFailure | Non
         return await bad_response(response, "a body that is not a JSON object", data)
     usage = _USAGE_RE.search(data)
     cached = _CACHED_RE.search(data)
+    if ex.on_head is not None and response.status_code < 400:
+        ex.on_head(data[:HEAD_BYTES])
     headers = [
         (b"content-type", response.header(b"content-type", b"application/json")),
         (b"content-length", str(len(data)).encode()),
@@ -143,6 +153,8 @@ async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | No
     except MalformedStream as error:
         return UpstreamFailure(error.limit, str(error))
     plan.settled()  # bytes go to the client from here on: no migration any more
+    if ex.on_head is not None:
+        ex.on_head(first[:HEAD_BYTES])
     if plan.clock is not None:
         plan.clock.event = time.perf_counter()
     headers = [
@@ -163,7 +175,7 @@ async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | No
             {
                 "type": "http.response.body",
                 "more_body": False,
-                "body": sse_error_event(status, message),
+                "body": sse_error_event(status, message, ex.shape),
             }
         )
     else:

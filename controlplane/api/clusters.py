@@ -1,17 +1,29 @@
 """Clusters and their instances."""
 
 import json
+from typing import Any
 
 from django.http import HttpRequest, HttpResponse
-from ninja import Router, Status
+from ninja import Field, Router, Schema, Status
 
 from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import clusters as cluster_services
 from controlplane.services.roles import role_of
+from router_worker.routing.sessions import SessionSource
 
 from .auth import actor_of, auth_user, role
 from .revisions import etag, expected_revision
-from .schemas import ClusterIn, ClusterOut, Id, InstanceIn, InstanceOut, MeOut, Reason, ReasonIn
+from .schemas import (
+    ClusterIn,
+    ClusterOut,
+    ExpectedRevision,
+    Id,
+    InstanceIn,
+    InstanceOut,
+    MeOut,
+    Reason,
+    ReasonIn,
+)
 
 routes = Router(tags=["clusters"])
 
@@ -114,3 +126,48 @@ def _reason_in_body(request: HttpRequest) -> str:
         return ""
     reason = body.get("reason") if isinstance(body, dict) else None
     return reason if isinstance(reason, str) else ""
+
+
+class SessionSourcesIn(Schema):
+    sources: list[SessionSource] = Field(
+        description="Where the routers read a request's session from, each at most once; "
+        "they are read in a fixed order, first found wins: header (X-Session-ID), harness "
+        "(agent harness session headers), response_chain (Responses previous_response_id), "
+        "user (the body's user; Messages metadata.user_id). [] turns sessions off."
+    )
+    reason: Reason
+    expected_revision: ExpectedRevision = None
+
+
+class SessionSourcesOut(Schema):
+    cluster_id: int
+    sources: list[SessionSource]
+    revision: int
+
+
+@routes.get("/clusters/{cluster_id}/session-sources", response=SessionSourcesOut)
+def get_session_sources(request: HttpRequest, cluster_id: Id):
+    return _session_sources_out(cluster_selectors.cluster(cluster_id))
+
+
+@routes.put(
+    "/clusters/{cluster_id}/session-sources", response=SessionSourcesOut, auth=role("operator")
+)
+def set_session_sources(request: HttpRequest, cluster_id: Id, payload: SessionSourcesIn):
+    """Switch session sources on or off for the cluster's routers (a new config version)."""
+    cluster = cluster_services.set_session_sources(
+        actor_of(request),
+        cluster_id,
+        list(payload.sources),
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+    return _session_sources_out(cluster)
+
+
+def _session_sources_out(cluster: Any) -> dict:
+    return {
+        "cluster_id": cluster.pk,
+        "sources": cluster.session_sources,
+        "revision": cluster.revision,
+    }

@@ -3,10 +3,17 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from django.db import models
 
+from router_worker.routing.sessions import SESSION_SOURCES
+
 slug_name = RegexValidator(
     r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
     "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric",
 )
+
+
+def all_session_sources() -> list[str]:
+    """Every source a request's session is read from (the routers' default)."""
+    return list(SESSION_SOURCES)
 
 
 class Cluster(models.Model):
@@ -29,6 +36,9 @@ class Cluster(models.Model):
     # enginesim's --time-scale (the demo's engines run slowed). The live view says its
     # times are wall-clock at this scale; a capture started without one takes it.
     engine_time_scale = models.FloatField(default=1.0)
+    # Where SMetric and the canary arms read a request's session from (the routing
+    # document's session_sources: router_worker/routing/sessions.py).
+    session_sources = models.JSONField(default=all_session_sources)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

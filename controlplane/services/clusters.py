@@ -9,6 +9,7 @@ from pydantic import ValidationError as PydanticValidationError
 from controlplane.models import Cluster, Instance
 from enginesim.replay.policy_costs import UnknownHardwareError, gpu_key, model_key
 from router_worker.contract.config import InstanceSpec
+from router_worker.routing.sessions import SESSION_SOURCES
 
 from . import audit, config
 from .audit import Actor
@@ -227,3 +228,42 @@ def _verb(state: str) -> str:
 
 def _with_version(snapshot: dict, version) -> dict:
     return {**snapshot, "config_version": version.number if version else None}
+
+
+@transaction.atomic
+def set_session_sources(
+    actor: Actor,
+    cluster_id: int,
+    sources: list[str],
+    *,
+    reason: str,
+    expected_revision: int | None = None,
+) -> Cluster:
+    """Choose where the cluster's routers read a request's session from (any of
+    ``SESSION_SOURCES``; the order they are read in is fixed)."""
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
+    unknown = [s for s in sources if s not in SESSION_SOURCES]
+    if unknown or len(set(sources)) != len(sources):
+        raise ServiceError(
+            f"session_sources must be distinct values among {list(SESSION_SOURCES)}, got {sources}",
+            "session_sources",
+        )
+    chosen = [s for s in SESSION_SOURCES if s in sources]  # the order they are read in
+    before = list(cluster.session_sources)
+    if before == chosen:
+        raise Conflict(f"the session sources of {cluster.name} are already {chosen}", "sources")
+    cluster.session_sources = chosen
+    cluster.save(update_fields=["session_sources"])
+    version = config.publish(cluster, actor, reason)
+    audit.record(
+        actor,
+        "cluster.session_sources",
+        cluster,
+        before={"session_sources": before},
+        after=_with_version({"session_sources": chosen}, version),
+        reason=reason,
+        cluster=cluster,
+    )
+    return cluster

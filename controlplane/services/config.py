@@ -8,6 +8,7 @@ from typing import Any
 from django.utils.crypto import salted_hmac
 
 from controlplane.models import CanarySplit, Cluster, ConfigVersion
+from controlplane.models.cluster import all_session_sources
 from controlplane.selectors.captures import capture_document
 from router_worker.contract.config import ConfigError, parse_config
 
@@ -127,6 +128,8 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     capture = capture_document(cluster)
     if capture is not None:
         document["capture"] = capture
+    if cluster.session_sources != all_session_sources():  # the routers' default otherwise
+        document["session_sources"] = list(cluster.session_sources)
     client_auth = client_auth_document(cluster)
     if client_auth is not None:  # only hashes of the client keys travel
         document["client_auth"] = client_auth

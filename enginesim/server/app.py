@@ -14,9 +14,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine_interface.agent_apis import responses_turns
+from engine_interface.openai_errors import ErrorShape
 from enginesim.engine.core import EngineRequestError
 from enginesim.engine.fleet import instance_hardware
 from enginesim.server import openai_api, tokenizer
+from enginesim.server.agent_api import MessagesRenderer, ResponsesRenderer, ResponseStore
 from enginesim.server.chat import ChatTemplate
 from enginesim.server.driver import RequestStream
 from enginesim.server.faults import FaultError, FaultRequest
@@ -28,10 +31,16 @@ from enginesim.server.responses import PendingJSONResponse, SSEResponse
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 Parser = Callable[[Any, str, int], GenerationRequest]
 BIG_BODY_BYTES = 64 * 1024
+Renderer = ChunkRenderer | ResponsesRenderer | MessagesRenderer
+# vLLM's ids: chat (and Messages, answered from a chat completion), completions, responses.
+ID_PREFIXES = {"chat": "chatcmpl-", "messages": "chatcmpl-", "completion": "cmpl-"}
+ID_PREFIXES["responses"] = "resp_"
 
 
-def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(openai_api.error_dict(status, message, param), status_code=status)
+def error_response(
+    status: int, message: str, param: str | None = None, shape: ErrorShape = "openai"
+) -> JSONResponse:
+    return JSONResponse(openai_api.error_dict(status, message, param, shape), status_code=status)
 
 
 async def _json_body(request: Request) -> Any:
@@ -49,6 +58,7 @@ class InstanceAPI:
     def __init__(self, instance: Instance) -> None:
         self.instance = instance
         self.bos = tokenizer.added_bos(instance.engine_config.model.key)
+        self.stored = ResponseStore()
         self._kill_task: asyncio.Future[None] | None = None
 
     # -- generation -----------------------------------------------------------
@@ -64,7 +74,22 @@ class InstanceAPI:
             request, functools.partial(openai_api.parse_chat, template=template, bos=self.bos)
         )
 
-    async def _generate(self, request: Request, parse: Parser) -> Any:
+    async def responses(self, request: Request) -> Any:
+        parse = functools.partial(
+            openai_api.parse_responses,
+            template=self.instance.chat_template,
+            bos=self.bos,
+            history=self.stored.get,
+        )
+        return await self._generate(request, parse)
+
+    async def messages(self, request: Request) -> Any:
+        parse = functools.partial(
+            openai_api.parse_messages, template=self.instance.chat_template, bos=self.bos
+        )
+        return await self._generate(request, parse, shape="anthropic")
+
+    async def _generate(self, request: Request, parse: Parser, shape: ErrorShape = "openai") -> Any:
         inst = self.instance
         arrival = time.monotonic()
         try:
@@ -76,13 +101,12 @@ class InstanceAPI:
             else:
                 gen = parse(body, inst.served_name, inst.max_model_len)
         except APIError as exc:
-            return JSONResponse(exc.body(), status_code=exc.status)
-        prefix = "chatcmpl-" if gen.kind == "chat" else "cmpl-"
+            return JSONResponse(exc.body(shape), status_code=exc.status)
         # vLLM's request id: the client's X-Request-Id when it sends one. The engine's own
         # id stays unique (clients may send one id twice), as vLLM's does.
         unique = uuid.uuid4().hex
-        given = request.headers.get("x-request-id")
-        req_id = prefix + (given or unique)
+        given = None if gen.kind == "responses" else request.headers.get("x-request-id")
+        req_id = ID_PREFIXES[gen.kind] + (given or unique)
         driver = inst.driver
         try:
             answer = tokenizer.SyntheticText(gen.seed).token_id_array(0, gen.max_tokens)
@@ -94,9 +118,8 @@ class InstanceAPI:
                 output_token_ids=answer,
             )
         except EngineRequestError as exc:
-            return error_response(400, str(exc))
-        created = int(time.time())
-
+            return error_response(400, str(exc), shape=shape)
+        renderer = self._renderer(gen, req_id, int(time.time()), stream.prompt_len)
         timing = RequestTiming(
             req_id,
             inst.settings.index,
@@ -112,35 +135,50 @@ class InstanceAPI:
                 self._log(timing, stream, completed=False)
 
         if gen.stream:
-            renderer = ChunkRenderer(gen.kind, req_id, created, inst.served_name)
             chunks = self._sse_chunks(gen, stream, renderer, timing)
             return SSEResponse(chunks, inst.faults, on_disconnect)
 
         def render() -> dict[str, Any]:
             self._log(timing, stream, completed=True)
-            text = tokenizer.SyntheticText(gen.seed).text(0, stream.num_output_tokens)
-            usage = openai_api.usage(
-                stream.prompt_len, stream.num_output_tokens, stream.num_cached_tokens
-            )
-            return openai_api.full_response(
-                gen.kind, req_id, created, inst.served_name, text, stream.finish_reason, usage
-            )
+            return renderer.whole(self._outcome(gen, stream, req_id, stream.num_output_tokens))
 
         return PendingJSONResponse(stream.wait_finished(), render, inst.faults, on_disconnect)
+
+    def _renderer(
+        self, gen: GenerationRequest, req_id: str, created: int, prompt_tokens: int
+    ) -> Renderer:
+        name = self.instance.served_name
+        if gen.kind == "responses":
+            assert gen.body is not None
+            return ResponsesRenderer(req_id, created, name, gen.body)
+        if gen.kind == "messages":
+            return MessagesRenderer(req_id, created, name, prompt_tokens)
+        return ChunkRenderer(gen.kind, req_id, created, name)
+
+    def _outcome(
+        self, gen: GenerationRequest, stream: RequestStream, req_id: str, sent: int
+    ) -> openai_api.Outcome:
+        """How the request ended; a stored response becomes its chain's next history."""
+        text = functools.cache(functools.partial(_answer, gen.seed, sent))
+        if gen.chat_body is not None and gen.body is not None and gen.body.get("store", True):
+            self.stored.put(req_id, responses_turns(gen.chat_body, text()))
+        return openai_api.Outcome(
+            stream.prompt_len, sent, stream.num_cached_tokens, stream.finish_reason, text
+        )
 
     async def _sse_chunks(
         self,
         gen: GenerationRequest,
         stream: RequestStream,
-        renderer: ChunkRenderer,
+        renderer: Renderer,
         timing: RequestTiming,
     ) -> AsyncIterator[bytes]:
         interval = self.instance.settings.stream_interval
         text = tokenizer.SyntheticText(gen.seed)
         completed = False
         try:
-            if gen.kind == "chat":
-                yield renderer.role_chunk()
+            for chunk in renderer.opening():
+                yield chunk
             sent = seen = 0
             final_sent = False
             while not final_sent:
@@ -156,10 +194,9 @@ class InstanceAPI:
                         text.text(sent, sent + count), reason, json_safe=True
                     )
                     sent += count
-            if gen.include_usage:
-                usage = openai_api.usage(stream.prompt_len, sent, stream.num_cached_tokens)
-                yield renderer.usage_chunk(usage)
-            yield openai_api.DONE_EVENT
+            outcome = self._outcome(gen, stream, timing.request_id, sent)
+            for chunk in renderer.closing(outcome, gen.include_usage):
+                yield chunk
             completed = True
         finally:
             self._log(timing, stream, completed)
@@ -275,6 +312,10 @@ class InstanceAPI:
         return JSONResponse(self.instance.faults.as_json())
 
 
+def _answer(seed: int, tokens: int) -> str:
+    return tokenizer.SyntheticText(seed).text(0, tokens)
+
+
 class FaultGate:
     """ASGI wrapper applying hang / error5xx / poison / wrong_content_type to every non-admin
     request."""
@@ -347,6 +388,8 @@ def build_app(instance: Instance) -> Any:
     routes = [
         Route("/v1/completions", api.completions, methods=["POST"]),
         Route("/v1/chat/completions", api.chat_completions, methods=["POST"]),
+        Route("/v1/responses", api.responses, methods=["POST"]),
+        Route("/v1/messages", api.messages, methods=["POST"]),
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/health", api.health, methods=["GET"]),
         Route("/version", api.version, methods=["GET"]),

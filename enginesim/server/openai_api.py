@@ -14,9 +14,11 @@ false): when true, a text prompt starts with the BOS the model's tokenizer adds
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from engine_interface.agent_apis import messages_chat_body, responses_chat_body
 from engine_interface.openai_errors import APIError, error_dict
 from enginesim.server import chat, tokenizer
 
@@ -27,13 +29,19 @@ NATURAL_SPAN = 241
 
 @dataclass(slots=True)
 class GenerationRequest:
-    kind: str  # "chat" or "completion"
+    kind: str  # "chat", "completion", "responses" or "messages"
     prompt_token_ids: list[int]
     max_tokens: int
     natural_stop: bool
     stream: bool
     include_usage: bool
     seed: int
+    body: dict[str, Any] | None = None  # responses, messages: the request, echoed in answers
+    chat_body: dict[str, Any] | None = None  # responses: what the chain's next turn extends
+
+
+# A Responses chain's earlier turns by response id (None: not stored here).
+History = Callable[[str], list[dict[str, Any]] | None]
 
 
 def _check_model(body: dict[str, Any], served_name: str) -> None:
@@ -153,14 +161,75 @@ def parse_chat(
         raise APIError(400, "request body must be a JSON object")
     _check_model(body, served_name)
     _check_n(body)
-    text = render_chat_request(body, template)
+    limit = _positive_int(body, "max_completion_tokens", "max_tokens")
+    gen = _rendered("chat", body, body, limit, max_model_len, template, bos)
+    gen.stream, gen.include_usage = _stream_flags(body)
+    return gen
+
+
+def parse_responses(
+    body: Any,
+    served_name: str,
+    max_model_len: int,
+    template: chat.ChatTemplate | None = None,
+    bos: str = "",
+    history: History | None = None,
+) -> GenerationRequest:
+    """A Responses request as vLLM reads it; a ``previous_response_id`` this engine does
+    not hold is vLLM's 404."""
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    _check_model(body, served_name)
+    previous = body.get("previous_response_id")
+    turns = None
+    if previous is not None:
+        if not isinstance(previous, str):
+            raise APIError(400, "previous_response_id must be a string", "previous_response_id")
+        turns = history(previous) if history is not None else None
+        if turns is None:
+            raise APIError(404, f"Response with id '{previous}' not found.", "previous_response_id")
+    chat_body = responses_chat_body(body, turns)
+    limit = _positive_int(body, "max_output_tokens")
+    gen = _rendered("responses", body, chat_body, limit, max_model_len, template, bos)
+    gen.stream, gen.body, gen.chat_body = bool(body.get("stream")), body, chat_body
+    return gen
+
+
+def parse_messages(
+    body: Any,
+    served_name: str,
+    max_model_len: int,
+    template: chat.ChatTemplate | None = None,
+    bos: str = "",
+) -> GenerationRequest:
+    """An Anthropic Messages request as vLLM reads it (``max_tokens`` is required)."""
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    _check_model(body, served_name)
+    limit = _positive_int(body, "max_tokens")
+    if limit is None:
+        raise APIError(400, "max_tokens is required", "max_tokens")
+    gen = _rendered("messages", body, messages_chat_body(body), limit, max_model_len, template, bos)
+    gen.stream, gen.include_usage, gen.body = bool(body.get("stream")), True, body
+    return gen
+
+
+def _rendered(
+    kind: str,
+    body: dict[str, Any],
+    chat_body: dict[str, Any],
+    limit: int | None,
+    max_model_len: int,
+    template: chat.ChatTemplate | None,
+    bos: str,
+) -> GenerationRequest:
+    """A request whose prompt is ``chat_body`` rendered with the chat template."""
+    text = render_chat_request(chat_body, template)
     prefix = special_prefix(body, bos, default=False)
     prompt_ids = tokenizer.encode(prefix) + tokenizer.encode(text)
-    limit = _positive_int(body, "max_completion_tokens", "max_tokens")
     max_tokens, natural = _fit_length(prompt_ids, limit, max_model_len)
-    stream, include_usage = _stream_flags(body)
     seed = tokenizer.prompt_seed(prompt_ids)
-    return GenerationRequest("chat", prompt_ids, max_tokens, natural, stream, include_usage, seed)
+    return GenerationRequest(kind, prompt_ids, max_tokens, natural, False, False, seed)
 
 
 def render_chat_request(body: dict[str, Any], template: chat.ChatTemplate | None) -> str:
@@ -253,11 +322,27 @@ def sse(payload: str) -> bytes:
     return b"data: " + payload.encode() + b"\n\n"
 
 
+@dataclass(slots=True)
+class Outcome:
+    """How a request ended, for its last events or whole body."""
+
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    finish_reason: str | None
+    answer: Callable[[], str]  # the whole generated text (built only when asked for)
+
+
 class ChunkRenderer:
-    """SSE chunks of one streamed response, rendered from pre-built JSON fragments."""
+    """SSE chunks of one streamed response, rendered from pre-built JSON fragments.
+
+    Every API's renderer answers ``opening``, ``content_chunk``, ``closing`` and ``whole``
+    (this one: chat and completions; :mod:`enginesim.server.agent_api`: responses and
+    messages)."""
 
     def __init__(self, kind: str, req_id: str, created: int, model: str) -> None:
         self.kind = kind
+        self.req_id, self.created, self.model = req_id, created, model
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
         head = dumps({"id": req_id, "object": obj, "created": created, "model": model})
         self._head = head[:-1] + ',"choices":'
@@ -281,6 +366,28 @@ class ChunkRenderer:
         quoted = f'"{text}"' if json_safe else dumps(text)
         reason = "null" if finish_reason is None else dumps(finish_reason)
         return sse(self._open + quoted + self._close + reason + ',"stop_reason":null}]}')
+
+    def opening(self) -> list[bytes]:
+        return [self.role_chunk()] if self.kind == "chat" else []
+
+    def closing(self, outcome: Outcome, include_usage: bool) -> list[bytes]:
+        chunks = [DONE_EVENT]
+        if include_usage:
+            info = usage(outcome.prompt_tokens, outcome.output_tokens, outcome.cached_tokens)
+            chunks.insert(0, self.usage_chunk(info))
+        return chunks
+
+    def whole(self, outcome: Outcome) -> dict[str, Any]:
+        info = usage(outcome.prompt_tokens, outcome.output_tokens, outcome.cached_tokens)
+        return full_response(
+            self.kind,
+            self.req_id,
+            self.created,
+            self.model,
+            outcome.answer(),
+            outcome.finish_reason,
+            info,
+        )
 
     def usage_chunk(self, usage_info: dict[str, Any]) -> bytes:
         return sse(self._head + '[],"usage":' + dumps(usage_info) + "}")

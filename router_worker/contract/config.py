@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
+from router_worker.routing.sessions import SESSION_SOURCES, SessionSource
 
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WEIGHT_TOTAL = 100
@@ -243,6 +244,15 @@ class RouterSettings(_Strict):
         "model or without one. A value set here always wins.",
     )
     kv_events: bool = Field(default=True, description="Subscribe to instances' KV events.")
+    response_chains: int = Field(
+        default=4096,
+        ge=1,
+        le=1_000_000,
+        description="Responses answers remembered (LRU), so that a request naming a "
+        "previous_response_id is routed as its chain's next turn: its session and the "
+        "history's blocks (a reference to the prompt's block hashes the router already "
+        "holds: about 40 bytes a block).",
+    )
     # Replica sync (router_worker/peers.py): several routers on one fleet share their
     # dispatches over Redis pub/sub. Does nothing without a Redis URL or without peers.
     peer_sync: bool = Field(
@@ -346,6 +356,14 @@ class RouterConfig(_Strict):
     router: RouterSettings = Field(default_factory=RouterSettings)
     client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
     capture: CaptureSpec | None = None
+    session_sources: list[SessionSource] = Field(
+        default_factory=lambda: list(SESSION_SOURCES),
+        description="Where SMetric and the canary arms read a request's session from, first "
+        "found wins, in this order whatever the list's: header (X-Session-ID), harness "
+        "(agent harnesses' session headers: X-Dynamo-Session-ID, Claude Code's, Codex's "
+        "session-id), response_chain (a Responses previous_response_id chain), user (the "
+        "body's user; a Messages request's metadata.user_id). A source left out is not read.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -245,6 +245,9 @@ class InstanceSnapshot(_Record):
     # Requests the engine preempted (evicted from the KV cache to recompute), since its
     # start: vllm:num_preemptions. Climbing means the fleet is short of KV room.
     preemptions: Annotated[float | None, Merge.LARGEST] = None
+    # The silent-fallback alarm (router_worker/hit_audit.py): this router predicts prefix
+    # hits on the instance that its engine's counters do not confirm; None: not judged yet.
+    silent_fallback: Annotated[bool | None, Merge.ANY] = None
     # Global KV tier (engine counters since its start; None: the engine has no tier)
     tier_hit_tokens: Annotated[float | None, Merge.LARGEST] = None  # prompt tokens loaded
     tier_bytes_read: Annotated[float | None, Merge.LARGEST] = None

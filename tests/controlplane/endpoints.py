@@ -67,6 +67,7 @@ READS = [
     Endpoint("GET", "/api/v1/tokens", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-keys", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-auth", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/session-sources", "viewer"),
 ]
 
 WRITES = [
@@ -233,6 +234,14 @@ WRITES = [
         "admin",
         body={"required": True, **REASON},
         audit_action="cluster.client_keys_required",
+        updates=True,
+    ),
+    Endpoint(
+        "PUT",
+        "/api/v1/clusters/{alpha}/session-sources",
+        "operator",
+        body={"sources": ["header", "user"], **REASON},
+        audit_action="cluster.session_sources",
         updates=True,
     ),
     Endpoint(

@@ -256,3 +256,136 @@ def test_surrogates_are_refused_before_any_engine_sees_them(router, junk):
     response = httpx.post(router.url + "/v1/completions", content=raw, timeout=30)
     assert response.status_code == 400 and is_error_body(response.text)
     assert all(b["failures"] == 0 for b in router.state()["breakers"].values())
+
+
+# ----- the agent APIs: /v1/responses (OpenAI's error shape) and /v1/messages (Anthropic's)
+AGENT_EXAMPLES = 120
+AGENT_VALID: dict[str, dict[str, Any]] = {
+    "/v1/responses": {"model": MODEL, "input": "hello there", "max_output_tokens": 4},
+    "/v1/messages": {
+        "model": MODEL,
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hello there"}],
+    },
+}
+NOT_A_ROLE = JUNK.filter(lambda r: r not in ("user", "assistant", "system", "ctx", "msg"))
+AGENT_WRONG: dict[str, dict[str, st.SearchStrategy[Any]]] = {
+    "/v1/responses": {
+        "model": st.one_of(st.integers(), st.booleans(), st.none(), st.just("")),
+        "input": st.one_of(
+            st.none(),
+            st.just([]),
+            st.integers(),
+            st.lists(st.one_of(st.integers(), st.none(), st.booleans()), min_size=1),
+            st.lists(st.fixed_dictionaries({"type": st.text(max_size=8)}), min_size=1),
+        ),
+        "max_output_tokens": st.one_of(
+            st.text(max_size=5), st.booleans(), st.integers(max_value=0), st.just(10**7)
+        ),
+        "previous_response_id": st.one_of(st.integers(), st.booleans(), st.text(max_size=8)),
+        "instructions": st.one_of(st.integers(), st.lists(st.integers(), max_size=2)),
+        "stream": st.one_of(st.text(max_size=5), st.integers()),
+    },
+    "/v1/messages": {
+        "model": st.one_of(st.integers(), st.booleans(), st.none(), st.just("")),
+        "messages": st.one_of(
+            st.none(),
+            st.text(max_size=10),
+            st.integers(),
+            st.lists(st.one_of(st.integers(), st.none()), min_size=1, max_size=3),
+            st.lists(st.fixed_dictionaries({"role": NOT_A_ROLE, "content": JUNK}), min_size=1),
+            st.lists(
+                st.fixed_dictionaries(
+                    {"role": st.just("user"), "content": st.one_of(st.none(), st.integers())}
+                ),
+                min_size=1,
+            ),
+        ),
+        "max_tokens": st.one_of(
+            st.text(max_size=5), st.booleans(), st.integers(max_value=0), st.just(10**7)
+        ),
+        "system": st.one_of(st.integers(), st.lists(st.integers(), min_size=1, max_size=2)),
+        "stream": st.one_of(st.text(max_size=5), st.integers()),
+    },
+}
+
+
+def _agent_case(path: str) -> st.SearchStrategy[bytes]:
+    valid = AGENT_VALID[path]
+    wrong = AGENT_WRONG[path]
+    required = [f for f in ("model", "input", "messages", "max_tokens") if f in valid]
+    broken = st.sampled_from(sorted(wrong)).flatmap(
+        lambda f: wrong[f].map(lambda v: _encode({**valid, f: v}))
+    )
+    missing = st.sampled_from(required).map(
+        lambda f: _encode({k: v for k, v in valid.items() if k != f})
+    )
+    unknown = st.text(min_size=1, max_size=30).filter(lambda m: m != MODEL)
+    return st.one_of(
+        broken,
+        missing,
+        _not_json(),
+        _not_object(),
+        unknown.map(lambda m: _encode({**valid, "model": m})),
+    )
+
+
+def _agent_error_body(path: str, text: str) -> bool:
+    if path != "/v1/messages":
+        return is_error_body(text)
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return False
+    error = body.get("error") if isinstance(body, dict) else None
+    return (
+        body.get("type") == "error"
+        and isinstance(error, dict)
+        and set(error) == {"type", "message"}
+        and bool(error["message"])
+    )
+
+
+def test_malformed_agent_requests_get_4xx_in_their_apis_shape(router):
+    outcome = Outcome()
+    seen: dict[int, int] = {}
+    client = httpx.Client(timeout=30, trust_env=False)
+    cases = st.sampled_from(sorted(AGENT_VALID)).flatmap(
+        lambda path: _agent_case(path).map(lambda raw: (path, raw))
+    )
+
+    @settings(
+        max_examples=AGENT_EXAMPLES,
+        deadline=None,
+        derandomize=True,
+        database=None,
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(cases)
+    def check(case: tuple[str, bytes]) -> None:
+        path, raw = case
+        response = client.post(
+            router.url + path, content=raw, headers={"content-type": "application/json"}
+        )
+        seen[response.status_code] = seen.get(response.status_code, 0) + 1
+        clear = 400 <= response.status_code < 500 and _agent_error_body(path, response.text)
+        outcome.add(
+            "clear" if clear else "lost",
+            f"{path} {response.status_code} {raw[:120]!r} -> {response.text[:200]}",
+        )
+        assert clear, (path, response.status_code, raw[:200], response.text[:300])
+
+    try:
+        check()
+    finally:
+        client.close()
+        record(
+            "malformed Responses and Messages requests (hypothesis)",
+            outcome,
+            None,
+            notes=f"statuses {dict(sorted(seen.items()))}; every answer a 4xx in its API's shape",
+        )
+    assert router.process.poll() is None, "the router died"
+    wait_until(lambda: not any(_indicators(router).values()), 10, "indicators back to zero")
+    for path, body in AGENT_VALID.items():
+        assert httpx.post(router.url + path, json=body, timeout=30).status_code == 200, path

@@ -62,6 +62,7 @@ class Feeder:
                     kv_usage=0.2 * (k + 1),
                     hit_ratio=0.6,
                     preemptions=1500.0 * k,
+                    silent_fallback=k == 2,
                     **self._tier(k),
                 )
                 for k in range(3)
@@ -149,6 +150,10 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
             == "2,468"
         )
         assert page.locator("tr[data-instance=i2] [data-field=preemptions]").inner_text() == "3,000"
+        assert page.locator("tr[data-instance=i2] [data-field=silent_fallback]").is_visible()
+        assert page.locator("tr[data-instance=i1] [data-field=silent_fallback]").count() == 0
+        fallback = page.locator("[data-testid=fallback-banner]")
+        assert fallback.is_visible() and "on i2:" in fallback.inner_text()
         port = int(asgi_server.url.rsplit(":", 1)[1])
         stop_process(asgi_server.process)
         page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)

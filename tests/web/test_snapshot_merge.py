@@ -178,6 +178,16 @@ def test_an_engines_preemptions_merge_to_the_newest_count() -> None:
     assert merged["preemptions"] == 15.0
 
 
+def test_one_routers_silent_fallback_alarm_raises_the_instances() -> None:
+    """Each router judges its own requests' predictions: one that sees its predicted hits
+    unconfirmed is enough (its tokenizer may be the only wrong one)."""
+    quiet = snapshot("c", "r1", [instance("i0", silent_fallback=False)])
+    alarmed = snapshot("c", "r2", [instance("i0", silent_fallback=True)])
+    unjudged = snapshot("c", "r3", [instance("i0", silent_fallback=None)])
+    assert merge_cluster("c", [quiet, alarmed, unjudged])["instances"][0]["silent_fallback"]
+    assert not merge_cluster("c", [quiet, unjudged])["instances"][0]["silent_fallback"]
+
+
 def test_every_field_of_the_telemetry_records_declares_a_merge_rule() -> None:
     assert set(INSTANCE_MERGE) == set(InstanceSnapshot.model_fields)
     assert set(WINDOW_MERGE) == set(WindowStats.model_fields)

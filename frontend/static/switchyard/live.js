@@ -112,13 +112,27 @@ function renderInstances(instances) {
       <td class="num" data-field="batch_size">${fmt.int(i.batch_size)}</td>
       <td class="num" data-field="batch_size_max">${fmt.int(i.batch_size_max)}</td>
       <td class="num" data-field="in_flight">${fmt.int(i.in_flight)}</td>
-      <td class="num">${fmt.pct(i.kv_usage)}</td><td class="num">${fmt.pct(i.hit_ratio)}</td>
+      <td class="num">${fmt.pct(i.kv_usage)}</td><td class="num">${fmt.pct(i.hit_ratio)}${i.silent_fallback ? ' <span class="badge warn" data-field="silent_fallback" title="the routers predict prefix hits here that the engine does not confirm">unconfirmed</span>' : ""}</td>
       <td class="num" data-field="preemptions">${fmt.int(i.preemptions)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_hit_tokens">${fmt.int(i.tier_hit_tokens)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_bytes_read">${fmt.bytes(i.tier_bytes_read)}</td>
       <td>${i.hotspot ? '<span class="badge bad" data-testid="hotspot-badge">hotspot</span>' : ""}</td>
     </tr>`).join("");
   renderHeat(instances);
+  renderFallback(instances);
+}
+
+// The silent-fallback alarm (router_worker/hit_audit.py): routers predict prefix hits that
+// the engines' own prefix-cache counters do not confirm.
+function renderFallback(instances) {
+  const names = instances.filter((i) => i.silent_fallback).map((i) => i.name);
+  const banner = $("#fallback-banner");
+  banner.classList.toggle("hidden", names.length === 0);
+  banner.innerHTML = names.length ? `<div><strong>Prefix hits not confirmed</strong> on
+    ${esc(names.join(", "))}: the routers predict cache hits that these engines' prefix-cache
+    counters do not show. The routers' tokenizer or chat template (router.tokenizer_path,
+    router.chat_template) likely differs from the engines': KV-aware routing is falling back
+    to load balancing.</div>` : "";
 }
 
 function renderHeat(instances) {

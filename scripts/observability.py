@@ -8,8 +8,7 @@ definitions of the router (router_worker/metrics.py) and the control plane
 Every expression below is checked: a metric it names must be a sample of a defined family
 (a counter's ``_total``, a histogram's ``_bucket``/``_sum``/``_count``, a gauge's own name),
 or generation stops naming it. The one exception is a rule or panel marked ``awaits``: it
-waits for a metric another change adds (the silent-fallback ratio), is left out while that
-metric is undefined, and is named in the generated files' headers; it appears as soon as the
+waits for a metric another change adds, is left out while that metric is undefined, and is named in the generated files' headers; it appears as soon as the
 metric is defined and the files are regenerated (tests/operations/test_observability.py
 fails until they are). ``<F>`` in an expression stands for the dashboard's cluster filter.
 The README's "Dashboards, alerts, traces and autoscaling" explains each rule.
@@ -34,16 +33,16 @@ from router_worker.metrics import RouterMetrics
 ROOT = Path(__file__).resolve().parents[1]
 RULES_PATH = Path("deploy/prometheus/switchyard-rules.yml")
 DASHBOARD_PATH = Path("deploy/grafana/switchyard.json")
-# The silent-fallback alarm's metric: the share of the router's predicted prefix hits the
-# engines' prefix-cache counters do not confirm (added with the Responses/Messages APIs)
-SILENT_FALLBACK = "switchyard_silent_fallback_ratio"
+# The silent-fallback alarm's metric: 1 per instance while the router's predicted prefix
+# hits run well above what the engine's prefix-cache counters confirm (router_worker/hit_audit.py)
+SILENT_FALLBACK = "switchyard_router_silent_fallback"
 
 # Thresholds, shared by the rules and the dashboard's threshold lines
 PENDING_PREFILL_S = 2.0
 KV_PRESSURE = 0.9
 HOTSPOT_FALLBACK_SHARE = 0.25
 ERROR_SHARE = 0.02
-SILENT_FALLBACK_SHARE = 0.5
+SILENT_FALLBACK_SHARE = 0.5  # the gauge is 0 or 1 per instance
 REPLAY_DRIFT = 0.35
 
 REQUESTS = "switchyard_router_requests_total"
@@ -111,8 +110,8 @@ ALERTS = (
         f"{SILENT} > {SILENT_FALLBACK_SHARE}",
         "Cluster {{ $labels.cluster }}: the engines do not confirm the router's predicted "
         "prefix hits",
-        "Most prefix hits the router's KV index predicts are not confirmed by the engines' "
-        "prefix-cache counters: the router tokenizes or renders prompts differently from the "
+        "The prefix hits the router's KV index predicts run well above what the engines' "
+        "prefix-cache counters confirm (by 0.25 of the prompt or more): the router tokenizes or renders prompts differently from the "
         "engines (a wrong tokenizer or chat template), so KV-aware routing has silently "
         "fallen back to guessing.",
         for_="15m",

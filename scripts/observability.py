@@ -8,9 +8,10 @@ definitions of the router (router_worker/metrics.py) and the control plane
 Every expression below is checked: a metric it names must be a sample of a defined family
 (a counter's ``_total``, a histogram's ``_bucket``/``_sum``/``_count``, a gauge's own name),
 or generation stops naming it. The one exception is a rule or panel marked ``awaits``: it
-waits for a metric another change adds, is left out while that metric is undefined, and is named in the generated files' headers; it appears as soon as the
-metric is defined and the files are regenerated (tests/operations/test_observability.py
-fails until they are). ``<F>`` in an expression stands for the dashboard's cluster filter.
+waits for a metric another change adds, is left out while that metric is undefined, and is
+named in the generated files' headers; it appears as soon as the metric is defined and the
+files are regenerated (tests/operations/test_observability.py fails until they are). ``<F>``
+in an expression stands for the dashboard's cluster filter.
 The README's "Dashboards, alerts, traces and autoscaling" explains each rule.
 """
 
@@ -111,9 +112,9 @@ ALERTS = (
         "Cluster {{ $labels.cluster }}: the engines do not confirm the router's predicted "
         "prefix hits",
         "The prefix hits the router's KV index predicts run well above what the engines' "
-        "prefix-cache counters confirm (by 0.25 of the prompt or more): the router tokenizes or renders prompts differently from the "
-        "engines (a wrong tokenizer or chat template), so KV-aware routing has silently "
-        "fallen back to guessing.",
+        "prefix-cache counters confirm (by 0.25 of the prompt or more): the router tokenizes "
+        "or renders prompts differently from the engines (a wrong tokenizer or chat "
+        "template), so KV-aware routing has silently fallen back to guessing.",
         for_="15m",
         awaits=True,
     ),

@@ -90,6 +90,17 @@ def test_ui_views_authorization_matrix():
                 outcome.add(verdict, f"{role} {method} {path}")
                 if got != want:
                     wrong.append((role, method, path, got, want))
+    # The tally itself: every request the role may make counts as succeeded, every refusal
+    # it should get as failed clear (an allowed request is never a "failure").
+    cells = [
+        _expected(role, method)
+        for role in people
+        for method, paths in (("GET", VIEWER_PAGES), ("POST", OPERATOR_POSTS))
+        for _ in paths
+    ]
+    allowed = cells.count("allowed")
+    if not wrong:
+        assert (outcome.succeeded, outcome.failed_clear) == (allowed, len(cells) - allowed)
     record(
         "authz matrix: UI views",
         outcome,

@@ -22,10 +22,12 @@ from enginesim.engine.hardware import GPUS
 @pytest.fixture(scope="module")
 def scored():
     if not DEFAULT_CSV.exists():
+        # Every machine of this kind, CI's included, has shared/ beside the checkout: missing
+        # is a failure, unless a developer without it says so.
         missing = f"calibration measurements not found at {DEFAULT_CSV}"
-        if os.environ.get("CI"):  # CI has shared/ beside its clone: missing is a failure
-            pytest.fail(missing)
-        pytest.skip(missing)
+        if os.environ.get("SWITCHYARD_SKIP_CALIBRATION") == "1":
+            pytest.skip(missing)
+        pytest.fail(missing + " (SWITCHYARD_SKIP_CALIBRATION=1 skips these tests)")
     cals = {era: load_calibration(era) for era in ("v1", "v0")}
     points = [p for p in all_points(DEFAULT_CSV, None) if p.role in ("fit", "holdout")]
     return [(p, 100.0 * (predict(p, cals) / p.observed - 1.0)) for p in points]

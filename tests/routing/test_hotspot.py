@@ -57,6 +57,27 @@ def test_no_hotspot_while_the_ratio_test_passes():
     assert policy.guard.detector.state_of(class_request(0, t).block_hashes[3]) == "normal"
 
 
+def test_suspected_the_first_time_the_ratio_test_fails_and_not_before():
+    """m/m̄ = 1/3: the class is suspected as soon as x·m̄ > x̄·m, neither at the boundary
+    (x = 2 against x̄ = 6: 6 = 6) nor only once its share is far above M's."""
+    state, policy = setup()
+    view = state.view()
+    t, seen = 0.0, []
+    for j in range(6):
+        t += 0.1
+        seen += policy.decide(other_request(j, t), view, t).events
+    for k in range(2):  # x = 1 (< min_class_requests), then x = 2 against x̄ = 6
+        t += 0.1
+        seen += policy.decide(class_request(k, t), view, t).events
+    assert seen == []
+    for j in range(6, 8):
+        t += 0.1
+        seen += policy.decide(other_request(j, t), view, t).events
+    t += 0.1
+    (suspected,) = policy.decide(class_request(2, t), view, t).events  # 3·3 = 9 > 8·1
+    assert numbers(suspected) == ("suspected", 3, 8, 1, 3, ("i0",))
+
+
 def test_burst_is_suspected_confirmed_falls_back_and_clears():
     state, policy = setup()
     view = state.view()

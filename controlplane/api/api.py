@@ -15,6 +15,7 @@ from . import (
     policies,
     replays,
     router_deployments,
+    tenants,
 )
 from .auth import role
 from .errors import install_error_handlers
@@ -42,5 +43,6 @@ for module in (
     replays,
     captures,
     access,
+    tenants,
 ):
     api.add_router("", module.routes)

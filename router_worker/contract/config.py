@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
+from router_worker.routing.flow import DEFAULT_TENANT, FlowParams, TenantSettings
 
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WEIGHT_TOTAL = 100
@@ -302,6 +303,11 @@ class ClientKeySpec(_Strict):
         default_factory=list,
         description="debug: the x-switchyard-debug header is honoured (scores, cached tokens).",
     )
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        max_length=64,
+        description="The tenant the key belongs to (one of `tenants`, or `default`).",
+    )
 
 
 class ClientAuthSpec(_Strict):
@@ -346,6 +352,14 @@ class RouterConfig(_Strict):
     router: RouterSettings = Field(default_factory=RouterSettings)
     client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
     capture: CaptureSpec | None = None
+    tenants: list[TenantSettings] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="Tenants and their flow-control settings; keys without a tenant and "
+        "requests without a key belong to `default` (standard class, weight 1, no limits "
+        "unless listed here).",
+    )
+    flow: FlowParams = Field(default_factory=FlowParams)
 
     @model_validator(mode="before")
     @classmethod
@@ -368,6 +382,18 @@ class RouterConfig(_Strict):
         """The capture records each request's config version: it is this document's."""
         if self.capture is not None:
             self.capture._config_version = self.version
+        return self
+
+    @model_validator(mode="after")
+    def _tenants_resolve(self) -> RouterConfig:
+        names = [tenant.name for tenant in self.tenants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tenants.name must be unique; repeated: {duplicates}")
+        known = {*names, DEFAULT_TENANT}
+        unknown = sorted({k.tenant for k in self.client_auth.keys} - known)
+        if unknown:
+            raise ValueError(f"client_auth.keys.tenant names unknown tenants {unknown}")
         return self
 
     @model_validator(mode="after")

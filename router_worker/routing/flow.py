@@ -37,12 +37,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from router_worker.routing.features import DEFAULT_TENANT
 from router_worker.routing.indicators import ClusterState, Health
 
 Priority = Literal["critical", "standard", "sheddable"]
 PRIORITIES: tuple[Priority, ...] = ("critical", "standard", "sheddable")
 RANK: dict[str, int] = {name: rank for rank, name in enumerate(PRIORITIES)}
-DEFAULT_TENANT = "default"
 TENANT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 BUDGET_PERIODS: dict[str, int] = {"hour": 3600, "day": 86_400, "week": 7 * 86_400}
 

@@ -31,6 +31,7 @@ from engine_interface import load_cv
 from router_worker.contract.config import RouterConfig
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
+from router_worker.flow_gate import FlowGate, RequestClass
 from router_worker.health import HEALTH_OF, HealthBook
 from router_worker.intake import Intake
 from router_worker.metrics import RouterMetrics
@@ -38,6 +39,7 @@ from router_worker.observers import (
     Breaker,
     DecisionLog,
     FailureLog,
+    FlowAccounting,
     Hotspots,
     LoadPeaks,
     Migrations,
@@ -90,6 +92,7 @@ class RouterCore:
         self.peaks = LoadPeaks()
         self.decision_log = DecisionLog(name, telemetry, DecisionSampler())
         self.migrations = Migrations(metrics)
+        self.flow = FlowGate(metrics, lambda: self.state)
         self.observers = LifecycleObservers()
         self.peers = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source
@@ -113,6 +116,7 @@ class RouterCore:
             self.state.add_instance(name, health=HEALTH_OF[self.health.effective(name)])
             self.scrape.setdefault(name, ScrapeInfo())
         self.runtime = build_runtime(config, self.state, tokenizer, self.runtime)
+        self.flow.configure(config)
         self.telemetry.cluster = config.cluster
         self.metrics.config_version.set(config.version)
         return self.runtime
@@ -165,16 +169,25 @@ class RouterCore:
             RequestSamples(self.telemetry),
             self.decision_log,
             self.migrations,
+            FlowAccounting(self.flow, self.metrics),
         )
 
     def plan(
-        self, runtime: Runtime, intake: Intake, headers: dict[str, str], started: float
+        self,
+        runtime: Runtime,
+        intake: Intake,
+        headers: dict[str, str],
+        started: float,
+        request_class: RequestClass | None = None,
+        flow_tokens: int = 0,
     ) -> Plan:
         """Route a request taken in by :mod:`router_worker.intake` (tokens and hashes
-        are already computed there, possibly in another process)."""
-        models = self.allowed_models()
-        if models is not None and intake.model not in models:
-            raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
+        are already computed there, possibly in another process) and let through by flow
+        control as ``request_class`` (``flow_tokens``: its prompt tokens if flow control
+        released it from a queue)."""
+        if request_class is None:
+            request_class = RequestClass()
+        self.check_model(intake)
         t2 = time.perf_counter()
         session = session_key_from_request(headers, {"user": intake.user})
         now = time.time()
@@ -186,6 +199,10 @@ class RouterCore:
             session_key=session,
             turn_index=intake.turn_index,
             arrival_time=now,
+            tenant=request_class.tenant,
+            priority=request_class.priority,
+            slo_ttft_s=request_class.slo_ttft_s,
+            slo_tpot_s=request_class.slo_tpot_s,
         )
         arm = runtime.arm_for(session)
         assert self.state is not None
@@ -200,6 +217,7 @@ class RouterCore:
             tokenization=intake.tokenization,
             stream=intake.stream,
             started=started,
+            flow_tokens=flow_tokens,
         )
         try:
             plan.route(arm.view, now)
@@ -207,6 +225,12 @@ class RouterCore:
             raise APIError(503, f"No healthy instance available: {error}") from None
         plan.timings = (intake.tokenize_s, intake.hash_s, time.perf_counter() - t2)
         return plan
+
+    def check_model(self, intake: Intake) -> None:
+        """APIError 404 when the request names a model the cluster does not serve."""
+        models = self.allowed_models()
+        if models is not None and intake.model not in models:
+            raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
 
     # ----- what the request path reports before a request has a plan ------------------
     def refused(self, status: int) -> None:

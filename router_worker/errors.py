@@ -9,7 +9,15 @@ from typing import Any
 
 from engine_interface.openai_errors import APIError, error_bytes, error_dict, sse_error_event
 
-__all__ = ["APIError", "error_bytes", "error_dict", "send_error", "send_json", "sse_error_event"]
+__all__ = [
+    "APIError",
+    "BackOff",
+    "error_bytes",
+    "error_dict",
+    "send_error",
+    "send_json",
+    "sse_error_event",
+]
 
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 JSON_TYPE = (b"content-type", b"application/json")
@@ -25,11 +33,21 @@ async def send_json(
     await send({"type": "http.response.body", "body": data})
 
 
+class BackOff(APIError):
+    """A refusal that tells the client when to try again (429, 503: ``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int) -> None:
+        super().__init__(status, message)
+        self.retry_after_s = retry_after_s
+
+
 async def send_error(send: Send, error: APIError) -> None:
     """An ASGI answer of ``error`` in the OpenAI error shape."""
     data = error_bytes(error.status, error.message, error.param)
     headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="switchyard"'))
+    if isinstance(error, BackOff):
+        headers.append((b"retry-after", str(error.retry_after_s).encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

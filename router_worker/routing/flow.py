@@ -411,6 +411,14 @@ class FlowController:
         """Requests waiting per tenant (tenants with none left out)."""
         return {name: state.queued for name, state in self._state.items() if state.queued}
 
+    def waiting_by_class(self) -> dict[tuple[str, str], int]:
+        """Requests waiting per (tenant, class), zeros included for every tenant seen."""
+        return {
+            (name, priority): len(state.queues[rank])
+            for name, state in self._state.items()
+            for rank, priority in enumerate(PRIORITIES)
+        }
+
     def retry_after(self, load: FleetLoad) -> int:
         """Seconds a refused client should wait: the fleet's backlog, at least the floor."""
         backlog = self.params.backlog_s(load)

@@ -45,8 +45,9 @@ def _post(
     key: str | None = None,
     prompt: str = "hello " * 40,
     stream: bool = False,
-    **headers: str,
+    headers: dict[str, str] | None = None,
 ):
+    headers = dict(headers or {})
     if key is not None:
         headers["Authorization"] = f"Bearer {key}"
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "stream": stream}
@@ -77,10 +78,11 @@ HOSTILE_HEADERS = [
 def test_hostile_flow_headers_get_a_400_naming_the_header(fleet, router_factory):
     router = router_factory(_config(fleet))
     for header, value in HOSTILE_HEADERS:
-        answer = _post(router, **{header: value})
+        answer = _post(router, headers={header: value})
         assert answer.status_code == 400, (header, value)
         assert answer.json()["error"]["param"] == header
-    assert _post(router, **{"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "40.5"}).status_code == 200
+    slo = {"x-slo-ttft-ms": "250", "x-slo-tpot-ms": "40.5"}
+    assert _post(router, headers=slo).status_code == 200
 
 
 def test_quota_is_429_with_retry_after_for_that_tenant_only(fleet, router_factory):
@@ -103,7 +105,7 @@ def test_a_saturated_fleet_sheds_queues_by_class_and_serves_every_queued_request
     def send(name: str, key: str | None, **headers: str) -> threading.Thread:
         def run() -> None:
             # Streamed: the router measures a streamed request's TTFT.
-            answers[name] = _post(router, key, prompt=f"{name} " * 200, stream=True, **headers)
+            answers[name] = _post(router, key, f"{name} " * 200, True, headers)
             finished.append(name)
 
         thread = threading.Thread(target=run)
@@ -115,7 +117,7 @@ def test_a_saturated_fleet_sheds_queues_by_class_and_serves_every_queued_request
         threads = [send("hog", None, **{"x-slo-ttft-ms": "60000"})]
         wait_until(lambda: _flow(router, "default", "admitted") >= 1, 30, "the hog admitted")
         shed = _post(router, BATCH_KEY)
-        lowered = _post(router, CRITICAL_KEY, **{"x-switchyard-priority": "sheddable"})
+        lowered = _post(router, CRITICAL_KEY, headers={"x-switchyard-priority": "sheddable"})
         threads.append(send("standard", None))
         wait_until(lambda: _flow(router, "default", "queued") >= 1, 30, "standard queued")
         threads.append(send("critical", CRITICAL_KEY, **{"x-switchyard-priority": "critical"}))

@@ -115,7 +115,7 @@ class FlowGate:
         if refusal is not None:
             raise self._refused(tenant, priority, refusal)
         self._ids += 1
-        request = FlowRequest(str(self._ids), tenant, priority, input_tokens, size, now)  # type: ignore[arg-type]
+        request = FlowRequest(str(self._ids), tenant, priority, input_tokens, size, now)
         verdict, evicted = self.controller.offer(request, self._load(), now)
         self._fail(evicted)
         if isinstance(verdict, Refusal):

@@ -183,7 +183,7 @@ class FlowRequest:
 
     request_id: str
     tenant: str
-    priority: Priority
+    priority: str  # one of PRIORITIES
     input_tokens: int
     size_bytes: int
     arrived: float

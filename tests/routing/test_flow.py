@@ -33,7 +33,7 @@ BUSY = FleetLoad(
 
 
 def _request(tenant: str, n: int, priority: str = "standard", tokens: int = 600, at: float = 0.0):
-    return FlowRequest(f"{tenant}-{n}", tenant, priority, tokens, 1000, at)  # type: ignore[arg-type]
+    return FlowRequest(f"{tenant}-{n}", tenant, priority, tokens, 1000, at)
 
 
 def _flow(*tenants: TenantSettings, **params) -> FlowController:

@@ -6,6 +6,7 @@ the critical class goes first, and every request is served or refused with a rea
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from router_worker.routing.flow import FlowParams, TenantSettings
 TENANTS = (TenantSettings(name="light"), TenantSettings(name="heavy"))
 
 
-def workload(rates: dict[str, tuple[float, str | None]], duration: float = 40.0):
+def workload(rates: Mapping[str, tuple[float, str | None]], duration: float = 40.0):
     """Poisson arrivals per tenant: 2000-token prompts, 100-token answers."""
     rng = random.Random(0)
     events = []
@@ -50,7 +51,7 @@ def p90_ttft(requests, tenant: str, records) -> float:
 
 
 # The fleet clears about 6.6 of these requests a second: heavy alone overloads it.
-OVERLOAD = {"light": (2.0, None), "heavy": (10.0, None)}
+OVERLOAD: dict[str, tuple[float, str | None]] = {"light": (2.0, None), "heavy": (10.0, None)}
 
 
 def test_a_compliant_tenant_keeps_its_latency_under_another_tenants_flood():

@@ -37,7 +37,8 @@ def _request(tenant: str, n: int, priority: str = "standard", tokens: int = 600,
 
 
 def _flow(*tenants: TenantSettings, **params) -> FlowController:
-    return FlowController(FlowParams(**params), tenants)
+    """A controller saturated past 2 s of queued prefill (the loads above)."""
+    return FlowController(FlowParams(**{"max_backlog_s": 2.0, **params}), tenants)
 
 
 def test_a_calm_fleet_admits_at_once_and_charges_the_tenant():
@@ -64,7 +65,7 @@ def test_saturation_reads_backlog_kv_usage_and_engine_queues(pending, kv, waitin
     state.on_scrape("i1", running=1, waiting=waiting, kv_usage=kv, now=1.0)
     load = FleetLoad.of(state)
     assert load.healthy == 2 and load.clear_rate == pytest.approx(1000.0)
-    assert FlowParams().saturated(load) is saturated
+    assert FlowParams(max_backlog_s=2.0).saturated(load) is saturated
 
 
 def test_strict_priority_between_classes_whatever_the_arrival_order():
@@ -168,7 +169,7 @@ def test_a_tenant_removed_while_its_requests_wait_loses_none_of_them():
     flow = _flow(TenantSettings(name="gone", weight=5))
     for n in range(3):
         flow.offer(_request("gone", n), BUSY, 0.0)
-    flow.configure(FlowParams(), [])
+    flow.configure(FlowParams(max_backlog_s=2.0), [])
     assert flow.settings("gone").name == DEFAULT_TENANT
     assert [r.request_id for r in flow.release(CALM, 1.0)] == ["gone-0", "gone-1", "gone-2"]
 

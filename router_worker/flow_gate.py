@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from router_worker.contract.config import RouterConfig
 from router_worker.errors import APIError, BackOff
 from router_worker.metrics import RouterMetrics
+from router_worker.quota import SharedQuota
 from router_worker.routing import ClusterState
 from router_worker.routing.features import DEFAULT_TENANT
 from router_worker.routing.flow import (
@@ -35,7 +36,6 @@ from router_worker.routing.flow import (
     FlowRequest,
     Refusal,
 )
-from router_worker.routing.quota import QuotaLedger
 
 PRIORITY_HEADER = "x-switchyard-priority"
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
@@ -79,7 +79,7 @@ class FlowGate:
         self.metrics = metrics
         self.state = state
         self.controller = FlowController(FlowParams())
-        self.quota = QuotaLedger()
+        self.quota = SharedQuota(None)  # the service gives it the cluster's Redis
         self.in_transit = 0.0  # prompt tokens released and not yet dispatched
         self._waiters: dict[str, tuple[FlowRequest, asyncio.Future[None]]] = {}
         self._timer: asyncio.TimerHandle | None = None
@@ -87,6 +87,7 @@ class FlowGate:
 
     def configure(self, config: RouterConfig) -> None:
         self.controller.configure(config.flow, config.tenants)
+        self.quota.cluster = config.cluster
 
     def classify(self, tenant: str, headers: dict[str, str]) -> RequestClass:
         """The request's class from its tenant and headers, or APIError 400 naming the
@@ -111,7 +112,7 @@ class FlowGate:
         (its client left) leaves the queue."""
         now = time.time()
         tenant, priority = request_class.tenant, request_class.priority
-        refusal = self.quota.take(self.controller.settings(tenant), input_tokens, now)
+        refusal = await self.quota.take(self.controller.settings(tenant), input_tokens, now)
         if refusal is not None:
             raise self._refused(tenant, priority, refusal)
         self._ids += 1

@@ -92,7 +92,7 @@ class RouterCore:
         self.peaks = LoadPeaks()
         self.decision_log = DecisionLog(name, telemetry, DecisionSampler())
         self.migrations = Migrations(metrics)
-        self.flow = FlowGate(metrics, lambda: self.state)
+        self.flow = FlowGate(metrics, lambda: self.state, telemetry.event)
         self.observers = LifecycleObservers()
         self.peers = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source

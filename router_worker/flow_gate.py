@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from router_worker.contract.config import RouterConfig
+from router_worker.contract.telemetry import FLOW_SUMMARY_S
 from router_worker.errors import APIError, BackOff
 from router_worker.metrics import RouterMetrics
 from router_worker.quota import SharedQuota
@@ -75,9 +76,19 @@ class FlowGate:
     """The router's flow control: one controller and quota ledger per process, kept across
     configuration versions (queues and counters survive a config change)."""
 
-    def __init__(self, metrics: RouterMetrics, state: Callable[[], ClusterState | None]) -> None:
+    def __init__(
+        self,
+        metrics: RouterMetrics,
+        state: Callable[[], ClusterState | None],
+        report: Callable[..., object] = lambda kind, **payload: None,
+    ) -> None:
         self.metrics = metrics
         self.state = state
+        self.report = report  # telemetry's event(kind, **payload)
+        # refusals since the last summary: tenant -> reason -> count (flow_refusals event)
+        self.refusals: dict[str, dict[str, int]] = {}
+        self._summary_due: asyncio.TimerHandle | None = None
+        self._summary_from = 0.0
         self.controller = FlowController(FlowParams())
         self.quota = SharedQuota(None)  # the service gives it the cluster's Redis
         self.in_transit = 0.0  # prompt tokens released and not yet dispatched
@@ -202,7 +213,22 @@ class FlowGate:
 
     def _refused(self, tenant: str, priority: str, refusal: Refusal) -> BackOff:
         self._count(tenant, priority, refusal.reason)
+        reasons = self.refusals.setdefault(tenant, {})
+        reasons[refusal.reason] = reasons.get(refusal.reason, 0) + 1
+        if self._summary_due is None:  # the first of an interval: summarised at its end
+            self._summary_from = time.time()
+            loop = asyncio.get_running_loop()
+            self._summary_due = loop.call_later(FLOW_SUMMARY_S, self.summarise)
         return BackOff(refusal.status, refusal.message, refusal.retry_after_s)
+
+    def summarise(self) -> None:
+        """Report the refusals since the last summary as one event (the control plane
+        keeps it in the audit): one row a minute per router, not one per request."""
+        self._summary_due = None
+        if self.refusals:
+            interval = round(time.time() - self._summary_from, 3)
+            self.report("flow_refusals", interval_s=interval, tenants=self.refusals)
+            self.refusals = {}
 
     def _count(self, tenant: str, priority: str, outcome: str) -> None:
         m = self.metrics

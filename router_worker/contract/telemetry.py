@@ -88,7 +88,11 @@ EventKind = Literal[
     "router_restarted",  # written by the Celery supervisor: {exit_code, restarts}
     "events_dropped",  # {count}: buffered events lost during a Redis outage
     "kv_events_malformed",  # {instance, count, reasons: {reason: n}, example}: skipped
+    # flow control's refusals since the last one, at most one a FLOW_SUMMARY_S:
+    # {interval_s, tenants: {tenant: {reason: n}}} (reasons: routing.flow.Refusal.reason)
+    "flow_refusals",
 ]
+FLOW_SUMMARY_S = 60.0
 
 
 def state_key(cluster: str, router: str) -> str:

@@ -302,6 +302,7 @@ class RouterCore:
             "arms": [arm.name for arm in runtime.arms],
             "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in hotspots.values()],
+            "tenants": self.flow.lanes(),
         }
 
 

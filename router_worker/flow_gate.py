@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import math
+import statistics
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from router_worker.contract.config import RouterConfig
-from router_worker.contract.telemetry import FLOW_SUMMARY_S
+from router_worker.contract.telemetry import FLOW_SUMMARY_S, TenantLane
 from router_worker.errors import APIError, BackOff
 from router_worker.metrics import RouterMetrics
 from router_worker.quota import SharedQuota
@@ -44,6 +46,19 @@ SLO_TPOT_HEADER = "x-slo-tpot-ms"
 HEADERS = (PRIORITY_HEADER, SLO_TTFT_HEADER, SLO_TPOT_HEADER)
 MAX_SLO_MS = 86_400_000.0  # a day
 TICK_S = 0.05
+LANE_SAMPLES = 100  # the last requests of a tenant its lane's TTFT and TPOT are of
+
+
+@dataclass(slots=True)
+class _Lane:
+    """A tenant's counts since the router started (its lane on the live view)."""
+
+    requests: int = 0
+    admitted: int = 0
+    refused: int = 0
+    served_tokens: float = 0.0
+    ttft: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
+    tpot: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +104,7 @@ class FlowGate:
         self.refusals: dict[str, dict[str, int]] = {}
         self._summary_due: asyncio.TimerHandle | None = None
         self._summary_from = 0.0
+        self._lanes: dict[str, _Lane] = {}
         self.controller = FlowController(FlowParams())
         self.quota = SharedQuota(None)  # the service gives it the cluster's Redis
         self.in_transit = 0.0  # prompt tokens released and not yet dispatched
@@ -162,6 +178,41 @@ class FlowGate:
         self.quota.add_tokens(self.controller.settings(tenant), output_tokens, time.time())
         self.poke()
 
+    def ended(self, tenant: str, tokens: float, ttft: float | None, tpot: float | None) -> None:
+        """A request of ``tenant`` ended (its lane's counts)."""
+        lane = self._lane(tenant)
+        lane.requests += 1
+        lane.served_tokens += tokens
+        if ttft is not None:
+            lane.ttft.append(ttft)
+        if tpot is not None:
+            lane.tpot.append(tpot)
+
+    def lanes(self) -> dict[str, TenantLane]:
+        """Every tenant seen, with its settings now, for the live view."""
+        waiting = self.controller.waiting()
+        out = {}
+        for tenant, lane in self._lanes.items():
+            settings = self.controller.settings(tenant)
+            out[tenant] = TenantLane(
+                priority=settings.priority,
+                weight=settings.weight,
+                requests=lane.requests,
+                admitted=lane.admitted,
+                queued=waiting.get(tenant, 0),
+                refused=lane.refused,
+                served_tokens=lane.served_tokens,
+                ttft_p50_s=statistics.median(lane.ttft) if lane.ttft else None,
+                tpot_p50_s=statistics.median(lane.tpot) if lane.tpot else None,
+            )
+        return out
+
+    def _lane(self, tenant: str) -> _Lane:
+        lane = self._lanes.get(tenant)
+        if lane is None:
+            lane = self._lanes[tenant] = _Lane()
+        return lane
+
     def poke(self) -> None:
         """The load may have dropped (a first token, an end): release what fits now."""
         if self.controller.queued:
@@ -233,6 +284,10 @@ class FlowGate:
     def _count(self, tenant: str, priority: str, outcome: str) -> None:
         m = self.metrics
         m.child(m.flow_requests, tenant, priority, outcome).inc()
+        if outcome in ("admitted", "released"):
+            self._lane(tenant).admitted += 1
+        elif outcome not in ("queued", "cancelled"):
+            self._lane(tenant).refused += 1
 
     def _publish_queues(self) -> None:
         m = self.metrics

@@ -527,3 +527,9 @@ class FlowAccounting(LifecycleObserver[Plan]):
         if outcome.tpot is not None:
             m.child(m.tenant_tpot, features.tenant, features.priority).observe(outcome.tpot)
         self.gate.served(features.tenant, outcome.output_tokens)
+        self.gate.ended(
+            features.tenant,
+            features.prompt_tokens + outcome.output_tokens,
+            outcome.ttft,
+            outcome.tpot,
+        )

@@ -275,6 +275,23 @@ class WindowStats(_Record):
     load_cv: Annotated[float | None, Merge.WORST] = None
 
 
+class TenantLane(_Record):
+    """One tenant at one router's flow control, counted since the router started (the
+    live view's lanes): what it was admitted and refused, what waits now, the tokens it
+    was served (its share, against its weight), and its recent TTFT (time queued
+    included) and TPOT."""
+
+    priority: Annotated[str, Merge.NEWEST_CONFIG]
+    weight: Annotated[float, Merge.NEWEST_CONFIG]
+    requests: Annotated[int, Merge.TOTAL]  # ended
+    admitted: Annotated[int, Merge.TOTAL]  # at once or after waiting
+    queued: Annotated[int, Merge.TOTAL]  # waiting now
+    refused: Annotated[int, Merge.TOTAL]  # 429s and 503s
+    served_tokens: Annotated[float, Merge.TOTAL]  # prompt + output tokens of ended requests
+    ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None  # its last requests'
+    tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+
+
 class StateSnapshot(_Record):
     ts: float
     cluster: str
@@ -285,6 +302,7 @@ class StateSnapshot(_Record):
     window: WindowStats
     arms: dict[str, WindowStats] = Field(default_factory=dict)
     hotspots: list[HotspotPayload] = Field(default_factory=list)  # currently confirmed
+    tenants: dict[str, TenantLane] = Field(default_factory=dict)  # flow control's lanes
 
 
 class ArmMetrics(_Record):

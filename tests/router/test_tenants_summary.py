@@ -45,6 +45,10 @@ def test_refusals_are_counted_per_tenant_and_reported_once_per_interval():
     kind, payload = events[0]
     assert kind == "flow_refusals" and payload["tenants"] == {"metered": {"quota": 3}}
     assert payload["interval_s"] >= 0
+    gate.ended("metered", 110, 0.5, 0.02)
+    lane = gate.lanes()["metered"]
+    assert (lane.admitted, lane.refused, lane.requests, lane.queued) == (1, 3, 1, 0)
+    assert (lane.served_tokens, lane.ttft_p50_s, lane.priority) == (110, 0.5, "standard")
 
 
 @pytest.mark.parametrize("value", ["vip", "", "CRITICAL"])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
@@ -333,3 +333,27 @@ def synthesize_tokens(record: TraceRecord) -> np.ndarray:
         pad = block_token_ids(np.arange(base, base + extra, dtype=np.uint64), record.block_size)
         tokens = np.concatenate([tokens, pad.reshape(-1)])
     return tokens[: record.input_tokens]
+
+
+def scale_tenant(
+    records: Sequence[TraceRecord], tenant: str, factor: float, seed: int = 0
+) -> list[TraceRecord]:
+    """``tenant``'s requests ``factor`` times as many (what if this tenant doubles): each
+    is kept ``floor(factor)`` times, once more with probability ``factor``'s fraction, the
+    copies arriving within a second after it (seeded); the other tenants' requests are
+    left as they are. Re-indexed in arrival order."""
+    if not factor >= 0:
+        raise ValueError(f"a tenant's scale must be >= 0, not {factor}")
+    rng = np.random.default_rng(seed)
+    whole, fraction = int(factor), factor - int(factor)
+    out: list[TraceRecord] = []
+    for record in records:
+        if record.tenant != tenant:
+            out.append(record)
+            continue
+        copies = whole + int(rng.random() < fraction)
+        for copy in range(copies):
+            shift = 0.0 if copy == 0 else float(rng.random())
+            out.append(replace(record, arrival_s=record.arrival_s + shift))
+    out.sort(key=lambda r: (r.arrival_s, r.index))
+    return [replace(r, index=k) for k, r in enumerate(out)]

@@ -5,6 +5,7 @@ the critical class goes first, and every request is served or refused with a rea
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Mapping
 
@@ -111,3 +112,60 @@ def test_a_trace_carries_tenant_and_priority_and_bad_ones_are_refused():
     (bad,) = read_bailian_rows([{**row, "priority": "vip"}])
     with pytest.raises(ValueError, match="priority must be one of"):
         Simulator([bad], "least_load", SimConfig(instances=1, flow=FlowParams()))
+
+
+def _trace_file(tmp_path, records) -> str:
+    path = tmp_path / "tenants.jsonl"
+    rows = [
+        {
+            "timestamp": int(r.arrival_s * 1000),
+            "input_length": r.input_tokens,
+            "output_length": r.output_tokens,
+            "hash_ids": [],
+            "tenant": r.tenant,
+        }
+        for r in records
+    ]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def test_the_replay_command_runs_flow_control_and_asks_what_if_a_tenant_doubles(tmp_path):
+    from enginesim.__main__ import main
+
+    trace = _trace_file(tmp_path, workload({"light": (1.0, None), "heavy": (2.0, None)}, 20.0))
+    tenants = json.dumps([{"name": "light"}, {"name": "heavy", "priority": "sheddable"}])
+
+    def run(out: str, *extra: str) -> dict:
+        argv = ["replay", "--trace", trace, "--instances", "2", "--policy", "least_load"]
+        argv += ["--flow", "{}", "--tenants", tenants, "--out", str(tmp_path / out)]
+        assert main([*argv, "--no-plots", "--no-progress", *extra]) == 0
+        summary = json.loads((tmp_path / out / "results.json").read_text())[0]
+        return summary["tenants"]
+
+    base = run("base")
+    doubled = run("doubled", "--tenant-scale", "heavy=2")
+    assert doubled["heavy"]["requests"] == 2 * base["heavy"]["requests"]
+    assert doubled["light"]["requests"] == base["light"]["requests"]
+    for tenant in ("light", "heavy"):
+        fates = doubled[tenant]
+        assert fates["served"] + fates["throttled"] + fates["shed"] == fates["requests"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--flow", '{"max_backlog_s": -1}'], "max_backlog_s"),
+        (["--flow", "{}", "--tenants", '[{"name": "x", "weight": 0}]'], "weight"),
+        (["--tenants", '[{"name": "x"}]'], "--tenants needs --flow"),
+        (["--flow", "{", "--tenants", "[]"], "not JSON"),
+        (["--tenant-scale", "heavy=lots"], "--tenant-scale"),
+    ],
+)
+def test_the_replay_command_refuses_bad_flow_flags_naming_them(tmp_path, flags, message):
+    from enginesim.__main__ import main
+
+    trace = _trace_file(tmp_path, workload({"light": (1.0, None)}, 5.0))
+    argv = ["replay", "--trace", trace, "--instances", "1", "--policy", "least_load"]
+    with pytest.raises(SystemExit, match=message):
+        main([*argv, "--out", str(tmp_path / "out"), "--no-plots", *flags])

@@ -427,6 +427,10 @@ class CaptureRecord(_Record):
     block_hashes: str = ""
     session: str | None = None  # keyed digest of the session key, under the same salt
     turn: int | None = None  # 0-based, when the request says (chat messages)
+    # its tenant as a keyed digest under the same salt (`CaptureKey.tenant`; `default`
+    # as it is) and its class; None from a router older than the fields
+    tenant: str | None = None
+    priority: str | None = None
     instance: str = ""
     arm: str = ""  # the canary arm that served it ("default" without a canary)
     # the number of the config version it was routed under (with ``arm``: its policy);

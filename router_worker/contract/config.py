@@ -394,6 +394,12 @@ class RouterConfig(_Strict):
         unknown = sorted({k.tenant for k in self.client_auth.keys} - known)
         if unknown:
             raise ValueError(f"client_auth.keys.tenant names unknown tenants {unknown}")
+        if self.flow.enabled and self.flow.max_queued >= self.router.max_concurrency:
+            raise ValueError(
+                f"flow.max_queued ({self.flow.max_queued}) must be below "
+                f"router.max_concurrency ({self.router.max_concurrency}): a waiting request "
+                "holds its concurrency slot"
+            )
         return self
 
     @model_validator(mode="after")

@@ -119,7 +119,13 @@ class FlowParams(BaseModel):
         le=100_000,
         description="Saturated at this many requests waiting per engine queue (scraped).",
     )
-    max_queued: int = Field(default=1024, ge=0, le=100_000, description="Requests waiting.")
+    max_queued: int = Field(
+        default=512,
+        ge=0,
+        le=100_000,
+        description="Requests waiting; below router.max_concurrency, since a waiting "
+        "request holds its concurrency slot (the rest serve the requests in flight).",
+    )
     max_queued_bytes: int = Field(
         default=256 * 1024**2, ge=0, le=64 * 1024**3, description="Body bytes waiting."
     )

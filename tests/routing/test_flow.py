@@ -214,3 +214,17 @@ def test_every_request_is_admitted_released_refused_or_still_waiting():
     assert len(fate) == 2000 and flow.queued == len(waiting) == sum(flow.waiting().values())
     assert set(fate.values()) >= {"admit", "released", "refused"}
     assert all(fate[r] == "queue" for r in waiting)
+
+
+def test_the_router_queue_must_leave_concurrency_slots_for_requests_in_flight():
+    from router_worker.contract.config import ConfigError, parse_config
+
+    document = {
+        "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
+        "policy": {"kind": "least_load"},
+        "flow": {"max_queued": 1024},
+    }
+    with pytest.raises(ConfigError, match=r"flow.max_queued \(1024\) must be below"):
+        parse_config(document)
+    assert parse_config({**document, "router": {"max_concurrency": 2048}}).flow.max_queued == 1024
+    assert parse_config({**document, "flow": {"enabled": False, "max_queued": 1024}})

@@ -206,6 +206,14 @@ class ClientKeyAdmin(ServiceOwnedAdmin):
     exclude = ("key_hash",)
 
 
+@admin.register(models.Tenant)
+class TenantAdmin(ServiceOwnedAdmin):
+    """Created, changed and removed by the tenants service (audited, published to routers)."""
+
+    list_display = ("name", "cluster", "priority", "weight", "requests_per_minute", "created_at")
+    list_filter = ("cluster", "priority")
+
+
 class AuditedUserAdmin(UserAdmin):
     """Django's user admin, with an audit row for each change of a user's access."""
 

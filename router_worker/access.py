@@ -16,6 +16,7 @@ import hashlib
 from enum import IntEnum
 
 from router_worker.errors import APIError
+from router_worker.routing.features import DEFAULT_TENANT
 from router_worker.runtime import Runtime
 
 DEBUG_RIGHT = "debug"
@@ -43,16 +44,30 @@ def bearer_token(authorization: str | None) -> str | None:
     return token if scheme.lower() == "bearer" and token else None
 
 
+def client_key(runtime: Runtime, authorization: str | None) -> str | None:
+    """The sha256 of the valid key presented, or None when none valid was presented.
+    Raises APIError 401 when the cluster requires a key and none valid was presented."""
+    token = bearer_token(authorization) if runtime.client_keys else None
+    digest = None
+    if token is not None:
+        digest = hashlib.sha256(token.encode()).hexdigest()
+        if digest not in runtime.client_keys:
+            digest = None
+    if digest is None and runtime.config.client_auth.required:
+        raise APIError(401, WRONG_KEY if bearer_token(authorization) else NO_KEY)
+    return digest
+
+
 def client_rights(runtime: Runtime, authorization: str | None) -> frozenset[str] | None:
     """The rights of the key presented, or None when no valid key was presented.
     Raises APIError 401 when the cluster requires a key and none valid was presented."""
-    token = bearer_token(authorization) if runtime.client_keys else None
-    rights = None
-    if token is not None:
-        rights = runtime.client_keys.get(hashlib.sha256(token.encode()).hexdigest())
-    if rights is None and runtime.config.client_auth.required:
-        raise APIError(401, WRONG_KEY if bearer_token(authorization) else NO_KEY)
-    return rights
+    digest = client_key(runtime, authorization)
+    return None if digest is None else runtime.client_keys[digest]
+
+
+def tenant_of(runtime: Runtime, digest: str | None) -> str:
+    """The tenant of the key (by its sha256); the default tenant without one."""
+    return DEFAULT_TENANT if digest is None else runtime.key_tenants[digest]
 
 
 def detail_for(runtime: Runtime, rights: frozenset[str] | None, wants_debug: bool) -> Detail:

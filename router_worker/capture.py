@@ -142,6 +142,8 @@ class CaptureBuffer:
             ),
             session=key.session(features.session_key),
             turn=features.turn_index,
+            tenant=key.tenant(features.tenant),
+            priority=features.priority,
             instance=item.instance,
             arm=item.arm,
             config_version=item.capture.config_version,

@@ -36,6 +36,7 @@ from router_worker import tracing
 from router_worker.contract.config import RouterConfig, RouterSettings
 from router_worker.decisions import DecisionSampler
 from router_worker.errors import APIError
+from router_worker.flow_gate import FlowGate, RequestClass
 from router_worker.health import HEALTH_OF, HealthBook
 from router_worker.hit_audit import HitAudit
 from router_worker.intake import Intake
@@ -44,6 +45,7 @@ from router_worker.observers import (
     Breaker,
     DecisionLog,
     FailureLog,
+    FlowAccounting,
     Hotspots,
     LoadPeaks,
     Migrations,
@@ -103,6 +105,7 @@ class RouterCore:
         self.migrations = Migrations(metrics)
         self.chains = ResponseChains(RouterSettings().response_chains)
         self.hit_audit = HitAudit(metrics)
+        self.flow = FlowGate(metrics, lambda: self.state, telemetry.event)
         self.observers = LifecycleObservers()
         self.peers = None  # replica sync, set by the service
         telemetry.snapshot_source = self.snapshot_source
@@ -128,6 +131,7 @@ class RouterCore:
             self.state.add_instance(name, health=HEALTH_OF[self.health.effective(name)])
             self.scrape.setdefault(name, ScrapeInfo())
         self.runtime = build_runtime(config, self.state, tokenizer, self.runtime)
+        self.flow.configure(config)
         self.telemetry.cluster = config.cluster
         self.metrics.config_version.set(config.version)
         return self.runtime
@@ -182,17 +186,26 @@ class RouterCore:
             self.decision_log,
             self.migrations,
             self.hit_audit,
+            FlowAccounting(self.flow, self.metrics),
             *spans,
         )
 
     def plan(
-        self, runtime: Runtime, intake: Intake, headers: dict[str, str], started: float
+        self,
+        runtime: Runtime,
+        intake: Intake,
+        headers: dict[str, str],
+        started: float,
+        request_class: RequestClass | None = None,
+        flow_tokens: int = 0,
     ) -> Plan:
         """Route a request taken in by :mod:`router_worker.intake` (tokens and hashes
-        are already computed there, possibly in another process)."""
-        models = self.allowed_models()
-        if models is not None and intake.model not in models:
-            raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
+        are already computed there, possibly in another process) and let through by flow
+        control as ``request_class`` (``flow_tokens``: its prompt tokens if flow control
+        released it from a queue)."""
+        if request_class is None:
+            request_class = RequestClass()
+        self.check_model(intake)
         t2 = time.perf_counter()
         parent, root = self._chain(intake)
         sources = runtime.config.session_sources
@@ -207,6 +220,10 @@ class RouterCore:
             session_key=session,
             turn_index=_turn_index(intake, parent),
             arrival_time=now,
+            tenant=request_class.tenant,
+            priority=request_class.priority,
+            slo_ttft_s=request_class.slo_ttft_s,
+            slo_tpot_s=request_class.slo_tpot_s,
         )
         arm = _chain_arm(runtime, parent) or runtime.arm_for(session)
         assert self.state is not None
@@ -221,6 +238,7 @@ class RouterCore:
             tokenization=intake.tokenization,
             stream=intake.stream,
             started=started,
+            flow_tokens=flow_tokens,
         )
         try:
             plan.route(_chain_view(self.state, arm, parent), now)
@@ -263,6 +281,12 @@ class RouterCore:
             )
 
         return learn
+
+    def check_model(self, intake: Intake) -> None:
+        """APIError 404 when the request names a model the cluster does not serve."""
+        models = self.allowed_models()
+        if models is not None and intake.model not in models:
+            raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
 
     # ----- what the request path reports before a request has a plan ------------------
     def refused(self, status: int) -> None:
@@ -341,6 +365,7 @@ class RouterCore:
             "arms": [arm.name for arm in runtime.arms],
             "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in hotspots.values()],
+            "tenants": self.flow.lanes(),
         }
 
 

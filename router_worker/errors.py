@@ -17,6 +17,7 @@ from engine_interface.openai_errors import (
 
 __all__ = [
     "APIError",
+    "BackOff",
     "ErrorShape",
     "error_bytes",
     "error_dict",
@@ -39,6 +40,14 @@ async def send_json(
     await send({"type": "http.response.body", "body": data})
 
 
+class BackOff(APIError):
+    """A refusal that tells the client when to try again (429, 503: ``Retry-After``)."""
+
+    def __init__(self, status: int, message: str, retry_after_s: int) -> None:
+        super().__init__(status, message)
+        self.retry_after_s = retry_after_s
+
+
 async def send_error(send: Send, error: APIError, shape: ErrorShape = "openai") -> None:
     """An ASGI answer of ``error`` in the endpoint's error shape (OpenAI's, or Anthropic's
     on ``/v1/messages``)."""
@@ -46,5 +55,7 @@ async def send_error(send: Send, error: APIError, shape: ErrorShape = "openai") 
     headers = [JSON_TYPE, (b"content-length", str(len(data)).encode())]
     if error.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="switchyard"'))
+    if isinstance(error, BackOff):
+        headers.append((b"retry-after", str(error.retry_after_s).encode()))
     await send({"type": "http.response.start", "status": error.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

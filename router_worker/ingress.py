@@ -21,11 +21,13 @@ import time
 from typing import Any
 
 from router_worker import tracing
-from router_worker.access import Detail, client_rights, detail_for
+from router_worker.access import Detail, client_key, client_rights, detail_for, tenant_of
 from router_worker.connections import ARRIVED, DISCONNECT, ClientGone, DisconnectWatch, Receive
 from router_worker.core import RouterCore
 from router_worker.dispatch import Dispatcher
 from router_worker.errors import APIError, ErrorShape, Send, send_error, send_json
+from router_worker.flow_gate import HEADERS as FLOW_HEADERS
+from router_worker.flow_gate import RequestClass
 from router_worker.intake import Endpoint, Intake, IntakeRunner
 from router_worker.limits import Limiter
 from router_worker.plan import Plan
@@ -58,6 +60,7 @@ USED_HEADERS = frozenset(
         *HARNESS_HEADERS,
         DEBUG_HEADER,
         *FORWARDED_HEADERS,
+        *FLOW_HEADERS,
     )
 )
 
@@ -136,10 +139,12 @@ class Ingress:
             if runtime is None:
                 raise APIError(503, "The router has no configuration yet.")
             # Before the body is read: an unauthenticated client costs no more than this.
-            rights = client_rights(runtime, headers.get("authorization"))
+            key = client_key(runtime, headers.get("authorization"))
+            rights = None if key is None else runtime.client_keys[key]
             if rights is not None:  # the router's own key is not passed on to the engines
                 del headers["authorization"]
             detail = detail_for(runtime, rights, DEBUG_HEADER in headers)
+            request_class = self.core.flow.classify(tenant_of(runtime, key), headers)
             check_declared(headers.get("content-length"), runtime.config.router.max_body_bytes)
             await self.limiter.acquire()
         except APIError as error:
@@ -147,7 +152,9 @@ class Ingress:
             await send_error(send, error, shape)
             return
         try:
-            await self._admitted(scope, receive, send, endpoint, runtime, headers, started, detail)
+            await self._admitted(
+                scope, receive, send, endpoint, runtime, headers, started, detail, request_class
+            )
         finally:
             self.limiter.release()
 
@@ -161,9 +168,11 @@ class Ingress:
         headers: dict[str, str],
         started: float,
         detail: Detail,
+        request_class: RequestClass,
     ) -> None:
-        """Body, intake, then routing; from the body's end a disconnect watcher cancels us
-        at once (a body waiting for an intake worker is dropped unread)."""
+        """Body, intake, flow control, then routing; from the body's end a disconnect
+        watcher cancels us at once (a body waiting for an intake worker, or a request
+        waiting at flow control, is dropped unread)."""
         task = asyncio.current_task()
         assert task is not None
         extensions = scope.get("extensions", {})
@@ -180,7 +189,14 @@ class Ingress:
             watch.start()
             intake = await self._take_in(raw, endpoint, runtime)
             clock.intake = time.perf_counter()
-            plan = core.plan(runtime, intake, headers, started)
+            core.check_model(intake)
+            released = await core.flow.admit(request_class, intake.prompt_tokens, len(raw))
+            flow_tokens = intake.prompt_tokens if released else 0
+            try:
+                plan = core.plan(runtime, intake, headers, started, request_class, flow_tokens)
+            except BaseException:
+                core.flow.landed(flow_tokens)
+                raise
             plan.clock = clock
             clock.decided = time.perf_counter()
             up = _upstream_headers(headers)

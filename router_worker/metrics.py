@@ -239,6 +239,42 @@ class RouterMetrics:
             registry=r,
         )
         # the label keeps its first name, tier: it is part of the exposition
+        # Flow control (router_worker/flow_gate.py), per tenant and class.
+        self.flow_requests = Counter(
+            "switchyard_router_flow_requests_total",
+            "Requests at flow control by tenant, class and outcome: admitted (at once), "
+            "queued, released (after waiting), cancelled (the client left while waiting), "
+            "or the refusal's reason (shed, evicted, queue_timeout, queue_full: 503; "
+            "quota, tenant_queue_full: 429).",
+            ["tenant", "class", "outcome"],
+            registry=r,
+        )
+        self.flow_queued = Gauge(
+            "switchyard_router_flow_queued",
+            "Requests waiting at flow control by tenant and class.",
+            ["tenant", "class"],
+            registry=r,
+        )
+        self.flow_saturated = Gauge(
+            "switchyard_router_flow_saturated",
+            "1 while the saturation detector finds the fleet saturated.",
+            registry=r,
+        )
+        self.tenant_ttft = LoopHistogram(
+            "switchyard_router_tenant_ttft_seconds",
+            "TTFT measured at the router (time waiting at flow control included), by "
+            "tenant and class.",
+            ["tenant", "class"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.tenant_tpot = LoopHistogram(
+            "switchyard_router_tenant_tpot_seconds",
+            "TPOT measured at the router by tenant and class.",
+            ["tenant", "class"],
+            buckets=TPOT_BUCKETS,
+            registry=r,
+        )
         self.tokenizations = Counter(
             "switchyard_router_tokenization", "Requests by tokenization mode.", ["tier"], registry=r
         )

@@ -41,6 +41,7 @@ from router_worker.decisions import (
     is_priority,
     scalar_details,
 )
+from router_worker.flow_gate import FlowGate
 from router_worker.health import HealthBook
 from router_worker.metrics import RouterMetrics
 from router_worker.plan import Outcome, Plan
@@ -521,3 +522,42 @@ class Spans(LifecycleObserver[Plan]):
         }
         self.tracer.finish(plan.span, plan.clock, attributes, error=outcome.status >= 500)
         plan.span = None
+
+
+class FlowAccounting(LifecycleObserver[Plan]):
+    """Flow control's view of a request (:mod:`router_worker.flow_gate`): its released
+    tokens land in the indicators at dispatch; a first token or an end may make room for
+    waiting requests; the end charges its tenant the output tokens; TTFT and TPOT per
+    tenant and class (the TTFT counts the time it waited)."""
+
+    __slots__ = ("gate", "metrics")
+
+    def __init__(self, gate: FlowGate, metrics: RouterMetrics) -> None:
+        self.gate = gate
+        self.metrics = metrics
+
+    def dispatched(self, plan: Plan, attempt: Attempt) -> None:
+        if plan.flow_tokens:
+            self.gate.landed(plan.flow_tokens)
+            plan.flow_tokens = 0
+
+    def first_token(self, plan: Plan, attempt: Attempt) -> None:
+        self.gate.poke()
+
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
+        if plan.flow_tokens:
+            self.gate.landed(plan.flow_tokens)
+            plan.flow_tokens = 0
+        features = plan.features
+        m = self.metrics
+        if outcome.ttft is not None:
+            m.child(m.tenant_ttft, features.tenant, features.priority).observe(outcome.ttft)
+        if outcome.tpot is not None:
+            m.child(m.tenant_tpot, features.tenant, features.priority).observe(outcome.tpot)
+        self.gate.served(features.tenant, outcome.output_tokens)
+        self.gate.ended(
+            features.tenant,
+            features.prompt_tokens + outcome.output_tokens,
+            outcome.ttft,
+            outcome.tpot,
+        )

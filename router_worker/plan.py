@@ -78,6 +78,9 @@ class Plan(RequestLifecycle):
     capture_due: bool | None = None  # None: not admitted; else whether it is a priority
     clock: StageClock | None = None  # the per-stage stamps (router_worker.stages)
     span: Any = None  # its OpenTelemetry span when tracing is on (router_worker.tracing)
+    # Prompt tokens flow control released and the indicators do not hold yet (0 once the
+    # request is dispatched: router_worker.flow_gate).
+    flow_tokens: int = 0
     # Migration: the attempt's task while it can be taken back, and where it goes then.
     mover: asyncio.Future[Any] | None = field(default=None, repr=False)
     migrate_to: str | None = None

@@ -64,6 +64,7 @@ class Runtime:
     random_arms: bool = False
     # sha256 of each valid client key -> its rights (see router_worker/access.py)
     client_keys: dict[str, frozenset[str]] = field(default_factory=dict)
+    key_tenants: dict[str, str] = field(default_factory=dict)  # sha256 -> tenant
     rng: random.Random = field(default_factory=random.Random)
     salt: bytes = field(default_factory=lambda: arm_salt(""))  # the canary's (arms.py)
     upstream_cache: dict[tuple[str, str], Any] = field(default_factory=dict)
@@ -121,7 +122,16 @@ def build_runtime(
     client_keys: dict[str, frozenset[str]] = {
         key.sha256: frozenset(key.rights) for key in config.client_auth.keys
     }
+    key_tenants = {key.sha256: key.tenant for key in config.client_auth.keys}
     salt = arm_salt(config.canary.salt if config.canary is not None else "")
     return Runtime(
-        config, tuple(arms), tuple(cumulative), urls, tokenizer, random_arms, client_keys, salt=salt
+        config,
+        tuple(arms),
+        tuple(cumulative),
+        urls,
+        tokenizer,
+        random_arms,
+        client_keys,
+        key_tenants,
+        salt=salt,
     )

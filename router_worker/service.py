@@ -24,6 +24,7 @@ from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
 from router_worker.monitor import Monitor
 from router_worker.peers import PeerKeys, PeerSync
+from router_worker.quota import SharedQuota
 from router_worker.telemetry import Telemetry
 from router_worker.upstream import AcyclicClient, FastTransport
 
@@ -62,6 +63,7 @@ class Service:
             on_dropped=lambda n: self.metrics.telemetry_dropped.inc(n),
         )
         self.core = RouterCore(self.options.name, self.telemetry, self.metrics)
+        self.core.flow.quota = SharedQuota(self.options.redis_url)
         self.limiter = Limiter(1024, 1024, 10.0)
         self.connections = ConnectionGuard(self.metrics)
         self.transport = FastTransport(self.options.max_idle_per_origin)
@@ -171,6 +173,7 @@ class Service:
         await self.peers.close()
         await self.client.aclose()
         await self.telemetry.close()
+        await self.core.flow.quota.close()
 
 
 def make_client(transport: FastTransport) -> httpx.AsyncClient:

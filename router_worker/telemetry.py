@@ -326,6 +326,7 @@ class Telemetry:
             window=window,
             arms=arms,
             hotspots=source.get("hotspots", []),
+            tenants=source.get("tenants", {}),
         )
 
     def cut_metrics_record(self, now: float) -> None:

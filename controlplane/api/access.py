@@ -65,6 +65,7 @@ class ClientKeyOut(Schema):
     created_by: str
     revoked_at: datetime | None
     revoked_by: str
+    tenant: str | None = Field(description="Its tenant's name; null: the default tenant.")
 
 
 class ClientKeyCreatedOut(Schema):
@@ -124,6 +125,7 @@ def key_out(key: ClientKey) -> dict:
             )
         },
         "debug": key.can_debug,
+        "tenant": key.tenant.name if key.tenant else None,
     }
 
 

@@ -17,6 +17,7 @@ from . import (
     prometheus,
     replays,
     router_deployments,
+    tenants,
 )
 from .auth import role
 from .errors import install_error_handlers
@@ -46,5 +47,6 @@ for module in (
     captures,
     access,
     prometheus,
+    tenants,
 ):
     api.add_router("", module.routes)

@@ -9,6 +9,7 @@ from .metrics import ArmMetricRollup, InstanceMetricRollup
 from .replay import ReplayCell, ReplayJob
 from .rollout import CanaryJudgement, CanarySplit
 from .routing import ConfigVersion, RouterDeployment
+from .tenant import Tenant
 
 __all__ = [
     "ApiToken",
@@ -29,5 +30,6 @@ __all__ = [
     "ReplayJob",
     "RouterDeployment",
     "RouterEvent",
+    "Tenant",
     "TrafficCapture",
 ]

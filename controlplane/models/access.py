@@ -15,6 +15,14 @@ class ClientKey(models.Model):
     can_debug = models.BooleanField(
         default=False, help_text="The router honours x-switchyard-debug for this key."
     )
+    tenant = models.ForeignKey(
+        "Tenant",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="client_keys",
+        help_text="Empty: the cluster's default tenant.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150)
     revoked_at = models.DateTimeField(null=True, blank=True)

@@ -78,6 +78,9 @@ class CapturedRequest(models.Model):
     hash_ids = ArrayField(models.BigIntegerField(), default=list)
     session = models.CharField(max_length=32, null=True, blank=True)
     turn = models.PositiveIntegerField(null=True, blank=True)
+    # its tenant as the capture's keyed digest (`default` as it is) and its class
+    tenant = models.CharField(max_length=32, null=True, blank=True)
+    priority = models.CharField(max_length=16, null=True, blank=True)
     instance = models.CharField(max_length=64, blank=True, default="")
     arm = models.CharField(max_length=64, blank=True, default="")
     # the router config version it was routed under: with ``arm``, the policy that served

@@ -39,6 +39,7 @@ from router_worker.contract.telemetry import (
     InstanceSnapshot,
     Merge,
     StateSnapshot,
+    TenantLane,
     WindowStats,
     merge_rule,
 )
@@ -129,6 +130,7 @@ def merge_cluster(
         "instances": instances,
         "tier": tier_totals(instances),
         "hotspots": merge_hotspots(routers),
+        "tenants": merge_tenants(routers),
     }
 
 
@@ -213,6 +215,37 @@ def merge_arms(snapshots: list[StateSnapshot]) -> dict[str, dict[str, Any]]:
         for arm, stats in snapshot.arms.items():
             by_arm.setdefault(arm, []).append(stats)
     return {arm: merge_windows(stats) for arm, stats in sorted(by_arm.items())}
+
+
+def _newest(lanes: list[Any], field: str) -> Any:
+    return getattr(lanes[-1], field)  # the reports come oldest config first
+
+
+# What each rule a field of TenantLane declares does with the lanes and the field.
+TENANT_RULES: dict[Merge, Callable[[list[Any], str], Any]] = {
+    Merge.NEWEST_CONFIG: _newest,
+    Merge.TOTAL: _sum_field,
+    Merge.WEIGHTED_MEAN: _weighted_mean,  # weighted by requests
+}
+TENANT_MERGE = rules_of(TenantLane, TENANT_RULES)
+
+
+def merge_tenants(snapshots: list[StateSnapshot]) -> dict[str, dict[str, Any]]:
+    """Each tenant's lane over the routers, with its share of the tokens served."""
+    by_tenant: dict[str, list[TenantLane]] = {}
+    for snapshot in sorted(snapshots, key=lambda s: s.config_version or 0):
+        for tenant, lane in snapshot.tenants.items():
+            by_tenant.setdefault(tenant, []).append(lane)
+    merged = {
+        tenant: {field: rule(lanes, field) for field, rule in TENANT_MERGE.items()}
+        for tenant, lanes in sorted(by_tenant.items())
+    }
+    served = sum(row["served_tokens"] for row in merged.values())
+    weights = sum(row["weight"] for row in merged.values())
+    for row in merged.values():
+        row["share"] = row["served_tokens"] / served if served else None
+        row["weight_share"] = row["weight"] / weights if weights else None
+    return merged
 
 
 def merge_hotspots(snapshots: list[StateSnapshot]) -> list[dict[str, Any]]:

@@ -13,6 +13,7 @@ def client_keys(cluster_id: int) -> QuerySet[ClientKey]:
     """Active keys first, then revoked ones; newest first within each."""
     return (
         cluster(cluster_id)
-        .client_keys.order_by("-revoked_at", "-created_at", "-id")
+        .client_keys.select_related("tenant")
+        .order_by("-revoked_at", "-created_at", "-id")
         .defer("key_hash")
     )

@@ -25,7 +25,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -264,6 +264,8 @@ class StorableRequest(CaptureRecord):
     block_hashes: str = Field(default="", max_length=MAX_CAPTURE_ENTRY_BYTES)
     session: str | None = Field(default=None, max_length=32)
     turn: int | None = Field(default=None, ge=0, le=INT_COLUMN)
+    tenant: str | None = Field(default=None, max_length=32, pattern=r"^[A-Za-z0-9]+$")
+    priority: Literal["critical", "standard", "sheddable"] | None = None
     instance: str = Field(default="", max_length=64)
     arm: str = Field(default="", max_length=64)
     config_version: int | None = Field(default=None, ge=0, le=INT_COLUMN)
@@ -478,6 +480,8 @@ def _line(
         "hash_ids": row.hash_ids,
         "block_size": row.block_size,
         "session": row.session,
+        **({"tenant": row.tenant} if row.tenant else {}),
+        **({"priority": row.priority} if row.priority else {}),
         "router": row.router,
         "instance": row.instance,
         "arm": row.arm,

@@ -7,14 +7,17 @@ from typing import Any
 
 from django.utils.crypto import salted_hmac
 
-from controlplane.models import CanarySplit, Cluster, ConfigVersion
+from controlplane.models import CanarySplit, Cluster, ConfigVersion, Tenant
 from controlplane.models.cluster import all_session_sources
 from controlplane.selectors.captures import capture_document
 from router_worker.contract.config import ConfigError, parse_config
+from router_worker.routing.flow import TenantSettings
 
 from . import notify
 from .audit import Actor
 from .errors import ServiceError
+
+TENANT_FIELDS = tuple(name for name in TenantSettings.model_fields if name != "name")
 
 
 def active_canary(cluster: Cluster) -> CanarySplit | None:
@@ -90,12 +93,23 @@ def canary_document(canary: CanarySplit) -> dict[str, Any]:
     }
 
 
+def settings_of(tenant: Tenant) -> dict[str, Any]:
+    """A tenant as the router configuration carries it (a `tenants` entry)."""
+    return {"name": tenant.name, **{name: getattr(tenant, name) for name in TENANT_FIELDS}}
+
+
 def client_auth_document(cluster: Cluster) -> dict[str, Any] | None:
     """The `client_auth` section of the cluster's router config (None when there is nothing
     to say: no keys and none required, which is the router's default)."""
     keys = [
-        {"sha256": key.key_hash, "rights": ["debug"] if key.can_debug else []}
-        for key in cluster.client_keys.filter(revoked_at=None).order_by("pk")
+        {
+            "sha256": key.key_hash,
+            "rights": ["debug"] if key.can_debug else [],
+            **({"tenant": key.tenant.name} if key.tenant else {}),
+        }
+        for key in cluster.client_keys.filter(revoked_at=None)
+        .select_related("tenant")
+        .order_by("pk")
     ]
     if not keys and not cluster.client_keys_required:
         return None
@@ -133,6 +147,9 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     client_auth = client_auth_document(cluster)
     if client_auth is not None:  # only hashes of the client keys travel
         document["client_auth"] = client_auth
+    tenants = [settings_of(tenant) for tenant in cluster.tenants.order_by("name")]
+    if tenants:
+        document["tenants"] = tenants
     return document
 
 

@@ -51,7 +51,8 @@ from router_worker.contract.telemetry import (
     router_metrics_stream,
 )
 
-from . import rollups
+from . import audit, rollups
+from .audit import Actor
 from .entries import LATEST_UNIX, PoisonEntry, entry_bytes, raw_data, text
 from .fields import INT_COLUMN, max_length
 
@@ -256,7 +257,32 @@ def store_event(event: EventRecord, clusters: dict[str, Cluster]) -> bool:
             "payload": event.payload,
         },
     )
+    if created and event.kind == "flow_refusals":
+        audit_refusals(event, cluster)
     return created
+
+
+def audit_refusals(event: EventRecord, cluster: Cluster) -> None:
+    """A router's summary of flow control's refusals (a minute's, per tenant and reason)
+    as one audit row: sheds and quota refusals are seen in the audit without a row per
+    request."""
+    tenants = event.payload.get("tenants")
+    if not isinstance(tenants, dict):
+        raise PoisonEntry("flow_refusals without a tenants object")
+    totals = {
+        str(tenant): sum(n for n in reasons.values() if isinstance(n, int))
+        for tenant, reasons in tenants.items()
+        if isinstance(reasons, dict)
+    }
+    summary = ", ".join(f"{tenant}: {count}" for tenant, count in sorted(totals.items()))
+    audit.record(
+        Actor.system(f"router:{event.router}"),
+        "flow.refusals",
+        cluster,
+        after=event.payload,
+        reason=f"refused over {event.payload.get('interval_s', '?')} s: {summary}"[:1000],
+        cluster=cluster,
+    )
 
 
 def store_metrics(record: MetricsRecord, clusters: dict[str, Cluster]) -> bool:

@@ -12,6 +12,7 @@ from . import (
     events,
     policies,
     replays,
+    tenants,
 )
 from .login import ThrottledAuthenticationForm
 
@@ -86,6 +87,23 @@ urlpatterns = [
         "clusters/<int:cluster_id>/keys/required/",
         credentials.client_auth_set,
         name="client_auth_set",
+    ),
+    path("clusters/<int:cluster_id>/tenants/", tenants.tenants_page, name="tenants"),
+    path("clusters/<int:cluster_id>/tenants/create/", tenants.tenant_create, name="tenant_create"),
+    path(
+        "clusters/<int:cluster_id>/tenants/<int:tenant_id>/update/",
+        tenants.tenant_update,
+        name="tenant_update",
+    ),
+    path(
+        "clusters/<int:cluster_id>/tenants/<int:tenant_id>/delete/",
+        tenants.tenant_delete,
+        name="tenant_delete",
+    ),
+    path(
+        "clusters/<int:cluster_id>/keys/<int:key_id>/tenant/",
+        tenants.key_tenant,
+        name="key_tenant",
     ),
     path("tokens/", credentials.tokens_page, name="tokens"),
     path("tokens/create/", credentials.token_create, name="token_create"),

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from pydantic import TypeAdapter, ValidationError
 from rich.progress import Progress, TaskID
 
 from engine_interface import percentile
@@ -36,8 +37,9 @@ from enginesim.engine import GPUS, MODELS, EngineConfig, fleet
 from enginesim.progress import progress_display
 from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
-from enginesim.replay.traces import FORMATS, TraceRecord, load_trace
+from enginesim.replay.traces import FORMATS, TraceRecord, load_trace, scale_tenant
 from router_worker.routing import REGISTRY
+from router_worker.routing.flow import FlowParams, TenantSettings
 
 # (summary key, title, width, format spec)
 COLUMNS = (
@@ -116,6 +118,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="INSTANCE@SECONDS",
             help=f"{action} an instance at a virtual time (repeatable)",
         )
+    add(
+        "--flow",
+        default=None,
+        metavar="JSON",
+        help="run the router's flow control with these settings (router config `flow`; "
+        "'{}': its defaults); without it every request is routed on arrival",
+    )
+    add(
+        "--tenants",
+        default="[]",
+        metavar="JSON",
+        help="the tenants (router config `tenants`) the trace's `tenant` fields name",
+    )
+    add(
+        "--tenant-scale",
+        action="append",
+        default=[],
+        metavar="TENANT=FACTOR",
+        help="that tenant's requests FACTOR times as many (what if it doubles: =2)",
+    )
     fleet.add_arguments(parser, seed_default="--seed")
     add("--out", required=True, type=Path)
     add("--no-plots", action="store_true")
@@ -152,7 +174,42 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         seed=args.seed,
         policy_params=json.loads(args.policy_params),
         variation=fleet.variation_from_args(args, args.instances, args.gpu, args.seed),
+        **flow_from_args(args),
     )
+
+
+def flow_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """``--flow`` and ``--tenants`` as SimConfig's ``flow`` and ``tenants``; a bad value
+    stops the command naming the flag and the field."""
+    if args.flow is None:
+        if args.tenants != "[]":
+            raise SystemExit("--tenants needs --flow (the tenants are flow control's)")
+        return {}
+    try:
+        flow = FlowParams.model_validate(json.loads(args.flow))
+        tenants = TypeAdapter(list[TenantSettings]).validate_python(json.loads(args.tenants))
+    except json.JSONDecodeError as error:
+        raise SystemExit(f"--flow/--tenants: not JSON: {error}") from None
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
+        )
+        raise SystemExit(f"--flow/--tenants: {problems}") from None
+    return {"flow": flow, "tenants": tuple(tenants)}
+
+
+def tenant_scales(specs: Sequence[str]) -> list[tuple[str, float]]:
+    scales = []
+    for spec in specs:
+        tenant, _, factor = spec.partition("=")
+        try:
+            value = float(factor)
+        except ValueError:
+            value = -1.0
+        if not tenant or not value >= 0 or value == float("inf"):
+            raise SystemExit(f"--tenant-scale wants TENANT=FACTOR (FACTOR >= 0), not {spec!r}")
+        scales.append((tenant, value))
+    return scales
 
 
 def policies_from_args(names: Sequence[str]) -> list[str]:
@@ -294,6 +351,8 @@ def main(args: argparse.Namespace) -> int:
         end_s=args.end,
         max_requests=args.max_requests,
     )
+    for tenant, factor in tenant_scales(args.tenant_scale):
+        records = scale_tenant(records, tenant, factor, config.seed)
     print(
         f"# {Path(args.trace).name}: {len(records)} requests, {config.instances}× "
         f"{config.gpu} {config.model}, rate scale {args.rate_scale}, seed {config.seed}"
@@ -305,6 +364,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"# fleet variation: {config.variation.describe(config.gpu)}")
     for result in run_policies(records, policies, config, args.jobs, progress):
         summary = metrics.summarize(result)
+        if config.flow is not None:
+            summary["tenants"] = metrics.by_tenant(result.requests)
         if result.fleet is not None:
             summary["fleet"] = result.fleet
         print(format_row(summary), flush=True)

@@ -281,3 +281,21 @@ def lower_bound_summary(
         "ttft_p99_s": _stat(bounds, 99),
         "hit_ratio": float(hits.sum() / prompt) if prompt else None,
     }, bounds
+
+
+def by_tenant(requests: Sequence[RequestResult]) -> dict[str, dict[str, Any]]:
+    """Per tenant (flow control): how its requests ended, its p90 TTFT (time queued
+    included) and the mean time its served requests waited."""
+    out: dict[str, dict[str, Any]] = {}
+    for tenant in sorted({r.tenant for r in requests}):
+        own = [r for r in requests if r.tenant == tenant]
+        done = [r for r in own if r.status == "ok"]
+        out[tenant] = {
+            "requests": len(own),
+            "served": len(done),
+            "throttled": sum(r.status == "throttled" for r in own),
+            "shed": sum(r.status == "shed" for r in own),
+            "ttft_p90_s": percentile(ttfts(done), 90),
+            "queued_mean_s": float(np.mean([r.queued_s for r in done])) if done else None,
+        }
+    return out

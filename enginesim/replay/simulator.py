@@ -51,6 +51,7 @@ fleet's variation by its own seed.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -76,6 +77,17 @@ from router_worker.routing import (
     choose_migrations,
     make_policy,
 )
+from router_worker.routing.features import DEFAULT_TENANT
+from router_worker.routing.flow import (
+    PRIORITIES,
+    TENANT_NAME,
+    FleetLoad,
+    FlowController,
+    FlowParams,
+    FlowRequest,
+    Refusal,
+    TenantSettings,
+)
 from router_worker.routing.lifecycle import (
     NO_OBSERVERS,
     Attempt,
@@ -87,6 +99,7 @@ from router_worker.routing.peer_accounting import (
     apply_peer_end,
     apply_peer_first_token,
 )
+from router_worker.routing.quota import QuotaLedger
 from router_worker.routing.saturation import fleet_saturation
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
@@ -144,6 +157,10 @@ class SimConfig:
     # Instances unlike each other and unlike the nominal engine (``gpu`` at speed 1, whose
     # cost coefficients the policies get); the default varies nothing.
     variation: FleetVariation = field(default_factory=FleetVariation)
+    # The router's flow control (router_worker.routing.flow), each router its own as live;
+    # None: every request is routed on arrival (no quotas either).
+    flow: FlowParams | None = None
+    tenants: tuple[TenantSettings, ...] = ()
 
     def __post_init__(self) -> None:
         self.variation.check(self.instances)
@@ -200,10 +217,14 @@ class RequestResult:
     output_tokens: int = 0
     first_token_s: float | None = None
     finish_s: float | None = None
-    status: str = "pending"  # ok | rejected | failed
+    status: str = "pending"  # ok | rejected | failed | throttled (429) | shed (503)
     attempts: int = 0  # the lifecycle's attempt_count: first try, retries, migrations
     tier_tokens: int | None = None  # of cached_tokens, loaded from the global tier (if any)
     predicted_ttft_s: float | None = None  # what the first decision predicted (if it did)
+    tenant: str = DEFAULT_TENANT
+    priority: str = "standard"
+    queued_s: float = 0.0  # time waiting at flow control (part of its TTFT)
+    refusal: str | None = None  # flow control's reason when throttled or shed
 
     def to_json(self) -> dict[str, Any]:
         keys = (
@@ -223,6 +244,10 @@ class RequestResult:
             out["tier_tokens"] = self.tier_tokens
         if self.predicted_ttft_s is not None:
             out["predicted_ttft_s"] = self.predicted_ttft_s
+        if self.tenant != DEFAULT_TENANT or self.priority != "standard" or self.refusal:
+            out.update(tenant=self.tenant, priority=self.priority, queued_s=self.queued_s)
+            if self.refusal is not None:
+                out["refusal"] = self.refusal
         return out
 
 
@@ -295,6 +320,9 @@ class _Router:
     peer_reports: PeerReports | None = None  # set with replica sync
     # what this router attaches to its requests' lifecycles
     observers: LifecycleObservers = NO_OBSERVERS
+    flow: FlowController | None = None  # with SimConfig.flow
+    quota: QuotaLedger = field(default_factory=QuotaLedger)
+    waiting: dict[str, tuple[FlowRequest, _Flight, np.ndarray]] = field(default_factory=dict)
 
 
 @dataclass
@@ -305,6 +333,19 @@ class _Instance:
     busy_before: float = 0.0  # busy time of engines this instance lost to failures
     tier_before: TierTraffic = field(default_factory=TierTraffic)  # ... and their tier reads
     kv_buffer: list[Any] = field(default_factory=list)
+
+
+def check_flow_fields(records: list[TraceRecord]) -> None:
+    """Refuse a trace whose tenant or priority the router would refuse, naming the
+    request (ValueError)."""
+    for record in records:
+        if record.tenant is not None and not TENANT_NAME.match(record.tenant):
+            raise ValueError(f"request {record.index}: tenant {record.tenant!r} is not a name")
+        if record.priority is not None and record.priority not in PRIORITIES:
+            raise ValueError(
+                f"request {record.index}: priority must be one of {', '.join(PRIORITIES)}, "
+                f"not {record.priority!r}"
+            )
 
 
 class Simulator:
@@ -347,6 +388,10 @@ class Simulator:
             for k, router in enumerate(self.routers):
                 router.peer_reports = PeerReports(_PeerDelivery(self, k), relays_at_once=False)
                 router.observers = LifecycleObservers(router.peer_reports)
+        if config.flow is not None:
+            check_flow_fields(records)
+            for router in self.routers:
+                router.flow = FlowController(config.flow, config.tenants)
         self.balancer = random.Random(config.seed)
         self.instances = [_Instance(self._new_engine(k)) for k in range(config.instances)]
         self.flights: dict[str, _Flight] = {}
@@ -428,7 +473,8 @@ class Simulator:
             self.next_arrival += 1
 
     def _work_left(self) -> bool:
-        return bool(self.flights) or self.next_arrival < len(self.records)
+        waiting = any(router.waiting for router in self.routers)
+        return bool(self.flights) or waiting or self.next_arrival < len(self.records)
 
     # ----------------------------------------------------------------- arrivals
 
@@ -440,16 +486,26 @@ class Simulator:
         )
         self.results.append(result)
         tokens = synthesize_tokens(record)
-        features = build_features(
-            request_id,
-            tokens,
-            record.arrival_s,
-            block_size=self.config.router_block_size,
-            session_key=record.session_id,
-            turn_index=record.turn,
-        )
         index = self._balance(record)
         router = self.routers[index]
+        tenant = record.tenant or DEFAULT_TENANT
+        if router.flow is not None:
+            result.tenant, result.priority = (
+                tenant,
+                router.flow.priority_of(tenant, record.priority),
+            )
+        features = dataclasses.replace(
+            build_features(
+                request_id,
+                tokens,
+                record.arrival_s,
+                block_size=self.config.router_block_size,
+                session_key=record.session_id,
+                turn_index=record.turn,
+            ),
+            tenant=result.tenant,
+            priority=result.priority,
+        )
         life = RequestLifecycle(
             features,
             router.policy,
@@ -457,9 +513,64 @@ class Simulator:
             max_attempts=self.config.max_attempts,
             observers=router.observers,
         )
-        self._dispatch(_Flight(record, life, result, router=index), tokens)
+        flight = _Flight(record, life, result, router=index)
+        if router.flow is None or self._admitted(router, flight, tokens):
+            self._dispatch(flight, tokens)
         if self.progress is not None:
             self.progress(len(self.results), len(self.records), self.now)
+
+    # ----------------------------------------------------------------- flow control
+
+    def _admitted(self, router: _Router, flight: _Flight, tokens: np.ndarray) -> bool:
+        """Flow control for an arrival, as the live router's gate: True to route it now;
+        else it waits (released by :meth:`_pump`) or was refused."""
+        assert router.flow is not None
+        result = flight.result
+        settings = router.flow.settings(result.tenant)
+        refusal = router.quota.take(settings, result.prompt_tokens, self.now)
+        if refusal is not None:
+            self._refuse(result, refusal)
+            return False
+        request = FlowRequest(
+            result.id,
+            result.tenant,
+            result.priority,
+            result.prompt_tokens,
+            0,
+            self.now,
+        )
+        verdict, evicted = router.flow.offer(request, FleetLoad.of(router.state), self.now)
+        self._refuse_waiting(router, evicted)
+        if isinstance(verdict, Refusal):
+            self._refuse(result, verdict)
+            return False
+        if verdict == "admit":
+            return True
+        router.waiting[result.id] = (request, flight, tokens)
+        self._pump(router)
+        return False
+
+    def _pump(self, router: _Router) -> None:
+        """Release what the fleet has room for (after a first token, an end, a scrape)."""
+        if router.flow is None or not router.waiting:
+            return
+        load = FleetLoad.of(router.state)
+        self._refuse_waiting(router, router.flow.expire(self.now, load))
+        for request in router.flow.release(load, self.now):
+            _, flight, tokens = router.waiting.pop(request.request_id)
+            flight.result.queued_s = self.now - flight.result.arrival_s
+            self._dispatch(flight, tokens)
+
+    def _refuse_waiting(self, router: _Router, refused: list[tuple[FlowRequest, Refusal]]) -> None:
+        for request, refusal in refused:
+            _, flight, _ = router.waiting.pop(request.request_id)
+            flight.result.queued_s = self.now - flight.result.arrival_s
+            self._refuse(flight.result, refusal)
+
+    def _refuse(self, result: RequestResult, refusal: Refusal) -> None:
+        result.status = "throttled" if refusal.status == 429 else "shed"
+        result.refusal = refusal.reason
+        result.finish_s = self.now
 
     def _balance(self, record: TraceRecord) -> int:
         """The router the load balancer hands this arrival to."""
@@ -659,10 +770,17 @@ class Simulator:
         assert flight.result.first_token_s is not None  # set before this was scheduled
         ttft = flight.result.first_token_s - flight.life.features.arrival_time
         flight.life.first_token(now, ttft, attempt)
+        self._pump(self.routers[flight.router])
 
     def _apply_finish(self, now: float, flight: _Flight, attempt: Attempt) -> None:
         result = flight.result
         flight.life.finish(now, result.output_tokens, ok=result.status == "ok", attempt=attempt)
+        router = self.routers[flight.router]
+        if router.flow is not None:
+            router.flow.served(result.tenant, result.output_tokens)
+            settings = router.flow.settings(result.tenant)
+            router.quota.add_tokens(settings, result.output_tokens, now)
+            self._pump(router)
 
     def _apply_peer_dispatch(
         self, now: float, router: int, features: Any, instance_id: str, cached_tokens: int
@@ -730,6 +848,8 @@ class Simulator:
         self.samples.append(self.true_pending.copy())
         signal = fleet_saturation(self.state.view())
         self.saturation.append((signal.pending_prefill_s, signal.kv_pressure))
+        for router in self.routers:
+            self._pump(router)
         if self._work_left():
             self._push(self._next_scrape(), SCRAPE, None)
 

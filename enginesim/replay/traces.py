@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -63,6 +64,8 @@ class TraceRecord:
     session_id: str | None = None
     turn: int | None = None
     kind: str | None = None
+    tenant: str | None = None  # who sent it (flow control); None: the default tenant
+    priority: str | None = None  # a class the request asked for (lower than its tenant's)
 
     @property
     def block_ids(self) -> tuple[int, ...]:
@@ -106,6 +109,16 @@ def _json_lines(path: str | Path) -> Iterator[tuple[int, dict]]:
                     raise TraceFormatError(f"{path}:{number}: {exc}") from None
 
 
+def flow_fields(row: dict, where: str) -> dict[str, Any]:
+    """A row's optional ``tenant`` and ``priority`` (for the router's flow control, which
+    checks their values: enginesim.replay.simulator), each a string if present."""
+    fields = {"tenant": row.get("tenant"), "priority": row.get("priority")}
+    for name, value in fields.items():
+        if value is not None and not isinstance(value, str):
+            raise TraceFormatError(f"{where}: {name} must be a string, not {value!r}")
+    return fields
+
+
 def read_mooncake(path: str | Path) -> list[TraceRecord]:
     records: list[TraceRecord] = []
     for number, row in _json_lines(path):
@@ -118,6 +131,7 @@ def read_mooncake(path: str | Path) -> list[TraceRecord]:
                     output_tokens=int(row["output_length"]),
                     hash_ids=tuple(row["hash_ids"]),
                     hash_block_size=MOONCAKE_BLOCK,
+                    **flow_fields(row, f"{path}:{number}"),
                 )
             )
         except KeyError as exc:
@@ -134,7 +148,7 @@ def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
     parent = {row["chat_id"]: row.get("parent_chat_id", -1) for row in rows}
     roots: dict[int, int] = {}
     records: list[TraceRecord] = []
-    for row in rows:
+    for number, row in enumerate(rows, 1):
         turn = row.get("turn")
         records.append(
             TraceRecord(
@@ -148,6 +162,7 @@ def read_bailian_rows(rows: list[dict]) -> list[TraceRecord]:
                 session_id=f"chat-{_session_root(row['chat_id'], parent, roots)}",
                 turn=None if turn is None else int(turn) - 1,
                 kind=row.get("type"),
+                **flow_fields(row, f"row {number}"),
             )
         )
     return records
@@ -340,3 +355,27 @@ def synthesize_tokens(record: TraceRecord) -> np.ndarray:
         pad = block_token_ids(np.arange(base, base + extra, dtype=np.uint64), record.block_size)
         tokens = np.concatenate([tokens, pad.reshape(-1)])
     return tokens[: record.input_tokens]
+
+
+def scale_tenant(
+    records: Sequence[TraceRecord], tenant: str, factor: float, seed: int = 0
+) -> list[TraceRecord]:
+    """``tenant``'s requests ``factor`` times as many (what if this tenant doubles): each
+    is kept ``floor(factor)`` times, once more with probability ``factor``'s fraction, the
+    copies arriving within a second after it (seeded); the other tenants' requests are
+    left as they are. Re-indexed in arrival order."""
+    if not factor >= 0:
+        raise ValueError(f"a tenant's scale must be >= 0, not {factor}")
+    rng = np.random.default_rng(seed)
+    whole, fraction = int(factor), factor - int(factor)
+    out: list[TraceRecord] = []
+    for record in records:
+        if record.tenant != tenant:
+            out.append(record)
+            continue
+        copies = whole + int(rng.random() < fraction)
+        for copy in range(copies):
+            shift = 0.0 if copy == 0 else float(rng.random())
+            out.append(replace(record, arrival_s=record.arrival_s + shift))
+    out.sort(key=lambda r: (r.arrival_s, r.index))
+    return [replace(r, index=k) for k, r in enumerate(out)]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from hashlib import blake2b
 
+from router_worker.routing.features import DEFAULT_TENANT
+
 DIGEST_CACHE = 200_000  # block hash -> digest, per capture: shared prefixes repeat
 _ID_MASK = (1 << 63) - 1  # trace ids are signed 64-bit in every reader
 
@@ -37,3 +39,10 @@ class CaptureKey:
 
     def session(self, key: str | None) -> str | None:
         return None if key is None else self._digest(key.encode()).hex()
+
+    def tenant(self, name: str) -> str:
+        """A tenant's name as the capture records it: a keyed digest (16 hex digits, a
+        valid tenant name for replays), except the default tenant's, which names no one."""
+        if name == DEFAULT_TENANT:
+            return name
+        return self._digest(b"tenant\x00" + name.encode()).hex()

@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
+from router_worker.routing.flow import DEFAULT_TENANT, FlowParams, TenantSettings
 from router_worker.routing.sessions import SESSION_SOURCES, SessionSource
 
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -312,6 +313,11 @@ class ClientKeySpec(_Strict):
         default_factory=list,
         description="debug: the x-switchyard-debug header is honoured (scores, cached tokens).",
     )
+    tenant: str = Field(
+        default=DEFAULT_TENANT,
+        max_length=64,
+        description="The tenant the key belongs to (one of `tenants`, or `default`).",
+    )
 
 
 class ClientAuthSpec(_Strict):
@@ -364,6 +370,14 @@ class RouterConfig(_Strict):
         "session-id), response_chain (a Responses previous_response_id chain), user (the "
         "body's user; a Messages request's metadata.user_id). A source left out is not read.",
     )
+    tenants: list[TenantSettings] = Field(
+        default_factory=list,
+        max_length=10_000,
+        description="Tenants and their flow-control settings; keys without a tenant and "
+        "requests without a key belong to `default` (standard class, weight 1, no limits "
+        "unless listed here).",
+    )
+    flow: FlowParams = Field(default_factory=FlowParams)
 
     @model_validator(mode="before")
     @classmethod
@@ -386,6 +400,24 @@ class RouterConfig(_Strict):
         """The capture records each request's config version: it is this document's."""
         if self.capture is not None:
             self.capture._config_version = self.version
+        return self
+
+    @model_validator(mode="after")
+    def _tenants_resolve(self) -> RouterConfig:
+        names = [tenant.name for tenant in self.tenants]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"tenants.name must be unique; repeated: {duplicates}")
+        known = {*names, DEFAULT_TENANT}
+        unknown = sorted({k.tenant for k in self.client_auth.keys} - known)
+        if unknown:
+            raise ValueError(f"client_auth.keys.tenant names unknown tenants {unknown}")
+        if self.flow.enabled and self.flow.max_queued >= self.router.max_concurrency:
+            raise ValueError(
+                f"flow.max_queued ({self.flow.max_queued}) must be below "
+                f"router.max_concurrency ({self.router.max_concurrency}): a waiting request "
+                "holds its concurrency slot"
+            )
         return self
 
     @model_validator(mode="after")

@@ -88,7 +88,11 @@ EventKind = Literal[
     "router_restarted",  # written by the Celery supervisor: {exit_code, restarts}
     "events_dropped",  # {count}: buffered events lost during a Redis outage
     "kv_events_malformed",  # {instance, count, reasons: {reason: n}, example}: skipped
+    # flow control's refusals since the last one, at most one a FLOW_SUMMARY_S:
+    # {interval_s, tenants: {tenant: {reason: n}}} (reasons: routing.flow.Refusal.reason)
+    "flow_refusals",
 ]
+FLOW_SUMMARY_S = 60.0
 
 
 def state_key(cluster: str, router: str) -> str:
@@ -274,6 +278,23 @@ class WindowStats(_Record):
     load_cv: Annotated[float | None, Merge.WORST] = None
 
 
+class TenantLane(_Record):
+    """One tenant at one router's flow control, counted since the router started (the
+    live view's lanes): what it was admitted and refused, what waits now, the tokens it
+    was served (its share, against its weight), and its recent TTFT (time queued
+    included) and TPOT."""
+
+    priority: Annotated[str, Merge.NEWEST_CONFIG]
+    weight: Annotated[float, Merge.NEWEST_CONFIG]
+    requests: Annotated[int, Merge.TOTAL]  # ended
+    admitted: Annotated[int, Merge.TOTAL]  # at once or after waiting
+    queued: Annotated[int, Merge.TOTAL]  # waiting now
+    refused: Annotated[int, Merge.TOTAL]  # 429s and 503s
+    served_tokens: Annotated[float, Merge.TOTAL]  # prompt + output tokens of ended requests
+    ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None  # its last requests'
+    tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+
+
 class StateSnapshot(_Record):
     ts: float
     cluster: str
@@ -284,6 +305,7 @@ class StateSnapshot(_Record):
     window: WindowStats
     arms: dict[str, WindowStats] = Field(default_factory=dict)
     hotspots: list[HotspotPayload] = Field(default_factory=list)  # currently confirmed
+    tenants: dict[str, TenantLane] = Field(default_factory=dict)  # flow control's lanes
 
 
 class ArmMetrics(_Record):
@@ -408,6 +430,10 @@ class CaptureRecord(_Record):
     block_hashes: str = ""
     session: str | None = None  # keyed digest of the session key, under the same salt
     turn: int | None = None  # 0-based, when the request says (chat messages)
+    # its tenant as a keyed digest under the same salt (`CaptureKey.tenant`; `default`
+    # as it is) and its class; None from a router older than the fields
+    tenant: str | None = None
+    priority: str | None = None
     instance: str = ""
     arm: str = ""  # the canary arm that served it ("default" without a canary)
     # the number of the config version it was routed under (with ``arm``: its policy);

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 DEFAULT_BLOCK_SIZE = 16
+DEFAULT_TENANT = "default"  # requests without a client key, keys without a tenant
 ROOT_HASH = 0x243F6A8885A308D3  # parent of every prompt's first block (digits of pi)
 
 _MASK64 = (1 << 64) - 1
@@ -189,6 +190,11 @@ class RequestFeatures:
     session_key: str | None
     turn_index: int | None
     arrival_time: float
+    # Who sent it and what it asked for (the router's flow control; SLO-aware policies).
+    tenant: str = DEFAULT_TENANT
+    priority: str = "standard"  # critical | standard | sheddable (routing.flow.PRIORITIES)
+    slo_ttft_s: float | None = None  # the request's own TTFT SLO (x-slo-ttft-ms)
+    slo_tpot_s: float | None = None  # the request's own TPOT SLO (x-slo-tpot-ms)
 
 
 def build_features(

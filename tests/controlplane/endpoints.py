@@ -68,6 +68,7 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-keys", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-auth", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/session-sources", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/tenants", "viewer"),
 ]
 
 WRITES = [
@@ -209,6 +210,38 @@ WRITES = [
         "admin",
         body=REASON,
         audit_action="client_key.revoke",
+        updates=True,
+    ),
+    Endpoint(
+        "POST",
+        "/api/v1/clusters/{alpha}/tenants",
+        "operator",
+        201,
+        audit_action="tenant.create",
+        body={"name": "team-b", "priority": "critical", "weight": 2, **REASON},
+    ),
+    Endpoint(
+        "PATCH",
+        "/api/v1/clusters/{alpha}/tenants/{tenant}",
+        "operator",
+        body={"requests_per_minute": 600, **REASON},
+        audit_action="tenant.update",
+        updates=True,
+    ),
+    Endpoint(
+        "DELETE",
+        "/api/v1/clusters/{alpha}/tenants/{tenant}?reason=ticket%20OPS-42",
+        "operator",
+        204,
+        audit_action="tenant.delete",
+        updates=True,
+    ),
+    Endpoint(
+        "PUT",
+        "/api/v1/clusters/{alpha}/client-keys/{client_key}/tenant",
+        "operator",
+        body={"tenant_id": "{tenant}", **REASON},
+        audit_action="client_key.tenant",
         updates=True,
     ),
     Endpoint(

@@ -21,6 +21,7 @@ from controlplane.models import (
     HotspotEvent,
     InstanceMetricRollup,
     ReplayJob,
+    Tenant,
 )
 from controlplane.services import (
     canaries,
@@ -117,6 +118,7 @@ def build_world() -> World:
         key_hash="0" * 64,
         created_by="system:tests",
     )
+    tenant = Tenant.objects.create(cluster=alpha, name="world-tenant", created_by="system:tests")
     _, api_token = tokens.create_api_token(SYSTEM, make_user("viewer", "token-owner"), "world")
     hotspot = HotspotEventFactory.create(cluster=alpha)
     minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
@@ -141,6 +143,7 @@ def build_world() -> World:
             "capture": capture.pk,
             "hotspot": hotspot.pk,
             "client_key": client_key.pk,
+            "tenant": tenant.pk,
             "api_token": api_token.pk,
         }
     )

@@ -270,3 +270,33 @@ def test_the_export_and_the_live_latencies_are_in_the_engines_time(routed, strea
     assert capture_reads.live_latencies(capture.pk, 1)["measured"] == 1  # type: ignore[index]
     with pytest.raises(ServiceError, match="engine_time_scale"):
         captures.start_capture(OPERATOR, routed.pk, name="x", engine_time_scale="fast")
+
+
+def test_a_capture_records_each_requests_tenant_as_a_keyed_digest_and_its_class(
+    routed, streams, tmp_path, settings
+):
+    from router_worker.contract.capture import CaptureKey
+
+    settings.SWITCHYARD_VAR_DIR = str(tmp_path)
+    capture = captures.start_capture(OPERATOR, routed.pk, name="tenants")
+    key = CaptureKey(capture.salt)
+    team, other = key.tenant("team-a"), CaptureKey("another-salt-0123456789").tenant("team-a")
+    assert team != other and "team" not in team and len(team) == 16
+    assert key.tenant("default") == "default"
+    t0 = time.time()
+    rows = [
+        wire(t0, tenant=team, priority="critical"),
+        wire(t0 + 1, tenant="default", priority="sheddable"),
+        wire(t0 + 2),  # a router older than the fields
+    ]
+    send(streams, capture, rows)
+    hostile = wire(t0 + 3, tenant="../x", priority="vip")
+    send(streams, capture, [hostile])
+    ingest.ingest_captures(streams)
+    assert CapturedRequest.objects.filter(capture=capture).count() == 3  # the hostile one: no
+    records = read_trace(captures.export_for_replay(routed.pk, capture.pk))
+    assert [(r.tenant, r.priority) for r in records] == [
+        (team, "critical"),
+        ("default", "sheddable"),
+        (None, None),
+    ]

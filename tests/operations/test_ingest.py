@@ -132,3 +132,27 @@ def test_metrics_fold_into_minute_rollups_once(redis_client, cluster, cluster_ro
     assert (row.requests, row.errors, row.output_tokens, row.hotspot_fallbacks) == (6, 2, 60, 4)
     assert sorted(row.ttft_samples) == [0.1, 0.1, 0.2, 0.2, 0.3, 0.3]
     assert row.ttft_p50_s == pytest.approx(0.2)
+
+
+def test_flow_refusals_are_summarised_in_the_audit_once_per_event(redis_client, cluster):
+    from controlplane.models import AuditEvent
+
+    summary = EventRecord.new(
+        "ops-test",
+        "r0",
+        "flow_refusals",
+        time.time(),
+        interval_s=60.0,
+        tenants={"batch": {"shed": 120, "quota": 3}, "team-a": {"queue_timeout": 2}},
+    )
+    bad = EventRecord.new("ops-test", "r0", "flow_refusals", time.time(), tenants=["x"])
+    for event in (summary, summary, bad):  # redelivered once, and one malformed
+        redis_client.xadd(EVENTS_STREAM, event.to_stream_fields())
+    result = ingest.ingest_events(redis_client)
+    assert (result.stored, result.duplicates) == (1, 1)
+    rows = AuditEvent.objects.filter(action="flow.refusals")
+    assert rows.count() == 1
+    row = rows.get()
+    assert row.actor_name == "system:router:r0" and row.cluster_id == cluster.pk
+    assert "batch: 123" in row.reason and "team-a: 2" in row.reason
+    assert row.after is not None and row.after["tenants"]["batch"]["shed"] == 120

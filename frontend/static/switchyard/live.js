@@ -135,6 +135,24 @@ function renderFallback(instances) {
     to load balancing.</div>` : "";
 }
 
+// ---------------------------------------------------------------- tenants (flow control)
+function renderTenants(tenants) {
+  const rows = Object.entries(tenants ?? {});
+  $("#tenant-lanes tbody").innerHTML = rows.length
+    ? rows.map(([name, t]) => `
+    <tr data-tenant="${esc(name)}">
+      <td>${esc(name)}</td><td><span class="badge${t.priority === "critical" ? " ok" : t.priority === "sheddable" ? " warn" : ""}">${esc(t.priority)}</span></td>
+      <td class="num" data-field="admitted">${fmt.int(t.admitted)}</td>
+      <td class="num" data-field="queued">${fmt.int(t.queued)}</td>
+      <td class="num" data-field="refused">${fmt.int(t.refused)}</td>
+      <td class="num" data-field="share">${fmt.pct(t.share)}</td>
+      <td class="num" data-field="weight_share">${fmt.pct(t.weight_share)}</td>
+      <td class="num" data-field="ttft_p50_s">${fmt.ms(t.ttft_p50_s)}</td>
+      <td class="num" data-field="tpot_p50_s">${fmt.ms(t.tpot_p50_s)}</td>
+    </tr>`).join("")
+    : '<tr><td colspan="9" class="muted">No request yet.</td></tr>';
+}
+
 function renderHeat(instances) {
   const peak = Math.max(1, ...instances.map((i) => i.pending_prefill_tokens_max));
   $("#heat").innerHTML = instances.map((i) => {
@@ -387,6 +405,7 @@ function applySnapshot(snapshot) {
   renderRouters(snapshot.routers);
   renderTier(snapshot.tier);
   renderInstances(snapshot.instances);
+  renderTenants(snapshot.tenants);
   for (const h of snapshot.hotspots ?? []) confirmHotspot(h, snapshot.ts);
   renderBanner();
   if (snapshot.ts) {

@@ -421,6 +421,33 @@ class PredictionErrors:
         return fleet + (value - fleet) * math.exp(-max(now - at, 0.0) / _FORGET_S)
 
 
+def slo_candidates(
+    request: RequestFeatures, ttft: np.ndarray, step: np.ndarray, allowed: np.ndarray
+) -> np.ndarray:
+    """The allowed instances predicted to meet the request's own SLOs (``x-slo-ttft-ms``,
+    ``x-slo-tpot-ms``), if any does; else every allowed one (the minimum then misses the
+    SLO by the least). Without an SLO: ``allowed``."""
+    if request.slo_ttft_s is None and request.slo_tpot_s is None:
+        return allowed
+    meets = allowed.copy()
+    if request.slo_ttft_s is not None:
+        meets &= ttft <= request.slo_ttft_s
+    if request.slo_tpot_s is not None:
+        meets &= step <= request.slo_tpot_s
+    return meets if meets.any() else allowed
+
+
+def slo_details(request: RequestFeatures, ttft: float, step: float) -> dict[str, Any]:
+    """What the decision says of the request's own SLOs: each one, and whether the chosen
+    instance is predicted to meet them."""
+    if request.slo_ttft_s is None and request.slo_tpot_s is None:
+        return {}
+    met = (request.slo_ttft_s is None or ttft <= request.slo_ttft_s) and (
+        request.slo_tpot_s is None or step <= request.slo_tpot_s
+    )
+    return {"slo_ttft_s": request.slo_ttft_s, "slo_tpot_s": request.slo_tpot_s, "slo_met": met}
+
+
 class PredictedTTFTPolicy(RoutingPolicy):
     kind = "predicted_ttft"
     description = (
@@ -446,6 +473,7 @@ class PredictedTTFTPolicy(RoutingPolicy):
         score = ttft + self.decode_excess(step, allowed, expected)
         p_tokens = view.p_tokens(request, tier_token_cost=self.params.tier_token_cost)
         batch = view.batch_size
+        allowed = slo_candidates(request, ttft, step, allowed)
         slot = self.pick_min((score, p_tokens, batch), allowed)
         verdict = self.guard.check(request, view, allowed, slot, now)
         if verdict.outside is not None:  # the class is hot: the best instance outside M
@@ -466,6 +494,7 @@ class PredictedTTFTPolicy(RoutingPolicy):
             events=verdict.events,
             predicted_ttft_s=float(ttft[slot]),
             predicted_tpot_s=float(step[slot]),
+            **slo_details(request, float(ttft[slot]), float(step[slot])),
             **verdict.details(),
         )
 

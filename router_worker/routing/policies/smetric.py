@@ -45,7 +45,8 @@ leaves open whether the SLO is a fixed TTFT, one that grows with the prompt, or 
 output token. A fixed TTFT cannot hold for long prompts; the length term makes the SLO a
 bound on the *queueing* a sticky follow-up may suffer on top of its own prefill,
 ``slo_ttft_s``. Per-output-token SLOs concern TPOT, which the router does not steer with
-this decision.
+this decision. A request that states its own TTFT SLO (the ``x-slo-ttft-ms`` header, as
+llm-d names it) is held to that one instead.
 
 Why the parameters are what they are:
 
@@ -339,6 +340,9 @@ class SMetricPolicy(DecodeGuardedPolicy):
 
     def slo_for(self, request: RequestFeatures, cached_tokens: float = 0.0) -> float:
         """The request's TTFT SLO in seconds on an instance holding ``cached_tokens`` of
-        its prompt (see the module docstring)."""
+        its prompt (see the module docstring); the request's own SLO when it states one
+        (``x-slo-ttft-ms``)."""
+        if request.slo_ttft_s is not None:
+            return request.slo_ttft_s
         uncached = max(request.prompt_tokens - cached_tokens, 0.0)
         return self.params.slo_ttft_s + self.params.slo_ttft_per_1k_prompt_s * uncached / 1000.0

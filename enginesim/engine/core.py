@@ -376,6 +376,7 @@ class EngineCore:
         held = self.held.values()
         return replace(
             self._transfer,
+            in_flight=len(self.pulling) + len(self.transferring),
             held_requests=len(self.held),
             held_blocks=sum(r.num_blocks for r in held),
         )

@@ -80,6 +80,7 @@ class TransferStats:
     bytes: int = 0  # bytes read
     seconds: float = 0.0  # sum of the reads' durations, queueing on the link included
     failed: int = 0  # reads given up (no room before the timeout)
+    in_flight: int = 0  # decode side: reads waiting for room or under way
     held_requests: int = 0  # prefill side: finished requests whose blocks wait for a read
     held_blocks: int = 0
     expired: int = 0  # prefill side: holds freed by the timeout, never read

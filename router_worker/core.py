@@ -54,6 +54,7 @@ from router_worker.routing import (
     RequestFeatures,
     session_key_from_request,
 )
+from router_worker.routing.disagg import decide_split
 from router_worker.routing.peer_accounting import PeerReports
 from router_worker.runtime import Runtime, build_runtime
 from router_worker.telemetry import Telemetry
@@ -202,11 +203,33 @@ class RouterCore:
             started=started,
         )
         try:
-            plan.route(arm.view, now)
+            self._route(plan, runtime, now)
         except NoEligibleInstanceError as error:
             raise APIError(503, f"No healthy instance available: {error}") from None
         plan.timings = (intake.tokenize_s, intake.hash_s, time.perf_counter() - t2)
         return plan
+
+    @staticmethod
+    def _route(plan: Plan, runtime: Runtime, now: float) -> None:
+        """The first attempt: on a disaggregated cluster the decider splits the request
+        (prefill pool first) or keeps it colocated (decode pool)."""
+        stages = plan.arm.stages
+        if stages is None:
+            plan.route(plan.arm.view, now)
+            return
+        split = decide_split(
+            runtime.config.disaggregation.decider,
+            plan.features,
+            stages.prefill_view,
+            stages.decode_view,
+        )
+        plan.split = split
+        plan.stage = "prefill" if split.split else "whole"
+        if not split.split and not stages.decode_view.eligible.any():
+            plan.stage = "fallback"  # no decode pool left: colocated wherever it can run
+        if split.split:
+            plan.max_attempts += 1  # the decode attempt is not a retry
+        plan.route(plan.stage_view, now)
 
     # ----- what the request path reports before a request has a plan ------------------
     def refused(self, status: int) -> None:

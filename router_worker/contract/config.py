@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
+from router_worker.routing.disagg import DeciderParams, Role
 
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 WEIGHT_TOTAL = 100
@@ -50,6 +51,11 @@ class InstanceSpec(_Strict):
     kv_replay: str | None = Field(
         default=None,
         description="ZMQ endpoint of the engine's KV events replay socket (gap recovery).",
+    )
+    role: Role = Field(
+        default="both",
+        description="Prefill/decode disaggregation: prefill, decode, or both (serves either "
+        "half, and whole requests).",
     )
 
     @field_validator("name")
@@ -81,6 +87,18 @@ class PolicySpec(_Strict):
             raise ValueError(f"unknown policy kind {self.kind!r}; known: {sorted(REGISTRY)}")
         policy_class.Params.model_validate(self.params)
         return self
+
+
+class DisaggregationSpec(_Strict):
+    """How a cluster with prefill and decode instances routes (router_worker.routing.disagg):
+    the decode stage's policy (the prefill stage and colocated requests take the arm's
+    policy) and the decider."""
+
+    decode_policy: PolicySpec = Field(
+        default_factory=lambda: PolicySpec(kind="decode_room"),
+        description="The decode stage's policy.",
+    )
+    decider: DeciderParams = Field(default_factory=DeciderParams)
 
 
 class ArmSpec(_Strict):
@@ -346,6 +364,22 @@ class RouterConfig(_Strict):
     router: RouterSettings = Field(default_factory=RouterSettings)
     client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
     capture: CaptureSpec | None = None
+    disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+
+    @property
+    def disaggregated(self) -> bool:
+        """Some instance is a prefill or a decode instance."""
+        return any(instance.role != "both" for instance in self.instances)
+
+    @model_validator(mode="after")
+    def _pools_exist(self) -> RouterConfig:
+        if self.disaggregated:
+            roles = {i.role for i in self.instances}
+            if not roles & {"prefill", "both"}:
+                raise ValueError("instances.role: a disaggregated cluster needs a prefill pool")
+            if not roles & {"decode", "both"}:
+                raise ValueError("instances.role: a disaggregated cluster needs a decode pool")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -18,7 +18,7 @@ from .helpers import add_pending, cluster, features, tokens, warm
 KINDS = sorted(REGISTRY)
 
 
-def test_registry_lists_the_nine_policies_with_descriptions():
+def test_registry_lists_the_ten_policies_with_descriptions():
     assert set(KINDS) == {
         "round_robin",
         "least_load",
@@ -29,6 +29,7 @@ def test_registry_lists_the_nine_policies_with_descriptions():
         "lmetric",
         "smetric",
         "predicted_ttft",
+        "decode_room",
     }
     assert all(DESCRIPTIONS[kind] for kind in KINDS)
 

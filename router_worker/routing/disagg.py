@@ -1,0 +1,145 @@
+"""Prefill/decode disaggregation at the router: instance roles, the stages' eligibility,
+and the decider that chooses, per request, whether to split it.
+
+A disaggregated cluster has instances of role ``prefill``, ``decode`` and ``both``. A
+split request is two attempts of one plan: a prefill attempt on the prefill pool
+(``prefill`` and ``both`` instances), then a decode attempt on the decode pool (``decode``
+and ``both``) that reads the prefill's KV. A colocated request is one attempt on the
+decode pool, which computes the prompt itself (as llm-d does when it skips the prefill).
+
+The decider (pure: features, the two pools' views, parameters; no clock, no I/O):
+
+* ``always`` / ``never``: every request split / none.
+* ``prefix_threshold``: llm-d's rule, split when the prompt's part not cached on the
+  decode pool (its best hit) exceeds a fixed token threshold.
+* ``cost`` (the default): split when what colocation costs the decode pool exceeds what
+  the split costs the request. Colocated, the request's uncached prompt is computed on the
+  decode instance it would go to, and every request decoding there stalls for it:
+  ``BS_d × uncached_d / prefill_tps_d`` request-seconds. Split, the request waits for the
+  prefill pool's queue beyond the decode instance's (``P-token_p / tps_p − P-token_d /
+  tps_d``, where the pool's best instance is taken) and for the KV read
+  (``latency + (prompt − 1) × kv_bytes_per_token / link_bandwidth``). Both sides come from
+  the live view (pending prefill, batch sizes, learned prefill throughput, KV hits) and the
+  cost model's per-token KV bytes and link, so the threshold moves with load: short
+  uncached prompts, an idle decode pool or a congested prefill pool keep requests
+  colocated. A request also stays colocated when no decode instance has KV room for it
+  (the decode pool is the bottleneck: a read would wait for room).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from router_worker.routing.features import RequestFeatures
+from router_worker.routing.indicators import ClusterView
+
+ROLES = ("prefill", "decode", "both")
+Role = Literal["prefill", "decode", "both"]
+DeciderKind = Literal["always", "never", "prefix_threshold", "cost"]
+
+# Qwen2-7B's KV bytes per token (28 layers × 4 KV heads × 128 × 2 × bf16) and a 400 Gb/s
+# RDMA link: the reference fleet's, used until the control plane derives them.
+REFERENCE_KV_BYTES_PER_TOKEN = 57_344
+REFERENCE_LINK_BANDWIDTH = 50e9
+REFERENCE_LINK_LATENCY = 20e-6
+
+
+def in_prefill_pool(role: str) -> bool:
+    return role in ("prefill", "both")
+
+
+def in_decode_pool(role: str) -> bool:
+    return role in ("decode", "both")
+
+
+class DeciderParams(BaseModel):
+    """How the router chooses between colocated and split, per request."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: DeciderKind = Field(
+        "cost",
+        description="always, never, prefix_threshold (llm-d's fixed threshold) or cost "
+        "(the live cost of colocation against the split's)",
+    )
+    threshold_tokens: int = Field(
+        256,
+        ge=0,
+        description="prefix_threshold: split when more prompt tokens than this are "
+        "uncached on the decode pool",
+    )
+    kv_bytes_per_token: int = Field(
+        REFERENCE_KV_BYTES_PER_TOKEN, ge=1, description="cost: the model's KV bytes per token"
+    )
+    link_bandwidth: float = Field(
+        REFERENCE_LINK_BANDWIDTH, gt=0, description="cost: prefill→decode link, bytes/s"
+    )
+    link_latency: float = Field(
+        REFERENCE_LINK_LATENCY, ge=0, description="cost: per-read latency of the link, s"
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SplitDecision:
+    split: bool
+    reason: str  # always | never | threshold | short | cost | no_room | no_pool
+    uncached: int  # prompt tokens not cached on the decode pool's best instance
+    colocation_cost: float = 0.0  # request-seconds the decode pool's batch would stall
+    split_cost: float = 0.0  # seconds the split adds to the request
+
+
+def _best(mask: np.ndarray, values: np.ndarray) -> float:
+    return float(values[mask].min()) if mask.any() else float("inf")
+
+
+def decide_split(
+    params: DeciderParams,
+    request: RequestFeatures,
+    prefill: ClusterView,
+    decode: ClusterView,
+) -> SplitDecision:
+    """Whether ``request`` is split, over the prefill and decode pools' views."""
+    prefill_ok, decode_ok = prefill.eligible, decode.eligible
+    cached = decode.cached_tokens(request)
+    uncached = int(request.prompt_tokens - (cached[decode_ok].max() if decode_ok.any() else 0))
+    if not prefill_ok.any() or not decode_ok.any():
+        return SplitDecision(False, "no_pool", uncached)
+    if params.kind == "always":
+        return SplitDecision(True, "always", uncached)
+    if params.kind == "never":
+        return SplitDecision(False, "never", uncached)
+    if params.kind == "prefix_threshold":
+        return SplitDecision(uncached > params.threshold_tokens, "threshold", uncached)
+    return _by_cost(params, request, prefill, decode, uncached)
+
+
+def _by_cost(
+    params: DeciderParams,
+    request: RequestFeatures,
+    prefill: ClusterView,
+    decode: ClusterView,
+    uncached: int,
+) -> SplitDecision:
+    decode_ok = decode.eligible
+    need = -(-request.prompt_tokens // decode.block_size)
+    free = decode.capacity_blocks * (1.0 - decode.kv_usage_or_zero)
+    if not (decode_ok & (free >= need)).any():
+        return SplitDecision(False, "no_room", uncached)
+    # The decode instance a colocated request would stall: the smallest batch's.
+    batch = np.asarray(decode.batch_size, dtype=float)
+    slot = int(np.flatnonzero(decode_ok)[np.argmin(batch[decode_ok])])
+    tps_d = float(decode.prefill_tps[slot])
+    uncached_d = float(decode.new_tokens(request)[slot])
+    colocation = batch[slot] * uncached_d / tps_d
+    queue_p = _best(prefill.eligible, prefill.p_tokens(request) / prefill.prefill_tps)
+    queue_d = float(decode.p_tokens(request)[slot]) / tps_d
+    read = params.link_latency + (
+        max(request.prompt_tokens - 1, 0) * params.kv_bytes_per_token / params.link_bandwidth
+    )
+    split_cost = max(queue_p - queue_d, 0.0) + read
+    split = colocation > split_cost
+    return SplitDecision(split, "cost", uncached, colocation, split_cost)

@@ -27,23 +27,16 @@ import numpy as np
 
 from router_worker.arms import arm_salt, pick_arm
 from router_worker.contract.config import PolicySpec, RouterConfig
-from router_worker.routing import ClusterState, ClusterView, Health, RoutingPolicy, make_policy
-from router_worker.routing.disagg import in_decode_pool, in_prefill_pool
+from router_worker.routing import ClusterState, RoutingPolicy, make_policy
+from router_worker.routing.disagg import MemberView, in_decode_pool, in_prefill_pool
 from router_worker.tokenization import Tokenizer
 
 DEFAULT_ARM = "default"
-_HEALTHY = int(Health.HEALTHY)  # Enum class attribute lookups cost µs on the hot path
 
 
-class ArmView(ClusterView):
-    """The shared cluster view with eligibility restricted to one arm's slots."""
-
-    def __init__(self, state: ClusterState, members: np.ndarray) -> None:
-        super().__init__(state)
-        self.members = members
-
-    def _eligible_mask(self) -> np.ndarray:
-        return (self.health == _HEALTHY) & self.members
+class ArmView(MemberView):
+    """The shared cluster view with eligibility restricted to one arm's slots (or one of
+    its pools)."""
 
 
 @dataclass

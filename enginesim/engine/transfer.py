@@ -16,7 +16,10 @@ per token (``ModelSpec.kv_bytes_per_token``: 2 × layers × KV heads × head dim
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
+
+ROLES = ("prefill", "decode", "both")
 
 # vLLM's default for how long a prefill instance keeps a finished request's blocks for
 # the decode instance to read (VLLM_NIXL_ABORT_REQUEST_TIMEOUT), in seconds.
@@ -70,6 +73,40 @@ class LinkQueue:
         begin = max(start, self.free_at)
         self.free_at = begin + num_bytes / self.link.bandwidth
         return self.free_at + self.link.latency
+
+
+def parse_role(text: str) -> str:
+    role = text.strip().lower()
+    if role not in ROLES:
+        raise ValueError(f"unknown role {text!r}; use one of {', '.join(ROLES)}")
+    return role
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The disaggregation flags ``serve`` and ``replay`` share."""
+    from enginesim.engine.fleet import argtype
+
+    parser.add_argument(
+        "--roles",
+        type=argtype("--roles", parse_role),
+        default=None,
+        metavar="ROLE@INSTANCES",
+        help="prefill/decode disaggregation: each instance's role, prefill, decode or both "
+        "(prefill@0-3,decode@4-15; the others both), or one per instance",
+    )
+    parser.add_argument(
+        "--kv-link",
+        choices=sorted(LINKS),
+        default="rdma",
+        help="the link decode instances read prefilled KV over (bandwidth and latency preset)",
+    )
+    parser.add_argument(
+        "--kv-hold-timeout",
+        type=float,
+        default=DEFAULT_HOLD_TIMEOUT,
+        help="simulated seconds a prefill holds its blocks for a read (vLLM's "
+        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT), and a read waits for room",
+    )
 
 
 @dataclass

@@ -34,9 +34,7 @@ import signal
 from typing import Any
 
 from chat_templates import TemplateLoadError
-from enginesim.engine import fleet
-from enginesim.engine.transfer import DEFAULT_HOLD_TIMEOUT, LINKS
-from enginesim.server import disagg
+from enginesim.engine import fleet, transfer
 from enginesim.server.chat import model_template
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance, InstanceSettings
@@ -120,32 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(repeatable)",
     )
     fleet.add_arguments(parser, seed_default="0")
-    add_disagg_arguments(parser)
-
-
-def add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
-    """The disaggregation flags (``serve`` here; ``replay`` takes the same)."""
-    parser.add_argument(
-        "--roles",
-        type=fleet.argtype("--roles", disagg.parse_role),
-        default=None,
-        metavar="ROLE@INSTANCES",
-        help="prefill/decode disaggregation: each instance's role, prefill, decode or both "
-        "(prefill@0-3,decode@4-15; the others both), or one per instance",
-    )
-    parser.add_argument(
-        "--kv-link",
-        choices=sorted(LINKS),
-        default="rdma",
-        help="the link decode instances read prefilled KV over (bandwidth and latency preset)",
-    )
-    parser.add_argument(
-        "--kv-hold-timeout",
-        type=float,
-        default=DEFAULT_HOLD_TIMEOUT,
-        help="simulated seconds a prefill holds its blocks for a read (vLLM's "
-        "VLLM_NIXL_ABORT_REQUEST_TIMEOUT), and a read waits for room",
-    )
+    transfer.add_arguments(parser)
 
 
 def _engine_parts(

@@ -36,18 +36,10 @@ from engine_interface.openai_errors import APIError
 
 log = logging.getLogger(__name__)
 
-ROLES = ("prefill", "decode", "both")
 PARAM = "kv_transfer_params"
 CLAIM_PATH = "/kv_transfer/claim"
 RELEASE_PATH = "/kv_transfer/release"
 SIDE_CHANNEL_TIMEOUT = 10.0
-
-
-def parse_role(text: str) -> str:
-    role = text.strip().lower()
-    if role not in ROLES:
-        raise ValueError(f"unknown role {text!r}; use one of {', '.join(ROLES)}")
-    return role
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ The decider (pure: features, the two pools' views, parameters; no clock, no I/O)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -35,7 +36,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from router_worker.routing.features import RequestFeatures
-from router_worker.routing.indicators import ClusterView
+from router_worker.routing.indicators import ClusterState, ClusterView, Health
 
 ROLES = ("prefill", "decode", "both")
 Role = Literal["prefill", "decode", "both"]
@@ -46,6 +47,34 @@ DeciderKind = Literal["always", "never", "prefix_threshold", "cost"]
 REFERENCE_KV_BYTES_PER_TOKEN = 57_344
 REFERENCE_LINK_BANDWIDTH = 50e9
 REFERENCE_LINK_LATENCY = 20e-6
+
+
+_HEALTHY = int(Health.HEALTHY)
+
+
+class MemberView(ClusterView):
+    """The shared cluster view with eligibility restricted to some slots (a canary arm's
+    instances, a pool); the live router and the simulator build their pools with it."""
+
+    def __init__(self, state: ClusterState, members: np.ndarray) -> None:
+        super().__init__(state)
+        self.members = members
+
+    def _eligible_mask(self) -> np.ndarray:
+        return (self.health == _HEALTHY) & self.members
+
+
+def pool_views(state: ClusterState, roles: dict[str, str]) -> tuple[MemberView, MemberView]:
+    """The prefill pool's and the decode pool's views of ``state`` (``roles``: by
+    instance id; instances not named are in neither)."""
+
+    def members(test: Callable[[str], bool]) -> np.ndarray:
+        return np.array([test(roles.get(name, "")) for name in state.ids], dtype=bool)
+
+    return (
+        MemberView(state, members(in_prefill_pool)),
+        MemberView(state, members(in_decode_pool)),
+    )
 
 
 def in_prefill_pool(role: str) -> bool:

@@ -212,7 +212,8 @@ class SimConfig:
 
     @property
     def disaggregated(self) -> bool:
-        return any(role != "both" for role in self.roles)
+        """Roles were given (all ``both`` too: any instance may prefill for another)."""
+        return bool(self.roles)
 
     @property
     def varied(self) -> bool:

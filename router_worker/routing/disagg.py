@@ -12,16 +12,17 @@ The decider (pure: features, the two pools' views, parameters; no clock, no I/O)
 * ``always`` / ``never``: every request split / none.
 * ``prefix_threshold``: llm-d's rule, split when the prompt's part not cached on the
   decode pool (its best hit) exceeds a fixed token threshold.
-* ``cost`` (the default): split when what colocation costs the decode pool exceeds what
-  the split costs the request. Colocated, the request's uncached prompt is computed on the
-  decode instance it would go to, and every request decoding there stalls for it:
-  ``BS_d × uncached_d / prefill_tps_d`` request-seconds. Split, the request waits for the
-  prefill pool's queue beyond the decode instance's (``P-token_p / tps_p − P-token_d /
-  tps_d``, where the pool's best instance is taken) and for the KV read
-  (``latency + (prompt − 1) × kv_bytes_per_token / link_bandwidth``). Both sides come from
-  the live view (pending prefill, batch sizes, learned prefill throughput, KV hits) and the
-  cost model's per-token KV bytes and link, so the threshold moves with load: short
-  uncached prompts, an idle decode pool or a congested prefill pool keep requests
+* ``cost`` (the default): split when it spares a decode batch more than it costs the
+  request. Colocated on the decode instance it would go to (the smallest batch), the
+  request's uncached prompt stalls every request decoding there for ``uncached_d /
+  prefill_tps_d`` seconds, and its own first token comes after ``P-token_d / tps_d``.
+  Split, its first token comes after the prefill pool's best ``P-token_p / tps_p`` plus
+  the KV read (``latency + (prompt − 1) × kv_bytes_per_token / link_bandwidth``). It is
+  split when the decode instance has a batch to spare and the split delays the request's
+  first token by no more than colocation would stall each of its batch-mates. Every term
+  comes from the live view (pending prefill, batch sizes, learned prefill throughput, KV
+  hits) or the cost model (KV bytes per token, link), so the threshold moves with load:
+  short uncached prompts, an idle decode pool or a congested prefill pool keep requests
   colocated. A request also stays colocated when no decode instance has KV room for it
   (the decode pool is the bottleneck: a read would wait for room).
 """
@@ -117,8 +118,8 @@ class SplitDecision:
     split: bool
     reason: str  # always | never | threshold | short | cost | no_room | no_pool
     uncached: int  # prompt tokens not cached on the decode pool's best instance
-    colocation_cost: float = 0.0  # request-seconds the decode pool's batch would stall
-    split_cost: float = 0.0  # seconds the split adds to the request
+    colocation_cost: float = 0.0  # s each decoding batch-mate would stall (0: no batch)
+    split_cost: float = 0.0  # s the split delays this request's first token (may be < 0)
 
 
 def _best(mask: np.ndarray, values: np.ndarray) -> float:
@@ -158,17 +159,21 @@ def _by_cost(
     free = decode.capacity_blocks * (1.0 - decode.kv_usage_or_zero)
     if not (decode_ok & (free >= need)).any():
         return SplitDecision(False, "no_room", uncached)
-    # The decode instance a colocated request would stall: the smallest batch's.
+    # The decode instance a colocated request would go to: the smallest batch's.
     batch = np.asarray(decode.batch_size, dtype=float)
     slot = int(np.flatnonzero(decode_ok)[np.argmin(batch[decode_ok])])
     tps_d = float(decode.prefill_tps[slot])
-    uncached_d = float(decode.new_tokens(request)[slot])
-    colocation = batch[slot] * uncached_d / tps_d
-    queue_p = _best(prefill.eligible, prefill.p_tokens(request) / prefill.prefill_tps)
-    queue_d = float(decode.p_tokens(request)[slot]) / tps_d
+    stall = float(decode.new_tokens(request)[slot]) / tps_d  # each batch-mate waits this
+    colocated_first = float(decode.p_tokens(request)[slot]) / tps_d
     read = params.link_latency + (
         max(request.prompt_tokens - 1, 0) * params.kv_bytes_per_token / params.link_bandwidth
     )
-    split_cost = max(queue_p - queue_d, 0.0) + read
-    split = colocation > split_cost
+    split_first = _best(prefill.eligible, prefill.p_tokens(request) / prefill.prefill_tps) + read
+    # ... and its last token is computed on the decode instance behind what is queued there.
+    split_first += float(decode.pending_prefill[slot]) / tps_d
+    # Split when it spares a batch (someone decodes there) and delays this request's first
+    # token by no more than colocation would delay each of that batch's tokens.
+    colocation = stall if batch[slot] > 0 else 0.0
+    split_cost = split_first - colocated_first
+    split = colocation > 0 and split_cost <= colocation
     return SplitDecision(split, "cost", uncached, colocation, split_cost)

@@ -34,13 +34,14 @@ from typing import Any
 
 import numpy as np
 
+from bench.lib.matrix import CONVERSATION
 from enginesim.engine import FleetVariation
 from enginesim.replay import metrics
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord, load_trace
 
 HERE = Path(__file__).resolve().parent
-TRACE = Path("/work/shared/traces/mooncake_conversation_t0-2700s.jsonl")
+TRACE = CONVERSATION
 LONG = 131072
 SLO = metrics.Slo(ttft_s=5.0, tpot_s=0.1)
 RATES = {"mooncake": (1.0, 2.0), "prefill_heavy": (6.0, 10.0)}  # scale / requests per s

@@ -11,7 +11,17 @@ from controlplane.services.roles import role_of
 
 from .auth import actor_of, auth_user, role
 from .revisions import etag, expected_revision
-from .schemas import ClusterIn, ClusterOut, Id, InstanceIn, InstanceOut, MeOut, Reason, ReasonIn
+from .schemas import (
+    ClusterIn,
+    ClusterOut,
+    Id,
+    InstanceIn,
+    InstanceOut,
+    InstanceRoleIn,
+    MeOut,
+    Reason,
+    ReasonIn,
+)
 
 routes = Router(tags=["clusters"])
 
@@ -90,6 +100,23 @@ def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
         actor_of(request),
         instance_id,
         "enabled",
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+
+
+@routes.post(
+    "/instances/{instance_id}/role",
+    response=InstanceOut,
+    auth=role("operator"),
+    tags=["instances"],
+)
+def set_instance_role(request: HttpRequest, instance_id: Id, payload: InstanceRoleIn):
+    """Move the instance to the prefill pool, the decode pool or both (disaggregation)."""
+    return cluster_services.set_instance_role(
+        actor_of(request),
+        instance_id,
+        payload.role,
         reason=payload.reason,
         expected_revision=expected_revision(request, payload.expected_revision),
     )

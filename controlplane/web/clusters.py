@@ -12,6 +12,7 @@ from django.utils.dateparse import parse_datetime
 
 from controlplane.models import Cluster
 from controlplane.selectors import captures as capture_selectors
+from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services.errors import NotFound
 
 from . import dashboard, reads
@@ -76,6 +77,7 @@ def cluster_live(request: HttpRequest, cluster_id: int) -> HttpResponse:
         at=at,
         live_config=live_config,
         capture=capture_selectors.running(cluster.pk),
+        pools=cluster_selectors.pools(cluster),
     )
 
 

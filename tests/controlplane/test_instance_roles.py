@@ -33,6 +33,7 @@ def test_a_role_change_is_audited_and_reaches_the_routers_config(world, users):
     assert response.json()["role"] == "prefill"
     row = AuditEvent.objects.order_by("-id")[0]
     assert row.action == "instance.role" and row.reason == REASON["reason"]
+    assert row.before is not None and row.after is not None
     assert row.before["role"] == "both" and row.after["role"] == "prefill"
     document = newest_document(world["alpha"])
     roles = {i["name"]: i.get("role", "both") for i in document["instances"]}

@@ -168,6 +168,15 @@ def test_a_request_the_engine_refuses_gets_the_engines_4xx(pd, router_factory):
     assert "maximum context length" in reply.json()["error"]["message"]
 
 
+def test_a_client_may_not_set_kv_transfer_params(pd, router_factory):
+    router = router_factory(disagg_config(pd, "never"))
+    params = {"do_remote_decode": True}
+    reply = completion(router.url, "sneaky", kv_transfer_params=params)
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "kv_transfer_params"
+    assert sum(pd.metric(k, ei.KV_HELD_REQUESTS.name) for k in range(pd.size)) == 0
+
+
 def test_a_disaggregated_config_without_a_decode_pool_is_refused(pd):
     from router_worker.contract.config import ConfigError, parse_config
 

@@ -218,7 +218,7 @@ class RouterCore:
             plan.route(plan.arm.view, now)
             return
         split = decide_split(
-            runtime.config.disaggregation.decider,
+            runtime.config.stages.decider,
             plan.features,
             stages.prefill_view,
             stages.decode_view,

@@ -104,7 +104,7 @@ def _stages(
     roles = {i.name: i.role for i in config.instances}
     prefill = [n for n in instances if in_prefill_pool(roles[n])]
     decode = [n for n in instances if in_decode_pool(roles[n])]
-    spec = config.disaggregation.decode_policy
+    spec = config.stages.decode_policy
     policy = make_policy(spec.kind, spec.params, spec.seed)
     same = kept is not None and type(kept.decode_policy) is type(policy)
     if same and kept is not None and kept.decode_policy.params == policy.params:

@@ -364,12 +364,24 @@ class RouterConfig(_Strict):
     router: RouterSettings = Field(default_factory=RouterSettings)
     client_auth: ClientAuthSpec = Field(default_factory=ClientAuthSpec)
     capture: CaptureSpec | None = None
-    disaggregation: DisaggregationSpec = Field(default_factory=DisaggregationSpec)
+    disaggregation: DisaggregationSpec | None = Field(
+        default=None,
+        description="Prefill/decode disaggregation: the decode stage's policy and the "
+        "decider (unset: their defaults when some instance is not of role both).",
+    )
 
     @property
     def disaggregated(self) -> bool:
-        """Some instance is a prefill or a decode instance."""
+        """Some instance is a prefill or a decode instance, or the document configures
+        disaggregation (then instances of role both may prefill for one another)."""
+        if self.disaggregation is not None:
+            return True
         return any(instance.role != "both" for instance in self.instances)
+
+    @property
+    def stages(self) -> DisaggregationSpec:
+        """The disaggregation settings in force (the defaults when unset)."""
+        return self.disaggregation or DisaggregationSpec()
 
     @model_validator(mode="after")
     def _pools_exist(self) -> RouterConfig:

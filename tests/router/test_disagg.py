@@ -177,6 +177,18 @@ def test_a_client_may_not_set_kv_transfer_params(pd, router_factory):
     assert sum(pd.metric(k, ei.KV_HELD_REQUESTS.name) for k in range(pd.size)) == 0
 
 
+def test_a_disaggregation_block_makes_a_cluster_of_both_instances_disaggregated(pd):
+    from router_worker.contract.config import parse_config
+
+    document = router_config(pd, "lmetric")
+    config = parse_config(document)
+    assert not config.disaggregated
+    # The router's saved last good config reads back the same (a round trip adds no block).
+    assert not parse_config(config.model_dump(mode="json")).disaggregated
+    document["disaggregation"] = {"decider": {"kind": "cost"}}
+    assert parse_config(document).disaggregated
+
+
 def test_a_disaggregated_config_without_a_decode_pool_is_refused(pd):
     from router_worker.contract.config import ConfigError, parse_config
 

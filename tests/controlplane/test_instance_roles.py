@@ -59,7 +59,24 @@ def test_the_cluster_page_shows_the_pools(world, users):
     client = session_client(users["viewer"])
     page = client.get(f"/clusters/{world['alpha']}/").content.decode()
     assert 'data-testid="pools"' not in page  # every instance serves both halves
+    assert 'data-testid="role-form"' not in page  # a viewer has no controls
     set_role(session_client(users["operator"]), world["i0"], "prefill")
     page = client.get(f"/clusters/{world['alpha']}/").content.decode()
     assert 'data-testid="pools"' in page
     assert '<tr data-pool="prefill"><td>Prefill only</td><td class="num">1</td><td>i0</td>' in page
+
+
+def test_an_operator_sets_a_role_from_the_cluster_page(world, users):
+    client = session_client(users["operator"])
+    url = f"/clusters/{world['alpha']}/role/"
+    response = client.post(url, {"instance": "i0", "role": "decode", "reason": "more decode"})
+    assert response.status_code == 302
+    assert Instance.objects.get(pk=world["i0"]).role == "decode"
+    assert AuditEvent.objects.order_by("-id")[0].action == "instance.role"
+    refused = client.post(url, {"instance": "i0", "role": "decode", "reason": "again"})
+    assert refused.status_code == 409
+    assert "already decode" in refused.content.decode()
+    unknown = client.post(url, {"instance": "nope", "role": "decode", "reason": "x"})
+    assert unknown.status_code == 400 and "not in this cluster" in unknown.content.decode()
+    viewer = session_client(users["viewer"]).post(url, {"instance": "i0", "role": "both"})
+    assert viewer.status_code == 403

@@ -93,6 +93,17 @@ TIER_READ_BYTES = MetricName("enginesim:kv_tier_read_bytes")
 TIER_READ_SECONDS = MetricName("enginesim:kv_tier_read_seconds")
 TIER_READ_WAIT_SECONDS = MetricName("enginesim:kv_tier_read_wait_seconds")
 
+# Prefill/decode disaggregation: vLLM's NIXL connector reports its reads (on the decode
+# side, which reads) as these; what a prefill instance holds for readers, and the reads
+# under way, vLLM does not export, so those names are enginesim's own.
+NIXL_XFER_TIME = MetricName("vllm:nixl_xfer_time_seconds")  # histogram
+NIXL_BYTES = MetricName("vllm:nixl_bytes_transferred")  # histogram
+NIXL_FAILED = MetricName("vllm:nixl_num_failed_transfers")  # counter
+KV_HELD_REQUESTS = MetricName("enginesim:kv_held_requests")
+KV_HELD_BLOCKS = MetricName("enginesim:kv_held_blocks")
+KV_HOLDS_EXPIRED = MetricName("enginesim:kv_holds_expired")  # counter
+KV_TRANSFERS_IN_FLIGHT = MetricName("enginesim:kv_transfers_in_flight")
+
 MODEL_LABEL = "model_name"
 ENGINE_LABEL = "engine"
 LABELS = (MODEL_LABEL, ENGINE_LABEL)

@@ -63,6 +63,7 @@ from router_worker.routing import (
     RequestFeatures,
     session_key_from_request,
 )
+from router_worker.routing.disagg import decide_split
 from router_worker.routing.peer_accounting import PeerReports
 from router_worker.routing.saturation import Saturation, fleet_saturation
 from router_worker.routing.sessions import ChainTurn, ResponseChains
@@ -241,7 +242,7 @@ class RouterCore:
             flow_tokens=flow_tokens,
         )
         try:
-            plan.route(_chain_view(self.state, arm, parent), now)
+            self._route(plan, runtime, now, _chain_view(self.state, arm, parent))
         except NoEligibleInstanceError as error:
             raise APIError(503, f"No healthy instance available: {error}") from None
         plan.timings = (intake.tokenize_s, intake.hash_s, time.perf_counter() - t2)
@@ -287,6 +288,30 @@ class RouterCore:
         models = self.allowed_models()
         if models is not None and intake.model not in models:
             raise APIError(404, f"The model `{intake.model}` does not exist.", "model")
+
+    @staticmethod
+    def _route(plan: Plan, runtime: Runtime, now: float, view: ArmView) -> None:
+        """The first attempt: on a disaggregated cluster the decider splits the request
+        (prefill pool first) or keeps it colocated (decode pool). ``view`` is the arm's,
+        or a chained Responses turn's pinned one, which is never split (its history is
+        on that instance)."""
+        stages = plan.arm.stages
+        if stages is None or view is not plan.arm.view:
+            plan.route(view, now)
+            return
+        split = decide_split(
+            runtime.config.stages.decider,
+            plan.features,
+            stages.prefill_view,
+            stages.decode_view,
+        )
+        plan.split = split
+        plan.stage = "prefill" if split.split else "whole"
+        if not split.split and not stages.decode_view.eligible.any():
+            plan.stage = "fallback"  # no decode pool left: colocated wherever it can run
+        if split.split:
+            plan.max_attempts += 1  # the decode attempt is not a retry
+        plan.route(plan.stage_view, now)
 
     # ----- what the request path reports before a request has a plan ------------------
     def refused(self, status: int) -> None:

@@ -17,15 +17,24 @@ descriptors, are ``final``: not retried, not held against the instance.
 Migration (policies that set ``migrates``): a streamed attempt runs as its plan's own task
 until its first byte (``Plan.run_movable``); when the policy moves it, the plan takes it
 back and this step sends the request to the target as the next attempt.
+
+Disaggregation (a split plan, :mod:`router_worker.disagg`): the prefill call goes first,
+attempt after attempt on the prefill pool under the same retry rule; its answer (never the
+client's) opens the decode attempt, whose answer is relayed as above. If no prefill
+instance serves it, or the decode stage gives up before the first byte (the read failed,
+the decode instance failed), the request falls back once to a colocated attempt with the
+client's own body. A prefill's 4xx is the client's answer.
 """
 
 from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Any
 
 import httpx
 
+from router_worker.disagg import answered_params, decode_body, prefill_body
 from router_worker.errors import APIError, send_error
 from router_worker.failures import (
     UpstreamFailure,
@@ -37,8 +46,9 @@ from router_worker.failures import (
     transport_failure,
     unexpected_media_type,
 )
-from router_worker.plan import TakenBack
+from router_worker.plan import Plan, TakenBack
 from router_worker.relay import Exchange, relay_stream, relay_whole
+from router_worker.routing import NoEligibleInstanceError
 from router_worker.runtime import Runtime
 from router_worker.upstream import (
     FastTransport,
@@ -61,6 +71,15 @@ class Dispatcher:
     async def run(self, ex: Exchange) -> None:
         """Send the plan's attempts until one is answered or the retry rule gives up."""
         plan = ex.plan
+        colocated = ex.raw
+        if plan.stage == "prefill":
+            try:
+                answered = await self._split(ex)
+            except BaseException:
+                plan.client_gone()
+                raise
+            if answered:
+                return
         while True:
             try:
                 failure = await self._movable_attempt(ex)
@@ -74,8 +93,87 @@ class Dispatcher:
                 return
             verdict = plan.attempt_failed(failure.kind, final=failure.final, detail=failure.message)
             if not verdict.retry:
+                if plan.stage == "decode" and verdict.why != "first_byte":
+                    ex.raw = colocated
+                    if _fell_back(plan):
+                        continue
                 break
         await self._give_up(ex, failure)
+
+    async def _split(self, ex: Exchange) -> bool:
+        """The prefill stage: prefill attempts until one answers with its
+        ``kv_transfer_params`` (the decode attempt is then routed and the body rewritten)
+        or the retry rule gives up (the request falls back to colocated). True when the
+        client was answered here (a prefill's 4xx, or no instance left at all)."""
+        plan = ex.plan
+        body = prefill_body(ex.raw)
+        while True:
+            outcome = await self._prefill_attempt(ex, body)
+            if isinstance(outcome, dict):
+                try:
+                    plan.prefilled()
+                except NoEligibleInstanceError:
+                    break
+                ex.raw = decode_body(ex.raw, outcome)
+                return False
+            if outcome is None:
+                return True
+            verdict = plan.attempt_failed(outcome.kind, final=outcome.final, detail=outcome.message)
+            if not verdict.retry:
+                break
+        if _fell_back(plan):
+            return False
+        await self._give_up(ex, UpstreamFailure("no_instance", "no instance left to serve it"))
+        return True
+
+    async def _prefill_attempt(
+        self, ex: Exchange, body: bytes
+    ) -> dict[str, Any] | UpstreamFailure | None:
+        """One prefill call: its ``kv_transfer_params``, its failure, or None when its
+        answer (a 4xx) was relayed to the client."""
+        plan = ex.plan
+        target = _upstream_target(plan.runtime, plan.instance, ex.path)
+        plan.sent_at = time.perf_counter()
+        sent = await self._post(ex, target, body, None)
+        if isinstance(sent, UpstreamFailure):
+            return sent
+        response = sent
+        try:
+            if response.status_code >= 500:
+                text = await safe_read(response)
+                return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {text}")
+            if response.status_code >= 400:
+                await relay_whole(ex, response)
+                return None
+            try:
+                data = await response.read()
+            except httpx.TransportError as error:  # timeouts and size limits included
+                return transport_failure(error)
+            params = answered_params(data)
+            if params is None:
+                return await bad_response(response, "a prefill answer without kv_transfer_params")
+            return params
+        finally:
+            await response.aclose()
+
+    async def _post(
+        self, ex: Exchange, target: Target, body: bytes, clock: Any
+    ) -> Any | UpstreamFailure:
+        """POST ``body``; the response (head read) or the failure."""
+        try:
+            return await self.transport.post(target, ex.headers, body, partial(_sent, ex), clock)
+        except LocalExhaustion as error:
+            return out_of_resources(error)
+        except httpx.ConnectError as error:
+            return UpstreamFailure("connect", str(error) or "connection refused")
+        except ResponseDeadline as error:
+            return past_deadline(error)
+        except httpx.TimeoutException as error:
+            return UpstreamFailure("timeout", f"no answer in time ({type(error).__name__})")
+        except ResponseTooLarge as error:
+            return UpstreamFailure(error.limit, str(error))
+        except httpx.TransportError as error:
+            return transport_failure(error)
 
     async def _give_up(self, ex: Exchange, failure: UpstreamFailure) -> None:
         """The retry rule gave up: the client gets the last failure, in its API's shape."""
@@ -106,24 +204,12 @@ class Dispatcher:
         plan = ex.plan
         target = _upstream_target(plan.runtime, plan.instance, ex.path)
         plan.sent_at = time.perf_counter()
-        try:
-            # Straight to the shared transport, without httpx.Request/Response objects:
-            # the client's layers and httpx's models cost more CPU than the exchange.
-            response = await self.transport.post(
-                target, ex.headers, ex.raw, partial(_sent, ex), plan.clock
-            )
-        except LocalExhaustion as error:
-            return out_of_resources(error)
-        except httpx.ConnectError as error:
-            return UpstreamFailure("connect", str(error) or "connection refused")
-        except ResponseDeadline as error:
-            return past_deadline(error)
-        except httpx.TimeoutException as error:
-            return UpstreamFailure("timeout", f"no answer in time ({type(error).__name__})")
-        except ResponseTooLarge as error:
-            return UpstreamFailure(error.limit, str(error))
-        except httpx.TransportError as error:
-            return transport_failure(error)
+        # Straight to the shared transport, without httpx.Request/Response objects: the
+        # client's layers and httpx's models cost more CPU than the exchange.
+        sent = await self._post(ex, target, ex.raw, plan.clock)
+        if isinstance(sent, UpstreamFailure):
+            return sent
+        response = sent
         try:
             if response.status_code >= 500:
                 body = await safe_read(response)
@@ -136,6 +222,15 @@ class Dispatcher:
             return await relay_whole(ex, response)
         finally:
             await response.aclose()
+
+
+def _fell_back(plan: Plan) -> bool:
+    """The split request runs colocated from here (False: no instance for it)."""
+    try:
+        plan.fall_back()
+    except NoEligibleInstanceError:
+        return False
+    return True
 
 
 def _sent(ex: Exchange) -> None:

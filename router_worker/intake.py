@@ -196,6 +196,13 @@ def check_fields(body: Any, endpoint: Endpoint) -> dict[str, Any]:
     """The fields the router reads, strictly typed, or APIError 400 naming the field."""
     if not isinstance(body, dict):
         raise APIError(400, "The request body must be a JSON object.")
+    if "kv_transfer_params" in body:  # it makes an engine hold or read KV blocks
+        raise APIError(
+            400,
+            "`kv_transfer_params` is set by the router (prefill/decode disaggregation); "
+            "send the request without it.",
+            "kv_transfer_params",
+        )
     try:
         fields: dict[str, Any] = _FIELDS[endpoint].validate_python(body)
     except ValidationError as error:

@@ -185,6 +185,14 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.disaggregated = Counter(
+            "switchyard_router_disaggregated_requests",
+            "Requests of a disaggregated cluster by the stage that answered them: decode "
+            "(split: prefilled on one instance, decoded on another), whole (colocated by the "
+            "decider), fallback (colocated after the split failed), prefill (none answered).",
+            ["arm", "stage"],
+            registry=r,
+        )
         self.migrations = Counter(
             "switchyard_router_migrations",
             "Queued requests (no first byte yet) the policy moved to another instance.",

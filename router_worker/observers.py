@@ -232,6 +232,8 @@ class RequestMetrics(LifecycleObserver[Plan]):
                 m.child(m.requests, arm.policy_kind, arm.name, plan.reason, str(outcome.status)),
             )
         ttft, tpot, requests = series
+        if plan.split is not None:
+            self.metrics.child(self.metrics.disaggregated, arm.name, plan.stage).inc()
         if outcome.ttft is not None:
             ttft.observe(outcome.ttft)
         if outcome.tpot is not None:

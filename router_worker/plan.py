@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from router_worker.decisions import CapturedDecision
-from router_worker.routing import Decision, RequestLifecycle, RetryVerdict
+from router_worker.routing import ClusterView, Decision, RequestLifecycle, RetryVerdict
+from router_worker.routing.disagg import SplitDecision
 from router_worker.runtime import Arm, Runtime
 from router_worker.stages import StageClock
 
@@ -87,6 +88,11 @@ class Plan(RequestLifecycle):
     # The last decision the policy made (the first, or a retry's); a plan is routed as it
     # is made (RouterCore.plan), so it always has one.
     decision: Decision = field(init=False)
+    # Disaggregation: the decider's verdict (None: the cluster is not disaggregated) and
+    # the stage the current attempt serves: prefill, decode, or whole (colocated).
+    split: SplitDecision | None = None
+    stage: str = "whole"  # prefill | decode | whole | fallback
+    prefill_instance: str | None = None  # the instance whose KV the decode attempt reads
 
     @property
     def instance(self) -> str:
@@ -99,6 +105,17 @@ class Plan(RequestLifecycle):
         try, else ``retry`` or ``migration``."""
         attempt = self.current
         return self.decision.reason if attempt.reason == "first" else attempt.reason
+
+    @property
+    def stage_view(self) -> ClusterView:
+        """The view the current stage decides (and retries) over."""
+        stages = self.arm.stages
+        if stages is None:
+            return self.arm.view
+        pools = {"prefill": stages.prefill_view, "decode": stages.decode_view}
+        # whole: colocated on the decode pool; fallback: wherever the arm's policy finds room
+        pools["whole"] = stages.decode_view
+        return pools.get(self.stage, self.arm.view)
 
     @property
     def tried(self) -> list[str]:
@@ -122,13 +139,32 @@ class Plan(RequestLifecycle):
         """The current attempt failed: the lifecycle's retry rule says whether (and where,
         by deciding again without the instances that failed) the request is tried again."""
         return self.fail(
-            self.arm.view,
+            self.stage_view,
             time.time(),
             kind,
             final=final,
             first_byte=first_byte,
             detail=detail,
         )
+
+    def prefilled(self) -> None:
+        """The prefill attempt answered with its ``kv_transfer_params``: it ends (its one
+        token is not the client's), and the decode attempt is routed by the decode stage's
+        policy (NoEligibleInstanceError: no decode instance)."""
+        now = time.time()
+        self.finish(now, 1)
+        self.prefill_instance = self.current.instance
+        stages = self.arm.stages
+        assert stages is not None, "only a disaggregated cluster prefills"
+        self.stage = "decode"
+        self.next_stage(stages.decode_policy, stages.decode_view, now, "decode")
+
+    def fall_back(self) -> None:
+        """Split failed (no prefill instance could serve it, or no decode could read it):
+        the request runs colocated, wherever the arm's policy puts it
+        (NoEligibleInstanceError: nowhere)."""
+        self.stage = "fallback"
+        self.next_stage(self.arm.policy, self.arm.view, time.time(), "fallback")
 
     def migrated(self) -> None:
         """The attempt was taken back (``migrate_to`` set by :meth:`take_back`): open the

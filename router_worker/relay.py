@@ -265,6 +265,10 @@ def route_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
             (b"x-switchyard-arm", plan.arm.name.encode()),
             (b"x-switchyard-reason", plan.reason.encode()),
         ]
+        if plan.split is not None:  # a disaggregated cluster: the stage that answered
+            headers.append((b"x-switchyard-stage", plan.stage.encode()))
+            if plan.prefill_instance is not None:
+                headers.append((b"x-switchyard-prefill-instance", plan.prefill_instance.encode()))
     if detail >= Detail.DEBUG:
         scores = json.dumps(plan.decision.score_table(), separators=(",", ":"))
         headers.append((b"x-switchyard-scores", scores.encode()))

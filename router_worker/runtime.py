@@ -9,6 +9,11 @@ atomic apply, and in-flight requests finish on the version they started with.
 A canary arm's policy sees the shared state through an :class:`ArmView`, a
 ``ClusterView`` whose ``eligible`` mask is restricted to the arm's instances. Without
 a canary there is one arm, ``default``, over every instance.
+
+A disaggregated cluster (router_worker.routing.disagg) gives each arm a :class:`Stages`:
+the arm's prefill pool and decode pool as views of their own, and the decode stage's
+policy; the arm's policy places prefill attempts (and colocated requests on the decode
+pool), so it is chosen and canaried as today.
 """
 
 from __future__ import annotations
@@ -22,22 +27,25 @@ import numpy as np
 
 from router_worker.arms import arm_salt, pick_arm
 from router_worker.contract.config import PolicySpec, RouterConfig
-from router_worker.routing import ClusterState, ClusterView, Health, RoutingPolicy, make_policy
+from router_worker.routing import ClusterState, RoutingPolicy, make_policy
+from router_worker.routing.disagg import MemberView, in_decode_pool, in_prefill_pool
 from router_worker.tokenization import Tokenizer
 
 DEFAULT_ARM = "default"
-_HEALTHY = int(Health.HEALTHY)  # Enum class attribute lookups cost µs on the hot path
 
 
-class ArmView(ClusterView):
-    """The shared cluster view with eligibility restricted to one arm's slots."""
+class ArmView(MemberView):
+    """The shared cluster view with eligibility restricted to one arm's slots (or one of
+    its pools)."""
 
-    def __init__(self, state: ClusterState, members: np.ndarray) -> None:
-        super().__init__(state)
-        self.members = members
 
-    def _eligible_mask(self) -> np.ndarray:
-        return (self.health == _HEALTHY) & self.members
+@dataclass
+class Stages:
+    """An arm's two pools in a disaggregated cluster, and the decode stage's policy."""
+
+    prefill_view: ArmView
+    decode_view: ArmView
+    decode_policy: RoutingPolicy
 
 
 @dataclass
@@ -48,6 +56,7 @@ class Arm:
     instances: tuple[str, ...]
     weight: float
     view: ArmView
+    stages: Stages | None = None
 
     @property
     def policy_kind(self) -> str:
@@ -88,6 +97,24 @@ def _members(state: ClusterState, names: Sequence[str]) -> np.ndarray:
     return mask
 
 
+def _stages(
+    config: RouterConfig, state: ClusterState, instances: Sequence[str], kept: Stages | None
+) -> Stages | None:
+    if not config.disaggregated:
+        return None
+    roles = {i.name: i.role for i in config.instances}
+    prefill = [n for n in instances if in_prefill_pool(roles[n])]
+    decode = [n for n in instances if in_decode_pool(roles[n])]
+    spec = config.stages.decode_policy
+    policy = make_policy(spec.kind, spec.params, spec.seed)
+    same = kept is not None and type(kept.decode_policy) is type(policy)
+    if same and kept is not None and kept.decode_policy.params == policy.params:
+        policy = kept.decode_policy  # its windows survive unrelated changes
+    return Stages(
+        ArmView(state, _members(state, prefill)), ArmView(state, _members(state, decode)), policy
+    )
+
+
 def _arm_specs(config: RouterConfig) -> list[tuple[str, PolicySpec, tuple[str, ...], float]]:
     if config.canary is None:
         names = tuple(i.name for i in config.instances)
@@ -114,7 +141,8 @@ def build_runtime(
         else:
             policy = make_policy(spec.kind, spec.params, spec.seed)
         view = ArmView(state, _members(state, instances))
-        arms.append(Arm(name, spec, policy, instances, weight, view))
+        stages = _stages(config, state, instances, kept.stages if kept is not None else None)
+        arms.append(Arm(name, spec, policy, instances, weight, view, stages))
         total += weight
         cumulative.append(total)
     urls = {i.name: i.url for i in config.instances}

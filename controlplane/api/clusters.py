@@ -20,6 +20,7 @@ from .schemas import (
     Id,
     InstanceIn,
     InstanceOut,
+    InstanceRoleIn,
     MeOut,
     Reason,
     ReasonIn,
@@ -102,6 +103,23 @@ def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
         actor_of(request),
         instance_id,
         "enabled",
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+
+
+@routes.post(
+    "/instances/{instance_id}/role",
+    response=InstanceOut,
+    auth=role("operator"),
+    tags=["instances"],
+)
+def set_instance_role(request: HttpRequest, instance_id: Id, payload: InstanceRoleIn):
+    """Move the instance to the prefill pool, the decode pool or both (disaggregation)."""
+    return cluster_services.set_instance_role(
+        actor_of(request),
+        instance_id,
+        payload.role,
         reason=payload.reason,
         expected_revision=expected_revision(request, payload.expected_revision),
     )

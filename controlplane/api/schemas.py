@@ -128,6 +128,12 @@ class InstanceIn(Schema):
     expected_revision: ExpectedRevision = None
 
 
+class InstanceRoleIn(Schema):
+    role: Literal["prefill", "decode", "both"]
+    reason: Reason
+    expected_revision: ExpectedRevision = None
+
+
 class InstanceOut(Schema):
     id: int
     cluster_id: int
@@ -135,6 +141,7 @@ class InstanceOut(Schema):
     url: str
     kv_events: str
     state: str
+    role: str
     healthy: bool | None
     last_seen_at: datetime | None
 

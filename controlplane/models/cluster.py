@@ -54,11 +54,19 @@ class Instance(models.Model):
         DRAINING = "draining"
         DOWN = "down"
 
+    class Role(models.TextChoices):
+        """Prefill/decode disaggregation (router_worker.routing.disagg)."""
+
+        PREFILL = "prefill"
+        DECODE = "decode"
+        BOTH = "both"
+
     cluster = models.ForeignKey(Cluster, on_delete=models.CASCADE, related_name="instances")
     name = models.CharField(max_length=64, validators=[slug_name])
     url = models.URLField(max_length=256)
     kv_events = models.CharField(max_length=256, blank=True, default="")
     state = models.CharField(max_length=16, choices=State.choices, default=State.ENABLED)
+    role = models.CharField(max_length=8, choices=Role.choices, default=Role.BOTH)
     # Observed by the health/metrics scraper (beat), not desired state.
     healthy = models.BooleanField(null=True, default=None)
     last_scrape = models.JSONField(default=dict, blank=True)

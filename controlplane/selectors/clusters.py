@@ -48,3 +48,14 @@ def current_config(cluster: Cluster) -> ConfigVersion:
             f"{cluster.name} has no config version yet: add instances and activate a policy"
         )
     return version
+
+
+def pools(cluster: Cluster) -> dict[str, list[str]] | None:
+    """A disaggregated cluster's instances by role (prefill, decode, both); None when every
+    instance serves both halves (the cluster is not disaggregated)."""
+    by_role: dict[str, list[str]] = {role: [] for role in Instance.Role.values}
+    for name, role in cluster.instances.order_by("name").values_list("name", "role"):
+        by_role[role].append(name)
+    if len(by_role["both"]) == sum(len(names) for names in by_role.values()):
+        return None
+    return by_role

@@ -26,6 +26,7 @@ def instance_snapshot(instance: Instance) -> dict:
         "url": instance.url,
         "state": instance.state,
         "kv_events": instance.kv_events,
+        "role": instance.role,
     }
 
 
@@ -161,6 +162,43 @@ def set_instance_state(
         after=_with_version(instance_snapshot(instance), version),
         reason=reason,
         cluster=instance.cluster,
+    )
+    return instance
+
+
+@transaction.atomic
+def set_instance_role(
+    actor: Actor, instance_id: int, role: str, *, reason: str, expected_revision: int | None = None
+) -> Instance:
+    """Move an instance between the prefill and decode pools (or both): the pools' sizes
+    of a disaggregated cluster. Refused when it would leave a disaggregated cluster without
+    a prefill or a decode pool."""
+    reason = audit.require_reason(reason)
+    instance = _locked_instance(instance_id)
+    cluster = instance.cluster
+    claim_edit(cluster, expected_revision)
+    if role not in Instance.Role.values:
+        raise ServiceError(f"role must be one of {Instance.Role.values}", "role")
+    if instance.role == role:
+        raise Conflict(f"instance {instance.name!r} is already {role}", "role")
+    roles = {i.pk: i.role for i in cluster.instances.all()}
+    roles[instance.pk] = role
+    values = set(roles.values())
+    if values != {"both"} and not (values & {"prefill", "both"} and values & {"decode", "both"}):
+        pool = "prefill" if not values & {"prefill", "both"} else "decode"
+        raise ServiceError(f"role: the cluster would have no {pool} pool", "role")
+    before = instance_snapshot(instance)
+    instance.role = role
+    instance.save(update_fields=["role"])
+    version = config.publish(cluster, actor, reason)
+    audit.record(
+        actor,
+        "instance.role",
+        instance,
+        before=before,
+        after=_with_version(instance_snapshot(instance), version),
+        reason=reason,
+        cluster=cluster,
     )
     return instance
 

@@ -124,6 +124,7 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
             "url": i.url,
             "state": i.state,
             **({"kv_events": i.kv_events} if i.kv_events else {}),
+            **({"role": i.role} if i.role != "both" else {}),
         }
         for i in cluster.instances.order_by("name")
     ]

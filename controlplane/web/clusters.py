@@ -3,20 +3,25 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import Any
 from urllib.parse import urlencode
 
 from django.core.exceptions import BadRequest
 from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_POST
 
-from controlplane.models import Cluster
+from controlplane.models import Cluster, Instance
 from controlplane.selectors import captures as capture_selectors
-from controlplane.services.errors import NotFound
+from controlplane.selectors import clusters as cluster_selectors
+from controlplane.services import clusters as cluster_services
+from controlplane.services.errors import NotFound, ServiceError
 
 from . import dashboard, reads
-from .access import viewer_required
-from .pages import is_htmx, page
+from .access import actor, operator_required, viewer_required
+from .pages import is_htmx, page, service_error_response
 
 
 def get_cluster(cluster_id: int) -> Cluster:
@@ -55,11 +60,43 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
     return page(request, template, rows=dashboard.overview())
 
 
+@operator_required
+@require_POST
+def instance_role(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The pools' form: move one instance to the prefill pool, the decode pool or both."""
+    cluster = get_cluster(cluster_id)
+    data = request.POST
+    try:
+        instance = cluster.instances.get(name=data.get("instance", ""))
+    except Instance.DoesNotExist:
+        error = ServiceError(f"instance {data.get('instance', '')!r} is not in this cluster")
+        return _live_error(request, cluster, error, data)
+    try:
+        cluster_services.set_instance_role(
+            actor(request), instance.pk, data.get("role", ""), reason=data.get("reason", "")
+        )
+    except ServiceError as error:
+        return _live_error(request, cluster, error, data)
+    return redirect(reverse("web:cluster", args=[cluster.pk]))
+
+
+def _live_error(
+    request: HttpRequest, cluster: Cluster, error: ServiceError, form: Any
+) -> HttpResponse:
+    return service_error_response(
+        request, error, "web/cluster_live.html", **_live_context(cluster, ""), form=form
+    )
+
+
 @viewer_required
 def cluster_live(request: HttpRequest, cluster_id: int) -> HttpResponse:
     cluster = get_cluster(cluster_id)
     at = request.GET.get("at", "")
     parse_at(at)  # refused here rather than by the snapshot the page loads
+    return page(request, "web/cluster_live.html", **_live_context(cluster, at))
+
+
+def _live_context(cluster: Cluster, at: str) -> dict[str, Any]:
     snapshot_url = reverse("web:snapshot", args=[cluster.pk])
     live_config = {
         "clusterId": cluster.pk,
@@ -68,15 +105,15 @@ def cluster_live(request: HttpRequest, cluster_id: int) -> HttpResponse:
         "wsPath": f"/ws/clusters/{cluster.pk}/",
         "history": bool(at),
     }
-    return page(
-        request,
-        "web/cluster_live.html",
-        cluster=cluster,
-        tab="live",
-        at=at,
-        live_config=live_config,
-        capture=capture_selectors.running(cluster.pk),
-    )
+    return {
+        "cluster": cluster,
+        "tab": "live",
+        "at": at,
+        "live_config": live_config,
+        "capture": capture_selectors.running(cluster.pk),
+        "pools": cluster_selectors.pools(cluster),
+        "instance_names": list(cluster.instances.order_by("name").values_list("name", flat=True)),
+    }
 
 
 @viewer_required

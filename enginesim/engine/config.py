@@ -10,6 +10,7 @@ from enginesim.engine.costmodel import Calibration, CostModel, load_calibration
 from enginesim.engine.hardware import GIB, GPUSpec, get_gpu
 from enginesim.engine.kvpool import GlobalKVTier
 from enginesim.engine.models import DTYPE_BYTES, ModelSpec, get_model
+from enginesim.engine.transfer import DEFAULT_HOLD_TIMEOUT, LINKS, LinkSpec, get_link
 
 # vLLM's defaults for the OpenAI server: 8192 tokens / 1024 seqs on GPUs with >= 70 GiB,
 # except the A100 (vLLM matches "a100" in the device name), 2048 / 256 elsewhere.
@@ -40,12 +41,22 @@ class EngineConfig:
     speed: float = 1.0
     step_jitter: float = 0.0
     jitter_seed: int = 0
+    # Prefill/decode disaggregation (enginesim.engine.transfer): the link this instance
+    # reads remote KV over, and how long it holds a finished prefill's blocks for a read.
+    kv_link: LinkSpec = field(default_factory=lambda: LINKS["rdma"])
+    kv_hold_timeout: float = DEFAULT_HOLD_TIMEOUT
 
     def __post_init__(self) -> None:
         if not (0 < self.speed < math.inf):
             raise ValueError(f"speed must be a positive number, got {self.speed}")
         if not (0 <= self.step_jitter < math.inf):
             raise ValueError(f"step_jitter must be >= 0, got {self.step_jitter}")
+        if not (0 < self.kv_hold_timeout < math.inf):
+            raise ValueError(
+                f"kv_hold_timeout must be a positive number, got {self.kv_hold_timeout}"
+            )
+        if isinstance(self.kv_link, str):
+            self.kv_link = get_link(self.kv_link)
         if isinstance(self.gpu, str):
             self.gpu = get_gpu(self.gpu)
         if isinstance(self.model, str):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from enginesim.engine.costmodel import StepBatch
 from enginesim.engine.fleet import StepJitter
 from enginesim.engine.hashing import block_hashes
 from enginesim.engine.kvpool import BlockPool, PrefixNode
+from enginesim.engine.transfer import LinkQueue, TransferStats
 
 MAX_CHUNK_STEPS = 2048
 
@@ -78,6 +79,7 @@ class EngineStats:
     tier_bytes_read: int = 0
     tier_read_time: float = 0.0  # s the steps spent loading from the tier, waits included
     tier_read_wait: float = 0.0  # ... of which queued behind other engines' reads
+    transfer: TransferStats = field(default_factory=TransferStats)  # disaggregation
 
 
 @dataclass(eq=False)
@@ -104,6 +106,15 @@ class _Request:
     finish_reported: bool = False
     prompt_len: int = 0
     num_tokens: int = 0  # prompt + output tokens so far
+    # Disaggregation: hold the blocks when finished (a prefill for a remote decode), or
+    # read the prompt's KV from a prefill instance first (a remote prefill).
+    hold_kv: bool = False
+    remote_prefill: bool = False
+    deadline: float = 0.0  # a remote prefill's room, or a hold's read, must come by then
+    pull_started: float = 0.0
+    pull_done: float = 0.0
+    pull_bytes: int = 0
+    block_ids: list[int] = field(default_factory=list)  # a hold's blocks, as named to a reader
 
     def __post_init__(self) -> None:
         self.prompt_len = self.num_tokens = len(self.prompt)
@@ -149,6 +160,16 @@ class EngineCore:
         self.requests: dict[str, _Request] = {}
         self.running: list[_Request] = []
         self.waiting: deque[_Request] = deque()
+        # Disaggregation (enginesim.engine.transfer): remote prefills waiting for room to
+        # read into, reads under way, finished prefills holding their blocks for a read.
+        self.pulling: deque[_Request] = deque()
+        self.transferring: list[_Request] = []
+        self.held: dict[str, _Request] = {}
+        self.link = LinkQueue(config.kv_link)
+        self._kv_token_bytes = config.model.kv_bytes_per_token(config.kv_dtype)
+        self._transfer = TransferStats()
+        self._next_block_id = 0
+        self.landed: list[tuple[str, int, float]] = []  # (id, bytes, s) since take_landed()
         self._dirty: dict[str, _Request] = {}  # requests with undelivered news
         self._eventful: dict[str, _Request] = {}  # ... whose news include a first token/finish
         self._step_ends = np.zeros(1024)
@@ -175,6 +196,8 @@ class EngineCore:
         now: float,
         ignore_eos: bool = True,
         output_token_ids: Sequence[int] | np.ndarray | None = None,
+        hold_kv: bool = False,
+        remote_prefill: bool = False,
     ) -> None:
         """Queue a request arriving at ``now``; it generates exactly ``max_tokens`` tokens.
 
@@ -182,6 +205,11 @@ class EngineCore:
         caller knows them (the HTTP server's synthetic text). Their full blocks then enter
         the prefix cache as they are computed, as in vLLM, so a follow-up turn that sends
         the answer back hits on it. Without them only prompt blocks are cached.
+
+        ``hold_kv`` (a prefill for a remote decode): once finished, its blocks stay held
+        until :meth:`release_held` or ``kv_hold_timeout``. ``remote_prefill``: the prompt's
+        KV (all but its last token) is read from a prefill instance over the link first;
+        the blocks are reserved when there is room (given up after ``kv_hold_timeout``).
         """
         prompt = np.asarray(prompt_token_ids, dtype=np.int64)
         self._validate(req_id, prompt, max_tokens)
@@ -207,8 +235,14 @@ class EngineCore:
             tokens,
             self.pool.root,
         )
+        req.hold_kv = hold_kv
         self.requests[req_id] = req
-        self.waiting.append(req)
+        if remote_prefill and len(prompt) > 1:
+            req.remote_prefill = True
+            req.deadline = now + self.config.kv_hold_timeout
+            self.pulling.append(req)
+        else:
+            self.waiting.append(req)
         self._version += 1
 
     def abort(self, req_id: str, now: float, reason: str = "abort") -> bool:
@@ -217,15 +251,44 @@ class EngineCore:
         req = self.requests.get(req_id)
         if req is None or req.finish_time is not None:
             return False
-        if req in self.running:
-            self.running.remove(req)
-        else:
-            self.waiting.remove(req)
+        self._unqueue(req)
         self._truncate_undelivered(req, now)
         self._finish(req, now, reason)
         self._flush_events()
         self._version += 1
         return True
+
+    def _unqueue(self, req: _Request) -> None:
+        for queue in (self.running, self.waiting, self.pulling, self.transferring):
+            if req in queue:
+                queue.remove(req)
+                return
+
+    def release_held(self, req_id: str, now: float) -> bool:
+        """The decode instance has read the held blocks of ``req_id``: free them; False if
+        it holds none (never held, already released, or expired)."""
+        self._run_until(now)
+        req = self.held.pop(req_id, None)
+        if req is None:
+            return False
+        self._release(req)
+        self._version += 1
+        return True
+
+    def held_block_ids(self, req_id: str) -> list[int] | None:
+        """The ids of the blocks ``req_id`` holds for a reader (None: it holds none)."""
+        req = self.held.get(req_id)
+        return None if req is None else list(req.block_ids)
+
+    def held_tokens(self, req_id: str) -> int:
+        """Prompt tokens whose KV ``req_id`` holds (0: none)."""
+        req = self.held.get(req_id)
+        return 0 if req is None else req.prompt_len
+
+    def take_landed(self) -> list[tuple[str, int, float]]:
+        """Reads landed since the last call: (request id, bytes, seconds)."""
+        landed, self.landed = self.landed, []
+        return landed
 
     def advance_to(
         self, t: float, per_token: bool = False, events_only: bool = False
@@ -260,11 +323,14 @@ class EngineCore:
         finishes, or where the scheduler could change the batch; None when idle."""
         if self._free_at > self._last_t and self._last_step_has_event():
             return self._free_at
-        if not self.running and not self.waiting:
-            return self._free_at if self._free_at > self._last_t else None
         start = max(self._free_at, self._last_t)
+        if not self.running and not self.waiting:
+            if self._free_at > self._last_t:
+                return self._free_at
+            return self._idle_until(start)
         if not self.running and self.waiting[0].ready > start:
-            return self.waiting[0].ready
+            wake = self._idle_until(start)
+            return self.waiting[0].ready if wake is None else min(wake, self.waiting[0].ready)
         horizon = self._decode_horizon(start)
         return horizon if horizon is not None else start
 
@@ -273,7 +339,7 @@ class EngineCore:
         return {req.req_id for req in self.waiting if req.num_output == 0 and req.num_computed == 0}
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.pulling or self.transferring)
 
     def reset_prefix_cache(self) -> bool:
         """Clear the prefix cache (emits AllBlocksCleared); refused while blocks are in use."""
@@ -303,6 +369,16 @@ class EngineCore:
             tier_bytes_read=self._tier_bytes,
             tier_read_time=self._tier_time,
             tier_read_wait=self._tier_wait,
+            transfer=self._transfer_stats(),
+        )
+
+    def _transfer_stats(self) -> TransferStats:
+        held = self.held.values()
+        return replace(
+            self._transfer,
+            in_flight=len(self.pulling) + len(self.transferring),
+            held_requests=len(self.held),
+            held_blocks=sum(r.num_blocks for r in held),
         )
 
     # ----------------------------------------------------------------- validation
@@ -332,16 +408,30 @@ class EngineCore:
 
     def _run_until(self, t: float) -> float:
         t = max(t, self._last_t)
-        while (self.running or self.waiting) and self._free_at <= t:
+        while self._has_work() and self._free_at <= t:
             if self.fast_forward and self._decode_chunk(self._free_at, t):
                 continue
             if not self._step(self._free_at):
-                head = self.waiting[0] if self.waiting and not self.running else None
-                if head is None or head.ready <= self._free_at:
-                    break  # nothing schedulable (cannot happen for validated requests)
-                self._free_at = head.ready  # idle until the head's overhead has passed
+                wake = self._idle_until(self._free_at)
+                if wake is None or wake > t:
+                    break  # idle past t (or nothing schedulable)
+                self._free_at = wake  # idle until a request is ready or a read lands
         self._last_t = t
         return t
+
+    def _has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.pulling or self.transferring or self.held)
+
+    def _idle_until(self, after: float) -> float | None:
+        """The next time an idle engine has something to do: a waiting request ready, a
+        read landing, a reservation or a hold timing out; None if never."""
+        times = [r.pull_done for r in self.transferring]
+        times += [r.deadline for r in self.pulling]
+        times += [r.deadline for r in self.held.values()]
+        if self.waiting and not self.running:
+            times.append(self.waiting[0].ready)
+        later = [x for x in times if x > after]
+        return min(later) if later else None
 
     def _step(self, start: float) -> bool:
         scheduled, transfer_time = self._schedule(start)
@@ -379,6 +469,9 @@ class EngineCore:
         budget = self.config.max_num_batched_tokens
         scheduled: list[tuple[_Request, int, int]] = []
         self._preempted_this_step = False
+        if self.held or self.pulling or self.transferring:
+            self._expire(start)
+            self._land(start)
         i = 0
         while i < len(self.running) and budget > 0:
             req = self.running[i]
@@ -390,6 +483,8 @@ class EngineCore:
             i += 1
         transfer_time = 0.0
         if not self._preempted_this_step:
+            if self.pulling:
+                self._start_pulls(start)
             transfer_time = self._admit(scheduled, budget, start)
         return scheduled, transfer_time
 
@@ -436,6 +531,69 @@ class EngineCore:
             scheduled.append((req, num_new, computed))
             budget -= num_new
         return self._read_tier(start, tier_blocks) if tier_blocks else 0.0
+
+    # ----------------------------------------------------------------- KV transfer
+
+    def _hold(self, req: _Request, when: float) -> None:
+        """A finished prefill keeps its blocks for the decode instance's read."""
+        req.deadline = when + self.config.kv_hold_timeout
+        first = self._next_block_id
+        self._next_block_id += req.num_blocks
+        req.block_ids = list(range(first, first + req.num_blocks))
+        self.held[req.req_id] = req
+
+    def _expire(self, now: float) -> None:
+        """Free holds never read, give up reservations never made, by their deadline."""
+        for req_id in [k for k, r in self.held.items() if r.deadline <= now]:
+            self._release(self.held.pop(req_id))
+            self._transfer.expired += 1
+            self._version += 1
+        for req in [r for r in self.pulling if r.deadline <= now]:
+            self.pulling.remove(req)
+            self._transfer.failed += 1
+            self._finish(req, req.deadline, "error")
+            self._version += 1
+
+    def _start_pulls(self, start: float) -> None:
+        """Reserve blocks for remote prefills, in order, while there is room, and queue
+        their reads on the link."""
+        while self.pulling and len(self.running) + len(self.transferring) < (
+            self.config.max_num_seqs
+        ):
+            req = self.pulling[0]
+            local, unreferenced, _ = self._lookup(req)
+            remote = req.num_tokens - 1  # the prompt's last token is computed here
+            need = -(-remote // self.block_size) - local
+            if need + unreferenced > self.pool.num_free:
+                return
+            self.pulling.popleft()
+            req.tip = self.pool.acquire(req.hashes, local)
+            self.pool.allocate(need)
+            req.num_private = need
+            req.num_checked_blocks = local
+            req.pull_bytes = (remote - local * self.block_size) * self._kv_token_bytes
+            req.pull_started = start
+            req.pull_done = self.link.read(start, req.pull_bytes)
+            self._count_admission(req, local, 0)
+            req.num_cached_tokens = remote
+            self.transferring.append(req)
+            self._version += 1
+
+    def _land(self, start: float) -> None:
+        """Reads landed by ``start``: their requests join the running batch."""
+        for req in [r for r in self.transferring if r.pull_done <= start]:
+            self.transferring.remove(req)
+            req.num_computed = req.num_tokens - 1
+            pulled = req.num_computed - req.num_checked_blocks * self.block_size
+            self._counters["external"] += pulled
+            self._cache_full_blocks(req)
+            self.running.append(req)
+            stats = self._transfer
+            stats.transfers += 1
+            stats.bytes += req.pull_bytes
+            stats.seconds += req.pull_done - req.pull_started
+            self.landed.append((req.req_id, req.pull_bytes, req.pull_done - req.pull_started))
+            self._version += 1
 
     def _lookup(self, req: _Request) -> tuple[int, int, int]:
         """Blocks of ``req`` cached locally (and how many of those are unreferenced)
@@ -535,6 +693,8 @@ class EngineCore:
         n = len(running)
         if n == 0 or n > self.config.max_num_batched_tokens:
             return None
+        if self.pulling or self.transferring or (self.held and self.waiting):
+            return None  # a read lands, a reservation or a hold times out: step by step
         for r in running:
             if r.num_computed != r.num_tokens - 1:
                 return None
@@ -655,7 +815,10 @@ class EngineCore:
             self._finish(req, last_end, "length")
 
     def _finish(self, req: _Request, when: float, reason: str) -> None:
-        self._release(req)
+        if req.hold_kv and reason == "length" and req.num_blocks:
+            self._hold(req, when)
+        else:
+            self._release(req)
         req.finish_time = when
         req.finish_reason = reason
         self._counters["finished"] += 1

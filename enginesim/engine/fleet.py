@@ -328,7 +328,7 @@ def add_arguments(parser: argparse.ArgumentParser, seed_default: str) -> None:
     add = group.add_argument
     add(
         "--mixed-gpu",
-        type=_argtype("--mixed-gpu", parse_gpu),
+        type=argtype("--mixed-gpu", parse_gpu),
         default=None,
         metavar="GPU@INSTANCES",
         help="instances on another GPU than --gpu (same model), e.g. h100@8-15 or "
@@ -337,7 +337,7 @@ def add_arguments(parser: argparse.ArgumentParser, seed_default: str) -> None:
     )
     add(
         "--speeds",
-        type=_argtype("--speeds", parse_speed),
+        type=argtype("--speeds", parse_speed),
         default=None,
         metavar="SPEEDS",
         help="speed factor per instance: one per instance (1,1,1,0.5) or FACTOR@INSTANCES "
@@ -368,7 +368,7 @@ def add_arguments(parser: argparse.ArgumentParser, seed_default: str) -> None:
     )
 
 
-def _argtype(flag: str, convert: Callable[[str], T]) -> Callable[[str], PerInstance[T]]:
+def argtype(flag: str, convert: Callable[[str], T]) -> Callable[[str], PerInstance[T]]:
     """An argparse ``type`` that shows the parser's own message for a bad entry."""
 
     def parse(text: str) -> PerInstance[T]:

@@ -33,9 +33,11 @@ from pydantic import TypeAdapter, ValidationError
 from rich.progress import Progress, TaskID
 
 from engine_interface import percentile
-from enginesim.engine import GPUS, MODELS, EngineConfig, fleet
+from enginesim.engine import GPUS, MODELS, EngineConfig, fleet, transfer
+from enginesim.engine.transfer import LINKS
 from enginesim.progress import progress_display
 from enginesim.replay import metrics, plots
+from enginesim.replay.policy_costs import model_key
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
 from enginesim.replay.traces import FORMATS, TraceRecord, load_trace, scale_tenant
 from router_worker.routing import REGISTRY
@@ -139,6 +141,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="that tenant's requests FACTOR times as many (what if it doubles: =2)",
     )
     fleet.add_arguments(parser, seed_default="--seed")
+    transfer.add_arguments(parser)
+    add(
+        "--decider",
+        choices=("cost", "always", "never", "prefix_threshold"),
+        default="cost",
+        help="with --roles: when a request is split (router_worker.routing.disagg)",
+    )
+    add(
+        "--decider-threshold",
+        type=int,
+        default=256,
+        help="--decider prefix_threshold: split above this many uncached prompt tokens",
+    )
+    add("--decode-policy", default="decode_room", help="with --roles: the decode stage's policy")
     add("--out", required=True, type=Path)
     add("--no-plots", action="store_true")
     add("--no-progress", action="store_true")
@@ -175,6 +191,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         policy_params=json.loads(args.policy_params),
         variation=fleet.variation_from_args(args, args.instances, args.gpu, args.seed),
         **flow_from_args(args),
+        **disaggregation_from_args(args),
     )
 
 
@@ -210,6 +227,32 @@ def tenant_scales(specs: Sequence[str]) -> list[tuple[str, float]]:
             raise SystemExit(f"--tenant-scale wants TENANT=FACTOR (FACTOR >= 0), not {spec!r}")
         scales.append((tenant, value))
     return scales
+
+
+def disaggregation_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The SimConfig fields of ``--roles`` and the decider's flags (none without roles)."""
+    if args.roles is None:
+        return {}
+    try:
+        roles = args.roles.resolve(args.instances, "both")
+    except ValueError as error:
+        raise SystemExit(f"error: {error}") from None
+    bytes_per_token = MODELS[model_key(args.model)].kv_bytes_per_token()
+    link = LINKS[args.kv_link]
+    decider = {
+        "kind": args.decider,
+        "threshold_tokens": args.decider_threshold,
+        "kv_bytes_per_token": bytes_per_token,
+        "link_bandwidth": link.bandwidth,
+        "link_latency": link.latency,
+    }
+    return {
+        "roles": roles,
+        "decider": decider,
+        "decode_policy": args.decode_policy,
+        "kv_link": args.kv_link,
+        "kv_hold_timeout": args.kv_hold_timeout,
+    }
 
 
 def policies_from_args(names: Sequence[str]) -> list[str]:

@@ -179,6 +179,8 @@ def summarize(result: SimResult, slo: Slo = DEFAULT_SLO) -> dict[str, Any]:
     )
     if result.tier is not None:
         summary["tier"] = tier_summary(result, done, prompt)
+    if result.disaggregation is not None:
+        summary["disaggregation"] = result.disaggregation
     return summary
 
 

@@ -65,6 +65,7 @@ import numpy as np
 from engine_interface.kv_events import KVEventBatch
 from enginesim.engine import EngineConfig, EngineCore, EngineRequestError, GlobalKVTier
 from enginesim.engine.fleet import FleetVariation, instance_hardware
+from enginesim.engine.transfer import DEFAULT_HOLD_TIMEOUT
 from enginesim.replay.policy_costs import fill_coefficients
 from enginesim.replay.traces import TraceRecord, synthesize_tokens
 from router_worker.routing import (
@@ -76,6 +77,14 @@ from router_worker.routing import (
     build_features,
     choose_migrations,
     make_policy,
+)
+from router_worker.routing.disagg import (
+    DeciderParams,
+    MemberView,
+    decide_split,
+    in_decode_pool,
+    in_prefill_pool,
+    pool_views,
 )
 from router_worker.routing.features import DEFAULT_TENANT
 from router_worker.routing.flow import (
@@ -161,9 +170,25 @@ class SimConfig:
     # None: every request is routed on arrival (no quotas either).
     flow: FlowParams | None = None
     tenants: tuple[TenantSettings, ...] = ()
+    # Prefill/decode disaggregation (router_worker.routing.disagg): each instance's role
+    # (empty: all colocated, the code path of a fleet without roles), the decider's
+    # parameters, the decode stage's policy and the link decode instances read over.
+    roles: tuple[str, ...] = ()
+    decider: dict[str, Any] = field(default_factory=dict)
+    decode_policy: str = "decode_room"
+    kv_link: str = "rdma"
+    kv_hold_timeout: float = DEFAULT_HOLD_TIMEOUT
 
     def __post_init__(self) -> None:
         self.variation.check(self.instances)
+        if self.roles:
+            if len(self.roles) != self.instances:
+                raise ValueError(f"roles: {len(self.roles)} for {self.instances} instances")
+            if not any(in_prefill_pool(r) for r in self.roles) or not any(
+                in_decode_pool(r) for r in self.roles
+            ):
+                raise ValueError("roles: a disaggregated cluster needs a prefill and a decode pool")
+            DeciderParams.model_validate(self.decider)
         if self.global_tier_link_instances < 0:
             raise ValueError(
                 "global_tier_link_instances must be >= 0 (0: one shared link), "
@@ -185,6 +210,8 @@ class SimConfig:
             global_tier=tier,
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks=self.num_gpu_blocks,
+            kv_link=self.kv_link,
+            kv_hold_timeout=self.kv_hold_timeout,
         )
 
     def engine_configs(self, tier: GlobalKVTier | None) -> list[EngineConfig]:
@@ -197,7 +224,14 @@ class SimConfig:
             global_tier=tier,
             gpu_memory_utilization=self.gpu_memory_utilization,
             num_gpu_blocks=self.num_gpu_blocks,
+            kv_link=self.kv_link,
+            kv_hold_timeout=self.kv_hold_timeout,
         )
+
+    @property
+    def disaggregated(self) -> bool:
+        """Roles were given (all ``both`` too: any instance may prefill for another)."""
+        return bool(self.roles)
 
     @property
     def varied(self) -> bool:
@@ -225,6 +259,9 @@ class RequestResult:
     priority: str = "standard"
     queued_s: float = 0.0  # time waiting at flow control (part of its TTFT)
     refusal: str | None = None  # flow control's reason when throttled or shed
+    prefill_instance: str | None = None  # split: where it was prefilled
+    stage: str | None = None  # disaggregated cluster: decode | whole | fallback
+    transfer_bytes: int = 0  # split: KV bytes the decode instance read
 
     def to_json(self) -> dict[str, Any]:
         keys = (
@@ -248,6 +285,10 @@ class RequestResult:
             out.update(tenant=self.tenant, priority=self.priority, queued_s=self.queued_s)
             if self.refusal is not None:
                 out["refusal"] = self.refusal
+        if self.stage is not None:
+            out["stage"] = self.stage
+            out["prefill_instance"] = self.prefill_instance
+            out["transfer_bytes"] = self.transfer_bytes
         return out
 
 
@@ -297,6 +338,8 @@ class SimResult:
     # The autoscaling signal the (first) router exports, at each scrape tick: (ticks, 2) of
     # queued prefill seconds per healthy instance and KV pressure (routing/saturation.py)
     saturation_samples: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    # A disaggregated cluster: requests split and colocated, KV bytes read, reads failed
+    disaggregation: dict[str, Any] | None = None
 
 
 @dataclass
@@ -309,6 +352,8 @@ class _Flight:
     slot: int = -1
     estimated_uncached: int = 0
     router: int = 0  # which router took it (the one that accounts and retries it)
+    stage: str = "whole"  # prefill | decode | whole | fallback (disaggregated clusters)
+    prefill_slot: int = -1  # split: the instance holding its prefilled KV
 
 
 @dataclass
@@ -323,6 +368,9 @@ class _Router:
     flow: FlowController | None = None  # with SimConfig.flow
     quota: QuotaLedger = field(default_factory=QuotaLedger)
     waiting: dict[str, tuple[FlowRequest, _Flight, np.ndarray]] = field(default_factory=dict)
+    # disaggregation: the prefill and decode pools' views, the decode stage's policy
+    pools: tuple[MemberView, MemberView] | None = None
+    decode_policy: Any = None
 
 
 @dataclass
@@ -384,6 +432,14 @@ class Simulator:
             _Router(self._new_state(), make_policy(policy, params, seed=config.seed + k))
             for k in range(config.routers)
         ]
+        if config.disaggregated:
+            roles = dict(zip(self.ids, config.roles, strict=True))
+            self.decider = DeciderParams.model_validate(config.decider)
+            for k, router in enumerate(self.routers):
+                router.pools = pool_views(router.state, roles)
+                router.decode_policy = make_policy(config.decode_policy, seed=config.seed + k)
+        self.split_counts = {"split": 0, "colocated": 0, "fallback": 0}
+        self.transfer_bytes = 0
         if config.replica_sync and config.routers > 1:
             for k, router in enumerate(self.routers):
                 router.peer_reports = PeerReports(_PeerDelivery(self, k), relays_at_once=False)
@@ -588,11 +644,84 @@ class Simulator:
         """Route, account and start a request's first attempt."""
         router = self.routers[flight.router]
         try:
-            attempt = flight.life.route(router.state.view(), self.now)
+            if router.pools is not None:
+                self._decide_split(flight, router.pools)
+            attempt = flight.life.route(self._stage_view(flight), self.now)
         except NoEligibleInstanceError:
             self._end(flight, "rejected")
             return
         self._start(flight, attempt, tokens)
+
+    # ----------------------------------------------------------------- disaggregation
+
+    def _decide_split(self, flight: _Flight, pools: tuple[MemberView, MemberView]) -> None:
+        """The decider, as the live router runs it (RouterCore._route)."""
+        prefill, decode = pools
+        split = decide_split(self.decider, flight.life.features, prefill, decode)
+        flight.stage = "prefill" if split.split else "whole"
+        if not split.split and not decode.eligible.any():
+            flight.stage = "fallback"
+        if split.split:
+            flight.life.max_attempts += 1  # the decode attempt is not a retry
+        self.split_counts["split" if split.split else "colocated"] += 1
+        flight.result.stage = flight.stage
+
+    def _stage_view(self, flight: _Flight) -> Any:
+        """The view the flight's stage decides and retries over (Plan.stage_view)."""
+        router = self.routers[flight.router]
+        if router.pools is None or flight.stage == "fallback":
+            return router.state.view()
+        return router.pools[0] if flight.stage == "prefill" else router.pools[1]
+
+    def _prefilled(self, flight: _Flight, output: Any) -> None:
+        """A split request's prefill finished: its decode attempt is routed and sent
+        (the read is the decode engine's); a failed prefill falls back to colocated."""
+        life, router = flight.life, self.routers[flight.router]
+        del self.flights[flight.result.id]
+        self.true_pending[flight.slot] -= flight.estimated_uncached
+        life.finish(self.now, 1, ok=output.finish_reason == "length")
+        if output.finish_reason == "length":
+            flight.prefill_slot, flight.stage = flight.slot, "decode"
+            flight.result.stage = "decode"
+            flight.result.prefill_instance = self.ids[flight.slot]
+            try:
+                attempt = life.next_stage(
+                    router.decode_policy, self._stage_view(flight), self.now, "decode"
+                )
+                self._start(flight, attempt, None)
+                return
+            except NoEligibleInstanceError:
+                self._release_hold(flight)
+        self._fall_back(flight)
+
+    def _fall_back(self, flight: _Flight) -> None:
+        flight.stage = flight.result.stage = "fallback"
+        self.split_counts["fallback"] += 1
+        router = self.routers[flight.router]
+        try:
+            attempt = flight.life.next_stage(
+                router.policy, router.state.view(), self.now, "fallback"
+            )
+        except NoEligibleInstanceError:
+            self._end(flight, "rejected")
+            return
+        self._start(flight, attempt, None)
+
+    def _release_hold(self, flight: _Flight) -> None:
+        engine = self.instances[flight.prefill_slot].engine
+        if engine is not None and engine.release_held(flight.result.id, self.now):
+            self._engine_touched(flight.prefill_slot)
+
+    def _landed(self, slot: int) -> None:
+        """Reads the decode engine at ``slot`` finished: the prefill side frees them."""
+        engine = self.instances[slot].engine
+        assert engine is not None
+        for request_id, num_bytes, _ in engine.take_landed():
+            self.transfer_bytes += num_bytes
+            flight = self.flights.get(request_id)
+            if flight is not None:
+                flight.result.transfer_bytes += num_bytes
+                self._release_hold(flight)
 
     def _start(self, flight: _Flight, attempt: Attempt, tokens: np.ndarray | None) -> None:
         """Send a routed attempt (a first try or a retry); then let a migrating policy
@@ -617,7 +746,15 @@ class Simulator:
         try:
             if tokens is None:  # a retry: synthesising again is cheaper than keeping prompts
                 tokens = synthesize_tokens(flight.record)
-            engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
+            prefill = flight.stage == "prefill"
+            engine.add_request(
+                result.id,
+                tokens,
+                1 if prefill else result.output_tokens_asked,
+                self.now,
+                hold_kv=prefill,
+                remote_prefill=flight.stage == "decode",
+            )
         except EngineRequestError:  # vLLM answers 400: the router sees an error
             # The refusal comes before the router could tell its peers: they never hear.
             life.observers = NO_OBSERVERS
@@ -716,6 +853,8 @@ class Simulator:
             return
         for output in engine.advance_to(self.now, events_only=True):
             self._on_output(output)
+        if engine.landed:
+            self._landed(slot)
         self._engine_touched(slot)
 
     def _on_output(self, output: Any) -> None:
@@ -723,6 +862,10 @@ class Simulator:
         if flight is None:
             return
         result = flight.result
+        if flight.stage == "prefill":  # its one token is not the client's
+            if output.finished:
+                self._prefilled(flight, output)
+            return
         result.output_tokens = output.num_output_tokens
         if output.first_token_time is not None and result.first_token_s is None:
             self._on_first_token(flight, output)
@@ -898,7 +1041,7 @@ class Simulator:
         for flight in victims:
             result = flight.result
             del self.flights[result.id]
-            view = self.routers[flight.router].state.view()
+            view = self._stage_view(flight)
             # the lifecycle's retry rule: decide again without this instance, before the
             # first token only (the engine's, not yet the delayed telemetry's)
             verdict = flight.life.fail(
@@ -944,7 +1087,24 @@ class Simulator:
             result.fleet = self._fleet_record()
         if self.tier is not None:
             self._tier_result(result)
+        if self.config.disaggregated:
+            result.disaggregation = self._disagg_record()
         return result
+
+    def _disagg_record(self) -> dict[str, Any]:
+        counts = self.split_counts
+        decided = counts["split"] + counts["colocated"]
+        failed = sum(
+            i.engine.stats().transfer.failed for i in self.instances if i.engine is not None
+        )
+        return {
+            **counts,
+            "split_ratio": counts["split"] / decided if decided else None,
+            "transfer_bytes": self.transfer_bytes,
+            "transfers_failed": failed,
+            "roles": list(self.config.roles),
+            "decider": DeciderParams.model_validate(self.config.decider).kind,
+        }
 
     def _fleet_record(self) -> dict[str, Any]:
         config = self.config

@@ -18,7 +18,7 @@ from engine_interface.agent_apis import responses_turns
 from engine_interface.openai_errors import ErrorShape
 from enginesim.engine.core import EngineRequestError
 from enginesim.engine.fleet import instance_hardware
-from enginesim.server import openai_api, tokenizer
+from enginesim.server import disagg, openai_api, tokenizer
 from enginesim.server.agent_api import MessagesRenderer, ResponsesRenderer, ResponseStore
 from enginesim.server.chat import ChatTemplate
 from enginesim.server.driver import RequestStream
@@ -100,22 +100,32 @@ class InstanceAPI:
                 gen = await asyncio.to_thread(parse, body, inst.served_name, inst.max_model_len)
             else:
                 gen = parse(body, inst.served_name, inst.max_model_len)
+            kv = disagg.parse_kv_transfer(body, inst.settings.role, gen.stream)
         except APIError as exc:
             return JSONResponse(exc.body(shape), status_code=exc.status)
+        on_landed = None
+        if kv is not None and kv.remote is not None:
+            failure = await self._claim(kv.remote, len(gen.prompt_token_ids))
+            if failure is not None:
+                return failure
+            on_landed = functools.partial(inst.side_channel.release, kv.remote)
         # vLLM's request id: the client's X-Request-Id when it sends one. The engine's own
         # id stays unique (clients may send one id twice), as vLLM's does.
         unique = uuid.uuid4().hex
         given = None if gen.kind == "responses" else request.headers.get("x-request-id")
         req_id = ID_PREFIXES[gen.kind] + (given or unique)
         driver = inst.driver
+        engine_req_id = f"{req_id}-{unique}" if given else req_id
         try:
             answer = tokenizer.SyntheticText(gen.seed).token_id_array(0, gen.max_tokens)
             stream = driver.submit(
-                f"{req_id}-{unique}" if given else req_id,
+                engine_req_id,
                 gen.prompt_token_ids,
                 gen.max_tokens,
                 gen.natural_stop,
                 output_token_ids=answer,
+                hold_kv=kv is not None and kv.hold,
+                on_landed=on_landed,
             )
         except EngineRequestError as exc:
             return error_response(400, str(exc), shape=shape)
@@ -140,7 +150,10 @@ class InstanceAPI:
 
         def render() -> dict[str, Any]:
             self._log(timing, stream, completed=True)
-            return renderer.whole(self._outcome(gen, stream, req_id, stream.num_output_tokens))
+            answer = renderer.whole(self._outcome(gen, stream, req_id, stream.num_output_tokens))
+            if kv is not None and kv.hold:  # vLLM's answer names the blocks the decode reads
+                answer["kv_transfer_params"] = self._held_params(engine_req_id)
+            return answer
 
         return PendingJSONResponse(stream.wait_finished(), render, inst.faults, on_disconnect)
 
@@ -200,6 +213,65 @@ class InstanceAPI:
             completed = True
         finally:
             self._log(timing, stream, completed)
+
+    # -- disaggregation ----------------------------------------------------------
+
+    async def _claim(self, remote: disagg.RemoteBlocks, prompt_tokens: int) -> Response | None:
+        """A decode call's blocks, claimed from the prefill instance before the request
+        enters the engine; the 500 the client gets when they cannot be read."""
+        try:
+            held = await self.instance.side_channel.claim(remote)
+            if held != prompt_tokens:
+                raise disagg.TransferFailed(
+                    f"the blocks hold {held} prompt tokens; this prompt has {prompt_tokens}"
+                )
+        except disagg.TransferFailed as exc:
+            self.instance.metrics.failed_transfers += 1
+            return error_response(500, f"KV transfer failed: {exc}")
+        return None
+
+    def _held_params(self, engine_req_id: str) -> dict[str, Any] | None:
+        inst = self.instance
+        block_ids = inst.engine.held_block_ids(engine_req_id)
+        if block_ids is None:
+            return None
+        settings = inst.settings
+        return disagg.answer_params(
+            inst.engine_id, engine_req_id, block_ids, settings.host, settings.port
+        )
+
+    async def kv_claim(self, request: Request) -> Response:
+        """The side channel: a decode instance asks to read the blocks a prefill holds."""
+        inst = self.instance
+        try:
+            body = await _json_body(request)
+            engine_id, req_id, block_ids = _side_channel_body(body)
+        except APIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        if engine_id != inst.engine_id:
+            return error_response(
+                404, f"engine {engine_id} is not this instance's ({inst.engine_id}): restarted?"
+            )
+        inst.driver.advance()  # holds past their timeout are freed first
+        held = inst.engine.held_block_ids(req_id)
+        if held is None:
+            return error_response(404, f"no blocks held for {req_id} (read, or timed out)")
+        if held != block_ids:
+            return error_response(409, f"{req_id} holds blocks {held}, not {block_ids}")
+        return JSONResponse({"num_tokens": inst.engine.held_tokens(req_id)})
+
+    async def kv_release(self, request: Request) -> Response:
+        """The side channel: the decode instance has read the blocks."""
+        inst = self.instance
+        try:
+            body = await _json_body(request)
+            engine_id, req_id, _ = _side_channel_body(body)
+        except APIError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
+        released = engine_id == inst.engine_id and inst.engine.release_held(
+            req_id, inst.driver.advance()
+        )
+        return JSONResponse({"released": released})
 
     def _log(self, timing: RequestTiming, stream: RequestStream, completed: bool) -> None:
         log = self.instance.request_log
@@ -295,6 +367,8 @@ class InstanceAPI:
         return JSONResponse(
             {
                 "instance": self.instance.settings.index,
+                "role": self.instance.settings.role,
+                "kv_link": self.instance.engine_config.kv_link.key,
                 **instance_hardware(self.instance.engine_config),
             }
         )
@@ -314,6 +388,23 @@ class InstanceAPI:
 
 def _answer(seed: int, tokens: int) -> str:
     return tokenizer.SyntheticText(seed).text(0, tokens)
+
+
+def _side_channel_body(body: Any) -> tuple[str, str, list[int]]:
+    if not isinstance(body, dict):
+        raise APIError(400, "request body must be a JSON object")
+    engine_id, req_id, block_ids = (
+        body.get("engine_id"),
+        body.get("request_id"),
+        body.get("block_ids"),
+    )
+    if not isinstance(engine_id, str):
+        raise APIError(400, "engine_id must be a string", "engine_id")
+    if not isinstance(req_id, str):
+        raise APIError(400, "request_id must be a string", "request_id")
+    if not isinstance(block_ids, list) or not all(isinstance(b, int) for b in block_ids):
+        raise APIError(400, "block_ids must be a list of integers", "block_ids")
+    return engine_id, req_id, block_ids
 
 
 class FaultGate:
@@ -397,6 +488,8 @@ def build_app(instance: Instance) -> Any:
         Route("/detokenize", api.detokenize, methods=["POST"]),
         Route("/metrics", api.metrics, methods=["GET"]),
         Route("/reset_prefix_cache", api.reset_prefix_cache, methods=["POST"]),
+        Route(disagg.CLAIM_PATH, api.kv_claim, methods=["POST"]),
+        Route(disagg.RELEASE_PATH, api.kv_release, methods=["POST"]),
         Route("/admin/fault", api.get_fault, methods=["GET"]),
         Route("/admin/hardware", api.hardware, methods=["GET"]),
         Route("/admin/fault", api.post_fault, methods=["POST"]),

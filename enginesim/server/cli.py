@@ -17,6 +17,11 @@ as ``replay``) makes instances unlike each other in simulated time: a speed-0.5 
 steps take twice as long, so its TTFT and ITL (``/metrics``) double, unlike a ``slow``
 fault, which stretches only the wall clock. ``GET /admin/hardware`` on an instance's port
 says what it runs on.
+
+Prefill/decode disaggregation (``--roles``, ``--kv-link``, ``--kv-hold-timeout``;
+enginesim.server.disagg): each instance is a prefill, decode or both instance and speaks
+vLLM's NIXL ``kv_transfer_params``; reads go over the link preset. With ``--roles`` every
+instance exports the transfer metrics (``vllm:nixl_*``).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import signal
 from typing import Any
 
 from chat_templates import TemplateLoadError
-from enginesim.engine import fleet
+from enginesim.engine import fleet, transfer
 from enginesim.server.chat import model_template
 from enginesim.server.faults import FaultError, FaultRequest
 from enginesim.server.instance import Instance, InstanceSettings
@@ -113,6 +118,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(repeatable)",
     )
     fleet.add_arguments(parser, seed_default="0")
+    transfer.add_arguments(parser)
 
 
 def _engine_parts(
@@ -133,6 +139,8 @@ def _engine_parts(
             max_model_len=args.max_model_len,
             global_tier=tier,
             gpu_memory_utilization=args.gpu_memory_utilization,
+            kv_link=args.kv_link,
+            kv_hold_timeout=args.kv_hold_timeout,
         )
     except (KeyError, ValueError) as exc:  # an unknown GPU or model, a model that does not fit
         raise SystemExit(f"error: {exc}") from None
@@ -165,6 +173,10 @@ def build_instances(
     except TemplateLoadError as exc:
         raise SystemExit(f"--chat-template: {exc}") from None
     request_log = RequestLog(args.request_log) if args.request_log else None
+    try:
+        roles = args.roles.resolve(args.instances, "both") if args.roles else None
+    except ValueError as exc:
+        raise SystemExit(f"error: {exc}") from None
     instances = []
     for index in range(args.instances):
         publisher = None
@@ -172,7 +184,13 @@ def build_instances(
             pub, replay = instance_endpoints(args.kv_events, index)
             publisher = KVEventPublisher(pub, replay, args.kv_encoding, args.kv_topic)
         settings = InstanceSettings(
-            index, args.host, args.base_port + index, args.time_scale, args.stream_interval
+            index,
+            args.host,
+            args.base_port + index,
+            args.time_scale,
+            args.stream_interval,
+            role=roles[index] if roles else "both",
+            kv_connector=roles is not None,
         )
         link = index // per_link if per_link else 0
         config = configs[index]

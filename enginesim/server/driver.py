@@ -125,6 +125,7 @@ class EngineDriver:
         self._token_period = DEFAULT_TOKEN_PERIOD
         self._last_token_at = 0.0
         self._wakeup: asyncio.Future[None] | None = None
+        self._on_landed: dict[str, Callable[[], None]] = {}  # remote prefills being read
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -143,14 +144,26 @@ class EngineDriver:
         max_tokens: int,
         natural_stop: bool = False,
         output_token_ids: Sequence[int] | np.ndarray | None = None,
+        hold_kv: bool = False,
+        on_landed: Callable[[], None] | None = None,
     ) -> RequestStream:
         """Add a request to the engine now; raises the engine's request error.
-        ``output_token_ids``: the answer's token ids, so its blocks get cached."""
+        ``output_token_ids``: the answer's token ids, so its blocks get cached. ``hold_kv``:
+        a prefill whose blocks are held for a remote decode. ``on_landed``: the request is
+        a remote prefill, read over the link first; called once the read has landed."""
         now = self.clock.now()
         self._step(now)
         self.engine.add_request(
-            req_id, list(prompt_token_ids), max_tokens, now, output_token_ids=output_token_ids
+            req_id,
+            list(prompt_token_ids),
+            max_tokens,
+            now,
+            output_token_ids=output_token_ids,
+            hold_kv=hold_kv,
+            remote_prefill=on_landed is not None,
         )
+        if on_landed is not None:
+            self._on_landed[req_id] = on_landed
         stream = RequestStream(req_id, len(prompt_token_ids), max_tokens, natural_stop, now)
         self._streams[req_id] = stream
         self.wake()
@@ -162,6 +175,7 @@ class EngineDriver:
             return
         now = self.clock.now()
         self._streams.pop(stream.req_id, None)
+        self._on_landed.pop(stream.req_id, None)
         self.engine.abort(stream.req_id, now)
         self._finish(stream, "abort", now)
         self.wake()
@@ -198,11 +212,23 @@ class EngineDriver:
             step_end = now + self._token_period
         return min(next_time, step_end)
 
+    def advance(self) -> float:
+        """Bring the engine to now (before asking it what it holds); returns now."""
+        now = self.clock.now()
+        self._step(now)
+        return now
+
     def _step(self, now: float) -> None:
         for output in self.engine.advance_to(now):
             stream = self._streams.get(output.req_id)
             if stream is not None:
                 self._apply(stream, output, now)
+        if self._on_landed:
+            for req_id, num_bytes, seconds in self.engine.take_landed():
+                self.metrics.observe_transfer(num_bytes, seconds)
+                landed = self._on_landed.pop(req_id, None)
+                if landed is not None:
+                    landed()
 
     def _apply(self, stream: RequestStream, output: Any, now: float) -> None:
         new_tokens = output.num_output_tokens - stream.num_output_tokens
@@ -210,6 +236,7 @@ class EngineDriver:
             self._record_tokens(stream, output, new_tokens, now)
         if output.finished:
             self._streams.pop(stream.req_id, None)
+            self._on_landed.pop(stream.req_id, None)
             end = output.finish_time if output.finish_time is not None else now
             self._finish(stream, self._finish_reason(stream, output), end)
         else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,7 @@ import uvicorn
 
 from engine_interface.kv_events import AllBlocksCleared
 from enginesim.server.chat import ChatTemplate, model_template
+from enginesim.server.disagg import SideChannel
 from enginesim.server.driver import EngineDriver, VirtualClock
 from enginesim.server.faults import FaultRequest, FaultState
 from enginesim.server.kv_events import KVEventPublisher
@@ -33,6 +35,8 @@ class InstanceSettings:
     port: int
     time_scale: float
     stream_interval: int = 1
+    role: str = "both"  # prefill | decode | both (enginesim.server.disagg)
+    kv_connector: bool = False  # disaggregation is on: export the transfer metrics
 
 
 class QuietServer(uvicorn.Server):
@@ -65,6 +69,8 @@ class Instance:
         self.kv_publisher = kv_publisher
         self.faults = FaultState()
         self.clock = VirtualClock(settings.time_scale)
+        self.side_channel = SideChannel()
+        self.engine_id = ""
         self.driver: EngineDriver = self._boot()
         self._server: uvicorn.Server | None = None
         self._server_task: asyncio.Task[None] | None = None
@@ -94,12 +100,16 @@ class Instance:
     def _boot(self) -> EngineDriver:
         sink = self.kv_publisher.publish if self.kv_publisher is not None else None
         engine = self._engine_factory(sink)
+        # vLLM's engine id is a fresh UUID per start: a restarted instance's holds are gone,
+        # and a read naming its former id fails.
+        self.engine_id = uuid.uuid4().hex
         metrics = ServerMetrics(
             self.served_name,
             self.max_model_len,
             self.cache_info(),
             lambda: self.driver.engine.stats(),
             lambda: self.clock.wall_per_virtual,
+            kv_connector=self.settings.kv_connector,
         )
         return EngineDriver(engine, self.clock, metrics)
 
@@ -168,3 +178,4 @@ class Instance:
     async def stop(self) -> None:
         await self._stop_server()
         await self.driver.stop()
+        await self.side_channel.close()

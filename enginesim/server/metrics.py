@@ -59,6 +59,10 @@ REQUEST_LATENCY_BUCKETS = (
     50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 )  # fmt: skip
 
+# The NIXL histograms: transfer durations from 1 ms to 5 s, sizes in powers of 4 from 2 KiB.
+XFER_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0)
+BYTES_BUCKETS = tuple(float(2 ** (11 + 2 * k)) for k in range(12))
+
 
 def buckets_1_2_5(max_value: int) -> list[int]:
     """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
@@ -112,8 +116,10 @@ class _EngineStateCollector:
         stats_fn: Callable[[], Any],
         cache_info: Mapping[str, str],
         time_scale_fn: Callable[[], float],
+        kv_connector: bool = False,
     ) -> None:
         self.label_values = label_values
+        self.kv_connector = kv_connector
         self._stats_fn = stats_fn
         self._cache_info = dict(cache_info)
         self._time_scale_fn = time_scale_fn
@@ -160,6 +166,8 @@ class _EngineStateCollector:
         )
         if stats.has_tier:
             yield from self._tier(stats)
+        if self.kv_connector:
+            yield from self._transfer(stats.transfer)
         info = GaugeMetricFamily(
             ei.CACHE_CONFIG_INFO.name,
             "Information of the LLMEngine CacheConfig",
@@ -171,6 +179,26 @@ class _EngineStateCollector:
             "enginesim:time_scale",
             "Wall seconds per simulated second (latencies here are simulated seconds).",
             value=self._time_scale_fn(),
+        )
+
+    def _transfer(self, transfer: Any) -> Iterator[Metric]:
+        yield self._gauge(
+            ei.KV_HELD_REQUESTS.name,
+            "Finished prefills whose KV blocks are held for a decode instance to read.",
+            transfer.held_requests,
+        )
+        yield self._gauge(
+            ei.KV_HELD_BLOCKS.name, "KV blocks held for decode instances.", transfer.held_blocks
+        )
+        yield self._counter(
+            ei.KV_HOLDS_EXPIRED.name,
+            "Held prefills freed by the timeout, never read.",
+            transfer.expired,
+        )
+        yield self._gauge(
+            ei.KV_TRANSFERS_IN_FLIGHT.name,
+            "Remote prefills this instance is reading (or waiting for room to read).",
+            transfer.in_flight,
         )
 
     def _tier(self, stats: Any) -> Iterator[Metric]:
@@ -213,8 +241,19 @@ class ServerMetrics:
         cache_info: Mapping[str, str],
         stats_fn: Callable[[], Any],
         time_scale_fn: Callable[[], float],
+        kv_connector: bool = False,
     ) -> None:
         self.label_values = [model_name, ENGINE_INDEX]
+        self.kv_connector = kv_connector
+        self.xfer_time = SimpleHistogram(
+            ei.NIXL_XFER_TIME.name, "Histogram of transfer duration for KV cache.", XFER_BUCKETS
+        )
+        self.xfer_bytes = SimpleHistogram(
+            ei.NIXL_BYTES.name,
+            "Histogram of number of bytes transferred per KV cache transfer.",
+            BYTES_BUCKETS,
+        )
+        self.failed_transfers = 0
         token_buckets = buckets_1_2_5(max_model_len)
         self.ttft = SimpleHistogram(
             ei.TTFT.name,
@@ -262,7 +301,9 @@ class ServerMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_ServerCollector(self))
         self.registry.register(
-            _EngineStateCollector(self.label_values, stats_fn, cache_info, time_scale_fn)
+            _EngineStateCollector(
+                self.label_values, stats_fn, cache_info, time_scale_fn, kv_connector
+            )
         )
 
     def histograms(self) -> list[SimpleHistogram]:
@@ -270,6 +311,10 @@ class ServerMetrics:
             self.ttft, self.itl, self.tpot, self.request_tpot, self.e2e,
             self.prompt_len, self.generation_len, self.max_tokens_param,
         ]  # fmt: skip
+
+    def observe_transfer(self, num_bytes: int, seconds: float) -> None:
+        self.xfer_bytes.observe(num_bytes)
+        self.xfer_time.observe(seconds)
 
     def observe_first_token(self, ttft: float, prompt_tokens: int) -> None:
         self.ttft.observe(ttft)
@@ -332,3 +377,11 @@ class _ServerCollector:
         yield success
         for histogram in m.histograms():
             yield histogram.family(lv)
+        if m.kv_connector:
+            yield m.xfer_time.family(lv)
+            yield m.xfer_bytes.family(lv)
+            failed = CounterMetricFamily(
+                ei.NIXL_FAILED.name, "Number of failed KV cache transfers.", labels=LABELS
+            )
+            failed.add_metric(lv, m.failed_transfers)
+            yield failed

@@ -257,6 +257,7 @@ def full_response(
     text: str,
     finish_reason: str | None,
     usage_info: dict[str, Any],
+    kv_transfer_params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The non-streaming body of a chat or text completion."""
     if kind == "chat":
@@ -287,7 +288,7 @@ def full_response(
             "system_fingerprint": None,
             "usage": usage_info,
             "prompt_logprobs": None,
-            "kv_transfer_params": None,
+            "kv_transfer_params": kv_transfer_params,
         }
     choice = {
         "index": 0,
@@ -306,7 +307,7 @@ def full_response(
         "service_tier": None,
         "system_fingerprint": None,
         "usage": usage_info,
-        "kv_transfer_params": None,
+        "kv_transfer_params": kv_transfer_params,
     }
 
 

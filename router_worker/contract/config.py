@@ -27,6 +27,7 @@ from pydantic import (
 )
 
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
+from router_worker.routing.disagg import DeciderParams, Role
 from router_worker.routing.flow import DEFAULT_TENANT, FlowParams, TenantSettings
 from router_worker.routing.sessions import SESSION_SOURCES, SessionSource
 
@@ -52,6 +53,11 @@ class InstanceSpec(_Strict):
     kv_replay: str | None = Field(
         default=None,
         description="ZMQ endpoint of the engine's KV events replay socket (gap recovery).",
+    )
+    role: Role = Field(
+        default="both",
+        description="Prefill/decode disaggregation: prefill, decode, or both (serves either "
+        "half, and whole requests).",
     )
 
     @field_validator("name")
@@ -83,6 +89,18 @@ class PolicySpec(_Strict):
             raise ValueError(f"unknown policy kind {self.kind!r}; known: {sorted(REGISTRY)}")
         policy_class.Params.model_validate(self.params)
         return self
+
+
+class DisaggregationSpec(_Strict):
+    """How a cluster with prefill and decode instances routes (router_worker.routing.disagg):
+    the decode stage's policy (the prefill stage and colocated requests take the arm's
+    policy) and the decider."""
+
+    decode_policy: PolicySpec = Field(
+        default_factory=lambda: PolicySpec(kind="decode_room"),
+        description="The decode stage's policy.",
+    )
+    decider: DeciderParams = Field(default_factory=DeciderParams)
 
 
 class ArmSpec(_Strict):
@@ -378,6 +396,34 @@ class RouterConfig(_Strict):
         "unless listed here).",
     )
     flow: FlowParams = Field(default_factory=FlowParams)
+    disaggregation: DisaggregationSpec | None = Field(
+        default=None,
+        description="Prefill/decode disaggregation: the decode stage's policy and the "
+        "decider (unset: their defaults when some instance is not of role both).",
+    )
+
+    @property
+    def disaggregated(self) -> bool:
+        """Some instance is a prefill or a decode instance, or the document configures
+        disaggregation (then instances of role both may prefill for one another)."""
+        if self.disaggregation is not None:
+            return True
+        return any(instance.role != "both" for instance in self.instances)
+
+    @property
+    def stages(self) -> DisaggregationSpec:
+        """The disaggregation settings in force (the defaults when unset)."""
+        return self.disaggregation or DisaggregationSpec()
+
+    @model_validator(mode="after")
+    def _pools_exist(self) -> RouterConfig:
+        if self.disaggregated:
+            roles = {i.role for i in self.instances}
+            if not roles & {"prefill", "both"}:
+                raise ValueError("instances.role: a disaggregated cluster needs a prefill pool")
+            if not roles & {"decode", "both"}:
+                raise ValueError("instances.role: a disaggregated cluster needs a decode pool")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -110,6 +110,9 @@ class Attempt:
     detail: str = ""  # the driver's account of the failure (for logs and events)
     final: bool = False  # failed for no fault of the instance's (no retry, no strike)
     uncached_tokens: int = 0  # prefill work as accounted at dispatch
+    # A split request's decode attempt: it reads the prompt's KV from the prefill instance
+    # and computes only the last token (router_worker.routing.disagg).
+    remote_prefill: bool = False
 
     @property
     def open(self) -> bool:
@@ -332,12 +335,30 @@ class RequestLifecycle:
             raise IllegalTransition(f"request {self.request_id}: already routed")
         return self._decide(view, now, "first")
 
+    def next_stage(
+        self, policy: RoutingPolicy, view: ClusterView, now: float, reason: str
+    ) -> Attempt:
+        """Open the next stage's attempt once the current one has ended: a split
+        request's decode after its prefill (``reason`` decode), or a colocated fallback
+        (``reason`` fallback). ``policy`` decides it and the stage's retries; instances that
+        failed the request stay excluded. Raises NoEligibleInstanceError."""
+        if self.attempts and self.current.open:
+            raise IllegalTransition(
+                f"request {self.request_id}: next stage while {self.current.phase.value}"
+            )
+        self.policy = policy
+        attempt = self._decide(view, now, reason)
+        attempt.remote_prefill = reason == "decode"
+        return attempt
+
     def dispatch(self, now: float) -> int:
         """The current attempt was sent: account it; returns its uncached prompt tokens."""
         attempt = self._expect(Phase.ROUTED, "dispatch")
         for hook in self.observers.sending:
             hook(self, attempt)
         cached = attempt.decision.cached_tokens if attempt.decision is not None else None
+        if attempt.remote_prefill:
+            cached = max(self.features.prompt_tokens - 1, 0)
         attempt.uncached_tokens = self.state.on_dispatch(
             self.features, attempt.instance, now, cached_tokens=cached
         )

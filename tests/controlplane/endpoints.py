@@ -98,6 +98,14 @@ WRITES = [
     ),
     Endpoint(
         "POST",
+        "/api/v1/instances/{i0}/role",
+        "operator",
+        body={"role": "decode", **REASON},
+        audit_action="instance.role",
+        updates=True,
+    ),
+    Endpoint(
+        "POST",
         "/api/v1/instances/{i3}/enable",
         "operator",
         body=REASON,

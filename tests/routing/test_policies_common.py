@@ -18,7 +18,7 @@ from .helpers import add_pending, cluster, features, tokens, warm
 KINDS = sorted(REGISTRY)
 
 
-def test_registry_lists_the_eleven_policies_with_descriptions():
+def test_registry_lists_the_twelve_policies_with_descriptions():
     assert set(KINDS) == {
         "round_robin",
         "least_load",
@@ -31,6 +31,7 @@ def test_registry_lists_the_eleven_policies_with_descriptions():
         "predicted_ttft",
         "llmd",
         "llmd_precise",
+        "decode_room",
     }
     assert all(DESCRIPTIONS[kind] for kind in KINDS)
 

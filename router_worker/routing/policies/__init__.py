@@ -23,6 +23,7 @@ from router_worker.routing.policies.base import (
     RoutingPolicy,
 )
 from router_worker.routing.policies.cache_aware import CacheAwarePolicy
+from router_worker.routing.policies.decode_room import DecodeRoomPolicy
 from router_worker.routing.policies.dualmap import DualMapPolicy
 from router_worker.routing.policies.least_load import LeastLoadPolicy
 from router_worker.routing.policies.linear import LinearPolicy
@@ -45,6 +46,7 @@ REGISTRY: dict[str, type[RoutingPolicy]] = {
         DualMapPolicy,
         LMetricPolicy,
         SMetricPolicy,
+        DecodeRoomPolicy,
         PredictedTTFTPolicy,
         LlmdPolicy,
         LlmdPrecisePolicy,

@@ -47,9 +47,9 @@ REGISTRY: dict[str, type[RoutingPolicy]] = {
         LMetricPolicy,
         SMetricPolicy,
         DecodeRoomPolicy,
-        PredictedTTFTPolicy,
         LlmdPolicy,
         LlmdPrecisePolicy,
+        PredictedTTFTPolicy,
     )
 }
 DESCRIPTIONS: dict[str, str] = {kind: cls.description for kind, cls in REGISTRY.items()}

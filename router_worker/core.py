@@ -194,6 +194,7 @@ class RouterCore:
             policy=arm.policy,
             state=self.state,
             max_attempts=runtime.config.router.max_attempts,
+            max_continuations=runtime.config.router.max_continuations,
             observers=self.observers,
             runtime=runtime,
             arm=arm,

@@ -26,7 +26,7 @@ from functools import partial
 
 import httpx
 
-from router_worker.errors import APIError, send_error
+from router_worker.errors import APIError, send_error, sse_error_event
 from router_worker.failures import (
     UpstreamFailure,
     bad_response,
@@ -37,15 +37,17 @@ from router_worker.failures import (
     transport_failure,
     unexpected_media_type,
 )
-from router_worker.plan import TakenBack
+from router_worker.plan import Plan, TakenBack
 from router_worker.relay import Exchange, relay_stream, relay_whole
 from router_worker.runtime import Runtime
+from router_worker.sse import DONE_EVENT
 from router_worker.upstream import (
     FastTransport,
     LocalExhaustion,
     ResponseDeadline,
     ResponseTooLarge,
     Target,
+    Upstream,
     make_target,
 )
 
@@ -72,10 +74,47 @@ class Dispatcher:
                 raise
             if failure is None:
                 return
+            if ex.splice is not None:  # the client has bytes of the answer
+                if await self._broken(ex, failure):
+                    continue
+                return
             verdict = plan.attempt_failed(failure.kind, final=failure.final, detail=failure.message)
             if not verdict.retry:
                 break
         await self._give_up(ex, failure)
+
+    async def _broken(self, ex: Exchange, failure: UpstreamFailure) -> bool:
+        """The answer broke after the client had bytes of it: True if it is to be
+        continued (the lifecycle's continuation rule), else it ends here: with ``[DONE]``
+        if all of it was sent after all, else with an SSE error event that says why it
+        was not continued."""
+        plan, splice = ex.plan, ex.splice
+        assert splice is not None
+        if plan.max_continuations and not failure.final:
+            why, answer = splice.prepare(ex.raw, ex.chat)
+            if answer.finished:  # only the end of the stream was lost
+                ex.watch.done = True
+                await ex.send({"type": "http.response.body", "body": DONE_EVENT})
+                ex.end_stream(status=200, ok=True)
+                return False
+            plan.not_continuable = why
+        detail = failure.detail or failure.message
+        verdict = plan.attempt_failed(
+            failure.kind, first_byte=True, final=failure.final, detail=detail
+        )
+        if verdict.retry:
+            return True
+        message = failure.message if failure.streamed else failure_text(failure, ex.detail)
+        ex.watch.done = True
+        await ex.send(
+            {
+                "type": "http.response.body",
+                "more_body": False,
+                "body": sse_error_event(failure.status, message + _not_continued(plan)),
+            }
+        )
+        ex.end_stream(status=failure.status, ok=False)
+        return False
 
     async def _give_up(self, ex: Exchange, failure: UpstreamFailure) -> None:
         """The retry rule gave up: the client gets the last failure, in the OpenAI shape."""
@@ -106,11 +145,13 @@ class Dispatcher:
         plan = ex.plan
         target = _upstream_target(plan.runtime, plan.instance, ex.path)
         plan.sent_at = time.perf_counter()
+        splice = ex.splice
+        payload = ex.raw if splice is None or splice.body is None else splice.body
         try:
             # Straight to the shared transport, without httpx.Request/Response objects:
             # the client's layers and httpx's models cost more CPU than the exchange.
             response = await self.transport.post(
-                target, ex.headers, ex.raw, partial(_sent, ex), plan.clock
+                target, ex.headers, payload, partial(_sent, ex), plan.clock
             )
         except LocalExhaustion as error:
             return out_of_resources(error)
@@ -128,6 +169,8 @@ class Dispatcher:
             if response.status_code >= 500:
                 body = await safe_read(response)
                 return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {body}")
+            if splice is not None and response.status_code != 200:
+                return await _refused_continuation(response)
             media = unexpected_media_type(response, ex.stream)
             if media is not None:
                 return await bad_response(response, f"content type {media!r}")
@@ -136,6 +179,32 @@ class Dispatcher:
             return await relay_whole(ex, response)
         finally:
             await response.aclose()
+
+
+async def _refused_continuation(response: Upstream) -> UpstreamFailure:
+    """A continuation answered with an error status (the engine took the re-sent text
+    for a bad request, over its context say): another instance would refuse it alike
+    (``final``: no strike, no further continuation)."""
+    body = await safe_read(response)
+    return UpstreamFailure(
+        "continuation_refused",
+        f"The continuation was refused: HTTP {response.status_code}: {body}",
+        final=True,
+    )
+
+
+def _not_continued(plan: Plan) -> str:
+    """Why a broken answer was not continued, for its error event ('' if continuations
+    are off, or the failure was not the engine's)."""
+    verdict = plan.verdict
+    why = "" if verdict is None else verdict.why
+    if why == "not_continuable":
+        return f"; not continued: {plan.not_continuable}"
+    if why == "continuations_exhausted":
+        return f"; not continued: {plan.continuations} continuations made (the limit)"
+    if why == "no_instance":
+        return "; not continued: no other instance available"
+    return ""
 
 
 def _sent(ex: Exchange) -> None:

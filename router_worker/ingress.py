@@ -166,7 +166,17 @@ class Ingress:
             clock.decided = time.perf_counter()
             up = _upstream_headers(headers)
             await self.dispatcher.run(
-                Exchange(plan, scope["path"], raw, intake.stream, up, send, watch, detail)
+                Exchange(
+                    plan,
+                    scope["path"],
+                    raw,
+                    intake.stream,
+                    up,
+                    send,
+                    watch,
+                    detail,
+                    chat=endpoint == "chat",
+                )
             )
         except ClientGone:
             core.left_unread()

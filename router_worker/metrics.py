@@ -184,6 +184,12 @@ class RouterMetrics:
             ["instance"],
             registry=r,
         )
+        self.continuations = Counter(
+            "switchyard_router_continuations",
+            "Streamed answers broken after their first byte, continued on this instance.",
+            ["instance"],
+            registry=r,
+        )
         self.migrations = Counter(
             "switchyard_router_migrations",
             "Queued requests (no first byte yet) the policy moved to another instance.",

@@ -139,6 +139,15 @@ class RouterSettings(_Strict):
         default=120.0, gt=0, le=3600, description="Upstream silence before a retry."
     )
     max_attempts: int = Field(default=3, ge=1, le=10, description="Upstream tries per request.")
+    max_continuations: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Times a streamed answer an instance broke off after its first byte "
+        "(connection cut, garbage, error event, silence past first_byte_timeout_s) is "
+        "continued on another instance, the text already sent re-sent as prompt, so the "
+        "client sees one answer. 0: such a stream ends with an SSE error event.",
+    )
     max_concurrency: int = Field(default=1024, ge=1, le=100_000)
     max_queue: int = Field(default=1024, ge=0, le=100_000)
     queue_timeout_s: float = Field(default=10.0, gt=0, le=600)

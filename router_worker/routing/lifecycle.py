@@ -25,6 +25,17 @@ decision's scores: the failure changed the indicators (the attempt's load is gon
 instance may be down), and the policy's own rules (session tables, hotspot routing) see
 the retry.
 
+The continuation rule: an attempt that fails once bytes of the answer reached the client
+(``first_byte``, or a first token already accounted) is not retried but may be
+*continued*: the driver re-issues the request with the text already sent, and splices the
+new attempt's answer into the client's (the live router: :mod:`router_worker.continuation`).
+A continuation is one more attempt of the same request, decided by the policy like a
+retry (every instance that failed the request excluded), allowed while the failure is not
+``final``, the driver found the request continuable (``not_continuable`` empty), and fewer
+than ``max_continuations`` continuations were made (``max_attempts`` does not cap them:
+they are the answer's, not the first byte's). Every failure after the first byte, the
+continuation's own included, is judged by this rule.
+
 ``attempt_count`` is what both drivers report as a request's attempts: every attempt
 routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
 
@@ -100,7 +111,7 @@ class Attempt:
 
     instance: str
     decision: Decision | None  # None: a migration (the policy named the target)
-    reason: str  # first | retry | migration
+    reason: str  # first | retry | migration | continuation
     routed_at: float
     phase: Phase = Phase.ROUTED
     dispatched_at: float | None = None
@@ -193,13 +204,16 @@ class RetryVerdict:
     when ``retry``; ``why`` says which part of the rule decided."""
 
     retry: bool
-    why: str  # retry | first_byte | final | poison | exhausted | no_instance
+    # retry | first_byte | final | poison | exhausted | no_instance (before the first byte);
+    # continuation | first_byte | not_continuable | continuations_exhausted | no_instance
+    # (after it)
+    why: str
     attempt: Attempt | None = None
 
     @property
     def decided(self) -> bool:
         """The policy was asked (successfully or not)."""
-        return self.why in ("retry", "no_instance")
+        return self.why in ("retry", "continuation", "no_instance")
 
 
 def choose_migrations(
@@ -264,6 +278,10 @@ class RequestLifecycle:
     policy: RoutingPolicy
     state: ClusterState
     max_attempts: int = 3
+    # Continuations of an answer broken after its first byte (0: none, the stream ends
+    # with an error); ``not_continuable``: the driver's reason why this request cannot be.
+    max_continuations: int = 0
+    not_continuable: str = ""
     attempts: list[Attempt] = field(default_factory=list)
     answered_5xx: list[str] = field(default_factory=list)
     observers: LifecycleObservers = NO_OBSERVERS
@@ -306,6 +324,11 @@ class RequestLifecycle:
         routed, sent or not). What ``max_attempts`` caps, and what the live router's
         decision records and the simulator's request results call ``attempts``."""
         return len(self.attempts)
+
+    @property
+    def continuations(self) -> int:
+        """Attempts that continued an answer broken after its first byte."""
+        return sum(1 for a in self.attempts if a.reason == "continuation")
 
     @property
     def can_send_again(self) -> bool:
@@ -453,7 +476,7 @@ class RequestLifecycle:
         self, view: ClusterView, now: float, streamed: bool, final: bool
     ) -> RetryVerdict:
         if streamed:
-            return RetryVerdict(False, "first_byte")
+            return self._continuation_verdict(view, now, final)
         if final:
             return RetryVerdict(False, "final")
         if len(self.answered_5xx) >= POISON_AFTER_5XX:
@@ -462,6 +485,18 @@ class RequestLifecycle:
             return RetryVerdict(False, "exhausted")
         try:
             return RetryVerdict(True, "retry", self._decide(view, now, "retry"))
+        except NoEligibleInstanceError:
+            return RetryVerdict(False, "no_instance")
+
+    def _continuation_verdict(self, view: ClusterView, now: float, final: bool) -> RetryVerdict:
+        if final or self.max_continuations == 0:
+            return RetryVerdict(False, "first_byte")
+        if self.not_continuable:
+            return RetryVerdict(False, "not_continuable")
+        if self.continuations >= self.max_continuations:
+            return RetryVerdict(False, "continuations_exhausted")
+        try:
+            return RetryVerdict(True, "continuation", self._decide(view, now, "continuation"))
         except NoEligibleInstanceError:
             return RetryVerdict(False, "no_instance")
 

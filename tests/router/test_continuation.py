@@ -117,6 +117,7 @@ def test_broken_stream_is_continued_as_one_answer(fleet, router_factory, pair, p
         assert not any('"error"' in e for e in events), events
         assert events.count("[DONE]") == 1 and events[-1] == "[DONE]"
         assert len(ids) == 1  # one request id
+        assert sum('"role":"assistant"' in e for e in events) == (1 if chat else 0)
         assert len(pieces) == total
         assert usage["completion_tokens"] == total
         assert usage["total_tokens"] == usage["prompt_tokens"] + total
@@ -241,3 +242,19 @@ def _splice_point(
         if "".join(pieces[k:]) == rest:
             return k
     return None
+
+
+def test_whole_answer_cut_before_it_reached_the_client_is_served_again(fleet, router_factory, pair):
+    """A non-streamed answer reaches the router whole or not at all: an instance that
+    breaks it off has sent the client nothing, so the request is sent again (the retry
+    rule, not a continuation) and the client gets one answer."""
+    router = router_factory(router_config(fleet, "round_robin", instances=pair))
+    fleet.fault(2, "drop_midstream")
+    body = _completion("whole", 24)
+    del body["stream_options"]
+    answers = [httpx.post(router.url + URL_COMPLETIONS, json=body, timeout=60) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200]
+    expected = _direct_text(fleet.url(3), URL_COMPLETIONS, body, False)
+    assert [a.json()["choices"][0]["text"] for a in answers] == [expected, expected]
+    assert "retry" in {a.headers["x-switchyard-reason"] for a in answers}
+    assert scrape_total(router.url, "switchyard_router_continuations_total") == 0

@@ -121,6 +121,9 @@ class Attempt:
     detail: str = ""  # the driver's account of the failure (for logs and events)
     final: bool = False  # failed for no fault of the instance's (no retry, no strike)
     uncached_tokens: int = 0  # prefill work as accounted at dispatch
+    # The prefill work queued ahead of it (itself included) at dispatch, in seconds at
+    # the state's nominal prefill throughput: the TTFT grey-failure detection expects.
+    expected_ttft: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -365,6 +368,10 @@ class RequestLifecycle:
             self.features, attempt.instance, now, cached_tokens=cached
         )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
+        state = self.state
+        if state.grey is not None:
+            pending = float(state.pending[state.slot_of(attempt.instance)])
+            attempt.expected_ttft = pending / state.default_prefill_tps
         for hook in self.observers.dispatched:
             hook(self, attempt)
         return attempt.uncached_tokens
@@ -383,6 +390,10 @@ class RequestLifecycle:
         if self.state.is_in_flight(self.request_id):
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
+        grey = self.state.grey
+        if grey is not None and attempt.dispatched_at is not None:
+            measured = now - attempt.dispatched_at
+            grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
         for hook in self.observers.first_token:
             hook(self, attempt)
         return True
@@ -400,6 +411,11 @@ class RequestLifecycle:
         self._close(attempt, Phase.FINISHED, now, error=False)
         if ok and output_tokens > 0:  # 0: the engine reported no usage
             self.policy.observe_finish(self.features, attempt.instance, output_tokens, now)
+        grey = self.state.grey
+        if grey is not None and ok and attempt.first_token_at is not None and output_tokens > 1:
+            # TPOT against a constant: the step's cost model is every instance's alike.
+            tpot = (now - attempt.first_token_at) / (output_tokens - 1)
+            grey.observe(attempt.instance, "tpot", tpot, 1.0, now)
         self._ended(attempt)
         return True
 
@@ -514,8 +530,13 @@ class RequestLifecycle:
     # ----- internals ------------------------------------------------------------------
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances
-        if failed:
-            slots = [view.ids.index(name) for name in failed if name in view.ids]
+        slots = [view.ids.index(name) for name in failed if name in view.ids]
+        grey = self.state.grey
+        if grey is not None:
+            slow = grey.excluded(view.ids, now)
+            if slow and np.any(np.delete(view.eligible, slots + slow)):
+                slots += slow  # never all of them: a slow instance beats none
+        if slots:
             view = _ExcludingView(view, slots)  # type: ignore[assignment]
         decision = self.policy.decide(self.features, view, now)
         attempt = Attempt(decision.instance_id, decision, reason, now)

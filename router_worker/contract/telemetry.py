@@ -88,6 +88,7 @@ EventKind = Literal[
     "router_restarted",  # written by the Celery supervisor: {exit_code, restarts}
     "events_dropped",  # {count}: buffered events lost during a Redis outage
     "kv_events_malformed",  # {instance, count, reasons: {reason: n}, example}: skipped
+    "grey",  # grey-failure state changed: {instance, before, after, excess, cause}
 ]
 
 
@@ -249,6 +250,11 @@ class InstanceSnapshot(_Record):
     tier_hit_tokens: Annotated[float | None, Merge.LARGEST] = None  # prompt tokens loaded
     tier_bytes_read: Annotated[float | None, Merge.LARGEST] = None
     hotspot: Annotated[bool, Merge.ANY] = False  # confirmed by any router's detector
+    # Grey-failure detection (router_worker/routing/grey.py): 0 healthy, 1 suspect,
+    # 2 degraded (weight lowered), 3 drained (probed); and how much slower than its own
+    # normal, beyond the fleet's drift, the instance runs (a ratio, 1 = none).
+    grey_level: Annotated[int | None, Merge.LARGEST] = None
+    grey_excess: Annotated[float | None, Merge.LARGEST] = None
     arm: Annotated[str | None, Merge.NEWEST_CONFIG] = None
 
 

@@ -5,11 +5,11 @@ An instance with a throttled GPU, a bad link or a noisy neighbour answers ``/hea
 passes every breaker while it drags the fleet's tail. :class:`GreyDetector` finds it from
 what the router measures of each request, as a *residual* against what was expected:
 
-* TTFT (dispatch to first token) against the prefill work queued ahead of the request on
-  that instance when it was sent (its pending prefill, at the state's nominal prefill
-  throughput);
 * TPOT (first to last token, per token) against a constant: the decode step's cost is the
-  same model on every instance, so its ratio to the fleet's says all.
+  same model on every instance, so its ratio to the fleet's says all;
+* with ``use_ttft``, TTFT (dispatch to first token) against the prefill work queued ahead
+  of the request on that instance when it was sent (its pending prefill, at the state's
+  nominal prefill throughput): a rougher expectation, so a noisier residual.
 
 Per instance and signal the residual is ``log(measured / expected)``, kept as a fast
 moving average (``fast_alpha`` per sample). Each instance learns its own *normal*: a
@@ -25,8 +25,9 @@ States, with hysteresis (enter above ``enter_ratio``, leave below ``exit_ratio``
 ``persist_s``: its weight drops to ``degraded_weight`` (it gets that share of the decisions
 it would have been eligible for) → ``drained`` if still in excess ``drain_after_s`` later:
 no traffic but a *probe*, one request every ``probe_interval_s``, each judged alone →
-``healthy`` after ``restore_probes`` good probes in a row (a degraded or suspect instance
-whose excess falls under the exit ratio is healthy again at once).
+``healthy`` after ``restore_probes`` good probes in a row (a suspect instance whose excess
+falls under the exit ratio is healthy again at once, a degraded one once it stayed under
+it ``persist_s``).
 
 It is a health input before any policy decides (:meth:`GreyDetector.excluded`, applied by
 the request lifecycle with the instances that failed the request), so it works under
@@ -49,6 +50,7 @@ from enum import StrEnum
 from pydantic import BaseModel, ConfigDict, Field
 
 SIGNALS = ("ttft", "tpot")
+OUTLIER = math.log(10.0)  # a sample counts as at most 10x off its instance's normal
 
 
 class GreyState(StrEnum):
@@ -59,6 +61,7 @@ class GreyState(StrEnum):
 
 
 OVERRIDES = ("auto", "healthy", "drained")
+LEVELS = {state: level for level, state in enumerate(GreyState)}  # for gauges and views
 
 
 class GreyParams(BaseModel):
@@ -66,7 +69,16 @@ class GreyParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = Field(default=True, description="Detect and route around slow instances.")
+    enabled: bool = Field(
+        default=False,
+        description="Detect and route around slow instances (off unless set: a fleet's "
+        "operator turns it on once its alerts are wired).",
+    )
+    use_ttft: bool = Field(
+        default=False,
+        description="Judge TTFT too, not only TPOT. TTFT's expectation (the prefill queued "
+        "ahead at a nominal throughput) is rough, and its residual noisier: off by default.",
+    )
     enter_ratio: float = Field(
         default=1.6,
         gt=1,
@@ -122,6 +134,14 @@ class GreyTransition:
     at: float
     cause: str  # detected | persisted | still_slow | recovered | probes_good | operator
 
+    @property
+    def routing(self) -> bool:
+        """The change moves traffic (not a healthy instance becoming suspect or back)."""
+        return GreyState.DEGRADED in (self.before, self.after) or GreyState.DRAINED in (
+            self.before,
+            self.after,
+        )
+
 
 @dataclass(slots=True)
 class _Signal:
@@ -147,6 +167,7 @@ class _Instance:
     next_probe: float = 0.0
     good_probes: int = 0
     excess: float = 0.0  # log ratio, last computed
+    calm_since: float | None = None  # degraded: since when under the exit ratio
 
 
 class GreyDetector:
@@ -167,7 +188,7 @@ class GreyDetector:
         it)."""
         if signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
-        if not (measured > 0 and expected > 0) or not self.params.enabled:
+        if not (measured > 0 and expected > 0):
             return
         p = self.params
         entry = self._entry(instance)
@@ -177,6 +198,8 @@ class GreyDetector:
             s.fast = residual  # a probe is judged alone
             self._judge_probe(instance, entry, now)
             return
+        if s.count:  # an outlier (a stall, a coalesced stream) moves the averages a bound
+            residual = min(max(residual, s.baseline - OUTLIER), s.baseline + OUTLIER)
         s.count += 1
         if s.count <= p.warmup:  # the normal: the warm-up's mean
             s.baseline += (residual - s.baseline) / s.count
@@ -248,9 +271,16 @@ class GreyDetector:
                 continue
             entry.excess = excess = deviation - median
             state, age = entry.state, now - entry.since
+            if excess >= leave:
+                entry.calm_since = None
+            elif entry.calm_since is None:
+                entry.calm_since = now
+            calm = entry.calm_since is not None and now - entry.calm_since >= p.persist_s
             if state is GreyState.HEALTHY and excess > enter:
                 self._move(name, entry, GreyState.SUSPECT, now, "detected")
-            elif state in (GreyState.SUSPECT, GreyState.DEGRADED) and excess < leave:
+            elif (state is GreyState.SUSPECT and excess < leave) or (
+                state is GreyState.DEGRADED and calm
+            ):
                 self._move(name, entry, GreyState.HEALTHY, now, "recovered")
             elif state is GreyState.SUSPECT and excess > enter and age >= p.persist_s:
                 self._move(name, entry, GreyState.DEGRADED, now, "persisted")
@@ -282,7 +312,7 @@ class GreyDetector:
             return
         before = entry.state
         entry.state, entry.since = state, now
-        entry.credit, entry.good_probes = 0.0, 0
+        entry.credit, entry.good_probes, entry.calm_since = 0.0, 0, None
         if state is GreyState.DRAINED:
             entry.next_probe = now + self.params.probe_interval_s
         if state in (GreyState.DRAINED, GreyState.HEALTHY):

@@ -391,7 +391,7 @@ class RequestLifecycle:
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
         grey = self.state.grey
-        if grey is not None and attempt.dispatched_at is not None:
+        if grey is not None and grey.params.use_ttft and attempt.dispatched_at is not None:
             measured = now - attempt.dispatched_at
             grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
         for hook in self.observers.first_token:

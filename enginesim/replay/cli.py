@@ -38,6 +38,7 @@ from enginesim.replay import metrics, plots
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
 from enginesim.replay.traces import FORMATS, TraceRecord, load_trace
 from router_worker.routing import REGISTRY
+from router_worker.routing.grey import GreyParams
 
 # (summary key, title, width, format spec)
 COLUMNS = (
@@ -116,6 +117,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             metavar="INSTANCE@SECONDS",
             help=f"{action} an instance at a virtual time (repeatable)",
         )
+    add(
+        "--slow",
+        action="append",
+        default=[],
+        metavar="INSTANCE@SECONDSxFACTOR",
+        help="an instance runs FACTOR times slower from a virtual time (repeatable; "
+        "--restore brings it back)",
+    )
+    add(
+        "--grey",
+        action="store_true",
+        help="grey-failure detection, as a live router with router.grey enabled runs it",
+    )
     fleet.add_arguments(parser, seed_default="--seed")
     add("--out", required=True, type=Path)
     add("--no-plots", action="store_true")
@@ -132,7 +146,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     faults = tuple(
         Fault.parse(action, spec)
-        for action in ("fail", "drain", "restore")
+        for action in ("fail", "drain", "restore", "slow")
         for spec in getattr(args, action)
     )
     return SimConfig(
@@ -149,6 +163,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         global_tier_bandwidth=args.global_tier_bandwidth,
         global_tier_link_instances=args.global_tier_link_instances,
         faults=faults,
+        grey=GreyParams(enabled=True) if args.grey else None,
         seed=args.seed,
         policy_params=json.loads(args.policy_params),
         variation=fleet.variation_from_args(args, args.instances, args.gpu, args.seed),

@@ -27,8 +27,10 @@ Kinds:
   the live router's retry rule, ``RequestLifecycle.fail``: the policy decides again
   without the instances that failed, up to ``max_attempts`` sends in all; requests
   already streaming fail; the instance is marked down and its cache forgotten),
-  ``drain`` (no new requests; in-flight ones finish) and ``restore`` (healthy again; a
-  failed instance comes back with a fresh, empty engine).
+  ``drain`` (no new requests; in-flight ones finish), ``slow`` (its engine's steps take
+  ``factor`` times longer: a grey failure, which only ``grey`` detection, the live
+  router's, can find) and ``restore`` (healthy again, at its own speed; a failed instance
+  comes back with a fresh, empty engine).
 
 Several routers (``routers`` > 1) share one fleet as they would behind a load balancer:
 each has its own :class:`ClusterState` and policy object (seeded ``seed + k``), routes the
@@ -76,6 +78,7 @@ from router_worker.routing import (
     choose_migrations,
     make_policy,
 )
+from router_worker.routing.grey import GreyDetector, GreyParams, GreyTransition
 from router_worker.routing.lifecycle import (
     NO_OBSERVERS,
     Attempt,
@@ -89,7 +92,7 @@ from router_worker.routing.peer_accounting import (
 )
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
-FAULT_ACTIONS = ("fail", "drain", "restore")
+FAULT_ACTIONS = ("fail", "drain", "restore", "slow")
 # An idle stretch longer than this (simulated seconds, nothing in flight) is not scraped
 # tick by tick: its last IDLE_LEAD_TICKS ticks are (`Simulator._next_scrape`).
 IDLE_SKIP_S = 600.0
@@ -99,19 +102,28 @@ ROUTER_SPREADS = ("round_robin", "random", "session")
 
 @dataclass(frozen=True)
 class Fault:
-    """``action`` (fail | drain | restore) on instance ``instance`` at virtual ``time``."""
+    """``action`` (fail | drain | restore | slow) on instance ``instance`` at virtual
+    ``time``; ``slow``: its engine runs ``factor`` times slower from then (``restore``
+    brings it back to its own speed)."""
 
     time: float
     instance: int
     action: str
+    factor: float = 1.0
 
     @classmethod
     def parse(cls, action: str, spec: str) -> Fault:
-        """``"3@600"`` → instance 3 at t = 600 s."""
-        instance, _, time = spec.partition("@")
-        if action not in FAULT_ACTIONS or not time:
-            raise ValueError(f"bad {action} spec {spec!r}; expected INSTANCE@SECONDS")
-        return cls(float(time), int(instance.lstrip("i")), action)
+        """``"3@600"`` → instance 3 at t = 600 s; ``slow``: ``"3@600x3"``, 3 times slower."""
+        instance, _, when = spec.partition("@")
+        when, _, factor = when.partition("x") if action == "slow" else (when, "", "")
+        shape = "INSTANCE@SECONDSxFACTOR" if action == "slow" else "INSTANCE@SECONDS"
+        try:
+            fault = cls(float(when), int(instance.lstrip("i")), action, float(factor or 1.0))
+        except ValueError:
+            raise ValueError(f"bad {action} spec {spec!r}; expected {shape}") from None
+        if action not in FAULT_ACTIONS or fault.factor <= 0 or (action == "slow" and not factor):
+            raise ValueError(f"bad {action} spec {spec!r}; expected {shape}")
+        return fault
 
 
 @dataclass
@@ -134,6 +146,9 @@ class SimConfig:
     global_tier_link_instances: int = 0
     faults: tuple[Fault, ...] = ()
     max_attempts: int = 3
+    # Grey-failure detection (router_worker.routing.grey), as a live router runs it: None
+    # or not enabled, off.
+    grey: GreyParams | None = None
     seed: int = 0
     policy_params: dict[str, Any] = field(default_factory=dict)
     routers: int = 1  # router processes sharing the fleet, each with its own view
@@ -265,6 +280,8 @@ class SimResult:
     tier: TierTraffic | None = None  # None: the cluster had no global tier
     tier_by_instance: dict[str, TierTraffic] = field(default_factory=dict)
     migrations: int = 0  # queued requests moved by the policy (abort + send elsewhere)
+    # Grey-failure detection's changes of state, every router's, in order (with ``grey``)
+    grey_log: list[GreyTransition] = field(default_factory=list)
     # If the fleet varied: the nominal GPU (what the policies were told), the variation
     # and, per instance, what it ran on (instance_hardware); None otherwise
     fleet: dict[str, Any] | None = None
@@ -370,6 +387,8 @@ class Simulator:
     def _new_state(self) -> ClusterState:
         tier = GlobalTier(self.config.global_tier_blocks) if self.tier is not None else None
         state = ClusterState(block_size=self.config.router_block_size, global_tier=tier)
+        if self.config.grey is not None and self.config.grey.enabled:
+            state.grey = GreyDetector(self.config.grey)
         # each instance's own capacity, as a live router reads it from /metrics
         for instance_id, cfg in zip(self.ids, self.engine_configs, strict=True):
             capacity = cfg.num_gpu_blocks * cfg.block_size // self.config.router_block_size
@@ -753,8 +772,18 @@ class Simulator:
                 router.state.set_health(self.ids[slot], Health.DRAINING)
         elif fault.action == "restore":
             self._restore(slot)
+        elif fault.action == "slow":
+            self._slow(slot, fault.factor)
         elif self.instances[slot].engine is not None:
             self._fail(slot)
+
+    def _slow(self, slot: int, factor: float) -> None:
+        """Its engine's steps take ``factor`` times longer from now (1: its own speed)."""
+        engine = self.instances[slot].engine
+        if engine is None:
+            return
+        self._advance(slot)  # what completed at the old speed is delivered first
+        engine.cost_model.speed = self.engine_configs[slot].speed / factor
 
     def _fail(self, slot: int) -> None:
         self._advance(slot)  # deliver everything that completed by now first
@@ -786,6 +815,7 @@ class Simulator:
 
     def _restore(self, slot: int) -> None:
         instance = self.instances[slot]
+        self._slow(slot, 1.0)
         if instance.engine is None:
             instance.engine = self._new_engine(slot)
             self.true_pending[slot] = 0.0
@@ -811,6 +841,15 @@ class Simulator:
             dict(self.reasons),
             hotspot_log=self.hotspot_log,
             migrations=self.migrations,
+            grey_log=sorted(
+                (
+                    change
+                    for router in self.routers
+                    if router.state.grey is not None
+                    for change in router.state.grey.take_transitions()
+                ),
+                key=lambda change: change.at,
+            ),
         )
         if self.config.varied:
             result.fleet = self._fleet_record()

@@ -75,6 +75,10 @@ class ReasonIn(Schema):
     expected_revision: ExpectedRevision = None
 
 
+class GreyOverrideIn(ReasonIn):
+    mode: Literal["auto", "healthy", "drained"]
+
+
 class MeOut(Schema):
     username: str
     role: str
@@ -132,6 +136,7 @@ class InstanceOut(Schema):
     url: str
     kv_events: str
     state: str
+    grey_override: str
     healthy: bool | None
     last_seen_at: datetime | None
 

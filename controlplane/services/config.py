@@ -109,6 +109,7 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
             "url": i.url,
             "state": i.state,
             **({"kv_events": i.kv_events} if i.kv_events else {}),
+            **({"grey_override": i.grey_override} if i.grey_override != "auto" else {}),
         }
         for i in cluster.instances.order_by("name")
     ]

@@ -126,6 +126,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--restore brings it back)",
     )
     add(
+        "--max-continuations",
+        type=int,
+        default=0,
+        help="streams broken by a failed instance continued elsewhere, per request (the "
+        "live router's router.max_continuations; 0: they fail)",
+    )
+    add(
         "--grey",
         action="store_true",
         help="grey-failure detection, as a live router with router.grey enabled runs it",
@@ -164,6 +171,7 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         global_tier_link_instances=args.global_tier_link_instances,
         faults=faults,
         grey=GreyParams(enabled=True) if args.grey else None,
+        max_continuations=args.max_continuations,
         seed=args.seed,
         policy_params=json.loads(args.policy_params),
         variation=fleet.variation_from_args(args, args.instances, args.gpu, args.seed),

@@ -26,7 +26,9 @@ Kinds:
 * ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried by
   the live router's retry rule, ``RequestLifecycle.fail``: the policy decides again
   without the instances that failed, up to ``max_attempts`` sends in all; requests
-  already streaming fail; the instance is marked down and its cache forgotten),
+  already streaming fail, or with ``max_continuations`` are continued elsewhere by the
+  lifecycle's continuation rule: the prompt and the tokens generated so far sent again,
+  the rest of the answer asked for; the instance is marked down and its cache forgotten),
   ``drain`` (no new requests; in-flight ones finish), ``slow`` (its engine's steps take
   ``factor`` times longer: a grey failure, which only ``grey`` detection, the live
   router's, can find) and ``restore`` (healthy again, at its own speed; a failed instance
@@ -146,6 +148,10 @@ class SimConfig:
     global_tier_link_instances: int = 0
     faults: tuple[Fault, ...] = ()
     max_attempts: int = 3
+    # Streams broken by a failed instance continued elsewhere (the live router's
+    # router.max_continuations): the prompt and the tokens already generated sent again,
+    # the rest of the answer asked for. 0: they fail.
+    max_continuations: int = 0
     # Grey-failure detection (router_worker.routing.grey), as a live router runs it: None
     # or not enabled, off.
     grey: GreyParams | None = None
@@ -297,6 +303,8 @@ class _Flight:
     slot: int = -1
     estimated_uncached: int = 0
     router: int = 0  # which router took it (the one that accounts and retries it)
+    sent_tokens: int = 0  # output tokens the client had before the current continuation
+    continuing: bool = False  # a continuation sent, its first token not yet out
 
 
 @dataclass
@@ -469,6 +477,7 @@ class Simulator:
             router.policy,
             router.state,
             max_attempts=self.config.max_attempts,
+            max_continuations=self.config.max_continuations,
             observers=router.observers,
         )
         self._dispatch(_Flight(record, life, result, router=index), tokens)
@@ -510,7 +519,9 @@ class Simulator:
             self._migrate_from(flight.router, flight)
 
     def _send(self, flight: _Flight, tokens: np.ndarray | None) -> bool:
-        """Add the current attempt to its engine and account it; False if rejected."""
+        """Add the current attempt to its engine and account it; False if rejected. A
+        continuation re-sends the prompt with the tokens the client already has and asks
+        for the rest."""
         result, life = flight.result, flight.life
         instance_id = life.current.instance
         slot = self.ids.index(instance_id)
@@ -520,7 +531,10 @@ class Simulator:
         try:
             if tokens is None:  # a retry: synthesising again is cheaper than keeping prompts
                 tokens = synthesize_tokens(flight.record)
-            engine.add_request(result.id, tokens, result.output_tokens_asked, self.now)
+            if flight.sent_tokens:
+                tokens = np.concatenate([tokens, _answer_ids(flight.record, flight.sent_tokens)])
+            rest = result.output_tokens_asked - flight.sent_tokens
+            engine.add_request(result.id, tokens, rest, self.now)
         except EngineRequestError:  # vLLM answers 400: the router sees an error
             # The refusal comes before the router could tell its peers: they never hear.
             life.observers = NO_OBSERVERS
@@ -626,9 +640,15 @@ class Simulator:
         if flight is None:
             return
         result = flight.result
-        result.output_tokens = output.num_output_tokens
+        result.output_tokens = flight.sent_tokens + output.num_output_tokens
         if output.first_token_time is not None and result.first_token_s is None:
             self._on_first_token(flight, output)
+        elif output.first_token_time is not None and flight.continuing:
+            flight.continuing = False  # the continuation's first token: its prefill is done
+            self.true_pending[flight.slot] -= flight.estimated_uncached
+            self._telemetry(
+                output.first_token_time, self._apply_first_token, flight, flight.life.current
+            )
         if output.finished:
             result.finish_s = output.finish_time
             result.status = "ok" if output.finish_reason == "length" else "failed"
@@ -808,6 +828,8 @@ class Simulator:
             )
             if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
+            if verdict.why == "continuation":
+                flight.sent_tokens, flight.continuing = result.output_tokens, True
             if verdict.attempt is not None:
                 self._start(flight, verdict.attempt, None)
                 continue
@@ -908,3 +930,10 @@ class _PeerDelivery:
     def _report(self, apply: Callable[..., None], *args: Any) -> None:
         sim = self.sim
         sim._after(sim.config.replica_sync_delay_s, sim.now, apply, *args)
+
+
+def _answer_ids(record: TraceRecord, count: int) -> np.ndarray:
+    """Token ids standing for the first ``count`` tokens of ``record``'s answer (a
+    continuation's re-sent text): private to the request, as a generated answer is."""
+    base = 1 << 40 | record.index << 16
+    return np.arange(base, base + count, dtype=np.uint64)

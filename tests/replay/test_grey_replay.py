@@ -72,3 +72,23 @@ def test_slow_fault_spec_is_checked():
     for bad in ("3@600", "3@600x0", "3@x2", "x@600x2"):
         with pytest.raises(ValueError, match="INSTANCE@SECONDSxFACTOR"):
             Fault.parse("slow", bad)
+
+
+@pytest.mark.parametrize("continuations", [0, 2])
+def test_streams_on_a_killed_engine_are_continued(continuations):
+    records = _steady()[: int(120 * RATE * SIZE)]
+    config = SimConfig(
+        instances=SIZE, faults=(Fault(60.0, 3, "fail"),), max_continuations=continuations
+    )
+    results = Simulator(records, "round_robin", config).run().requests
+    cut = [r for r in results if r.attempts > 1 and r.first_token_s is not None]
+    failed = [r for r in results if r.status == "failed"]
+    if not continuations:
+        assert failed and not cut
+        return
+    assert not failed and cut  # every stream on i3 was continued, none lost
+    assert all(r.status == "ok" for r in results)
+    assert all(r.output_tokens == r.output_tokens_asked for r in results)
+    for r in cut:  # started on i3, finished elsewhere after its death
+        assert r.instance != "i3" and r.first_token_s is not None and r.finish_s is not None
+        assert r.first_token_s < 60.0 < r.finish_s

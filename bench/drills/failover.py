@@ -140,10 +140,15 @@ class StreamResult:
     longest_gap_s: float
 
 
-async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> StreamResult:
+async def _stream(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], started: asyncio.Semaphore
+) -> StreamResult:
     async with client.stream("POST", url + "/v1/completions", json=body) as response:
-        arrivals, parts = [], []
+        arrivals: list[float] = []
+        parts: list[str] = []
         async for part in response.aiter_text():
+            if not parts:
+                started.release()  # its tokens flow
             arrivals.append(time.perf_counter())
             parts.append(part)
         text = "".join(parts)
@@ -165,8 +170,9 @@ async def _stream(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> 
 
 
 def kill_drill(instances: int, streams: int, max_tokens: int, time_scale: float) -> list[dict]:
-    """``streams`` streams over ``instances`` (round robin), a sixteenth of them or more on
-    instance 1, which is killed once every stream has its first tokens."""
+    """``streams`` streams over ``instances`` (round robin), so ``streams / instances`` on
+    instance 1 (slowed, so that they last), which is killed once every stream has its
+    first tokens."""
     with Fleet(instances, time_scale=time_scale) as fleet, tempfile.TemporaryDirectory() as tmp:
         document = {
             "cluster": "drill",
@@ -219,8 +225,10 @@ async def _kill_under_streams(
             }
             for k in range(streams)
         ]
-        tasks = [asyncio.create_task(_stream(client, url, b)) for b in bodies]
-        await asyncio.sleep(2.0)  # every stream under way
+        started = asyncio.Semaphore(0)
+        tasks = [asyncio.create_task(_stream(client, url, b, started)) for b in bodies]
+        for _ in tasks:  # every stream past its first token: the kill cuts streams
+            await started.acquire()
         await asyncio.to_thread(fleet.fault, 1, "kill")
         return await asyncio.gather(*tasks)
 
@@ -247,11 +255,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", choices=("kill", "slowed", "false_alarms"))
     parser.add_argument("--quick", action="store_true", help="smaller drills (a smoke run)")
+    parser.add_argument("--instances", type=int, default=16, help="the kill drill's fleet")
+    parser.add_argument(
+        "--streams", type=int, default=64, help="the kill drill's streams (round robin)"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     if args.only in (None, "kill"):
-        rows = kill_drill(16, 32 if quick else 64, 200, time_scale=0.25)
-        print_table("killed instance under streams (16 instances, live)", rows)
+        streams = 32 if quick else args.streams
+        rows = kill_drill(args.instances, streams, 200, time_scale=0.25)
+        title = f"killed instance under streams ({args.instances} instances, {streams} streams)"
+        print_table(title + ", live", rows)
     if args.only in (None, "slowed"):
         rows = slowed_drill(8 if quick else 16, 1.0, 300 if quick else 900, 3.0)
         print_table("one instance slowed 3x (replay, 1 req/s per instance)", rows)

@@ -165,6 +165,7 @@ async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | No
         splice = ex.splice = Splice()
         await _start_stream(ex, response)
     else:
+        plan.settled()  # a continuation's bytes go to the client: it cannot move either
         first = splice.join(first)
     try:
         await _relay_events(ex, response, framer, first, splice)

@@ -111,7 +111,8 @@ def test_broken_stream_is_continued_as_one_answer(fleet, router_factory, pair, p
     body = (_chat if chat else _completion)(f"cont-{fault}-", total)
     answers = [_stream(router.url, path, body | {"user": f"u{k}"}) for k in range(2)]
     broken = [a for a in answers if a.headers["x-switchyard-instance"] == "i2"]
-    assert len(broken) == 1  # round robin: one of the two went to i2
+    retried = [a for a in answers if a.headers["x-switchyard-reason"] == "retry"]
+    assert len(broken) + len(retried) == 1  # round robin: one of the two went to i2
     for answer in answers:
         pieces, usage, ids, events = _answer(answer.text, chat)
         assert not any('"error"' in e for e in events), events
@@ -121,15 +122,26 @@ def test_broken_stream_is_continued_as_one_answer(fleet, router_factory, pair, p
         assert len(pieces) == total
         assert usage["completion_tokens"] == total
         assert usage["total_tokens"] == usage["prompt_tokens"] + total
+    continued = scrape_total(router.url, "switchyard_router_continuations_total")
+    if retried:
+        # The garbage came in the same read as i2's first events: nothing had reached the
+        # client, and the retry rule served the request whole elsewhere.
+        assert fault == "garbage" and continued == 0
+        return
     # The spliced answer: i2's first tokens (all it sent, unless garbage shared a read
     # with the last of them), then exactly what an engine continues with.
     pieces, usage, _, _ = _answer(broken[0].text, chat)
     engine = fleet.url(3)
     k = _splice_point(engine, path, body, chat, pieces)
     assert k is not None
-    assert k == sent if fault == "drop_midstream" else 0 < k <= sent
     assert usage["prompt_tokens"] == _direct(engine, path, body)["usage"]["prompt_tokens"]
-    assert scrape_total(router.url, "switchyard_router_continuations_total") == 1
+    assert continued == 1
+    if fault == "garbage" and k == total:
+        # The garbage came in the same read as every token i2 sent: the client had only
+        # chat's role event, and the continuation of the empty text is the answer whole.
+        assert chat
+        return
+    assert k == sent if fault == "drop_midstream" else 0 < k <= sent
 
 
 def test_request_that_cannot_be_continued_fails_with_the_reason(fleet, router_factory, pair):
@@ -236,6 +248,8 @@ def _splice_point(
     agree = 0
     while agree < len(pieces) and whole.startswith("".join(pieces[: agree + 1])):
         agree += 1
+    if agree == len(pieces):
+        return agree  # the uncut answer itself: nothing was spliced
     for k in range(agree, max(0, agree - 3), -1):
         head = "".join(pieces[:k])
         rest = _direct_text(engine, path, _continued_body(body, chat, head, k), chat)

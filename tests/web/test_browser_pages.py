@@ -62,6 +62,8 @@ class Feeder:
                     kv_usage=0.2 * (k + 1),
                     hit_ratio=0.6,
                     preemptions=1500.0 * k,
+                    grey_level=3 if k == 2 else 0,
+                    grey_excess=2.5 if k == 2 else 1.0,
                     **self._tier(k),
                 )
                 for k in range(3)
@@ -149,6 +151,9 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
             == "2,468"
         )
         assert page.locator("tr[data-instance=i2] [data-field=preemptions]").inner_text() == "3,000"
+        slow = page.locator("tr[data-instance=i2] [data-field=grey_excess]").inner_text()
+        assert slow == "2.50 drained"
+        assert page.locator("tr[data-instance=i1] [data-field=grey_excess]").inner_text() == "1.00"
         port = int(asgi_server.url.rsplit(":", 1)[1])
         stop_process(asgi_server.process)
         page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)

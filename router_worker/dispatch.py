@@ -22,6 +22,7 @@ back and this step sends the request to the target as the next attempt.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 
 import httpx
@@ -37,6 +38,7 @@ from router_worker.failures import (
     transport_failure,
     unexpected_media_type,
 )
+from router_worker.intake import take_in
 from router_worker.plan import Plan, TakenBack
 from router_worker.relay import Exchange, relay_stream, relay_whole
 from router_worker.runtime import Runtime
@@ -98,6 +100,8 @@ class Dispatcher:
                 ex.end_stream(status=200, ok=True)
                 return False
             plan.not_continuable = why
+            if not why:
+                _route_as_resent(ex)
         detail = failure.detail or failure.message
         verdict = plan.attempt_failed(
             failure.kind, first_byte=True, final=failure.final, detail=detail
@@ -179,6 +183,28 @@ class Dispatcher:
             return await relay_whole(ex, response)
         finally:
             await response.aclose()
+
+
+def _route_as_resent(ex: Exchange) -> None:
+    """The continuation is routed like any prompt: on the tokens and blocks of what it
+    re-sends (the prompt and the text already sent), whose cache may be elsewhere. A body
+    too big to take in on the event loop keeps the first prompt's."""
+    plan, splice, runtime = ex.plan, ex.splice, ex.plan.runtime
+    assert splice is not None and splice.body is not None
+    if len(splice.body) >= runtime.config.router.offload_body_bytes:
+        return
+    try:
+        intake = take_in(
+            splice.body,
+            "chat" if ex.chat else "completions",
+            runtime.tokenizer,
+            runtime.config.block_size,
+        )
+    except APIError:  # the router's own rendering refused it: route as the first prompt
+        return
+    plan.features = replace(
+        plan.features, prompt_tokens=intake.prompt_tokens, block_hashes=intake.block_hashes
+    )
 
 
 async def _refused_continuation(response: Upstream) -> UpstreamFailure:

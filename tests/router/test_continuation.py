@@ -142,6 +142,11 @@ def test_broken_stream_is_continued_as_one_answer(fleet, router_factory, pair, p
         assert chat
         return
     assert k == sent if fault == "drop_midstream" else 0 < k <= sent
+    # The continuation was routed on what it re-sent: the prompt and the text sent.
+    decisions = router.state()["recent_decisions"]
+    continuation = [d["prompt_tokens"] for d in decisions if d["reason"] == "continuation"]
+    first = [d["prompt_tokens"] for d in decisions if d["reason"] != "continuation"]
+    assert len(continuation) == len(first) == 1 and continuation[0] > first[0]
 
 
 def test_request_that_cannot_be_continued_fails_with_the_reason(fleet, router_factory, pair):

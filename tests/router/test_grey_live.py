@@ -91,7 +91,15 @@ def test_slowed_instance_is_drained_probed_and_restored(real_time_fleet, router_
         fleet.fault(1, "slow", factor=3)
         wait_until(lambda: _snapshot_of(router, "i1")["grey_level"] == 3, 60, "i1 drained")
         assert _snapshot_of(router, "i1")["grey_excess"] > GreyParams().enter_ratio
-        assert scrape_total(router.url, "switchyard_router_instance_grey_level", instance="i1") == 3
+        # The gauges follow at the next scrape round (the snapshot reads the detector).
+        wait_until(
+            lambda: (
+                scrape_total(router.url, "switchyard_router_instance_grey_level", instance="i1")
+                == 3
+            ),
+            10,
+            "the gauge saying i1 is drained",
+        )
         fleet.fault(1, "recover")
         wait_until(lambda: _snapshot_of(router, "i1")["grey_level"] == 0, 60, "i1 restored")
     finally:

@@ -64,6 +64,7 @@ from router_worker.routing import (
     session_key_from_request,
 )
 from router_worker.routing.disagg import decide_split
+from router_worker.routing.grey import LEVELS, GreyDetector
 from router_worker.routing.peer_accounting import PeerReports
 from router_worker.routing.saturation import Saturation, fleet_saturation
 from router_worker.routing.sessions import ChainTurn, ResponseChains
@@ -131,11 +132,58 @@ class RouterCore:
         for name in self.health.instances:
             self.state.add_instance(name, health=HEALTH_OF[self.health.effective(name)])
             self.scrape.setdefault(name, ScrapeInfo())
+        self._apply_grey(config)
         self.runtime = build_runtime(config, self.state, tokenizer, self.runtime)
         self.flow.configure(config)
         self.telemetry.cluster = config.cluster
         self.metrics.config_version.set(config.version)
         return self.runtime
+
+    def _apply_grey(self, config: RouterConfig) -> None:
+        """Grey-failure detection as configured (kept across versions with the same
+        settings: what it learned of each instance stays), and the operator's overrides."""
+        state, params = self.state, config.router.grey
+        assert state is not None
+        if not params.enabled:
+            state.grey = None
+            return
+        if state.grey is None or state.grey.params != params:
+            state.grey = GreyDetector(params)
+        now = time.time()
+        for instance in config.instances:
+            state.grey.override(instance.name, instance.grey_override, now)
+
+    def grey_tick(self) -> None:
+        """Report grey-failure changes that move traffic (an event each: audit, alerts)
+        and refresh the gauges (the monitor's scrape loop calls it)."""
+        state = self.state
+        grey = None if state is None else state.grey
+        if grey is None or state is None:
+            return
+        grey.advance(time.time())
+        for change in grey.take_transitions():
+            if not change.routing:
+                continue  # healthy <-> suspect: nothing changed for the traffic
+            log.warning(
+                "instance %s: grey %s -> %s (%s, %.2fx its normal)",
+                change.instance,
+                change.before.value,
+                change.after.value,
+                change.cause,
+                change.excess,
+            )
+            self.telemetry.event(
+                "grey",
+                instance=change.instance,
+                before=change.before.value,
+                after=change.after.value,
+                excess=round(change.excess, 3),
+                cause=change.cause,
+            )
+        for name in state.ids:
+            metrics = self.metrics
+            metrics.child(metrics.grey_level, name).set(LEVELS[grey.state_of(name)])
+            metrics.child(metrics.grey_excess, name).set(grey.excess_of(name))
 
     def _health_changed(self, instance: str, before: str, after: str, cause: str) -> None:
         if self.state is not None and instance in self.state.ids:
@@ -233,6 +281,7 @@ class RouterCore:
             policy=arm.policy,
             state=self.state,
             max_attempts=runtime.config.router.max_attempts,
+            max_continuations=runtime.config.router.max_continuations,
             observers=self.observers,
             runtime=runtime,
             arm=arm,
@@ -379,6 +428,8 @@ class RouterCore:
                     tier_bytes_read=scraped.tier_bytes_read,
                     hotspot=name in hot,
                     arm=arm_of.get(name),
+                    grey_level=None if state.grey is None else LEVELS[state.grey.state_of(name)],
+                    grey_excess=None if state.grey is None else state.grey.excess_of(name),
                 )
             )
         cv = load_cv([i.pending_prefill_tokens for i in instances if i.health == "healthy"])

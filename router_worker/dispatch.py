@@ -29,13 +29,14 @@ client's own body. A prefill's 4xx is the client's answer.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
 import httpx
 
 from router_worker.disagg import answered_params, decode_body, prefill_body
-from router_worker.errors import APIError, send_error
+from router_worker.errors import APIError, send_error, sse_error_event
 from router_worker.failures import (
     UpstreamFailure,
     bad_response,
@@ -46,16 +47,19 @@ from router_worker.failures import (
     transport_failure,
     unexpected_media_type,
 )
+from router_worker.intake import take_in
 from router_worker.plan import Plan, TakenBack
 from router_worker.relay import Exchange, relay_stream, relay_whole
 from router_worker.routing import NoEligibleInstanceError
 from router_worker.runtime import Runtime
+from router_worker.sse import DONE_EVENT
 from router_worker.upstream import (
     FastTransport,
     LocalExhaustion,
     ResponseDeadline,
     ResponseTooLarge,
     Target,
+    Upstream,
     make_target,
 )
 
@@ -90,6 +94,10 @@ class Dispatcher:
                 plan.client_gone()  # the client went away (or a bug): the attempt ends
                 raise
             if failure is None:
+                return
+            if ex.splice is not None:  # the client has bytes of the answer
+                if await self._broken(ex, failure):
+                    continue
                 return
             verdict = plan.attempt_failed(failure.kind, final=failure.final, detail=failure.message)
             if not verdict.retry:
@@ -175,6 +183,43 @@ class Dispatcher:
         except httpx.TransportError as error:
             return transport_failure(error)
 
+    async def _broken(self, ex: Exchange, failure: UpstreamFailure) -> bool:
+        """The answer broke after the client had bytes of it: True if it is to be
+        continued (the lifecycle's continuation rule), else it ends here: with ``[DONE]``
+        if all of it was sent after all, else with an SSE error event that says why it
+        was not continued."""
+        plan, splice = ex.plan, ex.splice
+        assert splice is not None
+        if plan.max_continuations and not failure.final and not ex.continuable:
+            plan.not_continuable = "only chat and completions answers are continued"
+        elif plan.max_continuations and not failure.final:
+            why, answer = splice.prepare(ex.raw, ex.chat)
+            if answer.finished:  # only the end of the stream was lost
+                ex.watch.done = True
+                await ex.send({"type": "http.response.body", "body": DONE_EVENT})
+                ex.end_stream(status=200, ok=True)
+                return False
+            plan.not_continuable = why
+            if not why:
+                _route_as_resent(ex)
+        detail = failure.detail or failure.message
+        verdict = plan.attempt_failed(
+            failure.kind, first_byte=True, final=failure.final, detail=detail
+        )
+        if verdict.retry:
+            return True
+        message = failure.message if failure.streamed else failure_text(failure, ex.detail)
+        ex.watch.done = True
+        await ex.send(
+            {
+                "type": "http.response.body",
+                "more_body": False,
+                "body": sse_error_event(failure.status, message + _not_continued(plan), ex.shape),
+            }
+        )
+        ex.end_stream(status=failure.status, ok=False)
+        return False
+
     async def _give_up(self, ex: Exchange, failure: UpstreamFailure) -> None:
         """The retry rule gave up: the client gets the last failure, in its API's shape."""
         plan = ex.plan
@@ -204,9 +249,11 @@ class Dispatcher:
         plan = ex.plan
         target = _upstream_target(plan.runtime, plan.instance, ex.path)
         plan.sent_at = time.perf_counter()
+        splice = ex.splice
+        payload = ex.raw if splice is None or splice.body is None else splice.body
         # Straight to the shared transport, without httpx.Request/Response objects: the
         # client's layers and httpx's models cost more CPU than the exchange.
-        sent = await self._post(ex, target, ex.raw, plan.clock)
+        sent = await self._post(ex, target, payload, plan.clock)
         if isinstance(sent, UpstreamFailure):
             return sent
         response = sent
@@ -214,6 +261,8 @@ class Dispatcher:
             if response.status_code >= 500:
                 body = await safe_read(response)
                 return UpstreamFailure("http_5xx", f"HTTP {response.status_code}: {body}")
+            if splice is not None and response.status_code != 200:
+                return await _refused_continuation(response)
             media = unexpected_media_type(response, ex.stream)
             if media is not None:
                 return await bad_response(response, f"content type {media!r}")
@@ -231,6 +280,54 @@ def _fell_back(plan: Plan) -> bool:
     except NoEligibleInstanceError:
         return False
     return True
+
+
+def _route_as_resent(ex: Exchange) -> None:
+    """The continuation is routed like any prompt: on the tokens and blocks of what it
+    re-sends (the prompt and the text already sent), whose cache may be elsewhere. A body
+    too big to take in on the event loop keeps the first prompt's."""
+    plan, splice, runtime = ex.plan, ex.splice, ex.plan.runtime
+    assert splice is not None and splice.body is not None
+    if len(splice.body) >= runtime.config.router.offload_body_bytes:
+        return
+    try:
+        intake = take_in(
+            splice.body,
+            "chat" if ex.chat else "completions",
+            runtime.tokenizer,
+            runtime.config.block_size,
+        )
+    except APIError:  # the router's own rendering refused it: route as the first prompt
+        return
+    plan.features = replace(
+        plan.features, prompt_tokens=intake.prompt_tokens, block_hashes=intake.block_hashes
+    )
+
+
+async def _refused_continuation(response: Upstream) -> UpstreamFailure:
+    """A continuation answered with an error status (the engine took the re-sent text
+    for a bad request, over its context say): another instance would refuse it alike
+    (``final``: no strike, no further continuation)."""
+    body = await safe_read(response)
+    return UpstreamFailure(
+        "continuation_refused",
+        f"The continuation was refused: HTTP {response.status_code}: {body}",
+        final=True,
+    )
+
+
+def _not_continued(plan: Plan) -> str:
+    """Why a broken answer was not continued, for its error event ('' if continuations
+    are off, or the failure was not the engine's)."""
+    verdict = plan.verdict
+    why = "" if verdict is None else verdict.why
+    if why == "not_continuable":
+        return f"; not continued: {plan.not_continuable}"
+    if why == "continuations_exhausted":
+        return f"; not continued: {plan.continuations} continuations made (the limit)"
+    if why == "no_instance":
+        return "; not continued: no other instance available"
+    return ""
 
 
 def _sent(ex: Exchange) -> None:

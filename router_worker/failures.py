@@ -19,7 +19,8 @@ from router_worker.upstream import Upstream
 
 @dataclass(slots=True)
 class UpstreamFailure:
-    """An attempt that failed before any byte reached the client (so it can be retried)."""
+    """An attempt that failed: before any byte reached the client (so it can be retried),
+    or ``streamed`` (so it can be continued)."""
 
     # connect | timeout | http_5xx | transport | empty | one of observers.LIMIT_KINDS
     kind: str
@@ -28,6 +29,10 @@ class UpstreamFailure:
     # descriptors, an answer over the router's size or time limit): no retry, no strike.
     final: bool = False
     status: int = 502
+    # The client already had bytes of the answer (a stream broken midway): ``message`` is
+    # the text of the error event it gets unless the answer is continued.
+    streamed: bool = False
+    detail: str = ""  # the log's words for it, when not ``message``
 
 
 # What a client without the debug right is told of a failed attempt whose own text comes

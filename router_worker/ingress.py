@@ -206,7 +206,18 @@ class Ingress:
             on_head = core.chain_learner(plan, intake) if endpoint == "responses" else None
             await self.dispatcher.run(
                 Exchange(
-                    plan, scope["path"], raw, intake.stream, up, send, watch, detail, shape, on_head
+                    plan,
+                    scope["path"],
+                    raw,
+                    intake.stream,
+                    up,
+                    send,
+                    watch,
+                    detail,
+                    shape,
+                    on_head,
+                    chat=endpoint == "chat",
+                    continuable=endpoint in ("chat", "completions"),
                 )
             )
         except ClientGone:

@@ -193,6 +193,12 @@ class RouterMetrics:
             ["arm", "stage"],
             registry=r,
         )
+        self.continuations = Counter(
+            "switchyard_router_continuations",
+            "Streamed answers broken after their first byte, continued on this instance.",
+            ["instance"],
+            registry=r,
+        )
         self.migrations = Counter(
             "switchyard_router_migrations",
             "Queued requests (no first byte yet) the policy moved to another instance.",
@@ -427,6 +433,18 @@ class RouterMetrics:
         )
         self.peers = Gauge(
             "switchyard_router_peers", "Peer routers heard from recently.", registry=r
+        )
+        self.grey_level = Gauge(
+            "switchyard_router_instance_grey_level",
+            "Grey-failure state: 0 healthy, 1 suspect, 2 degraded, 3 drained.",
+            ["instance"],
+            registry=r,
+        )
+        self.grey_excess = Gauge(
+            "switchyard_router_instance_grey_excess",
+            "How much slower than its own normal, beyond the fleet's drift (1 = none).",
+            ["instance"],
+            registry=r,
         )
         self.config_version = Gauge(
             "switchyard_router_config_version", "Applied configuration version.", registry=r

@@ -46,6 +46,7 @@ class Monitor:
                 await asyncio.gather(
                     *(self.scrape(name, url) for name, url in runtime.urls.items())
                 )
+                self.core.grey_tick()
             await asyncio.sleep(interval)
 
     async def run_probes(self) -> None:

@@ -72,6 +72,10 @@ LIMIT_KINDS = frozenset(
 )
 
 
+# Verdicts on an answer broken after its first byte: not a request given up unserved.
+AFTER_FIRST_BYTE = frozenset({"first_byte", "not_continuable", "continuations_exhausted"})
+
+
 class Hotspots(LifecycleObserver[Plan]):
     """Hotspot transitions raised by decisions: each one a telemetry event; the confirmed
     (not yet cleared) ones are ``active``."""
@@ -166,10 +170,12 @@ class FailureLog(LifecycleObserver[Plan]):
     def routed(self, plan: Plan, attempt: Attempt) -> None:
         if attempt.reason == "retry":
             self.metrics.child(self.metrics.retries, attempt.instance).inc()
+        elif attempt.reason == "continuation":
+            self.metrics.child(self.metrics.continuations, attempt.instance).inc()
 
     def closed(self, plan: Plan, outcome: Outcome) -> None:
         verdict, last = plan.verdict, plan.current
-        if verdict is None or verdict.retry or verdict.why == "first_byte":
+        if verdict is None or verdict.retry or verdict.why in AFTER_FIRST_BYTE:
             return
         if last.phase is not Phase.FAILED:
             return

@@ -129,9 +129,15 @@ class Plan(RequestLifecycle):
         self.dispatch(time.time())
 
     def first_token_sent(self) -> None:
-        """The first token is on its way to the client."""
-        self.first_token_at = time.perf_counter()
-        self.first_token(time.time(), self.first_token_at - self.started)
+        """The attempt's first token is on its way to the client. A continuation's is not
+        the answer's: TTFT stays the first attempt's; the policy hears the continuation's
+        own time to its first token."""
+        now = time.perf_counter()
+        if self.first_token_at is None:
+            self.first_token_at = now
+            self.first_token(time.time(), now - self.started)
+        else:
+            self.first_token(time.time(), now - self.sent_at)
 
     def attempt_failed(
         self, kind: str, *, final: bool = False, first_byte: bool = False, detail: str = ""

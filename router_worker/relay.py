@@ -15,13 +15,14 @@ import json
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 
 from router_worker.access import Detail
 from router_worker.connections import DisconnectWatch
-from router_worker.errors import ErrorShape, Send, sse_error_event
+from router_worker.continuation import Splice, engine_error_event
+from router_worker.errors import ErrorShape, Send
 from router_worker.failures import (
     UpstreamFailure,
     bad_response,
@@ -39,25 +40,6 @@ _TOKEN_RE = re.compile(rb'"(?:content|text|delta)":"(?!")')
 _USAGE_RE = re.compile(rb'"(?:completion_tokens|output_tokens)":\s*(\d+)')
 _CACHED_RE = re.compile(rb'"cached_tokens":\s*(\d+)')
 HEAD_BYTES = 512  # where an answer's id is, in any of vLLM's shapes
-
-
-@dataclass(slots=True)
-class Exchange:
-    """One request on its way through the router: the routed plan and what the HTTP side
-    needs to send it upstream and answer the client."""
-
-    plan: Plan
-    path: str
-    raw: bytes  # the client's body, forwarded byte for byte
-    stream: bool
-    headers: list[tuple[bytes, bytes]]  # the client's headers passed on upstream
-    send: Send
-    watch: DisconnectWatch
-    detail: Detail
-    shape: ErrorShape = "openai"  # the error bodies' shape: Anthropic's on /v1/messages
-    # Told the head of the engine's answer (its first events, or its body's first bytes):
-    # how the router learns a Responses answer's id.
-    on_head: Callable[[bytes], None] | None = None
 
 
 class StreamMeter:
@@ -93,6 +75,43 @@ class StreamMeter:
         return self.usage_tokens if self.usage_tokens is not None else self.tokens
 
 
+@dataclass(slots=True)
+class Exchange:
+    """One request on its way through the router: the routed plan and what the HTTP side
+    needs to send it upstream and answer the client."""
+
+    plan: Plan
+    path: str
+    raw: bytes  # the client's body, forwarded byte for byte
+    stream: bool
+    headers: list[tuple[bytes, bytes]]  # the client's headers passed on upstream
+    send: Send
+    watch: DisconnectWatch
+    detail: Detail
+    shape: ErrorShape = "openai"  # the error bodies' shape: Anthropic's on /v1/messages
+    # Told the head of the engine's answer (its first events, or its body's first bytes):
+    # how the router learns a Responses answer's id.
+    on_head: Callable[[bytes], None] | None = None
+    # The answer streamed so far, across attempts (continuations join it).
+    meter: StreamMeter = field(default_factory=StreamMeter)
+    splice: Splice | None = None
+    chat: bool = False  # /v1/chat/completions (else /v1/completions)
+    # Its answer can be continued elsewhere if it breaks (chat and completions; the
+    # Responses and Messages APIs' answers are not: router_worker.continuation)
+    continuable: bool = True
+
+    def end_stream(self, *, status: int, ok: bool) -> None:
+        """The streamed answer ended for the client: the plan is done with it."""
+        meter = self.meter
+        self.plan.done(
+            status=status,
+            ok=ok,
+            output_tokens=meter.output_tokens,
+            last_token_at=meter.last_token_at,
+            cached_tokens=meter.cached_tokens,
+        )
+
+
 async def relay_whole(ex: Exchange, response: Upstream) -> UpstreamFailure | None:
     """Read the engine's whole answer and send it on; None once the client has it."""
     plan, send = ex.plan, ex.send
@@ -111,10 +130,10 @@ async def relay_whole(ex: Exchange, response: Upstream) -> UpstreamFailure | Non
         clock.event = time.perf_counter()
     if not _json_object_shaped(data):
         return await bad_response(response, "a body that is not a JSON object", data)
-    usage = _USAGE_RE.search(data)
-    cached = _CACHED_RE.search(data)
     if ex.on_head is not None and response.status_code < 400:
         ex.on_head(data[:HEAD_BYTES])
+    usage = _USAGE_RE.search(data)
+    cached = _CACHED_RE.search(data)
     headers = [
         (b"content-type", response.header(b"content-type", b"application/json")),
         (b"content-length", str(len(data)).encode()),
@@ -137,8 +156,10 @@ async def relay_whole(ex: Exchange, response: Upstream) -> UpstreamFailure | Non
 
 async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | None:
     """Relay the engine's stream from its first complete events; None once it ended for
-    the client (whole, or cut with an error event)."""
-    plan, send = ex.plan, ex.send
+    the client. A continuation (``ex.splice.joining``) joins the client's answer. A
+    failure once the client has bytes comes back as an :class:`UpstreamFailure` with
+    ``streamed`` set: the dispatch step continues the answer or ends it."""
+    plan = ex.plan
     framer = SseFramer(plan.runtime.config.router.max_event_bytes)
     try:
         first = await _first_events(response, framer)
@@ -152,9 +173,28 @@ async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | No
         return transport_failure(error)
     except MalformedStream as error:
         return UpstreamFailure(error.limit, str(error))
+    splice = ex.splice
+    if splice is None:
+        splice = ex.splice = Splice()
+        if ex.on_head is not None:
+            ex.on_head(first[:HEAD_BYTES])
+        await _start_stream(ex, response)
+    else:
+        plan.settled()  # a continuation's bytes go to the client: it cannot move either
+        first = splice.join(first)
+    try:
+        await _relay_events(ex, response, framer, first, splice)
+    except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
+        return _mid_stream_failure(plan, error, ex.detail)
+    ex.watch.done = True
+    ex.end_stream(status=200, ok=True)
+    return None
+
+
+async def _start_stream(ex: Exchange, response: Upstream) -> None:
+    """The client's response starts: from here on the request cannot move (migration)."""
+    plan = ex.plan
     plan.settled()  # bytes go to the client from here on: no migration any more
-    if ex.on_head is not None:
-        ex.on_head(first[:HEAD_BYTES])
     if plan.clock is not None:
         plan.clock.event = time.perf_counter()
     headers = [
@@ -162,36 +202,11 @@ async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | No
         (b"cache-control", b"no-cache"),
         *route_headers(ex),
     ]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    meter = StreamMeter()
-    status, ok = 200, True
-    try:
-        await _relay_events(ex, response, framer, first, meter)
-    except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
-        status, ok = _mid_stream_failure(plan, error), False
-        ex.watch.done = True
-        message = _mid_stream_message(plan, error, ex.detail)
-        await send(
-            {
-                "type": "http.response.body",
-                "more_body": False,
-                "body": sse_error_event(status, message, ex.shape),
-            }
-        )
-    else:
-        ex.watch.done = True
-    plan.done(
-        status=status,
-        ok=ok,
-        output_tokens=meter.output_tokens,
-        last_token_at=meter.last_token_at,
-        cached_tokens=meter.cached_tokens,
-    )
-    return None
+    await ex.send({"type": "http.response.start", "status": 200, "headers": headers})
 
 
 async def _relay_events(
-    ex: Exchange, response: Upstream, framer: SseFramer, out: bytes, meter: StreamMeter
+    ex: Exchange, response: Upstream, framer: SseFramer, out: bytes, splice: Splice
 ) -> None:
     """Forward whole events until the engine's body ends (ending the client's too)."""
     last = response.finished
@@ -199,9 +214,9 @@ async def _relay_events(
         if last:
             # The engine's body is complete: this is the last piece, and it carries
             # the end of the response (one write instead of two).
-            out += framer.finish()
+            out += splice.rewrite(framer.finish())
         if out or last:
-            await _forward(ex, meter, out, not last)
+            await _forward(ex, splice, out, not last)
         if last:
             return
         chunk = await response.next_chunk()
@@ -212,12 +227,16 @@ async def _relay_events(
         # write (SSE is a byte stream; event boundaries are in the bytes).
         more = response.take_queued()
         out = framer.feed(chunk + more if more else chunk)
+        if out and engine_error_event(out):
+            raise MalformedStream("the engine reported an error mid-stream", "engine_error")
+        out = splice.rewrite(out)
         last = response.finished
 
 
-async def _forward(ex: Exchange, meter: StreamMeter, chunk: bytes, more: bool) -> None:
+async def _forward(ex: Exchange, splice: Splice, chunk: bytes, more: bool) -> None:
     plan = ex.plan
-    first = meter.feed(chunk) and plan.awaiting_first_token
+    first = ex.meter.feed(chunk) and plan.awaiting_first_token
+    splice.record(chunk)
     await ex.send({"type": "http.response.body", "body": chunk, "more_body": more})
     clock = plan.clock
     if clock is not None and not clock.relayed:
@@ -238,10 +257,10 @@ async def _first_events(response: Upstream, framer: SseFramer) -> bytes | None:
             return out
 
 
-def _mid_stream_failure(plan: Plan, error: Exception) -> int:
-    """A stream that broke after its first event: the plan's attempt fails (never retried:
-    bytes went out); the status for its error event. Past the deadline is no fault of the
-    engine's (``final``: no breaker strike)."""
+def _mid_stream_failure(plan: Plan, error: Exception, detail: Detail) -> UpstreamFailure:
+    """A stream that broke after the client had bytes of it: ``streamed``, and its text
+    that of the error event the client gets if it is not continued. Past the deadline is
+    no fault of the engine's (``final``: no breaker strike, no continuation)."""
     if isinstance(error, ResponseDeadline):
         kind = "response_deadline"
     elif isinstance(error, MalformedStream):
@@ -249,8 +268,14 @@ def _mid_stream_failure(plan: Plan, error: Exception) -> int:
     else:
         kind = "mid_stream"
     deadline = kind == "response_deadline"
-    plan.attempt_failed(kind, first_byte=True, final=deadline, detail=f"stream broke: {error!r}")
-    return 504 if deadline else 502
+    return UpstreamFailure(
+        kind,
+        _mid_stream_message(plan, error, detail),
+        final=deadline,
+        status=504 if deadline else 502,
+        streamed=True,
+        detail=f"stream broke: {error!r}",
+    )
 
 
 def route_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:

@@ -18,6 +18,7 @@ truncated line) from vLLM's events.
 from __future__ import annotations
 
 DONE = b"[DONE]"
+DONE_EVENT = b"data: " + DONE + b"\n\n"
 _OTHER_FIELDS = (b"event", b"id", b"retry")
 
 

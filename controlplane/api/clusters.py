@@ -17,6 +17,7 @@ from .schemas import (
     ClusterIn,
     ClusterOut,
     ExpectedRevision,
+    GreyOverrideIn,
     Id,
     InstanceIn,
     InstanceOut,
@@ -103,6 +104,24 @@ def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
         actor_of(request),
         instance_id,
         "enabled",
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+
+
+@routes.post(
+    "/instances/{instance_id}/grey-override",
+    response=InstanceOut,
+    auth=role("operator"),
+    tags=["instances"],
+)
+def set_grey_override(request: HttpRequest, instance_id: Id, payload: GreyOverrideIn):
+    """Override grey-failure detection for this instance: `auto` (the detector decides),
+    `healthy` (never flagged slow) or `drained` (no traffic, no probes, until set back)."""
+    return cluster_services.set_grey_override(
+        actor_of(request),
+        instance_id,
+        payload.mode,
         reason=payload.reason,
         expected_revision=expected_revision(request, payload.expected_revision),
     )

@@ -78,6 +78,10 @@ class ReasonIn(Schema):
     expected_revision: ExpectedRevision = None
 
 
+class GreyOverrideIn(ReasonIn):
+    mode: Literal["auto", "healthy", "drained"]
+
+
 class MeOut(Schema):
     username: str
     role: str
@@ -142,6 +146,7 @@ class InstanceOut(Schema):
     kv_events: str
     state: str
     role: str
+    grey_override: str
     healthy: bool | None
     last_seen_at: datetime | None
 

@@ -67,6 +67,15 @@ class Instance(models.Model):
     kv_events = models.CharField(max_length=256, blank=True, default="")
     state = models.CharField(max_length=16, choices=State.choices, default=State.ENABLED)
     role = models.CharField(max_length=8, choices=Role.choices, default=Role.BOTH)
+
+    class GreyOverride(models.TextChoices):
+        AUTO = "auto"  # the routers' grey-failure detector decides
+        HEALTHY = "healthy"  # never flagged slow
+        DRAINED = "drained"  # no traffic, no probes
+
+    grey_override = models.CharField(
+        max_length=16, choices=GreyOverride.choices, default=GreyOverride.AUTO
+    )
     # Observed by the health/metrics scraper (beat), not desired state.
     healthy = models.BooleanField(null=True, default=None)
     last_scrape = models.JSONField(default=dict, blank=True)

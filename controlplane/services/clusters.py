@@ -27,6 +27,7 @@ def instance_snapshot(instance: Instance) -> dict:
         "state": instance.state,
         "kv_events": instance.kv_events,
         "role": instance.role,
+        "grey_override": instance.grey_override,
     }
 
 
@@ -157,6 +158,36 @@ def set_instance_state(
     audit.record(
         actor,
         f"instance.{_verb(state)}",
+        instance,
+        before=before,
+        after=_with_version(instance_snapshot(instance), version),
+        reason=reason,
+        cluster=instance.cluster,
+    )
+    return instance
+
+
+@transaction.atomic
+def set_grey_override(
+    actor: Actor, instance_id: int, mode: str, *, reason: str, expected_revision: int | None = None
+) -> Instance:
+    """The operator's word on grey-failure detection for one instance (``auto``,
+    ``healthy``: never flagged slow, ``drained``: no traffic, no probes), published to the
+    routers in a new config version and audited."""
+    reason = audit.require_reason(reason)
+    instance = _locked_instance(instance_id)
+    claim_edit(instance.cluster, expected_revision)
+    if mode not in Instance.GreyOverride.values:
+        raise ServiceError(f"grey_override must be one of {Instance.GreyOverride.values}", "mode")
+    if instance.grey_override == mode:
+        raise Conflict(f"instance {instance.name!r} already has grey override {mode}", "mode")
+    before = instance_snapshot(instance)
+    instance.grey_override = mode
+    instance.save(update_fields=["grey_override"])
+    version = config.publish(instance.cluster, actor, reason)
+    audit.record(
+        actor,
+        "instance.grey_override",
         instance,
         before=before,
         after=_with_version(instance_snapshot(instance), version),

@@ -125,6 +125,7 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
             "state": i.state,
             **({"kv_events": i.kv_events} if i.kv_events else {}),
             **({"role": i.role} if i.role != "both" else {}),
+            **({"grey_override": i.grey_override} if i.grey_override != "auto" else {}),
         }
         for i in cluster.instances.order_by("name")
     ]

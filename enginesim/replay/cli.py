@@ -42,6 +42,7 @@ from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
 from enginesim.replay.traces import FORMATS, TraceRecord, load_trace, scale_tenant
 from router_worker.routing import REGISTRY
 from router_worker.routing.flow import FlowParams, TenantSettings
+from router_worker.routing.grey import GreyParams
 
 # (summary key, title, width, format spec)
 COLUMNS = (
@@ -140,6 +141,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="TENANT=FACTOR",
         help="that tenant's requests FACTOR times as many (what if it doubles: =2)",
     )
+    add(
+        "--slow",
+        action="append",
+        default=[],
+        metavar="INSTANCE@SECONDSxFACTOR",
+        help="an instance runs FACTOR times slower from a virtual time (repeatable; "
+        "--restore brings it back)",
+    )
+    add(
+        "--max-continuations",
+        type=int,
+        default=0,
+        help="streams broken by a failed instance continued elsewhere, per request (the "
+        "live router's router.max_continuations; 0: they fail)",
+    )
+    add(
+        "--grey",
+        action="store_true",
+        help="grey-failure detection, as a live router with router.grey enabled runs it",
+    )
     fleet.add_arguments(parser, seed_default="--seed")
     transfer.add_arguments(parser)
     add(
@@ -170,7 +191,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def config_from_args(args: argparse.Namespace) -> SimConfig:
     faults = tuple(
         Fault.parse(action, spec)
-        for action in ("fail", "drain", "restore")
+        for action in ("fail", "drain", "restore", "slow")
         for spec in getattr(args, action)
     )
     return SimConfig(
@@ -187,6 +208,8 @@ def config_from_args(args: argparse.Namespace) -> SimConfig:
         global_tier_bandwidth=args.global_tier_bandwidth,
         global_tier_link_instances=args.global_tier_link_instances,
         faults=faults,
+        grey=GreyParams(enabled=True) if args.grey else None,
+        max_continuations=args.max_continuations,
         seed=args.seed,
         policy_params=json.loads(args.policy_params),
         variation=fleet.variation_from_args(args, args.instances, args.gpu, args.seed),

@@ -26,9 +26,13 @@ Kinds:
 * ``FAULT``: ``fail`` (the engine dies: requests without a first token are retried by
   the live router's retry rule, ``RequestLifecycle.fail``: the policy decides again
   without the instances that failed, up to ``max_attempts`` sends in all; requests
-  already streaming fail; the instance is marked down and its cache forgotten),
-  ``drain`` (no new requests; in-flight ones finish) and ``restore`` (healthy again; a
-  failed instance comes back with a fresh, empty engine).
+  already streaming fail, or with ``max_continuations`` are continued elsewhere by the
+  lifecycle's continuation rule: the prompt and the tokens generated so far sent again,
+  the rest of the answer asked for; the instance is marked down and its cache forgotten),
+  ``drain`` (no new requests; in-flight ones finish), ``slow`` (its engine's steps take
+  ``factor`` times longer: a grey failure, which only ``grey`` detection, the live
+  router's, can find) and ``restore`` (healthy again, at its own speed; a failed instance
+  comes back with a fresh, empty engine).
 
 Several routers (``routers`` > 1) share one fleet as they would behind a load balancer:
 each has its own :class:`ClusterState` and policy object (seeded ``seed + k``), routes the
@@ -97,6 +101,7 @@ from router_worker.routing.flow import (
     Refusal,
     TenantSettings,
 )
+from router_worker.routing.grey import GreyDetector, GreyParams, GreyTransition
 from router_worker.routing.lifecycle import (
     NO_OBSERVERS,
     Attempt,
@@ -112,7 +117,7 @@ from router_worker.routing.quota import QuotaLedger
 from router_worker.routing.saturation import fleet_saturation
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
-FAULT_ACTIONS = ("fail", "drain", "restore")
+FAULT_ACTIONS = ("fail", "drain", "restore", "slow")
 # An idle stretch longer than this (simulated seconds, nothing in flight) is not scraped
 # tick by tick: its last IDLE_LEAD_TICKS ticks are (`Simulator._next_scrape`).
 IDLE_SKIP_S = 600.0
@@ -122,19 +127,28 @@ ROUTER_SPREADS = ("round_robin", "random", "session")
 
 @dataclass(frozen=True)
 class Fault:
-    """``action`` (fail | drain | restore) on instance ``instance`` at virtual ``time``."""
+    """``action`` (fail | drain | restore | slow) on instance ``instance`` at virtual
+    ``time``; ``slow``: its engine runs ``factor`` times slower from then (``restore``
+    brings it back to its own speed)."""
 
     time: float
     instance: int
     action: str
+    factor: float = 1.0
 
     @classmethod
     def parse(cls, action: str, spec: str) -> Fault:
-        """``"3@600"`` → instance 3 at t = 600 s."""
-        instance, _, time = spec.partition("@")
-        if action not in FAULT_ACTIONS or not time:
-            raise ValueError(f"bad {action} spec {spec!r}; expected INSTANCE@SECONDS")
-        return cls(float(time), int(instance.lstrip("i")), action)
+        """``"3@600"`` → instance 3 at t = 600 s; ``slow``: ``"3@600x3"``, 3 times slower."""
+        instance, _, when = spec.partition("@")
+        when, _, factor = when.partition("x") if action == "slow" else (when, "", "")
+        shape = "INSTANCE@SECONDSxFACTOR" if action == "slow" else "INSTANCE@SECONDS"
+        try:
+            fault = cls(float(when), int(instance.lstrip("i")), action, float(factor or 1.0))
+        except ValueError:
+            raise ValueError(f"bad {action} spec {spec!r}; expected {shape}") from None
+        if action not in FAULT_ACTIONS or fault.factor <= 0 or (action == "slow" and not factor):
+            raise ValueError(f"bad {action} spec {spec!r}; expected {shape}")
+        return fault
 
 
 @dataclass
@@ -157,6 +171,13 @@ class SimConfig:
     global_tier_link_instances: int = 0
     faults: tuple[Fault, ...] = ()
     max_attempts: int = 3
+    # Streams broken by a failed instance continued elsewhere (the live router's
+    # router.max_continuations): the prompt and the tokens already generated sent again,
+    # the rest of the answer asked for. 0: they fail.
+    max_continuations: int = 0
+    # Grey-failure detection (router_worker.routing.grey), as a live router runs it: None
+    # or not enabled, off.
+    grey: GreyParams | None = None
     seed: int = 0
     policy_params: dict[str, Any] = field(default_factory=dict)
     routers: int = 1  # router processes sharing the fleet, each with its own view
@@ -332,6 +353,8 @@ class SimResult:
     tier: TierTraffic | None = None  # None: the cluster had no global tier
     tier_by_instance: dict[str, TierTraffic] = field(default_factory=dict)
     migrations: int = 0  # queued requests moved by the policy (abort + send elsewhere)
+    # Grey-failure detection's changes of state, every router's, in order (with ``grey``)
+    grey_log: list[GreyTransition] = field(default_factory=list)
     # If the fleet varied: the nominal GPU (what the policies were told), the variation
     # and, per instance, what it ran on (instance_hardware); None otherwise
     fleet: dict[str, Any] | None = None
@@ -354,6 +377,8 @@ class _Flight:
     router: int = 0  # which router took it (the one that accounts and retries it)
     stage: str = "whole"  # prefill | decode | whole | fallback (disaggregated clusters)
     prefill_slot: int = -1  # split: the instance holding its prefilled KV
+    sent_tokens: int = 0  # output tokens the client had before the current continuation
+    continuing: bool = False  # a continuation sent, its first token not yet out
 
 
 @dataclass
@@ -476,6 +501,8 @@ class Simulator:
     def _new_state(self) -> ClusterState:
         tier = GlobalTier(self.config.global_tier_blocks) if self.tier is not None else None
         state = ClusterState(block_size=self.config.router_block_size, global_tier=tier)
+        if self.config.grey is not None and self.config.grey.enabled:
+            state.grey = GreyDetector(self.config.grey)
         # each instance's own capacity, as a live router reads it from /metrics
         for instance_id, cfg in zip(self.ids, self.engine_configs, strict=True):
             capacity = cfg.num_gpu_blocks * cfg.block_size // self.config.router_block_size
@@ -567,6 +594,7 @@ class Simulator:
             router.policy,
             router.state,
             max_attempts=self.config.max_attempts,
+            max_continuations=self.config.max_continuations,
             observers=router.observers,
         )
         flight = _Flight(record, life, result, router=index)
@@ -736,7 +764,9 @@ class Simulator:
             self._migrate_from(flight.router, flight)
 
     def _send(self, flight: _Flight, tokens: np.ndarray | None) -> bool:
-        """Add the current attempt to its engine and account it; False if rejected."""
+        """Add the current attempt to its engine and account it; False if rejected. A
+        continuation re-sends the prompt with the tokens the client already has and asks
+        for the rest."""
         result, life = flight.result, flight.life
         instance_id = life.current.instance
         slot = self.ids.index(instance_id)
@@ -746,11 +776,14 @@ class Simulator:
         try:
             if tokens is None:  # a retry: synthesising again is cheaper than keeping prompts
                 tokens = synthesize_tokens(flight.record)
+            if flight.sent_tokens:
+                tokens = np.concatenate([tokens, _answer_ids(flight.record, flight.sent_tokens)])
             prefill = flight.stage == "prefill"
+            rest = result.output_tokens_asked - flight.sent_tokens
             engine.add_request(
                 result.id,
                 tokens,
-                1 if prefill else result.output_tokens_asked,
+                1 if prefill else rest,
                 self.now,
                 hold_kv=prefill,
                 remote_prefill=flight.stage == "decode",
@@ -866,9 +899,15 @@ class Simulator:
             if output.finished:
                 self._prefilled(flight, output)
             return
-        result.output_tokens = output.num_output_tokens
+        result.output_tokens = flight.sent_tokens + output.num_output_tokens
         if output.first_token_time is not None and result.first_token_s is None:
             self._on_first_token(flight, output)
+        elif output.first_token_time is not None and flight.continuing:
+            flight.continuing = False  # the continuation's first token: its prefill is done
+            self.true_pending[flight.slot] -= flight.estimated_uncached
+            self._telemetry(
+                output.first_token_time, self._apply_first_token, flight, flight.life.current
+            )
         if output.finished:
             result.finish_s = output.finish_time
             result.status = "ok" if output.finish_reason == "length" else "failed"
@@ -1023,8 +1062,18 @@ class Simulator:
                 router.state.set_health(self.ids[slot], Health.DRAINING)
         elif fault.action == "restore":
             self._restore(slot)
+        elif fault.action == "slow":
+            self._slow(slot, fault.factor)
         elif self.instances[slot].engine is not None:
             self._fail(slot)
+
+    def _slow(self, slot: int, factor: float) -> None:
+        """Its engine's steps take ``factor`` times longer from now (1: its own speed)."""
+        engine = self.instances[slot].engine
+        if engine is None:
+            return
+        self._advance(slot)  # what completed at the old speed is delivered first
+        engine.cost_model.speed = self.engine_configs[slot].speed / factor
 
     def _fail(self, slot: int) -> None:
         self._advance(slot)  # deliver everything that completed by now first
@@ -1049,6 +1098,8 @@ class Simulator:
             )
             if result.first_token_s is None:
                 self.true_pending[slot] -= flight.estimated_uncached
+            if verdict.why == "continuation":
+                flight.sent_tokens, flight.continuing = result.output_tokens, True
             if verdict.attempt is not None:
                 self._start(flight, verdict.attempt, None)
                 continue
@@ -1056,6 +1107,7 @@ class Simulator:
 
     def _restore(self, slot: int) -> None:
         instance = self.instances[slot]
+        self._slow(slot, 1.0)
         if instance.engine is None:
             instance.engine = self._new_engine(slot)
             self.true_pending[slot] = 0.0
@@ -1082,6 +1134,15 @@ class Simulator:
             hotspot_log=self.hotspot_log,
             migrations=self.migrations,
             saturation_samples=np.array(self.saturation, dtype=float).reshape(-1, 2),
+            grey_log=sorted(
+                (
+                    change
+                    for router in self.routers
+                    if router.state.grey is not None
+                    for change in router.state.grey.take_transitions()
+                ),
+                key=lambda change: change.at,
+            ),
         )
         if self.config.varied:
             result.fleet = self._fleet_record()
@@ -1157,3 +1218,10 @@ class _PeerDelivery:
     def _report(self, apply: Callable[..., None], *args: Any) -> None:
         sim = self.sim
         sim._after(sim.config.replica_sync_delay_s, sim.now, apply, *args)
+
+
+def _answer_ids(record: TraceRecord, count: int) -> np.ndarray:
+    """Token ids standing for the first ``count`` tokens of ``record``'s answer (a
+    continuation's re-sent text): private to the request, as a generated answer is."""
+    base = 1 << 40 | record.index << 16
+    return np.arange(base, base + count, dtype=np.uint64)

@@ -29,6 +29,7 @@ from pydantic import (
 from chat_templates import BUILTIN_TEMPLATES, DEFAULT_TEMPLATE, is_builtin, template_for_model
 from router_worker.routing.disagg import DeciderParams, Role
 from router_worker.routing.flow import DEFAULT_TENANT, FlowParams, TenantSettings
+from router_worker.routing.grey import GreyParams
 from router_worker.routing.sessions import SESSION_SOURCES, SessionSource
 
 INSTANCE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -47,6 +48,12 @@ class InstanceSpec(_Strict):
     name: str = Field(description="Unique name of the engine instance within the cluster.")
     url: str = Field(description="Base URL of the vLLM-compatible server, e.g. http://host:8000")
     state: Literal["enabled", "draining", "down"] = "enabled"
+    grey_override: Literal["auto", "healthy", "drained"] = Field(
+        default="auto",
+        description="The operator's word on grey-failure detection for this instance: "
+        "auto (the detector decides), healthy (never flagged slow), drained (no traffic, "
+        "no probes, until set back).",
+    )
     kv_events: str | None = Field(
         default=None, description="ZMQ endpoint of the engine's KV events publisher, if any."
     )
@@ -159,6 +166,15 @@ class RouterSettings(_Strict):
         default=120.0, gt=0, le=3600, description="Upstream silence before a retry."
     )
     max_attempts: int = Field(default=3, ge=1, le=10, description="Upstream tries per request.")
+    max_continuations: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="Times a streamed answer an instance broke off after its first byte "
+        "(connection cut, garbage, error event, silence past first_byte_timeout_s) is "
+        "continued on another instance, the text already sent re-sent as prompt, so the "
+        "client sees one answer. 0: such a stream ends with an SSE error event.",
+    )
     max_concurrency: int = Field(default=1024, ge=1, le=100_000)
     max_queue: int = Field(default=1024, ge=0, le=100_000)
     queue_timeout_s: float = Field(default=10.0, gt=0, le=600)
@@ -240,6 +256,12 @@ class RouterSettings(_Strict):
         description="Total size of those bodies; a body that would take it past this is "
         "answered 429 at once (a body is always taken when none waits). Bodies of clients "
         "that went away are dropped from the queue unread.",
+    )
+    grey: GreyParams = Field(
+        default_factory=GreyParams,
+        description="Grey-failure detection: instances alive but slower than their own "
+        "normal, beyond the fleet's drift, are given less traffic, then drained, probed "
+        "and restored.",
     )
     breaker_failures: int = Field(
         default=3, ge=1, le=100, description="Consecutive failures that open the circuit."

@@ -91,6 +91,7 @@ EventKind = Literal[
     # flow control's refusals since the last one, at most one a FLOW_SUMMARY_S:
     # {interval_s, tenants: {tenant: {reason: n}}} (reasons: routing.flow.Refusal.reason)
     "flow_refusals",
+    "grey",  # grey-failure state changed: {instance, before, after, excess, cause}
 ]
 FLOW_SUMMARY_S = 60.0
 
@@ -256,6 +257,11 @@ class InstanceSnapshot(_Record):
     tier_hit_tokens: Annotated[float | None, Merge.LARGEST] = None  # prompt tokens loaded
     tier_bytes_read: Annotated[float | None, Merge.LARGEST] = None
     hotspot: Annotated[bool, Merge.ANY] = False  # confirmed by any router's detector
+    # Grey-failure detection (router_worker/routing/grey.py): 0 healthy, 1 suspect,
+    # 2 degraded (weight lowered), 3 drained (probed); and how much slower than its own
+    # normal, beyond the fleet's drift, the instance runs (a ratio, 1 = none).
+    grey_level: Annotated[int | None, Merge.LARGEST] = None
+    grey_excess: Annotated[float | None, Merge.LARGEST] = None
     arm: Annotated[str | None, Merge.NEWEST_CONFIG] = None
 
 

@@ -95,6 +95,7 @@ import numpy.typing as npt
 
 from engine_interface.kv_events import KVEvent, KVEventBatch
 from router_worker.routing.features import DEFAULT_BLOCK_SIZE, RequestFeatures
+from router_worker.routing.grey import GreyDetector
 from router_worker.routing.kvindex import GlobalTier, KVIndex
 
 
@@ -241,6 +242,9 @@ class ClusterState:
         self.kv_version = 0
         self.error_count = 0
         self._view: ClusterView | None = None
+        # Grey-failure detection (slow instances), fed and applied by the request
+        # lifecycle before any policy decides; None: off.
+        self.grey: GreyDetector | None = None
 
     # ----- membership ---------------------------------------------------------
     def add_instance(

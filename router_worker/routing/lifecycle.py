@@ -25,6 +25,17 @@ decision's scores: the failure changed the indicators (the attempt's load is gon
 instance may be down), and the policy's own rules (session tables, hotspot routing) see
 the retry.
 
+The continuation rule: an attempt that fails once bytes of the answer reached the client
+(``first_byte``, or a first token already accounted) is not retried but may be
+*continued*: the driver re-issues the request with the text already sent, and splices the
+new attempt's answer into the client's (the live router: :mod:`router_worker.continuation`).
+A continuation is one more attempt of the same request, decided by the policy like a
+retry (every instance that failed the request excluded), allowed while the failure is not
+``final``, the driver found the request continuable (``not_continuable`` empty), and fewer
+than ``max_continuations`` continuations were made (``max_attempts`` does not cap them:
+they are the answer's, not the first byte's). Every failure after the first byte, the
+continuation's own included, is judged by this rule.
+
 ``attempt_count`` is what both drivers report as a request's attempts: every attempt
 routed (the first try, each retry, each migration), the count ``max_attempts`` caps.
 
@@ -100,7 +111,7 @@ class Attempt:
 
     instance: str
     decision: Decision | None  # None: a migration (the policy named the target)
-    reason: str  # first | retry | migration
+    reason: str  # first | retry | migration | continuation
     routed_at: float
     phase: Phase = Phase.ROUTED
     dispatched_at: float | None = None
@@ -113,6 +124,9 @@ class Attempt:
     # A split request's decode attempt: it reads the prompt's KV from the prefill instance
     # and computes only the last token (router_worker.routing.disagg).
     remote_prefill: bool = False
+    # The prefill work queued ahead of it (itself included) at dispatch, in seconds at
+    # the state's nominal prefill throughput: the TTFT grey-failure detection expects.
+    expected_ttft: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -196,13 +210,16 @@ class RetryVerdict:
     when ``retry``; ``why`` says which part of the rule decided."""
 
     retry: bool
-    why: str  # retry | first_byte | final | poison | exhausted | no_instance
+    # retry | first_byte | final | poison | exhausted | no_instance (before the first byte);
+    # continuation | first_byte | not_continuable | continuations_exhausted | no_instance
+    # (after it)
+    why: str
     attempt: Attempt | None = None
 
     @property
     def decided(self) -> bool:
         """The policy was asked (successfully or not)."""
-        return self.why in ("retry", "no_instance")
+        return self.why in ("retry", "continuation", "no_instance")
 
 
 def choose_migrations(
@@ -267,6 +284,10 @@ class RequestLifecycle:
     policy: RoutingPolicy
     state: ClusterState
     max_attempts: int = 3
+    # Continuations of an answer broken after its first byte (0: none, the stream ends
+    # with an error); ``not_continuable``: the driver's reason why this request cannot be.
+    max_continuations: int = 0
+    not_continuable: str = ""
     attempts: list[Attempt] = field(default_factory=list)
     answered_5xx: list[str] = field(default_factory=list)
     observers: LifecycleObservers = NO_OBSERVERS
@@ -309,6 +330,11 @@ class RequestLifecycle:
         routed, sent or not). What ``max_attempts`` caps, and what the live router's
         decision records and the simulator's request results call ``attempts``."""
         return len(self.attempts)
+
+    @property
+    def continuations(self) -> int:
+        """Attempts that continued an answer broken after its first byte."""
+        return sum(1 for a in self.attempts if a.reason == "continuation")
 
     @property
     def can_send_again(self) -> bool:
@@ -363,6 +389,10 @@ class RequestLifecycle:
             self.features, attempt.instance, now, cached_tokens=cached
         )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
+        state = self.state
+        if state.grey is not None:
+            pending = float(state.pending[state.slot_of(attempt.instance)])
+            attempt.expected_ttft = pending / state.default_prefill_tps
         for hook in self.observers.dispatched:
             hook(self, attempt)
         return attempt.uncached_tokens
@@ -381,6 +411,10 @@ class RequestLifecycle:
         if self.state.is_in_flight(self.request_id):
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
+        grey = self.state.grey
+        if grey is not None and grey.params.use_ttft and attempt.dispatched_at is not None:
+            measured = now - attempt.dispatched_at
+            grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
         for hook in self.observers.first_token:
             hook(self, attempt)
         return True
@@ -398,6 +432,11 @@ class RequestLifecycle:
         self._close(attempt, Phase.FINISHED, now, error=False)
         if ok and output_tokens > 0:  # 0: the engine reported no usage
             self.policy.observe_finish(self.features, attempt.instance, output_tokens, now)
+        grey = self.state.grey
+        if grey is not None and ok and attempt.first_token_at is not None and output_tokens > 1:
+            # TPOT against a constant: the step's cost model is every instance's alike.
+            tpot = (now - attempt.first_token_at) / (output_tokens - 1)
+            grey.observe(attempt.instance, "tpot", tpot, 1.0, now)
         self._ended(attempt)
         return True
 
@@ -474,7 +513,7 @@ class RequestLifecycle:
         self, view: ClusterView, now: float, streamed: bool, final: bool
     ) -> RetryVerdict:
         if streamed:
-            return RetryVerdict(False, "first_byte")
+            return self._continuation_verdict(view, now, final)
         if final:
             return RetryVerdict(False, "final")
         if len(self.answered_5xx) >= POISON_AFTER_5XX:
@@ -483,6 +522,18 @@ class RequestLifecycle:
             return RetryVerdict(False, "exhausted")
         try:
             return RetryVerdict(True, "retry", self._decide(view, now, "retry"))
+        except NoEligibleInstanceError:
+            return RetryVerdict(False, "no_instance")
+
+    def _continuation_verdict(self, view: ClusterView, now: float, final: bool) -> RetryVerdict:
+        if final or self.max_continuations == 0:
+            return RetryVerdict(False, "first_byte")
+        if self.not_continuable:
+            return RetryVerdict(False, "not_continuable")
+        if self.continuations >= self.max_continuations:
+            return RetryVerdict(False, "continuations_exhausted")
+        try:
+            return RetryVerdict(True, "continuation", self._decide(view, now, "continuation"))
         except NoEligibleInstanceError:
             return RetryVerdict(False, "no_instance")
 
@@ -500,8 +551,13 @@ class RequestLifecycle:
     # ----- internals ------------------------------------------------------------------
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances
-        if failed:
-            slots = [view.ids.index(name) for name in failed if name in view.ids]
+        slots = [view.ids.index(name) for name in failed if name in view.ids]
+        grey = self.state.grey
+        if grey is not None:
+            slow = grey.excluded(view.ids, now)
+            if slow and np.any(np.delete(view.eligible, slots + slow)):
+                slots += slow  # never all of them: a slow instance beats none
+        if slots:
             view = _ExcludingView(view, slots)  # type: ignore[assignment]
         decision = self.policy.decide(self.features, view, now)
         attempt = Attempt(decision.instance_id, decision, reason, now)

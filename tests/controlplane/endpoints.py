@@ -106,6 +106,14 @@ WRITES = [
     ),
     Endpoint(
         "POST",
+        "/api/v1/instances/{i0}/grey-override",
+        "operator",
+        body={"mode": "drained", **REASON},
+        audit_action="instance.grey_override",
+        updates=True,
+    ),
+    Endpoint(
+        "POST",
         "/api/v1/instances/{i3}/enable",
         "operator",
         body=REASON,

@@ -1,11 +1,11 @@
 """Drills: an engine killed, and one hung, while the router is under load.
 
-Requests not yet streaming are retried elsewhere and succeed; streams cut by the fault end
-with an SSE error event; the instance is marked down and taken back once its health probe
-passes. Nothing is lost. How fast it is marked down (the target is MARK_DOWN_TARGET_S, with
-health probes every 0.2 s) is a measurement: the drill records it and `bench/drills/run.py`
-prints it; the test only requires that it happens, since wall-clock bounds do not belong in
-tests on a shared machine.
+Requests not yet streaming are retried elsewhere and succeed; streams cut by the fault are
+continued elsewhere (a hung one once the read timeout cuts it); the instance is marked
+down and taken back once its health probe passes. Nothing is lost. How fast it is marked
+down (the target is MARK_DOWN_TARGET_S, with health probes every 0.2 s) is a measurement:
+the drill records it and `bench/drills/run.py` prints it; the test only requires that it
+happens, since wall-clock bounds do not belong in tests on a shared machine.
 """
 
 from __future__ import annotations

@@ -63,6 +63,8 @@ class Feeder:
                     hit_ratio=0.6,
                     preemptions=1500.0 * k,
                     silent_fallback=k == 2,
+                    grey_level=3 if k == 2 else 0,
+                    grey_excess=2.5 if k == 2 else 1.0,
                     **self._tier(k),
                 )
                 for k in range(3)
@@ -154,6 +156,9 @@ def test_live_view_goes_stale_when_disconnected_and_reconnects(
         assert page.locator("tr[data-instance=i1] [data-field=silent_fallback]").count() == 0
         fallback = page.locator("[data-testid=fallback-banner]")
         assert fallback.is_visible() and "on i2:" in fallback.inner_text()
+        slow = page.locator("tr[data-instance=i2] [data-field=grey_excess]").inner_text()
+        assert slow == "2.50 drained"
+        assert page.locator("tr[data-instance=i1] [data-field=grey_excess]").inner_text() == "1.00"
         port = int(asgi_server.url.rsplit(":", 1)[1])
         stop_process(asgi_server.process)
         page.wait_for_selector("#conn[data-state=stale]", timeout=10_000)

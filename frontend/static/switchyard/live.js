@@ -116,6 +116,7 @@ function renderInstances(instances) {
       <td class="num" data-field="preemptions">${fmt.int(i.preemptions)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_hit_tokens">${fmt.int(i.tier_hit_tokens)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_bytes_read">${fmt.bytes(i.tier_bytes_read)}</td>
+      <td class="num" data-field="grey_excess">${fmt.num2(i.grey_excess)}${greyBadge(i.grey_level)}</td>
       <td>${i.hotspot ? '<span class="badge bad" data-testid="hotspot-badge">hotspot</span>' : ""}</td>
     </tr>`).join("");
   renderHeat(instances);
@@ -151,6 +152,14 @@ function renderTenants(tenants) {
       <td class="num" data-field="tpot_p50_s">${fmt.ms(t.tpot_p50_s)}</td>
     </tr>`).join("")
     : '<tr><td colspan="9" class="muted">No request yet.</td></tr>';
+}
+
+// Grey-failure states (router_worker/routing/grey.py), by the level the snapshot carries.
+const GREY_STATES = [null, ["suspect", "warn"], ["degraded", "warn"], ["drained", "bad"]];
+
+function greyBadge(level) {
+  const shown = GREY_STATES[level ?? 0];
+  return shown ? ` <span class="badge ${shown[1]}" data-testid="grey-badge">${shown[0]}</span>` : "";
 }
 
 function renderHeat(instances) {

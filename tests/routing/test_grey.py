@@ -1,0 +1,124 @@
+"""Grey-failure detection (router_worker/routing/grey.py) on a fleet of hand-driven
+instances: each second every instance is offered one request unless the detector excludes
+it, and its TTFT and TPOT are its speed factor times a seeded lognormal jitter."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from router_worker.routing.grey import GreyDetector, GreyParams, GreyState, GreyTransition
+
+Speeds = Callable[[float], list[float]]  # each instance's slowness factor at time t
+
+
+def drive(
+    detector: GreyDetector,
+    speeds: Speeds,
+    start: float,
+    end: float,
+    seed: int = 0,
+    jitter_sigma: float = 0.15,
+) -> tuple[list[GreyTransition], list[int]]:
+    """Offer one request per instance per second from ``start`` to ``end``; returns the
+    transitions and how many requests each instance took."""
+    rng = np.random.default_rng(seed)
+    size = len(speeds(start))
+    ids = tuple(f"i{k}" for k in range(size))
+    taken = [0] * size
+    transitions: list[GreyTransition] = []
+    for t in np.arange(start, end, 1.0):
+        now = float(t)
+        out = set(detector.excluded(ids, now))
+        factors = speeds(now)
+        for slot, name in enumerate(ids):
+            if slot in out:
+                continue
+            taken[slot] += 1
+            jitter = rng.lognormal(0.0, jitter_sigma, size=2)
+            detector.observe(name, "ttft", 0.2 * factors[slot] * jitter[0], 0.1, now)
+            detector.observe(name, "tpot", 0.03 * factors[slot] * jitter[1], 1.0, now + 0.5)
+        transitions += detector.take_transitions()
+    return transitions, taken
+
+
+def test_heterogeneous_fleet_is_never_flagged_over_an_hour():
+    # Mixed GPUs: half the fleet 1.5x and 2x slower than the cost model, all along.
+    speeds = [1.0] * 8 + [1.5] * 4 + [2.0] * 4
+    transitions, _ = drive(GreyDetector(), lambda t: speeds, 0, 3600)
+    assert transitions == []
+
+
+def test_fleet_wide_slowdown_flags_nobody():
+    detector = GreyDetector()
+    transitions, _ = drive(detector, lambda t: [1.0 if t < 300 else 2.5] * 8, 0, 900)
+    assert transitions == []
+
+
+def test_slowed_instance_is_degraded_drained_probed_and_restored():
+    detector = GreyDetector()
+
+    def speeds(t: float) -> list[float]:
+        slow = 3.0 if 300 <= t < 600 else 1.0
+        return [slow] + [1.0] * 7
+
+    drive(detector, speeds, 0, 300)
+    transitions, taken = drive(detector, speeds, 300, 360)
+    states = [(x.after, x.at - 300) for x in transitions if x.instance == "i0"]
+    assert [s for s, _ in states] == [GreyState.SUSPECT, GreyState.DEGRADED, GreyState.DRAINED]
+    assert states[0][1] <= 30  # detected within 30 s at 1 req/s
+    assert all(x.instance == "i0" for x in transitions)  # no other instance flagged
+    assert taken[0] < taken[1] / 2  # its share went down
+    # Drained: only probes reach it, each judged alone; still slow, it stays drained.
+    _, taken = drive(detector, speeds, 360, 600)
+    assert detector.state_of("i0") is GreyState.DRAINED
+    assert 0 < taken[0] <= 240 / GreyParams().probe_interval_s + 1
+    # Fast again: good probes restore it, and it takes its full share.
+    transitions, _ = drive(detector, speeds, 600, 660)
+    assert [(x.after, x.cause) for x in transitions] == [(GreyState.HEALTHY, "probes_good")]
+    _, taken = drive(detector, speeds, 660, 720)
+    assert taken[0] == taken[1] == 60
+
+
+def test_hysteresis_keeps_a_degraded_instance_until_it_is_clearly_back():
+    params = GreyParams(drain_after_s=3600)
+    detector = GreyDetector(params)
+    level = {"i0": 3.0}
+
+    def speeds(t: float) -> list[float]:
+        return [level["i0"] if t >= 200 else 1.0] + [1.0] * 7
+
+    drive(detector, speeds, 0, 260, jitter_sigma=0.05)
+    assert detector.state_of("i0") is GreyState.DEGRADED
+    level["i0"] = 1.4  # between the exit (1.25) and enter (1.6) ratios: no flapping
+    transitions, _ = drive(detector, speeds, 260, 500, jitter_sigma=0.05)
+    assert transitions == [] and detector.state_of("i0") is GreyState.DEGRADED
+    level["i0"] = 1.0
+    transitions, _ = drive(detector, speeds, 500, 600)
+    assert [x.after for x in transitions] == [GreyState.HEALTHY]
+
+
+def test_operator_override_wins():
+    detector = GreyDetector()
+
+    def speeds(t: float) -> list[float]:
+        return [3.0 if t >= 200 else 1.0] + [1.0] * 3
+
+    drive(detector, speeds, 0, 100)
+    detector.override("i0", "healthy", 100)
+    transitions, taken = drive(detector, speeds, 100, 400)
+    assert transitions == [] and taken[0] == 300
+    detector.override("i1", "drained", 400)
+    assert [(x.instance, x.after, x.cause) for x in detector.take_transitions()] == [
+        ("i1", GreyState.DRAINED, "operator")
+    ]
+    _, taken = drive(detector, speeds, 400, 500)
+    assert taken[1] == 0  # no probes for an operator's drain
+    detector.override("i1", "auto", 500)
+    assert detector.state_of("i1") is GreyState.HEALTHY
+    with pytest.raises(ValueError, match="override must be one of"):
+        detector.override("i1", "maybe", 500)
+    with pytest.raises(ValueError, match="signal must be one of"):
+        detector.observe("i1", "latency", 1.0, 1.0, 500)

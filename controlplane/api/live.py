@@ -25,8 +25,9 @@ def live_state(request: HttpRequest, cluster_id: Id):
     controlplane/realtime/snapshot.py): per instance its health, pending prefill tokens,
     batch size, in flight, waiting and running, KV usage, hit ratio, preemptions, hotspot
     and arm; the cluster's last window (TTFT/TPOT percentiles, rates, hit ratio, load CV),
-    its hotspots, and each router's config version and policy. Routers' snapshots expire
-    10 s after their last write."""
+    its hotspots, each router's config version and policy, and per tenant its lane
+    (admitted, queued, refused, share of tokens served against its weight's share, TTFT).
+    Routers' snapshots expire 10 s after their last write."""
     cluster = cluster_selectors.cluster(cluster_id)
     try:
         with notify.redis_client() as client:

@@ -1,7 +1,7 @@
 """The REST API gives what the pages give: a replay's recommendation, cells and canaries
-as its page shows them, a canary started from a replay, the live view's merged state, and
-the cluster's sampled routing decisions as a stream a client pages through with a cursor
-(real Postgres and Redis)."""
+as its page shows them, a canary started from a replay, the live view's merged state and its
+per-tenant lanes, and the cluster's sampled routing decisions as a stream a client pages
+through with a cursor (real Postgres and Redis)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from controlplane.models import ReplayJob
 from controlplane.selectors.replays import recommendation
-from router_worker.contract.telemetry import decisions_stream
+from router_worker.contract.telemetry import TenantLane, decisions_stream
 from tests.web.test_decision_stream import decision, write_decision
 
 from .helpers import finished_job, instance, snapshot, write_state
@@ -142,3 +142,30 @@ def test_the_live_state_is_the_live_views(as_role, cluster, redis_client):
     assert merged["pending_prefill_tokens"] == 421  # router-local accounting sums
     assert sorted(r["router"] for r in body["routers"]) == ["r1", "r2"]
     assert body["instances"] == page["live"]["instances"]
+
+
+def test_the_live_state_carries_the_per_tenant_figures(as_role, cluster, redis_client):
+    """Each tenant's lane (admitted, queued, refused, share of tokens served against its
+    weight's share, TTFT) merged over the routers, as the live view's Tenants table has it."""
+    lanes = [
+        {"a": TenantLane(priority="standard", weight=1.0, requests=4, admitted=5, queued=1,
+                         refused=2, served_tokens=300.0)},
+        {"a": TenantLane(priority="standard", weight=1.0, requests=6, admitted=6, queued=0,
+                         refused=1, served_tokens=500.0),
+         "b": TenantLane(priority="critical", weight=3.0, requests=2, admitted=2, queued=0,
+                         refused=0, served_tokens=200.0)},
+    ]  # fmt: skip
+    for name, tenants in zip(("r1", "r2"), lanes, strict=True):
+        write_state(redis_client, snapshot(cluster.name, name, [instance("i0")], tenants=tenants))
+    url = f"/api/v1/clusters/{cluster.pk}/live"
+    try:
+        body = as_role("viewer").get(url).json()
+        page = as_role("viewer").get(reverse("web:snapshot", args=[cluster.pk])).json()
+    finally:
+        for router in ("r1", "r2"):
+            redis_client.delete(f"switchyard:state:{cluster.name}:{router}")
+    a, b = body["tenants"]["a"], body["tenants"]["b"]
+    assert (a["requests"], a["admitted"], a["queued"], a["refused"]) == (10, 11, 1, 3)
+    assert a["share"] == pytest.approx(0.8) and b["share"] == pytest.approx(0.2)
+    assert a["weight_share"] == pytest.approx(0.25) and b["priority"] == "critical"
+    assert body["tenants"] == page["live"]["tenants"]

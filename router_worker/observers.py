@@ -528,7 +528,13 @@ class Spans(LifecycleObserver[Plan]):
             "switchyard.cached_tokens": outcome.cached_tokens,
             "switchyard.ttft_s": outcome.ttft,
         }
-        self.tracer.finish(plan.span, plan.clock, attributes, error=outcome.status >= 500)
+        continued = [
+            (a.instance, a.routed_at, a.ended_at or a.first_token_at or a.routed_at)
+            for a in plan.attempts
+            if a.reason == "continuation"
+        ]
+        error = outcome.status >= 500
+        self.tracer.finish(plan.span, plan.clock, attributes, error, continuations=continued)
         plan.span = None
 
 

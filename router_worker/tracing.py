@@ -15,15 +15,17 @@ already takes (one more is taken, when tracing, as the request is admitted):
 ``flow_control`` (admission: the client key, the declared size, the wait for a concurrency
 slot), ``intake`` (body read, parse, render, tokenize, hash), ``decide`` (the canary arm
 and the policy), ``upstream`` (connection, send, the engine's time to its response head
-and first event), ``relay`` (that event written to the client). The request span carries
-the arm, policy, instance, the decision's reason, attempts, status, tokens and TTFT.
+and first event), ``relay`` (that event written to the client), and one ``continuation``
+per attempt that continued a broken answer on another instance (from its routing to its
+end, naming the instance). The request span carries the arm, policy, instance, the
+decision's reason, attempts, status, tokens and TTFT.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from router_worker.contract import tracing as otel
@@ -71,14 +73,29 @@ class RequestTracer:
         return carrier.get("traceparent")
 
     def finish(
-        self, span: Any, clock: StageClock | None, attributes: Mapping[str, Any], error: bool
+        self,
+        span: Any,
+        clock: StageClock | None,
+        attributes: Mapping[str, Any],
+        error: bool,
+        continuations: Sequence[tuple[str, float, float]] = (),
     ) -> None:
-        """The stages' spans from ``clock``'s stamps (those reached), then the request's;
+        """The stages' spans from ``clock``'s stamps (those reached), a span for each of
+        ``continuations`` (instance, start and end in epoch seconds), then the request's;
         nothing for a request the sampler left out."""
         if not span.is_recording():
             return
+        context = self.trace.set_span_in_context(span)
         if clock is not None:
-            self._stages(self.trace.set_span_in_context(span), clock)
+            self._stages(context, clock)
+        for instance, start, end in continuations:
+            child = self.tracer.start_span(
+                "continuation",
+                context=context,
+                start_time=int(start * 1e9),
+                attributes={"switchyard.instance": instance},
+            )
+            child.end(end_time=int(max(start, end) * 1e9))
         span.set_attributes({k: v for k, v in attributes.items() if v is not None})
         if error:
             span.set_status(self.trace.Status(self.trace.StatusCode.ERROR))

@@ -109,3 +109,28 @@ def test_untraced_the_clients_traceparent_passes_through(logged_fleet, router_fa
     _ask(router.url)
     wait_until(lambda: log.exists() and log.read_text(), 5, "the engine's request log")
     assert _engine_saw(log) == [CLIENT_PARENT]
+
+
+def test_a_continued_stream_has_a_continuation_span_on_the_instance_that_finished_it(
+    collector, router_factory
+) -> None:
+    """i0 breaks every stream after 3 events; round robin sends one of two requests there,
+    and the router continues it on i1: that request's trace has a ``continuation`` span."""
+    env = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": collector.url + "/v1/traces",
+           "OTEL_BSP_SCHEDULE_DELAY": "100"}  # fmt: skip
+    with fast_fleet(2) as fleet:
+        fleet.fault(0, "drop_midstream", after_chunks=3)
+        router = router_factory(router_config(fleet, "round_robin"), env=env)
+        body = {"model": MODEL, "prompt": "a b c d e f", "max_tokens": 12, "stream": True}
+        for _ in range(2):
+            answer = httpx.post(router.url + "/v1/completions", json=body, timeout=30)
+            assert answer.status_code == 200 and answer.text.rstrip().endswith("[DONE]")
+        wait_until(lambda: len(collector.named("relay")) >= 2, 15, "both requests' spans")
+        wait_until(lambda: collector.named("continuation"), 5, "the continuation's span")
+    (continuation,) = collector.named("continuation")
+    parent = next(
+        s for s in collector.named("switchyard.request") if s.span_id == continuation.parent_span_id
+    )
+    attributes = {a.key: a.value.string_value for a in continuation.attributes}
+    assert attributes == {"switchyard.instance": "i1"}
+    assert continuation.start_time_unix_nano >= parent.start_time_unix_nano

@@ -66,6 +66,21 @@ def test_a_request_span_continues_the_clients_trace_with_its_stages(spans) -> No
     assert order == sorted(order)
 
 
+def test_each_continuation_is_a_child_span_on_its_instance(spans) -> None:
+    tracer, exporter = spans
+    clock = _clock()
+    span = tracer.start({}, clock.started)
+    now = time.time()
+    continued = [("i2", now + 0.1, now + 0.4), ("i3", now + 0.5, now + 0.5)]
+    tracer.finish(span, clock, {}, False, continuations=continued)
+    finished = exporter.get_finished_spans()
+    request = next(s for s in finished if s.name == "switchyard.request")
+    children = sorted((s for s in finished if s.name == "continuation"), key=lambda s: s.start_time)
+    assert [c.attributes["switchyard.instance"] for c in children] == ["i2", "i3"]
+    assert all(c.parent.span_id == request.context.span_id for c in children)
+    assert children[0].end_time - children[0].start_time == pytest.approx(0.3e9, abs=1e3)
+
+
 def test_without_a_client_trace_the_request_starts_one_and_errors_are_marked(spans) -> None:
     tracer, exporter = spans
     clock = StageClock(time.perf_counter())  # failed before any stage was stamped

@@ -191,6 +191,8 @@ class Ingress:
             clock.intake = time.perf_counter()
             core.check_model(intake)
             released = await core.flow.admit(request_class, intake.prompt_tokens, len(raw))
+            if tracing.TRACER is not None:
+                clock.released = time.perf_counter()
             flow_tokens = intake.prompt_tokens if released else 0
             try:
                 plan = core.plan(runtime, intake, headers, started, request_class, flow_tokens)

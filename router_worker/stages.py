@@ -72,6 +72,7 @@ class StageClock:
         "head",
         "intake",
         "relayed",
+        "released",
         "sent",
         "started",
     )
@@ -79,6 +80,7 @@ class StageClock:
     def __init__(self, started: float) -> None:
         self.started = started
         self.admitted = 0.0  # the concurrency slot taken: stamped only when tracing
+        self.released = 0.0  # let through by flow control: stamped only when tracing
         self.body = self.intake = self.decided = 0.0
         self.connected = self.sent = self.head = self.event = self.relayed = 0.0
 

@@ -11,10 +11,11 @@ Each request routed is one span, ``switchyard.request`` (server kind; the child 
 client's ``traceparent`` when it sends one), and the engine receives that span's context as
 its ``traceparent``, so vLLM's own spans hang under it. Its stages are child spans, made
 when the request closes from the stamps its :class:`~router_worker.stages.StageClock`
-already takes (one more is taken, when tracing, as the request is admitted):
-``flow_control`` (admission: the client key, the declared size, the wait for a concurrency
-slot), ``intake`` (body read, parse, render, tokenize, hash), ``decide`` (the canary arm
-and the policy), ``upstream`` (connection, send, the engine's time to its response head
+already takes (two more are taken, when tracing, as the request is admitted and as flow
+control lets it through): ``admission`` (the client key, the declared size, the wait for a
+concurrency slot), ``intake`` (body read, parse, render, tokenize, hash), ``flow_control``
+(the tenant's wait at flow control, :mod:`router_worker.flow_gate`), ``decide`` (the canary
+arm and the policy), ``upstream`` (connection, send, the engine's time to its response head
 and first event), ``relay`` (that event written to the client), and one ``continuation``
 per attempt that continued a broken answer on another instance (from its routing to its
 end, naming the instance). The request span carries the arm, policy, instance, the
@@ -33,9 +34,10 @@ from router_worker.stages import StageClock
 
 # Stages as spans: (name, start stamp, end stamp) of a StageClock
 SPANS = (
-    ("flow_control", "started", "admitted"),
+    ("admission", "started", "admitted"),
     ("intake", "admitted", "intake"),
-    ("decide", "intake", "decided"),
+    ("flow_control", "intake", "released"),
+    ("decide", "released", "decided"),
     ("upstream", "decided", "event"),
     ("relay", "event", "relayed"),
 )

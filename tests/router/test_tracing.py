@@ -93,7 +93,7 @@ def test_spans_reach_the_collector_and_the_engine_gets_the_request_span(
     (request,) = collector.named("switchyard.request")
     assert request.trace_id.hex() == CLIENT_TRACE
     assert request.parent_span_id.hex() == "00f067aa0ba902b7"
-    for stage in ("flow_control", "intake", "decide", "upstream", "relay"):
+    for stage in ("admission", "intake", "flow_control", "decide", "upstream", "relay"):
         (span,) = collector.named(stage)
         assert span.parent_span_id == request.span_id and span.trace_id == request.trace_id
     attributes = {a.key: a.value for a in request.attributes}

@@ -36,7 +36,8 @@ def _clock() -> StageClock:
     started = time.perf_counter()
     clock = StageClock(started)
     clock.admitted = started + 0.0005
-    clock.body, clock.intake, clock.decided = started + 0.001, started + 0.002, started + 0.003
+    clock.body, clock.intake = started + 0.001, started + 0.002
+    clock.released, clock.decided = started + 0.0025, started + 0.003
     clock.connected, clock.sent, clock.head = started + 0.004, started + 0.005, started + 0.050
     clock.event, clock.relayed = started + 0.060, started + 0.061
     return clock
@@ -49,7 +50,7 @@ def test_a_request_span_continues_the_clients_trace_with_its_stages(spans) -> No
     sent = tracer.traceparent(span)
     tracer.finish(span, clock, {"switchyard.instance": "i1", "switchyard.ttft_s": None}, False)
     finished = {s.name: s for s in exporter.get_finished_spans()}
-    stages = ("flow_control", "intake", "decide", "upstream", "relay")
+    stages = ("admission", "intake", "flow_control", "decide", "upstream", "relay")
     assert set(finished) == {"switchyard.request", *stages}
     request = finished["switchyard.request"]
     assert format(request.context.trace_id, "032x") == CLIENT_TRACE
@@ -60,8 +61,11 @@ def test_a_request_span_continues_the_clients_trace_with_its_stages(spans) -> No
         assert finished[name].parent.span_id == request.context.span_id
     upstream = finished["upstream"]
     assert upstream.end_time - upstream.start_time == pytest.approx(57e6, abs=1e3)  # ns
-    assert finished["flow_control"].start_time == request.start_time
-    assert finished["intake"].start_time == finished["flow_control"].end_time
+    assert finished["admission"].start_time == request.start_time
+    assert finished["intake"].start_time == finished["admission"].end_time
+    assert finished["flow_control"].end_time - finished["flow_control"].start_time == (
+        pytest.approx(0.5e6, abs=1e3)
+    )
     order = [finished[n].start_time for n in stages]
     assert order == sorted(order)
 

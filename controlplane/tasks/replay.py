@@ -22,6 +22,7 @@ from django.db import connection
 
 from controlplane.models import Cluster, ReplayCell, ReplayJob
 from controlplane.selectors import captures as capture_reads
+from controlplane.services import config as config_service
 from controlplane.services import replay_cells
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
@@ -80,6 +81,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         from enginesim.replay.metrics import lower_bound_summary, summarize, ttfts
         from enginesim.replay.simulator import SimConfig, Simulator
         from enginesim.replay.traces import load_trace
+        from router_worker.routing.flow import FlowParams, TenantSettings
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
     job, cluster = cell.job, cell.job.cluster
@@ -109,6 +111,13 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         policy_params={spec["kind"]: spec.get("params", {})},
         max_model_len=capture_reads.replay_max_model_len(inputs["trace"]) or 0,
         num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
+        # Flow control as the cluster's routers run it (its defaults, its tenants): live
+        # requests wait there while the fleet is saturated, and that wait is in their TTFT.
+        flow=FlowParams(),
+        tenants=tuple(
+            TenantSettings.model_validate(config_service.settings_of(tenant))
+            for tenant in cluster.tenants.order_by("name")
+        ),
     )
 
     def step(done: int, total: int, now: float) -> None:

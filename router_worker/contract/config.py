@@ -481,11 +481,16 @@ class RouterConfig(_Strict):
         if unknown:
             raise ValueError(f"client_auth.keys.tenant names unknown tenants {unknown}")
         if self.flow.enabled and self.flow.max_queued >= self.router.max_concurrency:
-            raise ValueError(
-                f"flow.max_queued ({self.flow.max_queued}) must be below "
-                f"router.max_concurrency ({self.router.max_concurrency}): a waiting request "
-                "holds its concurrency slot"
-            )
+            if "max_queued" in self.flow.model_fields_set:
+                raise ValueError(
+                    f"flow.max_queued ({self.flow.max_queued}) must be below "
+                    f"router.max_concurrency ({self.router.max_concurrency}): a waiting "
+                    "request holds its concurrency slot"
+                )
+            # The default bound on a router with fewer slots (documents stored before flow
+            # control, tests' small routers): half its slots may wait, the rest serve.
+            fitted = {"max_queued": self.router.max_concurrency // 2}
+            object.__setattr__(self, "flow", self.flow.model_copy(update=fitted))  # frozen
         return self
 
     @model_validator(mode="after")

@@ -124,7 +124,8 @@ class FlowParams(BaseModel):
         ge=0,
         le=100_000,
         description="Requests waiting; below router.max_concurrency, since a waiting "
-        "request holds its concurrency slot (the rest serve the requests in flight).",
+        "request holds its concurrency slot (the rest serve the requests in flight). Left "
+        "at its default on a router with fewer slots, half of them.",
     )
     max_queued_bytes: int = Field(
         default=256 * 1024**2, ge=0, le=64 * 1024**3, description="Body bytes waiting."

@@ -228,3 +228,19 @@ def test_the_router_queue_must_leave_concurrency_slots_for_requests_in_flight():
         parse_config(document)
     assert parse_config({**document, "router": {"max_concurrency": 2048}}).flow.max_queued == 1024
     assert parse_config({**document, "flow": {"enabled": False, "max_queued": 1024}})
+
+
+def test_a_document_without_flow_settings_still_parses_on_a_router_with_few_slots():
+    """Documents stored before flow control (and small routers) name no flow.max_queued:
+    its default is fitted to half the router's slots instead of refusing the document."""
+    from router_worker.contract.config import parse_config
+
+    document = {
+        "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
+        "policy": {"kind": "least_load"},
+        "router": {"max_concurrency": 10},
+    }
+    assert parse_config(document).flow.max_queued == 5
+    one_slot = {**document, "router": {"max_concurrency": 1}}
+    assert parse_config(one_slot).flow.max_queued == 0
+    assert parse_config({**document, "router": {"max_concurrency": 4096}}).flow.max_queued == 512

@@ -102,7 +102,7 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
             advanced.locator("[data-field=ttft]").inner_text()
             == "504 ms → 454 ms (-9.9%, p=1; n 100/100) pass"
         )
-        assert advanced.locator("[data-passed=true]").count() == 3
+        assert advanced.locator("[data-passed=true]").count() == 4  # and TTFT p95
         page.wait_for_selector("#canary-chart[data-points='2'] canvas")
 
         # The last step passes: promoted; the page says so and stops refreshing.

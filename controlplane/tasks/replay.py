@@ -102,6 +102,10 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
             "rate scale or fewer requests"
         )
     instances = max(cluster.instances.exclude(state="down").count(), 1)
+    tenants = tuple(
+        TenantSettings.model_validate(config_service.settings_of(tenant))
+        for tenant in cluster.tenants.order_by("name")
+    )
     spec = inputs["policies"][cell.policy]
     config = SimConfig(
         instances=instances,
@@ -111,13 +115,11 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         policy_params={spec["kind"]: spec.get("params", {})},
         max_model_len=capture_reads.replay_max_model_len(inputs["trace"]) or 0,
         num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
-        # Flow control as the cluster's routers run it (its defaults, its tenants): live
-        # requests wait there while the fleet is saturated, and that wait is in their TTFT.
-        flow=FlowParams(),
-        tenants=tuple(
-            TenantSettings.model_validate(config_service.settings_of(tenant))
-            for tenant in cluster.tenants.order_by("name")
-        ),
+        # Flow control as the cluster's routers run it (on with tenants: services.config):
+        # live requests wait there while the fleet is saturated, and that wait is in their
+        # TTFT.
+        flow=FlowParams() if tenants else None,
+        tenants=tenants,
     )
 
     def step(done: int, total: int, now: float) -> None:

@@ -6,12 +6,14 @@ halts — no data is never a pass), then a one-sided Mann–Whitney U test per l
 size tolerance on the relative change of medians:
 
 * significant (p < α) and worse beyond tolerance → fail
-* not significant but the medians differ beyond tolerance → inconclusive (pause for a human)
+* not significant but the medians differ beyond tolerance → inconclusive
 * otherwise → pass
 
 Pass advances the weight step (promotes after the last); fail counts against
-`max_failures` and rolls back past it; inconclusive pauses for the operator. Halt (too few
-samples) waits at the current weight while the arms' measured sample rates say
+`max_failures` and rolls back past it. Inconclusive is a question more samples answer: the
+step waits at its weight, each check judging all its samples so far, until a test settles
+it or `max_wait_seconds` from the step's start runs out; then it pauses for the operator.
+Halt (too few samples) waits at the current weight while the arms' measured sample rates say
 `min_samples` arrives within `max_wait_seconds` of the step's start, and pauses for the
 operator, with the rates and the projection, once they say it cannot; an arm with no sample
 yet (nothing to project from: its first requests may still be running) is waited for until
@@ -280,6 +282,21 @@ class Patience:
         )
 
 
+def more_samples(waiting: Patience) -> str:
+    """What an inconclusive step does next: wait for the samples that may settle it, or,
+    past ``max_wait_seconds``, pause for the operator."""
+    seen = ", ".join(f"{arm} {n}" for arm, n in waiting.samples.items())
+    if waiting.step_age_s < waiting.max_wait_s:
+        return (
+            f"after {waiting.step_age_s:.0f} s ({seen} samples): waiting for more samples "
+            f"to settle it, up to max_wait_seconds {waiting.max_wait_s:g} from the step's start"
+        )
+    return (
+        f"after {waiting.step_age_s:.0f} s ({seen} samples): still unsettled at "
+        f"max_wait_seconds {waiting.max_wait_s:g}"
+    )
+
+
 def patience(samples: dict[str, ArmSample], step_age_s: float, guardrails: Guardrails) -> Patience:
     """Project, from each arm's samples so far, when every arm reaches ``min_samples``."""
     counts = {arm: usable_samples(s) for arm, s in samples.items()}
@@ -390,6 +407,8 @@ def judge_canary(canary_id: int) -> CanaryJudgement | None:
         waiting = patience(samples, step_age(canary).total_seconds(), guardrails)
         if verdict.verdict == "halt":
             verdict.reasons.append(waiting.explain(guardrails.min_samples))
+        elif verdict.verdict == "inconclusive":
+            verdict.reasons.append(more_samples(waiting))
         # The step as it was judged: _act may move the canary to the next one.
         evidence = {
             **verdict.evidence(),
@@ -430,6 +449,8 @@ def _act(
             return "rollback"
         return "retry"
     if verdict.verdict == "halt" and waiting.wait:
+        return "wait"
+    if verdict.verdict == "inconclusive" and waiting.step_age_s < waiting.max_wait_s:
         return "wait"
     canaries.transition(JUDGE, canary.pk, "pause", reason=reason, evidence=evidence)
     return "pause"

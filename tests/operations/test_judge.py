@@ -293,6 +293,53 @@ def test_a_slow_arm_that_will_get_there_is_waited_for_then_promoted(running_cana
     assert running_canary.state == "promoted"
 
 
+def unsettled(n: int) -> tuple[ArmSample, ArmSample]:
+    """Arms whose candidate median is 30% worse with a spread that n samples cannot call
+    significant: the walkthrough's case of a few noisy samples per arm."""
+    spread = [0.2, 0.5, 1.6, 0.3, 2.4, 0.4, 0.9, 0.25]
+    ttft_b = [spread[i % 8] for i in range(n)]
+    ttft_c = [t * 1.3 for t in reversed(ttft_b)]
+    return (
+        ArmSample(requests=n, ttft_s=ttft_b, tpot_s=[0.02] * n),
+        ArmSample(requests=n, ttft_s=ttft_c, tpot_s=[0.02] * n),
+    )
+
+
+def few_samples(canary: CanarySplit) -> None:
+    CanarySplit.objects.filter(pk=canary.pk).update(
+        guardrails={"max_failures": 0, "min_samples": 8}
+    )
+
+
+@pytest.mark.django_db
+def test_an_inconclusive_step_waits_for_more_samples_then_is_settled(running_canary):
+    """Not significant is not settled: the step stays at its weight, nobody paged, and a
+    later check on more samples decides it (here a clear regression: rolled back)."""
+    few_samples(running_canary)
+    feed(running_canary, *unsettled(8), step_age=timedelta(seconds=150))
+    judgement = judged(running_canary.pk)
+    assert (judgement.verdict, judgement.action) == ("inconclusive", "wait")
+    assert "waiting for more samples" in judgement.evidence["reasons"][-1]
+    running_canary.refresh_from_db()
+    assert (running_canary.state, running_canary.step_index) == ("progressing", 0)
+    assert not AuditEvent.objects.filter(action="canary.pause").exists()
+
+    feed(running_canary, arm(0.5), arm(0.9), step_age=timedelta(seconds=200))
+    assert judged(running_canary.pk).action == "rollback"  # max_failures 0
+
+
+@pytest.mark.django_db
+def test_an_inconclusive_step_past_max_wait_pauses_for_the_operator(running_canary):
+    few_samples(running_canary)
+    feed(running_canary, *unsettled(8), step_age=timedelta(seconds=601))
+    judgement = judged(running_canary.pk)
+    assert (judgement.verdict, judgement.action) == ("inconclusive", "pause")
+    running_canary.refresh_from_db()
+    assert running_canary.state == "paused"
+    pause = AuditEvent.objects.get(action="canary.pause")
+    assert "still unsettled at max_wait_seconds 600" in pause.reason
+
+
 @pytest.mark.django_db
 def test_an_arm_too_slow_to_get_there_pauses_with_the_numbers(running_canary):
     """5 samples in 190 s: 45 more would take about 1,700 s, past max_wait_seconds (600)."""

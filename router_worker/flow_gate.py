@@ -39,6 +39,7 @@ from router_worker.routing.flow import (
     FlowRequest,
     Refusal,
 )
+from router_worker.routing.quota import QuotaCharge
 
 PRIORITY_HEADER = "x-switchyard-priority"
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
@@ -59,6 +60,15 @@ class _Lane:
     served_tokens: float = 0.0
     ttft: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
     tpot: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request let through flow control: whether it waited (``released``) and what its
+    tenant's quota was charged (None: no limits), given back if it is not served."""
+
+    released: bool
+    charge: QuotaCharge | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +118,7 @@ class FlowGate:
         self.controller = FlowController(FlowParams())
         self.quota = SharedQuota(None)  # the service gives it the cluster's Redis
         self.in_transit = 0.0  # prompt tokens released and not yet dispatched
-        self._waiters: dict[str, tuple[FlowRequest, asyncio.Future[None]]] = {}
+        self._waiters: dict[str, tuple[FlowRequest, asyncio.Future[None], QuotaCharge | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._ids = 0
 
@@ -132,39 +142,49 @@ class FlowGate:
         )
 
     # ----- admission -------------------------------------------------------------------
-    async def admit(self, request_class: RequestClass, input_tokens: int, size: int) -> bool:
-        """Return when the request may go to the policy (True if it waited, its tokens
+    async def admit(self, request_class: RequestClass, input_tokens: int, size: int) -> Admission:
+        """Return when the request may go to the policy (released: it waited, its tokens
         then in :attr:`in_transit` until :meth:`landed`); raise :class:`BackOff` (429 or
-        503 with Retry-After) when it is refused. A request cancelled while it waits
-        (its client left) leaves the queue."""
+        503 with Retry-After) when it is refused, its quota charge given back. A request
+        cancelled while it waits (its client left) leaves the queue, its charge given
+        back too."""
         now = time.time()
         tenant, priority = request_class.tenant, request_class.priority
-        refusal = await self.quota.take(self.controller.settings(tenant), input_tokens, now)
-        if refusal is not None:
-            raise self._refused(tenant, priority, refusal)
+        charge = await self.quota.take(self.controller.settings(tenant), input_tokens, now)
+        if isinstance(charge, Refusal):
+            raise self._refused(tenant, priority, charge)
         self._ids += 1
         request = FlowRequest(str(self._ids), tenant, priority, input_tokens, size, now)
         verdict, evicted = self.controller.offer(request, self._load(), now)
         self._fail(evicted)
         if isinstance(verdict, Refusal):
+            if charge is not None:
+                await self.quota.refund(charge)
             raise self._refused(tenant, priority, verdict)
         if verdict == "admit":
             self._count(tenant, priority, "admitted")
-            return False
+            return Admission(False, charge)
         self._count(tenant, priority, "queued")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[request.request_id] = (request, waiter)
+        self._waiters[request.request_id] = (request, waiter, charge)
         self.pump()
         try:
             await waiter
         except asyncio.CancelledError:
+            released = waiter.done() and not waiter.cancelled() and waiter.exception() is None
             if self.controller.cancel(request):
                 self._count(tenant, priority, "cancelled")
-            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            elif released:
                 self.landed(input_tokens)  # released just as the client left
-            self._waiters.pop(request.request_id, None)
+            if self._waiters.pop(request.request_id, None) is not None or released:
+                self.refund(charge)  # never served (a refusal's went back in _fail)
             raise
-        return True
+        return Admission(True, charge)
+
+    def refund(self, charge: QuotaCharge | None) -> None:
+        """A request that passed the quota was not served: its charge goes back."""
+        if charge is not None:
+            self.quota.refund_soon(charge)
 
     def landed(self, input_tokens: float) -> None:
         """A released request was dispatched (or ended before): its tokens are in the
@@ -225,7 +245,10 @@ class FlowGate:
         self._fail(self.controller.expire(now, load))
         for request in self.controller.release(load, now):
             entry = self._waiters.pop(request.request_id, None)
-            if entry is None or entry[1].done():
+            if entry is None:
+                continue
+            if entry[1].done():  # its client left: it goes nowhere
+                self.refund(entry[2])
                 continue
             self.in_transit += request.input_tokens
             self._count(request.tenant, request.priority, "released")
@@ -259,8 +282,10 @@ class FlowGate:
         for request, refusal in refused:
             entry = self._waiters.pop(request.request_id, None)
             error = self._refused(request.tenant, request.priority, refusal)
-            if entry is not None and not entry[1].done():
-                entry[1].set_exception(error)
+            if entry is not None:
+                self.refund(entry[2])
+                if not entry[1].done():
+                    entry[1].set_exception(error)
 
     def _refused(self, tenant: str, priority: str, refusal: Refusal) -> BackOff:
         self._count(tenant, priority, refusal.reason)

@@ -538,11 +538,18 @@ class Spans(LifecycleObserver[Plan]):
         plan.span = None
 
 
+def refused(status: int) -> bool:
+    """Whether a request that ended with ``status`` was refused rather than served (a
+    client that left, 499, was served what it stayed for)."""
+    return status >= 400 and status != 499
+
+
 class FlowAccounting(LifecycleObserver[Plan]):
     """Flow control's view of a request (:mod:`router_worker.flow_gate`): its released
     tokens land in the indicators at dispatch; a first token or an end may make room for
-    waiting requests; the end charges its tenant the output tokens; TTFT and TPOT per
-    tenant and class (the TTFT counts the time it waited)."""
+    waiting requests; the end charges its tenant the output tokens, or gives back its
+    quota charge if it was refused (an engine's 4xx, no instance, every attempt failed);
+    TTFT and TPOT per tenant and class (the TTFT counts the time it waited)."""
 
     __slots__ = ("gate", "metrics")
 
@@ -568,6 +575,9 @@ class FlowAccounting(LifecycleObserver[Plan]):
             m.child(m.tenant_ttft, features.tenant, features.priority).observe(outcome.ttft)
         if outcome.tpot is not None:
             m.child(m.tenant_tpot, features.tenant, features.priority).observe(outcome.tpot)
+        if plan.quota_charge is not None and refused(outcome.status):
+            self.gate.refund(plan.quota_charge)  # not served: it does not count
+        plan.quota_charge = None
         self.gate.served(features.tenant, outcome.output_tokens)
         self.gate.ended(
             features.tenant,

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router_worker.contract.config import RouterConfig
-from router_worker.contract.telemetry import FLOW_SUMMARY_S, TenantLane
+from router_worker.contract.telemetry import FLOW_SUMMARY_S, ClassLane, TenantLane
 from router_worker.errors import APIError, BackOff
 from router_worker.metrics import RouterMetrics
 from router_worker.quota import SharedQuota
@@ -40,6 +40,7 @@ from router_worker.routing.flow import (
     Refusal,
 )
 from router_worker.routing.quota import QuotaCharge
+from router_worker.telemetry import WINDOW_S
 
 PRIORITY_HEADER = "x-switchyard-priority"
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
@@ -47,19 +48,69 @@ SLO_TPOT_HEADER = "x-slo-tpot-ms"
 HEADERS = (PRIORITY_HEADER, SLO_TTFT_HEADER, SLO_TPOT_HEADER)
 MAX_SLO_MS = 86_400_000.0  # a day
 TICK_S = 0.05
-LANE_SAMPLES = 100  # the last requests of a tenant its lane's TTFT and TPOT are of
+LANE_SAMPLES = 100  # the last requests of a class its lane's TTFT and TPOT are of
+SHEDS = ("shed", "queue_full", "evicted", "queue_timeout")  # the 503s: the fleet's load
+
+
+# The counts a lane keeps per second of its window: admitted, refused, shed (503),
+# requests ended, tokens served.
+_ADMITTED, _REFUSED, _SHED, _ENDED, _SERVED = range(5)
 
 
 @dataclass(slots=True)
 class _Lane:
-    """A tenant's counts since the router started (its lane on the live view)."""
+    """A tenant's recent flow control (its lane on the live view): counts per second over
+    the last :data:`WINDOW_S` seconds (the window of the live view's other figures), and
+    per class the TTFT and TPOT of its last requests in that window."""
 
-    requests: int = 0
-    admitted: int = 0
-    refused: int = 0
-    served_tokens: float = 0.0
-    ttft: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
-    tpot: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
+    seconds: deque[tuple[int, list[float]]] = field(default_factory=deque)
+    samples: dict[str, deque[tuple[float, float | None, float | None]]] = field(
+        default_factory=dict
+    )
+
+    def add(self, now: float, which: int, amount: float = 1.0) -> None:
+        second = int(now)
+        if not self.seconds or self.seconds[-1][0] != second:
+            self.seconds.append((second, [0.0] * 5))
+            self.prune(now)
+        self.seconds[-1][1][which] += amount
+
+    def sample(self, now: float, priority: str, ttft: float | None, tpot: float | None) -> None:
+        recent = self.samples.get(priority)
+        if recent is None:
+            recent = self.samples[priority] = deque(maxlen=LANE_SAMPLES)
+        recent.append((now, ttft, tpot))
+
+    def prune(self, now: float) -> None:
+        """Forget what is older than the window."""
+        horizon = now - WINDOW_S
+        while self.seconds and self.seconds[0][0] + 1 <= horizon:
+            self.seconds.popleft()
+        for recent in self.samples.values():
+            while recent and recent[0][0] < horizon:
+                recent.popleft()
+
+    def totals(self) -> list[float]:
+        sums = [0.0] * 5
+        for _, counts in self.seconds:
+            for which, count in enumerate(counts):
+                sums[which] += count
+        return sums
+
+    def classes(self) -> dict[str, ClassLane]:
+        out = {}
+        for priority, recent in self.samples.items():
+            if recent:
+                ttft = [t for _, t, _ in recent if t is not None]
+                tpot = [t for _, _, t in recent if t is not None]
+                out[priority] = ClassLane(
+                    requests=len(recent), ttft_p50_s=_median(ttft), tpot_p50_s=_median(tpot)
+                )
+        return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,32 +249,48 @@ class FlowGate:
         self.quota.add_tokens(self.controller.settings(tenant), output_tokens, time.time())
         self.poke()
 
-    def ended(self, tenant: str, tokens: float, ttft: float | None, tpot: float | None) -> None:
-        """A request of ``tenant`` ended (its lane's counts)."""
+    def ended(
+        self,
+        tenant: str,
+        priority: str,
+        tokens: float,
+        ttft: float | None,
+        tpot: float | None,
+    ) -> None:
+        """A request of ``tenant`` in class ``priority`` ended (its lane's counts)."""
+        now = time.time()
         lane = self._lane(tenant)
-        lane.requests += 1
-        lane.served_tokens += tokens
-        if ttft is not None:
-            lane.ttft.append(ttft)
-        if tpot is not None:
-            lane.tpot.append(tpot)
+        lane.add(now, _ENDED)
+        lane.add(now, _SERVED, tokens)
+        lane.sample(now, priority, ttft, tpot)
 
-    def lanes(self) -> dict[str, TenantLane]:
-        """Every tenant seen, with its settings now, for the live view."""
+    def lanes(self, now: float | None = None) -> dict[str, TenantLane]:
+        """The tenants active in the last :data:`WINDOW_S` seconds or waiting now, with
+        their settings now, for the live view (a lane idle for a window is forgotten)."""
+        now = time.time() if now is None else now
         waiting = self.controller.waiting()
         out = {}
-        for tenant, lane in self._lanes.items():
+        for tenant, lane in list(self._lanes.items()):
+            lane.prune(now)
+            admitted, refused, shed, ended, served = lane.totals()
+            classes = lane.classes()
+            if not lane.seconds and not classes and tenant not in waiting:
+                del self._lanes[tenant]
+                continue
             settings = self.controller.settings(tenant)
+            every = [sample for recent in lane.samples.values() for sample in recent]
             out[tenant] = TenantLane(
                 priority=settings.priority,
                 weight=settings.weight,
-                requests=lane.requests,
-                admitted=lane.admitted,
+                requests=int(ended),
+                admitted=int(admitted),
                 queued=waiting.get(tenant, 0),
-                refused=lane.refused,
-                served_tokens=lane.served_tokens,
-                ttft_p50_s=statistics.median(lane.ttft) if lane.ttft else None,
-                tpot_p50_s=statistics.median(lane.tpot) if lane.tpot else None,
+                refused=int(refused),
+                shed=int(shed),
+                served_tokens=served,
+                ttft_p50_s=_median([t for _, t, _ in every if t is not None]),
+                tpot_p50_s=_median([t for _, _, t in every if t is not None]),
+                classes=classes,
             )
         return out
 
@@ -310,9 +377,12 @@ class FlowGate:
         m = self.metrics
         m.child(m.flow_requests, tenant, priority, outcome).inc()
         if outcome in ("admitted", "released"):
-            self._lane(tenant).admitted += 1
+            self._lane(tenant).add(time.time(), _ADMITTED)
         elif outcome not in ("queued", "cancelled"):
-            self._lane(tenant).refused += 1
+            lane, now = self._lane(tenant), time.time()
+            lane.add(now, _REFUSED)
+            if outcome in SHEDS:
+                lane.add(now, _SHED)
 
     def _publish_queues(self) -> None:
         m = self.metrics

@@ -581,6 +581,7 @@ class FlowAccounting(LifecycleObserver[Plan]):
         self.gate.served(features.tenant, outcome.output_tokens)
         self.gate.ended(
             features.tenant,
+            features.priority,
             features.prompt_tokens + outcome.output_tokens,
             outcome.ttft,
             outcome.tpot,

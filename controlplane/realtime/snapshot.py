@@ -35,6 +35,7 @@ from pydantic import BaseModel
 
 from engine_interface import load_cv
 from router_worker.contract.telemetry import (
+    ClassLane,
     HotspotPayload,
     InstanceSnapshot,
     Merge,
@@ -43,6 +44,7 @@ from router_worker.contract.telemetry import (
     WindowStats,
     merge_rule,
 )
+from router_worker.routing.flow import PRIORITIES
 
 HEALTH_ORDER = ("healthy", "draining", "down")
 
@@ -221,11 +223,36 @@ def _newest(lanes: list[Any], field: str) -> Any:
     return getattr(lanes[-1], field)  # the reports come oldest config first
 
 
+# What each rule a field of ClassLane declares does with the class lanes and the field.
+CLASS_RULES: dict[Merge, Callable[[list[Any], str], Any]] = {
+    Merge.TOTAL: _sum_field,
+    Merge.WEIGHTED_MEAN: _weighted_mean,  # weighted by requests
+}
+CLASS_MERGE = rules_of(ClassLane, CLASS_RULES)
+
+
+def _by_class(lanes: list[Any], field: str) -> dict[str, dict[str, Any]]:
+    """A tenant's per-class lanes over the routers, class by class."""
+    by_class: dict[str, list[ClassLane]] = {}
+    for lane in lanes:
+        for name, classed in getattr(lane, field).items():
+            by_class.setdefault(name, []).append(classed)
+    return {
+        name: {f: rule(classed, f) for f, rule in CLASS_MERGE.items()}
+        for name, classed in sorted(by_class.items(), key=lambda item: _class_rank(item[0]))
+    }
+
+
+def _class_rank(name: str) -> tuple[int, str]:
+    return (PRIORITIES.index(name), name) if name in PRIORITIES else (len(PRIORITIES), name)
+
+
 # What each rule a field of TenantLane declares does with the lanes and the field.
 TENANT_RULES: dict[Merge, Callable[[list[Any], str], Any]] = {
     Merge.NEWEST_CONFIG: _newest,
     Merge.TOTAL: _sum_field,
     Merge.WEIGHTED_MEAN: _weighted_mean,  # weighted by requests
+    Merge.BY_KEY: _by_class,
 }
 TENANT_MERGE = rules_of(TenantLane, TENANT_RULES)
 

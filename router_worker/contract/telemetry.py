@@ -225,6 +225,7 @@ class Merge(StrEnum):
     LONGEST = "longest"  # a window's length
     WEIGHTED_MEAN = "weighted_mean"  # a mean, weighted by each router's requests
     WORST = "worst"  # a percentile or spread: the worst router's (they do not merge exactly)
+    BY_KEY = "by_key"  # a mapping of records: key by key, each field by its own rule
 
 
 def merge_rule(record: type[BaseModel], field: str) -> Merge | None:
@@ -284,11 +285,20 @@ class WindowStats(_Record):
     load_cv: Annotated[float | None, Merge.WORST] = None
 
 
+class ClassLane(_Record):
+    """The requests of one tenant in one class (a request may lower its class) that ended
+    in a router's recent window: their median TTFT (time queued included) and TPOT."""
+
+    requests: Annotated[int, Merge.TOTAL]
+    ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None  # its last requests'
+    tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+
+
 class TenantLane(_Record):
-    """One tenant at one router's flow control, counted since the router started (the
-    live view's lanes): what it was admitted and refused, what waits now, the tokens it
-    was served (its share, against its weight), and its recent TTFT (time queued
-    included) and TPOT."""
+    """One tenant at one router's flow control over the router's recent window
+    (``WindowStats.seconds``; the live view's lanes): what it was admitted and refused,
+    what waits now, the tokens it was served (its share, against its weight), and per
+    class the TTFT (time queued included) and TPOT of its requests that ended."""
 
     priority: Annotated[str, Merge.NEWEST_CONFIG]
     weight: Annotated[float, Merge.NEWEST_CONFIG]
@@ -299,6 +309,8 @@ class TenantLane(_Record):
     served_tokens: Annotated[float, Merge.TOTAL]  # prompt + output tokens of ended requests
     ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None  # its last requests'
     tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+    shed: Annotated[int, Merge.TOTAL] = 0  # of the refused, the 503s (the fleet's load)
+    classes: Annotated[dict[str, ClassLane], Merge.BY_KEY] = Field(default_factory=dict)
 
 
 class StateSnapshot(_Record):

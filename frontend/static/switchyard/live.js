@@ -146,12 +146,22 @@ function renderTenants(tenants) {
       <td class="num" data-field="admitted">${fmt.int(t.admitted)}</td>
       <td class="num" data-field="queued">${fmt.int(t.queued)}</td>
       <td class="num" data-field="refused">${fmt.int(t.refused)}</td>
+      <td class="num" data-field="shed">${fmt.int(t.shed)}</td>
       <td class="num" data-field="share">${fmt.pct(t.share)}</td>
       <td class="num" data-field="weight_share">${fmt.pct(t.weight_share)}</td>
-      <td class="num" data-field="ttft_p50_s">${fmt.ms(t.ttft_p50_s)}</td>
-      <td class="num" data-field="tpot_p50_s">${fmt.ms(t.tpot_p50_s)}</td>
+      <td class="num" data-field="ttft_p50_s">${byClass(t, "ttft_p50_s")}</td>
+      <td class="num" data-field="tpot_p50_s">${byClass(t, "tpot_p50_s")}</td>
     </tr>`).join("")
-    : '<tr><td colspan="9" class="muted">No request yet.</td></tr>';
+    : '<tr><td colspan="10" class="muted">No request in the last window.</td></tr>';
+}
+
+// A tenant's figure, per class when its requests came in more than one (a request may
+// lower its class).
+function byClass(t, field) {
+  const classes = Object.entries(t.classes ?? {});
+  if (classes.length <= 1) return fmt.ms(t[field]);
+  return classes.map(([name, c]) =>
+    `<span class="small" data-class="${esc(name)}">${esc(name)} ${fmt.ms(c[field])}</span>`).join("<br>");
 }
 
 // Grey-failure states (router_worker/routing/grey.py), by the level the snapshot carries.

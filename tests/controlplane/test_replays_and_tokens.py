@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from typing import Any
 
 import pytest
 import redis
@@ -162,12 +163,13 @@ def test_a_replay_asks_for_flow_control_and_tenant_scales_by_the_api(
     client = session_client(users["operator"])
     url = f"/api/v1/clusters/{world['alpha']}/replays"
     jobs_before = ReplayJob.objects.count()
-    for bad, field in [
+    hostile: list[tuple[dict[str, Any], str]] = [
         ({"flow": "sometimes"}, "flow"),
         ({"tenant_scales": {"nobody": 2}}, "tenant_scales"),
         ({"tenant_scales": {"default": 11}}, "tenant_scales"),
         ({"tenant_scales": {"default": -1}}, "tenant_scales"),
-    ]:
+    ]
+    for bad, field in hostile:
         refused = client.post(url, {**REPLAY, **bad}, content_type="application/json")
         assert refused.status_code in (400, 422), bad
         assert field in json.dumps(refused.json()), bad

@@ -38,6 +38,7 @@ from router_worker.routing.flow import (
     FlowParams,
     FlowRequest,
     Refusal,
+    TenantSettings,
 )
 from router_worker.routing.quota import QuotaCharge
 from router_worker.telemetry import WINDOW_S
@@ -201,7 +202,7 @@ class FlowGate:
         back too."""
         now = time.time()
         tenant, priority = request_class.tenant, request_class.priority
-        charge = await self.quota.take(self.controller.settings(tenant), input_tokens, now)
+        charge = await self._take(self.controller.settings(tenant), input_tokens, now)
         if isinstance(charge, Refusal):
             raise self._refused(tenant, priority, charge)
         self._ids += 1
@@ -231,6 +232,27 @@ class FlowGate:
                 self.refund(charge)  # never served (a refusal's went back in _fail)
             raise
         return Admission(True, charge)
+
+    async def _take(
+        self, settings: TenantSettings, tokens: int, now: float
+    ) -> QuotaCharge | Refusal | None:
+        """The quota check; if the client leaves while Redis counts it, the charge it then
+        makes is given back (the script runs anyway once sent)."""
+        limited = settings.requests_per_minute or settings.tokens_per_minute
+        if self.quota.redis_url is None or not (limited or settings.token_budget):
+            return await self.quota.take(settings, tokens, now)  # never suspends
+        check = asyncio.ensure_future(self.quota.take(settings, tokens, now))
+        try:
+            return await asyncio.shield(check)
+        except asyncio.CancelledError:
+            check.add_done_callback(self._refund_taken)
+            raise
+
+    def _refund_taken(self, check: asyncio.Future[QuotaCharge | Refusal | None]) -> None:
+        if not check.cancelled() and check.exception() is None:
+            charge = check.result()
+            if isinstance(charge, QuotaCharge):
+                self.refund(charge)
 
     def refund(self, charge: QuotaCharge | None) -> None:
         """A request that passed the quota was not served: its charge goes back."""

@@ -150,10 +150,8 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     if client_auth is not None:  # only hashes of the client keys travel
         document["client_auth"] = client_auth
     tenants = [settings_of(tenant) for tenant in cluster.tenants.order_by("name")]
-    if tenants:
+    if tenants:  # flow control is on where the document lists tenants (RouterConfig)
         document["tenants"] = tenants
-    else:  # one tenant: nobody to be fair between; the engines queue as they did before
-        document["flow"] = {"enabled": False}
     return document
 
 

@@ -427,7 +427,6 @@ class RouterCore:
             return {}
         arm_of = runtime.arm_of_instance()
         roles = {i.name: i.role for i in runtime.config.instances}
-        disaggregated = runtime.config.disaggregated or self.splits.seen
         hotspots = self.hotspot_book.active
         hot = {name for event in hotspots.values() for name in event.instances}
         instances = []
@@ -478,7 +477,7 @@ class RouterCore:
             "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in hotspots.values()],
             "tenants": self.flow.lanes(),
-            "disaggregation": self.splits.stats() if disaggregated else None,
+            "disaggregation": self.splits.stats() if runtime.config.disaggregated else None,
         }
 
 

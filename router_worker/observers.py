@@ -295,10 +295,9 @@ class SplitCounts(LifecycleObserver[Plan]):
     split ones that fell back to colocated (a prefill or decode stage failed: a KV read
     that failed among them)."""
 
-    __slots__ = ("colocated", "fallbacks", "recent", "seen", "split")
+    __slots__ = ("colocated", "fallbacks", "recent", "split")
 
     def __init__(self) -> None:
-        self.seen = False  # a disaggregated request closed: the cluster is (or was) one
         self.split = self.colocated = self.fallbacks = 0
         self.recent: deque[bool] = deque(maxlen=DECIDER_RECENT)
 
@@ -306,7 +305,6 @@ class SplitCounts(LifecycleObserver[Plan]):
         verdict = plan.split
         if verdict is None:
             return
-        self.seen = True
         self.recent.append(verdict.split)
         if verdict.split:
             self.split += 1

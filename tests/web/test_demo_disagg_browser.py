@@ -37,6 +37,7 @@ def engine_url(demo: Demo, name: str) -> str:
     """The disaggregated cluster's instance ``name`` (pdNN), at the demo's ports."""
     from controlplane.models import Instance
 
+    assert demo.pd_cluster is not None, demo.banner
     return Instance.objects.get(cluster_id=demo.pd_cluster, name=name).url
 
 

@@ -1,7 +1,7 @@
 """The README's "things to try" on a fresh `make demo` stack, as a newcomer walks them.
 
 `scripts/demo.py` itself runs the stack (16 simulated H20s at time scale 2, the real trace
-in a loop, every service), on this test's database and Redis database, emptied first as
+in a loop, every service, and the idle disaggregated cluster beside), on this test's database and Redis database, emptied first as
 every demo run does. In chromium an operator then does what the README says and each step
 checks what the README promises: the policy choice starts on the live policy; a switch shows
 in the `x-switchyard-policy` header and back; the demo's own capture, replayed, is held

@@ -1,13 +1,14 @@
 """The README's "things to try" on a fresh `make demo` stack, as a newcomer walks them.
 
 `scripts/demo.py` itself runs the stack (16 simulated H20s at time scale 2, the real trace
-in a loop, every service, and the idle disaggregated cluster beside), on this test's database and Redis database, emptied first as
-every demo run does. In chromium an operator then does what the README says and each step
-checks what the README promises: the policy choice starts on the live policy; a switch shows
-in the `x-switchyard-policy` header and back; the demo's own capture, replayed, is held
-against what was measured live on the requests the live policy served, and recommends a
-policy over round robin with a "Start a canary" button; the canary started from it reaches
-its verdict unaided and links back to the replay; the audit log names the replay.
+in a loop, every service, and the idle disaggregated cluster beside), on this test's
+database and Redis database, emptied first as every demo run does. In chromium an operator
+then does what the README says and each step checks what the README promises: the policy
+choice starts on the live policy; a switch shows in the `x-switchyard-policy` header and
+back; the demo's own capture, replayed, is held against what was measured live on the
+requests the live policy served, and recommends a policy over round robin with a "Start a
+canary" button; the canary started from it reaches its verdict unaided and links back to the
+replay; the audit log names the replay.
 
 One knob differs from `make demo`: the canary defaults (SWITCHYARD_CANARY_DEFAULTS, which the
 README names) are one 50% step of 8 samples an arm, so the judge decides in about a minute,

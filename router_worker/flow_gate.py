@@ -51,6 +51,8 @@ MAX_SLO_MS = 86_400_000.0  # a day
 TICK_S = 0.05
 LANE_SAMPLES = 100  # the last requests of a class its lane's TTFT and TPOT are of
 SHEDS = ("shed", "queue_full", "evicted", "queue_timeout")  # the 503s: the fleet's load
+# The load of a fleet with nothing known (no state yet), or not read (flow control off).
+UNREAD = FleetLoad(0, 0.0, 1.0, 0.0, 0.0)
 
 
 # The counts a lane keeps per second of its window: admitted, refused, shed (503),
@@ -207,7 +209,9 @@ class FlowGate:
             raise self._refused(tenant, priority, charge)
         self._ids += 1
         request = FlowRequest(str(self._ids), tenant, priority, input_tokens, size, now)
-        verdict, evicted = self.controller.offer(request, self._load(), now)
+        # Off (one tenant), the fleet's load is never read: skip gathering it.
+        load = self._load() if self.controller.params.enabled else UNREAD
+        verdict, evicted = self.controller.offer(request, load, now)
         self._fail(evicted)
         if isinstance(verdict, Refusal):
             if charge is not None:
@@ -354,7 +358,7 @@ class FlowGate:
 
     def _load(self) -> FleetLoad:
         state = self.state()
-        load = FleetLoad(0, 0.0, 1.0, 0.0, 0.0) if state is None else FleetLoad.of(state)
+        load = UNREAD if state is None else FleetLoad.of(state)
         saturated = self.controller.params.saturated(load, self.in_transit)
         self.metrics.flow_saturated.set(1 if saturated else 0)
         if not self.in_transit:

@@ -14,6 +14,8 @@ to remember them, and none of those steps reaches into the metrics or the health
 * :class:`~router_worker.routing.peer_accounting.PeerReports` (shared with the simulator):
   this router's requests, told to its peers (replica sync);
 * :class:`RequestMetrics`: the per-request Prometheus metrics (stage times included);
+* :class:`SplitCounts`: the decider's splits and the splits that fell back (the live
+  view's split ratio);
 * :class:`LoadPeaks`: the highest pending prefill and batch per instance between
   telemetry snapshots;
 * :class:`RequestSamples`: the telemetry sample of each request, and traffic capture;
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from router_worker.contract.telemetry import DecisionRecord
+from router_worker.contract.telemetry import DECIDER_RECENT, DecisionRecord, DisaggregationStats
 from router_worker.decisions import (
     CapturedDecision,
     DecisionSampler,
@@ -285,6 +287,39 @@ class LoadPeaks(LifecycleObserver[Plan]):
             )
         self.peaks.clear()
         return peaks
+
+
+class SplitCounts(LifecycleObserver[Plan]):
+    """A disaggregated cluster's requests as the decider split them (the live view's split
+    ratio, over the router's last `DECIDER_RECENT` requests and since it started) and the
+    split ones that fell back to colocated (a prefill or decode stage failed: a KV read
+    that failed among them)."""
+
+    __slots__ = ("colocated", "fallbacks", "recent", "split")
+
+    def __init__(self) -> None:
+        self.split = self.colocated = self.fallbacks = 0
+        self.recent: deque[bool] = deque(maxlen=DECIDER_RECENT)
+
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
+        verdict = plan.split
+        if verdict is None:
+            return
+        self.recent.append(verdict.split)
+        if verdict.split:
+            self.split += 1
+            self.fallbacks += plan.stage == "fallback"
+        else:
+            self.colocated += 1
+
+    def stats(self) -> DisaggregationStats:
+        return DisaggregationStats(
+            split=self.split,
+            colocated=self.colocated,
+            recent=len(self.recent),
+            recent_split=sum(self.recent),
+            fallbacks=self.fallbacks,
+        )
 
 
 class RequestSamples(LifecycleObserver[Plan]):

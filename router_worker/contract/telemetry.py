@@ -264,6 +264,31 @@ class InstanceSnapshot(_Record):
     grey_level: Annotated[int | None, Merge.LARGEST] = None
     grey_excess: Annotated[float | None, Merge.LARGEST] = None
     arm: Annotated[str | None, Merge.NEWEST_CONFIG] = None
+    # Disaggregation: the instance's role (prefill, decode, both) in the config; and, from
+    # an engine with a KV connector (None without), its KV reads from prefill instances:
+    # under way now, bytes per second over the last seconds, and failed since its start
+    # (vllm:nixl_num_failed_transfers).
+    role: Annotated[str | None, Merge.NEWEST_CONFIG] = None
+    kv_transfers_in_flight: Annotated[float | None, Merge.LARGEST] = None
+    kv_bytes_per_s: Annotated[float | None, Merge.LARGEST] = None
+    kv_failed_transfers: Annotated[float | None, Merge.LARGEST] = None
+
+
+class DisaggregationStats(_Record):
+    """A disaggregated cluster's decider and fallbacks at one router: requests split and
+    kept colocated since the router started, of its last `DECIDER_RECENT` decisions how
+    many were split (the live split ratio), and the split requests that ran colocated
+    after all because their prefill or their decode stage failed before its first byte
+    (a failed KV read among them)."""
+
+    split: Annotated[int, Merge.TOTAL] = 0
+    colocated: Annotated[int, Merge.TOTAL] = 0
+    recent: Annotated[int, Merge.TOTAL] = 0
+    recent_split: Annotated[int, Merge.TOTAL] = 0
+    fallbacks: Annotated[int, Merge.TOTAL] = 0
+
+
+DECIDER_RECENT = 200
 
 
 class WindowStats(_Record):
@@ -324,6 +349,8 @@ class StateSnapshot(_Record):
     arms: dict[str, WindowStats] = Field(default_factory=dict)
     hotspots: list[HotspotPayload] = Field(default_factory=list)  # currently confirmed
     tenants: dict[str, TenantLane] = Field(default_factory=dict)  # flow control's lanes
+    # None: the cluster is not disaggregated (or a router older than the field)
+    disaggregation: DisaggregationStats | None = None
 
 
 class ArmMetrics(_Record):

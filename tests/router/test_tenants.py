@@ -37,7 +37,8 @@ AUTH = {
 def _config(fleet, **flow):
     document = router_config(fleet, "least_load", tenants=TENANTS, client_auth=AUTH)
     document["instances"] = fleet.instances()[:1]
-    document["flow"] = {"max_backlog_s": 0.001, **flow}
+    # on even when the tenants go away (a document without tenants turns it off by default)
+    document["flow"] = {"enabled": True, "max_backlog_s": 0.001, **flow}
     return document
 
 

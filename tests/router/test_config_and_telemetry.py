@@ -176,12 +176,18 @@ def test_telemetry_survives_redis_outage_and_flushes_events(fleet, router_factor
     with httpx.stream("POST", router.url + "/v1/completions", json=body) as response:
         response.read()
     own = contract.router_metrics_stream("test", name)  # its own stream, nobody else's
-    wait_until(lambda: client.xlen(own) > 0, 10, "metrics record")
+
+    def arms() -> list[contract.ArmMetrics]:
+        entries = stream_entries(client, own)
+        records = [contract.MetricsRecord.from_stream_fields(f) for _, f in entries]
+        return [r.arms["default"] for r in records if "default" in r.arms]
+
+    # the request's record: a flush before the request ended holds none of it
+    wait_until(lambda: sum(a.requests for a in arms()) > 0, 30, "the request's metrics record")
     assert client.xlen(contract.metrics_stream("test")) == 0
-    records = [contract.MetricsRecord.from_stream_fields(f) for _, f in stream_entries(client, own)]
-    arms = [r.arms["default"] for r in records if "default" in r.arms]
-    assert sum(a.requests for a in arms) == 1 and arms[0].policy == "lmetric"
-    assert any(a.ttft_s for a in arms)
+    recorded = arms()
+    assert sum(a.requests for a in recorded) == 1 and recorded[0].policy == "lmetric"
+    assert any(a.ttft_s for a in recorded)
     kinds = {e.kind for e in _events(client)}
     assert {"config_applied", "router_started"} <= kinds
 

@@ -201,7 +201,7 @@ def test_managed_router_without_any_config_answers_503(control_plane, tmp_path):
     try:
         wait_until(
             lambda: httpx.get(router.url + "/health").status_code == 503,
-            20,
+            60,  # a router process starting on a loaded machine
             "router up without config",
         )
         response = httpx.post(router.url + "/v1/completions", json={"model": MODEL, "prompt": "x"})

@@ -43,11 +43,17 @@ def decision(cluster: str, request_id: str, **overrides) -> str:
     return json.dumps({**base, **overrides}, allow_nan=True)
 
 
+LIFETIME_S = 600
+
+
 @pytest.fixture
 def hostile(cluster, redis_client: redis.Redis):
     name = cluster.name
     good = snapshot(name, "good", [instance("i0", pending=7)])
     write_state(redis_client, good)
+    # Kept for the whole test (it clears them): a router's 10 s TTL ran out while a loaded
+    # machine served the pages below, and the good record was gone before it was read.
+    redis_client.expire(state_key(name, "good"), LIFETIME_S)
     document = json.loads(good.model_dump_json())
     nan = {**document, "router": "nan", "window": {**document["window"], "ttft_p50_s": "NaN"}}
     for router, value in {
@@ -57,9 +63,9 @@ def hostile(cluster, redis_client: redis.Redis):
         "huge": json.dumps({**document, "router": "huge", "pad": "x" * 10_000_000}),
         "list": "[1, 2]",
     }.items():
-        redis_client.set(state_key(name, router), value, ex=30)
+        redis_client.set(state_key(name, router), value, ex=LIFETIME_S)
     redis_client.hset(state_key(name, "hash"), "a", "b")  # not even a string
-    redis_client.expire(state_key(name, "hash"), 30)
+    redis_client.expire(state_key(name, "hash"), LIFETIME_S)
     stream = decisions_stream(name)
     redis_client.xadd(stream, {"data": decision(name, "ok-1")})
     redis_client.xadd(stream, {"data": decision(name, "nan", ttft_s=float("nan"))})

@@ -279,6 +279,7 @@ class Splice:
     sent: int = 0  # tokens the client had when the continuation was prepared
     joining: bool = False  # the current attempt is a continuation
     own_id: bytes = b""  # the continuation's id, replaced by ``answer_id``
+    kept_bytes: int = 0  # the size of ``relayed``
 
     def record(self, chunk: bytes) -> None:
         if not self.answer_id:
@@ -286,6 +287,7 @@ class Splice:
             if found:
                 self.answer_id = found.group(1)
         self.relayed.append(chunk)
+        self.kept_bytes += len(chunk)
 
     def prepare(self, raw: bytes, chat: bool) -> tuple[str, Answer]:
         """Build the continuation's body from the client's ``raw`` one; returns why it

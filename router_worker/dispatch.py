@@ -274,9 +274,12 @@ class Dispatcher:
             if splice is not None and response.status_code != 200:
                 return await _refused_continuation(response)
             media = unexpected_media_type(response, ex.stream)
-            if media is not None:
+            # Asked for a stream to assemble, an engine may answer whole all the same: the
+            # client asked for that (never for a continuation: it joins what was kept).
+            whole = ex.assembled and splice is None and media == "application/json"
+            if media is not None and not whole:
                 return await bad_response(response, f"content type {media!r}")
-            if ex.stream and response.status_code == 200:
+            if ex.stream and response.status_code == 200 and not whole:
                 return await relay_stream(ex, response)
             return await relay_whole(ex, response)
         finally:

@@ -268,6 +268,9 @@ async def _forward(ex: Exchange, splice: Splice, chunk: bytes, more: bool) -> No
     if ex.assembled:  # kept for the one body the client gets at the end
         if first:
             plan.first_token_sent()
+        limit = plan.runtime.config.router.max_response_bytes
+        if splice.kept_bytes > limit:
+            raise ResponseTooLarge(f"the answer is over {limit} bytes", "response_too_large")
         return
     await ex.send({"type": "http.response.body", "body": chunk, "more_body": more})
     clock = plan.clock
@@ -295,7 +298,7 @@ def _mid_stream_failure(plan: Plan, error: Exception, detail: Detail) -> Upstrea
     no fault of the engine's (``final``: no breaker strike, no continuation)."""
     if isinstance(error, ResponseDeadline):
         kind = "response_deadline"
-    elif isinstance(error, MalformedStream):
+    elif isinstance(error, MalformedStream | ResponseTooLarge):
         kind = error.limit
     else:
         kind = "mid_stream"
@@ -303,7 +306,9 @@ def _mid_stream_failure(plan: Plan, error: Exception, detail: Detail) -> Upstrea
     return UpstreamFailure(
         kind,
         _mid_stream_message(plan, error, detail),
-        final=deadline,
+        # Past the deadline or over the size an assembled answer may have: the request's
+        # doing, not the engine's (ResponseTooLarge).
+        final=deadline or kind == "response_too_large",
         status=504 if deadline else 502,
         streamed=True,
         detail=f"stream broke: {error!r}",
@@ -337,6 +342,8 @@ def _mid_stream_message(plan: Plan, error: Exception, detail: Detail) -> str:
     """The error event's text; it names the instance only to a debug client (the route
     headers, which name it too, may be withheld from this client)."""
     engine = f"The engine {plan.instance}" if detail >= Detail.DEBUG else "The engine"
+    if isinstance(error, ResponseTooLarge):
+        return f"The engine's answer is too large: {error} (router.max_response_bytes)"
     if isinstance(error, ResponseDeadline | MalformedStream):
         return f"{engine}'s stream was cut: {error}"
     return f"{engine} failed mid-stream: {type(error).__name__}"

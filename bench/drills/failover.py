@@ -481,7 +481,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         title = (
             f"killed instance ({args.instances} instances, {streams} streams, {whole} non-streamed)"
         )
-        print_table(title + ", live", drill.streams + drill.whole)
+        print_table(title + ", live: streams", drill.streams)
+        print_table(title + ", live: non-streamed requests", drill.whole)
         bound = f"predicted prefill of the re-sent tokens + {SPLICE_ALLOWANCE_S * 1000:g} ms"
         scale = f"x time scale {args.time_scale:g}" if args.time_scale != 1 else ""
         print_table(f"continued streams' extra latency (bound: {bound} {scale})", [drill.latency])

@@ -361,3 +361,21 @@ def test_whole_answer_past_the_limit_fails_with_the_reason(fleet, router_factory
     assert answer.status_code == 502
     assert "not continued: 1 continuations made" in answer.json()["error"]["message"]
     assert scrape_total(router.url, "switchyard_router_continuations_total") == 1
+
+
+def test_assembled_answer_over_the_size_limit_is_a_clear_502(fleet, router_factory):
+    """An answer kept to be assembled is held to ``max_response_bytes`` as a whole one is:
+    the request asked for it (no continuation, no retry, no strike)."""
+    document = router_config(fleet, "round_robin", instances=fleet.instances()[3:])
+    document["router"]["max_response_bytes"] = 4096
+    router = router_factory(document)
+    body = _completion("whole-large", 200)
+    del body["stream_options"]
+    answer = httpx.post(router.url + URL_COMPLETIONS, json=body, timeout=60)
+    assert answer.status_code == 502
+    assert "max_response_bytes" in answer.json()["error"]["message"]
+    limit = "switchyard_router_limit_hits_total"
+    assert scrape_total(router.url, limit, limit="response_too_large") == 1
+    assert scrape_total(router.url, "switchyard_router_continuations_total") == 0
+    small = _whole(router.url, URL_COMPLETIONS, _completion("whole-small", 4)).json()
+    assert small["usage"]["completion_tokens"] == 4  # the instance still serves

@@ -189,31 +189,35 @@ def predicted_prefill_s(tokens: int, batch: int, k: Coefficients) -> float:
 async def _stream(
     client: httpx.AsyncClient, url: str, body: dict[str, Any], started: asyncio.Semaphore
 ) -> StreamResult:
-    async with client.stream("POST", url + "/v1/completions", json=body) as response:
-        arrivals: list[float] = []
-        events: list[str] = []
-        async for line in response.aiter_lines():
-            if not line.startswith("data: "):
-                continue
-            if not events:
-                started.release()  # its tokens flow
-            events.append(line[6:])
-            if '"text":"' in line and '"text":""' not in line:
-                arrivals.append(time.perf_counter())
-        parsed = [json.loads(e) for e in events if e != "[DONE]"]
-        tokens = sum(1 for e in parsed if e.get("choices") and e["choices"][0].get("text"))
-        usage: dict[str, Any] = next((e["usage"] for e in parsed if e.get("usage")), {})
-        return StreamResult(
-            response.headers.get("x-switchyard-instance", ""),
-            response.status_code,
-            any("error" in e for e in parsed),
-            tokens,
-            int(usage.get("prompt_tokens", 0)),
-            usage.get("completion_tokens") == body["max_tokens"]
-            and usage.get("total_tokens") == usage.get("prompt_tokens", 0) + body["max_tokens"],
-            events.count("[DONE]"),
-            arrivals,
-        )
+    arrivals: list[float] = []
+    events: list[str] = []
+    try:
+        async with client.stream("POST", url + "/v1/completions", json=body) as response:
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if not events:
+                    started.release()  # its tokens flow
+                events.append(line[6:])
+                if '"text":"' in line and '"text":""' not in line:
+                    arrivals.append(time.perf_counter())
+    finally:
+        if not events:  # refused (or cut) before any event: the kill waits for no more
+            started.release()
+    parsed = [json.loads(e) for e in events if e != "[DONE]"]
+    tokens = sum(1 for e in parsed if e.get("choices") and e["choices"][0].get("text"))
+    usage: dict[str, Any] = next((e["usage"] for e in parsed if e.get("usage")), {})
+    return StreamResult(
+        response.headers.get("x-switchyard-instance", ""),
+        response.status_code,
+        any("error" in e for e in parsed),
+        tokens,
+        int(usage.get("prompt_tokens", 0)),
+        usage.get("completion_tokens") == body["max_tokens"]
+        and usage.get("total_tokens") == usage.get("prompt_tokens", 0) + body["max_tokens"],
+        events.count("[DONE]"),
+        arrivals,
+    )
 
 
 async def _whole(client: httpx.AsyncClient, url: str, engine: str, body: dict) -> WholeResult:
@@ -436,6 +440,9 @@ def _cut_witness(engine: str, body: dict[str, Any], flowing: Callable[[], Any]) 
                     told = True
     except httpx.TransportError:
         return time.perf_counter()
+    finally:
+        if not told:  # it never flowed: the kill waits for it no more
+            flowing()
     return time.perf_counter()
 
 

@@ -383,6 +383,7 @@ def _latency_row(continued: list[ContinuedStream], cut_after_s: float) -> dict:
     return {
         "streams continued": len(continued),
         "kill to cut (s)": cut_after_s if math.isfinite(cut_after_s) else None,
+        "extra latency p50 (s)": percentile(extra, 50) if extra else None,
         "extra latency max (s)": max(extra, default=None),
         "extra latency p99 (s)": _p99(extra),
         "bound min (s)": min(bounds, default=None),

@@ -293,11 +293,10 @@ def kill_drill(
         coefficients = Coefficients.of(PredictedTTFTParams.model_validate(derived))
     batch = math.ceil((streams + whole) / instances)  # what the taking-over instance runs
     on_killed = [r for r in results if r.instance == "i1"]
-    continued = [
-        _continued(r, killed_at, cut_at, batch, coefficients, time_scale)
-        for r in on_killed
-        if r.arrivals
-    ]
+    spliced = (_continued(r, killed_at, cut_at, batch, coefficients, time_scale) for r in on_killed)
+    # Streams that were all sent before the kill (the first to start, on a big drill) were
+    # not cut: only the spliced ones count.
+    continued = [c for c in spliced if math.isfinite(c.bound_s)]
     return KillDrill(
         [_stream_row(label, group, max_tokens) for label, group in _by_victim(results)],
         [

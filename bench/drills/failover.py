@@ -134,6 +134,7 @@ def false_alarm_drill(instances: int, rate: float, seconds: float) -> list[dict]
 
 # ----- live kill drill ---------------------------------------------------------------------
 SPLICE_ALLOWANCE_S = 0.1  # the goal's "plus 100 ms" over the prefill of what is re-sent
+VICTIM_SLOWDOWN = 20
 
 
 @dataclass
@@ -282,8 +283,9 @@ def kill_drill(
         router = start_router(Path(tmp), document)
         try:
             wait_until(lambda: httpx.get(router.url + "/health").status_code == 200, 10, "up")
-            # The victim is slow (its streams last), the others at speed.
-            fleet.fault(1, "slow", factor=4)
+            # The victim is slow, so that its streams are still running when every stream
+            # has started (on a loaded host that takes seconds); the others at speed.
+            fleet.fault(1, "slow", factor=VICTIM_SLOWDOWN)
             run = _kill_under_streams(fleet, router.url, streams, whole, max_tokens)
             results, wholes, killed_at, cut_at = asyncio.run(run)
         finally:

@@ -9,9 +9,12 @@ design (replay). Prints one table per drill.
 The replay drills run the live router's own detector (``router_worker.routing.grey``) in
 the simulator on a steady synthetic load: ``rate`` requests a second per instance, 600
 prompt and 64 output tokens each, round robin (the detector works under any policy).
-The kill drill starts an enginesim fleet and a router, runs streams, kills one instance
-while they stream on it and checks every answer: HTTP status, error events, its tokens
-(exactly ``max_tokens``, usage adding up) and the longest silence a client saw.
+The kill drill starts an enginesim fleet and a router, runs streams and non-streamed
+requests, kills one instance while they run on it and checks every answer: HTTP status,
+error events, its tokens (exactly ``max_tokens``, usage adding up; a non-streamed
+answer's text against the engines' own) and the longest silence a client saw; and each
+continued stream's extra latency against the goal's bound (``_continued``). Its fleet runs
+at ``--time-scale`` (default 1: the bound is the goal's, unscaled).
 """
 
 from __future__ import annotations

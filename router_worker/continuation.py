@@ -27,6 +27,13 @@ one ``[DONE]``: the broken stream never sent its own.
 
 A request that cannot be continued (:func:`why_not_continuable`) fails as before (an SSE
 error event and ``[DONE]``), the error naming the reason.
+
+Non-streamed requests (:func:`streamed_upstream`): an engine's whole answer is all or
+nothing, so one that dies mid-generation leaves nothing to continue from. A continuable
+non-streamed request is therefore asked of the engine as a stream (``stream: true`` with
+usage); the router keeps the events as they arrive, continues the answer like a stream's
+when the engine breaks it off, and answers the client with one body in vLLM's
+non-streamed shape (:func:`assemble_answer`).
 """
 
 from __future__ import annotations
@@ -78,6 +85,27 @@ def _why_not_chat(body: dict[str, Any]) -> str:
     if body.get("continue_final_message") and not isinstance(last.get("content"), str):
         return "the final message to continue is not one text"
     return ""
+
+
+def streamed_upstream(raw: bytes, chat: bool) -> bytes | None:
+    """The body a non-streamed request goes upstream with so that its answer can be
+    continued: the client's, asking for a stream with usage. None when it goes as it is:
+    it cannot be continued, is not a non-streamed request, or sets ``stream_options``
+    (which the engine refuses without ``stream``: the client gets the engine's 400)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(body, dict) or body.get("stream") or "stream_options" in body:
+        return None
+    if why_not_continuable(body, chat):
+        return None
+    if "stream" in body:
+        upstream = body | {"stream": True, "stream_options": {"include_usage": True}}
+        return json.dumps(upstream, separators=(",", ":")).encode()
+    # The usual case: the two fields appended to the client's bytes (the object is not
+    # empty: it has a prompt or messages).
+    return raw.rstrip()[:-1] + b',"stream":true,"stream_options":{"include_usage":true}}'
 
 
 def continuation_body(body: dict[str, Any], chat: bool, text: str, sent: int) -> dict[str, Any]:
@@ -150,6 +178,78 @@ def read_answer(relayed: bytes, chat: bool) -> Answer:
     return answer
 
 
+def assemble_answer(relayed: bytes, chat: bool, prompt_tokens: int) -> bytes:
+    """One body in vLLM's non-streamed shape from the events relayed (across attempts: a
+    continuation's joined as for a stream): the text, the finish, the usage (counted here
+    from ``prompt_tokens`` and the tokens when the engine's was lost with the stream's
+    end). The keys a non-streamed answer has and the events do not take the values vLLM
+    gives them for a request that can be continued (no logprobs, tools nor KV transfer)."""
+    head: dict[str, Any] = {}
+    parts: list[str] = []
+    thoughts: list[str] = []
+    finish: Any = None
+    stop: Any = None
+    usage: Any = None
+    for event in _json_events(relayed):
+        head = head or event
+        if isinstance(event.get("usage"), dict):
+            usage = event["usage"]
+        for each in event.get("choices") or ():
+            if not isinstance(each, dict) or each.get("index", 0) != 0:
+                continue
+            delta = (each.get("delta") or {}) if chat else each
+            piece = delta.get("content") if chat else delta.get("text")
+            if isinstance(piece, str) and piece:
+                parts.append(piece)
+            thought = delta.get("reasoning_content") if chat else None
+            if isinstance(thought, str):
+                thoughts.append(thought)
+            if each.get("finish_reason") is not None:
+                finish, stop = each["finish_reason"], each.get("stop_reason")
+    if usage is None:
+        usage = _counted_usage(prompt_tokens, len(parts))
+    top = {k: head.get(k) for k in ("id", "object", "created", "model")}
+    text = "".join(parts)
+    choice: dict[str, Any] = {"index": 0}
+    if chat:
+        top["object"] = "chat.completion"
+        choice["message"] = {
+            "role": "assistant",
+            "content": text,
+            "refusal": None,
+            "annotations": None,
+            "audio": None,
+            "function_call": None,
+            "tool_calls": [],
+            "reasoning_content": "".join(thoughts) if thoughts else None,
+        }
+    else:
+        top["object"] = "text_completion"
+        choice["text"] = text
+    choice |= {"logprobs": None, "finish_reason": finish, "stop_reason": stop}
+    if not chat:
+        choice["prompt_logprobs"] = None
+    answer = top | {
+        "choices": [choice],
+        "service_tier": head.get("service_tier"),
+        "system_fingerprint": head.get("system_fingerprint"),
+        "usage": usage,
+    }
+    if chat:
+        answer["prompt_logprobs"] = None
+    answer["kv_transfer_params"] = None
+    return json.dumps(answer, separators=(",", ":")).encode()
+
+
+def _counted_usage(prompt_tokens: int, completion_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
+
+
 def _json_events(data: bytes) -> Iterator[dict[str, Any]]:
     for line in data.split(b"\n"):
         payload = line.rstrip(b"\r")[5:].strip() if line.startswith(b"data:") else b""
@@ -179,6 +279,7 @@ class Splice:
     sent: int = 0  # tokens the client had when the continuation was prepared
     joining: bool = False  # the current attempt is a continuation
     own_id: bytes = b""  # the continuation's id, replaced by ``answer_id``
+    kept_bytes: int = 0  # the size of ``relayed``
 
     def record(self, chunk: bytes) -> None:
         if not self.answer_id:
@@ -186,6 +287,7 @@ class Splice:
             if found:
                 self.answer_id = found.group(1)
         self.relayed.append(chunk)
+        self.kept_bytes += len(chunk)
 
     def prepare(self, raw: bytes, chat: bool) -> tuple[str, Answer]:
         """Build the continuation's body from the client's ``raw`` one; returns why it

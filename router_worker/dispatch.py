@@ -35,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from router_worker.continuation import streamed_upstream
 from router_worker.disagg import answered_params, decode_body, prefill_body
 from router_worker.errors import APIError, send_error, sse_error_event
 from router_worker.failures import (
@@ -49,7 +50,7 @@ from router_worker.failures import (
 )
 from router_worker.intake import take_in
 from router_worker.plan import Plan, TakenBack
-from router_worker.relay import Exchange, relay_stream, relay_whole
+from router_worker.relay import Exchange, relay_stream, relay_whole, send_assembled
 from router_worker.routing import NoEligibleInstanceError
 from router_worker.runtime import Runtime
 from router_worker.sse import DONE_EVENT
@@ -75,6 +76,7 @@ class Dispatcher:
     async def run(self, ex: Exchange) -> None:
         """Send the plan's attempts until one is answered or the retry rule gives up."""
         plan = ex.plan
+        _assemble(ex)
         colocated = ex.raw
         if plan.stage == "prefill":
             try:
@@ -196,7 +198,10 @@ class Dispatcher:
             why, answer = splice.prepare(ex.raw, ex.chat)
             if answer.finished:  # only the end of the stream was lost
                 ex.watch.done = True
-                await ex.send({"type": "http.response.body", "body": DONE_EVENT})
+                if ex.assembled:
+                    await send_assembled(ex)
+                else:
+                    await ex.send({"type": "http.response.body", "body": DONE_EVENT})
                 ex.end_stream(status=200, ok=True)
                 return False
             plan.not_continuable = why
@@ -209,12 +214,17 @@ class Dispatcher:
         if verdict.retry:
             return True
         message = failure.message if failure.streamed else failure_text(failure, ex.detail)
+        message += _not_continued(plan)
         ex.watch.done = True
+        if ex.assembled:  # the client has nothing yet: an error answer, as for a whole one
+            await send_error(ex.send, APIError(failure.status, message), ex.shape)
+            ex.end_stream(status=failure.status, ok=False)
+            return False
         await ex.send(
             {
                 "type": "http.response.body",
                 "more_body": False,
-                "body": sse_error_event(failure.status, message + _not_continued(plan), ex.shape),
+                "body": sse_error_event(failure.status, message, ex.shape),
             }
         )
         ex.end_stream(status=failure.status, ok=False)
@@ -264,13 +274,34 @@ class Dispatcher:
             if splice is not None and response.status_code != 200:
                 return await _refused_continuation(response)
             media = unexpected_media_type(response, ex.stream)
-            if media is not None:
+            # Asked for a stream to assemble, an engine may answer whole all the same: the
+            # client asked for that (never for a continuation: it joins what was kept).
+            whole = ex.assembled and splice is None and media == "application/json"
+            if media is not None and not whole:
                 return await bad_response(response, f"content type {media!r}")
-            if ex.stream and response.status_code == 200:
+            if ex.stream and response.status_code == 200 and not whole:
                 return await relay_stream(ex, response)
             return await relay_whole(ex, response)
         finally:
             await response.aclose()
+
+
+def _assemble(ex: Exchange) -> None:
+    """A non-streamed chat or completions request that could be continued goes upstream as
+    a stream, assembled into one body for the client (``Exchange.assembled``), so that an
+    engine dying mid-generation costs a continuation, not the whole answer again. Left as
+    they are: continuations off, disaggregated plans (their stages have their own bodies),
+    and bodies big enough to be taken in off the event loop (reading them again here
+    would stall it: they are retried whole, as before)."""
+    plan = ex.plan
+    if ex.stream or not ex.continuable or not plan.max_continuations or plan.split is not None:
+        return
+    if len(ex.raw) >= plan.runtime.config.router.offload_body_bytes:
+        return
+    body = streamed_upstream(ex.raw, ex.chat)
+    if body is not None:
+        ex.raw, ex.stream, ex.assembled = body, True, True
+        ex.prompt_tokens = plan.features.prompt_tokens
 
 
 def _fell_back(plan: Plan) -> bool:

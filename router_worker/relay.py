@@ -21,7 +21,7 @@ import httpx
 
 from router_worker.access import Detail
 from router_worker.connections import DisconnectWatch
-from router_worker.continuation import Splice, engine_error_event
+from router_worker.continuation import Splice, assemble_answer, engine_error_event
 from router_worker.errors import ErrorShape, Send
 from router_worker.failures import (
     UpstreamFailure,
@@ -99,6 +99,10 @@ class Exchange:
     # Its answer can be continued elsewhere if it breaks (chat and completions; the
     # Responses and Messages APIs' answers are not: router_worker.continuation)
     continuable: bool = True
+    # The client asked for one body; the engine is asked for a stream (so that a death can
+    # be continued), which the router keeps and answers as one body once it has all of it.
+    assembled: bool = False
+    prompt_tokens: int = 0  # its prompt as the router counted it (for a usage that was lost)
 
     def end_stream(self, *, status: int, ok: bool) -> None:
         """The streamed answer ended for the client: the plan is done with it."""
@@ -187,16 +191,40 @@ async def relay_stream(ex: Exchange, response: Upstream) -> UpstreamFailure | No
     except (httpx.TransportError, httpx.TimeoutException, MalformedStream) as error:
         return _mid_stream_failure(plan, error, ex.detail)
     ex.watch.done = True
+    if ex.assembled:
+        await send_assembled(ex)
     ex.end_stream(status=200, ok=True)
     return None
 
 
-async def _start_stream(ex: Exchange, response: Upstream) -> None:
-    """The client's response starts: from here on the request cannot move (migration)."""
+async def send_assembled(ex: Exchange) -> None:
+    """The kept events of an assembled answer sent as one body in vLLM's non-streamed
+    shape."""
+    assert ex.splice is not None
     plan = ex.plan
-    plan.settled()  # bytes go to the client from here on: no migration any more
+    if plan.clock is not None:  # its stages as a whole answer's: the event is all of it
+        plan.clock.event = time.perf_counter()
+    data = assemble_answer(b"".join(ex.splice.relayed), ex.chat, ex.prompt_tokens)
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+        *route_headers(ex),
+    ]
+    await ex.send({"type": "http.response.start", "status": 200, "headers": headers})
+    await ex.send({"type": "http.response.body", "body": data})
+    if plan.clock is not None:
+        plan.clock.relayed = time.perf_counter()
+
+
+async def _start_stream(ex: Exchange, response: Upstream) -> None:
+    """The client's response starts (an assembled one with its whole body, at the end):
+    from here on the request cannot move (migration)."""
+    plan = ex.plan
+    plan.settled()  # the answer is the client's from here on: no migration any more
     if plan.clock is not None:
         plan.clock.event = time.perf_counter()
+    if ex.assembled:
+        return
     headers = [
         (b"content-type", response.header(b"content-type", b"text/event-stream")),
         (b"cache-control", b"no-cache"),
@@ -237,6 +265,13 @@ async def _forward(ex: Exchange, splice: Splice, chunk: bytes, more: bool) -> No
     plan = ex.plan
     first = ex.meter.feed(chunk) and plan.awaiting_first_token
     splice.record(chunk)
+    if ex.assembled:  # kept for the one body the client gets at the end
+        if first:
+            plan.first_token_sent()
+        limit = plan.runtime.config.router.max_response_bytes
+        if splice.kept_bytes > limit:
+            raise ResponseTooLarge(f"the answer is over {limit} bytes", "response_too_large")
+        return
     await ex.send({"type": "http.response.body", "body": chunk, "more_body": more})
     clock = plan.clock
     if clock is not None and not clock.relayed:
@@ -263,7 +298,7 @@ def _mid_stream_failure(plan: Plan, error: Exception, detail: Detail) -> Upstrea
     no fault of the engine's (``final``: no breaker strike, no continuation)."""
     if isinstance(error, ResponseDeadline):
         kind = "response_deadline"
-    elif isinstance(error, MalformedStream):
+    elif isinstance(error, MalformedStream | ResponseTooLarge):
         kind = error.limit
     else:
         kind = "mid_stream"
@@ -271,7 +306,9 @@ def _mid_stream_failure(plan: Plan, error: Exception, detail: Detail) -> Upstrea
     return UpstreamFailure(
         kind,
         _mid_stream_message(plan, error, detail),
-        final=deadline,
+        # Past the deadline or over the size an assembled answer may have: the request's
+        # doing, not the engine's (ResponseTooLarge).
+        final=deadline or kind == "response_too_large",
         status=504 if deadline else 502,
         streamed=True,
         detail=f"stream broke: {error!r}",
@@ -305,6 +342,8 @@ def _mid_stream_message(plan: Plan, error: Exception, detail: Detail) -> str:
     """The error event's text; it names the instance only to a debug client (the route
     headers, which name it too, may be withheld from this client)."""
     engine = f"The engine {plan.instance}" if detail >= Detail.DEBUG else "The engine"
+    if isinstance(error, ResponseTooLarge):
+        return f"The engine's answer is too large: {error} (router.max_response_bytes)"
     if isinstance(error, ResponseDeadline | MalformedStream):
         return f"{engine}'s stream was cut: {error}"
     return f"{engine} failed mid-stream: {type(error).__name__}"

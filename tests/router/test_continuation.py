@@ -264,13 +264,78 @@ def _splice_point(
     return None
 
 
-def test_whole_answer_cut_before_it_reached_the_client_is_served_again(fleet, router_factory, pair):
-    """A non-streamed answer reaches the router whole or not at all: an instance that
-    breaks it off has sent the client nothing, so the request is sent again (the retry
-    rule, not a continuation) and the client gets one answer."""
+def _whole(router_url: str, path: str, body: dict[str, Any]) -> httpx.Response:
+    """A non-streamed request through the router."""
+    whole = {k: v for k, v in body.items() if k != "stream_options"}
+    response = httpx.post(router_url + path, json=whole, timeout=60)
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"] == "application/json"
+    return response
+
+
+def _whole_text(answer: dict[str, Any], chat: bool) -> str:
+    choice = answer["choices"][0]
+    return choice["message"]["content"] if chat else choice["text"]
+
+
+@pytest.mark.parametrize(("path", "chat"), [(URL_COMPLETIONS, False), (URL_CHAT, True)])
+def test_healthy_whole_answer_is_the_engines_own(fleet, router_factory, path, chat):
+    """A non-streamed request goes upstream as a stream (so that it could be continued);
+    the client's body is the one the engine answers a non-streamed request with: the same
+    keys and values, the id and the time aside."""
+    router = router_factory(router_config(fleet, "round_robin", instances=fleet.instances()[3:]))
+    body = (_chat if chat else _completion)("healthy-whole-", 24)
+    _direct(fleet.url(3), path, body)  # the prompt cached: both answers below count it alike
+    answer = _whole(router.url, path, body).json()
+    direct = _direct(fleet.url(3), path, body)
+    assert answer["id"] != direct["id"]  # the router asked the engine again, as a stream
+    for key in ("id", "created"):
+        answer.pop(key), direct.pop(key)
+    assert answer == direct
+    assert json.dumps(answer, sort_keys=False) == json.dumps(direct, sort_keys=False)  # order
+
+
+@pytest.mark.parametrize(("path", "chat"), [(URL_COMPLETIONS, False), (URL_CHAT, True)])
+def test_whole_answer_broken_off_is_continued(fleet, router_factory, pair, path, chat):
+    """A non-streamed request whose instance breaks off its generation is continued on
+    another like a stream; the client gets one body: the broken instance's tokens then an
+    engine's continuation of them, every token once, usage adding up, one id."""
+    router = router_factory(router_config(fleet, "round_robin", instances=pair))
+    after = 7  # events the broken instance sends (chat: the role event, then 6 tokens)
+    sent = after - 1 if chat else after
+    fleet.fault(2, "drop_midstream", after_chunks=after)
+    total = 24
+    body = (_chat if chat else _completion)("whole-cut-", total)
+    answers = [_whole(router.url, path, body | {"user": f"w{k}"}) for k in range(2)]
+    # The head goes with the whole body: it names the instance that finished the answer.
+    broken = [a for a in answers if a.headers["x-switchyard-reason"] == "continuation"]
+    assert len(broken) == 1 and broken[0].headers["x-switchyard-instance"] == "i3"
+    engine = fleet.url(3)
+    direct = _direct(engine, path, body)
+    for answer in answers:
+        parsed = answer.json()
+        usage = parsed["usage"]
+        assert usage["completion_tokens"] == total
+        assert usage["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+        assert usage["total_tokens"] == usage["prompt_tokens"] + total
+        assert parsed["choices"][0]["finish_reason"] == "length"
+        assert parsed.keys() == direct.keys()
+    text = _whole_text(broken[0].json(), chat)
+    assert text != _whole_text(direct, chat)  # i2's tokens, then another prompt's answer
+    head = _direct_text(engine, path, body | {"max_tokens": sent}, chat)
+    assert text.startswith(head)
+    rest = _direct_text(engine, path, _continued_body(body, chat, head, sent), chat)
+    assert text == head + rest
+    assert scrape_total(router.url, "switchyard_router_continuations_total") == 1
+
+
+def test_whole_answer_that_cannot_be_continued_is_served_again(fleet, router_factory, pair):
+    """A non-streamed request that cannot be continued (here ``echo``) is asked of the
+    engine as it is: its answer reaches the router whole or not at all, and one broken off
+    was never seen by the client, so it is sent again (the retry rule)."""
     router = router_factory(router_config(fleet, "round_robin", instances=pair))
     fleet.fault(2, "drop_midstream")
-    body = _completion("whole", 24)
+    body = _completion("whole", 24) | {"echo": True}
     del body["stream_options"]
     answers = [httpx.post(router.url + URL_COMPLETIONS, json=body, timeout=60) for _ in range(2)]
     assert [a.status_code for a in answers] == [200, 200]
@@ -278,3 +343,40 @@ def test_whole_answer_cut_before_it_reached_the_client_is_served_again(fleet, ro
     assert [a.json()["choices"][0]["text"] for a in answers] == [expected, expected]
     assert "retry" in {a.headers["x-switchyard-reason"] for a in answers}
     assert scrape_total(router.url, "switchyard_router_continuations_total") == 0
+
+
+def test_whole_answer_past_the_limit_fails_with_the_reason(fleet, router_factory, pair):
+    """Both instances break the answer off and one continuation is allowed: the client
+    gets one error answer (not a partial body) that says why it was not continued."""
+    document = router_config(fleet, "round_robin", instances=pair)
+    document["router"] |= {"max_continuations": 1, "breaker_failures": 100}
+    router = router_factory(document)
+    fleet.fault(2, "drop_midstream", after_chunks=3)
+    fleet.fault(3, "drop_midstream", after_chunks=3)
+    body = _completion("whole-limit", 20)
+    del body["stream_options"]
+    try:
+        answer = httpx.post(router.url + URL_COMPLETIONS, json=body, timeout=60)
+    finally:
+        fleet.fault(3, "recover")
+    assert answer.status_code == 502
+    assert "not continued: 1 continuations made" in answer.json()["error"]["message"]
+    assert scrape_total(router.url, "switchyard_router_continuations_total") == 1
+
+
+def test_assembled_answer_over_the_size_limit_is_a_clear_502(fleet, router_factory):
+    """An answer kept to be assembled is held to ``max_response_bytes`` as a whole one is:
+    the request asked for it (no continuation, no retry, no strike)."""
+    document = router_config(fleet, "round_robin", instances=fleet.instances()[3:])
+    document["router"]["max_response_bytes"] = 4096
+    router = router_factory(document)
+    body = _completion("whole-large", 200)
+    del body["stream_options"]
+    answer = httpx.post(router.url + URL_COMPLETIONS, json=body, timeout=60)
+    assert answer.status_code == 502
+    assert "max_response_bytes" in answer.json()["error"]["message"]
+    limit = "switchyard_router_limit_hits_total"
+    assert scrape_total(router.url, limit, limit="response_too_large") == 1
+    assert scrape_total(router.url, "switchyard_router_continuations_total") == 0
+    small = _whole(router.url, URL_COMPLETIONS, _completion("whole-small", 4)).json()
+    assert small["usage"]["completion_tokens"] == 4  # the instance still serves

@@ -7,7 +7,13 @@ import json
 
 import pytest
 
-from router_worker.continuation import Splice, continuation_body, why_not_continuable
+from router_worker.continuation import (
+    Splice,
+    assemble_answer,
+    continuation_body,
+    streamed_upstream,
+    why_not_continuable,
+)
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 10}
 COMPLETION = {"model": "m", "prompt": "Once", "max_tokens": 10}
@@ -98,3 +104,60 @@ def test_nothing_left_to_generate_is_not_continued():
     splice.record(_event({"id": "a", "choices": [{"index": 0, "text": " x"}]}))
     why, _ = splice.prepare(json.dumps(COMPLETION | {"max_tokens": 1}).encode(), chat=False)
     assert why == "no token left to generate"
+
+
+def test_a_whole_request_goes_upstream_as_a_stream_with_usage():
+    raw = json.dumps(COMPLETION).encode() + b"\n"
+    upstream = json.loads(streamed_upstream(raw, False) or b"null")
+    assert upstream == COMPLETION | {"stream": True, "stream_options": {"include_usage": True}}
+    explicit = json.dumps(CHAT | {"stream": False}).encode()
+    assert json.loads(streamed_upstream(explicit, True) or b"null")["stream"] is True
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        COMPLETION | {"echo": True},  # cannot be continued
+        COMPLETION | {"stream": True},  # a stream already
+        COMPLETION | {"stream_options": {"include_usage": True}},  # the engine's 400
+        [1, 2],
+    ],
+)
+def test_what_is_not_asked_as_a_stream(body):
+    assert streamed_upstream(json.dumps(body).encode(), False) is None
+    assert streamed_upstream(b"{not json", False) is None
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + json.dumps(payload).encode() + b"\n\n"
+
+
+def test_assembled_chat_answer_has_the_whole_shape():
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 5, "model": "m"}
+    events = [
+        head | {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+        head | {"choices": [{"index": 0, "delta": {"content": "Hel"}, "finish_reason": None}]},
+        head
+        | {
+            "choices": [
+                {"index": 0, "delta": {"content": "lo"}, "finish_reason": "stop", "stop_reason": 7}
+            ]
+        },
+        head | {"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": 2}},
+    ]
+    answer = json.loads(assemble_answer(b"".join(map(_sse, events)) + b"data: [DONE]\n\n", True, 0))
+    assert answer["object"] == "chat.completion" and answer["id"] == "chatcmpl-1"
+    choice = answer["choices"][0]
+    assert choice["message"]["content"] == "Hello" and choice["message"]["role"] == "assistant"
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", 7)
+    assert answer["usage"] == {"prompt_tokens": 4, "completion_tokens": 2}
+    assert answer["kv_transfer_params"] is None and answer["prompt_logprobs"] is None
+
+
+def test_assembled_answer_whose_usage_was_lost_counts_it():
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 5, "model": "m"}
+    events = [head | {"choices": [{"index": 0, "text": t, "finish_reason": None}]} for t in "abc"]
+    answer = json.loads(assemble_answer(b"".join(map(_sse, events)), False, 9))
+    assert answer["object"] == "text_completion" and answer["choices"][0]["text"] == "abc"
+    assert answer["usage"]["prompt_tokens"] == 9 and answer["usage"]["completion_tokens"] == 3
+    assert answer["usage"]["total_tokens"] == 12

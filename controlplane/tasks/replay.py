@@ -82,6 +82,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         from enginesim.replay.simulator import SimConfig, Simulator
         from enginesim.replay.traces import load_trace
         from router_worker.routing.flow import FlowParams, TenantSettings
+        from router_worker.routing.grey import GreyParams
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
     job, cluster = cell.job, cell.job.cluster
@@ -120,6 +121,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         # TTFT.
         flow=FlowParams() if tenants else None,
         tenants=tenants,
+        grey=GreyParams(),  # grey-failure detection, on in the routers by default
     )
 
     def step(done: int, total: int, now: float) -> None:

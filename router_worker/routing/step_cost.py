@@ -38,4 +38,4 @@ def decode_step_s(
     """Seconds of one decode step of ``batch`` running requests holding ``context_tokens``
     in all (scalars or arrays, broadcast)."""
     fixed = np.maximum(min_step_s, step_overhead_s + batch * decode_seq_s)
-    return fixed + context_tokens * context_token_s  # type: ignore[no-any-return]
+    return fixed + context_tokens * context_token_s

@@ -11,8 +11,9 @@
   :class:`EngineMetrics` per vLLM engine core (the ``engine`` label: data-parallel ranks
   behind one API server). Built on ``prometheus_client``'s text parser; lines it cannot
   read are skipped and counted (``ScrapedMetrics.skipped``), never raised.
-* Aggregation, decided here once: running/waiting requests, prefix-cache counters and KV
-  blocks are summed over an instance's engines; KV usage is the *mean* of the engines'
+* Aggregation, decided here once: running/waiting requests, prefix-cache counters, KV
+  blocks and the KV transfers of disaggregation (reads in flight, bytes read, failed
+  reads) are summed over an instance's engines; KV usage is the *mean* of the engines'
   fractions (each engine's cache is the same size, so this is the instance's fraction). A
   cluster-wide KV usage is likewise the mean of per-instance fractions.
 * :mod:`engine_interface.stats`: the load balance (:func:`load_cv` / :func:`mean_load_cv`)
@@ -103,6 +104,8 @@ KV_HELD_REQUESTS = MetricName("enginesim:kv_held_requests")
 KV_HELD_BLOCKS = MetricName("enginesim:kv_held_blocks")
 KV_HOLDS_EXPIRED = MetricName("enginesim:kv_holds_expired")  # counter
 KV_TRANSFERS_IN_FLIGHT = MetricName("enginesim:kv_transfers_in_flight")
+# The bytes histogram's sum: every byte the instance has read since its start (a counter).
+NIXL_BYTES_SUM = MetricName(NIXL_BYTES.name + "_sum")
 
 MODEL_LABEL = "model_name"
 ENGINE_LABEL = "engine"
@@ -234,6 +237,9 @@ class EngineMetrics:
     preemptions: float | None = None
     tier_hit_tokens: float | None = None  # None: the engine has no global tier
     tier_bytes_read: float | None = None
+    kv_transfers_in_flight: float | None = None  # None: no KV connector (not disaggregated)
+    kv_bytes_transferred: float | None = None  # cumulative bytes read from prefill instances
+    kv_failed_transfers: float | None = None  # cumulative reads that failed
     num_gpu_blocks: int | None = None
     block_size: int | None = None
     ttft: Histogram | None = None
@@ -292,6 +298,21 @@ class ScrapedMetrics:
         return self._sum("tier_bytes_read")
 
     @property
+    def kv_transfers_in_flight(self) -> float | None:
+        """KV reads under way from prefill instances (disaggregation)."""
+        return self._sum("kv_transfers_in_flight")
+
+    @property
+    def kv_bytes_transferred(self) -> float | None:
+        """Bytes of KV read from prefill instances since the engines' start."""
+        return self._sum("kv_bytes_transferred")
+
+    @property
+    def kv_failed_transfers(self) -> float | None:
+        """KV reads that failed since the engines' start (a counter)."""
+        return self._sum("kv_failed_transfers")
+
+    @property
     def num_gpu_blocks(self) -> int | None:
         """KV blocks of all engines together (each holds its own prefix cache)."""
         values = self._values("num_gpu_blocks")
@@ -322,13 +343,20 @@ class ScrapedMetrics:
         return {name: value for name, value in values.items() if value is not None}
 
 
-_GAUGES = {"running": RUNNING, "waiting": WAITING, "kv_usage": KV_USAGE}
+_GAUGES = {
+    "running": RUNNING,
+    "waiting": WAITING,
+    "kv_usage": KV_USAGE,
+    "kv_transfers_in_flight": KV_TRANSFERS_IN_FLIGHT,
+}
 _COUNTERS = {
     "prefix_queries": PREFIX_QUERIES,
     "prefix_hits": PREFIX_HITS,
     "preemptions": PREEMPTIONS,
     "tier_hit_tokens": EXTERNAL_PREFIX_HITS,
     "tier_bytes_read": TIER_READ_BYTES,
+    "kv_bytes_transferred": NIXL_BYTES_SUM,
+    "kv_failed_transfers": NIXL_FAILED,
 }
 _HISTOGRAMS = {"ttft": TTFT, "itl": ITL, "e2e": E2E_LATENCY}
 

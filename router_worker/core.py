@@ -25,8 +25,9 @@ import logging
 import os
 import re
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,7 @@ from router_worker.observers import (
     RequestMetrics,
     RequestSamples,
     Spans,
+    SplitCounts,
     hotspot_payload,
 )
 from router_worker.peers import PeerSync
@@ -75,6 +77,9 @@ from router_worker.tokenization import Tokenizer
 # A Responses answer's id in its head (vLLM's ``resp_…``; the body's or response.created's).
 RESPONSE_ID = re.compile(rb'"id":"(resp_[A-Za-z0-9_-]{1,200})"')
 log = logging.getLogger("router_worker")
+# Bytes read per second (disaggregation's KV transfers) are averaged over this window:
+# a read lands between two scrapes, and one scrape's difference would flicker.
+KV_RATE_WINDOW_S = 5.0
 
 
 @dataclass
@@ -87,6 +92,29 @@ class ScrapeInfo:
     preemptions: float | None = None  # cumulative, from the engine
     tier_hit_tokens: float | None = None  # cumulative, from the engine (None: no tier)
     tier_bytes_read: float | None = None
+    # Disaggregation (None: the engine has no KV connector): reads under way, failed
+    # reads since its start, and bytes read per second over the last few scrapes.
+    kv_transfers_in_flight: float | None = None
+    kv_failed_transfers: float | None = None
+    kv_bytes_per_s: float | None = None
+    kv_bytes_seen: deque[tuple[float, float]] = field(default_factory=deque)  # (t, bytes)
+
+    def saw_kv_bytes(self, now: float, total: float | None) -> None:
+        """The engine's cumulative bytes read, scraped at ``now`` (monotonic seconds):
+        the rate over the last `KV_RATE_WINDOW_S` (a restart, the counter falling,
+        starts it afresh)."""
+        seen = self.kv_bytes_seen
+        if total is None:
+            seen.clear()
+            self.kv_bytes_per_s = None
+            return
+        if seen and total < seen[-1][1]:
+            seen.clear()
+        seen.append((now, total))
+        while len(seen) > 2 and now - seen[1][0] >= KV_RATE_WINDOW_S:
+            seen.popleft()
+        (t0, b0), (t1, b1) = seen[0], seen[-1]
+        self.kv_bytes_per_s = (b1 - b0) / (t1 - t0) if t1 > t0 else 0.0
 
 
 class RouterCore:
@@ -103,6 +131,7 @@ class RouterCore:
         # What the router does per request beside the lifecycle (router_worker.observers)
         self.hotspot_book = Hotspots(telemetry)
         self.peaks = LoadPeaks()
+        self.splits = SplitCounts()
         self.decision_log = DecisionLog(name, telemetry, DecisionSampler())
         self.migrations = Migrations(metrics)
         self.chains = ResponseChains(RouterSettings().response_chains)
@@ -238,6 +267,7 @@ class RouterCore:
             FailureLog(self.metrics, self.telemetry),
             RequestMetrics(self.metrics),
             self.peaks,
+            self.splits,
             RequestSamples(self.telemetry),
             self.decision_log,
             self.migrations,
@@ -403,6 +433,7 @@ class RouterCore:
         if runtime is None or state is None:
             return {}
         arm_of = runtime.arm_of_instance()
+        roles = {i.name: i.role for i in runtime.config.instances}
         hotspots = self.hotspot_book.active
         hot = {name for event in hotspots.values() for name in event.instances}
         instances = []
@@ -437,6 +468,10 @@ class RouterCore:
                     arm=arm_of.get(name),
                     grey_level=None if state.grey is None else LEVELS[state.grey.state_of(name)],
                     grey_excess=None if state.grey is None else state.grey.excess_of(name),
+                    role=roles.get(name),
+                    kv_transfers_in_flight=scraped.kv_transfers_in_flight,
+                    kv_bytes_per_s=scraped.kv_bytes_per_s,
+                    kv_failed_transfers=scraped.kv_failed_transfers,
                 )
             )
         cv = load_cv([i.pending_prefill_tokens for i in instances if i.health == "healthy"])
@@ -449,6 +484,7 @@ class RouterCore:
             "load_cv": cv,
             "hotspots": [HotspotPayload(**hotspot_payload(e)) for e in hotspots.values()],
             "tenants": self.flow.lanes(),
+            "disaggregation": self.splits.stats() if runtime.config.disaggregated else None,
         }
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from router_worker.contract.config import RouterConfig
-from router_worker.contract.telemetry import FLOW_SUMMARY_S, TenantLane
+from router_worker.contract.telemetry import FLOW_SUMMARY_S, ClassLane, TenantLane
 from router_worker.errors import APIError, BackOff
 from router_worker.metrics import RouterMetrics
 from router_worker.quota import SharedQuota
@@ -38,7 +38,10 @@ from router_worker.routing.flow import (
     FlowParams,
     FlowRequest,
     Refusal,
+    TenantSettings,
 )
+from router_worker.routing.quota import QuotaCharge
+from router_worker.telemetry import WINDOW_S
 
 PRIORITY_HEADER = "x-switchyard-priority"
 SLO_TTFT_HEADER = "x-slo-ttft-ms"
@@ -46,19 +49,80 @@ SLO_TPOT_HEADER = "x-slo-tpot-ms"
 HEADERS = (PRIORITY_HEADER, SLO_TTFT_HEADER, SLO_TPOT_HEADER)
 MAX_SLO_MS = 86_400_000.0  # a day
 TICK_S = 0.05
-LANE_SAMPLES = 100  # the last requests of a tenant its lane's TTFT and TPOT are of
+LANE_SAMPLES = 100  # the last requests of a class its lane's TTFT and TPOT are of
+SHEDS = ("shed", "queue_full", "evicted", "queue_timeout")  # the 503s: the fleet's load
+# The load of a fleet with nothing known (no state yet), or not read (flow control off).
+UNREAD = FleetLoad(0, 0.0, 1.0, 0.0, 0.0)
+
+
+# The counts a lane keeps per second of its window: admitted, refused, shed (503),
+# requests ended, tokens served.
+_ADMITTED, _REFUSED, _SHED, _ENDED, _SERVED = range(5)
 
 
 @dataclass(slots=True)
 class _Lane:
-    """A tenant's counts since the router started (its lane on the live view)."""
+    """A tenant's recent flow control (its lane on the live view): counts per second over
+    the last :data:`WINDOW_S` seconds (the window of the live view's other figures), and
+    per class the TTFT and TPOT of its last requests in that window."""
 
-    requests: int = 0
-    admitted: int = 0
-    refused: int = 0
-    served_tokens: float = 0.0
-    ttft: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
-    tpot: deque[float] = field(default_factory=lambda: deque(maxlen=LANE_SAMPLES))
+    seconds: deque[tuple[int, list[float]]] = field(default_factory=deque)
+    samples: dict[str, deque[tuple[float, float | None, float | None]]] = field(
+        default_factory=dict
+    )
+
+    def add(self, now: float, which: int, amount: float = 1.0) -> None:
+        second = int(now)
+        if not self.seconds or self.seconds[-1][0] != second:
+            self.seconds.append((second, [0.0] * 5))
+            self.prune(now)
+        self.seconds[-1][1][which] += amount
+
+    def sample(self, now: float, priority: str, ttft: float | None, tpot: float | None) -> None:
+        recent = self.samples.get(priority)
+        if recent is None:
+            recent = self.samples[priority] = deque(maxlen=LANE_SAMPLES)
+        recent.append((now, ttft, tpot))
+
+    def prune(self, now: float) -> None:
+        """Forget what is older than the window."""
+        horizon = now - WINDOW_S
+        while self.seconds and self.seconds[0][0] + 1 <= horizon:
+            self.seconds.popleft()
+        for recent in self.samples.values():
+            while recent and recent[0][0] < horizon:
+                recent.popleft()
+
+    def totals(self) -> list[float]:
+        sums = [0.0] * 5
+        for _, counts in self.seconds:
+            for which, count in enumerate(counts):
+                sums[which] += count
+        return sums
+
+    def classes(self) -> dict[str, ClassLane]:
+        out = {}
+        for priority, recent in self.samples.items():
+            if recent:
+                ttft = [t for _, t, _ in recent if t is not None]
+                tpot = [t for _, _, t in recent if t is not None]
+                out[priority] = ClassLane(
+                    requests=len(recent), ttft_p50_s=_median(ttft), tpot_p50_s=_median(tpot)
+                )
+        return out
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """A request let through flow control: whether it waited (``released``) and what its
+    tenant's quota was charged (None: no limits), given back if it is not served."""
+
+    released: bool
+    charge: QuotaCharge | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,7 +172,7 @@ class FlowGate:
         self.controller = FlowController(FlowParams())
         self.quota = SharedQuota(None)  # the service gives it the cluster's Redis
         self.in_transit = 0.0  # prompt tokens released and not yet dispatched
-        self._waiters: dict[str, tuple[FlowRequest, asyncio.Future[None]]] = {}
+        self._waiters: dict[str, tuple[FlowRequest, asyncio.Future[None], QuotaCharge | None]] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._ids = 0
 
@@ -132,39 +196,72 @@ class FlowGate:
         )
 
     # ----- admission -------------------------------------------------------------------
-    async def admit(self, request_class: RequestClass, input_tokens: int, size: int) -> bool:
-        """Return when the request may go to the policy (True if it waited, its tokens
+    async def admit(self, request_class: RequestClass, input_tokens: int, size: int) -> Admission:
+        """Return when the request may go to the policy (released: it waited, its tokens
         then in :attr:`in_transit` until :meth:`landed`); raise :class:`BackOff` (429 or
-        503 with Retry-After) when it is refused. A request cancelled while it waits
-        (its client left) leaves the queue."""
+        503 with Retry-After) when it is refused, its quota charge given back. A request
+        cancelled while it waits (its client left) leaves the queue, its charge given
+        back too."""
         now = time.time()
         tenant, priority = request_class.tenant, request_class.priority
-        refusal = await self.quota.take(self.controller.settings(tenant), input_tokens, now)
-        if refusal is not None:
-            raise self._refused(tenant, priority, refusal)
+        charge = await self._take(self.controller.settings(tenant), input_tokens, now)
+        if isinstance(charge, Refusal):
+            raise self._refused(tenant, priority, charge)
         self._ids += 1
         request = FlowRequest(str(self._ids), tenant, priority, input_tokens, size, now)
-        verdict, evicted = self.controller.offer(request, self._load(), now)
+        # Off (one tenant), the fleet's load is never read: skip gathering it.
+        load = self._load() if self.controller.params.enabled else UNREAD
+        verdict, evicted = self.controller.offer(request, load, now)
         self._fail(evicted)
         if isinstance(verdict, Refusal):
+            if charge is not None:
+                await self.quota.refund(charge)
             raise self._refused(tenant, priority, verdict)
         if verdict == "admit":
             self._count(tenant, priority, "admitted")
-            return False
+            return Admission(False, charge)
         self._count(tenant, priority, "queued")
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters[request.request_id] = (request, waiter)
+        self._waiters[request.request_id] = (request, waiter, charge)
         self.pump()
         try:
             await waiter
         except asyncio.CancelledError:
+            released = waiter.done() and not waiter.cancelled() and waiter.exception() is None
             if self.controller.cancel(request):
                 self._count(tenant, priority, "cancelled")
-            elif waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+            elif released:
                 self.landed(input_tokens)  # released just as the client left
-            self._waiters.pop(request.request_id, None)
+            if self._waiters.pop(request.request_id, None) is not None or released:
+                self.refund(charge)  # never served (a refusal's went back in _fail)
             raise
-        return True
+        return Admission(True, charge)
+
+    async def _take(
+        self, settings: TenantSettings, tokens: int, now: float
+    ) -> QuotaCharge | Refusal | None:
+        """The quota check; if the client leaves while Redis counts it, the charge it then
+        makes is given back (the script runs anyway once sent)."""
+        limited = settings.requests_per_minute or settings.tokens_per_minute
+        if self.quota.redis_url is None or not (limited or settings.token_budget):
+            return await self.quota.take(settings, tokens, now)  # never suspends
+        check = asyncio.ensure_future(self.quota.take(settings, tokens, now))
+        try:
+            return await asyncio.shield(check)
+        except asyncio.CancelledError:
+            check.add_done_callback(self._refund_taken)
+            raise
+
+    def _refund_taken(self, check: asyncio.Future[QuotaCharge | Refusal | None]) -> None:
+        if not check.cancelled() and check.exception() is None:
+            charge = check.result()
+            if isinstance(charge, QuotaCharge):
+                self.refund(charge)
+
+    def refund(self, charge: QuotaCharge | None) -> None:
+        """A request that passed the quota was not served: its charge goes back."""
+        if charge is not None:
+            self.quota.refund_soon(charge)
 
     def landed(self, input_tokens: float) -> None:
         """A released request was dispatched (or ended before): its tokens are in the
@@ -178,32 +275,48 @@ class FlowGate:
         self.quota.add_tokens(self.controller.settings(tenant), output_tokens, time.time())
         self.poke()
 
-    def ended(self, tenant: str, tokens: float, ttft: float | None, tpot: float | None) -> None:
-        """A request of ``tenant`` ended (its lane's counts)."""
+    def ended(
+        self,
+        tenant: str,
+        priority: str,
+        tokens: float,
+        ttft: float | None,
+        tpot: float | None,
+    ) -> None:
+        """A request of ``tenant`` in class ``priority`` ended (its lane's counts)."""
+        now = time.time()
         lane = self._lane(tenant)
-        lane.requests += 1
-        lane.served_tokens += tokens
-        if ttft is not None:
-            lane.ttft.append(ttft)
-        if tpot is not None:
-            lane.tpot.append(tpot)
+        lane.add(now, _ENDED)
+        lane.add(now, _SERVED, tokens)
+        lane.sample(now, priority, ttft, tpot)
 
-    def lanes(self) -> dict[str, TenantLane]:
-        """Every tenant seen, with its settings now, for the live view."""
+    def lanes(self, now: float | None = None) -> dict[str, TenantLane]:
+        """The tenants active in the last :data:`WINDOW_S` seconds or waiting now, with
+        their settings now, for the live view (a lane idle for a window is forgotten)."""
+        now = time.time() if now is None else now
         waiting = self.controller.waiting()
         out = {}
-        for tenant, lane in self._lanes.items():
+        for tenant, lane in list(self._lanes.items()):
+            lane.prune(now)
+            admitted, refused, shed, ended, served = lane.totals()
+            classes = lane.classes()
+            if not lane.seconds and not classes and tenant not in waiting:
+                del self._lanes[tenant]
+                continue
             settings = self.controller.settings(tenant)
+            every = [sample for recent in lane.samples.values() for sample in recent]
             out[tenant] = TenantLane(
                 priority=settings.priority,
                 weight=settings.weight,
-                requests=lane.requests,
-                admitted=lane.admitted,
+                requests=int(ended),
+                admitted=int(admitted),
                 queued=waiting.get(tenant, 0),
-                refused=lane.refused,
-                served_tokens=lane.served_tokens,
-                ttft_p50_s=statistics.median(lane.ttft) if lane.ttft else None,
-                tpot_p50_s=statistics.median(lane.tpot) if lane.tpot else None,
+                refused=int(refused),
+                shed=int(shed),
+                served_tokens=served,
+                ttft_p50_s=_median([t for _, t, _ in every if t is not None]),
+                tpot_p50_s=_median([t for _, _, t in every if t is not None]),
+                classes=classes,
             )
         return out
 
@@ -225,7 +338,10 @@ class FlowGate:
         self._fail(self.controller.expire(now, load))
         for request in self.controller.release(load, now):
             entry = self._waiters.pop(request.request_id, None)
-            if entry is None or entry[1].done():
+            if entry is None:
+                continue
+            if entry[1].done():  # its client left: it goes nowhere
+                self.refund(entry[2])
                 continue
             self.in_transit += request.input_tokens
             self._count(request.tenant, request.priority, "released")
@@ -242,7 +358,7 @@ class FlowGate:
 
     def _load(self) -> FleetLoad:
         state = self.state()
-        load = FleetLoad(0, 0.0, 1.0, 0.0, 0.0) if state is None else FleetLoad.of(state)
+        load = UNREAD if state is None else FleetLoad.of(state)
         saturated = self.controller.params.saturated(load, self.in_transit)
         self.metrics.flow_saturated.set(1 if saturated else 0)
         if not self.in_transit:
@@ -259,8 +375,10 @@ class FlowGate:
         for request, refusal in refused:
             entry = self._waiters.pop(request.request_id, None)
             error = self._refused(request.tenant, request.priority, refusal)
-            if entry is not None and not entry[1].done():
-                entry[1].set_exception(error)
+            if entry is not None:
+                self.refund(entry[2])
+                if not entry[1].done():
+                    entry[1].set_exception(error)
 
     def _refused(self, tenant: str, priority: str, refusal: Refusal) -> BackOff:
         self._count(tenant, priority, refusal.reason)
@@ -285,9 +403,12 @@ class FlowGate:
         m = self.metrics
         m.child(m.flow_requests, tenant, priority, outcome).inc()
         if outcome in ("admitted", "released"):
-            self._lane(tenant).admitted += 1
+            self._lane(tenant).add(time.time(), _ADMITTED)
         elif outcome not in ("queued", "cancelled"):
-            self._lane(tenant).refused += 1
+            lane, now = self._lane(tenant), time.time()
+            lane.add(now, _REFUSED)
+            if outcome in SHEDS:
+                lane.add(now, _SHED)
 
     def _publish_queues(self) -> None:
         m = self.metrics

@@ -190,15 +190,17 @@ class Ingress:
             intake = await self._take_in(raw, endpoint, runtime)
             clock.intake = time.perf_counter()
             core.check_model(intake)
-            released = await core.flow.admit(request_class, intake.prompt_tokens, len(raw))
+            admission = await core.flow.admit(request_class, intake.prompt_tokens, len(raw))
             if tracing.TRACER is not None:
                 clock.released = time.perf_counter()
-            flow_tokens = intake.prompt_tokens if released else 0
+            flow_tokens = intake.prompt_tokens if admission.released else 0
             try:
                 plan = core.plan(runtime, intake, headers, started, request_class, flow_tokens)
             except BaseException:
                 core.flow.landed(flow_tokens)
+                core.flow.refund(admission.charge)
                 raise
+            plan.quota_charge = admission.charge
             plan.clock = clock
             clock.decided = time.perf_counter()
             up = _upstream_headers(headers)

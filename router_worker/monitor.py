@@ -5,7 +5,9 @@ Scrape (every ``router.scrape_interval_s``), read by ``engine_interface.parse_me
 running and waiting requests, KV usage, the prefix-cache counters (hit ratio over the
 last interval), ``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capacity) and,
 when the engine has a global KV tier, the tokens and bytes it loaded from it (engines
-without one export none, so the live view shows tier traffic only for clusters with a tier).
+without one export none, so the live view shows tier traffic only for clusters with a tier),
+and, when it has a KV connector (disaggregation), its KV reads in flight, failed and the
+bytes it read per second.
 The served model names come from ``GET /v1/models`` until known.
 
 Probe (every ``router.health_interval_s``): ``GET /health``; 200 is good, anything else
@@ -113,6 +115,9 @@ class Monitor:
         info.preemptions = parsed.preemptions
         info.tier_hit_tokens = parsed.tier_hit_tokens
         info.tier_bytes_read = parsed.tier_bytes_read
+        info.kv_transfers_in_flight = parsed.kv_transfers_in_flight
+        info.kv_failed_transfers = parsed.kv_failed_transfers
+        info.saw_kv_bytes(time.monotonic(), parsed.kv_bytes_transferred)
 
     async def probe(self, name: str, url: str, timeout: float) -> None:
         health = self.core.health

@@ -14,6 +14,8 @@ to remember them, and none of those steps reaches into the metrics or the health
 * :class:`~router_worker.routing.peer_accounting.PeerReports` (shared with the simulator):
   this router's requests, told to its peers (replica sync);
 * :class:`RequestMetrics`: the per-request Prometheus metrics (stage times included);
+* :class:`SplitCounts`: the decider's splits and the splits that fell back (the live
+  view's split ratio);
 * :class:`LoadPeaks`: the highest pending prefill and batch per instance between
   telemetry snapshots;
 * :class:`RequestSamples`: the telemetry sample of each request, and traffic capture;
@@ -32,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from router_worker.contract.telemetry import DecisionRecord
+from router_worker.contract.telemetry import DECIDER_RECENT, DecisionRecord, DisaggregationStats
 from router_worker.decisions import (
     CapturedDecision,
     DecisionSampler,
@@ -287,6 +289,39 @@ class LoadPeaks(LifecycleObserver[Plan]):
         return peaks
 
 
+class SplitCounts(LifecycleObserver[Plan]):
+    """A disaggregated cluster's requests as the decider split them (the live view's split
+    ratio, over the router's last `DECIDER_RECENT` requests and since it started) and the
+    split ones that fell back to colocated (a prefill or decode stage failed: a KV read
+    that failed among them)."""
+
+    __slots__ = ("colocated", "fallbacks", "recent", "split")
+
+    def __init__(self) -> None:
+        self.split = self.colocated = self.fallbacks = 0
+        self.recent: deque[bool] = deque(maxlen=DECIDER_RECENT)
+
+    def closed(self, plan: Plan, outcome: Outcome) -> None:
+        verdict = plan.split
+        if verdict is None:
+            return
+        self.recent.append(verdict.split)
+        if verdict.split:
+            self.split += 1
+            self.fallbacks += plan.stage == "fallback"
+        else:
+            self.colocated += 1
+
+    def stats(self) -> DisaggregationStats:
+        return DisaggregationStats(
+            split=self.split,
+            colocated=self.colocated,
+            recent=len(self.recent),
+            recent_split=sum(self.recent),
+            fallbacks=self.fallbacks,
+        )
+
+
 class RequestSamples(LifecycleObserver[Plan]):
     """Each closed request as a telemetry sample, and as a captured request when the
     runtime's configuration captures traffic."""
@@ -538,11 +573,18 @@ class Spans(LifecycleObserver[Plan]):
         plan.span = None
 
 
+def refused(status: int) -> bool:
+    """Whether a request that ended with ``status`` was refused rather than served (a
+    client that left, 499, was served what it stayed for)."""
+    return status >= 400 and status != 499
+
+
 class FlowAccounting(LifecycleObserver[Plan]):
     """Flow control's view of a request (:mod:`router_worker.flow_gate`): its released
     tokens land in the indicators at dispatch; a first token or an end may make room for
-    waiting requests; the end charges its tenant the output tokens; TTFT and TPOT per
-    tenant and class (the TTFT counts the time it waited)."""
+    waiting requests; the end charges its tenant the output tokens, or gives back its
+    quota charge if it was refused (an engine's 4xx, no instance, every attempt failed);
+    TTFT and TPOT per tenant and class (the TTFT counts the time it waited)."""
 
     __slots__ = ("gate", "metrics")
 
@@ -568,9 +610,13 @@ class FlowAccounting(LifecycleObserver[Plan]):
             m.child(m.tenant_ttft, features.tenant, features.priority).observe(outcome.ttft)
         if outcome.tpot is not None:
             m.child(m.tenant_tpot, features.tenant, features.priority).observe(outcome.tpot)
+        if plan.quota_charge is not None and refused(outcome.status):
+            self.gate.refund(plan.quota_charge)  # not served: it does not count
+        plan.quota_charge = None
         self.gate.served(features.tenant, outcome.output_tokens)
         self.gate.ended(
             features.tenant,
+            features.priority,
             features.prompt_tokens + outcome.output_tokens,
             outcome.ttft,
             outcome.tpot,

@@ -36,6 +36,7 @@ from typing import Any, TypeVar
 from router_worker.decisions import CapturedDecision
 from router_worker.routing import ClusterView, Decision, RequestLifecycle, RetryVerdict
 from router_worker.routing.disagg import SplitDecision
+from router_worker.routing.quota import QuotaCharge
 from router_worker.runtime import Arm, Runtime
 from router_worker.stages import StageClock
 
@@ -82,6 +83,8 @@ class Plan(RequestLifecycle):
     # Prompt tokens flow control released and the indicators do not hold yet (0 once the
     # request is dispatched: router_worker.flow_gate).
     flow_tokens: int = 0
+    # What its tenant's quota was charged: given back if it is not served (FlowAccounting).
+    quota_charge: QuotaCharge | None = None
     # Migration: the attempt's task while it can be taken back, and where it goes then.
     mover: asyncio.Future[Any] | None = field(default=None, repr=False)
     migrate_to: str | None = None

@@ -327,6 +327,7 @@ class Telemetry:
             arms=arms,
             hotspots=source.get("hotspots", []),
             tenants=source.get("tenants", {}),
+            disaggregation=source.get("disaggregation"),
         )
 
     def cut_metrics_record(self, now: float) -> None:

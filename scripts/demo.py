@@ -4,6 +4,8 @@ Started by `make demo` after scripts/bootstrap.sh. It seeds the demo cluster, th
 each in its own process group with output in var/log/<name>.log:
 
   engines   16 enginesim H20 instances serving Qwen2-7B (ports 9100-9115, KV events 5600+)
+  engines-pd  the disaggregated cluster's 4 (2 prefill, 2 decode; ports 9200-9203, KV
+            events 5800+), with their own router (port 8001), served only what is sent to it
   web       the control plane (uvicorn, ASGI: Django + Channels)
   publisher the dashboard's telemetry publisher
   worker    a general Celery worker (ingest, rollups, scraping, canary judge)
@@ -25,7 +27,10 @@ SWITCHYARD_DEMO_GPU_MEMORY (the engines' --gpu-memory-utilization, default 0.5: 
 of about 590k tokens per instance, so the KV column moves; replays use the scraped size),
 SWITCHYARD_HOST / SWITCHYARD_PORT (control plane), SWITCHYARD_ROUTER_PORT,
 SWITCHYARD_DEMO_INSTANCES (16), SWITCHYARD_DEMO_ENGINE_PORT (9100: instance k on 9100+k,
-the engines' admin API on 9099) and SWITCHYARD_DEMO_KV_PORT (5600: KV events).
+the engines' admin API on 9099) and SWITCHYARD_DEMO_KV_PORT (5600: KV events); for the
+disaggregated cluster SWITCHYARD_DEMO_PD_INSTANCES (4, half prefill and half decode; 0 = no
+such cluster), SWITCHYARD_DEMO_PD_ENGINE_PORT (9200), SWITCHYARD_DEMO_PD_KV_PORT (5800) and
+SWITCHYARD_DEMO_PD_ROUTER_PORT (the router port + 1).
 """
 
 from __future__ import annotations
@@ -57,6 +62,14 @@ INSTANCES = int(os.environ.get("SWITCHYARD_DEMO_INSTANCES", "16"))
 ENGINE_BASE_PORT = int(os.environ.get("SWITCHYARD_DEMO_ENGINE_PORT", "9100"))
 KV_EVENTS_BASE_PORT = int(os.environ.get("SWITCHYARD_DEMO_KV_PORT", "5600"))
 ENGINE_ADMIN_PORT = ENGINE_BASE_PORT - 1
+# The disaggregated cluster: its own engines (the first half prefill, the rest decode), KV
+# events (their replay sockets 100 above, clear of the main fleet's) and router.
+PD_INSTANCES = int(os.environ.get("SWITCHYARD_DEMO_PD_INSTANCES", "4"))
+if PD_INSTANCES == 1 or PD_INSTANCES < 0:
+    sys.exit("SWITCHYARD_DEMO_PD_INSTANCES must be 0 (none) or at least 2 (prefill and decode)")
+PD_ENGINE_BASE_PORT = int(os.environ.get("SWITCHYARD_DEMO_PD_ENGINE_PORT", "9200"))
+PD_KV_EVENTS_BASE_PORT = int(os.environ.get("SWITCHYARD_DEMO_PD_KV_PORT", "5800"))
+PD_ROUTER_PORT = int(os.environ.get("SWITCHYARD_DEMO_PD_ROUTER_PORT", str(ROUTER_PORT + 1)))
 
 
 def positive_env(name: str, default: str) -> float:
@@ -177,6 +190,14 @@ def seed(env: dict[str, str], fresh: bool) -> dict[str, str]:
             str(ROUTER_PORT),
             "--time-scale",
             str(TIME_SCALE),
+            "--pd-instances",
+            str(PD_INSTANCES),
+            "--pd-engine-base-port",
+            str(PD_ENGINE_BASE_PORT),
+            "--pd-kv-events-base-port",
+            str(PD_KV_EVENTS_BASE_PORT),
+            "--pd-router-port",
+            str(PD_ROUTER_PORT),
         ],
         cwd=ROOT,
         env=env,
@@ -224,9 +245,39 @@ def engine_fleet(env: dict[str, str]) -> Fleet:
     )
 
 
-def stack_processes(engines: Fleet) -> list[DemoProcess]:
+def pd_fleet(env: dict[str, str]) -> Fleet | None:
+    """The disaggregated cluster's engines (None: SWITCHYARD_DEMO_PD_INSTANCES=0). Idle but
+    for what is sent to its router: the trace's load goes to the main cluster only."""
+    if not PD_INSTANCES:
+        return None
+    prefill = PD_INSTANCES // 2
+    return Fleet(
+        PD_INSTANCES,
+        time_scale=TIME_SCALE,
+        kv_events=True,
+        base_port=PD_ENGINE_BASE_PORT,
+        admin_port=PD_ENGINE_BASE_PORT - 1,
+        kv_port=PD_KV_EVENTS_BASE_PORT,
+        extra=[
+            "--roles",
+            f"prefill@0-{prefill - 1},decode@{prefill}-{PD_INSTANCES - 1}",
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--gpu-memory-utilization",
+            f"{GPU_MEMORY:g}",
+        ],
+        log=log_path("engines-pd"),
+        cwd=ROOT,
+        env=env,
+        new_session=True,
+        grace=STOP_GRACE_S,
+    )
+
+
+def stack_processes(engines: Fleet, pd: Fleet | None = None) -> list[DemoProcess]:
     return [
         DemoProcess("engines", fleet=engines),
+        *([DemoProcess("engines-pd", fleet=pd)] if pd is not None else []),
         DemoProcess("web", cp.web_command(PORT, HOST, log_level="info")),
         DemoProcess("publisher", cp.publisher_command()),
         DemoProcess("worker", cp.worker_command("default", "general")),
@@ -325,9 +376,21 @@ def banner(logins: dict[str, str]) -> str:
         f"  dashboard: {base}/clusters/{logins['cluster']}/\n"
         f"  login:     operator / {logins['operator']}   (admin / {logins['admin']})\n"
         f"  router:    http://127.0.0.1:{ROUTER_PORT}/v1  (OpenAI-compatible)\n"
+        f"{pd_banner(base, logins)}"
         f"  load:      replaying {TRACE.name} in a loop at {RATE:g}x its rate\n"
         f"{state}"
         f"  logs:      {VAR / 'log'}\nPress Ctrl-C to stop everything.\n"
+    )
+
+
+def pd_banner(base: str, logins: dict[str, str]) -> str:
+    if "pd_cluster" not in logins:
+        return ""
+    prefill = PD_INSTANCES // 2
+    return (
+        f"  disaggregated: {base}/clusters/{logins['pd_cluster']}/ ({prefill} prefill + "
+        f"{PD_INSTANCES - prefill} decode, no background load)\n"
+        f"                 router http://127.0.0.1:{PD_ROUTER_PORT}/v1\n"
     )
 
 
@@ -351,13 +414,18 @@ def run(running: list[DemoProcess], fresh: bool) -> int:
         return 1
     env = stack_env()
     logins = seed(env, fresh)
-    engines = engine_fleet(env)
-    running.extend(stack_processes(engines))
+    engines, pd = engine_fleet(env), pd_fleet(env)
+    running.extend(stack_processes(engines, pd))
     for service in running:
         service.start(env)
     wait_for("the engines", engines.healthy, running)
+    if pd is not None:
+        wait_for("the disaggregated cluster's engines", pd.healthy, running)
     wait_for("the control plane", lambda: http_ok(f"http://{HOST}:{PORT}/healthz"), running)
     wait_for("the router", lambda: http_ok(f"http://127.0.0.1:{ROUTER_PORT}/health"), running)
+    if pd is not None:
+        pd_health = f"http://127.0.0.1:{PD_ROUTER_PORT}/health"
+        wait_for("the disaggregated cluster's router", lambda: http_ok(pd_health), running)
     loadgen = loadgen_process()
     loadgen.start(env)
     running.append(loadgen)

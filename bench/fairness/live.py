@@ -1,16 +1,22 @@
-"""Many tenants on one fleet, live: the two-tenant table of bench/fairness/run.py against a
-real router in front of enginesim instances (wall clock, real HTTP, this machine).
+"""Many tenants on one fleet, live: the two-tenant and three-class tables of
+bench/fairness/run.py against a real router in front of enginesim instances (wall clock,
+real HTTP, this machine).
 
-    .venv/bin/python -m bench.fairness.live [--duration 40] [--out bench/fairness]
+    .venv/bin/python -m bench.fairness.live [--duration 40] [--tables two,three] [--out DIR]
 
 Fleet: :data:`INSTANCES` enginesim instances (H20, Qwen2-7B) at time scale
 :data:`TIME_SCALE` (slowed, so the clients and the router stay cheap beside the engines);
 one router (LMetric). The fleet's capacity is the replay's (bench/fairness/run.py's
-measurement on the same fleet) over the time scale. The compliant tenant sends a third of
-it, the flooding one five times that (together 2× the capacity), each request a unique
-2000-token prompt and 100 output tokens, streamed; TTFT is measured by the client. Modes:
-FCFS (flow control off) and flow control with a 0.25 s prefill backlog; plus the compliant
-tenant alone. Every request's fate is counted: served, 429, 503, lost (no answer).
+measurement on the same fleet) over the time scale. Each request is a unique 2000-token
+prompt and 100 output tokens, streamed; TTFT is measured by the client. Modes: FCFS (flow
+control off) and flow control with a 0.25 s prefill backlog, plus a baseline alone.
+
+* **two**: the compliant tenant sends a third of the capacity, the flooding one five times
+  that (together 2× the capacity); baseline: the compliant tenant alone.
+* **three**: one tenant per class (critical, standard, sheddable), each at 2/3 of the
+  capacity (2× overload); baseline: the critical tenant alone (its unloaded p90).
+
+Every request's fate is counted: served, 429, 503, lost (no answer).
 """
 
 from __future__ import annotations
@@ -34,7 +40,20 @@ from devharness import Fleet, start_router
 TIME_SCALE = 2.0
 MODEL = "Qwen/Qwen2-7B-Instruct"
 FILLER = "lorem " * 1330  # ~2000 tokens with the approximate tokenizer (4 bytes a token)
-KEYS = {"compliant": "syk_complnt0_" + "c" * 40, "flood": "syk_flood000_" + "f" * 40}
+KEYS = {
+    "compliant": "syk_complnt0_" + "c" * 40,
+    "flood": "syk_flood000_" + "f" * 40,
+    "crit": "syk_critical_" + "k" * 40,
+    "std": "syk_standard_" + "s" * 40,
+    "shed": "syk_shedable_" + "h" * 40,
+}
+TENANTS = [
+    {"name": "compliant"},
+    {"name": "flood", "max_queued": 1024},
+    {"name": "crit", "priority": "critical", "max_queued": 1024},
+    {"name": "std", "max_queued": 1024},
+    {"name": "shed", "priority": "sheddable"},
+]
 
 
 def router_config(fleet: Fleet, flow: dict[str, Any]) -> dict[str, Any]:
@@ -51,7 +70,7 @@ def router_config(fleet: Fleet, flow: dict[str, Any]) -> dict[str, Any]:
         "policy": {"kind": "lmetric"},
         "router": {"kv_events": False, "max_concurrency": 4096, "max_queue": 4096},
         "client_auth": {"required": True, "keys": keys},
-        "tenants": [{"name": "compliant"}, {"name": "flood", "max_queued": 1024}],
+        "tenants": TENANTS,
         "flow": flow,
     }
 
@@ -109,39 +128,58 @@ def summarise(results: list[tuple], tenant: str) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--duration", type=float, default=40.0)
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
-    args = parser.parse_args(argv)
-    cap = capacity(120.0) / TIME_SCALE  # requests per wall second
+Runs = dict[str, tuple[dict[str, Any], dict[str, float]]]
+TIGHT = {"max_backlog_s": 0.25}
+
+
+def two_tenants(cap: float) -> Runs:
     compliant = 2 * cap / 6
-    runs: dict[str, tuple[dict[str, Any], dict[str, float]]] = {
+    return {
         "compliant alone": ({"enabled": False}, {"compliant": compliant}),
         "FCFS": ({"enabled": False}, {"compliant": compliant, "flood": 5 * compliant}),
-        "flow control, 0.25 s backlog": (
-            {"max_backlog_s": 0.25},
-            {"compliant": compliant, "flood": 5 * compliant},
-        ),
+        "flow control, 0.25 s backlog": (TIGHT, {"compliant": compliant, "flood": 5 * compliant}),
     }
+
+
+def three_classes(cap: float) -> Runs:
+    rate = 2 * cap / 3
+    every = {"crit": rate, "std": rate, "shed": rate}
+    return {
+        "critical alone": ({"enabled": False}, {"crit": rate}),
+        "FCFS": ({"enabled": False}, every),
+        "flow control, 0.25 s backlog": (TIGHT, every),
+    }
+
+
+TABLES = {
+    "two": ("Live: two tenants, one sending 5×, together 2× capacity", two_tenants),
+    "three": ("Live: three classes, each at 2/3 of capacity (2× overload)", three_classes),
+}
+
+
+def measure(fleet: Fleet, directory: Path, runs: Runs, duration: float) -> list[dict[str, Any]]:
+    """Each run against a fresh router: every tenant's row."""
     rows = []
-    with tempfile.TemporaryDirectory() as tmp, Fleet(INSTANCES, time_scale=TIME_SCALE) as fleet:
-        for mode, (flow, rates) in runs.items():
-            router = start_router(Path(tmp), router_config(fleet, flow), redis_url=None)
-            try:
-                results = asyncio.run(load(router.url + "/v1/completions", rates, args.duration))
-            finally:
-                router.stop()
-            for tenant in rates:
-                rows.append({"mode": mode, "tenant": tenant, **summarise(results, tenant)})
-                print(rows[-1], flush=True)
+    for mode, (flow, rates) in runs.items():
+        router = start_router(directory, router_config(fleet, flow), redis_url=None)
+        try:
+            results = asyncio.run(load(router.url + "/v1/completions", rates, duration))
+        finally:
+            router.stop()
+        for tenant in rates:
+            rows.append({"mode": mode, "tenant": tenant, **summarise(results, tenant)})
+            print(rows[-1], flush=True)
+    return rows
+
+
+def table(title: str, rows: list[dict[str, Any]], cap: float, duration: float) -> list[str]:
     lines = [
         "",
-        "## Live: two tenants, one sending 5×, together 2× capacity (`bench/fairness/live.py`)",
+        f"## {title} (`bench/fairness/live.py`)",
         "",
         f"{INSTANCES} enginesim instances at time scale {TIME_SCALE:g} (wall seconds; divide "
         f"TTFTs by {TIME_SCALE:g} for the hardware's), capacity {cap:.2f} requests/s wall, "
-        f"{args.duration:g} s of arrivals per run.",
+        f"{duration:g} s of arrivals per run.",
         "",
         "| mode | tenant | requests | p90 TTFT (s) | served | 429 | 503 | lost |",
         "|---|---|---|---|---|---|---|---|",
@@ -152,8 +190,39 @@ def main(argv: list[str] | None = None) -> int:
             f"| {r['mode']} | {r['tenant']} | {r['requests']} | {p90} | {r['served']} | "
             f"{r['429']} | {r['503']} | {r['lost']} |"
         )
+    alone = next((r for r in rows if r["mode"].endswith("alone")), None)
+    if alone is not None and alone["p90_ttft_s"]:
+        ratios = [
+            f"{r['mode']} {r['p90_ttft_s'] / alone['p90_ttft_s']:.2f}×"
+            for r in rows
+            if r["tenant"] == alone["tenant"] and r is not alone and r["p90_ttft_s"]
+        ]
+        lines += ["", f"{alone['tenant']}'s p90 TTFT against running alone: {', '.join(ratios)}."]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--duration", type=float, default=40.0)
+    parser.add_argument("--tables", default="two,three", help="which: two, three or both")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent)
+    args = parser.parse_args(argv)
+    chosen = [name.strip() for name in args.tables.split(",") if name.strip()]
+    unknown = [name for name in chosen if name not in TABLES]
+    if unknown or not chosen:
+        parser.error(f"--tables: choose from {', '.join(TABLES)}, not {args.tables!r}")
+    cap = capacity(120.0) / TIME_SCALE  # requests per wall second
+    path = args.out / "live.json"
+    stored = json.loads(path.read_text()) if path.is_file() else {}
+    measured = stored if isinstance(stored, dict) else {"two": stored}  # the older list: two
+    lines: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp, Fleet(INSTANCES, time_scale=TIME_SCALE) as fleet:
+        for name in chosen:
+            title, runs = TABLES[name]
+            measured[name] = measure(fleet, Path(tmp), runs(cap), args.duration)
+            lines += table(title, measured[name], cap, args.duration)
     text = "\n".join(lines) + "\n"
-    (args.out / "live.json").write_text(json.dumps(rows, indent=2) + "\n")
+    path.write_text(json.dumps(measured, indent=2) + "\n")
     with open(args.out / "README.md", "a", encoding="utf-8") as readme:
         readme.write(text)
     print(text)

@@ -2,7 +2,7 @@
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
@@ -204,3 +204,42 @@ def _session_sources_out(cluster: Any) -> dict:
         "sources": cluster.session_sources,
         "revision": cluster.revision,
     }
+
+
+class DeciderIn(Schema):
+    decider: Literal["cost", "prefix_threshold", "always", "never"] = Field(
+        description="When a disaggregated cluster's routers split a request into its prefill "
+        "and decode calls: cost (the live cost of colocation against the split's), "
+        "prefix_threshold (llm-d's: more than 256 prompt tokens uncached on the decode pool), "
+        "always, never. It applies while some instance is of role prefill or decode."
+    )
+    reason: Reason
+    expected_revision: ExpectedRevision = None
+
+
+class DeciderOut(Schema):
+    cluster_id: int
+    decider: str
+    revision: int
+
+
+@routes.get("/clusters/{cluster_id}/decider", response=DeciderOut)
+def get_decider(request: HttpRequest, cluster_id: Id):
+    return _decider_out(cluster_selectors.cluster(cluster_id))
+
+
+@routes.put("/clusters/{cluster_id}/decider", response=DeciderOut, auth=role("operator"))
+def set_decider(request: HttpRequest, cluster_id: Id, payload: DeciderIn):
+    """Choose the disaggregation decider of the cluster's routers (a new config version)."""
+    cluster = cluster_services.set_decider(
+        actor_of(request),
+        cluster_id,
+        payload.decider,
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+    return _decider_out(cluster)
+
+
+def _decider_out(cluster: Any) -> dict:
+    return {"cluster_id": cluster.pk, "decider": cluster.decider, "revision": cluster.revision}

@@ -493,6 +493,20 @@ class ReplayIn(Schema):
     max_requests: int | None = Field(None, ge=1, le=10_000_000)  # services.replays.MAX_REQUESTS
     seed: int = Field(0, ge=0, le=2**31 - 65)
     seeds: int = Field(1, ge=1, le=10, description="Seeds per policy and load: seed, seed+1…")
+    flow: Literal["cluster", "on", "off"] = Field(
+        "cluster",
+        description="The routers' flow control in the replay: as the cluster runs it (on "
+        "when it has tenants), on, or off.",
+    )
+    tenant_scales: dict[
+        Annotated[str, Field(min_length=1, max_length=64, pattern=NO_NUL)],
+        Annotated[float, Field(ge=0, le=10)],
+    ] = Field(
+        default_factory=dict,
+        max_length=8,
+        description="Per tenant of the cluster (or default), its requests that many times "
+        "as many: what if it doubles (2).",
+    )
     reason: Reason = ""
 
 

@@ -39,6 +39,17 @@ class Cluster(models.Model):
     # Where SMetric and the canary arms read a request's session from (the routing
     # document's session_sources: router_worker/routing/sessions.py).
     session_sources = models.JSONField(default=all_session_sources)
+
+    class Decider(models.TextChoices):
+        """When a disaggregated cluster's routers split a request (router_worker.routing.disagg)."""
+
+        COST = "cost"
+        PREFIX_THRESHOLD = "prefix_threshold"
+        ALWAYS = "always"
+        NEVER = "never"
+
+    # Read only while some instance is of role prefill or decode.
+    decider = models.CharField(max_length=16, choices=Decider.choices, default=Decider.COST)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -9,6 +9,9 @@ overlap and the merge takes the maximum. Engine-reported values (waiting, runnin
 hit ratio, global-tier counters) describe the same engine, so the merge takes the maximum
 too. ``tier`` sums the instances' global-tier counters (tokens loaded from the tier, bytes
 read) when any engine reports a tier, and is None otherwise (the page then hides it).
+``disaggregation`` (None unless some router reports its cluster disaggregated) sums the
+routers' decider counts (split ratio of their recent decisions) and aggregates the merged
+instances into the prefill and decode pools by role (``pool_totals``).
 
 Window statistics: counts and rates are summed; p50s are averaged weighted by requests;
 p99s take the worst router (a conservative bound, percentiles do not merge exactly). Load
@@ -35,6 +38,8 @@ from pydantic import BaseModel
 
 from engine_interface import load_cv
 from router_worker.contract.telemetry import (
+    ClassLane,
+    DisaggregationStats,
     HotspotPayload,
     InstanceSnapshot,
     Merge,
@@ -43,6 +48,7 @@ from router_worker.contract.telemetry import (
     WindowStats,
     merge_rule,
 )
+from router_worker.routing.flow import PRIORITIES
 
 HEALTH_ORDER = ("healthy", "draining", "down")
 
@@ -131,6 +137,7 @@ def merge_cluster(
         "tier": tier_totals(instances),
         "hotspots": merge_hotspots(routers),
         "tenants": merge_tenants(routers),
+        "disaggregation": merge_disaggregation(routers, instances),
     }
 
 
@@ -141,6 +148,64 @@ def tier_totals(instances: list[dict[str, Any]]) -> dict[str, float | None] | No
         values = [i[field] for i in instances if i.get(field) is not None]
         totals[key] = sum(values) if values else None
     return None if totals["hit_tokens"] is None and totals["bytes_read"] is None else totals
+
+
+DISAGG_MERGE = rules_of(DisaggregationStats, {Merge.TOTAL: _total})
+PREFILL_ROLES, DECODE_ROLES = ("prefill", "both"), ("decode", "both")
+
+
+def merge_disaggregation(
+    snapshots: list[StateSnapshot], instances: list[dict[str, Any]]
+) -> dict[str, Any] | None:
+    """A disaggregated cluster's two pools and its decider (None when no router reports
+    the cluster disaggregated): the routers' counts summed, the split ratio of their recent
+    decisions, the pools aggregated over the merged instances (`pool_totals`) and the KV
+    reads that failed on any instance since the engines started."""
+    reports = [s.disaggregation for s in snapshots if s.disaggregation is not None]
+    if not reports:
+        return None
+    merged = {
+        field: rule([getattr(r, field) for r in reports]) for field, rule in DISAGG_MERGE.items()
+    }
+    merged["split_ratio"] = merged["recent_split"] / merged["recent"] if merged["recent"] else None
+    failed = _present([i.get("kv_failed_transfers") for i in instances])
+    merged["transfer_failures"] = sum(failed) if failed else None
+    merged["pools"] = pool_totals(instances)
+    return merged
+
+
+def _mean(values: list[Any]) -> float | None:
+    present = _present(values)
+    return sum(present) / len(present) if present else None
+
+
+def _sum_or_none(values: list[Any]) -> float | None:
+    present = _present(values)
+    return float(sum(present)) if present else None
+
+
+def pool_totals(instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The prefill pool (instances of role prefill or both: their pending prefill tokens
+    summed, the engines' prefix-cache hit ratio averaged) and the decode pool (role decode
+    or both: batch sizes summed, KV usage averaged, KV reads in flight and bytes read per
+    second summed, failed reads summed). Down instances are counted apart and left out of
+    the load; an instance of role both is in both pools, as the router places it."""
+    pools: dict[str, dict[str, Any]] = {}
+    for pool, roles in (("prefill", PREFILL_ROLES), ("decode", DECODE_ROLES)):
+        members = [i for i in instances if (i.get("role") or "both") in roles]
+        up = [i for i in members if i["health"] != "down"]
+        pools[pool] = {
+            "instances": len(members),
+            "up": len(up),
+            "pending_prefill_tokens": float(sum(i["pending_prefill_tokens"] for i in up)),
+            "hit_ratio": _mean([i.get("hit_ratio") for i in up]),
+            "batch_size": float(sum(i["batch_size"] for i in up)),
+            "kv_usage": _mean([i.get("kv_usage") for i in up]),
+            "kv_transfers_in_flight": _sum_or_none([i.get("kv_transfers_in_flight") for i in up]),
+            "kv_bytes_per_s": _sum_or_none([i.get("kv_bytes_per_s") for i in up]),
+            "kv_failed_transfers": _sum_or_none([i.get("kv_failed_transfers") for i in members]),
+        }
+    return pools
 
 
 def router_summary(snapshot: StateSnapshot) -> dict[str, Any]:
@@ -221,11 +286,36 @@ def _newest(lanes: list[Any], field: str) -> Any:
     return getattr(lanes[-1], field)  # the reports come oldest config first
 
 
+# What each rule a field of ClassLane declares does with the class lanes and the field.
+CLASS_RULES: dict[Merge, Callable[[list[Any], str], Any]] = {
+    Merge.TOTAL: _sum_field,
+    Merge.WEIGHTED_MEAN: _weighted_mean,  # weighted by requests
+}
+CLASS_MERGE = rules_of(ClassLane, CLASS_RULES)
+
+
+def _by_class(lanes: list[Any], field: str) -> dict[str, dict[str, Any]]:
+    """A tenant's per-class lanes over the routers, class by class."""
+    by_class: dict[str, list[ClassLane]] = {}
+    for lane in lanes:
+        for name, classed in getattr(lane, field).items():
+            by_class.setdefault(name, []).append(classed)
+    return {
+        name: {f: rule(classed, f) for f, rule in CLASS_MERGE.items()}
+        for name, classed in sorted(by_class.items(), key=lambda item: _class_rank(item[0]))
+    }
+
+
+def _class_rank(name: str) -> tuple[int, str]:
+    return (PRIORITIES.index(name), name) if name in PRIORITIES else (len(PRIORITIES), name)
+
+
 # What each rule a field of TenantLane declares does with the lanes and the field.
 TENANT_RULES: dict[Merge, Callable[[list[Any], str], Any]] = {
     Merge.NEWEST_CONFIG: _newest,
     Merge.TOTAL: _sum_field,
     Merge.WEIGHTED_MEAN: _weighted_mean,  # weighted by requests
+    Merge.BY_KEY: _by_class,
 }
 TENANT_MERGE = rules_of(TenantLane, TENANT_RULES)
 

@@ -254,6 +254,36 @@ def _set_instance_field(
 
 
 @transaction.atomic
+def set_decider(
+    actor: Actor, cluster_id: int, kind: str, *, reason: str, expected_revision: int | None = None
+) -> Cluster:
+    """Choose when the cluster's routers split a request into its prefill and decode calls
+    (``Cluster.Decider``: the live cost, llm-d's prefix threshold, always, never); it
+    applies while some instance is of role prefill or decode."""
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
+    if kind not in Cluster.Decider.values:
+        raise ServiceError(f"decider must be one of {Cluster.Decider.values}", "decider")
+    before = cluster.decider
+    if before == kind:
+        raise Conflict(f"the decider of {cluster.name} is already {kind}", "decider")
+    cluster.decider = kind
+    cluster.save(update_fields=["decider"])
+    version = config.publish(cluster, actor, reason)
+    audit.record(
+        actor,
+        "cluster.decider",
+        cluster,
+        before={"decider": before},
+        after=_with_version({"decider": kind}, version),
+        reason=reason,
+        cluster=cluster,
+    )
+    return cluster
+
+
+@transaction.atomic
 def remove_instance(
     actor: Actor, instance_id: int, *, reason: str, expected_revision: int | None = None
 ) -> None:

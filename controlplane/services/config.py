@@ -144,16 +144,17 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     capture = capture_document(cluster)
     if capture is not None:
         document["capture"] = capture
+    if cluster.decider != Cluster.Decider.COST and any(i.get("role") for i in instances):
+        # only a disaggregated cluster's: the block alone would make the cluster one
+        document["disaggregation"] = {"decider": {"kind": cluster.decider}}
     if cluster.session_sources != all_session_sources():  # the routers' default otherwise
         document["session_sources"] = list(cluster.session_sources)
     client_auth = client_auth_document(cluster)
     if client_auth is not None:  # only hashes of the client keys travel
         document["client_auth"] = client_auth
     tenants = [settings_of(tenant) for tenant in cluster.tenants.order_by("name")]
-    if tenants:
+    if tenants:  # flow control is on where the document lists tenants (RouterConfig)
         document["tenants"] = tenants
-    else:  # one tenant: nobody to be fair between; the engines queue as they did before
-        document["flow"] = {"enabled": False}
     return document
 
 

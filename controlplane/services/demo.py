@@ -5,7 +5,8 @@ as a fleet that never tuned its routing would. The demo captures its own traffic
 start; replayed over the policies, the capture shows which would serve it better, and the
 replay's page offers a canary of that one against the live policy. A seeded draft canary
 has the same shape (the live policy as baseline, LMetric as candidate), for whoever wants
-to try a canary before a replay."""
+to try a canary before a replay. A second, small cluster (``DisaggDemoSpec``) is
+prefill/decode disaggregated, with its own router and live view."""
 
 from __future__ import annotations
 
@@ -51,6 +52,30 @@ class DemoSpec:
     time_scale: float = 1.0  # the engines' --time-scale (wall seconds per engine second)
     policy: str = "round_robin"  # the kind the cluster starts on
     canary_candidate: str = "lmetric"  # the seeded canary's candidate (baseline: live)
+
+
+@dataclass(frozen=True)
+class DisaggDemoSpec:
+    """The demo's second, small cluster: prefill/decode disaggregated (the first half of
+    its instances prefill, the rest decode), its own router, llm-d's prefix-threshold
+    decider (a prompt with more than 256 tokens uncached on the decode pool is split), so
+    what a request does depends on its prompt rather than on a load the demo cannot spare."""
+
+    cluster: str = "h20-qwen2-7b-pd"
+    model: str = "Qwen/Qwen2-7B-Instruct"
+    gpu: str = "h20"
+    instances: int = 4
+    engine_host: str = "127.0.0.1"
+    engine_base_port: int = 9200
+    kv_events_base_port: int | None = 5800
+    router_host: str = "localhost"
+    router_port: int = 8001
+    time_scale: float = 1.0
+    policy: str = "lmetric"  # the prefill stage's (and a fallback's); decode: decode_room
+    decider: str = "prefix_threshold"
+
+    def role(self, index: int) -> str:
+        return "prefill" if index < self.instances // 2 else "decode"
 
 
 # What an earlier run leaves under SWITCHYARD_VAR_DIR that would outlive a reset database:
@@ -104,12 +129,46 @@ def seed(spec: DemoSpec) -> Cluster:
     return cluster
 
 
-def _seed_instances(cluster: Cluster, spec: DemoSpec) -> None:
+@transaction.atomic
+def seed_disaggregated(spec: DisaggDemoSpec) -> Cluster:
+    """The disaggregated cluster (``DisaggDemoSpec``), idempotently: what an operator
+    changed since (roles, decider, policy) is kept."""
+    if spec.instances < 2:
+        raise ValueError("a disaggregated demo cluster needs a prefill and a decode instance")
+    cluster = Cluster.objects.filter(name=spec.cluster).first()
+    created = cluster is None
+    if cluster is None:
+        cluster = clusters.create_cluster(
+            SEEDER, name=spec.cluster, model=spec.model, gpu_type=spec.gpu, reason=REASON
+        )
+    if cluster.engine_time_scale != spec.time_scale:
+        cluster.engine_time_scale = spec.time_scale
+        cluster.save(update_fields=["engine_time_scale"])
+    added = _seed_instances(cluster, spec, prefix="pd")
+    for instance in cluster.instances.filter(name__in=added):
+        role = spec.role(int(instance.name[2:]))
+        clusters.set_instance_role(SEEDER, instance.pk, role, reason=REASON)
+    by_kind = _seed_policies(cluster, kinds=(spec.policy, "round_robin"))
+    if cluster.active_policy is None:
+        policies.activate_policy(SEEDER, cluster.pk, by_kind[spec.policy].pk, reason=REASON)
+    if created and spec.decider != Cluster.Decider.COST:
+        clusters.set_decider(SEEDER, cluster.pk, spec.decider, reason=REASON)
+    _seed_router(cluster, spec, name="router-pd")
+    cluster.refresh_from_db()
+    return cluster
+
+
+def _seed_instances(
+    cluster: Cluster, spec: DemoSpec | DisaggDemoSpec, prefix: str = "i"
+) -> list[str]:
+    """The spec's instances the cluster lacks, added; their names."""
     existing = set(cluster.instances.values_list("name", flat=True))
+    added = []
     for index in range(spec.instances):
-        name = f"i{index:02d}"
+        name = f"{prefix}{index:02d}"
         if name in existing:
             continue
+        added.append(name)
         kv = (
             f"tcp://{spec.engine_host}:{spec.kv_events_base_port + index}"
             if spec.kv_events_base_port
@@ -123,12 +182,14 @@ def _seed_instances(cluster: Cluster, spec: DemoSpec) -> None:
             reason=REASON,
             url=f"http://{spec.engine_host}:{spec.engine_base_port + index}",
         )
+    return added
 
 
-def _seed_policies(cluster: Cluster) -> dict:
+def _seed_policies(cluster: Cluster, kinds: tuple[str, ...] | None = None) -> dict:
+    """The demo's policies (of ``kinds``, or every kind) the cluster lacks, added."""
     by_kind = {p.kind: p for p in cluster.policies.all()}
     for kind, params in demo_policies().items():
-        if kind not in by_kind:
+        if kind not in by_kind and (kinds is None or kind in kinds):
             by_kind[kind] = policies.create_policy(
                 SEEDER,
                 cluster.pk,
@@ -176,11 +237,11 @@ def _seed_capture(cluster: Cluster, spec: DemoSpec) -> None:
         )
 
 
-def _seed_router(cluster: Cluster, spec: DemoSpec) -> None:
-    router = cluster.routers.filter(name="router-0").first()
+def _seed_router(cluster: Cluster, spec: DemoSpec | DisaggDemoSpec, name: str = "router-0") -> None:
+    router = cluster.routers.filter(name=name).first()
     if router is None:
         router = RouterDeployment.objects.create(
-            cluster=cluster, name="router-0", host=spec.router_host, port=spec.router_port
+            cluster=cluster, name=name, host=spec.router_host, port=spec.router_port
         )
     elif (router.host, router.port) != (spec.router_host, spec.router_port):
         router.host, router.port = spec.router_host, spec.router_port

@@ -338,7 +338,16 @@ def _row(spec: dict[str, Any], scale: float, group: list[ReplayCell]) -> dict[st
     }
     if selected and len(selected) == len(results):  # the requests held against live ones
         row["selected"] = _means(selected)
+    tenants = _tenant_means([r["tenants"] for r in results if r.get("tenants")])
+    if tenants:  # flow control ran: each tenant's outcome
+        row["tenants"] = tenants
     return row
+
+
+def _tenant_means(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each tenant's row, its numbers the mean over the seeds it appears in."""
+    names = sorted({name for tenants in per_seed for name in tenants})
+    return {name: _means([t[name] for t in per_seed if name in t]) for name in names}
 
 
 def _means(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from controlplane.models import Cluster, ConfigVersion, Policy, ReplayCell, ReplayJob
 from controlplane.selectors import captures as capture_reads
+from router_worker.routing.features import DEFAULT_TENANT
 
 from . import audit, captures, policy_defaults, replay_cells, traces
 from .audit import Actor
@@ -34,6 +35,9 @@ MAX_RATE_SCALE = 1000.0
 MAX_SEEDS = 10
 MAX_CELLS = 160
 MAX_REQUESTS = 10_000_000  # requests a replay takes from its trace, at most
+# Flow control in a replay: as the cluster's routers run it (on with tenants), or forced.
+FLOW_MODES = ("cluster", "on", "off")
+MAX_TENANT_SCALE = 10.0  # "what if this tenant sends N times as much", at most
 # A running job reports progress every half second; this much silence means its worker died.
 ABANDONED_AFTER_S = 300.0
 RESEND_AFTER_S = 3600.0  # a queued job sent this long ago is sent again (its queued cells)
@@ -67,6 +71,8 @@ def request_replay(
     seed: int = 0,
     seeds: int = 1,
     policy_ids: list[int] | None = None,
+    flow: str = "cluster",
+    tenant_scales: dict[str, float] | None = None,
     reason: str = "",
 ) -> ReplayRequest:
     """Create the queued job (committed), then send it to the workers. A broker outage does
@@ -77,7 +83,12 @@ def request_replay(
     The job runs one cell per policy, load and seed: ``rate_scales`` (default
     ``[rate_scale]``) times ``seeds`` seeds from ``seed`` on. ``policy_ids``: the cluster's
     policies the specs came from (the form's choice), so the job's page can mark the active
-    one and recommend another as a canary."""
+    one and recommend another as a canary.
+
+    ``flow``: the routers' flow control in the replay, ``cluster`` as the cluster runs it
+    (on when it has tenants), ``on`` or ``off``; ``tenant_scales``: per tenant of the
+    cluster (or ``default``), its requests that many times as many (what if it doubles:
+    2), as ``enginesim replay --tenant-scale``."""
     inputs = _checked_inputs(
         cluster_id,
         trace=trace,
@@ -86,6 +97,8 @@ def request_replay(
         max_requests=max_requests,
         seed=seed,
         seeds=seeds,
+        flow=flow,
+        tenant_scales=tenant_scales or {},
     )
     if policy_ids is not None:
         inputs["policy_ids"] = _policy_ids(cluster_id, policy_ids, len(policies))
@@ -114,6 +127,8 @@ def _checked_inputs(
     max_requests: int | None,
     seed: int,
     seeds: int,
+    flow: str = "cluster",
+    tenant_scales: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     cluster = Cluster.objects.filter(pk=cluster_id).first()
     if cluster is None:
@@ -136,6 +151,8 @@ def _checked_inputs(
         else problems.check(_positive_int, max_requests, "max_requests"),
         "seed": seed,
         "seeds": list(range(seed, seed + count)),
+        "flow": problems.check(_flow_mode, flow),
+        "tenant_scales": problems.check(_tenant_scales, tenant_scales or {}, cluster) or {},
     }
     if trace.startswith("capture:"):  # every cell replays the capture as it is now
         capture = captures.require_replayable(cluster.pk, trace_capture_id(trace))
@@ -150,6 +167,41 @@ def _checked_inputs(
         )
     problems.raise_any()
     return inputs
+
+
+def _flow_mode(value: Any) -> str:
+    if value not in FLOW_MODES:
+        raise ServiceError(f"flow must be one of {', '.join(FLOW_MODES)}", "flow")
+    return str(value)
+
+
+def _tenant_scales(scales: Any, cluster: Cluster) -> dict[str, float]:
+    """Each named tenant (the cluster's, or ``default``) with a factor in [0, 10]."""
+    if not isinstance(scales, dict) or len(scales) > MAX_POLICIES:
+        raise ServiceError(
+            f"tenant_scales must map at most {MAX_POLICIES} tenants to factors", "tenant_scales"
+        )
+    known = set(cluster.tenants.values_list("name", flat=True)) | {DEFAULT_TENANT}
+    out: dict[str, float] = {}
+    for tenant, factor in scales.items():
+        if tenant not in known:
+            raise ServiceError(
+                f"tenant_scales: {str(tenant)[:64]!r} is not a tenant of {cluster.name} "
+                f"(its tenants: {', '.join(sorted(known))})",
+                "tenant_scales",
+            )
+        if (
+            isinstance(factor, bool)
+            or not isinstance(factor, int | float)
+            or not 0 <= factor <= MAX_TENANT_SCALE
+        ):
+            raise ServiceError(
+                f"tenant_scales: {tenant}'s factor must be a number in [0, "
+                f"{MAX_TENANT_SCALE:g}], got {factor!r}",
+                "tenant_scales",
+            )
+        out[tenant] = float(factor)
+    return out
 
 
 def _policy_ids(cluster_id: int, ids: Any, count: int) -> list[int]:

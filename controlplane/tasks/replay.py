@@ -28,6 +28,7 @@ from controlplane.services import replays as replay_service
 from controlplane.services.errors import ServiceError
 from controlplane.services.traces import check_trace
 from engine_interface import percentile
+from router_worker.routing.features import DEFAULT_TENANT
 
 log = logging.getLogger(__name__)
 ENGINE_UNAVAILABLE = "replay engine unavailable"
@@ -78,10 +79,10 @@ def simulator_gpu(cluster: Cluster) -> str:
 def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
     """Replay the job's trace for one cell: its policy, at its rate scale, with its seed."""
     try:
-        from enginesim.replay.metrics import lower_bound_summary, summarize, ttfts
+        from enginesim.replay.metrics import by_tenant, lower_bound_summary, summarize, ttfts
         from enginesim.replay.simulator import SimConfig, Simulator
-        from enginesim.replay.traces import load_trace
-        from router_worker.routing.flow import FlowParams, TenantSettings
+        from enginesim.replay.traces import load_trace, scale_tenant
+        from router_worker.routing.flow import FlowParams
         from router_worker.routing.grey import GreyParams
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
@@ -103,10 +104,10 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
             "rate scale or fewer requests"
         )
     instances = max(cluster.instances.exclude(state="down").count(), 1)
-    tenants = tuple(
-        TenantSettings.model_validate(config_service.settings_of(tenant))
-        for tenant in cluster.tenants.order_by("name")
-    )
+    tenants, names = _replay_tenants(cluster, inputs["trace"])
+    for tenant, factor in sorted((inputs.get("tenant_scales") or {}).items()):
+        records = scale_tenant(records, names.get(tenant, tenant), factor, cell.seed)
+    mode = inputs.get("flow") or "cluster"
     spec = inputs["policies"][cell.policy]
     config = SimConfig(
         instances=instances,
@@ -118,8 +119,8 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
         # Flow control as the cluster's routers run it (on with tenants: services.config):
         # live requests wait there while the fleet is saturated, and that wait is in their
-        # TTFT.
-        flow=FlowParams() if tenants else None,
+        # TTFT. Or as the job asked: on or off.
+        flow=FlowParams() if mode == "on" or (mode == "cluster" and tenants) else None,
         tenants=tenants,
         grey=GreyParams(),  # grey-failure detection, on in the routers by default
     )
@@ -143,7 +144,33 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
     selected = _fidelity_positions(cell)
     if selected is not None:
         out["selected"] = _selected_summary(result.requests, selected)
+    if config.flow is not None:  # per tenant, by the names the operator knows
+        shown = {recorded: name for name, recorded in names.items()}
+        out["tenants"] = {
+            shown.get(tenant, tenant): _json_safe(row)
+            for tenant, row in by_tenant(result.requests).items()
+        }
     return out
+
+
+def _replay_tenants(cluster: Cluster, trace: str) -> tuple[tuple[Any, ...], dict[str, str]]:
+    """The cluster's tenants as the trace names them, and each name's name in the trace: a
+    capture records a tenant as a keyed digest under its salt (the default tenant as it
+    is), any other trace by its name."""
+    from router_worker.contract.capture import CaptureKey
+    from router_worker.routing.flow import TenantSettings
+
+    settings = [config_service.settings_of(tenant) for tenant in cluster.tenants.order_by("name")]
+    names = {s["name"]: s["name"] for s in settings}
+    names.setdefault(DEFAULT_TENANT, DEFAULT_TENANT)
+    if trace.startswith("capture:"):
+        capture = cluster.captures.get(pk=replay_service.trace_capture_id(trace))
+        key = CaptureKey(capture.salt)
+        names = {name: key.tenant(name) for name in names}
+    tenants = tuple(
+        TenantSettings.model_validate({**s, "name": names[s["name"]]}) for s in settings
+    )
+    return tenants, names
 
 
 def _fidelity_positions(cell: ReplayCell) -> set[int] | None:

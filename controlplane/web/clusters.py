@@ -98,6 +98,21 @@ def _set_instance(
     return redirect(reverse("web:cluster", args=[cluster.pk]))
 
 
+@operator_required
+@require_POST
+def cluster_decider(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The pools' decider form: when the routers split a request."""
+    cluster = get_cluster(cluster_id)
+    data = request.POST
+    try:
+        cluster_services.set_decider(
+            actor(request), cluster.pk, data.get("decider", ""), reason=data.get("reason", "")
+        )
+    except ServiceError as error:
+        return _live_error(request, cluster, error, data, "decider")
+    return redirect(reverse("web:cluster", args=[cluster.pk]))
+
+
 def _live_error(
     request: HttpRequest, cluster: Cluster, error: ServiceError, form: Any, failed: str
 ) -> HttpResponse:
@@ -135,6 +150,7 @@ def _live_context(cluster: Cluster, at: str) -> dict[str, Any]:
         "live_config": live_config,
         "capture": capture_selectors.running(cluster.pk),
         "pools": cluster_selectors.pools(cluster),
+        "deciders": Cluster.Decider.values,
         "instance_names": list(cluster.instances.order_by("name").values_list("name", flat=True)),
         "grey_overrides": list(
             cluster.instances.order_by("name").values_list("name", "grey_override")

@@ -14,6 +14,7 @@ from controlplane.models import Cluster
 from controlplane.selectors import captures as capture_selectors
 from controlplane.selectors import replays as replay_selectors
 from controlplane.selectors import robustness
+from controlplane.selectors import tenants as tenant_selectors
 from controlplane.services import numbers
 from controlplane.services import replays as replay_service
 from controlplane.services.errors import NotFound, Problems, ServiceError
@@ -22,8 +23,13 @@ from controlplane.services.traces import shared_traces
 from . import dashboard, reads
 from .access import actor, operator_required, viewer_required
 from .clusters import get_cluster
-from .pages import is_htmx, page, service_error_response
+from .pages import field_errors, is_htmx, page, service_error_response
 
+FLOW_MODES = (
+    ("cluster", "as the cluster's routers"),
+    ("on", "on"),
+    ("off", "off"),
+)
 TEMPLATE = "web/replays.html"
 
 
@@ -40,6 +46,8 @@ def _context(cluster: Cluster, chosen_trace: str = "") -> dict[str, Any]:
         "jobs": reads.replays(cluster.pk)[:20],
         "live_window": live["window"],
         "live_policy": cluster.active_policy,
+        "tenants": list(tenant_selectors.tenants(cluster.pk)),
+        "flow_modes": FLOW_MODES,
     }
 
 
@@ -88,7 +96,14 @@ def replay_create(request: HttpRequest, cluster_id: int) -> HttpResponse:
         else:
             outcome = replay_service.request_replay(actor(request), cluster.pk, **options)
     except ServiceError as error:
-        return service_error_response(request, error, TEMPLATE, **_context(cluster))
+        return service_error_response(
+            request,
+            error,
+            TEMPLATE,
+            errors=field_errors(error),
+            form=request.POST,
+            **_context(cluster),
+        )
     url = reverse("web:replay_detail", args=[cluster.pk, outcome.job.pk])
     return redirect(url if outcome.dispatched else f"{url}?undispatched=1")
 
@@ -108,6 +123,8 @@ def _replay_args(request: HttpRequest, cluster: Cluster, *, shared_trace: bool) 
         "max_requests": problems.check(_max_requests, max_requests) if max_requests else None,
         "seed": problems.check(_whole, data.get("seed") or "0", "seed"),
         "seeds": problems.check(_whole, data.get("seeds") or "1", "seeds"),
+        "flow": data.get("flow") or "cluster",  # the service names a bad one
+        "tenant_scales": problems.check(_tenant_scales_text, data.get("tenant_scales", "")),
         "reason": data.get("reason", ""),
     }
     if shared_trace:
@@ -123,6 +140,23 @@ def _shared_trace(name: str) -> str:
     if name not in shared_traces():
         raise ServiceError("choose a shared trace, a capture or upload a file", "trace")
     return f"shared:{name}"
+
+
+def _tenant_scales_text(text: str) -> dict[str, float]:
+    """``tenant_scales`` ("team-a=2, default=0.5") as tenant -> factor (the service checks
+    the tenants and the factors' range)."""
+    scales: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.replace(";", ",").split(","))):
+        tenant, equals, factor = (x.strip() for x in part.partition("="))
+        if not tenant or not equals or len(scales) >= 16:
+            raise ServiceError(
+                "tenant_scales: write TENANT=FACTOR pairs separated by commas, e.g. team-a=2",
+                "tenant_scales",
+            )
+        if tenant in scales:
+            raise ServiceError(f"tenant_scales: {tenant[:64]!r} is named twice", "tenant_scales")
+        scales[tenant] = float(numbers.number(factor, "tenant_scales"))
+    return scales
 
 
 def _rate_scales_text(data: Any) -> str:

@@ -27,16 +27,30 @@ TEMPLATE = "web/tenants.html"
 LIMITS = ("requests_per_minute", "tokens_per_minute", "token_budget")
 
 
-def _context(cluster: Cluster) -> dict[str, Any]:
+def _context(cluster: Cluster, edit: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The page's context; ``edit``: a refused change (the tenant's id, the values as
+    typed, the errors per field), shown on that tenant's row."""
     keys = [k for k in access_selectors.client_keys(cluster.pk) if k.revoked_at is None]
+    tenants = list(tenant_selectors.tenants(cluster.pk))
     return {
         "cluster": cluster,
         "tab": "tenants",
-        "tenants": list(tenant_selectors.tenants(cluster.pk)),
+        "tenants": tenants,
+        "rows": [_row(tenant, edit) for tenant in tenants],
         "keys": keys,
         "priorities": PRIORITIES,
         "periods": tuple(BUDGET_PERIODS),
     }
+
+
+def _row(tenant: Any, edit: dict[str, Any] | None) -> dict[str, Any]:
+    """A tenant's edit form: its settings, or what was typed with the refusals."""
+    if edit is not None and edit["id"] == tenant.pk:
+        form = edit["form"]
+        values = {name: form.get(name, "") for name in TENANT_FIELDS}
+        return {"t": tenant, "values": values, "errors": edit["errors"]}
+    values = {name: getattr(tenant, name) for name in TENANT_FIELDS}
+    return {"t": tenant, "values": values, "errors": {}}
 
 
 def _values(data: QueryDict, *, change: bool) -> dict[str, Any]:
@@ -53,16 +67,26 @@ def _values(data: QueryDict, *, change: bool) -> dict[str, Any]:
 
 
 def _refused(
-    request: HttpRequest, cluster: Cluster, error: ServiceError, form: Any
+    request: HttpRequest,
+    cluster: Cluster,
+    error: ServiceError,
+    form: Any,
+    edit_id: int | None = None,
 ) -> HttpResponse:
+    """The page again with the refusal: on the create form (``form``), or on the row of
+    the tenant whose change was refused (``edit_id``), field by field."""
+    errors = field_errors(error)
+    edit = None
+    if edit_id is not None:
+        edit, errors = {"id": edit_id, "form": request.POST, "errors": errors}, {}
     return page(
         request,
         TEMPLATE,
         status=error.status,
         error=error.message,
-        errors=field_errors(error),
+        errors=errors,
         form=form,
-        **_context(cluster),
+        **_context(cluster, edit),
     )
 
 
@@ -99,7 +123,7 @@ def tenant_update(request: HttpRequest, cluster_id: int, tenant_id: int) -> Http
             reason=request.POST.get("reason", ""),
         )
     except ServiceError as error:
-        return _refused(request, cluster, error, None)
+        return _refused(request, cluster, error, None, edit_id=tenant_id)
     return redirect(reverse("web:tenants", args=[cluster.pk]))
 
 

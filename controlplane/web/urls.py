@@ -33,6 +33,7 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/", clusters.cluster_live, name="cluster"),
     path("clusters/<int:cluster_id>/snapshot.json", clusters.cluster_snapshot, name="snapshot"),
     path("clusters/<int:cluster_id>/role/", clusters.instance_role, name="instance_role"),
+    path("clusters/<int:cluster_id>/decider/", clusters.cluster_decider, name="cluster_decider"),
     path(
         "clusters/<int:cluster_id>/grey-override/",
         clusters.instance_grey_override,

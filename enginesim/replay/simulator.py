@@ -113,7 +113,7 @@ from router_worker.routing.peer_accounting import (
     apply_peer_end,
     apply_peer_first_token,
 )
-from router_worker.routing.quota import QuotaLedger
+from router_worker.routing.quota import QuotaCharge, QuotaLedger
 from router_worker.routing.saturation import fleet_saturation
 
 ARRIVAL, TELEMETRY, FAULT, ENGINE, SCRAPE = range(5)
@@ -626,6 +626,7 @@ class Simulator:
         verdict, evicted = router.flow.offer(request, FleetLoad.of(router.state), self.now)
         self._refuse_waiting(router, evicted)
         if isinstance(verdict, Refusal):
+            self._refund(router, result.tenant, result.prompt_tokens, self.now)
             self._refuse(result, verdict)
             return False
         if verdict == "admit":
@@ -648,8 +649,16 @@ class Simulator:
     def _refuse_waiting(self, router: _Router, refused: list[tuple[FlowRequest, Refusal]]) -> None:
         for request, refusal in refused:
             _, flight, _ = router.waiting.pop(request.request_id)
+            self._refund(router, request.tenant, request.input_tokens, request.arrived)
             flight.result.queued_s = self.now - flight.result.arrival_s
             self._refuse(flight.result, refusal)
+
+    def _refund(self, router: _Router, tenant: str, tokens: int, charged_at: float) -> None:
+        """A request that passed its quota at ``charged_at`` and was not served: its charge
+        back, as the live router gives it."""
+        if router.flow is not None:
+            settings = router.flow.settings(tenant)
+            router.quota.refund(QuotaCharge.of(settings, tokens, charged_at))
 
     def _refuse(self, result: RequestResult, refusal: Refusal) -> None:
         result.status = "throttled" if refusal.status == 429 else "shed"
@@ -676,6 +685,8 @@ class Simulator:
                 self._decide_split(flight, router.pools)
             attempt = flight.life.route(self._stage_view(flight), self.now)
         except NoEligibleInstanceError:
+            result = flight.result
+            self._refund(router, result.tenant, result.prompt_tokens, result.arrival_s)
             self._end(flight, "rejected")
             return
         self._start(flight, attempt, tokens)

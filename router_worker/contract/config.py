@@ -480,6 +480,11 @@ class RouterConfig(_Strict):
         unknown = sorted({k.tenant for k in self.client_auth.keys} - known)
         if unknown:
             raise ValueError(f"client_auth.keys.tenant names unknown tenants {unknown}")
+        if "enabled" not in self.flow.model_fields_set:
+            # One tenant has nobody to be fair between: its engines queue as they would
+            # without a router in front (the control plane's clusters and replays alike).
+            on = {"enabled": bool(self.tenants)}
+            object.__setattr__(self, "flow", self.flow.model_copy(update=on))  # frozen
         if self.flow.enabled and self.flow.max_queued >= self.router.max_concurrency:
             if "max_queued" in self.flow.model_fields_set:
                 raise ValueError(

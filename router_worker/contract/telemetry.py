@@ -225,6 +225,7 @@ class Merge(StrEnum):
     LONGEST = "longest"  # a window's length
     WEIGHTED_MEAN = "weighted_mean"  # a mean, weighted by each router's requests
     WORST = "worst"  # a percentile or spread: the worst router's (they do not merge exactly)
+    BY_KEY = "by_key"  # a mapping of records: key by key, each field by its own rule
 
 
 def merge_rule(record: type[BaseModel], field: str) -> Merge | None:
@@ -263,6 +264,31 @@ class InstanceSnapshot(_Record):
     grey_level: Annotated[int | None, Merge.LARGEST] = None
     grey_excess: Annotated[float | None, Merge.LARGEST] = None
     arm: Annotated[str | None, Merge.NEWEST_CONFIG] = None
+    # Disaggregation: the instance's role (prefill, decode, both) in the config; and, from
+    # an engine with a KV connector (None without), its KV reads from prefill instances:
+    # under way now, bytes per second over the last seconds, and failed since its start
+    # (vllm:nixl_num_failed_transfers).
+    role: Annotated[str | None, Merge.NEWEST_CONFIG] = None
+    kv_transfers_in_flight: Annotated[float | None, Merge.LARGEST] = None
+    kv_bytes_per_s: Annotated[float | None, Merge.LARGEST] = None
+    kv_failed_transfers: Annotated[float | None, Merge.LARGEST] = None
+
+
+class DisaggregationStats(_Record):
+    """A disaggregated cluster's decider and fallbacks at one router: requests split and
+    kept colocated since the router started, of its last `DECIDER_RECENT` decisions how
+    many were split (the live split ratio), and the split requests that ran colocated
+    after all because their prefill or their decode stage failed before its first byte
+    (a failed KV read among them)."""
+
+    split: Annotated[int, Merge.TOTAL] = 0
+    colocated: Annotated[int, Merge.TOTAL] = 0
+    recent: Annotated[int, Merge.TOTAL] = 0
+    recent_split: Annotated[int, Merge.TOTAL] = 0
+    fallbacks: Annotated[int, Merge.TOTAL] = 0
+
+
+DECIDER_RECENT = 200
 
 
 class WindowStats(_Record):
@@ -284,11 +310,20 @@ class WindowStats(_Record):
     load_cv: Annotated[float | None, Merge.WORST] = None
 
 
+class ClassLane(_Record):
+    """The requests of one tenant in one class (a request may lower its class) that ended
+    in a router's recent window: their median TTFT (time queued included) and TPOT."""
+
+    requests: Annotated[int, Merge.TOTAL]
+    ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None  # its last requests'
+    tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+
+
 class TenantLane(_Record):
-    """One tenant at one router's flow control, counted since the router started (the
-    live view's lanes): what it was admitted and refused, what waits now, the tokens it
-    was served (its share, against its weight), and its recent TTFT (time queued
-    included) and TPOT."""
+    """One tenant at one router's flow control over the router's recent window
+    (``WindowStats.seconds``; the live view's lanes): what it was admitted and refused,
+    what waits now, the tokens it was served (its share, against its weight), and per
+    class the TTFT (time queued included) and TPOT of its requests that ended."""
 
     priority: Annotated[str, Merge.NEWEST_CONFIG]
     weight: Annotated[float, Merge.NEWEST_CONFIG]
@@ -299,6 +334,8 @@ class TenantLane(_Record):
     served_tokens: Annotated[float, Merge.TOTAL]  # prompt + output tokens of ended requests
     ttft_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None  # its last requests'
     tpot_p50_s: Annotated[float | None, Merge.WEIGHTED_MEAN] = None
+    shed: Annotated[int, Merge.TOTAL] = 0  # of the refused, the 503s (the fleet's load)
+    classes: Annotated[dict[str, ClassLane], Merge.BY_KEY] = Field(default_factory=dict)
 
 
 class StateSnapshot(_Record):
@@ -312,6 +349,8 @@ class StateSnapshot(_Record):
     arms: dict[str, WindowStats] = Field(default_factory=dict)
     hotspots: list[HotspotPayload] = Field(default_factory=list)  # currently confirmed
     tenants: dict[str, TenantLane] = Field(default_factory=dict)  # flow control's lanes
+    # None: the cluster is not disaggregated (or a router older than the field)
+    disaggregation: DisaggregationStats | None = None
 
 
 class ArmMetrics(_Record):

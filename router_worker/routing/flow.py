@@ -102,7 +102,11 @@ class FlowParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    enabled: bool = Field(default=True, description="Off: every request goes on at once.")
+    enabled: bool = Field(
+        default=True,
+        description="Off: every request goes on at once. Unset in a router's document: on "
+        "when the document lists tenants, off otherwise.",
+    )
     max_backlog_s: float = Field(
         default=0.5,
         gt=0,

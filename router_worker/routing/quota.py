@@ -6,9 +6,12 @@ period at a multiple of its length), so several routers counting in one place (R
 one router keeps on its own: the replay simulator's, and the live router's while Redis is
 unreachable. Pure: ``now`` is passed in.
 
-A request is charged its prompt tokens when it is admitted (:meth:`QuotaLedger.take`) and
-its output tokens when it ends (:meth:`QuotaLedger.add_tokens`): a request that would take
-its tenant over a limit is refused with 429 and a ``Retry-After`` until the window turns.
+A request is charged its prompt tokens when it passes the quota (:meth:`QuotaLedger.take`)
+and its output tokens when it ends (:meth:`QuotaLedger.add_tokens`): a request that would
+take its tenant over a limit is refused with 429 and a ``Retry-After`` until the window
+turns. A request refused after it passed the quota (shed, a full queue, evicted, timed out,
+an error before it was served) is given its charge back (:meth:`QuotaLedger.refund`, in
+the windows it was charged in): only requests served count against a quota.
 """
 
 from __future__ import annotations
@@ -50,6 +53,23 @@ class QuotaCheck:
         return bool(self.requests_per_minute or self.tokens_per_minute or self.token_budget)
 
 
+@dataclass(frozen=True, slots=True)
+class QuotaCharge:
+    """What one request was charged, in which windows: what a refund gives back.
+    ``shared``: counted in Redis too (:mod:`router_worker.quota`), not only locally."""
+
+    tenant: str
+    check: QuotaCheck
+    tokens: int
+    shared: bool = False
+
+    @classmethod
+    def of(
+        cls, settings: TenantSettings, tokens: int, now: float, shared: bool = False
+    ) -> QuotaCharge:
+        return cls(settings.name, QuotaCheck.of(settings, now), tokens, shared)
+
+
 def over_quota(tenant: str, which: str, retry_after_s: float) -> Refusal:
     """The 429 for ``tenant`` over its ``which`` limit (rpm, tpm, budget)."""
     words = {
@@ -78,6 +98,7 @@ class _Counts:
     requests: int = 0
     tokens: int = 0
     period: int = -1
+    period_s: int = 0
     budget_used: int = 0
 
 
@@ -103,10 +124,29 @@ class QuotaLedger:
             which = "budget"
         if which is not None:
             return over_quota(settings.name, which, retry_after(check, which, now))
-        counts.requests += 1
-        counts.tokens += tokens
-        counts.budget_used += tokens
+        self.charge(settings.name, check, tokens)
         return None
+
+    def charge(self, tenant: str, check: QuotaCheck, tokens: int) -> None:
+        """Count one request of ``tokens`` without checking (one another counter let in)."""
+        counts = self._current(tenant, check)
+        if counts.minute == check.minute:  # else a window already past here
+            counts.requests += 1
+            counts.tokens += tokens
+        if (counts.period, counts.period_s) == (check.period, check.period_s):
+            counts.budget_used += tokens
+
+    def refund(self, charge: QuotaCharge) -> None:
+        """Give a refused request's charge back, in the windows it was charged in (a
+        window since turned has nothing left to give back)."""
+        counts = self._counts.get(charge.tenant)
+        if counts is None or not charge.check.limited:
+            return
+        if counts.minute == charge.check.minute:
+            counts.requests = max(0, counts.requests - 1)
+            counts.tokens = max(0, counts.tokens - charge.tokens)
+        if (counts.period, counts.period_s) == (charge.check.period, charge.check.period_s):
+            counts.budget_used = max(0, counts.budget_used - charge.tokens)
 
     def add_tokens(self, settings: TenantSettings, tokens: int, now: float) -> None:
         """Charge ``tokens`` more (a request's output, at its end)."""
@@ -114,13 +154,17 @@ class QuotaLedger:
         if not check.limited:
             return
         counts = self._current(settings.name, check)
-        counts.tokens += tokens
-        counts.budget_used += tokens
+        if counts.minute == check.minute:
+            counts.tokens += tokens
+        if (counts.period, counts.period_s) == (check.period, check.period_s):
+            counts.budget_used += tokens
 
     def _current(self, tenant: str, check: QuotaCheck) -> _Counts:
         counts = self._counts.setdefault(tenant, _Counts())
-        if counts.minute != check.minute:
+        # Forward only: a check of a window already past (taken before an await, or the
+        # clock stepped back) does not reset the current one.
+        if counts.minute < check.minute:
             counts.minute, counts.requests, counts.tokens = check.minute, 0, 0
-        if counts.period != check.period:
-            counts.period, counts.budget_used = check.period, 0
+        if counts.period < check.period or counts.period_s != check.period_s:
+            counts.period, counts.period_s, counts.budget_used = check.period, check.period_s, 0
         return counts

@@ -68,6 +68,7 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-keys", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-auth", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/session-sources", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/decider", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/tenants", "viewer"),
 ]
 
@@ -291,6 +292,14 @@ WRITES = [
         "operator",
         body={"sources": ["header", "user"], **REASON},
         audit_action="cluster.session_sources",
+        updates=True,
+    ),
+    Endpoint(
+        "PUT",
+        "/api/v1/clusters/{alpha}/decider",
+        "operator",
+        body={"decider": "prefix_threshold", **REASON},
+        audit_action="cluster.decider",
         updates=True,
     ),
     Endpoint(

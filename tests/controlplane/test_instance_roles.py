@@ -80,3 +80,58 @@ def test_an_operator_sets_a_role_from_the_cluster_page(world, users):
     assert unknown.status_code == 400 and "not in this cluster" in unknown.content.decode()
     viewer = session_client(users["viewer"]).post(url, {"instance": "i0", "role": "both"})
     assert viewer.status_code == 403
+
+
+def set_decider(client, cluster_id: int, decider: str):
+    return client.put(
+        f"/api/v1/clusters/{cluster_id}/decider",
+        {"decider": decider, **REASON},
+        content_type="application/json",
+    )
+
+
+def test_the_decider_is_audited_and_reaches_a_disaggregated_clusters_config(world, users):
+    client = session_client(users["operator"])
+    response = set_decider(client, world["alpha"], "always")
+    assert response.status_code == 200, response.content
+    assert response.json()["decider"] == "always"
+    row = AuditEvent.objects.order_by("-id")[0]
+    assert row.action == "cluster.decider"
+    assert row.before == {"decider": "cost"} and row.after is not None
+    assert row.after["decider"] == "always"
+    # Every instance serves both: no block (it alone would make the cluster disaggregated).
+    assert "disaggregation" not in newest_document(world["alpha"])
+    set_role(client, world["i0"], "prefill")
+    config = parse_config(newest_document(world["alpha"]))
+    assert config.disaggregated and config.stages.decider.kind == "always"
+    set_decider(client, world["alpha"], "cost")  # the routers' default: no block
+    assert "disaggregation" not in newest_document(world["alpha"])
+    got = client.get(f"/api/v1/clusters/{world['alpha']}/decider").json()
+    assert got["decider"] == "cost"
+
+
+def test_an_unknown_or_unchanged_decider_is_refused(world, users):
+    client = session_client(users["operator"])
+    unknown = set_decider(client, world["alpha"], "sometimes")
+    assert unknown.status_code == 422 and "decider" in unknown.content.decode()
+    assert_refused(set_decider(client, world["alpha"], "cost"), 409, "decider", "already cost")
+    viewer = set_decider(session_client(users["viewer"]), world["alpha"], "never")
+    assert viewer.status_code == 403
+
+
+def test_an_operator_sets_the_decider_from_the_cluster_page(world, users):
+    client = session_client(users["operator"])
+    client.post(
+        f"/clusters/{world['alpha']}/role/",
+        {"instance": "i0", "role": "prefill", "reason": "split"},
+    )
+    page = client.get(f"/clusters/{world['alpha']}/").content.decode()
+    assert 'data-testid="decider-form"' in page
+    url = f"/clusters/{world['alpha']}/decider/"
+    response = client.post(url, {"decider": "prefix_threshold", "reason": "llm-d's rule"})
+    assert response.status_code == 302
+    assert AuditEvent.objects.order_by("-id")[0].action == "cluster.decider"
+    page = client.get(f"/clusters/{world['alpha']}/").content.decode()
+    assert "Decider: <strong>prefix_threshold</strong>" in page
+    refused = client.post(url, {"decider": "sometimes", "reason": "x"})
+    assert refused.status_code == 400 and "decider must be one of" in refused.content.decode()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from io import StringIO
+from typing import Any
 
 import pytest
 import redis
@@ -154,3 +155,27 @@ def test_router_creation_returns_a_token_once_and_stores_only_its_hash(world, us
         f"/api/v1/routers/{router_id}/config"
     )
     assert config.status_code == 200 and config.json()["document"]["cluster"] == "alpha"
+
+
+def test_a_replay_asks_for_flow_control_and_tenant_scales_by_the_api(
+    world, users, replay_dispatches
+) -> None:
+    client = session_client(users["operator"])
+    url = f"/api/v1/clusters/{world['alpha']}/replays"
+    jobs_before = ReplayJob.objects.count()
+    hostile: list[tuple[dict[str, Any], str]] = [
+        ({"flow": "sometimes"}, "flow"),
+        ({"tenant_scales": {"nobody": 2}}, "tenant_scales"),
+        ({"tenant_scales": {"default": 11}}, "tenant_scales"),
+        ({"tenant_scales": {"default": -1}}, "tenant_scales"),
+    ]
+    for bad, field in hostile:
+        refused = client.post(url, {**REPLAY, **bad}, content_type="application/json")
+        assert refused.status_code in (400, 422), bad
+        assert field in json.dumps(refused.json()), bad
+    assert ReplayJob.objects.count() == jobs_before
+    body = {**REPLAY, "flow": "on", "tenant_scales": {"default": 2}}
+    created = client.post(url, body, content_type="application/json")
+    assert created.status_code == 202, created.content
+    job = ReplayJob.objects.get(pk=created.json()["replay"]["id"])
+    assert (job.inputs["flow"], job.inputs["tenant_scales"]) == ("on", {"default": 2.0})

@@ -1,13 +1,14 @@
-"""The live view's per-tenant lanes: each router's flow-control counts per tenant merged
-over the routers (sums, the newest config's class and weight, TTFT weighted by requests),
-with each tenant's share of the tokens served against its weight's share."""
+"""The live view's per-tenant lanes: each router's flow-control counts per tenant over its
+recent window, merged over the routers (sums, the newest config's class and weight, TTFT
+weighted by requests, class by class), with each tenant's share of the tokens served
+against its weight's share."""
 
 from __future__ import annotations
 
 import pytest
 
 from controlplane.realtime.snapshot import merge_cluster
-from router_worker.contract.telemetry import TenantLane
+from router_worker.contract.telemetry import ClassLane, TenantLane
 from tests.web.helpers import instance, snapshot
 
 
@@ -65,3 +66,43 @@ def test_lanes_are_summed_over_routers_with_shares_against_weights():
 
 def test_no_lanes_without_flow_control_reports():
     assert merge_cluster("c", [snapshot("c", "r1", [instance("i0")])])["tenants"] == {}
+
+
+def test_each_class_of_a_tenant_merges_over_the_routers_and_sheds_add_up():
+    first = snapshot(
+        "c",
+        "r1",
+        [instance("i0")],
+        tenants={
+            "a": _lane(
+                requests=3,
+                refused=4,
+                shed=3,
+                classes={
+                    "standard": ClassLane(requests=1, ttft_p50_s=0.2, tpot_p50_s=0.01),
+                    "sheddable": ClassLane(requests=2, ttft_p50_s=3.0, tpot_p50_s=None),
+                },
+            )
+        },
+    )
+    second = snapshot(
+        "c",
+        "r2",
+        [instance("i0")],
+        tenants={
+            "a": _lane(
+                requests=3,
+                refused=1,
+                shed=1,
+                classes={"standard": ClassLane(requests=3, ttft_p50_s=0.6, tpot_p50_s=0.03)},
+            )
+        },
+    )
+    a = merge_cluster("c", [first, second])["tenants"]["a"]
+    assert (a["refused"], a["shed"]) == (5, 4)
+    assert list(a["classes"]) == ["standard", "sheddable"]  # by rank
+    standard, sheddable = a["classes"]["standard"], a["classes"]["sheddable"]
+    assert standard["requests"] == 4
+    assert standard["ttft_p50_s"] == pytest.approx((0.2 + 3 * 0.6) / 4)
+    assert standard["tpot_p50_s"] == pytest.approx((0.01 + 3 * 0.03) / 4)
+    assert sheddable == {"requests": 2, "ttft_p50_s": 3.0, "tpot_p50_s": None}

@@ -58,3 +58,36 @@ def test_a_fresh_start_empties_the_database_redis_and_the_routers_saved_configs(
     assert reset[0] == f"database {settings.DATABASES['default']['NAME']}"
     cluster = demo.seed(SPEC)  # and the seed starts over: version 1, round robin
     assert cluster.versions.order_by("number").first().number == 1  # type: ignore[union-attr]
+
+
+PD_SPEC = demo.DisaggDemoSpec(cluster="demo-seed-pd", instances=4, kv_events_base_port=None)
+
+
+def test_the_disaggregated_cluster_has_two_pools_its_own_router_and_llm_ds_decider(db):
+    from controlplane.services.config import desired_document
+    from router_worker.contract.config import parse_config
+
+    cluster = demo.seed_disaggregated(PD_SPEC)
+    roles = dict(cluster.instances.order_by("name").values_list("name", "role"))
+    assert roles == {"pd00": "prefill", "pd01": "prefill", "pd02": "decode", "pd03": "decode"}
+    assert cluster.decider == "prefix_threshold"
+    assert cluster.active_policy is not None and cluster.active_policy.kind == "lmetric"
+    (router,) = cluster.routers.all()
+    assert (router.name, router.port) == ("router-pd", 8001)
+    document = desired_document(cluster)
+    assert document is not None
+    config = parse_config(document)
+    assert config.disaggregated and config.stages.decider.kind == "prefix_threshold"
+
+
+def test_seeding_the_disaggregated_cluster_again_keeps_the_operators_pools(db):
+    from controlplane.services import clusters
+
+    cluster = demo.seed_disaggregated(PD_SPEC)
+    pd01 = cluster.instances.get(name="pd01")
+    clusters.set_instance_role(demo.SEEDER, pd01.pk, "decode", reason="more decode")
+    clusters.set_decider(demo.SEEDER, cluster.pk, "cost", reason="the live cost")
+    again = demo.seed_disaggregated(PD_SPEC)
+    assert again.pk == cluster.pk and again.decider == "cost"
+    assert again.instances.get(name="pd01").role == "decode"
+    assert again.instances.count() == 4

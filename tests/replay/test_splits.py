@@ -73,3 +73,20 @@ def test_only_a_matrix_default_can_be_tuned():
     assert tuning.tunable("lmetric.batch_offset") == ("lmetric", ["batch_offset"], 1.0)
     with pytest.raises(ValueError, match="not a default with provenance 'matrix'"):
         tuning.tunable("lmetric.prefill_term")
+
+
+def test_every_matrix_default_has_values_to_be_tuned_with():
+    """A default of provenance ``matrix`` is chosen by the tuning script, so each one must
+    be in its table, its current value among the values tried."""
+    from router_worker.routing import REGISTRY
+    from router_worker.routing.provenance import params_provenance
+
+    defaults = {
+        f"{kind}.{path}"
+        for kind, policy in REGISTRY.items()
+        for path, provenance in params_provenance(policy.Params).items()
+        if provenance is not None and provenance.provenance == "matrix"
+    }
+    assert defaults == set(tuning.TUNABLES)
+    for name, values in tuning.TUNABLES.items():
+        assert tuning.tunable(name)[2] in values, name

@@ -14,6 +14,7 @@ import httpx
 from devharness import wait_until
 from tests.router.client_keys import key_hash
 from tests.router.helpers import MODEL, router_config, scrape_total
+from tests.router.test_tenants_quota import _fresh_minute
 
 CRITICAL_KEY = "syk_critical_" + "c" * 40
 BATCH_KEY = "syk_batchjob_" + "b" * 40
@@ -36,7 +37,8 @@ AUTH = {
 def _config(fleet, **flow):
     document = router_config(fleet, "least_load", tenants=TENANTS, client_auth=AUTH)
     document["instances"] = fleet.instances()[:1]
-    document["flow"] = {"max_backlog_s": 0.001, **flow}
+    # on even when the tenants go away (a document without tenants turns it off by default)
+    document["flow"] = {"enabled": True, "max_backlog_s": 0.001, **flow}
     return document
 
 
@@ -87,6 +89,7 @@ def test_hostile_flow_headers_get_a_400_naming_the_header(fleet, router_factory)
 
 def test_quota_is_429_with_retry_after_for_that_tenant_only(fleet, router_factory):
     router = router_factory(_config(fleet))
+    _fresh_minute()  # the three requests count in one minute window
     assert [_post(router, LIMITED_KEY).status_code for _ in range(2)] == [200, 200]
     refused = _post(router, LIMITED_KEY)
     assert refused.status_code == 429 and "request rate" in refused.json()["error"]["message"]

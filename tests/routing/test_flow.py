@@ -222,12 +222,31 @@ def test_the_router_queue_must_leave_concurrency_slots_for_requests_in_flight():
     document = {
         "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
         "policy": {"kind": "least_load"},
-        "flow": {"max_queued": 1024},
+        "flow": {"enabled": True, "max_queued": 1024},
     }
     with pytest.raises(ConfigError, match=r"flow.max_queued \(1024\) must be below"):
         parse_config(document)
     assert parse_config({**document, "router": {"max_concurrency": 2048}}).flow.max_queued == 1024
     assert parse_config({**document, "flow": {"enabled": False, "max_queued": 1024}})
+
+
+def test_flow_control_is_on_by_default_only_where_the_document_lists_tenants():
+    """One tenant has nobody to be fair between: a router run from a file and a cluster
+    without tenants alike send every request on at once; listing tenants turns it on, and
+    an explicit setting wins either way."""
+    from router_worker.contract.config import parse_config
+
+    document = {
+        "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
+        "policy": {"kind": "least_load"},
+    }
+    tenants = {"tenants": [{"name": "team-a"}]}
+    assert not parse_config(document).flow.enabled
+    assert parse_config({**document, **tenants}).flow.enabled
+    assert parse_config({**document, "flow": {"enabled": True}}).flow.enabled
+    assert not parse_config({**document, **tenants, "flow": {"enabled": False}}).flow.enabled
+    # settings without `enabled` follow the tenants too
+    assert not parse_config({**document, "flow": {"max_backlog_s": 2}}).flow.enabled
 
 
 def test_a_document_without_flow_settings_still_parses_on_a_router_with_few_slots():
@@ -239,6 +258,7 @@ def test_a_document_without_flow_settings_still_parses_on_a_router_with_few_slot
         "instances": [{"name": "i0", "url": "http://127.0.0.1:1"}],
         "policy": {"kind": "least_load"},
         "router": {"max_concurrency": 10},
+        "tenants": [{"name": "team-a"}],  # flow control on
     }
     assert parse_config(document).flow.max_queued == 5
     one_slot = {**document, "router": {"max_concurrency": 1}}

@@ -4,7 +4,7 @@ budget per period, refused with 429 and a Retry-After until the window turns."""
 from __future__ import annotations
 
 from router_worker.routing.flow import TenantSettings
-from router_worker.routing.quota import QuotaLedger
+from router_worker.routing.quota import QuotaCharge, QuotaLedger
 
 
 def test_no_limits_no_refusal():
@@ -50,3 +50,19 @@ def test_a_refused_request_is_not_charged():
     assert ledger.take(tenant, 900, 0.0) is None
     assert ledger.take(tenant, 500, 1.0) is not None
     assert ledger.take(tenant, 100, 2.0) is None
+
+
+def test_a_refund_gives_back_the_charge_in_the_windows_it_was_charged_in():
+    ledger = QuotaLedger()
+    tenant = TenantSettings(name="a", requests_per_minute=2, token_budget=1000)
+    assert ledger.take(tenant, 400, 10.0) is None
+    assert ledger.take(tenant, 400, 11.0) is None
+    assert ledger.take(tenant, 400, 12.0) is not None
+    ledger.refund(QuotaCharge.of(tenant, 400, 11.0))  # shed after it passed
+    assert ledger.take(tenant, 400, 13.0) is None  # its request and tokens are back
+    # A refund of the minute past gives the budget back, not this minute's requests.
+    assert ledger.take(tenant, 100, 61.0) is None
+    ledger.refund(QuotaCharge.of(tenant, 400, 13.0))
+    assert ledger.take(tenant, 300, 62.0) is None
+    refused = ledger.take(tenant, 1, 63.0)
+    assert refused is not None and "request rate" in refused.message

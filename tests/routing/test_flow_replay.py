@@ -99,6 +99,19 @@ def test_quotas_hold_in_replay():
     assert {r.refusal for r in requests if r.status == "throttled"} == {"quota"}
 
 
+def test_a_shed_request_does_not_count_against_its_tenants_quota_in_replay():
+    """A sheddable tenant overloading the fleet alone: what is shed gives its quota charge
+    back, so the tenant is throttled only once it was served its whole limit."""
+    limit = 400
+    records = workload({"batch": (10.0, None)}, duration=59.0)  # one minute window
+    tenants = (TenantSettings(name="batch", priority="sheddable", requests_per_minute=limit),)
+    requests = replay(records, FlowParams(), tenants)
+    fates = {status: sum(r.status == status for r in requests) for status in ("ok", "shed")}
+    throttled = sum(r.status == "throttled" for r in requests)
+    assert fates["shed"] > 0 and fates["ok"] <= limit
+    assert throttled == 0 or fates["ok"] == limit, (fates, throttled)
+
+
 def test_the_same_trace_and_seed_give_the_same_fates():
     records = workload(OVERLOAD, duration=20.0)
     first = [r.to_json() for r in replay(records, FlowParams())]

@@ -11,11 +11,13 @@ import pytest
 import redis
 from django.conf import settings
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from controlplane.models import ArmMetricRollup, CanaryJudgement, Cluster, ReplayJob
 from controlplane.services import canaries
 from controlplane.tasks.replay import run_replay
 from devharness import stop_process
+from router_worker.contract.telemetry import ClassLane, TenantLane
 
 from .helpers import (
     SYSTEM,
@@ -45,6 +47,7 @@ class Feeder:
         self.client = redis.Redis.from_url(settings.REDIS_URL)
         self.pending = 1234.0
         self.tier = False  # the engines report a global KV tier
+        self.lanes: dict[str, dict[str, TenantLane]] = {}  # router -> its tenants' lanes
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
@@ -84,8 +87,15 @@ class Feeder:
                         hit_ratio=0.62,
                         load_cv=0.4,
                     ),
+                    tenants=self.lanes.get("r1", {}),
                 ),
             )
+            for router, lanes in self.lanes.items():
+                if router != "r1":
+                    write_state(
+                        self.client,
+                        snapshot(self.cluster.name, router, instances, tenants=lanes),
+                    )
 
     def _tier(self, k: int) -> dict[str, float]:
         if not self.tier:
@@ -184,6 +194,51 @@ def test_sorting_the_instance_table(browser, live_cluster, feeder, asgi_server) 
             "rows => rows.map(r => r.dataset.instance)"
         )
         assert names == ["i2", "i1", "i0"]
+    finally:
+        page.context.close()
+
+
+def test_tenant_lanes_merge_the_routers_windows_with_sheds_and_classes(
+    browser, live_cluster, feeder, asgi_server
+) -> None:
+    def lane(admitted: int, refused: int, shed: int, **classes: ClassLane) -> TenantLane:
+        return TenantLane(
+            priority="standard",
+            weight=1.0,
+            requests=sum(c.requests for c in classes.values()),
+            admitted=admitted,
+            queued=0,
+            refused=refused,
+            shed=shed,
+            served_tokens=1000.0,
+            ttft_p50_s=0.2,
+            classes=classes,
+        )
+
+    feeder.lanes = {
+        "r1": {
+            "team-a": lane(
+                3,
+                2,
+                1,
+                standard=ClassLane(requests=1, ttft_p50_s=0.1),
+                sheddable=ClassLane(requests=2, ttft_p50_s=4.0),
+            )
+        },
+        "r2": {"team-a": lane(4, 2, 2, standard=ClassLane(requests=3, ttft_p50_s=0.3))},
+    }
+    page = login(browser, asgi_server.url, "viewer")
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{live_cluster.pk}/")
+        row = page.locator("#tenant-lanes tr[data-tenant=team-a]")
+        expect(row.locator("[data-field=admitted]")).to_have_text("7")
+        expect(row.locator("[data-field=refused]")).to_have_text("4")
+        expect(row.locator("[data-field=shed]")).to_have_text("3")
+        ttft = row.locator("[data-field=ttft_p50_s]")
+        expect(ttft.locator("[data-class=standard]")).to_have_text("standard 250 ms")  # by requests
+        expect(ttft.locator("[data-class=sheddable]")).to_have_text("sheddable 4000 ms")
+        expect(page.get_by_test_id("tenant-lanes")).to_contain_text("last window")
+        assert page.js_errors == []
     finally:
         page.context.close()
 

@@ -1,13 +1,14 @@
 """The README's "things to try" on a fresh `make demo` stack, as a newcomer walks them.
 
 `scripts/demo.py` itself runs the stack (16 simulated H20s at time scale 2, the real trace
-in a loop, every service), on this test's database and Redis database, emptied first as
-every demo run does. In chromium an operator then does what the README says and each step
-checks what the README promises: the policy choice starts on the live policy; a switch shows
-in the `x-switchyard-policy` header and back; the demo's own capture, replayed, is held
-against what was measured live on the requests the live policy served, and recommends a
-policy over round robin with a "Start a canary" button; the canary started from it reaches
-its verdict unaided and links back to the replay; the audit log names the replay.
+in a loop, every service, and the idle disaggregated cluster beside), on this test's
+database and Redis database, emptied first as every demo run does. In chromium an operator
+then does what the README says and each step checks what the README promises: the policy
+choice starts on the live policy; a switch shows in the `x-switchyard-policy` header and
+back; the demo's own capture, replayed, is held against what was measured live on the
+requests the live policy served, and recommends a policy over round robin with a "Start a
+canary" button; the canary started from it reaches its verdict unaided and links back to the
+replay; the audit log names the replay.
 
 One knob differs from `make demo`: the canary defaults (SWITCHYARD_CANARY_DEFAULTS, which the
 README names) are one 50% step of 8 samples an arm, so the judge decides in about a minute,
@@ -17,20 +18,15 @@ not five. The whole walk takes four to five minutes.
 from __future__ import annotations
 
 import json
-import re
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from controlplane.models import AuditEvent, CanarySplit, ReplayJob, TrafficCapture
-from devharness import ManagedProcess, free_port, free_ports
 
-from .helpers import ROOT, subprocess_env
+from .demo_stack import Demo, demo_stack
 from .stack import chat, wait_for
 
 pytestmark = [
@@ -44,62 +40,10 @@ CAPTURED = 150  # requests captured before the replay: about three minutes of th
 TTFT_MEAN_BOUND = 0.35
 
 
-@dataclass
-class Demo:
-    url: str
-    router: str
-    cluster: int
-    password: str
-    banner: str
-    process: ManagedProcess
-
-
 @pytest.fixture
 def demo(transactional_db, tmp_path) -> Iterator[Demo]:
-    port, router = free_port(), free_port()
-    engines = free_ports(17)  # the engines' admin API on the first, instance k on base + 1 + k
-    env = {
-        **subprocess_env(),
-        "SWITCHYARD_PORT": str(port),
-        "SWITCHYARD_ROUTER_PORT": str(router),
-        "SWITCHYARD_DEMO_ENGINE_PORT": str(engines + 1),
-        "SWITCHYARD_DEMO_KV_PORT": str(free_ports(16)),
-        "SWITCHYARD_VAR_DIR": str(tmp_path / "var"),
-        "SWITCHYARD_CONTROL_PLANE_URL": f"http://127.0.0.1:{port}",
-        "SWITCHYARD_CANARY_DEFAULTS": FAST_CANARY,
-    }
-    log = tmp_path / "demo.log"
-    process = ManagedProcess(
-        [sys.executable, str(ROOT / "scripts" / "demo.py")],
-        env=env,
-        log=log,
-        cwd=ROOT,
-        new_session=True,
-        grace=60,
-    ).start()
-    try:
-        banner = wait_for(lambda: _banner(log, process), 150, "the demo's banner")
-        cluster = re.search(r"/clusters/(\d+)/", banner)
-        password = re.search(r"operator / (\S+)", banner)
-        assert cluster and password, banner
-        yield Demo(
-            f"http://127.0.0.1:{port}",
-            f"http://127.0.0.1:{router}",
-            int(cluster.group(1)),
-            password.group(1),
-            banner,
-            process,
-        )
-    finally:
-        process.stop()
-    assert "Stopped every process the demo started." in log.read_text()
-
-
-def _banner(log: Path, process: ManagedProcess) -> str | None:
-    if process.poll() is not None:
-        raise AssertionError(f"the demo exited:\n{process.tail()}")
-    text = log.read_text() if log.exists() else ""
-    return text if "Press Ctrl-C to stop everything." in text else None
+    with demo_stack(tmp_path, SWITCHYARD_CANARY_DEFAULTS=FAST_CANARY) as stack:
+        yield stack
 
 
 def served_by(router: str) -> str:

@@ -148,3 +148,23 @@ def test_a_job_makes_one_cell_per_policy_load_and_seed(as_role, cluster, traces,
     cells = list(job.cells.values_list("policy", "rate_scale", "seed"))
     assert len(cells) == 12 and len(dispatched) == 12
     assert sorted(set(cells)) == [(p, r, s) for p in (0, 1) for r in (1.0, 1.5) for s in (0, 1, 2)]
+
+
+def test_a_captures_tenants_are_replayed_with_the_clusters_settings(cluster) -> None:
+    """A capture records each tenant as a keyed digest: its replay gives each digest the
+    settings of the tenant it stands for, and scales a tenant named by the operator."""
+    from controlplane.services import captures as capture_service
+    from controlplane.services import tenants as tenant_service
+    from controlplane.services.audit import Actor
+    from controlplane.tasks.replay import _replay_tenants
+    from router_worker.contract.capture import CaptureKey
+
+    system = Actor.system("tests")
+    tenant_service.create_tenant(system, cluster.pk, {"name": "team-a", "priority": "critical"})
+    capture = capture_service.start_capture(system, cluster.pk, name="c1")
+    digest = CaptureKey(capture.salt).tenant("team-a")
+    tenants, names = _replay_tenants(cluster, f"capture:{capture.pk}")
+    assert names == {"team-a": digest, "default": "default"}
+    assert [(t.name, t.priority) for t in tenants] == [(digest, "critical")]
+    tenants, names = _replay_tenants(cluster, "shared:x.jsonl")  # any other trace: by name
+    assert [(t.name, t.priority) for t in tenants] == [("team-a", "critical")]

@@ -5,11 +5,21 @@ from __future__ import annotations
 
 from django.core.management.base import BaseCommand
 
-from controlplane.services.demo import DemoSpec, reset, reset_login, seed
+from controlplane.services.demo import (
+    DemoSpec,
+    DisaggDemoSpec,
+    reset,
+    reset_login,
+    seed,
+    seed_disaggregated,
+)
 
 
 class Command(BaseCommand):
-    help = "Create (once) the demo cluster h20-qwen2-7b and reset the demo logins."
+    help = (
+        "Create (once) the demo cluster h20-qwen2-7b (and, with --pd-instances, the "
+        "disaggregated h20-qwen2-7b-pd) and reset the demo logins."
+    )
 
     def add_arguments(self, parser) -> None:
         parser.add_argument("--instances", type=int, default=16)
@@ -20,6 +30,15 @@ class Command(BaseCommand):
         parser.add_argument(
             "--time-scale", type=float, default=1.0, help="the engines' --time-scale"
         )
+        parser.add_argument(
+            "--pd-instances",
+            type=int,
+            default=0,
+            help="instances of the disaggregated cluster (half prefill, half decode; 0: none)",
+        )
+        parser.add_argument("--pd-engine-base-port", type=int, default=9200)
+        parser.add_argument("--pd-kv-events-base-port", type=int, default=5800)
+        parser.add_argument("--pd-router-port", type=int, default=8001)
         parser.add_argument(
             "--fresh",
             action="store_true",
@@ -40,6 +59,18 @@ class Command(BaseCommand):
             time_scale=options["time_scale"],
         )
         cluster = seed(spec)
+        if options["pd_instances"]:
+            pd = seed_disaggregated(
+                DisaggDemoSpec(
+                    instances=options["pd_instances"],
+                    engine_base_port=options["pd_engine_base_port"],
+                    kv_events_base_port=options["pd_kv_events_base_port"] or None,
+                    router_host=options["router_host"],
+                    router_port=options["pd_router_port"],
+                    time_scale=options["time_scale"],
+                )
+            )
+            self.stdout.write(f"pd_cluster {pd.pk} {pd.name}")
         operator = reset_login("operator", "operator")
         admin = reset_login("admin", "admin", superuser=True)
         self.stdout.write(f"cluster {cluster.pk} {cluster.name}")

@@ -82,6 +82,32 @@ function renderTier(tier) {
   }
 }
 
+// Disaggregation: the pools and the decider, shown only for a disaggregated cluster
+// (snapshot.disaggregation is null otherwise).
+const disaggShown = () => Boolean(state.snapshot?.disaggregation);
+
+function poolRow(name, p) {
+  const reads = name === "decode";
+  const cell = (field, text) => `<td class="num" data-field="${field}">${text}</td>`;
+  return `<tr data-pool="${name}"><td>${name}</td>
+    ${cell("instances", `${fmt.int(p.up)} / ${fmt.int(p.instances)}`)}
+    ${cell("pending_prefill_tokens", fmt.int(p.pending_prefill_tokens))}${cell("hit_ratio", fmt.pct(p.hit_ratio))}
+    ${cell("batch_size", fmt.int(p.batch_size))}${cell("kv_usage", fmt.pct(p.kv_usage))}
+    ${cell("kv_transfers_in_flight", reads ? fmt.int(p.kv_transfers_in_flight) : "")}
+    ${cell("kv_bytes_per_s", reads ? fmt.bytes(p.kv_bytes_per_s) + (p.kv_bytes_per_s == null ? "" : "/s") : "")}
+    ${cell("kv_failed_transfers", reads ? fmt.int(p.kv_failed_transfers) : "")}</tr>`;
+}
+
+function renderDisaggregation(disagg) {
+  for (const el of document.querySelectorAll("[data-disagg]")) el.classList.toggle("hidden", !disagg);
+  $("#disagg-live").classList.toggle("hidden", !disagg);
+  if (!disagg) return;
+  for (const el of document.querySelectorAll("[data-disagg-metric]")) {
+    el.textContent = fmt[el.dataset.format](disagg[el.dataset.disaggMetric]);
+  }
+  $("#pool-live tbody").innerHTML = ["prefill", "decode"].map((name) => poolRow(name, disagg.pools[name])).join("");
+}
+
 function renderRouters(routers) {
   $("#routers").innerHTML = routers.length
     ? routers.map((r) => `<span class="badge" data-router="${esc(r.router)}">${esc(r.router)} · ${esc(r.policy)} · v${esc(r.config_version ?? "?")}</span>`).join(" ")
@@ -116,6 +142,10 @@ function renderInstances(instances) {
       <td class="num" data-field="preemptions">${fmt.int(i.preemptions)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_hit_tokens">${fmt.int(i.tier_hit_tokens)}</td>
       <td class="num${tierShown() ? "" : " hidden"}" data-tier data-field="tier_bytes_read">${fmt.bytes(i.tier_bytes_read)}</td>
+      <td class="${disaggShown() ? "" : "hidden"}" data-disagg data-field="role">${esc(i.role ?? "")}</td>
+      <td class="num${disaggShown() ? "" : " hidden"}" data-disagg data-field="kv_transfers_in_flight">${fmt.int(i.kv_transfers_in_flight)}</td>
+      <td class="num${disaggShown() ? "" : " hidden"}" data-disagg data-field="kv_bytes_per_s">${fmt.bytes(i.kv_bytes_per_s)}</td>
+      <td class="num${disaggShown() ? "" : " hidden"}" data-disagg data-field="kv_failed_transfers">${fmt.int(i.kv_failed_transfers)}</td>
       <td class="num" data-field="grey_excess">${fmt.num2(i.grey_excess)}${greyBadge(i.grey_level)}</td>
       <td>${i.hotspot ? '<span class="badge bad" data-testid="hotspot-badge">hotspot</span>' : ""}</td>
     </tr>`).join("");
@@ -146,12 +176,22 @@ function renderTenants(tenants) {
       <td class="num" data-field="admitted">${fmt.int(t.admitted)}</td>
       <td class="num" data-field="queued">${fmt.int(t.queued)}</td>
       <td class="num" data-field="refused">${fmt.int(t.refused)}</td>
+      <td class="num" data-field="shed">${fmt.int(t.shed)}</td>
       <td class="num" data-field="share">${fmt.pct(t.share)}</td>
       <td class="num" data-field="weight_share">${fmt.pct(t.weight_share)}</td>
-      <td class="num" data-field="ttft_p50_s">${fmt.ms(t.ttft_p50_s)}</td>
-      <td class="num" data-field="tpot_p50_s">${fmt.ms(t.tpot_p50_s)}</td>
+      <td class="num" data-field="ttft_p50_s">${byClass(t, "ttft_p50_s")}</td>
+      <td class="num" data-field="tpot_p50_s">${byClass(t, "tpot_p50_s")}</td>
     </tr>`).join("")
-    : '<tr><td colspan="9" class="muted">No request yet.</td></tr>';
+    : '<tr><td colspan="10" class="muted">No request in the last window.</td></tr>';
+}
+
+// A tenant's figure, per class when its requests came in more than one (a request may
+// lower its class).
+function byClass(t, field) {
+  const classes = Object.entries(t.classes ?? {});
+  if (classes.length <= 1) return fmt.ms(t[field]);
+  return classes.map(([name, c]) =>
+    `<span class="small" data-class="${esc(name)}">${esc(name)} ${fmt.ms(c[field])}</span>`).join("<br>");
 }
 
 // Grey-failure states (router_worker/routing/grey.py), by the level the snapshot carries.
@@ -413,6 +453,7 @@ function applySnapshot(snapshot) {
   renderMetrics(snapshot.window);
   renderRouters(snapshot.routers);
   renderTier(snapshot.tier);
+  renderDisaggregation(snapshot.disaggregation);
   renderInstances(snapshot.instances);
   renderTenants(snapshot.tenants);
   for (const h of snapshot.hotspots ?? []) confirmHotspot(h, snapshot.ts);

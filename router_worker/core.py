@@ -191,8 +191,15 @@ class RouterCore:
             return
         grey.advance(time.time())
         for change in grey.take_transitions():
-            if not change.routing:
-                continue  # healthy <-> suspect: nothing changed for the traffic
+            if not change.routing:  # healthy <-> suspect: nothing changed for the traffic
+                log.info(
+                    "instance %s: grey %s -> %s (%s)",
+                    change.instance,
+                    change.before.value,
+                    change.after.value,
+                    change.cause,
+                )
+                continue
             log.warning(
                 "instance %s: grey %s -> %s (%s, %.2fx its normal)",
                 change.instance,

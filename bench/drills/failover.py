@@ -107,13 +107,15 @@ def slowed_drill(instances: int, rate: float, seconds: float, factor: float) -> 
     return rows
 
 
-def false_alarm_drill(instances: int, rate: float, seconds: float) -> list[dict]:
+def false_alarm_drill(
+    instances: int, rate: float, seconds: float, seeds: Sequence[int] = (0, 1)
+) -> list[dict]:
     """A healthy fleet, heterogeneous by design (a quarter of the instances at 0.6 and a
     quarter at 0.8 of the cost model's speed, step jitter, perturbed coefficients)."""
     quarter = instances // 4
     speeds = (1.0,) * (instances - 2 * quarter) + (0.8,) * quarter + (0.6,) * quarter
     rows = []
-    for seed in (0, 1):
+    for seed in seeds:
         variation = FleetVariation(speeds=speeds, step_jitter=0.1, perturb=0.1, seed=seed)
         config = SimConfig(
             instances=instances, grey=GreyParams(enabled=True), variation=variation, seed=seed
@@ -485,6 +487,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         help="the kill drill's fleet: wall seconds per simulated second (the latency bound "
         "is scaled alike)",
     )
+    parser.add_argument(
+        "--seeds", type=int, default=2, help="the false-alarm drill's seeds (one run each)"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     if args.only in (None, "kill"):
@@ -503,7 +508,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         rows = slowed_drill(8 if quick else 16, 1.0, 300 if quick else 900, 3.0)
         print_table("one instance slowed 3x (replay, 1 req/s per instance)", rows)
     if args.only in (None, "false_alarms"):
-        rows = false_alarm_drill(8 if quick else 16, 1.0, 600 if quick else 3600)
+        rows = false_alarm_drill(8 if quick else 16, 1.0, 600 if quick else 3600, range(args.seeds))
         print_table("false alarms on a heterogeneous healthy fleet (replay)", rows)
 
 

@@ -1,11 +1,13 @@
 """Clusters and their instances."""
 
 import json
+from collections.abc import Callable
 from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
 
+from controlplane.models import Instance
 from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import clusters as cluster_services
 from controlplane.services.roles import role_of
@@ -84,13 +86,7 @@ def add_instance(request: HttpRequest, cluster_id: Id, payload: InstanceIn):
     tags=["instances"],
 )
 def drain_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
-    return cluster_services.set_instance_state(
-        actor_of(request),
-        instance_id,
-        "draining",
-        reason=payload.reason,
-        expected_revision=expected_revision(request, payload.expected_revision),
-    )
+    return _set(cluster_services.set_instance_state, request, instance_id, "draining", payload)
 
 
 @routes.post(
@@ -100,13 +96,7 @@ def drain_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
     tags=["instances"],
 )
 def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
-    return cluster_services.set_instance_state(
-        actor_of(request),
-        instance_id,
-        "enabled",
-        reason=payload.reason,
-        expected_revision=expected_revision(request, payload.expected_revision),
-    )
+    return _set(cluster_services.set_instance_state, request, instance_id, "enabled", payload)
 
 
 @routes.post(
@@ -118,13 +108,7 @@ def enable_instance(request: HttpRequest, instance_id: Id, payload: ReasonIn):
 def set_grey_override(request: HttpRequest, instance_id: Id, payload: GreyOverrideIn):
     """Override grey-failure detection for this instance: `auto` (the detector decides),
     `healthy` (never flagged slow) or `drained` (no traffic, no probes, until set back)."""
-    return cluster_services.set_grey_override(
-        actor_of(request),
-        instance_id,
-        payload.mode,
-        reason=payload.reason,
-        expected_revision=expected_revision(request, payload.expected_revision),
-    )
+    return _set(cluster_services.set_grey_override, request, instance_id, payload.mode, payload)
 
 
 @routes.post(
@@ -135,10 +119,22 @@ def set_grey_override(request: HttpRequest, instance_id: Id, payload: GreyOverri
 )
 def set_instance_role(request: HttpRequest, instance_id: Id, payload: InstanceRoleIn):
     """Move the instance to the prefill pool, the decode pool or both (disaggregation)."""
-    return cluster_services.set_instance_role(
+    return _set(cluster_services.set_instance_role, request, instance_id, payload.role, payload)
+
+
+def _set(
+    setter: Callable[..., Instance],
+    request: HttpRequest,
+    instance_id: int,
+    value: str,
+    payload: ReasonIn,
+) -> Instance:
+    """One of the instance setters of the service, with the request's actor, reason and
+    expected revision."""
+    return setter(
         actor_of(request),
         instance_id,
-        payload.role,
+        value,
         reason=payload.reason,
         expected_revision=expected_revision(request, payload.expected_revision),
     )

@@ -132,10 +132,8 @@ class InstanceIn(Schema):
     expected_revision: ExpectedRevision = None
 
 
-class InstanceRoleIn(Schema):
+class InstanceRoleIn(ReasonIn):
     role: Literal["prefill", "decode", "both"]
-    reason: Reason
-    expected_revision: ExpectedRevision = None
 
 
 class InstanceOut(Schema):

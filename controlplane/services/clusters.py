@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
 from pydantic import ValidationError as PydanticValidationError
@@ -140,96 +142,113 @@ def add_instance(
     return instance
 
 
-@transaction.atomic
 def set_instance_state(
     actor: Actor, instance_id: int, state: str, *, reason: str, expected_revision: int | None = None
 ) -> Instance:
-    reason = audit.require_reason(reason)
-    instance = _locked_instance(instance_id)
-    claim_edit(instance.cluster, expected_revision)
-    if state not in Instance.State.values:
-        raise ServiceError(f"state must be one of {Instance.State.values}", "state")
-    if instance.state == state:
-        raise Conflict(f"instance {instance.name!r} is already {state}", "state")
-    before = instance_snapshot(instance)
-    instance.state = state
-    instance.save(update_fields=["state"])
-    version = config.publish(instance.cluster, actor, reason)
-    audit.record(
+    """Enable, drain or mark down an instance."""
+    return _set_instance_field(
         actor,
-        f"instance.{_verb(state)}",
-        instance,
-        before=before,
-        after=_with_version(instance_snapshot(instance), version),
+        instance_id,
+        "state",
+        state,
         reason=reason,
-        cluster=instance.cluster,
+        expected_revision=expected_revision,
+        action=lambda value: f"instance.{_verb(value)}",
+        already="is already {value}",
     )
-    return instance
 
 
-@transaction.atomic
 def set_grey_override(
     actor: Actor, instance_id: int, mode: str, *, reason: str, expected_revision: int | None = None
 ) -> Instance:
     """The operator's word on grey-failure detection for one instance (``auto``,
     ``healthy``: never flagged slow, ``drained``: no traffic, no probes), published to the
     routers in a new config version and audited."""
-    reason = audit.require_reason(reason)
-    instance = _locked_instance(instance_id)
-    claim_edit(instance.cluster, expected_revision)
-    if mode not in Instance.GreyOverride.values:
-        raise ServiceError(f"grey_override must be one of {Instance.GreyOverride.values}", "mode")
-    if instance.grey_override == mode:
-        raise Conflict(f"instance {instance.name!r} already has grey override {mode}", "mode")
-    before = instance_snapshot(instance)
-    instance.grey_override = mode
-    instance.save(update_fields=["grey_override"])
-    version = config.publish(instance.cluster, actor, reason)
-    audit.record(
+    return _set_instance_field(
         actor,
-        "instance.grey_override",
-        instance,
-        before=before,
-        after=_with_version(instance_snapshot(instance), version),
+        instance_id,
+        "grey_override",
+        mode,
         reason=reason,
-        cluster=instance.cluster,
+        expected_revision=expected_revision,
+        param="mode",
+        already="already has grey override {value}",
     )
-    return instance
 
 
-@transaction.atomic
 def set_instance_role(
     actor: Actor, instance_id: int, role: str, *, reason: str, expected_revision: int | None = None
 ) -> Instance:
     """Move an instance between the prefill and decode pools (or both): the pools' sizes
     of a disaggregated cluster. Refused when it would leave a disaggregated cluster without
     a prefill or a decode pool."""
-    reason = audit.require_reason(reason)
-    instance = _locked_instance(instance_id)
-    cluster = instance.cluster
-    claim_edit(cluster, expected_revision)
-    if role not in Instance.Role.values:
-        raise ServiceError(f"role must be one of {Instance.Role.values}", "role")
-    if instance.role == role:
-        raise Conflict(f"instance {instance.name!r} is already {role}", "role")
-    roles = {i.pk: i.role for i in cluster.instances.all()}
+    return _set_instance_field(
+        actor,
+        instance_id,
+        "role",
+        role,
+        reason=reason,
+        expected_revision=expected_revision,
+        check=_keeps_both_pools,
+    )
+
+
+def _keeps_both_pools(instance: Instance, role: str) -> None:
+    roles = {i.pk: i.role for i in instance.cluster.instances.all()}
     roles[instance.pk] = role
     values = set(roles.values())
     if values != {"both"} and not (values & {"prefill", "both"} and values & {"decode", "both"}):
         pool = "prefill" if not values & {"prefill", "both"} else "decode"
         raise ServiceError(f"role: the cluster would have no {pool} pool", "role")
+
+
+_CHOICES = {
+    "state": Instance.State.values,
+    "role": Instance.Role.values,
+    "grey_override": Instance.GreyOverride.values,
+}
+
+
+@transaction.atomic
+def _set_instance_field(
+    actor: Actor,
+    instance_id: int,
+    field: str,
+    value: str,
+    *,
+    reason: str,
+    expected_revision: int | None,
+    param: str | None = None,
+    action: Callable[[str], str] | None = None,
+    already: str = "is already {value}",
+    check: Callable[[Instance, str], None] | None = None,
+) -> Instance:
+    """Set one of an instance's choice fields (``field``, named ``param`` in the request),
+    publish the config and audit it as ``action`` (default ``instance.<field>``). ``check``
+    refuses a value the cluster cannot take."""
+    reason = audit.require_reason(reason)
+    instance = _locked_instance(instance_id)
+    claim_edit(instance.cluster, expected_revision)
+    choices = _CHOICES[field]
+    if value not in choices:
+        raise ServiceError(f"{field} must be one of {choices}", param or field)
+    if getattr(instance, field) == value:
+        message = already.format(value=value)
+        raise Conflict(f"instance {instance.name!r} {message}", param or field)
+    if check is not None:
+        check(instance, value)
     before = instance_snapshot(instance)
-    instance.role = role
-    instance.save(update_fields=["role"])
-    version = config.publish(cluster, actor, reason)
+    setattr(instance, field, value)
+    instance.save(update_fields=[field])
+    version = config.publish(instance.cluster, actor, reason)
     audit.record(
         actor,
-        "instance.role",
+        action(value) if action else f"instance.{field}",
         instance,
         before=before,
         after=_with_version(instance_snapshot(instance), version),
         reason=reason,
-        cluster=cluster,
+        cluster=instance.cluster,
     )
     return instance
 

@@ -83,6 +83,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         from enginesim.replay.simulator import SimConfig, Simulator
         from enginesim.replay.traces import load_trace, scale_tenant
         from router_worker.routing.flow import FlowParams
+        from router_worker.routing.grey import GreyParams
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
     job, cluster = cell.job, cell.job.cluster
@@ -121,6 +122,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         # TTFT. Or as the job asked: on or off.
         flow=FlowParams() if mode == "on" or (mode == "cluster" and tenants) else None,
         tenants=tenants,
+        grey=GreyParams(),  # grey-failure detection, on in the routers by default
     )
 
     def step(done: int, total: int, now: float) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlencode
@@ -64,19 +65,36 @@ def cluster_list(request: HttpRequest) -> HttpResponse:
 @require_POST
 def instance_role(request: HttpRequest, cluster_id: int) -> HttpResponse:
     """The pools' form: move one instance to the prefill pool, the decode pool or both."""
+    return _set_instance(request, cluster_id, cluster_services.set_instance_role, "role")
+
+
+@operator_required
+@require_POST
+def instance_grey_override(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The grey-failure form: the operator's word on one instance (force healthy, force
+    drained, or automatic: the detector decides)."""
+    return _set_instance(request, cluster_id, cluster_services.set_grey_override, "mode")
+
+
+def _set_instance(
+    request: HttpRequest,
+    cluster_id: int,
+    setter: Callable[..., Instance],
+    field: str,
+) -> HttpResponse:
+    """One instance setter of the service from a live-view form (``instance``, ``field``,
+    ``reason``); its refusal re-renders the page with the message, at its status."""
     cluster = get_cluster(cluster_id)
     data = request.POST
     try:
         instance = cluster.instances.get(name=data.get("instance", ""))
     except Instance.DoesNotExist:
         error = ServiceError(f"instance {data.get('instance', '')!r} is not in this cluster")
-        return _live_error(request, cluster, error, data)
+        return _live_error(request, cluster, error, data, field)
     try:
-        cluster_services.set_instance_role(
-            actor(request), instance.pk, data.get("role", ""), reason=data.get("reason", "")
-        )
+        setter(actor(request), instance.pk, data.get(field, ""), reason=data.get("reason", ""))
     except ServiceError as error:
-        return _live_error(request, cluster, error, data)
+        return _live_error(request, cluster, error, data, field)
     return redirect(reverse("web:cluster", args=[cluster.pk]))
 
 
@@ -91,15 +109,20 @@ def cluster_decider(request: HttpRequest, cluster_id: int) -> HttpResponse:
             actor(request), cluster.pk, data.get("decider", ""), reason=data.get("reason", "")
         )
     except ServiceError as error:
-        return _live_error(request, cluster, error, data)
+        return _live_error(request, cluster, error, data, "decider")
     return redirect(reverse("web:cluster", args=[cluster.pk]))
 
 
 def _live_error(
-    request: HttpRequest, cluster: Cluster, error: ServiceError, form: Any
+    request: HttpRequest, cluster: Cluster, error: ServiceError, form: Any, failed: str
 ) -> HttpResponse:
     return service_error_response(
-        request, error, "web/cluster_live.html", **_live_context(cluster, ""), form=form
+        request,
+        error,
+        "web/cluster_live.html",
+        **_live_context(cluster, ""),
+        form=form,
+        failed=failed,
     )
 
 
@@ -129,6 +152,9 @@ def _live_context(cluster: Cluster, at: str) -> dict[str, Any]:
         "pools": cluster_selectors.pools(cluster),
         "deciders": Cluster.Decider.values,
         "instance_names": list(cluster.instances.order_by("name").values_list("name", flat=True)),
+        "grey_overrides": list(
+            cluster.instances.order_by("name").values_list("name", "grey_override")
+        ),
     }
 
 

@@ -34,6 +34,11 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/snapshot.json", clusters.cluster_snapshot, name="snapshot"),
     path("clusters/<int:cluster_id>/role/", clusters.instance_role, name="instance_role"),
     path("clusters/<int:cluster_id>/decider/", clusters.cluster_decider, name="cluster_decider"),
+    path(
+        "clusters/<int:cluster_id>/grey-override/",
+        clusters.instance_grey_override,
+        name="instance_grey_override",
+    ),
     path("clusters/<int:cluster_id>/policy/", policies.policy_page, name="policy"),
     path("clusters/<int:cluster_id>/policy/params/", policies.policy_params, name="policy_params"),
     path("clusters/<int:cluster_id>/policy/apply/", policies.policy_apply, name="policy_apply"),

@@ -158,8 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--grey",
-        action="store_true",
-        help="grey-failure detection, as a live router with router.grey enabled runs it",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="grey-failure detection, as a live router runs it (router.grey, on by default)",
     )
     fleet.add_arguments(parser, seed_default="--seed")
     transfer.add_arguments(parser)

@@ -5,8 +5,13 @@ An instance with a throttled GPU, a bad link or a noisy neighbour answers ``/hea
 passes every breaker while it drags the fleet's tail. :class:`GreyDetector` finds it from
 what the router measures of each request, as a *residual* against what was expected:
 
-* TPOT (first to last token, per token) against a constant: the decode step's cost is the
-  same model on every instance, so its ratio to the fleet's says all;
+* TPOT (first to last token, per token) against the decode step the cost model
+  (:mod:`router_worker.routing.step_cost`) predicts for the batch the request decoded in:
+  the instance's running batch and its context tokens as the router counts them, at the
+  request's first token and at its last, averaged. A busier instance is expected to be
+  slower, so a burst of load on one instance is no residual. Only requests whose decode
+  lasted ``min_decode_s`` or more are judged: a shorter one (few tokens, or an engine run
+  at a compressed time scale) measures the router's own scheduling more than the engine;
 * with ``use_ttft``, TTFT (dispatch to first token) against the prefill work queued ahead
   of the request on that instance when it was sent (its pending prefill, at the state's
   nominal prefill throughput): a rougher expectation, so a noisier residual.
@@ -49,6 +54,8 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
+
 SIGNALS = ("ttft", "tpot")
 OUTLIER = math.log(10.0)  # a sample counts as at most 10x off its instance's normal
 
@@ -70,9 +77,42 @@ class GreyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
-        default=False,
-        description="Detect and route around slow instances (off unless set: a fleet's "
-        "operator turns it on once its alerts are wired).",
+        default=True,
+        description="Detect and route around slow instances (instances alive but slower "
+        "than their own normal, beyond the fleet's drift).",
+    )
+    min_decode_s: float = Field(
+        default=0.05,
+        ge=0,
+        le=3600,
+        description="A request whose decode (first to last token) took less than this, in "
+        "seconds, is not judged: the router's own scheduling jitter (milliseconds) would "
+        "be most of what it measures.",
+    )
+    step_overhead_s: float = Field(
+        default=REFERENCE_DECODE_STEP["step_overhead_s"],
+        ge=0,
+        le=10,
+        description="Cost model of the expected TPOT: fixed cost of a decode step, s.",
+    )
+    decode_seq_s: float = Field(
+        default=REFERENCE_DECODE_STEP["decode_seq_s"],
+        ge=0,
+        le=10,
+        description="Cost model: what each running request adds to a decode step, s.",
+    )
+    min_step_s: float = Field(
+        default=REFERENCE_DECODE_STEP["min_step_s"],
+        ge=0,
+        le=10,
+        description="Cost model: the shortest decode step (reading the weights once), s.",
+    )
+    context_token_s: float = Field(
+        default=REFERENCE_DECODE_STEP["context_token_s"],
+        ge=0,
+        le=1,
+        description="Cost model: what each context token of the batch adds to a decode "
+        "step (reading its KV), s.",
     )
     use_ttft: bool = Field(
         default=False,
@@ -180,6 +220,21 @@ class GreyDetector:
         self._transitions: list[GreyTransition] = []
 
     # ----- inputs -----------------------------------------------------------------------
+    def expected_step(self, batch: float, context_tokens: float) -> float:
+        """The cost model's decode step, s, for a batch of ``batch`` requests holding
+        ``context_tokens``: the TPOT a request decoding in it is expected to see."""
+        p = self.params
+        return float(
+            decode_step_s(
+                max(batch, 1.0),
+                max(context_tokens, 0.0),
+                step_overhead_s=p.step_overhead_s,
+                decode_seq_s=p.decode_seq_s,
+                min_step_s=p.min_step_s,
+                context_token_s=p.context_token_s,
+            )
+        )
+
     def observe(
         self, instance: str, signal: str, measured: float, expected: float, now: float
     ) -> None:

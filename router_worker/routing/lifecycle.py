@@ -65,6 +65,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 
 from router_worker.routing.features import RequestFeatures
+from router_worker.routing.grey import GreyDetector
 from router_worker.routing.indicators import ClusterState, ClusterView
 from router_worker.routing.policies.base import (
     Decision,
@@ -127,6 +128,9 @@ class Attempt:
     # The prefill work queued ahead of it (itself included) at dispatch, in seconds at
     # the state's nominal prefill throughput: the TTFT grey-failure detection expects.
     expected_ttft: float = 0.0
+    # The cost model's decode step on that instance at its first token (grey detection's
+    # expected TPOT is the mean of this and the step at its last token).
+    expected_step: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -412,9 +416,11 @@ class RequestLifecycle:
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
         grey = self.state.grey
-        if grey is not None and grey.params.use_ttft and attempt.dispatched_at is not None:
-            measured = now - attempt.dispatched_at
-            grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
+        if grey is not None:
+            attempt.expected_step = self._decode_step(grey, attempt.instance)
+            if grey.params.use_ttft and attempt.dispatched_at is not None:
+                measured = now - attempt.dispatched_at
+                grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
         for hook in self.observers.first_token:
             hook(self, attempt)
         return True
@@ -429,14 +435,12 @@ class RequestLifecycle:
             return False
         if attempt.phase is Phase.ROUTED:
             raise IllegalTransition(f"request {self.request_id}: finished before dispatch")
+        grey = self.state.grey
+        if grey is not None and ok:
+            self._observe_tpot(grey, attempt, now, output_tokens)
         self._close(attempt, Phase.FINISHED, now, error=False)
         if ok and output_tokens > 0:  # 0: the engine reported no usage
             self.policy.observe_finish(self.features, attempt.instance, output_tokens, now)
-        grey = self.state.grey
-        if grey is not None and ok and attempt.first_token_at is not None and output_tokens > 1:
-            # TPOT against a constant: the step's cost model is every instance's alike.
-            tpot = (now - attempt.first_token_at) / (output_tokens - 1)
-            grey.observe(attempt.instance, "tpot", tpot, 1.0, now)
         self._ended(attempt)
         return True
 
@@ -549,6 +553,28 @@ class RequestLifecycle:
         return True
 
     # ----- internals ------------------------------------------------------------------
+    def _decode_step(self, grey: GreyDetector, instance: str) -> float:
+        """The cost model's decode step on ``instance`` now, its batch as the router
+        counts it (this request included while it decodes)."""
+        view = self.state.view()
+        slot = self.state.slot_of(instance)
+        return grey.expected_step(
+            float(view.batch_size[slot]), float(view.decode_context_tokens[slot])
+        )
+
+    def _observe_tpot(
+        self, grey: GreyDetector, attempt: Attempt, now: float, output_tokens: int
+    ) -> None:
+        """Grey detection's TPOT sample: measured against the cost model's step over the
+        batch the request decoded in (at its first token and at its last, averaged)."""
+        if attempt.first_token_at is None or output_tokens < 2:
+            return
+        span = now - attempt.first_token_at
+        if span < grey.params.min_decode_s:
+            return  # mostly the router's own scheduling jitter
+        expected = 0.5 * (attempt.expected_step + self._decode_step(grey, attempt.instance))
+        grey.observe(attempt.instance, "tpot", span / (output_tokens - 1), expected, now)
+
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances
         slots = [view.ids.index(name) for name in failed if name in view.ids]

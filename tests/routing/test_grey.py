@@ -1,15 +1,22 @@
 """Grey-failure detection (router_worker/routing/grey.py) on a fleet of hand-driven
 instances: each second every instance is offered one request unless the detector excludes
-it, and its TTFT and TPOT are its speed factor times a seeded lognormal jitter."""
+it, and its TTFT and TPOT are its speed factor times a seeded lognormal jitter; then
+through the request lifecycle, where the expected TPOT is the cost model's step for the
+batch the request decoded in."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import numpy as np
 import pytest
 
+from router_worker.routing import ClusterState, RequestLifecycle
 from router_worker.routing.grey import GreyDetector, GreyParams, GreyState, GreyTransition
+from router_worker.routing.policies.round_robin import RoundRobinPolicy
+from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
+from tests.routing.helpers import add_decoding_context, cluster, features, tokens
 
 Speeds = Callable[[float], list[float]]  # each instance's slowness factor at time t
 
@@ -122,3 +129,64 @@ def test_operator_override_wins():
         detector.override("i1", "maybe", 500)
     with pytest.raises(ValueError, match="signal must be one of"):
         detector.observe("i1", "latency", 1.0, 1.0, 500)
+
+
+# ----- through the request lifecycle: the cost model's expectation ------------------------
+def _lifecycle_run(
+    params: GreyParams, output_tokens: int, loaded_at: float, slow_at: float = math.inf
+) -> tuple[ClusterState, list[GreyTransition]]:
+    """Four instances (mixed speeds) under round robin, one request at a time, each
+    decoding at the cost model's step for the batch it runs in × its instance's speed ×
+    jitter, as enginesim's engines do; from ``loaded_at`` i0 also carries 60 long requests
+    (a prefix's holder under a cache-aware policy); from ``slow_at`` i1 runs 3x slower."""
+    state = cluster(4)
+    state.grey = GreyDetector(params)
+    policy = RoundRobinPolicy(seed=1)
+    rng = np.random.default_rng(7)
+    speeds = [1.0, 1.0, 1.5, 2.0]
+    transitions: list[GreyTransition] = []
+    for tick in range(600):
+        t = 2.0 * tick
+        if t == loaded_at:
+            add_decoding_context(state, "i0", 60, 2000)
+        for k in range(4):
+            now = t + 0.5 * k
+            life = RequestLifecycle(features(tokens(100_000 * (4 * tick + k), 64)), policy, state)
+            slot = state.slot_of(life.route(state.view(), now).instance)
+            life.dispatch(now)
+            life.first_token(now + 0.01, ttft=0.01)
+            view = state.view()
+            step = decode_step_s(
+                float(view.batch_size[slot]),
+                float(view.decode_context_tokens[slot]),
+                **REFERENCE_DECODE_STEP,
+            )
+            slowed = 3.0 if slot == 1 and now >= slow_at else 1.0
+            tpot = step * speeds[slot] * slowed * rng.lognormal(0.0, 0.1)
+            life.finish(now + 0.01 + tpot * (output_tokens - 1), output_tokens)
+        transitions += state.grey.take_transitions()
+    return state, transitions
+
+
+def test_an_instance_busier_than_the_others_is_expected_to_be_slower():
+    _, transitions = _lifecycle_run(GreyParams(), 64, loaded_at=300.0)
+    assert transitions == []
+    # Against a constant (the expectation before the cost model) the busy one is flagged.
+    constant = GreyParams(decode_seq_s=0.0, context_token_s=0.0)
+    _, transitions = _lifecycle_run(constant, 64, loaded_at=300.0)
+    assert ("i0", GreyState.DRAINED) in [(x.instance, x.after) for x in transitions]
+
+
+def test_a_slowed_instance_is_found_through_the_lifecycle():
+    _, transitions = _lifecycle_run(GreyParams(), 64, loaded_at=300.0, slow_at=600.0)
+    flagged = [(x.instance, x.after) for x in transitions]
+    assert ("i1", GreyState.DRAINED) in flagged and {x.instance for x in transitions} == {"i1"}
+    degraded = next(x.at for x in transitions if x.after is GreyState.DEGRADED)
+    assert 600 < degraded <= 630
+
+
+def test_a_decode_too_short_to_measure_is_not_judged():
+    # 4 tokens at ~6 ms a step: 18 ms of decode, under min_decode_s (the router's jitter).
+    state, transitions = _lifecycle_run(GreyParams(), 4, loaded_at=-1.0, slow_at=600.0)
+    assert transitions == [] and state.grey is not None
+    assert state.grey.excess_of("i1") == 1.0  # never judged: no sample at all

@@ -158,6 +158,68 @@ def test_operator_switches_the_policy(browser, asgi_server, stack, artifacts_dir
         assert response.headers["x-switchyard-policy"] == "round_robin"
 
 
+def test_operator_overrides_grey_failure_detection(browser, asgi_server, stack) -> None:
+    """The live view's override: forcing i1 drained reaches both routers (their detectors
+    drain it: the instances table's badge says so), the audit log has the row with the
+    reason, and automatic hands it back to the detector; a bad value is refused with the
+    service's message."""
+    page = login(browser, asgi_server.url, "operator")
+    live = f"{asgi_server.url}/clusters/{stack.cluster.pk}/"
+    badge = "tr[data-instance=i1] [data-testid=grey-badge]"
+    try:
+        page.goto(live)
+        page.wait_for_selector("#conn[data-state=live]")
+        assert page.locator(badge).count() == 0
+        _override(page, "i1", "drained", "i1 answers slowly since its host was moved")
+        assert (
+            "forced drained"
+            in page.locator("[data-testid=grey-overrides] tr[data-instance=i1]").inner_text()
+        )
+        stack.wait_reporting(2)
+        page.wait_for_selector(f"{badge}:has-text('drained')")
+        for router in stack.routers:  # the routers' own word, not the page's
+            shown = next(i for i in router.state()["snapshot"]["instances"] if i["name"] == "i1")
+            assert shown["grey_level"] == 3
+        _override(page, "i1", "auto", "host fixed")
+        stack.wait_reporting(3)
+        page.wait_for_selector(badge, state="detached")
+        _override(page, "i1", "auto", "once more")  # refused on the page, with the reason
+        error = page.locator("[data-testid=grey-error]").inner_text()
+        assert "'i1' already has grey override auto" in error
+
+        page.goto(f"{asgi_server.url}/audit/?action=instance.grey_override")
+        rows = page.locator("tr[data-action='instance.grey_override']")
+        assert rows.count() == 2
+        assert "i1 answers slowly since its host was moved" in rows.nth(1).inner_text()
+        assert (
+            '"grey_override": "drained"' in rows.nth(1).locator("[data-field=after]").inner_text()
+        )
+
+        token = next(c["value"] for c in page.context.cookies() if c["name"] == "csrftoken")
+        headers = {"X-CSRFToken": token, "Referer": live}
+        url = f"{live}grey-override/"
+        for form, status, message in (
+            ({"instance": "i1", "mode": "sideways", "reason": "x"}, 400, "must be one of"),
+            ({"instance": "i1", "mode": "drained", "reason": " "}, 400, "a reason is required"),
+            ({"instance": "nope", "mode": "drained", "reason": "x"}, 400, "not in this cluster"),
+            ({"instance": "i1", "mode": "auto", "reason": "x"}, 409, "already has grey"),
+        ):
+            response = page.request.post(url, form=form, headers=headers)
+            assert response.status == status, form
+            assert message in response.text(), form
+    finally:
+        page.context.close()
+    assert page.js_errors == []
+
+
+def _override(page, instance: str, mode: str, reason: str) -> None:
+    page.select_option("[data-testid=grey-instance]", instance)
+    page.select_option("[data-testid=grey-mode]", mode)
+    page.fill("[data-testid=grey-reason]", reason)
+    page.click("[data-testid=grey-apply]")
+    page.wait_for_selector("#conn[data-state=live]")
+
+
 def _hotspot_burst(stack: Stack) -> None:
     """Many requests sharing one long prefix, one at a time, so LMetric keeps them on the
     instance that caches it while the class dominates the window."""

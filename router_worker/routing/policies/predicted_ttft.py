@@ -120,16 +120,17 @@ from router_worker.routing.kv_pressure import OutputLengths, kv_wait
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import derived, design, matrix
+from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
 FALLBACK_COEFFICIENTS: dict[str, float | int] = {
     "prefill_tps": 7239.0,
-    "step_overhead_s": 0.002258,
-    "decode_seq_s": 0.0001619,
+    "step_overhead_s": REFERENCE_DECODE_STEP["step_overhead_s"],
+    "decode_seq_s": REFERENCE_DECODE_STEP["decode_seq_s"],
     "attention_pair_s": 4.249e-9,
-    "min_step_s": 0.005957,
+    "min_step_s": REFERENCE_DECODE_STEP["min_step_s"],
     "chunk_tokens": 8192,
-    "context_token_s": 1.5e-08,
+    "context_token_s": REFERENCE_DECODE_STEP["context_token_s"],
 }
 # The parameters the control plane derives from the cluster's GPU and model when left None.
 COEFFICIENT_FIELDS: tuple[str, ...] = tuple(FALLBACK_COEFFICIENTS)
@@ -566,8 +567,14 @@ class PredictedTTFTPolicy(RoutingPolicy):
             + request.prompt_tokens
             + batch * 0.5 * self.expected_output(view)
         )
-        fixed = np.maximum(k.min_step_s, k.step_overhead_s + batch * k.decode_seq_s)
-        return fixed + context * k.context_token_s
+        return decode_step_s(
+            batch,
+            context,
+            step_overhead_s=k.step_overhead_s,
+            decode_seq_s=k.decode_seq_s,
+            min_step_s=k.min_step_s,
+            context_token_s=k.context_token_s,
+        )
 
     def admission_wait(self, view: ClusterView, step: np.ndarray) -> np.ndarray:
         """Per slot, the wait to be admitted behind a full KV cache: with the cache nearly

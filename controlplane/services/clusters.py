@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import IntegrityError, transaction
@@ -265,22 +266,9 @@ def set_decider(
     claim_edit(cluster, expected_revision)
     if kind not in Cluster.Decider.values:
         raise ServiceError(f"decider must be one of {Cluster.Decider.values}", "decider")
-    before = cluster.decider
-    if before == kind:
+    if cluster.decider == kind:
         raise Conflict(f"the decider of {cluster.name} is already {kind}", "decider")
-    cluster.decider = kind
-    cluster.save(update_fields=["decider"])
-    version = config.publish(cluster, actor, reason)
-    audit.record(
-        actor,
-        "cluster.decider",
-        cluster,
-        before={"decider": before},
-        after=_with_version({"decider": kind}, version),
-        reason=reason,
-        cluster=cluster,
-    )
-    return cluster
+    return _set_cluster_setting(actor, cluster, "decider", kind, reason)
 
 
 @transaction.atomic
@@ -369,18 +357,27 @@ def set_session_sources(
             "session_sources",
         )
     chosen = [s for s in SESSION_SOURCES if s in sources]  # the order they are read in
-    before = list(cluster.session_sources)
-    if before == chosen:
+    if list(cluster.session_sources) == chosen:
         raise Conflict(f"the session sources of {cluster.name} are already {chosen}", "sources")
-    cluster.session_sources = chosen
-    cluster.save(update_fields=["session_sources"])
+    return _set_cluster_setting(actor, cluster, "session_sources", chosen, reason)
+
+
+def _set_cluster_setting(
+    actor: Actor, cluster: Cluster, field: str, value: Any, reason: str
+) -> Cluster:
+    """Store one routing setting of a locked cluster, publish the routers' new config and
+    audit it as ``cluster.<field>`` (the caller has validated the value)."""
+    before = getattr(cluster, field)
+    before = list(before) if isinstance(before, list) else before
+    setattr(cluster, field, value)
+    cluster.save(update_fields=[field])
     version = config.publish(cluster, actor, reason)
     audit.record(
         actor,
-        "cluster.session_sources",
+        f"cluster.{field}",
         cluster,
-        before={"session_sources": before},
-        after=_with_version({"session_sources": chosen}, version),
+        before={field: before},
+        after=_with_version({field: value}, version),
         reason=reason,
         cluster=cluster,
     )

@@ -45,6 +45,7 @@ HOTSPOT_FALLBACK_SHARE = 0.25
 ERROR_SHARE = 0.02
 SILENT_FALLBACK_SHARE = 0.5  # the gauge is 0 or 1 per instance
 REPLAY_DRIFT = 0.35
+GREY_DEGRADED = 2  # switchyard_router_instance_grey_level: 2 degraded, 3 drained
 
 REQUESTS = "switchyard_router_requests_total"
 SHARE = "sum by (cluster) (rate({m}{{<F>{sel}}}[5m])) / sum by (cluster) (rate({m}{{<F>}}[5m]))"
@@ -55,6 +56,7 @@ ERRORS = SHARE.format(m=REQUESTS, sel='status=~"5.."')
 SILENT = f"max by (cluster) ({SILENT_FALLBACK}{{<F>}})"
 DRIFT = 'abs(switchyard_replay_fidelity_drift_ratio{<F>metric="ttft_mean_s"})'
 ROLLBACKS = "increase(switchyard_canary_rollbacks_total{<F>}[15m])"
+GREY = "max by (cluster, instance) (switchyard_router_instance_grey_level{<F>})"
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,15 @@ ALERTS = (
         "template), so KV-aware routing has silently fallen back to guessing.",
         for_="15m",
         awaits=True,
+    ),
+    Alert(
+        "SwitchyardInstanceDegraded",
+        f"{GREY} >= {GREY_DEGRADED}",
+        "Cluster {{ $labels.cluster }}: instance {{ $labels.instance }} is slow (grey failure)",
+        "The router's grey-failure detector has found the instance persistently slower than "
+        "its own normal, beyond the fleet's drift, and lowered its weight or drained it for "
+        "5 minutes: it is alive but slow (thermal throttling, a bad link, a noisy neighbour). "
+        "The live view's Slowness column shows its excess; its override form puts it back.",
     ),
     Alert(
         "SwitchyardCanaryRolledBack",

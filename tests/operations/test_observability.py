@@ -155,6 +155,10 @@ def test_the_rules_fire_on_their_conditions_and_only_then(tmp_path: Path) -> Non
         _series("switchyard_replay_fidelity_drift_ratio", "-0.5x40", metric="ttft_mean_s", **a),
         _series("switchyard_replay_fidelity_drift_ratio", "0.1x40", metric="ttft_mean_s", **b),
         _series("switchyard_replay_fidelity_drift_ratio", "0.9x40", metric="tpot_p99_s", **b),
+        # a: i3 suspect, then degraded from minute 6 and drained from 12; b: i1 only suspect
+        _series("switchyard_router_instance_grey_level", "1x5 2x5 3x30", instance="i3", **a),
+        _series("switchyard_router_instance_grey_level", "0x40", instance="i0", **a),
+        _series("switchyard_router_instance_grey_level", "1x40", instance="i1", **b),
     ]
     tests = [
         _expect("SwitchyardErrorRate", "20m", a, "Cluster a: 9.091% of requests end in a 5xx"),
@@ -172,6 +176,13 @@ def test_the_rules_fire_on_their_conditions_and_only_then(tmp_path: Path) -> Non
             "20m",
             a,
             "Cluster a: the engines do not confirm the router's predicted prefix hits",
+        ),
+        _expect("SwitchyardInstanceDegraded", "9m", None),  # degraded, not for 5 minutes
+        _expect(
+            "SwitchyardInstanceDegraded",
+            "20m",
+            {**a, "instance": "i3"},
+            "Cluster a: instance i3 is slow (grey failure)",
         ),
         _expect("SwitchyardCanaryRolledBack", "5m", None),
         _expect("SwitchyardCanaryRolledBack", "12m", a, "Cluster a: a canary was rolled back"),

@@ -215,6 +215,9 @@ def report(out: Path, data: Mapping[str, Any]) -> None:
         f"{stats.rule_text()}) in a strict majority of the tuning cells and worse in none.",
         "",
     ]
+    if data.get("parts"):  # several runs, each of some parameters (--assemble)
+        lines += ["Assembled from these runs' results:", ""]
+        lines += [f"* {part}" for part in data["parts"]] + [""]
     for name, entry in data["tunables"].items():
         lines += [f"## `{name}`", "", *_tunable_lines(entry), ""]
     (out / "README.md").write_text("\n".join(lines))
@@ -258,7 +261,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--param", action="append", choices=list(TUNABLES))
     parser.add_argument("--out", type=Path)
+    parser.add_argument(
+        "--assemble",
+        type=Path,
+        nargs="+",
+        metavar="RESULTS",
+        help="run nothing: merge these results.json files (each run's own parameters; the "
+        "same seeds and size) into --out's results.json and README.md",
+    )
     args = parser.parse_args(argv)
+    if args.assemble:
+        return assemble(args.assemble, args.out or Path(__file__).resolve().parent)
     if args.seeds < 2:
         parser.error("--seeds must be at least 2: one seed has no interval")
     here = Path(__file__).resolve().parent
@@ -281,6 +294,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
             report(out, data)
             print(f"{name}: wrote {out}/README.md at {data['wall_s'] / 60:.1f} min", flush=True)
+    return 0
+
+
+def assemble(paths: Sequence[Path], out: Path) -> int:
+    """One report from several runs of the same size, each over its own parameters."""
+    runs = [json.loads(path.read_text()) for path in paths]
+    sizes = {(run["quick"], run["seeds"], run["requests"]) for run in runs}
+    if len(sizes) != 1:
+        raise SystemExit(f"the runs differ in size (quick, seeds, requests): {sorted(sizes)}")
+    data = {**runs[0], "tunables": {}, "parts": []}
+    data["wall_s"] = sum(run["wall_s"] for run in runs)
+    for run in runs:
+        data["tunables"] |= run["tunables"]
+        names = ", ".join(f"`{name}`" for name in run["tunables"])
+        data["parts"].append(f"{run['wall_s'] / 60:.1f} min on {run['machine']}: {names}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+    report(out, data)
+    print(f"wrote {out}/README.md from {len(runs)} runs")
     return 0
 
 

@@ -738,7 +738,8 @@ def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
     engines, replay_lives, monkeypatch
 ):
     # live: the first instance answers with a 500, the next serves: peers hear the first
-    # dispatch end badly and the second end well
+    # dispatch end badly and the second end well (its first token too: a non-streamed
+    # request that can be continued is streamed from the engine)
     core = make_core(engines.instances())
     core.peers = peers = listening_peers(core)
     call = make_call(core, f"{PROMPT}{POISON}")
@@ -748,7 +749,13 @@ def test_both_drivers_tell_peers_from_the_lifecycles_transitions(
         served = serve(core, call)
     assert served.status == 200 and len(served.sent) == 2
     second = served.sent[1]
-    assert published(peers) == [("d", first), ("e", False), ("d", second), ("e", True)]
+    assert published(peers) == [
+        ("d", first),
+        ("e", False),
+        ("d", second),
+        ("f",),
+        ("e", True),
+    ]
     assert any(isinstance(o, PeerReports) for o in call.plan.observers.all)
     # replay: two synced routers; an instance dies under them (failures, retries). The same
     # PeerReports tells the peers of every dispatch, with the cached tokens it was

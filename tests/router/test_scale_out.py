@@ -21,7 +21,7 @@ async def _traffic(urls: list[str], count: int, concurrency: int) -> list[tuple[
         body = {
             "model": MODEL,
             "prompt": f"user {k} asks " + "about things " * 40,
-            "max_tokens": 40,
+            "max_tokens": 120,  # long enough that a scrape catches the other router's
             "stream": True,
         }
         async with gate, client.stream("POST", url + "/v1/completions", json=body) as resp:

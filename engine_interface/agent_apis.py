@@ -12,17 +12,22 @@ turns of a ``previous_response_id`` chain (their messages without the system one
 answer as an assistant message; only the engine holding the chain has them), then
 ``input``: a string is one user message; a list holds message items (``role`` and
 ``content``, string or ``input_text``/``output_text`` parts; ``id``, ``status`` and
-``type`` dropped), ``function_call`` items (an assistant tool call, merged into the
-assistant message before it) and ``function_call_output`` items (a ``tool`` message);
-``reasoning`` items are skipped. Function tools (``{"type": "function", "name", ...}``)
-are passed to the template as chat tools.
+``type`` dropped; an assistant's content is cut to its text, the first part's),
+``function_call`` items (an assistant tool call) and ``function_call_output`` items (a
+``tool`` message); ``reasoning`` items are skipped. The assistant items of one turn fold
+into one message: a function call joins the tool calls of the assistant message before it,
+an assistant text fills that message's content when it has none (two texts stay two
+messages). Function tools (``{"type": "function", "name", ...}``) are passed to the
+template as chat tools. The expected messages for fixed bodies, read off vLLM's own code,
+are in tests/foundation/test_agent_apis_vllm.py.
 
 Messages (vLLM's ``AnthropicServingMessages``): the top-level ``system`` (a string, or text
 blocks; a Claude Code ``x-anthropic-billing-header`` block is dropped, it would defeat
 prefix caching) and any ``system``-role message are joined into one system message; text
 blocks become text parts (one alone: a plain string), ``thinking`` blocks the message's
 ``reasoning``, ``tool_use`` blocks tool calls, and a user's ``tool_result`` a ``tool``
-message before it. ``max_tokens`` is required.
+message before it (its images a user message after that one). A tool's ``input_schema``
+without a ``type`` gets ``"type": "object"`` appended. ``max_tokens`` is required.
 
 Bad input is an :class:`~engine_interface.openai_errors.APIError` 400 naming the field.
 """
@@ -64,7 +69,7 @@ def responses_chat_body(
     if instructions:
         messages.append({"role": "system", "content": instructions})
     messages += [m for m in history or [] if m.get("role") != "system"]
-    messages += _merge_assistant(_input_messages(body.get("input")))
+    messages += _input_messages(body.get("input"))
     chat: dict[str, Any] = {"messages": messages}
     tools = _responses_tools(body.get("tools"))
     if tools:
@@ -84,41 +89,70 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
         return [{"role": "user", "content": value}]
     if not isinstance(value, list) or not value:
         raise APIError(400, "`input` must be a string or a non-empty list of input items.", "input")
-    out = []
+    out: list[dict[str, Any]] = []
     for index, item in enumerate(value):
-        message = _input_item(index, item)
-        if message is not None:
-            out.append(message)
+        _add_input_item(index, item, out)
     return out
 
 
-def _input_item(index: int, item: Any) -> dict[str, Any] | None:
+def _add_input_item(index: int, item: Any, out: list[dict[str, Any]]) -> None:
+    """Append the item's message to ``out``, or fold it into the assistant message before
+    it, as vLLM's ``_construct_message_from_response_item`` does: a function call joins
+    that message's tool calls, an assistant text fills its content if it has none."""
     where = f"input.{index}"
     if not isinstance(item, dict):
         raise APIError(400, f"`{where}` must be an object.", "input")
     kind = item.get("type", "message")
+    last = out[-1] if out and out[-1].get("role") == "assistant" else None
     if kind == "message":
-        if not isinstance(item.get("role"), str):
-            raise APIError(400, f"`{where}.role` must be a string.", "input")
-        return {k: v for k, v in item.items() if k not in _DROPPED_ITEM_KEYS and v is not None}
-    if kind == "function_call":
-        call = {
-            "id": _string(item, "call_id", where),
-            "type": "function",
-            "function": {
-                "name": _string(item, "name", where),
-                "arguments": _string(item, "arguments", where),
-            },
-        }
-        return {"role": "assistant", "content": None, "tool_calls": [call]}
-    if kind == "function_call_output":
-        output = _string(item, "output", where)
-        return {"role": "tool", "tool_call_id": _string(item, "call_id", where), "content": output}
-    if kind == "reasoning":
+        message = _message_item(item, where)
+        text = _assistant_text(message)
+        if text is None:
+            out.append(message)
+        elif last is not None and last.get("content") is None:
+            last["content"] = text
+        else:
+            out.append({"role": "assistant", "content": text})
+    elif kind == "function_call":
+        call = _function_call(item, where)
+        if last is not None:
+            last["tool_calls"] = [*(last.get("tool_calls") or []), call]
+        else:
+            out.append({"role": "assistant", "tool_calls": [call]})
+    elif kind == "function_call_output":
+        call_id, output = _string(item, "call_id", where), _string(item, "output", where)
+        out.append({"role": "tool", "tool_call_id": call_id, "content": output})
+    elif kind != "reasoning":
+        raise APIError(
+            400, f"`{where}.type`: input item type {json.dumps(kind)} is not supported.", "input"
+        )
+
+
+def _message_item(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(item.get("role"), str):
+        raise APIError(400, f"`{where}.role` must be a string.", "input")
+    return {k: v for k, v in item.items() if k not in _DROPPED_ITEM_KEYS and v is not None}
+
+
+def _assistant_text(message: Mapping[str, Any]) -> str | None:
+    """vLLM keeps an assistant message item's text only: the string, or its first part's."""
+    if message["role"] != "assistant":
         return None
-    raise APIError(
-        400, f"`{where}.type`: input item type {json.dumps(kind)} is not supported.", "input"
-    )
+    content = message.get("content")
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        content = content[0].get("text")
+    return content if isinstance(content, str) else None
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    return {
+        "id": _string(item, "call_id", where),
+        "type": "function",
+        "function": {
+            "name": _string(item, "name", where),
+            "arguments": _string(item, "arguments", where),
+        },
+    }
 
 
 def _string(item: Mapping[str, Any], key: str, where: str) -> str:
@@ -126,34 +160,6 @@ def _string(item: Mapping[str, Any], key: str, where: str) -> str:
     if not isinstance(value, str):
         raise APIError(400, f"`{where}.{key}` must be a string.", "input")
     return value
-
-
-def _merge_assistant(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One assistant turn given as a message and function calls renders as one message."""
-    merged: list[dict[str, Any]] = []
-    for message in messages:
-        last = merged[-1] if merged else None
-        if last is None or last.get("role") != "assistant" or message.get("role") != "assistant":
-            merged.append(message)
-            continue
-        last = merged[-1] = dict(last)
-        if message.get("content"):
-            last["content"] = _join_text(last.get("content"), message["content"])
-        if message.get("tool_calls"):
-            last["tool_calls"] = [*(last.get("tool_calls") or []), *message["tool_calls"]]
-    return merged
-
-
-def _join_text(first: Any, second: Any) -> Any:
-    if not first:
-        return second
-    if isinstance(first, str) and isinstance(second, str):
-        return first + "\n\n" + second
-    return _parts(first) + _parts(second)
-
-
-def _parts(content: Any) -> list[Any]:
-    return list(content) if isinstance(content, list) else [{"type": "text", "text": content}]
 
 
 def _responses_tools(tools: Any) -> list[dict[str, Any]]:
@@ -308,13 +314,18 @@ def _tool_result(
     if role != "user":
         parts.append({"type": "text", "text": f"Tool result: {content or ''}"})
         return
+    items = [i for i in content if isinstance(i, dict)] if isinstance(content, list) else []
     if isinstance(content, list):
-        texts = [
-            i.get("text", "") for i in content if isinstance(i, dict) and i.get("type") == "text"
-        ]
-        content = "\n".join(texts)
+        content = "\n".join(i.get("text", "") for i in items if i.get("type") == "text")
     text = content if isinstance(content, str) else ""
     out.append({"role": "tool", "tool_call_id": block.get("tool_use_id") or "", "content": text})
+    images = [
+        {"type": "image_url", "image_url": {"url": _image_url(i.get("source") or {})}}
+        for i in items
+        if i.get("type") == "image"
+    ]
+    if images:  # vLLM's _convert_user_tool_result: a user message right after the tool's
+        out.append({"role": "user", "content": images})
 
 
 def _anthropic_tools(tools: Any) -> list[dict[str, Any]]:
@@ -332,7 +343,7 @@ def _anthropic_tools(tools: Any) -> list[dict[str, Any]]:
         function = {
             "name": tool["name"],
             "description": tool.get("description"),
-            "parameters": {"type": "object", **schema},
+            "parameters": schema if "type" in schema else {**schema, "type": "object"},
         }
         out.append({"type": "function", "function": function})
     return out

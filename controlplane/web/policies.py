@@ -14,10 +14,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from controlplane.models import Cluster, Policy
 from controlplane.selectors import robustness
+from controlplane.services import clusters as cluster_services
 from controlplane.services import config as config_service
 from controlplane.services import policies as policy_service
 from controlplane.services.errors import ServiceError
 from controlplane.services.validation import policy_kinds
+from router_worker.routing.sessions import SESSION_SOURCES
 
 from . import dashboard, reads
 from .access import actor, operator_required, viewer_required
@@ -70,6 +72,7 @@ def _context(
         "field_errors": errors,
         "canary": config_service.active_canary(cluster),
         "target_version": latest.number if latest else None,
+        "session_sources": [(s, s in cluster.session_sources) for s in SESSION_SOURCES],
     }
 
 
@@ -83,6 +86,7 @@ def policy_page(request: HttpRequest, cluster_id: int) -> HttpResponse:
         **_context(cluster, request.GET.get("kind")),
         applied=request.GET.get("applied"),
         applied_version=request.GET.get("version"),
+        sources_set=request.GET.get("sources_set"),
     )
 
 
@@ -153,6 +157,27 @@ def _apply(request: HttpRequest, cluster: Cluster) -> Policy:
     return policy_service.activate_policy(
         who, cluster.pk, policy.pk, reason=reason, expected_revision=expected_revision(request.POST)
     )
+
+
+@operator_required
+@require_POST
+def session_sources_set(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The session-sources form: one checkbox per source and a reason, through the same
+    service (and audit) as ``PUT /api/v1/clusters/{id}/session-sources``."""
+    cluster = get_cluster(cluster_id)
+    try:
+        cluster_services.set_session_sources(
+            actor(request),
+            cluster.pk,
+            request.POST.getlist("sources"),
+            reason=request.POST.get("reason", ""),
+            expected_revision=expected_revision(request.POST),
+        )
+    except ServiceError as error:  # re-read: the form shows the stored sources and revision
+        return service_error_response(
+            request, error, TEMPLATE, **_context(get_cluster(cluster.pk)), sources_form=request.POST
+        )
+    return redirect(f"{reverse('web:policy', args=[cluster.pk])}?sources_set=1")
 
 
 @viewer_required

@@ -42,6 +42,11 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/policy/", policies.policy_page, name="policy"),
     path("clusters/<int:cluster_id>/policy/params/", policies.policy_params, name="policy_params"),
     path("clusters/<int:cluster_id>/policy/apply/", policies.policy_apply, name="policy_apply"),
+    path(
+        "clusters/<int:cluster_id>/session-sources/",
+        policies.session_sources_set,
+        name="session_sources",
+    ),
     path("clusters/<int:cluster_id>/routers/", policies.router_versions, name="routers"),
     path("clusters/<int:cluster_id>/canary/", canaries.canary_page, name="canary"),
     path("clusters/<int:cluster_id>/canary/create/", canaries.canary_create, name="canary_create"),

@@ -356,3 +356,67 @@ def test_the_replay_pages_live_row_is_in_the_engines_time(cluster) -> None:
         "ttft_p50_s": 2.0,
         "output_tokens_per_s": 200.0,
     }
+
+
+def test_operator_sets_session_sources_from_the_policy_page(as_role, cluster) -> None:
+    """The form posts the checked sources and a reason to the same service as
+    ``PUT /api/v1/clusters/{id}/session-sources``: stored in the order they are read,
+    published to the routers, audited under the operator's name."""
+    operator = as_role("operator")
+    url = reverse("web:policy", args=[cluster.pk])
+    page = operator.get(url).content.decode()
+    form = page[page.index('data-testid="session-sources-form"') :]
+    form = form[: form.index("</form>")]
+    names = [s for s in ("header", "harness", "response_chain", "user") if f'value="{s}"' in form]
+    assert names == ["header", "harness", "response_chain", "user"]
+    assert form.count(" checked") == 4 and 'name="reason" required' in form
+
+    response = operator.post(
+        reverse("web:session_sources", args=[cluster.pk]),
+        {"sources": ["user", "header"], "reason": "harness ids collide"},
+    )
+    assert response.status_code == 302 and response["Location"].startswith(url)
+    cluster.refresh_from_db()
+    assert cluster.session_sources == ["header", "user"]
+    version = cluster.versions.order_by("-number").first()
+    assert version is not None and version.document["session_sources"] == ["header", "user"]
+    assert (version.created_by, version.reason) == ("web-operator", "harness ids collide")
+    event = AuditEvent.objects.filter(action="cluster.session_sources").latest("pk")
+    assert event.actor_name == "web-operator"
+    assert event.after is not None and event.after["session_sources"] == ["header", "user"]
+    shown = operator.get(response["Location"]).content.decode()
+    assert 'data-testid="sources-set"' in shown
+    assert 'value="harness" data-testid' in shown  # unchecked now
+
+
+@pytest.mark.parametrize(
+    ("data", "status", "message"),
+    [
+        ({"sources": ["header", "cookie"], "reason": "r"}, 400, "session_sources must be distinct"),
+        ({"sources": ["header", "header"], "reason": "r"}, 400, "session_sources must be distinct"),
+        ({"sources": ["header"], "reason": " "}, 400, "reason"),
+    ],
+    ids=["unknown-source", "twice", "no-reason"],
+)
+def test_a_hostile_session_sources_post_is_refused_and_stores_nothing(
+    as_role, cluster, data, status, message
+) -> None:
+    versions, audit_rows = cluster.versions.count(), AuditEvent.objects.count()
+    response = as_role("operator").post(reverse("web:session_sources", args=[cluster.pk]), data)
+    assert response.status_code == status
+    body = response.content.decode()
+    error = body[body.index('data-testid="sources-error"') :]
+    assert message in error[: error.index("</div>")]
+    assert f'value="{data["reason"]}"' in body  # the reason typed is kept
+    cluster.refresh_from_db()
+    assert cluster.session_sources == ["header", "harness", "response_chain", "user"]
+    assert (cluster.versions.count(), AuditEvent.objects.count()) == (versions, audit_rows)
+
+
+def test_a_viewer_cannot_post_session_sources(as_role, cluster) -> None:
+    response = as_role("viewer").post(
+        reverse("web:session_sources", args=[cluster.pk]), {"sources": [], "reason": "r"}
+    )
+    assert response.status_code == 403
+    cluster.refresh_from_db()
+    assert cluster.session_sources == ["header", "harness", "response_chain", "user"]

@@ -22,6 +22,7 @@ from router_worker.intake import take_in
 from router_worker.limits import Limiter
 from router_worker.metrics import RouterMetrics
 from router_worker.routing import ClusterState, session_key_from_request
+from router_worker.routing.sessions import SESSION_SOURCES
 from router_worker.runtime import Runtime, build_runtime
 from router_worker.tokenization import PromptError, Tokenizer, approx_token_ids
 
@@ -125,6 +126,34 @@ def test_a_client_cannot_pick_its_canary_arm_by_picking_its_session_key(salt):
     assert [runtime.arm_for(key).name for key in chosen] == arms
     if salt is not None:
         assert [other_router.arm_for(key).name for key in chosen] == arms
+
+
+@pytest.mark.parametrize(
+    ("header", "source"),
+    [
+        ("X-Session-ID", "header"),
+        ("X-Dynamo-Session-ID", "harness"),
+        ("X-Claude-Code-Agent-ID", "harness"),
+        ("x-claude-code-session-id", "harness"),
+        ("session-id", "harness"),
+        ("session_id", "harness"),
+    ],
+)
+def test_a_harness_session_header_keys_the_canary_arm_as_x_session_id_does(header, source):
+    """Whichever header carries the session (X-Session-ID or one an agent harness sends on
+    its own, router_worker/routing/sessions.py), each session keeps its arm on every router
+    and the sessions split by the arms' weights; with that source off there is no key."""
+    values = [f"conv-{n}" for n in range(2000)]
+    body = {"user": "one-user-for-all"}  # a later source: must not decide the arm
+    keys = [session_key_from_request({header: v}, body) for v in values]
+    assert all(keys) and len(set(keys)) == len(keys)
+    runtime, other_router = _canary_runtime("secret"), _canary_runtime("secret")
+    arms = [runtime.arm_for(key).name for key in keys]
+    assert [other_router.arm_for(key).name for key in keys] == arms
+    assert [runtime.arm_for(key).name for key in keys] == arms
+    assert 0.07 < arms.count("candidate") / len(arms) < 0.13
+    others = [s for s in SESSION_SOURCES if s not in (source, "user")]
+    assert session_key_from_request({header: values[0]}, body, others) is None
 
 
 def test_circuit_breaker_opens_half_opens_and_closes():

@@ -7,6 +7,7 @@ conditions and only then (``test rules``)."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from router_worker.metrics import RouterMetrics
 from scripts import observability as obs
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,6 +44,28 @@ def test_every_metric_the_rules_and_panels_name_is_defined() -> None:
     assert obs.missing(exprs, DEFINED) == set()
     assert {"switchyard_router_fleet_pending_prefill_seconds", "switchyard_canary_rollbacks_total",
             "switchyard_replay_fidelity_drift_ratio"} <= DEFINED  # fmt: skip
+
+
+def readme_scaled_objects() -> list[dict[str, Any]]:
+    """The KEDA ``ScaledObject`` YAML blocks of README.md ("Dashboards, alerts, traces and
+    autoscaling")."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```$", (ROOT / "README.md").read_text(), re.M | re.S)
+    documents = [yaml.safe_load(block) for block in blocks]
+    return [d for d in documents if isinstance(d, dict) and d.get("kind") == "ScaledObject"]
+
+
+def test_the_readmes_keda_example_queries_metrics_the_router_defines() -> None:
+    router = {
+        name for family in RouterMetrics().registry.collect() for name in obs.sample_names(family)
+    }
+    (scaled,) = readme_scaled_objects()
+    triggers = scaled["spec"]["triggers"]
+    assert triggers and {t["type"] for t in triggers} == {"prometheus"}
+    queries = [t["metadata"]["query"] for t in triggers]
+    assert all(obs.referenced(q) for q in queries), queries
+    assert obs.missing(queries, router) == set()
+    for trigger in triggers:
+        float(trigger["metadata"]["threshold"])  # KEDA takes a number in a string
 
 
 def test_a_rule_or_panel_naming_an_undefined_metric_stops_the_generation() -> None:

@@ -96,7 +96,11 @@ TRACE = Path(
 # policy decides how long they get, without the overload of the trace's own rate.
 RATE = positive_env("SWITCHYARD_DEMO_RATE", "0.68")
 MAX_MODEL_LEN = 131072
-DEMO_CANARY_DEFAULTS = '{"weight_steps": [25, 50], "min_samples": 30, "step_seconds": 30}'
+# A demo's canary schedule: one step of half the traffic, judged once it has run 30 s and
+# holds 20 samples per arm (a verdict in a minute or two at the demo's one request a
+# second), not the built-in 10/25/50% and 50 samples a production fleet's traffic fills. An
+# inconclusive step still waits for more samples (up to max_wait_seconds, 600 s).
+DEMO_CANARY_DEFAULTS = '{"weight_steps": [50], "min_samples": 20, "step_seconds": 30}'
 
 
 def tier_blocks_env(name: str = "SWITCHYARD_DEMO_TIER_BLOCKS") -> int:
@@ -163,8 +167,9 @@ def stack_env() -> dict[str, str]:
     env.setdefault("SWITCHYARD_CONTROL_PLANE_URL", f"http://{HOST}:{PORT}")
     env["SWITCHYARD_ROUTER_HOST"] = ROUTER_HOST_NAME
     env["PYTHONUNBUFFERED"] = "1"
-    # The demo serves about one request a second: canaries with the form's defaults get
-    # their 30 samples per arm at 25% and reach a verdict in minutes, not hours.
+    # The demo serves about one request a second: canaries with the form's defaults (the
+    # seeded one and those started from a replay too) get their 20 samples per arm at 50%
+    # and reach a verdict in a minute or two, not hours.
     env.setdefault("SWITCHYARD_CANARY_DEFAULTS", DEMO_CANARY_DEFAULTS)
     return env
 
@@ -369,7 +374,11 @@ def banner(logins: dict[str, str]) -> str:
             " saved configs; `make demo KEEP=1` keeps them)\n"
         )
     else:
-        state = "  state:     kept from the earlier run (KEEP=1); the demo's seed only adds\n"
+        state = (
+            "  state:     kept from the earlier run (KEEP=1); the demo's seed only adds what"
+            " is missing (instances, policies, a draft canary, a running capture) and issues"
+            " new passwords\n"
+        )
     return (
         f"\nSwitchyard is up on a simulated {INSTANCES} x H20 cluster "
         f"(time scale {TIME_SCALE:g}: engines run {TIME_SCALE:g}x slower than real).\n"

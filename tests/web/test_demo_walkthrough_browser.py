@@ -257,9 +257,10 @@ def _policy_name(policy_id: int) -> str:
 
 
 def _verdict_expected(page) -> int:
-    """The canary page's "Verdict expected in about N s", once it says a minute or two: 20
-    samples an arm at about half a request a second each (the first estimates, from an
-    arm's first sample or two, run longer; the page refreshes every 3 s)."""
+    """The canary page's "Verdict expected in about N s", once it says two minutes at most
+    (the README's: 20 samples an arm at half the demo's one request a second each, counted
+    as they finish; the estimates from an arm's first sample or two can run longer, and
+    fall as the samples come in; the page refreshes every 3 s)."""
     try:
         shown = page.wait_for_function(
             """(pattern) => {

@@ -21,7 +21,7 @@ keeps them, with the first run's policies, canaries, captures and replays).
 Knobs (environment): SWITCHYARD_DEMO_TIME_SCALE (wall seconds per simulated second; the
 engines run in slow motion so two cores can carry sixteen of them), SWITCHYARD_DEMO_TRACE,
 SWITCHYARD_DEMO_RATE (the trace's speed relative to the engines: 0.68 puts the default trace
-at about 60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
+at 55-60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
 sixteen engines, default 0 = none; with one, the live view shows its traffic),
 SWITCHYARD_DEMO_GPU_MEMORY (the engines' --gpu-memory-utilization, default 0.5: a KV cache
 of about 590k tokens per instance, so the KV column moves; replays use the scraped size),
@@ -91,9 +91,11 @@ TRACE = Path(
         ROOT.parent / "shared" / "traces" / "mooncake_conversation_t0-2700s.jsonl",
     )
 )
-# The evaluation matrix calibrates this trace on 16 x H20 at busy = 0.82 * rate^0.81
-# (bench/replay_report/README.md): 0.68 gives about 60% busy, where queues form and the
-# policy decides how long they get, without the overload of the trace's own rate.
+# The evaluation matrix calibrates this trace on 16 x H20 at busy = 0.707 * rate^0.85 over
+# the whole trace (bench/replay/README.md, "Calibration"): 0.68 gives about 51% busy there;
+# the trace's first 15 minutes at the demo's KV size replay at 55-58% (README.md), where
+# queues form and the policy decides how long they get, without the overload of the
+# trace's own rate.
 RATE = positive_env("SWITCHYARD_DEMO_RATE", "0.68")
 MAX_MODEL_LEN = 131072
 # A demo's canary schedule: one step of half the traffic, judged once it has run 30 s and

@@ -21,7 +21,7 @@ keeps them, with the first run's policies, canaries, captures and replays).
 Knobs (environment): SWITCHYARD_DEMO_TIME_SCALE (wall seconds per simulated second; the
 engines run in slow motion so two cores can carry sixteen of them), SWITCHYARD_DEMO_TRACE,
 SWITCHYARD_DEMO_RATE (the trace's speed relative to the engines: 0.68 puts the default trace
-at about 60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
+at 55-60% busy), SWITCHYARD_DEMO_TIER_BLOCKS (blocks of a global KV tier shared by the
 sixteen engines, default 0 = none; with one, the live view shows its traffic),
 SWITCHYARD_DEMO_GPU_MEMORY (the engines' --gpu-memory-utilization, default 0.5: a KV cache
 of about 590k tokens per instance, so the KV column moves; replays use the scraped size),
@@ -91,12 +91,18 @@ TRACE = Path(
         ROOT.parent / "shared" / "traces" / "mooncake_conversation_t0-2700s.jsonl",
     )
 )
-# The evaluation matrix calibrates this trace on 16 x H20 at busy = 0.82 * rate^0.81
-# (bench/replay_report/README.md): 0.68 gives about 60% busy, where queues form and the
-# policy decides how long they get, without the overload of the trace's own rate.
+# The evaluation matrix calibrates this trace on 16 x H20 at busy = 0.707 * rate^0.85 over
+# the whole trace (bench/replay/README.md, "Calibration"): 0.68 gives about 51% busy there;
+# the trace's first 15 minutes at the demo's KV size replay at 55-58% (README.md), where
+# queues form and the policy decides how long they get, without the overload of the
+# trace's own rate.
 RATE = positive_env("SWITCHYARD_DEMO_RATE", "0.68")
 MAX_MODEL_LEN = 131072
-DEMO_CANARY_DEFAULTS = '{"weight_steps": [25, 50], "min_samples": 30, "step_seconds": 30}'
+# A demo's canary schedule: one step of half the traffic, judged once it has run 30 s and
+# holds 20 samples per arm (a verdict in a minute or two at the demo's one request a
+# second), not the built-in 10/25/50% and 50 samples a production fleet's traffic fills. An
+# inconclusive step still waits for more samples (up to max_wait_seconds, 600 s).
+DEMO_CANARY_DEFAULTS = '{"weight_steps": [50], "min_samples": 20, "step_seconds": 30}'
 
 
 def tier_blocks_env(name: str = "SWITCHYARD_DEMO_TIER_BLOCKS") -> int:
@@ -163,8 +169,9 @@ def stack_env() -> dict[str, str]:
     env.setdefault("SWITCHYARD_CONTROL_PLANE_URL", f"http://{HOST}:{PORT}")
     env["SWITCHYARD_ROUTER_HOST"] = ROUTER_HOST_NAME
     env["PYTHONUNBUFFERED"] = "1"
-    # The demo serves about one request a second: canaries with the form's defaults get
-    # their 30 samples per arm at 25% and reach a verdict in minutes, not hours.
+    # The demo serves about one request a second: canaries with the form's defaults (the
+    # seeded one and those started from a replay too) get their 20 samples per arm at 50%
+    # and reach a verdict in a minute or two, not hours.
     env.setdefault("SWITCHYARD_CANARY_DEFAULTS", DEMO_CANARY_DEFAULTS)
     return env
 
@@ -369,7 +376,11 @@ def banner(logins: dict[str, str]) -> str:
             " saved configs; `make demo KEEP=1` keeps them)\n"
         )
     else:
-        state = "  state:     kept from the earlier run (KEEP=1); the demo's seed only adds\n"
+        state = (
+            "  state:     kept from the earlier run (KEEP=1); the demo's seed only adds what"
+            " is missing (instances, policies, a draft canary, a running capture) and issues"
+            " new passwords\n"
+        )
     return (
         f"\nSwitchyard is up on a simulated {INSTANCES} x H20 cluster "
         f"(time scale {TIME_SCALE:g}: engines run {TIME_SCALE:g}x slower than real).\n"

@@ -6,7 +6,7 @@ every 10 s), all with the demo's canary defaults (SWITCHYARD_CANARY_DEFAULTS). A
 creates two canaries in chromium, leaving every guardrail and the weight steps as the form
 offers them, and starts them. Clients keep sending streamed chats. On one cluster the
 candidate arm is the faster one (the baseline arm's engines run slowed), so the judge
-advances it through both steps and promotes it; on the other the candidate's engines run
+passes it through every step and promotes it; on the other the candidate's engines run
 slowed, so every step fails and the judge rolls it back. Neither needs a click after
 "start".
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import itertools
+import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,7 +147,10 @@ def test_demo_defaults_promote_a_better_candidate_and_roll_back_a_worse_one(
         create_and_start(page, control_plane.url, worse.pk, "rr-worse")
         promoted = CanarySplit.objects.get(name="rr-better")
         rolled_back = CanarySplit.objects.get(name="rr-worse")
-        assert promoted.weight_steps == [25, 50] and promoted.guardrails["min_samples"] == 30
+        schedule = json.loads(demo_canary_defaults())
+        steps = [float(s) for s in schedule["weight_steps"]]
+        assert promoted.weight_steps == steps
+        assert promoted.guardrails["min_samples"] == schedule["min_samples"]
 
         page.goto(f"{control_plane.url}/clusters/{worse.pk}/canary/{rolled_back.pk}/")
         page.wait_for_selector("#canary-timeline[data-state=rolled_back]", timeout=300_000)
@@ -157,8 +161,9 @@ def test_demo_defaults_promote_a_better_candidate_and_roll_back_a_worse_one(
 
         page.goto(f"{control_plane.url}/clusters/{better.pk}/canary/{promoted.pk}/")
         page.wait_for_selector("#canary-timeline[data-state=promoted]", timeout=120_000)
-        assert page.locator("tr[data-action=advance]").count() == 1
-        assert page.locator("tr[data-action=promote] [data-field=step]").inner_text() == "2 · 50%"
+        assert page.locator("tr[data-action=advance]").count() == len(steps) - 1
+        promoted_at = page.locator("tr[data-action=promote] [data-field=step]").inner_text()
+        assert promoted_at == f"{len(steps)} · {steps[-1]:g}%"
         assert page.locator("tr[data-action=pause]").count() == 0
         better.refresh_from_db()
         assert better.active_policy is not None

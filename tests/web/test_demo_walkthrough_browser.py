@@ -7,24 +7,23 @@ then does what the README says and each step checks what the README promises: th
 choice starts on the live policy; a switch shows in the `x-switchyard-policy` header and
 back; the demo's own capture, replayed, is held against what was measured live on the
 requests the live policy served, and recommends a policy over round robin with a "Start a
-canary" button; the canary started from it reaches its verdict unaided and links back to the
-replay; the audit log names the replay.
-
-One knob differs from `make demo`: the canary defaults (SWITCHYARD_CANARY_DEFAULTS, which the
-README names) are one 50% step of 8 samples an arm, so the judge decides in about a minute,
-not five. The whole walk takes four to five minutes.
+canary" button; the canary started from it, on the demo's own canary schedule (no knob
+differs from `make demo`), reaches its verdict unaided and links back to the replay; the
+audit log names the replay. The whole walk takes four to six minutes.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from controlplane.models import AuditEvent, CanarySplit, ReplayJob, TrafficCapture
+from controlplane.models import AuditEvent, CanarySplit, Policy, ReplayJob, TrafficCapture
+from controlplane.selectors.replays import recommendation
 
 from .demo_stack import Demo, demo_stack
 from .stack import chat, wait_for
@@ -34,7 +33,9 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(900),
 ]
-FAST_CANARY = '{"weight_steps": [50], "min_samples": 8, "step_seconds": 15}'
+# The demo's canary schedule as the README states it: one 50% step, judged after 30 s on 20
+# samples per arm (scripts/demo.py's DEMO_CANARY_DEFAULTS, which this test does not override).
+DEMO_SCHEDULE = {"weight_steps": [50.0], "min_samples": 20, "step_seconds": 30}
 CAPTURED = 150  # requests captured before the replay: about three minutes of the demo's load
 # The bound the README states for the live policy's TTFT mean, replay against live.
 TTFT_MEAN_BOUND = 0.35
@@ -42,7 +43,7 @@ TTFT_MEAN_BOUND = 0.35
 
 @pytest.fixture
 def demo(transactional_db, tmp_path) -> Iterator[Demo]:
-    with demo_stack(tmp_path, SWITCHYARD_CANARY_DEFAULTS=FAST_CANARY) as stack:
+    with demo_stack(tmp_path) as stack:
         yield stack
 
 
@@ -96,7 +97,9 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         page.locator("tr[data-router=router-0][data-version='3']").filter(
             has_text="applied"
         ).wait_for()
+        _decision_shown(page, demo, "lmetric", "score")  # Routing decisions show the change
         switch(page, demo, "round-robin", "round_robin")
+        _decision_shown(page, demo, "round_robin", "cyclic")
         # the KV column moves: the demo's engines keep half the H20's memory
         wait_for(lambda: _kv_peak(page, demo) >= 0.05, 120, "some KV usage on the live view")
 
@@ -112,6 +115,11 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         assert page.locator("select[name=trace] option:checked").get_attribute("value") == (
             capture.trace
         )
+        # the live policy ticked, the others not; today's rate and 1.5x, three seeds
+        assert page.get_by_label("round-robin (round_robin)").is_checked()
+        assert not page.get_by_label("lmetric (lmetric)").is_checked()
+        assert page.locator("input[name=rate_scales]").input_value() == "1, 1.5"
+        assert page.locator("input[name=seeds]").input_value() == "3"
         for label in ("least-load (least_load)", "lmetric (lmetric)"):
             page.get_by_label(label).check()
         page.fill(
@@ -129,17 +137,33 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         assert scope.get_attribute("data-policy") == "round_robin"
         assert fidelity["name"] == "round-robin" and fidelity["active"] is True
         assert 0 < fidelity["requests"] < fidelity["of"]  # the lmetric minute left out
+        # three policies, two loads, three seeds: 18 cells
+        rows = job.results["policies"]
+        assert len(rows) == 6 and {r["rate_scale"] for r in rows} == {1, 1.5}, rows
+        assert all(r["seeds"] == 3 for r in rows), rows
+        # the page names the versions compared and how many requests, and what was left out
+        assert fidelity["versions"], fidelity  # told by the config version each request records
+        versions = ", ".join(f"v{v}" for v in fidelity["versions"])
+        said = scope.inner_text()
+        assert f"the {fidelity['requests']} of the replay's {fidelity['of']} captured" in said
+        assert f"{versions};" in said and "under other policies" in said, said
+        assert "left out" in said, said
         diffs = {m["metric"]: m["diff"] for m in fidelity["metrics"]}
         assert abs(diffs["ttft_mean_s"]) <= TTFT_MEAN_BOUND, diffs
         page.screenshot(path=str(artifacts_dir / "demo-replay-own-traffic.png"), full_page=True)
 
         # The recommendation, and a canary started from its button.
+        recommended = recommendation(job)
+        assert recommended is not None and recommended["candidate"] is not None, recommended
         button = page.locator("[data-action=canary-from-replay]")
-        assert "Start a canary: round-robin" in button.inner_text()
+        recommended_name = _policy_name(recommended["candidate"])
+        assert f"Start a canary: round-robin → {recommended_name}" in button.inner_text()
         button.click()
         form = page.locator("#canary-form")
         baseline = form.locator("[name=baseline_policy] option:checked").inner_text()
         assert baseline.startswith("round-robin"), baseline
+        candidate = form.locator("[name=candidate_policy] option:checked").inner_text()
+        assert candidate.startswith(recommended_name), candidate
         form.locator("input[name=name]").fill("from-the-replay")
         form.locator("[name=reason]").fill("the replay says so")
         form.locator("button.primary").click()
@@ -150,9 +174,18 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         page.locator("tr[data-canary=from-the-replay] [data-testid=canary-state]").filter(
             has_text="progressing"
         ).wait_for()
+        started = time.monotonic()
         canary = CanarySplit.objects.get(name="from-the-replay")
         assert canary.source_replay_id == job.pk and canary.baseline_policy.kind == "round_robin"
+        assert canary.candidate_policy_id == recommended["candidate"]
+        # the demo's own schedule, as the seeded draft has it too
+        seeded = CanarySplit.objects.get(name="round-robin-to-lmetric")
+        for split in (canary, seeded):
+            assert split.weight_steps == DEMO_SCHEDULE["weight_steps"], split.weight_steps
+            for field in ("min_samples", "step_seconds"):
+                assert split.guardrails[field] == DEMO_SCHEDULE[field], split.guardrails
         page.goto(f"{demo.url}/clusters/{demo.cluster}/canary/{canary.pk}/")
+        expected_s = _verdict_expected(page)
         try:
             page.wait_for_selector(
                 "#canary-timeline:is([data-state=promoted], [data-state=rolled_back])",
@@ -160,6 +193,7 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
             )
         except PlaywrightTimeout:
             raise AssertionError(f"no verdict: {_judge_said(canary.pk)}") from None
+        verdict_after_s = time.monotonic() - started
         assert page.locator(f"a[href$='/replays/{job.pk}/']").count() >= 1
         page.screenshot(path=str(artifacts_dir / "demo-canary-verdict.png"), full_page=True)
         page.goto(f"{demo.url}/clusters/{demo.cluster}/replays/{job.pk}/")
@@ -172,6 +206,17 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
         assert AuditEvent.objects.filter(
             action="canary.create", after__source_replay=job.pk, after__name=canary.name
         ).exists()
+        # the page's rows: ours names the replay; the canary's start and verdict steps
+        created = _audit_texts(page, "canary.create")
+        assert any(
+            f'"source_replay": {job.pk}' in t and f'"name": "{canary.name}"' in t for t in created
+        ), created
+        state = CanarySplit.objects.get(pk=canary.pk).state
+        steps = ["canary.start", "canary.promote"]
+        if state == CanarySplit.State.ROLLED_BACK:
+            steps = ["canary.start", "canary.step_failed", "canary.rollback"]
+        for action in steps:
+            assert any(f'"name": "{canary.name}"' in t for t in _audit_texts(page, action)), action
         assert page.locator("td[data-field=after] details:not([open])").count() >= 1
         assert errors == []
         (artifacts_dir / "demo-walkthrough-fidelity.json").write_text(
@@ -179,13 +224,66 @@ def test_a_newcomer_walks_the_readme_on_a_fresh_demo(browser, demo, artifacts_di
                 {
                     "fidelity": fidelity,
                     "results": job.results["policies"],
-                    "canary": CanarySplit.objects.get(pk=canary.pk).state,
+                    "canary": state,
+                    "verdict_expected_s": expected_s,
+                    "verdict_after_s": round(verdict_after_s),
                 },
                 indent=1,
             )
         )
     finally:
         context.close()
+
+
+def _decision_shown(page, demo: Demo, kind: str, reason: str) -> None:
+    """Routing decisions on the live view show a request routed by ``kind`` for ``reason``."""
+    page.goto(f"{demo.url}/clusters/{demo.cluster}/")
+    try:
+        page.wait_for_function(
+            """([kind, reason]) => [
+                ...document.querySelectorAll("#decisions tbody tr[data-request]")
+            ].some((row) => row.cells[3].textContent.trim().endsWith(kind)
+                    && row.cells[5].querySelector(".badge").textContent === reason)""",
+            arg=[kind, reason],
+            timeout=120_000,
+        )
+    except PlaywrightTimeout:
+        shown = page.locator("#decisions tbody").inner_text()[:2000]
+        raise AssertionError(f"no {kind} decision for {reason!r}: {shown}") from None
+
+
+def _policy_name(policy_id: int) -> str:
+    return Policy.objects.get(pk=policy_id).name
+
+
+def _verdict_expected(page) -> int:
+    """The canary page's "Verdict expected in about N s", once it says two minutes at most
+    (the README's: 20 samples an arm at half the demo's one request a second each, counted
+    as they finish; the estimates from an arm's first sample or two can run longer, and
+    fall as the samples come in; the page refreshes every 3 s)."""
+    try:
+        shown = page.wait_for_function(
+            """(pattern) => {
+                const shown = document.querySelector("[data-testid=verdict-expected]");
+                const said = shown && shown.textContent.match(new RegExp(pattern));
+                const reachable = shown && shown.dataset.reachable === "true";
+                // an object: an estimate of 0 s (the samples in, the check due) is falsy
+                return said && reachable && Number(said[1]) <= 120 ? {s: Number(said[1])} : null;
+            }""",
+            arg=r"Verdict expected in about (\d+) s at the current rate",
+            timeout=150_000,
+        )
+    except PlaywrightTimeout:
+        said = page.locator("[data-testid=verdict-expected]").all_inner_texts()
+        raise AssertionError(f"no verdict expected within two minutes: {said}") from None
+    return int(shown.json_value()["s"])
+
+
+def _audit_texts(page, action: str) -> list[str]:
+    """The audit page's rows of ``action``, each its whole text (folded JSON included)."""
+    return page.locator(f"tr[data-action='{action}']").evaluate_all(
+        "rows => rows.map((row) => row.textContent)"
+    )
 
 
 def _kv_peak(page, demo: Demo) -> float:

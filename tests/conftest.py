@@ -44,6 +44,40 @@ def pytest_xdist_node_collection_finished(node: object, ids: list[str]) -> None:
         )
 
 
+# Files that hold one parallel worker for a minute or more (seconds of one quiet `make test`,
+# `--durations`). Parallel runs start them first: run last, the longest of them kept one
+# worker busy for minutes after the other had finished. Order only; every test still runs.
+# A run names the files that took a minute or more without being listed here.
+LONG_FILES = {
+    "tests/web/test_demo_walkthrough_browser.py": 250,
+    "tests/drills/test_router_supervision_drills.py": 240,
+    "tests/drills/test_stack_outages.py": 190,
+    "tests/web/test_canary_demo_browser.py": 130,
+    "tests/operations/test_type_gate.py": 100,
+    "tests/router/test_peers.py": 80,
+    "tests/web/test_hostile_input.py": 80,
+    "tests/web/test_e2e_browser.py": 75,
+}
+LONG_FILE_SECONDS = 60
+
+
+def longest_files_first(nodeids: list[str]) -> list[int]:
+    """Positions of ``nodeids`` reordered so LONG_FILES come first, longest first; each
+    file's tests and the other files keep their order (a stable sort)."""
+    weight = [LONG_FILES.get(nodeid.split("::", 1)[0], 0) for nodeid in nodeids]
+    return sorted(range(len(nodeids)), key=lambda i: -weight[i])
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The same order on every worker (xdist checks that the collections agree); the
+    Makefile's ``--no-loadscope-reorder`` makes xdist hand out files in this order."""
+    order = longest_files_first([item.nodeid for item in items])
+    items[:] = [items[i] for i in order]
+
+
+_file_seconds: dict[str, float] = {}
+
+
 # The tests that passed in this session and those that failed: a session in which drills
 # recorded rows (tests/drills, and the browser drill of tests/web) and none of the tests
 # that record rows failed publishes them in the README.
@@ -56,6 +90,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Called for every test here, and on the controller for its workers' tests too."""
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
     if report.failed:
         _drills["failed"].add(report.nodeid)
     elif report.when == "call" and report.passed:
@@ -88,10 +124,25 @@ def _publish_drills(session: pytest.Session) -> None:
         reporter.write_line(message)
 
 
+def _name_unlisted_long_files(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    unlisted = {
+        path: seconds
+        for path, seconds in _file_seconds.items()
+        if seconds >= LONG_FILE_SECONDS and path not in LONG_FILES
+    }
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if unlisted and reporter is not None:
+        named = ", ".join(f"{path} ({seconds:.0f} s)" for path, seconds in unlisted.items())
+        reporter.write_line(f"long files not in tests/conftest.py's LONG_FILES: {named}")
+
+
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """Publish the drills' rows; drop what this run left queued on the broker (keys under
-    the run's prefix)."""
+    """Publish the drills' rows; name long files the schedule does not know; drop what this
+    run left queued on the broker (keys under the run's prefix)."""
     _publish_drills(session)
+    _name_unlisted_long_files(session)
     from django.conf import settings
 
     prefix = settings.CELERY_BROKER_TRANSPORT_OPTIONS.get("global_keyprefix")

@@ -173,14 +173,16 @@ class RouterCore:
         settings: what it learned of each instance stays), and the operator's overrides."""
         state, params = self.state, config.router.grey
         assert state is not None
-        if not params.enabled:
-            state.grey = None
+        overridden = any(instance.grey_override != "auto" for instance in config.instances)
+        if not (params.enabled or overridden):
+            state.grey = None  # nothing to judge, nothing forced: no cost per request
             return
-        if state.grey is None or state.grey.params != params:
-            state.grey = GreyDetector(params)
+        grey = state.grey
+        if grey is None or grey.params != params or grey.judging != params.enabled:
+            grey = state.grey = GreyDetector(params, judging=params.enabled)
         now = time.time()
         for instance in config.instances:
-            state.grey.override(instance.name, instance.grey_override, now)
+            grey.override(instance.name, instance.grey_override, now)
 
     def grey_tick(self) -> None:
         """Report grey-failure changes that move traffic (an event each: audit, alerts)

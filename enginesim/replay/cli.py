@@ -159,8 +159,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--grey",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="grey-failure detection, as a live router runs it (router.grey, on by default)",
+        default=False,
+        help="grey-failure detection, as a live router runs it with router.grey.enabled "
+        "(off by default, as in the routers)",
     )
     fleet.add_arguments(parser, seed_default="--seed")
     transfer.add_arguments(parser)

@@ -77,9 +77,11 @@ class GreyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
-        default=True,
+        default=False,
         description="Detect and route around slow instances (instances alive but slower "
-        "than their own normal, beyond the fleet's drift).",
+        "than their own normal, beyond the fleet's drift). Off by default: on real traces' "
+        "bursts it flagged and drained healthy instances (docs/algorithms.md, 'Grey "
+        "failures'). An operator's override works either way.",
     )
     min_decode_s: float = Field(
         default=0.05,
@@ -214,8 +216,11 @@ class GreyDetector:
     """Per-instance latency residuals, their excess over the fleet, and the state machine
     (module docstring)."""
 
-    def __init__(self, params: GreyParams | None = None) -> None:
+    def __init__(self, params: GreyParams | None = None, *, judging: bool = True) -> None:
+        """``judging`` False: no automatic detection, only the operator's overrides (what a
+        router runs with ``enabled`` off while an instance is forced healthy or drained)."""
         self.params = params or GreyParams()
+        self.judging = judging
         self._instances: dict[str, _Instance] = {}
         self._transitions: list[GreyTransition] = []
 
@@ -243,7 +248,7 @@ class GreyDetector:
         it)."""
         if signal not in SIGNALS:
             raise ValueError(f"signal must be one of {SIGNALS}, got {signal!r}")
-        if not (measured > 0 and expected > 0):
+        if not (self.judging and measured > 0 and expected > 0):
             return
         p = self.params
         entry = self._entry(instance)

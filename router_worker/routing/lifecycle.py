@@ -394,7 +394,7 @@ class RequestLifecycle:
         )
         attempt.phase, attempt.dispatched_at = Phase.DISPATCHED, now
         state = self.state
-        if state.grey is not None:
+        if state.grey is not None and state.grey.judging:
             pending = float(state.pending[state.slot_of(attempt.instance)])
             attempt.expected_ttft = pending / state.default_prefill_tps
         for hook in self.observers.dispatched:
@@ -416,7 +416,7 @@ class RequestLifecycle:
             self.state.on_first_token(self.request_id, now)
         self.policy.observe_first_token(self.features, attempt.instance, ttft, now)
         grey = self.state.grey
-        if grey is not None:
+        if grey is not None and grey.judging:
             attempt.expected_step = self._decode_step(grey, attempt.instance)
             if grey.params.use_ttft and attempt.dispatched_at is not None:
                 measured = now - attempt.dispatched_at
@@ -436,7 +436,7 @@ class RequestLifecycle:
         if attempt.phase is Phase.ROUTED:
             raise IllegalTransition(f"request {self.request_id}: finished before dispatch")
         grey = self.state.grey
-        if grey is not None and ok:
+        if grey is not None and grey.judging and ok:
             self._observe_tpot(grey, attempt, now, output_tokens)
         self._close(attempt, Phase.FINISHED, now, error=False)
         if ok and output_tokens > 0:  # 0: the engine reported no usage

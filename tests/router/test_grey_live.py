@@ -117,9 +117,12 @@ def test_slowed_instance_is_drained_probed_and_restored(real_time_fleet, router_
     assert not [e for e in events if e[0] != "i1" and e[1] == "drained"]
 
 
-def test_operator_override_drains_an_instance(fleet, router_factory):
+@pytest.mark.parametrize("detecting", [True, False], ids=["detection on", "detection off"])
+def test_operator_override_drains_an_instance(fleet, router_factory, detecting):
+    """Detection off (the default) or on, an operator's word drains the instance."""
     document = router_config(fleet, "round_robin")
-    document["router"]["grey"] = GREY
+    if detecting:
+        document["router"]["grey"] = GREY
     document["instances"][2]["grey_override"] = "drained"
     router = router_factory(document)
     answers = [

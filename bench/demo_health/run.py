@@ -358,12 +358,12 @@ async def measure(
 # ----------------------------------------------------------------- the report
 
 
-def fmt(value: float | None, digits: int = 2, unit: str = "") -> str:
+def fmt(value: float | None, digits: int = 2) -> str:
     if value is None:
         return "n/a"
     if math.isinf(value):
         return "beyond the last bucket"
-    return f"{value:.{digits}f}{unit}"
+    return f"{value:.{digits}f}"
 
 
 def fleet_rows(m: Measurement) -> list[tuple[str, str]]:
@@ -379,8 +379,8 @@ def fleet_rows(m: Measurement) -> list[tuple[str, str]]:
          fmt(float(np.mean([b for b, _ in known])) if known else None)),
         ("busiest instance", _instance(max(known, key=lambda k: k[0]) if known else None)),
         ("least busy instance", _instance(min(known, key=lambda k: k[0]) if known else None)),
-        ("mean running per instance", fmt(float(np.mean(running)) if running else None)),
-        ("mean waiting per instance", fmt(float(np.mean(waiting)) if waiting else None)),
+        ("mean running per instance", fmt(_mean(running))),
+        ("mean waiting per instance", fmt(_mean(waiting))),
         ("share of samples with requests waiting",
          fmt(float(np.mean(np.asarray(waiting) > 0)) if waiting else None)),
         ("KV usage mean / max", f"{fmt(_mean(kv), 3)} / {fmt(max(kv, default=None), 3)}"),

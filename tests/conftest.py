@@ -52,11 +52,15 @@ LONG_FILES = {
     "tests/web/test_demo_walkthrough_browser.py": 250,
     "tests/drills/test_router_supervision_drills.py": 240,
     "tests/drills/test_stack_outages.py": 190,
+    "tests/replay/test_invariant_scenarios.py": 150,
     "tests/web/test_canary_demo_browser.py": 130,
     "tests/operations/test_type_gate.py": 100,
     "tests/router/test_peers.py": 80,
     "tests/web/test_hostile_input.py": 80,
     "tests/web/test_e2e_browser.py": 75,
+    "tests/web/test_new_params_hostile.py": 70,
+    "tests/router/test_tenants_quota.py": 65,
+    "tests/replay/test_kv_pressure.py": 65,
 }
 LONG_FILE_SECONDS = 60
 

@@ -58,7 +58,7 @@ REQUEST_SUCCESS = ei.REQUEST_SUCCESS.total
 # What the demo's processes run, for a demo this did not start and whose scripts/demo.py
 # process cannot be found (then other stacks on the machine may be counted too).
 DEMO_COMMANDS = ("enginesim serve", "router_worker", "loadgen", "uvicorn controlplane", "celery")
-BUSY_GOAL = 0.70  # issue 63: a healthy, realistic cluster
+BUSY_GOAL = 0.70  # a healthy, realistic cluster (README.md, the demo)
 STARTUP_TIMEOUT_S = 240.0
 STOP_GRACE_S = 60.0
 
@@ -460,7 +460,7 @@ def report(m: Measurement, header: str) -> str:
     busy = [b for s in m.instances if (b := busy_fraction(s.running)) is not None]
     verdict = (
         f"fleet busy {np.mean(busy):.2f}: {'within' if np.mean(busy) <= BUSY_GOAL else 'over'}"
-        f" the goal of <= {BUSY_GOAL:.0%} (issue 63)"
+        f" the goal of <= {BUSY_GOAL:.0%}"
         if busy
         else "no engine answered /metrics: nothing measured"
     )

@@ -186,11 +186,16 @@ REDIS_URL = env("SWITCHYARD_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Seconds a health probe or a request-path Redis call may wait before calling Redis down.
 REDIS_SOCKET_TIMEOUT = float(env("SWITCHYARD_REDIS_TIMEOUT", "1.0"))
 
+# channels-redis waits for a websocket's messages with a blocking pop of up to 5 s, and
+# redis-py 8 reads every reply with a 5 s socket timeout by default: a pop answered a little
+# late on a busy host raised TimeoutError and killed the consumer, closing its websocket
+# without a close frame. The layer's reads get three pops' worth.
+CHANNEL_LAYER_SOCKET_TIMEOUT = 15.0
 CHANNEL_LAYERS: dict[str, dict[str, Any]] = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         "CONFIG": {
-            "hosts": [REDIS_URL],
+            "hosts": [{"address": REDIS_URL, "socket_timeout": CHANNEL_LAYER_SOCKET_TIMEOUT}],
             "prefix": env("SWITCHYARD_CHANNEL_PREFIX", "switchyard:asgi"),
             "capacity": 500,
             "expiry": 30,

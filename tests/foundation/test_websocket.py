@@ -3,10 +3,13 @@ the Redis channel layer."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 
 import pytest
+from channels_redis.core import RedisChannelLayer
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
 from django.test import Client
@@ -65,3 +68,18 @@ def test_refused_without_session(server) -> None:
 
 def test_refused_from_foreign_origin(server) -> None:
     assert refused(server, session_cookie(), "http://evil.example")
+
+
+async def test_an_idle_consumer_outlives_a_blocking_pop_answered_late() -> None:
+    """A websocket's consumer waits on the layer with blocking pops; on a loaded host Redis
+    answers one a little late. Here the pop blocks 6 s, past redis-py's default 5 s read
+    timeout, which killed the consumer (its socket closed without a close frame); the
+    layer's own socket timeout must outlast it, so only this test's wait ends the receive."""
+    layer = RedisChannelLayer(**settings.CHANNEL_LAYERS["default"]["CONFIG"])
+    layer.brpop_timeout = 6
+    try:
+        channel = await layer.new_channel()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(layer.receive(channel), 7.5)
+    finally:
+        await layer.close_pools()

@@ -58,7 +58,12 @@ def _send_check(user_pk: Any) -> None:
         log.warning("could not ask user %s's sockets to re-check: %s", user_pk, error)
 
 
-def _on_logout(sender: Any, user: Any = None, **kwargs: Any) -> None:
+def _on_logout(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
+    session = getattr(request, "session", None)
+    if session is not None and session.session_key:
+        # Django flushes the session only after this signal: end it first, or a socket that
+        # re-checks at once still finds it valid and stays open until its next push
+        session.delete()
     if user is not None:
         announce(user.pk)
 

@@ -107,6 +107,31 @@ def test_logout_closes_the_open_socket(asgi_server, sockets) -> None:
     _closed(socket)
 
 
+def test_a_logout_is_announced_only_once_its_session_has_ended(transactional_db) -> None:
+    """Django sends ``user_logged_out`` before it flushes the session. The announcement goes
+    out from our receiver (at once, outside a transaction); a receiver connected after ours
+    runs right after it and must already find the session ended, or a socket re-checking on
+    the announcement would find it valid and stay open."""
+    from django.contrib.auth.signals import user_logged_out
+
+    from controlplane.realtime.access import session_allows
+
+    _, client, user_pk = _login("viewer", "ws-order")
+    session_key = client.session.session_key
+    allowed_after_announcing: list[bool] = []
+
+    def after_ours(sender, **kwargs) -> None:
+        allowed = async_to_sync(session_allows)(session_key, user_pk, "viewer")
+        allowed_after_announcing.append(allowed)
+
+    user_logged_out.connect(after_ours, dispatch_uid="test-after-ours")
+    try:
+        client.logout()
+    finally:
+        user_logged_out.disconnect(dispatch_uid="test-after-ours")
+    assert allowed_after_announcing == [False]
+
+
 def test_deactivation_closes_the_open_socket(asgi_server, sockets) -> None:
     _, _, user_pk, socket = _live(asgi_server, sockets)
     user = get_user_model().objects.get(pk=user_pk)

@@ -325,13 +325,7 @@ class ScrapedMetrics:
 
     def histogram(self, attribute: str) -> Histogram | None:
         """``ttft``, ``itl`` or ``e2e`` of all engines merged."""
-        found = self._values(attribute)
-        if not found:
-            return None
-        merged = found[0]
-        for other in found[1:]:
-            merged = merged.merged(other)
-        return merged
+        return merge_histograms(self._values(attribute))
 
     def summary(self) -> dict[str, float]:
         """The gauges and counters that are present, JSON-ready (the control plane's
@@ -441,3 +435,14 @@ def _int(value: str | None) -> int | None:
         return int(value) if value is not None else None
     except ValueError:
         return None
+
+
+def merge_histograms(histograms: Sequence[Histogram | None]) -> Histogram | None:
+    """The histograms present (None skipped) merged into one; None when there is none."""
+    found = [h for h in histograms if h is not None]
+    if not found:
+        return None
+    out = found[0]
+    for other in found[1:]:
+        out = out.merged(other)
+    return out

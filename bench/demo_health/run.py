@@ -145,20 +145,10 @@ async def get_text(client: httpx.AsyncClient, url: str, headers: dict[str, str])
     return response.text if response.status_code == 200 else None
 
 
-def merged(histograms: Sequence[ei.Histogram | None]) -> ei.Histogram | None:
-    found = [h for h in histograms if h is not None]
-    if not found:
-        return None
-    out = found[0]
-    for other in found[1:]:
-        out = out.merged(other)
-    return out
-
-
 def read_ends(engine_texts: Sequence[str | None], router_text: str | None) -> Ends:
     ends = Ends()
     texts = [t for t in engine_texts if t is not None]
-    ends.engine_ttft = merged([ei.parse_metrics(t).histogram("ttft") for t in texts])
+    ends.engine_ttft = ei.merge_histograms([ei.parse_metrics(t).histogram("ttft") for t in texts])
     for text in texts:
         samples, _ = ei.read_samples(text, [REQUEST_SUCCESS, TIME_SCALE])
         aborted = ei.sample_total(samples, REQUEST_SUCCESS, finished_reason="abort")

@@ -132,3 +132,39 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
         assert page.js_errors == [] and refused == []
     finally:
         page.context.close()
+
+
+def test_the_chart_waits_for_medians_and_then_draws_them(browser, asgi_server) -> None:
+    """A canary judged only while no arm had samples has nothing to plot: the chart says so
+    instead of drawing an empty frame; the first judgement with medians draws it."""
+    cluster = make_cluster()
+    assert cluster.active_policy_id is not None
+    canary = canaries.create_canary(
+        SYSTEM,
+        cluster.pk,
+        name="quiet-trial",
+        baseline_policy_id=cluster.active_policy_id,
+        candidate_policy_id=cluster.policies.get(name="rr").pk,
+        baseline_instances=["i0", "i1"],
+        candidate_instances=["i2"],
+        weight_steps=[10, 50],
+        reason="try rr on a quiet fleet",
+    )
+    canaries.transition(SYSTEM, canary.pk, "start", reason="go")
+    assert judge_step(canary.pk, candidate_ttft=0.5, n=0) == "wait"
+
+    page = login(browser, asgi_server.url, "viewer", bypass_csp=False)
+    try:
+        page.goto(f"{asgi_server.url}/clusters/{cluster.pk}/canary/{canary.pk}/")
+        chart = page.locator("#canary-chart")
+        chart.wait_for()
+        page.wait_for_function("document.getElementById('canary-chart').dataset.points === '1'")
+        assert chart.inner_text().startswith("No medians yet")
+        assert chart.locator("canvas").count() == 0
+
+        assert judge_step(canary.pk, candidate_ttft=0.45, n=100) == "advance"
+        page.wait_for_selector("#canary-chart[data-points='2'] canvas")
+        assert "No medians yet" not in page.locator("#canary-chart").inner_text()
+        assert page.js_errors == []
+    finally:
+        page.context.close()

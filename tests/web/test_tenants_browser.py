@@ -41,13 +41,15 @@ def test_an_operator_manages_a_tenant_from_the_browser_and_hostile_values_are_na
         _create_field(page, "weight").fill("NaN")
         _create_field(page, "tokens_per_minute").fill("1e99")
         _create_field(page, "requests_per_minute").fill("-3")
+        _create_field(page, "max_queued_bytes").fill(str(65 * 1024**3))  # over the 64 GiB cap
         page.get_by_role("button", name="Create tenant").click()
         create = page.get_by_test_id("tenant-create")
-        for field in ("name", "weight", "tokens_per_minute", "requests_per_minute"):
+        fields = ("name", "weight", "tokens_per_minute", "requests_per_minute", "max_queued_bytes")
+        for field in fields:
             error = create.locator(f"[data-error={field}]")
             expect(error).to_be_visible()
             expect(error).to_contain_text(field)
-        expect(create.locator(".field-error")).to_have_count(4)
+        expect(create.locator(".field-error")).to_have_count(5)
         expect(_create_field(page, "weight")).to_have_value("NaN")
         expect(page.get_by_test_id("form-error")).to_be_visible()
         assert not Tenant.objects.filter(cluster=cluster).exists()
@@ -59,6 +61,8 @@ def test_an_operator_manages_a_tenant_from_the_browser_and_hostile_values_are_na
         _create_field(page, "weight").fill("2")
         _create_field(page, "tokens_per_minute").fill("")
         _create_field(page, "requests_per_minute").fill("90")
+        _create_field(page, "max_queued").fill("32")
+        _create_field(page, "max_queued_bytes").fill(str(8 * 1024**2))
         _create_field(page, "reason").fill("a new team")
         page.get_by_role("button", name="Create tenant").click()
         row = _row(page, "team-a")
@@ -67,6 +71,8 @@ def test_an_operator_manages_a_tenant_from_the_browser_and_hostile_values_are_na
         expect(row.get_by_label("requests per minute")).to_have_value("90")
         tenant = Tenant.objects.get(cluster=cluster, name="team-a")
         assert (tenant.priority, tenant.weight, tenant.requests_per_minute) == ("critical", 2, 90)
+        assert (tenant.max_queued, tenant.max_queued_bytes) == (32, 8 * 1024**2)
+        expect(row.get_by_label("bytes that may wait")).to_have_value(str(8 * 1024**2))
         assert cluster.versions.count() == versions + 1  # published to the routers
 
         # A hostile change: named on the tenant's own row, nothing written.
@@ -82,12 +88,13 @@ def test_an_operator_manages_a_tenant_from_the_browser_and_hostile_values_are_na
         expect(create.locator(".field-error")).to_have_count(0)
         page.screenshot(path=str(artifacts_dir / "tenants-refused.png"), full_page=True)
         tenant.refresh_from_db()
-        assert (tenant.weight, tenant.token_budget, tenant.max_queued) == (2, None, 256)
+        assert (tenant.weight, tenant.token_budget, tenant.max_queued) == (2, None, 32)
 
         # Corrected, the change is saved; a blank limit clears it.
         row.get_by_label("weight").fill("3")
         row.get_by_label("token budget").fill("500000")
         row.get_by_label("requests that may wait").fill("16")
+        row.get_by_label("bytes that may wait").fill(str(1024**2))
         row.get_by_label("requests per minute").fill("")
         row.get_by_label("class").select_option("sheddable")
         row.get_by_label("reason").fill("batch work now")
@@ -103,7 +110,7 @@ def test_an_operator_manages_a_tenant_from_the_browser_and_hostile_values_are_na
             500_000,
             16,
         )
-        assert tenant.requests_per_minute is None
+        assert tenant.max_queued_bytes == 1024**2 and tenant.requests_per_minute is None
 
         # Removed, after the confirmation (dismissed first: nothing happens).
         page.once("dialog", lambda dialog: dialog.dismiss())

@@ -129,3 +129,52 @@ def test_requests_the_engine_refuses_do_not_count_on_either_router(
     wait_until(lambda: _requests_counted(private_redis.url) == 0, 30, "the refunds in Redis")
     served = [send(n, 1).status_code for n in range(LIMIT + 1)]
     assert served == [200] * LIMIT + [429]
+
+
+BUSY_SCRIPT = """
+local start = redis.call('TIME')
+local began = start[1] * 1000000 + start[2]
+while true do
+  local now = redis.call('TIME')
+  if now[1] * 1000000 + now[2] - began > tonumber(ARGV[1]) then return 0 end
+end
+"""
+
+
+def _quota_scripts_run(client: redis.Redis) -> int:
+    """How many times Redis ran a script by its digest (the quota's take and refund)."""
+    return int(client.info("commandstats").get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+def test_a_client_leaving_while_redis_counts_its_request_gets_the_charge_back(private_redis):
+    """The quota script, once sent, runs whether or not its client stays. Redis is held busy
+    (a script of 120 ms, under the router's 250 ms wait) while a request's take is on its
+    way, and the request's client leaves meanwhile: the take Redis then runs is followed by
+    a refund, and the tenant keeps its whole limit."""
+    gate = _gate(private_redis.url, lambda: cluster(1))  # calm: each request goes on at once
+    busy = redis.Redis.from_url(private_redis.url)
+
+    async def run() -> list[int]:
+        assert await _status(gate, "patient") == 200  # counted; the script loaded
+        before = _quota_scripts_run(busy)
+        holding = asyncio.create_task(asyncio.to_thread(busy.eval, BUSY_SCRIPT, 0, 120_000))
+        await asyncio.sleep(0.03)  # Redis is in the busy script
+        leaving = asyncio.create_task(_status(gate, "patient"))
+        await asyncio.sleep(0.03)  # its take is sent and waits behind the busy script
+        assert not leaving.done()
+        leaving.cancel()
+        await asyncio.gather(leaving, return_exceptions=True)
+        await holding
+        # The take, then its refund: two more script runs (a wait on Redis's own count).
+        while _quota_scripts_run(busy) < before + 2:
+            await asyncio.sleep(0.01)
+        await gate.quota.settle()
+        return [await _status(gate, "patient") for _ in range(LIMIT)]
+
+    _fresh_minute()
+    try:
+        after = asyncio.run(asyncio.wait_for(run(), 20))
+    finally:
+        busy.close()
+    # The request whose client left counts not: one more is served, then the limit.
+    assert after == [200] * (LIMIT - 1) + [429]

@@ -6,10 +6,12 @@ from typing import Any, Literal
 
 from django.http import HttpRequest, HttpResponse
 from ninja import Field, Router, Schema, Status
+from pydantic import StrictInt
 
 from controlplane.models import Instance
 from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import clusters as cluster_services
+from controlplane.services.clusters import MAX_THRESHOLD_TOKENS
 from controlplane.services.roles import role_of
 from router_worker.routing.sessions import SessionSource
 
@@ -210,8 +212,20 @@ class DeciderIn(Schema):
     decider: Literal["cost", "prefix_threshold", "always", "never"] = Field(
         description="When a disaggregated cluster's routers split a request into its prefill "
         "and decode calls: cost (the live cost of colocation against the split's), "
-        "prefix_threshold (llm-d's: more than 256 prompt tokens uncached on the decode pool), "
-        "always, never. It applies while some instance is of role prefill or decode."
+        "prefix_threshold (llm-d's: more prompt tokens than threshold_tokens uncached on the "
+        "decode pool), always, never. It applies while some instance is of role prefill or "
+        "decode."
+    )
+    threshold_tokens: StrictInt | None = Field(
+        None,
+        ge=0,
+        le=MAX_THRESHOLD_TOKENS,
+        description="prefix_threshold's tokens (256, llm-d's, by default); omitted: kept.",
+    )
+    kv_link: Literal["nvlink", "rdma", "tcp"] | None = Field(
+        None,
+        description="The link between the prefill and decode instances, whose bandwidth and "
+        "latency the cost decider weighs (rdma by default); omitted: kept.",
     )
     reason: Reason
     expected_revision: ExpectedRevision = None
@@ -220,6 +234,8 @@ class DeciderIn(Schema):
 class DeciderOut(Schema):
     cluster_id: int
     decider: str
+    threshold_tokens: int
+    kv_link: str
     revision: int
 
 
@@ -235,6 +251,8 @@ def set_decider(request: HttpRequest, cluster_id: Id, payload: DeciderIn):
         actor_of(request),
         cluster_id,
         payload.decider,
+        threshold_tokens=payload.threshold_tokens,
+        kv_link=payload.kv_link,
         reason=payload.reason,
         expected_revision=expected_revision(request, payload.expected_revision),
     )
@@ -242,4 +260,10 @@ def set_decider(request: HttpRequest, cluster_id: Id, payload: DeciderIn):
 
 
 def _decider_out(cluster: Any) -> dict:
-    return {"cluster_id": cluster.pk, "decider": cluster.decider, "revision": cluster.revision}
+    return {
+        "cluster_id": cluster.pk,
+        "decider": cluster.decider,
+        "threshold_tokens": cluster.decider_threshold_tokens,
+        "kv_link": cluster.kv_link,
+        "revision": cluster.revision,
+    }

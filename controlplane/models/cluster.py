@@ -48,8 +48,18 @@ class Cluster(models.Model):
         ALWAYS = "always"
         NEVER = "never"
 
+    class KvLink(models.TextChoices):
+        """The prefill → decode link the cost decider weighs (enginesim.engine.transfer)."""
+
+        NVLINK = "nvlink"
+        RDMA = "rdma"
+        TCP = "tcp"
+
     # Read only while some instance is of role prefill or decode.
     decider = models.CharField(max_length=16, choices=Decider.choices, default=Decider.COST)
+    # prefix_threshold: split past this many prompt tokens uncached on the decode pool
+    decider_threshold_tokens = models.PositiveIntegerField(default=256)
+    kv_link = models.CharField(max_length=8, choices=KvLink.choices, default=KvLink.RDMA)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

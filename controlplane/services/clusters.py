@@ -18,6 +18,7 @@ from . import audit, config
 from .audit import Actor
 from .errors import Conflict, NotFound, ServiceError, StaleEdit
 from .fields import max_length
+from .numbers import whole_number
 
 MIN_BLOCK_SIZE = 1
 MAX_BLOCK_SIZE = 4096
@@ -254,21 +255,69 @@ def _set_instance_field(
     return instance
 
 
+DECIDER_FIELDS = ("decider", "decider_threshold_tokens", "kv_link")
+MAX_THRESHOLD_TOKENS = 10_000_000
+
+
 @transaction.atomic
 def set_decider(
-    actor: Actor, cluster_id: int, kind: str, *, reason: str, expected_revision: int | None = None
+    actor: Actor,
+    cluster_id: int,
+    kind: str,
+    *,
+    threshold_tokens: Any = None,
+    kv_link: str | None = None,
+    reason: str,
+    expected_revision: int | None = None,
 ) -> Cluster:
     """Choose when the cluster's routers split a request into its prefill and decode calls
-    (``Cluster.Decider``: the live cost, llm-d's prefix threshold, always, never); it
-    applies while some instance is of role prefill or decode."""
+    (``Cluster.Decider``: the live cost, llm-d's prefix threshold, always, never), the
+    prefix threshold's tokens and the prefill → decode link the cost weighs (None: kept);
+    they apply while some instance is of role prefill or decode."""
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
     claim_edit(cluster, expected_revision)
+    after = _decider_settings(cluster, kind, threshold_tokens, kv_link)
+    before = {name: getattr(cluster, name) for name in DECIDER_FIELDS}
+    if after == before:
+        raise Conflict(
+            f"the decider of {cluster.name} is already {kind} (threshold "
+            f"{cluster.decider_threshold_tokens} tokens, {cluster.kv_link} link)",
+            "decider",
+        )
+    for name, value in after.items():
+        setattr(cluster, name, value)
+    cluster.save(update_fields=list(DECIDER_FIELDS))
+    version = config.publish(cluster, actor, reason)
+    audit.record(
+        actor,
+        "cluster.decider",
+        cluster,
+        before=before,
+        after=_with_version(after, version),
+        reason=reason,
+        cluster=cluster,
+    )
+    return cluster
+
+
+def _decider_settings(
+    cluster: Cluster, kind: str, threshold_tokens: Any, kv_link: str | None
+) -> dict[str, Any]:
+    """The decider's settings as asked (each checked, field by field), unset ones kept."""
     if kind not in Cluster.Decider.values:
         raise ServiceError(f"decider must be one of {Cluster.Decider.values}", "decider")
-    if cluster.decider == kind:
-        raise Conflict(f"the decider of {cluster.name} is already {kind}", "decider")
-    return _set_cluster_setting(actor, cluster, "decider", kind, reason)
+    threshold = cluster.decider_threshold_tokens
+    if isinstance(threshold_tokens, int) and not isinstance(threshold_tokens, bool):
+        threshold_tokens = str(threshold_tokens)
+    if threshold_tokens not in (None, ""):
+        threshold = whole_number(
+            threshold_tokens, "threshold_tokens", minimum=0, maximum=MAX_THRESHOLD_TOKENS
+        )
+    link = cluster.kv_link if kv_link in (None, "") else kv_link
+    if link not in Cluster.KvLink.values:
+        raise ServiceError(f"kv_link must be one of {Cluster.KvLink.values}", "kv_link")
+    return {"decider": kind, "decider_threshold_tokens": threshold, "kv_link": link}
 
 
 @transaction.atomic

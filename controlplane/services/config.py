@@ -10,6 +10,7 @@ from django.utils.crypto import salted_hmac
 from controlplane.models import CanarySplit, Cluster, ConfigVersion, Tenant
 from controlplane.models.cluster import all_session_sources
 from controlplane.selectors.captures import capture_document
+from enginesim.replay.policy_costs import derive_decider
 from router_worker.contract.config import ConfigError, parse_config
 from router_worker.routing.flow import TenantSettings
 
@@ -18,6 +19,14 @@ from .audit import Actor
 from .errors import ServiceError
 
 TENANT_FIELDS = tuple(name for name in TenantSettings.model_fields if name != "name")
+
+
+def decider_document(cluster: Cluster) -> dict[str, Any]:
+    """The routers' decider parameters: the cluster's choice, its model's KV bytes per
+    token and its prefill → decode link's bandwidth and latency."""
+    return derive_decider(
+        cluster.decider, cluster.decider_threshold_tokens, cluster.model, cluster.kv_link
+    )
 
 
 def active_canary(cluster: Cluster) -> CanarySplit | None:
@@ -144,9 +153,9 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     capture = capture_document(cluster)
     if capture is not None:
         document["capture"] = capture
-    if cluster.decider != Cluster.Decider.COST and any(i.get("role") for i in instances):
+    if any(i.get("role") for i in instances):
         # only a disaggregated cluster's: the block alone would make the cluster one
-        document["disaggregation"] = {"decider": {"kind": cluster.decider}}
+        document["disaggregation"] = {"decider": decider_document(cluster)}
     if cluster.session_sources != all_session_sources():  # the routers' default otherwise
         document["session_sources"] = list(cluster.session_sources)
     client_auth = client_auth_document(cluster)

@@ -106,7 +106,12 @@ def cluster_decider(request: HttpRequest, cluster_id: int) -> HttpResponse:
     data = request.POST
     try:
         cluster_services.set_decider(
-            actor(request), cluster.pk, data.get("decider", ""), reason=data.get("reason", "")
+            actor(request),
+            cluster.pk,
+            data.get("decider", ""),
+            threshold_tokens=data.get("threshold_tokens", ""),
+            kv_link=data.get("kv_link", ""),
+            reason=data.get("reason", ""),
         )
     except ServiceError as error:
         return _live_error(request, cluster, error, data, "decider")
@@ -151,6 +156,7 @@ def _live_context(cluster: Cluster, at: str) -> dict[str, Any]:
         "capture": capture_selectors.running(cluster.pk),
         "pools": cluster_selectors.pools(cluster),
         "deciders": Cluster.Decider.values,
+        "kv_links": Cluster.KvLink.values,
         "instance_names": list(cluster.instances.order_by("name").values_list("name", flat=True)),
         "grey_overrides": list(
             cluster.instances.order_by("name").values_list("name", "grey_override")

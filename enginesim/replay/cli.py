@@ -34,10 +34,9 @@ from rich.progress import Progress, TaskID
 
 from engine_interface import percentile
 from enginesim.engine import GPUS, MODELS, EngineConfig, fleet, transfer
-from enginesim.engine.transfer import LINKS
 from enginesim.progress import progress_display
 from enginesim.replay import metrics, plots
-from enginesim.replay.policy_costs import model_key
+from enginesim.replay.policy_costs import derive_decider
 from enginesim.replay.simulator import Fault, SimConfig, SimResult, Simulator
 from enginesim.replay.traces import FORMATS, TraceRecord, load_trace, scale_tenant
 from router_worker.routing import REGISTRY
@@ -262,15 +261,7 @@ def disaggregation_from_args(args: argparse.Namespace) -> dict[str, Any]:
         roles = args.roles.resolve(args.instances, "both")
     except ValueError as error:
         raise SystemExit(f"error: {error}") from None
-    bytes_per_token = MODELS[model_key(args.model)].kv_bytes_per_token()
-    link = LINKS[args.kv_link]
-    decider = {
-        "kind": args.decider,
-        "threshold_tokens": args.decider_threshold,
-        "kv_bytes_per_token": bytes_per_token,
-        "link_bandwidth": link.bandwidth,
-        "link_latency": link.latency,
-    }
+    decider = derive_decider(args.decider, args.decider_threshold, args.model, args.kv_link)
     return {
         "roles": roles,
         "decider": decider,

@@ -13,11 +13,13 @@ error for it; the decode guard then keeps the reference fleet's values (its
 
 from __future__ import annotations
 
+import contextlib
 from functools import lru_cache
 from typing import Any
 
 from enginesim.engine import GPUS, MODELS, EngineConfig
 from enginesim.engine.costmodel import CostModel, StepBatch
+from enginesim.engine.transfer import get_link
 from router_worker.routing.policies.decode_guard import DECODE_COST_FIELDS
 from router_worker.routing.policies.predicted_ttft import COEFFICIENT_FIELDS
 
@@ -159,3 +161,21 @@ def _context_token_time(cost: CostModel) -> float:
     short = cost.step_time(StepBatch.decode(1, 1_000))
     long = cost.step_time(StepBatch.decode(1, 1_000 + _LONG_CONTEXT))
     return (long - short) / _LONG_CONTEXT
+
+
+def derive_decider(kind: str, threshold_tokens: int, model: str, link: str) -> dict[str, Any]:
+    """The disaggregation decider's parameters (``router_worker.routing.disagg``'s
+    ``DeciderParams``) for a fleet serving ``model`` whose prefill and decode instances are
+    joined by ``link`` (a key of enginesim's ``LINKS``): the model's KV bytes per token from
+    its layout, the link's bandwidth and latency. A model enginesim does not know keeps the
+    router's reference bytes per token (the cost decider's estimate is then approximate)."""
+    spec = get_link(link)
+    params: dict[str, Any] = {
+        "kind": kind,
+        "threshold_tokens": threshold_tokens,
+        "link_bandwidth": spec.bandwidth,
+        "link_latency": spec.latency,
+    }
+    with contextlib.suppress(UnknownHardwareError):
+        params["kv_bytes_per_token"] = MODELS[model_key(model)].kv_bytes_per_token()
+    return params

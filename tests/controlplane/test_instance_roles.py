@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from controlplane.models import AuditEvent, ConfigVersion, Instance
+from controlplane.models import AuditEvent, Cluster, ConfigVersion, Instance
+from enginesim.engine.transfer import LINKS
 from router_worker.contract.config import parse_config
 
 from .endpoints import REASON
 from .helpers import assert_refused, session_client
 
 pytestmark = pytest.mark.django_db
+# Llama 3.1 8B's config.json on the Hugging Face hub: 32 layers, 8 KV heads of 128
+LLAMA_KV_BYTES_PER_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, bf16: 131,072 (Qwen2-7B: 57,344)
 
 
 def set_role(client, instance_id: int, role: str):
@@ -82,10 +85,10 @@ def test_an_operator_sets_a_role_from_the_cluster_page(world, users):
     assert viewer.status_code == 403
 
 
-def set_decider(client, cluster_id: int, decider: str):
+def set_decider(client, cluster_id: int, decider: str, **more):
     return client.put(
         f"/api/v1/clusters/{cluster_id}/decider",
-        {"decider": decider, **REASON},
+        {"decider": decider, **more, **REASON},
         content_type="application/json",
     )
 
@@ -97,26 +100,64 @@ def test_the_decider_is_audited_and_reaches_a_disaggregated_clusters_config(worl
     assert response.json()["decider"] == "always"
     row = AuditEvent.objects.order_by("-id")[0]
     assert row.action == "cluster.decider"
-    assert row.before == {"decider": "cost"} and row.after is not None
-    assert row.after["decider"] == "always"
+    assert row.before == {"decider": "cost", "decider_threshold_tokens": 256, "kv_link": "rdma"}
+    assert row.after is not None and row.after["decider"] == "always"
     # Every instance serves both: no block (it alone would make the cluster disaggregated).
     assert "disaggregation" not in newest_document(world["alpha"])
     set_role(client, world["i0"], "prefill")
     config = parse_config(newest_document(world["alpha"]))
     assert config.disaggregated and config.stages.decider.kind == "always"
-    set_decider(client, world["alpha"], "cost")  # the routers' default: no block
-    assert "disaggregation" not in newest_document(world["alpha"])
     got = client.get(f"/api/v1/clusters/{world['alpha']}/decider").json()
-    assert got["decider"] == "cost"
+    assert (got["decider"], got["threshold_tokens"], got["kv_link"]) == ("always", 256, "rdma")
 
 
-def test_an_unknown_or_unchanged_decider_is_refused(world, users):
+def test_the_threshold_and_the_link_reach_the_routers_with_the_models_kv_layout(world, users):
+    """llm-d's threshold as the operator sets it; the cost decider's link and the KV bytes
+    per token of the cluster's model (worked out by hand from its layout, not read from
+    enginesim), not the reference fleet's."""
+    client = session_client(users["operator"])
+    Cluster.objects.filter(pk=world["alpha"]).update(model="meta-llama/Llama-3.1-8B-Instruct")
+    set_role(client, world["i0"], "prefill")
+    response = set_decider(
+        client, world["alpha"], "prefix_threshold", threshold_tokens=1024, kv_link="tcp"
+    )
+    assert response.status_code == 200, response.content
+    assert response.json()["threshold_tokens"] == 1024 and response.json()["kv_link"] == "tcp"
+    decider = parse_config(newest_document(world["alpha"])).stages.decider
+    assert (decider.kind, decider.threshold_tokens) == ("prefix_threshold", 1024)
+    # 25 Gb/s effective TCP, 200 µs per read (enginesim's tcp preset)
+    assert (decider.link_bandwidth, decider.link_latency) == (3.125e9, 200e-6)
+    assert decider.kv_bytes_per_token == LLAMA_KV_BYTES_PER_TOKEN
+    row = AuditEvent.objects.order_by("-id")[0]
+    assert row.after is not None and row.after["decider_threshold_tokens"] == 1024
+    # Back to the cost decider: the threshold and the link are kept.
+    set_decider(client, world["alpha"], "cost")
+    decider = parse_config(newest_document(world["alpha"])).stages.decider
+    assert (decider.kind, decider.threshold_tokens, decider.link_bandwidth) == (
+        "cost",
+        1024,
+        3.125e9,
+    )
+
+
+def test_an_unknown_unchanged_or_hostile_decider_is_refused(world, users):
     client = session_client(users["operator"])
     unknown = set_decider(client, world["alpha"], "sometimes")
     assert unknown.status_code == 422 and "decider" in unknown.content.decode()
     assert_refused(set_decider(client, world["alpha"], "cost"), 409, "decider", "already cost")
+    for hostile in (-1, 10**12, "many", True):
+        refused = set_decider(client, world["alpha"], "cost", threshold_tokens=hostile)
+        assert refused.status_code == 422, hostile
+        assert "threshold_tokens" in refused.content.decode()
+    link = set_decider(client, world["alpha"], "cost", kv_link="pigeon")
+    assert link.status_code == 422 and "kv_link" in link.content.decode()
+    assert Cluster.objects.get(pk=world["alpha"]).decider_threshold_tokens == 256
     viewer = set_decider(session_client(users["viewer"]), world["alpha"], "never")
     assert viewer.status_code == 403
+
+
+def test_the_clusters_link_choices_are_enginesims_links() -> None:
+    assert sorted(Cluster.KvLink.values) == sorted(LINKS)
 
 
 def test_an_operator_sets_the_decider_from_the_cluster_page(world, users):
@@ -135,3 +176,13 @@ def test_an_operator_sets_the_decider_from_the_cluster_page(world, users):
     assert "Decider: <strong>prefix_threshold</strong>" in page
     refused = client.post(url, {"decider": "sometimes", "reason": "x"})
     assert refused.status_code == 400 and "decider must be one of" in refused.content.decode()
+    hostile = {"decider": "prefix_threshold", "threshold_tokens": "1e3", "reason": "x"}
+    refused = client.post(url, hostile)
+    text = refused.content.decode()
+    assert refused.status_code == 400 and 'data-error="threshold_tokens"' in text
+    assert "is not a whole number" in text and 'value="1e3"' in text  # kept as typed
+    client.post(url, {**hostile, "threshold_tokens": "512", "kv_link": "nvlink"})
+    cluster = Cluster.objects.get(pk=world["alpha"])
+    assert (cluster.decider_threshold_tokens, cluster.kv_link) == (512, "nvlink")
+    page = client.get(f"/clusters/{world['alpha']}/").content.decode()
+    assert '<strong data-field="threshold_tokens">512</strong>' in page

@@ -21,6 +21,7 @@ from django.contrib.auth.signals import user_logged_out
 from django.db import transaction
 from django.db.models.signals import m2m_changed, post_save
 
+from controlplane.services.accounts import end_session
 from controlplane.services.roles import has_role
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,9 @@ def _send_check(user_pk: Any) -> None:
 
 
 def _on_logout(sender: Any, request: Any = None, user: Any = None, **kwargs: Any) -> None:
-    session = getattr(request, "session", None)
-    if session is not None and session.session_key:
-        # Django flushes the session only after this signal: end it first, or a socket that
-        # re-checks at once still finds it valid and stays open until its next push
-        session.delete()
+    # Django flushes the session only after this signal: ended first, or a socket that
+    # re-checks at once still finds it valid and stays open until its next push
+    end_session(getattr(request, "session", None))
     if user is not None:
         announce(user.pk)
 

@@ -66,3 +66,11 @@ def record_group_change(
         after=None if deleted else {"name": after_name, "members": members},
         reason=ADMIN_REASON,
     )
+
+
+def end_session(session: Any) -> None:
+    """Delete a session that is logging out now. Django flushes it only after sending
+    ``user_logged_out``; the open websockets re-check on that signal
+    (``controlplane.realtime.access``) and must find it ended."""
+    if session is not None and session.session_key:
+        session.delete()

@@ -285,20 +285,7 @@ def set_decider(
             f"{cluster.decider_threshold_tokens} tokens, {cluster.kv_link} link)",
             "decider",
         )
-    for name, value in after.items():
-        setattr(cluster, name, value)
-    cluster.save(update_fields=list(DECIDER_FIELDS))
-    version = config.publish(cluster, actor, reason)
-    audit.record(
-        actor,
-        "cluster.decider",
-        cluster,
-        before=before,
-        after=_with_version(after, version),
-        reason=reason,
-        cluster=cluster,
-    )
-    return cluster
+    return _set_cluster_settings(actor, cluster, "cluster.decider", after, reason)
 
 
 def _decider_settings(
@@ -408,25 +395,28 @@ def set_session_sources(
     chosen = [s for s in SESSION_SOURCES if s in sources]  # the order they are read in
     if list(cluster.session_sources) == chosen:
         raise Conflict(f"the session sources of {cluster.name} are already {chosen}", "sources")
-    return _set_cluster_setting(actor, cluster, "session_sources", chosen, reason)
+    values = {"session_sources": chosen}
+    return _set_cluster_settings(actor, cluster, "cluster.session_sources", values, reason)
 
 
-def _set_cluster_setting(
-    actor: Actor, cluster: Cluster, field: str, value: Any, reason: str
+def _set_cluster_settings(
+    actor: Actor, cluster: Cluster, action: str, values: dict[str, Any], reason: str
 ) -> Cluster:
-    """Store one routing setting of a locked cluster, publish the routers' new config and
-    audit it as ``cluster.<field>`` (the caller has validated the value)."""
-    before = getattr(cluster, field)
-    before = list(before) if isinstance(before, list) else before
-    setattr(cluster, field, value)
-    cluster.save(update_fields=[field])
+    """Store routing settings of a locked cluster, publish the routers' new config and
+    audit it as ``action``, before and after (the caller has validated the values)."""
+    before = {}
+    for field, value in values.items():
+        old = getattr(cluster, field)
+        before[field] = list(old) if isinstance(old, list) else old
+        setattr(cluster, field, value)
+    cluster.save(update_fields=list(values))
     version = config.publish(cluster, actor, reason)
     audit.record(
         actor,
-        f"cluster.{field}",
+        action,
         cluster,
-        before={field: before},
-        after=_with_version({field: value}, version),
+        before=before,
+        after=_with_version(dict(values), version),
         reason=reason,
         cluster=cluster,
     )

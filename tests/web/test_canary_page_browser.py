@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from controlplane.models import ArmMetricRollup, CanarySplit
+from controlplane.models import ArmMetricRollup, CanarySplit, Cluster
 from controlplane.services import canaries
 from controlplane.services.judge import judge_canary
 
@@ -20,6 +20,25 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.timeout(120),
 ]
+
+
+def started_canary(name: str) -> tuple[Cluster, CanarySplit]:
+    """A canary of round robin against the active policy, 10% then 50%, started."""
+    cluster = make_cluster()
+    assert cluster.active_policy_id is not None
+    canary = canaries.create_canary(
+        SYSTEM,
+        cluster.pk,
+        name=name,
+        baseline_policy_id=cluster.active_policy_id,
+        candidate_policy_id=cluster.policies.get(name="rr").pk,
+        baseline_instances=["i0", "i1"],
+        candidate_instances=["i2"],
+        weight_steps=[10, 50],
+        reason="try rr",
+    )
+    canaries.transition(SYSTEM, canary.pk, "start", reason="go")
+    return cluster, canary
 
 
 def judge_step(canary_id: int, candidate_ttft: float, n: int) -> str:
@@ -48,20 +67,7 @@ def judge_step(canary_id: int, candidate_ttft: float, n: int) -> str:
 def test_canary_page_shows_every_judgement_during_and_after_the_canary(
     browser, asgi_server, artifacts_dir
 ) -> None:
-    cluster = make_cluster()
-    assert cluster.active_policy_id is not None
-    canary = canaries.create_canary(
-        SYSTEM,
-        cluster.pk,
-        name="rr-trial",
-        baseline_policy_id=cluster.active_policy_id,
-        candidate_policy_id=cluster.policies.get(name="rr").pk,
-        baseline_instances=["i0", "i1"],
-        candidate_instances=["i2"],
-        weight_steps=[10, 50],
-        reason="try rr",
-    )
-    canaries.transition(SYSTEM, canary.pk, "start", reason="go")
+    cluster, canary = started_canary("rr-trial")
     # Two halts while samples accumulate: one row, counted.
     assert judge_step(canary.pk, candidate_ttft=0.5, n=30) == "wait"
     assert judge_step(canary.pk, candidate_ttft=0.5, n=30) == "wait"
@@ -137,20 +143,7 @@ def test_canary_page_shows_every_judgement_during_and_after_the_canary(
 def test_the_chart_waits_for_medians_and_then_draws_them(browser, asgi_server) -> None:
     """A canary judged only while no arm had samples has nothing to plot: the chart says so
     instead of drawing an empty frame; the first judgement with medians draws it."""
-    cluster = make_cluster()
-    assert cluster.active_policy_id is not None
-    canary = canaries.create_canary(
-        SYSTEM,
-        cluster.pk,
-        name="quiet-trial",
-        baseline_policy_id=cluster.active_policy_id,
-        candidate_policy_id=cluster.policies.get(name="rr").pk,
-        baseline_instances=["i0", "i1"],
-        candidate_instances=["i2"],
-        weight_steps=[10, 50],
-        reason="try rr on a quiet fleet",
-    )
-    canaries.transition(SYSTEM, canary.pk, "start", reason="go")
+    cluster, canary = started_canary("quiet-trial")
     assert judge_step(canary.pk, candidate_ttft=0.5, n=0) == "wait"
 
     page = login(browser, asgi_server.url, "viewer", bypass_csp=False)

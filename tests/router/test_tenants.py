@@ -6,14 +6,18 @@ TTFT, a tenant removed while its requests wait losing none of them."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
+import pytest
 
-from devharness import wait_until
+from devharness import Fleet, wait_until
 from tests.router.client_keys import key_hash
-from tests.router.helpers import MODEL, router_config, scrape_total
+from tests.router.helpers import MODEL, kv_fleet, router_config, scrape_total
 from tests.router.test_tenants_quota import _fresh_minute
 
 CRITICAL_KEY = "syk_critical_" + "c" * 40
@@ -98,9 +102,24 @@ def test_quota_is_429_with_retry_after_for_that_tenant_only(fleet, router_factor
     assert _flow(router, "limited", "quota") == 1
 
 
+@pytest.fixture
+def logged_fleet(tmp_path) -> Iterator[tuple[Fleet, Path]]:
+    """One instance of its own that logs each request's arrival (enginesim --request-log)."""
+    log = tmp_path / "engine-requests.jsonl"
+    with kv_fleet(1, "--request-log", str(log)) as started:
+        yield started, log
+
+
+def _engine_arrivals(log: Path) -> dict[str, float]:
+    """Each request's arrival at the engine, by the client's X-Request-Id."""
+    records = (json.loads(line) for line in log.read_text().splitlines() if line.strip())
+    return {r["request_id"].removeprefix("cmpl-"): r["arrival"] for r in records}
+
+
 def test_a_saturated_fleet_sheds_queues_by_class_and_serves_every_queued_request(
-    fleet, router_factory
+    logged_fleet, router_factory
 ):
+    fleet, engine_log = logged_fleet
     router = router_factory(_config(fleet))
     answers: dict[str, httpx.Response] = {}
     finished: list[str] = []
@@ -108,7 +127,9 @@ def test_a_saturated_fleet_sheds_queues_by_class_and_serves_every_queued_request
     def send(name: str, key: str | None, **headers: str) -> threading.Thread:
         def run() -> None:
             # Streamed: the router measures a streamed request's TTFT.
-            answers[name] = _post(router, key, f"{name} " * 200, True, headers)
+            answers[name] = _post(
+                router, key, f"{name} " * 200, True, headers | {"x-request-id": name}
+            )
             finished.append(name)
 
         thread = threading.Thread(target=run)
@@ -148,7 +169,17 @@ def test_a_saturated_fleet_sheds_queues_by_class_and_serves_every_queued_request
     assert {name: a.status_code for name, a in answers.items()} == dict.fromkeys(
         ("hog", "standard", "critical"), 200
     )
-    assert finished.index("critical") < finished.index("standard")
+    # Released by class: the critical request reached the engine first, though it came last.
+    # (The order the two answers ended in is a race: both decode on one engine together.)
+    wanted = {"critical", "standard"}
+    wait_until(
+        lambda: _engine_arrivals(engine_log).keys() >= wanted,
+        10,
+        "both requests in the engine's request log",
+    )
+    arrivals = _engine_arrivals(engine_log)
+    assert arrivals["critical"] < arrivals["standard"]
+    assert set(finished) == {"hog", "standard", "critical"}
     assert _flow(router, "batch", "shed") == 1 and _flow(router, "oncall", "shed") == 1
     assert _flow(router, "oncall", "released") == _flow(router, "default", "released") == 1
     ttft = scrape_total(router.url, "switchyard_router_tenant_ttft_seconds_sum", tenant="oncall")

@@ -9,7 +9,8 @@ A request's accounting (router-local; driven by :mod:`router_worker.routing.life
     state.on_dispatch(features, instance_id, now)   # pending_prefill += uncached tokens,
                                                     # in_flight += 1 (in batch_size from
                                                     # now on), KV shadow insert
-    state.on_first_token(request_id, now)           # pending prefill drained; decoding
+    state.on_first_token(request_id, now)           # pending prefill drained (counted
+                                                    # in the cumulative prefilled); decoding
     state.on_finish(request_id, now)                # or on_error(request_id, now)
 
 Other inputs: ``on_scrape`` (vLLM /metrics: running, waiting, KV usage,
@@ -173,6 +174,8 @@ _ARRAYS = (
     "external_until",
     "scrape_interval",
     "waiting_cap",
+    "prefilled",
+    "prefilled_pairs",
 )
 
 _FALLBACK_SCRAPE_INTERVAL_S = 1.0  # the live router's default router.scrape_interval_s
@@ -201,6 +204,12 @@ class ClusterState:
     external_until: npt.NDArray[np.float64]
     scrape_interval: npt.NDArray[np.float64]
     waiting_cap: npt.NDArray[np.float64]
+    # Cumulative, per slot: the uncached prompt tokens (and their attention pairs) of the
+    # requests that reached their first token there, i.e. the prefill work the instance
+    # completed for this router. Grey detection's expected TPOT takes the difference
+    # between a request's first and last token: the prefill run between its decode steps.
+    prefilled: npt.NDArray[np.float64]
+    prefilled_pairs: npt.NDArray[np.float64]
 
     def __init__(
         self,
@@ -338,6 +347,8 @@ class ClusterState:
         slot = record.slot
         self.pending[slot] -= record.uncached_tokens
         self.pending_pairs[slot] -= record.attention_pairs
+        self.prefilled[slot] += record.uncached_tokens
+        self.prefilled_pairs[slot] += record.attention_pairs
         self.queued_context[slot] -= record.prompt_tokens
         self.decoding[slot] += 1
         self.first_token_sum[slot] += now

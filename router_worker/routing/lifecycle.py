@@ -129,8 +129,11 @@ class Attempt:
     # the state's nominal prefill throughput: the TTFT grey-failure detection expects.
     expected_ttft: float = 0.0
     # The cost model's decode step on that instance at its first token (grey detection's
-    # expected TPOT is the mean of this and the step at its last token).
+    # expected TPOT is the mean of this and the step at its last token, plus the prefill
+    # the instance completed in between, counted from these cumulative totals).
     expected_step: float = 0.0
+    prefilled_at_first: float = 0.0  # the instance's cumulative prefilled tokens
+    prefilled_pairs_at_first: float = 0.0  # and their attention pairs
 
     @property
     def open(self) -> bool:
@@ -418,6 +421,9 @@ class RequestLifecycle:
         grey = self.state.grey
         if grey is not None and grey.judging:
             attempt.expected_step = self._decode_step(grey, attempt.instance)
+            slot = self.state.slot_of(attempt.instance)
+            attempt.prefilled_at_first = float(self.state.prefilled[slot])
+            attempt.prefilled_pairs_at_first = float(self.state.prefilled_pairs[slot])
             if grey.params.use_ttft and attempt.dispatched_at is not None:
                 measured = now - attempt.dispatched_at
                 grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
@@ -566,14 +572,22 @@ class RequestLifecycle:
         self, grey: GreyDetector, attempt: Attempt, now: float, output_tokens: int
     ) -> None:
         """Grey detection's TPOT sample: measured against the cost model's step over the
-        batch the request decoded in (at its first token and at its last, averaged)."""
+        batch the request decoded in (at its first token and at its last, averaged), plus
+        the prefill the instance completed in between (chunked prefill runs it in the same
+        steps), spread over the request's decode steps."""
         if attempt.first_token_at is None or output_tokens < 2:
             return
         span = now - attempt.first_token_at
         if span < grey.params.min_decode_s:
             return  # mostly the router's own scheduling jitter
-        expected = 0.5 * (attempt.expected_step + self._decode_step(grey, attempt.instance))
-        grey.observe(attempt.instance, "tpot", span / (output_tokens - 1), expected, now)
+        slot = self.state.slot_of(attempt.instance)
+        interleaved = grey.expected_prefill(
+            float(self.state.prefilled[slot]) - attempt.prefilled_at_first,
+            float(self.state.prefilled_pairs[slot]) - attempt.prefilled_pairs_at_first,
+        )
+        steps = output_tokens - 1
+        step = 0.5 * (attempt.expected_step + self._decode_step(grey, attempt.instance))
+        grey.observe(attempt.instance, "tpot", span / steps, step + interleaved / steps, now)
 
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances

@@ -132,8 +132,9 @@ class Attempt:
     # expected TPOT is the mean of this and the step at its last token, plus the prefill
     # the instance completed in between, counted from these cumulative totals).
     expected_step: float = 0.0
-    prefilled_at_first: float = 0.0  # the instance's cumulative prefilled tokens
-    prefilled_pairs_at_first: float = 0.0  # and their attention pairs
+    # The prefill work, s at the cost model's rates, the instance had done for this router
+    # at that first token (grey detection counts what it did between first and last token).
+    prefill_work_at_first: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -421,9 +422,7 @@ class RequestLifecycle:
         grey = self.state.grey
         if grey is not None and grey.judging:
             attempt.expected_step = self._decode_step(grey, attempt.instance)
-            slot = self.state.slot_of(attempt.instance)
-            attempt.prefilled_at_first = float(self.state.prefilled[slot])
-            attempt.prefilled_pairs_at_first = float(self.state.prefilled_pairs[slot])
+            attempt.prefill_work_at_first = self._prefill_work(grey, attempt.instance, now)
             if grey.params.use_ttft and attempt.dispatched_at is not None:
                 measured = now - attempt.dispatched_at
                 grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
@@ -568,6 +567,17 @@ class RequestLifecycle:
             float(view.batch_size[slot]), float(view.decode_context_tokens[slot])
         )
 
+    def _prefill_work(self, grey: GreyDetector, instance: str, now: float) -> float:
+        """The prefill work ``instance`` has done for this router by ``now``, s at the cost
+        model's rates: the prompts that reached their first token there, and of the one it
+        is prefilling, what the model's rate gets through since it started on it (at most
+        all of it). The latter matters for a short decode that shares its steps with a long
+        prompt's chunks: that prompt's first token comes with, or after, the decode's last."""
+        progress = self.state.prefill_progress(instance)
+        done = grey.expected_prefill(progress.tokens, progress.pairs)
+        head = grey.expected_prefill(progress.head_tokens, progress.head_pairs)
+        return done + min(head, max(now - progress.head_since, 0.0))
+
     def _observe_tpot(
         self, grey: GreyDetector, attempt: Attempt, now: float, output_tokens: int
     ) -> None:
@@ -580,11 +590,8 @@ class RequestLifecycle:
         span = now - attempt.first_token_at
         if span < grey.params.min_decode_s:
             return  # mostly the router's own scheduling jitter
-        slot = self.state.slot_of(attempt.instance)
-        interleaved = grey.expected_prefill(
-            float(self.state.prefilled[slot]) - attempt.prefilled_at_first,
-            float(self.state.prefilled_pairs[slot]) - attempt.prefilled_pairs_at_first,
-        )
+        interleaved = self._prefill_work(grey, attempt.instance, now)
+        interleaved -= attempt.prefill_work_at_first
         steps = output_tokens - 1
         step = 0.5 * (attempt.expected_step + self._decode_step(grey, attempt.instance))
         grey.observe(attempt.instance, "tpot", span / steps, step + interleaved / steps, now)

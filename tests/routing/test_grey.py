@@ -15,7 +15,12 @@ import pytest
 from router_worker.routing import ClusterState, RequestLifecycle
 from router_worker.routing.grey import GreyDetector, GreyParams, GreyState, GreyTransition
 from router_worker.routing.policies.round_robin import RoundRobinPolicy
-from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
+from router_worker.routing.step_cost import (
+    REFERENCE_DECODE_STEP,
+    REFERENCE_PREFILL,
+    decode_step_s,
+    prefill_s,
+)
 from tests.routing.helpers import add_decoding_context, cluster, features, tokens
 
 Speeds = Callable[[float], list[float]]  # each instance's slowness factor at time t
@@ -190,3 +195,77 @@ def test_a_decode_too_short_to_measure_is_not_judged():
     state, transitions = _lifecycle_run(GreyParams(), 4, loaded_at=-1.0, slow_at=600.0)
     assert transitions == [] and state.grey is not None
     assert state.grey.excess_of("i1") == 1.0  # never judged: no sample at all
+
+
+# ----- prefill interleaved with a decode (chunked prefill) ---------------------------------
+def _burst_run(
+    params: GreyParams, burst: tuple[float, float], slow_at: float = math.inf
+) -> list[GreyTransition]:
+    """Four instances (mixed speeds) under round robin, one request a second, each decoding
+    63 steps at the cost model's step × its instance's speed × jitter. During ``burst``
+    i0 also takes two 1,500-token prompts (answered in one token) while each of its requests
+    decodes: their prefill chunks run in the same engine steps, so that request's decode
+    lasts their prefill longer, here 1.3× what the cost model's prefill coefficients say
+    (an engine is never exactly the model). From ``slow_at`` i0 runs 3× slower, prefill and
+    decode alike."""
+    state = cluster(4)
+    state.grey = GreyDetector(params)
+    policy = RoundRobinPolicy(seed=1)
+    rng = np.random.default_rng(11)
+    speeds = [1.0, 1.0, 1.5, 2.0]
+    prompt, output_tokens = 1500, 64
+    transitions: list[GreyTransition] = []
+    for tick in range(300):
+        for k in range(4):
+            now = 4.0 * tick + k
+            life = RequestLifecycle(features(tokens(100_000 * (4 * tick + k), 64)), policy, state)
+            slot = state.slot_of(life.route(state.view(), now).instance)
+            life.dispatch(now)
+            life.first_token(now + 0.01, ttft=0.01)
+            slowed = 3.0 if slot == 0 and now >= slow_at else 1.0
+            interleaved = 0.0
+            if slot == 0 and burst[0] <= now < burst[1]:
+                for j in range(2):
+                    start = 900_000_000 + 10_000 * (8 * tick + 2 * k + j)
+                    other = features(tokens(start, prompt))
+                    state.on_dispatch(other, "i0", now + 0.02, cached_tokens=0)
+                    prefill = 1.3 * prefill_s(
+                        float(prompt), 0.5 * prompt * prompt, **_prefill_coefficients()
+                    )
+                    interleaved += prefill * slowed
+                    state.on_first_token(other.request_id, now + 0.02 + interleaved)
+                    state.on_finish(other.request_id, now + 0.02 + interleaved)
+            view = state.view()
+            step = decode_step_s(
+                float(view.batch_size[slot]),
+                float(view.decode_context_tokens[slot]),
+                **REFERENCE_DECODE_STEP,
+            )
+            decode = step * speeds[slot] * slowed * rng.lognormal(0.0, 0.1) * (output_tokens - 1)
+            life.finish(now + 0.01 + decode + interleaved, output_tokens)
+        transitions += state.grey.take_transitions()
+    return transitions
+
+
+def _prefill_coefficients() -> dict[str, float]:
+    return {
+        "prefill_token_s": 1.0 / REFERENCE_PREFILL["prefill_tps"],
+        "attention_pair_s": REFERENCE_PREFILL["attention_pair_s"],
+    }
+
+
+def test_prompts_prefilled_during_a_decode_are_expected_to_slow_it():
+    # i0's decodes last about twice the decode steps while it takes the burst: healthy.
+    assert _burst_run(GreyParams(), burst=(200.0, 800.0)) == []
+    # The decode-only expectation (before the prefill was counted) drains the healthy i0.
+    decode_only = GreyParams(prefill_token_s=0.0, attention_pair_s=0.0)
+    flagged = [(x.instance, x.after) for x in _burst_run(decode_only, burst=(200.0, 800.0))]
+    assert ("i0", GreyState.DRAINED) in flagged
+
+
+def test_an_instance_slowed_while_it_takes_a_burst_is_still_found():
+    transitions = _burst_run(GreyParams(), burst=(200.0, 1200.0), slow_at=600.0)
+    assert {x.instance for x in transitions} == {"i0"}
+    degraded = next(x.at for x in transitions if x.after is GreyState.DEGRADED)
+    assert 600 < degraded <= 640
+    assert GreyState.DRAINED in [x.after for x in transitions]

@@ -199,21 +199,27 @@ def test_a_decode_too_short_to_measure_is_not_judged():
 
 # ----- prefill interleaved with a decode (chunked prefill) ---------------------------------
 def _burst_run(
-    params: GreyParams, burst: tuple[float, float], slow_at: float = math.inf
+    params: GreyParams,
+    burst: tuple[float, float],
+    slow_at: float = math.inf,
+    prompts: tuple[int, int] = (2, 1500),
+    late: bool = False,
 ) -> list[GreyTransition]:
     """Four instances (mixed speeds) under round robin, one request a second, each decoding
     63 steps at the cost model's step × its instance's speed × jitter. During ``burst``
-    i0 also takes two 1,500-token prompts (answered in one token) while each of its requests
-    decodes: their prefill chunks run in the same engine steps, so that request's decode
-    lasts their prefill longer, here 1.3× what the cost model's prefill coefficients say
-    (an engine is never exactly the model). From ``slow_at`` i0 runs 3× slower, prefill and
-    decode alike."""
+    i0 also takes ``prompts`` (how many, how long; answered in one token) while each of its
+    requests decodes: their prefill chunks run in the same engine steps, so that request's
+    decode lasts their prefill longer, here 1.3× what the cost model's prefill coefficients
+    say (an engine is never exactly the model). ``late``: the prompts' first tokens reach
+    the router just after the request's last one (they came out of the same step). From
+    ``slow_at`` i0 runs 3× slower, prefill and decode alike."""
     state = cluster(4)
     state.grey = GreyDetector(params)
     policy = RoundRobinPolicy(seed=1)
     rng = np.random.default_rng(11)
     speeds = [1.0, 1.0, 1.5, 2.0]
-    prompt, output_tokens = 1500, 64
+    count, prompt = prompts
+    output_tokens = 64
     transitions: list[GreyTransition] = []
     for tick in range(300):
         for k in range(4):
@@ -223,18 +229,20 @@ def _burst_run(
             life.dispatch(now)
             life.first_token(now + 0.01, ttft=0.01)
             slowed = 3.0 if slot == 0 and now >= slow_at else 1.0
-            interleaved = 0.0
+            interleaved, others = 0.0, []
             if slot == 0 and burst[0] <= now < burst[1]:
-                for j in range(2):
-                    start = 900_000_000 + 10_000 * (8 * tick + 2 * k + j)
+                for j in range(count):
+                    start = 900_000_000 + 100_000 * (4 * count * tick + count * k + j)
                     other = features(tokens(start, prompt))
                     state.on_dispatch(other, "i0", now + 0.02, cached_tokens=0)
+                    others.append(other.request_id)
                     prefill = 1.3 * prefill_s(
                         float(prompt), 0.5 * prompt * prompt, **_prefill_coefficients()
                     )
                     interleaved += prefill * slowed
-                    state.on_first_token(other.request_id, now + 0.02 + interleaved)
-                    state.on_finish(other.request_id, now + 0.02 + interleaved)
+                    if not late:
+                        state.on_first_token(other.request_id, now + 0.02 + interleaved)
+                        state.on_finish(other.request_id, now + 0.02 + interleaved)
             view = state.view()
             step = decode_step_s(
                 float(view.batch_size[slot]),
@@ -242,7 +250,11 @@ def _burst_run(
                 **REFERENCE_DECODE_STEP,
             )
             decode = step * speeds[slot] * slowed * rng.lognormal(0.0, 0.1) * (output_tokens - 1)
-            life.finish(now + 0.01 + decode + interleaved, output_tokens)
+            end = now + 0.01 + decode + interleaved
+            life.finish(end, output_tokens)
+            for request_id in others if late else ():
+                state.on_first_token(request_id, end)
+                state.on_finish(request_id, end)
         transitions += state.grey.take_transitions()
     return transitions
 
@@ -261,6 +273,14 @@ def test_prompts_prefilled_during_a_decode_are_expected_to_slow_it():
     decode_only = GreyParams(prefill_token_s=0.0, attention_pair_s=0.0)
     flagged = [(x.instance, x.after) for x in _burst_run(decode_only, burst=(200.0, 800.0))]
     assert ("i0", GreyState.DRAINED) in flagged
+
+
+def test_a_long_prompt_whose_first_token_comes_after_the_decode_is_counted():
+    # One 12,000-token prompt per decode on i0, its chunks filling the decode's steps (it
+    # lasts about 6x its decode steps); its first token reaches the router only after the
+    # decode's last, so the prompts completed in between are none: the prompt being
+    # prefilled counts at the model's rate since it started.
+    assert _burst_run(GreyParams(), burst=(200.0, 800.0), prompts=(1, 12_000), late=True) == []
 
 
 def test_an_instance_slowed_while_it_takes_a_burst_is_still_found():

@@ -88,6 +88,7 @@ slot, marked down, so slot numbers in explanations stay stable.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeVar
@@ -130,6 +131,7 @@ class _InFlight:
     started: bool = False
     first_token_time: float = 0.0
     ended: bool = False
+    request_id: str = ""
 
     @property
     def attention_pairs(self) -> float:
@@ -144,10 +146,11 @@ class PrefillProgress:
     pairs of the requests that reached their first token there; and the prompt it is taken
     to be prefilling now, the oldest one dispatched there still without its first token
     (the engine admits first come, first served), with when it started on it (its dispatch,
-    or the last first token there, whichever is later). No such prompt: head tokens 0."""
+    or the last first token there, whichever is later). No such prompt: ``head_id`` None."""
 
     tokens: float
     pairs: float
+    head_id: str | None = None
     head_tokens: float = 0.0
     head_pairs: float = 0.0
     head_since: float = 0.0
@@ -265,6 +268,8 @@ class ClusterState:
         # Per slot, the requests dispatched there in order, until their first token or end
         # (the head is the prompt being prefilled: PrefillProgress).
         self._unstarted: list[deque[_InFlight]] = []
+        # Told when a request's prefill ends (ClusterState.when_prefilled).
+        self._prefill_waiters: dict[str, list[Callable[[float, bool], None]]] = {}
         self.health = np.zeros(0, dtype=np.int8)
         self.health_version = 0  # bumped by every write to ``health`` (views cache on it)
         # The KV index's per-slot capacity, mirrored here for the view (set only here).
@@ -352,7 +357,14 @@ class ClusterState:
         self.pending_pairs[slot] += attention_pairs(uncached, features.prompt_tokens - uncached)
         self.in_flight[slot] += 1
         self.queued_context[slot] += features.prompt_tokens
-        record = _InFlight(slot, uncached, features.prompt_tokens, now, float(self.pending[slot]))
+        record = _InFlight(
+            slot,
+            uncached,
+            features.prompt_tokens,
+            now,
+            float(self.pending[slot]),
+            request_id=features.request_id,
+        )
         self._requests[features.request_id] = record
         self._unstarted[slot].append(record)
         self.kv.insert(slot, features.block_hashes)
@@ -382,6 +394,8 @@ class ClusterState:
         self.context[slot] += record.prompt_tokens
         self.decode_blocks[slot] += self._blocks_of(record.prompt_tokens)
         self._update_prefill_tps(slot, record.work_ahead, now - record.dispatch_time)
+        for waiter in self._prefill_waiters.pop(request_id, ()):
+            waiter(now, True)
 
     def on_finish(self, request_id: str, now: float) -> None:
         """Request ended normally; everything it added is removed."""
@@ -402,6 +416,8 @@ class ClusterState:
             self.queued_context[slot] -= record.prompt_tokens
             self._trim_unstarted(slot)
         self.in_flight[slot] -= 1
+        for waiter in self._prefill_waiters.pop(request_id, ()):
+            waiter(now, False)
 
     def on_error(self, request_id: str, now: float) -> None:
         """Request failed or was aborted (connect error, 5xx, client cancel)."""
@@ -421,7 +437,17 @@ class ClusterState:
             return PrefillProgress(done, pairs)
         head = queue[0]
         since = max(head.dispatch_time, float(self.last_prefilled_at[slot]))
-        return PrefillProgress(done, pairs, head.uncached_tokens, head.attention_pairs, since)
+        return PrefillProgress(
+            done, pairs, head.request_id, head.uncached_tokens, head.attention_pairs, since
+        )
+
+    def when_prefilled(self, request_id: str, waiter: Callable[[float, bool], None]) -> None:
+        """Call ``waiter(now, True)`` when ``request_id`` (in flight, no first token yet)
+        reaches its first token, or ``waiter(now, False)`` when it ends without one."""
+        record = self._record(request_id)
+        if record.started:
+            raise ValueError(f"request {request_id!r} already has its first token")
+        self._prefill_waiters.setdefault(request_id, []).append(waiter)
 
     # ----- scrapes and engine events ---------------------------------------
     def on_scrape(

@@ -132,9 +132,10 @@ class Attempt:
     # expected TPOT is the mean of this and the step at its last token, plus the prefill
     # the instance completed in between, counted from these cumulative totals).
     expected_step: float = 0.0
-    # The prefill work, s at the cost model's rates, the instance had done for this router
-    # at that first token (grey detection counts what it did between first and last token).
-    prefill_work_at_first: float = 0.0
+    # The prefill work, s at the cost model's rates, the instance had completed for this
+    # router at that first token (grey detection counts what it did between first and last
+    # token).
+    prefill_done_at_first: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -422,7 +423,8 @@ class RequestLifecycle:
         grey = self.state.grey
         if grey is not None and grey.judging:
             attempt.expected_step = self._decode_step(grey, attempt.instance)
-            attempt.prefill_work_at_first = self._prefill_work(grey, attempt.instance, now)
+            done = self.state.prefill_progress(attempt.instance)
+            attempt.prefill_done_at_first = grey.expected_prefill(done.tokens, done.pairs)
             if grey.params.use_ttft and attempt.dispatched_at is not None:
                 measured = now - attempt.dispatched_at
                 grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
@@ -567,34 +569,50 @@ class RequestLifecycle:
             float(view.batch_size[slot]), float(view.decode_context_tokens[slot])
         )
 
-    def _prefill_work(self, grey: GreyDetector, instance: str, now: float) -> float:
-        """The prefill work ``instance`` has done for this router by ``now``, s at the cost
-        model's rates: the prompts that reached their first token there, and of the one it
-        is prefilling, what the model's rate gets through since it started on it (at most
-        all of it). The latter matters for a short decode that shares its steps with a long
-        prompt's chunks: that prompt's first token comes with, or after, the decode's last."""
-        progress = self.state.prefill_progress(instance)
-        done = grey.expected_prefill(progress.tokens, progress.pairs)
-        head = grey.expected_prefill(progress.head_tokens, progress.head_pairs)
-        return done + min(head, max(now - progress.head_since, 0.0))
-
     def _observe_tpot(
         self, grey: GreyDetector, attempt: Attempt, now: float, output_tokens: int
     ) -> None:
         """Grey detection's TPOT sample: measured against the cost model's step over the
         batch the request decoded in (at its first token and at its last, averaged), plus
-        the prefill the instance completed in between (chunked prefill runs it in the same
-        steps), spread over the request's decode steps."""
+        the prefill the instance ran in between (chunked prefill runs it in the same
+        steps), spread over the request's decode steps.
+
+        That prefill is the prompts that reached their first token there in between, and
+        the share of the one it is still prefilling that it had got through: a short decode
+        sharing its steps with a long prompt's chunks ends in the same step as that prompt's
+        first token, or before it. The share is in time, known once that prompt's prefill
+        ends, so the sample waits for it: (this decode's end − its prefill's start) /
+        (its first token − its prefill's start) of its work, measured on the instance
+        itself, so a slow instance is not credited work it did not do."""
         if attempt.first_token_at is None or output_tokens < 2:
             return
         span = now - attempt.first_token_at
         if span < grey.params.min_decode_s:
             return  # mostly the router's own scheduling jitter
-        interleaved = self._prefill_work(grey, attempt.instance, now)
-        interleaved -= attempt.prefill_work_at_first
+        instance, state = attempt.instance, self.state
+        progress = state.prefill_progress(instance)
+        done = grey.expected_prefill(progress.tokens, progress.pairs)
+        done -= attempt.prefill_done_at_first
         steps = output_tokens - 1
-        step = 0.5 * (attempt.expected_step + self._decode_step(grey, attempt.instance))
-        grey.observe(attempt.instance, "tpot", span / steps, step + interleaved / steps, now)
+        step = 0.5 * (attempt.expected_step + self._decode_step(grey, instance))
+        measured = span / steps
+        head, since = progress.head_id, progress.head_since
+        if head is None or since >= now:
+            grey.observe(instance, "tpot", measured, step + done / steps, now)
+            return
+        work = grey.expected_prefill(progress.head_tokens, progress.head_pairs)
+        end = now
+
+        def prefilled(at: float, started: bool) -> None:
+            """The prompt ``head`` reached its first token at ``at`` (``started``), or
+            ended there without one (never prefilled: no share)."""
+            share = 0.0
+            if started:
+                share = min((end - since) / (at - since), 1.0) if at > since else 1.0
+            expected = step + (done + work * share) / steps
+            grey.observe(instance, "tpot", measured, expected, max(at, end))
+
+        state.when_prefilled(head, prefilled)
 
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances

@@ -204,14 +204,18 @@ def _burst_run(
     slow_at: float = math.inf,
     prompts: tuple[int, int] = (2, 1500),
     late: bool = False,
+    share: float = 1.0,
+    output_tokens: int = 64,
 ) -> list[GreyTransition]:
-    """Four instances (mixed speeds) under round robin, one request a second, each decoding
-    63 steps at the cost model's step × its instance's speed × jitter. During ``burst``
-    i0 also takes ``prompts`` (how many, how long; answered in one token) while each of its
-    requests decodes: their prefill chunks run in the same engine steps, so that request's
-    decode lasts their prefill longer, here 1.3× what the cost model's prefill coefficients
-    say (an engine is never exactly the model). ``late``: the prompts' first tokens reach
-    the router just after the request's last one (they came out of the same step). From
+    """Four instances (mixed speeds) under round robin, one request a second, each
+    decoding ``output_tokens`` - 1 steps at the cost model's step × its instance's speed ×
+    jitter. During ``burst`` i0 also takes ``prompts`` (how many, how long; answered in
+    one token) while each of its requests decodes: their prefill chunks run in the same
+    engine steps, so that request's decode lasts their prefill longer, here 1.3× what the
+    cost model's prefill coefficients say (an engine is never exactly the model).
+    ``late``: the prompts' first tokens reach the router after the request's last one:
+    just after (they came out of the same step), or, with ``share`` < 1, when the rest of
+    their prefill is done (only that share of it ran in the request's decode steps). From
     ``slow_at`` i0 runs 3× slower, prefill and decode alike."""
     state = cluster(4)
     state.grey = GreyDetector(params)
@@ -219,7 +223,6 @@ def _burst_run(
     rng = np.random.default_rng(11)
     speeds = [1.0, 1.0, 1.5, 2.0]
     count, prompt = prompts
-    output_tokens = 64
     transitions: list[GreyTransition] = []
     for tick in range(300):
         for k in range(4):
@@ -250,11 +253,12 @@ def _burst_run(
                 **REFERENCE_DECODE_STEP,
             )
             decode = step * speeds[slot] * slowed * rng.lognormal(0.0, 0.1) * (output_tokens - 1)
-            end = now + 0.01 + decode + interleaved
+            end = now + 0.01 + decode + share * interleaved
             life.finish(end, output_tokens)
             for request_id in others if late else ():
-                state.on_first_token(request_id, end)
-                state.on_finish(request_id, end)
+                prefilled = max(end, now + 0.02 + interleaved)
+                state.on_first_token(request_id, prefilled)
+                state.on_finish(request_id, prefilled)
         transitions += state.grey.take_transitions()
     return transitions
 
@@ -289,3 +293,27 @@ def test_an_instance_slowed_while_it_takes_a_burst_is_still_found():
     degraded = next(x.at for x in transitions if x.after is GreyState.DEGRADED)
     assert 600 < degraded <= 640
     assert GreyState.DRAINED in [x.after for x in transitions]
+
+
+def test_a_slowed_instance_is_not_credited_prefill_it_did_not_do():
+    # Short decodes (15 steps) on i0, each sharing its steps with a 4,000-token prompt
+    # whose first token comes later (30% of its prefill ran in them): the share credited
+    # is measured on the instance (from its first token), so a slowed i0 is no healthy one
+    # with more prefill. At the model's rate instead, the whole prompt's work was credited
+    # and the 3x slowed i0 looked 1.4x its normal: never flagged.
+    def run(slow_at: float) -> list[GreyTransition]:
+        return _burst_run(
+            GreyParams(),
+            burst=(0.0, 1200.0),
+            slow_at=slow_at,
+            prompts=(1, 4000),
+            late=True,
+            share=0.3,
+            output_tokens=16,
+        )
+
+    assert run(math.inf) == []
+    transitions = run(600.0)
+    assert {x.instance for x in transitions} == {"i0"}
+    degraded = next(x.at for x in transitions if x.after is GreyState.DEGRADED)
+    assert 600 < degraded <= 640

@@ -54,7 +54,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     records = load_trace(cell["path"], rate_scale=cell["rate"], max_requests=cell["max_requests"])
     keys = ("trace", "rate", "policy", "fault", "slow", "slow_at")
     row: dict[str, Any] = {k: cell[k] for k in keys}
-    faults = FAULT if cell["fault"] else ()
+    faults: tuple[Fault, ...] = FAULT if cell["fault"] else ()
     if cell["slow"]:
         faults += (Fault(cell["slow_at"], SLOW_SLOT, "slow", cell["slow"]),)
     for label, grey in (("off", None), ("on", grey_params(cell["expectation"]))):

@@ -9,11 +9,14 @@ what the router measures of each request, as a *residual* against what was expec
   (:mod:`router_worker.routing.step_cost`) predicts for the steps the request decoded in:
   the decode step of the instance's running batch and its context tokens as the router
   counts them, at the request's first token and at its last, averaged; plus the prefill
-  work the instance completed meanwhile (the uncached prompt tokens, and their attention,
-  of the requests that reached their first token there between the request's first and
-  last token: the state's cumulative ``prefilled``), spread over the request's tokens. With
-  chunked prefill the engine runs those prompts' chunks in the same steps as the decodes, so
-  an instance taking a burst of prompts decodes slower, and is expected to. A busier
+  work the instance ran meanwhile (the uncached prompt tokens, and their attention, of the
+  requests that reached their first token there between the request's first and last
+  token, and the share of the prompt still in progress at its last token that was done by
+  then, measured in time on the instance once that prompt's first token comes:
+  :meth:`~router_worker.routing.indicators.ClusterState.prefill_progress`), spread over
+  the request's tokens. With chunked prefill the engine runs those prompts' chunks in the
+  same steps as the decodes, so an instance taking a burst of prompts decodes slower, and
+  is expected to. A busier
   instance is expected to be slower, so a burst of load on one instance is no residual.
   Prompts another router sent (without replica sync) are not counted: the router does not
   see them. Only requests whose decode lasted ``min_decode_s`` or more are judged: a
@@ -89,11 +92,12 @@ class GreyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
-        default=False,
+        default=True,
         description="Detect and route around slow instances (instances alive but slower "
-        "than their own normal, beyond the fleet's drift). Off by default: on real traces' "
-        "bursts it flagged and drained healthy instances (docs/algorithms.md, 'Grey "
-        "failures'). An operator's override works either way.",
+        "than their own normal, beyond the fleet's drift). On by default: its expected TPOT "
+        "counts the prefill an instance interleaves with its decodes, and on real traces "
+        "(docs/algorithms.md, 'Grey failures') it flagged no healthy instance. An "
+        "operator's override works either way.",
     )
     min_decode_s: float = Field(
         default=0.05,

@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -270,12 +272,13 @@ def test_when_prefilled_tells_of_the_first_token_or_of_an_end_without_one():
     state = cluster(1)
     told: list[tuple[str, float, bool]] = []
     a, b = features(tokens(1_000_000, 64)), features(tokens(2_000_000, 64))
+
+    def waiter(request_id: str) -> Callable[[float, bool], None]:
+        return lambda at, started: told.append((request_id, at, started))
+
     for request in (a, b):
         state.on_dispatch(request, "i0", 1.0, cached_tokens=0)
-        state.when_prefilled(
-            request.request_id,
-            lambda at, started, rid=request.request_id: told.append((rid, at, started)),
-        )
+        state.when_prefilled(request.request_id, waiter(request.request_id))
     state.on_first_token(a.request_id, 2.0)
     state.on_first_token(a.request_id, 2.5)  # a repeat tells nobody again
     state.on_error(b.request_id, 3.0)

@@ -597,10 +597,10 @@ class RequestLifecycle:
         step = 0.5 * (attempt.expected_step + self._decode_step(grey, instance))
         measured = span / steps
         head, since = progress.head_id, progress.head_since
-        if head is None or since >= now:
+        work = grey.expected_prefill(progress.head_tokens, progress.head_pairs)
+        if head is None or since >= now or work <= 0:
             grey.observe(instance, "tpot", measured, step + done / steps, now)
             return
-        work = grey.expected_prefill(progress.head_tokens, progress.head_pairs)
         end = now
 
         def prefilled(at: float, started: bool) -> None:

@@ -363,7 +363,7 @@ def _means(summaries: list[dict[str, Any]]) -> dict[str, Any]:
         if len(numbers) == len(values):
             out[key] = float(np.mean(numbers))
         elif all(isinstance(v, dict) for v in values):
-            out[key] = _means(values)
+            out[key] = _means([v for v in values if isinstance(v, dict)])
         else:
             out[key] = value
     return out

@@ -165,7 +165,8 @@ def _replay_roles(cluster: Cluster) -> list[str]:
 def _disaggregation(cluster: Cluster, roles: list[str]) -> dict[str, Any]:
     """The simulator's disaggregation fields for a cluster whose routers split requests
     (an instance of role prefill or decode: services.config), as its routers run it: the
-    instances' roles, the cluster's decider and link; nothing for a colocated cluster."""
+    instances' roles, the cluster's decider, link and decode policy; nothing for a colocated
+    cluster."""
     if all(role == "both" for role in roles):
         return {}
     from router_worker.routing.disagg import in_decode_pool, in_prefill_pool
@@ -176,10 +177,12 @@ def _disaggregation(cluster: Cluster, roles: list[str]) -> dict[str, Any]:
                 f"the cluster's instances that are not down hold no {pool} pool, and a "
                 "disaggregated cluster needs both: bring one up or give it role both"
             )
+    decode = cluster.decode_policy
     return {
         "roles": tuple(roles),
         "decider": config_service.decider_document(cluster),
         "kv_link": cluster.kv_link,
+        **({"decode_policy": decode.kind, "decode_policy_params": decode.params} if decode else {}),
     }
 
 

@@ -98,13 +98,16 @@ class PolicySpec(_Strict):
         return self
 
 
+DEFAULT_DECODE_POLICY = "decode_room"  # the decode stage's policy unless one is chosen
+
+
 class DisaggregationSpec(_Strict):
     """How a cluster with prefill and decode instances routes (router_worker.routing.disagg):
     the decode stage's policy (the prefill stage and colocated requests take the arm's
     policy) and the decider."""
 
     decode_policy: PolicySpec = Field(
-        default_factory=lambda: PolicySpec(kind="decode_room"),
+        default_factory=lambda: PolicySpec(kind=DEFAULT_DECODE_POLICY),
         description="The decode stage's policy.",
     )
     decider: DeciderParams = Field(default_factory=DeciderParams)

@@ -1179,6 +1179,7 @@ class Simulator:
             "transfers_failed": failed,
             "roles": list(self.config.roles),
             "decider": DeciderParams.model_validate(self.config.decider).kind,
+            "decode_policy": self.config.decode_policy,
         }
 
     def _fleet_record(self) -> dict[str, Any]:

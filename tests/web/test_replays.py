@@ -100,9 +100,10 @@ def test_a_model_enginesim_cannot_simulate_fails_the_job_with_its_reason(
 def test_a_disaggregated_clusters_replay_splits_as_its_routers_do(
     as_role, cluster, traces, dispatched
 ) -> None:
-    """The replay runs the cluster's pools and decider: with i0 prefill, i1 decode and the
-    decider 'always', requests are split (before, every replay ran colocated)."""
-    from controlplane.services import clusters
+    """The replay runs the cluster's pools, decider and decode policy: with i0 prefill, i1
+    decode and the decider 'always', requests are split (before, every replay ran
+    colocated)."""
+    from controlplane.services import clusters, policies
     from controlplane.services.audit import Actor
 
     system = Actor.system("tests")
@@ -110,6 +111,8 @@ def test_a_disaggregated_clusters_replay_splits_as_its_routers_do(
     clusters.set_instance_role(system, ids["i0"], "prefill", reason="pools")
     clusters.set_instance_role(system, ids["i1"], "decode", reason="pools")
     clusters.set_decider(system, cluster.pk, "always", reason="split all")
+    rr = cluster.policies.get(name="rr")
+    policies.set_decode_policy(system, cluster.pk, rr.pk, reason="decode by turns")
     client = as_role("operator")
     client.post(
         reverse("web:replay_create", args=[cluster.pk]),
@@ -120,6 +123,7 @@ def test_a_disaggregated_clusters_replay_splits_as_its_routers_do(
     job.refresh_from_db()
     split = job.results["policies"][0]["summary"]["disaggregation"]  # means over the seeds
     assert split["roles"] == ["prefill", "decode", "both"] and split["decider"] == "always"
+    assert split["decode_policy"] == "round_robin"
     assert split["split"] > 0 and split["transfer_bytes"] > 0
     page = client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
     assert 'data-testid="replay-disaggregation"' in page

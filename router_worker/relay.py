@@ -331,6 +331,9 @@ def route_headers(ex: Exchange) -> list[tuple[bytes, bytes]]:
             headers.append((b"x-switchyard-stage", plan.stage.encode()))
             if plan.prefill_instance is not None:
                 headers.append((b"x-switchyard-prefill-instance", plan.prefill_instance.encode()))
+            if plan.stage == "decode" and plan.arm.stages is not None:
+                kind = plan.arm.stages.decode_policy.kind
+                headers.append((b"x-switchyard-decode-policy", kind.encode()))
     if detail >= Detail.DEBUG:
         scores = json.dumps(plan.decision.score_table(), separators=(",", ":"))
         headers.append((b"x-switchyard-scores", scores.encode()))

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from router_worker.arms import arm_salt, pick_arm
-from router_worker.contract.config import PolicySpec, RouterConfig
+from router_worker.contract.config import ArmSpec, PolicySpec, RouterConfig
 from router_worker.routing import ClusterState, RoutingPolicy, make_policy
 from router_worker.routing.disagg import MemberView, in_decode_pool, in_prefill_pool
 from router_worker.tokenization import Tokenizer
@@ -98,14 +98,20 @@ def _members(state: ClusterState, names: Sequence[str]) -> np.ndarray:
 
 
 def _stages(
-    config: RouterConfig, state: ClusterState, instances: Sequence[str], kept: Stages | None
+    config: RouterConfig,
+    state: ClusterState,
+    instances: Sequence[str],
+    kept: Stages | None,
+    decode_spec: PolicySpec | None,
 ) -> Stages | None:
+    """An arm's pools and its decode stage's policy (``decode_spec``: the arm's own, else
+    the cluster's)."""
     if not config.disaggregated:
         return None
     roles = {i.name: i.role for i in config.instances}
     prefill = [n for n in instances if in_prefill_pool(roles[n])]
     decode = [n for n in instances if in_decode_pool(roles[n])]
-    spec = config.stages.decode_policy
+    spec = decode_spec or config.stages.decode_policy
     policy = make_policy(spec.kind, spec.params, spec.seed)
     same = kept is not None and type(kept.decode_policy) is type(policy)
     if same and kept is not None and kept.decode_policy.params == policy.params:
@@ -115,11 +121,11 @@ def _stages(
     )
 
 
-def _arm_specs(config: RouterConfig) -> list[tuple[str, PolicySpec, tuple[str, ...], float]]:
+def _arm_specs(config: RouterConfig) -> list[ArmSpec]:
     if config.canary is None:
-        names = tuple(i.name for i in config.instances)
-        return [(DEFAULT_ARM, config.policy, names, 100.0)]
-    return [(a.name, a.policy, tuple(a.instances), a.weight) for a in config.canary.arms]
+        names = [i.name for i in config.instances]
+        return [ArmSpec(name=DEFAULT_ARM, policy=config.policy, weight=100.0, instances=names)]
+    return list(config.canary.arms)
 
 
 def build_runtime(
@@ -134,14 +140,17 @@ def build_runtime(
     old = {arm.name: arm for arm in previous.arms} if previous else {}
     arms = []
     cumulative, total = [], 0.0
-    for name, spec, instances, weight in _arm_specs(config):
+    for arm_spec in _arm_specs(config):
+        name, spec, weight = arm_spec.name, arm_spec.policy, arm_spec.weight
+        instances = tuple(arm_spec.instances)
         kept = old.get(name)
         if kept is not None and kept.spec == spec and kept.instances == instances:
             policy = kept.policy
         else:
             policy = make_policy(spec.kind, spec.params, spec.seed)
         view = ArmView(state, _members(state, instances))
-        stages = _stages(config, state, instances, kept.stages if kept is not None else None)
+        kept_stages = kept.stages if kept is not None else None
+        stages = _stages(config, state, instances, kept_stages, arm_spec.decode_policy)
         arms.append(Arm(name, spec, policy, instances, weight, view, stages))
         total += weight
         cumulative.append(total)

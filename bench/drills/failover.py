@@ -289,8 +289,10 @@ def kill_drill(
         try:
             wait_until(lambda: httpx.get(router.url + "/health").status_code == 200, 10, "up")
             # The victim is slow, so that its streams are still running when every stream
-            # has started (on a loaded host that takes seconds); the others at speed.
-            fleet.fault(1, "slow", factor=VICTIM_SLOWDOWN)
+            # has started (on a loaded host that takes seconds); the others at speed. As
+            # slow in wall time at a time scale above 1: slower still, its queued prompts
+            # would pass the router's first-byte timeout and go elsewhere before the kill.
+            fleet.fault(1, "slow", factor=VICTIM_SLOWDOWN / max(time_scale, 1.0))
             run = _kill_under_streams(fleet, router.url, streams, whole, max_tokens)
             results, wholes, killed_at, cut_at = asyncio.run(run)
         finally:

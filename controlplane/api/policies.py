@@ -1,21 +1,33 @@
 """Policy kinds (with their parameter schemas), a cluster's policies, activation."""
 
 from dataclasses import asdict
+from typing import Any
 
 from django.http import HttpRequest
-from ninja import Router, Status
+from ninja import Field, Router, Schema, Status
+from pydantic import StrictInt
 
 from controlplane.models import Policy
 from controlplane.selectors import clusters as cluster_selectors
 from controlplane.selectors import robustness
 from controlplane.services import policies as policy_services
 from controlplane.services.validation import policy_kinds
+from router_worker.contract.config import DEFAULT_DECODE_POLICY
 from router_worker.routing import REGISTRY
 from router_worker.routing.provenance import params_provenance
 
 from .auth import actor_of, role
 from .revisions import expected_revision
-from .schemas import Id, PolicyIn, PolicyKindOut, PolicyOut, ReasonIn
+from .schemas import (
+    MAX_PK,
+    ExpectedRevision,
+    Id,
+    PolicyIn,
+    PolicyKindOut,
+    PolicyOut,
+    Reason,
+    ReasonIn,
+)
 
 routes = Router(tags=["policies"])
 
@@ -79,3 +91,52 @@ def activate_policy(request: HttpRequest, cluster_id: Id, policy_id: Id, payload
         expected_revision=expected_revision(request, payload.expected_revision),
     )
     return _out(policy, policy.pk)
+
+
+class DecodePolicyIn(Schema):
+    policy_id: StrictInt | None = Field(
+        ge=1,
+        le=MAX_PK,
+        description="One of the cluster's policies, to place a disaggregated cluster's decode "
+        "stage with; null: the routers' default (decode_room). It applies while some "
+        "instance is of role prefill or decode.",
+    )
+    reason: Reason
+    expected_revision: ExpectedRevision = None
+
+
+class DecodePolicyOut(Schema):
+    cluster_id: int
+    policy_id: int | None
+    name: str | None
+    kind: str = Field(description="The decode stage's policy kind in force.")
+    revision: int
+
+
+@routes.get("/clusters/{cluster_id}/decode-policy", response=DecodePolicyOut)
+def get_decode_policy(request: HttpRequest, cluster_id: Id):
+    return _decode_out(cluster_selectors.cluster(cluster_id))
+
+
+@routes.put("/clusters/{cluster_id}/decode-policy", response=DecodePolicyOut, auth=role("operator"))
+def set_decode_policy(request: HttpRequest, cluster_id: Id, payload: DecodePolicyIn):
+    """Choose the decode stage's policy of the cluster's routers (a new config version)."""
+    policy_services.set_decode_policy(
+        actor_of(request),
+        cluster_id,
+        payload.policy_id,
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+    return _decode_out(cluster_selectors.cluster(cluster_id))
+
+
+def _decode_out(cluster: Any) -> dict:
+    policy = cluster.decode_policy
+    return {
+        "cluster_id": cluster.pk,
+        "policy_id": policy.pk if policy else None,
+        "name": policy.name if policy else None,
+        "kind": policy.kind if policy else DEFAULT_DECODE_POLICY,
+        "revision": cluster.revision,
+    }

@@ -232,6 +232,13 @@ class CanaryIn(Schema):
     candidate_policy_id: Id
     baseline_instances: list[Name] = Field(description="Instance names of the baseline arm.")
     candidate_instances: list[Name] = Field(description="Instance names of the candidate arm.")
+    candidate_decode_policy_id: Id | None = Field(
+        None,
+        description="A disaggregated cluster only: the candidate arm places its decode stage "
+        "with this policy of the cluster's (the baseline arm with the cluster's decode "
+        "policy); promoting the canary makes it the cluster's. Omitted: both arms decode "
+        "under the cluster's.",
+    )
     weight_steps: list[float] | None = Field(
         None,
         description="Candidate traffic share per step, percent, increasing, in (0, 100]; the "
@@ -307,6 +314,7 @@ class CanaryOut(Schema):
     state: str
     baseline_policy_id: int
     candidate_policy_id: int
+    candidate_decode_policy_id: int | None = None
     baseline_instances: list[str]
     candidate_instances: list[str]
     assignment_key: str

@@ -60,6 +60,10 @@ class Cluster(models.Model):
     # prefix_threshold: split past this many prompt tokens uncached on the decode pool
     decider_threshold_tokens = models.PositiveIntegerField(default=256)
     kv_link = models.CharField(max_length=8, choices=KvLink.choices, default=KvLink.RDMA)
+    # The decode stage's policy (one of the cluster's policies); None: decode_room.
+    decode_policy = models.ForeignKey(
+        "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="decode_on"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -67,6 +71,10 @@ class Cluster(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    def is_disaggregated(self) -> bool:
+        """Some instance is a prefill or a decode instance: its routers split requests."""
+        return self.instances.exclude(role="both").exists()
 
 
 class Instance(models.Model):

@@ -20,6 +20,11 @@ class CanarySplit(models.Model):
     name = models.CharField(max_length=64)
     baseline_policy = models.ForeignKey("Policy", on_delete=models.PROTECT, related_name="+")
     candidate_policy = models.ForeignKey("Policy", on_delete=models.PROTECT, related_name="+")
+    # A disaggregated cluster's candidate arm may decode under another policy (None: the
+    # cluster's decode policy, as the baseline arm does).
+    candidate_decode_policy = models.ForeignKey(
+        "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     # the replay whose recommendation it tests, when it was started from one
     source_replay = models.ForeignKey(
         "ReplayJob", null=True, blank=True, on_delete=models.SET_NULL, related_name="canaries"

@@ -13,7 +13,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.utils import timezone
 
-from controlplane.models import CanarySplit, Cluster
+from controlplane.models import CanarySplit, Cluster, Policy
 
 from . import audit, config
 from .audit import Actor
@@ -38,6 +38,9 @@ def canary_snapshot(canary: CanarySplit) -> dict[str, Any]:
         "state": canary.state,
         "baseline_policy": canary.baseline_policy.name,
         "candidate_policy": canary.candidate_policy.name,
+        "candidate_decode_policy": (
+            canary.candidate_decode_policy.name if canary.candidate_decode_policy else None
+        ),
         "baseline_instances": canary.baseline_instances,
         "candidate_instances": canary.candidate_instances,
         "weight_steps": canary.weight_steps,
@@ -130,6 +133,7 @@ def create_canary(
     candidate_policy_id: int,
     baseline_instances: list[str],
     candidate_instances: list[str],
+    candidate_decode_policy_id: int | None = None,
     weight_steps: list[float] | None = None,
     guardrails: dict[str, Any] | None = None,
     assignment_key: str = "session",
@@ -137,7 +141,9 @@ def create_canary(
     reason: str,
 ) -> CanarySplit:
     """A draft canary; ``source_replay_id``: the replay job whose recommendation it tests
-    (the two then link to each other, on their pages and in the audit trail)."""
+    (the two then link to each other, on their pages and in the audit trail);
+    ``candidate_decode_policy_id``: a disaggregated cluster's candidate arm decodes under
+    it (the baseline arm under the cluster's decode policy)."""
     reason = audit.require_reason(reason)
     cluster = locked_cluster(cluster_id)
     source = None
@@ -148,19 +154,21 @@ def create_canary(
                 f"source_replay_id: replay {source_replay_id} is not one of {cluster.name}'s",
                 "source_replay_id",
             )
-    policies = {
-        p.pk: p for p in cluster.policies.filter(pk__in=[baseline_policy_id, candidate_policy_id])
+    chosen = {
+        "baseline_policy_id": baseline_policy_id,
+        "candidate_policy_id": candidate_policy_id,
+        **(
+            {"candidate_decode_policy_id": candidate_decode_policy_id}
+            if candidate_decode_policy_id is not None
+            else {}
+        ),
     }
-    for field, pk in (
-        ("baseline_policy_id", baseline_policy_id),
-        ("candidate_policy_id", candidate_policy_id),
-    ):
+    policies = {p.pk: p for p in cluster.policies.filter(pk__in=chosen.values())}
+    for field, pk in chosen.items():
         if pk not in policies:
             raise ServiceError(f"{field}: policy {pk} does not exist in {cluster.name}", field)
-    if baseline_policy_id == candidate_policy_id:
-        raise ServiceError(
-            "candidate_policy_id must differ from baseline_policy_id", "candidate_policy_id"
-        )
+    decode = policies.get(candidate_decode_policy_id) if candidate_decode_policy_id else None
+    _check_arms_differ(cluster, baseline_policy_id, candidate_policy_id, decode)
     if assignment_key not in ("session", "random"):
         raise ServiceError("assignment_key must be 'session' or 'random'", "assignment_key")
     _validate_split(cluster, baseline_instances, candidate_instances)
@@ -169,6 +177,7 @@ def create_canary(
         name=name,
         baseline_policy=policies[baseline_policy_id],
         candidate_policy=policies[candidate_policy_id],
+        candidate_decode_policy=decode,
         baseline_instances=baseline_instances,
         candidate_instances=candidate_instances,
         weight_steps=_validate_steps(
@@ -189,6 +198,26 @@ def create_canary(
         cluster=cluster,
     )
     return canary
+
+
+def _check_arms_differ(
+    cluster: Cluster, baseline_id: int, candidate_id: int, decode: Policy | None
+) -> None:
+    """The candidate differs from the baseline in its policy or in its decode policy (which
+    only a disaggregated cluster has)."""
+    if decode is not None and not cluster.is_disaggregated():
+        raise ServiceError(
+            "candidate_decode_policy_id: the cluster has no decode stage (no instance is of "
+            "role prefill or decode)",
+            "candidate_decode_policy_id",
+        )
+    new_decode = decode is not None and decode.pk != cluster.decode_policy_id
+    if baseline_id == candidate_id and not new_decode:
+        raise ServiceError(
+            "candidate_policy_id must differ from baseline_policy_id (or, on a disaggregated "
+            "cluster, candidate_decode_policy_id from the cluster's decode policy)",
+            "candidate_policy_id",
+        )
 
 
 def _locked_canary(canary_id: int) -> CanarySplit:
@@ -233,7 +262,9 @@ def transition(
         canary.step_started_at = timezone.now()
     if action == "promote":
         cluster.active_policy = canary.candidate_policy
-        cluster.save(update_fields=["active_policy"])
+        if canary.candidate_decode_policy is not None:
+            cluster.decode_policy = canary.candidate_decode_policy
+        cluster.save(update_fields=["active_policy", "decode_policy"])
     canary.save()
     version = config.publish(cluster, actor, reason)
     after = {**canary_snapshot(canary), "config_version": version.number if version else None}

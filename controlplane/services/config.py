@@ -97,6 +97,12 @@ def canary_document(canary: CanarySplit) -> dict[str, Any]:
                 "policy": canary.candidate_policy.spec(),
                 "weight": weight,
                 "instances": canary.candidate_instances,
+                # a decode stage exists only while some instance is prefill or decode
+                **(
+                    {"decode_policy": canary.candidate_decode_policy.spec()}
+                    if canary.candidate_decode_policy and canary.cluster.is_disaggregated()
+                    else {}
+                ),
             },
         ],
     }
@@ -155,7 +161,10 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
         document["capture"] = capture
     if any(i.get("role") for i in instances):
         # only a disaggregated cluster's: the block alone would make the cluster one
-        document["disaggregation"] = {"decider": decider_document(cluster)}
+        document["disaggregation"] = {
+            "decider": decider_document(cluster),
+            **({"decode_policy": cluster.decode_policy.spec()} if cluster.decode_policy else {}),
+        }
     if cluster.session_sources != all_session_sources():  # the routers' default otherwise
         document["session_sources"] = list(cluster.session_sources)
     client_auth = client_auth_document(cluster)

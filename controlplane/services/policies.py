@@ -8,6 +8,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 
 from controlplane.models import Policy
+from router_worker.contract.config import DEFAULT_DECODE_POLICY
 
 from . import audit, config, policy_defaults
 from .audit import Actor
@@ -98,3 +99,54 @@ def activate_policy(
         cluster=cluster,
     )
     return policy
+
+
+@transaction.atomic
+def set_decode_policy(
+    actor: Actor,
+    cluster_id: int,
+    policy_id: int | None,
+    *,
+    reason: str,
+    expected_revision: int | None = None,
+) -> Policy | None:
+    """Choose the policy a disaggregated cluster's routers place the decode stage with (one
+    of the cluster's policies; None: their default, decode_room). It applies while some
+    instance is of role prefill or decode."""
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
+    policy = None
+    if policy_id is not None:
+        try:
+            policy = cluster.policies.get(pk=policy_id)
+        except Policy.DoesNotExist:
+            raise NotFound(
+                f"policy {policy_id} does not exist in {cluster.name}", "policy_id"
+            ) from None
+    if config.active_canary(cluster) is not None:
+        raise Conflict("a canary is running on this cluster: promote or abort it first")
+    if cluster.decode_policy_id == policy_id:
+        raise Conflict(f"the decode policy is already {_decode_name(policy)}", "policy_id")
+    before = {"decode_policy": _decode_name(cluster.decode_policy)}
+    cluster.decode_policy = policy
+    cluster.save(update_fields=["decode_policy"])
+    version = config.publish(cluster, actor, reason)
+    audit.record(
+        actor,
+        "policy.decode",
+        cluster,
+        before=before,
+        after={
+            "decode_policy": _decode_name(policy),
+            "kind": policy.kind if policy else DEFAULT_DECODE_POLICY,
+            "config_version": version.number if version else None,
+        },
+        reason=reason,
+        cluster=cluster,
+    )
+    return policy
+
+
+def _decode_name(policy: Policy | None) -> str:
+    return policy.name if policy is not None else f"the default ({DEFAULT_DECODE_POLICY})"

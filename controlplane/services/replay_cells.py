@@ -351,15 +351,21 @@ def _tenant_means(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _means(summaries: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean of each number over the seeds (None where a seed has none); anything
-    else as the first seed has it."""
+    """The mean of each number over the seeds (None where a seed has none), of a nested
+    summary's numbers alike (a disaggregated cluster's split counts); anything else as the
+    first seed has it."""
     if not summaries:
         return {}
     out: dict[str, Any] = {}
     for key, value in summaries[0].items():
         values = [s.get(key) for s in summaries]
         numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-        out[key] = float(np.mean(numbers)) if len(numbers) == len(values) else value
+        if len(numbers) == len(values):
+            out[key] = float(np.mean(numbers))
+        elif all(isinstance(v, dict) for v in values):
+            out[key] = _means([v for v in values if isinstance(v, dict)])
+        else:
+            out[key] = value
     return out
 
 

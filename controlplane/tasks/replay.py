@@ -103,7 +103,8 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
             f"more than a replay simulates ({MAX_SIMULATED_S:.0f} s, 8 days); choose a higher "
             "rate scale or fewer requests"
         )
-    instances = max(cluster.instances.exclude(state="down").count(), 1)
+    roles = _replay_roles(cluster)
+    instances = max(len(roles), 1)
     tenants, names = _replay_tenants(cluster, inputs["trace"])
     for tenant, factor in sorted((inputs.get("tenant_scales") or {}).items()):
         records = scale_tenant(records, names.get(tenant, tenant), factor, cell.seed)
@@ -123,6 +124,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         flow=FlowParams() if mode == "on" or (mode == "cluster" and tenants) else None,
         tenants=tenants,
         grey=GreyParams(),  # grey-failure detection as the routers run it by default (on)
+        **_disaggregation(cluster, roles),
     )
 
     def step(done: int, total: int, now: float) -> None:
@@ -151,6 +153,37 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
             for tenant, row in by_tenant(result.requests).items()
         }
     return out
+
+
+def _replay_roles(cluster: Cluster) -> list[str]:
+    """The role of each instance a replay simulates: the cluster's instances not down, in
+    the order its routing document lists them (by name)."""
+    live = cluster.instances.exclude(state="down").order_by("name")
+    return list(live.values_list("role", flat=True))
+
+
+def _disaggregation(cluster: Cluster, roles: list[str]) -> dict[str, Any]:
+    """The simulator's disaggregation fields for a cluster whose routers split requests
+    (an instance of role prefill or decode: services.config), as its routers run it: the
+    instances' roles, the cluster's decider, link and decode policy; nothing for a colocated
+    cluster."""
+    if all(role == "both" for role in roles):
+        return {}
+    from router_worker.routing.disagg import in_decode_pool, in_prefill_pool
+
+    for pool, member in (("prefill", in_prefill_pool), ("decode", in_decode_pool)):
+        if not any(map(member, roles)):
+            raise ReplayFailed(
+                f"the cluster's instances that are not down hold no {pool} pool, and a "
+                "disaggregated cluster needs both: bring one up or give it role both"
+            )
+    decode = cluster.decode_policy
+    return {
+        "roles": tuple(roles),
+        "decider": config_service.decider_document(cluster),
+        "kv_link": cluster.kv_link,
+        **({"decode_policy": decode.kind, "decode_policy_params": decode.params} if decode else {}),
+    }
 
 
 def _replay_tenants(cluster: Cluster, trace: str) -> tuple[tuple[Any, ...], dict[str, str]]:

@@ -19,6 +19,7 @@ from controlplane.services import guardrails, numbers
 from controlplane.services.errors import NotFound, ServiceError
 from controlplane.services.validation import policy_kinds
 from enginesim.stats import describe
+from router_worker.contract.config import DEFAULT_DECODE_POLICY
 
 from . import reads
 from .access import actor, operator_required, viewer_required
@@ -41,7 +42,7 @@ def _context(
     operator entered and shows the message next to its field."""
     canaries = list(
         reads.canaries(cluster.pk)
-        .select_related("baseline_policy", "candidate_policy")
+        .select_related("baseline_policy", "candidate_policy", "candidate_decode_policy")
         .prefetch_related("judgements")[:20]
     )
     current = next((c for c in canaries if c.state in CanarySplit.ACTIVE_STATES), None)
@@ -73,6 +74,8 @@ def _context(
         ),
         "actions": {c.pk: _allowed_actions(c) for c in canaries},
         "source_replay": source,
+        "disaggregated": cluster.is_disaggregated(),
+        "default_decode_policy": DEFAULT_DECODE_POLICY,
     }
 
 
@@ -165,6 +168,11 @@ def _create_args(data: QueryDict) -> dict[str, Any]:
         "name": data.get("name", "").strip(),
         "baseline_policy_id": _int(data.get("baseline_policy"), "baseline_policy_id"),
         "candidate_policy_id": _int(data.get("candidate_policy"), "candidate_policy_id"),
+        "candidate_decode_policy_id": (
+            _int(data.get("candidate_decode_policy"), "candidate_decode_policy_id")
+            if data.get("candidate_decode_policy")
+            else None
+        ),
         "baseline_instances": sorted(n for n, arm in split.items() if arm == "baseline"),
         "candidate_instances": sorted(n for n, arm in split.items() if arm == "candidate"),
         "weight_steps": [

@@ -18,7 +18,10 @@ from controlplane.models import Cluster, Instance
 from controlplane.selectors import captures as capture_selectors
 from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import clusters as cluster_services
+from controlplane.services import numbers
+from controlplane.services import policies as policy_services
 from controlplane.services.errors import NotFound, ServiceError
+from router_worker.contract.config import DEFAULT_DECODE_POLICY
 
 from . import dashboard, reads
 from .access import actor, operator_required, viewer_required
@@ -118,6 +121,24 @@ def cluster_decider(request: HttpRequest, cluster_id: int) -> HttpResponse:
     return redirect(reverse("web:cluster", args=[cluster.pk]))
 
 
+@operator_required
+@require_POST
+def cluster_decode_policy(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The pools' decode-policy form: which of the cluster's policies places the decode
+    stage (blank: the routers' default)."""
+    cluster = get_cluster(cluster_id)
+    data = request.POST
+    try:
+        chosen = data.get("policy", "")
+        policy_id = numbers.whole_number(chosen, "policy", minimum=1) if chosen else None
+        policy_services.set_decode_policy(
+            actor(request), cluster.pk, policy_id, reason=data.get("reason", "")
+        )
+    except ServiceError as error:
+        return _live_error(request, cluster, error, data, "decode_policy")
+    return redirect(reverse("web:cluster", args=[cluster.pk]))
+
+
 def _live_error(
     request: HttpRequest, cluster: Cluster, error: ServiceError, form: Any, failed: str
 ) -> HttpResponse:
@@ -157,6 +178,7 @@ def _live_context(cluster: Cluster, at: str) -> dict[str, Any]:
         "pools": cluster_selectors.pools(cluster),
         "deciders": Cluster.Decider.values,
         "kv_links": Cluster.KvLink.values,
+        "default_decode_policy": DEFAULT_DECODE_POLICY,
         "instance_names": list(cluster.instances.order_by("name").values_list("name", flat=True)),
         "grey_overrides": list(
             cluster.instances.order_by("name").values_list("name", "grey_override")

@@ -35,6 +35,11 @@ urlpatterns = [
     path("clusters/<int:cluster_id>/role/", clusters.instance_role, name="instance_role"),
     path("clusters/<int:cluster_id>/decider/", clusters.cluster_decider, name="cluster_decider"),
     path(
+        "clusters/<int:cluster_id>/decode-policy/",
+        clusters.cluster_decode_policy,
+        name="cluster_decode_policy",
+    ),
+    path(
         "clusters/<int:cluster_id>/grey-override/",
         clusters.instance_grey_override,
         name="instance_grey_override",

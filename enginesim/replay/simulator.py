@@ -197,6 +197,7 @@ class SimConfig:
     roles: tuple[str, ...] = ()
     decider: dict[str, Any] = field(default_factory=dict)
     decode_policy: str = "decode_room"
+    decode_policy_params: dict[str, Any] = field(default_factory=dict)
     kv_link: str = "rdma"
     kv_hold_timeout: float = DEFAULT_HOLD_TIMEOUT
 
@@ -462,7 +463,9 @@ class Simulator:
             self.decider = DeciderParams.model_validate(config.decider)
             for k, router in enumerate(self.routers):
                 router.pools = pool_views(router.state, roles)
-                router.decode_policy = make_policy(config.decode_policy, seed=config.seed + k)
+                router.decode_policy = make_policy(
+                    config.decode_policy, config.decode_policy_params, seed=config.seed + k
+                )
         self.split_counts = {"split": 0, "colocated": 0, "fallback": 0}
         self.transfer_bytes = 0
         if config.replica_sync and config.routers > 1:
@@ -1176,6 +1179,7 @@ class Simulator:
             "transfers_failed": failed,
             "roles": list(self.config.roles),
             "decider": DeciderParams.model_validate(self.config.decider).kind,
+            "decode_policy": self.config.decode_policy,
         }
 
     def _fleet_record(self) -> dict[str, Any]:

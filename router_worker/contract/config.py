@@ -98,13 +98,16 @@ class PolicySpec(_Strict):
         return self
 
 
+DEFAULT_DECODE_POLICY = "decode_room"  # the decode stage's policy unless one is chosen
+
+
 class DisaggregationSpec(_Strict):
     """How a cluster with prefill and decode instances routes (router_worker.routing.disagg):
     the decode stage's policy (the prefill stage and colocated requests take the arm's
     policy) and the decider."""
 
     decode_policy: PolicySpec = Field(
-        default_factory=lambda: PolicySpec(kind="decode_room"),
+        default_factory=lambda: PolicySpec(kind=DEFAULT_DECODE_POLICY),
         description="The decode stage's policy.",
     )
     decider: DeciderParams = Field(default_factory=DeciderParams)
@@ -113,6 +116,11 @@ class DisaggregationSpec(_Strict):
 class ArmSpec(_Strict):
     name: str
     policy: PolicySpec
+    decode_policy: PolicySpec | None = Field(
+        default=None,
+        description="A disaggregated cluster's decode-stage policy in this arm (a canary of "
+        "the decode stage); unset: the cluster's (disaggregation.decode_policy).",
+    )
     weight: float = Field(ge=0, le=WEIGHT_TOTAL, description="Share of traffic, in percent.")
     instances: list[str] = Field(min_length=1, description="Names of the arm's instances.")
 
@@ -510,6 +518,11 @@ class RouterConfig(_Strict):
                 unknown = sorted(set(arm.instances) - known)
                 if unknown:
                     raise ValueError(f"canary arm {arm.name!r} names unknown instances {unknown}")
+                if arm.decode_policy is not None and not self.disaggregated:
+                    raise ValueError(
+                        f"canary arm {arm.name!r} sets a decode_policy, but no instance is a "
+                        "prefill or decode instance: there is no decode stage"
+                    )
         return self
 
 

@@ -118,7 +118,9 @@ class SplitDecision:
     split: bool
     reason: str  # always | never | threshold | short | cost | no_room | no_pool
     uncached: int  # prompt tokens not cached on the decode pool's best instance
-    colocation_cost: float = 0.0  # s each decoding batch-mate would stall (0: no batch)
+    # s of stall per decoding batch-mate the split spares: colocation's on the decode
+    # instance less the prefill's own where it decodes too (0 or less: nothing spared)
+    colocation_cost: float = 0.0
     split_cost: float = 0.0  # s the split delays this request's first token (may be < 0)
 
 
@@ -168,12 +170,24 @@ def _by_cost(
     read = params.link_latency + (
         max(request.prompt_tokens - 1, 0) * params.kv_bytes_per_token / params.link_bandwidth
     )
-    split_first = _best(prefill.eligible, prefill.p_tokens(request) / prefill.prefill_tps) + read
+    # The prefill goes to the prefill pool's soonest instance, p ...
+    prefill_s = np.where(prefill.eligible, prefill.p_tokens(request) / prefill.prefill_tps, np.inf)
+    p = int(np.argmin(prefill_s))
+    split_first = float(prefill_s[p]) + read
     # ... and its last token is computed on the decode instance behind what is queued there.
     split_first += float(decode.pending_prefill[slot]) / tps_d
-    # Split when it spares a batch (someone decodes there) and delays this request's first
-    # token by no more than colocation would delay each of that batch's tokens.
     colocation = stall if batch[slot] > 0 else 0.0
+    # An instance of role both that decodes stalls its own batch for the prefill as d's
+    # would: the split spares d's batch that stall only to put one on p's.
+    decodes_at_p = bool(decode_ok[p]) and batch[p] > 0
+    moved = (
+        float(prefill.new_tokens(request)[p]) / float(prefill.prefill_tps[p])
+        if decodes_at_p
+        else 0.0
+    )
+    spared = colocation - moved
+    # Split when it spares a batch a stall and delays this request's first token by no more
+    # than that stall would have delayed each of the batch's tokens.
     split_cost = split_first - colocated_first
-    split = colocation > 0 and split_cost <= colocation
-    return SplitDecision(split, "cost", uncached, colocation, split_cost)
+    split = spared > 0 and split_cost <= spared
+    return SplitDecision(split, "cost", uncached, spared, split_cost)

@@ -69,6 +69,7 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/client-auth", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/session-sources", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/decider", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/decode-policy", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/tenants", "viewer"),
 ]
 
@@ -300,6 +301,14 @@ WRITES = [
         "operator",
         body={"decider": "prefix_threshold", **REASON},
         audit_action="cluster.decider",
+        updates=True,
+    ),
+    Endpoint(
+        "PUT",
+        "/api/v1/clusters/{alpha}/decode-policy",
+        "operator",
+        body={"policy_id": "{rr}", **REASON},
+        audit_action="policy.decode",
         updates=True,
     ),
     Endpoint(

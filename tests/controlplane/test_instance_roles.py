@@ -186,3 +186,120 @@ def test_an_operator_sets_the_decider_from_the_cluster_page(world, users):
     assert (cluster.decider_threshold_tokens, cluster.kv_link) == (512, "nvlink")
     page = client.get(f"/clusters/{world['alpha']}/").content.decode()
     assert '<strong data-field="threshold_tokens">512</strong>' in page
+
+
+def set_decode_policy(client, cluster_id: int, policy_id):
+    return client.put(
+        f"/api/v1/clusters/{cluster_id}/decode-policy",
+        {"policy_id": policy_id, **REASON},
+        content_type="application/json",
+    )
+
+
+def test_the_decode_policy_is_audited_and_reaches_the_routers_decode_stage(world, users):
+    client = session_client(users["operator"])
+    set_role(client, world["i0"], "prefill")
+    assert parse_config(newest_document(world["alpha"])).stages.decode_policy.kind == "decode_room"
+    response = set_decode_policy(client, world["alpha"], world["ll"])
+    assert response.status_code == 200, response.content
+    assert (response.json()["name"], response.json()["kind"]) == ("ll", "least_load")
+    row = AuditEvent.objects.order_by("-id")[0]
+    assert row.action == "policy.decode" and row.reason == REASON["reason"]
+    assert row.before == {"decode_policy": "the default (decode_room)"}
+    assert row.after is not None and row.after["decode_policy"] == "ll"
+    assert parse_config(newest_document(world["alpha"])).stages.decode_policy.kind == "least_load"
+    back = set_decode_policy(client, world["alpha"], None)  # the routers' default again
+    assert back.status_code == 200 and back.json()["kind"] == "decode_room"
+    assert "decode_policy" not in newest_document(world["alpha"])["disaggregation"]
+
+
+def test_an_unknown_foreign_or_unchanged_decode_policy_is_refused(world, users):
+    client = session_client(users["operator"])
+    assert_refused(set_decode_policy(client, world["alpha"], 10**9), 404, "policy_id", "does not")
+    beta_policy = Cluster.objects.get(pk=world["beta"]).policies.first()
+    assert beta_policy is not None  # another cluster's policy is not this one's to choose
+    assert_refused(set_decode_policy(client, world["alpha"], beta_policy.pk), 404, "policy_id", "")
+    assert_refused(set_decode_policy(client, world["alpha"], None), 409, "policy_id", "already")
+    for hostile in ("ll", -1, True, 1.5, 10**30):
+        assert set_decode_policy(client, world["alpha"], hostile).status_code == 422, hostile
+    viewer = set_decode_policy(session_client(users["viewer"]), world["alpha"], world["ll"])
+    assert viewer.status_code == 403
+    assert Cluster.objects.get(pk=world["alpha"]).decode_policy_id is None
+
+
+def create_canary(client, cluster_id: int, **fields):
+    body = {
+        "name": "decode-canary",
+        "baseline_policy_id": fields.pop("baseline"),
+        "candidate_policy_id": fields.pop("candidate"),
+        "baseline_instances": ["i0", "i1"],
+        "candidate_instances": ["i2"],
+        **fields,
+        **REASON,
+    }
+    return client.post(
+        f"/api/v1/clusters/{cluster_id}/canaries", body, content_type="application/json"
+    )
+
+
+def test_a_canary_of_the_decode_stage_runs_and_promotes_its_decode_policy(world, users):
+    client = session_client(users["operator"])
+    set_role(client, world["i0"], "prefill")
+    CanarySplitModel = Cluster.objects.get(pk=world["alpha"]).canaries.model
+    CanarySplitModel.objects.filter(pk=world["draft"]).delete()
+    same = create_canary(client, world["alpha"], baseline=world["lm"], candidate=world["lm"])
+    assert_refused(same, 400, "candidate_policy_id", "decode policy")
+    response = create_canary(
+        client,
+        world["alpha"],
+        baseline=world["lm"],
+        candidate=world["lm"],
+        candidate_decode_policy_id=world["rr"],
+    )
+    assert response.status_code == 201, response.content
+    canary = response.json()
+    assert canary["candidate_decode_policy_id"] == world["rr"]
+    started = client.post(f"/api/v1/canaries/{canary['id']}/start", REASON, "application/json")
+    assert started.status_code == 200, started.content
+    arms = parse_config(newest_document(world["alpha"])).canary.arms  # type: ignore[union-attr]
+    assert arms[0].decode_policy is None  # the baseline decodes under the cluster's
+    assert arms[1].decode_policy is not None and arms[1].decode_policy.kind == "round_robin"
+    promoted = client.post(f"/api/v1/canaries/{canary['id']}/promote", REASON, "application/json")
+    assert promoted.status_code == 200, promoted.content
+    assert Cluster.objects.get(pk=world["alpha"]).decode_policy_id == world["rr"]
+    document = newest_document(world["alpha"])
+    assert document["canary"] is None
+    assert parse_config(document).stages.decode_policy.kind == "round_robin"
+
+
+def test_a_decode_canary_on_a_colocated_cluster_is_refused(world, users):
+    client = session_client(users["operator"])
+    refused = create_canary(
+        client,
+        world["alpha"],
+        baseline=world["lm"],
+        candidate=world["rr"],
+        candidate_decode_policy_id=world["ll"],
+    )
+    assert_refused(refused, 400, "candidate_decode_policy_id", "no decode stage")
+
+
+def test_an_operator_sets_the_decode_policy_from_the_cluster_page(world, users):
+    client = session_client(users["operator"])
+    client.post(
+        f"/clusters/{world['alpha']}/role/", {"instance": "i0", "role": "prefill", "reason": "x"}
+    )
+    page = client.get(f"/clusters/{world['alpha']}/").content.decode()
+    assert 'data-testid="decode-policy-form"' in page
+    assert '<strong data-field="decode_policy">decode_room (the default)</strong>' in page
+    url = f"/clusters/{world['alpha']}/decode-policy/"
+    response = client.post(url, {"policy": str(world["ll"]), "reason": "least load decodes"})
+    assert response.status_code == 302
+    page = client.get(f"/clusters/{world['alpha']}/").content.decode()
+    assert '<strong data-field="decode_policy">ll (least_load)</strong>' in page
+    for hostile in ("ll", "-3", "1e3"):
+        refused = client.post(url, {"policy": hostile, "reason": "x"})
+        assert refused.status_code == 400, hostile
+        assert "policy" in refused.content.decode()
+    canary_page = client.get(f"/clusters/{world['alpha']}/canary/").content.decode()
+    assert 'data-testid="candidate-decode-policy"' in canary_page

@@ -202,3 +202,62 @@ def test_a_disaggregated_config_without_a_decode_pool_is_refused(pd):
         spec["role"] = "prefill"
     with pytest.raises(ConfigError, match="needs a decode pool"):
         parse_config(document)
+
+
+def test_each_canary_arm_decodes_with_its_own_decode_policy(pd, router_factory):
+    """A canary of the decode stage: the candidate arm's decode_policy (round robin), the
+    baseline's the cluster's (decode_room); each session keeps its arm, and so its policy."""
+    from router_worker.arms import arm_salt, session_point
+
+    document = disagg_config(pd, "always")
+    arm = {"policy": {"kind": "lmetric"}, "weight": 50}
+    document["canary"] = {
+        "salt": "decode canary",
+        "arms": [
+            {**arm, "name": "baseline", "instances": ["i0", "i1"]},
+            {
+                **arm,
+                "name": "candidate",
+                "instances": ["i3", "i2"],
+                "decode_policy": {"kind": "round_robin"},
+            },
+        ],
+    }
+    router = router_factory(document)
+    salt = arm_salt("decode canary")
+    sessions = [f"s{k}" for k in range(40)]
+    arm_of = {
+        s: "baseline" if session_point(f"hdr:{s}", salt) < 50 else "candidate" for s in sessions
+    }
+    chosen = [s for s in sessions if arm_of[s] == "baseline"][:4]
+    chosen += [s for s in sessions if arm_of[s] == "candidate"][:4]
+    seen: dict[str, set[str]] = {"baseline": set(), "candidate": set()}
+    for session in chosen:
+        body = {"model": MODEL, "prompt": f"{session} " * 300, "max_tokens": 4}
+        headers = {**HEADERS, "X-Session-ID": session}
+        reply = httpx.post(router.url + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-switchyard-arm"] == arm_of[session]
+        assert reply.headers["x-switchyard-stage"] == "decode"
+        seen[arm_of[session]].add(reply.headers["x-switchyard-decode-policy"])
+    assert seen == {"baseline": {"decode_room"}, "candidate": {"round_robin"}}
+
+
+def test_a_decode_policy_for_an_arm_of_a_colocated_cluster_is_refused(pd):
+    from router_worker.contract.config import ConfigError, parse_config
+
+    document = router_config(pd, "lmetric")
+    arm = {"policy": {"kind": "lmetric"}, "weight": 50}
+    document["canary"] = {
+        "arms": [
+            {**arm, "name": "baseline", "instances": ["i0", "i1"]},
+            {
+                **arm,
+                "name": "candidate",
+                "instances": ["i2", "i3"],
+                "decode_policy": {"kind": "round_robin"},
+            },
+        ]
+    }
+    with pytest.raises(ConfigError, match="no decode stage"):
+        parse_config(document)

@@ -83,3 +83,25 @@ def test_without_a_prefill_pool_nothing_is_split(kind):
     state.set_health("i0", Health.DOWN)
     verdict = decide(state, features(tokens(0, 4000)), kind=kind)
     assert not verdict.split and verdict.reason == "no_pool"
+
+
+def test_cost_keeps_it_colocated_when_every_instance_decodes_as_well():
+    """Instances of role both (prefill pool = decode pool): a split's prefill stalls the
+    batch decoding where it runs just as colocation would, so it spares nothing; it only
+    adds a read and a second queue."""
+    state = cluster(3)
+    for name in state.ids:
+        add_decoding(state, name, 32)
+    every = ArmView(state, np.ones(len(state.ids), dtype=bool))
+    verdict = decide_split(DeciderParams(), features(tokens(0, 4000)), every, every)
+    assert not verdict.split and verdict.colocation_cost <= 0
+
+
+def test_cost_still_splits_onto_a_prefill_instance_beside_instances_of_role_both():
+    state = cluster(3)
+    for name in DECODE:
+        add_decoding(state, name, 32)
+    prefill = ArmView(state, np.ones(len(state.ids), dtype=bool))  # i0 prefill, i1-2 both
+    _, decode = pools(state)
+    verdict = decide_split(DeciderParams(), features(tokens(0, 4000)), prefill, decode)
+    assert verdict.split and verdict.colocation_cost > verdict.split_cost

@@ -97,6 +97,59 @@ def test_a_model_enginesim_cannot_simulate_fails_the_job_with_its_reason(
     assert "no cost model" in job.error
 
 
+def test_a_disaggregated_clusters_replay_splits_as_its_routers_do(
+    as_role, cluster, traces, dispatched
+) -> None:
+    """The replay runs the cluster's pools, decider and decode policy: with i0 prefill, i1
+    decode and the decider 'always', requests are split (before, every replay ran
+    colocated)."""
+    from controlplane.services import clusters, policies
+    from controlplane.services.audit import Actor
+
+    system = Actor.system("tests")
+    ids = dict(cluster.instances.values_list("name", "pk"))
+    clusters.set_instance_role(system, ids["i0"], "prefill", reason="pools")
+    clusters.set_instance_role(system, ids["i1"], "decode", reason="pools")
+    clusters.set_decider(system, cluster.pk, "always", reason="split all")
+    rr = cluster.policies.get(name="rr")
+    policies.set_decode_policy(system, cluster.pk, rr.pk, reason="decode by turns")
+    client = as_role("operator")
+    client.post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {"trace": TRACE, "policies": policy_ids(cluster)[:1], "max_requests": "30", "seeds": "2"},
+    )
+    job = ReplayJob.objects.get()
+    assert run_replay(job.pk) == "succeeded", job.error
+    job.refresh_from_db()
+    split = job.results["policies"][0]["summary"]["disaggregation"]  # means over the seeds
+    assert split["roles"] == ["prefill", "decode", "both"] and split["decider"] == "always"
+    assert split["decode_policy"] == "round_robin"
+    assert split["split"] > 0 and split["transfer_bytes"] > 0
+    page = client.get(reverse("web:replay_detail", args=[cluster.pk, job.pk])).content.decode()
+    assert 'data-testid="replay-disaggregation"' in page
+    assert f'data-field="split">{split["split"]:.0f}<' in page
+
+
+def test_a_replay_of_pools_with_one_pool_down_says_so(as_role, cluster, traces, dispatched):
+    from controlplane.services import clusters
+    from controlplane.services.audit import Actor
+
+    system = Actor.system("tests")
+    ids = dict(cluster.instances.values_list("name", "pk"))
+    clusters.set_instance_role(system, ids["i0"], "prefill", reason="pools")
+    clusters.set_instance_role(system, ids["i1"], "decode", reason="pools")
+    clusters.set_instance_role(system, ids["i2"], "prefill", reason="pools")
+    cluster.instances.filter(name="i1").update(state="down")
+    as_role("operator").post(
+        reverse("web:replay_create", args=[cluster.pk]),
+        {"trace": TRACE, "policies": policy_ids(cluster)[:1], "max_requests": "10"},
+    )
+    job = ReplayJob.objects.get()
+    assert run_replay(job.pk) == "failed"
+    job.refresh_from_db()
+    assert "no decode pool" in job.error
+
+
 def test_a_replay_no_worker_takes_says_which_worker_is_missing(as_role, cluster) -> None:
     from datetime import timedelta
 

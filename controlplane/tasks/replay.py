@@ -123,7 +123,7 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         # TTFT. Or as the job asked: on or off.
         flow=FlowParams() if mode == "on" or (mode == "cluster" and tenants) else None,
         tenants=tenants,
-        grey=GreyParams(),  # grey-failure detection as the routers run it by default (off)
+        grey=GreyParams(),  # grey-failure detection as the routers run it by default (on)
         **_disaggregation(cluster, roles),
     )
 

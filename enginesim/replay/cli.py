@@ -158,9 +158,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--grey",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="grey-failure detection, as a live router runs it with router.grey.enabled "
-        "(off by default, as in the routers)",
+        "(on by default, as in the routers; --no-grey leaves it out)",
     )
     fleet.add_arguments(parser, seed_default="--seed")
     transfer.add_arguments(parser)

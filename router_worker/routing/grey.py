@@ -5,13 +5,23 @@ An instance with a throttled GPU, a bad link or a noisy neighbour answers ``/hea
 passes every breaker while it drags the fleet's tail. :class:`GreyDetector` finds it from
 what the router measures of each request, as a *residual* against what was expected:
 
-* TPOT (first to last token, per token) against the decode step the cost model
-  (:mod:`router_worker.routing.step_cost`) predicts for the batch the request decoded in:
-  the instance's running batch and its context tokens as the router counts them, at the
-  request's first token and at its last, averaged. A busier instance is expected to be
-  slower, so a burst of load on one instance is no residual. Only requests whose decode
-  lasted ``min_decode_s`` or more are judged: a shorter one (few tokens, or an engine run
-  at a compressed time scale) measures the router's own scheduling more than the engine;
+* TPOT (first to last token, per token) against what the cost model
+  (:mod:`router_worker.routing.step_cost`) predicts for the steps the request decoded in:
+  the decode step of the instance's running batch and its context tokens as the router
+  counts them, at the request's first token and at its last, averaged; plus the prefill
+  work the instance ran meanwhile (the uncached prompt tokens, and their attention, of the
+  requests that reached their first token there between the request's first and last
+  token, and the share of the prompt still in progress at its last token that was done by
+  then, measured in time on the instance once that prompt's first token comes:
+  :meth:`~router_worker.routing.indicators.ClusterState.prefill_progress`), spread over
+  the request's tokens. With chunked prefill the engine runs those prompts' chunks in the
+  same steps as the decodes, so an instance taking a burst of prompts decodes slower, and
+  is expected to. A busier
+  instance is expected to be slower, so a burst of load on one instance is no residual.
+  Prompts another router sent (without replica sync) are not counted: the router does not
+  see them. Only requests whose decode lasted ``min_decode_s`` or more are judged: a
+  shorter one (few tokens, or an engine run at a compressed time scale) measures the
+  router's own scheduling more than the engine;
 * with ``use_ttft``, TTFT (dispatch to first token) against the prefill work queued ahead
   of the request on that instance when it was sent (its pending prefill, at the state's
   nominal prefill throughput): a rougher expectation, so a noisier residual.
@@ -54,7 +64,12 @@ from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
+from router_worker.routing.step_cost import (
+    REFERENCE_DECODE_STEP,
+    REFERENCE_PREFILL,
+    decode_step_s,
+    prefill_s,
+)
 
 SIGNALS = ("ttft", "tpot")
 OUTLIER = math.log(10.0)  # a sample counts as at most 10x off its instance's normal
@@ -77,11 +92,12 @@ class GreyParams(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
-        default=False,
+        default=True,
         description="Detect and route around slow instances (instances alive but slower "
-        "than their own normal, beyond the fleet's drift). Off by default: on real traces' "
-        "bursts it flagged and drained healthy instances (docs/algorithms.md, 'Grey "
-        "failures'). An operator's override works either way.",
+        "than their own normal, beyond the fleet's drift). On by default: its expected TPOT "
+        "counts the prefill an instance interleaves with its decodes, and on real traces "
+        "(docs/algorithms.md, 'Grey failures') it flagged no healthy instance. An "
+        "operator's override works either way.",
     )
     min_decode_s: float = Field(
         default=0.05,
@@ -115,6 +131,20 @@ class GreyParams(BaseModel):
         le=1,
         description="Cost model: what each context token of the batch adds to a decode "
         "step (reading its KV), s.",
+    )
+    prefill_token_s: float = Field(
+        default=1.0 / REFERENCE_PREFILL["prefill_tps"],
+        ge=0,
+        le=1,
+        description="Cost model: what each prompt token the instance prefilled while a "
+        "request decoded adds to that request's decode time, s (chunked prefill runs in the "
+        "decode steps). 0: the expectation is decode steps only.",
+    )
+    attention_pair_s: float = Field(
+        default=REFERENCE_PREFILL["attention_pair_s"],
+        ge=0,
+        le=1,
+        description="Cost model: what each (query, key) attention pair of those prefills adds, s.",
     )
     use_ttft: bool = Field(
         default=False,
@@ -237,6 +267,19 @@ class GreyDetector:
                 decode_seq_s=p.decode_seq_s,
                 min_step_s=p.min_step_s,
                 context_token_s=p.context_token_s,
+            )
+        )
+
+    def expected_prefill(self, tokens: float, pairs: float) -> float:
+        """The cost model's seconds of prefill for ``tokens`` prompt tokens computing
+        ``pairs`` attention pairs: what an instance's decodes wait for while it runs them."""
+        p = self.params
+        return float(
+            prefill_s(
+                max(tokens, 0.0),
+                max(pairs, 0.0),
+                prefill_token_s=p.prefill_token_s,
+                attention_pair_s=p.attention_pair_s,
             )
         )
 

@@ -9,7 +9,8 @@ A request's accounting (router-local; driven by :mod:`router_worker.routing.life
     state.on_dispatch(features, instance_id, now)   # pending_prefill += uncached tokens,
                                                     # in_flight += 1 (in batch_size from
                                                     # now on), KV shadow insert
-    state.on_first_token(request_id, now)           # pending prefill drained; decoding
+    state.on_first_token(request_id, now)           # pending prefill drained (counted
+                                                    # in the cumulative prefilled); decoding
     state.on_finish(request_id, now)                # or on_error(request_id, now)
 
 Other inputs: ``on_scrape`` (vLLM /metrics: running, waiting, KV usage,
@@ -86,6 +87,8 @@ slot, marked down, so slot numbers in explanations stay stable.
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import IntEnum
 from typing import TypeVar
@@ -127,11 +130,30 @@ class _InFlight:
     work_ahead: float
     started: bool = False
     first_token_time: float = 0.0
+    ended: bool = False
+    request_id: str = ""
 
     @property
     def attention_pairs(self) -> float:
         """The attention pairs of its prefill (in ``pending_pairs`` until its first token)."""
         return attention_pairs(self.uncached_tokens, self.prompt_tokens - self.uncached_tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillProgress:
+    """An instance's prefill work for this router so far (grey detection's expected TPOT
+    counts what it ran while a request decoded): the cumulative uncached tokens and attention
+    pairs of the requests that reached their first token there; and the prompt it is taken
+    to be prefilling now, the oldest one dispatched there still without its first token
+    (the engine admits first come, first served), with when it started on it (its dispatch,
+    or the last first token there, whichever is later). No such prompt: ``head_id`` None."""
+
+    tokens: float
+    pairs: float
+    head_id: str | None = None
+    head_tokens: float = 0.0
+    head_pairs: float = 0.0
+    head_since: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +195,9 @@ _ARRAYS = (
     "external_until",
     "scrape_interval",
     "waiting_cap",
+    "prefilled",
+    "prefilled_pairs",
+    "last_prefilled_at",
 )
 
 _FALLBACK_SCRAPE_INTERVAL_S = 1.0  # the live router's default router.scrape_interval_s
@@ -201,6 +226,13 @@ class ClusterState:
     external_until: npt.NDArray[np.float64]
     scrape_interval: npt.NDArray[np.float64]
     waiting_cap: npt.NDArray[np.float64]
+    # Cumulative, per slot: the uncached prompt tokens (and their attention pairs) of the
+    # requests that reached their first token there, i.e. the prefill work the instance
+    # completed for this router. Grey detection's expected TPOT takes the difference
+    # between a request's first and last token: the prefill run between its decode steps.
+    prefilled: npt.NDArray[np.float64]
+    prefilled_pairs: npt.NDArray[np.float64]
+    last_prefilled_at: npt.NDArray[np.float64]  # the latest first token there
 
     def __init__(
         self,
@@ -233,6 +265,11 @@ class ClusterState:
         self.ids: list[str] = []
         self._slot: dict[str, int] = {}
         self._requests: dict[str, _InFlight] = {}
+        # Per slot, the requests dispatched there in order, until their first token or end
+        # (the head is the prompt being prefilled: PrefillProgress).
+        self._unstarted: list[deque[_InFlight]] = []
+        # Told when a request's prefill ends (ClusterState.when_prefilled).
+        self._prefill_waiters: dict[str, list[Callable[[float, bool], None]]] = {}
         self.health = np.zeros(0, dtype=np.int8)
         self.health_version = 0  # bumped by every write to ``health`` (views cache on it)
         # The KV index's per-slot capacity, mirrored here for the view (set only here).
@@ -271,6 +308,7 @@ class ClusterState:
         self.capacity = np.append(self.capacity, np.int64(capacity))
         for name in _ARRAYS:
             setattr(self, name, np.append(getattr(self, name), 0.0))
+        self._unstarted.append(deque())
         self.running[slot] = self.waiting[slot] = self.kv_usage[slot] = np.nan
         self.last_scrape[slot] = self.external_until[slot] = self.scrape_interval[slot] = np.nan
         self.tps[slot] = prefill_tps or self.default_prefill_tps
@@ -319,9 +357,16 @@ class ClusterState:
         self.pending_pairs[slot] += attention_pairs(uncached, features.prompt_tokens - uncached)
         self.in_flight[slot] += 1
         self.queued_context[slot] += features.prompt_tokens
-        self._requests[features.request_id] = _InFlight(
-            slot, uncached, features.prompt_tokens, now, float(self.pending[slot])
+        record = _InFlight(
+            slot,
+            uncached,
+            features.prompt_tokens,
+            now,
+            float(self.pending[slot]),
+            request_id=features.request_id,
         )
+        self._requests[features.request_id] = record
+        self._unstarted[slot].append(record)
         self.kv.insert(slot, features.block_hashes)
         if self.global_tier is not None:
             self.global_tier.insert(features.block_hashes)
@@ -338,6 +383,10 @@ class ClusterState:
         slot = record.slot
         self.pending[slot] -= record.uncached_tokens
         self.pending_pairs[slot] -= record.attention_pairs
+        self.prefilled[slot] += record.uncached_tokens
+        self.prefilled_pairs[slot] += record.attention_pairs
+        self.last_prefilled_at[slot] = now
+        self._trim_unstarted(slot)
         self.queued_context[slot] -= record.prompt_tokens
         self.decoding[slot] += 1
         self.first_token_sum[slot] += now
@@ -345,6 +394,8 @@ class ClusterState:
         self.context[slot] += record.prompt_tokens
         self.decode_blocks[slot] += self._blocks_of(record.prompt_tokens)
         self._update_prefill_tps(slot, record.work_ahead, now - record.dispatch_time)
+        for waiter in self._prefill_waiters.pop(request_id, ()):
+            waiter(now, True)
 
     def on_finish(self, request_id: str, now: float) -> None:
         """Request ended normally; everything it added is removed."""
@@ -353,6 +404,7 @@ class ClusterState:
         if record is None:
             raise UnknownRequestError(request_id)
         slot = record.slot
+        record.ended = True
         if record.started:
             self.decoding[slot] -= 1
             self.first_token_sum[slot] -= record.first_token_time
@@ -362,7 +414,10 @@ class ClusterState:
             self.pending[slot] -= record.uncached_tokens
             self.pending_pairs[slot] -= record.attention_pairs
             self.queued_context[slot] -= record.prompt_tokens
+            self._trim_unstarted(slot)
         self.in_flight[slot] -= 1
+        for waiter in self._prefill_waiters.pop(request_id, ()):
+            waiter(now, False)
 
     def on_error(self, request_id: str, now: float) -> None:
         """Request failed or was aborted (connect error, 5xx, client cancel)."""
@@ -371,6 +426,28 @@ class ClusterState:
 
     def is_in_flight(self, request_id: str) -> bool:
         return request_id in self._requests
+
+    def prefill_progress(self, instance_id: str) -> PrefillProgress:
+        """The prefill ``instance_id`` completed for this router, and the prompt it is
+        prefilling (:class:`PrefillProgress`)."""
+        slot = self.slot_of(instance_id)
+        done, pairs = float(self.prefilled[slot]), float(self.prefilled_pairs[slot])
+        queue = self._unstarted[slot]
+        if not queue:
+            return PrefillProgress(done, pairs)
+        head = queue[0]
+        since = max(head.dispatch_time, float(self.last_prefilled_at[slot]))
+        return PrefillProgress(
+            done, pairs, head.request_id, head.uncached_tokens, head.attention_pairs, since
+        )
+
+    def when_prefilled(self, request_id: str, waiter: Callable[[float, bool], None]) -> None:
+        """Call ``waiter(now, True)`` when ``request_id`` (in flight, no first token yet)
+        reaches its first token, or ``waiter(now, False)`` when it ends without one."""
+        record = self._record(request_id)
+        if record.started:
+            raise ValueError(f"request {request_id!r} already has its first token")
+        self._prefill_waiters.setdefault(request_id, []).append(waiter)
 
     # ----- scrapes and engine events ---------------------------------------
     def on_scrape(
@@ -461,6 +538,11 @@ class ClusterState:
 
     def _blocks_of(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
+
+    def _trim_unstarted(self, slot: int) -> None:
+        queue = self._unstarted[slot]
+        while queue and (queue[0].started or queue[0].ended):
+            queue.popleft()
 
     def _record(self, request_id: str) -> _InFlight:
         try:

@@ -129,8 +129,13 @@ class Attempt:
     # the state's nominal prefill throughput: the TTFT grey-failure detection expects.
     expected_ttft: float = 0.0
     # The cost model's decode step on that instance at its first token (grey detection's
-    # expected TPOT is the mean of this and the step at its last token).
+    # expected TPOT is the mean of this and the step at its last token, plus the prefill
+    # the instance completed in between, counted from these cumulative totals).
     expected_step: float = 0.0
+    # The prefill work, s at the cost model's rates, the instance had completed for this
+    # router at that first token (grey detection counts what it did between first and last
+    # token).
+    prefill_done_at_first: float = 0.0
 
     @property
     def open(self) -> bool:
@@ -418,6 +423,8 @@ class RequestLifecycle:
         grey = self.state.grey
         if grey is not None and grey.judging:
             attempt.expected_step = self._decode_step(grey, attempt.instance)
+            done = self.state.prefill_progress(attempt.instance)
+            attempt.prefill_done_at_first = grey.expected_prefill(done.tokens, done.pairs)
             if grey.params.use_ttft and attempt.dispatched_at is not None:
                 measured = now - attempt.dispatched_at
                 grey.observe(attempt.instance, "ttft", measured, attempt.expected_ttft, now)
@@ -566,14 +573,46 @@ class RequestLifecycle:
         self, grey: GreyDetector, attempt: Attempt, now: float, output_tokens: int
     ) -> None:
         """Grey detection's TPOT sample: measured against the cost model's step over the
-        batch the request decoded in (at its first token and at its last, averaged)."""
+        batch the request decoded in (at its first token and at its last, averaged), plus
+        the prefill the instance ran in between (chunked prefill runs it in the same
+        steps), spread over the request's decode steps.
+
+        That prefill is the prompts that reached their first token there in between, and
+        the share of the one it is still prefilling that it had got through: a short decode
+        sharing its steps with a long prompt's chunks ends in the same step as that prompt's
+        first token, or before it. The share is in time, known once that prompt's prefill
+        ends, so the sample waits for it: (this decode's end − its prefill's start) /
+        (its first token − its prefill's start) of its work, measured on the instance
+        itself, so a slow instance is not credited work it did not do."""
         if attempt.first_token_at is None or output_tokens < 2:
             return
         span = now - attempt.first_token_at
         if span < grey.params.min_decode_s:
             return  # mostly the router's own scheduling jitter
-        expected = 0.5 * (attempt.expected_step + self._decode_step(grey, attempt.instance))
-        grey.observe(attempt.instance, "tpot", span / (output_tokens - 1), expected, now)
+        instance, state = attempt.instance, self.state
+        progress = state.prefill_progress(instance)
+        done = grey.expected_prefill(progress.tokens, progress.pairs)
+        done -= attempt.prefill_done_at_first
+        steps = output_tokens - 1
+        step = 0.5 * (attempt.expected_step + self._decode_step(grey, instance))
+        measured = span / steps
+        head, since = progress.head_id, progress.head_since
+        work = grey.expected_prefill(progress.head_tokens, progress.head_pairs)
+        if head is None or since >= now or work <= 0:
+            grey.observe(instance, "tpot", measured, step + done / steps, now)
+            return
+        end = now
+
+        def prefilled(at: float, started: bool) -> None:
+            """The prompt ``head`` reached its first token at ``at`` (``started``), or
+            ended there without one (never prefilled: no share)."""
+            share = 0.0
+            if started:
+                share = min((end - since) / (at - since), 1.0) if at > since else 1.0
+            expected = step + (done + work * share) / steps
+            grey.observe(instance, "tpot", measured, expected, max(at, end))
+
+        state.when_prefilled(head, prefilled)
 
     def _decide(self, view: ClusterView, now: float, reason: str) -> Attempt:
         failed = self.failed_instances

@@ -1,5 +1,5 @@
-"""The decode step's cost model, shared by the policies that predict decode
-(``predicted_ttft``'s decode guard) and grey-failure detection's expected TPOT.
+"""The engine step's cost model, shared by the policies that predict decode and prefill
+(``predicted_ttft``) and grey-failure detection's expected TPOT.
 
 A vLLM decode step costs a fixed part (launch, scheduling, sampling), a part per running
 request (its token, its sampling, its slot) and a part per context token of the batch
@@ -7,6 +7,12 @@ request (its token, its sampling, its slot) and a part per context token of the 
 are enginesim's calibrated roofline model reduced to four numbers; the reference ones are
 an H20 serving Qwen2-7B (``controlplane.services.policy_defaults`` derives them for a
 cluster's GPU and model).
+
+A prefill costs its tokens' GEMMs (at ``prefill_tps``, compute bound) and its attention,
+per (query, key) pair (``attention_pair_s``; :func:`router_worker.routing.indicators.
+attention_pairs` counts a prompt's). With chunked prefill the engine runs those chunks in
+the same steps as its decodes, so what a request decoding on an instance waits for is the
+decode steps plus the prefill work the instance completed meanwhile (:func:`prefill_s`).
 """
 
 from __future__ import annotations
@@ -21,6 +27,13 @@ REFERENCE_DECODE_STEP: dict[str, float] = {
     "decode_seq_s": 0.0001619,
     "min_step_s": 0.005957,
     "context_token_s": 1.5e-08,
+}
+
+# The same model's prefill (calibration era v1, a full step of 8,192 tokens): tokens per
+# second of GEMM work, and the attention of one (query, key) pair.
+REFERENCE_PREFILL: dict[str, float] = {
+    "prefill_tps": 7239.0,
+    "attention_pair_s": 4.249e-9,
 }
 
 Value = TypeVar("Value", float, np.ndarray)
@@ -39,3 +52,11 @@ def decode_step_s(
     in all (scalars or arrays, broadcast)."""
     fixed = np.maximum(min_step_s, step_overhead_s + batch * decode_seq_s)
     return fixed + context_tokens * context_token_s
+
+
+def prefill_s(
+    tokens: Value, pairs: Value, *, prefill_token_s: float, attention_pair_s: float
+) -> Value:
+    """Seconds of prefill work for ``tokens`` prompt tokens whose attention computes
+    ``pairs`` (query, key) pairs (scalars or arrays, broadcast)."""
+    return tokens * prefill_token_s + pairs * attention_pair_s

@@ -119,10 +119,9 @@ def test_slowed_instance_is_drained_probed_and_restored(real_time_fleet, router_
 
 @pytest.mark.parametrize("detecting", [True, False], ids=["detection on", "detection off"])
 def test_operator_override_drains_an_instance(fleet, router_factory, detecting):
-    """Detection off (the default) or on, an operator's word drains the instance."""
+    """Detection on (the default) or off, an operator's word drains the instance."""
     document = router_config(fleet, "round_robin")
-    if detecting:
-        document["router"]["grey"] = GREY
+    document["router"]["grey"] = GREY if detecting else {"enabled": False}
     document["instances"][2]["grey_override"] = "drained"
     router = router_factory(document)
     answers = [

@@ -15,7 +15,12 @@ import pytest
 from router_worker.routing import ClusterState, RequestLifecycle
 from router_worker.routing.grey import GreyDetector, GreyParams, GreyState, GreyTransition
 from router_worker.routing.policies.round_robin import RoundRobinPolicy
-from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
+from router_worker.routing.step_cost import (
+    REFERENCE_DECODE_STEP,
+    REFERENCE_PREFILL,
+    decode_step_s,
+    prefill_s,
+)
 from tests.routing.helpers import add_decoding_context, cluster, features, tokens
 
 Speeds = Callable[[float], list[float]]  # each instance's slowness factor at time t
@@ -190,3 +195,125 @@ def test_a_decode_too_short_to_measure_is_not_judged():
     state, transitions = _lifecycle_run(GreyParams(), 4, loaded_at=-1.0, slow_at=600.0)
     assert transitions == [] and state.grey is not None
     assert state.grey.excess_of("i1") == 1.0  # never judged: no sample at all
+
+
+# ----- prefill interleaved with a decode (chunked prefill) ---------------------------------
+def _burst_run(
+    params: GreyParams,
+    burst: tuple[float, float],
+    slow_at: float = math.inf,
+    prompts: tuple[int, int] = (2, 1500),
+    late: bool = False,
+    share: float = 1.0,
+    output_tokens: int = 64,
+) -> list[GreyTransition]:
+    """Four instances (mixed speeds) under round robin, one request a second, each
+    decoding ``output_tokens`` - 1 steps at the cost model's step × its instance's speed ×
+    jitter. During ``burst`` i0 also takes ``prompts`` (how many, how long; answered in
+    one token) while each of its requests decodes: their prefill chunks run in the same
+    engine steps, so that request's decode lasts their prefill longer, here 1.3× what the
+    cost model's prefill coefficients say (an engine is never exactly the model).
+    ``late``: the prompts' first tokens reach the router after the request's last one:
+    just after (they came out of the same step), or, with ``share`` < 1, when the rest of
+    their prefill is done (only that share of it ran in the request's decode steps). From
+    ``slow_at`` i0 runs 3× slower, prefill and decode alike."""
+    state = cluster(4)
+    state.grey = GreyDetector(params)
+    policy = RoundRobinPolicy(seed=1)
+    rng = np.random.default_rng(11)
+    speeds = [1.0, 1.0, 1.5, 2.0]
+    count, prompt = prompts
+    transitions: list[GreyTransition] = []
+    for tick in range(300):
+        for k in range(4):
+            now = 4.0 * tick + k
+            life = RequestLifecycle(features(tokens(100_000 * (4 * tick + k), 64)), policy, state)
+            slot = state.slot_of(life.route(state.view(), now).instance)
+            life.dispatch(now)
+            life.first_token(now + 0.01, ttft=0.01)
+            slowed = 3.0 if slot == 0 and now >= slow_at else 1.0
+            interleaved, others = 0.0, []
+            if slot == 0 and burst[0] <= now < burst[1]:
+                for j in range(count):
+                    start = 900_000_000 + 100_000 * (4 * count * tick + count * k + j)
+                    other = features(tokens(start, prompt))
+                    state.on_dispatch(other, "i0", now + 0.02, cached_tokens=0)
+                    others.append(other.request_id)
+                    prefill = 1.3 * prefill_s(
+                        float(prompt), 0.5 * prompt * prompt, **_prefill_coefficients()
+                    )
+                    interleaved += prefill * slowed
+                    if not late:
+                        state.on_first_token(other.request_id, now + 0.02 + interleaved)
+                        state.on_finish(other.request_id, now + 0.02 + interleaved)
+            view = state.view()
+            step = decode_step_s(
+                float(view.batch_size[slot]),
+                float(view.decode_context_tokens[slot]),
+                **REFERENCE_DECODE_STEP,
+            )
+            decode = step * speeds[slot] * slowed * rng.lognormal(0.0, 0.1) * (output_tokens - 1)
+            end = now + 0.01 + decode + share * interleaved
+            life.finish(end, output_tokens)
+            for request_id in others if late else ():
+                prefilled = max(end, now + 0.02 + interleaved)
+                state.on_first_token(request_id, prefilled)
+                state.on_finish(request_id, prefilled)
+        transitions += state.grey.take_transitions()
+    return transitions
+
+
+def _prefill_coefficients() -> dict[str, float]:
+    return {
+        "prefill_token_s": 1.0 / REFERENCE_PREFILL["prefill_tps"],
+        "attention_pair_s": REFERENCE_PREFILL["attention_pair_s"],
+    }
+
+
+def test_prompts_prefilled_during_a_decode_are_expected_to_slow_it():
+    # i0's decodes last about twice the decode steps while it takes the burst: healthy.
+    assert _burst_run(GreyParams(), burst=(200.0, 800.0)) == []
+    # The decode-only expectation (before the prefill was counted) drains the healthy i0.
+    decode_only = GreyParams(prefill_token_s=0.0, attention_pair_s=0.0)
+    flagged = [(x.instance, x.after) for x in _burst_run(decode_only, burst=(200.0, 800.0))]
+    assert ("i0", GreyState.DRAINED) in flagged
+
+
+def test_a_long_prompt_whose_first_token_comes_after_the_decode_is_counted():
+    # One 12,000-token prompt per decode on i0, its chunks filling the decode's steps (it
+    # lasts about 6x its decode steps); its first token reaches the router only after the
+    # decode's last, so the prompts completed in between are none: the prompt being
+    # prefilled counts at the model's rate since it started.
+    assert _burst_run(GreyParams(), burst=(200.0, 800.0), prompts=(1, 12_000), late=True) == []
+
+
+def test_an_instance_slowed_while_it_takes_a_burst_is_still_found():
+    transitions = _burst_run(GreyParams(), burst=(200.0, 1200.0), slow_at=600.0)
+    assert {x.instance for x in transitions} == {"i0"}
+    degraded = next(x.at for x in transitions if x.after is GreyState.DEGRADED)
+    assert 600 < degraded <= 640
+    assert GreyState.DRAINED in [x.after for x in transitions]
+
+
+def test_a_slowed_instance_is_not_credited_prefill_it_did_not_do():
+    # Short decodes (15 steps) on i0, each sharing its steps with a 4,000-token prompt
+    # whose first token comes later (30% of its prefill ran in them): the share credited
+    # is measured on the instance (from its first token), so a slowed i0 is no healthy one
+    # with more prefill. At the model's rate instead, the whole prompt's work was credited
+    # and the 3x slowed i0 looked 1.4x its normal: never flagged.
+    def run(slow_at: float) -> list[GreyTransition]:
+        return _burst_run(
+            GreyParams(),
+            burst=(0.0, 1200.0),
+            slow_at=slow_at,
+            prompts=(1, 4000),
+            late=True,
+            share=0.3,
+            output_tokens=16,
+        )
+
+    assert run(math.inf) == []
+    transitions = run(600.0)
+    assert {x.instance for x in transitions} == {"i0"}
+    degraded = next(x.at for x in transitions if x.after is GreyState.DEGRADED)
+    assert 600 < degraded <= 640

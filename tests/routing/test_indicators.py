@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from router_worker.routing import (
     decode_kv_event_batch,
     encode_kv_event_batch,
 )
+from router_worker.routing.indicators import PrefillProgress
 
 from .helpers import cluster, features, tokens, warm
 
@@ -235,3 +238,53 @@ def test_batch_size_stays_between_decoding_and_in_flight_plus_external(ops):
     state.advance(now + 10.0)  # every scrape expired
     assert view.batch_size.tolist() == [0]
     assert view.ours_waiting.tolist() == [0]
+
+
+def test_prefill_progress_counts_prompts_done_and_the_one_being_prefilled():
+    state = cluster(2)
+
+    def sq(n: int) -> float:  # the attention pairs of an n-token prompt, nothing cached
+        return n * n / 2
+
+    a, b, c = (features(tokens(1_000_000 * k, n)) for k, n in ((1, 320), (2, 160), (3, 480)))
+    assert state.prefill_progress("i0") == PrefillProgress(0.0, 0.0)
+    for request, at in ((a, 1.0), (b, 1.5), (c, 2.0)):
+        state.on_dispatch(request, "i0", at, cached_tokens=0)
+    # The oldest unstarted one is the head, since its dispatch.
+    assert state.prefill_progress("i0") == PrefillProgress(
+        0.0, 0.0, a.request_id, 320, sq(320), 1.0
+    )
+    state.on_first_token(a.request_id, 3.0)  # done: counted; b is the head since then
+    assert state.prefill_progress("i0") == PrefillProgress(
+        320, sq(320), b.request_id, 160, sq(160), 3.0
+    )
+    state.on_error(b.request_id, 3.5)  # ended unstarted: never prefilled, c is the head
+    assert state.prefill_progress("i0") == PrefillProgress(
+        320, sq(320), c.request_id, 480, sq(480), 3.0
+    )
+    state.on_first_token(c.request_id, 4.0)
+    state.on_finish(a.request_id, 5.0)  # the cumulative count stays
+    assert state.prefill_progress("i0") == PrefillProgress(800, sq(320) + sq(480))
+    assert state.prefill_progress("i1") == PrefillProgress(0.0, 0.0)
+
+
+def test_when_prefilled_tells_of_the_first_token_or_of_an_end_without_one():
+    state = cluster(1)
+    told: list[tuple[str, float, bool]] = []
+    a, b = features(tokens(1_000_000, 64)), features(tokens(2_000_000, 64))
+
+    def waiter(request_id: str) -> Callable[[float, bool], None]:
+        return lambda at, started: told.append((request_id, at, started))
+
+    for request in (a, b):
+        state.on_dispatch(request, "i0", 1.0, cached_tokens=0)
+        state.when_prefilled(request.request_id, waiter(request.request_id))
+    state.on_first_token(a.request_id, 2.0)
+    state.on_first_token(a.request_id, 2.5)  # a repeat tells nobody again
+    state.on_error(b.request_id, 3.0)
+    state.on_finish(a.request_id, 4.0)
+    assert told == [(a.request_id, 2.0, True), (b.request_id, 3.0, False)]
+    with pytest.raises(ValueError, match="already has its first token"):
+        state.on_dispatch(b, "i0", 5.0, cached_tokens=0)
+        state.on_first_token(b.request_id, 5.0)
+        state.when_prefilled(b.request_id, lambda at, started: None)

@@ -121,6 +121,7 @@ def test_a_disaggregated_clusters_replay_splits_as_its_routers_do(
     job = ReplayJob.objects.get()
     assert run_replay(job.pk) == "succeeded", job.error
     job.refresh_from_db()
+    assert job.results is not None
     split = job.results["policies"][0]["summary"]["disaggregation"]  # means over the seeds
     assert split["roles"] == ["prefill", "decode", "both"] and split["decider"] == "always"
     assert split["decode_policy"] == "round_robin"

@@ -120,14 +120,14 @@ from router_worker.routing.kv_pressure import OutputLengths, kv_wait
 from router_worker.routing.policies.base import Decision, PolicyParams, RoutingPolicy
 from router_worker.routing.policies.hotspot_guard import HotspotGuard, hotspot_field
 from router_worker.routing.provenance import derived, design, matrix
-from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, decode_step_s
+from router_worker.routing.step_cost import REFERENCE_DECODE_STEP, REFERENCE_PREFILL, decode_step_s
 
 # Derived once from enginesim's cost model for an H20 serving Qwen2-7B (module docstring).
 FALLBACK_COEFFICIENTS: dict[str, float | int] = {
-    "prefill_tps": 7239.0,
+    "prefill_tps": REFERENCE_PREFILL["prefill_tps"],
     "step_overhead_s": REFERENCE_DECODE_STEP["step_overhead_s"],
     "decode_seq_s": REFERENCE_DECODE_STEP["decode_seq_s"],
-    "attention_pair_s": 4.249e-9,
+    "attention_pair_s": REFERENCE_PREFILL["attention_pair_s"],
     "min_step_s": REFERENCE_DECODE_STEP["min_step_s"],
     "chunk_tokens": 8192,
     "context_token_s": REFERENCE_DECODE_STEP["context_token_s"],

@@ -293,9 +293,10 @@ def test_the_step_time_is_the_token_weighted_mean_inter_token_latency_of_the_las
     assert math.isnan(FleetLoad.of(fresh).step_s)
     state.set_health("i0", Health.HEALTHY)
     state.on_scrape("i0", 2.0, itl_totals=(0.5, 10.0))  # restarted
-    state.on_scrape("i1", 2.0, itl_totals=(11.0, 200.0))  # idle: the same counters
-    assert math.isnan(FleetLoad.of(state).step_s)
+    state.on_scrape("i1", 2.0, itl_totals=(11.0 + 2.0, 200.0 + 100.0))
+    assert FleetLoad.of(state).step_s == pytest.approx(0.02)  # i1's alone
     state.on_scrape("i0", 3.0, itl_totals=(0.5 + 4.0, 10.0 + 100.0))
+    state.on_scrape("i1", 3.0, itl_totals=(13.0, 300.0))  # idle: the same counters
     assert FleetLoad.of(state).step_s == pytest.approx(0.04)
 
 

@@ -146,10 +146,11 @@ class FlowParams(BaseModel):
         le=60,
         description="The TPOT SLO the fleet serves (seconds per output token). Set, flow "
         "control keeps the engines' step time (the mean inter-token latency they report, "
-        "over the last scrape interval) under tpot_target × it: while the step time is at "
-        "or above that, the backlog bound halves every backlog_halving_s; while below, it "
-        "grows back toward max_backlog_s by max_backlog_s × backlog_growth per second "
-        "(AIMD). None: the bound stays max_backlog_s.",
+        "over the last scrape interval) under tpot_target × it: while the step time is "
+        "over that target, the backlog bound shrinks by the overshoot (× target ÷ step time "
+        "every backlog_halving_s); while under, it grows back toward max_backlog_s by "
+        "max_backlog_s × backlog_growth per second (AIMD). None: the bound stays "
+        "max_backlog_s.",
     )
     tpot_target: float = Field(
         default=0.8,
@@ -162,8 +163,9 @@ class FlowParams(BaseModel):
         default=1.0,
         gt=0,
         le=600,
-        description="While the step time is over target the backlog bound halves every "
-        "this many seconds (about one halving per scrape interval).",
+        description="The decrease's time constant: while the step time is over target "
+        "the backlog bound is multiplied by target ÷ step time every this many seconds "
+        "(halved each second at twice the target; about one decrease per scrape).",
     )
     backlog_growth: float = Field(
         default=0.1,
@@ -324,9 +326,14 @@ class FlowController:
     # ----- saturation -------------------------------------------------------------------
     def adapt(self, load: FleetLoad, now: float) -> None:
         """Move the backlog bound by the engines' step time against the TPOT target
-        (AIMD): over target for ``dt`` seconds, it is multiplied by 2^(-dt/halving); under
-        (or no token measured), it grows by ``max_backlog_s × backlog_growth × dt``, up to
-        ``max_backlog_s``. Without a TPOT SLO it stays ``max_backlog_s``."""
+        (AIMD): over target for ``dt`` seconds it is multiplied by (target ÷ step
+        time)^(dt / backlog_halving_s), a decrease as deep as the overshoot (a fixed
+        halving stalled admission for seconds after each mild excursion: the bench's
+        selection cells); under (or no token measured) it grows by ``max_backlog_s ×
+        backlog_growth × dt``, up to ``max_backlog_s``. Without a TPOT SLO it stays
+        ``max_backlog_s``. The step time is the last scrape interval's, unsmoothed: an
+        average over seconds lags, and the bound then swings deeper (the bench's
+        exploration: a 3 s EWMA halved the compliant tenant's goodput at 2×)."""
         params = self.params
         if params.tpot_slo_s is None:
             return
@@ -334,8 +341,9 @@ class FlowController:
         if last is None or now <= last:
             return
         dt = now - last
-        if load.step_s >= params.tpot_target * params.tpot_slo_s:  # False while nan
-            self.bound_s *= 0.5 ** (dt / params.backlog_halving_s)
+        target = params.tpot_target * params.tpot_slo_s
+        if load.step_s >= target:  # False while nan
+            self.bound_s *= (target / load.step_s) ** (dt / params.backlog_halving_s)
         else:
             grown = self.bound_s + params.max_backlog_s * params.backlog_growth * dt
             self.bound_s = min(grown, params.max_backlog_s)

@@ -304,15 +304,18 @@ def _load(backlog_s: float, step_s: float) -> FleetLoad:
     return FleetLoad(2, backlog_s * 1000.0, 1000.0, 0.1, 0.0, step_s)
 
 
-def test_over_target_the_backlog_bound_halves_each_halving_time_under_it_grows_back():
-    # SLO 0.1 s, target 0.5: the engines' step time 90 ms is over, 30 ms under.
+def test_over_target_the_backlog_bound_shrinks_by_the_overshoot_under_it_grows_back():
+    # SLO 0.1 s, target 0.5: 50 ms. Over it the bound is multiplied by target ÷ step time
+    # every backlog_halving_s (halved at twice the target); under it, it grows linearly.
     flow = _flow(tpot_slo_s=0.1, tpot_target=0.5, backlog_growth=0.1)
     assert flow.bound_s == 2.0
-    flow.adapt(_load(0.0, 0.09), 0.0)  # the first reading only starts the clock
+    flow.adapt(_load(0.0, 0.1), 0.0)  # the first reading only starts the clock
     assert flow.bound_s == 2.0
-    flow.adapt(_load(0.0, 0.09), 1.0)
+    flow.adapt(_load(0.0, 0.1), 1.0)  # twice the target for a second: halved
     assert flow.bound_s == pytest.approx(1.0)
-    flow.adapt(_load(0.0, 0.05), 3.0)  # at the target counts as over
+    flow.adapt(_load(0.0, 0.2), 2.0)  # four times: quartered
+    assert flow.bound_s == pytest.approx(0.25)
+    flow.adapt(_load(0.0, 0.05), 3.0)  # at the target: kept
     assert flow.bound_s == pytest.approx(0.25)
     flow.adapt(_load(0.0, 0.03), 5.0)  # + 2.0 × 0.1 a second
     assert flow.bound_s == pytest.approx(0.65)
@@ -323,23 +326,25 @@ def test_over_target_the_backlog_bound_halves_each_halving_time_under_it_grows_b
 
 
 def test_the_adapted_bound_decides_saturation_and_admission():
-    flow = _flow(tpot_slo_s=0.1)
+    flow = _flow(tpot_slo_s=0.1)  # target 80 ms
     slow = _load(1.5, 0.2)  # 1.5 s of prefill queued, under max_backlog_s (2 s)
     assert flow.offer(_request("a", 1), slow, 0.0)[0] == "admit"
-    assert flow.offer(_request("a", 2), slow, 1.0)[0] == "queue"  # the bound is 1 s now
+    assert flow.offer(_request("a", 2), slow, 1.0)[0] == "queue"  # the bound is 0.8 s now
     assert flow.saturated(slow) and not flow.params.saturated(slow)
-    assert flow.release(_load(1.5, 0.01), 2.0) == []  # 1.1 s: still over the bound
+    assert flow.release(_load(1.5, 0.01), 2.0) == []  # 1.0 s: still under the backlog
     assert [r.request_id for r in flow.release(_load(0.0, 0.01), 3.0)] == ["a-2"]
 
 
-@pytest.mark.parametrize(("slo_s", "halved"), [(0.05, True), (0.1, True), (0.2, False)])
-def test_the_leg_follows_the_tpot_slo(slo_s, halved):
-    # The same engines (90 ms a token) are over the target of a 50 ms or 100 ms SLO, not
-    # of a 200 ms one.
+@pytest.mark.parametrize(
+    ("slo_s", "bound"), [(0.05, 2 * 0.04 / 0.09), (0.1, 2 * 0.08 / 0.09), (0.2, 2.0)]
+)
+def test_the_leg_follows_the_tpot_slo(slo_s, bound):
+    # The same engines (90 ms a token) are over the target of a 50 ms SLO (40 ms) by more
+    # than over a 100 ms one's (80 ms), and under a 200 ms one's.
     flow = _flow(tpot_slo_s=slo_s)
     flow.adapt(_load(0.0, 0.09), 0.0)
     flow.adapt(_load(0.0, 0.09), 1.0)
-    assert flow.bound_s == pytest.approx(1.0 if halved else 2.0)
+    assert flow.bound_s == pytest.approx(bound)
 
 
 def test_without_a_tpot_slo_the_bound_stays_put_and_a_new_one_is_kept_within_the_new_max():
@@ -347,11 +352,10 @@ def test_without_a_tpot_slo_the_bound_stays_put_and_a_new_one_is_kept_within_the
     for now in range(5):
         flow.offer(_request("a", now), _load(0.0, 5.0), float(now))
     assert flow.bound_s == 2.0
-    flow.configure(FlowParams(max_backlog_s=2.0, tpot_slo_s=0.1), [])
-    flow.adapt(_load(0.0, 0.5), 10.0)
-    flow.adapt(_load(0.0, 0.5), 12.0)
-    assert flow.bound_s == pytest.approx(0.5)
     flow.configure(FlowParams(max_backlog_s=0.25, tpot_slo_s=0.1), [])
     assert flow.bound_s == 0.25
+    flow.adapt(_load(0.0, 0.16), 10.0)
+    flow.adapt(_load(0.0, 0.16), 11.0)
+    assert flow.bound_s == pytest.approx(0.125)
     flow.configure(FlowParams(max_backlog_s=1.0), [])  # the leg off: the fixed bound
     assert flow.bound_s == 1.0

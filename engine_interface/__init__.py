@@ -373,10 +373,10 @@ def parse_metrics(text: str, *, histograms: bool = True) -> ScrapedMetrics:
     wanted = [*_GAUGES.values(), *_COUNTERS.values(), CACHE_CONFIG_INFO]
     if histograms:
         wanted += _HISTOGRAMS.values()
-    names = [n for metric in wanted for n in metric.names]
+    prefixes = [n for metric in wanted for n in metric.names]
     if not histograms:  # ITL's sum and count without its buckets (flow control's step time)
-        names += [n + part for n in ITL.names for part in ("_sum", "_count")]
-    samples, skipped = read_samples(text, names)
+        prefixes += [n + part for n in ITL.names for part in ("_sum", "_count")]
+    samples, skipped = read_samples(text, prefixes)
     histogram_names = [n for metric in _HISTOGRAMS.values() for n in metric.names]
     scalars: dict[str, dict[str, float]] = {}  # engine -> sample name -> value
     builders: dict[str, dict[str, _HistogramBuilder]] = {}

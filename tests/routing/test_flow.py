@@ -326,7 +326,7 @@ def test_over_target_the_backlog_bound_shrinks_by_the_overshoot_under_it_grows_b
 
 
 def test_the_adapted_bound_decides_saturation_and_admission():
-    flow = _flow(tpot_slo_s=0.1)  # target 80 ms
+    flow = _flow(tpot_slo_s=0.1, tpot_target=0.8)  # target 80 ms
     slow = _load(1.5, 0.2)  # 1.5 s of prefill queued, under max_backlog_s (2 s)
     assert flow.offer(_request("a", 1), slow, 0.0)[0] == "admit"
     assert flow.offer(_request("a", 2), slow, 1.0)[0] == "queue"  # the bound is 0.8 s now
@@ -341,7 +341,7 @@ def test_the_adapted_bound_decides_saturation_and_admission():
 def test_the_leg_follows_the_tpot_slo(slo_s, bound):
     # The same engines (90 ms a token) are over the target of a 50 ms SLO (40 ms) by more
     # than over a 100 ms one's (80 ms), and under a 200 ms one's.
-    flow = _flow(tpot_slo_s=slo_s)
+    flow = _flow(tpot_slo_s=slo_s, tpot_target=0.8)
     flow.adapt(_load(0.0, 0.09), 0.0)
     flow.adapt(_load(0.0, 0.09), 1.0)
     assert flow.bound_s == pytest.approx(bound)
@@ -352,7 +352,7 @@ def test_without_a_tpot_slo_the_bound_stays_put_and_a_new_one_is_kept_within_the
     for now in range(5):
         flow.offer(_request("a", now), _load(0.0, 5.0), float(now))
     assert flow.bound_s == 2.0
-    flow.configure(FlowParams(max_backlog_s=0.25, tpot_slo_s=0.1), [])
+    flow.configure(FlowParams(max_backlog_s=0.25, tpot_slo_s=0.1, tpot_target=0.8), [])
     assert flow.bound_s == 0.25
     flow.adapt(_load(0.0, 0.16), 10.0)
     flow.adapt(_load(0.0, 0.16), 11.0)

@@ -361,6 +361,8 @@ class FlowGate:
         load = UNREAD if state is None else FleetLoad.of(state)
         saturated = self.controller.saturated(load, self.in_transit)
         self.metrics.flow_saturated.set(1 if saturated else 0)
+        self.metrics.flow_backlog_bound.set(self.controller.bound_s)
+        self.metrics.flow_step.set(load.step_s)
         if not self.in_transit:
             return load
         return FleetLoad(

@@ -305,12 +305,15 @@ class FlowController:
     # ----- configuration ----------------------------------------------------------------
     def configure(self, params: FlowParams, tenants: Iterable[TenantSettings]) -> None:
         """New settings. Queues and counters stay: a tenant removed keeps its waiting
-        requests, released under the default tenant's settings."""
-        self.params = params
-        if params.tpot_slo_s is None:
+        requests, released under the default tenant's settings. The TPOT leg's bound
+        starts at ``max_backlog_s`` when the leg turns on and carries over (within the
+        new ``max_backlog_s``) while it stays on."""
+        if params.tpot_slo_s is None or self.params.tpot_slo_s is None:
             self.bound_s = params.max_backlog_s
+            self._adapted_at = None
         else:
             self.bound_s = min(self.bound_s, params.max_backlog_s)
+        self.params = params
         self.tenants = {tenant.name: tenant for tenant in tenants}
         self.tenants.setdefault(DEFAULT_TENANT, TenantSettings(name=DEFAULT_TENANT))
 

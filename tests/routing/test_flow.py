@@ -347,7 +347,7 @@ def test_the_leg_follows_the_tpot_slo(slo_s, bound):
     assert flow.bound_s == pytest.approx(bound)
 
 
-def test_without_a_tpot_slo_the_bound_stays_put_and_a_new_one_is_kept_within_the_new_max():
+def test_the_bound_stays_put_without_a_tpot_slo_starts_at_the_max_and_carries_over_with_one():
     flow = _flow()
     for now in range(5):
         flow.offer(_request("a", now), _load(0.0, 5.0), float(now))
@@ -357,5 +357,9 @@ def test_without_a_tpot_slo_the_bound_stays_put_and_a_new_one_is_kept_within_the
     flow.adapt(_load(0.0, 0.16), 10.0)
     flow.adapt(_load(0.0, 0.16), 11.0)
     assert flow.bound_s == pytest.approx(0.125)
+    flow.configure(FlowParams(max_backlog_s=0.2, tpot_slo_s=0.1), [])  # kept, within 0.2
+    assert flow.bound_s == pytest.approx(0.125)
     flow.configure(FlowParams(max_backlog_s=1.0), [])  # the leg off: the fixed bound
     assert flow.bound_s == 1.0
+    flow.configure(FlowParams(max_backlog_s=3.0, tpot_slo_s=0.1), [])  # on again: from max
+    assert flow.bound_s == 3.0

@@ -327,6 +327,16 @@ class ScrapedMetrics:
         """``ttft``, ``itl`` or ``e2e`` of all engines merged."""
         return merge_histograms(self._values(attribute))
 
+    @property
+    def itl_totals(self) -> tuple[float, float] | None:
+        """``vllm:inter_token_latency_seconds``' ``_sum`` and ``_count`` over the engines
+        (read even without the histograms: their deltas between two scrapes are the mean
+        step time the engines ran at, flow control's TPOT signal); None if not exported."""
+        found = self._values("itl")
+        if not found:
+            return None
+        return float(sum(h.sum for h in found)), float(sum(h.count for h in found))
+
     def summary(self) -> dict[str, float]:
         """The gauges and counters that are present, JSON-ready (the control plane's
         ``Instance.last_scrape``)."""
@@ -363,7 +373,10 @@ def parse_metrics(text: str, *, histograms: bool = True) -> ScrapedMetrics:
     wanted = [*_GAUGES.values(), *_COUNTERS.values(), CACHE_CONFIG_INFO]
     if histograms:
         wanted += _HISTOGRAMS.values()
-    samples, skipped = read_samples(text, [n for metric in wanted for n in metric.names])
+    prefixes = [n for metric in wanted for n in metric.names]
+    if not histograms:  # ITL's sum and count without its buckets (flow control's step time)
+        prefixes += [n + part for n in ITL.names for part in ("_sum", "_count")]
+    samples, skipped = read_samples(text, prefixes)
     histogram_names = [n for metric in _HISTOGRAMS.values() for n in metric.names]
     scalars: dict[str, dict[str, float]] = {}  # engine -> sample name -> value
     builders: dict[str, dict[str, _HistogramBuilder]] = {}

@@ -359,8 +359,10 @@ class FlowGate:
     def _load(self) -> FleetLoad:
         state = self.state()
         load = UNREAD if state is None else FleetLoad.of(state)
-        saturated = self.controller.params.saturated(load, self.in_transit)
+        saturated = self.controller.saturated(load, self.in_transit)
         self.metrics.flow_saturated.set(1 if saturated else 0)
+        self.metrics.flow_backlog_bound.set(self.controller.bound_s)
+        self.metrics.flow_step.set(load.step_s)
         if not self.in_transit:
             return load
         return FleetLoad(
@@ -369,6 +371,7 @@ class FlowGate:
             load.clear_rate,
             load.kv_usage,
             load.waiting_per_instance,
+            load.step_s,
         )
 
     def _fail(self, refused: list[tuple[FlowRequest, Refusal]]) -> None:

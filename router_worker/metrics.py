@@ -274,6 +274,18 @@ class RouterMetrics:
             "1 while the saturation detector finds the fleet saturated.",
             registry=r,
         )
+        self.flow_backlog_bound = Gauge(
+            "switchyard_router_flow_backlog_bound_seconds",
+            "The prefill backlog flow control admits up to: flow.max_backlog_s, or with "
+            "flow.tpot_slo_s the bound the TPOT leg adapts.",
+            registry=r,
+        )
+        self.flow_step = Gauge(
+            "switchyard_router_flow_step_seconds",
+            "The step time the engines ran at over the last scrape interval (their mean "
+            "inter-token latency, token-weighted over the healthy instances; NaN: none).",
+            registry=r,
+        )
         self.tenant_ttft = LoopHistogram(
             "switchyard_router_tenant_ttft_seconds",
             "TTFT measured at the router (time waiting at flow control included), by "

@@ -7,7 +7,8 @@ last interval), ``vllm:cache_config_info`` (``num_gpu_blocks`` → KV index capa
 when the engine has a global KV tier, the tokens and bytes it loaded from it (engines
 without one export none, so the live view shows tier traffic only for clusters with a tier),
 and, when it has a KV connector (disaggregation), its KV reads in flight, failed and the
-bytes it read per second.
+bytes it read per second; and the inter-token latency histogram's sum and count (flow
+control's step time, from their deltas between scrapes).
 The served model names come from ``GET /v1/models`` until known.
 
 Probe (every ``router.health_interval_s``): ``GET /health``; 200 is good, anything else
@@ -103,6 +104,7 @@ class Monitor:
             waiting=parsed.waiting,
             kv_usage=parsed.kv_usage,
             capacity_blocks=capacity,
+            itl_totals=parsed.itl_totals,
         )
         info = core.scrape[name]
         if parsed.prefix_queries is not None and parsed.prefix_hits is not None:

@@ -8,8 +8,11 @@ Fleet: :data:`INSTANCES` enginesim instances (H20, Qwen2-7B) at time scale
 :data:`TIME_SCALE` (slowed, so the clients and the router stay cheap beside the engines);
 one router (LMetric). The fleet's capacity is the replay's (bench/fairness/run.py's
 measurement on the same fleet) over the time scale. Each request is a unique 2000-token
-prompt and 100 output tokens, streamed; TTFT is measured by the client. Modes: FCFS (flow
-control off) and flow control with a 0.25 s prefill backlog, plus a baseline alone.
+prompt and 100 output tokens, streamed; TTFT and TPOT are measured by the client. Modes:
+FCFS (flow control off), flow control with a 0.25 s prefill backlog, and flow control with
+the TPOT leg (``tpot_slo_s``: run.py's SLO as it is, since the engines' /metrics report
+simulated seconds at any time scale), plus a baseline alone. Goodput: requests/s (wall)
+meeting run.py's SLO × the time scale (the clients measure wall seconds).
 
 * **two**: the compliant tenant sends a third of the capacity, the flooding one five times
   that (together 2× the capacity); baseline: the compliant tenant alone.
@@ -34,7 +37,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from bench.fairness.run import INSTANCES, capacity
+from bench.fairness.run import INSTANCES, SLO, capacity
 from devharness import Fleet, start_router
 
 TIME_SCALE = 2.0
@@ -75,7 +78,10 @@ def router_config(fleet: Fleet, flow: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def one(client: httpx.AsyncClient, url: str, tenant: str) -> tuple[str, int, float | None]:
+Result = tuple[str, int, float | None, float | None]  # tenant, status, TTFT, TPOT
+
+
+async def one(client: httpx.AsyncClient, url: str, tenant: str) -> Result:
     body = {
         "model": MODEL,
         "prompt": f"{uuid.uuid4().hex} {FILLER}",
@@ -84,15 +90,20 @@ async def one(client: httpx.AsyncClient, url: str, tenant: str) -> tuple[str, in
     }
     headers = {"Authorization": f"Bearer {KEYS[tenant]}"}
     start = time.monotonic()
-    first = None
+    first = last = None
+    tokens = 0
     try:
         async with client.stream("POST", url, json=body, headers=headers) as response:
             async for chunk in response.aiter_bytes():
-                if first is None and b'"text":"' in chunk:
-                    first = time.monotonic() - start
-            return tenant, response.status_code, first
+                count = chunk.count(b'"text":"')
+                if count:
+                    last = time.monotonic() - start
+                    first = last if first is None else first
+                    tokens += count
+            tpot = (last - first) / (tokens - 1) if first and last and tokens > 1 else None
+            return tenant, response.status_code, first, tpot
     except httpx.HTTPError:
-        return tenant, 0, None  # lost: no answer
+        return tenant, 0, None, None  # lost: no answer
 
 
 async def load(url: str, rates: dict[str, float], duration: float) -> list[tuple]:
@@ -115,12 +126,22 @@ async def load(url: str, rates: dict[str, float], duration: float) -> list[tuple
         return list(await asyncio.gather(*tasks))
 
 
-def summarise(results: list[tuple], tenant: str) -> dict[str, Any]:
+def summarise(results: list[tuple], tenant: str, duration: float) -> dict[str, Any]:
     own = [r for r in results if r[0] == tenant]
     ttfts = [r[2] for r in own if r[1] == 200 and r[2] is not None]
+    tpots = [r[3] for r in own if r[1] == 200 and r[3] is not None]
+    good = sum(
+        r[1] == 200
+        and r[2] is not None
+        and r[2] <= SLO.ttft_s * TIME_SCALE
+        and (r[3] is None or r[3] <= SLO.tpot_s * TIME_SCALE)
+        for r in own
+    )
     return {
         "requests": len(own),
         "p90_ttft_s": float(np.percentile(ttfts, 90)) if ttfts else None,
+        "p90_tpot_s": float(np.percentile(tpots, 90)) if tpots else None,
+        "goodput": good / duration,
         "served": sum(r[1] == 200 for r in own),
         "429": sum(r[1] == 429 for r in own),
         "503": sum(r[1] == 503 for r in own),
@@ -130,6 +151,9 @@ def summarise(results: list[tuple], tenant: str) -> dict[str, Any]:
 
 Runs = dict[str, tuple[dict[str, Any], dict[str, float]]]
 TIGHT = {"max_backlog_s": 0.25}
+# The engines' /metrics report simulated (the hardware's) seconds at any time scale, so
+# the TPOT leg's SLO is run.py's as it is; the clients measure wall seconds.
+TPOT_LEG = {"tpot_slo_s": SLO.tpot_s}
 
 
 def two_tenants(cap: float) -> Runs:
@@ -138,6 +162,7 @@ def two_tenants(cap: float) -> Runs:
         "compliant alone": ({"enabled": False}, {"compliant": compliant}),
         "FCFS": ({"enabled": False}, {"compliant": compliant, "flood": 5 * compliant}),
         "flow control, 0.25 s backlog": (TIGHT, {"compliant": compliant, "flood": 5 * compliant}),
+        "flow control, TPOT SLO": (TPOT_LEG, {"compliant": compliant, "flood": 5 * compliant}),
     }
 
 
@@ -148,6 +173,7 @@ def three_classes(cap: float) -> Runs:
         "critical alone": ({"enabled": False}, {"crit": rate}),
         "FCFS": ({"enabled": False}, every),
         "flow control, 0.25 s backlog": (TIGHT, every),
+        "flow control, TPOT SLO": (TPOT_LEG, every),
     }
 
 
@@ -167,7 +193,7 @@ def measure(fleet: Fleet, directory: Path, runs: Runs, duration: float) -> list[
         finally:
             router.stop()
         for tenant in rates:
-            rows.append({"mode": mode, "tenant": tenant, **summarise(results, tenant)})
+            rows.append({"mode": mode, "tenant": tenant, **summarise(results, tenant, duration)})
             print(rows[-1], flush=True)
     return rows
 
@@ -179,15 +205,23 @@ def table(title: str, rows: list[dict[str, Any]], cap: float, duration: float) -
         "",
         f"{INSTANCES} enginesim instances at time scale {TIME_SCALE:g} (wall seconds; divide "
         f"TTFTs by {TIME_SCALE:g} for the hardware's), capacity {cap:.2f} requests/s wall, "
-        f"{duration:g} s of arrivals per run.",
+        f"{duration:g} s of arrivals per run. The TPOT leg's SLO "
+        f"{TPOT_LEG['tpot_slo_s']:g} s (the engines report simulated seconds); goodput: "
+        f"requests/s meeting TTFT ≤ "
+        f"{SLO.ttft_s * TIME_SCALE:g} s and TPOT ≤ {SLO.tpot_s * TIME_SCALE:g} s (wall).",
         "",
-        "| mode | tenant | requests | p90 TTFT (s) | served | 429 | 503 | lost |",
-        "|---|---|---|---|---|---|---|---|",
+        "| mode | tenant | requests | p90 TTFT (s) | p90 TPOT (s) | goodput | served | 429 "
+        "| 503 | lost |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def cell(value: float | None) -> str:
+        return "–" if value is None else f"{value:.2f}"
+
     for r in rows:
-        p90 = "–" if r["p90_ttft_s"] is None else f"{r['p90_ttft_s']:.2f}"
         lines.append(
-            f"| {r['mode']} | {r['tenant']} | {r['requests']} | {p90} | {r['served']} | "
+            f"| {r['mode']} | {r['tenant']} | {r['requests']} | {cell(r['p90_ttft_s'])} | "
+            f"{cell(r.get('p90_tpot_s'))} | {cell(r.get('goodput'))} | {r['served']} | "
             f"{r['429']} | {r['503']} | {r['lost']} |"
         )
     alone = next((r for r in rows if r["mode"].endswith("alone")), None)

@@ -99,6 +99,7 @@ class _Request:
     num_cached_tokens: int = -1
     num_tier_tokens: int = 0
     first_token_time: float | None = None
+    last_token_end: float = 0.0  # end of the step that sampled its latest token
     finish_time: float | None = None
     finish_reason: str | None = None
     runs: list[list[int]] = field(default_factory=list)  # [first global step, token count]
@@ -180,6 +181,9 @@ class EngineCore:
             ("queries", "hits", "external", "preemptions", "prompt", "generation", "finished"), 0
         )
         self._busy_time = 0.0
+        # vllm:inter_token_latency_seconds' _sum and _count (tokens sampled so far)
+        self._itl_sum = 0.0
+        self._itl_count = 0
         self._preempted_this_step = False
         # Bumped by every change of the scheduler's state; keys the memo of the decode plan
         # (next_event_time computes it, the advance that follows needs it again).
@@ -371,6 +375,26 @@ class EngineCore:
             tier_read_wait=self._tier_wait,
             transfer=self._transfer_stats(),
         )
+
+    def itl_totals(self, now: float) -> tuple[float, int]:
+        """``vllm:inter_token_latency_seconds``' ``_sum`` and ``_count`` as of ``now``: the
+        tokens sampled by the steps started by then (each token after a request's first
+        counts the time since the one before, as vLLM observes it). The engine advances
+        lazily (a decode-only stretch is run at its end), so the steps of the stretch under
+        way that started by ``now`` are counted from its plan, without running them (the
+        plan is memoised on the scheduler's state: reading it changes nothing)."""
+        total, count = self._itl_sum, self._itl_count
+        if not self.fast_forward or self._free_at > now or not self.running:
+            return total, count
+        plan = self._decode_plan(self._free_at)
+        if plan is None:
+            return total, count
+        ends = plan[0]
+        steps = min(int(np.searchsorted(ends[:-1], now, side="right")) + 1, len(ends))
+        end = float(ends[steps - 1])
+        for req in self.running:
+            total += end - req.last_token_end
+        return total, count + steps * len(self.running)
 
     def _transfer_stats(self) -> TransferStats:
         held = self.held.values()
@@ -806,6 +830,14 @@ class EngineCore:
             req.first_token_time = float(self._step_ends[first_step])
             self._counters["prompt"] += req.prompt_len
             self._eventful[req.req_id] = req
+            # vLLM's inter-token latency: each token after the first, the time since the
+            # one before; over consecutive tokens the sum telescopes to last - previous.
+            self._itl_sum += last_end - req.first_token_time
+            self._itl_count += count - 1
+        else:
+            self._itl_sum += last_end - req.last_token_end
+            self._itl_count += count
+        req.last_token_end = last_end
         req.num_output += count
         req.num_tokens += count
         self._counters["generation"] += count

@@ -19,7 +19,8 @@ Kinds:
   With a zero delay the updates are applied at once. Dispatch accounting is never delayed:
   the router does it itself when it sends.
 * ``SCRAPE``: every ``scrape_interval_s`` each live engine's
-  ``/metrics`` values (running, waiting, KV usage) go to ``on_scrape``, as the live
+  ``/metrics`` values (running, waiting, KV usage, the inter-token latency histogram's
+  sum and count) go to ``on_scrape``, as the live
   router's scraper does; the true pending prefill tokens per instance are sampled for the
   load CV and the plots. An idle stretch of more than ``IDLE_SKIP_S`` before the next
   arrival is scraped only at its end (idle engines read the same at every tick).
@@ -1011,13 +1012,22 @@ class Simulator:
                 router.state.on_kv_event_batch(self.ids[slot], batch, now)
 
     def _apply_scrape(
-        self, now: float, slot: int, generation: int, stats: tuple[int, int, float]
+        self,
+        now: float,
+        slot: int,
+        generation: int,
+        stats: tuple[int, int, float, tuple[float, float]],
     ) -> None:
         if generation == self.instances[slot].generation and self._is_up(slot):
-            running, waiting, usage = stats
+            running, waiting, usage, itl = stats
             for router in self.routers:
                 router.state.on_scrape(
-                    self.ids[slot], now, running=running, waiting=waiting, kv_usage=usage
+                    self.ids[slot],
+                    now,
+                    running=running,
+                    waiting=waiting,
+                    kv_usage=usage,
+                    itl_totals=itl,
                 )
 
     def _is_up(self, slot: int) -> bool:
@@ -1038,7 +1048,12 @@ class Simulator:
                 self._apply_scrape,
                 slot,
                 instance.generation,
-                (stats.num_running, stats.num_waiting, stats.kv_usage),
+                (
+                    stats.num_running,
+                    stats.num_waiting,
+                    stats.kv_usage,
+                    instance.engine.itl_totals(self.now),
+                ),
             )
         self.sample_times.append(self.now)
         self.samples.append(self.true_pending.copy())

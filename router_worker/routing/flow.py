@@ -140,6 +140,41 @@ class FlowParams(BaseModel):
     min_retry_after_s: int = Field(
         default=1, ge=1, le=3600, description="The smallest Retry-After given."
     )
+    tpot_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        description="The TPOT SLO the fleet serves (seconds per output token). Set, flow "
+        "control keeps the engines' step time (the mean inter-token latency they report, "
+        "over the last scrape interval) under tpot_target × it: while the step time is "
+        "over that target, the backlog bound shrinks by the overshoot (× target ÷ step time "
+        "every backlog_halving_s); while under, it grows back toward max_backlog_s by "
+        "max_backlog_s × backlog_growth per second (AIMD). None: the bound stays "
+        "max_backlog_s.",
+    )
+    tpot_target: float = Field(
+        default=0.7,
+        gt=0,
+        le=1,
+        description="The step time flow control steers to, as a fraction of tpot_slo_s: "
+        "the headroom that lets the requests it admits meet the SLO while the bound moves "
+        "(chosen on bench/fairness's selection cells; 0.6-0.8 gave the same goodput).",
+    )
+    backlog_halving_s: float = Field(
+        default=1.0,
+        gt=0,
+        le=600,
+        description="The decrease's time constant: while the step time is over target "
+        "the backlog bound is multiplied by target ÷ step time every this many seconds "
+        "(halved each second at twice the target; about one decrease per scrape).",
+    )
+    backlog_growth: float = Field(
+        default=0.1,
+        gt=0,
+        le=100,
+        description="While the step time is under target the backlog bound grows by "
+        "max_backlog_s × this per second (0.1: back from nothing in 10 s).",
+    )
     output_token_weight: float = Field(
         default=2.0,
         ge=0,
@@ -148,13 +183,17 @@ class FlowParams(BaseModel):
         "token counters (the paper's w_q/w_p).",
     )
 
-    def saturated(self, load: FleetLoad, extra_tokens: float = 0.0) -> bool:
-        """Whether the fleet is saturated, with ``extra_tokens`` more prefill pending."""
+    def saturated(
+        self, load: FleetLoad, extra_tokens: float = 0.0, bound_s: float | None = None
+    ) -> bool:
+        """Whether the fleet is saturated, with ``extra_tokens`` more prefill pending,
+        against the backlog bound ``bound_s`` (the controller's, adapted to the TPOT SLO;
+        None: ``max_backlog_s``)."""
         if load.healthy == 0:
             return False  # nothing to wait for: the policy answers 503
         backlog = (load.pending_tokens + extra_tokens) / load.clear_rate
         return (
-            backlog > self.max_backlog_s
+            backlog > (self.max_backlog_s if bound_s is None else bound_s)
             or load.kv_usage >= self.max_kv_usage
             or load.waiting_per_instance >= self.max_waiting_per_instance
         )
@@ -172,6 +211,9 @@ class FleetLoad:
     clear_rate: float  # tokens/s the healthy instances prefill (measured; > 0)
     kv_usage: float  # mean KV usage, 0 where never scraped
     waiting_per_instance: float  # mean scraped engine queue
+    # The step time the engines ran at: their mean inter-token latency over the last scrape
+    # interval, weighted by tokens (nan: no token known).
+    step_s: float = math.nan
 
     @classmethod
     def of(cls, state: ClusterState) -> FleetLoad:
@@ -183,15 +225,19 @@ class FleetLoad:
         if count == len(healthy):
             pending, tps = state.pending, state.tps
             kv, waiting = state.kv_usage_or_zero, state.waiting
+            step_sum, step_count = state.step_sum, state.step_count
         else:
             pending, tps = state.pending[healthy], state.tps[healthy]
             kv, waiting = state.kv_usage_or_zero[healthy], state.waiting[healthy]
+            step_sum, step_count = state.step_sum[healthy], state.step_count[healthy]
+        tokens = float(step_count.sum())
         return cls(
             count,
             float(pending.sum()),
             max(float(tps.sum()), 1e-9),
             float(kv.sum()) / count,
             sum(w for w in waiting.tolist() if w == w) / count,  # never scraped: nan
+            float(step_sum.sum()) / tokens if tokens > 0 else math.nan,
         )
 
 
@@ -252,12 +298,21 @@ class FlowController:
         self._state: dict[str, _Tenant] = {}
         self.queued = 0
         self.queued_bytes = 0
+        self.bound_s = params.max_backlog_s  # the backlog bound, adapted to the TPOT SLO
+        self._adapted_at: float | None = None
         self.configure(params, tenants)
 
     # ----- configuration ----------------------------------------------------------------
     def configure(self, params: FlowParams, tenants: Iterable[TenantSettings]) -> None:
         """New settings. Queues and counters stay: a tenant removed keeps its waiting
-        requests, released under the default tenant's settings."""
+        requests, released under the default tenant's settings. The TPOT leg's bound
+        starts at ``max_backlog_s`` when the leg turns on and carries over (within the
+        new ``max_backlog_s``) while it stays on."""
+        if params.tpot_slo_s is None or self.params.tpot_slo_s is None:
+            self.bound_s = params.max_backlog_s
+            self._adapted_at = None
+        else:
+            self.bound_s = min(self.bound_s, params.max_backlog_s)
         self.params = params
         self.tenants = {tenant.name: tenant for tenant in tenants}
         self.tenants.setdefault(DEFAULT_TENANT, TenantSettings(name=DEFAULT_TENANT))
@@ -272,6 +327,35 @@ class FlowController:
             return own
         return PRIORITIES[RANK[requested]]
 
+    # ----- saturation -------------------------------------------------------------------
+    def adapt(self, load: FleetLoad, now: float) -> None:
+        """Move the backlog bound by the engines' step time against the TPOT target
+        (AIMD): over target for ``dt`` seconds it is multiplied by (target ÷ step
+        time)^(dt / backlog_halving_s), a decrease as deep as the overshoot (a fixed
+        halving stalled admission for seconds after each mild excursion: the bench's
+        selection cells); under (or no token measured) it grows by ``max_backlog_s ×
+        backlog_growth × dt``, up to ``max_backlog_s``. Without a TPOT SLO it stays
+        ``max_backlog_s``. The step time is the last scrape interval's, unsmoothed: an
+        average over seconds lags, and the bound then swings deeper (the bench's
+        exploration: a 3 s EWMA halved the compliant tenant's goodput at 2×)."""
+        params = self.params
+        if params.tpot_slo_s is None:
+            return
+        last, self._adapted_at = self._adapted_at, now
+        if last is None or now <= last:
+            return
+        dt = now - last
+        target = params.tpot_target * params.tpot_slo_s
+        if load.step_s >= target:  # False while nan
+            self.bound_s *= (target / load.step_s) ** (dt / params.backlog_halving_s)
+        else:
+            grown = self.bound_s + params.max_backlog_s * params.backlog_growth * dt
+            self.bound_s = min(grown, params.max_backlog_s)
+
+    def saturated(self, load: FleetLoad, extra_tokens: float = 0.0) -> bool:
+        """Whether the fleet is saturated, against the adapted backlog bound."""
+        return self.params.saturated(load, extra_tokens, self.bound_s)
+
     # ----- arrivals ---------------------------------------------------------------------
     def offer(
         self, request: FlowRequest, load: FleetLoad, now: float
@@ -279,10 +363,14 @@ class FlowController:
         """An arriving request: admitted (charged at once), queued (call :meth:`release`),
         or refused; with the queued requests it evicted to make room."""
         params = self.params
-        if not params.enabled or (self.queued == 0 and not params.saturated(load)):
+        if not params.enabled:
             self.charge(request.tenant, request.input_tokens)
             return "admit", []
-        saturated = params.saturated(load)
+        self.adapt(load, now)
+        if self.queued == 0 and not params.saturated(load, 0.0, self.bound_s):
+            self.charge(request.tenant, request.input_tokens)
+            return "admit", []
+        saturated = params.saturated(load, 0.0, self.bound_s)
         retry = self.retry_after(load)
         if request.priority == "sheddable" and saturated:
             return Refusal(
@@ -360,7 +448,9 @@ class FlowController:
         is not saturated. Each is charged its input tokens."""
         released: list[FlowRequest] = []
         extra = 0.0
-        while self.queued and (not self.params.enabled or not self.params.saturated(load, extra)):
+        if self.params.enabled:
+            self.adapt(load, now)
+        while self.queued and (not self.params.enabled or not self.saturated(load, extra)):
             request = self._next()
             self._remove(request)
             self.charge(request.tenant, request.input_tokens)

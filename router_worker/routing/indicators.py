@@ -198,6 +198,10 @@ _ARRAYS = (
     "prefilled",
     "prefilled_pairs",
     "last_prefilled_at",
+    "itl_sum",
+    "itl_count",
+    "step_sum",
+    "step_count",
 )
 
 _FALLBACK_SCRAPE_INTERVAL_S = 1.0  # the live router's default router.scrape_interval_s
@@ -233,6 +237,13 @@ class ClusterState:
     prefilled: npt.NDArray[np.float64]
     prefilled_pairs: npt.NDArray[np.float64]
     last_prefilled_at: npt.NDArray[np.float64]  # the latest first token there
+    # The engine's inter-token latency histogram (_sum, _count) at its last scrape, and
+    # the tokens of the interval before it with their summed latency (flow control's
+    # step time: step_sum / step_count; 0 and 0 when unknown).
+    itl_sum: npt.NDArray[np.float64]
+    itl_count: npt.NDArray[np.float64]
+    step_sum: npt.NDArray[np.float64]
+    step_count: npt.NDArray[np.float64]
 
     def __init__(
         self,
@@ -311,6 +322,7 @@ class ClusterState:
         self._unstarted.append(deque())
         self.running[slot] = self.waiting[slot] = self.kv_usage[slot] = np.nan
         self.last_scrape[slot] = self.external_until[slot] = self.scrape_interval[slot] = np.nan
+        self.itl_count[slot] = np.nan
         self.tps[slot] = prefill_tps or self.default_prefill_tps
         self._view = None
         return slot
@@ -459,8 +471,10 @@ class ClusterState:
         waiting: float | None = None,
         kv_usage: float | None = None,
         capacity_blocks: int | None = None,
+        itl_totals: tuple[float, float] | None = None,
     ) -> None:
-        """Values parsed from the instance's /metrics (vllm:num_requests_running, ...).
+        """Values parsed from the instance's /metrics (vllm:num_requests_running, ...;
+        ``itl_totals``: vllm:inter_token_latency_seconds' _sum and _count).
 
         Call it right after the scrape: ``running`` / ``waiting`` are compared
         with this router's accounting *now* to derive the external load (see
@@ -491,7 +505,21 @@ class ClusterState:
             self.kv.set_capacity(slot, capacity_blocks)
             self.capacity[slot] = capacity_blocks
             self.kv_version += 1
+        if itl_totals is not None:
+            self._on_itl(slot, *itl_totals)
         self.last_scrape[slot] = now
+
+    def _on_itl(self, slot: int, total: float, count: float) -> None:
+        """The tokens the engine produced since its last scrape and their summed
+        inter-token latency; none known at its first scrape or after a restart (the
+        counters went back)."""
+        before = self.itl_count[slot]
+        if count >= before:  # False while nan
+            self.step_sum[slot] = total - self.itl_sum[slot]
+            self.step_count[slot] = count - before
+        else:
+            self.step_sum[slot] = self.step_count[slot] = 0.0
+        self.itl_sum[slot], self.itl_count[slot] = total, count
 
     def advance(self, now: float) -> None:
         """Move the state's clock to ``now`` (no other change); every update does this."""

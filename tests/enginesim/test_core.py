@@ -313,3 +313,39 @@ def test_known_output_blocks_are_cached_for_the_next_turn():
     assert hits[False] == 100 // 16 * 16
     with pytest.raises(EngineRequestError, match="output_token_ids"):
         make_engine().add_request("c", prompt, 64, now=0.0, output_token_ids=answer[:10])
+
+
+def test_the_inter_token_latency_totals_are_the_gaps_between_each_requests_tokens():
+    # vllm:inter_token_latency_seconds: every token after a request's first observes the
+    # time since the one before; over a whole run the sum is each request's last token
+    # minus its first, the count its tokens after the first.
+    engine = make_engine()
+    outputs, _ = run(engine, workload(n=30), per_token=True)
+    ends = finals(outputs)
+    total = sum(o.last_token_time - o.first_token_time for o in ends.values())
+    count = sum(o.num_output_tokens - 1 for o in ends.values())
+    last = max(o.last_token_time for o in ends.values())
+    assert engine.itl_totals(last) == (pytest.approx(total), count)
+    assert count > 1000  # the run decoded
+
+
+def test_the_inter_token_latency_totals_count_a_lazy_decode_stretch_as_it_runs():
+    # Two engines run the same requests; one is advanced to each instant, the other is
+    # only read then: a decode-only stretch it has not run yet counts as if it had.
+    arrivals = [(0.0, f"r{k}", np.arange(k * 1000, k * 1000 + 500), 300) for k in range(8)]
+    ran, read = make_engine(), make_engine()
+    for engine in (ran, read):
+        for t, req_id, prompt, max_tokens in arrivals:
+            engine.add_request(req_id, prompt, max_tokens, now=t)
+        now = 0.0
+        while engine.next_event_time() - now < 1.0:  # step by step through the prefills
+            now = engine.next_event_time()
+            engine.advance_to(now)
+    start, horizon = read.itl_totals(now), read.next_event_time()
+    instants = [now + (horizon - now) * f for f in (0.2, 0.5, 0.9)]  # within the stretch
+    for now in instants:
+        ran.advance_to(now)
+        committed = ran.itl_totals(now)
+        assert read.itl_totals(now) == (pytest.approx(committed[0]), committed[1])
+    counts = [read.itl_totals(now)[1] for now in instants]
+    assert start[1] < counts[0] < counts[1] < counts[2]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import httpx
+import pytest
 
 import engine_interface as ei
 from engine_interface import parse_metrics
@@ -110,3 +111,37 @@ def test_gpu_memory_utilization_sets_the_kv_capacity_it_reports(tmp_path):
         parsed = parse_metrics(httpx.get(fleet.url(0) + "/metrics").text)
     assert parsed.num_gpu_blocks == expected.num_gpu_blocks
     assert parsed.summary()["engine_kv_blocks"] == expected.num_gpu_blocks
+
+
+def test_the_routers_scrape_reads_the_step_time_the_engine_ran_at(sim):
+    # Flow control's TPOT leg: the router's scrape (no histograms) reads ITL's sum and
+    # count from enginesim's /metrics, the monitor feeds them to on_scrape, and the fleet
+    # load carries the mean inter-token latency of the tokens between two scrapes.
+    from types import SimpleNamespace
+
+    from router_worker.core import ScrapeInfo
+    from router_worker.hit_audit import HitAudit
+    from router_worker.metrics import RouterMetrics
+    from router_worker.monitor import Monitor
+    from router_worker.routing import ClusterState
+    from router_worker.routing.flow import FleetLoad
+
+    url = sim.url(INSTANCE)
+    state = ClusterState()
+    state.add_instance("i")
+    core = SimpleNamespace(
+        state=state, scrape={"i": ScrapeInfo()}, hit_audit=HitAudit(RouterMetrics())
+    )
+    monitor = Monitor(core, None)  # type: ignore[arg-type]  # apply() reads only these
+    before = httpx.get(url + "/metrics").text
+    monitor.apply("i", parse_metrics(before, histograms=False))
+    body = {"model": MODEL, "prompt": list(range(2000, 2100)), "max_tokens": 20}
+    httpx.post(url + "/v1/completions", json=body)
+    after = httpx.get(url + "/metrics").text
+    monitor.apply("i", parse_metrics(after, histograms=False))
+    now, then = parse_metrics(after).histogram("itl"), parse_metrics(before).histogram("itl")
+    assert now is not None and then is not None
+    itl = now.since(then)
+    assert itl.count == 19
+    assert FleetLoad.of(state).step_s == pytest.approx(itl.sum / itl.count)
+    assert 0 < FleetLoad.of(state).step_s < 1

@@ -75,6 +75,22 @@ def test_histograms_can_be_left_out():
     assert parsed.histogram("ttft") is None and parsed.running == 5.0
 
 
+def test_the_scrape_without_histograms_still_reads_the_inter_token_latency_sum_and_count():
+    # Flow control's step time: the deltas of ITL's _sum and _count between scrapes. The
+    # router scrapes without histograms; the two lines are read, the buckets are not.
+    parsed = parse_metrics(OLDER, histograms=False)
+    assert parsed.itl_totals == (0.3, 10.0)
+    assert parsed.histogram("itl") == Histogram((), 0.3, 10.0)
+    two = "".join(
+        f'vllm:inter_token_latency_seconds_{part}{{engine="{e}",model_name="m"}} {v}\n'
+        for e, (total, count) in (("0", (1.5, 30)), ("1", (0.5, 10)))
+        for part, v in (("sum", total), ("count", count))
+    )
+    assert parse_metrics(two, histograms=False).itl_totals == (2.0, 40.0)
+    assert parse_metrics(two).itl_totals == (2.0, 40.0)
+    assert parse_metrics(CURRENT, histograms=False).itl_totals is None  # not exported
+
+
 @pytest.mark.parametrize(
     "bad_line",
     [

@@ -184,3 +184,22 @@ def test_a_saturated_fleet_sheds_queues_by_class_and_serves_every_queued_request
     assert _flow(router, "oncall", "released") == _flow(router, "default", "released") == 1
     ttft = scrape_total(router.url, "switchyard_router_tenant_ttft_seconds_sum", tenant="oncall")
     assert ttft >= 1.0
+
+
+def test_the_tpot_leg_reads_the_engines_step_time_and_lowers_the_bound(fleet, router_factory):
+    # The live chain of the TPOT leg: the engine's /metrics (its inter-token latency), the
+    # router's scrape, the flow gate's load, the controller's bound, exported. A 1 ms TPOT
+    # SLO is over any engine's step time: once tokens were made and scraped, the bound
+    # falls below max_backlog_s.
+    router = router_factory(_config(fleet, max_backlog_s=5.0, tpot_slo_s=0.001))
+    bound = "switchyard_router_flow_backlog_bound_seconds"
+
+    def decoded_and_lowered() -> bool:
+        body = {"model": MODEL, "prompt": "hello " * 40, "max_tokens": 16}
+        httpx.post(router.url + "/v1/completions", json=body, timeout=120)
+        return scrape_total(router.url, bound) < 5.0
+
+    wait_until(decoded_and_lowered, 60, "the bound lowered by the engines' step time")
+    # Exported too: NaN when the last interval read had no token (the requests are short).
+    step = scrape_total(router.url, "switchyard_router_flow_step_seconds")
+    assert step != step or step > 0.001

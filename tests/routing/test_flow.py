@@ -4,6 +4,7 @@ status that says why, and every request accounted for."""
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -18,6 +19,7 @@ from router_worker.routing.flow import (
     Refusal,
     TenantSettings,
 )
+from router_worker.routing.indicators import Health
 from tests.routing.helpers import add_pending, cluster
 
 CALM = FleetLoad(
@@ -264,3 +266,100 @@ def test_a_document_without_flow_settings_still_parses_on_a_router_with_few_slot
     one_slot = {**document, "router": {"max_concurrency": 1}}
     assert parse_config(one_slot).flow.max_queued == 0
     assert parse_config({**document, "router": {"max_concurrency": 4096}}).flow.max_queued == 512
+
+
+# ----- the TPOT leg ------------------------------------------------------------------
+
+
+def _scraped(*intervals: tuple[float, float], health=None):
+    """Two instances scraped twice: ``intervals`` gives each one's (ITL sum, tokens) of
+    the interval between the scrapes."""
+    state = cluster(len(intervals), tps=500.0)
+    for k, (total, count) in enumerate(intervals):
+        state.on_scrape(f"i{k}", 0.0, itl_totals=(10.0, 100.0))
+        state.on_scrape(f"i{k}", 1.0, itl_totals=(10.0 + total, 100.0 + count))
+    return state
+
+
+def test_the_step_time_is_the_token_weighted_mean_inter_token_latency_of_the_last_interval():
+    state = _scraped((3.0, 100.0), (1.0, 100.0))  # 30 ms and 10 ms a token
+    assert FleetLoad.of(state).step_s == pytest.approx(0.02)
+    state.set_health("i0", Health.DRAINING)  # healthy instances only
+    assert FleetLoad.of(state).step_s == pytest.approx(0.01)
+    # A first scrape knows no interval; an engine whose counters went back (a restart)
+    # neither; an engine that produced no token adds none.
+    fresh = cluster(2, tps=500.0)
+    fresh.on_scrape("i0", 0.0, itl_totals=(5.0, 50.0))
+    assert math.isnan(FleetLoad.of(fresh).step_s)
+    state.set_health("i0", Health.HEALTHY)
+    state.on_scrape("i0", 2.0, itl_totals=(0.5, 10.0))  # restarted
+    state.on_scrape("i1", 2.0, itl_totals=(11.0 + 2.0, 200.0 + 100.0))
+    assert FleetLoad.of(state).step_s == pytest.approx(0.02)  # i1's alone
+    state.on_scrape("i0", 3.0, itl_totals=(0.5 + 4.0, 10.0 + 100.0))
+    state.on_scrape("i1", 3.0, itl_totals=(13.0, 300.0))  # idle: the same counters
+    assert FleetLoad.of(state).step_s == pytest.approx(0.04)
+
+
+def _load(backlog_s: float, step_s: float) -> FleetLoad:
+    return FleetLoad(2, backlog_s * 1000.0, 1000.0, 0.1, 0.0, step_s)
+
+
+def test_over_target_the_backlog_bound_shrinks_by_the_overshoot_under_it_grows_back():
+    # SLO 0.1 s, target 0.5: 50 ms. Over it the bound is multiplied by target ÷ step time
+    # every backlog_halving_s (halved at twice the target); under it, it grows linearly.
+    flow = _flow(tpot_slo_s=0.1, tpot_target=0.5, backlog_growth=0.1)
+    assert flow.bound_s == 2.0
+    flow.adapt(_load(0.0, 0.1), 0.0)  # the first reading only starts the clock
+    assert flow.bound_s == 2.0
+    flow.adapt(_load(0.0, 0.1), 1.0)  # twice the target for a second: halved
+    assert flow.bound_s == pytest.approx(1.0)
+    flow.adapt(_load(0.0, 0.2), 2.0)  # four times: quartered
+    assert flow.bound_s == pytest.approx(0.25)
+    flow.adapt(_load(0.0, 0.05), 3.0)  # at the target: kept
+    assert flow.bound_s == pytest.approx(0.25)
+    flow.adapt(_load(0.0, 0.03), 5.0)  # + 2.0 × 0.1 a second
+    assert flow.bound_s == pytest.approx(0.65)
+    flow.adapt(_load(0.0, math.nan), 6.0)  # no token measured: nothing to protect
+    assert flow.bound_s == pytest.approx(0.85)
+    flow.adapt(_load(0.0, 0.03), 60.0)
+    assert flow.bound_s == 2.0  # never past max_backlog_s
+
+
+def test_the_adapted_bound_decides_saturation_and_admission():
+    flow = _flow(tpot_slo_s=0.1, tpot_target=0.8)  # target 80 ms
+    slow = _load(1.5, 0.2)  # 1.5 s of prefill queued, under max_backlog_s (2 s)
+    assert flow.offer(_request("a", 1), slow, 0.0)[0] == "admit"
+    assert flow.offer(_request("a", 2), slow, 1.0)[0] == "queue"  # the bound is 0.8 s now
+    assert flow.saturated(slow) and not flow.params.saturated(slow)
+    assert flow.release(_load(1.5, 0.01), 2.0) == []  # 1.0 s: still under the backlog
+    assert [r.request_id for r in flow.release(_load(0.0, 0.01), 3.0)] == ["a-2"]
+
+
+@pytest.mark.parametrize(
+    ("slo_s", "bound"), [(0.05, 2 * 0.04 / 0.09), (0.1, 2 * 0.08 / 0.09), (0.2, 2.0)]
+)
+def test_the_leg_follows_the_tpot_slo(slo_s, bound):
+    # The same engines (90 ms a token) are over the target of a 50 ms SLO (40 ms) by more
+    # than over a 100 ms one's (80 ms), and under a 200 ms one's.
+    flow = _flow(tpot_slo_s=slo_s, tpot_target=0.8)
+    flow.adapt(_load(0.0, 0.09), 0.0)
+    flow.adapt(_load(0.0, 0.09), 1.0)
+    assert flow.bound_s == pytest.approx(bound)
+
+
+def test_the_bound_stays_put_without_a_tpot_slo_starts_at_the_max_and_carries_over_with_one():
+    flow = _flow()
+    for now in range(5):
+        flow.offer(_request("a", now), _load(0.0, 5.0), float(now))
+    assert flow.bound_s == 2.0
+    flow.configure(FlowParams(max_backlog_s=0.25, tpot_slo_s=0.1, tpot_target=0.8), [])
+    assert flow.bound_s == 0.25
+    flow.adapt(_load(0.0, 0.16), 10.0)
+    flow.adapt(_load(0.0, 0.16), 11.0)
+    assert flow.bound_s == pytest.approx(0.125)
+    flow.configure(FlowParams(max_backlog_s=0.2, tpot_slo_s=0.1), [])  # kept, within 0.2
+    assert flow.bound_s == pytest.approx(0.125)
+    flow.configure(FlowParams(max_backlog_s=1.0), [])  # the leg off: the fixed bound
+    assert flow.bound_s == 1.0
+    flow.configure(FlowParams(max_backlog_s=3.0, tpot_slo_s=0.1), [])  # on again: from max
+    assert flow.bound_s == 3.0

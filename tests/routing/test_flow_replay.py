@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 import pytest
 
+from enginesim.replay.metrics import tpot_of
 from enginesim.replay.simulator import SimConfig, Simulator
 from enginesim.replay.traces import TraceRecord, read_bailian_rows
 from router_worker.routing.flow import FlowParams, TenantSettings
@@ -182,3 +183,18 @@ def test_the_replay_command_refuses_bad_flow_flags_naming_them(tmp_path, flags, 
     argv = ["replay", "--trace", trace, "--instances", "1", "--policy", "least_load"]
     with pytest.raises(SystemExit, match=message):
         main([*argv, "--out", str(tmp_path / "out"), "--no-plots", *flags])
+
+
+def test_the_tpot_leg_keeps_the_admitted_requests_within_the_tpot_slo():
+    # Under overload the engines prefill in every step: whatever the backlog bound, the
+    # requests admitted decode slowly. With the TPOT SLO set, flow control reads the step
+    # time the engines report (their inter-token latency, scraped) and admits less.
+    records = workload(OVERLOAD, duration=30.0)
+
+    def tpots(flow: FlowParams) -> np.ndarray:
+        done = [r for r in replay(records, flow) if r.status == "ok"]
+        return np.array([tpot_of(r) for r in done])
+
+    without, with_leg = tpots(FlowParams()), tpots(FlowParams(tpot_slo_s=0.1))
+    assert np.mean(without > 0.1) > 0.5
+    assert np.mean(with_leg <= 0.1) > 0.95

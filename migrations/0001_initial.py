@@ -7,7 +7,6 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
@@ -16,288 +15,593 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.CreateModel(
-            name='CanarySplit',
+            name="CanarySplit",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64)),
-                ('baseline_instances', models.JSONField(default=list)),
-                ('candidate_instances', models.JSONField(default=list)),
-                ('assignment_key', models.CharField(choices=[('session', 'session'), ('random', 'random')], default='session', max_length=16)),
-                ('weight_steps', models.JSONField(default=list)),
-                ('step_index', models.IntegerField(default=0)),
-                ('guardrails', models.JSONField(default=dict)),
-                ('failures', models.IntegerField(default=0)),
-                ('state', models.CharField(choices=[('draft', 'Draft'), ('progressing', 'Progressing'), ('paused', 'Paused'), ('promoted', 'Promoted'), ('rolled_back', 'Rolled Back'), ('aborted', 'Aborted')], default='draft', max_length=16)),
-                ('step_started_at', models.DateTimeField(blank=True, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=64)),
+                ("baseline_instances", models.JSONField(default=list)),
+                ("candidate_instances", models.JSONField(default=list)),
+                (
+                    "assignment_key",
+                    models.CharField(
+                        choices=[("session", "session"), ("random", "random")],
+                        default="session",
+                        max_length=16,
+                    ),
+                ),
+                ("weight_steps", models.JSONField(default=list)),
+                ("step_index", models.IntegerField(default=0)),
+                ("guardrails", models.JSONField(default=dict)),
+                ("failures", models.IntegerField(default=0)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("draft", "Draft"),
+                            ("progressing", "Progressing"),
+                            ("paused", "Paused"),
+                            ("promoted", "Promoted"),
+                            ("rolled_back", "Rolled Back"),
+                            ("aborted", "Aborted"),
+                        ],
+                        default="draft",
+                        max_length=16,
+                    ),
+                ),
+                ("step_started_at", models.DateTimeField(blank=True, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='Cluster',
+            name="Cluster",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, unique=True, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$', "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")])),
-                ('model', models.CharField(help_text='Served model, e.g. Qwen/Qwen2-7B-Instruct', max_length=128)),
-                ('gpu_type', models.CharField(help_text='e.g. h20, h100', max_length=32)),
-                ('block_size', models.PositiveIntegerField(default=16)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        unique=True,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric",
+                            )
+                        ],
+                    ),
+                ),
+                (
+                    "model",
+                    models.CharField(
+                        help_text="Served model, e.g. Qwen/Qwen2-7B-Instruct", max_length=128
+                    ),
+                ),
+                ("gpu_type", models.CharField(help_text="e.g. h20, h100", max_length=32)),
+                ("block_size", models.PositiveIntegerField(default=16)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
             ],
             options={
-                'ordering': ['name'],
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='ApiToken',
+            name="ApiToken",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64)),
-                ('prefix', models.CharField(db_index=True, max_length=12)),
-                ('token_hash', models.CharField(max_length=128, unique=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('last_used_at', models.DateTimeField(blank=True, null=True)),
-                ('revoked', models.BooleanField(default=False)),
-                ('user', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_tokens', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=64)),
+                ("prefix", models.CharField(db_index=True, max_length=12)),
+                ("token_hash", models.CharField(max_length=128, unique=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("last_used_at", models.DateTimeField(blank=True, null=True)),
+                ("revoked", models.BooleanField(default=False)),
+                (
+                    "user",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="api_tokens",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
         ),
         migrations.CreateModel(
-            name='CanaryJudgement',
+            name="CanaryJudgement",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True)),
-                ('step_index', models.IntegerField()),
-                ('verdict', models.CharField(max_length=16)),
-                ('action', models.CharField(max_length=16)),
-                ('evidence', models.JSONField(default=dict)),
-                ('canary', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='judgements', to='controlplane.canarysplit')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True)),
+                ("step_index", models.IntegerField()),
+                ("verdict", models.CharField(max_length=16)),
+                ("action", models.CharField(max_length=16)),
+                ("evidence", models.JSONField(default=dict)),
+                (
+                    "canary",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="judgements",
+                        to="controlplane.canarysplit",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at'],
+                "ordering": ["-at"],
             },
         ),
         migrations.AddField(
-            model_name='canarysplit',
-            name='cluster',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='canaries', to='controlplane.cluster'),
+            model_name="canarysplit",
+            name="cluster",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.CASCADE,
+                related_name="canaries",
+                to="controlplane.cluster",
+            ),
         ),
         migrations.CreateModel(
-            name='AuditEvent',
+            name="AuditEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
-                ('actor_name', models.CharField(max_length=150)),
-                ('request_id', models.CharField(blank=True, default='', max_length=64)),
-                ('action', models.CharField(db_index=True, max_length=64)),
-                ('target_type', models.CharField(max_length=64)),
-                ('target_id', models.CharField(max_length=64)),
-                ('before', models.JSONField(blank=True, null=True)),
-                ('after', models.JSONField(blank=True, null=True)),
-                ('reason', models.TextField(blank=True, default='')),
-                ('actor', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, to=settings.AUTH_USER_MODEL)),
-                ('cluster', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='audit', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
+                ("actor_name", models.CharField(max_length=150)),
+                ("request_id", models.CharField(blank=True, default="", max_length=64)),
+                ("action", models.CharField(db_index=True, max_length=64)),
+                ("target_type", models.CharField(max_length=64)),
+                ("target_id", models.CharField(max_length=64)),
+                ("before", models.JSONField(blank=True, null=True)),
+                ("after", models.JSONField(blank=True, null=True)),
+                ("reason", models.TextField(blank=True, default="")),
+                (
+                    "actor",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        blank=True,
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="audit",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at', '-id'],
+                "ordering": ["-at", "-id"],
             },
         ),
         migrations.CreateModel(
-            name='HotspotEvent',
+            name="HotspotEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.CharField(help_text='Router-assigned id', max_length=64, unique=True)),
-                ('router', models.CharField(blank=True, default='', max_length=64)),
-                ('at', models.DateTimeField(db_index=True)),
-                ('transition', models.CharField(db_index=True, max_length=16)),
-                ('prefix_class', models.CharField(db_index=True, max_length=64)),
-                ('prefix_hash', models.CharField(max_length=64)),
-                ('x', models.FloatField()),
-                ('x_bar', models.FloatField()),
-                ('m', models.IntegerField()),
-                ('m_bar', models.IntegerField()),
-                ('window', models.FloatField()),
-                ('instances', models.JSONField(default=list)),
-                ('details', models.JSONField(default=dict)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='hotspots', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "event_id",
+                    models.CharField(help_text="Router-assigned id", max_length=64, unique=True),
+                ),
+                ("router", models.CharField(blank=True, default="", max_length=64)),
+                ("at", models.DateTimeField(db_index=True)),
+                ("transition", models.CharField(db_index=True, max_length=16)),
+                ("prefix_class", models.CharField(db_index=True, max_length=64)),
+                ("prefix_hash", models.CharField(max_length=64)),
+                ("x", models.FloatField()),
+                ("x_bar", models.FloatField()),
+                ("m", models.IntegerField()),
+                ("m_bar", models.IntegerField()),
+                ("window", models.FloatField()),
+                ("instances", models.JSONField(default=list)),
+                ("details", models.JSONField(default=dict)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="hotspots",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at'],
+                "ordering": ["-at"],
             },
         ),
         migrations.CreateModel(
-            name='Policy',
+            name="Policy",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$', "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")])),
-                ('kind', models.CharField(max_length=32)),
-                ('params', models.JSONField(blank=True, default=dict)),
-                ('description', models.TextField(blank=True, default='')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='policies', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric",
+                            )
+                        ],
+                    ),
+                ),
+                ("kind", models.CharField(max_length=32)),
+                ("params", models.JSONField(blank=True, default=dict)),
+                ("description", models.TextField(blank=True, default="")),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="policies",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'verbose_name_plural': 'policies',
-                'ordering': ['cluster', 'name'],
+                "verbose_name_plural": "policies",
+                "ordering": ["cluster", "name"],
             },
         ),
         migrations.AddField(
-            model_name='cluster',
-            name='active_policy',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.PROTECT, related_name='active_on', to='controlplane.policy'),
+            model_name="cluster",
+            name="active_policy",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="active_on",
+                to="controlplane.policy",
+            ),
         ),
         migrations.AddField(
-            model_name='canarysplit',
-            name='baseline_policy',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='controlplane.policy'),
+            model_name="canarysplit",
+            name="baseline_policy",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="controlplane.policy",
+            ),
         ),
         migrations.AddField(
-            model_name='canarysplit',
-            name='candidate_policy',
-            field=models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='+', to='controlplane.policy'),
+            model_name="canarysplit",
+            name="candidate_policy",
+            field=models.ForeignKey(
+                on_delete=django.db.models.deletion.PROTECT,
+                related_name="+",
+                to="controlplane.policy",
+            ),
         ),
         migrations.CreateModel(
-            name='ReplayJob',
+            name="ReplayJob",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('inputs', models.JSONField(default=dict)),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='queued', max_length=16)),
-                ('progress', models.FloatField(default=0.0)),
-                ('results', models.JSONField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='replays', to='controlplane.cluster')),
-                ('created_by', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to=settings.AUTH_USER_MODEL)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("inputs", models.JSONField(default=dict)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("progress", models.FloatField(default=0.0)),
+                ("results", models.JSONField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="replays",
+                        to="controlplane.cluster",
+                    ),
+                ),
+                (
+                    "created_by",
+                    models.ForeignKey(
+                        null=True,
+                        on_delete=django.db.models.deletion.SET_NULL,
+                        related_name="+",
+                        to=settings.AUTH_USER_MODEL,
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-created_at'],
+                "ordering": ["-created_at"],
             },
         ),
         migrations.CreateModel(
-            name='RouterDeployment',
+            name="RouterDeployment",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64)),
-                ('host', models.CharField(max_length=128)),
-                ('port', models.PositiveIntegerField()),
-                ('desired_state', models.CharField(choices=[('running', 'Running'), ('stopped', 'Stopped')], default='running', max_length=16)),
-                ('token_hash', models.CharField(blank=True, default='', max_length=128)),
-                ('applied_version', models.PositiveIntegerField(blank=True, null=True)),
-                ('last_heartbeat', models.DateTimeField(blank=True, null=True)),
-                ('heartbeat', models.JSONField(blank=True, default=dict)),
-                ('restarts', models.PositiveIntegerField(default=0)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='routers', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=64)),
+                ("host", models.CharField(max_length=128)),
+                ("port", models.PositiveIntegerField()),
+                (
+                    "desired_state",
+                    models.CharField(
+                        choices=[("running", "Running"), ("stopped", "Stopped")],
+                        default="running",
+                        max_length=16,
+                    ),
+                ),
+                ("token_hash", models.CharField(blank=True, default="", max_length=128)),
+                ("applied_version", models.PositiveIntegerField(blank=True, null=True)),
+                ("last_heartbeat", models.DateTimeField(blank=True, null=True)),
+                ("heartbeat", models.JSONField(blank=True, default=dict)),
+                ("restarts", models.PositiveIntegerField(default=0)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="routers",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['cluster', 'name'],
+                "ordering": ["cluster", "name"],
             },
         ),
         migrations.CreateModel(
-            name='RouterEvent',
+            name="RouterEvent",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('event_id', models.CharField(max_length=64, unique=True)),
-                ('router', models.CharField(blank=True, default='', max_length=64)),
-                ('at', models.DateTimeField(db_index=True)),
-                ('kind', models.CharField(db_index=True, max_length=32)),
-                ('payload', models.JSONField(default=dict)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='events', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("event_id", models.CharField(max_length=64, unique=True)),
+                ("router", models.CharField(blank=True, default="", max_length=64)),
+                ("at", models.DateTimeField(db_index=True)),
+                ("kind", models.CharField(db_index=True, max_length=32)),
+                ("payload", models.JSONField(default=dict)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="events",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-at'],
+                "ordering": ["-at"],
             },
         ),
         migrations.CreateModel(
-            name='ArmMetricRollup',
+            name="ArmMetricRollup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('minute', models.DateTimeField(db_index=True)),
-                ('requests', models.IntegerField(default=0)),
-                ('errors', models.IntegerField(default=0)),
-                ('ttft_p50_s', models.FloatField(null=True)),
-                ('ttft_p99_s', models.FloatField(null=True)),
-                ('tpot_p50_s', models.FloatField(null=True)),
-                ('tpot_p99_s', models.FloatField(null=True)),
-                ('output_tokens', models.BigIntegerField(default=0)),
-                ('arm', models.CharField(max_length=64)),
-                ('hotspot_fallbacks', models.IntegerField(default=0)),
-                ('ttft_samples', models.JSONField(default=list)),
-                ('tpot_samples', models.JSONField(default=list)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("minute", models.DateTimeField(db_index=True)),
+                ("requests", models.IntegerField(default=0)),
+                ("errors", models.IntegerField(default=0)),
+                ("ttft_p50_s", models.FloatField(null=True)),
+                ("ttft_p99_s", models.FloatField(null=True)),
+                ("tpot_p50_s", models.FloatField(null=True)),
+                ("tpot_p99_s", models.FloatField(null=True)),
+                ("output_tokens", models.BigIntegerField(default=0)),
+                ("arm", models.CharField(max_length=64)),
+                ("hotspot_fallbacks", models.IntegerField(default=0)),
+                ("ttft_samples", models.JSONField(default=list)),
+                ("tpot_samples", models.JSONField(default=list)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-minute'],
-                'constraints': [models.UniqueConstraint(fields=('cluster', 'arm', 'minute'), name='arm_rollup_minute')],
+                "ordering": ["-minute"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("cluster", "arm", "minute"), name="arm_rollup_minute"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='ConfigVersion',
+            name="ConfigVersion",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('document', models.JSONField()),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.CharField(max_length=150)),
-                ('reason', models.TextField()),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='versions', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("document", models.JSONField()),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("created_by", models.CharField(max_length=150)),
+                ("reason", models.TextField()),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="versions",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['cluster', '-number'],
-                'constraints': [models.UniqueConstraint(fields=('cluster', 'number'), name='config_version_per_cluster')],
+                "ordering": ["cluster", "-number"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("cluster", "number"), name="config_version_per_cluster"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='Instance',
+            name="Instance",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64, validators=[django.core.validators.RegexValidator('^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$', "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric")])),
-                ('url', models.URLField(max_length=256)),
-                ('kv_events', models.CharField(blank=True, default='', max_length=256)),
-                ('state', models.CharField(choices=[('enabled', 'Enabled'), ('draining', 'Draining'), ('down', 'Down')], default='enabled', max_length=16)),
-                ('healthy', models.BooleanField(default=None, null=True)),
-                ('last_scrape', models.JSONField(blank=True, default=dict)),
-                ('last_seen_at', models.DateTimeField(blank=True, null=True)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='instances', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                (
+                    "name",
+                    models.CharField(
+                        max_length=64,
+                        validators=[
+                            django.core.validators.RegexValidator(
+                                "^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                                "use 1-64 letters, digits, '.', '_' or '-', starting alphanumeric",
+                            )
+                        ],
+                    ),
+                ),
+                ("url", models.URLField(max_length=256)),
+                ("kv_events", models.CharField(blank=True, default="", max_length=256)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("enabled", "Enabled"),
+                            ("draining", "Draining"),
+                            ("down", "Down"),
+                        ],
+                        default="enabled",
+                        max_length=16,
+                    ),
+                ),
+                ("healthy", models.BooleanField(default=None, null=True)),
+                ("last_scrape", models.JSONField(blank=True, default=dict)),
+                ("last_seen_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="instances",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['cluster', 'name'],
-                'constraints': [models.UniqueConstraint(fields=('cluster', 'name'), name='instance_name_per_cluster')],
+                "ordering": ["cluster", "name"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("cluster", "name"), name="instance_name_per_cluster"
+                    )
+                ],
             },
         ),
         migrations.CreateModel(
-            name='InstanceMetricRollup',
+            name="InstanceMetricRollup",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('minute', models.DateTimeField(db_index=True)),
-                ('requests', models.IntegerField(default=0)),
-                ('errors', models.IntegerField(default=0)),
-                ('ttft_p50_s', models.FloatField(null=True)),
-                ('ttft_p99_s', models.FloatField(null=True)),
-                ('tpot_p50_s', models.FloatField(null=True)),
-                ('tpot_p99_s', models.FloatField(null=True)),
-                ('output_tokens', models.BigIntegerField(default=0)),
-                ('instance', models.CharField(max_length=64)),
-                ('pending_prefill_tokens_max', models.BigIntegerField(default=0)),
-                ('batch_size_max', models.IntegerField(default=0)),
-                ('kv_usage_max', models.FloatField(default=0)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("minute", models.DateTimeField(db_index=True)),
+                ("requests", models.IntegerField(default=0)),
+                ("errors", models.IntegerField(default=0)),
+                ("ttft_p50_s", models.FloatField(null=True)),
+                ("ttft_p99_s", models.FloatField(null=True)),
+                ("tpot_p50_s", models.FloatField(null=True)),
+                ("tpot_p99_s", models.FloatField(null=True)),
+                ("output_tokens", models.BigIntegerField(default=0)),
+                ("instance", models.CharField(max_length=64)),
+                ("pending_prefill_tokens_max", models.BigIntegerField(default=0)),
+                ("batch_size_max", models.IntegerField(default=0)),
+                ("kv_usage_max", models.FloatField(default=0)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="+",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['-minute'],
-                'constraints': [models.UniqueConstraint(fields=('cluster', 'instance', 'minute'), name='instance_rollup_minute')],
+                "ordering": ["-minute"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("cluster", "instance", "minute"), name="instance_rollup_minute"
+                    )
+                ],
             },
         ),
         migrations.AddConstraint(
-            model_name='policy',
-            constraint=models.UniqueConstraint(fields=('cluster', 'name'), name='policy_name_per_cluster'),
+            model_name="policy",
+            constraint=models.UniqueConstraint(
+                fields=("cluster", "name"), name="policy_name_per_cluster"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='routerdeployment',
-            constraint=models.UniqueConstraint(fields=('cluster', 'name'), name='router_name_per_cluster'),
+            model_name="routerdeployment",
+            constraint=models.UniqueConstraint(
+                fields=("cluster", "name"), name="router_name_per_cluster"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='routerdeployment',
-            constraint=models.UniqueConstraint(fields=('host', 'port'), name='router_port_per_host'),
+            model_name="routerdeployment",
+            constraint=models.UniqueConstraint(
+                fields=("host", "port"), name="router_port_per_host"
+            ),
         ),
     ]

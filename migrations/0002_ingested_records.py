@@ -4,18 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0001_initial'),
+        ("controlplane", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='IngestedRecord',
+            name="IngestedRecord",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('record_id', models.CharField(max_length=64, unique=True)),
-                ('at', models.DateTimeField(auto_now_add=True, db_index=True)),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("record_id", models.CharField(max_length=64, unique=True)),
+                ("at", models.DateTimeField(auto_now_add=True, db_index=True)),
             ],
         ),
     ]

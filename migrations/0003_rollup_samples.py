@@ -4,20 +4,19 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0002_ingested_records'),
+        ("controlplane", "0002_ingested_records"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='instancemetricrollup',
-            name='tpot_samples',
+            model_name="instancemetricrollup",
+            name="tpot_samples",
             field=models.JSONField(default=list),
         ),
         migrations.AddField(
-            model_name='instancemetricrollup',
-            name='ttft_samples',
+            model_name="instancemetricrollup",
+            name="ttft_samples",
             field=models.JSONField(default=list),
         ),
     ]

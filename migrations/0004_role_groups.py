@@ -16,7 +16,6 @@ def delete_role_groups(apps, schema_editor):
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("controlplane", "0003_rollup_samples"),
         ("auth", "0012_alter_user_first_name_max_length"),

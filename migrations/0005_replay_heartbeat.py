@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0004_role_groups'),
+        ("controlplane", "0004_role_groups"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='replayjob',
-            name='heartbeat_at',
+            model_name="replayjob",
+            name="heartbeat_at",
             field=models.DateTimeField(blank=True, null=True),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0006_client_keys_and_token_expiry'),
+        ("controlplane", "0006_client_keys_and_token_expiry"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cluster',
-            name='revision',
+            model_name="cluster",
+            name="revision",
             field=models.PositiveIntegerField(default=0),
         ),
     ]

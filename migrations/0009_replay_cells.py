@@ -5,33 +5,58 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0008_traffic_capture'),
+        ("controlplane", "0008_traffic_capture"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='ReplayCell',
+            name="ReplayCell",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('index', models.PositiveIntegerField()),
-                ('policy', models.PositiveIntegerField()),
-                ('rate_scale', models.FloatField()),
-                ('seed', models.IntegerField()),
-                ('state', models.CharField(choices=[('queued', 'Queued'), ('running', 'Running'), ('succeeded', 'Succeeded'), ('failed', 'Failed')], default='queued', max_length=16)),
-                ('progress', models.FloatField(default=0.0)),
-                ('attempts', models.PositiveSmallIntegerField(default=0)),
-                ('result', models.JSONField(blank=True, null=True)),
-                ('error', models.TextField(blank=True, default='')),
-                ('worker', models.CharField(blank=True, default='', max_length=200)),
-                ('heartbeat_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='cells', to='controlplane.replayjob')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("index", models.PositiveIntegerField()),
+                ("policy", models.PositiveIntegerField()),
+                ("rate_scale", models.FloatField()),
+                ("seed", models.IntegerField()),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("queued", "Queued"),
+                            ("running", "Running"),
+                            ("succeeded", "Succeeded"),
+                            ("failed", "Failed"),
+                        ],
+                        default="queued",
+                        max_length=16,
+                    ),
+                ),
+                ("progress", models.FloatField(default=0.0)),
+                ("attempts", models.PositiveSmallIntegerField(default=0)),
+                ("result", models.JSONField(blank=True, null=True)),
+                ("error", models.TextField(blank=True, default="")),
+                ("worker", models.CharField(blank=True, default="", max_length=200)),
+                ("heartbeat_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="cells",
+                        to="controlplane.replayjob",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['job', 'index'],
-                'constraints': [models.UniqueConstraint(fields=('job', 'index'), name='one_cell_per_index')],
+                "ordering": ["job", "index"],
+                "constraints": [
+                    models.UniqueConstraint(fields=("job", "index"), name="one_cell_per_index")
+                ],
             },
         ),
     ]

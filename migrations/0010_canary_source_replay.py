@@ -5,15 +5,20 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0009_replay_cells'),
+        ("controlplane", "0009_replay_cells"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='canarysplit',
-            name='source_replay',
-            field=models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='canaries', to='controlplane.replayjob'),
+            model_name="canarysplit",
+            name="source_replay",
+            field=models.ForeignKey(
+                blank=True,
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="canaries",
+                to="controlplane.replayjob",
+            ),
         ),
     ]

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0010_canary_source_replay'),
+        ("controlplane", "0010_canary_source_replay"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='trafficcapture',
-            name='engine_time_scale',
+            model_name="trafficcapture",
+            name="engine_time_scale",
             field=models.FloatField(default=1.0),
         ),
     ]

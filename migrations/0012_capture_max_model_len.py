@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0011_capture_time_scale'),
+        ("controlplane", "0011_capture_time_scale"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='trafficcapture',
-            name='max_model_len',
+            model_name="trafficcapture",
+            name="max_model_len",
             field=models.PositiveIntegerField(blank=True, null=True),
         ),
     ]

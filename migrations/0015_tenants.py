@@ -5,50 +5,81 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0014_cluster_session_sources'),
+        ("controlplane", "0014_cluster_session_sources"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='capturedrequest',
-            name='priority',
+            model_name="capturedrequest",
+            name="priority",
             field=models.CharField(blank=True, max_length=16, null=True),
         ),
         migrations.AddField(
-            model_name='capturedrequest',
-            name='tenant',
+            model_name="capturedrequest",
+            name="tenant",
             field=models.CharField(blank=True, max_length=32, null=True),
         ),
         migrations.CreateModel(
-            name='Tenant',
+            name="Tenant",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('name', models.CharField(max_length=64)),
-                ('priority', models.CharField(choices=[('critical', 'critical'), ('standard', 'standard'), ('sheddable', 'sheddable')], default='standard', max_length=16)),
-                ('weight', models.FloatField(default=1.0)),
-                ('requests_per_minute', models.BigIntegerField(blank=True, null=True)),
-                ('tokens_per_minute', models.BigIntegerField(blank=True, null=True)),
-                ('token_budget', models.BigIntegerField(blank=True, null=True)),
-                ('budget_period', models.CharField(default='day', max_length=8)),
-                ('max_queued', models.PositiveIntegerField(default=256)),
-                ('max_queued_bytes', models.BigIntegerField(default=67108864)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('created_by', models.CharField(max_length=150)),
-                ('cluster', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='tenants', to='controlplane.cluster')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("name", models.CharField(max_length=64)),
+                (
+                    "priority",
+                    models.CharField(
+                        choices=[
+                            ("critical", "critical"),
+                            ("standard", "standard"),
+                            ("sheddable", "sheddable"),
+                        ],
+                        default="standard",
+                        max_length=16,
+                    ),
+                ),
+                ("weight", models.FloatField(default=1.0)),
+                ("requests_per_minute", models.BigIntegerField(blank=True, null=True)),
+                ("tokens_per_minute", models.BigIntegerField(blank=True, null=True)),
+                ("token_budget", models.BigIntegerField(blank=True, null=True)),
+                ("budget_period", models.CharField(default="day", max_length=8)),
+                ("max_queued", models.PositiveIntegerField(default=256)),
+                ("max_queued_bytes", models.BigIntegerField(default=67108864)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("created_by", models.CharField(max_length=150)),
+                (
+                    "cluster",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="tenants",
+                        to="controlplane.cluster",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['cluster', 'name'],
+                "ordering": ["cluster", "name"],
             },
         ),
         migrations.AddField(
-            model_name='clientkey',
-            name='tenant',
-            field=models.ForeignKey(blank=True, help_text="Empty: the cluster's default tenant.", null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='client_keys', to='controlplane.tenant'),
+            model_name="clientkey",
+            name="tenant",
+            field=models.ForeignKey(
+                blank=True,
+                help_text="Empty: the cluster's default tenant.",
+                null=True,
+                on_delete=django.db.models.deletion.SET_NULL,
+                related_name="client_keys",
+                to="controlplane.tenant",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='tenant',
-            constraint=models.UniqueConstraint(fields=('cluster', 'name'), name='tenant_name_per_cluster'),
+            model_name="tenant",
+            constraint=models.UniqueConstraint(
+                fields=("cluster", "name"), name="tenant_name_per_cluster"
+            ),
         ),
     ]

@@ -4,20 +4,23 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('controlplane', '0018_cluster_decider'),
+        ("controlplane", "0018_cluster_decider"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='cluster',
-            name='decider_threshold_tokens',
+            model_name="cluster",
+            name="decider_threshold_tokens",
             field=models.PositiveIntegerField(default=256),
         ),
         migrations.AddField(
-            model_name='cluster',
-            name='kv_link',
-            field=models.CharField(choices=[('nvlink', 'Nvlink'), ('rdma', 'Rdma'), ('tcp', 'Tcp')], default='rdma', max_length=8),
+            model_name="cluster",
+            name="kv_link",
+            field=models.CharField(
+                choices=[("nvlink", "Nvlink"), ("rdma", "Rdma"), ("tcp", "Tcp")],
+                default="rdma",
+                max_length=8,
+            ),
         ),
     ]

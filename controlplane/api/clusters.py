@@ -11,7 +11,7 @@ from pydantic import StrictInt
 from controlplane.models import Instance
 from controlplane.selectors import clusters as cluster_selectors
 from controlplane.services import clusters as cluster_services
-from controlplane.services.clusters import MAX_THRESHOLD_TOKENS
+from controlplane.services.clusters import MAX_THRESHOLD_TOKENS, MAX_TPOT_SLO_MS
 from controlplane.services.roles import role_of
 from router_worker.routing.sessions import SessionSource
 
@@ -265,5 +265,49 @@ def _decider_out(cluster: Any) -> dict:
         "decider": cluster.decider,
         "threshold_tokens": cluster.decider_threshold_tokens,
         "kv_link": cluster.kv_link,
+        "revision": cluster.revision,
+    }
+
+
+class FlowIn(Schema):
+    tpot_slo_ms: StrictInt | None = Field(
+        ge=1,
+        le=MAX_TPOT_SLO_MS,
+        description="The TPOT SLO (ms per output token) the cluster's routers hold admission "
+        "to: flow control keeps the engines' step time under it (and runs without tenants "
+        "too). null: off.",
+    )
+    reason: Reason
+    expected_revision: ExpectedRevision = None
+
+
+class FlowOut(Schema):
+    cluster_id: int
+    tpot_slo_ms: int | None
+    revision: int
+
+
+@routes.get("/clusters/{cluster_id}/flow", response=FlowOut)
+def get_flow(request: HttpRequest, cluster_id: Id):
+    return _flow_out(cluster_selectors.cluster(cluster_id))
+
+
+@routes.put("/clusters/{cluster_id}/flow", response=FlowOut, auth=role("operator"))
+def set_flow(request: HttpRequest, cluster_id: Id, payload: FlowIn):
+    """Set or clear the cluster's flow-control TPOT SLO (a new config version)."""
+    cluster = cluster_services.set_flow_tpot_slo(
+        actor_of(request),
+        cluster_id,
+        payload.tpot_slo_ms,
+        reason=payload.reason,
+        expected_revision=expected_revision(request, payload.expected_revision),
+    )
+    return _flow_out(cluster)
+
+
+def _flow_out(cluster: Any) -> dict:
+    return {
+        "cluster_id": cluster.pk,
+        "tpot_slo_ms": cluster.flow_tpot_slo_ms,
         "revision": cluster.revision,
     }

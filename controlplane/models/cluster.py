@@ -60,6 +60,10 @@ class Cluster(models.Model):
     # prefix_threshold: split past this many prompt tokens uncached on the decode pool
     decider_threshold_tokens = models.PositiveIntegerField(default=256)
     kv_link = models.CharField(max_length=8, choices=KvLink.choices, default=KvLink.RDMA)
+    # Flow control's TPOT SLO (router_worker.routing.flow, ``flow.tpot_slo_s``), in ms:
+    # set, the routers keep the engines' step time under it (and run flow control even
+    # without tenants); None: off.
+    flow_tpot_slo_ms = models.PositiveIntegerField(null=True, blank=True)
     # The decode stage's policy (one of the cluster's policies); None: decode_room.
     decode_policy = models.ForeignKey(
         "Policy", null=True, blank=True, on_delete=models.PROTECT, related_name="decode_on"

@@ -399,6 +399,40 @@ def set_session_sources(
     return _set_cluster_settings(actor, cluster, "cluster.session_sources", values, reason)
 
 
+MAX_TPOT_SLO_MS = 60_000  # the routers' bound (FlowParams.tpot_slo_s ≤ 60 s)
+
+
+@transaction.atomic
+def set_flow_tpot_slo(
+    actor: Actor,
+    cluster_id: int,
+    tpot_slo_ms: Any,
+    *,
+    reason: str,
+    expected_revision: int | None = None,
+) -> Cluster:
+    """Set (a whole number of ms, 1 to ``MAX_TPOT_SLO_MS``) or clear (None) the TPOT SLO
+    the cluster's routers hold admission to: flow control then keeps the engines' step
+    time under it, and runs on a cluster without tenants too."""
+    reason = audit.require_reason(reason)
+    cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
+    if tpot_slo_ms is not None:
+        if isinstance(tpot_slo_ms, str):
+            tpot_slo_ms = whole_number(tpot_slo_ms, "tpot_slo_ms")
+        if isinstance(tpot_slo_ms, bool) or not isinstance(tpot_slo_ms, int):
+            raise ServiceError(f"tpot_slo_ms: {tpot_slo_ms!r} is not a whole number", "tpot_slo_ms")
+        if not 1 <= tpot_slo_ms <= MAX_TPOT_SLO_MS:
+            raise ServiceError(
+                f"tpot_slo_ms: {tpot_slo_ms} is outside 1 to {MAX_TPOT_SLO_MS}", "tpot_slo_ms"
+            )
+    if cluster.flow_tpot_slo_ms == tpot_slo_ms:
+        shown = "off" if tpot_slo_ms is None else f"{tpot_slo_ms} ms"
+        raise Conflict(f"the TPOT SLO of {cluster.name} is already {shown}", "tpot_slo_ms")
+    values = {"flow_tpot_slo_ms": tpot_slo_ms}
+    return _set_cluster_settings(actor, cluster, "cluster.flow_tpot_slo", values, reason)
+
+
 def _set_cluster_settings(
     actor: Actor, cluster: Cluster, action: str, values: dict[str, Any], reason: str
 ) -> Cluster:

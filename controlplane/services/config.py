@@ -170,6 +170,8 @@ def desired_document(cluster: Cluster) -> dict[str, Any] | None:
     client_auth = client_auth_document(cluster)
     if client_auth is not None:  # only hashes of the client keys travel
         document["client_auth"] = client_auth
+    if cluster.flow_tpot_slo_ms is not None:  # the operator asked for it: on, tenants or not
+        document["flow"] = {"enabled": True, "tpot_slo_s": cluster.flow_tpot_slo_ms / 1000}
     tenants = [settings_of(tenant) for tenant in cluster.tenants.order_by("name")]
     if tenants:  # flow control is on where the document lists tenants (RouterConfig)
         document["tenants"] = tenants

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_POST
 from controlplane.models import Cluster
 from controlplane.selectors import access as access_selectors
 from controlplane.selectors import tenants as tenant_selectors
+from controlplane.services import clusters as cluster_service
 from controlplane.services import tenants as tenant_service
 from controlplane.services.config import TENANT_FIELDS
 from controlplane.services.errors import ServiceError
@@ -157,4 +158,19 @@ def key_tenant(request: HttpRequest, cluster_id: int, key_id: int) -> HttpRespon
         )
     except ServiceError as error:
         return _refused(request, cluster, error, None)
+    return redirect(reverse("web:tenants", args=[cluster.pk]))
+
+
+@operator_required
+@require_POST
+def flow_tpot_slo(request: HttpRequest, cluster_id: int) -> HttpResponse:
+    """The page's flow-control form: the TPOT SLO in ms (blank: off)."""
+    cluster = get_cluster(cluster_id)
+    text = request.POST.get("tpot_slo_ms", "").strip()
+    try:
+        cluster_service.set_flow_tpot_slo(
+            actor(request), cluster.pk, text or None, reason=request.POST.get("reason", "")
+        )
+    except ServiceError as error:
+        return _refused(request, cluster, error, request.POST)
     return redirect(reverse("web:tenants", args=[cluster.pk]))

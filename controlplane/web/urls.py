@@ -107,6 +107,7 @@ urlpatterns = [
     ),
     path("clusters/<int:cluster_id>/tenants/", tenants.tenants_page, name="tenants"),
     path("clusters/<int:cluster_id>/tenants/create/", tenants.tenant_create, name="tenant_create"),
+    path("clusters/<int:cluster_id>/flow/", tenants.flow_tpot_slo, name="flow_tpot_slo"),
     path(
         "clusters/<int:cluster_id>/tenants/<int:tenant_id>/update/",
         tenants.tenant_update,

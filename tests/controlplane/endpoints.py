@@ -70,6 +70,7 @@ READS = [
     Endpoint("GET", "/api/v1/clusters/{alpha}/session-sources", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/decider", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/decode-policy", "viewer"),
+    Endpoint("GET", "/api/v1/clusters/{alpha}/flow", "viewer"),
     Endpoint("GET", "/api/v1/clusters/{alpha}/tenants", "viewer"),
 ]
 
@@ -309,6 +310,14 @@ WRITES = [
         "operator",
         body={"policy_id": "{rr}", **REASON},
         audit_action="policy.decode",
+        updates=True,
+    ),
+    Endpoint(
+        "PUT",
+        "/api/v1/clusters/{alpha}/flow",
+        "operator",
+        body={"tpot_slo_ms": 100, **REASON},
+        audit_action="cluster.flow_tpot_slo",
         updates=True,
     ),
     Endpoint(

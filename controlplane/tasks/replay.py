@@ -82,7 +82,6 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         from enginesim.replay.metrics import by_tenant, lower_bound_summary, summarize, ttfts
         from enginesim.replay.simulator import SimConfig, Simulator
         from enginesim.replay.traces import load_trace, scale_tenant
-        from router_worker.routing.flow import FlowParams
         from router_worker.routing.grey import GreyParams
     except ImportError as error:
         raise ReplayFailed(f"{ENGINE_UNAVAILABLE}: {error}") from None
@@ -118,10 +117,10 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
         policy_params={spec["kind"]: spec.get("params", {})},
         max_model_len=capture_reads.replay_max_model_len(inputs["trace"]) or 0,
         num_gpu_blocks=int(inputs.get("num_gpu_blocks") or 0),  # the live engines' KV
-        # Flow control as the cluster's routers run it (on with tenants: services.config):
-        # live requests wait there while the fleet is saturated, and that wait is in their
-        # TTFT. Or as the job asked: on or off.
-        flow=FlowParams() if mode == "on" or (mode == "cluster" and tenants) else None,
+        # Flow control as the cluster's routers run it (on with tenants or a TPOT SLO:
+        # services.config): live requests wait there while the fleet is saturated, and
+        # that wait is in their TTFT. Or as the job asked: on or off.
+        flow=_replay_flow(cluster, mode, bool(tenants)),
         tenants=tenants,
         grey=GreyParams(),  # grey-failure detection as the routers run it by default (on)
         **_disaggregation(cluster, roles),
@@ -153,6 +152,15 @@ def run_cell(cell: ReplayCell, progress: Progress) -> dict[str, Any]:
             for tenant, row in by_tenant(result.requests).items()
         }
     return out
+
+
+def _replay_flow(cluster: Cluster, mode: str, has_tenants: bool) -> Any:
+    """The FlowParams a replay runs (None: off), with the cluster's TPOT SLO."""
+    from router_worker.routing.flow import FlowParams
+
+    tpot_ms = cluster.flow_tpot_slo_ms
+    on = mode == "on" or (mode == "cluster" and (has_tenants or tpot_ms is not None))
+    return FlowParams(tpot_slo_s=tpot_ms / 1000 if tpot_ms else None) if on else None
 
 
 def _replay_roles(cluster: Cluster) -> list[str]:

@@ -222,3 +222,18 @@ def test_a_captures_tenants_are_replayed_with_the_clusters_settings(cluster) -> 
     assert [(t.name, t.priority) for t in tenants] == [(digest, "critical")]
     tenants, names = _replay_tenants(cluster, "shared:x.jsonl")  # any other trace: by name
     assert [(t.name, t.priority) for t in tenants] == [("team-a", "critical")]
+
+
+def test_a_replay_runs_flow_control_with_the_clusters_tpot_slo(cluster) -> None:
+    """As the routers run it: a TPOT SLO turns flow control on without tenants, with the
+    leg set; the job may still turn it off."""
+    from controlplane.services import clusters
+    from controlplane.services.audit import Actor
+    from controlplane.tasks.replay import _replay_flow
+
+    assert _replay_flow(cluster, "cluster", has_tenants=False) is None
+    clusters.set_flow_tpot_slo(Actor.system("tests"), cluster.pk, 80, reason="TPOT")
+    cluster.refresh_from_db()
+    flow = _replay_flow(cluster, "cluster", has_tenants=False)
+    assert flow is not None and flow.tpot_slo_s == 0.08
+    assert _replay_flow(cluster, "off", has_tenants=True) is None

@@ -69,16 +69,8 @@ def activate_policy(
     expected_revision: int | None = None,
 ) -> Policy:
     reason = audit.require_reason(reason)
-    cluster = locked_cluster(cluster_id)
-    claim_edit(cluster, expected_revision)
-    try:
-        policy = cluster.policies.get(pk=policy_id)
-    except Policy.DoesNotExist:
-        raise NotFound(
-            f"policy {policy_id} does not exist in {cluster.name}", "policy_id"
-        ) from None
-    if config.active_canary(cluster) is not None:
-        raise Conflict("a canary is running on this cluster: promote or abort it first")
+    cluster, policy = _choosing(cluster_id, policy_id, expected_revision)
+    assert policy is not None  # policy_id is an id
     before = {"active_policy": cluster.active_policy.name if cluster.active_policy else None}
     if cluster.active_policy_id == policy.pk:
         raise Conflict(f"{policy.name!r} is already the active policy", "policy_id")
@@ -114,18 +106,7 @@ def set_decode_policy(
     of the cluster's policies; None: their default, decode_room). It applies while some
     instance is of role prefill or decode."""
     reason = audit.require_reason(reason)
-    cluster = locked_cluster(cluster_id)
-    claim_edit(cluster, expected_revision)
-    policy = None
-    if policy_id is not None:
-        try:
-            policy = cluster.policies.get(pk=policy_id)
-        except Policy.DoesNotExist:
-            raise NotFound(
-                f"policy {policy_id} does not exist in {cluster.name}", "policy_id"
-            ) from None
-    if config.active_canary(cluster) is not None:
-        raise Conflict("a canary is running on this cluster: promote or abort it first")
+    cluster, policy = _choosing(cluster_id, policy_id, expected_revision)
     if cluster.decode_policy_id == policy_id:
         raise Conflict(f"the decode policy is already {_decode_name(policy)}", "policy_id")
     before = {"decode_policy": _decode_name(cluster.decode_policy)}
@@ -150,3 +131,24 @@ def set_decode_policy(
 
 def _decode_name(policy: Policy | None) -> str:
     return policy.name if policy is not None else f"the default ({DEFAULT_DECODE_POLICY})"
+
+
+def _choosing(
+    cluster_id: int, policy_id: int | None, expected_revision: int | None
+) -> tuple[Any, Policy | None]:
+    """The locked cluster and its policy ``policy_id`` (None: None) for a change of which
+    policy it runs: refused on a stale revision, for another cluster's policy, or while a
+    canary runs."""
+    cluster = locked_cluster(cluster_id)
+    claim_edit(cluster, expected_revision)
+    policy = None
+    if policy_id is not None:
+        try:
+            policy = cluster.policies.get(pk=policy_id)
+        except Policy.DoesNotExist:
+            raise NotFound(
+                f"policy {policy_id} does not exist in {cluster.name}", "policy_id"
+            ) from None
+    if config.active_canary(cluster) is not None:
+        raise Conflict("a canary is running on this cluster: promote or abort it first")
+    return cluster, policy

@@ -2,8 +2,9 @@
 
     .venv/bin/python -m bench.grey.run [--jobs 2] [--fault] [--expectation decode_only]
 
-Each cell replays the first ``--max-requests`` (1,500) requests of a trace from
-/work/shared/traces (or ``--traces-dir``) on 8 × H20 serving Qwen2-7B at a rate scale
+Each cell replays the first ``--max-requests`` (1,500) requests of a trace from the
+shared traces beside the checkout (``bench.lib.matrix.TRACE_DIR``, or ``--traces-dir``)
+on 8 × H20 serving Qwen2-7B at a rate scale
 (0.7× and 2×) under one policy, twice: detector off (``grey=None``, as ``enginesim replay
 --no-grey``) and on (``GreyParams(enabled=True)``, the routers' settings). ``--fault``
 fails instance 0 at 60 s and restores it at 120 s (the scenario of docs/algorithms.md,
@@ -29,6 +30,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from bench.lib.matrix import TRACE_DIR
 from enginesim.replay import metrics
 from enginesim.replay.simulator import Fault, SimConfig, Simulator
 from enginesim.replay.traces import load_trace
@@ -121,7 +123,7 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--traces-dir", type=Path, default=Path("/work/shared/traces"))
+    parser.add_argument("--traces-dir", type=Path, default=TRACE_DIR)
     parser.add_argument("--trace", action="append", choices=sorted(TRACES), default=[])
     parser.add_argument("--policy", action="append", default=[])
     parser.add_argument("--rate", action="append", type=float, default=[])
